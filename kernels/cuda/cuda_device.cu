@@ -1,0 +1,416 @@
+// The CUDA backend's Device: one per replica (several may share a GPU). Owns three streams
+// (compute, comm, copy), a cuBLAS handle with a fixed workspace, and scratch sized once.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/op_math.h"
+
+namespace mirrored {
+
+[[noreturn]] void cuda_fail(const char* stmt, const char* what, const char* file, int line, int device) {
+    throw DeviceError(std::string("cuda:") + std::to_string(device) + ": " + stmt + " failed: " + what +
+                      " (" + file + ":" + std::to_string(line) + ")");
+}
+
+namespace {
+
+constexpr int kMaxGpus = 64;
+// peer_enabled[a][b]: device a may load from memory on device b in a kernel.
+std::array<std::array<bool, kMaxGpus>, kMaxGpus> g_peer_enabled{};
+std::mutex g_peer_mutex;
+
+constexpr size_t kScratchFloats = size_t(1) << 20;    // 4 MiB: rows up to 512k per op
+constexpr size_t kStagingFloats = size_t(1) << 21;    // 8 MiB: host-path peer reduce
+constexpr size_t kCublasWorkspace = size_t(32) << 20;  // fixed, so capture never allocates
+
+std::string mib(size_t bytes) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / 1048576.0);
+    return buf;
+}
+
+class CudaDevice final : public Device {
+public:
+    explicit CudaDevice(int ordinal) : Device(DeviceType::cuda, ordinal, "cuda:" + std::to_string(ordinal)) {
+        const int n = cuda_device_count();
+        if (ordinal < 0 || ordinal >= n)
+            throw DeviceError("cuda:" + std::to_string(ordinal) + ": no such GPU (" +
+                              std::to_string(n) + " visible)");
+        use();
+        cudaStream_t s[3];
+        for (auto& st : s) CUDA_CHECK(ordinal, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        compute_.handle = s[0];
+        comm_.handle = s[1];
+        copy_.handle = s[2];
+        CUBLAS_CHECK(ordinal, cublasCreate(&cublas_));
+        workspace_ = alloc_bytes(kCublasWorkspace);
+        CUBLAS_CHECK(ordinal, cublasSetWorkspace(cublas_, workspace_, kCublasWorkspace));
+        scratch_ = static_cast<float*>(alloc_bytes(kScratchFloats * sizeof(float)));
+        staging_ = static_cast<float*>(alloc_bytes(kStagingFloats * sizeof(float)));
+        CUDA_CHECK(ordinal, cudaGetDeviceProperties(&props_, ordinal));
+    }
+
+    ~CudaDevice() override {
+        cudaSetDevice(ordinal());
+        cudaDeviceSynchronize();
+        if (cublas_) cublasDestroy(cublas_);
+        cudaFree(workspace_);
+        cudaFree(scratch_);
+        cudaFree(staging_);
+        for (Stream s : {compute_, comm_, copy_})
+            if (s.handle) cudaStreamDestroy(stream(s));
+    }
+
+    std::string description() const override {
+        return std::string(props_.name) + ", " + mib(props_.totalGlobalMem) + ", sm_" +
+               std::to_string(props_.major) + std::to_string(props_.minor);
+    }
+
+    void* alloc_bytes(size_t bytes) override {
+        use();
+        void* p = nullptr;
+        const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+        if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError();  // clear the sticky-free error state
+            size_t free_b = 0, total_b = 0;
+            cudaMemGetInfo(&free_b, &total_b);
+            throw DeviceError(name() + ": out of memory allocating " + mib(bytes) + " (" +
+                              mib(free_b) + " free of " + mib(total_b) + ")");
+        }
+        CUDA_CHECK(ordinal(), e);
+        return p;
+    }
+    void free_bytes(void* p) noexcept override {
+        cudaSetDevice(ordinal());
+        cudaFree(p);
+    }
+    void* alloc_host_bytes(size_t bytes) override {
+        use();
+        void* p = nullptr;
+        const cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+        if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError();
+            throw DeviceError(name() + ": out of pinned host memory allocating " + mib(bytes));
+        }
+        CUDA_CHECK(ordinal(), e);
+        return p;
+    }
+    void free_host_bytes(void* p) noexcept override { cudaFreeHost(p); }
+    void copy_to_device(Stream s, void* dst, const void* src, size_t bytes) override {
+        if (!bytes) return;
+        use();
+        CUDA_CHECK(ordinal(), cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(s)));
+    }
+    void copy_to_host(Stream s, void* dst, const void* src, size_t bytes) override {
+        if (!bytes) return;
+        use();
+        CUDA_CHECK(ordinal(), cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(s)));
+    }
+    void copy_on_device(Stream s, void* dst, const void* src, size_t bytes) override {
+        if (!bytes || dst == src) return;
+        use();
+        CUDA_CHECK(ordinal(), cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(s)));
+    }
+
+    Event event_create(bool timing) override {
+        use();
+        cudaEvent_t e;
+        CUDA_CHECK(ordinal(), cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+        return Event{e};
+    }
+    void event_destroy(Event e) noexcept override {
+        if (e.handle) cudaEventDestroy(static_cast<cudaEvent_t>(e.handle));
+    }
+    void event_record(Event e, Stream s) override {
+        use();
+        CUDA_CHECK(ordinal(), cudaEventRecord(event(e), stream(s)));
+    }
+    void stream_wait_event(Stream s, Event e) override {
+        use();
+        CUDA_CHECK(ordinal(), cudaStreamWaitEvent(stream(s), event(e), 0));
+    }
+    void event_synchronize(Event e) override { CUDA_CHECK(ordinal(), cudaEventSynchronize(event(e))); }
+    void stream_synchronize(Stream s) override { CUDA_CHECK(ordinal(), cudaStreamSynchronize(stream(s))); }
+    void synchronize() override {
+        for (Stream s : {compute_, comm_, copy_}) stream_synchronize(s);
+    }
+    float event_elapsed_ms(Event a, Event b) override {
+        float ms = 0.0f;
+        CUDA_CHECK(ordinal(), cudaEventElapsedTime(&ms, event(a), event(b)));
+        return ms;
+    }
+    void host_callback(Stream s, void (*fn)(void*), void* arg) override {
+        use();
+        CUDA_CHECK(ordinal(), cudaLaunchHostFunc(stream(s), fn, arg));
+    }
+    void set_tf32(bool enabled) override { tf32_ = enabled; }
+
+    void gemm(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+              const float* b, int ldb, float beta, float* c, int ldc) override {
+        if (m <= 0 || n <= 0) return;
+        use();
+        if (k <= 0) {  // cuBLAS leaves C untouched for k == 0; define it as beta * C
+            if (ldc != n) throw DeviceError(name() + ": gemm with k == 0 needs ldc == n");
+            if (beta == 0.0f) cuda::fill(stream(s), ordinal(), size_t(m) * n, 0.0f, c);
+            else cuda::scale(stream(s), ordinal(), size_t(m) * n, beta, c);
+            return;
+        }
+        CUBLAS_CHECK(ordinal(), cublasSetStream(cublas_, stream(s)));
+        // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+        CUBLAS_CHECK(ordinal(),
+                     cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
+                                  CUDA_R_32F, ldc,
+                                  tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    }
+
+    void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, float* z,
+                          float* out) override {
+        use();
+        cuda::bias_act_forward(stream(s), ordinal(), act, rows, cols, bias, z, out);
+    }
+    void act_backward(Stream s, Activation act, size_t n, const float* z, const float* dout,
+                      float* dz) override {
+        use();
+        cuda::act_backward(stream(s), ordinal(), act, n, z, dout, dz);
+    }
+    void bias_grad(Stream s, int rows, int cols, const float* dz, float* db, bool accumulate) override {
+        use();
+        cuda::bias_grad(stream(s), ordinal(), rows, cols, dz, db, accumulate);
+    }
+    void softmax_xent(Stream s, int rows, int classes, const float* logits, const int32_t* labels,
+                      float grad_scale, float* dlogits, float* metrics) override {
+        use();
+        if (cuda::scratch_floats_needed(rows) > kScratchFloats)
+            throw DeviceError(name() + ": softmax_xent over " + std::to_string(rows) +
+                              " rows exceeds the scratch sized at start-up");
+        cuda::softmax_xent(stream(s), ordinal(), rows, classes, logits, labels, grad_scale, dlogits,
+                           metrics, scratch_);
+    }
+    void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const float* x,
+                         float* y) override {
+        use();
+        cuda::dropout(stream(s), ordinal(), a, rows, cols, x, y);
+    }
+    void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const float* dy,
+                          float* dx) override {
+        use();
+        cuda::dropout(stream(s), ordinal(), a, rows, cols, dy, dx);
+    }
+
+    void fill(Stream s, size_t n, float value, float* x) override {
+        use();
+        cuda::fill(stream(s), ordinal(), n, value, x);
+    }
+    void scale(Stream s, size_t n, float alpha, float* x) override {
+        use();
+        cuda::scale(stream(s), ordinal(), n, alpha, x);
+    }
+    void axpy(Stream s, size_t n, float alpha, const float* x, float* y) override {
+        use();
+        cuda::axpy(stream(s), ordinal(), n, alpha, x, y);
+    }
+    void sum_squares(Stream s, size_t n, const float* x, float* out) override {
+        use();
+        cuda::sum_squares(stream(s), ordinal(), n, x, out, scratch_);
+    }
+    void init_params(Stream s, const InitArgs& a, size_t n, float* out) override {
+        use();
+        cuda::init_params(stream(s), ordinal(), a, init_scale(a), n, out);
+    }
+    void sgd_update(Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a) override {
+        use();
+        cuda::sgd_update(stream(s), ordinal(), n, p, g, m, a);
+    }
+    void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v,
+                      const AdamWArgs& a) override {
+        use();
+        const float bc1 = static_cast<float>(1.0 - std::pow(double(a.beta1), double(a.step)));
+        const float bc2_sqrt =
+            static_cast<float>(std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))));
+        cuda::adamw_update(stream(s), ordinal(), n, p, g, m, v, a, bc1, bc2_sqrt);
+    }
+    void checksum(Stream s, size_t n, const float* x, uint64_t* out) override {
+        use();
+        cuda::checksum(stream(s), ordinal(), n, x, out);
+    }
+
+    void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
+        use();
+        const int p = require_cuda(peer);
+        if (p == ordinal() || g_peer_enabled[ordinal()][p]) {  // load the peer's memory directly
+            cuda::add_inplace(stream(s), ordinal(), n, src, dst);
+            return;
+        }
+        for (size_t done = 0; done < n; done += kStagingFloats) {  // host path: stage, then add
+            const size_t len = n - done < kStagingFloats ? n - done : kStagingFloats;
+            CUDA_CHECK(ordinal(), cudaMemcpyPeerAsync(staging_, ordinal(), src + done, p,
+                                                      len * sizeof(float), stream(s)));
+            cuda::add_inplace(stream(s), ordinal(), len, staging_, dst + done);
+        }
+    }
+    void copy_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
+        if (!n) return;
+        use();
+        const int p = require_cuda(peer);
+        CUDA_CHECK(ordinal(), cudaMemcpyPeerAsync(dst, ordinal(), src, p, n * sizeof(float), stream(s)));
+    }
+
+private:
+    void use() const { CUDA_CHECK(ordinal(), cudaSetDevice(ordinal())); }
+    static cudaStream_t stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+    static cudaEvent_t event(Event e) { return static_cast<cudaEvent_t>(e.handle); }
+    int require_cuda(const Device& peer) const {
+        if (peer.type() != DeviceType::cuda)
+            throw DeviceError(name() + ": cannot exchange data with " + peer.name() +
+                              " (replicas must all be CPU or all CUDA)");
+        return peer.ordinal();
+    }
+
+    cublasHandle_t cublas_ = nullptr;
+    void* workspace_ = nullptr;
+    float* scratch_ = nullptr;  // compute-stream ops only
+    float* staging_ = nullptr;  // comm-stream peer reduce without peer access
+    cudaDeviceProp props_{};
+    bool tf32_ = false;
+};
+
+// ---- NVML, loaded at run time so the binary starts on machines without a driver --------------
+struct Nvml {
+    using Handle = void*;
+    int (*init)() = nullptr;
+    int (*by_bus_id)(const char*, Handle*) = nullptr;
+    int (*p2p_status)(Handle, Handle, int, int*) = nullptr;
+    int (*common_ancestor)(Handle, Handle, int*) = nullptr;
+    bool ok = false;
+    Nvml() {
+        void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!lib) return;
+        init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+        by_bus_id = reinterpret_cast<int (*)(const char*, Handle*)>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
+        p2p_status = reinterpret_cast<int (*)(Handle, Handle, int, int*)>(dlsym(lib, "nvmlDeviceGetP2PStatus"));
+        common_ancestor = reinterpret_cast<int (*)(Handle, Handle, int*)>(dlsym(lib, "nvmlDeviceGetTopologyCommonAncestor"));
+        ok = init && by_bus_id && p2p_status && common_ancestor && init() == 0;
+    }
+};
+
+std::string link_name(const Nvml& nvml, int a, int b) {
+    if (!nvml.ok) return "unknown";
+    char ba[32], bb[32];
+    if (cudaDeviceGetPCIBusId(ba, sizeof ba, a) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(bb, sizeof bb, b) != cudaSuccess)
+        return "unknown";
+    Nvml::Handle ha, hb;
+    if (nvml.by_bus_id(ba, &ha) != 0 || nvml.by_bus_id(bb, &hb) != 0) return "unknown";
+    constexpr int kCapsNvlink = 2, kStatusOk = 0;
+    int status = -1;
+    if (nvml.p2p_status(ha, hb, kCapsNvlink, &status) == 0 && status == kStatusOk) return "NVLink";
+    int level = -1;
+    if (nvml.common_ancestor(ha, hb, &level) != 0) return "PCIe";
+    switch (level) {
+    case 0: return "same board";
+    case 10: return "PCIe, one switch";
+    case 20: return "PCIe, several switches";
+    case 30: return "PCIe, host bridge";
+    case 40: return "PCIe, across host bridges";
+    case 50: return "PCIe + CPU interconnect (SMP)";
+    default: return "PCIe";
+    }
+}
+
+std::string g_unavailable;
+
+}  // namespace
+
+bool cuda_compiled() { return true; }
+
+int cuda_device_count() {
+    static const int count = [] {
+        int n = 0;
+        const cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess) {
+            g_unavailable = cudaGetErrorString(e);
+            cudaGetLastError();
+            return 0;
+        }
+        if (n == 0) g_unavailable = "no CUDA device visible";
+        return n;
+    }();
+    return count;
+}
+
+std::string cuda_unavailable_reason() {
+    cuda_device_count();
+    return g_unavailable;
+}
+
+std::unique_ptr<Device> make_cuda_device(int ordinal) { return std::make_unique<CudaDevice>(ordinal); }
+
+CudaTopology cuda_topology() {
+    CudaTopology t;
+    const int n = cuda_device_count();
+    cudaRuntimeGetVersion(&t.cuda_runtime_version);
+    cudaDriverGetVersion(&t.cuda_driver_version);
+    ncclGetVersion(&t.nccl_version);
+    const Nvml nvml;
+    for (int i = 0; i < n; ++i) {
+        cudaDeviceProp p{};
+        CUDA_CHECK(i, cudaGetDeviceProperties(&p, i));
+        t.devices.push_back({i, p.name, p.totalGlobalMem, p.major, p.minor, p.multiProcessorCount});
+    }
+    t.peer_access.assign(n, std::vector<int>(n, 0));
+    t.perf_rank.assign(n, std::vector<int>(n, -1));
+    t.link.assign(n, std::vector<std::string>(n, "-"));
+    for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j) {
+            if (i == j) continue;
+            CUDA_CHECK(i, cudaDeviceCanAccessPeer(&t.peer_access[i][j], i, j));
+            int rank = -1;
+            if (cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, i, j) == cudaSuccess)
+                t.perf_rank[i][j] = rank;
+            else
+                cudaGetLastError();
+            t.link[i][j] = link_name(nvml, i, j);
+        }
+    return t;
+}
+
+std::vector<std::pair<int, int>> cuda_enable_peer_access(const std::vector<int>& ordinals) {
+    std::lock_guard<std::mutex> lock(g_peer_mutex);
+    std::vector<int> unique(ordinals);
+    std::sort(unique.begin(), unique.end());
+    unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+    std::vector<std::pair<int, int>> host_path;
+    for (int a : unique)
+        for (int b : unique) {
+            if (a == b || a >= kMaxGpus || b >= kMaxGpus || g_peer_enabled[a][b]) continue;
+            int can = 0;
+            CUDA_CHECK(a, cudaDeviceCanAccessPeer(&can, a, b));
+            if (!can) {
+                host_path.emplace_back(a, b);
+                continue;
+            }
+            CUDA_CHECK(a, cudaSetDevice(a));
+            const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
+            else CUDA_CHECK(a, e);
+            g_peer_enabled[a][b] = true;
+        }
+    return host_path;
+}
+
+}  // namespace mirrored

@@ -1,0 +1,70 @@
+// NCCL backend of the cross-device ops: ncclCommInitAll plus grouped ncclAllReduce calls on the
+// replicas' communication streams.
+#include <nccl.h>
+
+#include <set>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/error.h"
+#include "kernels/nccl.h"
+
+#define NCCL_CHECK(device, stmt)                                                                 \
+    do {                                                                                         \
+        const ncclResult_t r_ = (stmt);                                                          \
+        if (r_ != ncclSuccess)                                                                   \
+            ::mirrored::cuda_fail(#stmt, ncclGetErrorString(r_), __FILE__, __LINE__, (device));  \
+    } while (0)
+
+namespace mirrored {
+
+namespace {
+
+class NcclGroupImpl final : public NcclGroup {
+public:
+    explicit NcclGroupImpl(const std::vector<Device*>& devices) : devices_(devices) {
+        std::vector<int> ordinals;
+        std::set<int> seen;
+        for (Device* d : devices) {
+            if (d->type() != DeviceType::cuda)
+                throw ConfigError("strategy.cross_device_ops: nccl needs CUDA replicas, got " + d->name());
+            if (!seen.insert(d->ordinal()).second)
+                throw ConfigError("strategy.cross_device_ops: nccl cannot place two replicas on " +
+                                  d->name() + " (NCCL allows one rank per GPU); use ring for a "
+                                  "device list that repeats a GPU");
+            ordinals.push_back(d->ordinal());
+        }
+        comms_.resize(devices.size());
+        NCCL_CHECK(ordinals[0], ncclCommInitAll(comms_.data(), static_cast<int>(comms_.size()), ordinals.data()));
+    }
+    ~NcclGroupImpl() override {
+        for (ncclComm_t c : comms_)
+            if (c) ncclCommDestroy(c);
+    }
+
+    void all_reduce_sum(const std::vector<float*>& buffers, size_t count) override {
+        if (count == 0) return;
+        NCCL_CHECK(devices_[0]->ordinal(), ncclGroupStart());
+        for (size_t r = 0; r < devices_.size(); ++r) {
+            Device* d = devices_[r];
+            CUDA_CHECK(d->ordinal(), cudaSetDevice(d->ordinal()));
+            NCCL_CHECK(d->ordinal(), ncclAllReduce(buffers[r], buffers[r], count, ncclFloat, ncclSum, comms_[r],
+                                                   static_cast<cudaStream_t>(d->comm_stream().handle)));
+        }
+        NCCL_CHECK(devices_[0]->ordinal(), ncclGroupEnd());
+    }
+
+private:
+    std::vector<Device*> devices_;
+    std::vector<ncclComm_t> comms_;
+};
+
+}  // namespace
+
+bool nccl_compiled() { return true; }
+
+std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>& devices) {
+    return std::make_unique<NcclGroupImpl>(devices);
+}
+
+}  // namespace mirrored

@@ -1,0 +1,41 @@
+// Errors that end a run, each with the documented exit code the CLI returns for it.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace mirrored {
+
+enum ExitCode {
+    kExitOk = 0,
+    kExitFailure = 1,      // a bug: an internal invariant broke
+    kExitUsage = 2,        // bad command line or configuration
+    kExitData = 3,         // missing, truncated or corrupt data files
+    kExitCheckpoint = 4,   // unusable or foreign checkpoint
+    kExitDevice = 5,       // CUDA / NCCL / out of memory / replica divergence
+    kExitInterrupted = 130 // SIGINT/SIGTERM, after a checkpoint was written
+};
+
+class Error : public std::runtime_error {
+public:
+    Error(ExitCode code, const std::string& what) : std::runtime_error(what), code_(code) {}
+    ExitCode code() const { return code_; }
+
+private:
+    ExitCode code_;
+};
+
+struct ConfigError : Error {
+    explicit ConfigError(const std::string& w) : Error(kExitUsage, w) {}
+};
+struct DataError : Error {
+    explicit DataError(const std::string& w) : Error(kExitData, w) {}
+};
+struct CheckpointError : Error {
+    explicit CheckpointError(const std::string& w) : Error(kExitCheckpoint, w) {}
+};
+struct DeviceError : Error {
+    explicit DeviceError(const std::string& w) : Error(kExitDevice, w) {}
+};
+
+}  // namespace mirrored

@@ -1,0 +1,73 @@
+#include "mirrored/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mirrored {
+
+double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps, int replicas) {
+    double base = c.lr * (c.scale_lr_with_replicas ? replicas : 1);
+    const ScheduleConfig& s = c.schedule;
+    if (s.warmup_steps > 0 && step < s.warmup_steps) return base * double(step + 1) / double(s.warmup_steps);
+    switch (s.type) {
+    case ScheduleConfig::Type::step:
+        return base * std::pow(s.gamma, double((step - s.warmup_steps) / std::max<int64_t>(s.step_size, 1)));
+    case ScheduleConfig::Type::cosine: {
+        const double span = double(std::max<int64_t>(total_steps - s.warmup_steps, 1));
+        const double t = std::clamp(double(step - s.warmup_steps) / span, 0.0, 1.0);
+        const double floor = base * s.min_lr_ratio;
+        return floor + (base - floor) * 0.5 * (1.0 + std::cos(M_PI * t));
+    }
+    default: return base;
+    }
+}
+
+Optimizer::Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) : dev_(dev), cfg_(cfg), n_(n) {
+    if (cfg_.type == OptimizerConfig::Type::adamw || cfg_.momentum != 0.0) {
+        m_ = DeviceBuffer<float>(dev, n);
+        dev.fill(dev.compute_stream(), n, 0.0f, m_.data());
+    }
+    if (cfg_.type == OptimizerConfig::Type::adamw) {
+        v_ = DeviceBuffer<float>(dev, n);
+        dev.fill(dev.compute_stream(), n, 0.0f, v_.data());
+    }
+}
+
+void Optimizer::apply(Stream s, float* params, const float* grads, int64_t step, float lr,
+                      const float* grad_sq_norm) {
+    const float clip = static_cast<float>(cfg_.grad_clip_norm);
+    if (cfg_.type == OptimizerConfig::Type::adamw) {
+        AdamWArgs a;
+        a.lr = lr;
+        a.beta1 = float(cfg_.beta1);
+        a.beta2 = float(cfg_.beta2);
+        a.eps = float(cfg_.eps);
+        a.weight_decay = float(cfg_.weight_decay);
+        a.step = step + 1;
+        a.clip_norm = clip;
+        a.grad_sq_norm = grad_sq_norm;
+        dev_.adamw_update(s, n_, params, grads, m_.data(), v_.data(), a);
+    } else {
+        SgdArgs a;
+        a.lr = lr;
+        a.momentum = float(cfg_.momentum);
+        a.nesterov = cfg_.nesterov;
+        a.weight_decay = float(cfg_.weight_decay);
+        a.clip_norm = clip;
+        a.grad_sq_norm = grad_sq_norm;
+        dev_.sgd_update(s, n_, params, grads, m_.data(), a);
+    }
+}
+
+std::vector<std::pair<std::string, DeviceBuffer<float>*>> Optimizer::state() {
+    std::vector<std::pair<std::string, DeviceBuffer<float>*>> out;
+    if (cfg_.type == OptimizerConfig::Type::adamw) {
+        out.emplace_back("exp_avg", &m_);
+        out.emplace_back("exp_avg_sq", &v_);
+    } else if (m_.size()) {
+        out.emplace_back("momentum_buffer", &m_);
+    }
+    return out;
+}
+
+}  // namespace mirrored

@@ -1,0 +1,57 @@
+// Optimizers as single fused updates over the flat parameter buffer, and the learning-rate
+// schedule. Each replica owns its optimizer state; every replica applies the same update to the
+// same (all-reduced) gradients, so replicas stay identical.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/buffer.h"
+#include "kernels/device.h"
+
+namespace mirrored {
+
+struct ScheduleConfig {
+    enum class Type { constant, step, cosine };
+    Type type = Type::constant;
+    int64_t warmup_steps = 0;  // linear from lr/warmup to lr
+    int64_t step_size = 1000;  // step: multiply by gamma every step_size steps
+    double gamma = 0.1;
+    double min_lr_ratio = 0.0;  // cosine: final lr = lr * min_lr_ratio
+};
+
+struct OptimizerConfig {
+    enum class Type { sgd, adamw };
+    Type type = Type::sgd;
+    double lr = 0.05;
+    double momentum = 0.9;
+    bool nesterov = false;
+    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+    double weight_decay = 0.0;
+    double grad_clip_norm = 0.0;  // 0: off
+    bool scale_lr_with_replicas = false;
+    ScheduleConfig schedule;
+};
+
+// Learning rate for optimizer step `step` (0-based) of `total_steps`.
+double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps, int replicas);
+
+class Optimizer {
+public:
+    Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n);
+    // params -= update(grads); step is 0-based; grad_sq_norm (device) is needed when clipping.
+    void apply(Stream s, float* params, const float* grads, int64_t step, float lr,
+               const float* grad_sq_norm);
+    // Named state buffers (same layout as the parameters), for checkpoints.
+    std::vector<std::pair<std::string, DeviceBuffer<float>*>> state();
+    const OptimizerConfig& config() const { return cfg_; }
+
+private:
+    Device& dev_;
+    OptimizerConfig cfg_;
+    size_t n_;
+    DeviceBuffer<float> m_, v_;
+};
+
+}  // namespace mirrored

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs the distribution packages mirrored needs, and only those missing (idempotent).
+# Every package exists in Debian 12 and in Ubuntu 24.04. The CUDA toolkit is not installed
+# here: it comes from NVIDIA's packages or the machine image; without it the build is CPU-only.
+#   scripts/install_deps.sh           install what is missing
+#   scripts/install_deps.sh --check   list what is missing; exit 1 if anything is
+set -euo pipefail
+
+packages=(
+  build-essential pkg-config
+  libyaml-cpp-dev      # configuration
+  doctest-dev          # tests
+  libopenblas-dev      # CPU backend GEMM
+  zlib1g-dev           # .gz datasets, checkpoint checksums
+  nlohmann-json3-dev   # metrics, summaries, safetensors headers
+  libcli11-dev         # command line
+  dataset-fashion-mnist  # the real Fashion-MNIST files for the default run
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [[ "${1:-}" == "--check" ]]; then
+  [[ ${#missing[@]} -eq 0 ]] && { echo "all dependencies installed"; exit 0; }
+  echo "missing: ${missing[*]}"; exit 1
+fi
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "error: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "mirrored: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Try without refreshing the package lists first; refresh once if that fails.
+if ! $sudo apt-get install -y --no-install-recommends "${missing[@]}"; then
+  $sudo apt-get update
+  $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,635 @@
+// Every op of the Device interface: the CPU backend against a naive double-precision reference,
+// and the CUDA backend against the CPU backend, on fresh random inputs with outputs poisoned
+// (NaN) first. Tolerances are normalised max errors (tests/helpers.h rel_error):
+//   op                      CPU vs double ref   CUDA vs CPU
+//   gemm fp32               1e-5 * sqrt(k)      1e-5 * sqrt(k) (TF32: 5e-3)
+//   bias_act_forward        1e-6                1e-6
+//   act_backward            1e-6                1e-5 (erff/expf ulps)
+//   bias_grad               1e-5                1e-5
+//   softmax_xent            1e-5                1e-5 (argmax count: exact)
+//   dropout, init uniform, checksum, fill, copy/reduce_from_peer: exact
+//   init normal             -                   1e-6
+//   sum_squares, sgd, adamw 1e-5                1e-5
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <cstring>
+
+#include "kernels/device.h"
+#include "kernels/op_math.h"
+#include "tests/helpers.h"
+
+using namespace mirrored;
+using namespace mirrored::test;
+
+namespace {
+
+double ref_act(Activation a, double z) {
+    switch (a) {
+    case Activation::relu: return z > 0 ? z : 0;
+    case Activation::gelu: return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+    default: return z;
+    }
+}
+double ref_act_grad(Activation a, double z) {
+    switch (a) {
+    case Activation::relu: return z > 0 ? 1 : 0;
+    case Activation::gelu:
+        return 0.5 * (1 + std::erf(z / std::sqrt(2.0))) + z * std::exp(-0.5 * z * z) / std::sqrt(2 * M_PI);
+    default: return 1;
+    }
+}
+
+const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu};
+
+// ---- op runners: the same call on any device, returning host results ----------------------
+
+struct GemmCase {
+    bool ta, tb;
+    int m, n, k;
+    float alpha, beta;
+    std::vector<float> a, b, c0;
+};
+
+GemmCase make_gemm(Rng& rng, bool ta, bool tb) {
+    GemmCase g{ta, tb, rng.integer(1, 70), rng.integer(1, 70), rng.integer(1, 130), 0, 0, {}, {}, {}};
+    g.alpha = rng.uniform(1, 0.5f, 2.0f)[0];
+    g.beta = rng.integer(0, 1) ? 0.5f : 0.0f;
+    g.a = rng.normal(size_t(g.m) * g.k);
+    g.b = rng.normal(size_t(g.k) * g.n);
+    g.c0 = rng.normal(size_t(g.m) * g.n);
+    return g;
+}
+
+std::vector<float> run_gemm(Device& d, const GemmCase& g, bool tf32 = false) {
+    auto a = upload(d, g.a), b = upload(d, g.b);
+    auto c = g.beta != 0.0f ? upload(d, g.c0) : poisoned(d, g.c0.size());
+    d.set_tf32(tf32);
+    d.gemm(d.compute_stream(), g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), g.ta ? g.m : g.k, b.data(),
+           g.tb ? g.k : g.n, g.beta, c.data(), g.n);
+    d.set_tf32(false);
+    return download(d, c);
+}
+
+std::vector<double> ref_gemm(const GemmCase& g) {
+    std::vector<double> c(size_t(g.m) * g.n);
+    for (int i = 0; i < g.m; ++i)
+        for (int j = 0; j < g.n; ++j) {
+            double s = 0;
+            for (int p = 0; p < g.k; ++p) {
+                const double av = g.ta ? g.a[size_t(p) * g.m + i] : g.a[size_t(i) * g.k + p];
+                const double bv = g.tb ? g.b[size_t(j) * g.k + p] : g.b[size_t(p) * g.n + j];
+                s += av * bv;
+            }
+            c[size_t(i) * g.n + j] = g.alpha * s + (g.beta != 0 ? g.beta * double(g.c0[size_t(i) * g.n + j]) : 0.0);
+        }
+    return c;
+}
+
+struct ElemCase {
+    int rows, cols;
+    std::vector<float> z, bias, dout;
+};
+ElemCase make_elem(Rng& rng) {
+    ElemCase e{rng.integer(1, 90), rng.integer(1, 300), {}, {}, {}};
+    e.z = rng.normal(size_t(e.rows) * e.cols, 2.0f);
+    e.bias = rng.normal(e.cols);
+    e.dout = rng.normal(size_t(e.rows) * e.cols);
+    return e;
+}
+
+std::vector<float> run_bias_act(Device& d, const ElemCase& e, Activation act, bool with_bias) {
+    auto z = upload(d, e.z), bias = upload(d, e.bias);
+    auto out = poisoned(d, e.z.size());
+    d.bias_act_forward(d.compute_stream(), act, e.rows, e.cols, with_bias ? bias.data() : nullptr, z.data(),
+                       out.data());
+    auto zh = download(d, z), oh = download(d, out);
+    zh.insert(zh.end(), oh.begin(), oh.end());  // z (biased in place) then out
+    return zh;
+}
+
+std::vector<float> run_act_backward(Device& d, const ElemCase& e, Activation act) {
+    auto z = upload(d, e.z), dout = upload(d, e.dout);
+    auto dz = poisoned(d, e.z.size());
+    d.act_backward(d.compute_stream(), act, e.z.size(), z.data(), dout.data(), dz.data());
+    return download(d, dz);
+}
+
+std::vector<float> run_bias_grad(Device& d, const ElemCase& e, bool accumulate) {
+    auto dz = upload(d, e.dout);
+    auto db = accumulate ? upload(d, e.bias) : poisoned(d, e.cols);
+    d.bias_grad(d.compute_stream(), e.rows, e.cols, dz.data(), db.data(), accumulate);
+    return download(d, db);
+}
+
+struct XentCase {
+    int rows, classes;
+    float scale;
+    std::vector<float> logits;
+    std::vector<int32_t> labels;
+};
+XentCase make_xent(Rng& rng) {
+    XentCase x{rng.integer(1, 200), rng.integer(2, 70), 1.0f / 37.0f, {}, {}};
+    x.logits = rng.normal(size_t(x.rows) * x.classes, 3.0f);
+    x.labels = rng.labels(x.rows, x.classes);
+    return x;
+}
+// dlogits followed by the 3 metric slots (accumulated onto 1, 2, 3)
+std::vector<float> run_xent(Device& d, const XentCase& x) {
+    auto logits = upload(d, x.logits);
+    auto labels = upload(d, x.labels);
+    auto dl = poisoned(d, x.logits.size());
+    auto metrics = upload(d, std::vector<float>{1.0f, 2.0f, 3.0f, 0.0f});
+    d.softmax_xent(d.compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, dl.data(),
+                   metrics.data());
+    auto out = download(d, dl);
+    auto m = download(d, metrics);
+    out.insert(out.end(), m.begin(), m.begin() + 3);
+    return out;
+}
+std::vector<double> ref_xent(const XentCase& x) {
+    std::vector<double> out(x.logits.size());
+    double loss = 0, correct = 0;
+    for (int i = 0; i < x.rows; ++i) {
+        const float* z = &x.logits[size_t(i) * x.classes];
+        double mx = z[0];
+        int arg = 0;
+        for (int j = 1; j < x.classes; ++j)
+            if (z[j] > mx) mx = z[j], arg = j;
+        double sum = 0;
+        for (int j = 0; j < x.classes; ++j) sum += std::exp(z[j] - mx);
+        const int y = x.labels[i];
+        loss += std::log(sum) + mx - z[y];
+        correct += arg == y;
+        for (int j = 0; j < x.classes; ++j)
+            out[size_t(i) * x.classes + j] = (std::exp(z[j] - mx) / sum - (j == y)) * x.scale;
+    }
+    out.push_back(1.0 + loss);
+    out.push_back(2.0 + correct);
+    out.push_back(3.0 + x.rows);
+    return out;
+}
+
+struct OptCase {
+    size_t n;
+    std::vector<float> p, g, m, v;
+};
+OptCase make_opt(Rng& rng) {
+    OptCase o{size_t(rng.integer(1, 5000)), {}, {}, {}, {}};
+    o.p = rng.normal(o.n);
+    o.g = rng.normal(o.n, 0.1f);
+    o.m = rng.normal(o.n, 0.1f);
+    o.v = rng.uniform(o.n, 0.0f, 0.01f);
+    return o;
+}
+
+// Returns p, then m (and v). With clip, the grad norm is computed on the device by sum_squares.
+std::vector<float> run_sgd(Device& d, const OptCase& o, SgdArgs a) {
+    auto p = upload(d, o.p), g = upload(d, o.g), m = upload(d, o.m);
+    DeviceBuffer<float> norm(d, 1);
+    d.sum_squares(d.compute_stream(), o.n, g.data(), norm.data());
+    if (a.clip_norm > 0) a.grad_sq_norm = norm.data();
+    d.sgd_update(d.compute_stream(), o.n, p.data(), g.data(), m.data(), a);
+    auto out = download(d, p);
+    auto mh = download(d, m);
+    out.insert(out.end(), mh.begin(), mh.end());
+    return out;
+}
+std::vector<double> ref_sgd(const OptCase& o, const SgdArgs& a) {
+    double sq = 0;
+    for (float g : o.g) sq += double(g) * g;
+    const double norm = std::sqrt(sq);
+    const double clip = a.clip_norm > 0 && norm > a.clip_norm ? a.clip_norm / (norm + 1e-6) : 1.0;
+    std::vector<double> p(o.n), m(o.n);
+    for (size_t i = 0; i < o.n; ++i) {
+        double d = o.g[i] * clip + double(a.weight_decay) * o.p[i];
+        m[i] = o.m[i];
+        if (a.momentum != 0) {
+            m[i] = a.momentum * double(o.m[i]) + d;
+            d = a.nesterov ? d + a.momentum * m[i] : m[i];
+        }
+        p[i] = o.p[i] - double(a.lr) * d;
+    }
+    p.insert(p.end(), m.begin(), m.end());
+    return p;
+}
+
+std::vector<float> run_adamw(Device& d, const OptCase& o, AdamWArgs a) {
+    auto p = upload(d, o.p), g = upload(d, o.g), m = upload(d, o.m), v = upload(d, o.v);
+    DeviceBuffer<float> norm(d, 1);
+    d.sum_squares(d.compute_stream(), o.n, g.data(), norm.data());
+    if (a.clip_norm > 0) a.grad_sq_norm = norm.data();
+    d.adamw_update(d.compute_stream(), o.n, p.data(), g.data(), m.data(), v.data(), a);
+    auto out = download(d, p);
+    for (auto* b : {&m, &v}) {
+        auto h = download(d, *b);
+        out.insert(out.end(), h.begin(), h.end());
+    }
+    return out;
+}
+std::vector<double> ref_adamw(const OptCase& o, const AdamWArgs& a) {
+    double sq = 0;
+    for (float g : o.g) sq += double(g) * g;
+    const double norm = std::sqrt(sq);
+    const double clip = a.clip_norm > 0 && norm > a.clip_norm ? a.clip_norm / (norm + 1e-6) : 1.0;
+    const double bc1 = 1 - std::pow(double(a.beta1), double(a.step));
+    const double bc2 = 1 - std::pow(double(a.beta2), double(a.step));
+    std::vector<double> p(o.n), m(o.n), v(o.n);
+    for (size_t i = 0; i < o.n; ++i) {
+        const double g = o.g[i] * clip;
+        m[i] = a.beta1 * double(o.m[i]) + (1 - double(a.beta1)) * g;
+        v[i] = a.beta2 * double(o.v[i]) + (1 - double(a.beta2)) * g * g;
+        const double denom = std::sqrt(v[i]) / std::sqrt(bc2) + a.eps;
+        p[i] = o.p[i] * (1 - double(a.lr) * a.weight_decay) - double(a.lr) / bc1 * m[i] / denom;
+    }
+    p.insert(p.end(), m.begin(), m.end());
+    p.insert(p.end(), v.begin(), v.end());
+    return p;
+}
+
+std::vector<float> run_dropout(Device& d, const DropoutArgs& a, int rows, int cols,
+                               const std::vector<float>& x, bool backward) {
+    auto xb = upload(d, x);
+    auto y = poisoned(d, x.size());
+    if (backward) d.dropout_backward(d.compute_stream(), a, rows, cols, xb.data(), y.data());
+    else d.dropout_forward(d.compute_stream(), a, rows, cols, xb.data(), y.data());
+    return download(d, y);
+}
+
+std::vector<float> run_init(Device& d, const InitArgs& a, size_t n) {
+    auto out = poisoned(d, n);
+    d.init_params(d.compute_stream(), a, n, out.data());
+    return download(d, out);
+}
+
+uint64_t run_checksum(Device& d, const std::vector<float>& x) {
+    auto xb = upload(d, x);
+    DeviceBuffer<uint64_t> out(d, 1);
+    d.checksum(d.compute_stream(), x.size(), xb.data(), out.data());
+    return download(d, out)[0];
+}
+
+// Exercises fill, scale, axpy, sum_squares in sequence.
+std::vector<float> run_flat_ops(Device& d, const std::vector<float>& x, const std::vector<float>& y) {
+    auto xb = upload(d, x), yb = upload(d, y);
+    auto f = poisoned(d, x.size());
+    d.fill(d.compute_stream(), x.size(), 0.25f, f.data());
+    d.scale(d.compute_stream(), x.size(), -1.5f, xb.data());
+    d.axpy(d.compute_stream(), x.size(), 0.75f, xb.data(), yb.data());
+    auto sq = poisoned(d, 1);
+    d.sum_squares(d.compute_stream(), y.size(), yb.data(), sq.data());
+    auto out = download(d, f);
+    for (auto* b : {&xb, &yb, &sq}) {
+        auto h = download(d, *b);
+        out.insert(out.end(), h.begin(), h.end());
+    }
+    return out;
+}
+std::vector<double> ref_flat_ops(const std::vector<float>& x, const std::vector<float>& y) {
+    std::vector<double> out(x.size(), 0.25);
+    std::vector<double> xs(x.size()), ys(y.size());
+    double sq = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+        xs[i] = -1.5 * x[i];
+        ys[i] = y[i] + 0.75 * xs[i];
+        sq += ys[i] * ys[i];
+    }
+    out.insert(out.end(), xs.begin(), xs.end());
+    out.insert(out.end(), ys.begin(), ys.end());
+    out.push_back(sq);
+    return out;
+}
+
+template <typename F>
+void for_cpu_and_cuda(F&& f) {
+    auto cpu = make_cpu_device(0);
+    auto gpu = make_cuda_device(0);
+    f(*cpu, *gpu);
+}
+
+}  // namespace
+
+// ============================ CPU backend vs double reference ============================
+
+TEST_CASE("cpu gemm matches double reference for every transpose combination") {
+    Rng rng(1);
+    auto d = make_cpu_device(0);
+    for (int rep = 0; rep < 3; ++rep)
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) {
+                const GemmCase g = make_gemm(rng, ta, tb);
+                CAPTURE(ta);
+                CAPTURE(tb);
+                CAPTURE(g.m);
+                CAPTURE(g.n);
+                CAPTURE(g.k);
+                CHECK(rel_error(run_gemm(*d, g), ref_gemm(g)) < 1e-5 * std::sqrt(g.k));
+            }
+}
+
+TEST_CASE("cpu bias_act_forward and act_backward match double reference") {
+    Rng rng(2);
+    auto d = make_cpu_device(0);
+    const ElemCase e = make_elem(rng);
+    for (Activation act : kActs)
+        for (bool with_bias : {false, true}) {
+            CAPTURE(activation_name(act));
+            std::vector<double> want(e.z.size() * 2);
+            for (int i = 0; i < e.rows; ++i)
+                for (int j = 0; j < e.cols; ++j) {
+                    const size_t k = size_t(i) * e.cols + j;
+                    const double z = double(e.z[k]) + (with_bias ? e.bias[j] : 0.0f);
+                    want[k] = float(z);
+                    want[e.z.size() + k] = ref_act(act, float(z));
+                }
+            CHECK(rel_error(run_bias_act(*d, e, act, with_bias), want) < 1e-6);
+            std::vector<double> dz(e.z.size());
+            for (size_t k = 0; k < dz.size(); ++k) dz[k] = e.dout[k] * ref_act_grad(act, e.z[k]);
+            CHECK(rel_error(run_act_backward(*d, e, act), dz) < 1e-6);
+        }
+}
+
+TEST_CASE("cpu bias_grad matches double reference, with and without accumulation") {
+    Rng rng(3);
+    auto d = make_cpu_device(0);
+    const ElemCase e = make_elem(rng);
+    for (bool acc : {false, true}) {
+        std::vector<double> want(e.cols);
+        for (int j = 0; j < e.cols; ++j) {
+            double s = acc ? e.bias[j] : 0.0;
+            for (int i = 0; i < e.rows; ++i) s += e.dout[size_t(i) * e.cols + j];
+            want[j] = s;
+        }
+        CHECK(rel_error(run_bias_grad(*d, e, acc), want) < 1e-5);
+    }
+}
+
+TEST_CASE("cpu softmax_xent matches double reference: gradient, loss sum, correct count") {
+    Rng rng(4);
+    auto d = make_cpu_device(0);
+    for (int rep = 0; rep < 3; ++rep) {
+        const XentCase x = make_xent(rng);
+        const auto got = run_xent(*d, x);
+        const auto want = ref_xent(x);
+        const size_t n = x.logits.size();
+        CHECK(rel_error(std::vector<float>(got.begin(), got.begin() + n),
+                        std::vector<double>(want.begin(), want.begin() + n)) < 1e-5);
+        CHECK(std::fabs(got[n] - want[n]) / std::fabs(want[n]) < 1e-5);
+        CHECK(got[n + 1] == want[n + 1]);
+        CHECK(got[n + 2] == want[n + 2]);
+    }
+}
+
+TEST_CASE("cpu flat ops (fill, scale, axpy, sum_squares) match double reference") {
+    Rng rng(5);
+    auto d = make_cpu_device(0);
+    const size_t n = rng.integer(1, 10000);
+    const auto x = rng.normal(n), y = rng.normal(n);
+    CHECK(rel_error(run_flat_ops(*d, x, y), ref_flat_ops(x, y)) < 1e-5);
+}
+
+TEST_CASE("cpu sgd update matches double reference (momentum, nesterov, weight decay, clipping)") {
+    Rng rng(6);
+    auto d = make_cpu_device(0);
+    const OptCase o = make_opt(rng);
+    for (int variant = 0; variant < 5; ++variant) {
+        SgdArgs a;
+        a.lr = 0.05f;
+        a.momentum = variant == 0 ? 0.0f : 0.9f;
+        a.nesterov = variant == 2;
+        a.weight_decay = variant >= 3 ? 1e-2f : 0.0f;
+        a.clip_norm = variant == 4 ? 0.5f : 0.0f;
+        CAPTURE(variant);
+        CHECK(rel_error(run_sgd(*d, o, a), ref_sgd(o, a)) < 1e-5);
+    }
+}
+
+TEST_CASE("cpu adamw update matches double reference (bias correction, decoupled decay, clipping)") {
+    Rng rng(7);
+    auto d = make_cpu_device(0);
+    const OptCase o = make_opt(rng);
+    for (int variant = 0; variant < 3; ++variant) {
+        AdamWArgs a;
+        a.lr = 1e-3f;
+        a.weight_decay = variant ? 0.01f : 0.0f;
+        a.step = variant == 2 ? 1 : 17;
+        a.clip_norm = variant == 2 ? 0.3f : 0.0f;
+        CAPTURE(variant);
+        CHECK(rel_error(run_adamw(*d, o, a), ref_adamw(o, a)) < 1e-5);
+    }
+}
+
+TEST_CASE("cpu dropout: keep rate, scaling, backward mask, and shard invariance") {
+    Rng rng(8);
+    auto d = make_cpu_device(0);
+    const int rows = 64, cols = 257;
+    const auto x = rng.uniform(size_t(rows) * cols, 0.5f, 1.5f);  // never zero
+    DropoutArgs a{0.3f, base_seed(), 4, 11, 0};
+    const auto y = run_dropout(*d, a, rows, cols, x, false);
+    size_t kept = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+        if (y[i] != 0.0f) {
+            ++kept;
+            CHECK(y[i] == doctest::Approx(x[i] / 0.7f).epsilon(1e-6));
+        }
+    }
+    const double frac = double(kept) / x.size(), sd = std::sqrt(0.7 * 0.3 / x.size());
+    CHECK(std::fabs(frac - 0.7) < 5 * sd);
+    // backward applies the same mask as forward
+    const auto dx = run_dropout(*d, a, rows, cols, x, true);
+    CHECK(dx == y);
+    // rows [16, 48) run as a shard with row_offset 16 draw the same masks as in the full batch
+    DropoutArgs shard = a;
+    shard.row_offset = 16;
+    const std::vector<float> xs(x.begin() + 16 * cols, x.begin() + 48 * cols);
+    const auto ys = run_dropout(*d, shard, 32, cols, xs, false);
+    CHECK(ys == std::vector<float>(y.begin() + 16 * cols, y.begin() + 48 * cols));
+    // another step draws another mask
+    DropoutArgs next = a;
+    next.step = 12;
+    CHECK(run_dropout(*d, next, rows, cols, x, false) != y);
+}
+
+TEST_CASE("cpu init_params: bounds and moments of every initialiser, deterministic by seed") {
+    auto d = make_cpu_device(0);
+    const size_t n = 200000;
+    for (InitKind k : {InitKind::he_uniform, InitKind::he_normal, InitKind::glorot_uniform,
+                       InitKind::glorot_normal, InitKind::zeros}) {
+        CAPTURE(init_kind_name(k));
+        InitArgs a{k, base_seed(), 3, 400, 100};
+        const auto v = run_init(*d, a, n);
+        const double scale = init_scale(a);
+        double mean = 0, var = 0, mx = 0;
+        for (float x : v) mean += x, mx = std::max(mx, std::fabs(double(x)));
+        mean /= n;
+        for (float x : v) var += (x - mean) * (x - mean);
+        var /= n;
+        if (k == InitKind::zeros) {
+            CHECK(mx == 0.0);
+            continue;
+        }
+        const double want_var = init_is_normal(k) ? scale * scale : scale * scale / 3.0;
+        CHECK(std::fabs(mean) < 5 * std::sqrt(want_var / n));
+        CHECK(var == doctest::Approx(want_var).epsilon(0.02));
+        if (!init_is_normal(k)) CHECK(mx <= scale);
+        CHECK(run_init(*d, a, n) == v);  // same seed, same values
+        a.tensor_id = 4;
+        CHECK(run_init(*d, a, n) != v);  // another tensor, other values
+    }
+}
+
+TEST_CASE("cpu checksum: equal buffers agree, one flipped bit disagrees") {
+    Rng rng(9);
+    auto d = make_cpu_device(0);
+    auto x = rng.normal(12345);
+    const uint64_t c = run_checksum(*d, x);
+    CHECK(run_checksum(*d, x) == c);
+    uint32_t bits;
+    std::memcpy(&bits, &x[777], 4);
+    bits ^= 1u;
+    std::memcpy(&x[777], &bits, 4);
+    CHECK(run_checksum(*d, x) != c);
+    std::swap(x[1], x[2]);
+    CHECK(run_checksum(*d, x) != c);
+}
+
+TEST_CASE("cpu reduce_from_peer and copy_from_peer between two CPU replicas are exact") {
+    Rng rng(10);
+    auto a = make_cpu_device(0), b = make_cpu_device(1);
+    const auto xa = rng.normal(1001), xb = rng.normal(1001);
+    auto ba = upload(*a, xa), bb = upload(*b, xb);
+    a->reduce_from_peer(a->comm_stream(), ba.data(), *b, bb.data(), xa.size());
+    const auto sum = download(*a, ba);
+    for (size_t i = 0; i < xa.size(); ++i) CHECK(sum[i] == xa[i] + xb[i]);
+    b->copy_from_peer(b->comm_stream(), bb.data(), *a, ba.data(), xa.size());
+    CHECK(download(*b, bb) == sum);
+}
+
+// ================================ CUDA backend vs CPU ====================================
+
+TEST_CASE("cuda gemm matches cpu (fp32 and TF32)") {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(101);
+    for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
+        for (bool ta : {false, true})
+            for (bool tb : {false, true}) {
+                const GemmCase g = make_gemm(rng, ta, tb);
+                CAPTURE(ta);
+                CAPTURE(tb);
+                const auto want = run_gemm(cpu, g);
+                CHECK(rel_error(run_gemm(gpu, g), want) < 1e-5 * std::sqrt(g.k));
+                CHECK(rel_error(run_gemm(gpu, g, true), want) < 5e-3);
+            }
+    });
+}
+
+TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu") {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(102);
+    for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
+        const ElemCase e = make_elem(rng);
+        for (Activation act : kActs) {
+            CAPTURE(activation_name(act));
+            CHECK(rel_error(run_bias_act(gpu, e, act, true), run_bias_act(cpu, e, act, true)) < 1e-6);
+            CHECK(rel_error(run_bias_act(gpu, e, act, false), run_bias_act(cpu, e, act, false)) < 1e-6);
+            CHECK(rel_error(run_act_backward(gpu, e, act), run_act_backward(cpu, e, act)) < 1e-5);
+        }
+        for (bool acc : {false, true})
+            CHECK(rel_error(run_bias_grad(gpu, e, acc), run_bias_grad(cpu, e, acc)) < 1e-5);
+        // many rows: the strided column sum
+        ElemCase tall = e;
+        tall.rows = 4099;
+        tall.cols = 37;
+        tall.dout = rng.normal(size_t(tall.rows) * tall.cols);
+        tall.bias = rng.normal(tall.cols);
+        CHECK(rel_error(run_bias_grad(gpu, tall, false), run_bias_grad(cpu, tall, false)) < 1e-5);
+    });
+}
+
+TEST_CASE("cuda softmax_xent matches cpu, argmax count exactly") {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(103);
+    for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
+        for (int rep = 0; rep < 4; ++rep) {
+            XentCase x = make_xent(rng);
+            if (rep == 3) {  // more classes than a warp has lanes
+                x.classes = 1000;
+                x.logits = rng.normal(size_t(x.rows) * x.classes, 3.0f);
+                x.labels = rng.labels(x.rows, x.classes);
+            }
+            const auto g = run_xent(gpu, x), c = run_xent(cpu, x);
+            const size_t n = x.logits.size();
+            CHECK(rel_error(std::vector<float>(g.begin(), g.begin() + n), std::vector<float>(c.begin(), c.begin() + n)) < 1e-5);
+            CHECK(std::fabs(g[n] - c[n]) / std::fabs(c[n]) < 1e-5);
+            CHECK(g[n + 1] == c[n + 1]);
+            CHECK(g[n + 2] == c[n + 2]);
+        }
+    });
+}
+
+TEST_CASE("cuda dropout, init_params and checksum match cpu exactly") {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(104);
+    for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
+        const int rows = 33, cols = 129;
+        const auto x = rng.normal(size_t(rows) * cols);
+        DropoutArgs a{0.4f, base_seed(), 2, 5, 1000};
+        CHECK(run_dropout(gpu, a, rows, cols, x, false) == run_dropout(cpu, a, rows, cols, x, false));
+        CHECK(run_dropout(gpu, a, rows, cols, x, true) == run_dropout(cpu, a, rows, cols, x, true));
+        for (InitKind k : {InitKind::he_uniform, InitKind::glorot_uniform})
+            CHECK(run_init(gpu, InitArgs{k, base_seed(), 7, 300, 20}, 100003) ==
+                  run_init(cpu, InitArgs{k, base_seed(), 7, 300, 20}, 100003));
+        for (InitKind k : {InitKind::he_normal, InitKind::glorot_normal})
+            CHECK(rel_error(run_init(gpu, InitArgs{k, base_seed(), 7, 300, 20}, 100003),
+                            run_init(cpu, InitArgs{k, base_seed(), 7, 300, 20}, 100003)) < 1e-6);
+        const auto big = rng.normal(3000017);
+        CHECK(run_checksum(gpu, big) == run_checksum(cpu, big));
+    });
+}
+
+TEST_CASE("cuda flat ops, sgd and adamw match cpu") {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(105);
+    for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
+        const size_t n = 1000003;
+        const auto x = rng.normal(n), y = rng.normal(n);
+        CHECK(rel_error(run_flat_ops(gpu, x, y), run_flat_ops(cpu, x, y)) < 1e-5);
+        const OptCase o = make_opt(rng);
+        SgdArgs s;
+        s.lr = 0.05f;
+        s.momentum = 0.9f;
+        s.nesterov = true;
+        s.weight_decay = 1e-3f;
+        s.clip_norm = 0.5f;
+        CHECK(rel_error(run_sgd(gpu, o, s), run_sgd(cpu, o, s)) < 1e-5);
+        AdamWArgs a;
+        a.weight_decay = 0.01f;
+        a.step = 3;
+        a.clip_norm = 0.3f;
+        CHECK(rel_error(run_adamw(gpu, o, a), run_adamw(cpu, o, a)) < 1e-5);
+    });
+}
+
+TEST_CASE("cuda reduce_from_peer and copy_from_peer are exact (two replicas on GPU 0)") {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(106);
+    auto a = make_cuda_device(0), b = make_cuda_device(0);
+    for (size_t n : {size_t(1), size_t(3), size_t(1001), size_t(1) << 20}) {
+        const auto xa = rng.normal(n), xb = rng.normal(n);
+        auto ba = upload(*a, xa), bb = upload(*b, xb);
+        a->synchronize();
+        b->synchronize();
+        a->reduce_from_peer(a->comm_stream(), ba.data(), *b, bb.data(), n);
+        a->synchronize();
+        const auto sum = download(*a, ba);
+        bool exact = true;
+        for (size_t i = 0; i < n; ++i) exact = exact && sum[i] == xa[i] + xb[i];
+        CHECK(exact);
+        b->copy_from_peer(b->comm_stream(), bb.data(), *a, ba.data(), n);
+        b->synchronize();
+        CHECK(download(*b, bb) == sum);
+    }
+}
