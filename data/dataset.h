@@ -1,0 +1,61 @@
+// In-memory datasets and their readers. Every reader validates what it reads (magic numbers,
+// dimensions, sizes against the file, label ranges, image/label agreement) and throws DataError
+// "<path>: <what is wrong>" rather than returning a shortened or garbled dataset.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mirrored {
+
+// Samples are stored flat, already scaled (u8 images to [0,1]) and, after normalize(), already
+// normalised, so the loader only copies. The channel axis is the last axis of `shape`
+// (HWC images; for tabular data every feature is a channel).
+struct Dataset {
+    std::string name;
+    std::vector<int> shape;        // per sample, e.g. {28, 28, 1}
+    int classes = 0;
+    std::vector<float> features;   // [count, feature_size]
+    std::vector<int32_t> labels;   // [count], each in [0, classes)
+    std::vector<float> pad_value;  // per channel: what a raw 0 became after normalisation
+
+    size_t count() const { return labels.size(); }
+    size_t feature_size() const;
+    int channels() const { return shape.empty() ? 1 : shape.back(); }
+};
+
+// ---- readers ----------------------------------------------------------------------------
+// IDX (MNIST / Fashion-MNIST). Either file may be gzip-compressed.
+Dataset read_idx(const std::string& images_path, const std::string& labels_path);
+// CIFAR-10 binary batches: records of 1 label byte + 3072 bytes (R, G, B planes of 32x32).
+Dataset read_cifar10(const std::vector<std::string>& paths);
+
+struct CsvOptions {
+    std::string label_column;  // a header name, or a 0-based index; empty: "label", else last
+    enum class Header { auto_detect, yes, no } header = Header::auto_detect;
+    char delimiter = ',';
+};
+Dataset read_csv(const std::string& path, const CsvOptions& options);
+
+struct SyntheticOptions {
+    std::vector<int> shape{784};
+    int classes = 10;
+    size_t samples = 60000;
+    uint64_t seed = 1;
+    uint32_t split = 0;  // 0 train, 1 test: other samples, the same rule
+};
+// Gaussian inputs labelled by a fixed random linear teacher (argmax of W x): learnable, not noise.
+Dataset make_synthetic(const SyntheticOptions& options);
+
+// ---- preprocessing ----------------------------------------------------------------------
+struct Normalization {
+    std::vector<float> mean, std;  // per channel
+};
+Normalization compute_normalization(const Dataset& train);
+void normalize(Dataset& ds, const Normalization& n);  // in place; sets pad_value
+
+// Whole-file read, transparently gunzipping .gz (zlib). Throws DataError naming the path.
+std::vector<unsigned char> read_file(const std::string& path);
+
+}  // namespace mirrored

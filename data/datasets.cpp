@@ -1,0 +1,68 @@
+#include "data/datasets.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "kernels/error.h"
+
+namespace mirrored {
+
+std::string effective_data_root(const DataConfig& c, const std::string& base_dir) {
+    if (const char* env = std::getenv("MIRRORED_DATA_DIR"); env && *env) return env;
+    std::filesystem::path root(c.root);
+    if (root.is_relative() && !base_dir.empty()) root = std::filesystem::path(base_dir) / root;
+    return root.lexically_normal().string();
+}
+
+std::string resolve_data_path(const DataConfig& c, const std::string& base_dir, const std::string& file) {
+    std::filesystem::path p(file);
+    if (p.is_absolute()) return p.string();
+    return (std::filesystem::path(effective_data_root(c, base_dir)) / p).lexically_normal().string();
+}
+
+Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_t seed) {
+    Datasets out;
+    auto path = [&](const std::string& f) { return resolve_data_path(c, base_dir, f); };
+    auto paths = [&](const std::vector<std::string>& fs) {
+        std::vector<std::string> v;
+        for (const auto& f : fs) v.push_back(path(f));
+        return v;
+    };
+    if (c.dataset == "idx") {
+        out.train = read_idx(path(c.train.images), path(c.train.labels));
+        out.test = read_idx(path(c.test.images), path(c.test.labels));
+        if (out.test.shape != out.train.shape)
+            throw DataError(path(c.test.images) + ": image size differs from the training images");
+    } else if (c.dataset == "cifar10") {
+        out.train = read_cifar10(paths(c.train.files));
+        out.test = read_cifar10(paths(c.test.files));
+    } else if (c.dataset == "csv") {
+        out.train = read_csv(path(c.train.file), c.csv);
+        out.test = read_csv(path(c.test.file), c.csv);
+        if (out.test.shape != out.train.shape)
+            throw DataError(path(c.test.file) + ": " + std::to_string(out.test.shape[0]) +
+                            " feature columns, the training file has " + std::to_string(out.train.shape[0]));
+    } else if (c.dataset == "synthetic") {
+        SyntheticOptions o;
+        o.shape = c.input_shape;
+        o.classes = c.classes;
+        o.seed = seed;
+        o.samples = c.train_samples;
+        out.train = make_synthetic(o);
+        o.samples = c.test_samples;
+        o.split = 1;
+        out.test = make_synthetic(o);
+    } else {
+        throw ConfigError("data.dataset: unknown dataset '" + c.dataset + "' (known: idx, cifar10, csv, synthetic)");
+    }
+    out.train.classes = out.test.classes = std::max(out.train.classes, out.test.classes);
+    if (c.normalize != DataConfig::Normalize::none) {
+        out.normalization = c.normalize == DataConfig::Normalize::given ? c.normalization
+                                                                         : compute_normalization(out.train);
+        normalize(out.train, out.normalization);
+        normalize(out.test, out.normalization);
+    }
+    return out;
+}
+
+}  // namespace mirrored

@@ -1,0 +1,224 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "kernels/error.h"
+#include "kernels/philox.h"
+
+namespace mirrored {
+
+HostAllocator HostAllocator::aligned() {
+    return {[](size_t bytes) {
+                void* p = std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+                if (!p) throw Error(kExitFailure, "loader: out of host memory");
+                return p;
+            },
+            [](void* p) { std::free(p); }};
+}
+
+std::vector<uint32_t> Loader::permutation(size_t n, uint64_t seed, int64_t epoch) {
+    std::vector<uint32_t> p(n);
+    std::iota(p.begin(), p.end(), 0u);
+    for (size_t i = n; i-- > 1;) {
+        const Philox4 r = philox(seed, i, kStreamShuffle, static_cast<uint32_t>(epoch));
+        const uint64_t x = (uint64_t(r.v[0]) << 32) | r.v[1];
+        const size_t j = static_cast<size_t>((static_cast<unsigned __int128>(x) * (i + 1)) >> 64);
+        std::swap(p[i], p[j]);
+    }
+    return p;
+}
+
+Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator allocator)
+    : ds_(ds), opt_(options), alloc_(std::move(allocator)) {
+    if (opt_.global_batch <= 0) throw ConfigError("train.global_batch_size: expected a positive integer");
+    if (opt_.threads <= 0) throw ConfigError("data.loader_threads: expected a positive integer");
+    if (opt_.prefetch <= 0) throw ConfigError("data.prefetch: expected a positive integer");
+    if (opt_.consumers <= 0) throw ConfigError("loader: consumers must be positive");
+    if (opt_.augment.enabled() && ds_.shape.size() != 3)
+        throw ConfigError("data.augment: crop and flip need images (input shape [height, width, channels])");
+    const size_t n = ds_.count();
+    const size_t g = static_cast<size_t>(opt_.global_batch);
+    batches_per_epoch_ = static_cast<int64_t>(opt_.drop_last ? n / g : (n + g - 1) / g);
+    if (batches_per_epoch_ == 0)
+        throw ConfigError("train.global_batch_size: " + std::to_string(g) + " is larger than the " +
+                          std::to_string(n) + " samples of " + ds_.name + " (set data.drop_last: false or use a smaller batch)");
+    slots_.resize(static_cast<size_t>(opt_.prefetch));
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        Slot& s = slots_[i];
+        s.batch.features = static_cast<float*>(alloc_.alloc(g * ds_.feature_size() * sizeof(float)));
+        s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * sizeof(int32_t)));
+        s.batch.slot = static_cast<int>(i);
+    }
+}
+
+Loader::~Loader() {
+    stop();
+    for (Slot& s : slots_) {
+        alloc_.free(s.batch.features);
+        alloc_.free(s.batch.labels);
+    }
+}
+
+int Loader::rows_of(int64_t batch_index) const {
+    const int64_t g = opt_.global_batch;
+    const int64_t n = static_cast<int64_t>(ds_.count());
+    return static_cast<int>(std::min(g, n - batch_index * g));
+}
+
+LoaderPosition Loader::position_of(int64_t seq) const {
+    const int64_t flat = start_.batch + seq;
+    return {start_.epoch + flat / batches_per_epoch_, flat % batches_per_epoch_};
+}
+
+LoaderPosition Loader::position() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return position_of(next_take_);
+}
+
+void Loader::start(LoaderPosition pos) {
+    stop();
+    if (pos.epoch < 0 || pos.batch < 0 || pos.batch >= batches_per_epoch_)
+        throw CheckpointError("loader position (epoch " + std::to_string(pos.epoch) + ", batch " +
+                              std::to_string(pos.batch) + ") is outside an epoch of " +
+                              std::to_string(batches_per_epoch_) + " batches");
+    std::lock_guard<std::mutex> lock(mu_);
+    start_ = pos;
+    next_fill_ = next_take_ = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        slots_[i].ready_seq = -1;
+        slots_[i].free_for = static_cast<int64_t>(i);
+        slots_[i].pending = 0;
+    }
+    stopping_ = false;
+    error_ = nullptr;
+    for (int t = 0; t < opt_.threads; ++t) workers_.emplace_back([this] { worker(); });
+}
+
+void Loader::stop() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    filled_cv_.notify_all();
+    freed_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+}
+
+const Batch& Loader::next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t seq = next_take_;
+    Slot& slot = slots_[static_cast<size_t>(seq % opt_.prefetch)];
+    if (slot.ready_seq != seq && !error_) {
+        const auto t0 = std::chrono::steady_clock::now();
+        filled_cv_.wait(lock, [&] { return slot.ready_seq == seq || error_ || stopping_; });
+        wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (error_) std::rethrow_exception(error_);
+    if (slot.ready_seq != seq) throw Error(kExitFailure, "loader: next() on a stopped loader");
+    slot.pending = opt_.consumers;
+    ++next_take_;
+    return slot.batch;
+}
+
+void Loader::release(const Batch& b) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        Slot& slot = slots_[static_cast<size_t>(b.slot)];
+        if (--slot.pending > 0) return;
+        slot.free_for = slot.ready_seq + opt_.prefetch;
+    }
+    freed_cv_.notify_all();
+}
+
+std::shared_ptr<const std::vector<uint32_t>> Loader::epoch_order(int64_t epoch) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = orders_.find(epoch);
+        if (it != orders_.end()) return it->second;
+    }
+    std::vector<uint32_t> order;
+    if (opt_.shuffle) order = permutation(ds_.count(), opt_.seed, epoch);
+    else {
+        order.resize(ds_.count());
+        std::iota(order.begin(), order.end(), 0u);
+    }
+    auto shared = std::make_shared<const std::vector<uint32_t>>(std::move(order));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, inserted] = orders_.emplace(epoch, shared);
+    while (orders_.size() > 3 && orders_.begin()->first < epoch) orders_.erase(orders_.begin());
+    return it->second;
+}
+
+void Loader::worker() {
+    for (;;) {
+        int64_t seq;
+        Slot* slot;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            if (stopping_) return;
+            seq = next_fill_++;
+            slot = &slots_[static_cast<size_t>(seq % opt_.prefetch)];
+            freed_cv_.wait(lock, [&] { return stopping_ || slot->free_for == seq; });
+            if (stopping_) return;
+        }
+        try {
+            fill(*slot, seq);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!error_) error_ = std::current_exception();
+            filled_cv_.notify_all();
+            return;
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            slot->ready_seq = seq;
+        }
+        filled_cv_.notify_all();
+    }
+}
+
+void Loader::fill(Slot& slot, int64_t seq) {
+    const LoaderPosition pos = position_of(seq);
+    const auto order = epoch_order(pos.epoch);
+    Batch& b = slot.batch;
+    b.epoch = pos.epoch;
+    b.index = pos.batch;
+    b.rows = rows_of(pos.batch);
+    const size_t fs = ds_.feature_size();
+    const size_t first = static_cast<size_t>(pos.batch) * static_cast<size_t>(opt_.global_batch);
+    const AugmentOptions& aug = opt_.augment;
+    for (int r = 0; r < b.rows; ++r) {
+        const uint32_t idx = (*order)[first + static_cast<size_t>(r)];
+        const float* src = &ds_.features[size_t(idx) * fs];
+        float* dst = b.features + size_t(r) * fs;
+        b.labels[r] = ds_.labels[idx];
+        if (!aug.enabled()) {
+            std::memcpy(dst, src, fs * sizeof(float));
+            continue;
+        }
+        // Crop offset and flip are a pure function of (seed, epoch, sample index).
+        const int h = ds_.shape[0], w = ds_.shape[1], c = ds_.shape[2];
+        const Philox4 rnd = philox(opt_.seed, idx, kStreamAugment, static_cast<uint32_t>(pos.epoch));
+        const int span = 2 * aug.crop_padding + 1;
+        const int dy = aug.crop_padding ? int(rnd.v[0] % uint32_t(span)) - aug.crop_padding : 0;
+        const int dx = aug.crop_padding ? int(rnd.v[1] % uint32_t(span)) - aug.crop_padding : 0;
+        const bool flip = aug.horizontal_flip && (rnd.v[2] & 1u);
+        for (int y = 0; y < h; ++y)
+            for (int x = 0; x < w; ++x) {
+                const int sy = y + dy, sx = (flip ? w - 1 - x : x) + dx;
+                float* out = dst + (size_t(y) * w + x) * c;
+                if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
+                    for (int k = 0; k < c; ++k) out[k] = ds_.pad_value.empty() ? 0.0f : ds_.pad_value[k];
+                } else {
+                    std::memcpy(out, src + (size_t(sy) * w + sx) * c, size_t(c) * sizeof(float));
+                }
+            }
+    }
+}
+
+}  // namespace mirrored

@@ -1,0 +1,132 @@
+// Threaded, prefetching loader of global batches.
+//
+// The unit is the global batch (as in MirroredStrategy); the strategy splits it into one
+// contiguous shard per replica. Batch b of epoch e holds samples perm_e[b*G .. b*G+G), where
+// perm_e is a Fisher-Yates shuffle drawn from Philox(seed, e): the order depends on nothing but
+// (seed, epoch), whatever the number of loader threads or replicas.
+//
+// `threads` workers fill a ring of `prefetch` slots ahead of the consumer. Slots are allocated
+// once, through the given allocator (pinned host memory when replicas are GPUs). A slot returns
+// to the ring when every consumer has released it, so a replica can keep a batch until its
+// asynchronous host-to-device copy is done.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace mirrored {
+
+struct AugmentOptions {
+    int crop_padding = 0;      // random crop of the original size from the image padded by this
+    bool horizontal_flip = false;
+    bool enabled() const { return crop_padding > 0 || horizontal_flip; }
+};
+
+struct LoaderOptions {
+    int global_batch = 128;
+    int threads = 2;
+    int prefetch = 4;
+    bool drop_last = true;     // false: the last batch of an epoch may be smaller
+    bool shuffle = true;
+    uint64_t seed = 1;
+    int consumers = 1;         // releases needed before a slot is reused
+    AugmentOptions augment;
+};
+
+// Position of the next batch the consumer will receive.
+struct LoaderPosition {
+    int64_t epoch = 0;
+    int64_t batch = 0;
+    bool operator==(const LoaderPosition&) const = default;
+};
+
+struct Batch {
+    int64_t epoch = 0, index = 0;  // index within the epoch
+    int rows = 0;
+    float* features = nullptr;     // [rows, feature_size]
+    int32_t* labels = nullptr;     // [rows]
+    int slot = -1;                 // the loader's ring slot (for release)
+};
+
+// Replica r's contiguous shard of a global batch of `rows`: [begin, begin + rows). Shards differ
+// in size by at most one row (only a final partial batch can make them differ).
+struct Shard {
+    int begin = 0, rows = 0;
+};
+inline Shard shard_of(int rows, int replicas, int r) {
+    const int base = rows / replicas, extra = rows % replicas;
+    return {r * base + (r < extra ? r : extra), base + (r < extra ? 1 : 0)};
+}
+
+struct HostAllocator {
+    std::function<void*(size_t)> alloc;
+    std::function<void(void*)> free;
+    static HostAllocator aligned();  // plain 64-byte aligned host memory
+};
+
+class Loader {
+public:
+    Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator allocator = HostAllocator::aligned());
+    ~Loader();
+    Loader(const Loader&) = delete;
+    Loader& operator=(const Loader&) = delete;
+
+    int64_t batches_per_epoch() const { return batches_per_epoch_; }
+    int rows_of(int64_t batch_index) const;  // global batch size, or less for a final partial batch
+    const Dataset& dataset() const { return ds_; }
+
+    // Starts (or restarts) the workers so that the next batch delivered is at `pos`.
+    void start(LoaderPosition pos);
+    // Blocks until the next batch is ready. Rethrows a worker's exception.
+    const Batch& next();
+    // One consumer is done with the batch's memory. Thread-safe; callable from a CUDA host callback.
+    void release(const Batch& b);
+    LoaderPosition position() const;  // of the batch next() will return
+    double wait_seconds() const { return wait_ns_.load() * 1e-9; }  // time next() spent blocked
+    void reset_wait() { wait_ns_ = 0; }
+    // Joins every worker; batches already handed out stay valid until the Loader is destroyed.
+    void stop();
+
+    // The sample order of one epoch (exposed for tests and tools).
+    static std::vector<uint32_t> permutation(size_t n, uint64_t seed, int64_t epoch);
+
+private:
+    struct Slot {
+        Batch batch;
+        int64_t ready_seq = -1;  // sequence number whose data the slot holds
+        int64_t free_for = 0;    // the slot may be filled with this sequence number
+        int pending = 0;         // releases outstanding
+    };
+    LoaderPosition position_of(int64_t seq) const;
+    void worker();
+    void fill(Slot& slot, int64_t seq);
+    std::shared_ptr<const std::vector<uint32_t>> epoch_order(int64_t epoch);
+
+    const Dataset& ds_;
+    LoaderOptions opt_;
+    HostAllocator alloc_;
+    int64_t batches_per_epoch_ = 0;
+    std::vector<Slot> slots_;
+    LoaderPosition start_;
+    int64_t next_fill_ = 0;     // next sequence number a worker claims
+    int64_t next_take_ = 0;     // next sequence number the consumer takes
+    std::map<int64_t, std::shared_ptr<const std::vector<uint32_t>>> orders_;
+    mutable std::mutex mu_;
+    std::condition_variable filled_cv_, freed_cv_;
+    bool stopping_ = false;
+    std::exception_ptr error_;
+    std::vector<std::thread> workers_;
+    std::atomic<int64_t> wait_ns_{0};
+};
+
+}  // namespace mirrored

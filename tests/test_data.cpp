@@ -1,0 +1,438 @@
+// Data: every reader on files the tests write (good and each corrupt variant), preprocessing,
+// and the loader's ordering, sharding, resume and augmentation guarantees.
+#include <doctest/doctest.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "data/datasets.h"
+#include "data/loader.h"
+#include "kernels/error.h"
+#include "tests/helpers.h"
+
+using namespace mirrored;
+using namespace mirrored::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        path = fs::temp_directory_path() / ("mirrored_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+        fs::create_directories(path);
+    }
+    ~TempDir() { fs::remove_all(path); }
+    std::string operator/(const std::string& f) const { return (path / f).string(); }
+    static int& counter() {
+        static int c = 0;
+        return c;
+    }
+};
+
+void write_bytes(const std::string& path, const std::vector<unsigned char>& b) {
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+}
+void write_gz(const std::string& path, const std::vector<unsigned char>& b) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    gzwrite(f, b.data(), unsigned(b.size()));
+    gzclose(f);
+}
+void write_text(const std::string& path, const std::string& s) { std::ofstream(path) << s; }
+
+void put_be32(std::vector<unsigned char>& b, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<unsigned char>(v >> s));
+}
+std::vector<unsigned char> idx_images(uint32_t n, uint32_t h, uint32_t w) {
+    std::vector<unsigned char> b{0, 0, 8, 3};
+    put_be32(b, n);
+    put_be32(b, h);
+    put_be32(b, w);
+    for (uint32_t i = 0; i < n * h * w; ++i) b.push_back(static_cast<unsigned char>(i * 7));
+    return b;
+}
+std::vector<unsigned char> idx_labels(uint32_t n, int classes = 10) {
+    std::vector<unsigned char> b{0, 0, 8, 1};
+    put_be32(b, n);
+    for (uint32_t i = 0; i < n; ++i) b.push_back(static_cast<unsigned char>(i % classes));
+    return b;
+}
+
+// A dataset whose sample i has features (i, i, i): the loader's output names its samples.
+Dataset indexed(size_t n) {
+    Dataset ds;
+    ds.name = "indexed";
+    ds.shape = {3};
+    ds.classes = 7;
+    for (size_t i = 0; i < n; ++i) {
+        for (int k = 0; k < 3; ++k) ds.features.push_back(float(i));
+        ds.labels.push_back(int32_t(i % 7));
+    }
+    return ds;
+}
+
+std::vector<int> drain(Loader& l, int batches) {
+    std::vector<int> out;
+    for (int b = 0; b < batches; ++b) {
+        const Batch& batch = l.next();
+        for (int r = 0; r < batch.rows; ++r) {
+            out.push_back(int(batch.features[r * 3]));
+            CHECK(batch.labels[r] == int(batch.features[r * 3]) % 7);
+        }
+        l.release(batch);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("idx: reads images and labels, plain and gzip-compressed, scaled to [0,1]") {
+    TempDir d;
+    write_bytes(d / "img", idx_images(5, 4, 3));
+    write_gz(d / "lab.gz", idx_labels(5));
+    const Dataset ds = read_idx(d / "img", d / "lab.gz");
+    CHECK(ds.count() == 5);
+    CHECK(ds.shape == std::vector<int>{4, 3, 1});
+    CHECK(ds.classes == 5);
+    CHECK(ds.features[1] == doctest::Approx(7 / 255.0));
+    CHECK(ds.labels[3] == 3);
+}
+
+TEST_CASE("idx: every corrupt variant stops with the path and what is wrong") {
+    TempDir d;
+    const auto img = idx_images(6, 4, 4);
+    write_bytes(d / "lab", idx_labels(6));
+    write_bytes(d / "img", img);
+    auto expect = [&](const std::vector<unsigned char>& bytes, const char* what, bool gz = false) {
+        const std::string p = d / (gz ? "bad.gz" : "bad");
+        if (gz) write_gz(p, bytes);
+        else write_bytes(p, bytes);
+        CHECK_THROWS_WITH_AS(read_idx(p, d / "lab"), doctest::Contains(what), DataError);
+        CHECK_THROWS_WITH_AS(read_idx(p, d / "lab"), doctest::Contains(p.c_str()), DataError);
+    };
+    CHECK_THROWS_WITH_AS(read_idx(d / "missing", d / "lab"), doctest::Contains("cannot open"), DataError);
+    auto bad_magic = img;
+    bad_magic[0] = 0x1f;
+    expect(bad_magic, "not an IDX file");
+    auto bad_type = img;
+    bad_type[2] = 0x0D;
+    expect(bad_type, "unsupported IDX element type");
+    auto bad_rank = img;
+    bad_rank[3] = 2;
+    expect(bad_rank, "dimension");
+    expect(std::vector<unsigned char>(img.begin(), img.end() - 10), "truncated");
+    expect(std::vector<unsigned char>(img.begin(), img.begin() + 2), "too short");
+    auto extra = img;
+    extra.push_back(1);
+    expect(extra, "unexpected bytes");
+    expect(std::vector<unsigned char>(img.begin(), img.end() - 1), "truncated", true);
+    // labels that disagree with the images
+    write_bytes(d / "lab7", idx_labels(7));
+    CHECK_THROWS_WITH_AS(read_idx(d / "img", d / "lab7"), doctest::Contains("7 labels, but"), DataError);
+    // a gzip stream cut short, and one with corrupted bytes
+    write_gz(d / "ok.gz", img);
+    auto gz = read_file(d / "ok.gz");  // decompressed
+    CHECK(gz == img);
+    std::ifstream in(d / "ok.gz", std::ios::binary);
+    std::vector<unsigned char> raw((std::istreambuf_iterator<char>(in)), {});
+    write_bytes(d / "cut.gz", std::vector<unsigned char>(raw.begin(), raw.begin() + raw.size() / 2));
+    CHECK_THROWS_WITH_AS(read_idx(d / "cut.gz", d / "lab"), doctest::Contains("cut.gz"), DataError);
+    auto flipped = raw;
+    for (size_t i = 20; i < flipped.size() - 10; i += 7) flipped[i] ^= 0x5a;
+    write_bytes(d / "flip.gz", flipped);
+    CHECK_THROWS_AS(read_idx(d / "flip.gz", d / "lab"), DataError);
+}
+
+TEST_CASE("cifar10: reads records as HWC, rejects truncated files and bad labels") {
+    TempDir d;
+    std::vector<unsigned char> b;
+    for (int r = 0; r < 3; ++r) {
+        b.push_back(static_cast<unsigned char>(r + 2));
+        for (int c = 0; c < 3; ++c)
+            for (int p = 0; p < 1024; ++p) b.push_back(static_cast<unsigned char>(c * 50 + (p % 5)));
+    }
+    write_bytes(d / "data_batch_1.bin", b);
+    const Dataset ds = read_cifar10({d / "data_batch_1.bin"});
+    CHECK(ds.count() == 3);
+    CHECK(ds.shape == std::vector<int>{32, 32, 3});
+    CHECK(ds.labels[1] == 3);
+    CHECK(ds.features[1] == doctest::Approx(50 / 255.0));  // pixel 0, channel G
+    write_bytes(d / "short.bin", std::vector<unsigned char>(b.begin(), b.end() - 100));
+    CHECK_THROWS_WITH_AS(read_cifar10({d / "short.bin"}), doctest::Contains("not a whole number"), DataError);
+    b[3073] = 11;
+    write_bytes(d / "label.bin", b);
+    CHECK_THROWS_WITH_AS(read_cifar10({d / "label.bin"}), doctest::Contains("label 11 of record 1"), DataError);
+    CHECK_THROWS_WITH_AS(read_cifar10({d / "nope.bin"}), doctest::Contains("nope.bin: cannot open"), DataError);
+}
+
+TEST_CASE("csv: header detection, label by name or index, errors name the line") {
+    TempDir d;
+    write_text(d / "a.csv", "x1, x2 ,kind\n0.5,1,2\n\n-1e-3,2.5,0\n3,4,1\n");
+    Dataset ds = read_csv(d / "a.csv", CsvOptions{"kind"});
+    CHECK(ds.count() == 3);
+    CHECK(ds.shape == std::vector<int>{2});
+    CHECK(ds.labels == std::vector<int32_t>{2, 0, 1});
+    CHECK(ds.features[2] == doctest::Approx(-1e-3));
+    CHECK(ds.classes == 3);
+    write_text(d / "b.csv", "1,0.5,0\n0,1.5,2\n");
+    ds = read_csv(d / "b.csv", CsvOptions{"0"});
+    CHECK(ds.labels == std::vector<int32_t>{1, 0});
+    CHECK(ds.features == std::vector<float>{0.5f, 0.0f, 1.5f, 2.0f});
+    ds = read_csv(d / "b.csv", CsvOptions{});  // no header: the last column
+    CHECK(ds.labels == std::vector<int32_t>{0, 2});
+
+    write_text(d / "cols.csv", "a,b,label\n1,2,0\n1,2\n");
+    CHECK_THROWS_WITH_AS(read_csv(d / "cols.csv", {}), doctest::Contains("cols.csv:3: expected 3 columns, found 2"), DataError);
+    write_text(d / "nan.csv", "a,b,label\n1,2,0\n1,abc,1\n");
+    CHECK_THROWS_WITH_AS(read_csv(d / "nan.csv", {}), doctest::Contains("nan.csv:3: column 2 (b): 'abc' is not a finite number"), DataError);
+    write_text(d / "lab.csv", "a,label\n1,0.5\n");
+    CHECK_THROWS_WITH_AS(read_csv(d / "lab.csv", {}), doctest::Contains("lab.csv:2: label '0.5'"), DataError);
+    write_text(d / "neg.csv", "a,label\n1,-1\n");
+    CHECK_THROWS_WITH_AS(read_csv(d / "neg.csv", {}), doctest::Contains("not a non-negative integer"), DataError);
+    write_text(d / "empty.csv", "a,label\n");
+    CHECK_THROWS_WITH_AS(read_csv(d / "empty.csv", {}), doctest::Contains("no data rows"), DataError);
+    CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{"nope"}), doctest::Contains("no column named 'nope'"), DataError);
+}
+
+TEST_CASE("synthetic: deterministic by seed, every class present, train and test share the rule") {
+    SyntheticOptions o;
+    o.shape = {20};
+    o.classes = 5;
+    o.samples = 2000;
+    o.seed = 3;
+    const Dataset a = make_synthetic(o), b = make_synthetic(o);
+    CHECK(a.features == b.features);
+    CHECK(a.labels == b.labels);
+    std::set<int> seen(a.labels.begin(), a.labels.end());
+    CHECK(seen.size() == 5);
+    o.split = 1;
+    const Dataset t = make_synthetic(o);
+    CHECK(t.features != a.features);
+    // the rule is learnable: class means of train classify test far above chance (20%)
+    std::vector<std::vector<double>> mean(5, std::vector<double>(20, 0.0));
+    std::vector<int> count(5, 0);
+    for (size_t i = 0; i < a.count(); ++i) {
+        ++count[a.labels[i]];
+        for (int j = 0; j < 20; ++j) mean[a.labels[i]][j] += a.features[i * 20 + j];
+    }
+    int correct = 0;
+    for (size_t i = 0; i < t.count(); ++i) {
+        int best = 0;
+        double best_score = -1e30;
+        for (int c = 0; c < 5; ++c) {
+            double s = 0;
+            for (int j = 0; j < 20; ++j) s += mean[c][j] / count[c] * t.features[i * 20 + j];
+            if (s > best_score) best_score = s, best = c;
+        }
+        correct += best == t.labels[i];
+    }
+    CHECK(correct > int(t.count()) / 2);
+}
+
+TEST_CASE("normalisation: per-channel mean 0 and std 1 on the training set; pad value follows") {
+    Dataset ds;
+    ds.shape = {2, 2, 3};
+    Rng rng(1);
+    for (int i = 0; i < 50; ++i)
+        for (int p = 0; p < 4; ++p)
+            for (int c = 0; c < 3; ++c) ds.features.push_back(rng.uniform(1, 0.0f, 1.0f)[0] * (c + 1) + c);
+    ds.labels.assign(50, 0);
+    const Normalization n = compute_normalization(ds);
+    normalize(ds, n);
+    for (int c = 0; c < 3; ++c) {
+        double s = 0, sq = 0;
+        for (size_t i = c; i < ds.features.size(); i += 3) s += ds.features[i], sq += double(ds.features[i]) * ds.features[i];
+        CHECK(s / 200 == doctest::Approx(0).epsilon(1e-5));
+        CHECK(sq / 200 == doctest::Approx(1).epsilon(1e-4));
+        CHECK(ds.pad_value[c] == doctest::Approx(-n.mean[c] / n.std[c]));
+    }
+    CHECK_THROWS_AS(normalize(ds, Normalization{{0.5f}, {1.0f}}), ConfigError);
+}
+
+TEST_CASE("loader: every sample exactly once per epoch across all replica shards") {
+    const Dataset ds = indexed(1000);
+    LoaderOptions o;
+    o.global_batch = 96;
+    o.threads = 3;
+    o.prefetch = 3;
+    o.seed = 5;
+    Loader l(ds, o);
+    l.start({});
+    CHECK(l.batches_per_epoch() == 10);  // 40 samples dropped
+    for (int epoch = 0; epoch < 2; ++epoch) {
+        std::vector<int> seen(1000, 0);
+        for (int b = 0; b < 10; ++b) {
+            const Batch& batch = l.next();
+            CHECK(batch.epoch == epoch);
+            for (int replicas : {1, 3, 4, 8}) {  // shards tile the batch
+                int covered = 0;
+                for (int r = 0; r < replicas; ++r) {
+                    const Shard s = shard_of(batch.rows, replicas, r);
+                    CHECK(s.begin == covered);
+                    covered += s.rows;
+                }
+                CHECK(covered == batch.rows);
+            }
+            for (int r = 0; r < batch.rows; ++r) ++seen[int(batch.features[r * 3])];
+            l.release(batch);
+        }
+        CHECK(std::count(seen.begin(), seen.end(), 1) == 960);
+        CHECK(std::count(seen.begin(), seen.end(), 0) == 40);
+    }
+}
+
+TEST_CASE("loader: the same order for 1, 2 and 4 threads; depends only on (seed, epoch)") {
+    const Dataset ds = indexed(777);
+    std::vector<std::vector<int>> orders;
+    for (int threads : {1, 2, 4}) {
+        LoaderOptions o;
+        o.global_batch = 50;
+        o.threads = threads;
+        o.prefetch = 2 + threads;
+        o.seed = 9;
+        Loader l(ds, o);
+        l.start({});
+        orders.push_back(drain(l, 3 * 15));
+    }
+    CHECK(orders[0] == orders[1]);
+    CHECK(orders[0] == orders[2]);
+    CHECK(std::vector<int>(orders[0].begin(), orders[0].begin() + 750) !=
+          std::vector<int>(orders[0].begin() + 750, orders[0].begin() + 1500));  // epochs differ
+    CHECK(Loader::permutation(777, 9, 1) == Loader::permutation(777, 9, 1));
+    CHECK(Loader::permutation(777, 9, 1) != Loader::permutation(777, 10, 1));
+}
+
+TEST_CASE("loader: a final partial batch when drop_last is false, split as evenly as possible") {
+    const Dataset ds = indexed(100);
+    LoaderOptions o;
+    o.global_batch = 32;
+    o.drop_last = false;
+    Loader l(ds, o);
+    CHECK(l.batches_per_epoch() == 4);
+    CHECK(l.rows_of(3) == 4);
+    l.start({});
+    std::set<int> seen;
+    for (int b = 0; b < 4; ++b) {
+        const Batch& batch = l.next();
+        CHECK(batch.rows == (b == 3 ? 4 : 32));
+        for (int r = 0; r < batch.rows; ++r) seen.insert(int(batch.features[r * 3]));
+        l.release(batch);
+    }
+    CHECK(seen.size() == 100);
+    CHECK(shard_of(4, 3, 0).rows == 2);
+    CHECK(shard_of(4, 3, 2).rows == 1);
+    CHECK(shard_of(2, 4, 3).rows == 0);
+    o.drop_last = true;
+    o.global_batch = 101;
+    CHECK_THROWS_WITH_AS(Loader(ds, o), doctest::Contains("train.global_batch_size"), ConfigError);
+}
+
+TEST_CASE("loader: position saved mid-epoch restores the exact continuation") {
+    const Dataset ds = indexed(500);
+    LoaderOptions o;
+    o.global_batch = 64;
+    o.threads = 2;
+    o.seed = 4;
+    Loader a(ds, o);
+    a.start({});
+    drain(a, 11);  // epoch 1, batch 4
+    const LoaderPosition saved = a.position();
+    CHECK(saved == LoaderPosition{1, 4});
+    const auto rest = drain(a, 9);
+    Loader b(ds, o);
+    b.start(saved);
+    CHECK(drain(b, 9) == rest);
+    CHECK_THROWS_AS(b.start({0, 99}), CheckpointError);
+}
+
+TEST_CASE("loader: stopping mid-epoch joins every worker, also with slots still held") {
+    const Dataset ds = indexed(300);
+    LoaderOptions o;
+    o.global_batch = 10;
+    o.threads = 4;
+    o.prefetch = 2;
+    o.consumers = 2;
+    {
+        Loader l(ds, o);
+        l.start({});
+        const Batch& b = l.next();  // released by one consumer only: its slot stays taken
+        l.release(b);
+        l.next();
+        l.stop();
+        CHECK(l.position() == LoaderPosition{0, 2});
+    }  // destructor after stop: nothing left to join
+    Loader l(ds, o);
+    l.start({});
+    l.next();
+}  // destroyed while workers wait for free slots
+
+TEST_CASE("augmentation: deterministic per (seed, epoch, sample); crop and flip move pixels") {
+    Dataset ds;
+    ds.shape = {4, 5, 2};
+    ds.classes = 1;
+    for (int i = 0; i < 8; ++i) {
+        for (int p = 0; p < 40; ++p) ds.features.push_back(float(p));  // pixel value = its index
+        ds.labels.push_back(0);
+    }
+    ds.pad_value = {-7.0f, -8.0f};
+    LoaderOptions o;
+    o.global_batch = 8;
+    o.shuffle = false;
+    o.augment.horizontal_flip = true;
+    o.augment.crop_padding = 1;
+    auto epoch_images = [&](int64_t epoch) {
+        Loader l(ds, o);
+        l.start({epoch, 0});
+        const Batch& b = l.next();
+        std::vector<float> v(b.features, b.features + 8 * 40);
+        l.release(b);
+        return v;
+    };
+    const auto e0 = epoch_images(0);
+    CHECK(epoch_images(0) == e0);
+    CHECK(epoch_images(1) != e0);
+    // each output is the input shifted by (dy, dx) in [-1, 1], possibly mirrored, padded with pad_value
+    for (int s = 0; s < 8; ++s) {
+        const float* img = &e0[s * 40];
+        bool matched = false;
+        for (int flip = 0; flip < 2 && !matched; ++flip)
+            for (int dy = -1; dy <= 1 && !matched; ++dy)
+                for (int dx = -1; dx <= 1 && !matched; ++dx) {
+                    bool ok = true;
+                    for (int y = 0; y < 4; ++y)
+                        for (int x = 0; x < 5; ++x)
+                            for (int c = 0; c < 2; ++c) {
+                                const int sy = y + dy, sx = (flip ? 4 - x : x) + dx;
+                                const float want = (sy < 0 || sy >= 4 || sx < 0 || sx >= 5)
+                                                       ? ds.pad_value[c]
+                                                       : float((sy * 5 + sx) * 2 + c);
+                                ok = ok && img[(y * 5 + x) * 2 + c] == want;
+                            }
+                    matched = ok;
+                }
+        CHECK(matched);
+    }
+}
+
+TEST_CASE("Fashion-MNIST files, when installed: 60000/10000 samples, 28x28, 10 classes") {
+    DataConfig c;
+    c.train = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", {}, {}};
+    c.test = {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", {}, {}};
+    const std::string probe = resolve_data_path(c, "", c.train.images);
+    if (!fs::exists(probe)) {
+        mark_skipped(probe + " not installed (package dataset-fashion-mnist, or set MIRRORED_DATA_DIR)");
+        return;
+    }
+    const Datasets d = load_datasets(c, "", 1);
+    CHECK(d.train.count() == 60000);
+    CHECK(d.test.count() == 10000);
+    CHECK(d.train.shape == std::vector<int>{28, 28, 1});
+    CHECK(d.train.classes == 10);
+    CHECK(d.normalization.mean[0] == doctest::Approx(0.286).epsilon(0.01));
+    CHECK(d.normalization.std[0] == doctest::Approx(0.353).epsilon(0.01));
+}
