@@ -106,6 +106,7 @@ public:
     virtual void event_destroy(Event e) noexcept = 0;
     virtual void event_record(Event e, Stream s) = 0;
     virtual void stream_wait_event(Stream s, Event e) = 0;  // e may belong to another device
+    virtual bool event_query(Event e) = 0;                  // complete? never blocks
     virtual void event_synchronize(Event e) = 0;            // host waits
     virtual void stream_synchronize(Stream s) = 0;          // host waits
     virtual void synchronize() = 0;                         // host waits for all streams

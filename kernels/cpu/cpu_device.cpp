@@ -79,6 +79,7 @@ public:
     void event_destroy(Event) noexcept override {}
     void event_record(Event, Stream) override {}
     void stream_wait_event(Stream, Event) override {}
+    bool event_query(Event) override { return true; }
     void event_synchronize(Event) override {}
     void stream_synchronize(Stream) override {}
     void synchronize() override {}

@@ -142,6 +142,15 @@ public:
         use();
         CUDA_CHECK(ordinal(), cudaStreamWaitEvent(stream(s), event(e), 0));
     }
+    bool event_query(Event e) override {
+        const cudaError_t err = cudaEventQuery(event(e));
+        if (err == cudaErrorNotReady) {
+            cudaGetLastError();
+            return false;
+        }
+        CUDA_CHECK(ordinal(), err);
+        return true;
+    }
     void event_synchronize(Event e) override { CUDA_CHECK(ordinal(), cudaEventSynchronize(event(e))); }
     void stream_synchronize(Stream s) override { CUDA_CHECK(ordinal(), cudaStreamSynchronize(stream(s))); }
     void synchronize() override {

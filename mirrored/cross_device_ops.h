@@ -1,0 +1,38 @@
+// Cross-device ops: in-place sum of one flat buffer per replica, over any sub-range.
+//
+//   ring           reduce-scatter then all-gather, N-1 steps each, over peer copies (the default)
+//   nccl           ncclAllReduce, grouped over the replicas (CUDA, one replica per GPU)
+//   reduce_to_one  gather to replica 0, reduce, broadcast: TensorFlow's ReductionToOneDevice,
+//                  kept as the baseline the others must beat
+//
+// all_reduce(r, ...) is called by every replica's own thread, the same calls in the same order.
+// Work goes on the replicas' comm streams: the caller makes the comm stream wait for the data
+// first, and waits for the comm stream before using the result. The same code serves CPU
+// replicas (where "streams" are the calling thread and synchronisation is the barrier).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+#include "kernels/nccl.h"
+#include "mirrored/replica_threads.h"
+
+namespace mirrored {
+
+class CrossDeviceOps {
+public:
+    virtual ~CrossDeviceOps() = default;
+    virtual const char* name() const = 0;
+    // Sum buffers[*][offset, offset + count) in place; every replica ends bit-identical.
+    virtual void all_reduce(int r, size_t offset, size_t count) = 0;
+};
+
+// Known names, for error messages: "ring, nccl, reduce_to_one".
+const char* cross_device_ops_names();
+// devices[r], buffers[r]: replica r's device and buffer. barrier: the replica threads' barrier.
+std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, std::vector<Device*> devices,
+                                                      std::vector<float*> buffers, ReplicaBarrier& barrier);
+
+}  // namespace mirrored

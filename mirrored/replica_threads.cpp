@@ -1,0 +1,110 @@
+#include "mirrored/replica_threads.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace mirrored {
+
+namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+}
+constexpr int kSpins = 2000;  // a few microseconds: replicas usually arrive close together
+}  // namespace
+
+void ReplicaBarrier::arrive_and_wait() {
+    if (aborted_) throw BarrierAborted();
+    if (n_ == 1) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t gen = generation_.load();
+    if (++waiting_ == n_) {
+        waiting_ = 0;
+        generation_.fetch_add(1);
+        lock.unlock();
+        cv_.notify_all();
+        return;
+    }
+    lock.unlock();
+    for (int i = 0; i < kSpins; ++i) {
+        if (generation_.load(std::memory_order_acquire) != gen) return;
+        if (aborted_) throw BarrierAborted();
+        cpu_relax();
+    }
+    lock.lock();
+    cv_.wait(lock, [&] { return generation_.load() != gen || aborted_; });
+    if (generation_.load() == gen) throw BarrierAborted();
+}
+
+void ReplicaBarrier::abort() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        aborted_ = true;
+    }
+    cv_.notify_all();
+}
+
+void ReplicaBarrier::reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = false;
+    waiting_ = 0;
+}
+
+ReplicaThreads::ReplicaThreads(int n) : barrier_(n) {
+    for (int r = 0; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
+}
+
+ReplicaThreads::~ReplicaThreads() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        quit_ = true;
+    }
+    start_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+}
+
+void ReplicaThreads::run(const std::function<void(int)>& fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    job_ = &fn;
+    remaining_ = int(threads_.size());
+    error_ = nullptr;
+    ++job_generation_;
+    start_cv_.notify_all();
+    done_cv_.wait(lock, [&] { return remaining_ == 0; });
+    job_ = nullptr;
+    if (error_) {
+        barrier_.reset();
+        std::rethrow_exception(error_);
+    }
+}
+
+void ReplicaThreads::loop(int r) {
+    uint64_t seen = 0;
+    for (;;) {
+        const std::function<void(int)>* job;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            start_cv_.wait(lock, [&] { return quit_ || job_generation_ != seen; });
+            if (quit_) return;
+            seen = job_generation_;
+            job = job_;
+        }
+        try {
+            (*job)(r);
+        } catch (const BarrierAborted&) {
+            // another replica failed first; its exception is the one reported
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!error_) error_ = std::current_exception();
+            barrier_.abort();
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (--remaining_ == 0) done_cv_.notify_all();
+        }
+    }
+}
+
+}  // namespace mirrored

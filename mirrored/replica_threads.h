@@ -1,0 +1,67 @@
+// One host thread per replica, and the barrier they meet at.
+//
+// Why a thread per replica: CPU replicas need one to compute in parallel at all, and CUDA
+// replicas need one so that issuing eight GPUs' kernels is not serialised behind one host thread
+// (launch cost, not GPU time, bounds small steps). The same code then drives both.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace mirrored {
+
+struct BarrierAborted : std::runtime_error {
+    BarrierAborted() : std::runtime_error("a replica failed; the others stopped at a barrier") {}
+};
+
+// A reusable barrier that a failing replica can break, so the others never wait forever.
+class ReplicaBarrier {
+public:
+    explicit ReplicaBarrier(int n) : n_(n) {}
+    void arrive_and_wait();
+    void abort();
+    void reset();  // after an abort, once every thread has left
+    int size() const { return n_; }
+
+private:
+    const int n_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    int waiting_ = 0;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<bool> aborted_{false};
+};
+
+// Runs fn(replica) on every replica's own thread and returns once all have returned. The first
+// exception any replica throws is rethrown here (after the barrier is broken and all returned).
+class ReplicaThreads {
+public:
+    explicit ReplicaThreads(int n);
+    ~ReplicaThreads();
+    ReplicaThreads(const ReplicaThreads&) = delete;
+    ReplicaThreads& operator=(const ReplicaThreads&) = delete;
+
+    void run(const std::function<void(int)>& fn);
+    ReplicaBarrier& barrier() { return barrier_; }
+    int size() const { return int(threads_.size()); }
+
+private:
+    void loop(int r);
+    std::vector<std::thread> threads_;
+    ReplicaBarrier barrier_;
+    std::mutex mu_;
+    std::condition_variable start_cv_, done_cv_;
+    const std::function<void(int)>* job_ = nullptr;
+    uint64_t job_generation_ = 0;
+    int remaining_ = 0;
+    bool quit_ = false;
+    std::exception_ptr error_;
+};
+
+}  // namespace mirrored

@@ -1,0 +1,455 @@
+#include "mirrored/strategy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "kernels/error.h"
+
+namespace mirrored {
+
+namespace {
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int> parse_int_list(const std::string& list, const std::string& spec) {
+    std::vector<int> out;
+    std::stringstream ss(list);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 4)
+            throw ConfigError("strategy.devices: '" + spec + "': expected device numbers like cuda:0,1,3");
+        out.push_back(std::stoi(item));
+    }
+    if (out.empty()) throw ConfigError("strategy.devices: '" + spec + "': no devices listed");
+    return out;
+}
+
+}  // namespace
+
+std::string DeviceList::describe() const {
+    std::string s;
+    for (size_t i = 0; i < ordinals.size(); ++i)
+        s += (i ? "," : "") + std::string(type == DeviceType::cuda ? "cuda:" : "cpu:") + std::to_string(ordinals[i]);
+    return s;
+}
+
+DeviceList parse_devices(const std::string& spec) {
+    DeviceList d;
+    const int gpus = cuda_device_count();
+    const int cores = std::max(1u, std::thread::hardware_concurrency());
+    auto cpus = [&](int n) {
+        d.type = DeviceType::cpu;
+        for (int i = 0; i < n; ++i) d.ordinals.push_back(i);
+    };
+    auto all_gpus = [&] {
+        if (gpus == 0) throw DeviceError("strategy.devices: '" + spec + "' asks for GPUs, but " + cuda_unavailable_reason());
+        d.type = DeviceType::cuda;
+        for (int i = 0; i < gpus; ++i) d.ordinals.push_back(i);
+    };
+    if (spec == "auto") {
+        if (gpus > 0) all_gpus();
+        else cpus(cores);
+    } else if (spec == "cuda" || spec == "cuda:all") {
+        all_gpus();
+    } else if (spec == "cpu") {
+        cpus(cores);
+    } else if (spec.rfind("cpu:", 0) == 0) {
+        const auto n = parse_int_list(spec.substr(4), spec);
+        if (n.size() != 1 || n[0] < 1 || n[0] > 1024)
+            throw ConfigError("strategy.devices: '" + spec + "': expected cpu:N with N replicas, 1 to 1024");
+        cpus(n[0]);
+    } else if (spec.rfind("cuda:", 0) == 0) {
+        d.type = DeviceType::cuda;
+        d.ordinals = parse_int_list(spec.substr(5), spec);
+        if (gpus == 0) throw DeviceError("strategy.devices: '" + spec + "' asks for GPUs, but " + cuda_unavailable_reason());
+        for (int o : d.ordinals)
+            if (o >= gpus)
+                throw DeviceError("strategy.devices: '" + spec + "': there is no cuda:" + std::to_string(o) + " (" +
+                                  std::to_string(gpus) + " GPU(s) visible)");
+    } else {
+        throw ConfigError("strategy.devices: '" + spec + "': expected auto, cuda, cuda:all, cuda:0,1,..., cpu or cpu:N");
+    }
+    return d;
+}
+
+std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
+    const auto& t = model.tensors();
+    if (bucket_mb <= 0) return {Bucket{0, model.flat_size(), t.front().layer}};
+    const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
+    std::vector<Bucket> out;
+    size_t end = model.flat_size();
+    for (int i = int(t.size()) - 1; i >= 0; --i) {
+        const bool last_tensor = i == 0;
+        if (end - t[i].offset >= limit || last_tensor) {
+            out.push_back(Bucket{t[i].offset, end, t[i].layer});
+            end = t[i].offset;
+        }
+    }
+    out.back().begin = 0;  // covers any alignment gap before the first tensor
+    return out;
+}
+
+Replica::~Replica() {
+    if (!device) return;
+    try {
+        device->synchronize();
+    } catch (...) {
+    }
+    for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced,
+                    metrics_copied, t_begin, t_backward, t_reduced, t_end})
+        device->event_destroy(e);
+}
+
+MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
+                                   int global_batch, int accumulation_steps)
+    : cfg_(cfg), model_(model), devices_(parse_devices(cfg.devices)), accumulation_(accumulation_steps) {
+    const int n = int(devices_.ordinals.size());
+    if (accumulation_ < 1) throw ConfigError("train.grad_accumulation_steps: expected a positive integer");
+    if (global_batch % (n * accumulation_) != 0)
+        throw ConfigError("train.global_batch_size: " + std::to_string(global_batch) + " does not divide into " +
+                          std::to_string(n) + " replicas x " + std::to_string(accumulation_) +
+                          " accumulation steps; use a multiple of " + std::to_string(n * accumulation_));
+    if (cfg_.bucket_mb < 0) throw ConfigError("strategy.bucket_mb: expected a number >= 0");
+    if (devices_.type == DeviceType::cpu) cpu_set_blas_threads(1);  // replicas are the parallelism
+    else host_path_pairs_ = cuda_enable_peer_access(devices_.ordinals);
+    const int shard_rows = (global_batch + n - 1) / n;
+    const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
+    for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
+    threads_ = std::make_unique<ReplicaThreads>(n);
+    std::vector<Device*> devs;
+    std::vector<float*> grads;
+    for (auto& R : replicas_) {
+        devs.push_back(R->device.get());
+        grads.push_back(R->grads.data());
+    }
+    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, threads_->barrier());
+    buckets_ = make_buckets(model_, cfg_.bucket_mb);
+}
+
+MirroredStrategy::~MirroredStrategy() {
+    try {
+        synchronize();
+    } catch (...) {
+    }
+    ops_.reset();
+    threads_.reset();
+}
+
+void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, const OptimizerConfig& opt) {
+    auto R = std::make_unique<Replica>();
+    R->index = r;
+    const size_t flat = model_.flat_size(), features = size_t(model_.input_features());
+    try {
+        R->device = devices_.type == DeviceType::cuda ? make_cuda_device(devices_.ordinals[r]) : make_cpu_device(r);
+        Device& d = *R->device;
+        d.set_tf32(cfg_.tf32);
+        R->params = DeviceBuffer<float>(d, flat);
+        R->grads = DeviceBuffer<float>(d, flat);
+        R->optimizer = std::make_unique<Optimizer>(d, opt, flat);
+        R->acts = Activations(d, model_, micro_rows);
+        for (int b = 0; b < 2; ++b) {
+            R->inputs[b] = DeviceBuffer<float>(d, size_t(shard_rows) * features);
+            R->labels[b] = DeviceBuffer<int32_t>(d, size_t(shard_rows));
+            R->input_ready[b] = d.event_create();
+            R->input_free[b] = d.event_create();
+        }
+        R->train_metrics = DeviceBuffer<float>(d, kMetricSlots);
+        R->eval_metrics = DeviceBuffer<float>(d, kMetricSlots);
+        R->grad_sq_norm = DeviceBuffer<float>(d, 1);
+        R->checksums = DeviceBuffer<uint64_t>(d, model_.tensors().size() + 1);
+        R->metrics_host = HostBuffer<float>(d, kMetricSlots);
+        R->checksums_host = HostBuffer<uint64_t>(d, model_.tensors().size() + 1);
+        R->bucket_ready = d.event_create();
+        R->reduced = d.event_create();
+        R->metrics_copied = d.event_create();
+        for (Event* e : {&R->t_begin, &R->t_backward, &R->t_reduced, &R->t_end}) *e = d.event_create(true);
+        const Stream s = d.compute_stream();
+        d.fill(s, flat, 0.0f, R->grads.data());  // alignment gaps stay zero forever
+        d.fill(s, kMetricSlots, 0.0f, R->train_metrics.data());
+        d.synchronize();
+    } catch (const DeviceError& e) {
+        const std::string what = e.what();
+        throw DeviceError("replica " + std::to_string(r) + ": " + what +
+                          (what.find("out of memory") != std::string::npos
+                               ? ". Each replica holds the whole model plus activations for " +
+                                     std::to_string(micro_rows) + " rows: try a smaller per-replica batch "
+                                     "(train.global_batch_size) or more train.grad_accumulation_steps"
+                               : ""));
+    }
+    replicas_.push_back(std::move(R));
+}
+
+std::string MirroredStrategy::topology_report() const {
+    std::string s;
+    for (auto [a, b] : host_path_pairs_)
+        s += "cuda:" + std::to_string(a) + " -> cuda:" + std::to_string(b) +
+             ": no peer access; copies go through host memory (slower)\n";
+    std::set<int> distinct(devices_.ordinals.begin(), devices_.ordinals.end());
+    if (devices_.type == DeviceType::cuda && distinct.size() < devices_.ordinals.size())
+        s += "several replicas share a GPU (logical devices): they exchange data within its memory\n";
+    return s;
+}
+
+HostAllocator MirroredStrategy::host_allocator() {
+    if (devices_.type == DeviceType::cpu) return HostAllocator::aligned();
+    Device* d = replicas_[0]->device.get();  // portable pinned memory serves every GPU
+    return {[d](size_t bytes) { return d->alloc_host_bytes(bytes); }, [d](void* p) { d->free_host_bytes(p); }};
+}
+
+void MirroredStrategy::synchronize() {
+    for (auto& R : replicas_) R->device->synchronize();
+}
+
+void MirroredStrategy::init_and_broadcast() {
+    Replica& R0 = *replicas_[0];
+    model_.init_params(*R0.device, R0.device->compute_stream(), R0.params.data());
+    R0.device->synchronize();
+    threads_->run([&](int r) {
+        if (r == 0) return;
+        Device& d = *replicas_[r]->device;
+        d.copy_from_peer(d.compute_stream(), replicas_[r]->params.data(), *R0.device, R0.params.data(), model_.flat_size());
+        d.synchronize();
+    });
+}
+
+int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& shard, Loader& loader) {
+    Device& d = *R.device;
+    const int buf = R.next_buffer;
+    R.next_buffer ^= 1;
+    const size_t features = size_t(model_.input_features());
+    const Stream cs = d.copy_stream();
+    d.stream_wait_event(cs, R.input_free[buf]);  // the step two back has finished with this buffer
+    d.copy_to_device(cs, R.inputs[buf].data(), batch.features + size_t(shard.begin) * features,
+                     size_t(shard.rows) * features * sizeof(float));
+    d.copy_to_device(cs, R.labels[buf].data(), batch.labels + shard.begin, size_t(shard.rows) * sizeof(int32_t));
+    d.event_record(R.input_ready[buf], cs);
+    R.release[buf] = {&loader, &batch};
+    d.host_callback(cs, [](void* p) {
+        auto* rel = static_cast<Replica::Release*>(p);
+        rel->loader->release(*rel->batch);
+    }, &R.release[buf]);
+    d.stream_wait_event(d.compute_stream(), R.input_ready[buf]);
+    return buf;
+}
+
+void MirroredStrategy::train_step(const Batch& batch, Loader& loader, int64_t step, float lr, uint64_t seed,
+                                  bool sample_timing) {
+    timing_sampled_ = sample_timing && devices_.type == DeviceType::cuda;
+    threads_->run([&](int r) { replica_step(r, batch, loader, step, lr, seed, sample_timing); });
+    if (cfg_.verify_every_steps > 0 && (step + 1) % cfg_.verify_every_steps == 0) verify_replicas();
+}
+
+void MirroredStrategy::replica_step(int r, const Batch& batch, Loader& loader, int64_t step, float lr,
+                                    uint64_t seed, bool sample_timing) {
+    Replica& R = *replicas_[r];
+    Device& d = *R.device;
+    const int n = replicas();
+    const double t0 = now_s();
+    double comm = 0;
+    const Shard shard = shard_of(batch.rows, n, r);
+    const int buf = stage_input(R, batch, shard, loader);
+    const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
+    const bool timing = sample_timing && r == 0 && devices_.type == DeviceType::cuda;
+    if (timing) d.event_record(R.t_begin, cs);
+
+    auto reduce = [&](const Bucket& b) {
+        const double c0 = now_s();
+        d.event_record(R.bucket_ready, cs);
+        d.stream_wait_event(comm_s, R.bucket_ready);
+        ops_->all_reduce(r, b.begin, b.end - b.begin);
+        comm += now_s() - c0;
+    };
+    const bool overlap = cfg_.bucket_mb > 0 && n > 1;
+    const auto on_layer_done = [&](int layer) {
+        for (const Bucket& b : buckets_)
+            if (b.ready_after_layer == layer) reduce(b);
+    };
+    const size_t features = size_t(model_.input_features());
+    const float grad_scale = 1.0f / float(batch.rows);
+    for (int m = 0; m < accumulation_; ++m) {
+        const Shard micro = shard_of(shard.rows, accumulation_, m);
+        const PassContext ctx{&d, cs, micro.rows, int64_t(shard.begin + micro.begin), seed, uint32_t(step), true};
+        const float* logits =
+            model_.forward(ctx, R.params.data(), R.inputs[buf].data() + size_t(micro.begin) * features, R.acts);
+        float* dlogits = model_.dlogits_buffer(R.acts);
+        d.softmax_xent(cs, micro.rows, model_.output_features(), logits, R.labels[buf].data() + micro.begin,
+                       grad_scale, dlogits, R.train_metrics.data());
+        const bool last = m == accumulation_ - 1;
+        model_.backward(ctx, R.params.data(), R.grads.data(), dlogits, R.acts, m > 0,
+                        last && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
+    }
+    d.event_record(R.input_free[buf], cs);
+    if (timing) d.event_record(R.t_backward, cs);
+    if (n > 1) {
+        if (!overlap)
+            for (const Bucket& b : buckets_) reduce(b);  // bucket_mb 0: one bucket, after backward
+        d.event_record(R.reduced, comm_s);
+        d.stream_wait_event(cs, R.reduced);
+    }
+    if (timing) d.event_record(R.t_reduced, cs);
+    const bool clip = R.optimizer->config().grad_clip_norm > 0;
+    if (clip) d.sum_squares(cs, model_.flat_size(), R.grads.data(), R.grad_sq_norm.data());
+    R.optimizer->apply(cs, R.params.data(), R.grads.data(), step, lr, clip ? R.grad_sq_norm.data() : nullptr);
+    if (timing) d.event_record(R.t_end, cs);
+    if (devices_.type == DeviceType::cpu) {
+        R.comm_s += comm;
+        R.compute_s += now_s() - t0 - comm;
+    }
+}
+
+void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {
+    Replica& R = *replicas_[0];
+    if (devices_.type == DeviceType::cpu) {
+        split.compute_s += R.compute_s;
+        split.comm_s += R.comm_s;
+        R.compute_s = R.comm_s = 0;
+        return;
+    }
+    if (!timing_sampled_ || steps <= 0) return;
+    Device& d = *R.device;
+    d.event_synchronize(R.t_end);
+    const double backward = d.event_elapsed_ms(R.t_begin, R.t_backward) * 1e-3;
+    const double exposed = d.event_elapsed_ms(R.t_backward, R.t_reduced) * 1e-3;
+    const double update = d.event_elapsed_ms(R.t_reduced, R.t_end) * 1e-3;
+    split.compute_s += (backward + update) * double(steps);
+    split.comm_s += exposed * double(steps);
+    timing_sampled_ = false;
+}
+
+void MirroredStrategy::request_train_metrics() {
+    for (auto& Rp : replicas_) {
+        Replica& R = *Rp;
+        Device& d = *R.device;
+        const Stream s = d.compute_stream();
+        d.copy_to_host(s, R.metrics_host.data(), R.train_metrics.data(), kMetricSlots * sizeof(float));
+        d.event_record(R.metrics_copied, s);
+        d.fill(s, kMetricSlots, 0.0f, R.train_metrics.data());
+    }
+}
+
+bool MirroredStrategy::train_metrics_ready() {
+    for (auto& R : replicas_)
+        if (!R->device->event_query(R->metrics_copied)) return false;
+    return true;
+}
+
+Metrics MirroredStrategy::take_train_metrics() {
+    Metrics m;
+    for (auto& R : replicas_) {
+        R->device->event_synchronize(R->metrics_copied);
+        m.loss_sum += R->metrics_host[kMetricLossSum];
+        m.correct += R->metrics_host[kMetricCorrect];
+        m.count += R->metrics_host[kMetricCount];
+    }
+    return m;
+}
+
+Metrics MirroredStrategy::evaluate(Loader& loader) {
+    const int n = replicas();
+    for (auto& R : replicas_) R->device->fill(R->device->compute_stream(), kMetricSlots, 0.0f, R->eval_metrics.data());
+    loader.start({0, 0});
+    const size_t features = size_t(model_.input_features());
+    for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+        const Batch& batch = loader.next();
+        threads_->run([&](int r) {
+            Replica& R = *replicas_[r];
+            Device& d = *R.device;
+            const Shard shard = shard_of(batch.rows, n, r);
+            const int buf = stage_input(R, batch, shard, loader);
+            for (int m = 0; m < accumulation_; ++m) {
+                const Shard micro = shard_of(shard.rows, accumulation_, m);
+                const PassContext ctx{&d, d.compute_stream(), micro.rows, 0, 0, 0, false};
+                const float* logits = model_.forward(
+                    ctx, R.params.data(), R.inputs[buf].data() + size_t(micro.begin) * features, R.acts);
+                d.softmax_xent(ctx.stream, micro.rows, model_.output_features(), logits,
+                               R.labels[buf].data() + micro.begin, 0.0f, nullptr, R.eval_metrics.data());
+            }
+            d.event_record(R.input_free[buf], d.compute_stream());
+        });
+    }
+    loader.stop();
+    Metrics m;
+    for (auto& R : replicas_) {
+        Device& d = *R->device;
+        d.copy_to_host(d.compute_stream(), R->metrics_host.data(), R->eval_metrics.data(), kMetricSlots * sizeof(float));
+        d.stream_synchronize(d.compute_stream());
+        m.loss_sum += R->metrics_host[kMetricLossSum];
+        m.correct += R->metrics_host[kMetricCorrect];
+        m.count += R->metrics_host[kMetricCount];
+    }
+    return m;
+}
+
+uint64_t MirroredStrategy::checksum(int r) {
+    Replica& R = *replicas_[r];
+    Device& d = *R.device;
+    const size_t last = model_.tensors().size();
+    d.checksum(d.compute_stream(), model_.flat_size(), R.params.data(), R.checksums.data() + last);
+    d.copy_to_host(d.compute_stream(), R.checksums_host.data() + last, R.checksums.data() + last, sizeof(uint64_t));
+    d.stream_synchronize(d.compute_stream());
+    return R.checksums_host[last];
+}
+
+void MirroredStrategy::verify_replicas() {
+    const auto& tensors = model_.tensors();
+    for (auto& Rp : replicas_) {
+        Device& d = *Rp->device;
+        for (size_t t = 0; t < tensors.size(); ++t)
+            d.checksum(d.compute_stream(), tensors[t].count, Rp->params.data() + tensors[t].offset, Rp->checksums.data() + t);
+        d.copy_to_host(d.compute_stream(), Rp->checksums_host.data(), Rp->checksums.data(), tensors.size() * sizeof(uint64_t));
+    }
+    for (auto& Rp : replicas_) Rp->device->stream_synchronize(Rp->device->compute_stream());
+    for (size_t t = 0; t < tensors.size(); ++t)
+        for (int r = 1; r < replicas(); ++r)
+            if (replicas_[r]->checksums_host[t] != replicas_[0]->checksums_host[t])
+                throw DeviceError("replicas diverged: " + tensors[t].name + " on replica " + std::to_string(r) + " (" +
+                                  replicas_[r]->device->name() + ") differs from replica 0 (" +
+                                  replicas_[0]->device->name() + ")");
+}
+
+std::vector<float> MirroredStrategy::download_params() {
+    Replica& R = *replicas_[0];
+    std::vector<float> h(model_.flat_size());
+    R.device->copy_to_host(R.device->compute_stream(), h.data(), R.params.data(), h.size() * sizeof(float));
+    R.device->stream_synchronize(R.device->compute_stream());
+    return h;
+}
+
+std::vector<std::pair<std::string, std::vector<float>>> MirroredStrategy::download_optimizer_state() {
+    Replica& R = *replicas_[0];
+    std::vector<std::pair<std::string, std::vector<float>>> out;
+    for (auto& [name, buf] : R.optimizer->state()) {
+        std::vector<float> h(buf->size());
+        R.device->copy_to_host(R.device->compute_stream(), h.data(), buf->data(), buf->bytes());
+        out.emplace_back(name, std::move(h));
+    }
+    R.device->stream_synchronize(R.device->compute_stream());
+    return out;
+}
+
+void MirroredStrategy::upload_state(const std::vector<float>& params,
+                                    const std::vector<std::pair<std::string, std::vector<float>>>& state) {
+    for (auto& Rp : replicas_) {
+        Device& d = *Rp->device;
+        if (params.size() != Rp->params.size()) throw CheckpointError("checkpoint parameters do not fit the model");
+        d.copy_to_device(d.compute_stream(), Rp->params.data(), params.data(), params.size() * sizeof(float));
+        auto mine = Rp->optimizer->state();
+        if (mine.size() != state.size()) throw CheckpointError("checkpoint optimizer state does not fit the optimizer");
+        for (size_t i = 0; i < mine.size(); ++i) {
+            if (mine[i].first != state[i].first || mine[i].second->size() != state[i].second.size())
+                throw CheckpointError("checkpoint optimizer state '" + state[i].first + "' does not fit the optimizer");
+            d.copy_to_device(d.compute_stream(), mine[i].second->data(), state[i].second.data(),
+                             state[i].second.size() * sizeof(float));
+        }
+        d.synchronize();
+    }
+}
+
+}  // namespace mirrored

@@ -1,0 +1,152 @@
+// MirroredStrategy: one process drives N replicas, each a full copy of the model on its own
+// device, each computing on its contiguous shard of the global batch. Gradients are summed
+// across replicas (the loss is the mean over the global batch, so the sum is the mean gradient)
+// by the cross-device ops, in buckets that start while backward is still running; every replica
+// then applies the same optimizer update, so the replicas stay bit-identical.
+//
+// A training step, per replica thread:
+//   stage shard (async H2D on the copy stream) -> forward/backward on the compute stream,
+//   each finished bucket handed to the comm stream by an event -> compute waits for comm ->
+//   clip -> optimizer.
+// Nothing in a step synchronises the host with a device or allocates.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/loader.h"
+#include "kernels/buffer.h"
+#include "kernels/device.h"
+#include "mirrored/cross_device_ops.h"
+#include "mirrored/model.h"
+#include "mirrored/optimizer.h"
+#include "mirrored/replica_threads.h"
+
+namespace mirrored {
+
+// ---- devices ----------------------------------------------------------------------------
+// "auto" (every GPU, else one CPU replica per core), "cuda", "cuda:all", "cuda:0,1,3",
+// "cuda:0,0,0,0" (four replicas sharing GPU 0), "cpu" (one per core), "cpu:N".
+struct DeviceList {
+    DeviceType type = DeviceType::cpu;
+    std::vector<int> ordinals;  // CUDA ordinals; 0..N-1 for CPU replicas
+    std::string describe() const;  // "cuda:0,cuda:1"
+};
+DeviceList parse_devices(const std::string& spec);
+
+struct StrategyConfig {
+    std::string devices = "auto";
+    std::string cross_device_ops = "ring";
+    double bucket_mb = 4.0;       // 0: one all-reduce after backward
+    int verify_every_steps = 0;   // 0: off
+    bool tf32 = false;
+};
+
+// A contiguous range of the flat gradient buffer, reduced as one unit.
+struct Bucket {
+    size_t begin = 0, end = 0;  // floats
+    int ready_after_layer = 0;  // backward has produced all of it once this layer is done
+};
+// Buckets of about bucket_bytes in reverse layer order (0: one bucket for everything).
+std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
+
+struct Metrics {
+    double loss_sum = 0, correct = 0, count = 0;
+    double loss() const { return count ? loss_sum / count : 0.0; }
+    double accuracy() const { return count ? correct / count : 0.0; }
+};
+
+struct TimeSplit {
+    double data_wait_s = 0, compute_s = 0, comm_s = 0;  // comm: not hidden behind compute
+};
+
+struct Replica {
+    int index = 0;
+    std::unique_ptr<Device> device;
+    DeviceBuffer<float> params, grads;          // [flat_size], identical layouts
+    std::unique_ptr<Optimizer> optimizer;       // state in the same layout
+    Activations acts;                           // [max micro-batch rows, ...]
+    DeviceBuffer<float> inputs[2];              // [shard rows, features], double-buffered
+    DeviceBuffer<int32_t> labels[2];            // [shard rows]
+    DeviceBuffer<float> train_metrics, eval_metrics;  // [kMetricSlots]
+    DeviceBuffer<float> grad_sq_norm;           // [1]
+    DeviceBuffer<uint64_t> checksums;           // [tensors + 1]: per tensor, then whole buffer
+    HostBuffer<float> metrics_host;             // [kMetricSlots], pinned
+    HostBuffer<uint64_t> checksums_host;
+    Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied;
+    Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
+    int next_buffer = 0;
+    struct Release {
+        Loader* loader;
+        const Batch* batch;
+    } release[2];
+    double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
+    ~Replica();
+};
+
+class MirroredStrategy {
+public:
+    MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
+                     int global_batch, int accumulation_steps);
+    ~MirroredStrategy();
+
+    int replicas() const { return int(replicas_.size()); }
+    DeviceType device_type() const { return devices_.type; }
+    const DeviceList& devices() const { return devices_; }
+    const char* cross_device_ops_name() const { return ops_->name(); }
+    const std::vector<Bucket>& buckets() const { return buckets_; }
+    const Model& model() const { return model_; }
+    Replica& replica(int r) { return *replicas_[r]; }
+    std::string topology_report() const;  // peer access / host path notes, one line per note
+    // Memory the loader should assemble batches in (pinned when replicas are GPUs).
+    HostAllocator host_allocator();
+
+    // Replica 0 initialises the parameters; every other replica receives a copy.
+    void init_and_broadcast();
+    // One optimizer step on one global batch; the batch is released to the loader by every
+    // replica once its shard is on the device. `sample_timing` records device timing events.
+    void train_step(const Batch& batch, Loader& loader, int64_t step, float lr, uint64_t seed,
+                    bool sample_timing);
+    // Adds the sampled step's device times (CUDA) or the host-measured times (CPU) to split.
+    void collect_timing(TimeSplit& split, int64_t steps_since_last);
+
+    // Train metrics accumulated since the last request: enqueue their copy (async) ...
+    void request_train_metrics();
+    bool train_metrics_ready();
+    Metrics take_train_metrics();  // ... and read them (waits if not ready)
+    // Loss and accuracy over one pass of an unshuffled loader, computed across replicas.
+    Metrics evaluate(Loader& loader);
+
+    uint64_t checksum(int r);                 // whole parameter buffer of replica r
+    // Compares per-tensor checksums of every replica; throws DeviceError naming the first
+    // tensor and replica that differ from replica 0.
+    void verify_replicas();
+
+    // Host copies for checkpoints (from replica 0) and restore (to every replica).
+    std::vector<float> download_params();
+    std::vector<std::pair<std::string, std::vector<float>>> download_optimizer_state();
+    void upload_state(const std::vector<float>& params,
+                      const std::vector<std::pair<std::string, std::vector<float>>>& optimizer_state);
+    void synchronize();
+
+private:
+    void build_replica(int r, int max_shard_rows, int max_micro_rows, const OptimizerConfig& opt);
+    int stage_input(Replica& R, const Batch& batch, const Shard& shard, Loader& loader);
+    void replica_step(int r, const Batch& batch, Loader& loader, int64_t step, float lr, uint64_t seed,
+                      bool sample_timing);
+
+    StrategyConfig cfg_;
+    const Model& model_;
+    DeviceList devices_;
+    int accumulation_ = 1;
+    std::vector<std::unique_ptr<Replica>> replicas_;
+    std::unique_ptr<ReplicaThreads> threads_;
+    std::unique_ptr<CrossDeviceOps> ops_;
+    std::vector<Bucket> buckets_;
+    std::vector<std::pair<int, int>> host_path_pairs_;
+    bool timing_sampled_ = false;
+};
+
+}  // namespace mirrored
