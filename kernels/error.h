@@ -13,6 +13,7 @@ enum ExitCode {
     kExitData = 3,         // missing, truncated or corrupt data files
     kExitCheckpoint = 4,   // unusable or foreign checkpoint
     kExitDevice = 5,       // CUDA / NCCL / out of memory / replica divergence
+    kExitDiverged = 6,     // training diverged: non-finite loss or parameters
     kExitInterrupted = 130 // SIGINT/SIGTERM, after a checkpoint was written
 };
 

@@ -1,15 +1,186 @@
-// mirrored command line (work in progress: commands land with their subsystems).
-#include <cstdio>
-#include <string>
+// mirrored command line. Exit codes (README): 0 success, 2 usage or configuration error,
+// 3 data error, 4 checkpoint error, 5 device error, 6 training diverged, 130 interrupted after a
+// checkpoint was written.
+#include <CLI/CLI.hpp>
 
-#include "kernels/device.h"
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "kernels/error.h"
+#include "mirrored/checkpoint.h"
+#include "mirrored/config.h"
+#include "mirrored/tools.h"
+#include "mirrored/trainer.h"
+
+using namespace mirrored;
+
+namespace {
+
+std::vector<int> parse_list(const std::string& s, const char* flag) {
+    std::vector<int> out;
+    size_t start = 0;
+    while (start <= s.size()) {
+        const size_t comma = std::min(s.find(',', start), s.size());
+        const std::string item = s.substr(start, comma - start);
+        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
+            throw ConfigError(std::string(flag) + ": expected a list like 1,2,4, got '" + s + "'");
+        out.push_back(std::stoi(item));
+        start = comma + 1;
+    }
+    return out;
+}
+
+// A progress line may be open on a terminal: end it before an error is printed.
+void end_status_line() {
+    std::fflush(stdout);
+    if (isatty(1)) std::printf("\n");
+    std::fflush(stdout);
+}
+
+size_t parse_bytes(const std::string& s, const char* flag) {
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    std::string unit(end);
+    double mult = 1;
+    if (unit == "K" || unit == "KiB" || unit == "k") mult = 1024;
+    else if (unit == "M" || unit == "MiB") mult = 1 << 20;
+    else if (unit == "G" || unit == "GiB") mult = double(1 << 30);
+    else if (!unit.empty() && unit != "B") throw ConfigError(std::string(flag) + ": expected a size like 4K, 64M or 1G, got '" + s + "'");
+    if (!(v > 0)) throw ConfigError(std::string(flag) + ": expected a positive size, got '" + s + "'");
+    return size_t(v * mult);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-    if (argc >= 2 && std::string(argv[1]) == "devices") {
-        const int n = mirrored::cuda_device_count();
-        std::printf("%d CUDA device(s)%s\n", n, n ? "" : (": " + mirrored::cuda_unavailable_reason()).c_str());
-        return 0;
+    CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};
+    app.require_subcommand(1);
+    app.set_help_all_flag("--help-all", "help for every command");
+
+    std::string config, checkpoint, out, devices, output;
+    std::vector<std::string> sets;
+    bool print_config = false;
+
+    auto* train = app.add_subcommand("train", "train a model from a YAML config");
+    train->add_option("config", config, "YAML configuration file")->required();
+    train->add_option("--set", sets, "override any key: --set model.layers.1.units=256 (repeatable)");
+    train->add_option("--devices", devices, "shorthand for --set strategy.devices=SPEC (auto, cuda:0,1, cuda:0,0, cpu:4)");
+    train->add_option("--output", output, "shorthand for --set run.output_dir=DIR");
+    train->add_flag("--print-config", print_config, "print the resolved configuration (defaults included) and exit");
+
+    auto* eval = app.add_subcommand("eval", "test-set loss and accuracy of a checkpoint");
+    eval->add_option("config", config, "the run's YAML configuration")->required();
+    eval->add_option("--checkpoint", checkpoint, "checkpoint file")->required();
+    eval->add_option("--set", sets, "override a key (repeatable)");
+    eval->add_option("--devices", devices, "device spec for evaluation");
+
+    auto* exp = app.add_subcommand("export", "write a checkpoint's weights as a plain safetensors file");
+    exp->add_option("checkpoint", checkpoint, "checkpoint file")->required();
+    exp->add_option("--out", out, "output .safetensors file")->required();
+
+    app.add_subcommand("devices", "list GPUs, peer access, links and versions (or the CPU)");
+
+    LoaderBenchOptions lb;
+    std::string lb_threads = "1,2";
+    auto* bl = app.add_subcommand("bench-loader", "samples/s of the input pipeline alone");
+    bl->add_option("--config", lb.config, "use this config's data section (default: Fashion-MNIST)");
+    bl->add_option("--threads", lb_threads, "loader thread counts to measure, e.g. 1,2,4");
+    bl->add_option("--batch", lb.batch, "global batch size")->check(CLI::PositiveNumber);
+    bl->add_option("--seconds", lb.seconds, "seconds per measurement")->check(CLI::PositiveNumber);
+    bl->add_option("--json", lb.json_path, "also write the results here");
+
+    AllReduceBenchOptions ab;
+    std::string min_b = "4K", max_b = "64M";
+    auto* ba = app.add_subcommand("bench-allreduce", "time, algbw and busbw of the all-reduce per size");
+    ba->add_option("--devices", ab.devices, "replicas: auto, cuda:0,1, cuda:0,0,0,0, cpu:4");
+    ba->add_option("--op", ab.op, "ring, nccl or reduce_to_one");
+    ba->add_option("--min-bytes", min_b, "smallest size (4K)");
+    ba->add_option("--max-bytes", max_b, "largest size (64M)");
+    ba->add_option("--iters", ab.iters, "iterations per size (default: by size)");
+    ba->add_option("--json", ab.json_path, "also write the table here");
+
+    StepBenchOptions sb;
+    std::string sb_devices;
+    auto* bs = app.add_subcommand("bench-step", "training throughput for 1..N replicas: the scaling test");
+    bs->add_option("config", sb.config, "YAML config (default configs/synthetic_mlp.yaml)");
+    bs->add_option("--set", sb.sets, "override a key (repeatable)");
+    bs->add_option("--devices", sb_devices, "device lists separated by ';', e.g. 'cpu:1;cpu:2' (default: 1..all)");
+    bs->add_option("--steps", sb.steps, "timed steps per device list")->check(CLI::PositiveNumber);
+    bs->add_option("--warmup", sb.warmup, "untimed steps first");
+    bs->add_option("--json", sb.json_path, "also write the results here");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "error: %s\n(run 'mirrored --help' or 'mirrored <command> --help')\n", e.what());
+        return kExitUsage;
     }
-    std::fprintf(stderr, "usage: mirrored devices\n");
-    return 2;
+
+    try {
+        if (train->parsed() || eval->parsed()) {
+            if (!devices.empty()) sets.push_back("strategy.devices=" + devices);
+            if (!output.empty()) sets.push_back("run.output_dir=" + output);
+            const Config cfg = load_config(config, sets);
+            if (print_config) {
+                std::cout << config_to_yaml(cfg);
+                return kExitOk;
+            }
+            if (train->parsed()) {
+                install_signal_handlers();
+                return run_training(cfg);
+            }
+            const EvalResult r = evaluate_checkpoint(cfg, checkpoint);
+            std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n",
+                        checkpoint.c_str(), static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
+            return kExitOk;
+        }
+        if (exp->parsed()) {
+            SafetensorsFile f = read_safetensors(checkpoint, true);
+            SafetensorsFile weights;
+            for (auto& [name, t] : f.tensors)
+                if (name.rfind("optimizer.", 0) != 0) weights.tensors[name] = std::move(t);
+            weights.metadata = {{"format", "pt"}, {"source", checkpoint}, {"step", f.metadata["step"]},
+                                {"model", f.metadata["model"]}};
+            write_safetensors(out, weights);
+            std::printf("wrote %zu tensors to %s\n", weights.tensors.size(), out.c_str());
+            return kExitOk;
+        }
+        if (app.got_subcommand("devices")) return print_devices();
+        if (bl->parsed()) {
+            lb.threads = parse_list(lb_threads, "--threads");
+            return bench_loader(lb);
+        }
+        if (ba->parsed()) {
+            ab.min_bytes = parse_bytes(min_b, "--min-bytes");
+            ab.max_bytes = parse_bytes(max_b, "--max-bytes");
+            return bench_allreduce(ab);
+        }
+        if (bs->parsed()) {
+            size_t start = 0;
+            while (start < sb_devices.size()) {
+                const size_t semi = std::min(sb_devices.find(';', start), sb_devices.size());
+                if (semi > start) sb.devices.push_back(sb_devices.substr(start, semi - start));
+                start = semi + 1;
+            }
+            return bench_step(sb);
+        }
+    } catch (const Error& e) {
+        end_status_line();
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return e.code();
+    } catch (const std::exception& e) {
+        end_status_line();
+        std::fprintf(stderr, "error: internal: %s\n", e.what());
+        return kExitFailure;
+    }
+    return kExitUsage;
 }

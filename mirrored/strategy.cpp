@@ -351,6 +351,32 @@ Metrics MirroredStrategy::take_train_metrics() {
     return m;
 }
 
+std::vector<std::array<double, 3>> MirroredStrategy::peek_train_metrics() {
+    std::vector<std::array<double, 3>> out;
+    for (auto& R : replicas_) {
+        Device& d = *R->device;
+        d.copy_to_host(d.compute_stream(), R->metrics_host.data(), R->train_metrics.data(), kMetricSlots * sizeof(float));
+        d.stream_synchronize(d.compute_stream());
+        out.push_back({R->metrics_host[kMetricLossSum], R->metrics_host[kMetricCorrect], R->metrics_host[kMetricCount]});
+    }
+    return out;
+}
+
+void MirroredStrategy::restore_train_metrics(const std::vector<std::array<double, 3>>& m) {
+    std::vector<std::array<double, 3>> per(replicas(), {0, 0, 0});
+    if (int(m.size()) == replicas()) per = m;
+    else
+        for (const auto& x : m)
+            for (int k = 0; k < 3; ++k) per[0][k] += x[k];
+    for (int r = 0; r < replicas(); ++r) {
+        Device& d = *replicas_[r]->device;
+        float v[kMetricSlots] = {float(per[r][0]), float(per[r][1]), float(per[r][2]), 0.0f};
+        std::memcpy(replicas_[r]->metrics_host.data(), v, sizeof v);
+        d.copy_to_device(d.compute_stream(), replicas_[r]->train_metrics.data(), replicas_[r]->metrics_host.data(), sizeof v);
+        d.stream_synchronize(d.compute_stream());
+    }
+}
+
 Metrics MirroredStrategy::evaluate(Loader& loader) {
     const int n = replicas();
     for (auto& R : replicas_) R->device->fill(R->device->compute_stream(), kMetricSlots, 0.0f, R->eval_metrics.data());

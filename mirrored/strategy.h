@@ -11,6 +11,7 @@
 // Nothing in a step synchronises the host with a device or allocates.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -116,6 +117,10 @@ public:
     void request_train_metrics();
     bool train_metrics_ready();
     Metrics take_train_metrics();  // ... and read them (waits if not ready)
+    // Per-replica accumulators since the last request, without resetting them (checkpoints),
+    // and their restore (resume: per replica when the count matches, else summed into replica 0).
+    std::vector<std::array<double, 3>> peek_train_metrics();
+    void restore_train_metrics(const std::vector<std::array<double, 3>>& m);
     // Loss and accuracy over one pass of an unshuffled loader, computed across replicas.
     Metrics evaluate(Loader& loader);
 

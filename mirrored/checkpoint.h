@@ -1,0 +1,64 @@
+// Checkpoints: safetensors files (so Python's safetensors package opens them) holding the
+// parameters under their PyTorch names, the optimizer state as "optimizer.<state>.<name>", and
+// the training state as string metadata. Format: docs/CHECKPOINTS.md.
+//
+// Writes are atomic: a temporary file in the same folder, fsync, rename, fsync of the folder.
+// A CRC-32 over the tensor bytes and the metadata detects corruption and truncation.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/loader.h"
+#include "kernels/error.h"
+#include "mirrored/model.h"
+
+namespace mirrored {
+
+struct CheckpointData {
+    int64_t step = 0;              // optimizer steps completed
+    LoaderPosition loader;         // the next batch the loader delivers
+    uint64_t seed = 0;             // the run seed: with step and epoch it fixes every random draw
+    std::vector<std::array<double, 3>> train_metrics;  // per replica: loss sum, correct, count since last log
+    std::vector<float> params;     // flat, the model's layout
+    std::vector<std::pair<std::string, std::vector<float>>> optimizer;  // flat, same layout
+    uint64_t model_hash = 0;
+    std::string model_summary;
+    std::string config_yaml;
+    int replicas = 0;
+    std::string devices;
+};
+
+// Writes path atomically. Tensors are cut out of the flat buffers with the model's layout.
+void write_checkpoint(const std::string& path, const Model& model, const CheckpointData& data);
+// Reads and fully validates (size, header, checksum). With a model, also checks the hash and
+// scatters tensors into flat buffers; a foreign model is a CheckpointError saying why.
+CheckpointData read_checkpoint(const std::string& path, const Model& model, uint64_t expected_hash,
+                               const std::string& expected_summary);
+
+// A checkpoint written for another model or optimizer: never skipped over, always reported.
+struct ForeignCheckpointError : CheckpointError {
+    explicit ForeignCheckpointError(const std::string& w) : CheckpointError(w) {}
+};
+
+// Any safetensors file of F32 tensors: name -> (shape, values), plus metadata.
+struct SafetensorsFile {
+    std::map<std::string, std::pair<std::vector<int>, std::vector<float>>> tensors;
+    std::map<std::string, std::string> metadata;
+};
+// With verify_checksum, a mirrored checkpoint's CRC is checked too.
+SafetensorsFile read_safetensors(const std::string& path, bool verify_checksum);
+void write_safetensors(const std::string& path, const SafetensorsFile& file);
+
+// Checkpoint files of a run folder, newest (highest step) first; removes stale temporaries.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+std::string checkpoint_path(const std::string& dir, int64_t step);
+void prune_checkpoints(const std::string& dir, int keep);
+
+// Atomic small-file write (config.yaml, summary.json, rewritten metrics.jsonl).
+void write_file_atomic(const std::string& path, const std::string& contents);
+
+}  // namespace mirrored

@@ -1,0 +1,621 @@
+// The one place every configuration key is read: its type, range and default.
+#include "mirrored/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "kernels/error.h"
+
+namespace mirrored {
+
+namespace {
+
+std::vector<std::string> split_path(const std::string& path) {
+    std::vector<std::string> parts;
+    std::stringstream ss(path);
+    std::string p;
+    while (std::getline(ss, p, '.')) parts.push_back(p);
+    return parts;
+}
+
+bool is_index(const std::string& s) {
+    return !s.empty() && s.size() < 7 && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+YAML::Node lookup(const YAML::Node& node, const std::vector<std::string>& parts, size_t i) {
+    if (i == parts.size()) return node;
+    if (!node.IsDefined() || node.IsNull()) return YAML::Node(YAML::NodeType::Undefined);
+    if (node.IsMap()) {
+        const YAML::Node& cn = node;
+        return lookup(cn[parts[i]], parts, i + 1);
+    }
+    if (node.IsSequence() && is_index(parts[i])) {
+        const size_t idx = std::stoul(parts[i]);
+        if (idx >= node.size()) return YAML::Node(YAML::NodeType::Undefined);
+        const YAML::Node& cn = node;
+        return lookup(cn[idx], parts, i + 1);
+    }
+    return YAML::Node(YAML::NodeType::Undefined);
+}
+
+std::string describe(const YAML::Node& n) {
+    if (n.IsScalar()) return "'" + n.Scalar() + "'";
+    if (n.IsSequence()) return "a list";
+    if (n.IsMap()) return "a mapping";
+    return "nothing";
+}
+
+// Reads typed values by key path, remembering every path it was asked for, so that any key
+// left over afterwards is unknown.
+class Reader {
+public:
+    Reader(YAML::Node root, std::string file, std::map<std::string, std::string> set_origin)
+        : root_(std::move(root)), file_(std::move(file)), set_origin_(std::move(set_origin)) {}
+
+    std::map<std::string, std::string> where;
+
+    YAML::Node at(const std::string& path) {
+        const auto parts = split_path(path);
+        std::string prefix;
+        for (const auto& p : parts) {
+            prefix += (prefix.empty() ? "" : ".") + p;
+            visited_.insert(prefix);
+        }
+        YAML::Node n = lookup(root_, parts, 0);
+        where[path] = location(path, n);
+        return n;
+    }
+
+    std::string location(const std::string& path, const YAML::Node& n) const {
+        for (const auto& [p, origin] : set_origin_)
+            if (path == p || path.rfind(p + ".", 0) == 0) return origin;
+        if (n.IsDefined() && n.Mark().line >= 0) return file_ + ":" + std::to_string(n.Mark().line + 1);
+        // a missing key: point at the nearest enclosing node that exists
+        auto parts = split_path(path);
+        while (!parts.empty()) {
+            parts.pop_back();
+            YAML::Node p = lookup(root_, parts, 0);
+            if (p.IsDefined() && p.Mark().line >= 0) return file_ + ":" + std::to_string(p.Mark().line + 1);
+        }
+        return file_;
+    }
+
+    [[noreturn]] void fail(const std::string& path, const std::string& what) {
+        throw ConfigError(location(path, lookup(root_, split_path(path), 0)) + ": " + path + ": " + what);
+    }
+
+    bool has(const std::string& path) {
+        YAML::Node n = at(path);
+        return n.IsDefined() && !n.IsNull();
+    }
+
+    std::string str(const std::string& path, const std::string& def) {
+        YAML::Node n = at(path);
+        if (!n.IsDefined() || n.IsNull()) return def;
+        if (!n.IsScalar()) fail(path, "expected a string, got " + describe(n));
+        return n.Scalar();
+    }
+
+    std::string choice(const std::string& path, const std::string& def, const std::vector<std::string>& allowed) {
+        const std::string v = str(path, def);
+        for (const auto& a : allowed)
+            if (v == a) return v;
+        std::string list;
+        for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        fail(path, "expected one of " + list + ", got '" + v + "'");
+    }
+
+    int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi) {
+        YAML::Node n = at(path);
+        if (!n.IsDefined() || n.IsNull()) return def;
+        int64_t v = 0;
+        if (!n.IsScalar() || !parse_int(n.Scalar(), v))
+            fail(path, "expected an integer" + range(lo, hi) + ", got " + describe(n));
+        if (v < lo || v > hi) fail(path, "expected an integer" + range(lo, hi) + ", got " + std::to_string(v));
+        return v;
+    }
+
+    double number(const std::string& path, double def, double lo, double hi, bool lo_open = false) {
+        YAML::Node n = at(path);
+        if (!n.IsDefined() || n.IsNull()) return def;
+        double v = 0;
+        if (!n.IsScalar() || !parse_double(n.Scalar(), v)) fail(path, "expected a number" + nrange(lo, hi, lo_open) + ", got " + describe(n));
+        if (!(lo_open ? v > lo : v >= lo) || v > hi) fail(path, "expected a number" + nrange(lo, hi, lo_open) + ", got " + n.Scalar());
+        return v;
+    }
+
+    bool boolean(const std::string& path, bool def) {
+        YAML::Node n = at(path);
+        if (!n.IsDefined() || n.IsNull()) return def;
+        const std::string s = n.IsScalar() ? n.Scalar() : "";
+        if (s == "true" || s == "True" || s == "yes") return true;
+        if (s == "false" || s == "False" || s == "no") return false;
+        fail(path, "expected true or false, got " + describe(n));
+    }
+
+    std::vector<int> int_list(const std::string& path, const std::vector<int>& def, int lo, int hi) {
+        YAML::Node n = at(path);
+        if (!n.IsDefined() || n.IsNull()) return def;
+        if (!n.IsSequence() || n.size() == 0) fail(path, "expected a non-empty list of integers, got " + describe(n));
+        std::vector<int> out;
+        for (size_t i = 0; i < n.size(); ++i) out.push_back(int(integer(path + "." + std::to_string(i), 0, lo, hi)));
+        return out;
+    }
+
+    std::vector<float> float_list(const std::string& path) {
+        YAML::Node n = at(path);
+        if (!n.IsDefined() || n.IsNull()) return {};
+        if (!n.IsSequence() || n.size() == 0) fail(path, "expected a non-empty list of numbers, got " + describe(n));
+        std::vector<float> out;
+        for (size_t i = 0; i < n.size(); ++i)
+            out.push_back(float(number(path + "." + std::to_string(i), 0, -1e30, 1e30)));
+        return out;
+    }
+
+    std::vector<std::string> str_list(const std::string& path) {
+        YAML::Node n = at(path);
+        if (!n.IsDefined() || n.IsNull()) return {};
+        if (n.IsScalar()) return {n.Scalar()};
+        if (!n.IsSequence()) fail(path, "expected a file name or a list of them, got " + describe(n));
+        std::vector<std::string> out;
+        for (size_t i = 0; i < n.size(); ++i) out.push_back(str(path + "." + std::to_string(i), ""));
+        return out;
+    }
+
+    size_t list_size(const std::string& path) {
+        YAML::Node n = at(path);
+        if (!n.IsDefined() || n.IsNull()) return 0;
+        if (!n.IsSequence()) fail(path, "expected a list, got " + describe(n));
+        return n.size();
+    }
+
+    void expect_map(const std::string& path) {
+        YAML::Node n = at(path);
+        if (n.IsDefined() && !n.IsNull() && !n.IsMap()) fail(path, "expected a mapping of keys, got " + describe(n));
+    }
+
+    // Every key of the document must have been read.
+    void reject_unknown() { walk(root_, ""); }
+
+private:
+    static bool parse_int(const std::string& s, int64_t& v) {
+        char* end = nullptr;
+        errno = 0;
+        const long long x = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno) return false;
+        v = x;
+        return true;
+    }
+    static bool parse_double(const std::string& s, double& v) {
+        char* end = nullptr;
+        const double x = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(x)) return false;
+        v = x;
+        return true;
+    }
+    static std::string range(int64_t lo, int64_t hi) {
+        if (hi == std::numeric_limits<int64_t>::max()) return " >= " + std::to_string(lo);
+        return " in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    }
+    static std::string nrange(double lo, double hi, bool lo_open) {
+        std::ostringstream s;
+        if (hi >= 1e30) s << (lo_open ? " > " : " >= ") << lo;
+        else s << " in " << (lo_open ? "(" : "[") << lo << ", " << hi << "]";
+        return s.str();
+    }
+    void walk(const YAML::Node& n, const std::string& path) {
+        if (n.IsMap()) {
+            for (auto it = n.begin(); it != n.end(); ++it) {
+                const std::string key = it->first.Scalar();
+                const std::string child = path.empty() ? key : path + "." + key;
+                if (!visited_.count(child)) {
+                    std::string known;
+                    for (const auto& v : visited_) {
+                        const std::string pre = path.empty() ? "" : path + ".";
+                        if (v.rfind(pre, 0) == 0 && v.size() > pre.size() && v.find('.', pre.size()) == std::string::npos)
+                            known += (known.empty() ? "" : ", ") + v.substr(pre.size());
+                    }
+                    throw ConfigError(location(child, it->first) + ": " + child + ": unknown key" +
+                                      (known.empty() ? "" : " (known here: " + known + ")"));
+                }
+                walk(it->second, child);
+            }
+        } else if (n.IsSequence()) {
+            for (size_t i = 0; i < n.size(); ++i) walk(n[i], path + "." + std::to_string(i));
+        }
+    }
+
+    YAML::Node root_;
+    std::string file_;
+    std::map<std::string, std::string> set_origin_;
+    std::set<std::string> visited_;
+};
+
+// Applies "a.b.c=value" to the document, creating mappings on the way.
+void apply_set(YAML::Node root, const std::string& assignment) {
+    const size_t eq = assignment.find('=');
+    if (eq == std::string::npos || eq == 0)
+        throw ConfigError("--set " + assignment + ": expected key.path=value");
+    const std::string key = assignment.substr(0, eq);
+    YAML::Node value;
+    try {
+        value = YAML::Load(assignment.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+        throw ConfigError("--set " + assignment + ": the value is not valid YAML: " + e.msg);
+    }
+    const auto parts = split_path(key);
+    YAML::Node cur(root);
+    for (size_t i = 0; i < parts.size(); ++i) {
+        const bool last = i + 1 == parts.size();
+        if (cur.IsSequence()) {
+            if (!is_index(parts[i]) || std::stoul(parts[i]) >= cur.size())
+                throw ConfigError("--set " + assignment + ": " + key + ": '" + parts[i] + "' is not an index of the " +
+                                  std::to_string(cur.size()) + "-element list");
+            YAML::Node next = cur[std::stoul(parts[i])];
+            if (last) next = value;
+            cur.reset(next);
+        } else {
+            if (cur.IsDefined() && !cur.IsNull() && !cur.IsMap())
+                throw ConfigError("--set " + assignment + ": " + key + ": '" + parts[i] + "' is inside a value that is not a mapping");
+            YAML::Node next = cur[parts[i]];
+            if (last) next = value;
+            cur.reset(next);
+        }
+    }
+}
+
+Activation parse_activation(Reader& r, const std::string& path) {
+    const std::string a = r.choice(path, "none", {"none", "relu", "gelu"});
+    return a == "relu" ? Activation::relu : a == "gelu" ? Activation::gelu : Activation::none;
+}
+
+InitKind parse_init(Reader& r, const std::string& path, Activation act) {
+    const std::string def = act == Activation::none ? "glorot_uniform" : "he_uniform";
+    const std::string k = r.choice(path, def, {"he_uniform", "he_normal", "glorot_uniform", "glorot_normal"});
+    if (k == "he_normal") return InitKind::he_normal;
+    if (k == "glorot_uniform") return InitKind::glorot_uniform;
+    if (k == "glorot_normal") return InitKind::glorot_normal;
+    return InitKind::he_uniform;
+}
+
+}  // namespace
+
+void Config::fail(const std::string& key, const std::string& what) const {
+    auto it = where.find(key);
+    throw ConfigError((it != where.end() ? it->second : file) + ": " + key + ": " + what);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& sets) {
+    YAML::Node root;
+    try {
+        root = YAML::LoadFile(path);
+    } catch (const YAML::BadFile&) {
+        throw ConfigError(path + ": cannot read the configuration file");
+    } catch (const YAML::ParserException& e) {
+        throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+    }
+    if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    if (!root.IsMap()) throw ConfigError(path + ":1: expected a mapping of sections (run, strategy, data, model, ...)");
+    std::map<std::string, std::string> set_origin;
+    for (const auto& s : sets) {
+        apply_set(root, s);
+        set_origin[s.substr(0, s.find('='))] = "--set " + s;
+    }
+    Reader r(root, path, set_origin);
+    Config c;
+    c.file = path;
+    c.base_dir = std::filesystem::path(path).parent_path().string();
+    for (const char* section : {"run", "strategy", "data", "model", "optimizer", "train", "checkpoint"})
+        r.expect_map(section);
+
+    // run
+    c.run.name = r.str("run.name", "run");
+    c.run.seed = uint64_t(r.integer("run.seed", 1, 0, std::numeric_limits<int64_t>::max()));
+    c.run.output_dir = r.str("run.output_dir", "runs/" + c.run.name);
+
+    // strategy
+    c.strategy.devices = r.str("strategy.devices", "auto");
+    c.strategy.cross_device_ops = r.choice("strategy.cross_device_ops", "ring", {"ring", "nccl", "reduce_to_one"});
+    c.strategy.bucket_mb = r.number("strategy.bucket_mb", 4.0, 0.0, 1e6);
+    c.strategy.verify_every_steps = int(r.integer("strategy.verify_every_steps", 0, 0, 1 << 30));
+
+    // data
+    DataConfig& d = c.data;
+    d.dataset = r.choice("data.dataset", "idx", {"idx", "cifar10", "csv", "synthetic"});
+    d.root = r.str("data.root", d.dataset == "idx" ? "/usr/share/datasets/fashion-mnist" : ".");
+    for (const char* split : {"train", "test"}) {
+        const std::string p = std::string("data.") + split;
+        r.expect_map(p);
+        DataConfig::Split& s = split[1] == 'r' ? d.train : d.test;
+        const bool train = split[1] == 'r';
+        if (d.dataset == "idx") {
+            s.images = r.str(p + ".images", train ? "train-images-idx3-ubyte.gz" : "t10k-images-idx3-ubyte.gz");
+            s.labels = r.str(p + ".labels", train ? "train-labels-idx1-ubyte.gz" : "t10k-labels-idx1-ubyte.gz");
+        } else if (d.dataset == "cifar10") {
+            s.files = r.str_list(p + ".files");
+            if (s.files.empty())
+                s.files = train ? std::vector<std::string>{"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                                           "data_batch_4.bin", "data_batch_5.bin"}
+                                : std::vector<std::string>{"test_batch.bin"};
+        } else if (d.dataset == "csv") {
+            s.file = r.str(p + ".file", "");
+            if (s.file.empty()) r.fail(p + ".file", "required for dataset csv: the CSV file's path");
+        }
+    }
+    if (d.dataset == "csv") {
+        r.expect_map("data.csv");
+        d.csv.label_column = r.str("data.csv.label_column", "");
+        const std::string h = r.choice("data.csv.header", "auto", {"auto", "true", "false"});
+        d.csv.header = h == "auto" ? CsvOptions::Header::auto_detect : h == "true" ? CsvOptions::Header::yes : CsvOptions::Header::no;
+        const std::string delim = r.str("data.csv.delimiter", ",");
+        if (delim.size() != 1) r.fail("data.csv.delimiter", "expected one character");
+        d.csv.delimiter = delim[0];
+    }
+    if (d.dataset == "synthetic") {
+        d.input_shape = r.int_list("data.input_shape", {784}, 1, 1 << 20);
+        d.classes = int(r.integer("data.classes", 10, 2, 1 << 20));
+        d.train_samples = size_t(r.integer("data.train_samples", 60000, 1, int64_t(1) << 32));
+        d.test_samples = size_t(r.integer("data.test_samples", 10000, 1, int64_t(1) << 32));
+    }
+    {
+        YAML::Node n = r.at("data.normalize");
+        if (n.IsDefined() && n.IsMap()) {
+            d.normalize = DataConfig::Normalize::given;
+            d.normalization.mean = r.float_list("data.normalize.mean");
+            d.normalization.std = r.float_list("data.normalize.std");
+            if (d.normalization.mean.empty() || d.normalization.std.empty())
+                r.fail("data.normalize", "expected auto, none, or {mean: [...], std: [...]} with one value per channel");
+            for (size_t i = 0; i < d.normalization.std.size(); ++i)
+                if (!(d.normalization.std[i] > 0)) r.fail("data.normalize.std." + std::to_string(i), "expected a positive number");
+        } else {
+            const std::string v = r.choice("data.normalize", "auto", {"auto", "none"});
+            d.normalize = v == "none" ? DataConfig::Normalize::none : DataConfig::Normalize::auto_compute;
+        }
+    }
+    r.expect_map("data.augment");
+    d.augment.crop_padding = int(r.integer("data.augment.random_crop_padding", 0, 0, 64));
+    d.augment.horizontal_flip = r.boolean("data.augment.horizontal_flip", false);
+    d.loader_threads = int(r.integer("data.loader_threads", 2, 1, 256));
+    d.prefetch = int(r.integer("data.prefetch", 4, 1, 1024));
+    d.drop_last = r.boolean("data.drop_last", true);
+
+    // model
+    c.model.input_shape = r.int_list("model.input_shape", {}, 1, 1 << 24);
+    c.model.loss = r.choice("model.loss", "softmax_cross_entropy", {"softmax_cross_entropy"});
+    const size_t layers = r.list_size("model.layers");
+    if (layers == 0) r.fail("model.layers", "expected a list of layers, e.g. [{type: flatten}, {type: dense, units: 10}]");
+    for (size_t i = 0; i < layers; ++i) {
+        const std::string p = "model.layers." + std::to_string(i);
+        r.expect_map(p);
+        LayerSpec s;
+        const std::string type = r.choice(p + ".type", "", {"flatten", "dense", "dropout"});
+        if (type == "dense") {
+            s.type = LayerSpec::Type::dense;
+            s.units = int(r.integer(p + ".units", 0, 1, 1 << 24));
+            if (s.units == 0) r.fail(p + ".units", "required for a dense layer: a positive integer");
+            s.activation = parse_activation(r, p + ".activation");
+            s.init = parse_init(r, p + ".init", s.activation);
+            s.bias = r.boolean(p + ".bias", true);
+        } else if (type == "dropout") {
+            s.type = LayerSpec::Type::dropout;
+            s.rate = float(r.number(p + ".rate", 0.5, 0.0, 0.999));
+        }
+        c.model.layers.push_back(s);
+    }
+
+    // optimizer
+    OptimizerConfig& o = c.optimizer;
+    const std::string type = r.choice("optimizer.type", "sgd", {"sgd", "adamw"});
+    o.type = type == "adamw" ? OptimizerConfig::Type::adamw : OptimizerConfig::Type::sgd;
+    o.lr = r.number("optimizer.lr", o.type == OptimizerConfig::Type::sgd ? 0.05 : 1e-3, 0.0, 1e6, true);
+    if (o.type == OptimizerConfig::Type::sgd) {
+        o.momentum = r.number("optimizer.momentum", 0.9, 0.0, 0.9999);
+        o.nesterov = r.boolean("optimizer.nesterov", false);
+        if (o.nesterov && o.momentum == 0) r.fail("optimizer.nesterov", "needs optimizer.momentum > 0");
+    } else {
+        o.momentum = 0;
+        const auto betas = r.float_list("optimizer.betas");
+        if (!betas.empty()) {
+            if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1)
+                r.fail("optimizer.betas", "expected two numbers in [0, 1), e.g. [0.9, 0.999]");
+            o.beta1 = betas[0];
+            o.beta2 = betas[1];
+        }
+        o.eps = r.number("optimizer.eps", 1e-8, 0.0, 1.0, true);
+    }
+    o.weight_decay = r.number("optimizer.weight_decay", 0.0, 0.0, 10.0);
+    o.grad_clip_norm = r.number("optimizer.grad_clip_norm", 0.0, 0.0, 1e9);
+    o.scale_lr_with_replicas = r.boolean("optimizer.scale_lr_with_replicas", false);
+    r.expect_map("optimizer.schedule");
+    const std::string st = r.choice("optimizer.schedule.type", "constant", {"constant", "step", "cosine"});
+    o.schedule.type = st == "cosine" ? ScheduleConfig::Type::cosine
+                      : st == "step" ? ScheduleConfig::Type::step
+                                     : ScheduleConfig::Type::constant;
+    o.schedule.warmup_steps = r.integer("optimizer.schedule.warmup_steps", 0, 0, int64_t(1) << 40);
+    if (o.schedule.type == ScheduleConfig::Type::step) {
+        o.schedule.step_size = r.integer("optimizer.schedule.step_size", 1000, 1, int64_t(1) << 40);
+        o.schedule.gamma = r.number("optimizer.schedule.gamma", 0.1, 0.0, 1.0, true);
+    }
+    if (o.schedule.type == ScheduleConfig::Type::cosine)
+        o.schedule.min_lr_ratio = r.number("optimizer.schedule.min_lr_ratio", 0.0, 0.0, 1.0);
+
+    // train
+    TrainConfig& t = c.train;
+    t.epochs = r.integer("train.epochs", 10, 0, int64_t(1) << 30);
+    t.steps = r.integer("train.steps", 0, 0, int64_t(1) << 40);
+    if (t.epochs == 0 && t.steps == 0) r.fail("train.epochs", "set train.epochs or train.steps to a positive number");
+    t.global_batch_size = int(r.integer("train.global_batch_size", 128, 1, 1 << 24));
+    t.grad_accumulation_steps = int(r.integer("train.grad_accumulation_steps", 1, 1, 1 << 16));
+    t.precision = r.choice("train.precision", "fp32", {"fp32", "tf32"});
+    t.eval_every_epochs = r.integer("train.eval_every_epochs", 1, 0, int64_t(1) << 30);
+    t.log_every_steps = r.integer("train.log_every_steps", 100, 1, int64_t(1) << 30);
+    c.strategy.tf32 = t.precision == "tf32";
+
+    // checkpoint
+    c.checkpoint.every_steps = r.integer("checkpoint.every_steps", 1000, 0, int64_t(1) << 40);
+    c.checkpoint.every_epochs = r.integer("checkpoint.every_epochs", 0, 0, int64_t(1) << 30);
+    c.checkpoint.keep = int(r.integer("checkpoint.keep", 3, 1, 1000));
+    c.checkpoint.resume = r.str("checkpoint.resume", "auto");
+
+    r.reject_unknown();
+    c.where = std::move(r.where);
+    return c;
+}
+
+std::string config_to_yaml(const Config& c) {
+    YAML::Emitter e;
+    auto flow_list = [&](const auto& v) {
+        e << YAML::Flow << YAML::BeginSeq;
+        for (const auto& x : v) e << x;
+        e << YAML::EndSeq;
+    };
+    e << YAML::BeginMap;
+    e << YAML::Key << "run" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "name" << YAML::Value << c.run.name << YAML::Key << "seed" << YAML::Value << c.run.seed;
+    e << YAML::Key << "output_dir" << YAML::Value << c.run.output_dir << YAML::EndMap;
+
+    e << YAML::Key << "strategy" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "devices" << YAML::Value << c.strategy.devices;
+    e << YAML::Key << "cross_device_ops" << YAML::Value << c.strategy.cross_device_ops;
+    e << YAML::Key << "bucket_mb" << YAML::Value << c.strategy.bucket_mb;
+    e << YAML::Key << "verify_every_steps" << YAML::Value << c.strategy.verify_every_steps << YAML::EndMap;
+
+    const DataConfig& d = c.data;
+    e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "dataset" << YAML::Value << d.dataset << YAML::Key << "root" << YAML::Value << d.root;
+    for (int i = 0; i < 2; ++i) {
+        const DataConfig::Split& s = i == 0 ? d.train : d.test;
+        e << YAML::Key << (i == 0 ? "train" : "test") << YAML::Value << YAML::BeginMap;
+        if (d.dataset == "idx") {
+            e << YAML::Key << "images" << YAML::Value << s.images << YAML::Key << "labels" << YAML::Value << s.labels;
+        } else if (d.dataset == "cifar10") {
+            e << YAML::Key << "files" << YAML::Value;
+            flow_list(s.files);
+        } else if (d.dataset == "csv") {
+            e << YAML::Key << "file" << YAML::Value << s.file;
+        }
+        e << YAML::EndMap;
+    }
+    if (d.dataset == "csv") {
+        e << YAML::Key << "csv" << YAML::Value << YAML::BeginMap;
+        e << YAML::Key << "label_column" << YAML::Value << d.csv.label_column;
+        e << YAML::Key << "header" << YAML::Value
+          << (d.csv.header == CsvOptions::Header::auto_detect ? "auto" : d.csv.header == CsvOptions::Header::yes ? "true" : "false");
+        e << YAML::Key << "delimiter" << YAML::Value << std::string(1, d.csv.delimiter) << YAML::EndMap;
+    }
+    if (d.dataset == "synthetic") {
+        e << YAML::Key << "input_shape" << YAML::Value;
+        flow_list(d.input_shape);
+        e << YAML::Key << "classes" << YAML::Value << d.classes;
+        e << YAML::Key << "train_samples" << YAML::Value << d.train_samples;
+        e << YAML::Key << "test_samples" << YAML::Value << d.test_samples;
+    }
+    e << YAML::Key << "normalize" << YAML::Value;
+    if (d.normalize == DataConfig::Normalize::given) {
+        e << YAML::BeginMap << YAML::Key << "mean" << YAML::Value;
+        flow_list(d.normalization.mean);
+        e << YAML::Key << "std" << YAML::Value;
+        flow_list(d.normalization.std);
+        e << YAML::EndMap;
+    } else {
+        e << (d.normalize == DataConfig::Normalize::none ? "none" : "auto");
+    }
+    e << YAML::Key << "augment" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    e << YAML::Key << "random_crop_padding" << YAML::Value << d.augment.crop_padding;
+    e << YAML::Key << "horizontal_flip" << YAML::Value << d.augment.horizontal_flip << YAML::EndMap;
+    e << YAML::Key << "loader_threads" << YAML::Value << d.loader_threads;
+    e << YAML::Key << "prefetch" << YAML::Value << d.prefetch;
+    e << YAML::Key << "drop_last" << YAML::Value << d.drop_last << YAML::EndMap;
+
+    e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+    if (!c.model.input_shape.empty()) {
+        e << YAML::Key << "input_shape" << YAML::Value;
+        flow_list(c.model.input_shape);
+    }
+    e << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
+    for (const LayerSpec& l : c.model.layers) {
+        e << YAML::Flow << YAML::BeginMap << YAML::Key << "type" << YAML::Value << layer_type_name(l.type);
+        if (l.type == LayerSpec::Type::dense) {
+            e << YAML::Key << "units" << YAML::Value << l.units;
+            e << YAML::Key << "activation" << YAML::Value << activation_name(l.activation);
+            e << YAML::Key << "init" << YAML::Value << init_kind_name(l.init);
+            e << YAML::Key << "bias" << YAML::Value << l.bias;
+        }
+        if (l.type == LayerSpec::Type::dropout) e << YAML::Key << "rate" << YAML::Value << l.rate;
+        e << YAML::EndMap;
+    }
+    e << YAML::EndSeq << YAML::Key << "loss" << YAML::Value << c.model.loss << YAML::EndMap;
+
+    const OptimizerConfig& o = c.optimizer;
+    const bool sgd = o.type == OptimizerConfig::Type::sgd;
+    e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "type" << YAML::Value << (sgd ? "sgd" : "adamw");
+    e << YAML::Key << "lr" << YAML::Value << o.lr;
+    if (sgd) {
+        e << YAML::Key << "momentum" << YAML::Value << o.momentum;
+        e << YAML::Key << "nesterov" << YAML::Value << o.nesterov;
+    } else {
+        e << YAML::Key << "betas" << YAML::Value;
+        flow_list(std::vector<double>{o.beta1, o.beta2});
+        e << YAML::Key << "eps" << YAML::Value << o.eps;
+    }
+    e << YAML::Key << "weight_decay" << YAML::Value << o.weight_decay;
+    e << YAML::Key << "grad_clip_norm" << YAML::Value << o.grad_clip_norm;
+    e << YAML::Key << "scale_lr_with_replicas" << YAML::Value << o.scale_lr_with_replicas;
+    const char* st = o.schedule.type == ScheduleConfig::Type::cosine ? "cosine"
+                     : o.schedule.type == ScheduleConfig::Type::step ? "step"
+                                                                      : "constant";
+    e << YAML::Key << "schedule" << YAML::Value << YAML::Flow << YAML::BeginMap;
+    e << YAML::Key << "type" << YAML::Value << st << YAML::Key << "warmup_steps" << YAML::Value << o.schedule.warmup_steps;
+    if (o.schedule.type == ScheduleConfig::Type::step)
+        e << YAML::Key << "step_size" << YAML::Value << o.schedule.step_size << YAML::Key << "gamma" << YAML::Value << o.schedule.gamma;
+    if (o.schedule.type == ScheduleConfig::Type::cosine)
+        e << YAML::Key << "min_lr_ratio" << YAML::Value << o.schedule.min_lr_ratio;
+    e << YAML::EndMap << YAML::EndMap;
+
+    const TrainConfig& t = c.train;
+    e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "epochs" << YAML::Value << t.epochs << YAML::Key << "steps" << YAML::Value << t.steps;
+    e << YAML::Key << "global_batch_size" << YAML::Value << t.global_batch_size;
+    e << YAML::Key << "grad_accumulation_steps" << YAML::Value << t.grad_accumulation_steps;
+    e << YAML::Key << "precision" << YAML::Value << t.precision;
+    e << YAML::Key << "eval_every_epochs" << YAML::Value << t.eval_every_epochs;
+    e << YAML::Key << "log_every_steps" << YAML::Value << t.log_every_steps << YAML::EndMap;
+
+    e << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;
+    e << YAML::Key << "every_epochs" << YAML::Value << c.checkpoint.every_epochs;
+    e << YAML::Key << "keep" << YAML::Value << c.checkpoint.keep;
+    e << YAML::Key << "resume" << YAML::Value << c.checkpoint.resume << YAML::EndMap;
+    e << YAML::EndMap;
+    return std::string(e.c_str()) + "\n";
+}
+
+std::string model_config_summary(const Config& c) {
+    std::ostringstream s;
+    s << "input";
+    for (int d : c.model.input_shape) s << " " << d;
+    for (const LayerSpec& l : c.model.layers) {
+        s << " | " << layer_type_name(l.type);
+        if (l.type == LayerSpec::Type::dense) s << " " << l.units << " " << activation_name(l.activation) << (l.bias ? "" : " nobias");
+        if (l.type == LayerSpec::Type::dropout) s << " " << l.rate;
+    }
+    s << " | optimizer " << (c.optimizer.type == OptimizerConfig::Type::adamw ? "adamw" : c.optimizer.momentum != 0 ? "sgd+momentum" : "sgd");
+    return s.str();
+}
+
+uint64_t model_config_hash(const Config& c) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+    for (unsigned char ch : model_config_summary(c)) {
+        h ^= ch;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+}  // namespace mirrored

@@ -1,0 +1,76 @@
+// Run configuration: YAML file + --set overrides -> a validated Config.
+//
+// Every key, its type, range and default is read in exactly one place (config.cpp); unknown
+// keys, wrong types and out-of-range values are rejected before any work with
+//   error: <file>:<line>: <key.path>: <what is expected>
+// (or "--set <key.path>=<value>" in place of file:line for command-line overrides).
+// `mirrored train CONFIG --print-config` prints the resolved configuration, defaults included.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/datasets.h"
+#include "mirrored/model.h"
+#include "mirrored/optimizer.h"
+#include "mirrored/strategy.h"
+
+namespace mirrored {
+
+struct RunConfig {
+    std::string name = "run";
+    uint64_t seed = 1;
+    std::string output_dir;  // default runs/<name>
+};
+
+struct ModelConfig {
+    std::vector<int> input_shape;  // empty: the dataset's sample shape
+    std::vector<LayerSpec> layers;
+    std::string loss = "softmax_cross_entropy";
+};
+
+struct TrainConfig {
+    int64_t epochs = 10;
+    int64_t steps = 0;  // > 0 overrides epochs
+    int global_batch_size = 128;
+    int grad_accumulation_steps = 1;
+    std::string precision = "fp32";  // fp32 | tf32
+    int64_t eval_every_epochs = 1;
+    int64_t log_every_steps = 100;
+};
+
+struct CheckpointConfig {
+    int64_t every_steps = 1000;  // 0: off
+    int64_t every_epochs = 0;    // 0: off
+    int keep = 3;
+    std::string resume = "auto";  // auto | never | PATH
+};
+
+struct Config {
+    RunConfig run;
+    StrategyConfig strategy;
+    DataConfig data;
+    ModelConfig model;
+    OptimizerConfig optimizer;
+    TrainConfig train;
+    CheckpointConfig checkpoint;
+
+    std::string file;      // the YAML file
+    std::string base_dir;  // its folder: relative data.root is resolved against it
+    std::map<std::string, std::string> where;  // key path -> "file:line" or "--set ..."
+
+    // A ConfigError for a check that needs more than the file (e.g. the data's shape).
+    [[noreturn]] void fail(const std::string& key, const std::string& what) const;
+};
+
+// Loads and validates. `sets` are "key.path=value" overrides (value parsed as YAML).
+Config load_config(const std::string& path, const std::vector<std::string>& sets);
+// The resolved configuration as YAML (every key, defaults included).
+std::string config_to_yaml(const Config& c);
+// Hash of what decides whether a checkpoint fits: architecture and optimizer state layout.
+uint64_t model_config_hash(const Config& c);
+std::string model_config_summary(const Config& c);  // human-readable form of the same
+
+}  // namespace mirrored

@@ -1,0 +1,41 @@
+// Commands besides train/eval/export: the device report and the benchmarks.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace mirrored {
+
+// `mirrored devices`: GPUs, peer-access matrix, links, versions; or the CPU when there is none.
+int print_devices();
+
+struct LoaderBenchOptions {
+    std::string config;          // a YAML config whose data section is used; empty: Fashion-MNIST
+    std::vector<int> threads{1, 2};
+    int batch = 512;
+    double seconds = 2.0;        // per measurement
+    std::string json_path;
+};
+int bench_loader(const LoaderBenchOptions& o);
+
+struct AllReduceBenchOptions {
+    std::string devices = "auto";
+    std::string op = "ring";
+    size_t min_bytes = 4096, max_bytes = size_t(64) << 20;
+    int iters = 0;               // 0: chosen per size
+    std::string json_path;
+};
+int bench_allreduce(const AllReduceBenchOptions& o);
+
+struct StepBenchOptions {
+    std::string config = "configs/synthetic_mlp.yaml";
+    std::vector<std::string> sets;
+    std::vector<std::string> devices;  // each measured in turn, e.g. cpu:1 cpu:2
+    int steps = 50, warmup = 5;
+    std::string json_path;
+};
+// Training-step throughput of a config for each device list: the scaling test.
+int bench_step(const StepBenchOptions& o);
+
+}  // namespace mirrored

@@ -1,0 +1,499 @@
+#include "mirrored/trainer.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kernels/error.h"
+#include "mirrored/checkpoint.h"
+#include "mirrored/strategy.h"
+
+namespace mirrored {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::atomic<int> g_signals{0};
+
+void on_signal(int) {
+    if (g_signals.fetch_add(1) >= 1) _exit(kExitInterrupted);  // second signal: at once
+}
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string hex64(uint64_t v) {
+    char b[20];
+    std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+    return b;
+}
+
+std::string shape_str(const std::vector<int>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+}
+
+std::string duration_str(double s) {
+    if (!std::isfinite(s) || s < 0) return "?";
+    char b[32];
+    const long t = long(s + 0.5);
+    if (t >= 3600) std::snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) std::snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
+    else std::snprintf(b, sizeof b, "%lds", t);
+    return b;
+}
+
+void check_model_against_data(Config& cfg, const Datasets& data) {
+    const auto& shape = data.train.shape;
+    if (cfg.model.input_shape.empty()) cfg.model.input_shape = shape;
+    else if (cfg.model.input_shape != shape) {
+        size_t a = 1, b = 1;
+        for (int d : cfg.model.input_shape) a *= size_t(d);
+        for (int d : shape) b *= size_t(d);
+        cfg.fail("model.input_shape", shape_str(cfg.model.input_shape) + " does not match the dataset's samples " +
+                                          shape_str(shape) + (a == b ? " (same size, other layout)" : ""));
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data,
+                                      bool with_train_loader) {
+    auto s = std::make_unique<Session>();
+    s->cfg = config;
+    Config& cfg = s->cfg;
+    s->data = data ? std::move(data)
+                   : std::make_shared<const Datasets>(load_datasets(cfg.data, cfg.base_dir, cfg.run.seed));
+    check_model_against_data(cfg, *s->data);
+    s->model = std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed);
+    const int classes = s->data->train.classes;
+    if (s->model->output_features() < classes) {
+        size_t last = cfg.model.layers.size() - 1;
+        while (last > 0 && cfg.model.layers[last].type != LayerSpec::Type::dense) --last;
+        cfg.fail("model.layers." + std::to_string(last) + ".units",
+                 "the model has " + std::to_string(s->model->output_features()) + " outputs, but the labels of " +
+                     s->data->train.name + " need " + std::to_string(classes) + " classes");
+    }
+    s->strategy = std::make_unique<MirroredStrategy>(cfg.strategy, *s->model, cfg.optimizer, cfg.train.global_batch_size,
+                                                     cfg.train.grad_accumulation_steps);
+    const int n = s->strategy->replicas();
+    LoaderOptions lo;
+    lo.global_batch = cfg.train.global_batch_size;
+    lo.threads = cfg.data.loader_threads;
+    lo.prefetch = cfg.data.prefetch;
+    lo.seed = cfg.run.seed;
+    lo.consumers = n;
+    if (with_train_loader) {
+        lo.drop_last = cfg.data.drop_last;
+        lo.augment = cfg.data.augment;
+        s->train_loader = std::make_unique<Loader>(s->data->train, lo, s->strategy->host_allocator());
+    }
+    lo.drop_last = false;
+    lo.shuffle = false;
+    lo.augment = {};
+    s->test_loader = std::make_unique<Loader>(s->data->test, lo, s->strategy->host_allocator());
+    return s;
+}
+
+namespace {
+
+// A finite-parameters check before anything is saved: a NaN must never overwrite good state.
+bool all_finite(const std::vector<float>& v) {
+    for (float x : v)
+        if (!std::isfinite(x)) return false;
+    return true;
+}
+
+class Run {
+public:
+    explicit Run(const Config& config) : s_(make_session(config)), cfg_(s_->cfg) {
+        out_dir_ = cfg_.run.output_dir;
+        ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
+        tty_ = ::isatty(1);
+    }
+
+    int run();
+
+private:
+    void print_header();
+    void prepare_output();
+    void resume_or_init();
+    void log_train(int64_t step, float lr);
+    void evaluate(int64_t step, double epoch);
+    void save_checkpoint(int64_t step);
+    void write_summary(const std::string& status);
+    void alert(const std::string& kind, const std::string& text);
+    void emit(const json& record);
+    void status_line(const std::string& line, bool final_line);
+
+    std::unique_ptr<Session> s_;
+    Config& cfg_;
+    std::string out_dir_, ckpt_dir_;
+    std::ofstream metrics_;
+    bool tty_ = false;
+    int64_t total_steps_ = 0, step_ = 0;
+    std::optional<int64_t> resumed_from_;
+    Metrics last_train_, last_eval_;
+    int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
+    double wall_start_ = 0, train_time_ = 0, interval_start_ = 0, interval_wait_ = 0;
+    double interval_excluded_ = 0;  // evaluation and checkpoint time inside a log interval
+    int64_t interval_steps_ = 0, samples_done_ = 0;
+    double samples_per_sec_ = 0;
+    TimeSplit split_, interval_split_;
+    std::map<std::string, double> last_alert_;
+    bool pending_log_ = false;
+    int64_t pending_step_ = 0;
+    float pending_lr_ = 0;
+};
+
+void Run::status_line(const std::string& line, bool final_line) {
+    if (tty_) std::printf("\r\033[K%s%s", line.c_str(), final_line ? "\n" : "");
+    else std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+}
+
+void Run::emit(const json& record) {
+    metrics_ << record.dump() << "\n";
+    metrics_.flush();
+}
+
+void Run::alert(const std::string& kind, const std::string& text) {
+    const double t = now_s();
+    auto it = last_alert_.find(kind);
+    if (it != last_alert_.end() && t - it->second < 300.0) return;  // at most every 5 minutes
+    last_alert_[kind] = t;
+    if (tty_) std::printf("\r\033[K");
+    std::fprintf(stderr, "alert: %s: %s\n", kind.c_str(), text.c_str());
+    emit({{"type", "alert"}, {"step", step_}, {"kind", kind}, {"message", text}});
+}
+
+void Run::print_header() {
+    MirroredStrategy& st = *s_->strategy;
+    std::printf("mirrored: run '%s' on %d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n", cfg_.run.name.c_str(),
+                st.replicas(), st.device_type() == DeviceType::cuda ? "CUDA" : "CPU", st.devices().describe().c_str(),
+                st.cross_device_ops_name(), st.buckets().size());
+    if (st.device_type() == DeviceType::cpu && cuda_device_count() == 0)
+        std::printf("  no GPU: %s; training on CPU replicas\n", cuda_unavailable_reason().c_str());
+    for (int r = 0; r < st.replicas(); ++r)
+        if (r == 0 || st.device_type() == DeviceType::cuda)
+            std::printf("  replica %d: %s\n", r, st.replica(r).device->description().c_str());
+    const std::string topo = st.topology_report();
+    if (!topo.empty()) std::printf("  %s", topo.c_str());
+    std::printf("  data: %s, %zu train / %zu test samples of %s, %d classes; global batch %d (%d per replica%s), %lld steps per epoch\n",
+                cfg_.data.dataset.c_str(), s_->data->train.count(), s_->data->test.count(),
+                shape_str(s_->data->train.shape).c_str(), s_->data->train.classes, cfg_.train.global_batch_size,
+                cfg_.train.global_batch_size / st.replicas(),
+                cfg_.train.grad_accumulation_steps > 1 ? (", " + std::to_string(cfg_.train.grad_accumulation_steps) + " micro-batches").c_str() : "",
+                static_cast<long long>(s_->train_loader->batches_per_epoch()));
+    std::printf("  model:\n%s", s_->model->summary().c_str());
+    std::printf("  output: %s\n", out_dir_.c_str());
+    std::fflush(stdout);
+}
+
+void Run::prepare_output() {
+    std::error_code ec;
+    fs::create_directories(ckpt_dir_, ec);
+    if (ec) throw ConfigError(cfg_.file + ": run.output_dir: cannot create " + ckpt_dir_ + ": " + ec.message());
+}
+
+void Run::resume_or_init() {
+    MirroredStrategy& st = *s_->strategy;
+    const uint64_t hash = model_config_hash(cfg_);
+    const std::string summary = model_config_summary(cfg_);
+    std::vector<std::string> candidates;
+    const bool explicit_path = cfg_.checkpoint.resume != "auto" && cfg_.checkpoint.resume != "never";
+    if (cfg_.checkpoint.resume == "auto") candidates = list_checkpoints(ckpt_dir_);
+    else if (explicit_path) candidates = {cfg_.checkpoint.resume};
+    std::optional<CheckpointData> ckpt;
+    for (const auto& path : candidates) {
+        try {
+            ckpt = read_checkpoint(path, *s_->model, hash, summary);
+            std::printf("  resuming from %s (step %lld)\n", path.c_str(), static_cast<long long>(ckpt->step));
+            break;
+        } catch (const ForeignCheckpointError&) {
+            throw;
+        } catch (const CheckpointError& e) {
+            if (explicit_path) throw;
+            std::fprintf(stderr, "warning: skipping unusable checkpoint: %s\n", e.what());
+        }
+    }
+    const fs::path metrics_path = fs::path(out_dir_) / "metrics.jsonl";
+    if (!ckpt) {
+        // A fresh start never deletes an earlier run's results: they move aside.
+        std::vector<fs::path> old;
+        for (const auto& p : list_checkpoints(ckpt_dir_)) old.emplace_back(p);
+        for (const char* f : {"metrics.jsonl", "summary.json"})
+            if (fs::exists(fs::path(out_dir_) / f)) old.push_back(fs::path(out_dir_) / f);
+        if (!old.empty()) {
+            char stamp[32];
+            const std::time_t t = std::time(nullptr);
+            std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
+            const fs::path aside = fs::path(out_dir_) / (std::string("previous-") + stamp);
+            fs::create_directories(aside);
+            for (const auto& p : old) fs::rename(p, aside / p.filename());
+            std::printf("  starting fresh; the earlier run's files moved to %s\n", aside.string().c_str());
+        }
+        st.init_and_broadcast();
+        s_->train_loader->start({0, 0});
+        step_ = 0;
+        metrics_.open(metrics_path, std::ios::trunc);
+        return;
+    }
+    if (ckpt->seed != cfg_.run.seed)
+        throw ForeignCheckpointError(candidates.front() + ": written with run.seed " + std::to_string(ckpt->seed) +
+                                     ", this run uses " + std::to_string(cfg_.run.seed));
+    if (ckpt->replicas != st.replicas())
+        std::printf("  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
+                    "correctly, but not bit-identically to an uninterrupted run\n", ckpt->replicas, st.replicas());
+    st.upload_state(ckpt->params, ckpt->optimizer);
+    st.restore_train_metrics(ckpt->train_metrics);
+    s_->train_loader->start(ckpt->loader);
+    step_ = ckpt->step;
+    resumed_from_ = ckpt->step;
+    last_ckpt_step_ = ckpt->step;
+    // Keep the metrics of the steps the checkpoint covers; later lines are replayed.
+    std::string kept;
+    if (std::ifstream in(metrics_path); in) {
+        std::string line;
+        while (std::getline(in, line)) {
+            try {
+                const json j = json::parse(line);
+                if (j.value("step", int64_t(0)) <= ckpt->step) kept += line + "\n";
+            } catch (const json::exception&) {
+                // a line cut short by the crash
+            }
+        }
+    }
+    write_file_atomic(metrics_path.string(), kept);
+    metrics_.open(metrics_path, std::ios::app);
+}
+
+void Run::log_train(int64_t step, float lr) {
+    MirroredStrategy& st = *s_->strategy;
+    last_train_ = st.take_train_metrics();
+    const double t = now_s();
+    const double interval = std::max(t - interval_start_ - interval_excluded_, 1e-9);
+    const double wait = s_->train_loader->wait_seconds() - interval_wait_;
+    st.collect_timing(interval_split_, interval_steps_);
+    interval_split_.data_wait_s = wait;
+    split_.data_wait_s += wait;
+    split_.compute_s += interval_split_.compute_s;
+    split_.comm_s += interval_split_.comm_s;
+    const double sps = double(interval_steps_) * cfg_.train.global_batch_size / interval;
+    samples_per_sec_ = sps;
+    const double loss = last_train_.loss();
+    if (!std::isfinite(loss))
+        throw Error(kExitDiverged, "training diverged: the loss is " + std::to_string(loss) + " at step " +
+                                       std::to_string(step) + " (lr " + std::to_string(lr) +
+                                       "); lower optimizer.lr or set optimizer.grad_clip_norm" +
+                                       (last_ckpt_step_ >= 0 ? "; the last checkpoint is at step " + std::to_string(last_ckpt_step_) : ""));
+    const double bpe = double(s_->train_loader->batches_per_epoch());
+    const double busy = interval_split_.compute_s + interval_split_.comm_s + interval_split_.data_wait_s;
+    const double f_data = busy > 0 ? interval_split_.data_wait_s / busy : 0;
+    const double f_comm = busy > 0 ? interval_split_.comm_s / busy : 0;
+    const double f_compute = busy > 0 ? interval_split_.compute_s / busy : 0;
+    emit({{"type", "train"}, {"step", step}, {"epoch", double(step) / bpe}, {"loss", loss},
+          {"accuracy", last_train_.accuracy()}, {"lr", lr}, {"samples_per_sec", sps},
+          {"time_split", {{"data_wait", f_data}, {"compute", f_compute}, {"comm", f_comm}}}});
+    const double eta = (total_steps_ - step) * cfg_.train.global_batch_size / std::max(sps, 1e-9);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "epoch %lld/%.0f  step %lld/%lld  loss %.4f  acc %.3f  lr %.3g  %.0f samples/s  ETA %s  "
+                  "[data %.0f%% compute %.0f%% comm %.0f%%]",
+                  static_cast<long long>((step - 1) / (int64_t)bpe) + 1, std::ceil(total_steps_ / bpe),
+                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, last_train_.accuracy(),
+                  double(lr), sps, duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
+    status_line(line, false);
+    if (f_data > 0.10)
+        alert("input-bound", std::to_string(int(100 * f_data)) + "% of step time waits for data: raise "
+              "data.loader_threads (now " + std::to_string(cfg_.data.loader_threads) + ") or data.prefetch (now " +
+              std::to_string(cfg_.data.prefetch) + ")");
+    if (f_comm > 0.30)
+        alert("communication-bound", std::to_string(int(100 * f_comm)) + "% of step time is communication not "
+              "hidden behind compute: use a larger per-replica batch or tune strategy.bucket_mb (now " +
+              std::to_string(cfg_.strategy.bucket_mb) + ")");
+    interval_start_ = t;
+    interval_excluded_ = 0;
+    interval_wait_ = s_->train_loader->wait_seconds();
+    interval_steps_ = 0;
+    interval_split_ = {};
+}
+
+void Run::evaluate(int64_t step, double epoch) {
+    const double t0 = now_s();
+    last_eval_ = s_->strategy->evaluate(*s_->test_loader);
+    last_eval_step_ = step;
+    emit({{"type", "eval"}, {"step", step}, {"epoch", epoch}, {"test_loss", last_eval_.loss()},
+          {"test_accuracy", last_eval_.accuracy()}, {"samples", last_eval_.count}});
+    char line[160];
+    std::snprintf(line, sizeof line, "eval  epoch %.2f  step %lld  test loss %.4f  test accuracy %.4f  (%.1fs)", epoch,
+                  static_cast<long long>(step), last_eval_.loss(), last_eval_.accuracy(), now_s() - t0);
+    status_line(line, true);
+}
+
+void Run::save_checkpoint(int64_t step) {
+    MirroredStrategy& st = *s_->strategy;
+    CheckpointData d;
+    d.step = step;
+    d.loader = s_->train_loader->position();
+    d.seed = cfg_.run.seed;
+    d.train_metrics = st.peek_train_metrics();
+    d.params = st.download_params();
+    if (!all_finite(d.params))
+        throw Error(kExitDiverged, "training diverged: parameters are not finite at step " + std::to_string(step) +
+                                       "; no checkpoint was written" +
+                                       (last_ckpt_step_ >= 0 ? " (the last good one is at step " + std::to_string(last_ckpt_step_) + ")" : ""));
+    d.optimizer = st.download_optimizer_state();
+    d.model_hash = model_config_hash(cfg_);
+    d.model_summary = model_config_summary(cfg_);
+    d.config_yaml = config_to_yaml(cfg_);
+    d.replicas = st.replicas();
+    d.devices = st.devices().describe();
+    write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
+    prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep);
+    last_ckpt_step_ = step;
+}
+
+void Run::write_summary(const std::string& status) {
+    MirroredStrategy& st = *s_->strategy;
+    json checks = json::array();
+    for (int r = 0; r < st.replicas(); ++r) checks.push_back(hex64(st.checksum(r)));
+    const double bpe = double(s_->train_loader->batches_per_epoch());
+    json j = {
+        {"status", status},
+        {"name", cfg_.run.name},
+        {"test_accuracy", last_eval_step_ >= 0 ? json(last_eval_.accuracy()) : json(nullptr)},
+        {"test_loss", last_eval_step_ >= 0 ? json(last_eval_.loss()) : json(nullptr)},
+        {"train_loss", last_train_.count > 0 ? json(last_train_.loss()) : json(nullptr)},
+        {"train_accuracy", last_train_.count > 0 ? json(last_train_.accuracy()) : json(nullptr)},
+        {"epochs", double(step_) / bpe},
+        {"steps", step_},
+        {"global_batch_size", cfg_.train.global_batch_size},
+        {"replicas", st.replicas()},
+        {"devices", st.devices().describe()},
+        {"device_type", st.device_type() == DeviceType::cuda ? "cuda" : "cpu"},
+        {"cross_device_ops", st.cross_device_ops_name()},
+        {"parameters", s_->model->param_count()},
+        {"samples_per_sec", train_time_ > 0 ? double(samples_done_) / train_time_ : 0.0},
+        {"wall_time_s", now_s() - wall_start_},
+        {"train_time_s", train_time_},
+        {"time_split", {{"data_wait_s", split_.data_wait_s}, {"compute_s", split_.compute_s}, {"comm_s", split_.comm_s}}},
+        {"replica_checksums", checks},
+        {"resumed_from_step", resumed_from_ ? json(*resumed_from_) : json(nullptr)},
+        {"last_checkpoint_step", last_ckpt_step_ >= 0 ? json(last_ckpt_step_) : json(nullptr)},
+    };
+    write_file_atomic((fs::path(out_dir_) / "summary.json").string(), j.dump(2) + "\n");
+}
+
+int Run::run() {
+    wall_start_ = now_s();
+    prepare_output();
+    print_header();
+    resume_or_init();
+    write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
+    MirroredStrategy& st = *s_->strategy;
+    Loader& loader = *s_->train_loader;
+    const int64_t bpe = loader.batches_per_epoch();
+    total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps : cfg_.train.epochs * bpe;
+    const int64_t log_every = cfg_.train.log_every_steps;
+    interval_start_ = now_s();
+    interval_wait_ = loader.wait_seconds();
+    double loop_start = now_s();
+    int exit_code = kExitOk;
+    while (step_ < total_steps_) {
+        const Batch& batch = loader.next();
+        const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, st.replicas()));
+        const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;
+        st.train_step(batch, loader, step_, lr, cfg_.run.seed, log_now);
+        ++step_;
+        ++interval_steps_;
+        samples_done_ += batch.rows;
+        if (pending_log_) {  // the previous log step's metrics, read after the next step was issued
+            log_train(pending_step_, pending_lr_);
+            pending_log_ = false;
+        }
+        if (log_now) {
+            st.request_train_metrics();
+            pending_log_ = true;
+            pending_step_ = step_;
+            pending_lr_ = lr;
+        }
+        const bool epoch_end = loader.position().batch == 0;
+        const int64_t epochs_done = loader.position().epoch;
+        const bool last = step_ == total_steps_;
+        const bool stop = g_signals.load() > 0;
+        const bool do_eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
+        const bool do_ckpt = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
+                             (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||
+                             last || stop;
+        if (pending_log_ && (do_eval || do_ckpt)) {
+            log_train(pending_step_, pending_lr_);
+            pending_log_ = false;
+        }
+        if (do_eval || do_ckpt) {  // evaluation and saving are not training throughput
+            const double pause = now_s();
+            train_time_ += pause - loop_start;
+            if (do_eval) evaluate(step_, double(step_) / double(bpe));
+            if (do_ckpt) save_checkpoint(step_);
+            loop_start = now_s();
+            interval_excluded_ += loop_start - pause;
+        }
+        if (stop) {
+            if (tty_) std::printf("\n");
+            std::printf("interrupted: checkpoint written at step %lld; run again to resume\n", static_cast<long long>(step_));
+            exit_code = kExitInterrupted;
+            break;
+        }
+    }
+    if (pending_log_) log_train(pending_step_, pending_lr_);
+    loader.stop();
+    write_summary(exit_code == kExitOk ? "completed" : "interrupted");
+    if (exit_code == kExitOk) {
+        std::printf("done: %lld steps, test accuracy %.4f, test loss %.4f, %.0f samples/s, %s; results in %s\n",
+                    static_cast<long long>(step_), last_eval_.accuracy(), last_eval_.loss(),
+                    train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
+                    out_dir_.c_str());
+    }
+    return exit_code;
+}
+
+}  // namespace
+
+void install_signal_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
+int run_training(const Config& config) {
+    g_signals = 0;
+    Run run(config);
+    return run.run();
+}
+
+EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint) {
+    auto s = make_session(config, nullptr, false);
+    const CheckpointData d = read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));
+    s->strategy->upload_state(d.params, d.optimizer);
+    const Metrics m = s->strategy->evaluate(*s->test_loader);
+    return {m.loss(), m.accuracy(), size_t(m.count), d.step};
+}
+
+}  // namespace mirrored

@@ -1,0 +1,44 @@
+// The trainer: one configured run from data to summary, with live progress, evaluation,
+// checkpoints, exact resume and signal handling. Exit codes are those of kernels/error.h.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "data/datasets.h"
+#include "data/loader.h"
+#include "mirrored/config.h"
+#include "mirrored/model.h"
+#include "mirrored/strategy.h"
+
+namespace mirrored {
+
+// Everything a run needs that follows from the config and the data: the model checked against
+// the data, the strategy with its replicas, and the loaders.
+struct Session {
+    Config cfg;  // with model.input_shape filled in from the data
+    std::shared_ptr<const Datasets> data;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<MirroredStrategy> strategy;
+    std::unique_ptr<Loader> train_loader, test_loader;
+};
+// data: already loaded datasets to reuse (else loaded from cfg.data).
+std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data = nullptr,
+                                      bool with_train_loader = true);
+
+// Trains; returns the process exit code (0, or 130 after SIGINT/SIGTERM and a checkpoint).
+// Errors are thrown as mirrored::Error with their exit code.
+int run_training(const Config& config);
+
+struct EvalResult {
+    double loss = 0, accuracy = 0;
+    size_t samples = 0;
+    int64_t step = 0;
+};
+EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint);
+
+// Installs the SIGINT/SIGTERM handlers: the first signal asks the run to stop after the current
+// step and a checkpoint; a second one exits at once.
+void install_signal_handlers();
+
+}  // namespace mirrored
