@@ -114,6 +114,15 @@ int main(int argc, char** argv) {
     bs->add_option("--warmup", sb.warmup, "untimed steps first");
     bs->add_option("--json", sb.json_path, "also write the results here");
 
+    if (argc >= 2 && argv[1][0] != '-') {
+        bool known = false;
+        for (const auto* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
+        if (!known) {
+            std::fprintf(stderr, "error: unknown command '%s' (commands: train, eval, export, devices, bench-loader, "
+                                 "bench-allreduce, bench-step)\n", argv[1]);
+            return kExitUsage;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

@@ -31,6 +31,12 @@ void on_signal(int) {
     if (g_signals.fetch_add(1) >= 1) _exit(kExitInterrupted);  // second signal: at once
 }
 
+// Test hook: behave as if SIGINT arrived during this step (exercises the interrupt path exactly).
+int64_t stop_after_step() {
+    const char* s = std::getenv("MIRRORED_TEST_STOP_AFTER_STEP");
+    return s && *s ? std::strtoll(s, nullptr, 10) : -1;
+}
+
 double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -435,7 +441,7 @@ int Run::run() {
         const bool epoch_end = loader.position().batch == 0;
         const int64_t epochs_done = loader.position().epoch;
         const bool last = step_ == total_steps_;
-        const bool stop = g_signals.load() > 0;
+        const bool stop = g_signals.load() > 0 || step_ == stop_after_step();
         const bool do_eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
         const bool do_ckpt = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
                              (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||

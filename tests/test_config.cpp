@@ -1,0 +1,119 @@
+// Configuration: every kind of error names the file and line (or the --set) and the key path;
+// defaults and the printed configuration round-trip.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kernels/error.h"
+#include "mirrored/config.h"
+
+using namespace mirrored;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string write_config(const std::string& name, const std::string& text) {
+    const fs::path p = fs::temp_directory_path() / ("mirrored_cfg_" + std::to_string(::getpid()) + "_" + name);
+    std::ofstream(p) << text;
+    return p.string();
+}
+
+const char* kGood = R"(run: {name: t, seed: 2}
+strategy: {devices: "cpu:2", bucket_mb: 1}
+data: {dataset: synthetic, input_shape: [12], classes: 3, train_samples: 100, test_samples: 20}
+model:
+  layers:
+    - {type: dense, units: 8, activation: gelu}
+    - {type: dropout, rate: 0.2}
+    - {type: dense, units: 3}
+optimizer: {type: adamw, lr: 0.001, betas: [0.9, 0.99], schedule: {type: cosine, warmup_steps: 3}}
+train: {epochs: 2, global_batch_size: 10}
+)";
+
+void expect_error(const std::string& text, const std::vector<std::string>& sets, const std::string& want) {
+    const std::string path = write_config("e.yaml", text);
+    CAPTURE(want);
+    CHECK_THROWS_WITH_AS(load_config(path, sets), doctest::Contains(want.c_str()), ConfigError);
+}
+
+}  // namespace
+
+TEST_CASE("config: a good file loads with defaults filled in") {
+    const Config c = load_config(write_config("good.yaml", kGood), {});
+    CHECK(c.run.name == "t");
+    CHECK(c.run.output_dir == "runs/t");
+    CHECK(c.strategy.devices == "cpu:2");
+    CHECK(c.strategy.cross_device_ops == "ring");
+    CHECK(c.data.loader_threads == 2);
+    CHECK(c.model.layers.size() == 3);
+    CHECK(c.model.layers[0].activation == Activation::gelu);
+    CHECK(c.model.layers[0].init == InitKind::he_uniform);
+    CHECK(c.model.layers[2].init == InitKind::glorot_uniform);
+    CHECK(c.optimizer.type == OptimizerConfig::Type::adamw);
+    CHECK(c.optimizer.beta2 == doctest::Approx(0.99));
+    CHECK(c.train.log_every_steps == 100);
+    CHECK(c.checkpoint.resume == "auto");
+}
+
+TEST_CASE("config: unknown keys are rejected with file, line and the known keys") {
+    std::string t = kGood;
+    t += "checkpoint: {every_step: 5}\n";
+    expect_error(t, {}, "e.yaml:11: checkpoint.every_step: unknown key (known here: every_epochs, every_steps, keep, resume)");
+    expect_error(std::string(kGood) + "extra: 1\n", {}, "e.yaml:11: extra: unknown key");
+    std::string layer = kGood;
+    layer.replace(layer.find("{type: dropout, rate: 0.2}"), 26, "{type: dropout, units: 3}");
+    expect_error(layer, {}, "e.yaml:7: model.layers.1.units: unknown key (known here: rate, type)");
+}
+
+TEST_CASE("config: wrong types and out-of-range values name the key and what is expected") {
+    std::string t = kGood;
+    expect_error(t + "checkpoint: {keep: many}\n", {}, "checkpoint.keep: expected an integer in [1, 1000], got 'many'");
+    expect_error(t + "checkpoint: {keep: 0}\n", {}, "checkpoint.keep: expected an integer in [1, 1000], got 0");
+    expect_error(t, {"optimizer.lr=-1"}, "--set optimizer.lr=-1: optimizer.lr: expected a number in (0, 1e+06], got -1");
+    expect_error(t, {"strategy.cross_device_ops=tree"}, "expected one of ring, nccl, reduce_to_one, got 'tree'");
+    expect_error(t, {"train.precision=bf16"}, "train.precision: expected one of fp32, tf32");
+    expect_error(t, {"model.layers=5"}, "model.layers: expected a list");
+    expect_error(t, {"data.augment.horizontal_flip=maybe"}, "expected true or false");
+    expect_error(t, {"optimizer.betas=[0.9]"}, "optimizer.betas: expected two numbers");
+    expect_error(t, {"model.layers.1.rate=1.5"}, "model.layers.1.rate: expected a number in [0, 0.999]");
+    expect_error(t, {"data.dataset=mnist"}, "data.dataset: expected one of idx, cifar10, csv, synthetic");
+    expect_error("run: [1, 2]\n", {}, "run: expected a mapping");
+    expect_error("model:\n  layers:\n    - {type: dense}\n", {}, "model.layers.0.units: required for a dense layer");
+}
+
+TEST_CASE("config: --set reaches any key and list items; its errors say --set") {
+    const std::string path = write_config("good.yaml", kGood);
+    const Config c = load_config(path, {"model.layers.0.units=64", "run.seed=9", "data.input_shape=[3, 4]"});
+    CHECK(c.model.layers[0].units == 64);
+    CHECK(c.run.seed == 9);
+    CHECK(c.data.input_shape == std::vector<int>{3, 4});
+    expect_error(kGood, {"model.layers.0.units=abc"}, "--set model.layers.0.units=abc: model.layers.0.units: expected an integer");
+    expect_error(kGood, {"model.layers.7.units=3"}, "'7' is not an index of the 3-element list");
+    expect_error(kGood, {"train.epochz=3"}, "--set train.epochz=3: train.epochz: unknown key");
+    expect_error(kGood, {"noequals"}, "expected key.path=value");
+    expect_error(kGood, {"run.name.x=1"}, "is inside a value that is not a mapping");
+}
+
+TEST_CASE("config: unreadable files and YAML syntax errors") {
+    CHECK_THROWS_WITH_AS(load_config("/nonexistent/x.yaml", {}), doctest::Contains("cannot read"), ConfigError);
+    expect_error("run: {name: [unclosed\n", {}, "invalid YAML");
+}
+
+TEST_CASE("config: the printed configuration loads back to the same configuration") {
+    const Config a = load_config(write_config("good.yaml", kGood), {"optimizer.grad_clip_norm=2.5"});
+    const std::string printed = config_to_yaml(a);
+    const Config b = load_config(write_config("printed.yaml", printed), {});
+    CHECK(config_to_yaml(b) == printed);
+    CHECK(model_config_hash(a) == model_config_hash(b));
+    const Config c = load_config(write_config("good.yaml", kGood), {"model.layers.0.units=9"});
+    CHECK(model_config_hash(c) != model_config_hash(a));
+    CHECK(printed.find("grad_clip_norm: 2.5") != std::string::npos);
+}
+
+TEST_CASE("config: the shipped configs load") {
+    for (const char* f : {"configs/fashion_mnist_mlp.yaml", "configs/synthetic_mlp.yaml", "configs/csv_example.yaml"}) {
+        CAPTURE(f);
+        CHECK_NOTHROW(load_config(f, {}));
+    }
+}

@@ -1,0 +1,335 @@
+// Trainer: a real short run whose loss falls; resume equivalence after interruptions at several
+// points (SIGINT path, a kill during a checkpoint write, SIGKILL at an arbitrary moment);
+// corrupt, truncated and foreign checkpoints; export round-trip; exit codes of the CLI.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kernels/error.h"
+#include "mirrored/checkpoint.h"
+#include "mirrored/config.h"
+#include "mirrored/trainer.h"
+#include "tests/helpers.h"
+
+using namespace mirrored;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kTiny = R"(run: {name: tiny, seed: 3}
+strategy: {devices: "cpu:2", bucket_mb: 0.0002, verify_every_steps: 10}
+data: {dataset: synthetic, input_shape: [20], classes: 4, train_samples: 1000, test_samples: 200}
+model:
+  layers:
+    - {type: dense, units: 32, activation: relu}
+    - {type: dropout, rate: 0.1}
+    - {type: dense, units: 4}
+optimizer: {type: adamw, lr: 0.01, weight_decay: 0.01, grad_clip_norm: 1.0, schedule: {type: cosine, warmup_steps: 5}}
+train: {epochs: 5, global_batch_size: 32, log_every_steps: 10}
+checkpoint: {every_steps: 7, keep: 2}
+)";
+
+struct Scratch {
+    fs::path dir;
+    Scratch() {
+        dir = fs::temp_directory_path() / ("mirrored_train_" + std::to_string(::getpid()) + "_" + std::to_string(count()++));
+        fs::remove_all(dir);
+        fs::create_directories(dir);
+    }
+    ~Scratch() { fs::remove_all(dir); }
+    std::string config(const std::string& text = kTiny, const std::string& name = "tiny.yaml") const {
+        const auto p = dir / name;
+        std::ofstream(p) << text;
+        return p.string();
+    }
+    std::string out(const std::string& name) const { return (dir / name).string(); }
+    static int& count() {
+        static int c = 0;
+        return c;
+    }
+};
+
+struct EnvGuard {
+    const char* name;
+    EnvGuard(const char* n, const std::string& v) : name(n) { ::setenv(n, v.c_str(), 1); }
+    ~EnvGuard() { ::unsetenv(name); }
+};
+
+int train_in_process(const std::string& config, const std::string& out, std::vector<std::string> sets = {}) {
+    sets.push_back("run.output_dir=" + out);
+    return run_training(load_config(config, sets));
+}
+
+json summary(const std::string& out) { return json::parse(std::ifstream(out + "/summary.json")); }
+
+// metrics.jsonl without what depends on the clock.
+std::vector<json> metrics(const std::string& out) {
+    std::vector<json> v;
+    std::ifstream in(out + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+        json j = json::parse(line);
+        if (j["type"] == "alert") continue;
+        j.erase("samples_per_sec");
+        j.erase("time_split");
+        v.push_back(j);
+    }
+    return v;
+}
+
+void expect_same_run(const std::string& a, const std::string& b) {
+    const json sa = summary(a), sb = summary(b);
+    for (const char* k : {"test_accuracy", "test_loss", "train_loss", "replica_checksums", "steps"}) {
+        CAPTURE(k);
+        CHECK(sa[k] == sb[k]);
+    }
+    CHECK(metrics(a) == metrics(b));
+}
+
+std::string cli() {
+    return (fs::read_symlink("/proc/self/exe").parent_path() / "mirrored").string();
+}
+
+// Runs the CLI; returns its exit status (128 + signal when killed).
+int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env = {},
+            double kill_after_s = -1, std::string* stderr_text = nullptr) {
+    const std::string err_path = (fs::temp_directory_path() / ("mirrored_cli_err_" + std::to_string(::getpid()))).string();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+        std::vector<char*> argv;
+        const std::string bin = cli();
+        argv.push_back(const_cast<char*>(bin.c_str()));
+        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        if (!std::freopen("/dev/null", "w", stdout) || !std::freopen(err_path.c_str(), "w", stderr)) ::_exit(99);
+        ::execv(bin.c_str(), argv.data());
+        ::_exit(98);
+    }
+    if (kill_after_s >= 0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(kill_after_s));
+        ::kill(pid, SIGKILL);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (stderr_text) {
+        std::ifstream in(err_path);
+        *stderr_text = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    fs::remove(err_path);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+TEST_CASE("a short real training run on CPU replicas: the loss falls, outputs are written") {
+    Scratch s;
+    const std::string out = s.out("run");
+    CHECK(train_in_process(s.config(), out) == kExitOk);
+    const auto m = metrics(out);
+    REQUIRE(m.size() > 4);
+    CHECK(m.front()["type"] == "train");
+    CHECK(m.back()["type"] == "eval");
+    double first = -1, last = -1;
+    for (const auto& j : m)
+        if (j["type"] == "train") {
+            if (first < 0) first = j["loss"];
+            last = j["loss"];
+        }
+    CHECK(last < 0.6 * first);
+    const json sum = summary(out);
+    CHECK(sum["status"] == "completed");
+    CHECK(sum["steps"] == 155);
+    CHECK(sum["replicas"] == 2);
+    CHECK(sum["test_accuracy"].get<double>() > 0.7);
+    CHECK(sum["resumed_from_step"].is_null());
+    CHECK(sum["replica_checksums"].size() == 2);
+    CHECK(sum["replica_checksums"][0] == sum["replica_checksums"][1]);
+    for (const char* k : {"train_loss", "epochs", "global_batch_size", "devices", "samples_per_sec", "wall_time_s", "time_split"})
+        CHECK(sum.contains(k));
+    CHECK(fs::exists(out + "/config.yaml"));
+    CHECK(list_checkpoints(out + "/checkpoints").size() == 2);  // keep: 2
+}
+
+TEST_CASE("resume after an interruption at several points is bit-identical to an uninterrupted run") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string ref = s.out("ref");
+    REQUIRE(train_in_process(cfg, ref) == kExitOk);
+    for (int stop : {3, 7, 33, 100}) {  // before the first checkpoint, on one, mid-epoch, late
+        CAPTURE(stop);
+        const std::string out = s.out("stop" + std::to_string(stop));
+        {
+            EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", std::to_string(stop));
+            CHECK(train_in_process(cfg, out) == kExitInterrupted);
+        }
+        CHECK(summary(out)["status"] == "interrupted");
+        CHECK(train_in_process(cfg, out) == kExitOk);
+        CHECK(summary(out)["resumed_from_step"] == stop);
+        expect_same_run(ref, out);
+    }
+}
+
+TEST_CASE("a kill during a checkpoint write loses nothing: resume from the previous one is identical") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string ref = s.out("ref"), out = s.out("killed");
+    REQUIRE(train_in_process(cfg, ref) == kExitOk);
+    CHECK(run_cli({"train", cfg, "--output", out}, {{"MIRRORED_TEST_KILL_DURING_CHECKPOINT", "63"}}) == 128 + SIGKILL);
+    bool partial = false;
+    for (const auto& e : fs::directory_iterator(out + "/checkpoints"))
+        partial = partial || e.path().extension() == ".tmp";
+    CHECK(partial);  // the interrupted write left only a temporary file
+    CHECK(run_cli({"train", cfg, "--output", out}) == kExitOk);
+    CHECK(summary(out)["resumed_from_step"] == 56);
+    expect_same_run(ref, out);
+}
+
+TEST_CASE("SIGKILL at an arbitrary moment: the resumed run is still identical") {
+    Scratch s;
+    std::string text = kTiny;
+    text.replace(text.find("epochs: 5"), 9, "epochs: 40");  // long enough to be killed mid-way
+    text.replace(text.find("every_steps: 7"), 14, "every_steps: 3");
+    const std::string cfg = s.config(text);
+    const std::string ref = s.out("ref"), out = s.out("killed");
+    REQUIRE(train_in_process(cfg, ref) == kExitOk);
+    test::Rng rng(5);
+    const double when = 0.2 + 0.01 * rng.integer(0, 40);
+    CHECK(run_cli({"train", cfg, "--output", out}, {}, when) == 128 + SIGKILL);
+    CHECK(run_cli({"train", cfg, "--output", out}) == kExitOk);
+    CAPTURE(when);
+    expect_same_run(ref, out);
+}
+
+TEST_CASE("a corrupt or truncated newest checkpoint is skipped for the previous one") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string out = s.out("run");
+    {
+        EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "30");
+        REQUIRE(train_in_process(cfg, out) == kExitInterrupted);
+    }
+    const auto ckpts = list_checkpoints(out + "/checkpoints");
+    REQUIRE(ckpts.size() == 2);  // steps 30 and 28
+    {  // flip one byte in the newest one's tensor data
+        std::fstream f(ckpts[0], std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(-20, std::ios::end);
+        f.put('\x55');
+    }
+    const Config c = load_config(cfg, {"run.output_dir=" + out});
+    auto session = make_session(c, nullptr, false);
+    CHECK_THROWS_WITH_AS(read_checkpoint(ckpts[0], *session->model, model_config_hash(session->cfg),
+                                         model_config_summary(session->cfg)),
+                         doctest::Contains("checksum mismatch"), CheckpointError);
+    fs::resize_file(ckpts[1], fs::file_size(ckpts[1]) - 100);
+    CHECK_THROWS_WITH_AS(read_checkpoint(ckpts[1], *session->model, model_config_hash(session->cfg),
+                                         model_config_summary(session->cfg)),
+                         doctest::Contains("truncated"), CheckpointError);
+    // both unusable: the run starts over, and the earlier files are moved aside, not deleted
+    CHECK(train_in_process(cfg, out) == kExitOk);
+    CHECK(summary(out)["resumed_from_step"].is_null());
+    bool moved = false;
+    for (const auto& e : fs::directory_iterator(out))
+        moved = moved || e.path().filename().string().rfind("previous-", 0) == 0;
+    CHECK(moved);
+    // a corrupt newest with a good older one: resume from the older one
+    const std::string out2 = s.out("run2");
+    {
+        EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "30");
+        REQUIRE(train_in_process(cfg, out2) == kExitInterrupted);
+    }
+    const auto c2 = list_checkpoints(out2 + "/checkpoints");
+    fs::resize_file(c2[0], 50);
+    CHECK(train_in_process(cfg, out2) == kExitOk);
+    CHECK(summary(out2)["resumed_from_step"] == 28);
+}
+
+TEST_CASE("a checkpoint of another model is refused with exit code 4 and the reason") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string out = s.out("run");
+    {
+        EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "10");
+        REQUIRE(train_in_process(cfg, out) == kExitInterrupted);
+    }
+    std::string err;
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "model.layers.0.units=16"}, {}, -1, &err) == kExitCheckpoint);
+    CHECK(err.find("different model") != std::string::npos);
+    CHECK(err.find("dense 32 relu") != std::string::npos);
+    CHECK(err.find("dense 16 relu") != std::string::npos);
+}
+
+TEST_CASE("export writes the weights under PyTorch names; they round-trip exactly") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string out = s.out("run");
+    REQUIRE(train_in_process(cfg, out) == kExitOk);
+    const std::string ckpt = list_checkpoints(out + "/checkpoints").front();
+    const std::string file = s.out("model.safetensors");
+    CHECK(run_cli({"export", ckpt, "--out", file}) == kExitOk);
+    const SafetensorsFile w = read_safetensors(file, false);
+    const SafetensorsFile c = read_safetensors(ckpt, true);
+    CHECK(w.tensors.size() == 4);
+    for (const char* name : {"layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias"}) {
+        CAPTURE(name);
+        REQUIRE(w.tensors.count(name) == 1);
+        CHECK(w.tensors.at(name) == c.tensors.at(name));
+    }
+    CHECK(w.tensors.at("layers.0.weight").first == std::vector<int>{32, 20});
+    CHECK(w.metadata.at("format") == "pt");
+    // the header is what the safetensors format specifies: u64 length, JSON, 8-byte aligned
+    std::ifstream in(file, std::ios::binary);
+    uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    CHECK(n % 8 == 0);
+    std::string header(n, ' ');
+    in.read(header.data(), std::streamsize(n));
+    const json h = json::parse(header);
+    CHECK(h["layers.0.weight"]["dtype"] == "F32");
+    CHECK(8 + n + (32 * 20 + 32 + 4 * 32 + 4) * 4 == fs::file_size(file));
+    // evaluation of the checkpoint reproduces the run's final test metrics
+    const EvalResult r = evaluate_checkpoint(load_config(cfg, {"run.output_dir=" + out}), ckpt);
+    CHECK(r.accuracy == doctest::Approx(summary(out)["test_accuracy"].get<double>()));
+}
+
+TEST_CASE("CLI exit codes: 0, 2 usage/config, 3 data, 4 checkpoint, 5 device, 130 interrupted") {
+    Scratch s;
+    const std::string cfg = s.config();
+    std::string err;
+    CHECK(run_cli({"train", cfg, "--output", s.out("ok"), "--set", "train.epochs=1"}) == kExitOk);
+    CHECK(run_cli({"train", cfg, "--bogus"}, {}, -1, &err) == kExitUsage);
+    CHECK(run_cli({"nonsense"}) == kExitUsage);
+    CHECK(run_cli({"train", cfg, "--set", "train.global_batch_size=0"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.rfind("error: --set train.global_batch_size=0: train.global_batch_size:", 0) == 0);
+    CHECK(run_cli({"train", cfg, "--set", "train.global_batch_size=33"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("does not divide into 2 replicas") != std::string::npos);
+    const std::string idx = "run: {name: x}\ndata: {dataset: idx, root: /nonexistent}\nmodel: {layers: [{type: flatten}, {type: dense, units: 10}]}\n";
+    CHECK(run_cli({"train", s.config(idx, "idx.yaml"), "--output", s.out("data")}, {}, -1, &err) == kExitData);
+    CHECK(err.find("/nonexistent/train-images-idx3-ubyte.gz: cannot open") != std::string::npos);
+    CHECK(run_cli({"eval", cfg, "--checkpoint", s.out("missing.safetensors")}, {}, -1, &err) == kExitCheckpoint);
+    if (!test::have_cuda()) CHECK(run_cli({"train", cfg, "--devices", "cuda:0"}, {}, -1, &err) == kExitDevice);
+    CHECK(run_cli({"train", cfg, "--output", s.out("int")}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "4"}}) == kExitInterrupted);
+    CHECK(run_cli({"train", cfg, "--output", s.out("int")}) == kExitOk);
+    CHECK(run_cli({"train", cfg, "--print-config"}) == kExitOk);
+    CHECK(run_cli({"train", "--help"}) == kExitOk);
+}
+
+TEST_CASE("a diverging run stops with exit code 6 and writes no non-finite checkpoint") {
+    Scratch s;
+    const std::string cfg = s.config();
+    std::string err;
+    const int rc = run_cli({"train", cfg, "--output", s.out("nan"), "--set", "optimizer.lr=1e5", "--set",
+                            "optimizer.grad_clip_norm=0", "--set", "checkpoint.every_steps=0"}, {}, -1, &err);
+    CHECK(rc == kExitDiverged);
+    CHECK(err.find("training diverged") != std::string::npos);
+    CHECK(list_checkpoints(s.out("nan") + "/checkpoints").empty());
+}
