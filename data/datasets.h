@@ -18,7 +18,8 @@ struct DataConfig {
         std::vector<std::string> files;   // cifar10
         std::string file;                 // csv
     };
-    Split train, test;
+    Split train{"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", {}, {}};
+    Split test{"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", {}, {}};
     CsvOptions csv;
     // synthetic
     std::vector<int> input_shape{784};

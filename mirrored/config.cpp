@@ -334,8 +334,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
         DataConfig::Split& s = split[1] == 'r' ? d.train : d.test;
         const bool train = split[1] == 'r';
         if (d.dataset == "idx") {
-            s.images = r.str(p + ".images", train ? "train-images-idx3-ubyte.gz" : "t10k-images-idx3-ubyte.gz");
-            s.labels = r.str(p + ".labels", train ? "train-labels-idx1-ubyte.gz" : "t10k-labels-idx1-ubyte.gz");
+            s.images = r.str(p + ".images", s.images);
+            s.labels = r.str(p + ".labels", s.labels);
         } else if (d.dataset == "cifar10") {
             s.files = r.str_list(p + ".files");
             if (s.files.empty())

@@ -420,9 +420,7 @@ TEST_CASE("augmentation: deterministic per (seed, epoch, sample); crop and flip 
 }
 
 TEST_CASE("Fashion-MNIST files, when installed: 60000/10000 samples, 28x28, 10 classes") {
-    DataConfig c;
-    c.train = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", {}, {}};
-    c.test = {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", {}, {}};
+    const DataConfig c;  // the defaults name the Fashion-MNIST files
     const std::string probe = resolve_data_path(c, "", c.train.images);
     if (!fs::exists(probe)) {
         mark_skipped(probe + " not installed (package dataset-fashion-mnist, or set MIRRORED_DATA_DIR)");
