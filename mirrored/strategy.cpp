@@ -165,6 +165,7 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
         R->grad_sq_norm = DeviceBuffer<float>(d, 1);
         R->checksums = DeviceBuffer<uint64_t>(d, model_.tensors().size() + 1);
         R->metrics_host = HostBuffer<float>(d, kMetricSlots);
+        R->eval_host = HostBuffer<float>(d, kMetricSlots);
         R->checksums_host = HostBuffer<uint64_t>(d, model_.tensors().size() + 1);
         R->bucket_ready = d.event_create();
         R->reduced = d.event_create();
@@ -400,15 +401,16 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
             d.event_record(R.input_free[buf], d.compute_stream());
         });
     }
+    synchronize();  // every release callback has run before the loader stops
     loader.stop();
     Metrics m;
     for (auto& R : replicas_) {
         Device& d = *R->device;
-        d.copy_to_host(d.compute_stream(), R->metrics_host.data(), R->eval_metrics.data(), kMetricSlots * sizeof(float));
+        d.copy_to_host(d.compute_stream(), R->eval_host.data(), R->eval_metrics.data(), kMetricSlots * sizeof(float));
         d.stream_synchronize(d.compute_stream());
-        m.loss_sum += R->metrics_host[kMetricLossSum];
-        m.correct += R->metrics_host[kMetricCorrect];
-        m.count += R->metrics_host[kMetricCount];
+        m.loss_sum += R->eval_host[kMetricLossSum];
+        m.correct += R->eval_host[kMetricCorrect];
+        m.count += R->eval_host[kMetricCount];
     }
     return m;
 }

@@ -74,7 +74,7 @@ struct Replica {
     DeviceBuffer<float> train_metrics, eval_metrics;  // [kMetricSlots]
     DeviceBuffer<float> grad_sq_norm;           // [1]
     DeviceBuffer<uint64_t> checksums;           // [tensors + 1]: per tensor, then whole buffer
-    HostBuffer<float> metrics_host;             // [kMetricSlots], pinned
+    HostBuffer<float> metrics_host, eval_host;  // [kMetricSlots], pinned
     HostBuffer<uint64_t> checksums_host;
     Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only

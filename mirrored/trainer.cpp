@@ -416,6 +416,18 @@ int Run::run() {
     const int64_t bpe = loader.batches_per_epoch();
     total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps : cfg_.train.epochs * bpe;
     const int64_t log_every = cfg_.train.log_every_steps;
+    if (step_ >= total_steps_) {  // resumed a finished run: nothing to train
+        std::printf("the run is already complete (step %lld of %lld); set checkpoint.resume: never to train it again\n",
+                    static_cast<long long>(step_), static_cast<long long>(total_steps_));
+        const fs::path summary = fs::path(out_dir_) / "summary.json";
+        if (fs::exists(summary)) {
+            std::printf("%s", std::string(std::istreambuf_iterator<char>(std::ifstream(summary).rdbuf()), {}).c_str());
+            return kExitOk;
+        }
+        evaluate(step_, double(step_) / double(bpe));
+        write_summary("completed");
+        return kExitOk;
+    }
     interval_start_ = now_s();
     interval_wait_ = loader.wait_seconds();
     double loop_start = now_s();
@@ -466,6 +478,7 @@ int Run::run() {
         }
     }
     if (pending_log_) log_train(pending_step_, pending_lr_);
+    st.synchronize();
     loader.stop();
     write_summary(exit_code == kExitOk ? "completed" : "interrupted");
     if (exit_code == kExitOk) {

@@ -21,6 +21,10 @@ struct Session {
     std::unique_ptr<Model> model;
     std::unique_ptr<MirroredStrategy> strategy;
     std::unique_ptr<Loader> train_loader, test_loader;
+    // Device work may still hold loader slots (release callbacks): finish it before the loaders go.
+    ~Session() {
+        if (strategy) strategy->synchronize();
+    }
 };
 // data: already loaded datasets to reuse (else loaded from cfg.data).
 std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data = nullptr,
