@@ -254,7 +254,10 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, Loader& loader, i
     const int n = replicas();
     const double t0 = now_s();
     double comm = 0;
-    const Shard shard = shard_of(batch.rows, n, r);
+    // Everything read from the batch is read before staging: once every replica has released
+    // it, the loader refills the slot.
+    const int global_rows = batch.rows;
+    const Shard shard = shard_of(global_rows, n, r);
     const int buf = stage_input(R, batch, shard, loader);
     const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
     const bool timing = sample_timing && r == 0 && devices_.type == DeviceType::cuda;
@@ -273,7 +276,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, Loader& loader, i
             if (b.ready_after_layer == layer) reduce(b);
     };
     const size_t features = size_t(model_.input_features());
-    const float grad_scale = 1.0f / float(batch.rows);
+    const float grad_scale = 1.0f / float(global_rows);
     for (int m = 0; m < accumulation_; ++m) {
         const Shard micro = shard_of(shard.rows, accumulation_, m);
         const PassContext ctx{&d, cs, micro.rows, int64_t(shard.begin + micro.begin), seed, uint32_t(step), true};

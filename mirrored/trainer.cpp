@@ -434,12 +434,13 @@ int Run::run() {
     int exit_code = kExitOk;
     while (step_ < total_steps_) {
         const Batch& batch = loader.next();
+        const int rows = batch.rows;  // the slot may be refilled once the replicas release it
         const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, st.replicas()));
         const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;
         st.train_step(batch, loader, step_, lr, cfg_.run.seed, log_now);
         ++step_;
         ++interval_steps_;
-        samples_done_ += batch.rows;
+        samples_done_ += rows;
         if (pending_log_) {  // the previous log step's metrics, read after the next step was issued
             log_train(pending_step_, pending_lr_);
             pending_log_ = false;
