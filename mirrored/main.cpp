@@ -114,12 +114,20 @@ int main(int argc, char** argv) {
     bs->add_option("--warmup", sb.warmup, "untimed steps first");
     bs->add_option("--json", sb.json_path, "also write the results here");
 
+    GemmBenchOptions gb;
+    std::string gb_sizes = "128,512,1024,2048";
+    auto* bg = app.add_subcommand("bench-gemm", "GEMM GFLOP/s of one device: the ceiling a step is measured against");
+    bg->add_option("--device", gb.device, "cpu (one BLAS thread) or cuda:N");
+    bg->add_option("--sizes", gb_sizes, "square sizes, e.g. 128,1024");
+    bg->add_flag("--tf32", gb.tf32, "TF32 tensor cores (CUDA)");
+    bg->add_option("--json", gb.json_path, "also write the results here");
+
     if (argc >= 2 && argv[1][0] != '-') {
         bool known = false;
         for (const auto* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
         if (!known) {
             std::fprintf(stderr, "error: unknown command '%s' (commands: train, eval, export, devices, bench-loader, "
-                                 "bench-allreduce, bench-step)\n", argv[1]);
+                                 "bench-allreduce, bench-step, bench-gemm)\n", argv[1]);
             return kExitUsage;
         }
     }
@@ -172,6 +180,10 @@ int main(int argc, char** argv) {
             ab.min_bytes = parse_bytes(min_b, "--min-bytes");
             ab.max_bytes = parse_bytes(max_b, "--max-bytes");
             return bench_allreduce(ab);
+        }
+        if (bg->parsed()) {
+            gb.sizes = parse_list(gb_sizes, "--sizes");
+            return bench_gemm(gb);
         }
         if (bs->parsed()) {
             size_t start = 0;

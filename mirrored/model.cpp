@@ -115,6 +115,18 @@ std::string Model::summary() const {
     return s;
 }
 
+double Model::train_flops_per_sample() const {
+    double flops = 0;
+    bool first = true;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+        if (layers_[l].type != LayerSpec::Type::dense) continue;
+        const double macs = double(widths_[l]) * widths_[l + 1];
+        flops += 2 * macs * (first ? 2 : 3);  // forward, dW, and dX except for the first layer
+        first = false;
+    }
+    return flops;
+}
+
 void Model::init_params(Device& dev, Stream s, float* params) const {
     dev.fill(s, flat_size_, 0.0f, params);
     for (const auto& t : tensors_) dev.init_params(s, t.init, t.count, params + t.offset);

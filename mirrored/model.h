@@ -80,6 +80,9 @@ public:
     size_t param_count() const { return param_count_; }  // trainable values
     const TensorInfo* find(const std::string& name) const;
     std::string summary() const;  // one line per layer, for the log
+    // GEMM floating-point operations of one training sample (forward, weight and input
+    // gradients), the work a throughput is measured against.
+    double train_flops_per_sample() const;
 
     // Writes initial values of every tensor into params (gaps zeroed).
     void init_params(Device& dev, Stream s, float* params) const;

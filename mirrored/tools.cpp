@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -114,7 +115,26 @@ int bench_loader(const LoaderBenchOptions& o) {
                 ds.feature_size(), now_s() - t0);
     std::printf("machine: %s, %u hardware threads; global batch %d\n\n", cpu_model().c_str(),
                 std::thread::hardware_concurrency(), o.batch);
-    std::printf("%8s %10s %14s %10s\n", "threads", "augment", "samples/s", "MB/s");
+    // Ceiling: one thread copying the same bytes sequentially (what a batch costs at best).
+    double ceiling_sps = 0;
+    {
+        const size_t per = ds.feature_size(), batch = size_t(o.batch);
+        std::vector<float> dst(batch * per);
+        const size_t batches = ds.count() / batch;
+        size_t samples = 0, b = 0;
+        const double start = now_s();
+        double elapsed = 0;
+        do {
+            std::memcpy(dst.data(), ds.features.data() + (b % batches) * batch * per, batch * per * sizeof(float));
+            samples += batch;
+            ++b;
+            elapsed = now_s() - start;
+        } while (elapsed < o.seconds / 2);
+        ceiling_sps = samples / elapsed;
+        std::printf("ceiling: one thread memcpy of contiguous batches: %.0f samples/s (%.0f MB/s)\n\n", ceiling_sps,
+                    ceiling_sps * per * sizeof(float) / 1e6);
+    }
+    std::printf("%8s %10s %14s %10s %12s\n", "threads", "augment", "samples/s", "MB/s", "of ceiling");
     json rows = json::array();
     const bool images = ds.shape.size() == 3;
     for (bool augment : {false, true}) {
@@ -143,11 +163,13 @@ int bench_loader(const LoaderBenchOptions& o) {
             loader.stop();
             const double sps = samples / elapsed;
             const double mbs = sps * ds.feature_size() * sizeof(float) / 1e6;
-            std::printf("%8d %10s %14.0f %10.0f\n", threads, augment ? "crop+flip" : "none", sps, mbs);
+            std::printf("%8d %10s %14.0f %10.0f %11.0f%%\n", threads, augment ? "crop+flip" : "none", sps, mbs,
+                        100 * sps / ceiling_sps);
             rows.push_back({{"threads", threads}, {"augment", augment}, {"samples_per_sec", sps}, {"mb_per_sec", mbs}});
         }
     }
     write_json(o.json_path, {{"benchmark", "loader"}, {"dataset", ds.name}, {"global_batch", o.batch},
+                             {"memcpy_ceiling_samples_per_sec", ceiling_sps},
                              {"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()},
                              {"results", rows}});
     return kExitOk;
@@ -226,6 +248,49 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
     return all_ok ? kExitOk : kExitFailure;
 }
 
+int bench_gemm(const GemmBenchOptions& o) {
+    std::unique_ptr<Device> d;
+    if (o.device == "cpu") {
+        cpu_set_blas_threads(1);
+        d = make_cpu_device(0);
+    } else {
+        const DeviceList dl = parse_devices(o.device);
+        if (dl.type != DeviceType::cuda || dl.ordinals.size() != 1)
+            throw ConfigError("--device: expected cpu or one GPU such as cuda:0, got '" + o.device + "'");
+        d = make_cuda_device(dl.ordinals[0]);
+    }
+    d->set_tf32(o.tf32);
+    std::printf("sgemm%s on %s (%s)\n\n", o.tf32 ? " (TF32)" : "", d->name().c_str(),
+                d->type() == DeviceType::cpu ? (cpu_model() + ", one BLAS thread").c_str() : d->description().c_str());
+    std::printf("%8s %8s %8s %12s %10s\n", "m", "n", "k", "time (us)", "GFLOP/s");
+    json rows = json::array();
+    for (int size : o.sizes) {
+        const size_t n = size_t(size) * size;
+        DeviceBuffer<float> a(*d, n), b(*d, n), c(*d, n);
+        const Stream s = d->compute_stream();
+        d->fill(s, n, 0.5f, a.data());
+        d->fill(s, n, 0.25f, b.data());
+        auto once = [&] { d->gemm(s, false, true, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size); };
+        once();
+        d->synchronize();
+        int iters = 0;
+        const double start = now_s();
+        double elapsed = 0;
+        do {
+            for (int i = 0; i < 10; ++i) once();
+            d->synchronize();
+            iters += 10;
+            elapsed = now_s() - start;
+        } while (elapsed < o.seconds);
+        const double t = elapsed / iters, gflops = 2.0 * size * size * double(size) / t / 1e9;
+        std::printf("%8d %8d %8d %12.1f %10.1f\n", size, size, size, t * 1e6, gflops);
+        rows.push_back({{"m", size}, {"n", size}, {"k", size}, {"time_us", t * 1e6}, {"gflops", gflops}});
+    }
+    write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->type() == DeviceType::cpu ? cpu_model() : d->description()},
+                             {"tf32", o.tf32}, {"results", rows}});
+    return kExitOk;
+}
+
 int bench_step(const StepBenchOptions& o) {
     const Config base = load_config(o.config, o.sets);
     std::vector<std::string> lists = o.devices;
@@ -246,8 +311,8 @@ int bench_step(const StepBenchOptions& o) {
     auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
     std::printf("config %s: %s, global batch %d; data ready in %.1fs\n\n", o.config.c_str(),
                 model_config_summary(base).c_str(), base.train.global_batch_size, now_s() - t0);
-    std::printf("%-28s %8s %12s %12s %9s %10s %8s %8s %8s\n", "devices", "replicas", "samples/s", "per replica",
-                "speedup", "efficiency", "data%", "compute%", "comm%");
+    std::printf("%-28s %8s %12s %12s %9s %10s %9s %8s %8s %8s\n", "devices", "replicas", "samples/s", "per replica",
+                "speedup", "efficiency", "GFLOP/s", "data%", "compute%", "comm%");
     json rows = json::array();
     double base_sps = 0;
     int base_n = 0;
@@ -283,10 +348,12 @@ int bench_step(const StepBenchOptions& o) {
         const double speedup = sps / base_sps;
         const double efficiency = speedup / (double(n) / base_n);
         const double busy = std::max(split.data_wait_s + split.compute_s + split.comm_s, 1e-12);
-        std::printf("%-28s %8d %12.0f %12.0f %8.2fx %9.0f%% %8.1f %8.1f %8.1f\n", spec.c_str(), n, sps, sps / n, speedup,
-                    100 * efficiency, 100 * split.data_wait_s / busy, 100 * split.compute_s / busy,
+        const double gflops = sps * s->model->train_flops_per_sample() / 1e9;
+        std::printf("%-28s %8d %12.0f %12.0f %8.2fx %9.0f%% %9.1f %8.1f %8.1f %8.1f\n", spec.c_str(), n, sps, sps / n,
+                    speedup, 100 * efficiency, gflops, 100 * split.data_wait_s / busy, 100 * split.compute_s / busy,
                     100 * split.comm_s / busy);
         rows.push_back({{"devices", spec}, {"replicas", n}, {"samples_per_sec", sps}, {"step_ms", 1e3 * elapsed / o.steps},
+                        {"gflops", gflops},
                         {"speedup", speedup}, {"efficiency", efficiency},
                         {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}}});
     }

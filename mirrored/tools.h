@@ -38,4 +38,14 @@ struct StepBenchOptions {
 // Training-step throughput of a config for each device list: the scaling test.
 int bench_step(const StepBenchOptions& o);
 
+struct GemmBenchOptions {
+    std::string device = "cpu";  // cpu (one BLAS thread, as a replica uses) or cuda:N
+    std::vector<int> sizes{128, 512, 1024, 2048};  // square m = n = k
+    bool tf32 = false;
+    double seconds = 1.0;
+    std::string json_path;
+};
+// The GEMM ceiling a replica's step is measured against.
+int bench_gemm(const GemmBenchOptions& o);
+
 }  // namespace mirrored
