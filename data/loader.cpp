@@ -208,16 +208,30 @@ void Loader::fill(Slot& slot, int64_t seq) {
         const int dy = aug.crop_padding ? int(rnd.v[0] % uint32_t(span)) - aug.crop_padding : 0;
         const int dx = aug.crop_padding ? int(rnd.v[1] % uint32_t(span)) - aug.crop_padding : 0;
         const bool flip = aug.horizontal_flip && (rnd.v[2] & 1u);
-        for (int y = 0; y < h; ++y)
-            for (int x = 0; x < w; ++x) {
-                const int sy = y + dy, sx = (flip ? w - 1 - x : x) + dx;
-                float* out = dst + (size_t(y) * w + x) * c;
-                if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
-                    for (int k = 0; k < c; ++k) out[k] = ds_.pad_value.empty() ? 0.0f : ds_.pad_value[k];
-                } else {
-                    std::memcpy(out, src + (size_t(sy) * w + sx) * c, size_t(c) * sizeof(float));
-                }
+        auto pad = [&](float* out, int pixels) {
+            for (int p = 0; p < pixels; ++p)
+                for (int k = 0; k < c; ++k) out[size_t(p) * c + k] = ds_.pad_value.empty() ? 0.0f : ds_.pad_value[k];
+        };
+        for (int y = 0; y < h; ++y) {
+            float* out = dst + size_t(y) * w * c;
+            const int sy = y + dy;
+            if (sy < 0 || sy >= h) {
+                pad(out, w);
+                continue;
             }
+            const float* row = src + size_t(sy) * w * c;
+            // output x reads source column (flip ? w-1-x : x) + dx; valid where that is in [0, w)
+            const int lo = flip ? std::max(0, dx) : std::max(0, -dx);
+            const int hi = flip ? std::min(w, w + dx) : std::min(w, w - dx);
+            pad(out, lo);
+            if (!flip) {
+                std::memcpy(out + size_t(lo) * c, row + size_t(lo + dx) * c, size_t(hi - lo) * c * sizeof(float));
+            } else {
+                for (int x = lo; x < hi; ++x)
+                    std::memcpy(out + size_t(x) * c, row + size_t(w - 1 - x + dx) * c, size_t(c) * sizeof(float));
+            }
+            pad(out + size_t(hi) * c, w - hi);
+        }
     }
 }
 
