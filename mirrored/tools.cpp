@@ -65,15 +65,16 @@ std::string human_bytes(size_t b) {
 int print_devices() {
     const int n = cuda_device_count();
     std::printf("CPU: %s, %u hardware threads\n", cpu_model().c_str(), std::thread::hardware_concurrency());
+    const CudaTopology t = cuda_topology();
+    if (cuda_compiled())
+        std::printf("built with CUDA runtime %s, NCCL %d.%d.%d; driver %s\n", version_str(t.cuda_runtime_version).c_str(),
+                    t.nccl_version / 10000, (t.nccl_version / 100) % 100, t.nccl_version % 100,
+                    t.cuda_driver_version ? version_str(t.cuda_driver_version).c_str() : "none");
     if (n == 0) {
         std::printf("GPUs: none (%s)\n", cuda_unavailable_reason().c_str());
         std::printf("strategy.devices auto -> cpu:%u (one CPU replica per core)\n", std::max(1u, std::thread::hardware_concurrency()));
         return kExitOk;
     }
-    const CudaTopology t = cuda_topology();
-    std::printf("CUDA runtime %s, driver %s, NCCL %d.%d.%d\n", version_str(t.cuda_runtime_version).c_str(),
-                version_str(t.cuda_driver_version).c_str(), t.nccl_version / 10000, (t.nccl_version / 100) % 100,
-                t.nccl_version % 100);
     for (const auto& d : t.devices)
         std::printf("cuda:%d  %s  %.1f GiB  sm_%d%d  %d SMs\n", d.ordinal, d.name.c_str(), d.total_memory / 1073741824.0,
                     d.cc_major, d.cc_minor, d.multiprocessors);

@@ -99,10 +99,9 @@ std::string cli() {
     return (fs::read_symlink("/proc/self/exe").parent_path() / "mirrored").string();
 }
 
-// Runs the CLI; returns its exit status (128 + signal when killed).
-int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env = {},
-            double kill_after_s = -1, std::string* stderr_text = nullptr) {
-    const std::string err_path = (fs::temp_directory_path() / ("mirrored_cli_err_" + std::to_string(::getpid()))).string();
+// Starts the CLI with stdout discarded and stderr captured in err_path.
+pid_t spawn_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env,
+                const std::string& err_path) {
     const pid_t pid = ::fork();
     if (pid == 0) {
         for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
@@ -115,18 +114,31 @@ int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<st
         ::execv(bin.c_str(), argv.data());
         ::_exit(98);
     }
+    return pid;
+}
+
+int wait_status(pid_t pid) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Runs the CLI; returns its exit status (128 + signal when killed).
+int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env = {},
+            double kill_after_s = -1, std::string* stderr_text = nullptr) {
+    const std::string err_path = (fs::temp_directory_path() / ("mirrored_cli_err_" + std::to_string(::getpid()))).string();
+    const pid_t pid = spawn_cli(args, env, err_path);
     if (kill_after_s >= 0) {
         std::this_thread::sleep_for(std::chrono::duration<double>(kill_after_s));
         ::kill(pid, SIGKILL);
     }
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    const int rc = wait_status(pid);
     if (stderr_text) {
         std::ifstream in(err_path);
         *stderr_text = std::string(std::istreambuf_iterator<char>(in), {});
     }
     fs::remove(err_path);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return rc;
 }
 
 }  // namespace
@@ -332,4 +344,26 @@ TEST_CASE("a diverging run stops with exit code 6 and writes no non-finite check
     CHECK(rc == kExitDiverged);
     CHECK(err.find("training diverged") != std::string::npos);
     CHECK(list_checkpoints(s.out("nan") + "/checkpoints").empty());
+}
+
+TEST_CASE("SIGINT and SIGTERM finish the step, write a checkpoint and exit 130; resuming completes the run") {
+    Scratch s;
+    std::string text = kTiny;
+    text.replace(text.find("epochs: 5"), 9, "epochs: 3000");  // far longer than the test waits
+    const std::string cfg = s.config(text);
+    for (int sig : {SIGINT, SIGTERM}) {
+        const std::string out = s.out("sig" + std::to_string(sig));
+        const pid_t pid = spawn_cli({"train", cfg, "--output", out}, {}, "/dev/null");
+        // wait until training is under way (the first metrics line), then signal
+        for (int i = 0; i < 400 && !(fs::exists(out + "/metrics.jsonl") && fs::file_size(out + "/metrics.jsonl") > 0); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(25));
+        ::kill(pid, sig);
+        CHECK(wait_status(pid) == kExitInterrupted);
+        const json sum = summary(out);
+        CHECK(sum["status"] == "interrupted");
+        const auto ckpts = list_checkpoints(out + "/checkpoints");
+        REQUIRE(!ckpts.empty());
+        CHECK(sum["last_checkpoint_step"] == sum["steps"]);  // the checkpoint is of the last step taken
+        CHECK(ckpts.front() == checkpoint_path(out + "/checkpoints", sum["steps"].get<int64_t>()));
+    }
 }

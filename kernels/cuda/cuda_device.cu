@@ -352,7 +352,10 @@ int cuda_device_count() {
         int n = 0;
         const cudaError_t e = cudaGetDeviceCount(&n);
         if (e != cudaSuccess) {
-            g_unavailable = cudaGetErrorString(e);
+            int driver = 0;
+            cudaDriverGetVersion(&driver);
+            g_unavailable = driver == 0 ? std::string("no NVIDIA driver is loaded (") + cudaGetErrorString(e) + ")"
+                                        : cudaGetErrorString(e);
             cudaGetLastError();
             return 0;
         }
