@@ -52,6 +52,7 @@ Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator al
         s.batch.features = static_cast<float*>(alloc_.alloc(g * ds_.feature_size() * sizeof(float)));
         s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * sizeof(int32_t)));
         s.batch.slot = static_cast<int>(i);
+        s.batch.owner = this;
     }
 }
 

@@ -56,6 +56,7 @@ struct Batch {
     float* features = nullptr;     // [rows, feature_size]
     int32_t* labels = nullptr;     // [rows]
     int slot = -1;                 // the loader's ring slot (for release)
+    class Loader* owner = nullptr;  // so a bare Batch* can be released (CUDA host callbacks)
 };
 
 // Replica r's contiguous shard of a global batch of `rows`: [begin, begin + rows). Shards differ

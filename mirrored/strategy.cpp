@@ -220,7 +220,7 @@ void MirroredStrategy::init_and_broadcast() {
     });
 }
 
-int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& shard, Loader& loader) {
+int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& shard) {
     Device& d = *R.device;
     const int buf = R.next_buffer;
     R.next_buffer ^= 1;
@@ -231,24 +231,24 @@ int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& s
                      size_t(shard.rows) * features * sizeof(float));
     d.copy_to_device(cs, R.labels[buf].data(), batch.labels + shard.begin, size_t(shard.rows) * sizeof(int32_t));
     d.event_record(R.input_ready[buf], cs);
-    R.release[buf] = {&loader, &batch};
+    // The slot's Batch outlives the callback (the slot is not refilled before every replica has
+    // released it), so it is the callback's only argument; the host may be steps ahead by then.
     d.host_callback(cs, [](void* p) {
-        auto* rel = static_cast<Replica::Release*>(p);
-        rel->loader->release(*rel->batch);
-    }, &R.release[buf]);
+        const auto* b = static_cast<const Batch*>(p);
+        b->owner->release(*b);
+    }, const_cast<Batch*>(&batch));
     d.stream_wait_event(d.compute_stream(), R.input_ready[buf]);
     return buf;
 }
 
-void MirroredStrategy::train_step(const Batch& batch, Loader& loader, int64_t step, float lr, uint64_t seed,
-                                  bool sample_timing) {
+void MirroredStrategy::train_step(const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing) {
     timing_sampled_ = sample_timing && devices_.type == DeviceType::cuda;
-    threads_->run([&](int r) { replica_step(r, batch, loader, step, lr, seed, sample_timing); });
+    threads_->run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
     if (cfg_.verify_every_steps > 0 && (step + 1) % cfg_.verify_every_steps == 0) verify_replicas();
 }
 
-void MirroredStrategy::replica_step(int r, const Batch& batch, Loader& loader, int64_t step, float lr,
-                                    uint64_t seed, bool sample_timing) {
+void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed,
+                                    bool sample_timing) {
     Replica& R = *replicas_[r];
     Device& d = *R.device;
     const int n = replicas();
@@ -258,7 +258,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, Loader& loader, i
     // it, the loader refills the slot.
     const int global_rows = batch.rows;
     const Shard shard = shard_of(global_rows, n, r);
-    const int buf = stage_input(R, batch, shard, loader);
+    const int buf = stage_input(R, batch, shard);
     const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
     const bool timing = sample_timing && r == 0 && devices_.type == DeviceType::cuda;
     if (timing) d.event_record(R.t_begin, cs);
@@ -392,7 +392,7 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
             Replica& R = *replicas_[r];
             Device& d = *R.device;
             const Shard shard = shard_of(batch.rows, n, r);
-            const int buf = stage_input(R, batch, shard, loader);
+            const int buf = stage_input(R, batch, shard);
             for (int m = 0; m < accumulation_; ++m) {
                 const Shard micro = shard_of(shard.rows, accumulation_, m);
                 const PassContext ctx{&d, d.compute_stream(), micro.rows, 0, 0, 0, false};

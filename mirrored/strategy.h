@@ -79,10 +79,6 @@ struct Replica {
     Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
     int next_buffer = 0;
-    struct Release {
-        Loader* loader;
-        const Batch* batch;
-    } release[2];
     double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
     ~Replica();
 };
@@ -108,8 +104,7 @@ public:
     void init_and_broadcast();
     // One optimizer step on one global batch; the batch is released to the loader by every
     // replica once its shard is on the device. `sample_timing` records device timing events.
-    void train_step(const Batch& batch, Loader& loader, int64_t step, float lr, uint64_t seed,
-                    bool sample_timing);
+    void train_step(const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing);
     // Adds the sampled step's device times (CUDA) or the host-measured times (CPU) to split.
     void collect_timing(TimeSplit& split, int64_t steps_since_last);
 
@@ -138,9 +133,8 @@ public:
 
 private:
     void build_replica(int r, int max_shard_rows, int max_micro_rows, const OptimizerConfig& opt);
-    int stage_input(Replica& R, const Batch& batch, const Shard& shard, Loader& loader);
-    void replica_step(int r, const Batch& batch, Loader& loader, int64_t step, float lr, uint64_t seed,
-                      bool sample_timing);
+    int stage_input(Replica& R, const Batch& batch, const Shard& shard);
+    void replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing);
 
     StrategyConfig cfg_;
     const Model& model_;

@@ -326,7 +326,7 @@ int bench_step(const StepBenchOptions& o) {
         st.init_and_broadcast();
         loader.start({});
         const float lr = float(cfg.optimizer.lr);
-        for (int i = 0; i < o.warmup; ++i) st.train_step(loader.next(), loader, i, lr, cfg.run.seed, false);
+        for (int i = 0; i < o.warmup; ++i) st.train_step(loader.next(), i, lr, cfg.run.seed, false);
         st.synchronize();
         TimeSplit split;
         st.collect_timing(split, 0);  // drop warm-up host timings
@@ -334,7 +334,7 @@ int bench_step(const StepBenchOptions& o) {
         const double wait0 = loader.wait_seconds();
         const double start = now_s();
         for (int i = 0; i < o.steps; ++i)
-            st.train_step(loader.next(), loader, o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
+            st.train_step(loader.next(), o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
         st.synchronize();
         const double elapsed = now_s() - start;
         st.collect_timing(split, o.steps);

@@ -437,7 +437,7 @@ int Run::run() {
         const int rows = batch.rows;  // the slot may be refilled once the replicas release it
         const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, st.replicas()));
         const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;
-        st.train_step(batch, loader, step_, lr, cfg_.run.seed, log_now);
+        st.train_step(batch, step_, lr, cfg_.run.seed, log_now);
         ++step_;
         ++interval_steps_;
         samples_done_ += rows;

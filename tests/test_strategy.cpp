@@ -127,7 +127,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     Loader loader(ds, lo, strategy.host_allocator());
     loader.start({});
     strategy.init_and_broadcast();
-    for (int s = 0; s < steps; ++s) strategy.train_step(loader.next(), loader, s, float(oc.lr), 99, false);
+    for (int s = 0; s < steps; ++s) strategy.train_step(loader.next(), s, float(oc.lr), 99, false);
     strategy.request_train_metrics();
     TrainResult out;
     out.metrics = strategy.take_train_metrics();
