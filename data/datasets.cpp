@@ -22,15 +22,28 @@ std::string resolve_data_path(const DataConfig& c, const std::string& base_dir, 
 
 Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_t seed) {
     Datasets out;
-    auto path = [&](const std::string& f) { return resolve_data_path(c, base_dir, f); };
+    auto path = [&](const std::string& f) {
+        const std::string p = resolve_data_path(c, base_dir, f);
+        if (!std::filesystem::exists(p)) {
+            const std::string root = effective_data_root(c, base_dir);
+            throw DataError(p + ": no such file (data root " + root + ", from " +
+                            (std::getenv("MIRRORED_DATA_DIR") ? "MIRRORED_DATA_DIR" : "data.root") + ")" +
+                            (c.dataset == "idx" && root == "/usr/share/datasets/fashion-mnist"
+                                 ? "; the package dataset-fashion-mnist installs these files (scripts/install_deps.sh)"
+                                 : ""));
+        }
+        return p;
+    };
     auto paths = [&](const std::vector<std::string>& fs) {
         std::vector<std::string> v;
         for (const auto& f : fs) v.push_back(path(f));
         return v;
     };
     if (c.dataset == "idx") {
-        out.train = read_idx(path(c.train.images), path(c.train.labels));
-        out.test = read_idx(path(c.test.images), path(c.test.labels));
+        const std::string ti = path(c.train.images), tl = path(c.train.labels);  // in order: the
+        const std::string vi = path(c.test.images), vl = path(c.test.labels);    // first missing is named
+        out.train = read_idx(ti, tl);
+        out.test = read_idx(vi, vl);
         if (out.test.shape != out.train.shape)
             throw DataError(path(c.test.images) + ": image size differs from the training images");
     } else if (c.dataset == "cifar10") {

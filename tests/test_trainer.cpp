@@ -326,7 +326,7 @@ TEST_CASE("CLI exit codes: 0, 2 usage/config, 3 data, 4 checkpoint, 5 device, 13
     CHECK(err.find("does not divide into 2 replicas") != std::string::npos);
     const std::string idx = "run: {name: x}\ndata: {dataset: idx, root: /nonexistent}\nmodel: {layers: [{type: flatten}, {type: dense, units: 10}]}\n";
     CHECK(run_cli({"train", s.config(idx, "idx.yaml"), "--output", s.out("data")}, {}, -1, &err) == kExitData);
-    CHECK(err.find("/nonexistent/train-images-idx3-ubyte.gz: cannot open") != std::string::npos);
+    CHECK(err.find("/nonexistent/train-images-idx3-ubyte.gz: no such file (data root /nonexistent") != std::string::npos);
     CHECK(run_cli({"eval", cfg, "--checkpoint", s.out("missing.safetensors")}, {}, -1, &err) == kExitCheckpoint);
     if (!test::have_cuda()) CHECK(run_cli({"train", cfg, "--devices", "cuda:0"}, {}, -1, &err) == kExitDevice);
     CHECK(run_cli({"train", cfg, "--output", s.out("int")}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "4"}}) == kExitInterrupted);
