@@ -40,8 +40,9 @@ Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_
         return v;
     };
     if (c.dataset == "idx") {
-        const std::string ti = path(c.train.images), tl = path(c.train.labels);  // in order: the
-        const std::string vi = path(c.test.images), vl = path(c.test.labels);    // first missing is named
+        // resolved in order, so the first missing file is the one named
+        const std::string ti = path(c.train.images), tl = path(c.train.labels);
+        const std::string vi = path(c.test.images), vl = path(c.test.labels);
         out.train = read_idx(ti, tl);
         out.test = read_idx(vi, vl);
         if (out.test.shape != out.train.shape)
