@@ -242,7 +242,9 @@ int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& s
 }
 
 void MirroredStrategy::train_step(const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing) {
-    timing_sampled_ = sample_timing && devices_.type == DeviceType::cuda;
+    // Stays set until collect_timing() reads the events: the trainer reads a log step's numbers
+    // only after it has issued the next step.
+    if (sample_timing && devices_.type == DeviceType::cuda) timing_sampled_ = true;
     threads_->run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
     if (cfg_.verify_every_steps > 0 && (step + 1) % cfg_.verify_every_steps == 0) verify_replicas();
 }

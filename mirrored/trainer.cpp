@@ -53,6 +53,12 @@ std::string shape_str(const std::vector<int>& s) {
     return out + "]";
 }
 
+std::string number_str(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return b;
+}
+
 std::string duration_str(double s) {
     if (!std::isfinite(s) || s < 0) return "?";
     char b[32];
@@ -331,7 +337,7 @@ void Run::log_train(int64_t step, float lr) {
     if (f_comm > 0.30)
         alert("communication-bound", std::to_string(int(100 * f_comm)) + "% of step time is communication not "
               "hidden behind compute: use a larger per-replica batch or tune strategy.bucket_mb (now " +
-              std::to_string(cfg_.strategy.bucket_mb) + ")");
+              number_str(cfg_.strategy.bucket_mb) + ")");
     interval_start_ = t;
     interval_excluded_ = 0;
     interval_wait_ = s_->train_loader->wait_seconds();
