@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
     bs->add_option("--devices", sb_devices, "device lists separated by ';', e.g. 'cpu:1;cpu:2' (default: 1..all)");
     bs->add_option("--steps", sb.steps, "timed steps per device list")->check(CLI::PositiveNumber);
     bs->add_option("--warmup", sb.warmup, "untimed steps first");
+    bs->add_option("--per-replica-batch", sb.per_replica_batch, "global batch = this x replicas (weak scaling)");
     bs->add_option("--json", sb.json_path, "also write the results here");
 
     GemmBenchOptions gb;

@@ -326,6 +326,7 @@ void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {
     const double update = d.event_elapsed_ms(R.t_reduced, R.t_end) * 1e-3;
     split.compute_s += (backward + update) * double(steps);
     split.comm_s += exposed * double(steps);
+    split.device_step_s = backward + exposed + update;
     timing_sampled_ = false;
 }
 

@@ -61,6 +61,7 @@ struct Metrics {
 
 struct TimeSplit {
     double data_wait_s = 0, compute_s = 0, comm_s = 0;  // comm: not hidden behind compute
+    double device_step_s = 0;  // CUDA: one sampled step's device time, start of compute to update
 };
 
 struct Replica {

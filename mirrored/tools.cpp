@@ -320,6 +320,8 @@ int bench_step(const StepBenchOptions& o) {
     for (const auto& spec : lists) {
         Config cfg = base;
         cfg.strategy.devices = spec;
+        if (o.per_replica_batch > 0)
+            cfg.train.global_batch_size = o.per_replica_batch * int(parse_devices(spec).ordinals.size());
         auto s = make_session(cfg, data, true);
         MirroredStrategy& st = *s->strategy;
         Loader& loader = *s->train_loader;
@@ -342,6 +344,7 @@ int bench_step(const StepBenchOptions& o) {
         loader.stop();
         const int n = st.replicas();
         const double sps = double(o.steps) * cfg.train.global_batch_size / elapsed;
+        const double step_ms = 1e3 * elapsed / o.steps;
         if (base_n == 0) {
             base_sps = sps;
             base_n = n;
@@ -353,13 +356,18 @@ int bench_step(const StepBenchOptions& o) {
         std::printf("%-28s %8d %12.0f %12.0f %8.2fx %9.0f%% %9.1f %8.1f %8.1f %8.1f\n", spec.c_str(), n, sps, sps / n,
                     speedup, 100 * efficiency, gflops, 100 * split.data_wait_s / busy, 100 * split.compute_s / busy,
                     100 * split.comm_s / busy);
-        rows.push_back({{"devices", spec}, {"replicas", n}, {"samples_per_sec", sps}, {"step_ms", 1e3 * elapsed / o.steps},
+        rows.push_back({{"devices", spec}, {"replicas", n}, {"global_batch", cfg.train.global_batch_size},
+                        {"samples_per_sec", sps}, {"step_ms", step_ms},
                         {"gflops", gflops},
                         {"speedup", speedup}, {"efficiency", efficiency},
                         {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}}});
     }
-    std::printf("\nspeedup and efficiency are relative to the first row; the global batch is fixed (strong scaling):\n"
-                "use --set train.global_batch_size=... to scale it with the replicas instead\n");
+    if (o.per_replica_batch > 0)
+        std::printf("\nspeedup and efficiency are relative to the first row; %d samples per replica per step (weak scaling)\n",
+                    o.per_replica_batch);
+    else
+        std::printf("\nspeedup and efficiency are relative to the first row; the global batch is fixed (strong scaling):\n"
+                    "--per-replica-batch B scales it with the replicas instead\n");
     write_json(o.json_path, {{"benchmark", "step"}, {"config", o.config}, {"global_batch", base.train.global_batch_size},
                              {"model", model_config_summary(base)}, {"cpu", cpu_model()}, {"results", rows}});
     return kExitOk;

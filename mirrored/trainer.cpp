@@ -338,6 +338,17 @@ void Run::log_train(int64_t step, float lr) {
         alert("communication-bound", std::to_string(int(100 * f_comm)) + "% of step time is communication not "
               "hidden behind compute: use a larger per-replica batch or tune strategy.bucket_mb (now " +
               number_str(cfg_.strategy.bucket_mb) + ")");
+    // The GPUs idle when a step takes longer on the clock than on the device: the host cannot
+    // issue work fast enough (launch-bound), or waits for data.
+    if (interval_split_.device_step_s > 0) {
+        const double wall_step = interval / double(std::max<int64_t>(interval_steps_, 1));
+        const double idle = 1.0 - interval_split_.device_step_s / wall_step;
+        if (idle > 0.30)
+            alert("gpu-idle", std::to_string(int(100 * idle)) + "% of each step the GPUs wait for the host (" +
+                  number_str(1e6 * interval_split_.device_step_s) + " us of device work per " +
+                  number_str(1e6 * wall_step) + " us step): a larger per-replica batch amortises launches" +
+                  (f_data > 0.10 ? "; data loading is also slow" : ""));
+    }
     interval_start_ = t;
     interval_excluded_ = 0;
     interval_wait_ = s_->train_loader->wait_seconds();

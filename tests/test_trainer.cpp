@@ -367,3 +367,44 @@ TEST_CASE("SIGINT and SIGTERM finish the step, write a checkpoint and exit 130; 
         CHECK(ckpts.front() == checkpoint_path(out + "/checkpoints", sum["steps"].get<int64_t>()));
     }
 }
+
+TEST_CASE("the shipped CSV example trains to high accuracy") {
+    Scratch s;
+    const std::string out = s.out("csv");
+    CHECK(train_in_process("configs/csv_example.yaml", out, {"train.epochs=15", "strategy.devices=cpu:2"}) == kExitOk);
+    CHECK(summary(out)["test_accuracy"].get<double>() > 0.9);
+}
+
+TEST_CASE("CIFAR-10 files with augmentation train end to end") {
+    // 3 classes of 32x32 RGB images whose brightest channel is the label, as CIFAR-10 batches
+    Scratch s;
+    test::Rng rng(17);
+    auto write_batch = [&](const std::string& name, int records) {
+        std::vector<unsigned char> b;
+        for (int i = 0; i < records; ++i) {
+            const int label = i % 3;
+            b.push_back(static_cast<unsigned char>(label));
+            for (int c = 0; c < 3; ++c)
+                for (int p = 0; p < 1024; ++p)
+                    b.push_back(static_cast<unsigned char>((c == label ? 120 : 40) + rng.integer(0, 100)));
+        }
+        std::ofstream(s.out(name), std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    };
+    write_batch("data_batch_1.bin", 300);
+    write_batch("data_batch_2.bin", 300);
+    write_batch("test_batch.bin", 150);
+    const std::string cfg = s.config(
+        "run: {name: cifar, seed: 4}\n"
+        "strategy: {devices: \"cpu:2\"}\n"
+        "data: {dataset: cifar10, root: " + s.dir.string() + ", train: {files: [data_batch_1.bin, data_batch_2.bin]},\n"
+        "       augment: {random_crop_padding: 4, horizontal_flip: true}}\n"
+        "model: {layers: [{type: flatten}, {type: dense, units: 32, activation: relu}, {type: dense, units: 10}]}\n"
+        "optimizer: {type: adamw, lr: 0.003}\n"
+        "train: {epochs: 4, global_batch_size: 40, log_every_steps: 10}\n",
+        "cifar.yaml");
+    const std::string out = s.out("cifar-run");
+    CHECK(train_in_process(cfg, out) == kExitOk);
+    const json sum = summary(out);
+    CHECK(sum["test_accuracy"].get<double>() > 0.9);
+    CHECK(sum["steps"] == 60);
+}
