@@ -14,6 +14,7 @@ std::unique_ptr<Device> make_cuda_device(int ordinal) {
 }
 CudaTopology cuda_topology() { return {}; }
 std::vector<std::pair<int, int>> cuda_enable_peer_access(const std::vector<int>&) { return {}; }
+void cuda_set_peer_transport(PeerTransport) {}
 bool nccl_compiled() { return false; }
 std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>&) {
     throw ConfigError("strategy.cross_device_ops: nccl needs the CUDA backend; " + cuda_unavailable_reason());

@@ -199,6 +199,12 @@ CudaTopology cuda_topology();
 // pairs left on the host path.
 std::vector<std::pair<int, int>> cuda_enable_peer_access(const std::vector<int>& ordinals);
 
+// How reduce_from_peer reads another GPU's memory: automatic (a kernel loading the peer's memory
+// where peer access allows, else staged), or forced - a knob for benchmarks and tests that
+// compare the two.
+enum class PeerTransport { automatic, direct, staged };
+void cuda_set_peer_transport(PeerTransport t);
+
 // BLAS threads for CPU replicas: one each, because replicas are the parallelism.
 void cpu_set_blas_threads(int n);
 

@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
     ba->add_option("--min-bytes", min_b, "smallest size (4K)");
     ba->add_option("--max-bytes", max_b, "largest size (64M)");
     ba->add_option("--iters", ab.iters, "iterations per size (default: by size)");
+    ba->add_option("--transport", ab.transport, "CUDA peer reads: auto, direct (kernel loads peer memory), staged (copy, then add)");
     ba->add_option("--json", ab.json_path, "also write the table here");
 
     StepBenchOptions sb;

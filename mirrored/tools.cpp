@@ -182,6 +182,11 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
     if (o.min_bytes > o.max_bytes) throw ConfigError("--min-bytes is larger than --max-bytes");
     if (dl.type == DeviceType::cuda) cuda_enable_peer_access(dl.ordinals);
     else cpu_set_blas_threads(1);
+    if (o.transport != "auto" && o.transport != "direct" && o.transport != "staged")
+        throw ConfigError("--transport: expected auto, direct or staged, got '" + o.transport + "'");
+    cuda_set_peer_transport(o.transport == "direct" ? PeerTransport::direct
+                            : o.transport == "staged" ? PeerTransport::staged
+                                                      : PeerTransport::automatic);
     const size_t max_count = std::max<size_t>(o.max_bytes / sizeof(float), 1);
     std::vector<std::unique_ptr<Device>> devs;
     std::vector<DeviceBuffer<float>> bufs;
@@ -195,8 +200,9 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
     }
     ReplicaThreads threads(n);
     auto ops = make_cross_device_ops(o.op, dp, bp, threads.barrier());
-    std::printf("all-reduce %s over %d replica(s) [%s] (%s)\n", ops->name(), n, dl.describe().c_str(),
-                dl.type == DeviceType::cuda ? devs[0]->description().c_str() : cpu_model().c_str());
+    std::printf("all-reduce %s over %d replica(s) [%s] (%s)%s\n", ops->name(), n, dl.describe().c_str(),
+                dl.type == DeviceType::cuda ? devs[0]->description().c_str() : cpu_model().c_str(),
+                dl.type == DeviceType::cuda ? (", peer transport " + o.transport).c_str() : "");
     std::printf("algbw = bytes / time; busbw = algbw * 2(n-1)/n, as nccl-tests define them\n\n");
     std::printf("%10s %12s %6s %12s %12s %12s  %s\n", "bytes", "floats", "iters", "time (us)", "algbw GB/s", "busbw GB/s", "check");
     json rows = json::array();
@@ -244,6 +250,7 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
                         {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"correct", ok}});
     }
     write_json(o.json_path, {{"benchmark", "allreduce"}, {"op", ops->name()}, {"devices", dl.describe()},
+                             {"transport", o.transport},
                              {"replicas", n}, {"device", dl.type == DeviceType::cuda ? devs[0]->description() : cpu_model()},
                              {"results", rows}});
     return all_ok ? kExitOk : kExitFailure;

@@ -24,6 +24,7 @@ struct AllReduceBenchOptions {
     std::string op = "ring";
     size_t min_bytes = 4096, max_bytes = size_t(64) << 20;
     int iters = 0;               // 0: chosen per size
+    std::string transport = "auto";  // CUDA peer reads: auto, direct (peer loads), staged (copy + add)
     std::string json_path;
 };
 int bench_allreduce(const AllReduceBenchOptions& o);

@@ -31,9 +31,11 @@ for devs in cuda:0,0 cuda:0,0,0,0; do
     run build/mirrored bench-allreduce --devices "$devs" --op "$op" --max-bytes 256M
   done
 done
+run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes 256M --transport staged
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [[ $gpus -ge 2 ]]; then
   for op in ring nccl reduce_to_one; do run build/mirrored bench-allreduce --devices cuda:all --op "$op" --max-bytes 256M; done
+  run build/mirrored bench-allreduce --devices cuda:all --op ring --max-bytes 256M --transport staged
 fi
 run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0;cuda:0,0,0,0' --steps 300 --json "$out/step.json"
 run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0' --steps 300 --set strategy.bucket_mb=0

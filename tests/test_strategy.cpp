@@ -240,6 +240,17 @@ TEST_CASE("cuda all-reduce: ring and reduce_to_one on replicas sharing GPU 0 (N 
     all_reduce_matrix("reduce_to_one", DeviceType::cuda, 4, true);
 }
 
+TEST_CASE("cuda all-reduce through staged peer copies (copy and add pipelined) is exact too") {
+    SKIP_WITHOUT_CUDA();
+    cuda_set_peer_transport(PeerTransport::staged);
+    Rng rng(77);
+    for (int n : {2, 3})
+        for (size_t len : {size_t(1), size_t(1009), size_t(3) << 20})  // the last spans several slices
+            check_all_reduce("ring", DeviceType::cuda, std::vector<int>(size_t(n), 0), len, rng);
+    check_all_reduce("reduce_to_one", DeviceType::cuda, {0, 0, 0}, size_t(5) << 20, rng);
+    cuda_set_peer_transport(PeerTransport::automatic);
+}
+
 TEST_CASE("cuda all-reduce across distinct GPUs (ring, reduce_to_one, nccl)") {
     SKIP_WITHOUT_CUDA();
     const int gpus = cuda_device_count();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <mutex>
@@ -31,9 +32,10 @@ constexpr int kMaxGpus = 64;
 // peer_enabled[a][b]: device a may load from memory on device b in a kernel.
 std::array<std::array<bool, kMaxGpus>, kMaxGpus> g_peer_enabled{};
 std::mutex g_peer_mutex;
+std::atomic<PeerTransport> g_transport{PeerTransport::automatic};
 
 constexpr size_t kScratchFloats = size_t(1) << 20;    // 4 MiB: rows up to 512k per op
-constexpr size_t kStagingFloats = size_t(1) << 21;    // 8 MiB: host-path peer reduce
+constexpr size_t kStagingSlice = size_t(1) << 20;     // 4 MiB x 2 slots: staged peer reduce
 constexpr size_t kCublasWorkspace = size_t(32) << 20;  // fixed, so capture never allocates
 
 std::string mib(size_t bytes) {
@@ -59,7 +61,10 @@ public:
         workspace_ = alloc_bytes(kCublasWorkspace);
         CUBLAS_CHECK(ordinal, cublasSetWorkspace(cublas_, workspace_, kCublasWorkspace));
         scratch_ = static_cast<float*>(alloc_bytes(kScratchFloats * sizeof(float)));
-        staging_ = static_cast<float*>(alloc_bytes(kStagingFloats * sizeof(float)));
+        staging_ = static_cast<float*>(alloc_bytes(2 * kStagingSlice * sizeof(float)));
+        CUDA_CHECK(ordinal, cudaStreamCreateWithFlags(&reduce_stream_, cudaStreamNonBlocking));
+        for (cudaEvent_t* e : {&copied_[0], &copied_[1], &added_[0], &added_[1], &entry_, &exit_})
+            CUDA_CHECK(ordinal, cudaEventCreateWithFlags(e, cudaEventDisableTiming));
         CUDA_CHECK(ordinal, cudaGetDeviceProperties(&props_, ordinal));
     }
 
@@ -70,6 +75,9 @@ public:
         cudaFree(workspace_);
         cudaFree(scratch_);
         cudaFree(staging_);
+        for (cudaEvent_t e : {copied_[0], copied_[1], added_[0], added_[1], entry_, exit_})
+            if (e) cudaEventDestroy(e);
+        if (reduce_stream_) cudaStreamDestroy(reduce_stream_);
         for (Stream s : {compute_, comm_, copy_})
             if (s.handle) cudaStreamDestroy(stream(s));
     }
@@ -261,16 +269,15 @@ public:
     void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
         use();
         const int p = require_cuda(peer);
-        if (p == ordinal() || g_peer_enabled[ordinal()][p]) {  // load the peer's memory directly
+        const bool can_load = p == ordinal() || g_peer_enabled[ordinal()][p];
+        const PeerTransport t = g_transport.load();
+        if (t == PeerTransport::direct && !can_load)
+            throw DeviceError(name() + ": direct peer loads from cuda:" + std::to_string(p) + " need peer access");
+        if (can_load && t != PeerTransport::staged) {  // one kernel loads the peer's memory and adds
             cuda::add_inplace(stream(s), ordinal(), n, src, dst);
             return;
         }
-        for (size_t done = 0; done < n; done += kStagingFloats) {  // host path: stage, then add
-            const size_t len = n - done < kStagingFloats ? n - done : kStagingFloats;
-            CUDA_CHECK(ordinal(), cudaMemcpyPeerAsync(staging_, ordinal(), src + done, p,
-                                                      len * sizeof(float), stream(s)));
-            cuda::add_inplace(stream(s), ordinal(), len, staging_, dst + done);
-        }
+        reduce_staged(stream(s), dst, p, src, n);
     }
     void copy_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
         if (!n) return;
@@ -280,6 +287,30 @@ public:
     }
 
 private:
+    // dst += src (on GPU p) through local staging: slices are copied on s while the previous
+    // slice is added on reduce_stream_, two staging slots ping-ponging, ordered by events.
+    void reduce_staged(cudaStream_t s, float* dst, int p, const float* src, size_t n) {
+        if (n == 0) return;
+        const int dev = ordinal();
+        CUDA_CHECK(dev, cudaEventRecord(entry_, s));  // dst's earlier writes on s come first
+        CUDA_CHECK(dev, cudaStreamWaitEvent(reduce_stream_, entry_, 0));
+        size_t done = 0;
+        for (int i = 0; done < n; ++i) {
+            const int b = i % 2;
+            const size_t len = n - done < kStagingSlice ? n - done : kStagingSlice;
+            float* slot = staging_ + size_t(b) * kStagingSlice;
+            if (i >= 2) CUDA_CHECK(dev, cudaStreamWaitEvent(s, added_[b], 0));  // slot free again
+            CUDA_CHECK(dev, cudaMemcpyPeerAsync(slot, dev, src + done, p, len * sizeof(float), s));
+            CUDA_CHECK(dev, cudaEventRecord(copied_[b], s));
+            CUDA_CHECK(dev, cudaStreamWaitEvent(reduce_stream_, copied_[b], 0));
+            cuda::add_inplace(reduce_stream_, dev, len, slot, dst + done);
+            CUDA_CHECK(dev, cudaEventRecord(added_[b], reduce_stream_));
+            done += len;
+        }
+        CUDA_CHECK(dev, cudaEventRecord(exit_, reduce_stream_));  // later work on s sees every add
+        CUDA_CHECK(dev, cudaStreamWaitEvent(s, exit_, 0));
+    }
+
     void use() const { CUDA_CHECK(ordinal(), cudaSetDevice(ordinal())); }
     static cudaStream_t stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
     static cudaEvent_t event(Event e) { return static_cast<cudaEvent_t>(e.handle); }
@@ -293,7 +324,9 @@ private:
     cublasHandle_t cublas_ = nullptr;
     void* workspace_ = nullptr;
     float* scratch_ = nullptr;  // compute-stream ops only
-    float* staging_ = nullptr;  // comm-stream peer reduce without peer access
+    float* staging_ = nullptr;  // [2 x kStagingSlice], staged peer reduce
+    cudaStream_t reduce_stream_ = nullptr;
+    cudaEvent_t copied_[2] = {}, added_[2] = {}, entry_ = nullptr, exit_ = nullptr;
     cudaDeviceProp props_{};
     bool tf32_ = false;
 };
@@ -346,6 +379,8 @@ std::string g_unavailable;
 }  // namespace
 
 bool cuda_compiled() { return true; }
+
+void cuda_set_peer_transport(PeerTransport t) { g_transport = t; }
 
 int cuda_device_count() {
     static const int count = [] {
