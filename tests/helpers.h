@@ -1,8 +1,12 @@
 // Shared test helpers: devices to test on, random inputs, upload/download, error measures.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -15,6 +19,31 @@
 namespace mirrored::test {
 
 void mark_skipped(const std::string& reason);
+
+// A fresh folder under the system temporary directory, removed with its contents at scope exit.
+class TempDir {
+public:
+    TempDir() {
+        static int counter = 0;
+        path_ = std::filesystem::temp_directory_path() /
+                ("mirrored_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+        std::filesystem::remove_all(path_);
+        std::filesystem::create_directories(path_);
+    }
+    ~TempDir() { std::filesystem::remove_all(path_); }
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    const std::filesystem::path& path() const { return path_; }
+    std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+    // Writes a text file in the folder and returns its path.
+    std::string write(const std::string& name, const std::string& text) const {
+        std::ofstream(path_ / name) << text;
+        return (path_ / name).string();
+    }
+
+private:
+    std::filesystem::path path_;
+};
 
 // Fresh random inputs each run; MIRRORED_TEST_SEED repeats a run.
 inline uint64_t base_seed() {

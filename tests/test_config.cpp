@@ -7,6 +7,7 @@
 
 #include "kernels/error.h"
 #include "mirrored/config.h"
+#include "tests/helpers.h"
 
 using namespace mirrored;
 namespace fs = std::filesystem;
@@ -14,9 +15,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string write_config(const std::string& name, const std::string& text) {
-    const fs::path p = fs::temp_directory_path() / ("mirrored_cfg_" + std::to_string(::getpid()) + "_" + name);
-    std::ofstream(p) << text;
-    return p.string();
+    static const test::TempDir dir;
+    return dir.write(name, text);
 }
 
 const char* kGood = R"(run: {name: t, seed: 2}

@@ -20,20 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("mirrored_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-    std::string operator/(const std::string& f) const { return (path / f).string(); }
-    static int& counter() {
-        static int c = 0;
-        return c;
-    }
-};
-
 void write_bytes(const std::string& path, const std::vector<unsigned char>& b) {
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
 }
@@ -43,7 +29,6 @@ void write_gz(const std::string& path, const std::vector<unsigned char>& b) {
     gzwrite(f, b.data(), unsigned(b.size()));
     gzclose(f);
 }
-void write_text(const std::string& path, const std::string& s) { std::ofstream(path) << s; }
 
 void put_be32(std::vector<unsigned char>& b, uint32_t v) {
     for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<unsigned char>(v >> s));
@@ -172,29 +157,29 @@ TEST_CASE("cifar10: reads records as HWC, rejects truncated files and bad labels
 
 TEST_CASE("csv: header detection, label by name or index, errors name the line") {
     TempDir d;
-    write_text(d / "a.csv", "x1, x2 ,kind\n0.5,1,2\n\n-1e-3,2.5,0\n3,4,1\n");
+    d.write("a.csv", "x1, x2 ,kind\n0.5,1,2\n\n-1e-3,2.5,0\n3,4,1\n");
     Dataset ds = read_csv(d / "a.csv", CsvOptions{"kind"});
     CHECK(ds.count() == 3);
     CHECK(ds.shape == std::vector<int>{2});
     CHECK(ds.labels == std::vector<int32_t>{2, 0, 1});
     CHECK(ds.features[2] == doctest::Approx(-1e-3));
     CHECK(ds.classes == 3);
-    write_text(d / "b.csv", "1,0.5,0\n0,1.5,2\n");
+    d.write("b.csv", "1,0.5,0\n0,1.5,2\n");
     ds = read_csv(d / "b.csv", CsvOptions{"0"});
     CHECK(ds.labels == std::vector<int32_t>{1, 0});
     CHECK(ds.features == std::vector<float>{0.5f, 0.0f, 1.5f, 2.0f});
     ds = read_csv(d / "b.csv", CsvOptions{});  // no header: the last column
     CHECK(ds.labels == std::vector<int32_t>{0, 2});
 
-    write_text(d / "cols.csv", "a,b,label\n1,2,0\n1,2\n");
+    d.write("cols.csv", "a,b,label\n1,2,0\n1,2\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "cols.csv", {}), doctest::Contains("cols.csv:3: expected 3 columns, found 2"), DataError);
-    write_text(d / "nan.csv", "a,b,label\n1,2,0\n1,abc,1\n");
+    d.write("nan.csv", "a,b,label\n1,2,0\n1,abc,1\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "nan.csv", {}), doctest::Contains("nan.csv:3: column 2 (b): 'abc' is not a finite number"), DataError);
-    write_text(d / "lab.csv", "a,label\n1,0.5\n");
+    d.write("lab.csv", "a,label\n1,0.5\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "lab.csv", {}), doctest::Contains("lab.csv:2: label '0.5'"), DataError);
-    write_text(d / "neg.csv", "a,label\n1,-1\n");
+    d.write("neg.csv", "a,label\n1,-1\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "neg.csv", {}), doctest::Contains("not a non-negative integer"), DataError);
-    write_text(d / "empty.csv", "a,label\n");
+    d.write("empty.csv", "a,label\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "empty.csv", {}), doctest::Contains("no data rows"), DataError);
     CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{"nope"}), doctest::Contains("no column named 'nope'"), DataError);
 }

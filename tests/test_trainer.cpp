@@ -38,24 +38,12 @@ train: {epochs: 5, global_batch_size: 32, log_every_steps: 10}
 checkpoint: {every_steps: 7, keep: 2}
 )";
 
-struct Scratch {
-    fs::path dir;
-    Scratch() {
-        dir = fs::temp_directory_path() / ("mirrored_train_" + std::to_string(::getpid()) + "_" + std::to_string(count()++));
-        fs::remove_all(dir);
-        fs::create_directories(dir);
-    }
-    ~Scratch() { fs::remove_all(dir); }
+// A run folder with the test config written into it.
+struct Scratch : test::TempDir {
     std::string config(const std::string& text = kTiny, const std::string& name = "tiny.yaml") const {
-        const auto p = dir / name;
-        std::ofstream(p) << text;
-        return p.string();
+        return write(name, text);
     }
-    std::string out(const std::string& name) const { return (dir / name).string(); }
-    static int& count() {
-        static int c = 0;
-        return c;
-    }
+    std::string out(const std::string& name) const { return *this / name; }
 };
 
 struct EnvGuard {
@@ -396,7 +384,7 @@ TEST_CASE("CIFAR-10 files with augmentation train end to end") {
     const std::string cfg = s.config(
         "run: {name: cifar, seed: 4}\n"
         "strategy: {devices: \"cpu:2\"}\n"
-        "data: {dataset: cifar10, root: " + s.dir.string() + ", train: {files: [data_batch_1.bin, data_batch_2.bin]},\n"
+        "data: {dataset: cifar10, root: " + s.path().string() + ", train: {files: [data_batch_1.bin, data_batch_2.bin]},\n"
         "       augment: {random_crop_padding: 4, horizontal_flip: true}}\n"
         "model: {layers: [{type: flatten}, {type: dense, units: 32, activation: relu}, {type: dense, units: 10}]}\n"
         "optimizer: {type: adamw, lr: 0.003}\n"
