@@ -29,6 +29,23 @@ MIRRORED_HD float act_derivative(Activation act, float z) {
     }
 }
 
+// Gradient-clipping factor min(1, clip_norm / norm), read from the device-side squared norm.
+MIRRORED_HD float clip_factor(float clip_norm, const float* grad_sq_norm) {
+    if (clip_norm <= 0.0f || grad_sq_norm == nullptr) return 1.0f;
+    const float norm = sqrtf(*grad_sq_norm);
+    return norm > clip_norm ? clip_norm / (norm + 1e-6f) : 1.0f;
+}
+
+// AdamW bias corrections 1 - beta1^t and sqrt(1 - beta2^t), in double on the host so both
+// backends receive the same floats.
+struct AdamWCorrections {
+    float bc1, bc2_sqrt;
+};
+inline AdamWCorrections adamw_corrections(const AdamWArgs& a) {
+    return {static_cast<float>(1.0 - std::pow(double(a.beta1), double(a.step))),
+            static_cast<float>(std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))))};
+}
+
 // Scale of an initialiser: the uniform bound or the normal standard deviation. Computed on the
 // host in double so both backends receive the same float.
 inline float init_scale(const InitArgs& a) {

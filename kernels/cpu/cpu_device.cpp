@@ -39,12 +39,6 @@ void cpu_set_blas_threads(int n) { openblas_set_num_threads(n); }
 
 namespace {
 
-float clip_factor(float clip_norm, const float* grad_sq_norm) {
-    if (clip_norm <= 0.0f || grad_sq_norm == nullptr) return 1.0f;
-    const float norm = std::sqrt(*grad_sq_norm);
-    return norm > clip_norm ? clip_norm / (norm + 1e-6f) : 1.0f;
-}
-
 class CpuDevice final : public Device {
 public:
     explicit CpuDevice(int index) : Device(DeviceType::cpu, index, "cpu:" + std::to_string(index)) {}
@@ -200,8 +194,7 @@ public:
     void adamw_update(Stream, size_t n, float* p, const float* g, float* m, float* v,
                       const AdamWArgs& a) override {
         const float clip = clip_factor(a.clip_norm, a.grad_sq_norm);
-        const float bc1 = static_cast<float>(1.0 - std::pow(double(a.beta1), double(a.step)));
-        const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))));
+        const auto [bc1, bc2_sqrt] = adamw_corrections(a);
         const float step_size = a.lr / bc1;
         const float decay = 1.0f - a.lr * a.weight_decay;
         for (size_t i = 0; i < n; ++i) {

@@ -256,10 +256,8 @@ public:
     void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v,
                       const AdamWArgs& a) override {
         use();
-        const float bc1 = static_cast<float>(1.0 - std::pow(double(a.beta1), double(a.step)));
-        const float bc2_sqrt =
-            static_cast<float>(std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))));
-        cuda::adamw_update(stream(s), ordinal(), n, p, g, m, v, a, bc1, bc2_sqrt);
+        const AdamWCorrections c = adamw_corrections(a);
+        cuda::adamw_update(stream(s), ordinal(), n, p, g, m, v, a, c.bc1, c.bc2_sqrt);
     }
     void checksum(Stream s, size_t n, const float* x, uint64_t* out) override {
         use();

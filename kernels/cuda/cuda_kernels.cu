@@ -269,12 +269,6 @@ void init_params(cudaStream_t s, int dev, const InitArgs& a, float sc, size_t n,
 
 // ---- optimizers: one fused pass over the flat buffers --------------------------------------
 
-__device__ __forceinline__ float clip_factor(float clip_norm, const float* grad_sq_norm) {
-    if (clip_norm <= 0.0f || grad_sq_norm == nullptr) return 1.0f;
-    const float norm = sqrtf(*grad_sq_norm);
-    return norm > clip_norm ? clip_norm / (norm + 1e-6f) : 1.0f;
-}
-
 __global__ void sgd_kernel(size_t n, float* p, const float* g, float* m, SgdArgs a) {
     const float clip = clip_factor(a.clip_norm, a.grad_sq_norm);
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
