@@ -13,6 +13,7 @@
 
 #include "data/dataset.h"
 #include "kernels/error.h"
+#include "mirrored/util.h"
 
 namespace mirrored {
 
@@ -23,12 +24,6 @@ namespace {
 
 constexpr const char* kFormat = "mirrored-checkpoint";
 constexpr const char* kVersion = "1";
-
-std::string hex64(uint64_t v) {
-    char b[20];
-    std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-    return b;
-}
 
 std::string exact(double v) {
     char b[40];

@@ -9,14 +9,11 @@
 #include <thread>
 
 #include "kernels/error.h"
+#include "mirrored/util.h"
 
 namespace mirrored {
 
 namespace {
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::vector<int> parse_int_list(const std::string& list, const std::string& spec) {
     std::vector<int> out;
@@ -351,9 +348,7 @@ Metrics MirroredStrategy::take_train_metrics() {
     Metrics m;
     for (auto& R : replicas_) {
         R->device->event_synchronize(R->metrics_copied);
-        m.loss_sum += R->metrics_host[kMetricLossSum];
-        m.correct += R->metrics_host[kMetricCorrect];
-        m.count += R->metrics_host[kMetricCount];
+        m.add(R->metrics_host.data());
     }
     return m;
 }
@@ -414,9 +409,7 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
         Device& d = *R->device;
         d.copy_to_host(d.compute_stream(), R->eval_host.data(), R->eval_metrics.data(), kMetricSlots * sizeof(float));
         d.stream_synchronize(d.compute_stream());
-        m.loss_sum += R->eval_host[kMetricLossSum];
-        m.correct += R->eval_host[kMetricCorrect];
-        m.count += R->eval_host[kMetricCount];
+        m.add(R->eval_host.data());
     }
     return m;
 }

@@ -55,6 +55,11 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
 
 struct Metrics {
     double loss_sum = 0, correct = 0, count = 0;
+    void add(const float* slots) {  // one replica's [kMetricSlots] sums
+        loss_sum += slots[kMetricLossSum];
+        correct += slots[kMetricCorrect];
+        count += slots[kMetricCount];
+    }
     double loss() const { return count ? loss_sum / count : 0.0; }
     double accuracy() const { return count ? correct / count : 0.0; }
 };

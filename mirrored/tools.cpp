@@ -16,6 +16,7 @@
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
+#include "mirrored/util.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
@@ -28,10 +29,6 @@ namespace mirrored {
 using json = nlohmann::json;
 
 namespace {
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string cpu_model() {
     std::ifstream in("/proc/cpuinfo");

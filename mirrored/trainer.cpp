@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "mirrored/util.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/strategy.h"
 
@@ -35,16 +36,6 @@ void on_signal(int) {
 int64_t stop_after_step() {
     const char* s = std::getenv("MIRRORED_TEST_STOP_AFTER_STEP");
     return s && *s ? std::strtoll(s, nullptr, 10) : -1;
-}
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string hex64(uint64_t v) {
-    char b[20];
-    std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-    return b;
 }
 
 std::string shape_str(const std::vector<int>& s) {
@@ -168,6 +159,7 @@ private:
     TimeSplit split_, interval_split_;
     std::map<std::string, double> last_alert_;
     bool pending_log_ = false;
+    const int64_t stop_after_ = stop_after_step();
     int64_t pending_step_ = 0;
     float pending_lr_ = 0;
 };
@@ -471,7 +463,7 @@ int Run::run() {
         const bool epoch_end = loader.position().batch == 0;
         const int64_t epochs_done = loader.position().epoch;
         const bool last = step_ == total_steps_;
-        const bool stop = g_signals.load() > 0 || step_ == stop_after_step();
+        const bool stop = g_signals.load() > 0 || step_ == stop_after_;
         const bool do_eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
         const bool do_ckpt = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
                              (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||
