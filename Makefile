@@ -2,8 +2,11 @@
 #   make          build build/mirrored (CLI) and build/mirrored_tests
 #   make train    install what is missing, build, train configs/fashion_mnist_mlp.yaml
 #   make test     build and run every test; ends with "N passed, N failed[, N skipped]"
+#   make test-tsan  the tests once more under ThreadSanitizer (CPU-only build in build-tsan/)
 #   make clean
 # CUDA: nvcc from $(CUDA_HOME) (default /usr/local/cuda); without it a CPU-only build.
+# NCCL: nccl.h and libnccl from $(NCCL_HOME) (default $(CUDA_HOME)) or the system; without them
+# the CUDA backend is built without the nccl op (WITH_NCCL=0 forces that).
 
 CUDA_HOME ?= /usr/local/cuda
 BUILD     ?= build
@@ -30,16 +33,35 @@ CXXFLAGS = $(CXXFLAGS_BASE) $(PKG_CFLAGS) $(CXXFLAGS_EXTRA)
 LDFLAGS_EXTRA ?=
 LDLIBS = $(PKG_LIBS) -pthread -ldl
 
-LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp data/*.cpp mirrored/*.cpp)
+LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp)
 LIB_CPP := $(filter-out mirrored/main.cpp kernels/cuda_stub.cpp,$(LIB_CPP))
 TEST_CPP := $(wildcard tests/*.cpp)
 
 ifneq ($(NVCC),)
+  # SASS for Ampere (sm_80, also runs on sm_86/89), Hopper, Blackwell datacenter and consumer,
+  # and PTX the driver can compile for newer GPUs. Turing and older are refused at start-up.
   GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-             -gencode arch=compute_90,code=compute_90
-  NVCCFLAGS := -std=c++20 -O3 -I. -ccbin $(CXX) $(GENCODE) -Xcompiler -Wall,-Wextra,-pthread -MMD -MP
-  LIB_CU := $(wildcard kernels/cuda/*.cu)
-  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lnccl
+             -gencode arch=compute_100,code=sm_100 -gencode arch=compute_120,code=sm_120 \
+             -gencode arch=compute_120,code=compute_120
+  NCCL_HOME ?= $(CUDA_HOME)
+  NCCL_HEADER := $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h /usr/include/nccl.h))
+  NCCL_LIBFILE := $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so \
+                    /usr/lib/*/libnccl.so /usr/lib/libnccl.so))
+  WITH_NCCL ?= $(if $(and $(NCCL_HEADER),$(NCCL_LIBFILE)),1,0)
+  LIB_CU := $(filter-out kernels/cuda/nccl_group.cu,$(wildcard kernels/cuda/*.cu))
+  ifeq ($(WITH_NCCL),1)
+    LIB_CU += kernels/cuda/nccl_group.cu
+    NCCL_LIBS := -L$(dir $(NCCL_LIBFILE)) -Wl,-rpath,$(dir $(NCCL_LIBFILE)) -lnccl
+    NCCL_INC := $(if $(NCCL_HEADER),-isystem $(dir $(NCCL_HEADER)))
+  else
+    $(info mirrored: NCCL (nccl.h + libnccl) not found; building without the nccl op (the ring needs none))
+    LIB_CPP += kernels/cuda/nccl_stub.cpp
+    NCCL_LIBS :=
+    NCCL_INC :=
+  endif
+  NVCCFLAGS := -std=c++20 -O3 -I. $(NCCL_INC) -ccbin $(CXX) $(GENCODE) -DMIRRORED_NCCL=$(WITH_NCCL) \
+               -Xcompiler -Wall,-Wextra,-pthread -MMD -MP
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart $(NCCL_LIBS)
   CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1
 else
   $(info mirrored: nvcc not found under $(CUDA_HOME); building the CPU-only backend)
@@ -53,7 +75,7 @@ LIB_OBJ := $(LIB_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o)
 TEST_OBJ := $(TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all train test clean install-deps bench
+.PHONY: all train test test-tsan clean install-deps bench
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 
 $(LIB): $(LIB_OBJ)
@@ -86,7 +108,14 @@ train: $(BUILD)/mirrored
 test: $(BUILD)/mirrored_tests $(BUILD)/mirrored
 	$(BUILD)/mirrored_tests
 
+# ThreadSanitizer over the whole suite, CPU-only (the CUDA runtime is opaque to it): the CPU and
+# simulated-GPU replicas, the loader and the trainer's threads. Its own build folder.
+test-tsan:
+	$(MAKE) BUILD=build-tsan CUDA_HOME=/nonexistent CXXFLAGS_EXTRA="-fsanitize=thread -O1" \
+	  LDFLAGS_EXTRA="-fsanitize=thread" build-tsan/mirrored_tests build-tsan/mirrored
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/mirrored_tests
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-tsan
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(OBJ)/mirrored/main.d

@@ -99,7 +99,7 @@ void Loader::start(LoaderPosition pos) {
     for (int t = 0; t < opt_.threads; ++t) workers_.emplace_back([this] { worker(); });
 }
 
-void Loader::stop() {
+void Loader::stop_workers() {
     {
         std::lock_guard<std::mutex> lock(mu_);
         stopping_ = true;
@@ -110,20 +110,37 @@ void Loader::stop() {
     workers_.clear();
 }
 
+void Loader::stop() {
+    stop_workers();
+    std::unique_lock<std::mutex> lock(mu_);
+    freed_cv_.wait(lock, [&] {
+        for (const Slot& s : slots_)
+            if (s.pending > 0) return false;
+        return true;
+    });
+}
+
 const Batch& Loader::next() {
+    for (;;)
+        if (const Batch* b = next_for(3600.0)) return *b;
+}
+
+const Batch* Loader::next_for(double timeout_s) {
     std::unique_lock<std::mutex> lock(mu_);
     const int64_t seq = next_take_;
     Slot& slot = slots_[static_cast<size_t>(seq % opt_.prefetch)];
     if (slot.ready_seq != seq && !error_) {
         const auto t0 = std::chrono::steady_clock::now();
-        filled_cv_.wait(lock, [&] { return slot.ready_seq == seq || error_ || stopping_; });
+        const bool ready = filled_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                               [&] { return slot.ready_seq == seq || error_ || stopping_; });
         wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+        if (!ready) return nullptr;
     }
     if (error_) std::rethrow_exception(error_);
     if (slot.ready_seq != seq) throw Error(kExitFailure, "loader: next() on a stopped loader");
     slot.pending = opt_.consumers;
     ++next_take_;
-    return slot.batch;
+    return &slot.batch;
 }
 
 void Loader::release(const Batch& b) {

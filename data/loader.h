@@ -90,13 +90,22 @@ public:
     void start(LoaderPosition pos);
     // Blocks until the next batch is ready. Rethrows a worker's exception.
     const Batch& next();
+    // The same, waiting at most timeout_s: nullptr when the batch is not ready by then (so a
+    // caller can check on the devices whose callbacks free the slots, or on signals).
+    const Batch* next_for(double timeout_s);
     // One consumer is done with the batch's memory. Thread-safe; callable from a CUDA host callback.
     void release(const Batch& b);
     LoaderPosition position() const;  // of the batch next() will return
     double wait_seconds() const { return wait_ns_.load() * 1e-9; }  // time next() spent blocked
     void reset_wait() { wait_ns_ = 0; }
-    // Joins every worker; batches already handed out stay valid until the Loader is destroyed.
+    // Joins every worker, then waits until every batch handed out has been released by all its
+    // consumers: a device copy still reading a slot (its release is a host callback queued behind
+    // the copy) finishes before the slot's memory can go. The destructor stops too.
     void stop();
+    // The error path after a device failure: joins the workers without waiting for releases that
+    // may never come. Outstanding slots stay allocated; the caller keeps the Loader alive (or
+    // leaks it) while device work might still release them.
+    void stop_workers();
 
     // The sample order of one epoch (exposed for tests and tools).
     static std::vector<uint32_t> permutation(size_t n, uint64_t seed, int64_t epoch);

@@ -1,17 +1,23 @@
 // The op interface: everything a replica does to memory goes through a Device.
-// Two implementations: kernels/cpu (the reference: OpenBLAS + plain loops) and kernels/cuda
-// (cuBLAS + own kernels). The model, strategy and trainer see only this header, so they never
-// know which kind of device they run on.
+// Three implementations: kernels/cpu (the reference: OpenBLAS + plain loops), kernels/cuda
+// (cuBLAS + own kernels), and kernels/sim (a simulated GPU: CUDA's stream, event, copy and
+// callback semantics on CPU threads, computing with the CPU reference - so the asynchronous host
+// logic the CUDA path depends on is tested without a GPU). The model, strategy and trainer see
+// only this header, so they never know which kind of device they run on.
 //
 // Conventions
 // - Matrices are row-major. gemm computes C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
 // - Every op is asynchronous on the Stream it is given (CPU ops run to completion on the calling
 //   thread; the stream is ignored). Nothing here synchronizes the host unless its name says so.
+//   Copies from or to host memory that alloc_host_bytes did not return (pageable memory) follow
+//   cudaMemcpyAsync: host-to-device takes a snapshot before returning, device-to-host returns
+//   once the copy is done.
 // - Ops never allocate; scratch space is sized once when a Device is created.
 // - Reductions are deterministic: a fixed order, no floating-point atomics.
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,7 +25,8 @@
 
 namespace mirrored {
 
-enum class DeviceType { cpu, cuda };
+enum class DeviceType { cpu, cuda, sim };
+const char* device_type_name(DeviceType t);  // "cpu", "cuda", "sim"
 
 // Opaque handles: cudaStream_t / cudaEvent_t on CUDA, unused on CPU.
 struct Stream { void* handle = nullptr; };
@@ -75,8 +82,24 @@ struct AdamWArgs {
     const float* grad_sq_norm = nullptr;
 };
 
-// metrics accumulated on the device by softmax_xent, read by the host only when logging.
+// metrics accumulated on the device by softmax_xent, read by the host only when logging. Double,
+// so that sample counts stay exact far beyond 2^24.
 enum MetricSlot { kMetricLossSum = 0, kMetricCorrect = 1, kMetricCount = 2, kMetricSlots = 4 };
+
+// Calls the host made on a device since it was created: what a step costs the host.
+struct HostWork {
+    uint64_t launches = 0;       // kernels and library calls (GEMM)
+    uint64_t copies = 0;         // memory copies
+    uint64_t event_records = 0;
+    uint64_t stream_waits = 0;   // cross-stream waits on events
+    uint64_t host_syncs = 0;     // host waits for a device (synchronize, event/stream sync)
+    uint64_t callbacks = 0;      // host functions enqueued on a stream
+    HostWork operator-(const HostWork& o) const {
+        return {launches - o.launches, copies - o.copies, event_records - o.event_records,
+                stream_waits - o.stream_waits, host_syncs - o.host_syncs, callbacks - o.callbacks};
+    }
+    uint64_t total() const { return launches + copies + event_records + stream_waits + host_syncs + callbacks; }
+};
 
 class Device {
 public:
@@ -85,7 +108,9 @@ public:
     Device& operator=(const Device&) = delete;
 
     DeviceType type() const { return type_; }
-    int ordinal() const { return ordinal_; }  // CUDA device ordinal; replica index on CPU
+    // Streams are real queues that run behind the host (CUDA, sim); on CPU they are the caller.
+    bool asynchronous() const { return type_ != DeviceType::cpu; }
+    int ordinal() const { return ordinal_; }  // GPU ordinal (CUDA, sim); replica index on CPU
     const std::string& name() const { return name_; }  // "cuda:0", "cpu:1"
     virtual std::string description() const = 0;      // model name, memory
 
@@ -110,6 +135,13 @@ public:
     virtual void event_synchronize(Event e) = 0;            // host waits
     virtual void stream_synchronize(Stream s) = 0;          // host waits
     virtual void synchronize() = 0;                         // host waits for all streams
+    // Never blocks: has every stream finished its work? Throws DeviceError when the device has
+    // failed (a sticky error such as an illegal address), so polling it surfaces the failure.
+    virtual bool query_idle() = 0;
+    // After a failure anywhere: stop waiting for this device. Queued work may be dropped, and
+    // destruction no longer synchronizes (a failed peer may hold this device's streams forever).
+    virtual void abandon() noexcept = 0;
+    bool abandoned() const { return abandoned_; }
     virtual float event_elapsed_ms(Event start, Event end) = 0;  // both complete; 0 on CPU
     // Run fn(arg) on a host thread once all prior work on s is done (CPU: at once).
     virtual void host_callback(Stream s, void (*fn)(void*), void* arg) = 0;
@@ -134,7 +166,7 @@ public:
     // [kMetricCount] += rows.
     virtual void softmax_xent(Stream s, int rows, int classes, const float* logits,
                               const int32_t* labels, float grad_scale, float* dlogits,
-                              float* metrics) = 0;
+                              double* metrics) = 0;
     virtual void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols,
                                  const float* x, float* y) = 0;
     virtual void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols,
@@ -160,10 +192,14 @@ public:
     virtual void copy_from_peer(Stream s, float* dst, const Device& peer, const float* src,
                                 size_t n) = 0;
 
+    HostWork host_work() const { return work_; }  // read by the replica's own thread
+
 protected:
     Device(DeviceType type, int ordinal, std::string name)
         : type_(type), ordinal_(ordinal), name_(std::move(name)) {}
     Stream compute_, comm_, copy_;
+    HostWork work_;  // implementations count what the host issues
+    std::atomic<bool> abandoned_{false};
 
 private:
     DeviceType type_;
@@ -175,10 +211,27 @@ private:
 std::unique_ptr<Device> make_cpu_device(int index);
 // A CUDA replica on GPU `ordinal`. Several replicas may share one GPU (logical devices).
 std::unique_ptr<Device> make_cuda_device(int ordinal);
+// A replica on simulated GPU `ordinal` (kernels/sim/sim.h has its knobs).
+std::unique_ptr<Device> make_sim_device(int ordinal);
+// One of the above by type: `ordinal` is the GPU (CUDA, sim) or the replica index (CPU).
+std::unique_ptr<Device> make_device(DeviceType type, int ordinal);
 
+// Whether the CUDA backend can run here, and if not, why.
+struct CudaStatus {
+    enum class State {
+        not_compiled,  // a CPU-only build (no nvcc at build time)
+        no_driver,     // no NVIDIA driver: CPU replicas are the right choice
+        no_device,     // a driver, but no GPU visible (CUDA_VISIBLE_DEVICES, containers)
+        unusable,      // a driver and GPUs that this build cannot use: a configuration to fix
+        ok,
+    } state = State::not_compiled;
+    int devices = 0;
+    std::string reason;  // what is wrong and what to install ("" when ok)
+};
+CudaStatus cuda_status();             // probed once
 bool cuda_compiled();                 // was the CUDA backend built in?
-int cuda_device_count();              // 0 when not compiled, no driver, or no GPU
-std::string cuda_unavailable_reason();  // why cuda_device_count() is 0 ("" otherwise)
+int cuda_device_count();              // 0 unless cuda_status().state is ok
+std::string cuda_unavailable_reason();  // cuda_status().reason
 
 struct CudaDeviceInfo {
     int ordinal = 0;
@@ -195,15 +248,23 @@ struct CudaTopology {
     int cuda_runtime_version = 0, cuda_driver_version = 0, nccl_version = 0;
 };
 CudaTopology cuda_topology();
-// Enable peer access between every pair of distinct listed GPUs that supports it. Returns the
-// pairs left on the host path.
-std::vector<std::pair<int, int>> cuda_enable_peer_access(const std::vector<int>& ordinals);
+
+// A pair of distinct GPUs that kernels cannot load across: reduce_from_peer copies through local
+// staging instead. `why` says what the runtime answered.
+struct StagedPair {
+    int from = 0, to = 0;
+    std::string why;
+};
+// Enables peer access between every pair of distinct listed GPUs (CUDA or sim) that supports
+// it; returns the pairs left on the staged path.
+std::vector<StagedPair> enable_peer_access(DeviceType type, const std::vector<int>& ordinals);
 
 // How reduce_from_peer reads another GPU's memory: automatic (a kernel loading the peer's memory
 // where peer access allows, else staged), or forced - a knob for benchmarks and tests that
-// compare the two.
+// compare the two. Applies to CUDA and sim devices.
 enum class PeerTransport { automatic, direct, staged };
-void cuda_set_peer_transport(PeerTransport t);
+void set_peer_transport(PeerTransport t);
+PeerTransport peer_transport();
 
 // BLAS threads for CPU replicas: one each, because replicas are the parallelism.
 void cpu_set_blas_threads(int n);

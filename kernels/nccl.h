@@ -1,4 +1,5 @@
-// NCCL as an alternative cross-device backend for CUDA replicas.
+// NCCL as an alternative cross-device backend for GPU replicas: the real library for CUDA
+// replicas (when the build found it), a rendezvous with the same semantics for simulated ones.
 #pragma once
 
 #include <memory>
@@ -10,15 +11,22 @@ namespace mirrored {
 
 class NcclGroup {
 public:
-    virtual ~NcclGroup() = default;
+    virtual ~NcclGroup() = default;  // finalizes the communicators; after abort() only frees them
     // In-place sum of buffers[r][0..count) over all replicas, enqueued on each replica's comm
     // stream. One thread issues every rank between ncclGroupStart/End.
     virtual void all_reduce_sum(const std::vector<float*>& buffers, size_t count) = 0;
+    // The error path: abandon the communicators now (ncclCommAbort), so that no rank waits for
+    // a failed one; the group is unusable afterwards.
+    virtual void abort() noexcept = 0;
 };
 
-bool nccl_compiled();
-// One communicator per device (ncclCommInitAll). NCCL cannot place two ranks on one GPU: a
-// device list that repeats a GPU is refused with a ConfigError.
+bool nccl_compiled();  // was the build linked against NCCL?
+// One communicator per device. NCCL cannot place two ranks on one GPU: a device list that repeats
+// a GPU is refused with a ConfigError, as is a build without NCCL (saying how to get it).
 std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>& devices);
+
+// The implementations make_nccl_group picks from (devices already checked).
+std::unique_ptr<NcclGroup> make_cuda_nccl_group(const std::vector<Device*>& devices);
+std::unique_ptr<NcclGroup> make_sim_nccl_group(const std::vector<Device*>& devices);
 
 }  // namespace mirrored

@@ -9,8 +9,8 @@ namespace mirrored {
 
 namespace {
 
-// Ordering between replicas. On CPU the barrier alone orders everything. On CUDA each replica
-// records an event on its comm stream, the barrier guarantees every event is recorded, and then
+// Ordering between replicas. On CPU the barrier alone orders everything. On GPUs (CUDA, sim)
+// each replica records an event on its comm stream, the barrier guarantees every event is recorded, and then
 // a replica's comm stream waits for the events of the replicas it reads from or that read from
 // it - device-side ordering, no host round trip. Two event slots alternate: a slot is recorded
 // again only two barriers later, after every waiter has enqueued its wait.
@@ -18,8 +18,8 @@ class ReplicaSync {
 public:
     ReplicaSync(std::vector<Device*> devices, ReplicaBarrier& barrier)
         : devices_(std::move(devices)), barrier_(barrier), events_(devices_.size()), turn_(devices_.size(), 0) {
-        cuda_ = !devices_.empty() && devices_[0]->type() == DeviceType::cuda;
-        if (cuda_)
+        async_ = !devices_.empty() && devices_[0]->asynchronous();
+        if (async_)
             for (size_t r = 0; r < devices_.size(); ++r)
                 for (auto& e : events_[r]) e = devices_[r]->event_create();
     }
@@ -31,7 +31,7 @@ public:
     // Replica r continues once the listed replicas' comm streams have reached this point.
     template <typename Peers>
     void wait_for(int r, const Peers& peers) {
-        if (!cuda_) {
+        if (!async_) {
             barrier_.arrive_and_wait();
             return;
         }
@@ -49,7 +49,7 @@ private:
     ReplicaBarrier& barrier_;
     std::vector<std::array<Event, 2>> events_;
     std::vector<int> turn_;  // per replica: only its own thread touches its entry
-    bool cuda_ = false;
+    bool async_ = false;
 };
 
 // Chunk k of `count` elements split n ways, in multiples of 4 floats (16-byte vector loads);
@@ -67,7 +67,7 @@ public:
         : devices_(std::move(d)), buffers_(std::move(b)), sync_(devices_, barrier) {}
     const char* name() const override { return "ring"; }
 
-    void all_reduce(int r, size_t offset, size_t count) override {
+    void run(int r, size_t offset, size_t count) override {
         const int n = int(devices_.size());
         if (n == 1 || count == 0) return;
         const int prev = (r + n - 1) % n, next = (r + 1) % n;
@@ -109,7 +109,7 @@ public:
     }
     const char* name() const override { return "reduce_to_one"; }
 
-    void all_reduce(int r, size_t offset, size_t count) override {
+    void run(int r, size_t offset, size_t count) override {
         const int n = int(devices_.size());
         if (n == 1 || count == 0) return;
         const std::vector<int> root{0};
@@ -136,8 +136,12 @@ public:
     NcclAllReduce(std::vector<Device*> d, std::vector<float*> b, ReplicaBarrier& barrier)
         : group_(make_nccl_group(d)), buffers_(std::move(b)), barrier_(barrier), views_(buffers_.size()) {}
     const char* name() const override { return "nccl"; }
+    void abort() noexcept override {
+        CrossDeviceOps::abort();
+        group_->abort();
+    }
 
-    void all_reduce(int r, size_t offset, size_t count) override {
+    void run(int r, size_t offset, size_t count) override {
         if (buffers_.size() == 1 || count == 0) return;
         barrier_.arrive_and_wait();  // every comm stream already waits for its data
         if (r == 0) {
@@ -155,6 +159,18 @@ private:
 };
 
 }  // namespace
+
+void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
+    if (broken_)
+        throw DeviceError(std::string("cross-device ops (") + name() +
+                          "): unusable after an aborted all-reduce; the replicas must be rebuilt");
+    try {
+        run(r, offset, count);
+    } catch (...) {
+        broken_ = true;
+        throw;
+    }
+}
 
 const char* cross_device_ops_names() { return "ring, nccl, reduce_to_one"; }
 

@@ -9,8 +9,13 @@
 // Work goes on the replicas' comm streams: the caller makes the comm stream wait for the data
 // first, and waits for the comm stream before using the result. The same code serves CPU
 // replicas (where "streams" are the calling thread and synchronisation is the barrier).
+//
+// A failure inside an all-reduce (a device error, a replica that broke the barrier) leaves the
+// ops broken: how far each replica got, and so which event slot each expects next, is unknown,
+// so every later call throws rather than pair the wrong events.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,7 +31,16 @@ public:
     virtual ~CrossDeviceOps() = default;
     virtual const char* name() const = 0;
     // Sum buffers[*][offset, offset + count) in place; every replica ends bit-identical.
-    virtual void all_reduce(int r, size_t offset, size_t count) = 0;
+    void all_reduce(int r, size_t offset, size_t count);
+    // The error path: stop now (NCCL: abort the communicators). Unusable afterwards.
+    virtual void abort() noexcept { broken_ = true; }
+    bool broken() const { return broken_; }
+
+protected:
+    virtual void run(int r, size_t offset, size_t count) = 0;
+
+private:
+    std::atomic<bool> broken_{false};
 };
 
 // Known names, for error messages: "ring, nccl, reduce_to_one".

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -199,6 +200,12 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
         end_status_line();
         std::fprintf(stderr, "error: %s\n", e.what());
+        if (e.code() == kExitDevice) {
+            // A failed GPU context can hang the CUDA runtime's own teardown at exit; everything of
+            // ours is already closed and flushed (the run's objects were destroyed while unwinding).
+            std::fflush(nullptr);
+            std::_Exit(kExitDevice);
+        }
         return e.code();
     } catch (const std::exception& e) {
         end_status_line();

@@ -1,5 +1,10 @@
 #include "mirrored/replica_threads.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -12,11 +17,23 @@ inline void cpu_relax() {
     _mm_pause();
 #endif
 }
-constexpr int kSpins = 2000;  // a few microseconds: replicas usually arrive close together
+
+int usable_cores() {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 }  // namespace
+
+ReplicaBarrier::ReplicaBarrier(int n) : n_(n), spin_ns_(n > 1 && n <= usable_cores() ? kSpinNs : 0) {}
 
 void ReplicaBarrier::arrive_and_wait() {
     if (aborted_) throw BarrierAborted();
+    arrivals_.fetch_add(1, std::memory_order_relaxed);
     if (n_ == 1) return;
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t gen = generation_.load();
@@ -28,10 +45,14 @@ void ReplicaBarrier::arrive_and_wait() {
         return;
     }
     lock.unlock();
-    for (int i = 0; i < kSpins; ++i) {
-        if (generation_.load(std::memory_order_acquire) != gen) return;
-        if (aborted_) throw BarrierAborted();
-        cpu_relax();
+    if (spin_ns_ > 0) {
+        const int64_t deadline = now_ns() + spin_ns_;
+        for (int i = 0;; ++i) {
+            if (generation_.load(std::memory_order_acquire) != gen) return;
+            if (aborted_) throw BarrierAborted();
+            cpu_relax();
+            if ((i & 63) == 63 && now_ns() > deadline) break;
+        }
     }
     lock.lock();
     cv_.wait(lock, [&] { return generation_.load() != gen || aborted_; });

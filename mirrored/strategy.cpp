@@ -15,17 +15,29 @@ namespace mirrored {
 
 namespace {
 
-std::vector<int> parse_int_list(const std::string& list, const std::string& spec) {
+// "0,1,3" -> {0, 1, 3}; `example` is a valid spec of the same kind, for the error message.
+std::vector<int> parse_int_list(const std::string& list, const std::string& spec, const std::string& example) {
     std::vector<int> out;
-    std::stringstream ss(list);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 4)
-            throw ConfigError("strategy.devices: '" + spec + "': expected device numbers like cuda:0,1,3");
+    size_t start = 0;
+    while (start <= list.size()) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        const std::string item = list.substr(start, comma - start);
+        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
+            throw ConfigError("strategy.devices: '" + spec + "': expected device numbers like " + example);
+        if (item.size() > 6)
+            throw ConfigError("strategy.devices: '" + spec + "': device number " + item + " is out of range");
         out.push_back(std::stoi(item));
+        start = comma + 1;
     }
-    if (out.empty()) throw ConfigError("strategy.devices: '" + spec + "': no devices listed");
     return out;
+}
+
+// The metric accumulators are doubles; zero bits are 0.0.
+void zero_metrics(Device& d, Stream s, double* m) { d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(m)); }
+
+void backoff(int round) {
+    if (round < 64) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 20 * (round - 63))));
 }
 
 }  // namespace
@@ -33,46 +45,60 @@ std::vector<int> parse_int_list(const std::string& list, const std::string& spec
 std::string DeviceList::describe() const {
     std::string s;
     for (size_t i = 0; i < ordinals.size(); ++i)
-        s += (i ? "," : "") + std::string(type == DeviceType::cuda ? "cuda:" : "cpu:") + std::to_string(ordinals[i]);
+        s += (i ? "," : "") + std::string(device_type_name(type)) + ":" + std::to_string(ordinals[i]);
     return s;
 }
 
-DeviceList parse_devices(const std::string& spec) {
+DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda) {
     DeviceList d;
-    const int gpus = cuda_device_count();
     const int cores = std::max(1u, std::thread::hardware_concurrency());
+    const bool gpus_ok = cuda.state == CudaStatus::State::ok;
+    auto need_gpus = [&] {
+        if (!gpus_ok) throw DeviceError("strategy.devices: '" + spec + "' asks for GPUs, but " + cuda.reason);
+    };
     auto cpus = [&](int n) {
         d.type = DeviceType::cpu;
         for (int i = 0; i < n; ++i) d.ordinals.push_back(i);
     };
     auto all_gpus = [&] {
-        if (gpus == 0) throw DeviceError("strategy.devices: '" + spec + "' asks for GPUs, but " + cuda_unavailable_reason());
+        need_gpus();
         d.type = DeviceType::cuda;
-        for (int i = 0; i < gpus; ++i) d.ordinals.push_back(i);
+        for (int i = 0; i < cuda.devices; ++i) d.ordinals.push_back(i);
     };
     if (spec == "auto") {
-        if (gpus > 0) all_gpus();
+        if (cuda.state == CudaStatus::State::unusable)
+            throw DeviceError("strategy.devices: auto: GPUs are present but unusable: " + cuda.reason +
+                              " (--devices cpu trains on the CPU instead)");
+        if (gpus_ok) all_gpus();
         else cpus(cores);
     } else if (spec == "cuda" || spec == "cuda:all") {
         all_gpus();
     } else if (spec == "cpu") {
         cpus(cores);
     } else if (spec.rfind("cpu:", 0) == 0) {
-        const auto n = parse_int_list(spec.substr(4), spec);
+        const auto n = parse_int_list(spec.substr(4), spec, "cpu:4");
         if (n.size() != 1 || n[0] < 1 || n[0] > 1024)
             throw ConfigError("strategy.devices: '" + spec + "': expected cpu:N with N replicas, 1 to 1024");
         cpus(n[0]);
     } else if (spec.rfind("cuda:", 0) == 0) {
         d.type = DeviceType::cuda;
-        d.ordinals = parse_int_list(spec.substr(5), spec);
-        if (gpus == 0) throw DeviceError("strategy.devices: '" + spec + "' asks for GPUs, but " + cuda_unavailable_reason());
+        d.ordinals = parse_int_list(spec.substr(5), spec, "cuda:0,1,3");
+        need_gpus();
         for (int o : d.ordinals)
-            if (o >= gpus)
+            if (o >= cuda.devices)
                 throw DeviceError("strategy.devices: '" + spec + "': there is no cuda:" + std::to_string(o) + " (" +
-                                  std::to_string(gpus) + " GPU(s) visible)");
+                                  std::to_string(cuda.devices) + " GPU(s) visible)");
+    } else if (spec.rfind("sim:", 0) == 0) {
+        d.type = DeviceType::sim;
+        d.ordinals = parse_int_list(spec.substr(4), spec, "sim:0,1 or sim:0,0,0,0");
+        for (int o : d.ordinals)
+            if (o >= 64) throw ConfigError("strategy.devices: '" + spec + "': simulated GPUs are numbered 0 to 63");
     } else {
-        throw ConfigError("strategy.devices: '" + spec + "': expected auto, cuda, cuda:all, cuda:0,1,..., cpu or cpu:N");
+        throw ConfigError("strategy.devices: '" + spec +
+                          "': expected auto, cuda, cuda:all, cuda:0,1,..., cpu, cpu:N or sim:0,1,...");
     }
+    if (d.ordinals.size() > 1024)
+        throw ConfigError("strategy.devices: '" + spec + "': at most 1024 replicas");
     return d;
 }
 
@@ -95,9 +121,12 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
 
 Replica::~Replica() {
     if (!device) return;
-    try {
-        device->synchronize();
-    } catch (...) {
+    if (!device->abandoned()) {
+        try {
+            device->synchronize();
+        } catch (...) {
+            device->abandon();
+        }
     }
     for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced,
                     metrics_copied, t_begin, t_backward, t_reduced, t_end})
@@ -114,8 +143,10 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
                           std::to_string(n) + " replicas x " + std::to_string(accumulation_) +
                           " accumulation steps; use a multiple of " + std::to_string(n * accumulation_));
     if (cfg_.bucket_mb < 0) throw ConfigError("strategy.bucket_mb: expected a number >= 0");
-    if (devices_.type == DeviceType::cpu) cpu_set_blas_threads(1);  // replicas are the parallelism
-    else host_path_pairs_ = cuda_enable_peer_access(devices_.ordinals);
+    // CPU replicas (and the simulated GPUs' streams, which compute with the CPU reference) are
+    // the parallelism: one BLAS thread each.
+    if (devices_.type != DeviceType::cuda) cpu_set_blas_threads(1);
+    staged_pairs_ = enable_peer_access(devices_.type, devices_.ordinals);
     const int shard_rows = (global_batch + n - 1) / n;
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
@@ -131,12 +162,50 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
 }
 
 MirroredStrategy::~MirroredStrategy() {
-    try {
-        synchronize();
-    } catch (...) {
-    }
+    shutdown();
     ops_.reset();
     threads_.reset();
+}
+
+bool MirroredStrategy::shutdown() noexcept {
+    if (!failed_) {
+        try {
+            synchronize();
+        } catch (...) {
+            fail();
+        }
+    }
+    return !failed_;
+}
+
+void MirroredStrategy::fail() noexcept {
+    failed_ = true;
+    if (ops_) ops_->abort();
+    for (auto& R : replicas_)
+        if (R && R->device) R->device->abandon();
+}
+
+template <typename F>
+auto MirroredStrategy::guarded(F&& fn) -> decltype(fn()) {
+    if (failed_) throw StrategyFailed();
+    try {
+        return fn();
+    } catch (...) {
+        fail();
+        throw;
+    }
+}
+
+void MirroredStrategy::wait_until(const std::function<bool()>& done) {
+    for (int round = 0;; ++round) {
+        if (done()) return;
+        for (auto& R : replicas_) R->device->query_idle();  // throws the error of a failed device
+        backoff(round);
+    }
+}
+
+StepWork MirroredStrategy::host_work() const {
+    return {replicas_[0]->device->host_work(), threads_->barrier().arrivals() / uint64_t(replicas_.size())};
 }
 
 void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, const OptimizerConfig& opt) {
@@ -144,7 +213,7 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
     R->index = r;
     const size_t flat = model_.flat_size(), features = size_t(model_.input_features());
     try {
-        R->device = devices_.type == DeviceType::cuda ? make_cuda_device(devices_.ordinals[r]) : make_cpu_device(r);
+        R->device = make_device(devices_.type, devices_.type == DeviceType::cpu ? r : devices_.ordinals[r]);
         Device& d = *R->device;
         d.set_tf32(cfg_.tf32);
         R->params = DeviceBuffer<float>(d, flat);
@@ -157,12 +226,12 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
             R->input_ready[b] = d.event_create();
             R->input_free[b] = d.event_create();
         }
-        R->train_metrics = DeviceBuffer<float>(d, kMetricSlots);
-        R->eval_metrics = DeviceBuffer<float>(d, kMetricSlots);
+        R->train_metrics = DeviceBuffer<double>(d, kMetricSlots);
+        R->eval_metrics = DeviceBuffer<double>(d, kMetricSlots);
         R->grad_sq_norm = DeviceBuffer<float>(d, 1);
         R->checksums = DeviceBuffer<uint64_t>(d, model_.tensors().size() + 1);
-        R->metrics_host = HostBuffer<float>(d, kMetricSlots);
-        R->eval_host = HostBuffer<float>(d, kMetricSlots);
+        R->metrics_host = HostBuffer<double>(d, kMetricSlots);
+        R->eval_host = HostBuffer<double>(d, kMetricSlots);
         R->checksums_host = HostBuffer<uint64_t>(d, model_.tensors().size() + 1);
         R->bucket_ready = d.event_create();
         R->reduced = d.event_create();
@@ -170,7 +239,7 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
         for (Event* e : {&R->t_begin, &R->t_backward, &R->t_reduced, &R->t_end}) *e = d.event_create(true);
         const Stream s = d.compute_stream();
         d.fill(s, flat, 0.0f, R->grads.data());  // alignment gaps stay zero forever
-        d.fill(s, kMetricSlots, 0.0f, R->train_metrics.data());
+        zero_metrics(d, s, R->train_metrics.data());
         d.synchronize();
     } catch (const DeviceError& e) {
         const std::string what = e.what();
@@ -186,34 +255,52 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
 
 std::string MirroredStrategy::topology_report() const {
     std::string s;
-    for (auto [a, b] : host_path_pairs_)
-        s += "cuda:" + std::to_string(a) + " -> cuda:" + std::to_string(b) +
-             ": no peer access; copies go through host memory (slower)\n";
+    const std::string kind = device_type_name(devices_.type);
+    for (const StagedPair& p : staged_pairs_)
+        s += kind + ":" + std::to_string(p.from) + " -> " + kind + ":" + std::to_string(p.to) +
+             ": staged peer copies (" + p.why + "), slower than direct peer loads\n";
     std::set<int> distinct(devices_.ordinals.begin(), devices_.ordinals.end());
-    if (devices_.type == DeviceType::cuda && distinct.size() < devices_.ordinals.size())
+    if (devices_.type != DeviceType::cpu && distinct.size() < devices_.ordinals.size())
         s += "several replicas share a GPU (logical devices): they exchange data within its memory\n";
     return s;
 }
 
 HostAllocator MirroredStrategy::host_allocator() {
-    if (devices_.type == DeviceType::cpu) return HostAllocator::aligned();
+    if (!devices_.asynchronous()) return HostAllocator::aligned();
     Device* d = replicas_[0]->device.get();  // portable pinned memory serves every GPU
     return {[d](size_t bytes) { return d->alloc_host_bytes(bytes); }, [d](void* p) { d->free_host_bytes(p); }};
 }
 
 void MirroredStrategy::synchronize() {
-    for (auto& R : replicas_) R->device->synchronize();
+    guarded([&] {
+        wait_until([&] {
+            bool idle = true;
+            for (auto& R : replicas_) idle = R->device->query_idle() && idle;
+            return idle;
+        });
+    });
 }
 
 void MirroredStrategy::init_and_broadcast() {
-    Replica& R0 = *replicas_[0];
-    model_.init_params(*R0.device, R0.device->compute_stream(), R0.params.data());
-    R0.device->synchronize();
-    threads_->run([&](int r) {
-        if (r == 0) return;
-        Device& d = *replicas_[r]->device;
-        d.copy_from_peer(d.compute_stream(), replicas_[r]->params.data(), *R0.device, R0.params.data(), model_.flat_size());
-        d.synchronize();
+    guarded([&] {
+        Replica& R0 = *replicas_[0];
+        model_.init_params(*R0.device, R0.device->compute_stream(), R0.params.data());
+        R0.device->synchronize();
+        threads_->run([&](int r) {
+            if (r == 0) return;
+            Device& d = *replicas_[r]->device;
+            d.copy_from_peer(d.compute_stream(), replicas_[r]->params.data(), *R0.device, R0.params.data(),
+                             model_.flat_size());
+            d.synchronize();
+        });
+    });
+}
+
+const Batch& MirroredStrategy::next_batch(Loader& loader) {
+    return *guarded([&] {
+        const Batch* b = nullptr;
+        wait_until([&] { return (b = loader.next_for(0.005)) != nullptr; });
+        return b;
     });
 }
 
@@ -239,13 +326,14 @@ int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& s
 }
 
 void MirroredStrategy::train_step(const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing) {
-    // Stays set until collect_timing() reads the events: the trainer reads a log step's numbers
-    // only after it has issued the next step.
-    if (sample_timing && devices_.type == DeviceType::cuda) timing_sampled_ = true;
-    threads_->run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
+    guarded([&] {
+        // Stays set until collect_timing() reads the events: the trainer reads a log step's
+        // numbers only after it has issued the next step.
+        if (sample_timing && devices_.asynchronous()) timing_sampled_ = true;
+        threads_->run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
+    });
     if (cfg_.verify_every_steps > 0 && (step + 1) % cfg_.verify_every_steps == 0) verify_replicas();
 }
-
 void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed,
                                     bool sample_timing) {
     Replica& R = *replicas_[r];
@@ -259,7 +347,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
     const Shard shard = shard_of(global_rows, n, r);
     const int buf = stage_input(R, batch, shard);
     const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
-    const bool timing = sample_timing && r == 0 && devices_.type == DeviceType::cuda;
+    const bool timing = sample_timing && r == 0 && devices_.asynchronous();
     if (timing) d.event_record(R.t_begin, cs);
 
     auto reduce = [&](const Bucket& b) {
@@ -309,7 +397,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
 
 void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {
     Replica& R = *replicas_[0];
-    if (devices_.type == DeviceType::cpu) {
+    if (!devices_.asynchronous()) {
         split.compute_s += R.compute_s;
         split.comm_s += R.comm_s;
         R.compute_s = R.comm_s = 0;
@@ -317,7 +405,7 @@ void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {
     }
     if (!timing_sampled_ || steps <= 0) return;
     Device& d = *R.device;
-    d.event_synchronize(R.t_end);
+    guarded([&] { wait_until([&] { return d.event_query(R.t_end); }); });
     const double backward = d.event_elapsed_ms(R.t_begin, R.t_backward) * 1e-3;
     const double exposed = d.event_elapsed_ms(R.t_backward, R.t_reduced) * 1e-3;
     const double update = d.event_elapsed_ms(R.t_reduced, R.t_end) * 1e-3;
@@ -328,40 +416,45 @@ void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {
 }
 
 void MirroredStrategy::request_train_metrics() {
-    for (auto& Rp : replicas_) {
-        Replica& R = *Rp;
-        Device& d = *R.device;
-        const Stream s = d.compute_stream();
-        d.copy_to_host(s, R.metrics_host.data(), R.train_metrics.data(), kMetricSlots * sizeof(float));
-        d.event_record(R.metrics_copied, s);
-        d.fill(s, kMetricSlots, 0.0f, R.train_metrics.data());
-    }
+    guarded([&] {
+        for (auto& Rp : replicas_) {
+            Replica& R = *Rp;
+            Device& d = *R.device;
+            const Stream s = d.compute_stream();
+            d.copy_to_host(s, R.metrics_host.data(), R.train_metrics.data(), kMetricSlots * sizeof(double));
+            d.event_record(R.metrics_copied, s);
+            zero_metrics(d, s, R.train_metrics.data());
+        }
+    });
 }
 
 bool MirroredStrategy::train_metrics_ready() {
-    for (auto& R : replicas_)
-        if (!R->device->event_query(R->metrics_copied)) return false;
-    return true;
+    return guarded([&] {
+        for (auto& R : replicas_)
+            if (!R->device->event_query(R->metrics_copied)) return false;
+        return true;
+    });
 }
 
 Metrics MirroredStrategy::take_train_metrics() {
+    guarded([&] { wait_until([&] { return train_metrics_ready(); }); });
     Metrics m;
-    for (auto& R : replicas_) {
-        R->device->event_synchronize(R->metrics_copied);
-        m.add(R->metrics_host.data());
-    }
+    for (auto& R : replicas_) m.add(R->metrics_host.data());
     return m;
 }
 
 std::vector<std::array<double, 3>> MirroredStrategy::peek_train_metrics() {
-    std::vector<std::array<double, 3>> out;
-    for (auto& R : replicas_) {
-        Device& d = *R->device;
-        d.copy_to_host(d.compute_stream(), R->metrics_host.data(), R->train_metrics.data(), kMetricSlots * sizeof(float));
-        d.stream_synchronize(d.compute_stream());
-        out.push_back({R->metrics_host[kMetricLossSum], R->metrics_host[kMetricCorrect], R->metrics_host[kMetricCount]});
-    }
-    return out;
+    synchronize();
+    return guarded([&] {
+        std::vector<std::array<double, 3>> out;
+        for (auto& R : replicas_) {
+            Device& d = *R->device;
+            d.copy_to_host(d.compute_stream(), R->metrics_host.data(), R->train_metrics.data(), kMetricSlots * sizeof(double));
+            d.stream_synchronize(d.compute_stream());
+            out.push_back({R->metrics_host[kMetricLossSum], R->metrics_host[kMetricCorrect], R->metrics_host[kMetricCount]});
+        }
+        return out;
+    });
 }
 
 void MirroredStrategy::restore_train_metrics(const std::vector<std::array<double, 3>>& m) {
@@ -370,69 +463,81 @@ void MirroredStrategy::restore_train_metrics(const std::vector<std::array<double
     else
         for (const auto& x : m)
             for (int k = 0; k < 3; ++k) per[0][k] += x[k];
-    for (int r = 0; r < replicas(); ++r) {
-        Device& d = *replicas_[r]->device;
-        float v[kMetricSlots] = {float(per[r][0]), float(per[r][1]), float(per[r][2]), 0.0f};
-        std::memcpy(replicas_[r]->metrics_host.data(), v, sizeof v);
-        d.copy_to_device(d.compute_stream(), replicas_[r]->train_metrics.data(), replicas_[r]->metrics_host.data(), sizeof v);
-        d.stream_synchronize(d.compute_stream());
-    }
+    guarded([&] {
+        for (int r = 0; r < replicas(); ++r) {
+            Device& d = *replicas_[r]->device;
+            const double v[kMetricSlots] = {per[r][0], per[r][1], per[r][2], 0.0};
+            std::memcpy(replicas_[r]->metrics_host.data(), v, sizeof v);
+            d.copy_to_device(d.compute_stream(), replicas_[r]->train_metrics.data(), replicas_[r]->metrics_host.data(), sizeof v);
+            d.stream_synchronize(d.compute_stream());
+        }
+    });
 }
 
 Metrics MirroredStrategy::evaluate(Loader& loader) {
     const int n = replicas();
-    for (auto& R : replicas_) R->device->fill(R->device->compute_stream(), kMetricSlots, 0.0f, R->eval_metrics.data());
-    loader.start({0, 0});
-    const size_t features = size_t(model_.input_features());
-    for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
-        const Batch& batch = loader.next();
-        threads_->run([&](int r) {
-            Replica& R = *replicas_[r];
-            Device& d = *R.device;
-            const Shard shard = shard_of(batch.rows, n, r);
-            const int buf = stage_input(R, batch, shard);
-            for (int m = 0; m < accumulation_; ++m) {
-                const Shard micro = shard_of(shard.rows, accumulation_, m);
-                const PassContext ctx{&d, d.compute_stream(), micro.rows, 0, 0, 0, false};
-                const float* logits = model_.forward(
-                    ctx, R.params.data(), R.inputs[buf].data() + size_t(micro.begin) * features, R.acts);
-                d.softmax_xent(ctx.stream, micro.rows, model_.output_features(), logits,
-                               R.labels[buf].data() + micro.begin, 0.0f, nullptr, R.eval_metrics.data());
-            }
-            d.event_record(R.input_free[buf], d.compute_stream());
-        });
-    }
-    synchronize();  // every release callback has run before the loader stops
-    loader.stop();
     Metrics m;
-    for (auto& R : replicas_) {
-        Device& d = *R->device;
-        d.copy_to_host(d.compute_stream(), R->eval_host.data(), R->eval_metrics.data(), kMetricSlots * sizeof(float));
-        d.stream_synchronize(d.compute_stream());
-        m.add(R->eval_host.data());
-    }
+    guarded([&] {
+        for (auto& R : replicas_) zero_metrics(*R->device, R->device->compute_stream(), R->eval_metrics.data());
+        loader.start({0, 0});
+        const size_t features = size_t(model_.input_features());
+        for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+            const Batch& batch = next_batch(loader);
+            threads_->run([&](int r) {
+                Replica& R = *replicas_[r];
+                Device& d = *R.device;
+                const Shard shard = shard_of(batch.rows, n, r);
+                const int buf = stage_input(R, batch, shard);
+                for (int mi = 0; mi < accumulation_; ++mi) {
+                    const Shard micro = shard_of(shard.rows, accumulation_, mi);
+                    const PassContext ctx{&d, d.compute_stream(), micro.rows, 0, 0, 0, false};
+                    const float* logits = model_.forward(
+                        ctx, R.params.data(), R.inputs[buf].data() + size_t(micro.begin) * features, R.acts);
+                    d.softmax_xent(ctx.stream, micro.rows, model_.output_features(), logits,
+                                   R.labels[buf].data() + micro.begin, 0.0f, nullptr, R.eval_metrics.data());
+                }
+                d.event_record(R.input_free[buf], d.compute_stream());
+            });
+        }
+        synchronize();
+        loader.stop();  // waits for every release callback
+        for (auto& R : replicas_) {
+            Device& d = *R->device;
+            d.copy_to_host(d.compute_stream(), R->eval_host.data(), R->eval_metrics.data(), kMetricSlots * sizeof(double));
+            d.stream_synchronize(d.compute_stream());
+            m.add(R->eval_host.data());
+        }
+    });
     return m;
 }
 
 uint64_t MirroredStrategy::checksum(int r) {
-    Replica& R = *replicas_[r];
-    Device& d = *R.device;
-    const size_t last = model_.tensors().size();
-    d.checksum(d.compute_stream(), model_.flat_size(), R.params.data(), R.checksums.data() + last);
-    d.copy_to_host(d.compute_stream(), R.checksums_host.data() + last, R.checksums.data() + last, sizeof(uint64_t));
-    d.stream_synchronize(d.compute_stream());
-    return R.checksums_host[last];
+    synchronize();
+    return guarded([&] {
+        Replica& R = *replicas_[r];
+        Device& d = *R.device;
+        const size_t last = model_.tensors().size();
+        d.checksum(d.compute_stream(), model_.flat_size(), R.params.data(), R.checksums.data() + last);
+        d.copy_to_host(d.compute_stream(), R.checksums_host.data() + last, R.checksums.data() + last, sizeof(uint64_t));
+        d.stream_synchronize(d.compute_stream());
+        return R.checksums_host[last];
+    });
 }
 
 void MirroredStrategy::verify_replicas() {
     const auto& tensors = model_.tensors();
-    for (auto& Rp : replicas_) {
-        Device& d = *Rp->device;
-        for (size_t t = 0; t < tensors.size(); ++t)
-            d.checksum(d.compute_stream(), tensors[t].count, Rp->params.data() + tensors[t].offset, Rp->checksums.data() + t);
-        d.copy_to_host(d.compute_stream(), Rp->checksums_host.data(), Rp->checksums.data(), tensors.size() * sizeof(uint64_t));
-    }
-    for (auto& Rp : replicas_) Rp->device->stream_synchronize(Rp->device->compute_stream());
+    synchronize();
+    guarded([&] {
+        for (auto& Rp : replicas_) {
+            Device& d = *Rp->device;
+            for (size_t t = 0; t < tensors.size(); ++t)
+                d.checksum(d.compute_stream(), tensors[t].count, Rp->params.data() + tensors[t].offset,
+                           Rp->checksums.data() + t);
+            d.copy_to_host(d.compute_stream(), Rp->checksums_host.data(), Rp->checksums.data(),
+                           tensors.size() * sizeof(uint64_t));
+        }
+        for (auto& Rp : replicas_) Rp->device->stream_synchronize(Rp->device->compute_stream());
+    });
     for (size_t t = 0; t < tensors.size(); ++t)
         for (int r = 1; r < replicas(); ++r)
             if (replicas_[r]->checksums_host[t] != replicas_[0]->checksums_host[t])
@@ -442,41 +547,51 @@ void MirroredStrategy::verify_replicas() {
 }
 
 std::vector<float> MirroredStrategy::download_params() {
-    Replica& R = *replicas_[0];
-    std::vector<float> h(model_.flat_size());
-    R.device->copy_to_host(R.device->compute_stream(), h.data(), R.params.data(), h.size() * sizeof(float));
-    R.device->stream_synchronize(R.device->compute_stream());
-    return h;
+    synchronize();
+    return guarded([&] {
+        Replica& R = *replicas_[0];
+        std::vector<float> h(model_.flat_size());
+        R.device->copy_to_host(R.device->compute_stream(), h.data(), R.params.data(), h.size() * sizeof(float));
+        R.device->stream_synchronize(R.device->compute_stream());
+        return h;
+    });
 }
 
 std::vector<std::pair<std::string, std::vector<float>>> MirroredStrategy::download_optimizer_state() {
-    Replica& R = *replicas_[0];
-    std::vector<std::pair<std::string, std::vector<float>>> out;
-    for (auto& [name, buf] : R.optimizer->state()) {
-        std::vector<float> h(buf->size());
-        R.device->copy_to_host(R.device->compute_stream(), h.data(), buf->data(), buf->bytes());
-        out.emplace_back(name, std::move(h));
-    }
-    R.device->stream_synchronize(R.device->compute_stream());
-    return out;
+    synchronize();
+    return guarded([&] {
+        Replica& R = *replicas_[0];
+        std::vector<std::pair<std::string, std::vector<float>>> out;
+        for (auto& [name, buf] : R.optimizer->state()) {
+            std::vector<float> h(buf->size());
+            R.device->copy_to_host(R.device->compute_stream(), h.data(), buf->data(), buf->bytes());
+            out.emplace_back(name, std::move(h));
+        }
+        R.device->stream_synchronize(R.device->compute_stream());
+        return out;
+    });
 }
 
 void MirroredStrategy::upload_state(const std::vector<float>& params,
                                     const std::vector<std::pair<std::string, std::vector<float>>>& state) {
-    for (auto& Rp : replicas_) {
-        Device& d = *Rp->device;
-        if (params.size() != Rp->params.size()) throw CheckpointError("checkpoint parameters do not fit the model");
-        d.copy_to_device(d.compute_stream(), Rp->params.data(), params.data(), params.size() * sizeof(float));
-        auto mine = Rp->optimizer->state();
-        if (mine.size() != state.size()) throw CheckpointError("checkpoint optimizer state does not fit the optimizer");
-        for (size_t i = 0; i < mine.size(); ++i) {
-            if (mine[i].first != state[i].first || mine[i].second->size() != state[i].second.size())
-                throw CheckpointError("checkpoint optimizer state '" + state[i].first + "' does not fit the optimizer");
-            d.copy_to_device(d.compute_stream(), mine[i].second->data(), state[i].second.data(),
-                             state[i].second.size() * sizeof(float));
+    // Everything is checked before anything is copied.
+    if (params.size() != replicas_[0]->params.size()) throw CheckpointError("checkpoint parameters do not fit the model");
+    auto mine = replicas_[0]->optimizer->state();
+    if (mine.size() != state.size()) throw CheckpointError("checkpoint optimizer state does not fit the optimizer");
+    for (size_t i = 0; i < mine.size(); ++i)
+        if (mine[i].first != state[i].first || mine[i].second->size() != state[i].second.size())
+            throw CheckpointError("checkpoint optimizer state '" + state[i].first + "' does not fit the optimizer");
+    guarded([&] {
+        for (auto& Rp : replicas_) {
+            Device& d = *Rp->device;
+            d.copy_to_device(d.compute_stream(), Rp->params.data(), params.data(), params.size() * sizeof(float));
+            auto own = Rp->optimizer->state();
+            for (size_t i = 0; i < own.size(); ++i)
+                d.copy_to_device(d.compute_stream(), own[i].second->data(), state[i].second.data(),
+                                 state[i].second.size() * sizeof(float));
+            d.synchronize();
         }
-        d.synchronize();
-    }
+    });
 }
 
 }  // namespace mirrored

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "data/loader.h"
 #include "kernels/buffer.h"
 #include "kernels/device.h"
+#include "kernels/error.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
@@ -29,13 +31,17 @@ namespace mirrored {
 
 // ---- devices ----------------------------------------------------------------------------
 // "auto" (every GPU, else one CPU replica per core), "cuda", "cuda:all", "cuda:0,1,3",
-// "cuda:0,0,0,0" (four replicas sharing GPU 0), "cpu" (one per core), "cpu:N".
+// "cuda:0,0,0,0" (four replicas sharing GPU 0), "cpu" (one per core), "cpu:N", and simulated
+// GPUs for tests and debugging: "sim:0,1" (two), "sim:0,0,0,0" (four sharing one).
+// `auto` fails (DeviceError) where a driver is present but CUDA cannot start: silently training on
+// the CPU would hide a broken installation.
 struct DeviceList {
     DeviceType type = DeviceType::cpu;
-    std::vector<int> ordinals;  // CUDA ordinals; 0..N-1 for CPU replicas
+    std::vector<int> ordinals;  // GPU ordinals (CUDA, sim); 0..N-1 for CPU replicas
     std::string describe() const;  // "cuda:0,cuda:1"
+    bool asynchronous() const { return type != DeviceType::cpu; }  // GPUs, real or simulated
 };
-DeviceList parse_devices(const std::string& spec);
+DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda = cuda_status());
 
 struct StrategyConfig {
     std::string devices = "auto";
@@ -55,7 +61,7 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
 
 struct Metrics {
     double loss_sum = 0, correct = 0, count = 0;
-    void add(const float* slots) {  // one replica's [kMetricSlots] sums
+    void add(const double* slots) {  // one replica's [kMetricSlots] sums
         loss_sum += slots[kMetricLossSum];
         correct += slots[kMetricCorrect];
         count += slots[kMetricCount];
@@ -66,7 +72,13 @@ struct Metrics {
 
 struct TimeSplit {
     double data_wait_s = 0, compute_s = 0, comm_s = 0;  // comm: not hidden behind compute
-    double device_step_s = 0;  // CUDA: one sampled step's device time, start of compute to update
+    double device_step_s = 0;  // GPUs: one sampled step's device time, start of compute to update
+};
+
+// What the host issued per replica, and the barriers it crossed, over some steps.
+struct StepWork {
+    HostWork device;        // replica 0's device calls
+    uint64_t barriers = 0;  // arrive_and_wait calls per replica
 };
 
 struct Replica {
@@ -77,16 +89,21 @@ struct Replica {
     Activations acts;                           // [max micro-batch rows, ...]
     DeviceBuffer<float> inputs[2];              // [shard rows, features], double-buffered
     DeviceBuffer<int32_t> labels[2];            // [shard rows]
-    DeviceBuffer<float> train_metrics, eval_metrics;  // [kMetricSlots]
+    DeviceBuffer<double> train_metrics, eval_metrics;  // [kMetricSlots]
     DeviceBuffer<float> grad_sq_norm;           // [1]
     DeviceBuffer<uint64_t> checksums;           // [tensors + 1]: per tensor, then whole buffer
-    HostBuffer<float> metrics_host, eval_host;  // [kMetricSlots], pinned
+    HostBuffer<double> metrics_host, eval_host;  // [kMetricSlots], pinned
     HostBuffer<uint64_t> checksums_host;
     Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
     int next_buffer = 0;
     double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
     ~Replica();
+};
+
+// After a device failure every method throws this at once: the replicas cannot be trusted.
+struct StrategyFailed : DeviceError {
+    StrategyFailed() : DeviceError("the replicas stopped after a device failure (the first error was reported)") {}
 };
 
 class MirroredStrategy {
@@ -97,6 +114,7 @@ public:
 
     int replicas() const { return int(replicas_.size()); }
     DeviceType device_type() const { return devices_.type; }
+    bool failed() const { return failed_; }
     const DeviceList& devices() const { return devices_; }
     const char* cross_device_ops_name() const { return ops_->name(); }
     const std::vector<Bucket>& buckets() const { return buckets_; }
@@ -106,6 +124,9 @@ public:
     // Memory the loader should assemble batches in (pinned when replicas are GPUs).
     HostAllocator host_allocator();
 
+    // The loader's next batch. While it waits (its slots are freed by the devices' release
+    // callbacks) it checks every device, so a failed one surfaces instead of a hang.
+    const Batch& next_batch(Loader& loader);
     // Replica 0 initialises the parameters; every other replica receives a copy.
     void init_and_broadcast();
     // One optimizer step on one global batch; the batch is released to the loader by every
@@ -135,13 +156,25 @@ public:
     std::vector<std::pair<std::string, std::vector<float>>> download_optimizer_state();
     void upload_state(const std::vector<float>& params,
                       const std::vector<std::pair<std::string, std::vector<float>>>& optimizer_state);
+    // The host waits until every device is idle, polling all of them, so that a failure on any
+    // device surfaces as its own error instead of a hang on a healthy one waiting for it.
     void synchronize();
+    // For teardown (never throws): waits for the devices unless something failed; after a
+    // failure, aborts the collectives and abandons every device. Returns false after a failure.
+    bool shutdown() noexcept;
+    // Host calls and barrier crossings per replica since construction (tests and benchmarks
+    // divide differences by the steps).
+    StepWork host_work() const;
 
 private:
     void build_replica(int r, int max_shard_rows, int max_micro_rows, const OptimizerConfig& opt);
     int stage_input(Replica& R, const Batch& batch, const Shard& shard);
     void replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing);
-
+    // Runs fn; any exception marks the strategy failed (collectives aborted, devices abandoned).
+    template <typename F>
+    auto guarded(F&& fn) -> decltype(fn());
+    void fail() noexcept;
+    void wait_until(const std::function<bool()>& done);  // polls done(), checking every device
     StrategyConfig cfg_;
     const Model& model_;
     DeviceList devices_;
@@ -150,8 +183,9 @@ private:
     std::unique_ptr<ReplicaThreads> threads_;
     std::unique_ptr<CrossDeviceOps> ops_;
     std::vector<Bucket> buckets_;
-    std::vector<std::pair<int, int>> host_path_pairs_;
+    std::vector<StagedPair> staged_pairs_;
     bool timing_sampled_ = false;
+    bool failed_ = false;
 };
 
 }  // namespace mirrored

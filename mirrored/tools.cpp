@@ -16,6 +16,7 @@
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
+#include "kernels/nccl.h"
 #include "mirrored/util.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
@@ -57,19 +58,48 @@ std::string human_bytes(size_t b) {
     return s;
 }
 
+// Mean time of one crossing of the replica barrier with every replica thread arriving at once:
+// the host-side cost each ring step pays on CPU replicas.
+double barrier_latency_us(ReplicaThreads& threads) {
+    constexpr int kRounds = 2000;
+    threads.run([&](int) {
+        for (int i = 0; i < 100; ++i) threads.barrier().arrive_and_wait();
+    });
+    const double t0 = now_s();
+    threads.run([&](int) {
+        for (int i = 0; i < kRounds; ++i) threads.barrier().arrive_and_wait();
+    });
+    return (now_s() - t0) / kRounds * 1e6;
+}
+
 }  // namespace
 
 int print_devices() {
     const int n = cuda_device_count();
     std::printf("CPU: %s, %u hardware threads\n", cpu_model().c_str(), std::thread::hardware_concurrency());
     const CudaTopology t = cuda_topology();
-    if (cuda_compiled())
-        std::printf("built with CUDA runtime %s, NCCL %d.%d.%d; driver %s\n", version_str(t.cuda_runtime_version).c_str(),
-                    t.nccl_version / 10000, (t.nccl_version / 100) % 100, t.nccl_version % 100,
-                    t.cuda_driver_version ? version_str(t.cuda_driver_version).c_str() : "none");
+    const CudaStatus status = cuda_status();
+    if (cuda_compiled()) {
+        const std::string nccl = nccl_compiled() ? "NCCL " + std::to_string(t.nccl_version / 10000) + "." +
+                                                        std::to_string((t.nccl_version / 100) % 100) + "." +
+                                                        std::to_string(t.nccl_version % 100)
+                                                 : std::string("no NCCL (the nccl op is unavailable)");
+        std::printf("built with CUDA runtime %s, %s; driver %s\n", version_str(t.cuda_runtime_version).c_str(),
+                    nccl.c_str(), t.cuda_driver_version ? ("for CUDA " + version_str(t.cuda_driver_version)).c_str() : "none");
+    } else {
+        std::printf("this is a CPU-only build (nvcc was not found at build time): it cannot use GPUs\n");
+        if (std::ifstream("/proc/driver/nvidia/version"))
+            std::printf("an NVIDIA driver is loaded: install the CUDA toolkit (nvcc in /usr/local/cuda or CUDA_HOME) "
+                        "and rebuild (make clean all) to train on the GPUs\n");
+    }
     if (n == 0) {
-        std::printf("GPUs: none (%s)\n", cuda_unavailable_reason().c_str());
-        std::printf("strategy.devices auto -> cpu:%u (one CPU replica per core)\n", std::max(1u, std::thread::hardware_concurrency()));
+        std::printf("GPUs: none (%s)\n", status.reason.c_str());
+        if (status.state == CudaStatus::State::unusable)
+            std::printf("strategy.devices auto -> refused (exit 5): fix the driver, or ask for --devices cpu\n");
+        else
+            std::printf("strategy.devices auto -> cpu:%u (one CPU replica per core)\n",
+                        std::max(1u, std::thread::hardware_concurrency()));
+        std::printf("simulated GPUs for tests and debugging: --devices sim:0,1 (kernels/sim/sim.h)\n");
         return kExitOk;
     }
     for (const auto& d : t.devices)
@@ -177,20 +207,20 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
     const DeviceList dl = parse_devices(o.devices);
     const int n = int(dl.ordinals.size());
     if (o.min_bytes > o.max_bytes) throw ConfigError("--min-bytes is larger than --max-bytes");
-    if (dl.type == DeviceType::cuda) cuda_enable_peer_access(dl.ordinals);
-    else cpu_set_blas_threads(1);
     if (o.transport != "auto" && o.transport != "direct" && o.transport != "staged")
         throw ConfigError("--transport: expected auto, direct or staged, got '" + o.transport + "'");
-    cuda_set_peer_transport(o.transport == "direct" ? PeerTransport::direct
-                            : o.transport == "staged" ? PeerTransport::staged
-                                                      : PeerTransport::automatic);
+    if (dl.type != DeviceType::cuda) cpu_set_blas_threads(1);
+    const std::vector<StagedPair> staged = enable_peer_access(dl.type, dl.ordinals);
+    set_peer_transport(o.transport == "direct" ? PeerTransport::direct
+                       : o.transport == "staged" ? PeerTransport::staged
+                                                 : PeerTransport::automatic);
     const size_t max_count = std::max<size_t>(o.max_bytes / sizeof(float), 1);
     std::vector<std::unique_ptr<Device>> devs;
     std::vector<DeviceBuffer<float>> bufs;
     std::vector<Device*> dp;
     std::vector<float*> bp;
     for (int r = 0; r < n; ++r) {
-        devs.push_back(dl.type == DeviceType::cuda ? make_cuda_device(dl.ordinals[r]) : make_cpu_device(r));
+        devs.push_back(make_device(dl.type, dl.type == DeviceType::cpu ? r : dl.ordinals[r]));
         bufs.emplace_back(*devs.back(), max_count);
         dp.push_back(devs.back().get());
         bp.push_back(bufs.back().data());
@@ -198,8 +228,14 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
     ReplicaThreads threads(n);
     auto ops = make_cross_device_ops(o.op, dp, bp, threads.barrier());
     std::printf("all-reduce %s over %d replica(s) [%s] (%s)%s\n", ops->name(), n, dl.describe().c_str(),
-                dl.type == DeviceType::cuda ? devs[0]->description().c_str() : cpu_model().c_str(),
-                dl.type == DeviceType::cuda ? (", peer transport " + o.transport).c_str() : "");
+                dl.asynchronous() ? devs[0]->description().c_str() : cpu_model().c_str(),
+                dl.asynchronous() ? (", peer transport " + o.transport).c_str() : "");
+    for (const StagedPair& p : staged)
+        std::printf("  %s:%d -> %s:%d: staged peer copies (%s)\n", device_type_name(dl.type), p.from,
+                    device_type_name(dl.type), p.to, p.why.c_str());
+    const double barrier_us = barrier_latency_us(threads);
+    std::printf("replica barrier: %.2f us per crossing (%d threads, %s)\n", barrier_us, n,
+                threads.barrier().spin_ns() > 0 ? "bounded spin, then sleep" : "sleeps at once: more replica threads than cores");
     std::printf("algbw = bytes / time; busbw = algbw * 2(n-1)/n, as nccl-tests define them\n\n");
     std::printf("%10s %12s %6s %12s %12s %12s  %s\n", "bytes", "floats", "iters", "time (us)", "algbw GB/s", "busbw GB/s", "check");
     json rows = json::array();
@@ -247,7 +283,7 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
                         {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"correct", ok}});
     }
     write_json(o.json_path, {{"benchmark", "allreduce"}, {"op", ops->name()}, {"devices", dl.describe()},
-                             {"transport", o.transport},
+                             {"transport", o.transport}, {"barrier_us", barrier_us},
                              {"replicas", n}, {"device", dl.type == DeviceType::cuda ? devs[0]->description() : cpu_model()},
                              {"results", rows}});
     return all_ok ? kExitOk : kExitFailure;
@@ -332,7 +368,7 @@ int bench_step(const StepBenchOptions& o) {
         st.init_and_broadcast();
         loader.start({});
         const float lr = float(cfg.optimizer.lr);
-        for (int i = 0; i < o.warmup; ++i) st.train_step(loader.next(), i, lr, cfg.run.seed, false);
+        for (int i = 0; i < o.warmup; ++i) st.train_step(st.next_batch(loader), i, lr, cfg.run.seed, false);
         st.synchronize();
         TimeSplit split;
         st.collect_timing(split, 0);  // drop warm-up host timings
@@ -340,7 +376,7 @@ int bench_step(const StepBenchOptions& o) {
         const double wait0 = loader.wait_seconds();
         const double start = now_s();
         for (int i = 0; i < o.steps; ++i)
-            st.train_step(loader.next(), o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
+            st.train_step(st.next_batch(loader), o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
         st.synchronize();
         const double elapsed = now_s() - start;
         st.collect_timing(split, o.steps);

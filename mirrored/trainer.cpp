@@ -74,6 +74,15 @@ void check_model_against_data(Config& cfg, const Datasets& data) {
 
 }  // namespace
 
+Session::~Session() {
+    if (!strategy || strategy->shutdown()) return;
+    for (auto* loader : {&train_loader, &test_loader})
+        if (*loader) {
+            (*loader)->stop_workers();
+            (void)loader->release();  // intentionally leaked: see the comment in trainer.h
+        }
+}
+
 std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data,
                                       bool with_train_loader) {
     auto s = std::make_unique<Session>();
@@ -187,13 +196,16 @@ void Run::alert(const std::string& kind, const std::string& text) {
 
 void Run::print_header() {
     MirroredStrategy& st = *s_->strategy;
+    const DeviceType type = st.device_type();
+    const char* kind = type == DeviceType::cuda ? "CUDA" : type == DeviceType::sim ? "simulated-GPU" : "CPU";
     std::printf("mirrored: run '%s' on %d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n", cfg_.run.name.c_str(),
-                st.replicas(), st.device_type() == DeviceType::cuda ? "CUDA" : "CPU", st.devices().describe().c_str(),
-                st.cross_device_ops_name(), st.buckets().size());
-    if (st.device_type() == DeviceType::cpu && cuda_device_count() == 0)
-        std::printf("  no GPU: %s; training on CPU replicas\n", cuda_unavailable_reason().c_str());
+                st.replicas(), kind, st.devices().describe().c_str(), st.cross_device_ops_name(), st.buckets().size());
+    if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
+        std::printf("  no GPU: %s\n", cuda_unavailable_reason().c_str());
+    if (type == DeviceType::sim)
+        std::printf("  simulated GPUs test the asynchronous host logic; their speed says nothing about a GPU's\n");
     for (int r = 0; r < st.replicas(); ++r)
-        if (r == 0 || st.device_type() == DeviceType::cuda)
+        if (r == 0 || type != DeviceType::cpu)
             std::printf("  replica %d: %s\n", r, st.replica(r).device->description().c_str());
     const std::string topo = st.topology_report();
     if (!topo.empty()) std::printf("  %s", topo.c_str());
@@ -400,7 +412,7 @@ void Run::write_summary(const std::string& status) {
         {"global_batch_size", cfg_.train.global_batch_size},
         {"replicas", st.replicas()},
         {"devices", st.devices().describe()},
-        {"device_type", st.device_type() == DeviceType::cuda ? "cuda" : "cpu"},
+        {"device_type", device_type_name(st.device_type())},
         {"cross_device_ops", st.cross_device_ops_name()},
         {"parameters", s_->model->param_count()},
         {"samples_per_sec", train_time_ > 0 ? double(samples_done_) / train_time_ : 0.0},
@@ -442,7 +454,7 @@ int Run::run() {
     double loop_start = now_s();
     int exit_code = kExitOk;
     while (step_ < total_steps_) {
-        const Batch& batch = loader.next();
+        const Batch& batch = st.next_batch(loader);
         const int rows = batch.rows;  // the slot may be refilled once the replicas release it
         const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, st.replicas()));
         const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;

@@ -21,10 +21,11 @@ struct Session {
     std::unique_ptr<Model> model;
     std::unique_ptr<MirroredStrategy> strategy;
     std::unique_ptr<Loader> train_loader, test_loader;
-    // Device work may still hold loader slots (release callbacks): finish it before the loaders go.
-    ~Session() {
-        if (strategy) strategy->synchronize();
-    }
+    // Never throws, also while an error unwinds: waits for the devices (the loaders then wait for
+    // their release callbacks) unless a device failed. After a failure the devices are abandoned
+    // and the loaders are stopped and deliberately leaked, because a failed device's queued
+    // release callbacks may never run, or run late.
+    ~Session();
 };
 // data: already loaded datasets to reuse (else loaded from cfg.data).
 std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data = nullptr,

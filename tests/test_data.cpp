@@ -1,6 +1,10 @@
 // Data: every reader on files the tests write (good and each corrupt variant), preprocessing,
 // and the loader's ordering, sharding, resume and augmentation guarantees.
 #include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <zlib.h>
 
 #include <algorithm>
@@ -335,7 +339,7 @@ TEST_CASE("loader: position saved mid-epoch restores the exact continuation") {
     CHECK_THROWS_AS(b.start({0, 99}), CheckpointError);
 }
 
-TEST_CASE("loader: stopping mid-epoch joins every worker, also with slots still held") {
+TEST_CASE("loader: stop() waits for a release still owed by a late consumer; stop_workers() does not") {
     const Dataset ds = indexed(300);
     LoaderOptions o;
     o.global_batch = 10;
@@ -345,16 +349,26 @@ TEST_CASE("loader: stopping mid-epoch joins every worker, also with slots still 
     {
         Loader l(ds, o);
         l.start({});
-        const Batch& b = l.next();  // released by one consumer only: its slot stays taken
-        l.release(b);
-        l.next();
+        const Batch& b = l.next();
+        l.release(b);  // one consumer done; the other (a device copy, say) still reads the slot
+        std::atomic<bool> released{false};
+        std::thread late([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            released = true;
+            l.release(b);
+        });
         l.stop();
-        CHECK(l.position() == LoaderPosition{0, 2});
-    }  // destructor after stop: nothing left to join
+        CHECK(released);  // stop() returned only after the last release
+        late.join();
+        CHECK(l.position() == LoaderPosition{0, 1});
+    }
     Loader l(ds, o);
     l.start({});
-    l.next();
-}  // destroyed while workers wait for free slots
+    const Batch& held = l.next();
+    l.stop_workers();  // the failure path: joins at once although the slot is still owed
+    l.release(held);
+    l.release(held);
+}  // destroyed after the slot came back
 
 TEST_CASE("augmentation: deterministic per (seed, epoch, sample); crop and flip move pixels") {
     Dataset ds;

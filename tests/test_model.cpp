@@ -64,10 +64,11 @@ void check_gradients(Device& d, const Model& m, int rows, uint64_t salt) {
     Activations acts(d, m, rows);
     PassContext ctx{&d, d.compute_stream(), rows, 3, base_seed(), 9, true};
 
-    DeviceBuffer<float> params(d, m.flat_size()), grads(d, m.flat_size()), metrics(d, kMetricSlots);
+    DeviceBuffer<float> params(d, m.flat_size()), grads(d, m.flat_size());
+    DeviceBuffer<double> metrics(d, kMetricSlots);
     m.init_params(d, ctx.stream, params.data());
     d.fill(ctx.stream, m.flat_size(), 0.0f, grads.data());
-    d.fill(ctx.stream, kMetricSlots, 0.0f, metrics.data());
+    d.fill(ctx.stream, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
     const float* logits = m.forward(ctx, params.data(), x.data(), acts);
     float* dl = m.dlogits_buffer(acts);
     d.softmax_xent(ctx.stream, rows, m.output_features(), logits, y.data(), 1.0f / rows, dl, metrics.data());
@@ -111,7 +112,8 @@ void overfit(Device& d, OptimizerConfig::Type type) {
     auto x = upload(d, rng.normal(size_t(rows) * features));
     auto y = upload(d, rng.labels(rows, classes));
     Activations acts(d, m, rows);
-    DeviceBuffer<float> params(d, m.flat_size()), grads(d, m.flat_size()), metrics(d, kMetricSlots);
+    DeviceBuffer<float> params(d, m.flat_size()), grads(d, m.flat_size());
+    DeviceBuffer<double> metrics(d, kMetricSlots);
     m.init_params(d, d.compute_stream(), params.data());
     d.fill(d.compute_stream(), m.flat_size(), 0.0f, grads.data());
     OptimizerConfig oc;
@@ -121,7 +123,7 @@ void overfit(Device& d, OptimizerConfig::Type type) {
     PassContext ctx{&d, d.compute_stream(), rows, 0, 1, 0, true};
     float first = 0, last = 0;
     for (int step = 0; step < 300; ++step) {
-        d.fill(ctx.stream, kMetricSlots, 0.0f, metrics.data());
+        d.fill(ctx.stream, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
         const float* logits = m.forward(ctx, params.data(), x.data(), acts);
         float* dl = m.dlogits_buffer(acts);
         d.softmax_xent(ctx.stream, rows, classes, logits, y.data(), 1.0f / rows, dl, metrics.data());
@@ -178,7 +180,8 @@ TEST_CASE("gradient accumulation adds backward passes") {
     auto x = upload(*d, rng.normal(rows * 8));
     auto y = upload(*d, rng.labels(rows, 3));
     Activations acts(*d, m, rows);
-    DeviceBuffer<float> params(*d, m.flat_size()), grads(*d, m.flat_size()), metrics(*d, kMetricSlots);
+    DeviceBuffer<float> params(*d, m.flat_size()), grads(*d, m.flat_size());
+    DeviceBuffer<double> metrics(*d, kMetricSlots);
     m.init_params(*d, d->compute_stream(), params.data());
     d->fill(d->compute_stream(), m.flat_size(), 0.0f, grads.data());  // alignment gaps stay zero
     PassContext ctx{d.get(), d->compute_stream(), rows, 0, 1, 0, true};
@@ -220,8 +223,9 @@ TEST_CASE("CUDA forward/backward of a whole model match CPU on the same weights"
         auto x = upload(*d, xh);
         auto y = upload(*d, yh);
         Activations acts(*d, m, rows);
-        DeviceBuffer<float> params(*d, m.flat_size()), grads(*d, m.flat_size()), metrics(*d, kMetricSlots);
-        d->fill(d->compute_stream(), kMetricSlots, 0.0f, metrics.data());
+        DeviceBuffer<float> params(*d, m.flat_size()), grads(*d, m.flat_size());
+        DeviceBuffer<double> metrics(*d, kMetricSlots);
+        d->fill(d->compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
         m.init_params(*d, d->compute_stream(), params.data());
         d->fill(d->compute_stream(), m.flat_size(), 0.0f, grads.data());
         PassContext ctx{d.get(), d->compute_stream(), rows, 40, 3, 2, true};

@@ -142,12 +142,12 @@ std::vector<float> run_xent(Device& d, const XentCase& x) {
     auto logits = upload(d, x.logits);
     auto labels = upload(d, x.labels);
     auto dl = poisoned(d, x.logits.size());
-    auto metrics = upload(d, std::vector<float>{1.0f, 2.0f, 3.0f, 0.0f});
+    auto metrics = upload(d, std::vector<double>{1.0, 2.0, 3.0, 0.0});
     d.softmax_xent(d.compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, dl.data(),
                    metrics.data());
     auto out = download(d, dl);
     auto m = download(d, metrics);
-    out.insert(out.end(), m.begin(), m.begin() + 3);
+    for (int i = 0; i < 3; ++i) out.push_back(float(m[i]));
     return out;
 }
 std::vector<double> ref_xent(const XentCase& x) {
@@ -380,6 +380,28 @@ TEST_CASE("cpu softmax_xent matches double reference: gradient, loss sum, correc
         CHECK(std::fabs(got[n] - want[n]) / std::fabs(want[n]) < 1e-5);
         CHECK(got[n + 1] == want[n + 1]);
         CHECK(got[n + 2] == want[n + 2]);
+    }
+}
+
+TEST_CASE("metric accumulators count exactly beyond 2^24 samples (cpu, sim)") {
+    for (DeviceType type : {DeviceType::cpu, DeviceType::sim}) {
+        CAPTURE(device_type_name(type));
+        auto d = make_device(type, 0);
+        Rng rng(12);
+        XentCase x = make_xent(rng);
+        x.rows = 3;
+        x.logits.resize(size_t(x.rows) * x.classes);
+        x.labels.resize(x.rows);
+        const double start = 16777216.0;  // 2^24: a float count would stop at this value
+        auto logits = upload(*d, x.logits);
+        auto labels = upload(*d, x.labels);
+        auto metrics = upload(*d, std::vector<double>{0.0, start, start, 0.0});
+        for (int i = 0; i < 5; ++i)
+            d->softmax_xent(d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), 0.0f, nullptr,
+                            metrics.data());
+        const auto m = download(*d, metrics);
+        CHECK(m[kMetricCount] == start + 5 * x.rows);
+        CHECK(m[kMetricCorrect] >= start);
     }
 }
 

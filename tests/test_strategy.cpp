@@ -8,6 +8,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "kernels/error.h"
+#include "kernels/sim/sim.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/strategy.h"
 #include "tests/helpers.h"
@@ -17,68 +18,100 @@ using namespace mirrored::test;
 
 namespace {
 
-// Sums integer-valued floats across n replicas and checks every element of every replica is
-// the exact sum, and that elements outside [offset, offset+len) are untouched.
-void check_all_reduce(const std::string& op, DeviceType type, const std::vector<int>& ordinals, size_t len,
-                      Rng& rng) {
-    const int n = int(ordinals.size());
-    const size_t guard = 5, total = len + 2 * guard;
+// Every replica's device and buffer for one device list, with the cross-device ops built once
+// (communicators are expensive to create on real GPUs) and reused for every length.
+struct AllReduceFixture {
     std::vector<std::unique_ptr<Device>> devs;
     std::vector<DeviceBuffer<float>> bufs;
-    std::vector<std::vector<float>> host(n);
-    std::vector<Device*> dp;
-    std::vector<float*> bp;
-    for (int r = 0; r < n; ++r) {
-        devs.push_back(type == DeviceType::cuda ? make_cuda_device(ordinals[r]) : make_cpu_device(r));
-        host[r].resize(total);
-        for (auto& v : host[r]) v = float(rng.integer(-1000, 1000));
-        bufs.push_back(upload(*devs[r], host[r]));
-        devs[r]->synchronize();
-        dp.push_back(devs[r].get());
-        bp.push_back(bufs[r].data());
+    std::unique_ptr<ReplicaThreads> threads;
+    std::unique_ptr<CrossDeviceOps> ops;
+    size_t capacity;
+
+    AllReduceFixture(const std::string& op, DeviceType type, const std::vector<int>& ordinals, size_t max_len)
+        : capacity(max_len + 10) {
+        const int n = int(ordinals.size());
+        enable_peer_access(type, ordinals);
+        std::vector<Device*> dp;
+        std::vector<float*> bp;
+        for (int r = 0; r < n; ++r) {
+            devs.push_back(make_device(type, type == DeviceType::cpu ? r : ordinals[r]));
+            bufs.emplace_back(*devs.back(), capacity);
+            dp.push_back(devs.back().get());
+            bp.push_back(bufs.back().data());
+        }
+        threads = std::make_unique<ReplicaThreads>(n);
+        ops = make_cross_device_ops(op, dp, bp, threads->barrier());
     }
-    ReplicaThreads threads(n);
-    auto ops = make_cross_device_ops(op, dp, bp, threads.barrier());
-    threads.run([&](int r) {
-        ops->all_reduce(r, guard, len);
-        devs[r]->comm_stream();
-        devs[r]->synchronize();
-    });
-    std::vector<float> want(host[0]);
-    for (size_t i = guard; i < guard + len; ++i) {
-        double s = 0;
-        for (int r = 0; r < n; ++r) s += host[r][i];
-        want[i] = float(s);
+
+    // Sums integer-valued floats and checks every element of every replica is the exact sum,
+    // and that the guard elements around [guard, guard + len) are untouched.
+    void check(size_t len, Rng& rng) {
+        const int n = int(devs.size());
+        const size_t guard = 5, total = len + 2 * guard;
+        REQUIRE(total <= capacity);
+        std::vector<std::vector<float>> host(n);
+        for (int r = 0; r < n; ++r) {
+            host[r].resize(total);
+            for (auto& v : host[r]) v = float(rng.integer(-1000, 1000));
+            devs[r]->copy_to_device(devs[r]->compute_stream(), bufs[r].data(), host[r].data(), total * sizeof(float));
+            devs[r]->synchronize();
+        }
+        threads->run([&](int r) {
+            ops->all_reduce(r, guard, len);
+            devs[r]->synchronize();
+        });
+        std::vector<float> want(host[0]);
+        for (size_t i = guard; i < guard + len; ++i) {
+            double s = 0;
+            for (int r = 0; r < n; ++r) s += host[r][i];
+            want[i] = float(s);
+        }
+        bool exact = true, identical = true, untouched = true;
+        std::vector<float> first;
+        for (int r = 0; r < n; ++r) {
+            std::vector<float> got(total);
+            devs[r]->copy_to_host(devs[r]->compute_stream(), got.data(), bufs[r].data(), total * sizeof(float));
+            devs[r]->synchronize();
+            for (size_t i = guard; i < guard + len; ++i) exact = exact && got[i] == want[i];
+            for (size_t i = 0; i < guard; ++i)
+                untouched = untouched && got[i] == host[r][i] && got[total - 1 - i] == host[r][total - 1 - i];
+            if (r == 0) first = got;
+            else
+                for (size_t i = guard; i < guard + len; ++i) identical = identical && got[i] == first[i];
+        }
+        CAPTURE(ops->name());
+        CAPTURE(n);
+        CAPTURE(len);
+        CHECK(exact);
+        CHECK(identical);
+        CHECK(untouched);
     }
-    bool exact = true, identical = true, untouched = true;
-    std::vector<float> first;
-    for (int r = 0; r < n; ++r) {
-        const auto got = download(*devs[r], bufs[r]);
-        for (size_t i = guard; i < guard + len; ++i) exact = exact && got[i] == want[i];
-        for (size_t i = 0; i < guard; ++i)
-            untouched = untouched && got[i] == host[r][i] && got[total - 1 - i] == host[r][total - 1 - i];
-        if (r == 0) first = got;
-        else
-            for (size_t i = guard; i < guard + len; ++i) identical = identical && got[i] == first[i];
-    }
-    CAPTURE(op);
-    CAPTURE(n);
-    CAPTURE(len);
-    CHECK(exact);
-    CHECK(identical);
-    CHECK(untouched);
-}
+};
+
+const size_t kLengths[] = {1, 3, 4, 7, 1009, 262147};
 
 void all_reduce_matrix(const std::string& op, DeviceType type, int max_n, bool same_gpu) {
     Rng rng(31 + max_n);
     for (int n = 1; n <= max_n; ++n) {
         std::vector<int> ordinals;
         for (int r = 0; r < n; ++r) ordinals.push_back(same_gpu ? 0 : r);
-        for (size_t len : {size_t(1), size_t(n > 1 ? n - 1 : 1), size_t(n), size_t(n + 1), size_t(1009),
-                           size_t(262147)})
-            check_all_reduce(op, type, ordinals, len, rng);
+        AllReduceFixture f(op, type, ordinals, 262147);
+        for (size_t len : kLengths) f.check(len, rng);
     }
 }
+
+// Simulated GPUs with random stream delays for the scope of a test case, reset afterwards.
+struct SimScope {
+    explicit SimScope(int delay_us = 40, bool peer_access = true) {
+        sim_reset();
+        sim_set_delays(delay_us);
+        sim_set_peer_access(peer_access);
+    }
+    ~SimScope() {
+        sim_reset();
+        set_peer_transport(PeerTransport::automatic);
+    }
+};
 
 LayerSpec dense(int units, Activation act) {
     LayerSpec s;
@@ -97,7 +130,8 @@ struct TrainResult {
 
 // `steps` optimizer steps on a small synthetic problem; returns replica 0's parameters.
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
-                  OptimizerConfig::Type opt_type = OptimizerConfig::Type::sgd, double clip = 0.0) {
+                  OptimizerConfig::Type opt_type = OptimizerConfig::Type::sgd, double clip = 0.0,
+                  const std::string& op = "ring") {
     SyntheticOptions so;
     so.shape = {12};
     so.classes = 5;
@@ -117,6 +151,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     sc.devices = devices;
     sc.bucket_mb = bucket_mb;
     sc.verify_every_steps = 5;
+    sc.cross_device_ops = op;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, accumulation);
     LoaderOptions lo;
@@ -127,7 +162,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     Loader loader(ds, lo, strategy.host_allocator());
     loader.start({});
     strategy.init_and_broadcast();
-    for (int s = 0; s < steps; ++s) strategy.train_step(loader.next(), s, float(oc.lr), 99, false);
+    for (int s = 0; s < steps; ++s) strategy.train_step(strategy.next_batch(loader), s, float(oc.lr), 99, false);
     strategy.request_train_metrics();
     TrainResult out;
     out.metrics = strategy.take_train_metrics();
@@ -138,14 +173,21 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
 
 }  // namespace
 
-TEST_CASE("device specs: auto, cpu:N, and clear errors for malformed ones") {
+TEST_CASE("device specs: auto, cpu:N, sim lists, and clear errors for malformed ones") {
     CHECK(parse_devices("cpu:3").ordinals == std::vector<int>{0, 1, 2});
     CHECK(parse_devices("cpu:3").type == DeviceType::cpu);
     CHECK(parse_devices("cpu:3").describe() == "cpu:0,cpu:1,cpu:2");
     CHECK(!parse_devices("auto").ordinals.empty());
+    CHECK(parse_devices("sim:0,0,1").ordinals == std::vector<int>{0, 0, 1});
+    CHECK(parse_devices("sim:0,0,1").type == DeviceType::sim);
+    CHECK(parse_devices("sim:2").describe() == "sim:2");
     CHECK_THROWS_WITH_AS(parse_devices("gpu:0"), doctest::Contains("strategy.devices"), ConfigError);
     CHECK_THROWS_WITH_AS(parse_devices("cpu:0"), doctest::Contains("cpu:N"), ConfigError);
-    CHECK_THROWS_WITH_AS(parse_devices("cpu:x"), doctest::Contains("expected device numbers"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_devices("cpu:x"), doctest::Contains("like cpu:4"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_devices("cpu:100000"), doctest::Contains("1 to 1024"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_devices("sim:0,,1"), doctest::Contains("like sim:0,1"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_devices("sim:64"), doctest::Contains("0 to 63"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_devices(""), doctest::Contains("expected auto"), ConfigError);
     if (!have_cuda()) {
         CHECK_THROWS_AS(parse_devices("cuda:0"), DeviceError);
         CHECK(parse_devices("auto").type == DeviceType::cpu);
@@ -153,6 +195,27 @@ TEST_CASE("device specs: auto, cpu:N, and clear errors for malformed ones") {
         CHECK(parse_devices("cuda:0,0,0,0").ordinals == std::vector<int>{0, 0, 0, 0});
         CHECK_THROWS_AS(parse_devices("cuda:99"), DeviceError);
     }
+}
+
+TEST_CASE("device specs: a driver that cannot run this build fails auto and cuda with exit 5; no driver means CPU") {
+    CudaStatus broken;
+    broken.state = CudaStatus::State::unusable;
+    broken.reason = "the NVIDIA driver supports CUDA 12.2, but this build needs CUDA 13.0: install a newer NVIDIA driver";
+    CHECK_THROWS_WITH_AS(parse_devices("auto", broken), doctest::Contains("install a newer NVIDIA driver"), DeviceError);
+    CHECK_THROWS_WITH_AS(parse_devices("cuda:0", broken), doctest::Contains("asks for GPUs"), DeviceError);
+    CHECK(parse_devices("cpu:2", broken).type == DeviceType::cpu);  // an explicit CPU run still works
+    CudaStatus none;
+    none.state = CudaStatus::State::no_driver;
+    none.reason = "no NVIDIA driver is loaded";
+    CHECK(parse_devices("auto", none).type == DeviceType::cpu);
+    CudaStatus cpu_build;
+    CHECK(cpu_build.state == CudaStatus::State::not_compiled);
+    CHECK(parse_devices("auto", cpu_build).type == DeviceType::cpu);
+    CudaStatus two;
+    two.state = CudaStatus::State::ok;
+    two.devices = 2;
+    CHECK(parse_devices("auto", two).describe() == "cuda:0,cuda:1");
+    CHECK_THROWS_WITH_AS(parse_devices("cuda:2", two), doctest::Contains("2 GPU(s) visible"), DeviceError);
 }
 
 TEST_CASE("buckets tile the gradient buffer in reverse layer order") {
@@ -177,13 +240,55 @@ TEST_CASE("cpu all-reduce (ring, reduce_to_one) is exact and bit-identical for N
     all_reduce_matrix("reduce_to_one", DeviceType::cpu, 8, false);
 }
 
-TEST_CASE("nccl refuses CPU replicas; unknown ops list the known ones") {
+TEST_CASE("sim all-reduce with random stream delays: ring, reduce_to_one, nccl; shared, direct and staged") {
+    SimScope sim(30);
+    all_reduce_matrix("ring", DeviceType::sim, 5, true);           // replicas sharing one GPU
+    all_reduce_matrix("reduce_to_one", DeviceType::sim, 4, true);
+    all_reduce_matrix("ring", DeviceType::sim, 5, false);          // distinct GPUs, direct peer loads
+    all_reduce_matrix("nccl", DeviceType::sim, 4, false);          // the rendezvous
+    set_peer_transport(PeerTransport::staged);                     // forced staging, peer access on
+    Rng rng(78);
+    for (int n : {2, 3}) {
+        std::vector<int> ord;
+        for (int r = 0; r < n; ++r) ord.push_back(r);
+        AllReduceFixture f("ring", DeviceType::sim, ord, size_t(5) << 20);
+        for (size_t len : {size_t(1), size_t(1009), size_t(3) << 20}) f.check(len, rng);  // several slices
+    }
+    set_peer_transport(PeerTransport::automatic);
+}
+
+TEST_CASE("sim: without peer access distinct GPUs take the staged path, and the topology report says why") {
+    SimScope sim(20, /*peer_access=*/false);
+    const auto staged = enable_peer_access(DeviceType::sim, {0, 1, 2});
+    CHECK(staged.size() == 6);
+    Rng rng(79);
+    AllReduceFixture f("ring", DeviceType::sim, {0, 1, 2}, size_t(3) << 20);
+    for (size_t len : {size_t(5), size_t(3) << 20}) f.check(len, rng);
+    set_peer_transport(PeerTransport::direct);  // direct loads without peer access are refused
+    CHECK_THROWS_WITH_AS(f.devs[0]->reduce_from_peer(f.devs[0]->comm_stream(), f.bufs[0].data(), *f.devs[1],
+                                                     f.bufs[1].data(), 4),
+                         doctest::Contains("need peer access"), DeviceError);
+    set_peer_transport(PeerTransport::automatic);
+    const Model model({6}, {dense(3, Activation::none)}, 1);
+    StrategyConfig sc;
+    sc.devices = "sim:0,1";
+    MirroredStrategy st(sc, model, OptimizerConfig{}, 6, 1);
+    CHECK(st.topology_report().find("sim:0 -> sim:1: staged peer copies (peer access unsupported") != std::string::npos);
+}
+
+TEST_CASE("nccl refuses CPU replicas and repeated GPUs; unknown ops list the known ones") {
+    SimScope sim(0);
     auto d = make_cpu_device(0);
     DeviceBuffer<float> b(*d, 4);
     ReplicaBarrier barrier(1);
     CHECK_THROWS_AS(make_cross_device_ops("nccl", {d.get()}, {b.data()}, barrier), ConfigError);
     CHECK_THROWS_WITH_AS(make_cross_device_ops("tree", {d.get()}, {b.data()}, barrier),
                          doctest::Contains("ring, nccl, reduce_to_one"), ConfigError);
+    auto s0 = make_sim_device(0), s1 = make_sim_device(0);
+    DeviceBuffer<float> x(*s0, 4), y(*s1, 4);
+    ReplicaBarrier two(2);
+    CHECK_THROWS_WITH_AS(make_cross_device_ops("nccl", {s0.get(), s1.get()}, {x.data(), y.data()}, two),
+                         doctest::Contains("cannot place two replicas"), ConfigError);
 }
 
 TEST_CASE("N cpu replicas match one replica on the same global batch (N = 2, 3, 4; buckets on and off)") {
@@ -199,6 +304,35 @@ TEST_CASE("N cpu replicas match one replica on the same global batch (N = 2, 3, 
         }
 }
 
+TEST_CASE("simulated GPUs with random delays: one replica equals the CPU run bit for bit; N replicas match one") {
+    SimScope sim(40);
+    const TrainResult cpu = train("cpu:1", 6, 0.0);
+    const TrainResult one = train("sim:0", 6, 0.0);
+    CHECK(one.params == cpu.params);  // the same reference ops in the same order
+    CHECK(one.metrics.loss_sum == cpu.metrics.loss_sum);
+    for (const char* devices : {"sim:0,0", "sim:0,0,0,0", "sim:0,1,2"})
+        for (double mb : {0.0, 0.0005}) {
+            CAPTURE(devices);
+            CAPTURE(mb);
+            const TrainResult many = train(devices, 6, mb);
+            CHECK(rel_error(many.params, one.params) < 1e-5);
+            CHECK(many.params == train(std::string("cpu:") + std::to_string(parse_devices(devices).ordinals.size()), 6, mb).params);
+            CHECK(many.metrics.count == one.metrics.count);
+            for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
+        }
+}
+
+TEST_CASE("simulated GPUs: nccl and reduce_to_one train like the ring; accumulation and AdamW with clipping") {
+    SimScope sim(30);
+    const TrainResult one = train("cpu:1", 5, 0.0, 1, OptimizerConfig::Type::adamw, 0.5);
+    for (const char* op : {"ring", "nccl", "reduce_to_one"}) {
+        CAPTURE(op);
+        const TrainResult many = train("sim:0,1,2", 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, op);
+        CHECK(rel_error(many.params, one.params) < 1e-5);
+        for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
+    }
+}
+
 TEST_CASE("gradient accumulation and AdamW with clipping: N replicas still match one") {
     const TrainResult one = train("cpu:1", 5, 0.0, 1, OptimizerConfig::Type::adamw, 0.5);
     const TrainResult acc = train("cpu:2", 5, 0.0005, 3, OptimizerConfig::Type::adamw, 0.5);
@@ -211,18 +345,22 @@ TEST_CASE("replicas stay bit-identical over many steps; verify_every_steps check
 }
 
 TEST_CASE("verify_replicas names the tensor and replica of a deliberately corrupted copy") {
-    const Model model({6}, {dense(8, Activation::relu), dense(3, Activation::none)}, 1);
-    StrategyConfig sc;
-    sc.devices = "cpu:3";
-    MirroredStrategy s(sc, model, OptimizerConfig{}, 6, 1);
-    s.init_and_broadcast();
-    s.verify_replicas();
-    Replica& R = s.replica(2);
-    const TensorInfo* t = model.find("layers.1.weight");
-    const float bad = 123.0f;
-    R.device->copy_to_device(R.device->compute_stream(), R.params.data() + t->offset + 2, &bad, sizeof bad);
-    CHECK_THROWS_WITH_AS(s.verify_replicas(), doctest::Contains("layers.1.weight on replica 2"), DeviceError);
-    CHECK(s.checksum(2) != s.checksum(1));
+    SimScope sim(0);
+    for (const char* devices : {"cpu:3", "sim:0,0,1"}) {
+        CAPTURE(devices);
+        const Model model({6}, {dense(8, Activation::relu), dense(3, Activation::none)}, 1);
+        StrategyConfig sc;
+        sc.devices = devices;
+        MirroredStrategy s(sc, model, OptimizerConfig{}, 6, 1);
+        s.init_and_broadcast();
+        s.verify_replicas();
+        Replica& R = s.replica(2);
+        const TensorInfo* t = model.find("layers.1.weight");
+        const float bad = 123.0f;
+        R.device->copy_to_device(R.device->compute_stream(), R.params.data() + t->offset + 2, &bad, sizeof bad);
+        CHECK_THROWS_WITH_AS(s.verify_replicas(), doctest::Contains("layers.1.weight on replica 2"), DeviceError);
+        CHECK(s.checksum(2) != s.checksum(1));
+    }
 }
 
 TEST_CASE("global batch must divide into replicas x accumulation steps") {
@@ -234,6 +372,102 @@ TEST_CASE("global batch must divide into replicas x accumulation steps") {
     CHECK_THROWS_AS(MirroredStrategy(sc, model, OptimizerConfig{}, 12, 5), ConfigError);
 }
 
+TEST_CASE("sim: a sticky device fault mid-training surfaces as its own error, never a hang; the strategy refuses further use") {
+    SimScope sim(20);
+    for (const char* op : {"ring", "nccl"}) {
+        CAPTURE(op);
+        SyntheticOptions so;
+        so.shape = {12};
+        so.classes = 5;
+        so.samples = 480;
+        const Dataset ds = make_synthetic(so);
+        const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
+        StrategyConfig sc;
+        sc.devices = "sim:0,1,2";
+        sc.cross_device_ops = op;
+        sc.bucket_mb = 0.0005;
+        auto st = std::make_unique<MirroredStrategy>(sc, model, OptimizerConfig{}, 24, 1);
+        LoaderOptions lo;
+        lo.global_batch = 24;
+        lo.consumers = st->replicas();
+        auto loader = std::make_unique<Loader>(ds, lo, st->host_allocator());
+        loader->start({});
+        st->init_and_broadcast();
+        sim_inject_fault(1, 25);  // GPU 1's 25th launch from now: inside the second step
+        std::string what;
+        try {
+            for (int s = 0; s < 50; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);
+            st->synchronize();
+        } catch (const DeviceError& e) {
+            what = e.what();
+        }
+        CHECK(what.find("sim:1: ") == 0);
+        CHECK(what.find("illegal memory access") != std::string::npos);
+        CHECK(what.find("sim_device.cpp:") != std::string::npos);  // statement, file and line
+        CHECK(st->failed());
+        CHECK_THROWS_AS(st->next_batch(*loader), StrategyFailed);
+        CHECK_FALSE(st->shutdown());
+        loader->stop_workers();
+        (void)loader.release();  // a failed device's release callbacks may never run: leak, as Session does
+        st.reset();              // no hang: the devices were abandoned
+        sim_reset();
+        sim_set_delays(20);
+    }
+}
+
+TEST_CASE("sim: after an aborted all-reduce the ops refuse further use instead of pairing the wrong events") {
+    SimScope sim(30);
+    Rng rng(80);
+    AllReduceFixture f("ring", DeviceType::sim, {0, 1, 2}, 4096);
+    f.check(1000, rng);
+    sim_inject_api_error(1, 3);  // replica 1's third host call fails (not sticky), mid-ring
+    CHECK_THROWS_AS(f.threads->run([&](int r) { f.ops->all_reduce(r, 0, 4000); }), DeviceError);
+    CHECK(f.ops->broken());
+    for (auto& d : f.devs) d->synchronize();
+    CHECK_THROWS_WITH_AS(f.threads->run([&](int r) { f.ops->all_reduce(r, 0, 4000); }),
+                         doctest::Contains("unusable after an aborted all-reduce"), DeviceError);
+}
+
+TEST_CASE("sim: the host work a training step issues is counted and bounded") {
+    SimScope sim(0);
+    SyntheticOptions so;
+    so.shape = {12};
+    so.classes = 5;
+    so.samples = 480;
+    const Dataset ds = make_synthetic(so);
+    const Model model({12}, {dense(16, Activation::relu), dense(16, Activation::relu), dense(5, Activation::none)}, 3);
+    for (int n : {2, 4}) {
+        StrategyConfig sc;
+        sc.devices = "sim:" + std::string(n == 2 ? "0,1" : "0,1,2,3");
+        sc.bucket_mb = 0;  // one bucket
+        MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
+        LoaderOptions lo;
+        lo.global_batch = 24;
+        lo.consumers = n;
+        Loader loader(ds, lo, st.host_allocator());
+        loader.start({});
+        st.init_and_broadcast();
+        st.train_step(loader.next(), 0, 0.1f, 1, false);
+        st.synchronize();
+        const StepWork before = st.host_work();
+        const int steps = 5;
+        for (int s = 1; s <= steps; ++s) st.train_step(loader.next(), s, 0.1f, 1, false);
+        st.synchronize();
+        const StepWork after = st.host_work();
+        const HostWork w = after.device - before.device;
+        const uint64_t barriers = (after.barriers - before.barriers) / steps;
+        CAPTURE(n);
+        // One bucket: the ring crosses 2(n-1)+1 barriers per step, each with one event record and
+        // two waits on the comm stream; staging is 2 copies, 1 callback, 2 records, 3 waits.
+        CHECK(barriers == uint64_t(2 * (n - 1) + 1));
+        CHECK(w.copies / steps == 2 + uint64_t(n - 1));            // inputs, labels, the all-gather copies
+        CHECK(w.callbacks / steps == 1);
+        CHECK(w.event_records / steps == uint64_t(2 + 2 + 2 * (n - 1) + 1));
+        CHECK(w.host_syncs == 0);                                   // nothing in a step waits for a device
+        CHECK(w.launches / steps < 40);
+    }
+}
+
 TEST_CASE("cuda all-reduce: ring and reduce_to_one on replicas sharing GPU 0 (N = 1..8)") {
     SKIP_WITHOUT_CUDA();
     all_reduce_matrix("ring", DeviceType::cuda, 8, true);
@@ -242,23 +476,40 @@ TEST_CASE("cuda all-reduce: ring and reduce_to_one on replicas sharing GPU 0 (N 
 
 TEST_CASE("cuda all-reduce through staged peer copies (copy and add pipelined) is exact too") {
     SKIP_WITHOUT_CUDA();
-    cuda_set_peer_transport(PeerTransport::staged);
+    set_peer_transport(PeerTransport::staged);
     Rng rng(77);
-    for (int n : {2, 3})
-        for (size_t len : {size_t(1), size_t(1009), size_t(3) << 20})  // the last spans several slices
-            check_all_reduce("ring", DeviceType::cuda, std::vector<int>(size_t(n), 0), len, rng);
-    check_all_reduce("reduce_to_one", DeviceType::cuda, {0, 0, 0}, size_t(5) << 20, rng);
-    cuda_set_peer_transport(PeerTransport::automatic);
+    for (int n : {2, 3}) {
+        AllReduceFixture f("ring", DeviceType::cuda, std::vector<int>(size_t(n), 0), size_t(3) << 20);
+        for (size_t len : {size_t(1), size_t(1009), size_t(3) << 20}) f.check(len, rng);  // the last spans several slices
+    }
+    AllReduceFixture f("reduce_to_one", DeviceType::cuda, {0, 0, 0}, size_t(5) << 20);
+    f.check(size_t(5) << 20, rng);
+    set_peer_transport(PeerTransport::automatic);
 }
 
-TEST_CASE("cuda all-reduce across distinct GPUs (ring, reduce_to_one, nccl)") {
+TEST_CASE("cuda all-reduce across distinct GPUs: direct peer loads and staged copies, ring, reduce_to_one, nccl") {
     SKIP_WITHOUT_CUDA();
     const int gpus = cuda_device_count();
     if (gpus < 2) {
         mark_skipped("needs 2 or more GPUs, " + std::to_string(gpus) + " visible");
         return;
     }
-    for (const char* op : {"ring", "reduce_to_one", "nccl"}) all_reduce_matrix(op, DeviceType::cuda, gpus, false);
+    std::vector<int> all;
+    for (int g = 0; g < gpus; ++g) all.push_back(g);
+    const auto staged = enable_peer_access(DeviceType::cuda, all);
+    for (const auto& p : staged) MESSAGE("cuda:" << p.from << " -> cuda:" << p.to << " staged: " << p.why);
+    Rng rng(81);
+    for (PeerTransport t : {PeerTransport::direct, PeerTransport::staged}) {
+        if (t == PeerTransport::direct && !staged.empty()) continue;  // some pair cannot load directly
+        set_peer_transport(t);
+        AllReduceFixture f("ring", DeviceType::cuda, all, size_t(3) << 20);
+        for (size_t len : {size_t(1), size_t(1009), size_t(3) << 20}) f.check(len, rng);
+    }
+    set_peer_transport(PeerTransport::automatic);
+    for (const char* op : {"ring", "reduce_to_one", "nccl"}) {
+        if (std::string(op) == "nccl" && !nccl_compiled()) continue;
+        all_reduce_matrix(op, DeviceType::cuda, gpus, false);
+    }
 }
 
 TEST_CASE("nccl refuses a device list that repeats a GPU") {

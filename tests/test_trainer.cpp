@@ -16,6 +16,7 @@
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
+#include "kernels/sim/sim.h"
 #include "mirrored/trainer.h"
 #include "tests/helpers.h"
 
@@ -90,6 +91,7 @@ std::string cli() {
 // Starts the CLI with stdout discarded and stderr captured in err_path.
 pid_t spawn_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env,
                 const std::string& err_path) {
+    std::fflush(nullptr);  // else the child inherits unwritten output and writes it again
     const pid_t pid = ::fork();
     if (pid == 0) {
         for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
@@ -111,6 +113,24 @@ int wait_status(pid_t pid) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Waits for pid at most deadline_s; a process still running then is killed (a hang fails the
+// test instead of stalling the suite) and reported as 128 + SIGKILL.
+int wait_status_within(pid_t pid, double deadline_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);
+    for (;;) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (std::chrono::steady_clock::now() > end) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &status, 0);
+            FAIL_CHECK("the command did not finish within " << deadline_s << " s");
+            return 128 + SIGKILL;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
 // Runs the CLI; returns its exit status (128 + signal when killed).
 int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env = {},
             double kill_after_s = -1, std::string* stderr_text = nullptr) {
@@ -120,7 +140,7 @@ int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<st
         std::this_thread::sleep_for(std::chrono::duration<double>(kill_after_s));
         ::kill(pid, SIGKILL);
     }
-    const int rc = wait_status(pid);
+    const int rc = wait_status_within(pid, 300);
     if (stderr_text) {
         std::ifstream in(err_path);
         *stderr_text = std::string(std::istreambuf_iterator<char>(in), {});
@@ -395,4 +415,74 @@ TEST_CASE("CIFAR-10 files with augmentation train end to end") {
     const json sum = summary(out);
     CHECK(sum["test_accuracy"].get<double>() > 0.9);
     CHECK(sum["steps"] == 60);
+}
+
+TEST_CASE("simulated GPUs with random delays train bit-identically to CPU replicas: metrics, evaluation, checkpoints") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string ref = s.out("cpu");
+    REQUIRE(train_in_process(cfg, ref, {"strategy.devices=cpu:2"}) == kExitOk);
+    sim_reset();
+    sim_set_delays(30);
+    for (const char* devices : {"sim:0,1", "sim:0,0"}) {
+        CAPTURE(devices);
+        const std::string out = s.out(std::string("sim") + devices[6]);
+        CHECK(train_in_process(cfg, out, {std::string("strategy.devices=") + devices}) == kExitOk);
+        expect_same_run(ref, out);
+        CHECK(summary(out)["device_type"] == "sim");
+        const auto a = list_checkpoints(ref + "/checkpoints"), b = list_checkpoints(out + "/checkpoints");
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) CHECK(read_safetensors(a[i], true).tensors == read_safetensors(b[i], true).tensors);
+    }
+    sim_reset();
+}
+
+TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run") {
+    Scratch s;
+    std::string text = kTiny;
+    text.replace(text.find("epochs: 5"), 9, "epochs: 20");
+    text.replace(text.find("every_steps: 7"), 14, "every_steps: 3");
+    text.replace(text.find("\"cpu:2\""), 7, "\"sim:0,1\"");
+    const std::string cfg = s.config(text);
+    const std::string ref = s.out("ref"), out = s.out("killed");
+    const std::vector<std::pair<std::string, std::string>> env{{"MIRRORED_SIM_DELAY_US", "20"}};
+    REQUIRE(run_cli({"train", cfg, "--output", ref}, env) == kExitOk);
+    test::Rng rng(6);
+    const double when = 0.3 + 0.02 * rng.integer(0, 40);
+    CAPTURE(when);
+    const int first = run_cli({"train", cfg, "--output", out}, env, when);
+    CHECK((first == 128 + SIGKILL || first == kExitOk));
+    CHECK(run_cli({"train", cfg, "--output", out}, env) == kExitOk);
+    expect_same_run(ref, out);
+}
+
+TEST_CASE("a device failure: exit 5 with the first error named, no hang, the last checkpoint kept; the rerun resumes exactly") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string ref = s.out("ref");
+    REQUIRE(train_in_process(cfg, ref, {"strategy.devices=sim:0,1"}) == kExitOk);
+    for (const char* op : {"ring", "nccl"}) {
+        CAPTURE(op);
+        const std::string out = s.out(std::string("failed-") + op);
+        std::string err;
+        const auto t0 = std::chrono::steady_clock::now();
+        const int rc = run_cli({"train", cfg, "--output", out, "--devices", "sim:0,1", "--set",
+                                std::string("strategy.cross_device_ops=") + op},
+                               {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}}, -1, &err);
+        CHECK(rc == kExitDevice);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+        CHECK(err.find("error: sim:1: ") != std::string::npos);  // the failed device, first
+        CHECK(err.find("illegal memory access") != std::string::npos);
+        CHECK(err.find("sim_device.cpp:") != std::string::npos);
+        CHECK(err.find("internal") == std::string::npos);
+        const auto ckpts = list_checkpoints(out + "/checkpoints");
+        REQUIRE(!ckpts.empty());
+        CHECK_NOTHROW(read_safetensors(ckpts.front(), true));  // intact
+        // the GPU is replaced (no fault now): the run resumes from that checkpoint and ends as if
+        // nothing had happened
+        CHECK(run_cli({"train", cfg, "--output", out, "--devices", "sim:0,1", "--set",
+                       std::string("strategy.cross_device_ops=") + op}) == kExitOk);
+        CHECK(summary(out)["resumed_from_step"].get<int64_t>() > 0);
+        expect_same_run(ref, out);
+    }
 }

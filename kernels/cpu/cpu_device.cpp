@@ -17,24 +17,6 @@ extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace mirrored {
 
-const char* activation_name(Activation a) {
-    switch (a) {
-    case Activation::relu: return "relu";
-    case Activation::gelu: return "gelu";
-    default: return "none";
-    }
-}
-
-const char* init_kind_name(InitKind k) {
-    switch (k) {
-    case InitKind::he_uniform: return "he_uniform";
-    case InitKind::he_normal: return "he_normal";
-    case InitKind::glorot_uniform: return "glorot_uniform";
-    case InitKind::glorot_normal: return "glorot_normal";
-    default: return "zeros";
-    }
-}
-
 void cpu_set_blas_threads(int n) { openblas_set_num_threads(n); }
 
 namespace {
@@ -77,6 +59,8 @@ public:
     void event_synchronize(Event) override {}
     void stream_synchronize(Stream) override {}
     void synchronize() override {}
+    bool query_idle() override { return true; }
+    void abandon() noexcept override { abandoned_ = true; }
     float event_elapsed_ms(Event, Event) override { return 0.0f; }
     void host_callback(Stream, void (*fn)(void*), void* arg) override { fn(arg); }
     void set_tf32(bool) override {}
@@ -120,8 +104,8 @@ public:
     }
 
     void softmax_xent(Stream, int rows, int classes, const float* logits, const int32_t* labels,
-                      float grad_scale, float* dlogits, float* metrics) override {
-        float loss_sum = 0.0f, correct = 0.0f;
+                      float grad_scale, float* dlogits, double* metrics) override {
+        double loss_sum = 0.0, correct = 0.0;
         for (int i = 0; i < rows; ++i) {
             const float* z = logits + size_t(i) * classes;
             int arg = 0;
@@ -131,8 +115,8 @@ public:
             float sum = 0.0f;
             for (int j = 0; j < classes; ++j) sum += std::exp(z[j] - mx);
             const int y = labels[i];
-            loss_sum += std::log(sum) + mx - z[y];
-            correct += arg == y ? 1.0f : 0.0f;
+            loss_sum += double(std::log(sum) + mx - z[y]);
+            correct += arg == y ? 1.0 : 0.0;
             if (dlogits) {
                 float* d = dlogits + size_t(i) * classes;
                 const float inv = 1.0f / sum;
@@ -142,7 +126,7 @@ public:
         }
         metrics[kMetricLossSum] += loss_sum;
         metrics[kMetricCorrect] += correct;
-        metrics[kMetricCount] += static_cast<float>(rows);
+        metrics[kMetricCount] += double(rows);
     }
 
     void dropout_forward(Stream, const DropoutArgs& a, int rows, int cols, const float* x,
@@ -230,7 +214,7 @@ private:
     void require_cpu(const Device& peer) const {
         if (peer.type() != DeviceType::cpu)
             throw DeviceError(name() + ": cannot exchange data with " + peer.name() +
-                              " (replicas must all be CPU or all CUDA)");
+                              " (replicas must all be of one kind)");
     }
 };
 

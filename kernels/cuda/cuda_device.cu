@@ -1,9 +1,12 @@
 // The CUDA backend's Device: one per replica (several may share a GPU). Owns three streams
-// (compute, comm, copy), a cuBLAS handle with a fixed workspace, and scratch sized once.
+// (compute, comm, copy) and a fourth for staged peer reduces, a cuBLAS handle bound to the
+// compute stream with a fixed workspace, and scratch sized once.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#if MIRRORED_NCCL
 #include <nccl.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -13,11 +16,13 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/backends.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/op_math.h"
+#include "kernels/peer_staging.h"
 
 namespace mirrored {
 
@@ -32,11 +37,10 @@ constexpr int kMaxGpus = 64;
 // peer_enabled[a][b]: device a may load from memory on device b in a kernel.
 std::array<std::array<bool, kMaxGpus>, kMaxGpus> g_peer_enabled{};
 std::mutex g_peer_mutex;
-std::atomic<PeerTransport> g_transport{PeerTransport::automatic};
 
 constexpr size_t kScratchFloats = size_t(1) << 20;    // 4 MiB: rows up to 512k per op
-constexpr size_t kStagingSlice = size_t(1) << 20;     // 4 MiB x 2 slots: staged peer reduce
 constexpr size_t kCublasWorkspace = size_t(32) << 20;  // fixed, so capture never allocates
+constexpr int kMinComputeMajor = 8;                    // Ampere and newer (bf16, cp.async)
 
 std::string mib(size_t bytes) {
     char buf[64];
@@ -52,34 +56,37 @@ public:
             throw DeviceError("cuda:" + std::to_string(ordinal) + ": no such GPU (" +
                               std::to_string(n) + " visible)");
         use();
-        cudaStream_t s[3];
+        CUDA_CHECK(ordinal, cudaGetDeviceProperties(&props_, ordinal));
+        if (props_.major < kMinComputeMajor)
+            throw DeviceError("cuda:" + std::to_string(ordinal) + ": " + props_.name + " has compute capability " +
+                              std::to_string(props_.major) + "." + std::to_string(props_.minor) +
+                              "; this build supports " + std::to_string(kMinComputeMajor) +
+                              ".0 and newer (Ampere, Ada, Hopper, Blackwell)");
+        cudaStream_t s[4];
         for (auto& st : s) CUDA_CHECK(ordinal, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         compute_.handle = s[0];
         comm_.handle = s[1];
         copy_.handle = s[2];
+        staging_stream_ = s[3];
+        // cublasSetStream resets the workspace to cuBLAS's own pool, so the handle is bound to the
+        // compute stream once, then given the fixed workspace; GEMMs on other streams rebind both.
         CUBLAS_CHECK(ordinal, cublasCreate(&cublas_));
         workspace_ = alloc_bytes(kCublasWorkspace);
-        CUBLAS_CHECK(ordinal, cublasSetWorkspace(cublas_, workspace_, kCublasWorkspace));
+        bind_cublas(stream(compute_));
         scratch_ = static_cast<float*>(alloc_bytes(kScratchFloats * sizeof(float)));
-        staging_ = static_cast<float*>(alloc_bytes(2 * kStagingSlice * sizeof(float)));
-        CUDA_CHECK(ordinal, cudaStreamCreateWithFlags(&reduce_stream_, cudaStreamNonBlocking));
-        for (cudaEvent_t* e : {&copied_[0], &copied_[1], &added_[0], &added_[1], &entry_, &exit_})
-            CUDA_CHECK(ordinal, cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-        CUDA_CHECK(ordinal, cudaGetDeviceProperties(&props_, ordinal));
+        staging_ = std::make_unique<PeerStaging>(*this, Stream{staging_stream_});
     }
 
     ~CudaDevice() override {
+        if (abandoned_) return;  // a failed device: no waiting, no freeing (the process is ending)
         cudaSetDevice(ordinal());
         cudaDeviceSynchronize();
+        staging_.reset();
         if (cublas_) cublasDestroy(cublas_);
         cudaFree(workspace_);
         cudaFree(scratch_);
-        cudaFree(staging_);
-        for (cudaEvent_t e : {copied_[0], copied_[1], added_[0], added_[1], entry_, exit_})
-            if (e) cudaEventDestroy(e);
-        if (reduce_stream_) cudaStreamDestroy(reduce_stream_);
-        for (Stream s : {compute_, comm_, copy_})
-            if (s.handle) cudaStreamDestroy(stream(s));
+        for (cudaStream_t st : {stream(compute_), stream(comm_), stream(copy_), staging_stream_})
+            if (st) cudaStreamDestroy(st);
     }
 
     std::string description() const override {
@@ -120,16 +127,19 @@ public:
     void copy_to_device(Stream s, void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
         use();
+        ++work_.copies;
         CUDA_CHECK(ordinal(), cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(s)));
     }
     void copy_to_host(Stream s, void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
         use();
+        ++work_.copies;
         CUDA_CHECK(ordinal(), cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(s)));
     }
     void copy_on_device(Stream s, void* dst, const void* src, size_t bytes) override {
         if (!bytes || dst == src) return;
         use();
+        ++work_.copies;
         CUDA_CHECK(ordinal(), cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(s)));
     }
 
@@ -144,10 +154,12 @@ public:
     }
     void event_record(Event e, Stream s) override {
         use();
+        ++work_.event_records;
         CUDA_CHECK(ordinal(), cudaEventRecord(event(e), stream(s)));
     }
     void stream_wait_event(Stream s, Event e) override {
         use();
+        ++work_.stream_waits;
         CUDA_CHECK(ordinal(), cudaStreamWaitEvent(stream(s), event(e), 0));
     }
     bool event_query(Event e) override {
@@ -159,11 +171,32 @@ public:
         CUDA_CHECK(ordinal(), err);
         return true;
     }
-    void event_synchronize(Event e) override { CUDA_CHECK(ordinal(), cudaEventSynchronize(event(e))); }
-    void stream_synchronize(Stream s) override { CUDA_CHECK(ordinal(), cudaStreamSynchronize(stream(s))); }
-    void synchronize() override {
-        for (Stream s : {compute_, comm_, copy_}) stream_synchronize(s);
+    void event_synchronize(Event e) override {
+        ++work_.host_syncs;
+        CUDA_CHECK(ordinal(), cudaEventSynchronize(event(e)));
     }
+    void stream_synchronize(Stream s) override {
+        ++work_.host_syncs;
+        CUDA_CHECK(ordinal(), cudaStreamSynchronize(stream(s)));
+    }
+    void synchronize() override {
+        for (Stream s : {compute_, comm_, copy_, Stream{staging_stream_}}) stream_synchronize(s);
+    }
+    bool query_idle() override {
+        use();
+        bool idle = true;
+        for (cudaStream_t st : {stream(compute_), stream(comm_), stream(copy_), staging_stream_}) {
+            const cudaError_t e = cudaStreamQuery(st);
+            if (e == cudaErrorNotReady) {
+                cudaGetLastError();
+                idle = false;
+                continue;
+            }
+            CUDA_CHECK(ordinal(), e);  // a sticky error surfaces here
+        }
+        return idle;
+    }
+    void abandon() noexcept override { abandoned_ = true; }
     float event_elapsed_ms(Event a, Event b) override {
         float ms = 0.0f;
         CUDA_CHECK(ordinal(), cudaEventElapsedTime(&ms, event(a), event(b)));
@@ -171,6 +204,7 @@ public:
     }
     void host_callback(Stream s, void (*fn)(void*), void* arg) override {
         use();
+        ++work_.callbacks;
         CUDA_CHECK(ordinal(), cudaLaunchHostFunc(stream(s), fn, arg));
     }
     void set_tf32(bool enabled) override { tf32_ = enabled; }
@@ -179,13 +213,14 @@ public:
               const float* b, int ldb, float beta, float* c, int ldc) override {
         if (m <= 0 || n <= 0) return;
         use();
+        ++work_.launches;
         if (k <= 0) {  // cuBLAS leaves C untouched for k == 0; define it as beta * C
             if (ldc != n) throw DeviceError(name() + ": gemm with k == 0 needs ldc == n");
             if (beta == 0.0f) cuda::fill(stream(s), ordinal(), size_t(m) * n, 0.0f, c);
             else cuda::scale(stream(s), ordinal(), size_t(m) * n, beta, c);
             return;
         }
-        CUBLAS_CHECK(ordinal(), cublasSetStream(cublas_, stream(s)));
+        if (stream(s) != cublas_stream_) bind_cublas(stream(s));
         // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
         CUBLAS_CHECK(ordinal(),
                      cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -198,20 +233,24 @@ public:
     void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, float* z,
                           float* out) override {
         use();
+        ++work_.launches;
         cuda::bias_act_forward(stream(s), ordinal(), act, rows, cols, bias, z, out);
     }
     void act_backward(Stream s, Activation act, size_t n, const float* z, const float* dout,
                       float* dz) override {
         use();
+        ++work_.launches;
         cuda::act_backward(stream(s), ordinal(), act, n, z, dout, dz);
     }
     void bias_grad(Stream s, int rows, int cols, const float* dz, float* db, bool accumulate) override {
         use();
+        ++work_.launches;
         cuda::bias_grad(stream(s), ordinal(), rows, cols, dz, db, accumulate);
     }
     void softmax_xent(Stream s, int rows, int classes, const float* logits, const int32_t* labels,
-                      float grad_scale, float* dlogits, float* metrics) override {
+                      float grad_scale, float* dlogits, double* metrics) override {
         use();
+        work_.launches += 2;
         if (cuda::scratch_floats_needed(rows) > kScratchFloats)
             throw DeviceError(name() + ": softmax_xent over " + std::to_string(rows) +
                               " rows exceeds the scratch sized at start-up");
@@ -221,92 +260,90 @@ public:
     void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const float* x,
                          float* y) override {
         use();
+        ++work_.launches;
         cuda::dropout(stream(s), ordinal(), a, rows, cols, x, y);
     }
     void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const float* dy,
                           float* dx) override {
         use();
+        ++work_.launches;
         cuda::dropout(stream(s), ordinal(), a, rows, cols, dy, dx);
     }
 
     void fill(Stream s, size_t n, float value, float* x) override {
         use();
+        ++work_.launches;
         cuda::fill(stream(s), ordinal(), n, value, x);
     }
     void scale(Stream s, size_t n, float alpha, float* x) override {
         use();
+        ++work_.launches;
         cuda::scale(stream(s), ordinal(), n, alpha, x);
     }
     void axpy(Stream s, size_t n, float alpha, const float* x, float* y) override {
         use();
+        ++work_.launches;
         cuda::axpy(stream(s), ordinal(), n, alpha, x, y);
     }
     void sum_squares(Stream s, size_t n, const float* x, float* out) override {
         use();
+        work_.launches += 2;
         cuda::sum_squares(stream(s), ordinal(), n, x, out, scratch_);
     }
     void init_params(Stream s, const InitArgs& a, size_t n, float* out) override {
         use();
+        ++work_.launches;
         cuda::init_params(stream(s), ordinal(), a, init_scale(a), n, out);
     }
     void sgd_update(Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a) override {
         use();
+        ++work_.launches;
         cuda::sgd_update(stream(s), ordinal(), n, p, g, m, a);
     }
     void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v,
                       const AdamWArgs& a) override {
         use();
+        ++work_.launches;
         const AdamWCorrections c = adamw_corrections(a);
         cuda::adamw_update(stream(s), ordinal(), n, p, g, m, v, a, c.bc1, c.bc2_sqrt);
     }
     void checksum(Stream s, size_t n, const float* x, uint64_t* out) override {
         use();
+        ++work_.launches;
         cuda::checksum(stream(s), ordinal(), n, x, out);
     }
 
     void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
         use();
         const int p = require_cuda(peer);
-        const bool can_load = p == ordinal() || g_peer_enabled[ordinal()][p];
-        const PeerTransport t = g_transport.load();
+        bool can_load = p == ordinal();
+        {
+            std::lock_guard<std::mutex> lock(g_peer_mutex);
+            can_load = can_load || g_peer_enabled[ordinal()][p];
+        }
+        const PeerTransport t = peer_transport();
         if (t == PeerTransport::direct && !can_load)
             throw DeviceError(name() + ": direct peer loads from cuda:" + std::to_string(p) + " need peer access");
         if (can_load && t != PeerTransport::staged) {  // one kernel loads the peer's memory and adds
+            ++work_.launches;
             cuda::add_inplace(stream(s), ordinal(), n, src, dst);
             return;
         }
-        reduce_staged(stream(s), dst, p, src, n);
+        staging_->reduce(s, dst, peer, src, n);
     }
     void copy_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
         if (!n) return;
         use();
         const int p = require_cuda(peer);
+        ++work_.copies;
         CUDA_CHECK(ordinal(), cudaMemcpyPeerAsync(dst, ordinal(), src, p, n * sizeof(float), stream(s)));
     }
 
 private:
-    // dst += src (on GPU p) through local staging: slices are copied on s while the previous
-    // slice is added on reduce_stream_, two staging slots ping-ponging, ordered by events.
-    void reduce_staged(cudaStream_t s, float* dst, int p, const float* src, size_t n) {
-        if (n == 0) return;
-        const int dev = ordinal();
-        CUDA_CHECK(dev, cudaEventRecord(entry_, s));  // dst's earlier writes on s come first
-        CUDA_CHECK(dev, cudaStreamWaitEvent(reduce_stream_, entry_, 0));
-        size_t done = 0;
-        for (int i = 0; done < n; ++i) {
-            const int b = i % 2;
-            const size_t len = n - done < kStagingSlice ? n - done : kStagingSlice;
-            float* slot = staging_ + size_t(b) * kStagingSlice;
-            if (i >= 2) CUDA_CHECK(dev, cudaStreamWaitEvent(s, added_[b], 0));  // slot free again
-            CUDA_CHECK(dev, cudaMemcpyPeerAsync(slot, dev, src + done, p, len * sizeof(float), s));
-            CUDA_CHECK(dev, cudaEventRecord(copied_[b], s));
-            CUDA_CHECK(dev, cudaStreamWaitEvent(reduce_stream_, copied_[b], 0));
-            cuda::add_inplace(reduce_stream_, dev, len, slot, dst + done);
-            CUDA_CHECK(dev, cudaEventRecord(added_[b], reduce_stream_));
-            done += len;
-        }
-        CUDA_CHECK(dev, cudaEventRecord(exit_, reduce_stream_));  // later work on s sees every add
-        CUDA_CHECK(dev, cudaStreamWaitEvent(s, exit_, 0));
+    void bind_cublas(cudaStream_t st) {
+        CUBLAS_CHECK(ordinal(), cublasSetStream(cublas_, st));
+        CUBLAS_CHECK(ordinal(), cublasSetWorkspace(cublas_, workspace_, kCublasWorkspace));
+        cublas_stream_ = st;
     }
 
     void use() const { CUDA_CHECK(ordinal(), cudaSetDevice(ordinal())); }
@@ -315,16 +352,16 @@ private:
     int require_cuda(const Device& peer) const {
         if (peer.type() != DeviceType::cuda)
             throw DeviceError(name() + ": cannot exchange data with " + peer.name() +
-                              " (replicas must all be CPU or all CUDA)");
+                              " (replicas must all be of one kind)");
         return peer.ordinal();
     }
 
     cublasHandle_t cublas_ = nullptr;
+    cudaStream_t cublas_stream_ = nullptr;  // the stream the handle is bound to
     void* workspace_ = nullptr;
     float* scratch_ = nullptr;  // compute-stream ops only
-    float* staging_ = nullptr;  // [2 x kStagingSlice], staged peer reduce
-    cudaStream_t reduce_stream_ = nullptr;
-    cudaEvent_t copied_[2] = {}, added_[2] = {}, entry_ = nullptr, exit_ = nullptr;
+    cudaStream_t staging_stream_ = nullptr;
+    std::unique_ptr<PeerStaging> staging_;
     cudaDeviceProp props_{};
     bool tf32_ = false;
 };
@@ -372,36 +409,54 @@ std::string link_name(const Nvml& nvml, int a, int b) {
     }
 }
 
-std::string g_unavailable;
+std::string version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+
+CudaStatus probe_cuda() {
+    CudaStatus st;
+    int n = 0, driver = 0, runtime = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    cudaGetLastError();
+    if (e == cudaSuccess && n > 0) {
+        st.state = CudaStatus::State::ok;
+        st.devices = n;
+        return st;
+    }
+    if (driver == 0) {
+        st.state = CudaStatus::State::no_driver;
+        st.reason = "no NVIDIA driver is loaded";
+    } else if (e == cudaSuccess || e == cudaErrorNoDevice) {
+        st.state = CudaStatus::State::no_device;
+        const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+        st.reason = std::string("the NVIDIA driver sees no CUDA device") +
+                    (visible ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "");
+    } else if (e == cudaErrorInsufficientDriver) {
+        st.state = CudaStatus::State::unusable;
+        st.reason = "the NVIDIA driver supports CUDA " + version_string(driver) + ", but this build needs CUDA " +
+                    version_string(runtime) + ": install a newer NVIDIA driver (580 or newer for CUDA 13.0), "
+                    "or rebuild with the CUDA toolkit the driver supports";
+    } else {
+        st.state = CudaStatus::State::unusable;
+        st.reason = std::string("the CUDA runtime failed to start: ") + cudaGetErrorString(e) + " (driver for CUDA " +
+                    version_string(driver) + ", runtime " + version_string(runtime) +
+                    "): check that the NVIDIA kernel module is loaded (nvidia-smi) and matches the driver libraries";
+    }
+    return st;
+}
 
 }  // namespace
 
 bool cuda_compiled() { return true; }
 
-void cuda_set_peer_transport(PeerTransport t) { g_transport = t; }
-
-int cuda_device_count() {
-    static const int count = [] {
-        int n = 0;
-        const cudaError_t e = cudaGetDeviceCount(&n);
-        if (e != cudaSuccess) {
-            int driver = 0;
-            cudaDriverGetVersion(&driver);
-            g_unavailable = driver == 0 ? std::string("no NVIDIA driver is loaded (") + cudaGetErrorString(e) + ")"
-                                        : cudaGetErrorString(e);
-            cudaGetLastError();
-            return 0;
-        }
-        if (n == 0) g_unavailable = "no CUDA device visible";
-        return n;
-    }();
-    return count;
+CudaStatus cuda_status() {
+    static const CudaStatus status = probe_cuda();
+    return status;
 }
 
-std::string cuda_unavailable_reason() {
-    cuda_device_count();
-    return g_unavailable;
-}
+int cuda_device_count() { return cuda_status().devices; }
+
+std::string cuda_unavailable_reason() { return cuda_status().reason; }
 
 std::unique_ptr<Device> make_cuda_device(int ordinal) { return std::make_unique<CudaDevice>(ordinal); }
 
@@ -410,7 +465,9 @@ CudaTopology cuda_topology() {
     const int n = cuda_device_count();
     cudaRuntimeGetVersion(&t.cuda_runtime_version);
     cudaDriverGetVersion(&t.cuda_driver_version);
+#if MIRRORED_NCCL
     ncclGetVersion(&t.nccl_version);
+#endif
     const Nvml nvml;
     for (int i = 0; i < n; ++i) {
         cudaDeviceProp p{};
@@ -434,28 +491,33 @@ CudaTopology cuda_topology() {
     return t;
 }
 
-std::vector<std::pair<int, int>> cuda_enable_peer_access(const std::vector<int>& ordinals) {
+std::vector<StagedPair> cuda_enable_peer_access(const std::vector<int>& ordinals) {
     std::lock_guard<std::mutex> lock(g_peer_mutex);
     std::vector<int> unique(ordinals);
     std::sort(unique.begin(), unique.end());
     unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-    std::vector<std::pair<int, int>> host_path;
+    std::vector<StagedPair> staged;
     for (int a : unique)
         for (int b : unique) {
             if (a == b || a >= kMaxGpus || b >= kMaxGpus || g_peer_enabled[a][b]) continue;
             int can = 0;
             CUDA_CHECK(a, cudaDeviceCanAccessPeer(&can, a, b));
             if (!can) {
-                host_path.emplace_back(a, b);
+                staged.push_back({a, b, "no peer access between these GPUs (cudaDeviceCanAccessPeer)"});
                 continue;
             }
             CUDA_CHECK(a, cudaSetDevice(a));
             const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
-            if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-            else CUDA_CHECK(a, e);
+            if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+                // e.g. too many peers (cudaErrorTooManyPeers) or an IOMMU refusing the mapping
+                staged.push_back({a, b, std::string("cudaDeviceEnablePeerAccess failed: ") + cudaGetErrorString(e)});
+                cudaGetLastError();
+                continue;
+            }
+            cudaGetLastError();  // clear "already enabled"
             g_peer_enabled[a][b] = true;
         }
-    return host_path;
+    return staged;
 }
 
 }  // namespace mirrored

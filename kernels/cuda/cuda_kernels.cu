@@ -141,7 +141,7 @@ __global__ void softmax_xent_kernel(int rows, int classes, const float* logits,
 }
 
 __global__ void metrics_accumulate_kernel(int rows, const float* row_loss, const float* row_correct,
-                                          float* metrics) {
+                                          double* metrics) {
     __shared__ float shared[kThreads];
     float loss = 0.0f, correct = 0.0f;
     for (int i = threadIdx.x; i < rows; i += kThreads) {
@@ -151,15 +151,15 @@ __global__ void metrics_accumulate_kernel(int rows, const float* row_loss, const
     loss = block_sum_256(loss, shared);
     __syncthreads();
     correct = block_sum_256(correct, shared);
-    if (threadIdx.x == 0) {
-        metrics[kMetricLossSum] += loss;
-        metrics[kMetricCorrect] += correct;
-        metrics[kMetricCount] += static_cast<float>(rows);
+    if (threadIdx.x == 0) {  // double accumulators: counts stay exact far beyond 2^24
+        metrics[kMetricLossSum] += double(loss);
+        metrics[kMetricCorrect] += double(correct);
+        metrics[kMetricCount] += double(rows);
     }
 }
 
 void softmax_xent(cudaStream_t s, int dev, int rows, int classes, const float* logits,
-                  const int32_t* labels, float grad_scale, float* dlogits, float* metrics,
+                  const int32_t* labels, float grad_scale, float* dlogits, double* metrics,
                   float* scratch) {
     if (rows <= 0) return;
     constexpr int kRowsPerBlock = kThreads / 32;

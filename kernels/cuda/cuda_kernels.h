@@ -23,7 +23,7 @@ void bias_grad(cudaStream_t s, int dev, int rows, int cols, const float* dz, flo
                bool accumulate);
 // scratch: 2 * rows floats
 void softmax_xent(cudaStream_t s, int dev, int rows, int classes, const float* logits,
-                  const int32_t* labels, float grad_scale, float* dlogits, float* metrics,
+                  const int32_t* labels, float grad_scale, float* dlogits, double* metrics,
                   float* scratch);
 void dropout(cudaStream_t s, int dev, const DropoutArgs& a, int rows, int cols, const float* x,
              float* y);

@@ -1,8 +1,8 @@
 // NCCL backend of the cross-device ops: ncclCommInitAll plus grouped ncclAllReduce calls on the
-// replicas' communication streams.
+// replicas' communication streams. Built only when the build found nccl.h and libnccl
+// (kernels/cuda/nccl_stub.cpp otherwise).
 #include <nccl.h>
 
-#include <set>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -24,25 +24,24 @@ class NcclGroupImpl final : public NcclGroup {
 public:
     explicit NcclGroupImpl(const std::vector<Device*>& devices) : devices_(devices) {
         std::vector<int> ordinals;
-        std::set<int> seen;
-        for (Device* d : devices) {
-            if (d->type() != DeviceType::cuda)
-                throw ConfigError("strategy.cross_device_ops: nccl needs CUDA replicas, got " + d->name());
-            if (!seen.insert(d->ordinal()).second)
-                throw ConfigError("strategy.cross_device_ops: nccl cannot place two replicas on " +
-                                  d->name() + " (NCCL allows one rank per GPU); use ring for a "
-                                  "device list that repeats a GPU");
-            ordinals.push_back(d->ordinal());
-        }
+        for (Device* d : devices) ordinals.push_back(d->ordinal());
         comms_.resize(devices.size());
         NCCL_CHECK(ordinals[0], ncclCommInitAll(comms_.data(), static_cast<int>(comms_.size()), ordinals.data()));
     }
+    // Finalize every communicator in one group (each waits for the others' outstanding work),
+    // then free them. After abort() they are already gone.
     ~NcclGroupImpl() override {
+        if (aborted_) return;
+        ncclGroupStart();
+        for (ncclComm_t c : comms_)
+            if (c) ncclCommFinalize(c);
+        ncclGroupEnd();
         for (ncclComm_t c : comms_)
             if (c) ncclCommDestroy(c);
     }
 
     void all_reduce_sum(const std::vector<float*>& buffers, size_t count) override {
+        if (aborted_) throw DeviceError("nccl: the communicators were aborted after a failure");
         if (count == 0) return;
         NCCL_CHECK(devices_[0]->ordinal(), ncclGroupStart());
         for (size_t r = 0; r < devices_.size(); ++r) {
@@ -54,16 +53,27 @@ public:
         NCCL_CHECK(devices_[0]->ordinal(), ncclGroupEnd());
     }
 
+    void abort() noexcept override {
+        if (aborted_) return;
+        aborted_ = true;
+        for (ncclComm_t& c : comms_)
+            if (c) {
+                ncclCommAbort(c);  // frees the communicator; its ranks stop waiting for each other
+                c = nullptr;
+            }
+    }
+
 private:
     std::vector<Device*> devices_;
     std::vector<ncclComm_t> comms_;
+    bool aborted_ = false;
 };
 
 }  // namespace
 
 bool nccl_compiled() { return true; }
 
-std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>& devices) {
+std::unique_ptr<NcclGroup> make_cuda_nccl_group(const std::vector<Device*>& devices) {
     return std::make_unique<NcclGroupImpl>(devices);
 }
 

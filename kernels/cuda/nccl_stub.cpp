@@ -1,0 +1,16 @@
+// Linked instead of kernels/cuda/nccl_group.cu when the build found no NCCL (it is not part of
+// the CUDA toolkit): the nccl op explains how to get it; the ring needs nothing of it.
+#include "kernels/error.h"
+#include "kernels/nccl.h"
+
+namespace mirrored {
+
+bool nccl_compiled() { return false; }
+
+std::unique_ptr<NcclGroup> make_cuda_nccl_group(const std::vector<Device*>&) {
+    throw ConfigError("strategy.cross_device_ops: nccl: this build has no NCCL (nccl.h and libnccl were not found "
+                      "at build time). Install NVIDIA's libnccl-dev (the CUDA repository) or set NCCL_HOME, then "
+                      "rebuild (make clean all); the default ring needs no NCCL");
+}
+
+}  // namespace mirrored

@@ -1,0 +1,58 @@
+// Backend-neutral entry points of the op interface: names, the device factory, peer access and
+// the peer-transport knob.
+#include <atomic>
+
+#include "kernels/backends.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+
+namespace mirrored {
+
+namespace {
+std::atomic<PeerTransport> g_transport{PeerTransport::automatic};
+}
+
+const char* device_type_name(DeviceType t) {
+    switch (t) {
+    case DeviceType::cuda: return "cuda";
+    case DeviceType::sim: return "sim";
+    default: return "cpu";
+    }
+}
+
+const char* activation_name(Activation a) {
+    switch (a) {
+    case Activation::relu: return "relu";
+    case Activation::gelu: return "gelu";
+    default: return "none";
+    }
+}
+
+const char* init_kind_name(InitKind k) {
+    switch (k) {
+    case InitKind::he_uniform: return "he_uniform";
+    case InitKind::he_normal: return "he_normal";
+    case InitKind::glorot_uniform: return "glorot_uniform";
+    case InitKind::glorot_normal: return "glorot_normal";
+    default: return "zeros";
+    }
+}
+
+std::unique_ptr<Device> make_device(DeviceType type, int ordinal) {
+    switch (type) {
+    case DeviceType::cuda: return make_cuda_device(ordinal);
+    case DeviceType::sim: return make_sim_device(ordinal);
+    default: return make_cpu_device(ordinal);
+    }
+}
+
+std::vector<StagedPair> enable_peer_access(DeviceType type, const std::vector<int>& ordinals) {
+    if (type == DeviceType::cuda) return cuda_enable_peer_access(ordinals);
+    if (type == DeviceType::sim) return sim_enable_peer_access(ordinals);
+    return {};
+}
+
+void set_peer_transport(PeerTransport t) { g_transport = t; }
+PeerTransport peer_transport() { return g_transport; }
+
+}  // namespace mirrored

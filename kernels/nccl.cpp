@@ -1,0 +1,27 @@
+// make_nccl_group: the checks every NCCL group needs, then the implementation for the device type.
+#include "kernels/nccl.h"
+
+#include <set>
+#include <string>
+
+#include "kernels/error.h"
+
+namespace mirrored {
+
+std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>& devices) {
+    if (devices.empty()) throw Error(kExitFailure, "nccl: no devices");
+    const DeviceType type = devices[0]->type();
+    std::set<int> seen;
+    for (Device* d : devices) {
+        if (d->type() != type || type == DeviceType::cpu)
+            throw ConfigError("strategy.cross_device_ops: nccl needs GPU replicas, got " + d->name() +
+                              " (use ring or reduce_to_one for CPU replicas)");
+        if (!seen.insert(d->ordinal()).second)
+            throw ConfigError("strategy.cross_device_ops: nccl cannot place two replicas on " + d->name() +
+                              " (NCCL allows one rank per GPU); use ring for a device list that repeats a GPU");
+    }
+    if (type == DeviceType::sim) return make_sim_nccl_group(devices);
+    return make_cuda_nccl_group(devices);
+}
+
+}  // namespace mirrored

@@ -1,0 +1,664 @@
+// The simulated GPU (kernels/sim/sim.h says what it simulates and why). Each stream is a worker
+// thread; ops are tasks that call the CPU reference; events are markers shared between streams.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/backends.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/nccl.h"
+#include "kernels/peer_staging.h"
+#include "kernels/sim/sim.h"
+
+namespace mirrored {
+
+namespace {
+
+constexpr int kMaxSimGpus = 64;
+constexpr uint32_t kNanBits = 0x7FC00000u;
+
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// ---- process-wide state: one mutex and one condition variable guard every marker and wake
+// every waiter. Simple, and the simulation is for correctness, not speed.
+std::mutex g_mu;
+std::condition_variable g_cv;
+
+struct Marker {  // one record of an event, or the end of one task the host waits for
+    bool done = false;
+    double time = 0;  // when it completed
+};
+using MarkerPtr = std::shared_ptr<Marker>;
+
+struct GpuState {  // per simulated GPU, guarded by g_mu
+    uint64_t launches = 0, fault_at = 0;
+    uint64_t api_calls = 0, api_error_at = 0;
+    std::string sticky;             // the first fault: every later host call fails with it
+    bool peer[kMaxSimGpus] = {};    // peer[b]: kernels here may load memory of GPU b
+};
+
+struct World {
+    GpuState gpus[kMaxSimGpus];
+    std::atomic<int> max_delay_us{0};
+    std::atomic<bool> peer_access{true};
+    std::map<uintptr_t, size_t> device_mem, pinned_mem;  // begin -> bytes
+};
+
+World& world() {
+    static World* w = [] {
+        auto* x = new World;  // never destroyed: stream threads may outlive static destructors
+        if (const char* d = std::getenv("MIRRORED_SIM_DELAY_US")) x->max_delay_us = std::max(0, std::atoi(d));
+        if (const char* p = std::getenv("MIRRORED_SIM_NO_PEER")) x->peer_access = !(*p && *p != '0');
+        if (const char* f = std::getenv("MIRRORED_SIM_FAULT")) {
+            int gpu = -1;
+            unsigned long long at = 0;
+            if (std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].fault_at = at;
+        }
+        return x;
+    }();
+    return *w;
+}
+
+void complete(const MarkerPtr& m) {
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        m->done = true;
+        m->time = now_seconds();
+    }
+    g_cv.notify_all();
+}
+
+bool in_registry(const std::map<uintptr_t, size_t>& reg, const void* p, size_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    auto it = reg.upper_bound(a);
+    if (it == reg.begin()) return false;
+    --it;
+    return a >= it->first && a + bytes <= it->first + std::max<size_t>(it->second, 1);
+}
+
+void* alloc_poisoned(size_t bytes) {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p) std::fill_n(static_cast<uint32_t*>(p), rounded / 4, kNanBits);
+    return p;
+}
+
+class SimDevice;
+
+struct Task {
+    enum class Kind { launch, copy, other } kind = Kind::other;
+    const char* what = "";
+    std::function<void()> fn;
+};
+
+// One stream: a worker thread running its queue in order.
+class SimStream {
+public:
+    SimStream(SimDevice& dev, uint64_t seed) : dev_(dev), rng_(seed), thread_([this] { loop(); }) {}
+    ~SimStream() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            quit_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    void push(Task t);
+    bool idle() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return queue_.empty() && !busy_;
+    }
+    void discard() {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.clear();
+        idle_cv_.notify_all();
+    }
+    // Waits until the queue is empty and no task runs. After abandon() queued tasks are dropped
+    // and blocked waits give up, so this ends; before, it waits like cudaFree.
+    void drain() {
+        std::unique_lock<std::mutex> lock(mu_);
+        idle_cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    }
+
+private:
+    void loop();
+    SimDevice& dev_;
+    std::mt19937_64 rng_;
+    std::mutex mu_;
+    std::condition_variable cv_, idle_cv_;
+    std::deque<Task> queue_;
+    bool busy_ = false, quit_ = false;
+    std::thread thread_;  // last: starts once the rest is constructed
+};
+
+class SimDevice final : public Device {
+public:
+    explicit SimDevice(int ordinal)
+        : Device(DeviceType::sim, ordinal, "sim:" + std::to_string(ordinal)), cpu_(make_cpu_device(ordinal)) {
+        if (ordinal < 0 || ordinal >= kMaxSimGpus)
+            throw DeviceError("sim:" + std::to_string(ordinal) + ": simulated GPUs are numbered 0 to " +
+                              std::to_string(kMaxSimGpus - 1));
+        const uint64_t seed = uint64_t(ordinal) * 7919u + reinterpret_cast<uintptr_t>(this);
+        for (int i = 0; i < 4; ++i) streams_.push_back(std::make_unique<SimStream>(*this, seed + uint64_t(i)));
+        compute_.handle = streams_[0].get();
+        comm_.handle = streams_[1].get();
+        copy_.handle = streams_[2].get();
+        staging_ = std::make_unique<PeerStaging>(*this, Stream{streams_[3].get()});
+    }
+
+    ~SimDevice() override {
+        staging_.reset();
+        drain_all();
+        streams_.clear();  // joins the threads
+    }
+
+    std::string description() const override {
+        return "simulated GPU " + std::to_string(ordinal()) + " (CUDA semantics on CPU threads, CPU reference ops)";
+    }
+
+    // ---- the host-call check every method starts with ---------------------------------
+    // Counts the call, throws an injected error, and throws the sticky error of a failed GPU,
+    // naming the call, this file and line, and the device (as CUDA_CHECK does).
+    void api(const char* what, int line) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        GpuState& g = world().gpus[ordinal()];
+        ++g.api_calls;
+        if (g.api_error_at != 0 && g.api_calls == g.api_error_at) {
+            g.api_error_at = 0;
+            throw DeviceError(name() + ": " + what + " failed: invalid argument (simulated error at host call " +
+                              std::to_string(g.api_calls) + ") (" + __FILE__ + ":" + std::to_string(line) + ")");
+        }
+        if (!g.sticky.empty())
+            throw DeviceError(name() + ": " + what + " failed: " + g.sticky + " (" + __FILE__ + ":" + std::to_string(line) + ")");
+    }
+#define SIM_API(what) api(what, __LINE__)
+
+    // Whether queued work must be dropped (the device was abandoned or its GPU failed). g_mu held.
+    bool dropping_locked() const { return abandoned_ || !world().gpus[ordinal()].sticky.empty(); }
+
+    // A task on stream s; launches and copies are counted and launches may fault.
+    void enqueue(Stream s, Task::Kind kind, const char* what, std::function<void()> fn) {
+        if (kind == Task::Kind::launch) ++work_.launches;
+        if (kind == Task::Kind::copy) ++work_.copies;
+        stream(s).push(Task{kind, what, std::move(fn)});
+    }
+    void launch(Stream s, const char* what, std::function<void()> fn) {
+        enqueue(s, Task::Kind::launch, what, std::move(fn));
+    }
+
+    // Runs on a stream thread: false when the task must be dropped. A launch that hits the
+    // injected fault makes the GPU's error sticky instead of running.
+    bool admit(const Task& t) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (dropping_locked()) return false;
+        if (t.kind != Task::Kind::launch) return true;
+        GpuState& g = world().gpus[ordinal()];
+        ++g.launches;
+        if (g.fault_at != 0 && g.launches == g.fault_at) {
+            g.sticky = std::string("an illegal memory access was encountered (simulated fault in launch ") +
+                       std::to_string(g.launches) + ", " + t.what + ")";
+            g_cv.notify_all();
+            return false;
+        }
+        return true;
+    }
+    int max_delay_us() const { return world().max_delay_us.load(std::memory_order_relaxed); }
+
+    // A stream waits for a marker (an event record, possibly on another device).
+    void wait_marker(const MarkerPtr& m) {
+        std::unique_lock<std::mutex> lock(g_mu);
+        g_cv.wait(lock, [&] { return m->done || dropping_locked(); });
+    }
+    // The host waits for a marker; throws the sticky error if the GPU fails meanwhile.
+    void host_wait(const MarkerPtr& m, const char* what, int line) {
+        ++work_.host_syncs;
+        {
+            std::unique_lock<std::mutex> lock(g_mu);
+            g_cv.wait(lock, [&] { return m->done || dropping_locked(); });
+            if (m->done || abandoned_) return;
+        }
+        api(what, line);  // throws the sticky error
+    }
+    MarkerPtr mark(Stream s) {
+        auto m = std::make_shared<Marker>();
+        enqueue(s, Task::Kind::other, "marker", [m] { complete(m); });
+        return m;
+    }
+
+    // ---- memory --------------------------------------------------------------------------
+    void* alloc_bytes(size_t bytes) override {
+        SIM_API("alloc_bytes");
+        void* p = alloc_poisoned(bytes);
+        if (!p) throw DeviceError(name() + ": out of memory allocating " + std::to_string(bytes) + " bytes");
+        std::lock_guard<std::mutex> lock(g_mu);
+        world().device_mem[reinterpret_cast<uintptr_t>(p)] = bytes;
+        return p;
+    }
+    void free_bytes(void* p) noexcept override {
+        if (!p) return;
+        drain_all();  // cudaFree waits for the device (after abandon(): for the task still running)
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            world().device_mem.erase(reinterpret_cast<uintptr_t>(p));
+        }
+        std::free(p);
+    }
+    void* alloc_host_bytes(size_t bytes) override {
+        SIM_API("alloc_host_bytes");
+        void* p = alloc_poisoned(bytes);
+        if (!p) throw DeviceError(name() + ": out of pinned host memory allocating " + std::to_string(bytes) + " bytes");
+        std::lock_guard<std::mutex> lock(g_mu);
+        world().pinned_mem[reinterpret_cast<uintptr_t>(p)] = bytes;
+        return p;
+    }
+    void free_host_bytes(void* p) noexcept override {
+        if (!p) return;
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            world().pinned_mem.erase(reinterpret_cast<uintptr_t>(p));
+        }
+        std::free(p);
+    }
+    void check_memory(const void* device_ptr, const void* host_ptr, size_t bytes, const char* what) const {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (!in_registry(world().device_mem, device_ptr, bytes))
+            throw DeviceError(name() + ": " + what + ": " + std::to_string(bytes) +
+                              " bytes at the device address are not (all) device memory");
+        if (host_ptr && in_registry(world().device_mem, host_ptr, 1))
+            throw DeviceError(name() + ": " + what + ": the host address is device memory");
+    }
+    bool pinned(const void* p, size_t bytes) const {
+        std::lock_guard<std::mutex> lock(g_mu);
+        return in_registry(world().pinned_mem, p, bytes);
+    }
+    void copy_to_device(Stream s, void* dst, const void* src, size_t bytes) override {
+        SIM_API("copy_to_device");
+        if (!bytes) return;
+        check_memory(dst, src, bytes, "copy_to_device");
+        if (pinned(src, bytes)) {
+            enqueue(s, Task::Kind::copy, "copy_to_device", [=] { std::memcpy(dst, src, bytes); });
+            return;
+        }
+        // pageable: the source is staged before the call returns
+        auto snapshot = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                                     static_cast<const unsigned char*>(src) + bytes);
+        enqueue(s, Task::Kind::copy, "copy_to_device", [=] { std::memcpy(dst, snapshot->data(), bytes); });
+    }
+    void copy_to_host(Stream s, void* dst, const void* src, size_t bytes) override {
+        SIM_API("copy_to_host");
+        if (!bytes) return;
+        check_memory(src, dst, bytes, "copy_to_host");
+        enqueue(s, Task::Kind::copy, "copy_to_host", [=] { std::memcpy(dst, src, bytes); });
+        if (!pinned(dst, bytes)) host_wait(mark(s), "copy_to_host", __LINE__);  // pageable: returns once done
+    }
+    void copy_on_device(Stream s, void* dst, const void* src, size_t bytes) override {
+        SIM_API("copy_on_device");
+        if (!bytes || dst == src) return;
+        check_memory(dst, nullptr, bytes, "copy_on_device");
+        check_memory(src, nullptr, bytes, "copy_on_device");
+        enqueue(s, Task::Kind::copy, "copy_on_device", [=] { std::memmove(dst, src, bytes); });
+    }
+
+    // ---- streams and events ----------------------------------------------------------------
+    struct SimEvent {
+        bool timing = false;
+        MarkerPtr latest;  // guarded by g_mu
+    };
+    static SimEvent& ev(Event e) { return *static_cast<SimEvent*>(e.handle); }
+
+    Event event_create(bool timing) override {
+        SIM_API("event_create");
+        auto* e = new SimEvent;
+        e->timing = timing;
+        return Event{e};
+    }
+    void event_destroy(Event e) noexcept override { delete static_cast<SimEvent*>(e.handle); }
+    void event_record(Event e, Stream s) override {
+        SIM_API("event_record");
+        ++work_.event_records;
+        auto m = std::make_shared<Marker>();
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            ev(e).latest = m;
+        }
+        stream(s).push(Task{Task::Kind::other, "event_record", [m] { complete(m); }});
+    }
+    void stream_wait_event(Stream s, Event e) override {
+        SIM_API("stream_wait_event");
+        ++work_.stream_waits;
+        MarkerPtr m;
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            m = ev(e).latest;  // the record that is the latest now, as CUDA captures it
+        }
+        if (!m) return;  // never recorded: nothing to wait for
+        stream(s).push(Task{Task::Kind::other, "stream_wait_event", [this, m] { wait_marker(m); }});
+    }
+    bool event_query(Event e) override {
+        SIM_API("event_query");
+        std::lock_guard<std::mutex> lock(g_mu);
+        return !ev(e).latest || ev(e).latest->done;
+    }
+    void event_synchronize(Event e) override {
+        SIM_API("event_synchronize");
+        MarkerPtr m;
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            m = ev(e).latest;
+        }
+        if (m) host_wait(m, "event_synchronize", __LINE__);
+    }
+    void stream_synchronize(Stream s) override {
+        SIM_API("stream_synchronize");
+        host_wait(mark(s), "stream_synchronize", __LINE__);
+    }
+    void synchronize() override {
+        SIM_API("synchronize");
+        std::vector<MarkerPtr> marks;
+        for (auto& st : streams_) marks.push_back(mark(Stream{st.get()}));
+        for (auto& m : marks) host_wait(m, "synchronize", __LINE__);
+    }
+    bool query_idle() override {
+        SIM_API("query_idle");
+        for (auto& s : streams_)
+            if (!s->idle()) return false;
+        return true;
+    }
+    void abandon() noexcept override {
+        abandoned_ = true;
+        for (auto& s : streams_) s->discard();
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+        }
+        g_cv.notify_all();
+    }
+    float event_elapsed_ms(Event a, Event b) override {
+        SIM_API("event_elapsed_ms");
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (!ev(a).timing || !ev(b).timing)
+            throw DeviceError(name() + ": event_elapsed_ms: events were created without timing");
+        if (!ev(a).latest || !ev(b).latest || !ev(a).latest->done || !ev(b).latest->done)
+            throw DeviceError(name() + ": event_elapsed_ms: device not ready (an event has not completed)");
+        return float((ev(b).latest->time - ev(a).latest->time) * 1e3);
+    }
+    void host_callback(Stream s, void (*fn)(void*), void* arg) override {
+        SIM_API("host_callback");
+        ++work_.callbacks;
+        stream(s).push(Task{Task::Kind::other, "host_callback", [fn, arg] { fn(arg); }});
+    }
+    void set_tf32(bool) override {}
+
+    // ---- ops: the CPU reference, run on the stream's thread ---------------------------------
+    void gemm(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+              const float* b, int ldb, float beta, float* c, int ldc) override {
+        SIM_API("gemm");
+        launch(s, "gemm", [=, this] { cpu_->gemm(Stream{}, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+    }
+    void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, float* z, float* out) override {
+        SIM_API("bias_act_forward");
+        launch(s, "bias_act_forward", [=, this] { cpu_->bias_act_forward(Stream{}, act, rows, cols, bias, z, out); });
+    }
+    void act_backward(Stream s, Activation act, size_t n, const float* z, const float* dout, float* dz) override {
+        SIM_API("act_backward");
+        launch(s, "act_backward", [=, this] { cpu_->act_backward(Stream{}, act, n, z, dout, dz); });
+    }
+    void bias_grad(Stream s, int rows, int cols, const float* dz, float* db, bool accumulate) override {
+        SIM_API("bias_grad");
+        launch(s, "bias_grad", [=, this] { cpu_->bias_grad(Stream{}, rows, cols, dz, db, accumulate); });
+    }
+    void softmax_xent(Stream s, int rows, int classes, const float* logits, const int32_t* labels, float grad_scale,
+                      float* dlogits, double* metrics) override {
+        SIM_API("softmax_xent");
+        launch(s, "softmax_xent", [=, this] {
+            cpu_->softmax_xent(Stream{}, rows, classes, logits, labels, grad_scale, dlogits, metrics);
+        });
+    }
+    void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const float* x, float* y) override {
+        SIM_API("dropout_forward");
+        launch(s, "dropout_forward", [=, this] { cpu_->dropout_forward(Stream{}, a, rows, cols, x, y); });
+    }
+    void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const float* dy, float* dx) override {
+        SIM_API("dropout_backward");
+        launch(s, "dropout_backward", [=, this] { cpu_->dropout_backward(Stream{}, a, rows, cols, dy, dx); });
+    }
+    void fill(Stream s, size_t n, float value, float* x) override {
+        SIM_API("fill");
+        launch(s, "fill", [=, this] { cpu_->fill(Stream{}, n, value, x); });
+    }
+    void scale(Stream s, size_t n, float alpha, float* x) override {
+        SIM_API("scale");
+        launch(s, "scale", [=, this] { cpu_->scale(Stream{}, n, alpha, x); });
+    }
+    void axpy(Stream s, size_t n, float alpha, const float* x, float* y) override {
+        SIM_API("axpy");
+        launch(s, "axpy", [=, this] { cpu_->axpy(Stream{}, n, alpha, x, y); });
+    }
+    void sum_squares(Stream s, size_t n, const float* x, float* out) override {
+        SIM_API("sum_squares");
+        launch(s, "sum_squares", [=, this] { cpu_->sum_squares(Stream{}, n, x, out); });
+    }
+    void init_params(Stream s, const InitArgs& a, size_t n, float* out) override {
+        SIM_API("init_params");
+        launch(s, "init_params", [=, this] { cpu_->init_params(Stream{}, a, n, out); });
+    }
+    void sgd_update(Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a) override {
+        SIM_API("sgd_update");
+        launch(s, "sgd_update", [=, this] { cpu_->sgd_update(Stream{}, n, p, g, m, a); });
+    }
+    void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a) override {
+        SIM_API("adamw_update");
+        launch(s, "adamw_update", [=, this] { cpu_->adamw_update(Stream{}, n, p, g, m, v, a); });
+    }
+    void checksum(Stream s, size_t n, const float* x, uint64_t* out) override {
+        SIM_API("checksum");
+        launch(s, "checksum", [=, this] { cpu_->checksum(Stream{}, n, x, out); });
+    }
+
+    void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
+        SIM_API("reduce_from_peer");
+        const int p = require_sim(peer);
+        bool can_load = p == ordinal();
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            can_load = can_load || world().gpus[ordinal()].peer[p];
+        }
+        const PeerTransport t = peer_transport();
+        if (t == PeerTransport::direct && !can_load)
+            throw DeviceError(name() + ": direct peer loads from sim:" + std::to_string(p) + " need peer access");
+        if (can_load && t != PeerTransport::staged) {  // one kernel loads the peer's memory and adds
+            launch(s, "reduce_from_peer", [=] {
+                for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+            });
+            return;
+        }
+        staging_->reduce(s, dst, peer, src, n);
+    }
+    void copy_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
+        SIM_API("copy_from_peer");
+        require_sim(peer);
+        if (n) enqueue(s, Task::Kind::copy, "copy_from_peer", [=] { std::memcpy(dst, src, n * sizeof(float)); });
+    }
+#undef SIM_API
+
+private:
+    static SimStream& stream(Stream s) { return *static_cast<SimStream*>(s.handle); }
+    int require_sim(const Device& peer) const {
+        if (peer.type() != DeviceType::sim)
+            throw DeviceError(name() + ": cannot exchange data with " + peer.name() +
+                              " (replicas must all be of one kind)");
+        return peer.ordinal();
+    }
+    void drain_all() noexcept {
+        for (auto& s : streams_) s->drain();
+    }
+
+    std::unique_ptr<Device> cpu_;  // computes every op
+    std::vector<std::unique_ptr<SimStream>> streams_;  // compute, comm, copy, staging
+    std::unique_ptr<PeerStaging> staging_;
+};
+
+void SimStream::push(Task t) {
+    if (dev_.abandoned()) return;  // nothing runs on an abandoned device
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.push_back(std::move(t));
+    }
+    cv_.notify_all();
+}
+
+void SimStream::loop() {
+    for (;;) {
+        Task t;
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return quit_ || !queue_.empty(); });
+            if (queue_.empty()) return;  // quit_ and nothing left
+            t = std::move(queue_.front());
+            queue_.pop_front();
+            busy_ = true;
+        }
+        if (dev_.admit(t)) {
+            if (const int d = dev_.max_delay_us(); d > 0 && (rng_() & 1))
+                std::this_thread::sleep_for(std::chrono::microseconds(rng_() % uint64_t(d)));
+            t.fn();
+        }
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            busy_ = false;
+            if (queue_.empty()) idle_cv_.notify_all();
+        }
+    }
+}
+
+// ---- the nccl op: a rendezvous on the comm streams --------------------------------------
+class SimNcclGroup final : public NcclGroup {
+public:
+    explicit SimNcclGroup(const std::vector<Device*>& devices) {
+        for (Device* d : devices) devices_.push_back(static_cast<SimDevice*>(d));
+    }
+    void all_reduce_sum(const std::vector<float*>& buffers, size_t count) override {
+        if (aborted_) throw DeviceError("nccl: the communicators were aborted");
+        auto rz = std::make_shared<Rendezvous>();
+        rz->ranks = int(devices_.size());
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            live_.erase(std::remove_if(live_.begin(), live_.end(), [](auto& w) { return w.expired(); }), live_.end());
+            live_.push_back(rz);
+        }
+        for (size_t r = 0; r < devices_.size(); ++r) {
+            SimDevice* d = devices_[r];
+            d->api("ncclAllReduce", __LINE__);
+            d->launch(d->comm_stream(), "ncclAllReduce", [rz, d, r, count, buffers] {
+                std::unique_lock<std::mutex> lock(g_mu);
+                if (++rz->arrived == rz->ranks) {  // the last rank sums in rank order: bit-identical everywhere
+                    rz->sum.assign(buffers[0], buffers[0] + count);
+                    for (size_t q = 1; q < buffers.size(); ++q)
+                        for (size_t i = 0; i < count; ++i) rz->sum[i] += buffers[q][i];
+                    rz->ready = true;
+                    g_cv.notify_all();
+                } else {
+                    g_cv.wait(lock, [&] { return rz->ready || rz->aborted || d->dropping_locked(); });
+                }
+                if (!rz->ready) return;
+                lock.unlock();
+                std::memcpy(buffers[r], rz->sum.data(), count * sizeof(float));
+            });
+        }
+    }
+    void abort() noexcept override {
+        aborted_ = true;
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            for (auto& w : live_)
+                if (auto rz = w.lock()) rz->aborted = true;
+        }
+        g_cv.notify_all();
+    }
+
+private:
+    struct Rendezvous {
+        int ranks = 0, arrived = 0;
+        bool ready = false, aborted = false;
+        std::vector<float> sum;
+    };
+    std::vector<SimDevice*> devices_;
+    std::vector<std::weak_ptr<Rendezvous>> live_;  // guarded by g_mu
+    std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_sim_device(int ordinal) { return std::make_unique<SimDevice>(ordinal); }
+
+std::unique_ptr<NcclGroup> make_sim_nccl_group(const std::vector<Device*>& devices) {
+    return std::make_unique<SimNcclGroup>(devices);
+}
+
+std::vector<StagedPair> sim_enable_peer_access(const std::vector<int>& ordinals) {
+    std::vector<StagedPair> staged;
+    std::lock_guard<std::mutex> lock(g_mu);
+    World& w = world();
+    for (int a : ordinals)
+        for (int b : ordinals) {
+            if (a == b || a < 0 || b < 0 || a >= kMaxSimGpus || b >= kMaxSimGpus || w.gpus[a].peer[b]) continue;
+            if (!w.peer_access) {
+                staged.push_back({a, b, "peer access unsupported (simulated: MIRRORED_SIM_NO_PEER)"});
+                continue;
+            }
+            w.gpus[a].peer[b] = true;
+        }
+    std::sort(staged.begin(), staged.end(), [](auto& x, auto& y) { return std::pair(x.from, x.to) < std::pair(y.from, y.to); });
+    staged.erase(std::unique(staged.begin(), staged.end(), [](auto& x, auto& y) { return x.from == y.from && x.to == y.to; }),
+                 staged.end());
+    return staged;
+}
+
+void sim_set_delays(int max_us) { world().max_delay_us = std::max(0, max_us); }
+
+void sim_set_peer_access(bool available) { world().peer_access = available; }
+
+void sim_inject_fault(int ordinal, uint64_t launch) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    GpuState& g = world().gpus[ordinal];
+    g.fault_at = g.launches + launch;
+}
+
+void sim_inject_api_error(int ordinal, uint64_t call) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    GpuState& g = world().gpus[ordinal];
+    g.api_error_at = g.api_calls + call;
+}
+
+uint64_t sim_launches(int ordinal) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    return world().gpus[ordinal].launches;
+}
+
+void sim_reset() {
+    World& w = world();
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (GpuState& g : w.gpus) g = GpuState{};
+    w.max_delay_us = 0;
+    w.peer_access = true;
+    if (const char* d = std::getenv("MIRRORED_SIM_DELAY_US")) w.max_delay_us = std::max(0, std::atoi(d));
+    if (const char* p = std::getenv("MIRRORED_SIM_NO_PEER")) w.peer_access = !(*p && *p != '0');
+}
+
+}  // namespace mirrored
