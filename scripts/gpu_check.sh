@@ -1,52 +1,120 @@
 #!/usr/bin/env bash
-# One prepared run for a machine with a GPU: build, every test, the benchmarks, and the default
-# training run. Logs go to $OUT (the device tool's folder) or build/gpu-check; at most a few
-# files, so they all come back. Fashion-MNIST is read from $MIRRORED_DATA_DIR when set (e.g. a
-# carried .fmnist folder on an image without the dataset package).
-#   scripts/gpu_check.sh            everything (about 5 minutes on one H200)
+# One prepared run for a machine with a GPU, built to fit a 10-minute device budget (about 6
+# minutes on one H200) and to fail loudly rather than report a CPU run as a GPU one:
+#   machine facts -> build (refused if CPU-only) -> every test (refused if a CUDA test is
+#   skipped) -> benchmarks -> training on cuda:0,0 (and cuda:0,1 with two GPUs) killed with
+#   SIGKILL and resumed, checksums compared with an uninterrupted run.
+# Everything goes to $OUT (the device tool's folder) or build/gpu-check. Works without network
+# and without the Fashion-MNIST package (a small generated IDX dataset stands in).
+#   scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-check}
 mkdir -p "$out"
 log="$out/check.log"
-bench="$out/bench.log"
 : >"$log"
-: >"$bench"
-step() { echo "=== $* ($(date +%T))" | tee -a "$log"; }
+step() { echo "=== $* (+${SECONDS}s, $(date +%T))" | tee -a "$log"; }
+fail() {
+    echo "FAIL: $*" | tee -a "$log"
+    exit 1
+}
 
-step build
-{ nvidia-smi; nvcc --version; g++ --version | head -1; } >>"$log" 2>&1
-make -j"$(nproc)" all >>"$log" 2>&1 || { echo "build failed" | tee -a "$log"; exit 1; }
-build/mirrored devices 2>&1 | tee -a "$log"
-
-step tests
-timeout 600 build/mirrored_tests 2>&1 | tee "$out/tests.log" | tail -5 | tee -a "$log"
-
-step benchmarks
-run() { echo "\$ $*" >>"$bench"; timeout 300 "$@" >>"$bench" 2>&1; echo >>"$bench"; }
-run build/mirrored bench-gemm --device cuda:0 --sizes 256,1024,4096 --json "$out/gemm.json"
-run build/mirrored bench-gemm --device cuda:0 --sizes 1024,4096 --tf32
-for devs in cuda:0,0 cuda:0,0,0,0; do
-  for op in ring reduce_to_one; do
-    run build/mirrored bench-allreduce --devices "$devs" --op "$op" --max-bytes 256M
-  done
-done
-run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes 256M --transport staged
+step "machine"
+{
+    nvidia-smi
+    nvidia-smi topo -m
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap,pcie.link.gen.max --format=csv
+    "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" --version
+    g++ --version | head -1
+    ls -l /usr/lib/x86_64-linux-gnu/libnccl* "${CUDA_HOME:-/usr/local/cuda}"/lib64/libnccl* 2>/dev/null
+    nproc
+    free -g
+} >"$out/machine.txt" 2>&1
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-if [[ $gpus -ge 2 ]]; then
-  for op in ring nccl reduce_to_one; do run build/mirrored bench-allreduce --devices cuda:all --op "$op" --max-bytes 256M; done
-  run build/mirrored bench-allreduce --devices cuda:all --op ring --max-bytes 256M --transport staged
-fi
-run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0;cuda:0,0,0,0' --steps 300 --json "$out/step.json"
-run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0' --steps 300 --set strategy.bucket_mb=0
-run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32
-run build/mirrored bench-loader --threads 1,2,4,8
-tail -n 60 "$bench" | tee -a "$log" >/dev/null
+[[ $gpus -ge 1 ]] || fail "no GPU visible (nvidia-smi -L lists none)"
+echo "GPUs: $gpus" | tee -a "$log"
 
-step train
-timeout 300 build/mirrored train configs/fashion_mnist_mlp.yaml --output "$out/run" --set checkpoint.resume=never \
-  >>"$log" 2>&1
-tail -n 3 "$log"
-cp "$out/run/summary.json" "$out/summary.json" 2>/dev/null
-rm -rf "$out/run"
-step done
+step "build"
+[[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]] || fail "no nvcc under ${CUDA_HOME:-/usr/local/cuda}: the build would be CPU-only"
+make -j"$(nproc)" all >"$out/build.log" 2>&1 || {
+    tail -40 "$out/build.log" | tee -a "$log"
+    fail "build failed"
+}
+grep -q "CPU-only" "$out/build.log" && fail "the build is CPU-only"
+build/mirrored devices 2>&1 | tee "$out/devices.txt" | tee -a "$log"
+grep -q "^cuda:0 " "$out/devices.txt" || fail "build/mirrored sees no GPU"
+
+step "tests (per-test durations in tests.log)"
+timeout 420 build/mirrored_tests --duration=true >"$out/tests.log" 2>&1
+rc=$?
+tail -3 "$out/tests.log" | tee -a "$log"
+[[ $rc -eq 124 ]] && fail "the tests did not finish within 420 s"
+# On a one-GPU machine the distinct-GPU cases may say they need two; nothing else may skip.
+skipped=$(grep "^SKIPPED" "$out/tests.log" | grep -v "needs 2 or more GPUs" || true)
+[[ -n "$skipped" ]] && { echo "$skipped" | tee -a "$log"; fail "CUDA tests were skipped on a GPU machine"; }
+[[ $rc -eq 0 ]] || fail "tests failed (exit $rc); see tests.log"
+
+data_env=()
+if [[ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz && -z "${MIRRORED_DATA_DIR:-}" ]]; then
+    python3 scripts/make_idx_dataset.py "$out/idx" >>"$log" 2>&1 || fail "could not generate the IDX dataset"
+    data_env=(MIRRORED_DATA_DIR="$out/idx")
+    echo "Fashion-MNIST not installed: training on the generated IDX dataset in $out/idx" | tee -a "$log"
+fi
+
+step "benchmarks (bench.log, *.json)"
+bench="$out/bench.log"
+: >"$bench"
+run() {
+    echo "\$ $*" >>"$bench"
+    timeout 120 "$@" >>"$bench" 2>&1 || echo "(exit $?)" >>"$bench"
+    echo >>"$bench"
+}
+run build/mirrored bench-gemm --device cuda:0 --sizes 256,1024,4096 --json "$out/gemm.json"
+run build/mirrored bench-gemm --device cuda:0 --sizes 1024,4096 --tf32 --json "$out/gemm_tf32.json"
+for t in direct staged; do
+    run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes 256M --transport $t \
+        --json "$out/allreduce_shared_$t.json"
+done
+run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op reduce_to_one --max-bytes 256M
+if [[ $gpus -ge 2 ]]; then
+    for op in ring nccl reduce_to_one; do
+        run build/mirrored bench-allreduce --devices cuda:all --op $op --max-bytes 256M --json "$out/allreduce_$op.json"
+    done
+    run build/mirrored bench-allreduce --devices cuda:all --op ring --max-bytes 256M --transport staged
+fi
+run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0;cuda:0,0,0,0' --steps 300 \
+    --json "$out/step.json"
+run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32
+run env "${data_env[@]}" build/mirrored bench-loader --threads 1,2,4,8 --json "$out/loader.json"
+tail -n 80 "$bench" >>"$log"
+
+# Train, kill with SIGKILL mid-run, resume; the replica checksums must equal an uninterrupted run's.
+resume_check() {
+    local devices=$1 dir="$out/train-${1//[:,]/_}"
+    local args=(train configs/fashion_mnist_mlp.yaml --devices "$devices" --set train.epochs=3
+                --set checkpoint.every_steps=100)
+    local t0=$SECONDS
+    env "${data_env[@]}" timeout 120 build/mirrored "${args[@]}" --output "$dir/ref" >"$dir.ref.log" 2>&1 ||
+        fail "training on $devices failed (see $dir.ref.log)"
+    local half
+    half=$(python3 -c "print(max(0.5, ($SECONDS - $t0) / 2))")  # kill about half-way through
+    env "${data_env[@]}" build/mirrored "${args[@]}" --output "$dir/killed" >"$dir.killed.log" 2>&1 &
+    local pid=$!
+    sleep "$half"
+    kill -9 $pid 2>/dev/null && echo "$devices: killed after ${half}s" | tee -a "$log"
+    wait $pid 2>/dev/null
+    env "${data_env[@]}" timeout 120 build/mirrored "${args[@]}" --output "$dir/killed" >>"$dir.killed.log" 2>&1 ||
+        fail "resuming on $devices failed (see $dir.killed.log)"
+    local a b
+    a=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$dir/ref/summary.json")
+    b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$dir/killed/summary.json")
+    cp "$dir/ref/summary.json" "$out/summary-${devices//[:,]/_}.json"
+    echo "$devices: uninterrupted $a / killed+resumed $b" | tee -a "$log"
+    tail -n 2 "$dir.ref.log" | tee -a "$log"
+    [[ "$a" == "$b" ]] || fail "resume on $devices is not bit-identical"
+    rm -rf "$dir"
+}
+step "train, SIGKILL, resume"
+resume_check cuda:0,0
+[[ $gpus -ge 2 ]] && resume_check cuda:0,1
+step "done: all checks passed"
