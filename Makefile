@@ -111,7 +111,7 @@ test: $(BUILD)/mirrored_tests $(BUILD)/mirrored
 # ThreadSanitizer over the whole suite, CPU-only (the CUDA runtime is opaque to it): the CPU and
 # simulated-GPU replicas, the loader and the trainer's threads. Its own build folder.
 test-tsan:
-	$(MAKE) BUILD=build-tsan CUDA_HOME=/nonexistent CXXFLAGS_EXTRA="-fsanitize=thread -O1" \
+	$(MAKE) -j$(shell nproc) BUILD=build-tsan CUDA_HOME=/nonexistent CXXFLAGS_EXTRA="-fsanitize=thread -O1" \
 	  LDFLAGS_EXTRA="-fsanitize=thread" build-tsan/mirrored_tests build-tsan/mirrored
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/mirrored_tests
 
