@@ -14,6 +14,7 @@ namespace mirrored {
 // (HWC images; for tabular data every feature is a channel).
 struct Dataset {
     std::string name;
+    std::string labels_source;     // the file the labels came from (for error messages)
     std::vector<int> shape;        // per sample, e.g. {28, 28, 1}
     int classes = 0;
     std::vector<float> features;   // [count, feature_size]
@@ -25,11 +26,17 @@ struct Dataset {
     int channels() const { return shape.empty() ? 1 : shape.back(); }
 };
 
+class InputFile;
+
 // ---- readers ----------------------------------------------------------------------------
+// Every reader opens only regular files, reads no more than the format promises and memory
+// allows, checks size arithmetic for overflow, and rejects trailing bytes.
 // IDX (MNIST / Fashion-MNIST). Either file may be gzip-compressed.
 Dataset read_idx(const std::string& images_path, const std::string& labels_path);
+Dataset read_idx(InputFile& images, InputFile& labels);
 // CIFAR-10 binary batches: records of 1 label byte + 3072 bytes (R, G, B planes of 32x32).
 Dataset read_cifar10(const std::vector<std::string>& paths);
+void read_cifar10_batch(InputFile& in, Dataset& ds);  // appends one batch file's records
 
 struct CsvOptions {
     std::string label_column;  // a header name, or a 0-based index; empty: "label", else last
@@ -37,6 +44,7 @@ struct CsvOptions {
     char delimiter = ',';
 };
 Dataset read_csv(const std::string& path, const CsvOptions& options);
+Dataset read_csv(InputFile& in, const CsvOptions& options);
 
 struct SyntheticOptions {
     std::vector<int> shape{784};
@@ -55,7 +63,8 @@ struct Normalization {
 Normalization compute_normalization(const Dataset& train);
 void normalize(Dataset& ds, const Normalization& n);  // in place; sets pad_value
 
-// Whole-file read, transparently gunzipping .gz (zlib). Throws DataError naming the path.
+// Whole-file read, transparently gunzipping (by magic bytes), bounded by the memory available.
+// Throws DataError naming the path.
 std::vector<unsigned char> read_file(const std::string& path);
 
 }  // namespace mirrored

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "data/io.h"
 #include "kernels/error.h"
 
 namespace mirrored {
@@ -19,6 +20,28 @@ std::string resolve_data_path(const DataConfig& c, const std::string& base_dir, 
     if (p.is_absolute()) return p.string();
     return (std::filesystem::path(effective_data_root(c, base_dir)) / p).lexically_normal().string();
 }
+
+namespace {
+
+// A synthetic dataset is made in memory from the config alone: refuse sizes that overflow or do not
+// fit before allocating anything.
+void check_synthetic_size(const DataConfig& c) {
+    uint64_t features = 1;
+    for (int d : c.input_shape)
+        if (d <= 0 || !checked_mul(features, uint64_t(d), features) || features > (uint64_t(1) << 26))
+            throw ConfigError("data.input_shape", "more than 2^26 features per sample is implausibly large");
+    uint64_t bytes = 0, test = 0, teacher = 0;
+    const uint64_t avail = available_host_memory();
+    if (!checked_mul(c.train_samples, features * 4 + 4, bytes) || !checked_mul(c.test_samples, features * 4 + 4, test) ||
+        !checked_mul(uint64_t(c.classes), features * 4, teacher) || !checked_add(bytes, test, bytes) ||
+        !checked_add(bytes, teacher, bytes) || (avail && bytes > avail))
+        throw ConfigError("data.train_samples", std::to_string(c.train_samples) + " + " + std::to_string(c.test_samples) +
+                                                    " samples of " + std::to_string(features) + " features need " +
+                                                    (bytes ? format_bytes(bytes) : std::string("more memory than exists")) +
+                                                    ", " + format_bytes(avail) + " are available");
+}
+
+}  // namespace
 
 Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_t seed) {
     Datasets out;
@@ -57,6 +80,7 @@ Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_
             throw DataError(path(c.test.file) + ": " + std::to_string(out.test.shape[0]) +
                             " feature columns, the training file has " + std::to_string(out.train.shape[0]));
     } else if (c.dataset == "synthetic") {
+        check_synthetic_size(c);
         SyntheticOptions o;
         o.shape = c.input_shape;
         o.classes = c.classes;
@@ -67,9 +91,16 @@ Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_
         o.split = 1;
         out.test = make_synthetic(o);
     } else {
-        throw ConfigError("data.dataset: unknown dataset '" + c.dataset + "' (known: idx, cifar10, csv, synthetic)");
+        throw ConfigError("data.dataset", "unknown dataset '" + c.dataset + "' (known: idx, cifar10, csv, synthetic)");
     }
-    out.train.classes = out.test.classes = std::max(out.train.classes, out.test.classes);
+    if (out.test.classes > out.train.classes) {  // a test label the training data never has
+        size_t i = 0;
+        while (out.test.labels[i] < out.train.classes) ++i;
+        throw DataError(out.test.labels_source + ": label " + std::to_string(out.test.labels[i]) + " of record " +
+                        std::to_string(i) + " is not among the classes of the training labels [0, " +
+                        std::to_string(out.train.classes) + ") in " + out.train.labels_source);
+    }
+    out.test.classes = out.train.classes;
     if (c.normalize != DataConfig::Normalize::none) {
         out.normalization = c.normalize == DataConfig::Normalize::given ? c.normalization
                                                                          : compute_normalization(out.train);

@@ -34,17 +34,17 @@ std::vector<uint32_t> Loader::permutation(size_t n, uint64_t seed, int64_t epoch
 
 Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator allocator)
     : ds_(ds), opt_(options), alloc_(std::move(allocator)) {
-    if (opt_.global_batch <= 0) throw ConfigError("train.global_batch_size: expected a positive integer");
-    if (opt_.threads <= 0) throw ConfigError("data.loader_threads: expected a positive integer");
-    if (opt_.prefetch <= 0) throw ConfigError("data.prefetch: expected a positive integer");
-    if (opt_.consumers <= 0) throw ConfigError("loader: consumers must be positive");
+    if (opt_.global_batch <= 0) throw ConfigError("train.global_batch_size", "expected a positive integer");
+    if (opt_.threads <= 0) throw ConfigError("data.loader_threads", "expected a positive integer");
+    if (opt_.prefetch <= 0) throw ConfigError("data.prefetch", "expected a positive integer");
+    if (opt_.consumers <= 0) throw Error(kExitFailure, "loader: consumers must be positive");
     if (opt_.augment.enabled() && ds_.shape.size() != 3)
-        throw ConfigError("data.augment: crop and flip need images (input shape [height, width, channels])");
+        throw ConfigError("data.augment", "crop and flip need images (input shape [height, width, channels])");
     const size_t n = ds_.count();
     const size_t g = static_cast<size_t>(opt_.global_batch);
     batches_per_epoch_ = static_cast<int64_t>(opt_.drop_last ? n / g : (n + g - 1) / g);
     if (batches_per_epoch_ == 0)
-        throw ConfigError("train.global_batch_size: " + std::to_string(g) + " is larger than the " +
+        throw ConfigError("train.global_batch_size", "" + std::to_string(g) + " is larger than the " +
                           std::to_string(n) + " samples of " + ds_.name + " (set data.drop_last: false or use a smaller batch)");
     slots_.resize(static_cast<size_t>(opt_.prefetch));
     for (size_t i = 0; i < slots_.size(); ++i) {

@@ -1,7 +1,8 @@
 // Dataset readers: IDX, CIFAR-10 binary, CSV, synthetic; plus normalisation.
-#include <zlib.h>
-
 #include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "data/dataset.h"
+#include "data/io.h"
 #include "kernels/error.h"
 #include "kernels/philox.h"
 
@@ -21,42 +23,37 @@ size_t Dataset::feature_size() const {
     return n;
 }
 
-std::vector<unsigned char> read_file(const std::string& path) {
-    gzFile f = gzopen(path.c_str(), "rb");
-    if (!f) throw DataError(path + ": cannot open: " + std::strerror(errno ? errno : ENOENT));
-    gzbuffer(f, 1 << 20);
-    std::vector<unsigned char> out;
-    unsigned char buf[1 << 16];
-    for (;;) {
-        const int n = gzread(f, buf, sizeof buf);
-        if (n < 0) {
-            int code = 0;
-            const std::string msg = gzerror(f, &code);
-            gzclose_r(f);
-            throw DataError(path + ": read failed: " + (code == Z_ERRNO ? std::strerror(errno) : msg));
-        }
-        if (n == 0) break;
-        out.insert(out.end(), buf, buf + n);
-    }
-    int code = 0;
-    const std::string msg = gzerror(f, &code);
-    const int close_rc = gzclose_r(f);
-    if (code != Z_OK || close_rc == Z_BUF_ERROR)
-        throw DataError(path + ": corrupt or truncated compressed data (" +
-                        (code != Z_OK ? msg : std::string("unexpected end of file")) + ")");
-    return out;
+namespace {
+
+// What a reader may hold in memory: what the machine has left (else a generous fixed bound).
+uint64_t memory_bound() {
+    const uint64_t avail = available_host_memory();
+    return avail ? avail : (uint64_t(1) << 40);
 }
 
-namespace {
+// Runs a reader, turning I/O errors into data errors.
+template <typename F>
+auto as_data_error(F&& f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const InputError& e) {
+        throw DataError(e.what());
+    }
+}
 
 uint32_t be32(const unsigned char* p) {
     return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
 }
 
-// Parses an IDX header; returns the dimensions and checks the payload length exactly.
-std::vector<uint32_t> idx_dims(const std::vector<unsigned char>& b, const std::string& path,
-                               int want_dims, const char* what) {
-    if (b.size() < 4) throw DataError(path + ": " + std::to_string(b.size()) + " bytes is too short for an IDX header");
+// Reads an IDX header from `in`: checks magic, element type and rank, and returns the dimensions
+// and the payload size they promise (overflow-checked, and within the memory available once the
+// bytes become floats).
+std::vector<uint32_t> read_idx_header(InputFile& in, int want_dims, const char* what, uint64_t& payload) {
+    const std::string& path = in.path();
+    std::vector<unsigned char> b;
+    b.resize(4);
+    const size_t got = in.read(b.data(), 4);
+    if (got < 4) throw DataError(path + ": " + std::to_string(got) + " bytes is too short for an IDX header");
     if (b[0] != 0 || b[1] != 0) {
         char m[64];
         std::snprintf(m, sizeof m, "0x%02x%02x%02x%02x", b[0], b[1], b[2], b[3]);
@@ -70,24 +67,42 @@ std::vector<uint32_t> idx_dims(const std::vector<unsigned char>& b, const std::s
     if (b[3] != want_dims)
         throw DataError(path + ": IDX " + what + " file must have " + std::to_string(want_dims) +
                         " dimension(s), this one has " + std::to_string(b[3]));
-    const size_t header = 4 + 4 * size_t(b[3]);
-    if (b.size() < header) throw DataError(path + ": truncated IDX header");
-    std::vector<uint32_t> dims;
-    uint64_t expect = 1;
-    for (int i = 0; i < b[3]; ++i) {
-        dims.push_back(be32(&b[4 + 4 * i]));
-        if (dims.back() == 0) throw DataError(path + ": IDX dimension " + std::to_string(i) + " is zero");
-        expect *= dims.back();
-        if (expect > (uint64_t(1) << 40)) throw DataError(path + ": IDX dimensions are implausibly large");
+    b.clear();
+    try {
+        in.read_exact(b, 4 * size_t(want_dims), "the IDX header");
+    } catch (const InputError&) {
+        throw DataError(path + ": truncated IDX header");
     }
-    const uint64_t have = b.size() - header;
-    if (have < expect)
-        throw DataError(path + ": truncated: the header promises " + std::to_string(dims[0]) + " " + what +
-                        " (" + std::to_string(expect) + " bytes) but only " + std::to_string(have) + " bytes follow");
-    if (have > expect)
-        throw DataError(path + ": " + std::to_string(have - expect) + " unexpected bytes after the last of " +
-                        std::to_string(dims[0]) + " " + what);
+    std::vector<uint32_t> dims;
+    payload = 1;
+    for (int i = 0; i < want_dims; ++i) {
+        dims.push_back(be32(&b[4 * size_t(i)]));
+        if (dims.back() == 0) throw DataError(path + ": IDX dimension " + std::to_string(i) + " is zero");
+        if (dims.back() > uint32_t(INT32_MAX))
+            throw DataError(path + ": IDX dimension " + std::to_string(i) + " is " + std::to_string(dims.back()) +
+                            ", more than 2^31 - 1");
+        uint64_t floats = 0;
+        if (!checked_mul(payload, dims.back(), payload) || !checked_mul(payload, sizeof(float), floats) ||
+            floats > memory_bound())
+            throw DataError(path + ": the IDX dimensions promise more data than fits in memory (" +
+                            format_bytes(memory_bound()) + " available)");
+    }
     return dims;
+}
+
+// Reads exactly the promised payload, then insists the file ends there.
+std::vector<unsigned char> read_idx_payload(InputFile& in, uint64_t payload, uint32_t count, const char* what) {
+    std::vector<unsigned char> data;
+    try {
+        in.read_exact(data, size_t(payload), std::to_string(count) + " " + what);
+    } catch (const InputError& e) {
+        if (data.size() >= payload) throw;  // complete, but something after it is wrong
+        throw DataError(in.path() + ": truncated: the header promises " + std::to_string(count) + " " + what + " (" +
+                        std::to_string(payload) + " bytes) but only " + std::to_string(data.size()) + " bytes follow");
+    }
+    if (!in.at_end())
+        throw DataError(in.path() + ": unexpected bytes after the last of " + std::to_string(count) + " " + what);
+    return data;
 }
 
 int check_labels(const std::vector<int32_t>& labels, int limit, const std::string& path) {
@@ -101,53 +116,89 @@ int check_labels(const std::vector<int32_t>& labels, int limit, const std::strin
     return mx + 1;
 }
 
+constexpr uint64_t kMaxSamples = uint64_t(INT32_MAX);  // sample indices are 32-bit in the loader
+constexpr uint64_t kMaxFeatures = uint64_t(1) << 26;   // per sample: widths are ints, with room
+
 }  // namespace
 
+std::vector<unsigned char> read_file(const std::string& path) {
+    return as_data_error([&] {
+        InputFile in(path);
+        std::vector<unsigned char> out;
+        in.read_rest(out, size_t(std::min<uint64_t>(memory_bound(), SIZE_MAX)), "the content");
+        return out;
+    });
+}
+
+Dataset read_idx(InputFile& images, InputFile& labels) {
+    return as_data_error([&] {
+        uint64_t image_bytes = 0, label_bytes = 0;
+        const auto dims = read_idx_header(images, 3, "images", image_bytes);
+        if (dims[0] > kMaxSamples) throw DataError(images.path() + ": more than 2^31 - 1 images");
+        if (uint64_t(dims[1]) * dims[2] > kMaxFeatures)
+            throw DataError(images.path() + ": images of " + std::to_string(dims[1]) + "x" + std::to_string(dims[2]) +
+                            " pixels are implausibly large");
+        const auto ldims = read_idx_header(labels, 1, "labels", label_bytes);
+        if (ldims[0] != dims[0])
+            throw DataError(labels.path() + ": " + std::to_string(ldims[0]) + " labels, but " + images.path() + " has " +
+                            std::to_string(dims[0]) + " images");
+        const auto px = read_idx_payload(images, image_bytes, dims[0], "images");
+        const auto lb = read_idx_payload(labels, label_bytes, ldims[0], "labels");
+        Dataset ds;
+        ds.name = images.path();
+        ds.labels_source = labels.path();
+        ds.shape = {int(dims[1]), int(dims[2]), 1};
+        ds.features.resize(px.size());
+        for (size_t i = 0; i < px.size(); ++i) ds.features[i] = px[i] * (1.0f / 255.0f);
+        ds.labels.assign(lb.begin(), lb.end());
+        ds.classes = check_labels(ds.labels, 256, labels.path());
+        return ds;
+    });
+}
+
 Dataset read_idx(const std::string& images_path, const std::string& labels_path) {
-    const auto ib = read_file(images_path);
-    const auto dims = idx_dims(ib, images_path, 3, "images");
-    const auto lb = read_file(labels_path);
-    const auto ldims = idx_dims(lb, labels_path, 1, "labels");
-    if (ldims[0] != dims[0])
-        throw DataError(labels_path + ": " + std::to_string(ldims[0]) + " labels, but " + images_path + " has " +
-                        std::to_string(dims[0]) + " images");
-    Dataset ds;
-    ds.name = images_path;
-    ds.shape = {int(dims[1]), int(dims[2]), 1};
-    const size_t n = dims[0], fs = size_t(dims[1]) * dims[2];
-    ds.features.resize(n * fs);
-    const unsigned char* px = ib.data() + 16;
-    for (size_t i = 0; i < n * fs; ++i) ds.features[i] = px[i] * (1.0f / 255.0f);
-    ds.labels.assign(lb.begin() + 8, lb.end());
-    ds.classes = check_labels(ds.labels, 256, labels_path);
-    return ds;
+    return as_data_error([&] {
+        InputFile images(images_path), labels(labels_path);
+        return read_idx(images, labels);
+    });
+}
+
+void read_cifar10_batch(InputFile& in, Dataset& ds) {
+    constexpr size_t kRecord = 1 + 3 * 32 * 32, kPlane = 32 * 32;
+    const std::string& path = in.path();
+    std::vector<unsigned char> b;
+    as_data_error([&] { in.read_rest(b, size_t(std::min<uint64_t>(memory_bound() / 4, SIZE_MAX)), "the batch file"); });
+    if (b.empty()) throw DataError(path + ": empty file");
+    if (b.size() % kRecord != 0)
+        throw DataError(path + ": " + std::to_string(b.size()) + " bytes is not a whole number of " +
+                        std::to_string(kRecord) + "-byte CIFAR-10 records (truncated or not CIFAR-10)");
+    const size_t n = b.size() / kRecord, base = ds.labels.size();
+    if (base + n > kMaxSamples) throw DataError(path + ": more than 2^31 - 1 records in all");
+    ds.features.resize((base + n) * 3 * kPlane);
+    for (size_t i = 0; i < n; ++i) {
+        const unsigned char* r = &b[i * kRecord];
+        if (r[0] > 9)
+            throw DataError(path + ": label " + std::to_string(r[0]) + " of record " + std::to_string(i) +
+                            " is outside [0, 10)");
+        ds.labels.push_back(r[0]);
+        float* out = &ds.features[(base + i) * 3 * kPlane];
+        for (size_t p = 0; p < kPlane; ++p)  // CHW planes -> HWC
+            for (size_t c = 0; c < 3; ++c) out[p * 3 + c] = r[1 + c * kPlane + p] * (1.0f / 255.0f);
+    }
 }
 
 Dataset read_cifar10(const std::vector<std::string>& paths) {
-    constexpr size_t kRecord = 1 + 3 * 32 * 32, kPlane = 32 * 32;
     Dataset ds;
     ds.name = paths.empty() ? "cifar10" : paths.front();
+    ds.labels_source = ds.name;
     ds.shape = {32, 32, 3};
     ds.classes = 10;
     if (paths.empty()) throw DataError("cifar10: no batch files given");
     for (const auto& path : paths) {
-        const auto b = read_file(path);
-        if (b.empty()) throw DataError(path + ": empty file");
-        if (b.size() % kRecord != 0)
-            throw DataError(path + ": " + std::to_string(b.size()) + " bytes is not a whole number of " +
-                            std::to_string(kRecord) + "-byte CIFAR-10 records (truncated or not CIFAR-10)");
-        const size_t n = b.size() / kRecord, base = ds.labels.size();
-        ds.features.resize((base + n) * 3 * kPlane);
-        for (size_t i = 0; i < n; ++i) {
-            const unsigned char* r = &b[i * kRecord];
-            if (r[0] > 9)
-                throw DataError(path + ": label " + std::to_string(r[0]) + " of record " + std::to_string(i) +
-                                " is outside [0, 10)");
-            ds.labels.push_back(r[0]);
-            float* out = &ds.features[(base + i) * 3 * kPlane];
-            for (size_t p = 0; p < kPlane; ++p)  // CHW planes -> HWC
-                for (size_t c = 0; c < 3; ++c) out[p * 3 + c] = r[1 + c * kPlane + p] * (1.0f / 255.0f);
-        }
+        as_data_error([&] {
+            InputFile in(path);
+            read_cifar10_batch(in, ds);
+        });
     }
     return ds;
 }
@@ -179,13 +230,32 @@ bool parse_float(std::string_view s, float& v) {
     return r.ec == std::errc() && r.ptr == s.data() + s.size() && std::isfinite(v);
 }
 
+// Printable form of a field for an error message: control bytes escaped, long fields cut.
+std::string shown(std::string_view f) {
+    std::string out;
+    for (unsigned char ch : f.substr(0, 40)) {
+        if (ch < 0x20 || ch == 0x7f) {
+            char e[8];
+            std::snprintf(e, sizeof e, "\\x%02x", ch);
+            out += e;
+        } else {
+            out += char(ch);
+        }
+    }
+    return f.size() > 40 ? out + "..." : out;
+}
+
 }  // namespace
 
-Dataset read_csv(const std::string& path, const CsvOptions& opt) {
-    const auto bytes = read_file(path);
-    const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+Dataset read_csv(InputFile& in, const CsvOptions& opt) {
+    const std::string& path = in.path();
+    std::vector<unsigned char> bytes;
+    as_data_error([&] { in.read_rest(bytes, size_t(std::min<uint64_t>(memory_bound() / 2, SIZE_MAX)), "the CSV file"); });
+    std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte-order mark (Excel writes one)
     Dataset ds;
     ds.name = path;
+    ds.labels_source = path;
     std::vector<std::string> header;
     size_t columns = 0, label_col = 0, line_no = 0, pos = 0;
     bool first = true;
@@ -197,11 +267,14 @@ Dataset read_csv(const std::string& path, const CsvOptions& opt) {
         pos = end + 1;
         ++line_no;
         if (line.empty()) continue;
+        if (line.find('\0') != std::string_view::npos)
+            throw DataError(where(line_no) + "a NUL byte: this is not a text CSV file");
         const auto fields = split(line, opt.delimiter);
         if (first) {
             first = false;
             columns = fields.size();
             if (columns < 2) throw DataError(where(line_no) + "expected at least 2 columns (features and a label), found " + std::to_string(columns));
+            if (columns - 1 > kMaxFeatures) throw DataError(where(line_no) + std::to_string(columns) + " columns is implausibly many");
             bool numeric = true;
             for (auto f : fields) {
                 float v;
@@ -217,7 +290,7 @@ Dataset read_csv(const std::string& path, const CsvOptions& opt) {
                 auto it = std::find(header.begin(), header.end(), "label");
                 label_col = it != header.end() ? size_t(it - header.begin()) : columns - 1;
             } else if (std::all_of(want.begin(), want.end(), ::isdigit)) {
-                label_col = std::stoul(want);
+                label_col = want.size() > 9 ? columns : std::stoul(want);
                 if (label_col >= columns)
                     throw DataError(path + ": label column index " + want + " is out of range (" + std::to_string(columns) + " columns)");
             } else {
@@ -231,15 +304,16 @@ Dataset read_csv(const std::string& path, const CsvOptions& opt) {
         }
         if (fields.size() != columns)
             throw DataError(where(line_no) + "expected " + std::to_string(columns) + " columns, found " + std::to_string(fields.size()));
+        if (ds.labels.size() >= kMaxSamples) throw DataError(where(line_no) + "more than 2^31 - 1 rows");
         for (size_t c = 0; c < columns; ++c) {
             float v;
             if (!parse_float(fields[c], v))
                 throw DataError(where(line_no) + "column " + std::to_string(c + 1) +
-                                (header.empty() ? "" : " (" + header[c] + ")") + ": '" + std::string(fields[c]) +
+                                (header.empty() ? "" : " (" + shown(header[c]) + ")") + ": '" + shown(fields[c]) +
                                 "' is not a finite number");
             if (c == label_col) {
                 if (v < 0 || v != std::floor(v) || v > 1e6)
-                    throw DataError(where(line_no) + "label '" + std::string(fields[c]) + "' is not a non-negative integer");
+                    throw DataError(where(line_no) + "label '" + shown(fields[c]) + "' is not a non-negative integer");
                 ds.labels.push_back(int32_t(v));
             } else {
                 ds.features.push_back(v);
@@ -252,9 +326,17 @@ Dataset read_csv(const std::string& path, const CsvOptions& opt) {
     return ds;
 }
 
+Dataset read_csv(const std::string& path, const CsvOptions& options) {
+    return as_data_error([&] {
+        InputFile in(path);
+        return read_csv(in, options);
+    });
+}
+
 Dataset make_synthetic(const SyntheticOptions& o) {
     Dataset ds;
     ds.name = "synthetic";
+    ds.labels_source = "synthetic data";
     ds.shape = o.shape;
     ds.classes = o.classes;
     if (o.classes < 2) throw DataError("synthetic: classes must be at least 2");
@@ -310,11 +392,11 @@ Normalization compute_normalization(const Dataset& train) {
 void normalize(Dataset& ds, const Normalization& n) {
     const int ch = ds.channels();
     if (int(n.mean.size()) != ch || int(n.std.size()) != ch)
-        throw ConfigError("data.normalize: mean and std need " + std::to_string(ch) + " values (one per channel), got " +
+        throw ConfigError("data.normalize", "mean and std need " + std::to_string(ch) + " values (one per channel), got " +
                           std::to_string(n.mean.size()) + " and " + std::to_string(n.std.size()));
     std::vector<float> inv(ch);
     for (int c = 0; c < ch; ++c) {
-        if (!(n.std[c] > 0)) throw ConfigError("data.normalize.std: values must be positive");
+        if (!(n.std[c] > 0)) throw ConfigError("data.normalize.std", "values must be positive");
         inv[c] = 1.0f / n.std[c];
     }
     for (size_t i = 0; i < ds.features.size(); ++i) {

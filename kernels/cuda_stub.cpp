@@ -20,10 +20,11 @@ std::unique_ptr<Device> make_cuda_device(int ordinal) {
     throw DeviceError("cuda:" + std::to_string(ordinal) + ": " + cuda_unavailable_reason());
 }
 CudaTopology cuda_topology() { return {}; }
+uint64_t cuda_free_memory(int) { return 0; }
 std::vector<StagedPair> cuda_enable_peer_access(const std::vector<int>&) { return {}; }
 bool nccl_compiled() { return false; }
 std::unique_ptr<NcclGroup> make_cuda_nccl_group(const std::vector<Device*>&) {
-    throw ConfigError("strategy.cross_device_ops: nccl needs the CUDA backend; " + cuda_unavailable_reason());
+    throw ConfigError("strategy.cross_device_ops", "nccl needs the CUDA backend; " + cuda_unavailable_reason());
 }
 
 }  // namespace mirrored

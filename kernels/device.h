@@ -248,6 +248,7 @@ struct CudaTopology {
     int cuda_runtime_version = 0, cuda_driver_version = 0, nccl_version = 0;
 };
 CudaTopology cuda_topology();
+uint64_t cuda_free_memory(int ordinal);  // cudaMemGetInfo's free bytes (0 if unknown)
 
 // A pair of distinct GPUs that kernels cannot load across: reduce_from_peer copies through local
 // staging instead. `why` says what the runtime answered.

@@ -28,6 +28,15 @@ private:
 
 struct ConfigError : Error {
     explicit ConfigError(const std::string& w) : Error(kExitUsage, w) {}
+    // About one configuration key, found after the file was read: what() is "<key>: <detail>",
+    // and the session prefixes the key's "<file>:<line>:" (or "--set ...") from the config.
+    ConfigError(const std::string& key, const std::string& detail)
+        : Error(kExitUsage, key + ": " + detail), key_(key), detail_(detail) {}
+    const std::string& key() const { return key_; }
+    const std::string& detail() const { return detail_; }
+
+private:
+    std::string key_, detail_;
 };
 struct DataError : Error {
     explicit DataError(const std::string& w) : Error(kExitData, w) {}

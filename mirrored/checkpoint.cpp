@@ -5,6 +5,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
+#include "data/io.h"
 #include "kernels/error.h"
 #include "mirrored/util.h"
 
@@ -120,7 +124,7 @@ struct Builder {
             meta["checksum"] = b;
         }
         header["__metadata__"] = meta;
-        std::string h = header.dump();
+        std::string h = header.dump(-1, ' ', false, json::error_handler_t::replace);
         while ((h.size() + 8) % 8 != 0) h.push_back(' ');
         std::string out(8, '\0');
         const uint64_t n = h.size();
@@ -129,38 +133,32 @@ struct Builder {
     }
 };
 
+// A tensor's entry in a safetensors header, validated.
+struct TensorEntry {
+    std::string dtype;          // "F32" or "I64"
+    std::vector<int> shape;
+    uint64_t begin = 0, end = 0;  // byte offsets into the data section
+};
+
 struct Parsed {
     json header;
-    std::vector<unsigned char> bytes;
-    size_t data_start = 0;
+    std::vector<unsigned char> data;  // the data section
+    std::map<std::string, TensorEntry> tensors;
     std::map<std::string, std::string> meta;
 };
 
-Parsed parse(const std::string& path) {
-    Parsed p;
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw CheckpointError(path + ": cannot open: " + std::strerror(errno));
-    std::fseek(f, 0, SEEK_END);
-    const long size = std::ftell(f);
-    std::fseek(f, 0, SEEK_SET);
-    p.bytes.resize(size > 0 ? size_t(size) : 0);
-    const size_t got = std::fread(p.bytes.data(), 1, p.bytes.size(), f);
-    std::fclose(f);
-    if (got != p.bytes.size()) throw CheckpointError(path + ": read failed");
-    if (p.bytes.size() < 8) throw CheckpointError(path + ": truncated (" + std::to_string(p.bytes.size()) + " bytes)");
-    uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= uint64_t(p.bytes[i]) << (8 * i);
-    if (n > p.bytes.size() - 8) throw CheckpointError(path + ": truncated: the header claims " + std::to_string(n) + " bytes");
-    try {
-        p.header = json::parse(p.bytes.begin() + 8, p.bytes.begin() + 8 + long(n));
-    } catch (const json::exception& e) {
-        throw CheckpointError(path + ": corrupt header: " + e.what());
-    }
+constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // as the safetensors format bounds it
+
+size_t dtype_size(const std::string& d) { return d == "F32" ? 4 : d == "I64" ? 8 : 0; }
+
+// Validates the header's JSON: types, shapes, offsets that tile the data section exactly (the
+// safetensors rules), and string metadata. Returns the data section's size.
+uint64_t parse_header(Parsed& p, const std::string& path) {
     if (!p.header.is_object()) throw CheckpointError(path + ": corrupt header: not a JSON object");
-    p.data_start = 8 + n;
-    size_t end = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
     for (auto it = p.header.begin(); it != p.header.end(); ++it) {
-        if (it.key() == "__metadata__") {
+        const std::string& name = it.key();
+        if (name == "__metadata__") {
             if (!it->is_object()) throw CheckpointError(path + ": corrupt header: __metadata__ is not an object");
             for (auto m = it->begin(); m != it->end(); ++m) {
                 if (!m->is_string()) throw CheckpointError(path + ": corrupt header: metadata " + m.key() + " is not a string");
@@ -169,27 +167,83 @@ Parsed parse(const std::string& path) {
             continue;
         }
         const json& t = *it;
-        if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets") ||
-            !t["data_offsets"].is_array() || t["data_offsets"].size() != 2)
-            throw CheckpointError(path + ": corrupt header entry " + it.key());
-        if (t["dtype"] != "F32") throw CheckpointError(path + ": tensor " + it.key() + " is " + t["dtype"].dump() + ", expected F32");
-        const size_t b = t["data_offsets"][0].get<size_t>(), e = t["data_offsets"][1].get<size_t>();
-        size_t count = 1;
-        for (const auto& d : t["shape"]) count *= d.get<size_t>();
-        if (e < b || e - b != count * 4) throw CheckpointError(path + ": tensor " + it.key() + ": offsets do not match its shape");
-        end = std::max(end, e);
+        const auto bad = [&](const std::string& what) {
+            return CheckpointError(path + ": corrupt header entry " + name + ": " + what);
+        };
+        if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
+            throw bad("expected dtype, shape and data_offsets");
+        if (!t["dtype"].is_string()) throw bad("dtype is not a string");
+        TensorEntry e;
+        e.dtype = t["dtype"].get<std::string>();
+        if (dtype_size(e.dtype) == 0) throw CheckpointError(path + ": tensor " + name + " is " + t["dtype"].dump() + ", expected F32");
+        if (!t["shape"].is_array() || t["shape"].size() > 8) throw bad("shape is not a list of at most 8 dimensions");
+        uint64_t count = 1;
+        for (const json& d : t["shape"]) {
+            if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT32_MAX)) throw bad("a dimension is not an integer in [0, 2^31)");
+            e.shape.push_back(int(d.get<uint64_t>()));
+            if (!checked_mul(count, d.get<uint64_t>(), count)) throw bad("the shape's size overflows");
+        }
+        const json& off = t["data_offsets"];
+        if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+            throw bad("data_offsets is not two non-negative integers");
+        e.begin = off[0].get<uint64_t>();
+        e.end = off[1].get<uint64_t>();
+        uint64_t bytes = 0;
+        if (!checked_mul(count, dtype_size(e.dtype), bytes) || e.end < e.begin || e.end - e.begin != bytes)
+            throw CheckpointError(path + ": tensor " + name + ": offsets do not match its shape");
+        spans.emplace_back(e.begin, e.end);
+        p.tensors[name] = std::move(e);
     }
-    const size_t have = p.bytes.size() - p.data_start;
-    if (have < end) throw CheckpointError(path + ": truncated: " + std::to_string(have) + " of " + std::to_string(end) + " data bytes");
-    if (have > end) throw CheckpointError(path + ": " + std::to_string(have - end) + " unexpected bytes after the tensors");
+    std::sort(spans.begin(), spans.end());
+    uint64_t at = 0;
+    for (const auto& [b, e] : spans) {
+        if (b != at)
+            throw CheckpointError(path + ": corrupt header: tensor data " + (b < at ? "overlaps" : "leaves a hole") +
+                                  " at byte " + std::to_string(std::min(b, at)));
+        at = e;
+    }
+    return at;
+}
+
+// Reads a safetensors file: the header length, the header, then exactly the data it describes;
+// nothing is read before its size is known to fit the file and the memory available.
+Parsed parse(const std::string& path) {
+    Parsed p;
+    try {
+        InputFile in(path, /*inflate=*/false);
+        std::vector<unsigned char> head(8);
+        const size_t got = in.read(head.data(), 8);
+        if (got < 8) throw CheckpointError(path + ": truncated (" + std::to_string(got) + " bytes)");
+        uint64_t n = 0;
+        for (int i = 0; i < 8; ++i) n |= uint64_t(head[size_t(i)]) << (8 * i);
+        if (n > in.file_size() - 8) throw CheckpointError(path + ": truncated: the header claims " + std::to_string(n) + " bytes");
+        if (n > kMaxHeaderBytes) throw CheckpointError(path + ": corrupt: a header of " + format_bytes(n) + " is larger than the format allows");
+        head.clear();
+        in.read_exact(head, size_t(n), "the header");
+        try {
+            p.header = json::parse(head.begin(), head.end());
+        } catch (const json::exception& e) {
+            throw CheckpointError(path + ": corrupt header: " + e.what());
+        }
+        const uint64_t data = parse_header(p, path);
+        const uint64_t have = in.file_size() - 8 - n;
+        if (have < data) throw CheckpointError(path + ": truncated: " + std::to_string(have) + " of " + std::to_string(data) + " data bytes");
+        if (have > data) throw CheckpointError(path + ": " + std::to_string(have - data) + " unexpected bytes after the tensors");
+        const uint64_t avail = available_host_memory();
+        if (avail && data > avail)
+            throw CheckpointError(path + ": " + format_bytes(data) + " of tensors do not fit the " + format_bytes(avail) + " of memory available");
+        in.read_exact(p.data, size_t(data), "the tensors");
+    } catch (const InputError& e) {
+        throw CheckpointError(e.what());
+    }
     return p;
 }
 
-std::vector<float> tensor_values(const Parsed& p, const std::string& name) {
-    const json& t = p.header[name];
-    const size_t b = t["data_offsets"][0].get<size_t>(), e = t["data_offsets"][1].get<size_t>();
-    std::vector<float> v((e - b) / 4);
-    std::memcpy(v.data(), p.bytes.data() + p.data_start + b, e - b);
+std::vector<float> tensor_values(const Parsed& p, const std::string& path, const std::string& name) {
+    const TensorEntry& t = p.tensors.at(name);
+    if (t.dtype != "F32") throw CheckpointError(path + ": tensor " + name + " is " + t.dtype + ", expected F32");
+    std::vector<float> v((t.end - t.begin) / 4);
+    if (!v.empty()) std::memcpy(v.data(), p.data.data() + t.begin, t.end - t.begin);
     return v;
 }
 
@@ -205,18 +259,31 @@ void verify(const Parsed& p, const std::string& path) {
         throw CheckpointError(path + ": checkpoint format version " + meta_of(p, path, "format_version") +
                               ", this build reads " + kVersion);
     char crc[16];
-    std::snprintf(crc, sizeof crc, "%08x",
-                  content_crc(p.bytes.data() + p.data_start, p.bytes.size() - p.data_start, p.meta));
+    std::snprintf(crc, sizeof crc, "%08x", content_crc(p.data.data(), p.data.size(), p.meta));
     if (meta_of(p, path, "checksum") != crc)
         throw CheckpointError(path + ": checksum mismatch (stored " + meta_of(p, path, "checksum") + ", computed " +
                               crc + "): the file is corrupt");
 }
 
-int64_t meta_int(const Parsed& p, const std::string& path, const std::string& key) {
+// A non-negative integer of metadata, at most `max` (absurd values are corruption).
+int64_t meta_int(const Parsed& p, const std::string& path, const std::string& key, int64_t max = int64_t(1) << 50) {
     const std::string& s = meta_of(p, path, key);
     char* end = nullptr;
+    errno = 0;
     const long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end) throw CheckpointError(path + ": metadata '" + key + "' is not an integer");
+    if (s.empty() || *end || errno || s.front() == '-' || s.front() == '+' || s.front() == ' ')
+        throw CheckpointError(path + ": metadata '" + key + "' is not a non-negative integer");
+    if (v > max) throw CheckpointError(path + ": metadata '" + key + "' is " + s + ", more than " + std::to_string(max));
+    return v;
+}
+
+uint64_t meta_u64(const Parsed& p, const std::string& path, const std::string& key, int base) {
+    const std::string& s = meta_of(p, path, key);
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(s.c_str(), &end, base);
+    if (s.empty() || *end || errno || s.front() == '-' || s.front() == '+' || s.front() == ' ')
+        throw CheckpointError(path + ": metadata '" + key + "' is not a non-negative integer");
     return v;
 }
 
@@ -245,6 +312,8 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
         {"config", d.config_yaml},
         {"replicas", std::to_string(d.replicas)},
         {"devices", d.devices},
+        {"global_batch", std::to_string(d.global_batch)},
+        {"train_samples", std::to_string(d.train_samples)},
     };
     json metrics = json::array();
     for (const auto& m : d.train_metrics) metrics.push_back({exact(m[0]), exact(m[1]), exact(m[2])});
@@ -261,21 +330,32 @@ CheckpointData read_checkpoint(const std::string& path, const Model& model, uint
     const Parsed p = parse(path);
     verify(p, path);
     CheckpointData d;
-    d.model_hash = std::strtoull(meta_of(p, path, "model_hash").c_str(), nullptr, 16);
+    d.model_hash = meta_u64(p, path, "model_hash", 16);
     d.model_summary = meta_of(p, path, "model");
     if (d.model_hash != expected_hash)
         throw ForeignCheckpointError(path + ": written for a different model or optimizer and cannot be resumed here.\n  checkpoint: " +
                               d.model_summary + "\n  this run:   " + expected_summary);
     d.step = meta_int(p, path, "step");
     d.loader = {meta_int(p, path, "loader_epoch"), meta_int(p, path, "loader_batch")};
-    d.seed = uint64_t(meta_int(p, path, "seed"));
-    d.replicas = int(meta_int(p, path, "replicas"));
+    d.seed = meta_u64(p, path, "seed", 10);
+    d.replicas = int(meta_int(p, path, "replicas", 1024));
+    if (d.replicas < 1) throw CheckpointError(path + ": metadata 'replicas' is 0");
+    if (p.meta.count("global_batch")) d.global_batch = meta_int(p, path, "global_batch", int64_t(1) << 31);
+    if (p.meta.count("train_samples")) d.train_samples = meta_int(p, path, "train_samples");
     d.devices = meta_of(p, path, "devices");
     d.config_yaml = meta_of(p, path, "config");
     try {
-        for (const auto& m : json::parse(meta_of(p, path, "train_metrics")))
-            d.train_metrics.push_back({std::stod(m[0].get<std::string>()), std::stod(m[1].get<std::string>()),
-                                       std::stod(m[2].get<std::string>())});
+        const json m = json::parse(meta_of(p, path, "train_metrics"));
+        if (!m.is_array() || m.size() > 1024) throw std::runtime_error("not a list of replicas");
+        for (const json& r : m) {
+            if (!r.is_array() || r.size() != 3) throw std::runtime_error("not three sums");
+            std::array<double, 3> v{};
+            for (int k = 0; k < 3; ++k) {
+                v[size_t(k)] = std::stod(r[size_t(k)].get<std::string>());
+                if (!std::isfinite(v[size_t(k)]) || (k > 0 && v[size_t(k)] < 0)) throw std::runtime_error("not finite");
+            }
+            d.train_metrics.push_back(v);
+        }
     } catch (const std::exception&) {
         throw CheckpointError(path + ": metadata 'train_metrics' is malformed");
     }
@@ -283,10 +363,10 @@ CheckpointData read_checkpoint(const std::string& path, const Model& model, uint
         std::vector<float> flat(model.flat_size(), 0.0f);
         for (const auto& t : model.tensors()) {
             const std::string name = prefix + t.name;
-            if (!p.header.contains(name)) throw CheckpointError(path + ": tensor " + name + " is missing");
-            std::vector<int> shape = p.header[name]["shape"].get<std::vector<int>>();
-            if (shape != t.shape) throw CheckpointError(path + ": tensor " + name + " has another shape than the model's");
-            const auto v = tensor_values(p, name);
+            auto it = p.tensors.find(name);
+            if (it == p.tensors.end()) throw CheckpointError(path + ": tensor " + name + " is missing");
+            if (it->second.shape != t.shape) throw CheckpointError(path + ": tensor " + name + " has another shape than the model's");
+            const auto v = tensor_values(p, path, name);
             std::copy(v.begin(), v.end(), flat.begin() + long(t.offset));
         }
         return flat;
@@ -298,16 +378,18 @@ CheckpointData read_checkpoint(const std::string& path, const Model& model, uint
         size_t comma = states.find(',', start);
         if (comma == std::string::npos) comma = states.size();
         const std::string state = states.substr(start, comma - start);
+        if (state != "momentum_buffer" && state != "exp_avg" && state != "exp_avg_sq")
+            throw CheckpointError(path + ": metadata 'optimizer_state' names an unknown state '" + state + "'");
         d.optimizer.emplace_back(state, gather("optimizer." + state + "."));
         start = comma + 1;
     }
     return d;
 }
 
-void write_safetensors(const std::string& path, const SafetensorsFile& file) {
+void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum) {
     Builder b;
     for (const auto& [name, t] : file.tensors) b.add(name, t.first, t.second.data(), t.second.size());
-    write_atomic(path, b.serialize(file.metadata, false), b.data, -1);
+    write_atomic(path, b.serialize(file.metadata, with_checksum), b.data, -1);
 }
 
 SafetensorsFile read_safetensors(const std::string& path, bool verify_checksum) {
@@ -315,10 +397,7 @@ SafetensorsFile read_safetensors(const std::string& path, bool verify_checksum) 
     if (verify_checksum) verify(p, path);
     SafetensorsFile f;
     f.metadata = p.meta;
-    for (auto it = p.header.begin(); it != p.header.end(); ++it) {
-        if (it.key() == "__metadata__") continue;
-        f.tensors[it.key()] = {(*it)["shape"].get<std::vector<int>>(), tensor_values(p, it.key())};
-    }
+    for (const auto& [name, t] : p.tensors) f.tensors[name] = {t.shape, tensor_values(p, path, name)};
     return f;
 }
 

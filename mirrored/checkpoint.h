@@ -30,6 +30,8 @@ struct CheckpointData {
     std::string config_yaml;
     int replicas = 0;
     std::string devices;
+    int64_t global_batch = 0;   // what the loader position counts in (0: not recorded)
+    int64_t train_samples = 0;  // the training set's size then (0: not recorded)
 };
 
 // Writes path atomically. Tensors are cut out of the flat buffers with the model's layout.
@@ -51,7 +53,8 @@ struct SafetensorsFile {
 };
 // With verify_checksum, a mirrored checkpoint's CRC is checked too.
 SafetensorsFile read_safetensors(const std::string& path, bool verify_checksum);
-void write_safetensors(const std::string& path, const SafetensorsFile& file);
+// with_checksum: adds the mirrored checksum over the tensors and metadata (as checkpoints carry).
+void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum = false);
 
 // Checkpoint files of a run folder, newest (highest step) first; removes stale temporaries.
 std::vector<std::string> list_checkpoints(const std::string& dir);

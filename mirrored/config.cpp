@@ -4,11 +4,13 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <set>
 #include <sstream>
 
+#include "data/io.h"
 #include "kernels/error.h"
 
 namespace mirrored {
@@ -41,6 +43,86 @@ YAML::Node lookup(const YAML::Node& node, const std::vector<std::string>& parts,
         return lookup(cn[idx], parts, i + 1);
     }
     return YAML::Node(YAML::NodeType::Undefined);
+}
+
+constexpr uint64_t kMaxConfigBytes = uint64_t(4) << 20;  // a configuration is text, never this large
+constexpr int kMaxDepth = 32;
+
+bool valid_utf8(const std::string& s) {
+    size_t i = 0;
+    while (i < s.size()) {
+        const unsigned char c = static_cast<unsigned char>(s[i]);
+        int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+        if (len == 0 || i + size_t(len) > s.size()) return false;
+        uint32_t cp = len == 1 ? c : c & (0xFF >> (len + 1));
+        for (int k = 1; k < len; ++k) {
+            const unsigned char cc = static_cast<unsigned char>(s[i + size_t(k)]);
+            if ((cc >> 6) != 0x2) return false;
+            cp = (cp << 6) | (cc & 0x3F);
+        }
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+            (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;  // overlong forms, surrogates, beyond Unicode
+        i += size_t(len);
+    }
+    return true;
+}
+
+// For messages: control bytes and invalid UTF-8 shown escaped, long strings cut.
+std::string printable(const std::string& s) {
+    std::string out;
+    const bool utf8 = valid_utf8(s);
+    for (unsigned char ch : s.substr(0, 120)) {
+        if (ch < 0x20 || ch == 0x7f || (!utf8 && ch >= 0x80)) {
+            char e[8];
+            std::snprintf(e, sizeof e, "\\x%02x", ch);
+            out += e;
+        } else {
+            out += char(ch);
+        }
+    }
+    return s.size() > 120 ? out + "..." : out;
+}
+
+bool valid_key_path(const std::string& key) {
+    if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos) return false;
+    for (char ch : key)
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.')) return false;
+    return true;
+}
+
+// Every string of the document is valid UTF-8 without control characters (they would be mangled
+// in file names, logs and checkpoint metadata), no mapping repeats a key, nesting is bounded.
+void check_document(const YAML::Node& n, const std::string& name, const std::string& path, int depth = 0) {
+    auto where = [&](const YAML::Node& at) {  // a --set value has no line of its own
+        return at.Mark().line >= 0 && name.rfind("--set ", 0) != 0 ? name + ":" + std::to_string(at.Mark().line + 1) : name;
+    };
+    if (depth > kMaxDepth) throw ConfigError(where(n) + ": " + path + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
+    auto check_text = [&](const YAML::Node& at, const std::string& s, const std::string& key) {
+        if (!valid_utf8(s)) throw ConfigError(where(at) + ": " + key + ": '" + printable(s) + "' is not valid UTF-8");
+        for (unsigned char ch : s)
+            if (ch < 0x20 || ch == 0x7f)
+                throw ConfigError(where(at) + ": " + key + ": '" + printable(s) + "' contains a control character");
+    };
+    if (n.IsScalar()) {
+        check_text(n, n.Scalar(), path.empty() ? "(document)" : path);
+    } else if (n.IsSequence()) {
+        for (size_t i = 0; i < n.size(); ++i) check_document(n[i], name, path + "." + std::to_string(i), depth + 1);
+    } else if (n.IsMap()) {
+        std::map<std::string, int> seen;
+        for (auto it = n.begin(); it != n.end(); ++it) {
+            if (!it->first.IsScalar()) throw ConfigError(where(it->first) + ": " + path + ": a key must be a name");
+            const std::string key = it->first.Scalar();
+            const std::string child = path.empty() ? key : path + "." + key;
+            check_text(it->first, key, child);
+            const int line = it->first.Mark().line + 1;
+            auto [prev, inserted] = seen.emplace(key, line);
+            if (!inserted)
+                throw ConfigError(where(it->first) + ": " + printable(child) + ": the key appears twice (lines " +
+                                  std::to_string(prev->second) + " and " + std::to_string(line) + ")");
+            check_document(it->second, name, child, depth + 1);
+        }
+    }
 }
 
 std::string describe(const YAML::Node& n) {
@@ -94,11 +176,25 @@ public:
         return n.IsDefined() && !n.IsNull();
     }
 
+    // A key that is present must have a value: `steps:` with nothing after it is an error, not
+    // the default (a forgotten value should not silently mean something else).
+    bool absent(const std::string& path, const YAML::Node& n) {
+        if (!n.IsDefined()) return true;
+        if (n.IsNull()) fail(path, "expected a value, got nothing (remove the key to use the default)");
+        return false;
+    }
+
     std::string str(const std::string& path, const std::string& def) {
         YAML::Node n = at(path);
-        if (!n.IsDefined() || n.IsNull()) return def;
+        if (absent(path, n)) return def;
         if (!n.IsScalar()) fail(path, "expected a string, got " + describe(n));
         return n.Scalar();
+    }
+
+    std::string nonempty_str(const std::string& path, const std::string& def) {
+        const std::string v = str(path, def);
+        if (v.empty()) fail(path, "expected a non-empty string");
+        return v;
     }
 
     std::string choice(const std::string& path, const std::string& def, const std::vector<std::string>& allowed) {
@@ -112,7 +208,7 @@ public:
 
     int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi) {
         YAML::Node n = at(path);
-        if (!n.IsDefined() || n.IsNull()) return def;
+        if (absent(path, n)) return def;
         int64_t v = 0;
         if (!n.IsScalar() || !parse_int(n.Scalar(), v))
             fail(path, "expected an integer" + range(lo, hi) + ", got " + describe(n));
@@ -122,7 +218,7 @@ public:
 
     double number(const std::string& path, double def, double lo, double hi, bool lo_open = false) {
         YAML::Node n = at(path);
-        if (!n.IsDefined() || n.IsNull()) return def;
+        if (absent(path, n)) return def;
         double v = 0;
         if (!n.IsScalar() || !parse_double(n.Scalar(), v)) fail(path, "expected a number" + nrange(lo, hi, lo_open) + ", got " + describe(n));
         if (!(lo_open ? v > lo : v >= lo) || v > hi) fail(path, "expected a number" + nrange(lo, hi, lo_open) + ", got " + n.Scalar());
@@ -131,7 +227,7 @@ public:
 
     bool boolean(const std::string& path, bool def) {
         YAML::Node n = at(path);
-        if (!n.IsDefined() || n.IsNull()) return def;
+        if (absent(path, n)) return def;
         const std::string s = n.IsScalar() ? n.Scalar() : "";
         if (s == "true" || s == "True" || s == "yes") return true;
         if (s == "false" || s == "False" || s == "no") return false;
@@ -140,7 +236,7 @@ public:
 
     std::vector<int> int_list(const std::string& path, const std::vector<int>& def, int lo, int hi) {
         YAML::Node n = at(path);
-        if (!n.IsDefined() || n.IsNull()) return def;
+        if (absent(path, n)) return def;
         if (!n.IsSequence() || n.size() == 0) fail(path, "expected a non-empty list of integers, got " + describe(n));
         std::vector<int> out;
         for (size_t i = 0; i < n.size(); ++i) out.push_back(int(integer(path + "." + std::to_string(i), 0, lo, hi)));
@@ -149,7 +245,7 @@ public:
 
     std::vector<float> float_list(const std::string& path) {
         YAML::Node n = at(path);
-        if (!n.IsDefined() || n.IsNull()) return {};
+        if (absent(path, n)) return {};
         if (!n.IsSequence() || n.size() == 0) fail(path, "expected a non-empty list of numbers, got " + describe(n));
         std::vector<float> out;
         for (size_t i = 0; i < n.size(); ++i)
@@ -159,17 +255,17 @@ public:
 
     std::vector<std::string> str_list(const std::string& path) {
         YAML::Node n = at(path);
-        if (!n.IsDefined() || n.IsNull()) return {};
+        if (absent(path, n)) return {};
         if (n.IsScalar()) return {n.Scalar()};
         if (!n.IsSequence()) fail(path, "expected a file name or a list of them, got " + describe(n));
         std::vector<std::string> out;
-        for (size_t i = 0; i < n.size(); ++i) out.push_back(str(path + "." + std::to_string(i), ""));
+        for (size_t i = 0; i < n.size(); ++i) out.push_back(nonempty_str(path + "." + std::to_string(i), ""));
         return out;
     }
 
     size_t list_size(const std::string& path) {
         YAML::Node n = at(path);
-        if (!n.IsDefined() || n.IsNull()) return 0;
+        if (absent(path, n)) return 0;
         if (!n.IsSequence()) fail(path, "expected a list, got " + describe(n));
         return n.size();
     }
@@ -240,14 +336,21 @@ private:
 void apply_set(YAML::Node root, const std::string& assignment) {
     const size_t eq = assignment.find('=');
     if (eq == std::string::npos || eq == 0)
-        throw ConfigError("--set " + assignment + ": expected key.path=value");
+        throw ConfigError("--set " + printable(assignment) + ": expected key.path=value");
     const std::string key = assignment.substr(0, eq);
+    if (!valid_key_path(key))
+        throw ConfigError("--set " + printable(assignment) + ": '" + printable(key) +
+                          "' is not a key path (names of a-z, 0-9 and _ joined by single dots, e.g. train.steps)");
+    if (eq + 1 == assignment.size())
+        throw ConfigError("--set " + printable(assignment) + ": expected a value after '='");
     YAML::Node value;
     try {
         value = YAML::Load(assignment.substr(eq + 1));
     } catch (const YAML::Exception& e) {
-        throw ConfigError("--set " + assignment + ": the value is not valid YAML: " + e.msg);
+        throw ConfigError("--set " + printable(assignment) + ": the value is not valid YAML: " + e.msg);
     }
+    check_document(value, "--set " + printable(assignment), key);
+    if (value.IsNull()) throw ConfigError("--set " + printable(assignment) + ": expected a value, got nothing");
     const auto parts = split_path(key);
     YAML::Node cur(root);
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -290,52 +393,34 @@ void Config::fail(const std::string& key, const std::string& what) const {
     throw ConfigError((it != where.end() ? it->second : file) + ": " + key + ": " + what);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& sets) {
-    YAML::Node root;
-    try {
-        root = YAML::LoadFile(path);
-    } catch (const YAML::BadFile&) {
-        throw ConfigError(path + ": cannot read the configuration file");
-    } catch (const YAML::ParserException& e) {
-        throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
-    }
-    if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-    if (!root.IsMap()) throw ConfigError(path + ":1: expected a mapping of sections (run, strategy, data, model, ...)");
-    std::map<std::string, std::string> set_origin;
-    for (const auto& s : sets) {
-        apply_set(root, s);
-        set_origin[s.substr(0, s.find('='))] = "--set " + s;
-    }
-    Reader r(root, path, set_origin);
-    Config c;
-    c.file = path;
-    c.base_dir = std::filesystem::path(path).parent_path().string();
-    for (const char* section : {"run", "strategy", "data", "model", "optimizer", "train", "checkpoint"})
-        r.expect_map(section);
+namespace {
 
-    // run
-    c.run.name = r.str("run.name", "run");
+// ---- the sections, one reader each ----------------------------------------------------------
+
+void read_run(Reader& r, Config& c) {
+    c.run.name = r.nonempty_str("run.name", "run");
     c.run.seed = uint64_t(r.integer("run.seed", 1, 0, std::numeric_limits<int64_t>::max()));
-    c.run.output_dir = r.str("run.output_dir", "runs/" + c.run.name);
+    c.run.output_dir = r.nonempty_str("run.output_dir", "runs/" + c.run.name);
+}
 
-    // strategy
-    c.strategy.devices = r.str("strategy.devices", "auto");
+void read_strategy(Reader& r, Config& c) {
+    c.strategy.devices = r.nonempty_str("strategy.devices", "auto");
     c.strategy.cross_device_ops = r.choice("strategy.cross_device_ops", "ring", {"ring", "nccl", "reduce_to_one"});
     c.strategy.bucket_mb = r.number("strategy.bucket_mb", 4.0, 0.0, 1e6);
     c.strategy.verify_every_steps = int(r.integer("strategy.verify_every_steps", 0, 0, 1 << 30));
+}
 
-    // data
-    DataConfig& d = c.data;
+void read_data(Reader& r, DataConfig& d) {
     d.dataset = r.choice("data.dataset", "idx", {"idx", "cifar10", "csv", "synthetic"});
-    d.root = r.str("data.root", d.dataset == "idx" ? "/usr/share/datasets/fashion-mnist" : ".");
+    d.root = r.nonempty_str("data.root", d.dataset == "idx" ? "/usr/share/datasets/fashion-mnist" : ".");
     for (const char* split : {"train", "test"}) {
         const std::string p = std::string("data.") + split;
         r.expect_map(p);
         DataConfig::Split& s = split[1] == 'r' ? d.train : d.test;
         const bool train = split[1] == 'r';
         if (d.dataset == "idx") {
-            s.images = r.str(p + ".images", s.images);
-            s.labels = r.str(p + ".labels", s.labels);
+            s.images = r.nonempty_str(p + ".images", s.images);
+            s.labels = r.nonempty_str(p + ".labels", s.labels);
         } else if (d.dataset == "cifar10") {
             s.files = r.str_list(p + ".files");
             if (s.files.empty())
@@ -383,10 +468,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
     d.loader_threads = int(r.integer("data.loader_threads", 2, 1, 256));
     d.prefetch = int(r.integer("data.prefetch", 4, 1, 1024));
     d.drop_last = r.boolean("data.drop_last", true);
+}
 
-    // model
-    c.model.input_shape = r.int_list("model.input_shape", {}, 1, 1 << 24);
-    c.model.loss = r.choice("model.loss", "softmax_cross_entropy", {"softmax_cross_entropy"});
+void read_model(Reader& r, ModelConfig& m) {
+    m.input_shape = r.int_list("model.input_shape", {}, 1, 1 << 24);
+    m.loss = r.choice("model.loss", "softmax_cross_entropy", {"softmax_cross_entropy"});
     const size_t layers = r.list_size("model.layers");
     if (layers == 0) r.fail("model.layers", "expected a list of layers, e.g. [{type: flatten}, {type: dense, units: 10}]");
     for (size_t i = 0; i < layers; ++i) {
@@ -405,11 +491,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
             s.type = LayerSpec::Type::dropout;
             s.rate = float(r.number(p + ".rate", 0.5, 0.0, 0.999));
         }
-        c.model.layers.push_back(s);
+        m.layers.push_back(s);
     }
+}
 
-    // optimizer
-    OptimizerConfig& o = c.optimizer;
+void read_optimizer(Reader& r, OptimizerConfig& o) {
     const std::string type = r.choice("optimizer.type", "sgd", {"sgd", "adamw"});
     o.type = type == "adamw" ? OptimizerConfig::Type::adamw : OptimizerConfig::Type::sgd;
     o.lr = r.number("optimizer.lr", o.type == OptimizerConfig::Type::sgd ? 0.05 : 1e-3, 0.0, 1e6, true);
@@ -443,8 +529,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
     }
     if (o.schedule.type == ScheduleConfig::Type::cosine)
         o.schedule.min_lr_ratio = r.number("optimizer.schedule.min_lr_ratio", 0.0, 0.0, 1.0);
+}
 
-    // train
+void read_train(Reader& r, Config& c) {
     TrainConfig& t = c.train;
     t.epochs = r.integer("train.epochs", 10, 0, int64_t(1) << 30);
     t.steps = r.integer("train.steps", 0, 0, int64_t(1) << 40);
@@ -455,16 +542,67 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
     t.eval_every_epochs = r.integer("train.eval_every_epochs", 1, 0, int64_t(1) << 30);
     t.log_every_steps = r.integer("train.log_every_steps", 100, 1, int64_t(1) << 30);
     c.strategy.tf32 = t.precision == "tf32";
+}
 
-    // checkpoint
-    c.checkpoint.every_steps = r.integer("checkpoint.every_steps", 1000, 0, int64_t(1) << 40);
-    c.checkpoint.every_epochs = r.integer("checkpoint.every_epochs", 0, 0, int64_t(1) << 30);
-    c.checkpoint.keep = int(r.integer("checkpoint.keep", 3, 1, 1000));
-    c.checkpoint.resume = r.str("checkpoint.resume", "auto");
+void read_checkpoint(Reader& r, CheckpointConfig& k) {
+    k.every_steps = r.integer("checkpoint.every_steps", 1000, 0, int64_t(1) << 40);
+    k.every_epochs = r.integer("checkpoint.every_epochs", 0, 0, int64_t(1) << 30);
+    k.keep = int(r.integer("checkpoint.keep", 3, 1, 1000));
+    k.resume = r.nonempty_str("checkpoint.resume", "auto");
+}
 
+// Parses YAML text; every scalar must be valid UTF-8 without control characters, and no mapping
+// may repeat a key (yaml-cpp would silently keep the first).
+YAML::Node parse_document(const std::string& text, const std::string& name) {
+    YAML::Node root;
+    try {
+        root = YAML::Load(text);
+    } catch (const YAML::ParserException& e) {
+        throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+    } catch (const YAML::Exception& e) {
+        throw ConfigError(name + ": invalid YAML: " + e.msg);
+    }
+    check_document(root, name, "");
+    return root;
+}
+
+}  // namespace
+
+Config load_config_text(const std::string& text, const std::string& path, const std::vector<std::string>& sets) {
+    YAML::Node root = parse_document(text, path);
+    if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+    if (!root.IsMap()) throw ConfigError(path + ":1: expected a mapping of sections (run, strategy, data, model, ...)");
+    std::map<std::string, std::string> set_origin;
+    for (const auto& s : sets) {
+        apply_set(root, s);
+        set_origin[s.substr(0, s.find('='))] = "--set " + s;
+    }
+    Reader r(root, path, set_origin);
+    Config c;
+    c.file = path;
+    c.base_dir = std::filesystem::path(path).parent_path().string();
+    for (const char* section : {"run", "strategy", "data", "model", "optimizer", "train", "checkpoint"})
+        r.expect_map(section);
+    read_run(r, c);
+    read_strategy(r, c);
+    read_data(r, c.data);
+    read_model(r, c.model);
+    read_optimizer(r, c.optimizer);
+    read_train(r, c);
+    read_checkpoint(r, c.checkpoint);
     r.reject_unknown();
     c.where = std::move(r.where);
     return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& sets) {
+    std::string text;
+    try {
+        text = read_regular_file(path, kMaxConfigBytes);
+    } catch (const InputError& e) {
+        throw ConfigError(e.what());
+    }
+    return load_config_text(text, path, sets);
 }
 
 std::string config_to_yaml(const Config& c) {

@@ -67,6 +67,8 @@ struct Config {
 
 // Loads and validates. `sets` are "key.path=value" overrides (value parsed as YAML).
 Config load_config(const std::string& path, const std::vector<std::string>& sets);
+// The same from the file's text (`path` names it in messages and anchors relative data paths).
+Config load_config_text(const std::string& text, const std::string& path, const std::vector<std::string>& sets);
 // The resolved configuration as YAML (every key, defaults included).
 std::string config_to_yaml(const Config& c);
 // Hash of what decides whether a checkpoint fits: architecture and optimizer state layout.

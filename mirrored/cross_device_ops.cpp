@@ -183,7 +183,7 @@ std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, s
     if (kind == "ring") return std::make_unique<RingAllReduce>(std::move(devices), std::move(buffers), barrier);
     if (kind == "reduce_to_one") return std::make_unique<ReduceToOne>(std::move(devices), std::move(buffers), barrier);
     if (kind == "nccl") return std::make_unique<NcclAllReduce>(std::move(devices), std::move(buffers), barrier);
-    throw ConfigError("strategy.cross_device_ops: unknown '" + kind + "' (known: " + cross_device_ops_names() + ")");
+    throw ConfigError("strategy.cross_device_ops", "unknown '" + kind + "' (known: " + cross_device_ops_names() + ")");
 }
 
 }  // namespace mirrored

@@ -3,7 +3,12 @@
 // checkpoint was written.
 #include <CLI/CLI.hpp>
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <csignal>
 
 #include <cstdio>
 #include <cstdlib>
@@ -22,18 +27,32 @@ using namespace mirrored;
 
 namespace {
 
+// "1,2,4" -> {1, 2, 4}: positive integers of at most 6 digits.
 std::vector<int> parse_list(const std::string& s, const char* flag) {
     std::vector<int> out;
     size_t start = 0;
     while (start <= s.size()) {
         const size_t comma = std::min(s.find(',', start), s.size());
         const std::string item = s.substr(start, comma - start);
-        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
-            throw ConfigError(std::string(flag) + ": expected a list like 1,2,4, got '" + s + "'");
+        if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoi(item) == 0)
+            throw ConfigError(std::string(flag) + ": expected a list of positive integers like 1,2,4, got '" + s + "'");
         out.push_back(std::stoi(item));
         start = comma + 1;
     }
     return out;
+}
+
+// No file descriptor 0-2 may be closed: the next file opened (metrics.jsonl, say) would take its
+// number, and progress lines meant for the terminal would land in it. A closed pipe must not kill
+// the run with SIGPIPE before it can write a checkpoint: writes to it simply fail.
+void protect_standard_streams() {
+    for (int fd = 0; fd <= 2; ++fd)
+        if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) {
+            const int nfd = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+            if (nfd != fd && nfd >= 0) ::close(nfd);
+        }
+    std::signal(SIGPIPE, SIG_IGN);
 }
 
 // A progress line may be open on a terminal: end it before an error is printed.
@@ -43,6 +62,7 @@ void end_status_line() {
     std::fflush(stdout);
 }
 
+// "4K", "64M", "1G", "512": a size in bytes, a whole number of floats, at most 64 GiB.
 size_t parse_bytes(const std::string& s, const char* flag) {
     char* end = nullptr;
     const double v = std::strtod(s.c_str(), &end);
@@ -52,13 +72,17 @@ size_t parse_bytes(const std::string& s, const char* flag) {
     else if (unit == "M" || unit == "MiB") mult = 1 << 20;
     else if (unit == "G" || unit == "GiB") mult = double(1 << 30);
     else if (!unit.empty() && unit != "B") throw ConfigError(std::string(flag) + ": expected a size like 4K, 64M or 1G, got '" + s + "'");
-    if (!(v > 0)) throw ConfigError(std::string(flag) + ": expected a positive size, got '" + s + "'");
-    return size_t(v * mult);
+    const double bytes = v * mult;
+    if (end == s.c_str() || !(bytes >= 4) || bytes > double(uint64_t(64) << 30) || bytes != std::floor(bytes) ||
+        std::fmod(bytes, 4.0) != 0)
+        throw ConfigError(std::string(flag) + ": expected a whole number of floats (a multiple of 4 bytes) from 4 bytes to 64G, got '" + s + "'");
+    return size_t(bytes);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+    protect_standard_streams();
     CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "help for every command");
@@ -91,8 +115,8 @@ int main(int argc, char** argv) {
     auto* bl = app.add_subcommand("bench-loader", "samples/s of the input pipeline alone");
     bl->add_option("--config", lb.config, "use this config's data section (default: Fashion-MNIST)");
     bl->add_option("--threads", lb_threads, "loader thread counts to measure, e.g. 1,2,4");
-    bl->add_option("--batch", lb.batch, "global batch size")->check(CLI::PositiveNumber);
-    bl->add_option("--seconds", lb.seconds, "seconds per measurement")->check(CLI::PositiveNumber);
+    bl->add_option("--batch", lb.batch, "global batch size")->check(CLI::Range(1, 1 << 24));
+    bl->add_option("--seconds", lb.seconds, "seconds per measurement")->check(CLI::Range(0.01, 3600.0));
     bl->add_option("--json", lb.json_path, "also write the results here");
 
     AllReduceBenchOptions ab;
@@ -102,7 +126,7 @@ int main(int argc, char** argv) {
     ba->add_option("--op", ab.op, "ring, nccl or reduce_to_one");
     ba->add_option("--min-bytes", min_b, "smallest size (4K)");
     ba->add_option("--max-bytes", max_b, "largest size (64M)");
-    ba->add_option("--iters", ab.iters, "iterations per size (default: by size)");
+    ba->add_option("--iters", ab.iters, "iterations per size (default: by size)")->check(CLI::Range(1, 1000000));
     ba->add_option("--transport", ab.transport, "CUDA peer reads: auto, direct (kernel loads peer memory), staged (copy, then add)");
     ba->add_option("--json", ab.json_path, "also write the table here");
 
@@ -112,9 +136,10 @@ int main(int argc, char** argv) {
     bs->add_option("config", sb.config, "YAML config (default configs/synthetic_mlp.yaml)");
     bs->add_option("--set", sb.sets, "override a key (repeatable)");
     bs->add_option("--devices", sb_devices, "device lists separated by ';', e.g. 'cpu:1;cpu:2' (default: 1..all)");
-    bs->add_option("--steps", sb.steps, "timed steps per device list")->check(CLI::PositiveNumber);
-    bs->add_option("--warmup", sb.warmup, "untimed steps first");
-    bs->add_option("--per-replica-batch", sb.per_replica_batch, "global batch = this x replicas (weak scaling)");
+    bs->add_option("--steps", sb.steps, "timed steps per device list")->check(CLI::Range(1, 10000000));
+    bs->add_option("--warmup", sb.warmup, "untimed steps first")->check(CLI::Range(0, 1000000));
+    bs->add_option("--per-replica-batch", sb.per_replica_batch, "global batch = this x replicas (weak scaling)")
+        ->check(CLI::Range(1, 1 << 24));
     bs->add_option("--json", sb.json_path, "also write the results here");
 
     GemmBenchOptions gb;
@@ -147,8 +172,14 @@ int main(int argc, char** argv) {
 
     try {
         if (train->parsed() || eval->parsed()) {
-            if (!devices.empty()) sets.push_back("strategy.devices=" + devices);
-            if (!output.empty()) sets.push_back("run.output_dir=" + output);
+            if (train->count("--devices") + eval->count("--devices") > 0) {
+                if (devices.empty()) throw ConfigError("--devices: expected a device list such as auto, cpu:2 or cuda:0,1");
+                sets.push_back("strategy.devices=" + devices);
+            }
+            if (train->count("--output") > 0) {
+                if (output.empty()) throw ConfigError("--output: expected a folder");
+                sets.push_back("run.output_dir=" + output);
+            }
             const Config cfg = load_config(config, sets);
             if (print_config) {
                 std::cout << config_to_yaml(cfg);
@@ -164,6 +195,10 @@ int main(int argc, char** argv) {
             return kExitOk;
         }
         if (exp->parsed()) {
+            std::error_code ec;
+            if (std::filesystem::exists(out, ec) && std::filesystem::equivalent(out, checkpoint, ec))
+                throw ConfigError("--out " + out + ": is the checkpoint itself; choose another file for the export");
+            if (std::filesystem::is_directory(out, ec)) throw ConfigError("--out " + out + ": is a directory; name a file");
             SafetensorsFile f = read_safetensors(checkpoint, true);
             SafetensorsFile weights;
             for (auto& [name, t] : f.tensors)
@@ -207,6 +242,10 @@ int main(int argc, char** argv) {
             std::_Exit(kExitDevice);
         }
         return e.code();
+    } catch (const std::bad_alloc&) {
+        end_status_line();
+        std::fprintf(stderr, "error: out of host memory (a dataset, model or batch too large for this machine)\n");
+        return kExitDevice;
     } catch (const std::exception& e) {
         end_status_line();
         std::fprintf(stderr, "error: internal: %s\n", e.what());

@@ -19,10 +19,10 @@ const char* layer_type_name(LayerSpec::Type t) {
 
 Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed)
     : input_shape_(std::move(input_shape)), layers_(std::move(layers)) {
-    if (input_shape_.empty()) throw ConfigError("model.input_shape: expected at least one dimension");
+    if (input_shape_.empty()) throw ConfigError("model.input_shape", "expected at least one dimension");
     for (int d : input_shape_)
-        if (d <= 0) throw ConfigError("model.input_shape: dimensions must be positive");
-    if (layers_.empty()) throw ConfigError("model.layers: expected at least one layer");
+        if (d <= 0) throw ConfigError("model.input_shape", "dimensions must be positive");
+    if (layers_.empty()) throw ConfigError("model.layers", "expected at least one layer");
     const int features = std::accumulate(input_shape_.begin(), input_shape_.end(), 1,
                                          [](int a, int b) { return a * b; });
     widths_.push_back(features);
@@ -56,13 +56,13 @@ Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64
             break;
         case LayerSpec::Type::dropout:
             if (!(spec.rate >= 0.0f && spec.rate < 1.0f))
-                throw ConfigError(key + ".rate: expected a number in [0, 1)");
+                throw ConfigError(key + ".rate", "expected a number in [0, 1)");
             widths_.push_back(in);
             break;
         case LayerSpec::Type::dense: {
             if (!flat)
-                throw ConfigError(key + ": dense needs a flat input; add {type: flatten} before it");
-            if (spec.units <= 0) throw ConfigError(key + ".units: expected a positive integer");
+                throw ConfigError(key, "dense needs a flat input; add {type: flatten} before it");
+            if (spec.units <= 0) throw ConfigError(key + ".units", "expected a positive integer");
             InitArgs wi;
             wi.kind = spec.init;
             wi.fan_in = in;
@@ -77,7 +77,7 @@ Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64
         weight_tensor_.push_back(w);
         bias_tensor_.push_back(b);
     }
-    if (tensors_.empty()) throw ConfigError("model.layers: the model has no trainable layer (add a dense layer)");
+    if (tensors_.empty()) throw ConfigError("model.layers", "the model has no trainable layer (add a dense layer)");
     flat_size_ = offset;
 }
 
@@ -130,6 +130,19 @@ double Model::train_flops_per_sample() const {
 void Model::init_params(Device& dev, Stream s, float* params) const {
     dev.fill(s, flat_size_, 0.0f, params);
     for (const auto& t : tensors_) dev.init_params(s, t.init, t.count, params + t.offset);
+}
+
+uint64_t Model::activation_floats(int max_rows) const {
+    const uint64_t rows = uint64_t(std::max(max_rows, 1));
+    uint64_t floats = 2 * rows * uint64_t(widest());  // the two gradient buffers
+    for (size_t l = 0; l < layers_.size(); ++l) {
+        const uint64_t w = uint64_t(widths_[l + 1]);
+        if (layers_[l].type == LayerSpec::Type::dense)
+            floats += rows * w * (layers_[l].activation != Activation::none ? 2 : 1);
+        else if (layers_[l].type == LayerSpec::Type::dropout)
+            floats += rows * w;
+    }
+    return floats;
 }
 
 Activations::Activations(Device& dev, const Model& model, int max_rows) : max_rows_(max_rows) {

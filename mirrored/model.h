@@ -84,6 +84,9 @@ public:
     // gradients), the work a throughput is measured against.
     double train_flops_per_sample() const;
 
+    // Floats a replica's Activations hold for max_rows rows (what Activations allocates).
+    uint64_t activation_floats(int max_rows) const;
+
     // Writes initial values of every tensor into params (gaps zeroed).
     void init_params(Device& dev, Stream s, float* params) const;
 

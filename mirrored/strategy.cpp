@@ -4,10 +4,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "data/io.h"
 #include "kernels/error.h"
 #include "mirrored/util.h"
 
@@ -23,9 +25,9 @@ std::vector<int> parse_int_list(const std::string& list, const std::string& spec
         const size_t comma = std::min(list.find(',', start), list.size());
         const std::string item = list.substr(start, comma - start);
         if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
-            throw ConfigError("strategy.devices: '" + spec + "': expected device numbers like " + example);
+            throw ConfigError("strategy.devices", "'" + spec + "': expected device numbers like " + example);
         if (item.size() > 6)
-            throw ConfigError("strategy.devices: '" + spec + "': device number " + item + " is out of range");
+            throw ConfigError("strategy.devices", "'" + spec + "': device number " + item + " is out of range");
         out.push_back(std::stoi(item));
         start = comma + 1;
     }
@@ -78,7 +80,7 @@ DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda) {
     } else if (spec.rfind("cpu:", 0) == 0) {
         const auto n = parse_int_list(spec.substr(4), spec, "cpu:4");
         if (n.size() != 1 || n[0] < 1 || n[0] > 1024)
-            throw ConfigError("strategy.devices: '" + spec + "': expected cpu:N with N replicas, 1 to 1024");
+            throw ConfigError("strategy.devices", "'" + spec + "': expected cpu:N with N replicas, 1 to 1024");
         cpus(n[0]);
     } else if (spec.rfind("cuda:", 0) == 0) {
         d.type = DeviceType::cuda;
@@ -92,13 +94,13 @@ DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda) {
         d.type = DeviceType::sim;
         d.ordinals = parse_int_list(spec.substr(4), spec, "sim:0,1 or sim:0,0,0,0");
         for (int o : d.ordinals)
-            if (o >= 64) throw ConfigError("strategy.devices: '" + spec + "': simulated GPUs are numbered 0 to 63");
+            if (o >= 64) throw ConfigError("strategy.devices", "'" + spec + "': simulated GPUs are numbered 0 to 63");
     } else {
-        throw ConfigError("strategy.devices: '" + spec +
+        throw ConfigError("strategy.devices", "'" + spec +
                           "': expected auto, cuda, cuda:all, cuda:0,1,..., cpu, cpu:N or sim:0,1,...");
     }
     if (d.ordinals.size() > 1024)
-        throw ConfigError("strategy.devices: '" + spec + "': at most 1024 replicas");
+        throw ConfigError("strategy.devices", "'" + spec + "': at most 1024 replicas");
     return d;
 }
 
@@ -119,6 +121,25 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
     return out;
 }
 
+std::string MemoryPlan::describe() const {
+    return "parameters " + format_bytes(params) + ", gradients " + format_bytes(grads) + ", optimizer state " +
+           format_bytes(optimizer) + ", activations " + format_bytes(activations) + ", inputs " + format_bytes(inputs) +
+           ", workspaces " + format_bytes(workspace) + "; total " + format_bytes(total());
+}
+
+MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceType type, int shard_rows, int micro_rows) {
+    MemoryPlan m;
+    const uint64_t flat = model.flat_size() * sizeof(float);
+    m.params = m.grads = flat;
+    const int states = (opt.type == OptimizerConfig::Type::adamw ? 2 : 0) + (opt.type == OptimizerConfig::Type::sgd && opt.momentum != 0 ? 1 : 0);
+    m.optimizer = flat * uint64_t(states);
+    m.activations = model.activation_floats(micro_rows) * sizeof(float);
+    m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t));
+    // cuBLAS workspace, scratch and peer staging on GPUs (real or simulated)
+    m.workspace = type == DeviceType::cpu ? 0 : (uint64_t(32) << 20) + (uint64_t(4) << 20) + (uint64_t(8) << 20);
+    return m;
+}
+
 Replica::~Replica() {
     if (!device) return;
     if (!device->abandoned()) {
@@ -137,18 +158,20 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
                                    int global_batch, int accumulation_steps)
     : cfg_(cfg), model_(model), devices_(parse_devices(cfg.devices)), accumulation_(accumulation_steps) {
     const int n = int(devices_.ordinals.size());
-    if (accumulation_ < 1) throw ConfigError("train.grad_accumulation_steps: expected a positive integer");
+    if (accumulation_ < 1) throw ConfigError("train.grad_accumulation_steps", "expected a positive integer");
     if (global_batch % (n * accumulation_) != 0)
-        throw ConfigError("train.global_batch_size: " + std::to_string(global_batch) + " does not divide into " +
+        throw ConfigError("train.global_batch_size", "" + std::to_string(global_batch) + " does not divide into " +
                           std::to_string(n) + " replicas x " + std::to_string(accumulation_) +
                           " accumulation steps; use a multiple of " + std::to_string(n * accumulation_));
-    if (cfg_.bucket_mb < 0) throw ConfigError("strategy.bucket_mb: expected a number >= 0");
+    if (cfg_.bucket_mb < 0) throw ConfigError("strategy.bucket_mb", "expected a number >= 0");
     // CPU replicas (and the simulated GPUs' streams, which compute with the CPU reference) are
     // the parallelism: one BLAS thread each.
     if (devices_.type != DeviceType::cuda) cpu_set_blas_threads(1);
     staged_pairs_ = enable_peer_access(devices_.type, devices_.ordinals);
     const int shard_rows = (global_batch + n - 1) / n;
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
+    plan_ = plan_memory(model_, opt, devices_.type, shard_rows, micro_rows);
+    check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
     std::vector<Device*> devs;
@@ -159,6 +182,23 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     }
     ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, threads_->barrier());
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
+}
+
+// GPUs: the replicas on each GPU must fit its free memory (an allocation failure later would be
+// clear too, but this says why before anything is built). Host memory is the session's check.
+void MirroredStrategy::check_device_memory() const {
+    if (devices_.type != DeviceType::cuda) return;
+    std::map<int, int> per_gpu;
+    for (int o : devices_.ordinals) ++per_gpu[o];
+    for (auto [ordinal, count] : per_gpu) {
+        const uint64_t free = cuda_free_memory(ordinal);
+        const uint64_t need = plan_.total() * uint64_t(count);
+        if (free && need > free)
+            throw DeviceError("cuda:" + std::to_string(ordinal) + ": " + std::to_string(count) + " replica(s) need " +
+                              format_bytes(need) + " (" + plan_.describe() + " each), " + format_bytes(free) +
+                              " free: use a smaller per-replica batch (train.global_batch_size), more "
+                              "train.grad_accumulation_steps, or fewer replicas on this GPU");
+    }
 }
 
 MirroredStrategy::~MirroredStrategy() {

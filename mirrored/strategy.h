@@ -75,6 +75,16 @@ struct TimeSplit {
     double device_step_s = 0;  // GPUs: one sampled step's device time, start of compute to update
 };
 
+// The memory one replica will allocate, by purpose, in bytes: checked against what the machine
+// has before anything is allocated, and reported at start-up.
+struct MemoryPlan {
+    uint64_t params = 0, grads = 0, optimizer = 0, activations = 0, inputs = 0, workspace = 0;
+    uint64_t total() const { return params + grads + optimizer + activations + inputs + workspace; }
+    std::string describe() const;  // "params 1.2 MiB, grads ..., total ..."
+};
+MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceType type, int shard_rows,
+                       int micro_rows);
+
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
     HostWork device;        // replica 0's device calls
@@ -118,6 +128,7 @@ public:
     const DeviceList& devices() const { return devices_; }
     const char* cross_device_ops_name() const { return ops_->name(); }
     const std::vector<Bucket>& buckets() const { return buckets_; }
+    const MemoryPlan& memory_plan() const { return plan_; }  // per replica
     const Model& model() const { return model_; }
     Replica& replica(int r) { return *replicas_[r]; }
     std::string topology_report() const;  // peer access / host path notes, one line per note
@@ -174,6 +185,7 @@ private:
     template <typename F>
     auto guarded(F&& fn) -> decltype(fn());
     void fail() noexcept;
+    void check_device_memory() const;
     void wait_until(const std::function<bool()>& done);  // polls done(), checking every device
     StrategyConfig cfg_;
     const Model& model_;
@@ -184,6 +196,7 @@ private:
     std::unique_ptr<CrossDeviceOps> ops_;
     std::vector<Bucket> buckets_;
     std::vector<StagedPair> staged_pairs_;
+    MemoryPlan plan_;
     bool timing_sampled_ = false;
     bool failed_ = false;
 };

@@ -139,6 +139,9 @@ int bench_loader(const LoaderBenchOptions& o) {
     const double t0 = now_s();
     const Datasets data = load_datasets(dc, base, 1);
     const Dataset& ds = data.train;
+    if (size_t(o.batch) > ds.count())
+        throw ConfigError("--batch " + std::to_string(o.batch) + ": larger than the " + std::to_string(ds.count()) +
+                          " training samples of " + ds.name);
     std::printf("dataset %s: %zu samples of %zu floats (loaded and normalised in %.2fs)\n", ds.name.c_str(), ds.count(),
                 ds.feature_size(), now_s() - t0);
     std::printf("machine: %s, %u hardware threads; global batch %d\n\n", cpu_model().c_str(),

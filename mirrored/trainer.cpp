@@ -17,6 +17,8 @@
 #include "kernels/error.h"
 #include "mirrored/util.h"
 #include "mirrored/checkpoint.h"
+#include "mirrored/run_dir.h"
+#include "data/io.h"
 #include "mirrored/strategy.h"
 
 namespace mirrored {
@@ -27,9 +29,18 @@ using json = nlohmann::json;
 namespace {
 
 std::atomic<int> g_signals{0};
+std::atomic<bool> g_training{false};  // a checkpoint is worth finishing the step for
 
 void on_signal(int) {
-    if (g_signals.fetch_add(1) >= 1) _exit(kExitInterrupted);  // second signal: at once
+    // Before training starts (loading data, building replicas) there is nothing to save: stop at
+    // once. During training the first signal finishes the step and writes a checkpoint; a second
+    // one exits at once.
+    if (!g_training.load() || g_signals.fetch_add(1) >= 1) {
+        static const char msg[] = "\ninterrupted\n";
+        ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+        (void)ignored;
+        _exit(kExitInterrupted);
+    }
 }
 
 // Test hook: behave as if SIGINT arrived during this step (exercises the interrupt path exactly).
@@ -83,8 +94,36 @@ Session::~Session() {
         }
 }
 
-std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data,
-                                      bool with_train_loader) {
+namespace {
+
+// Host memory: CPU and simulated replicas keep their whole model state in it, and every run keeps
+// the loaders' slots there. Checked before anything is allocated, so that a run that cannot fit
+// ends with the numbers, not with the kernel's OOM killer: exit 2 when it needs more than the
+// machine has at all, exit 5 when it needs more than is free now.
+void check_host_memory(const Config& cfg, const Model& model, const Dataset& train) {
+    const DeviceList devices = parse_devices(cfg.strategy.devices);
+    const int n = int(devices.ordinals.size());
+    const int shard = (cfg.train.global_batch_size + n - 1) / n;
+    const int micro = (shard + cfg.train.grad_accumulation_steps - 1) / cfg.train.grad_accumulation_steps;
+    const MemoryPlan plan = plan_memory(model, cfg.optimizer, devices.type, shard, micro);
+    const uint64_t replicas = devices.type == DeviceType::cuda ? 0 : plan.total() * uint64_t(n);
+    const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) *
+                           (train.feature_size() * sizeof(float) + sizeof(int32_t));
+    const uint64_t need = replicas + slots;
+    const uint64_t total = total_host_memory(), avail = available_host_memory();
+    const std::string what = (replicas ? std::to_string(n) + " replica(s) x " + format_bytes(plan.total()) + " (" +
+                                             plan.describe() + ") + " : std::string()) +
+                             "loader slots " + format_bytes(slots) + " = " + format_bytes(need);
+    if (total && need > total)
+        cfg.fail(replicas ? "model.layers" : "data.prefetch",
+                 "the run needs more host memory than this machine has: " + what + ", " + format_bytes(total) + " in all");
+    if (avail && need > avail)
+        throw DeviceError("not enough free host memory: " + what + ", " + format_bytes(avail) +
+                          " available: close other programs, or use a smaller model or batch");
+}
+
+std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<const Datasets> data,
+                                       bool with_train_loader) {
     auto s = std::make_unique<Session>();
     s->cfg = config;
     Config& cfg = s->cfg;
@@ -92,14 +131,19 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
                    : std::make_shared<const Datasets>(load_datasets(cfg.data, cfg.base_dir, cfg.run.seed));
     check_model_against_data(cfg, *s->data);
     s->model = std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed);
-    const int classes = s->data->train.classes;
-    if (s->model->output_features() < classes) {
+    const Dataset& train = s->data->train;
+    if (s->model->output_features() < train.classes) {
         size_t last = cfg.model.layers.size() - 1;
         while (last > 0 && cfg.model.layers[last].type != LayerSpec::Type::dense) --last;
+        size_t record = 0;
+        while (train.labels[record] < s->model->output_features()) ++record;
         cfg.fail("model.layers." + std::to_string(last) + ".units",
-                 "the model has " + std::to_string(s->model->output_features()) + " outputs, but the labels of " +
-                     s->data->train.name + " need " + std::to_string(classes) + " classes");
+                 "the model has " + std::to_string(s->model->output_features()) + " outputs, but " +
+                     train.labels_source + " has label " + std::to_string(train.labels[record]) + " (record " +
+                     std::to_string(record) + "), so " + std::to_string(train.classes) +
+                     " classes: fix the model's last layer or the labels");
     }
+    check_host_memory(cfg, *s->model, train);
     s->strategy = std::make_unique<MirroredStrategy>(cfg.strategy, *s->model, cfg.optimizer, cfg.train.global_batch_size,
                                                      cfg.train.grad_accumulation_steps);
     const int n = s->strategy->replicas();
@@ -119,6 +163,18 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
     lo.augment = {};
     s->test_loader = std::make_unique<Loader>(s->data->test, lo, s->strategy->host_allocator());
     return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data,
+                                      bool with_train_loader) {
+    try {
+        return build_session(config, std::move(data), with_train_loader);
+    } catch (const ConfigError& e) {
+        if (e.key().empty()) throw;
+        config.fail(e.key(), e.detail());  // the same error, with the key's <file>:<line>
+    }
 }
 
 namespace {
@@ -142,8 +198,14 @@ public:
 
 private:
     void print_header();
-    void prepare_output();
+    bool prepare_output();  // false: a finished run in a folder this process cannot write
     void resume_or_init();
+    std::optional<CheckpointData> find_checkpoint(std::string& used);
+    void start_fresh();
+    void resume_from(const CheckpointData& ckpt, const std::string& path);
+    void recover_metrics(int64_t up_to_step);
+    int finish_complete_run();
+    void train_loop();
     void log_train(int64_t step, float lr);
     void evaluate(int64_t step, double epoch);
     void save_checkpoint(int64_t step);
@@ -154,6 +216,7 @@ private:
 
     std::unique_ptr<Session> s_;
     Config& cfg_;
+    RunDirLock lock_;
     std::string out_dir_, ckpt_dir_;
     std::ofstream metrics_;
     bool tty_ = false;
@@ -171,7 +234,19 @@ private:
     const int64_t stop_after_ = stop_after_step();
     int64_t pending_step_ = 0;
     float pending_lr_ = 0;
+    int exit_code_ = kExitOk;
 };
+
+// A run folder's summary.json, when it says the run completed (else null).
+json completed_summary(const std::string& out_dir) {
+    try {
+        const std::string text = read_regular_file((fs::path(out_dir) / "summary.json").string(), 64 << 20);
+        json j = json::parse(text);
+        if (j.is_object() && j.value("status", "") == "completed") return j;
+    } catch (const std::exception&) {
+    }
+    return nullptr;
+}
 
 void Run::status_line(const std::string& line, bool final_line) {
     if (tty_) std::printf("\r\033[K%s%s", line.c_str(), final_line ? "\n" : "");
@@ -180,7 +255,7 @@ void Run::status_line(const std::string& line, bool final_line) {
 }
 
 void Run::emit(const json& record) {
-    metrics_ << record.dump() << "\n";
+    metrics_ << record.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     metrics_.flush();
 }
 
@@ -220,26 +295,43 @@ void Run::print_header() {
     std::fflush(stdout);
 }
 
-void Run::prepare_output() {
+bool Run::prepare_output() {
     std::error_code ec;
     fs::create_directories(ckpt_dir_, ec);
-    if (ec) throw ConfigError(cfg_.file + ": run.output_dir: cannot create " + ckpt_dir_ + ": " + ec.message());
+    std::string holder;
+    const RunDirLock::Result lock = ec ? RunDirLock::Result::read_only : lock_.acquire(out_dir_, holder);
+    if (lock == RunDirLock::Result::busy)
+        cfg_.fail("run.output_dir", out_dir_ + " is in use by another mirrored run (" + holder +
+                                        "); wait for it to finish or choose another --output");
+    if (lock == RunDirLock::Result::read_only) {
+        if (!completed_summary(out_dir_).is_null()) return false;  // nothing to write: show it
+        cfg_.fail("run.output_dir", "cannot write to " + out_dir_ + (ec ? ": " + ec.message() : std::string(" (read-only)")));
+    }
+    return true;
 }
 
 void Run::resume_or_init() {
-    MirroredStrategy& st = *s_->strategy;
+    std::string used;
+    const std::optional<CheckpointData> ckpt = find_checkpoint(used);
+    if (ckpt) resume_from(*ckpt, used);
+    else start_fresh();
+}
+
+// The newest usable checkpoint (checkpoint.resume: auto), the one named, or none (never). A
+// corrupt one is skipped for the previous one; one of another model is an error.
+std::optional<CheckpointData> Run::find_checkpoint(std::string& used) {
     const uint64_t hash = model_config_hash(cfg_);
     const std::string summary = model_config_summary(cfg_);
     std::vector<std::string> candidates;
     const bool explicit_path = cfg_.checkpoint.resume != "auto" && cfg_.checkpoint.resume != "never";
     if (cfg_.checkpoint.resume == "auto") candidates = list_checkpoints(ckpt_dir_);
     else if (explicit_path) candidates = {cfg_.checkpoint.resume};
-    std::optional<CheckpointData> ckpt;
     for (const auto& path : candidates) {
         try {
-            ckpt = read_checkpoint(path, *s_->model, hash, summary);
-            std::printf("  resuming from %s (step %lld)\n", path.c_str(), static_cast<long long>(ckpt->step));
-            break;
+            CheckpointData d = read_checkpoint(path, *s_->model, hash, summary);
+            std::printf("  resuming from %s (step %lld)\n", path.c_str(), static_cast<long long>(d.step));
+            used = path;
+            return d;
         } catch (const ForeignCheckpointError&) {
             throw;
         } catch (const CheckpointError& e) {
@@ -247,55 +339,81 @@ void Run::resume_or_init() {
             std::fprintf(stderr, "warning: skipping unusable checkpoint: %s\n", e.what());
         }
     }
-    const fs::path metrics_path = fs::path(out_dir_) / "metrics.jsonl";
-    if (!ckpt) {
-        // A fresh start never deletes an earlier run's results: they move aside.
-        std::vector<fs::path> old;
-        for (const auto& p : list_checkpoints(ckpt_dir_)) old.emplace_back(p);
-        for (const char* f : {"metrics.jsonl", "summary.json"})
-            if (fs::exists(fs::path(out_dir_) / f)) old.push_back(fs::path(out_dir_) / f);
-        if (!old.empty()) {
-            char stamp[32];
-            const std::time_t t = std::time(nullptr);
-            std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&t));
-            const fs::path aside = fs::path(out_dir_) / (std::string("previous-") + stamp);
-            fs::create_directories(aside);
-            for (const auto& p : old) fs::rename(p, aside / p.filename());
-            std::printf("  starting fresh; the earlier run's files moved to %s\n", aside.string().c_str());
-        }
-        st.init_and_broadcast();
-        s_->train_loader->start({0, 0});
-        step_ = 0;
-        metrics_.open(metrics_path, std::ios::trunc);
-        return;
-    }
-    if (ckpt->seed != cfg_.run.seed)
-        throw ForeignCheckpointError(candidates.front() + ": written with run.seed " + std::to_string(ckpt->seed) +
-                                     ", this run uses " + std::to_string(cfg_.run.seed));
-    if (ckpt->replicas != st.replicas())
+    return std::nullopt;
+}
+
+// A fresh start never deletes an earlier run's results: they move aside.
+void Run::start_fresh() {
+    std::vector<std::string> old = list_checkpoints(ckpt_dir_);
+    for (const char* f : {"metrics.jsonl", "summary.json", "config.yaml"}) old.push_back((fs::path(out_dir_) / f).string());
+    const std::string aside = move_aside(out_dir_, old);
+    if (!aside.empty()) std::printf("  starting fresh; the earlier run's files moved to %s\n", aside.c_str());
+    s_->strategy->init_and_broadcast();
+    s_->train_loader->start({0, 0});
+    step_ = 0;
+    metrics_.open(fs::path(out_dir_) / "metrics.jsonl", std::ios::trunc);
+}
+
+void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
+    MirroredStrategy& st = *s_->strategy;
+    if (ckpt.seed != cfg_.run.seed)
+        throw ForeignCheckpointError(path + ": written with run.seed " + std::to_string(ckpt.seed) + ", this run uses " +
+                                     std::to_string(cfg_.run.seed));
+    // The loader position counts global batches of the data the checkpoint saw: another batch
+    // size or another training set cannot continue it.
+    if (ckpt.global_batch != 0 && ckpt.global_batch != cfg_.train.global_batch_size)
+        throw CheckpointError(path + ": written with train.global_batch_size " + std::to_string(ckpt.global_batch) +
+                              ", this run uses " + std::to_string(cfg_.train.global_batch_size) +
+                              ": resume with the same batch size, or set checkpoint.resume: never to start afresh");
+    if (ckpt.train_samples != 0 && ckpt.train_samples != int64_t(s_->data->train.count()))
+        throw CheckpointError(path + ": written for a training set of " + std::to_string(ckpt.train_samples) +
+                              " samples, this one has " + std::to_string(s_->data->train.count()) +
+                              ": the data changed; set checkpoint.resume: never to start afresh");
+    if (ckpt.loader.batch >= s_->train_loader->batches_per_epoch())
+        throw CheckpointError(path + ": its loader position (batch " + std::to_string(ckpt.loader.batch) +
+                              ") is outside an epoch of " + std::to_string(s_->train_loader->batches_per_epoch()) +
+                              " batches: the data or data.drop_last changed since it was written");
+    if (ckpt.replicas != st.replicas())
         std::printf("  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
-                    "correctly, but not bit-identically to an uninterrupted run\n", ckpt->replicas, st.replicas());
-    st.upload_state(ckpt->params, ckpt->optimizer);
-    st.restore_train_metrics(ckpt->train_metrics);
-    s_->train_loader->start(ckpt->loader);
-    step_ = ckpt->step;
-    resumed_from_ = ckpt->step;
-    last_ckpt_step_ = ckpt->step;
-    // Keep the metrics of the steps the checkpoint covers; later lines are replayed.
+                    "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.replicas());
+    st.upload_state(ckpt.params, ckpt.optimizer);
+    st.restore_train_metrics(ckpt.train_metrics);
+    s_->train_loader->start(ckpt.loader);
+    step_ = ckpt.step;
+    resumed_from_ = ckpt.step;
+    last_ckpt_step_ = ckpt.step;
+    recover_metrics(ckpt.step);
+    metrics_.open(fs::path(out_dir_) / "metrics.jsonl", std::ios::app);
+}
+
+// Keeps the metrics of the steps the checkpoint covers (later lines are replayed by training
+// again) and takes the last train and eval records back, so a summary written without further
+// training still has them.
+void Run::recover_metrics(int64_t up_to_step) {
+    const fs::path metrics_path = fs::path(out_dir_) / "metrics.jsonl";
     std::string kept;
     if (std::ifstream in(metrics_path); in) {
         std::string line;
         while (std::getline(in, line)) {
             try {
                 const json j = json::parse(line);
-                if (j.value("step", int64_t(0)) <= ckpt->step) kept += line + "\n";
+                const int64_t step = j.at("step").get<int64_t>();
+                if (step > up_to_step) continue;
+                kept += line + "\n";
+                const std::string type = j.at("type").get<std::string>();
+                if (type == "train") {
+                    last_train_ = {j.at("loss").get<double>(), j.at("accuracy").get<double>(), 1.0};
+                } else if (type == "eval") {
+                    const double n = j.at("samples").get<double>();
+                    last_eval_ = {j.at("test_loss").get<double>() * n, j.at("test_accuracy").get<double>() * n, n};
+                    last_eval_step_ = step;
+                }
             } catch (const json::exception&) {
-                // a line cut short by the crash
+                // a line cut short by the crash, or not ours
             }
         }
     }
     write_file_atomic(metrics_path.string(), kept);
-    metrics_.open(metrics_path, std::ios::app);
 }
 
 void Run::log_train(int64_t step, float lr) {
@@ -390,6 +508,8 @@ void Run::save_checkpoint(int64_t step) {
     d.config_yaml = config_to_yaml(cfg_);
     d.replicas = st.replicas();
     d.devices = st.devices().describe();
+    d.global_batch = cfg_.train.global_batch_size;
+    d.train_samples = int64_t(s_->data->train.count());
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
     prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep);
     last_ckpt_step_ = step;
@@ -423,36 +543,66 @@ void Run::write_summary(const std::string& status) {
         {"resumed_from_step", resumed_from_ ? json(*resumed_from_) : json(nullptr)},
         {"last_checkpoint_step", last_ckpt_step_ >= 0 ? json(last_ckpt_step_) : json(nullptr)},
     };
-    write_file_atomic((fs::path(out_dir_) / "summary.json").string(), j.dump(2) + "\n");
+    write_file_atomic((fs::path(out_dir_) / "summary.json").string(),
+                      j.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
 int Run::run() {
     wall_start_ = now_s();
-    prepare_output();
+    if (!prepare_output()) {
+        std::printf("the run in %s is complete (the folder cannot be written, so it is only shown):\n%s\n",
+                    out_dir_.c_str(), completed_summary(out_dir_).dump(2, ' ', false, json::error_handler_t::replace).c_str());
+        return kExitOk;
+    }
     print_header();
     resume_or_init();
     write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
+    const int64_t bpe = s_->train_loader->batches_per_epoch();
+    total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps : cfg_.train.epochs * bpe;
+    if (step_ >= total_steps_) return finish_complete_run();
+    g_training = true;  // from here a signal finishes the step and writes a checkpoint
+    train_loop();
+    g_training = false;
+    if (pending_log_) log_train(pending_step_, pending_lr_);
+    s_->strategy->synchronize();
+    s_->train_loader->stop();
+    write_summary(exit_code_ == kExitOk ? "completed" : "interrupted");
+    if (exit_code_ == kExitOk) {
+        std::printf("done: %lld steps, test accuracy %.4f, test loss %.4f, %.0f samples/s, %s; results in %s\n",
+                    static_cast<long long>(step_), last_eval_.accuracy(), last_eval_.loss(),
+                    train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
+                    out_dir_.c_str());
+    }
+    return exit_code_;
+}
+
+
+// Resumed a finished run: nothing to train. Its summary is shown; if the run was killed between
+// its final checkpoint and its summary, the summary is written now from the recorded metrics
+// (evaluating only if the final evaluation never made it to metrics.jsonl).
+int Run::finish_complete_run() {
+    std::printf("the run is already complete (step %lld of %lld); set checkpoint.resume: never to train it again\n",
+                static_cast<long long>(step_), static_cast<long long>(total_steps_));
+    const json done = completed_summary(out_dir_);
+    if (done.is_object() && done.contains("steps") && done["steps"].is_number_integer() &&
+        done["steps"].get<int64_t>() == step_) {
+        std::printf("%s\n", done.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+        return kExitOk;
+    }
+    if (last_eval_step_ != step_) evaluate(step_, double(step_) / double(s_->train_loader->batches_per_epoch()));
+    write_summary("completed");
+    std::printf("wrote the missing %s/summary.json\n", out_dir_.c_str());
+    return kExitOk;
+}
+
+void Run::train_loop() {
     MirroredStrategy& st = *s_->strategy;
     Loader& loader = *s_->train_loader;
     const int64_t bpe = loader.batches_per_epoch();
-    total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps : cfg_.train.epochs * bpe;
     const int64_t log_every = cfg_.train.log_every_steps;
-    if (step_ >= total_steps_) {  // resumed a finished run: nothing to train
-        std::printf("the run is already complete (step %lld of %lld); set checkpoint.resume: never to train it again\n",
-                    static_cast<long long>(step_), static_cast<long long>(total_steps_));
-        const fs::path summary = fs::path(out_dir_) / "summary.json";
-        if (fs::exists(summary)) {
-            std::printf("%s", std::string(std::istreambuf_iterator<char>(std::ifstream(summary).rdbuf()), {}).c_str());
-            return kExitOk;
-        }
-        evaluate(step_, double(step_) / double(bpe));
-        write_summary("completed");
-        return kExitOk;
-    }
     interval_start_ = now_s();
     interval_wait_ = loader.wait_seconds();
     double loop_start = now_s();
-    int exit_code = kExitOk;
     while (step_ < total_steps_) {
         const Batch& batch = st.next_batch(loader);
         const int rows = batch.rows;  // the slot may be refilled once the replicas release it
@@ -495,21 +645,10 @@ int Run::run() {
         if (stop) {
             if (tty_) std::printf("\n");
             std::printf("interrupted: checkpoint written at step %lld; run again to resume\n", static_cast<long long>(step_));
-            exit_code = kExitInterrupted;
+            exit_code_ = kExitInterrupted;
             break;
         }
     }
-    if (pending_log_) log_train(pending_step_, pending_lr_);
-    st.synchronize();
-    loader.stop();
-    write_summary(exit_code == kExitOk ? "completed" : "interrupted");
-    if (exit_code == kExitOk) {
-        std::printf("done: %lld steps, test accuracy %.4f, test loss %.4f, %.0f samples/s, %s; results in %s\n",
-                    static_cast<long long>(step_), last_eval_.accuracy(), last_eval_.loss(),
-                    train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
-                    out_dir_.c_str());
-    }
-    return exit_code;
 }
 
 }  // namespace

@@ -96,8 +96,36 @@ TEST_CASE("config: --set reaches any key and list items; its errors say --set") 
 }
 
 TEST_CASE("config: unreadable files and YAML syntax errors") {
-    CHECK_THROWS_WITH_AS(load_config("/nonexistent/x.yaml", {}), doctest::Contains("cannot read"), ConfigError);
+    CHECK_THROWS_WITH_AS(load_config("/nonexistent/x.yaml", {}), doctest::Contains("/nonexistent/x.yaml: cannot open"), ConfigError);
     expect_error("run: {name: [unclosed\n", {}, "invalid YAML");
+    const test::TempDir d;
+    fs::create_directories(d.path() / "dir.yaml");
+    CHECK_THROWS_WITH_AS(load_config(d / "dir.yaml", {}), doctest::Contains("dir.yaml: is a directory"), ConfigError);
+    CHECK_THROWS_WITH_AS(load_config("/dev/zero", {}), doctest::Contains("/dev/zero: is a character device"), ConfigError);
+}
+
+TEST_CASE("config: hostile and careless input is refused with the place and the reason") {
+    const std::string t = kGood;
+    expect_error(t + "train: {epochs: 3}\n", {}, "e.yaml:11: train: the key appears twice (lines 10 and 11)");
+    expect_error("run: {name: a, name: b}\n", {}, "run.name: the key appears twice");
+    expect_error(t + "checkpoint: {keep: }\n", {}, "checkpoint.keep: expected a value, got nothing");
+    expect_error(t + "run2: {}\n", {}, "run2: unknown key");
+    expect_error(t, {"train.steps="}, "--set train.steps=: expected a value after '='");
+    expect_error(t, {"train.steps.=5"}, "is not a key path");
+    expect_error(t, {".train.steps=5"}, "is not a key path");
+    expect_error(t, {"train..steps=5"}, "is not a key path");
+    expect_error(t, {"model.layers.99999999999.units=3"}, "is not an index of the 3-element list");
+    expect_error(t, {"strategy.devices=~"}, "expected a value, got nothing");
+    expect_error(t, {"run.output_dir=''"}, "run.output_dir: expected a non-empty string");
+    expect_error(t, {"checkpoint.resume=\"\""}, "checkpoint.resume: expected a non-empty string");
+    expect_error("run: {name: \"a\\x01b\"}\n", {}, "e.yaml:1: run.name: 'a\\x01b' contains a control character");
+    expect_error("run: {name: \"a\\0b\"}\n", {}, "contains a control character");
+    expect_error(std::string("run: {name: caf\xe9}\n"), {}, "run.name: 'caf\\xe9' is not valid UTF-8");
+    expect_error(t, {std::string("run.output_dir=/tmp/\xff")}, "is not valid UTF-8");
+    std::string deep = "run: ";
+    for (int i = 0; i < 40; ++i) deep += "[";
+    expect_error(deep + std::string(40, ']') + "\n", {}, "nested more than 32 levels");
+    CHECK_NOTHROW(load_config(write_config("utf8.yaml", std::string(kGood) + "checkpoint: {resume: auto}\n"), {"run.name=caf\xc3\xa9"}));
 }
 
 TEST_CASE("config: the printed configuration loads back to the same configuration") {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -135,6 +136,90 @@ TEST_CASE("idx: every corrupt variant stops with the path and what is wrong") {
     for (size_t i = 20; i < flipped.size() - 10; i += 7) flipped[i] ^= 0x5a;
     write_bytes(d / "flip.gz", flipped);
     CHECK_THROWS_AS(read_idx(d / "flip.gz", d / "lab"), DataError);
+}
+
+TEST_CASE("idx: dimensions that overflow, exceed int or promise more than memory are refused before any read") {
+    TempDir d;
+    write_bytes(d / "lab", idx_labels(16));
+    auto header = [](uint32_t n, uint32_t h, uint32_t w) {
+        std::vector<unsigned char> b{0, 0, 8, 3};
+        put_be32(b, n);
+        put_be32(b, h);
+        put_be32(b, w);
+        return b;
+    };
+    write_bytes(d / "wrap", header(16, 1u << 30, 1u << 30));  // 16 * 2^60 wraps a 64-bit product
+    CHECK_THROWS_WITH_AS(read_idx(d / "wrap", d / "lab"), doctest::Contains("more data than fits in memory"), DataError);
+    write_bytes(d / "neg", header(16, 0x80000000u, 1));  // >= 2^31 would become a negative int
+    CHECK_THROWS_WITH_AS(read_idx(d / "neg", d / "lab"), doctest::Contains("more than 2^31 - 1"), DataError);
+    write_bytes(d / "huge", header(1, 1u << 16, 1u << 16));
+    CHECK_THROWS_WITH_AS(read_idx(d / "huge", d / "lab"), doctest::Contains("implausibly large"), DataError);
+    write_bytes(d / "lie", header(16, 20000, 20000));  // promises 6.4 GB, has none
+    CHECK_THROWS_AS(read_idx(d / "lie", d / "lab"), DataError);
+}
+
+TEST_CASE("data files: FIFOs, devices and directories are refused without blocking; gzip trailing garbage is an error") {
+    TempDir d;
+    write_bytes(d / "lab", idx_labels(6));
+    const std::string fifo = d / "fifo";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    CHECK_THROWS_WITH_AS(read_idx(fifo, d / "lab"), doctest::Contains("is a FIFO (named pipe), expected a regular file"), DataError);
+    CHECK_THROWS_WITH_AS(read_csv(fifo, {}), doctest::Contains("FIFO"), DataError);
+    CHECK_THROWS_WITH_AS(read_idx("/dev/zero", d / "lab"), doctest::Contains("/dev/zero: is a character device"), DataError);
+    CHECK_THROWS_WITH_AS(read_cifar10({d.path().string()}), doctest::Contains("is a directory"), DataError);
+    // gzip: a second member is fine (concatenated .gz files are valid), garbage after it is not
+    const auto img = idx_images(6, 4, 4);
+    write_gz(d / "a.gz", std::vector<unsigned char>(img.begin(), img.begin() + 40));
+    write_gz(d / "b.gz", std::vector<unsigned char>(img.begin() + 40, img.end()));
+    std::vector<unsigned char> two;
+    for (const char* f : {"a.gz", "b.gz"}) {
+        std::ifstream in(d / f, std::ios::binary);
+        two.insert(two.end(), std::istreambuf_iterator<char>(in), {});
+    }
+    write_bytes(d / "two.gz", two);
+    CHECK(read_idx(d / "two.gz", d / "lab").count() == 6);
+    auto garbage = two;
+    for (unsigned char c : std::string("trailing garbage")) garbage.push_back(c);
+    write_bytes(d / "garbage.gz", garbage);
+    CHECK_THROWS_WITH_AS(read_idx(d / "garbage.gz", d / "lab"), doctest::Contains("16 unexpected bytes after the compressed data"), DataError);
+}
+
+TEST_CASE("data: a test label outside the training labels' classes is a data error naming the labels file and record") {
+    TempDir d;
+    write_bytes(d / "img", idx_images(6, 4, 4));
+    write_bytes(d / "lab", idx_labels(6, 3));
+    auto bad = idx_labels(6, 3);
+    bad[8 + 4] = 200;  // record 4
+    write_bytes(d / "tlab", bad);
+    DataConfig c;
+    c.root = d.path().string();
+    c.train = {"img", "lab", {}, {}};
+    c.test = {"img", "tlab", {}, {}};
+    const std::string want = (d / "tlab") + ": label 200 of record 4 is not among the classes";
+    CHECK_THROWS_WITH_AS(load_datasets(c, "", 1), doctest::Contains(want.c_str()), DataError);
+}
+
+TEST_CASE("csv: a UTF-8 byte-order mark is not part of the first field") {
+    TempDir d;
+    d.write("bom.csv", "\xEF\xBB\xBFlabel,x1,x2\n1,0.5,1\n0,1.5,2\n");
+    Dataset ds = read_csv(d / "bom.csv", CsvOptions{"label"});
+    CHECK(ds.labels == std::vector<int32_t>{1, 0});
+    ds = read_csv(d / "bom.csv", CsvOptions{});  // found by its name, not taken from the last column
+    CHECK(ds.labels == std::vector<int32_t>{1, 0});
+    d.write("bom2.csv", "\xEF\xBB\xBF" "1,0.5,1\n0,1.5,2\n");  // no header: the first row is data
+    CHECK(read_csv(d / "bom2.csv", CsvOptions{}).count() == 2);
+    d.write("nul.csv", std::string("a,label\n1,0\n\0\x01,1\n", 16));
+    CHECK_THROWS_WITH_AS(read_csv(d / "nul.csv", {}), doctest::Contains("nul.csv:3: a NUL byte"), DataError);
+}
+
+TEST_CASE("synthetic: sizes that overflow or exceed memory are a configuration error before allocation") {
+    DataConfig c;
+    c.dataset = "synthetic";
+    c.input_shape = {1 << 20, 1 << 20, 1 << 20};
+    CHECK_THROWS_WITH_AS(load_datasets(c, "", 1), doctest::Contains("data.input_shape"), ConfigError);
+    c.input_shape = {784};
+    c.train_samples = uint64_t(1) << 32;
+    CHECK_THROWS_WITH_AS(load_datasets(c, "", 1), doctest::Contains("are available"), ConfigError);
 }
 
 TEST_CASE("cifar10: reads records as HWC, rejects truncated files and bad labels") {

@@ -18,10 +18,12 @@
 #include "mirrored/config.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/trainer.h"
+#include "tests/cli.h"
 #include "tests/helpers.h"
 
 using namespace mirrored;
 using json = nlohmann::json;
+using namespace mirrored::test;
 namespace fs = std::filesystem;
 
 namespace {
@@ -82,71 +84,6 @@ void expect_same_run(const std::string& a, const std::string& b) {
         CHECK(sa[k] == sb[k]);
     }
     CHECK(metrics(a) == metrics(b));
-}
-
-std::string cli() {
-    return (fs::read_symlink("/proc/self/exe").parent_path() / "mirrored").string();
-}
-
-// Starts the CLI with stdout discarded and stderr captured in err_path.
-pid_t spawn_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env,
-                const std::string& err_path) {
-    std::fflush(nullptr);  // else the child inherits unwritten output and writes it again
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-        for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-        std::vector<char*> argv;
-        const std::string bin = cli();
-        argv.push_back(const_cast<char*>(bin.c_str()));
-        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-        argv.push_back(nullptr);
-        if (!std::freopen("/dev/null", "w", stdout) || !std::freopen(err_path.c_str(), "w", stderr)) ::_exit(99);
-        ::execv(bin.c_str(), argv.data());
-        ::_exit(98);
-    }
-    return pid;
-}
-
-int wait_status(pid_t pid) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-// Waits for pid at most deadline_s; a process still running then is killed (a hang fails the
-// test instead of stalling the suite) and reported as 128 + SIGKILL.
-int wait_status_within(pid_t pid, double deadline_s) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);
-    for (;;) {
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (std::chrono::steady_clock::now() > end) {
-            ::kill(pid, SIGKILL);
-            ::waitpid(pid, &status, 0);
-            FAIL_CHECK("the command did not finish within " << deadline_s << " s");
-            return 128 + SIGKILL;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-}
-
-// Runs the CLI; returns its exit status (128 + signal when killed).
-int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env = {},
-            double kill_after_s = -1, std::string* stderr_text = nullptr) {
-    const std::string err_path = (fs::temp_directory_path() / ("mirrored_cli_err_" + std::to_string(::getpid()))).string();
-    const pid_t pid = spawn_cli(args, env, err_path);
-    if (kill_after_s >= 0) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(kill_after_s));
-        ::kill(pid, SIGKILL);
-    }
-    const int rc = wait_status_within(pid, 300);
-    if (stderr_text) {
-        std::ifstream in(err_path);
-        *stderr_text = std::string(std::istreambuf_iterator<char>(in), {});
-    }
-    fs::remove(err_path);
-    return rc;
 }
 
 }  // namespace

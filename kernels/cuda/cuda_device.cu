@@ -460,6 +460,19 @@ std::string cuda_unavailable_reason() { return cuda_status().reason; }
 
 std::unique_ptr<Device> make_cuda_device(int ordinal) { return std::make_unique<CudaDevice>(ordinal); }
 
+uint64_t cuda_free_memory(int ordinal) {
+    if (ordinal < 0 || ordinal >= cuda_device_count() || cudaSetDevice(ordinal) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return free_b;
+}
+
 CudaTopology cuda_topology() {
     CudaTopology t;
     const int n = cuda_device_count();

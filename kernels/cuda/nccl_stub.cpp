@@ -8,7 +8,7 @@ namespace mirrored {
 bool nccl_compiled() { return false; }
 
 std::unique_ptr<NcclGroup> make_cuda_nccl_group(const std::vector<Device*>&) {
-    throw ConfigError("strategy.cross_device_ops: nccl: this build has no NCCL (nccl.h and libnccl were not found "
+    throw ConfigError("strategy.cross_device_ops", "nccl: this build has no NCCL (nccl.h and libnccl were not found "
                       "at build time). Install NVIDIA's libnccl-dev (the CUDA repository) or set NCCL_HOME, then "
                       "rebuild (make clean all); the default ring needs no NCCL");
 }

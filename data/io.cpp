@@ -1,0 +1,287 @@
+#include "data/io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+namespace mirrored {
+
+namespace {
+
+constexpr size_t kInBuffer = size_t(1) << 16;
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw InputError(path + ": " + what); }
+
+const char* file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+// Opens a regular file without blocking (a FIFO's open would wait for a writer forever).
+int open_regular(const std::string& path, uint64_t& size) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) fail(path, std::string("cannot open: ") + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        const int e = errno;
+        ::close(fd);
+        fail(path, std::string("cannot stat: ") + std::strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ::close(fd);
+        fail(path, std::string("is ") + file_kind(st.st_mode) + ", expected a regular file");
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    size = uint64_t(st.st_size);
+    return fd;
+}
+
+uint64_t read_number(const char* path) {
+    std::ifstream in(path);
+    std::string s;
+    if (!(in >> s) || s == "max" || s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return 0;
+    return std::stoull(s);
+}
+
+}  // namespace
+
+bool checked_mul(uint64_t a, uint64_t b, uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
+bool checked_add(uint64_t a, uint64_t b, uint64_t& out) { return !__builtin_add_overflow(a, b, &out); }
+
+struct InputFile::Gz {
+    z_stream z{};
+    unsigned char in[kInBuffer];
+    bool ended = false;  // the last member ended and nothing followed
+    uint64_t members = 0;
+};
+
+InputFile::InputFile(const std::string& path, bool inflate) : path_(path) {
+    fd_ = open_regular(path, file_size_);
+    start(inflate);
+}
+
+InputFile::InputFile(const std::string& name, const unsigned char* data, size_t size, bool inflate)
+    : path_(name), file_size_(size), mem_(data), mem_size_(size) {
+    start(inflate);
+}
+
+void InputFile::start(bool inflate) {
+    unsigned char magic[2];
+    const size_t got = inflate ? read_raw(magic, 2) : 0;
+    if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+        gz_ = std::make_unique<Gz>();
+        if (inflateInit2(&gz_->z, 16 + MAX_WBITS) != Z_OK) fail(path_, "cannot initialise zlib");
+        std::memcpy(gz_->in, magic, 2);
+        gz_->z.next_in = gz_->in;
+        gz_->z.avail_in = 2;
+    } else if (fd_ >= 0) {
+        ::lseek(fd_, 0, SEEK_SET);
+    } else {
+        mem_pos_ = 0;
+    }
+}
+
+InputFile::~InputFile() {
+    if (gz_) inflateEnd(&gz_->z);
+    if (fd_ >= 0) ::close(fd_);
+}
+
+size_t InputFile::read_raw(void* dst, size_t n) {
+    if (fd_ < 0) {
+        const size_t k = std::min(n, mem_size_ - mem_pos_);
+        if (k) std::memcpy(dst, mem_ + mem_pos_, k);
+        mem_pos_ += k;
+        return k;
+    }
+    size_t done = 0;
+    while (done < n) {
+        const ssize_t r = ::read(fd_, static_cast<char*>(dst) + done, n - done);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            fail(path_, std::string("read failed: ") + std::strerror(errno));
+        }
+        if (r == 0) break;
+        done += size_t(r);
+    }
+    return done;
+}
+
+size_t InputFile::read(void* dst, size_t n) {
+    if (n == 0) return 0;
+    size_t done = 0;
+    if (peeked_ >= 0) {
+        static_cast<unsigned char*>(dst)[0] = static_cast<unsigned char>(peeked_);
+        peeked_ = -1;
+        done = 1;
+    }
+    if (!gz_) return done + read_raw(static_cast<char*>(dst) + done, n - done);
+    Gz& g = *gz_;
+    while (done < n && !g.ended) {
+        if (g.z.avail_in == 0) {
+            g.z.next_in = g.in;
+            g.z.avail_in = uInt(read_raw(g.in, kInBuffer));
+        }
+        g.z.next_out = static_cast<unsigned char*>(dst) + done;
+        g.z.avail_out = uInt(std::min<size_t>(n - done, 1u << 30));
+        const size_t before = g.z.avail_out;
+        const int rc = inflate(&g.z, Z_NO_FLUSH);
+        done += before - g.z.avail_out;
+        if (rc == Z_STREAM_END) {
+            ++g.members;
+            // Another gzip member may follow (concatenated files are valid gzip); anything
+            // else after the compressed data is an error rather than silently ignored.
+            if (g.z.avail_in < 2) {
+                if (g.z.avail_in == 1) g.in[0] = *g.z.next_in;
+                const size_t more = read_raw(g.in + g.z.avail_in, kInBuffer - g.z.avail_in);
+                g.z.avail_in += uInt(more);
+                g.z.next_in = g.in;
+            }
+            if (g.z.avail_in == 0) {
+                g.ended = true;
+                break;
+            }
+            if (g.z.avail_in >= 2 && g.z.next_in[0] == 0x1f && g.z.next_in[1] == 0x8b) {
+                inflateReset(&g.z);
+                continue;
+            }
+            uint64_t trailing = g.z.avail_in;
+            unsigned char sink[4096];
+            for (size_t r; (r = read_raw(sink, sizeof sink)) > 0;) trailing += r;
+            fail(path_, std::to_string(trailing) + " unexpected bytes after the compressed data");
+        }
+        if (rc == Z_BUF_ERROR && g.z.avail_in == 0) {  // no progress and no input left
+            fail(path_, "truncated compressed data (the gzip stream ends early)");
+        }
+        if (rc != Z_OK && rc != Z_BUF_ERROR)
+            fail(path_, std::string("corrupt compressed data (") + (g.z.msg ? g.z.msg : "zlib error " + std::to_string(rc)) + ")");
+    }
+    return done;
+}
+
+void InputFile::read_exact(std::vector<unsigned char>& out, size_t n, const std::string& what_for) {
+    // Grows as data arrives rather than reserving n up front: a header may lie about n.
+    const size_t start = out.size();
+    size_t got = 0;
+    while (got < n) {
+        const size_t chunk = std::min<size_t>(n - got, size_t(1) << 22);
+        out.resize(start + got + chunk);
+        const size_t r = read(out.data() + start + got, chunk);
+        got += r;
+        if (r < chunk) {
+            out.resize(start + got);
+            fail(path_, "truncated: " + what_for + " needs " + std::to_string(n) + " bytes, only " +
+                            std::to_string(got) + " follow");
+        }
+    }
+}
+
+void InputFile::read_rest(std::vector<unsigned char>& out, size_t limit, const std::string& what_for) {
+    for (;;) {
+        const size_t start = out.size();
+        out.resize(start + (size_t(1) << 20));
+        const size_t r = read(out.data() + start, size_t(1) << 20);
+        out.resize(start + r);
+        if (out.size() > limit)
+            fail(path_, what_for + " is larger than " + format_bytes(limit) + " (the memory available or the format's bound)");
+        if (r == 0) return;
+    }
+}
+
+bool InputFile::at_end() {
+    if (peeked_ >= 0) return false;
+    unsigned char b;
+    if (read(&b, 1) == 0) return true;
+    peeked_ = b;
+    return false;
+}
+
+std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
+    uint64_t size = 0;
+    const int fd = open_regular(path, size);
+    if (size > max_bytes) {
+        ::close(fd);
+        fail(path, "is " + format_bytes(size) + ", more than the " + format_bytes(max_bytes) + " such a file may be");
+    }
+    std::string s(size_t(size), '\0');
+    size_t done = 0;
+    while (done < s.size()) {
+        const ssize_t r = ::read(fd, s.data() + done, s.size() - done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            const int e = errno;
+            ::close(fd);
+            fail(path, r < 0 ? std::string("read failed: ") + std::strerror(e) : "the file shrank while being read");
+        }
+        done += size_t(r);
+    }
+    ::close(fd);
+    return s;
+}
+
+uint64_t available_host_memory() {
+    uint64_t avail = 0;
+    {
+        std::ifstream in("/proc/meminfo");
+        std::string key;
+        uint64_t kb = 0;
+        std::string unit;
+        while (in >> key >> kb >> unit)
+            if (key == "MemAvailable:") {
+                avail = kb * 1024;
+                break;
+            }
+    }
+    // cgroup v2, then v1: a container's limit may be far below the machine's memory.
+    uint64_t limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
+    if (limit == 0) {
+        limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+        used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+        if (limit >= (uint64_t(1) << 60)) limit = 0;  // v1 reports "unlimited" as a huge number
+    }
+    if (limit > 0) {
+        const uint64_t room = limit > used ? limit - used : 0;
+        avail = avail == 0 ? room : std::min(avail, room);
+    }
+    return avail;
+}
+
+uint64_t total_host_memory() {
+    uint64_t total = 0;
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    uint64_t kb = 0;
+    while (in >> key >> kb >> unit)
+        if (key == "MemTotal:") {
+            total = kb * 1024;
+            break;
+        }
+    uint64_t limit = read_number("/sys/fs/cgroup/memory.max");
+    if (limit == 0) {
+        limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+        if (limit >= (uint64_t(1) << 60)) limit = 0;
+    }
+    if (limit > 0) total = total == 0 ? limit : std::min(total, limit);
+    return total;
+}
+
+std::string format_bytes(uint64_t bytes) {
+    char b[48];
+    if (bytes >= (uint64_t(1) << 30)) std::snprintf(b, sizeof b, "%.1f GiB", double(bytes) / double(uint64_t(1) << 30));
+    else if (bytes >= (uint64_t(1) << 20)) std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1 << 20));
+    else if (bytes >= 1024) std::snprintf(b, sizeof b, "%.1f KiB", double(bytes) / 1024.0);
+    else std::snprintf(b, sizeof b, "%llu bytes", static_cast<unsigned long long>(bytes));
+    return b;
+}
+
+}  // namespace mirrored

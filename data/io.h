@@ -1,0 +1,78 @@
+// Host input that never blocks, never runs away and never reads more than it should:
+// - only regular files are opened (a FIFO would block the open forever, /dev/zero never ends,
+//   a directory is not a file), without blocking;
+// - gzip input is inflated by hand, so that output is bounded and bytes after the compressed
+//   stream (other than further gzip members) are an error, not silently ignored;
+// - reads are bounded by what the format promises and by the memory available.
+// Errors carry a message for the caller to wrap in its own error type (data, checkpoint, config).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mirrored {
+
+// Why an input could not be read, "<path>: <what is wrong>"; the caller rethrows it as its own
+// error type (DataError, CheckpointError, ConfigError) with the exit code that goes with it.
+struct InputError : std::runtime_error {
+    explicit InputError(const std::string& message) : std::runtime_error(message) {}
+};
+
+// A regular file opened for reading, transparently inflating gzip (by its magic bytes).
+class InputFile {
+public:
+    // Throws InputError: missing, not a regular file, unreadable. With inflate false, gzip data
+    // is read as it is (formats that are never compressed).
+    explicit InputFile(const std::string& path, bool inflate = true);
+    // The same over bytes in memory (tests, fuzzing); `name` stands in for the path in messages.
+    InputFile(const std::string& name, const unsigned char* data, size_t size, bool inflate = true);
+    ~InputFile();
+    InputFile(const InputFile&) = delete;
+    InputFile& operator=(const InputFile&) = delete;
+
+    const std::string& path() const { return path_; }
+    bool compressed() const { return gz_ != nullptr; }
+    uint64_t file_size() const { return file_size_; }  // on disk (compressed size for gzip)
+
+    // Reads up to n bytes; returns how many (0 at the end). Throws InputError on corrupt gzip
+    // data or bytes after the gzip stream that do not start another member.
+    size_t read(void* dst, size_t n);
+    // Appends exactly n bytes to out, or throws InputError("truncated ..." with what_for).
+    void read_exact(std::vector<unsigned char>& out, size_t n, const std::string& what_for);
+    // Appends everything that is left, throwing InputError once more than limit bytes arrive.
+    void read_rest(std::vector<unsigned char>& out, size_t limit, const std::string& what_for);
+    // True when nothing is left (reads one byte ahead to know).
+    bool at_end();
+
+private:
+    struct Gz;
+    void start(bool inflate);  // detects gzip by its magic bytes
+    size_t read_raw(void* dst, size_t n);
+    std::string path_;
+    int fd_ = -1;
+    const unsigned char* mem_ = nullptr;  // memory-backed when fd_ < 0
+    size_t mem_size_ = 0, mem_pos_ = 0;
+    uint64_t file_size_ = 0;
+    std::unique_ptr<Gz> gz_;
+    int peeked_ = -1;  // a byte read ahead by at_end()
+};
+
+// A whole regular file, not inflated (checkpoints, configs), at most max_bytes: InputError if the
+// file is not regular, unreadable, or larger.
+std::string read_regular_file(const std::string& path, uint64_t max_bytes);
+
+// Host memory this process may still allocate: MemAvailable, lowered by a cgroup limit (v2
+// memory.max or v1 limit_in_bytes) when one is set. 0 if unknown.
+uint64_t available_host_memory();
+uint64_t total_host_memory();  // MemTotal, or the cgroup limit if lower (0 if unknown)
+std::string format_bytes(uint64_t bytes);  // "3.2 GiB"
+
+// Overflow-checked size arithmetic on untrusted numbers: false on overflow.
+bool checked_mul(uint64_t a, uint64_t b, uint64_t& out);
+bool checked_add(uint64_t a, uint64_t b, uint64_t& out);
+
+}  // namespace mirrored

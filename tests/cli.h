@@ -1,0 +1,109 @@
+// Running the mirrored CLI from tests: as a child process, with its exit status, its stderr, and
+// standard output discarded, closed, a broken pipe or a file; a child that hangs is killed.
+#pragma once
+
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace mirrored::test {
+
+namespace fs = std::filesystem;
+
+inline std::string cli() {
+    return (fs::read_symlink("/proc/self/exe").parent_path() / "mirrored").string();
+}
+
+// Where a child's standard output goes.
+enum class Stdout {
+    discard,      // /dev/null
+    closed,       // descriptor 1 closed (`>&-`)
+    broken_pipe,  // a pipe whose reader has gone (`| head -1` after head exited)
+    file,         // out_path
+};
+
+// Starts the CLI with stdout as asked and stderr captured in err_path.
+inline pid_t spawn_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env,
+                       const std::string& err_path, Stdout out = Stdout::discard, const std::string& out_path = "") {
+    std::fflush(nullptr);  // else the child inherits unwritten output and writes it again
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+        std::vector<char*> argv;
+        const std::string bin = cli();
+        argv.push_back(const_cast<char*>(bin.c_str()));
+        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        if (!std::freopen(err_path.c_str(), "w", stderr)) ::_exit(99);
+        if (out == Stdout::closed) {
+            ::close(1);
+        } else if (out == Stdout::broken_pipe) {
+            int fds[2];
+            if (::pipe(fds) != 0) ::_exit(99);
+            ::close(fds[0]);  // nobody will ever read
+            ::dup2(fds[1], 1);
+            ::close(fds[1]);
+        } else if (!std::freopen(out == Stdout::file ? out_path.c_str() : "/dev/null", "w", stdout)) {
+            ::_exit(99);
+        }
+        ::execv(bin.c_str(), argv.data());
+        ::_exit(98);
+    }
+    return pid;
+}
+
+inline int wait_status(pid_t pid) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Waits for pid at most deadline_s; a process still running then is killed (a hang fails the
+// test instead of stalling the suite) and reported as 128 + SIGKILL.
+inline int wait_status_within(pid_t pid, double deadline_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);
+    for (;;) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (std::chrono::steady_clock::now() > end) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &status, 0);
+            FAIL_CHECK("the command did not finish within " << deadline_s << " s");
+            return 128 + SIGKILL;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
+// Runs the CLI; returns its exit status (128 + signal when killed).
+inline int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env = {},
+                   double kill_after_s = -1, std::string* stderr_text = nullptr, Stdout out = Stdout::discard,
+                   const std::string& out_path = "") {
+    const std::string err_path = (fs::temp_directory_path() / ("mirrored_cli_err_" + std::to_string(::getpid()))).string();
+    const pid_t pid = spawn_cli(args, env, err_path, out, out_path);
+    if (kill_after_s >= 0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(kill_after_s));
+        ::kill(pid, SIGKILL);
+    }
+    const int rc = wait_status_within(pid, 300);
+    if (stderr_text) {
+        std::ifstream in(err_path);
+        *stderr_text = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    fs::remove(err_path);
+    return rc;
+}
+
+}  // namespace mirrored::test

@@ -1,0 +1,281 @@
+// Hostile input and careless use, through the CLI as a user meets it: each case a defect found by
+// trying to break the trainer (docs/RELIABILITY.md lists them with what the user sees). No crash,
+// no hang, nothing lost, the documented exit code.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "kernels/error.h"
+#include "mirrored/checkpoint.h"
+#include "tests/cli.h"
+#include "tests/helpers.h"
+
+using namespace mirrored;
+using namespace mirrored::test;
+using json = nlohmann::json;
+
+namespace {
+
+const char* kRun = R"(run: {name: rel, seed: 5}
+strategy: {devices: "cpu:2"}
+data: {dataset: synthetic, input_shape: [16], classes: 3, train_samples: 600, test_samples: 120}
+model:
+  layers:
+    - {type: dense, units: 24, activation: relu}
+    - {type: dense, units: 3}
+optimizer: {type: sgd, lr: 0.05}
+train: {epochs: 4, global_batch_size: 30, log_every_steps: 10}
+checkpoint: {every_steps: 10, keep: 3}
+)";
+
+json read_json(const std::string& path) { return json::parse(std::ifstream(path)); }
+
+std::vector<json> metrics_lines(const std::string& out) {
+    std::vector<json> v;
+    std::ifstream in(out + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) v.push_back(json::parse(line));  // throws if a line is not JSON
+    return v;
+}
+
+int count_type(const std::vector<json>& m, const std::string& type, int64_t step = -1) {
+    int n = 0;
+    for (const auto& j : m) n += j["type"] == type && (step < 0 || j["step"] == step);
+    return n;
+}
+
+std::vector<std::string> previous_dirs(const std::string& out) {
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(out))
+        if (e.path().filename().string().rfind("previous-", 0) == 0) v.push_back(e.path().string());
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("two trainers on one run folder: the second is refused (exit 2, naming the holder); a killed holder leaves no stale lock") {
+    TempDir d;
+    std::string text = kRun;
+    text.replace(text.find("epochs: 4"), 9, "epochs: 400");
+    const std::string cfg = d.write("c.yaml", text), out = d / "run";
+    const pid_t first = spawn_cli({"train", cfg, "--output", out}, {}, "/dev/null");
+    for (int i = 0; i < 400 && !fs::exists(out + "/metrics.jsonl"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::string err;
+    CHECK(run_cli({"train", cfg, "--output", out}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("is in use by another mirrored run (pid " + std::to_string(first) + ")") != std::string::npos);
+    CHECK(err.find("--set run.output_dir=" + out + ": run.output_dir:") != std::string::npos);  // where it came from
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "checkpoint.resume=never"}) == kExitUsage);  // no moving aside either
+    ::kill(first, SIGKILL);
+    wait_status(first);
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1", "--set", "checkpoint.resume=never"}) == kExitOk);
+}
+
+TEST_CASE("fresh starts within one second each keep the earlier run's files, config.yaml included") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1"}) == kExitOk);
+    for (int i = 0; i < 2; ++i)
+        REQUIRE(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1", "--set", "checkpoint.resume=never",
+                         "--set", "run.seed=" + std::to_string(10 + i)}) == kExitOk);
+    const auto prev = previous_dirs(out);
+    REQUIRE(prev.size() == 2);
+    std::set<std::string> seeds;
+    for (const auto& p : prev) {
+        CHECK(fs::exists(p + "/summary.json"));
+        CHECK(fs::exists(p + "/metrics.jsonl"));
+        CHECK(fs::exists(p + "/config.yaml"));
+        CHECK(fs::exists(p + "/step-0000000020.safetensors"));
+        seeds.insert(std::string(std::istreambuf_iterator<char>(std::ifstream(p + "/config.yaml").rdbuf()), {}));
+    }
+    CHECK(seeds.size() == 2);  // two different earlier runs, neither overwritten
+}
+
+TEST_CASE("stdout closed or a broken pipe: the run completes, metrics.jsonl holds only its own JSON lines") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun);
+    for (Stdout mode : {Stdout::closed, Stdout::broken_pipe}) {
+        const std::string out = d / (mode == Stdout::closed ? "closed" : "pipe");
+        CHECK(run_cli({"train", cfg, "--output", out}, {}, -1, nullptr, mode) == kExitOk);
+        const auto m = metrics_lines(out);
+        CHECK(count_type(m, "eval") == 4);
+        CHECK(read_json(out + "/summary.json")["status"] == "completed");
+    }
+}
+
+TEST_CASE("killed between the final checkpoint and summary.json: the rerun writes the summary once, from the recorded metrics") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", out}) == kExitOk);
+    const json full = read_json(out + "/summary.json");
+    fs::remove(out + "/summary.json");  // as if killed right before writing it
+    CHECK(run_cli({"train", cfg, "--output", out}) == kExitOk);
+    const json again = read_json(out + "/summary.json");
+    CHECK(again["train_loss"] == full["train_loss"]);  // not null
+    CHECK(again["test_accuracy"] == full["test_accuracy"]);
+    CHECK(count_type(metrics_lines(out), "eval", full["steps"].get<int64_t>()) == 1);  // no duplicate evaluation
+    // a stale "interrupted" summary of an earlier stop is not shown as the result either
+    json stale = full;
+    stale["status"] = "interrupted";
+    stale["steps"] = 10;
+    std::ofstream(out + "/summary.json") << stale.dump();
+    CHECK(run_cli({"train", cfg, "--output", out}) == kExitOk);
+    CHECK(read_json(out + "/summary.json")["status"] == "completed");
+}
+
+TEST_CASE("a FIFO as a data file or named like a checkpoint never blocks; a signal before training stops at once") {
+    TempDir d;
+    const std::string fifo = d / "train.csv";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    const std::string csv = d.write("c.yaml", "run: {name: f}\ndata: {dataset: csv, root: " + d.path().string() +
+                                                   ", train: {file: train.csv}, test: {file: train.csv}}\n"
+                                                   "model: {layers: [{type: dense, units: 2}]}\n");
+    std::string err;
+    CHECK(run_cli({"train", csv, "--output", d / "out"}, {}, -1, &err) == kExitData);
+    CHECK(err.find("train.csv: is a FIFO (named pipe), expected a regular file") != std::string::npos);
+    // a FIFO among the checkpoints is skipped like any unusable one
+    const std::string cfg = d.write("r.yaml", kRun), out = d / "run";
+    fs::create_directories(out + "/checkpoints");
+    const std::string fake = out + "/checkpoints/step-0000000999.safetensors";
+    REQUIRE(::mkfifo(fake.c_str(), 0600) == 0);
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1"}, {}, -1, &err) == kExitOk);
+    CHECK(err.find("skipping unusable checkpoint") != std::string::npos);
+    // SIGTERM while a large dataset is still being made: exit 130 at once, not after loading
+    const pid_t pid = spawn_cli({"train", cfg, "--output", d / "slow", "--set", "data.train_samples=3000000"}, {}, "/dev/null");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto t0 = std::chrono::steady_clock::now();
+    ::kill(pid, SIGTERM);
+    CHECK(wait_status_within(pid, 20) == kExitInterrupted);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+}
+
+TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", out}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "30"}}) == kExitInterrupted);
+    const auto ckpts = list_checkpoints(out + "/checkpoints");
+    REQUIRE(ckpts.size() == 3);  // 30, 20, 10
+    const SafetensorsFile good = read_safetensors(ckpts[0], true);
+    auto craft = [&](const std::string& path, auto&& edit) {
+        SafetensorsFile f = good;
+        edit(f);
+        write_safetensors(path, f, true);  // a valid checksum: only the content is wrong
+    };
+    craft(d / "neg.safetensors", [](SafetensorsFile& f) { f.metadata["step"] = "-5"; });
+    craft(d / "huge.safetensors", [](SafetensorsFile& f) { f.metadata["step"] = "99999999999999999999"; });
+    craft(d / "str.safetensors", [](SafetensorsFile& f) { f.metadata["replicas"] = "two"; });
+    craft(d / "metrics.safetensors", [](SafetensorsFile& f) { f.metadata["train_metrics"] = "[[1, 2, 3]]"; });
+    for (const char* name : {"neg", "huge", "str", "metrics"}) {
+        CAPTURE(name);
+        std::string err;
+        CHECK(run_cli({"eval", cfg, "--checkpoint", d / (std::string(name) + ".safetensors")}, {}, -1, &err) == kExitCheckpoint);
+        CHECK(err.find("metadata") != std::string::npos);
+    }
+    // a header with a string where an offset belongs, and one whose tensors overlap
+    auto rewrite_header = [&](const std::string& from, const std::string& to, auto&& edit) {
+        std::ifstream in(from, std::ios::binary);
+        std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+        uint64_t n = 0;
+        std::memcpy(&n, bytes.data(), 8);
+        json h = json::parse(std::string(bytes.data() + 8, n));
+        edit(h);
+        std::string hs = h.dump();
+        while ((hs.size() + 8) % 8) hs.push_back(' ');
+        const uint64_t m = hs.size();
+        std::ofstream o(to, std::ios::binary);
+        o.write(reinterpret_cast<const char*>(&m), 8);
+        o << hs;
+        o.write(bytes.data() + 8 + n, std::streamsize(bytes.size() - 8 - n));
+    };
+    rewrite_header(ckpts[0], d / "type.safetensors", [](json& h) { h["layers.0.bias"]["data_offsets"][0] = "0"; });
+    rewrite_header(ckpts[0], d / "overlap.safetensors", [](json& h) { h["layers.0.bias"]["data_offsets"] = h["layers.0.weight"]["data_offsets"]; });
+    std::string err;
+    CHECK(run_cli({"eval", cfg, "--checkpoint", d / "type.safetensors"}, {}, -1, &err) == kExitCheckpoint);
+    CHECK(err.find("data_offsets is not two non-negative integers") != std::string::npos);
+    CHECK(run_cli({"eval", cfg, "--checkpoint", d / "overlap.safetensors"}, {}, -1, &err) == kExitCheckpoint);
+    CHECK(err.find("offsets do not match its shape") != std::string::npos);
+    // the newest checkpoint crafted badly: auto-resume skips it for the one before
+    fs::copy_file(d / "type.safetensors", ckpts[0], fs::copy_options::overwrite_existing);
+    CHECK(run_cli({"train", cfg, "--output", out}, {}, -1, &err) == kExitOk);
+    CHECK(err.find("skipping unusable checkpoint") != std::string::npos);
+    CHECK(read_json(out + "/summary.json")["resumed_from_step"] == 20);
+}
+
+TEST_CASE("resuming with another global batch says why; errors found after reading the YAML carry file:line") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", out}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "15"}}) == kExitInterrupted);
+    std::string err;
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "train.global_batch_size=60"}, {}, -1, &err) == kExitCheckpoint);
+    CHECK(err.find("written with train.global_batch_size 30, this run uses 60") != std::string::npos);
+    CHECK(run_cli({"train", cfg, "--output", d / "x", "--set", "train.global_batch_size=31"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("--set train.global_batch_size=31: train.global_batch_size: 31 does not divide") != std::string::npos);
+    CHECK(run_cli({"train", cfg, "--output", d / "x", "--devices", "sim:99"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("--set strategy.devices=sim:99: strategy.devices:") != std::string::npos);
+    CHECK(run_cli({"train", cfg, "--output", d / "x", "--set", "model.layers.1.units=2"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("--set model.layers.1.units=2: model.layers.1.units: the model has 2 outputs, but synthetic data has label 2") !=
+          std::string::npos);
+}
+
+TEST_CASE("careless command lines get exit 2 and what is expected, never 'internal'") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun);
+    struct Case {
+        std::vector<std::string> args;
+        const char* want;
+    };
+    const std::vector<Case> cases = {
+        {{"train", d.path().string()}, "is a directory, expected a regular file"},
+        {{"train", cfg, "--set", "model.layers.99999999999.units=3"}, "is not an index"},
+        {{"train", cfg, "--set", "train.steps="}, "expected a value after '='"},
+        {{"train", cfg, "--set", "train.steps.=5"}, "is not a key path"},
+        {{"train", cfg, "--devices", ""}, "--devices: expected a device list"},
+        {{"train", cfg, "--output", ""}, "--output: expected a folder"},
+        {{"train", cfg, "--devices", "cpu:100000"}, "cpu:N with N replicas, 1 to 1024"},
+        {{"train", cfg, "--set", "data.input_shape=[1048576, 1048576, 1048576]"}, "data.input_shape"},
+        {{"train", cfg, "--set", std::string("run.name=bad\xff")}, "is not valid UTF-8"},
+        {{"train", cfg, "--output", "/proc/mirrored-cannot-write"}, "run.output_dir: cannot write to /proc/mirrored-cannot-write"},
+        {{"train", cfg, "--set", "data.input_shape=[1000]", "--set", "model.layers.0.units=16000000"},
+         "more host memory than this machine has"},
+        {{"bench-step", cfg, "--per-replica-batch", "0"}, "--per-replica-batch: Value 0 not in range"},
+        {{"bench-loader", "--config", cfg, "--batch", "100000"}, "--batch 100000: larger than the 600 training samples"},
+        {{"bench-allreduce", "--devices", "cpu:2", "--min-bytes", "0.5"}, "a whole number of floats"},
+        {{"bench-loader", "--threads", "99999999999"}, "expected a list of positive integers"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.want);
+        std::string err;
+        CHECK(run_cli(c.args, {}, -1, &err) == kExitUsage);
+        CHECK(err.find(c.want) != std::string::npos);
+        CHECK(err.find("internal") == std::string::npos);
+    }
+}
+
+TEST_CASE("export onto its own checkpoint is refused; a finished run on a read-only mount is still shown") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", out}) == kExitOk);
+    const std::string ckpt = list_checkpoints(out + "/checkpoints").front();
+    const auto before = fs::file_size(ckpt);
+    std::string err;
+    CHECK(run_cli({"export", ckpt, "--out", ckpt}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("is the checkpoint itself") != std::string::npos);
+    CHECK(fs::file_size(ckpt) == before);
+    CHECK_NOTHROW(read_safetensors(ckpt, true));
+    // read-only: a bind mount remounted read-only in a private mount namespace (needs root)
+    const std::string log = d / "ro.log";
+    const std::string script = "mount --bind '" + out + "' '" + out + "' && mount -o remount,ro,bind '" + out + "' && touch '" +
+                               out + "/probe' 2>/dev/null; test ! -e '" + out + "/probe' && '" + cli() + "' train '" + cfg +
+                               "' --output '" + out + "' > '" + log + "' 2>&1";
+    const int rc = std::system(("unshare -m sh -c \"" + script + "\"").c_str());
+    if (!fs::exists(log)) {
+        mark_skipped("cannot make a read-only mount here (unshare -m needs root and CAP_SYS_ADMIN)");
+        return;
+    }
+    CHECK(WEXITSTATUS(rc) == kExitOk);
+    const std::string text(std::istreambuf_iterator<char>(std::ifstream(log).rdbuf()), {});
+    CHECK(text.find("is complete (the folder cannot be written") != std::string::npos);
+    CHECK(text.find("\"status\": \"completed\"") != std::string::npos);
+}
