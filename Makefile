@@ -3,6 +3,7 @@
 #   make train    install what is missing, build, train configs/fashion_mnist_mlp.yaml
 #   make test     build and run every test; ends with "N passed, N failed[, N skipped]"
 #   make test-tsan  the tests once more under ThreadSanitizer (CPU-only build in build-tsan/)
+#   make fuzz     libFuzzer targets (clang, ASan + UBSan) in build-fuzz/; scripts/fuzz.sh runs one
 #   make clean
 # CUDA: nvcc from $(CUDA_HOME) (default /usr/local/cuda); without it a CPU-only build.
 # NCCL: nccl.h and libnccl from $(NCCL_HOME) (default $(CUDA_HOME)) or the system; without them
@@ -35,7 +36,7 @@ LDLIBS = $(PKG_LIBS) -pthread -ldl
 
 LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp)
 LIB_CPP := $(filter-out mirrored/main.cpp kernels/cuda_stub.cpp,$(LIB_CPP))
-TEST_CPP := $(wildcard tests/*.cpp)
+TEST_CPP := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 
 ifneq ($(NVCC),)
   # SASS for Ampere (sm_80, also runs on sm_86/89), Hopper, Blackwell datacenter and consumer,
@@ -75,7 +76,7 @@ LIB_OBJ := $(LIB_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o)
 TEST_OBJ := $(TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all train test test-tsan clean install-deps bench
+.PHONY: all train test test-tsan fuzz clean install-deps bench
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 
 $(LIB): $(LIB_OBJ)
@@ -115,7 +116,20 @@ test-tsan:
 	  LDFLAGS_EXTRA="-fsanitize=thread" build-tsan/mirrored_tests build-tsan/mirrored
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/mirrored_tests
 
+# Fuzz targets for every parser of untrusted input (tests/fuzz/targets.h): the library built by
+# clang with coverage and AddressSanitizer + UndefinedBehaviorSanitizer, one binary per target.
+FUZZ_TARGETS := idx cifar10 csv config safetensors devices
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+fuzz:
+	$(MAKE) -j$(shell nproc) BUILD=build-fuzz CUDA_HOME=/nonexistent CXX=clang++ \
+	  CXXFLAGS_EXTRA="-fsanitize=fuzzer-no-link $(FUZZ_SAN) -O1" build-fuzz/libmirrored.a
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "clang++ ... -o build-fuzz/fuzz_$$t"; \
+	  clang++ -std=c++20 -O1 -g -I. $(PKG_CFLAGS) -fsanitize=fuzzer $(FUZZ_SAN) -DMIRRORED_FUZZ_TARGET=$$t \
+	    tests/fuzz/fuzz_main.cpp tests/fuzz/targets.cpp build-fuzz/libmirrored.a $(LDLIBS) -o build-fuzz/fuzz_$$t || exit 1; \
+	done
+
 clean:
-	rm -rf $(BUILD) build-tsan
+	rm -rf $(BUILD) build-tsan build-fuzz
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(OBJ)/mirrored/main.d

@@ -6,6 +6,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <mutex>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -72,7 +74,7 @@ InputFile::InputFile(const std::string& path, bool inflate) : path_(path) {
 }
 
 InputFile::InputFile(const std::string& name, const unsigned char* data, size_t size, bool inflate)
-    : path_(name), file_size_(size), mem_(data), mem_size_(size) {
+    : path_(name), mem_(data), mem_size_(size), file_size_(size) {
     start(inflate);
 }
 
@@ -189,8 +191,9 @@ void InputFile::read_exact(std::vector<unsigned char>& out, size_t n, const std:
 void InputFile::read_rest(std::vector<unsigned char>& out, size_t limit, const std::string& what_for) {
     for (;;) {
         const size_t start = out.size();
-        out.resize(start + (size_t(1) << 20));
-        const size_t r = read(out.data() + start, size_t(1) << 20);
+        const size_t chunk = std::clamp<size_t>(start, size_t(1) << 16, size_t(1) << 24);  // grows with the file
+        out.resize(start + chunk);
+        const size_t r = read(out.data() + start, chunk);
         out.resize(start + r);
         if (out.size() > limit)
             fail(path_, what_for + " is larger than " + format_bytes(limit) + " (the memory available or the format's bound)");
@@ -230,6 +233,13 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
 }
 
 uint64_t available_host_memory() {
+    // Read at most every 100 ms: callers ask per file, and /proc and cgroup reads are not free.
+    static std::mutex mu;
+    static uint64_t cached = 0;
+    static std::chrono::steady_clock::time_point when;
+    std::lock_guard<std::mutex> lock(mu);
+    const auto now = std::chrono::steady_clock::now();
+    if (cached != 0 && now - when < std::chrono::milliseconds(100)) return cached;
     uint64_t avail = 0;
     {
         std::ifstream in("/proc/meminfo");
@@ -253,6 +263,8 @@ uint64_t available_host_memory() {
         const uint64_t room = limit > used ? limit - used : 0;
         avail = avail == 0 ? room : std::min(avail, room);
     }
+    cached = avail;
+    when = now;
     return avail;
 }
 

@@ -149,6 +149,14 @@ struct Parsed {
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // as the safetensors format bounds it
 
+InputFile open_input(const std::string& path) {
+    try {
+        return InputFile(path, /*inflate=*/false);
+    } catch (const InputError& e) {
+        throw CheckpointError(e.what());
+    }
+}
+
 size_t dtype_size(const std::string& d) { return d == "F32" ? 4 : d == "I64" ? 8 : 0; }
 
 // Validates the header's JSON: types, shapes, offsets that tile the data section exactly (the
@@ -207,10 +215,10 @@ uint64_t parse_header(Parsed& p, const std::string& path) {
 
 // Reads a safetensors file: the header length, the header, then exactly the data it describes;
 // nothing is read before its size is known to fit the file and the memory available.
-Parsed parse(const std::string& path) {
+Parsed parse(InputFile& in) {
     Parsed p;
+    const std::string& path = in.path();
     try {
-        InputFile in(path, /*inflate=*/false);
         std::vector<unsigned char> head(8);
         const size_t got = in.read(head.data(), 8);
         if (got < 8) throw CheckpointError(path + ": truncated (" + std::to_string(got) + " bytes)");
@@ -327,7 +335,13 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
 
 CheckpointData read_checkpoint(const std::string& path, const Model& model, uint64_t expected_hash,
                                const std::string& expected_summary) {
-    const Parsed p = parse(path);
+    return read_checkpoint(open_input(path), model, expected_hash, expected_summary);
+}
+
+CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expected_hash,
+                               const std::string& expected_summary) {
+    const std::string path = in.path();
+    const Parsed p = parse(in);
     verify(p, path);
     CheckpointData d;
     d.model_hash = meta_u64(p, path, "model_hash", 16);
@@ -393,7 +407,12 @@ void write_safetensors(const std::string& path, const SafetensorsFile& file, boo
 }
 
 SafetensorsFile read_safetensors(const std::string& path, bool verify_checksum) {
-    const Parsed p = parse(path);
+    return read_safetensors(open_input(path), verify_checksum);
+}
+
+SafetensorsFile read_safetensors(InputFile&& in, bool verify_checksum) {
+    const std::string path = in.path();
+    const Parsed p = parse(in);
     if (verify_checksum) verify(p, path);
     SafetensorsFile f;
     f.metadata = p.meta;

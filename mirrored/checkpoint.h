@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "data/io.h"
 #include "data/loader.h"
 #include "kernels/error.h"
 #include "mirrored/model.h"
@@ -40,6 +41,8 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
 // scatters tensors into flat buffers; a foreign model is a CheckpointError saying why.
 CheckpointData read_checkpoint(const std::string& path, const Model& model, uint64_t expected_hash,
                                const std::string& expected_summary);
+CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expected_hash,
+                               const std::string& expected_summary);
 
 // A checkpoint written for another model or optimizer: never skipped over, always reported.
 struct ForeignCheckpointError : CheckpointError {
@@ -53,6 +56,7 @@ struct SafetensorsFile {
 };
 // With verify_checksum, a mirrored checkpoint's CRC is checked too.
 SafetensorsFile read_safetensors(const std::string& path, bool verify_checksum);
+SafetensorsFile read_safetensors(InputFile&& in, bool verify_checksum);  // from memory too (fuzzing)
 // with_checksum: adds the mirrored checksum over the tensors and metadata (as checkpoints carry).
 void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum = false);
 

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -212,6 +214,7 @@ private:
     void write_summary(const std::string& status);
     void alert(const std::string& kind, const std::string& text);
     void emit(const json& record);
+    void open_metrics(std::ios::openmode mode);
     void status_line(const std::string& line, bool final_line);
 
     std::unique_ptr<Session> s_;
@@ -254,9 +257,20 @@ void Run::status_line(const std::string& line, bool final_line) {
     std::fflush(stdout);
 }
 
+void Run::open_metrics(std::ios::openmode mode) {
+    const fs::path path = fs::path(out_dir_) / "metrics.jsonl";
+    metrics_.open(path, mode);
+    if (!metrics_.is_open()) throw CheckpointError(path.string() + ": cannot open for writing: " + std::strerror(errno));
+}
+
 void Run::emit(const json& record) {
+    errno = 0;
     metrics_ << record.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     metrics_.flush();
+    if (!metrics_)  // never lose metrics silently (a full disk, a removed folder)
+        throw CheckpointError((fs::path(out_dir_) / "metrics.jsonl").string() + ": cannot write" +
+                              (errno ? std::string(": ") + std::strerror(errno) : std::string()) +
+                              (last_ckpt_step_ >= 0 ? "; the last checkpoint is at step " + std::to_string(last_ckpt_step_) : ""));
 }
 
 void Run::alert(const std::string& kind, const std::string& text) {
@@ -351,7 +365,7 @@ void Run::start_fresh() {
     s_->strategy->init_and_broadcast();
     s_->train_loader->start({0, 0});
     step_ = 0;
-    metrics_.open(fs::path(out_dir_) / "metrics.jsonl", std::ios::trunc);
+    open_metrics(std::ios::trunc);
 }
 
 void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
@@ -383,7 +397,7 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     resumed_from_ = ckpt.step;
     last_ckpt_step_ = ckpt.step;
     recover_metrics(ckpt.step);
-    metrics_.open(fs::path(out_dir_) / "metrics.jsonl", std::ios::app);
+    open_metrics(std::ios::app);
 }
 
 // Keeps the metrics of the steps the checkpoint covers (later lines are replayed by training

@@ -3,6 +3,7 @@
 # Every package exists in Debian 12 and in Ubuntu 24.04. The CUDA toolkit is not installed
 # here: it comes from NVIDIA's packages or the machine image; without it the build is CPU-only.
 #   scripts/install_deps.sh           install what is missing
+#   scripts/install_deps.sh --fuzz    also clang and its sanitizer/libFuzzer runtime (make fuzz)
 #   scripts/install_deps.sh --check   list what is missing; exit 1 if anything is
 set -euo pipefail
 
@@ -17,12 +18,16 @@ packages=(
   dataset-fashion-mnist  # the real Fashion-MNIST files for the default run
 )
 
+for arg in "$@"; do
+  [[ $arg == --fuzz ]] && packages+=(clang libclang-rt-dev)
+done
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
-if [[ "${1:-}" == "--check" ]]; then
+if [[ " $* " == *" --check "* ]]; then
   [[ ${#missing[@]} -eq 0 ]] && { echo "all dependencies installed"; exit 0; }
   echo "missing: ${missing[*]}"; exit 1
 fi

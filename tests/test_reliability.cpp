@@ -279,3 +279,36 @@ TEST_CASE("export onto its own checkpoint is refused; a finished run on a read-o
     CHECK(text.find("is complete (the folder cannot be written") != std::string::npos);
     CHECK(text.find("\"status\": \"completed\"") != std::string::npos);
 }
+
+TEST_CASE("disk full: the failing write is named (exit 4), no partial file is left, earlier checkpoints stay good") {
+    TempDir d;
+    std::string text = kRun;
+    text.replace(text.find("units: 24"), 9, "units: 2000");  // checkpoints of about 300 KB
+    const std::string cfg = d.write("c.yaml", text), out = d / "full", log = d / "full.log";
+    fs::create_directories(out);
+    // a 1 MiB tmpfs in a private mount namespace: room for three checkpoints, not four
+    const std::string script = d.write("full.sh", "mount -t tmpfs -o size=1m tmpfs '" + out + "' || exit 0\n'" + cli() +
+                                                      "' train '" + cfg + "' --output '" + out + "' > /dev/null 2> '" + log +
+                                                      "'\necho \"exit $?\" >> '" + log + "'\nls -a '" + out +
+                                                      "/checkpoints' >> '" + log + "'\ncp '" + out + "'/checkpoints/step-* '" +
+                                                      d.path().string() + "/'\n");
+    std::system(("unshare -m sh '" + script + "'").c_str());
+    std::ifstream in(log);
+    if (!in) {
+        mark_skipped("cannot mount a small tmpfs here (unshare -m needs root and CAP_SYS_ADMIN)");
+        return;
+    }
+    const std::string text_log(std::istreambuf_iterator<char>(in), {});
+    CAPTURE(text_log);
+    CHECK(text_log.find("No space left on device") != std::string::npos);
+    const size_t listing = text_log.find("exit 4\n");  // exit code 4, then the folder's listing
+    REQUIRE(listing != std::string::npos);
+    CHECK(text_log.find(".tmp", listing) == std::string::npos);  // the partial write was removed
+    int good = 0;
+    for (const auto& e : fs::directory_iterator(d.path()))
+        if (e.path().filename().string().rfind("step-", 0) == 0) {
+            CHECK_NOTHROW(read_safetensors(e.path().string(), true));
+            ++good;
+        }
+    CHECK(good >= 2);
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs a fuzz target (tests/fuzz/targets.h) for a while: libFuzzer with ASan + UBSan, starting
+# from the seed corpus (tests/fuzz/corpus/TARGET) and the kept regressions. New inputs collect in
+# build-fuzz/work/TARGET (not in the repository); a crash, leak or timeout is written to
+# build-fuzz/findings/TARGET/ and the script fails. Copy a finding into
+# tests/fuzz/regressions/TARGET/ once fixed: the test suite replays it from then on.
+#   scripts/fuzz.sh TARGET|all SECONDS [RUNS]     e.g. scripts/fuzz.sh idx 600
+# RUNS caps the executions (libFuzzer -runs); the last line of each run is its statistics.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+targets=${1:?usage: scripts/fuzz.sh TARGET|all SECONDS [RUNS]}
+seconds=${2:?usage: scripts/fuzz.sh TARGET|all SECONDS [RUNS]}
+runs=${3:--1}
+[[ $targets == all ]] && targets="idx cifar10 csv config safetensors devices"
+command -v clang++ >/dev/null || scripts/install_deps.sh --fuzz || exit 1
+make -s fuzz >/dev/null || { echo "fuzz: the build failed (make fuzz)"; exit 1; }
+status=0
+for t in $targets; do
+    [[ -x build-fuzz/fuzz_$t ]] || { echo "fuzz: no target '$t' (tests/fuzz/targets.h lists them)"; exit 2; }
+    mkdir -p "build-fuzz/work/$t" "build-fuzz/findings/$t"
+    dirs=("build-fuzz/work/$t" "tests/fuzz/corpus/$t")
+    [[ -d tests/fuzz/regressions/$t ]] && dirs+=("tests/fuzz/regressions/$t")
+    log="build-fuzz/$t.log"
+    "build-fuzz/fuzz_$t" "${dirs[@]}" -max_total_time="$seconds" -runs="$runs" -timeout=10 -rss_limit_mb=2560 \
+        -max_len=65536 -artifact_prefix="build-fuzz/findings/$t/" -print_final_stats=1 >"$log" 2>&1
+    rc=$?
+    execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log" | tail -1)
+    speed=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+)/\1/p' "$log" | tail -1)
+    cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1)
+    corpus=$(ls "build-fuzz/work/$t" | wc -l)
+    if [[ $rc -eq 0 ]]; then
+        echo "fuzz $t: ok, ${execs:-?} executions (${speed:-?}/s), $cov, $corpus new corpus inputs"
+    else
+        echo "fuzz $t: FINDING (exit $rc) after ${execs:-?} executions; see $log and build-fuzz/findings/$t/"
+        grep -E "ERROR|SUMMARY|runtime error|==[0-9]+==" "$log" | head -5
+        status=1
+    fi
+done
+exit $status

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/): small valid inputs
+and a few near misses, so that fuzzing starts from every format's structure. Deterministic.
+    tests/fuzz/make_seeds.py CHECKPOINT EXPORT
+CHECKPOINT and EXPORT: a checkpoint of the fuzz target's model (one dense layer 4 -> 3, AdamW,
+see tests/fuzz/targets.cpp) and its `mirrored export`, as the safetensors seeds."""
+import gzip
+import os
+import struct
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.join(here, "..", "..")
+
+def put(target, name, data):
+    d = os.path.join(here, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+def idx_images(n, h, w):
+    return struct.pack(">IIII", 0x803, n, h, w) + bytes((i * 7) % 256 for i in range(n * h * w))
+
+def idx_labels(n):
+    return struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n))
+
+def pair(images, labels):
+    return struct.pack("<H", len(images)) + images + labels
+
+# idx: raw, gzip, truncated, bad magic, wrong rank
+img, lab = idx_images(3, 4, 5), idx_labels(3)
+put("idx", "raw", pair(img, lab))
+put("idx", "gzip", pair(gzip.compress(img, mtime=0), gzip.compress(lab, mtime=0)))
+put("idx", "truncated", pair(img[:-7], lab))
+put("idx", "bad_magic", pair(b"\x1f" + img[1:], lab))
+put("idx", "rank2", pair(b"\x00\x00\x08\x02" + img[4:12], lab))
+
+# cifar10: one and two records, gzip, a bad label
+rec = bytes([3]) + bytes((i * 13) % 256 for i in range(3072))
+put("cifar10", "one", rec)
+put("cifar10", "two", rec + bytes([9]) + rec[1:])
+put("cifar10", "gzip", gzip.compress(rec, mtime=0))
+put("cifar10", "bad_label", bytes([11]) + rec[1:])
+
+# csv: the first byte picks the options (tests/fuzz/targets.cpp)
+put("csv", "header", b"\x00x1,x2,label\n0.5,1,2\n-1e-3,2.5,0\n")
+put("csv", "noheader", b"\x02" + b"1,0.5,0\n0,1.5,2\n")
+put("csv", "bom", b"\x03\xef\xbb\xbflabel,x1\n1,0.5\n")
+put("csv", "semicolon", bytes([15]) + b"a;b;label\n1;2;0\n3;4;1\n")
+with open(os.path.join(root, "configs", "data", "spirals_test.csv"), "rb") as f:
+    put("csv", "spirals", b"\x03" + b"".join(f.readlines()[:40]))
+
+# config: the shipped configs, and one with --set overrides after a NUL byte
+for name in ("fashion_mnist_mlp", "synthetic_mlp", "csv_example"):
+    with open(os.path.join(root, "configs", name + ".yaml"), "rb") as f:
+        put("config", name, f.read())
+small = (b"run: {name: t, seed: 2}\nstrategy: {devices: \"cpu:2\", bucket_mb: 1}\n"
+         b"data: {dataset: synthetic, input_shape: [12], classes: 3, train_samples: 100, test_samples: 20}\n"
+         b"model:\n  input_shape: [12]\n  layers:\n    - {type: dense, units: 8, activation: gelu}\n"
+         b"    - {type: dropout, rate: 0.2}\n    - {type: dense, units: 3}\n"
+         b"optimizer: {type: adamw, lr: 0.001, betas: [0.9, 0.99], schedule: {type: cosine, warmup_steps: 3}}\n"
+         b"train: {epochs: 2, global_batch_size: 10}\n")
+put("config", "small", small)
+put("config", "sets", small + b"\x00model.layers.0.units=16\ntrain.steps=5\nstrategy.devices=sim:0,1\n")
+
+# safetensors: a checkpoint of the fixed model and its export, plus a truncated one
+ckpt, export = sys.argv[1], sys.argv[2]
+with open(ckpt, "rb") as f:
+    c = f.read()
+with open(export, "rb") as f:
+    e = f.read()
+put("safetensors", "checkpoint", c)
+put("safetensors", "export", e)
+put("safetensors", "truncated", c[: len(c) // 2])
+
+# devices: the first byte picks the CUDA availability
+for i, spec in enumerate(["auto", "cpu", "cpu:4", "cuda", "cuda:all", "cuda:0,1,3", "cuda:0,0,0,0", "sim:0,1", "sim:0,0,0",
+                          "cpu:0", "sim:,", "cuda:99"]):
+    put("devices", "spec%02d" % i, bytes([i % 5]) + spec.encode())
+print("seeds written under", os.path.join(here, "corpus"))

@@ -1,0 +1,37 @@
+// Fuzz targets: every parser of untrusted input, each as a function of raw bytes. libFuzzer drives
+// them (tests/fuzz/fuzz_main.cpp, `make fuzz`, scripts/fuzz.sh); the test suite replays every
+// corpus and regression input through them (tests/test_fuzz_corpus.cpp), so a crash once found
+// stays fixed. A target may throw mirrored::Error (a clean rejection); anything else - a crash,
+// a sanitizer report, another exception, a leak, a timeout - is a finding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mirrored::fuzz {
+
+using Target = void (*)(const uint8_t* data, size_t size);
+
+// IDX images + labels: a 2-byte little-endian split point, then the two files (raw or gzip).
+void idx(const uint8_t* data, size_t size);
+// One CIFAR-10 batch file (raw or gzip).
+void cifar10(const uint8_t* data, size_t size);
+// A CSV file; the first byte picks header mode, label column and delimiter.
+void csv(const uint8_t* data, size_t size);
+// A YAML configuration, then after a NUL byte '--set' overrides, one per line; a config that
+// loads also builds its model's layout.
+void config(const uint8_t* data, size_t size);
+// A safetensors file read as an export (any tensors) and as a checkpoint of a small fixed model.
+void safetensors(const uint8_t* data, size_t size);
+// A device spec such as cuda:0,0 or sim:1, under each CUDA availability.
+void devices(const uint8_t* data, size_t size);
+
+struct Named {
+    const char* name;
+    Target fn;
+};
+// Every target, by the name its corpus folder and `make fuzz` binary carry.
+inline constexpr Named kTargets[] = {{"idx", idx},       {"cifar10", cifar10},         {"csv", csv},
+                                     {"config", config}, {"safetensors", safetensors}, {"devices", devices}};
+
+}  // namespace mirrored::fuzz
