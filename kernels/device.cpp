@@ -20,6 +20,23 @@ const char* device_type_name(DeviceType t) {
     }
 }
 
+const char* dtype_name(DType t) {
+    switch (t) {
+    case DType::bf16: return "bf16";
+    case DType::f16: return "fp16";
+    default: return "fp32";
+    }
+}
+
+const char* precision_name(Precision p) {
+    switch (p) {
+    case Precision::tf32: return "tf32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+    default: return "fp32";
+    }
+}
+
 const char* activation_name(Activation a) {
     switch (a) {
     case Activation::relu: return "relu";
@@ -34,6 +51,7 @@ const char* init_kind_name(InitKind k) {
     case InitKind::he_normal: return "he_normal";
     case InitKind::glorot_uniform: return "glorot_uniform";
     case InitKind::glorot_normal: return "glorot_normal";
+    case InitKind::ones: return "ones";
     default: return "zeros";
     }
 }

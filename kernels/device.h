@@ -23,6 +23,14 @@
 #include <string>
 #include <vector>
 
+#ifndef MIRRORED_HD  // host and device (CUDA) functions shared by both backends
+#if defined(__CUDACC__)
+#define MIRRORED_HD __host__ __device__ __forceinline__
+#else
+#define MIRRORED_HD inline
+#endif
+#endif
+
 namespace mirrored {
 
 enum class DeviceType { cpu, cuda, sim };
@@ -33,7 +41,43 @@ struct Stream { void* handle = nullptr; };
 struct Event { void* handle = nullptr; };
 
 enum class Activation { none, relu, gelu };
-enum class InitKind { zeros, he_uniform, he_normal, glorot_uniform, glorot_normal };
+
+// Element types of device buffers. f32 for parameters, gradients and optimizer state; activations
+// may be bf16 or f16 (Device::act_dtype).
+enum class DType : uint8_t { f32, bf16, f16 };
+inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+const char* dtype_name(DType t);
+
+// train.precision: fp32; tf32 (f32 storage, TF32 tensor-core GEMMs on CUDA); bf16 and fp16
+// (16-bit activations and weight copies, f32 master weights; fp16 with dynamic loss scaling).
+enum class Precision { fp32, tf32, bf16, fp16 };
+inline DType precision_dtype(Precision p) {
+    return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
+}
+const char* precision_name(Precision p);
+
+struct GemmTypes {
+    DType a = DType::f32, b = DType::f32, c = DType::f32;
+};
+
+// A 2-D window op over NHWC images [n, h, w, c]: kernel, stride, and zero padding on each side.
+struct Window2d {
+    int n = 0, h = 0, w = 0, c = 0;
+    int kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0;
+    MIRRORED_HD int oh() const { return (h + 2 * ph - kh) / sh + 1; }
+    MIRRORED_HD int ow() const { return (w + 2 * pw - kw) / sw + 1; }
+};
+enum class PoolKind { max, average };
+
+// Batch statistics of c channels over `count` values; `weight` scales the running-statistics
+// contributions (1 / (replicas x micro-batches): their sum over a step is the mean).
+struct BnStats {
+    int channels = 0;
+    double count = 0;
+    float eps = 1e-5f;
+    float weight = 1.0f;
+};
+enum class InitKind { zeros, he_uniform, he_normal, glorot_uniform, glorot_normal, ones };
 
 const char* activation_name(Activation a);
 const char* init_kind_name(InitKind k);
@@ -59,16 +103,21 @@ struct DropoutArgs {
     int64_t row_offset = 0;
 };
 
-// Hyper-parameters of one optimizer step. grad_sq_norm (device memory, may be null) holds the
-// squared global gradient norm; when clip_norm > 0 the update scales gradients by
-// min(1, clip_norm / norm) read on the device, so clipping needs no host round trip.
+// Hyper-parameters of one optimizer step. When clip_norm > 0 the update scales gradients by
+// min(1, clip_norm / norm) with the norm read on the device, so clipping needs no host round trip.
+// grad_stats (device memory, may be null) is sum_squares' output over the gradients: [squared
+// norm of the unscaled gradients, non-finite count]. loss_scale (device, may be null): gradients
+// are divided by it. skip_nonfinite: a non-finite gradient anywhere leaves everything unchanged
+// (fp16 loss scaling skips the step).
 struct SgdArgs {
     float lr = 0.01f;
     float momentum = 0.0f;
     float weight_decay = 0.0f;  // L2, added to the gradient (PyTorch SGD)
     bool nesterov = false;
     float clip_norm = 0.0f;
-    const float* grad_sq_norm = nullptr;
+    const float* grad_stats = nullptr;
+    const float* loss_scale = nullptr;
+    bool skip_nonfinite = false;
 };
 
 struct AdamWArgs {
@@ -79,7 +128,9 @@ struct AdamWArgs {
     float weight_decay = 0.0f;  // decoupled (PyTorch AdamW)
     int64_t step = 1;           // 1-based, for bias correction
     float clip_norm = 0.0f;
-    const float* grad_sq_norm = nullptr;
+    const float* grad_stats = nullptr;
+    const float* loss_scale = nullptr;
+    bool skip_nonfinite = false;
 };
 
 // metrics accumulated on the device by softmax_xent, read by the host only when logging. Double,
@@ -145,43 +196,116 @@ public:
     virtual float event_elapsed_ms(Event start, Event end) = 0;  // both complete; 0 on CPU
     // Run fn(arg) on a host thread once all prior work on s is done (CPU: at once).
     virtual void host_callback(Stream s, void (*fn)(void*), void* arg) = 0;
-    virtual void set_tf32(bool enabled) = 0;
 
-    // ---- dense-network ops ------------------------------------------------------------
+    // ---- precision ----------------------------------------------------------------------
+    // Activations (and the compute copy of the weights) are stored in act_dtype(): the
+    // precision's own type on CUDA (half the memory for bf16/fp16); f32 on CPU and sim, which
+    // round every stored activation to value_dtype() at the same points instead, so precision
+    // behaviour is testable without a GPU. GEMMs accumulate in f32; parameters, gradients and
+    // optimizer state are always f32.
+    virtual void set_precision(Precision p) = 0;
+    Precision precision() const { return precision_; }
+    DType value_dtype() const { return precision_dtype(precision_); }
+    virtual DType act_dtype() const = 0;
+    size_t act_bytes(size_t elements) const { return elements * dtype_size(act_dtype()); }
+
+    // ---- dense-network ops (activation arguments are void*: act_dtype() elements) --------
+    // C = alpha op(A) op(B) + beta C with each operand's type (activations, the weights' compute
+    // copy, or f32 gradients), accumulating in f32.
     virtual void gemm(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                      const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                      int ldc) = 0;
+                      const void* a, int lda, const void* b, int ldb, float beta, void* c, int ldc,
+                      GemmTypes types = {}) = 0;
     // z[rows,cols] += bias[cols] (bias may be null); out = act(z) (out may equal z when act is none)
     virtual void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias,
-                                  float* z, float* out) = 0;
+                                  void* z, void* out) = 0;
     // dz = dout * act'(z); dz may alias dout
-    virtual void act_backward(Stream s, Activation act, size_t n, const float* z, const float* dout,
-                              float* dz) = 0;
+    virtual void act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout,
+                              void* dz) = 0;
     // db[cols] (+)= column sums of dz[rows,cols]
-    virtual void bias_grad(Stream s, int rows, int cols, const float* dz, float* db,
+    virtual void bias_grad(Stream s, int rows, int cols, const void* dz, float* db,
                            bool accumulate) = 0;
-    // Fused softmax + cross-entropy over logits[rows,classes] with int labels.
-    // dlogits = (softmax - onehot) * grad_scale (skipped when dlogits is null);
-    // metrics[kMetricLossSum] += sum of per-row losses, [kMetricCorrect] += correct argmax,
-    // [kMetricCount] += rows.
-    virtual void softmax_xent(Stream s, int rows, int classes, const float* logits,
-                              const int32_t* labels, float grad_scale, float* dlogits,
-                              double* metrics) = 0;
+    // Fused softmax + cross-entropy over logits[rows,classes] with int labels, in f32.
+    // dlogits = (softmax - onehot) * grad_scale * (*loss_scale) (skipped when dlogits is null;
+    // loss_scale, device memory, may be null); metrics[kMetricLossSum] += sum of per-row losses,
+    // [kMetricCorrect] += correct argmax, [kMetricCount] += rows.
+    virtual void softmax_xent(Stream s, int rows, int classes, const void* logits,
+                              const int32_t* labels, float grad_scale, const float* loss_scale,
+                              void* dlogits, double* metrics) = 0;
     virtual void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols,
-                                 const float* x, float* y) = 0;
+                                 const void* x, void* y) = 0;
     virtual void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols,
-                                  const float* dy, float* dx) = 0;
+                                  const void* dy, void* dx) = 0;
+    // y = x converted (and rounded) from one type to another; x and y may be the same buffer
+    // when the types are.
+    virtual void convert(Stream s, size_t n, const void* x, DType xt, void* y, DType yt) = 0;
+    virtual void add(Stream s, size_t n, const void* x, void* y) = 0;  // y += x, activations
 
-    // ---- flat-buffer ops --------------------------------------------------------------
+    // ---- convolutional-network ops (images NHWC) ------------------------------------------
+    // col[n*oh*ow, c*kh*kw] from x[n,h,w,c]; the column index runs over (channel, ky, kx), the
+    // order of PyTorch's conv weight [out, in, kh, kw]; padding reads zeros.
+    virtual void im2col(Stream s, const Window2d& g, const void* x, void* col) = 0;
+    // The adjoint: dx[n,h,w,c] = the sum of every column entry that read it (fixed order).
+    virtual void col2im(Stream s, const Window2d& g, const void* dcol, void* dx) = 0;
+    // y[n,oh,ow,c] over the windows of g. Max: padding is -inf and the first maximum of a window
+    // takes its gradient. Average: padding counts as zeros in the mean (PyTorch's default).
+    virtual void pool_forward(Stream s, PoolKind kind, const Window2d& g, const void* x, void* y) = 0;
+    virtual void pool_backward(Stream s, PoolKind kind, const Window2d& g, const void* x,
+                               const void* dy, void* dx) = 0;
+    // [n,h,w,c] <-> [n,c,h,w]: flatten in PyTorch's order, so exported dense weights fit.
+    virtual void nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y,
+                              bool inverse) = 0;
+
+    // ---- normalisation ops (per channel over rows of [rows, c]) -----------------------------
+    // out[c] = sum over rows of (x - shift[c]) (shift may be null), squared when `squares`.
+    virtual void channel_sums(Stream s, int rows, int c, const void* x, const float* shift,
+                              bool squares, float* out) = 0;
+    // Batch statistics from sums over a.count values: mean = sum / count and, when sqsum is
+    // given (squares about that mean), invstd = 1 / sqrt(sqsum / count + eps); the running
+    // statistics' contributions (may be null) += a.weight * mean and a.weight * unbiased var.
+    virtual void bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum,
+                             float* mean, float* invstd, float* run_mean, float* run_var) = 0;
+    // invstd = 1 / sqrt(var + eps) (evaluation with running statistics)
+    virtual void rsqrt_eps(Stream s, int c, const float* var, float eps, float* invstd) = 0;
+    // y = gamma * (x - mean) * invstd + beta, per channel
+    virtual void channel_affine(Stream s, int rows, int c, const void* x, const float* mean,
+                                const float* invstd, const float* gamma, const float* beta,
+                                void* y) = 0;
+    // out[0..c) = sum dy, out[c..2c) = sum dy * (x - mean) * invstd
+    virtual void bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x,
+                                  const float* mean, const float* invstd, float* out) = 0;
+    // dx = gamma * invstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count)
+    virtual void bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x,
+                                const float* mean, const float* invstd, const float* gamma,
+                                const float* sums, double count, void* dx) = 0;
+    // Layer normalisation over the c values of each row: y = gamma * xhat + beta; mean and rstd
+    // per row are kept for backward.
+    virtual void layernorm_forward(Stream s, int rows, int c, float eps, const void* x,
+                                   const float* gamma, const float* beta, void* y, float* mean,
+                                   float* rstd) = 0;
+    // dx (may be null: not needed), and dgamma/dbeta (+)= their column sums
+    virtual void layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x,
+                                    const float* mean, const float* rstd, const float* gamma,
+                                    void* dx, float* dgamma, float* dbeta, bool accumulate) = 0;
+    // running = (1 - momentum) * running + momentum * batch (running statistics)
+    virtual void ema_update(Stream s, size_t n, float momentum, const float* batch, float* running) = 0;
+
+    // ---- flat-buffer ops (f32) --------------------------------------------------------
     virtual void fill(Stream s, size_t n, float value, float* x) = 0;
     virtual void scale(Stream s, size_t n, float alpha, float* x) = 0;
     virtual void axpy(Stream s, size_t n, float alpha, const float* x, float* y) = 0;  // y += a*x
-    virtual void sum_squares(Stream s, size_t n, const float* x, float* out) = 0;  // *out = sum x^2
+    // out[0] = sum of (x / loss_scale)^2 (loss_scale: device, may be null for 1), out[1] = the
+    // number of non-finite x: the gradient norm and the overflow test of loss scaling in one pass.
+    virtual void sum_squares(Stream s, size_t n, const float* x, const float* loss_scale,
+                             float* out) = 0;
     virtual void init_params(Stream s, const InitArgs& a, size_t n, float* out) = 0;
     virtual void sgd_update(Stream s, size_t n, float* param, const float* grad, float* momentum,
                             const SgdArgs& a) = 0;
     virtual void adamw_update(Stream s, size_t n, float* param, const float* grad, float* m,
                               float* v, const AdamWArgs& a) = 0;
+    // Dynamic loss scaling: state = [scale, good steps]. An overflow (grad_stats[1] > 0) halves
+    // the scale and restarts the count; growth_interval good steps in a row double it.
+    virtual void loss_scale_update(Stream s, float* state, const float* grad_stats,
+                                   int growth_interval) = 0;
     // Order-independent 64-bit fingerprint of the bits of x[0..n), written to *out (device).
     virtual void checksum(Stream s, size_t n, const float* x, uint64_t* out) = 0;
 
@@ -199,6 +323,7 @@ protected:
         : type_(type), ordinal_(ordinal), name_(std::move(name)) {}
     Stream compute_, comm_, copy_;
     HostWork work_;  // implementations count what the host issues
+    Precision precision_ = Precision::fp32;
     std::atomic<bool> abandoned_{false};
 
 private:

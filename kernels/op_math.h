@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/device.h"
 #include "kernels/philox.h"
@@ -29,11 +30,61 @@ MIRRORED_HD float act_derivative(Activation act, float z) {
     }
 }
 
-// Gradient-clipping factor min(1, clip_norm / norm), read from the device-side squared norm.
-MIRRORED_HD float clip_factor(float clip_norm, const float* grad_sq_norm) {
-    if (clip_norm <= 0.0f || grad_sq_norm == nullptr) return 1.0f;
-    const float norm = sqrtf(*grad_sq_norm);
-    return norm > clip_norm ? clip_norm / (norm + 1e-6f) : 1.0f;
+// ---- 16-bit rounding: round-to-nearest-even, as __float2bfloat16_rn / __float2half_rn, written
+// once for host and device so that CPU emulation and CUDA storage agree bit for bit.
+MIRRORED_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(x);
+#else
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    return b;
+#endif
+}
+MIRRORED_HD float bits_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(b);
+#else
+    float x;
+    std::memcpy(&x, &b, 4);
+    return x;
+#endif
+}
+
+MIRRORED_HD float round_bf16(float x) {
+    const uint32_t b = float_bits(x);
+    if ((b & 0x7F800000u) == 0x7F800000u) return (b & 0x007FFFFFu) ? bits_float(b | 0x00400000u) : x;  // NaN stays NaN
+    return bits_float((b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u);
+}
+
+MIRRORED_HD float round_f16(float x) {
+    const uint32_t b = float_bits(x), sign = b & 0x80000000u, a = b & 0x7FFFFFFFu;
+    if (a >= 0x7F800000u) return x;                        // inf, NaN
+    if (a >= 0x477FF000u) return bits_float(sign | 0x7F800000u);  // >= 65520 rounds to inf
+    if (a < 0x33000000u) return bits_float(sign);          // < 2^-25 rounds to zero
+    if (a < 0x38800000u) {                                 // subnormal half: a multiple of 2^-24
+        const float q = rintf(bits_float(a) * 16777216.0f) * (1.0f / 16777216.0f);
+        return bits_float(sign | float_bits(q));
+    }
+    return bits_float(sign | ((a + 0xFFFu + ((a >> 13) & 1u)) & 0xFFFFE000u));  // 10 mantissa bits
+}
+
+MIRRORED_HD float round_to(DType t, float x) {
+    return t == DType::bf16 ? round_bf16(x) : t == DType::f16 ? round_f16(x) : x;
+}
+
+// ---- the optimizer's view of the gradients: grad_stats = [squared norm of the unscaled
+// gradients, non-finite count] (Device::sum_squares), read on the device.
+// Every gradient is multiplied by 1 / loss_scale and by the clipping factor min(1, clip / norm).
+MIRRORED_HD float grad_factor(float clip_norm, const float* grad_stats, const float* loss_scale) {
+    const float unscale = loss_scale ? 1.0f / *loss_scale : 1.0f;
+    if (clip_norm <= 0.0f || grad_stats == nullptr) return unscale;
+    const float norm = sqrtf(grad_stats[0]);
+    return norm > clip_norm ? unscale * (clip_norm / (norm + 1e-6f)) : unscale;
+}
+// Loss scaling skips the whole step when any gradient overflowed.
+MIRRORED_HD bool skip_step(bool skip_nonfinite, const float* grad_stats) {
+    return skip_nonfinite && grad_stats != nullptr && !(grad_stats[1] == 0.0f);
 }
 
 // AdamW bias corrections 1 - beta1^t and sqrt(1 - beta2^t), in double on the host so both
@@ -66,6 +117,7 @@ MIRRORED_HD bool init_is_normal(InitKind k) {
 MIRRORED_HD float init_value(InitKind kind, uint64_t seed, uint32_t tensor_id, float scale,
                              uint64_t i) {
     if (kind == InitKind::zeros) return 0.0f;
+    if (kind == InitKind::ones) return 1.0f;
     if (init_is_normal(kind)) {
         const Philox4 r = philox(seed, i / 2, kStreamInit, tensor_id);
         const int w = static_cast<int>(i % 2) * 2;
@@ -82,6 +134,28 @@ MIRRORED_HD bool dropout_keep(uint64_t seed, uint32_t layer_id, uint32_t step, i
                        static_cast<uint64_t>(col);
     const Philox4 r = philox(seed, e / 4, kStreamDropout | (layer_id << 8), step);
     return uniform01(r.v[e % 4]) >= rate;
+}
+
+// ---- normalisation statistics, shared so both backends compute the same floats
+MIRRORED_HD float bn_mean(float sum, double count) { return float(double(sum) / count); }
+MIRRORED_HD float bn_var(float sqsum, double count) { return float(double(sqsum) / count); }
+MIRRORED_HD float bn_invstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
+// The running variance is the unbiased estimate (PyTorch's choice).
+MIRRORED_HD float bn_unbiased(float var, double count) { return count > 1 ? float(double(var) * count / (count - 1)) : var; }
+MIRRORED_HD float ema(float running, float batch, float momentum) { return (1.0f - momentum) * running + momentum * batch; }
+
+// Dynamic loss scaling, state = [scale, good steps in a row] (PyTorch GradScaler's rule).
+MIRRORED_HD void loss_scale_step(float* state, const float* grad_stats, int growth_interval) {
+    if (!(grad_stats[1] == 0.0f)) {
+        state[0] *= 0.5f;
+        state[1] = 0.0f;
+        return;
+    }
+    state[1] += 1.0f;
+    if (state[1] >= float(growth_interval)) {
+        state[0] *= 2.0f;
+        state[1] = 0.0f;
+    }
 }
 
 // Order-independent fingerprint term of element i: a bit-mix of (bits, index). Summing these

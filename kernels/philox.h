@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdint>
 
+#ifndef MIRRORED_HD  // host and device (CUDA) functions shared by both backends
 #if defined(__CUDACC__)
 #define MIRRORED_HD __host__ __device__ __forceinline__
 #else
 #define MIRRORED_HD inline
+#endif
 #endif
 
 namespace mirrored {

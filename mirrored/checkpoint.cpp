@@ -108,7 +108,7 @@ void write_atomic(const std::string& path, const std::string& header, const std:
 
 // Builds a safetensors file: 8-byte little-endian header length, JSON header padded with
 // spaces to 8 bytes, then the tensors back to back.
-struct Builder {
+struct SafetensorsBuilder {
     json header = json::object();
     std::vector<unsigned char> data;
     void add(const std::string& name, const std::vector<int>& shape, const float* values, size_t count) {
@@ -304,10 +304,11 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
 }
 
 void write_checkpoint(const std::string& path, const Model& model, const CheckpointData& d) {
-    Builder b;
+    SafetensorsBuilder b;
     for (const auto& t : model.tensors()) b.add(t.name, t.shape, d.params.data() + t.offset, t.count);
     for (const auto& [state, flat] : d.optimizer)
-        for (const auto& t : model.tensors()) b.add("optimizer." + state + "." + t.name, t.shape, flat.data() + t.offset, t.count);
+        for (const auto& t : model.tensors())
+            if (t.trainable) b.add("optimizer." + state + "." + t.name, t.shape, flat.data() + t.offset, t.count);
     std::map<std::string, std::string> meta{
         {"format", kFormat},
         {"format_version", kVersion},
@@ -322,6 +323,7 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
         {"devices", d.devices},
         {"global_batch", std::to_string(d.global_batch)},
         {"train_samples", std::to_string(d.train_samples)},
+        {"loss_scale", exact(d.loss_scale[0]) + "," + exact(d.loss_scale[1])},
     };
     json metrics = json::array();
     for (const auto& m : d.train_metrics) metrics.push_back({exact(m[0]), exact(m[1]), exact(m[2])});
@@ -373,9 +375,10 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
     } catch (const std::exception&) {
         throw CheckpointError(path + ": metadata 'train_metrics' is malformed");
     }
-    auto gather = [&](const std::string& prefix) {
-        std::vector<float> flat(model.flat_size(), 0.0f);
+    auto gather = [&](const std::string& prefix, bool trainable_only) {
+        std::vector<float> flat(trainable_only ? model.trainable_size() : model.flat_size(), 0.0f);
         for (const auto& t : model.tensors()) {
+            if (trainable_only && !t.trainable) continue;
             const std::string name = prefix + t.name;
             auto it = p.tensors.find(name);
             if (it == p.tensors.end()) throw CheckpointError(path + ": tensor " + name + " is missing");
@@ -385,7 +388,16 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
         }
         return flat;
     };
-    d.params = gather("");
+    d.params = gather("", false);
+    if (p.meta.count("loss_scale")) {
+        const std::string& ls = meta_of(p, path, "loss_scale");
+        char* end = nullptr;
+        d.loss_scale[0] = std::strtof(ls.c_str(), &end);
+        if (*end != ',') throw CheckpointError(path + ": metadata 'loss_scale' is malformed");
+        d.loss_scale[1] = std::strtof(end + 1, &end);
+        if (*end || !(d.loss_scale[0] > 0) || !std::isfinite(d.loss_scale[0]) || !(d.loss_scale[1] >= 0))
+            throw CheckpointError(path + ": metadata 'loss_scale' is malformed");
+    }
     const std::string states = meta_of(p, path, "optimizer_state");
     size_t start = 0;
     while (start < states.size()) {
@@ -394,14 +406,14 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
         const std::string state = states.substr(start, comma - start);
         if (state != "momentum_buffer" && state != "exp_avg" && state != "exp_avg_sq")
             throw CheckpointError(path + ": metadata 'optimizer_state' names an unknown state '" + state + "'");
-        d.optimizer.emplace_back(state, gather("optimizer." + state + "."));
+        d.optimizer.emplace_back(state, gather("optimizer." + state + ".", true));
         start = comma + 1;
     }
     return d;
 }
 
 void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum) {
-    Builder b;
+    SafetensorsBuilder b;
     for (const auto& [name, t] : file.tensors) b.add(name, t.first, t.second.data(), t.second.size());
     write_atomic(path, b.serialize(file.metadata, with_checksum), b.data, -1);
 }

@@ -134,7 +134,7 @@ std::string describe(const YAML::Node& n) {
 
 // Reads typed values by key path, remembering every path it was asked for, so that any key
 // left over afterwards is unknown.
-class Reader {
+class Reader final : public SpecReader {
 public:
     Reader(YAML::Node root, std::string file, std::map<std::string, std::string> set_origin)
         : root_(std::move(root)), file_(std::move(file)), set_origin_(std::move(set_origin)) {}
@@ -167,7 +167,7 @@ public:
         return file_;
     }
 
-    [[noreturn]] void fail(const std::string& path, const std::string& what) {
+    [[noreturn]] void fail(const std::string& path, const std::string& what) override {
         throw ConfigError(location(path, lookup(root_, split_path(path), 0)) + ": " + path + ": " + what);
     }
 
@@ -184,6 +184,8 @@ public:
         return false;
     }
 
+    std::string text(const std::string& path, const std::string& def) override { return str(path, def); }
+
     std::string str(const std::string& path, const std::string& def) {
         YAML::Node n = at(path);
         if (absent(path, n)) return def;
@@ -197,7 +199,7 @@ public:
         return v;
     }
 
-    std::string choice(const std::string& path, const std::string& def, const std::vector<std::string>& allowed) {
+    std::string choice(const std::string& path, const std::string& def, const std::vector<std::string>& allowed) override {
         const std::string v = str(path, def);
         for (const auto& a : allowed)
             if (v == a) return v;
@@ -206,7 +208,7 @@ public:
         fail(path, "expected one of " + list + ", got '" + v + "'");
     }
 
-    int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi) {
+    int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi) override {
         YAML::Node n = at(path);
         if (absent(path, n)) return def;
         int64_t v = 0;
@@ -216,7 +218,10 @@ public:
         return v;
     }
 
-    double number(const std::string& path, double def, double lo, double hi, bool lo_open = false) {
+    double number(const std::string& path, double def, double lo, double hi) override {
+        return number(path, def, lo, hi, false);
+    }
+    double number(const std::string& path, double def, double lo, double hi, bool lo_open) {
         YAML::Node n = at(path);
         if (absent(path, n)) return def;
         double v = 0;
@@ -225,7 +230,7 @@ public:
         return v;
     }
 
-    bool boolean(const std::string& path, bool def) {
+    bool boolean(const std::string& path, bool def) override {
         YAML::Node n = at(path);
         if (absent(path, n)) return def;
         const std::string s = n.IsScalar() ? n.Scalar() : "";
@@ -263,14 +268,14 @@ public:
         return out;
     }
 
-    size_t list_size(const std::string& path) {
+    size_t list_size(const std::string& path) override {
         YAML::Node n = at(path);
         if (absent(path, n)) return 0;
         if (!n.IsSequence()) fail(path, "expected a list, got " + describe(n));
         return n.size();
     }
 
-    void expect_map(const std::string& path) {
+    void expect_map(const std::string& path) override {
         YAML::Node n = at(path);
         if (n.IsDefined() && !n.IsNull() && !n.IsMap()) fail(path, "expected a mapping of keys, got " + describe(n));
     }
@@ -372,20 +377,6 @@ void apply_set(YAML::Node root, const std::string& assignment) {
     }
 }
 
-Activation parse_activation(Reader& r, const std::string& path) {
-    const std::string a = r.choice(path, "none", {"none", "relu", "gelu"});
-    return a == "relu" ? Activation::relu : a == "gelu" ? Activation::gelu : Activation::none;
-}
-
-InitKind parse_init(Reader& r, const std::string& path, Activation act) {
-    const std::string def = act == Activation::none ? "glorot_uniform" : "he_uniform";
-    const std::string k = r.choice(path, def, {"he_uniform", "he_normal", "glorot_uniform", "glorot_normal"});
-    if (k == "he_normal") return InitKind::he_normal;
-    if (k == "glorot_uniform") return InitKind::glorot_uniform;
-    if (k == "glorot_normal") return InitKind::glorot_normal;
-    return InitKind::he_uniform;
-}
-
 }  // namespace
 
 void Config::fail(const std::string& key, const std::string& what) const {
@@ -473,26 +464,7 @@ void read_data(Reader& r, DataConfig& d) {
 void read_model(Reader& r, ModelConfig& m) {
     m.input_shape = r.int_list("model.input_shape", {}, 1, 1 << 24);
     m.loss = r.choice("model.loss", "softmax_cross_entropy", {"softmax_cross_entropy"});
-    const size_t layers = r.list_size("model.layers");
-    if (layers == 0) r.fail("model.layers", "expected a list of layers, e.g. [{type: flatten}, {type: dense, units: 10}]");
-    for (size_t i = 0; i < layers; ++i) {
-        const std::string p = "model.layers." + std::to_string(i);
-        r.expect_map(p);
-        LayerSpec s;
-        const std::string type = r.choice(p + ".type", "", {"flatten", "dense", "dropout"});
-        if (type == "dense") {
-            s.type = LayerSpec::Type::dense;
-            s.units = int(r.integer(p + ".units", 0, 1, 1 << 24));
-            if (s.units == 0) r.fail(p + ".units", "required for a dense layer: a positive integer");
-            s.activation = parse_activation(r, p + ".activation");
-            s.init = parse_init(r, p + ".init", s.activation);
-            s.bias = r.boolean(p + ".bias", true);
-        } else if (type == "dropout") {
-            s.type = LayerSpec::Type::dropout;
-            s.rate = float(r.number(p + ".rate", 0.5, 0.0, 0.999));
-        }
-        m.layers.push_back(s);
-    }
+    m.layers = read_layer_list(r, "model.layers");
 }
 
 void read_optimizer(Reader& r, OptimizerConfig& o) {
@@ -538,10 +510,12 @@ void read_train(Reader& r, Config& c) {
     if (t.epochs == 0 && t.steps == 0) r.fail("train.epochs", "set train.epochs or train.steps to a positive number");
     t.global_batch_size = int(r.integer("train.global_batch_size", 128, 1, 1 << 24));
     t.grad_accumulation_steps = int(r.integer("train.grad_accumulation_steps", 1, 1, 1 << 16));
-    t.precision = r.choice("train.precision", "fp32", {"fp32", "tf32"});
+    const std::string prec = r.choice("train.precision", "fp32", {"fp32", "tf32", "bf16", "fp16"});
+    t.precision = prec == "tf32" ? Precision::tf32 : prec == "bf16" ? Precision::bf16 : prec == "fp16" ? Precision::fp16 : Precision::fp32;
+    t.loss_scale_growth_interval = int(r.integer("train.loss_scale_growth_interval", 2000, 1, 1 << 24));
     t.eval_every_epochs = r.integer("train.eval_every_epochs", 1, 0, int64_t(1) << 30);
     t.log_every_steps = r.integer("train.log_every_steps", 100, 1, int64_t(1) << 30);
-    c.strategy.tf32 = t.precision == "tf32";
+    c.strategy.precision = t.precision;
 }
 
 void read_checkpoint(Reader& r, CheckpointConfig& k) {
@@ -604,6 +578,27 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
     }
     return load_config_text(text, path, sets);
 }
+
+namespace {
+
+// A list of layers, each a flow mapping of its type's keys; a container's layers nested.
+void emit_layers(YAML::Emitter& e, const std::vector<LayerSpec>& layers) {
+    e << YAML::BeginSeq;
+    for (const LayerSpec& l : layers) {
+        const bool nested = !l.layers.empty();
+        if (!nested) e << YAML::Flow;
+        e << YAML::BeginMap << YAML::Key << "type" << YAML::Value << l.type;
+        for (const auto& [k, v] : layer_kind(l.type).fields(l)) e << YAML::Key << k << YAML::Value << v;
+        if (nested) {
+            e << YAML::Key << "layers" << YAML::Value;
+            emit_layers(e, l.layers);
+        }
+        e << YAML::EndMap;
+    }
+    e << YAML::EndSeq;
+}
+
+}  // namespace
 
 std::string config_to_yaml(const Config& c) {
     YAML::Emitter e;
@@ -675,19 +670,9 @@ std::string config_to_yaml(const Config& c) {
         e << YAML::Key << "input_shape" << YAML::Value;
         flow_list(c.model.input_shape);
     }
-    e << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
-    for (const LayerSpec& l : c.model.layers) {
-        e << YAML::Flow << YAML::BeginMap << YAML::Key << "type" << YAML::Value << layer_type_name(l.type);
-        if (l.type == LayerSpec::Type::dense) {
-            e << YAML::Key << "units" << YAML::Value << l.units;
-            e << YAML::Key << "activation" << YAML::Value << activation_name(l.activation);
-            e << YAML::Key << "init" << YAML::Value << init_kind_name(l.init);
-            e << YAML::Key << "bias" << YAML::Value << l.bias;
-        }
-        if (l.type == LayerSpec::Type::dropout) e << YAML::Key << "rate" << YAML::Value << l.rate;
-        e << YAML::EndMap;
-    }
-    e << YAML::EndSeq << YAML::Key << "loss" << YAML::Value << c.model.loss << YAML::EndMap;
+    e << YAML::Key << "layers" << YAML::Value;
+    emit_layers(e, c.model.layers);
+    e << YAML::Key << "loss" << YAML::Value << c.model.loss << YAML::EndMap;
 
     const OptimizerConfig& o = c.optimizer;
     const bool sgd = o.type == OptimizerConfig::Type::sgd;
@@ -721,7 +706,8 @@ std::string config_to_yaml(const Config& c) {
     e << YAML::Key << "epochs" << YAML::Value << t.epochs << YAML::Key << "steps" << YAML::Value << t.steps;
     e << YAML::Key << "global_batch_size" << YAML::Value << t.global_batch_size;
     e << YAML::Key << "grad_accumulation_steps" << YAML::Value << t.grad_accumulation_steps;
-    e << YAML::Key << "precision" << YAML::Value << t.precision;
+    e << YAML::Key << "precision" << YAML::Value << precision_name(t.precision);
+    e << YAML::Key << "loss_scale_growth_interval" << YAML::Value << t.loss_scale_growth_interval;
     e << YAML::Key << "eval_every_epochs" << YAML::Value << t.eval_every_epochs;
     e << YAML::Key << "log_every_steps" << YAML::Value << t.log_every_steps << YAML::EndMap;
 
@@ -738,11 +724,7 @@ std::string model_config_summary(const Config& c) {
     std::ostringstream s;
     s << "input";
     for (int d : c.model.input_shape) s << " " << d;
-    for (const LayerSpec& l : c.model.layers) {
-        s << " | " << layer_type_name(l.type);
-        if (l.type == LayerSpec::Type::dense) s << " " << l.units << " " << activation_name(l.activation) << (l.bias ? "" : " nobias");
-        if (l.type == LayerSpec::Type::dropout) s << " " << l.rate;
-    }
+    for (const LayerSpec& l : c.model.layers) s << " | " << layer_spec_summary(l);
     s << " | optimizer " << (c.optimizer.type == OptimizerConfig::Type::adamw ? "adamw" : c.optimizer.momentum != 0 ? "sgd+momentum" : "sgd");
     return s.str();
 }

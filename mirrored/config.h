@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "data/datasets.h"
+#include "mirrored/layers/layer.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
 #include "mirrored/strategy.h"
@@ -36,7 +37,8 @@ struct TrainConfig {
     int64_t steps = 0;  // > 0 overrides epochs
     int global_batch_size = 128;
     int grad_accumulation_steps = 1;
-    std::string precision = "fp32";  // fp32 | tf32
+    Precision precision = Precision::fp32;  // fp32 | tf32 | bf16 | fp16
+    int loss_scale_growth_interval = 2000;   // fp16: good steps before the loss scale doubles
     int64_t eval_every_epochs = 1;
     int64_t log_every_steps = 100;
 };

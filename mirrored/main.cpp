@@ -147,7 +147,10 @@ int main(int argc, char** argv) {
     auto* bg = app.add_subcommand("bench-gemm", "GEMM GFLOP/s of one device: the ceiling a step is measured against");
     bg->add_option("--device", gb.device, "cpu (one BLAS thread) or cuda:N");
     bg->add_option("--sizes", gb_sizes, "square sizes, e.g. 128,1024");
-    bg->add_flag("--tf32", gb.tf32, "TF32 tensor cores (CUDA)");
+    bg->add_flag("--tf32", gb.tf32, "TF32 tensor cores (CUDA); the same as --precision tf32");
+    std::string gb_precision = "fp32";
+    bg->add_option("--precision", gb_precision, "fp32, tf32, bf16 or fp16 inputs (f32 accumulation and output)")
+        ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
     bg->add_option("--json", gb.json_path, "also write the results here");
 
     if (argc >= 2 && argv[1][0] != '-') {
@@ -221,6 +224,8 @@ int main(int argc, char** argv) {
         }
         if (bg->parsed()) {
             gb.sizes = parse_list(gb_sizes, "--sizes");
+            gb.precision = gb_precision == "tf32" ? Precision::tf32 : gb_precision == "bf16" ? Precision::bf16
+                           : gb_precision == "fp16" ? Precision::fp16 : Precision::fp32;
             return bench_gemm(gb);
         }
         if (bs->parsed()) {

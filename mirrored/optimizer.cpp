@@ -33,8 +33,8 @@ Optimizer::Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) : dev_(d
     }
 }
 
-void Optimizer::apply(Stream s, float* params, const float* grads, int64_t step, float lr,
-                      const float* grad_sq_norm) {
+void Optimizer::apply(Stream s, float* params, const float* grads, int64_t step, float lr, const float* grad_stats,
+                      const float* loss_scale, bool skip_nonfinite) {
     const float clip = static_cast<float>(cfg_.grad_clip_norm);
     if (cfg_.type == OptimizerConfig::Type::adamw) {
         AdamWArgs a;
@@ -45,7 +45,9 @@ void Optimizer::apply(Stream s, float* params, const float* grads, int64_t step,
         a.weight_decay = float(cfg_.weight_decay);
         a.step = step + 1;
         a.clip_norm = clip;
-        a.grad_sq_norm = grad_sq_norm;
+        a.grad_stats = grad_stats;
+        a.loss_scale = loss_scale;
+        a.skip_nonfinite = skip_nonfinite;
         dev_.adamw_update(s, n_, params, grads, m_.data(), v_.data(), a);
     } else {
         SgdArgs a;
@@ -54,7 +56,9 @@ void Optimizer::apply(Stream s, float* params, const float* grads, int64_t step,
         a.nesterov = cfg_.nesterov;
         a.weight_decay = float(cfg_.weight_decay);
         a.clip_norm = clip;
-        a.grad_sq_norm = grad_sq_norm;
+        a.grad_stats = grad_stats;
+        a.loss_scale = loss_scale;
+        a.skip_nonfinite = skip_nonfinite;
         dev_.sgd_update(s, n_, params, grads, m_.data(), a);
     }
 }

@@ -40,9 +40,11 @@ double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps
 class Optimizer {
 public:
     Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n);
-    // params -= update(grads); step is 0-based; grad_sq_norm (device) is needed when clipping.
-    void apply(Stream s, float* params, const float* grads, int64_t step, float lr,
-               const float* grad_sq_norm);
+    // params -= update(grads) over the n trainable values; step is 0-based. grad_stats (device,
+    // Device::sum_squares' output) is needed when clipping or skipping; loss_scale (device) divides
+    // the gradients; skip_nonfinite leaves everything unchanged when a gradient overflowed.
+    void apply(Stream s, float* params, const float* grads, int64_t step, float lr, const float* grad_stats,
+               const float* loss_scale, bool skip_nonfinite);
     // Named state buffers (same layout as the parameters), for checkpoints.
     std::vector<std::pair<std::string, DeviceBuffer<float>*>> state();
     const OptimizerConfig& config() const { return cfg_; }

@@ -105,36 +105,48 @@ DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda) {
 }
 
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
-    const auto& t = model.tensors();
-    if (bucket_mb <= 0) return {Bucket{0, model.flat_size(), t.front().layer}};
-    const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
+    std::vector<const TensorInfo*> t;
+    for (const auto& x : model.tensors())
+        if (x.trainable) t.push_back(&x);
+    std::sort(t.begin(), t.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
     std::vector<Bucket> out;
-    size_t end = model.flat_size();
-    for (int i = int(t.size()) - 1; i >= 0; --i) {
-        const bool last_tensor = i == 0;
-        if (end - t[i].offset >= limit || last_tensor) {
-            out.push_back(Bucket{t[i].offset, end, t[i].layer});
-            end = t[i].offset;
-        }
+    const size_t trainable = model.trainable_size();
+    if (bucket_mb <= 0) {
+        out.push_back(Bucket{0, trainable, t.front()->layer});
+    } else {
+        const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
+        size_t end = trainable;
+        for (int i = int(t.size()) - 1; i >= 0; --i)
+            if (end - t[size_t(i)]->offset >= limit || i == 0) {
+                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->layer});
+                end = t[size_t(i)]->offset;
+            }
+        out.back().begin = 0;  // covers any alignment gap before the first tensor
     }
-    out.back().begin = 0;  // covers any alignment gap before the first tensor
+    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1});
     return out;
 }
 
 std::string MemoryPlan::describe() const {
     return "parameters " + format_bytes(params) + ", gradients " + format_bytes(grads) + ", optimizer state " +
            format_bytes(optimizer) + ", activations " + format_bytes(activations) + ", inputs " + format_bytes(inputs) +
-           ", workspaces " + format_bytes(workspace) + "; total " + format_bytes(total());
+           (weight_copy ? ", 16-bit weight copy " + format_bytes(weight_copy) : std::string()) + ", workspaces " +
+           format_bytes(workspace) + "; total " + format_bytes(total());
 }
 
-MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceType type, int shard_rows, int micro_rows) {
+MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceType type, Precision precision,
+                       int shard_rows, int micro_rows) {
     MemoryPlan m;
-    const uint64_t flat = model.flat_size() * sizeof(float);
+    const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
     m.params = m.grads = flat;
     const int states = (opt.type == OptimizerConfig::Type::adamw ? 2 : 0) + (opt.type == OptimizerConfig::Type::sgd && opt.momentum != 0 ? 1 : 0);
-    m.optimizer = flat * uint64_t(states);
-    m.activations = model.activation_floats(micro_rows) * sizeof(float);
-    m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t));
+    m.optimizer = trainable * uint64_t(states);
+    const bool low = precision_dtype(precision) != DType::f32;
+    const size_t act_elem = low && type == DeviceType::cuda ? 2 : 4;  // CPU and sim emulate in f32
+    m.activations = model.activation_bytes(micro_rows, act_elem);
+    m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t)) +
+               (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
+    m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
     // cuBLAS workspace, scratch and peer staging on GPUs (real or simulated)
     m.workspace = type == DeviceType::cpu ? 0 : (uint64_t(32) << 20) + (uint64_t(4) << 20) + (uint64_t(8) << 20);
     return m;
@@ -150,7 +162,7 @@ Replica::~Replica() {
         }
     }
     for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced,
-                    metrics_copied, t_begin, t_backward, t_reduced, t_end})
+                    metrics_copied, stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end})
         device->event_destroy(e);
 }
 
@@ -170,7 +182,9 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     staged_pairs_ = enable_peer_access(devices_.type, devices_.ordinals);
     const int shard_rows = (global_batch + n - 1) / n;
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
-    plan_ = plan_memory(model_, opt, devices_.type, shard_rows, micro_rows);
+    low_precision_ = precision_dtype(cfg_.precision) != DType::f32;
+    loss_scaling_ = cfg_.precision == Precision::fp16;
+    plan_ = plan_memory(model_, opt, devices_.type, cfg_.precision, shard_rows, micro_rows);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
@@ -181,7 +195,74 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
         grads.push_back(R->grads.data());
     }
     ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, threads_->barrier());
+    if (model_.stats_floats() > 0) {  // synchronised batch normalisation sums over its own buffers
+        std::vector<float*> stats;
+        for (auto& R : replicas_) stats.push_back(R->stats.data());
+        stats_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, stats, threads_->barrier());
+        for (int r = 0; r < n; ++r) replicas_[r]->sync = make_stats_sync(r);
+    }
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
+    for (const auto& t : model_.tensors())
+        if (!t.trainable) state_.push_back(&t);
+}
+
+// A replica's view of the cross-replica statistics sum: its comm stream runs the all-reduce
+// between events, so compute waits only for that (CPU: the call itself is the sum).
+class MirroredStrategy::ReplicaStatsSync final : public StatsSync {
+public:
+    ReplicaStatsSync(MirroredStrategy& st, int r) : st_(st), r_(r) {}
+    float* buffer() override { return st_.replicas_[size_t(r_)]->stats.data(); }
+    size_t capacity() const override { return st_.replicas_[size_t(r_)]->stats.size(); }
+    void all_reduce(size_t n) override {
+        Replica& R = *st_.replicas_[size_t(r_)];
+        Device& d = *R.device;
+        d.event_record(R.stats_ready, d.compute_stream());
+        d.stream_wait_event(d.comm_stream(), R.stats_ready);
+        st_.stats_ops_->all_reduce(r_, 0, n);
+        d.event_record(R.stats_done, d.comm_stream());
+        d.stream_wait_event(d.compute_stream(), R.stats_done);
+    }
+
+private:
+    MirroredStrategy& st_;
+    int r_;
+};
+
+std::unique_ptr<StatsSync> MirroredStrategy::make_stats_sync(int r) { return std::make_unique<ReplicaStatsSync>(*this, r); }
+
+Pass MirroredStrategy::make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed,
+                                 uint32_t step, bool training) {
+    Pass p;
+    p.dev = R.device.get();
+    p.stream = s;
+    p.rows = rows;
+    p.global_rows = global_rows;
+    p.row_offset = row_offset;
+    p.seed = seed;
+    p.step = step;
+    p.training = training;
+    p.params = R.params.data();
+    p.weights = low_precision_ ? static_cast<const void*>(R.weights.data()) : R.params.data();
+    p.grads = R.grads.data();
+    p.acts = &R.acts;
+    p.sync = R.sync.get();
+    p.vt = R.device->value_dtype();
+    return p;
+}
+
+void MirroredStrategy::refresh_weights(Replica& R, Stream s) {
+    if (low_precision_)
+        R.device->convert(s, model_.trainable_size(), R.params.data(), DType::f32, R.weights.data(), R.device->value_dtype());
+}
+
+// The shard's inputs as the model reads them: the staged f32 rows, or converted to the activation
+// type (rows from the start of the shard).
+const void* MirroredStrategy::stage_for_compute(Replica& R, int buf, size_t rows) {
+    if (!low_precision_) return R.inputs[buf].data();
+    Device& d = *R.device;
+    d.convert(d.compute_stream(), rows * size_t(model_.input_features()), R.inputs[buf].data(), DType::f32,
+              R.inputs_act.data(), d.value_dtype());
+    return R.inputs_act.data();
 }
 
 // GPUs: the replicas on each GPU must fit its free memory (an allocation failure later would be
@@ -255,20 +336,30 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
     try {
         R->device = make_device(devices_.type, devices_.type == DeviceType::cpu ? r : devices_.ordinals[r]);
         Device& d = *R->device;
-        d.set_tf32(cfg_.tf32);
+        d.set_precision(cfg_.precision);
         R->params = DeviceBuffer<float>(d, flat);
         R->grads = DeviceBuffer<float>(d, flat);
-        R->optimizer = std::make_unique<Optimizer>(d, opt, flat);
-        R->acts = Activations(d, model_, micro_rows);
+        if (low_precision_) R->weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
+        R->optimizer = std::make_unique<Optimizer>(d, opt, model_.trainable_size());
+        R->acts = model_.make_activations(d, micro_rows);
         for (int b = 0; b < 2; ++b) {
             R->inputs[b] = DeviceBuffer<float>(d, size_t(shard_rows) * features);
             R->labels[b] = DeviceBuffer<int32_t>(d, size_t(shard_rows));
             R->input_ready[b] = d.event_create();
             R->input_free[b] = d.event_create();
         }
+        if (low_precision_) R->inputs_act = DeviceBuffer<unsigned char>(d, d.act_bytes(size_t(shard_rows) * features));
         R->train_metrics = DeviceBuffer<double>(d, kMetricSlots);
         R->eval_metrics = DeviceBuffer<double>(d, kMetricSlots);
-        R->grad_sq_norm = DeviceBuffer<float>(d, 1);
+        R->grad_stats = DeviceBuffer<float>(d, 2);
+        R->loss_scale = DeviceBuffer<float>(d, 2);
+        R->loss_scale_host = HostBuffer<float>(d, 2);
+        R->loss_scale_host[0] = kInitialLossScale;
+        R->loss_scale_host[1] = 0.0f;
+        d.copy_to_device(d.compute_stream(), R->loss_scale.data(), R->loss_scale_host.data(), 2 * sizeof(float));
+        if (model_.stats_floats() > 0) R->stats = DeviceBuffer<float>(d, model_.stats_floats());
+        R->stats_ready = d.event_create();
+        R->stats_done = d.event_create();
         R->checksums = DeviceBuffer<uint64_t>(d, model_.tensors().size() + 1);
         R->metrics_host = HostBuffer<double>(d, kMetricSlots);
         R->eval_host = HostBuffer<double>(d, kMetricSlots);
@@ -327,10 +418,11 @@ void MirroredStrategy::init_and_broadcast() {
         model_.init_params(*R0.device, R0.device->compute_stream(), R0.params.data());
         R0.device->synchronize();
         threads_->run([&](int r) {
-            if (r == 0) return;
             Device& d = *replicas_[r]->device;
-            d.copy_from_peer(d.compute_stream(), replicas_[r]->params.data(), *R0.device, R0.params.data(),
-                             model_.flat_size());
+            if (r != 0)
+                d.copy_from_peer(d.compute_stream(), replicas_[r]->params.data(), *R0.device, R0.params.data(),
+                                 model_.flat_size());
+            refresh_weights(*replicas_[r], d.compute_stream());
             d.synchronize();
         });
     });
@@ -371,9 +463,16 @@ void MirroredStrategy::train_step(const Batch& batch, int64_t step, float lr, ui
         // numbers only after it has issued the next step.
         if (sample_timing && devices_.asynchronous()) timing_sampled_ = true;
         threads_->run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
+        inject_overflow_ = -1;
     });
     if (cfg_.verify_every_steps > 0 && (step + 1) % cfg_.verify_every_steps == 0) verify_replicas();
 }
+int MirroredStrategy::global_micro_rows(int global_rows, int m) const {
+    int rows = 0;
+    for (int r = 0; r < replicas(); ++r) rows += shard_of(shard_of(global_rows, replicas(), r).rows, accumulation_, m).rows;
+    return rows;
+}
+
 void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed,
                                     bool sample_timing) {
     Replica& R = *replicas_[r];
@@ -389,6 +488,10 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
     const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
     const bool timing = sample_timing && r == 0 && devices_.asynchronous();
     if (timing) d.event_record(R.t_begin, cs);
+    const char* input = static_cast<const char*>(stage_for_compute(R, buf, size_t(shard.rows)));
+    const size_t row_bytes = size_t(model_.input_features()) * (low_precision_ ? d.act_bytes(1) : sizeof(float));
+    const size_t trainable = model_.trainable_size(), flat = model_.flat_size();
+    if (model_.has_state()) d.fill(cs, flat - trainable, 0.0f, R.grads.data() + trainable);  // this step's statistics
 
     auto reduce = [&](const Bucket& b) {
         const double c0 = now_s();
@@ -402,37 +505,57 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
         for (const Bucket& b : buckets_)
             if (b.ready_after_layer == layer) reduce(b);
     };
-    const size_t features = size_t(model_.input_features());
+    const float* loss_scale = loss_scaling_ ? R.loss_scale.data() : nullptr;
     const float grad_scale = 1.0f / float(global_rows);
     for (int m = 0; m < accumulation_; ++m) {
         const Shard micro = shard_of(shard.rows, accumulation_, m);
-        const PassContext ctx{&d, cs, micro.rows, int64_t(shard.begin + micro.begin), seed, uint32_t(step), true};
-        const float* logits =
-            model_.forward(ctx, R.params.data(), R.inputs[buf].data() + size_t(micro.begin) * features, R.acts);
-        float* dlogits = model_.dlogits_buffer(R.acts);
-        d.softmax_xent(cs, micro.rows, model_.output_features(), logits, R.labels[buf].data() + micro.begin,
-                       grad_scale, dlogits, R.train_metrics.data());
+        Pass p = make_pass(R, cs, micro.rows, global_micro_rows(global_rows, m), int64_t(shard.begin + micro.begin),
+                           seed, uint32_t(step), true);
+        p.accumulate = m > 0;
+        p.stats_weight = 1.0f / float(n * accumulation_);
+        const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
+        void* dlogits = model_.dlogits_buffer(R.acts);
+        d.softmax_xent(cs, micro.rows, model_.output_features(), logits, R.labels[buf].data() + micro.begin, grad_scale,
+                       loss_scale, dlogits, R.train_metrics.data());
+        if (inject_overflow_ == r && micro.rows > 0) {  // a test's overflow: backward spreads it to every gradient
+            d.fill(cs, 1, INFINITY, R.grad_stats.data());
+            d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
+        }
         const bool last = m == accumulation_ - 1;
-        model_.backward(ctx, R.params.data(), R.grads.data(), dlogits, R.acts, m > 0,
-                        last && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
+        model_.backward(p, dlogits, last && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
     }
     d.event_record(R.input_free[buf], cs);
     if (timing) d.event_record(R.t_backward, cs);
     if (n > 1) {
-        if (!overlap)
-            for (const Bucket& b : buckets_) reduce(b);  // bucket_mb 0: one bucket, after backward
+        for (const Bucket& b : buckets_)  // without overlap every bucket, else the statistics
+            if (!overlap || b.ready_after_layer < 0) reduce(b);
         d.event_record(R.reduced, comm_s);
         d.stream_wait_event(cs, R.reduced);
     }
     if (timing) d.event_record(R.t_reduced, cs);
-    const bool clip = R.optimizer->config().grad_clip_norm > 0;
-    if (clip) d.sum_squares(cs, model_.flat_size(), R.grads.data(), R.grad_sq_norm.data());
-    R.optimizer->apply(cs, R.params.data(), R.grads.data(), step, lr, clip ? R.grad_sq_norm.data() : nullptr);
+    apply_update(R, step, lr);
     if (timing) d.event_record(R.t_end, cs);
     if (devices_.type == DeviceType::cpu) {
         R.comm_s += comm;
         R.compute_s += now_s() - t0 - comm;
     }
+}
+
+// The update from the summed gradients, on the compute stream: gradient statistics when clipping
+// or loss scaling needs them, the optimizer (skipped by an fp16 overflow), the loss scale, the
+// running statistics, and the 16-bit weight copy.
+void MirroredStrategy::apply_update(Replica& R, int64_t step, float lr) {
+    Device& d = *R.device;
+    const Stream cs = d.compute_stream();
+    const float* loss_scale = loss_scaling_ ? R.loss_scale.data() : nullptr;
+    const bool stats = R.optimizer->config().grad_clip_norm > 0 || loss_scaling_;
+    if (stats) d.sum_squares(cs, model_.trainable_size(), R.grads.data(), loss_scale, R.grad_stats.data());
+    R.optimizer->apply(cs, R.params.data(), R.grads.data(), step, lr, stats ? R.grad_stats.data() : nullptr, loss_scale,
+                       loss_scaling_);
+    if (loss_scaling_) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), cfg_.loss_scale_growth_interval);
+    for (const TensorInfo* t : state_)
+        d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
+    refresh_weights(R, cs);
 }
 
 void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {
@@ -462,6 +585,7 @@ void MirroredStrategy::request_train_metrics() {
             Device& d = *R.device;
             const Stream s = d.compute_stream();
             d.copy_to_host(s, R.metrics_host.data(), R.train_metrics.data(), kMetricSlots * sizeof(double));
+            if (loss_scaling_) d.copy_to_host(s, R.loss_scale_host.data(), R.loss_scale.data(), 2 * sizeof(float));
             d.event_record(R.metrics_copied, s);
             zero_metrics(d, s, R.train_metrics.data());
         }
@@ -481,6 +605,31 @@ Metrics MirroredStrategy::take_train_metrics() {
     Metrics m;
     for (auto& R : replicas_) m.add(R->metrics_host.data());
     return m;
+}
+
+float MirroredStrategy::loss_scale() const { return loss_scaling_ ? replicas_[0]->loss_scale_host[0] : 1.0f; }
+
+std::array<float, 2> MirroredStrategy::loss_scale_state() {
+    if (!loss_scaling_) return {1.0f, 0.0f};
+    synchronize();
+    return guarded([&] {
+        Replica& R = *replicas_[0];
+        std::array<float, 2> s{};
+        R.device->copy_to_host(R.device->compute_stream(), s.data(), R.loss_scale.data(), sizeof s);
+        return s;
+    });
+}
+
+void MirroredStrategy::restore_loss_scale(const std::array<float, 2>& state) {
+    if (!loss_scaling_) return;
+    guarded([&] {
+        for (auto& R : replicas_) {
+            Device& d = *R->device;
+            d.copy_to_device(d.compute_stream(), R->loss_scale.data(), state.data(), sizeof state);
+            d.synchronize();
+            R->loss_scale_host[0] = state[0];
+        }
+    });
 }
 
 std::vector<std::array<double, 3>> MirroredStrategy::peek_train_metrics() {
@@ -528,13 +677,14 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
                 Device& d = *R.device;
                 const Shard shard = shard_of(batch.rows, n, r);
                 const int buf = stage_input(R, batch, shard);
+                const char* input = static_cast<const char*>(stage_for_compute(R, buf, size_t(shard.rows)));
+                const size_t row_bytes = size_t(model_.input_features()) * (low_precision_ ? d.act_bytes(1) : sizeof(float));
                 for (int mi = 0; mi < accumulation_; ++mi) {
                     const Shard micro = shard_of(shard.rows, accumulation_, mi);
-                    const PassContext ctx{&d, d.compute_stream(), micro.rows, 0, 0, 0, false};
-                    const float* logits = model_.forward(
-                        ctx, R.params.data(), R.inputs[buf].data() + size_t(micro.begin) * features, R.acts);
-                    d.softmax_xent(ctx.stream, micro.rows, model_.output_features(), logits,
-                                   R.labels[buf].data() + micro.begin, 0.0f, nullptr, R.eval_metrics.data());
+                    Pass p = make_pass(R, d.compute_stream(), micro.rows, 0, 0, 0, 0, false);
+                    const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
+                    d.softmax_xent(d.compute_stream(), micro.rows, model_.output_features(), logits,
+                                   R.labels[buf].data() + micro.begin, 0.0f, nullptr, nullptr, R.eval_metrics.data());
                 }
                 d.event_record(R.input_free[buf], d.compute_stream());
             });
@@ -629,6 +779,7 @@ void MirroredStrategy::upload_state(const std::vector<float>& params,
             for (size_t i = 0; i < own.size(); ++i)
                 d.copy_to_device(d.compute_stream(), own[i].second->data(), state[i].second.data(),
                                  state[i].second.size() * sizeof(float));
+            refresh_weights(*Rp, d.compute_stream());
             d.synchronize();
         }
     });

@@ -48,7 +48,8 @@ struct StrategyConfig {
     std::string cross_device_ops = "ring";
     double bucket_mb = 4.0;       // 0: one all-reduce after backward
     int verify_every_steps = 0;   // 0: off
-    bool tf32 = false;
+    Precision precision = Precision::fp32;  // train.precision, applied to every device
+    int loss_scale_growth_interval = 2000;  // fp16
 };
 
 // A contiguous range of the flat gradient buffer, reduced as one unit.
@@ -57,6 +58,9 @@ struct Bucket {
     int ready_after_layer = 0;  // backward has produced all of it once this layer is done
 };
 // Buckets of about bucket_bytes in reverse layer order (0: one bucket for everything).
+// The trainable region in buckets of about bucket_mb in reverse layer order (0: one bucket), then
+// the state region (batch statistics) as a last bucket reduced after backward
+// (ready_after_layer -1).
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
 
 struct Metrics {
@@ -79,11 +83,12 @@ struct TimeSplit {
 // has before anything is allocated, and reported at start-up.
 struct MemoryPlan {
     uint64_t params = 0, grads = 0, optimizer = 0, activations = 0, inputs = 0, workspace = 0;
-    uint64_t total() const { return params + grads + optimizer + activations + inputs + workspace; }
+    uint64_t weight_copy = 0;  // bf16/fp16: the weights in the activation type
+    uint64_t total() const { return params + grads + optimizer + activations + inputs + workspace + weight_copy; }
     std::string describe() const;  // "params 1.2 MiB, grads ..., total ..."
 };
-MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceType type, int shard_rows,
-                       int micro_rows);
+MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceType type, Precision precision,
+                       int shard_rows, int micro_rows);
 
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
@@ -95,16 +100,22 @@ struct Replica {
     int index = 0;
     std::unique_ptr<Device> device;
     DeviceBuffer<float> params, grads;          // [flat_size], identical layouts
-    std::unique_ptr<Optimizer> optimizer;       // state in the same layout
+    DeviceBuffer<unsigned char> weights;        // [trainable] compute copy in the activation type (bf16, fp16)
+    std::unique_ptr<Optimizer> optimizer;       // state in the trainable layout
     Activations acts;                           // [max micro-batch rows, ...]
     DeviceBuffer<float> inputs[2];              // [shard rows, features], double-buffered
+    DeviceBuffer<unsigned char> inputs_act;     // [shard rows, features] in the activation type (bf16, fp16)
     DeviceBuffer<int32_t> labels[2];            // [shard rows]
     DeviceBuffer<double> train_metrics, eval_metrics;  // [kMetricSlots]
-    DeviceBuffer<float> grad_sq_norm;           // [1]
+    DeviceBuffer<float> grad_stats;             // [2]: squared norm, non-finite count
+    DeviceBuffer<float> loss_scale;             // [2]: scale, good steps in a row (fp16)
+    DeviceBuffer<float> stats;                  // synchronised batch statistics (model.stats_floats())
+    std::unique_ptr<StatsSync> sync;
     DeviceBuffer<uint64_t> checksums;           // [tensors + 1]: per tensor, then whole buffer
     HostBuffer<double> metrics_host, eval_host;  // [kMetricSlots], pinned
+    HostBuffer<float> loss_scale_host;          // [2], copied with the metrics
     HostBuffer<uint64_t> checksums_host;
-    Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied;
+    Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied, stats_ready, stats_done;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
     int next_buffer = 0;
     double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
@@ -118,6 +129,8 @@ struct StrategyFailed : DeviceError {
 
 class MirroredStrategy {
 public:
+    static constexpr float kInitialLossScale = 65536.0f;  // fp16: 2^16, as PyTorch's GradScaler
+
     MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
                      int global_batch, int accumulation_steps);
     ~MirroredStrategy();
@@ -146,6 +159,11 @@ public:
     // Adds the sampled step's device times (CUDA) or the host-measured times (CPU) to split.
     void collect_timing(TimeSplit& split, int64_t steps_since_last);
 
+    // fp16: the dynamic loss scale as of the last metrics request (1 otherwise), and its state
+    // for checkpoints (scale, good steps in a row) and their restore.
+    float loss_scale() const;
+    std::array<float, 2> loss_scale_state();
+    void restore_loss_scale(const std::array<float, 2>& state);
     // Train metrics accumulated since the last request: enqueue their copy (async) ...
     void request_train_metrics();
     bool train_metrics_ready();
@@ -176,6 +194,9 @@ public:
     // Host calls and barrier crossings per replica since construction (tests and benchmarks
     // divide differences by the steps).
     StepWork host_work() const;
+    // Test hook: in the next step, replica r's gradients overflow (an inf is written into them
+    // after backward, before the all-reduce), as an fp16 overflow in one replica would.
+    void test_inject_overflow(int r) { inject_overflow_ = r; }
 
 private:
     void build_replica(int r, int max_shard_rows, int max_micro_rows, const OptimizerConfig& opt);
@@ -186,6 +207,16 @@ private:
     auto guarded(F&& fn) -> decltype(fn());
     void fail() noexcept;
     void check_device_memory() const;
+    // After the parameters change (init, restore, optimizer step): the compute copy follows.
+    void refresh_weights(Replica& R, Stream s);
+    void apply_update(Replica& R, int64_t step, float lr);
+    Pass make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed,
+                   uint32_t step, bool training);
+    class ReplicaStatsSync;
+    std::unique_ptr<StatsSync> make_stats_sync(int r);
+    // Rows of micro-batch m summed over every replica's shard (synchronised statistics).
+    int global_micro_rows(int global_rows, int m) const;
+    const void* stage_for_compute(Replica& R, int buf, size_t rows);
     void wait_until(const std::function<bool()>& done);  // polls done(), checking every device
     StrategyConfig cfg_;
     const Model& model_;
@@ -194,11 +225,16 @@ private:
     std::vector<std::unique_ptr<Replica>> replicas_;
     std::unique_ptr<ReplicaThreads> threads_;
     std::unique_ptr<CrossDeviceOps> ops_;
+    std::unique_ptr<CrossDeviceOps> stats_ops_;  // synchronised batch statistics
     std::vector<Bucket> buckets_;
     std::vector<StagedPair> staged_pairs_;
     MemoryPlan plan_;
+    std::vector<const TensorInfo*> state_;  // running statistics: updated after every step
     bool timing_sampled_ = false;
     bool failed_ = false;
+    bool low_precision_ = false;  // bf16/fp16 activations: weight copies and input conversion
+    bool loss_scaling_ = false;   // fp16
+    int inject_overflow_ = -1;
 };
 
 }  // namespace mirrored

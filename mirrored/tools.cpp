@@ -303,18 +303,27 @@ int bench_gemm(const GemmBenchOptions& o) {
             throw ConfigError("--device: expected cpu or one GPU such as cuda:0, got '" + o.device + "'");
         d = make_cuda_device(dl.ordinals[0]);
     }
-    d->set_tf32(o.tf32);
-    std::printf("sgemm%s on %s (%s)\n\n", o.tf32 ? " (TF32)" : "", d->name().c_str(),
+    const Precision precision = o.tf32 ? Precision::tf32 : o.precision;
+    d->set_precision(precision);
+    const DType t = d->value_dtype();
+    std::printf("GEMM in %s on %s (%s)\n\n", precision_name(precision), d->name().c_str(),
                 d->type() == DeviceType::cpu ? (cpu_model() + ", one BLAS thread").c_str() : d->description().c_str());
     std::printf("%8s %8s %8s %12s %10s\n", "m", "n", "k", "time (us)", "GFLOP/s");
     json rows = json::array();
     for (int size : o.sizes) {
         const size_t n = size_t(size) * size;
-        DeviceBuffer<float> a(*d, n), b(*d, n), c(*d, n);
+        // inputs in the precision's type (filled in f32, then converted), output f32
+        DeviceBuffer<float> a32(*d, n), b32(*d, n), c(*d, n);
+        DeviceBuffer<unsigned char> a(*d, d->act_bytes(n)), b(*d, d->act_bytes(n));
         const Stream s = d->compute_stream();
-        d->fill(s, n, 0.5f, a.data());
-        d->fill(s, n, 0.25f, b.data());
-        auto once = [&] { d->gemm(s, false, true, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size); };
+        d->fill(s, n, 0.5f, a32.data());
+        d->fill(s, n, 0.25f, b32.data());
+        d->convert(s, n, a32.data(), DType::f32, a.data(), t);
+        d->convert(s, n, b32.data(), DType::f32, b.data(), t);
+        auto once = [&] {
+            d->gemm(s, false, true, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size,
+                    GemmTypes{t, t, DType::f32});
+        };
         once();
         d->synchronize();
         int iters = 0;
@@ -331,7 +340,7 @@ int bench_gemm(const GemmBenchOptions& o) {
         rows.push_back({{"m", size}, {"n", size}, {"k", size}, {"time_us", t * 1e6}, {"gflops", gflops}});
     }
     write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->type() == DeviceType::cpu ? cpu_model() : d->description()},
-                             {"tf32", o.tf32}, {"results", rows}});
+                             {"precision", precision_name(precision)}, {"results", rows}});
     return kExitOk;
 }
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.h"
+
 namespace mirrored {
 
 // `mirrored devices`: GPUs, peer-access matrix, links, versions; or the CPU when there is none.
@@ -43,7 +45,8 @@ int bench_step(const StepBenchOptions& o);
 struct GemmBenchOptions {
     std::string device = "cpu";  // cpu (one BLAS thread, as a replica uses) or cuda:N
     std::vector<int> sizes{128, 512, 1024, 2048};  // square m = n = k
-    bool tf32 = false;
+    bool tf32 = false;  // shorthand for precision tf32
+    Precision precision = Precision::fp32;
     double seconds = 1.0;
     std::string json_path;
 };

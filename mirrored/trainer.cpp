@@ -107,7 +107,7 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     const int n = int(devices.ordinals.size());
     const int shard = (cfg.train.global_batch_size + n - 1) / n;
     const int micro = (shard + cfg.train.grad_accumulation_steps - 1) / cfg.train.grad_accumulation_steps;
-    const MemoryPlan plan = plan_memory(model, cfg.optimizer, devices.type, shard, micro);
+    const MemoryPlan plan = plan_memory(model, cfg.optimizer, devices.type, cfg.train.precision, shard, micro);
     const uint64_t replicas = devices.type == DeviceType::cuda ? 0 : plan.total() * uint64_t(n);
     const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) *
                            (train.feature_size() * sizeof(float) + sizeof(int32_t));
@@ -136,10 +136,10 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     const Dataset& train = s->data->train;
     if (s->model->output_features() < train.classes) {
         size_t last = cfg.model.layers.size() - 1;
-        while (last > 0 && cfg.model.layers[last].type != LayerSpec::Type::dense) --last;
+        while (last > 0 && cfg.model.layers[last].type != "dense") --last;
         size_t record = 0;
         while (train.labels[record] < s->model->output_features()) ++record;
-        cfg.fail("model.layers." + std::to_string(last) + ".units",
+        cfg.fail("model.layers." + std::to_string(last) + (cfg.model.layers[last].type == "dense" ? ".units" : ""),
                  "the model has " + std::to_string(s->model->output_features()) + " outputs, but " +
                      train.labels_source + " has label " + std::to_string(train.labels[record]) + " (record " +
                      std::to_string(record) + "), so " + std::to_string(train.classes) +

@@ -1,5 +1,7 @@
-// Sequential model: layout and names, finite-difference gradient checks of every layer and the
-// loss, gradient accumulation, and an MLP overfitting a small fixed batch on each backend.
+// The model and its layers: layout and PyTorch names, configuration errors naming the key,
+// finite-difference gradient checks of every layer type (dense, dropout, flatten, conv2d, pools,
+// batchnorm, layernorm, residual with and without projection), gradient accumulation, and a
+// small model overfitting a fixed batch on each backend.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,127 +11,152 @@
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
 #include "tests/helpers.h"
+#include "tests/layers.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
 
 namespace {
 
-LayerSpec dense(int units, Activation act, bool bias = true) {
-    LayerSpec s;
-    s.type = LayerSpec::Type::dense;
-    s.units = units;
-    s.activation = act;
-    s.bias = bias;
-    s.init = act == Activation::none ? InitKind::glorot_uniform : InitKind::he_uniform;
-    return s;
-}
-LayerSpec dropout(float rate) {
-    LayerSpec s;
-    s.type = LayerSpec::Type::dropout;
-    s.rate = rate;
-    return s;
-}
-LayerSpec flatten() { return LayerSpec{}; }
+// One model on one device with its buffers: runs forward + loss + backward as a replica does.
+struct Harness {
+    Device& d;
+    const Model& m;
+    int rows;
+    DeviceBuffer<float> x, params, grads;
+    DeviceBuffer<int32_t> y;
+    DeviceBuffer<double> metrics;
+    Activations acts;
+    std::vector<float> xh;
+    std::vector<int32_t> yh;
 
-// Mean softmax cross-entropy over the batch, computed in double from the model's logits.
-double loss_of(Device& d, const Model& m, Activations& acts, const std::vector<float>& params,
-               const DeviceBuffer<float>& x, const std::vector<int32_t>& labels, const PassContext& ctx) {
-    auto p = upload(d, params);
-    const float* logits = m.forward(ctx, p.data(), x.data(), acts);
-    const int classes = m.output_features();
-    std::vector<float> z(size_t(ctx.rows) * classes);
-    d.copy_to_host(ctx.stream, z.data(), logits, z.size() * 4);
-    d.synchronize();
-    double loss = 0;
-    for (int i = 0; i < ctx.rows; ++i) {
-        const float* r = &z[size_t(i) * classes];
-        double mx = r[0];
-        for (int j = 1; j < classes; ++j) mx = std::max(mx, double(r[j]));
-        double s = 0;
-        for (int j = 0; j < classes; ++j) s += std::exp(r[j] - mx);
-        loss += std::log(s) + mx - r[labels[i]];
+    Harness(Device& dev, const Model& model, int r, uint64_t salt)
+        : d(dev), m(model), rows(r), params(dev, model.flat_size()), grads(dev, model.flat_size()),
+          metrics(dev, kMetricSlots), acts(model.make_activations(dev, r)) {
+        Rng rng(salt);
+        xh = rng.uniform(size_t(rows) * m.input_features(), -1.0f, 1.0f);
+        yh = rng.labels(rows, m.output_features());
+        x = upload(d, xh);
+        y = upload(d, yh);
+        m.init_params(d, d.compute_stream(), params.data());
+        d.fill(d.compute_stream(), m.flat_size(), 0.0f, grads.data());
     }
-    return loss / ctx.rows;
-}
 
-// Backprop gradients vs finite differences for every parameter. At a ReLU kink the central
-// difference straddles two linear pieces; there one of the one-sided differences must agree.
-void check_gradients(Device& d, const Model& m, int rows, uint64_t salt) {
-    Rng rng(salt);
-    const auto xh = rng.uniform(size_t(rows) * m.input_features(), -1.0f, 1.0f);
-    const auto labels = rng.labels(rows, m.output_features());
-    auto x = upload(d, xh);
-    auto y = upload(d, labels);
-    Activations acts(d, m, rows);
-    PassContext ctx{&d, d.compute_stream(), rows, 3, base_seed(), 9, true};
+    Pass pass(bool training = true) {
+        Pass p;
+        p.dev = &d;
+        p.stream = d.compute_stream();
+        p.rows = rows;
+        p.global_rows = rows;
+        p.row_offset = 3;
+        p.seed = base_seed();
+        p.step = 9;
+        p.training = training;
+        p.params = params.data();
+        p.weights = params.data();
+        p.grads = grads.data();
+        p.acts = &acts;
+        p.vt = d.value_dtype();
+        return p;
+    }
 
-    DeviceBuffer<float> params(d, m.flat_size()), grads(d, m.flat_size());
-    DeviceBuffer<double> metrics(d, kMetricSlots);
-    m.init_params(d, ctx.stream, params.data());
-    d.fill(ctx.stream, m.flat_size(), 0.0f, grads.data());
-    d.fill(ctx.stream, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
-    const float* logits = m.forward(ctx, params.data(), x.data(), acts);
-    float* dl = m.dlogits_buffer(acts);
-    d.softmax_xent(ctx.stream, rows, m.output_features(), logits, y.data(), 1.0f / rows, dl, metrics.data());
-    int callbacks = 0;
-    m.backward(ctx, params.data(), grads.data(), dl, acts, false, [&](int) { ++callbacks; });
-    const auto bp = download(d, grads);
-    auto p = download(d, params);
+    // Mean softmax cross-entropy over the batch, in double from the model's logits.
+    double loss(const std::vector<float>& p_host) {
+        d.copy_to_device(d.compute_stream(), params.data(), p_host.data(), p_host.size() * sizeof(float));
+        Pass p = pass();
+        const void* logits = m.forward(p, x.data());
+        const int classes = m.output_features();
+        std::vector<float> z(size_t(rows) * classes);
+        d.copy_to_host(d.compute_stream(), z.data(), logits, z.size() * 4);
+        d.synchronize();
+        double loss = 0;
+        for (int i = 0; i < rows; ++i) {
+            const float* r = &z[size_t(i) * classes];
+            double mx = r[0];
+            for (int j = 1; j < classes; ++j) mx = std::max(mx, double(r[j]));
+            double s = 0;
+            for (int j = 0; j < classes; ++j) s += std::exp(r[j] - mx);
+            loss += std::log(s) + mx - r[yh[size_t(i)]];
+        }
+        return loss / rows;
+    }
 
-    const double h = 1e-3;
-    int checked = 0, failures = 0;
+    // Backprop gradients; calls on_layer_done per top-level layer with parameters.
+    std::vector<float> backprop(int* callbacks = nullptr, bool accumulate = false) {
+        d.fill(d.compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
+        Pass p = pass();
+        p.accumulate = accumulate;
+        const void* logits = m.forward(p, x.data());
+        void* dl = m.dlogits_buffer(acts);
+        d.softmax_xent(d.compute_stream(), rows, m.output_features(), logits, y.data(), 1.0f / rows, nullptr, dl,
+                       metrics.data());
+        m.backward(p, dl, [&](int) {
+            if (callbacks) ++*callbacks;
+        });
+        return download(d, grads);
+    }
+};
+
+// Backprop gradients vs finite differences for (a sample of) every trainable parameter, with
+// the parameters perturbed first so that no gamma is exactly 1 and no bias 0. At a ReLU kink or
+// a max-pool tie the central difference straddles two linear pieces; there one of the one-sided
+// differences must agree.
+void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t per_tensor = 40) {
+    Harness h(d, m, rows, salt);
+    Rng rng(salt + 100);
+    auto p = download(d, h.params);
     for (const auto& t : m.tensors())
-        for (size_t i = 0; i < t.count; ++i) {
+        if (t.trainable)
+            for (size_t i = 0; i < t.count; ++i) p[t.offset + i] += 0.05f * rng.normal(1)[0];
+    d.copy_to_device(d.compute_stream(), h.params.data(), p.data(), p.size() * sizeof(float));
+    int callbacks = 0;
+    const auto bp = h.backprop(&callbacks);
+    const double eps = 1e-3;
+    int checked = 0, failures = 0, with_params = 0;
+    for (const auto& t : m.tensors()) {
+        if (!t.trainable) continue;
+        for (size_t s = 0; s < std::min(t.count, per_tensor); ++s) {
+            const size_t i = t.count <= per_tensor ? s : size_t(rng.integer(0, int(t.count) - 1));
             const size_t k = t.offset + i;
             const float orig = p[k];
-            p[k] = orig + float(h);
-            const double up = loss_of(d, m, acts, p, x, labels, ctx);
-            p[k] = orig - float(h);
-            const double down = loss_of(d, m, acts, p, x, labels, ctx);
+            p[k] = orig + float(eps);
+            const double up = h.loss(p);
+            p[k] = orig - float(eps);
+            const double down = h.loss(p);
             p[k] = orig;
-            const double at = loss_of(d, m, acts, p, x, labels, ctx);
+            const double at = h.loss(p);
             const double g = bp[k];
-            const double central = (up - down) / (2 * h);
+            const double central = (up - down) / (2 * eps);
             const bool ok = std::fabs(central - g) <= 3e-4 + 1e-2 * std::fabs(g) ||
-                            std::fabs((up - at) / h - g) <= 2e-3 + 3e-2 * std::fabs(g) ||
-                            std::fabs((at - down) / h - g) <= 2e-3 + 3e-2 * std::fabs(g);
+                            std::fabs((up - at) / eps - g) <= 2e-3 + 3e-2 * std::fabs(g) ||
+                            std::fabs((at - down) / eps - g) <= 2e-3 + 3e-2 * std::fabs(g);
             if (!ok && ++failures <= 5)
                 MESSAGE(t.name << "[" << i << "]: backprop " << g << " vs finite difference " << central);
             ++checked;
         }
+    }
     CHECK(failures == 0);
-    CHECK(checked == int(m.param_count()));
-    int dense_layers = 0;
-    for (const auto& l : m.layers()) dense_layers += l.type == LayerSpec::Type::dense;
-    CHECK(callbacks == dense_layers);
+    CHECK(checked > 0);
+    for (const auto& t : m.tensors()) with_params = std::max(with_params, t.layer + 1);
+    CHECK(callbacks > 0);
 }
 
 void overfit(Device& d, OptimizerConfig::Type type) {
     Rng rng(77);
-    const int rows = 32, features = 20, classes = 4;
-    Model m({features}, {dense(64, Activation::relu), dense(64, Activation::gelu), dense(classes, Activation::none)}, 5);
-    auto x = upload(d, rng.normal(size_t(rows) * features));
-    auto y = upload(d, rng.labels(rows, classes));
-    Activations acts(d, m, rows);
-    DeviceBuffer<float> params(d, m.flat_size()), grads(d, m.flat_size());
-    DeviceBuffer<double> metrics(d, kMetricSlots);
-    m.init_params(d, d.compute_stream(), params.data());
-    d.fill(d.compute_stream(), m.flat_size(), 0.0f, grads.data());
+    const int rows = 32, classes = 4;
+    Model m({6, 6, 1}, {conv(4, 3, 1, true, Activation::relu), maxpool(2), flatten(), dense(64, Activation::gelu),
+                        dense(classes, Activation::none)},
+            5);
+    Harness h(d, m, rows, 78);
     OptimizerConfig oc;
     oc.type = type;
     oc.lr = type == OptimizerConfig::Type::sgd ? 0.1 : 0.01;
-    Optimizer opt(d, oc, m.flat_size());
-    PassContext ctx{&d, d.compute_stream(), rows, 0, 1, 0, true};
+    Optimizer opt(d, oc, m.trainable_size());
     float first = 0, last = 0;
     for (int step = 0; step < 300; ++step) {
-        d.fill(ctx.stream, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
-        const float* logits = m.forward(ctx, params.data(), x.data(), acts);
-        float* dl = m.dlogits_buffer(acts);
-        d.softmax_xent(ctx.stream, rows, classes, logits, y.data(), 1.0f / rows, dl, metrics.data());
-        m.backward(ctx, params.data(), grads.data(), dl, acts, false, nullptr);
-        opt.apply(ctx.stream, params.data(), grads.data(), step, float(oc.lr), nullptr);
-        const float loss = download(d, metrics)[kMetricLossSum] / rows;
+        h.backprop();
+        opt.apply(d.compute_stream(), h.params.data(), h.grads.data(), step, float(oc.lr), nullptr, nullptr, false);
+        const float loss = float(download(d, h.metrics)[kMetricLossSum] / rows);
         if (step == 0) first = loss;
         last = loss;
     }
@@ -139,7 +166,7 @@ void overfit(Device& d, OptimizerConfig::Type type) {
 
 }  // namespace
 
-TEST_CASE("model layout: PyTorch names and shapes, aligned offsets, parameter count") {
+TEST_CASE("model layout: PyTorch names and shapes, aligned offsets, trainable tensors before the state") {
     Model m({28, 28, 1}, {flatten(), dense(512, Activation::relu), dropout(0.1f), dense(10, Activation::none)}, 1);
     REQUIRE(m.tensors().size() == 4);
     CHECK(m.tensors()[0].name == "layers.1.weight");
@@ -150,21 +177,45 @@ TEST_CASE("model layout: PyTorch names and shapes, aligned offsets, parameter co
     CHECK(m.param_count() == size_t(784 * 512 + 512 + 512 * 10 + 10));
     for (const auto& t : m.tensors()) CHECK(t.offset % Model::kTensorAlign == 0);
     CHECK(m.flat_size() >= m.param_count());
+    CHECK(!m.has_state());
     CHECK(m.input_features() == 784);
     CHECK(m.output_features() == 10);
+
+    Model c({8, 8, 3}, {conv(16, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
+                        residual({conv(16, 3, 1, true, Activation::none), batchnorm(false, Activation::none)}, "", Activation::relu),
+                        residual({conv(32, 3, 2, true, Activation::none), batchnorm(false, Activation::none)}, "conv1x1",
+                                 Activation::relu),
+                        global_avgpool(), dense(10, Activation::none)},
+            2);
+    CHECK(c.find("layers.0.weight")->shape == std::vector<int>{16, 3, 3, 3});  // [out, in, kh, kw]
+    CHECK(c.find("layers.1.running_var")->trainable == false);
+    CHECK(c.find("layers.2.layers.0.weight")->shape == std::vector<int>{16, 16, 3, 3});
+    CHECK(c.find("layers.3.shortcut.0.weight")->shape == std::vector<int>{32, 16, 1, 1});
+    CHECK(c.find("layers.3.shortcut.1.running_mean") != nullptr);
+    CHECK(c.find("layers.3.layers.1.weight")->layer == 3);  // inner tensors belong to their top-level block
+    CHECK(c.has_state());
+    for (const auto& t : c.tensors())
+        CHECK((t.trainable ? t.offset + t.count <= c.trainable_size() : t.offset >= c.trainable_size()));
+    CHECK(c.output_features() == 10);
 }
 
-TEST_CASE("model rejects bad layer lists with the key that is wrong") {
+TEST_CASE("the model rejects impossible layer lists with the key that is wrong") {
     CHECK_THROWS_WITH_AS(Model({28, 28}, {dense(10, Activation::none)}, 1),
-                         doctest::Contains("model.layers.0: dense needs a flat input"), ConfigError);
-    CHECK_THROWS_WITH_AS(Model({4}, {dense(0, Activation::none)}, 1),
-                         doctest::Contains("model.layers.0.units"), ConfigError);
-    CHECK_THROWS_WITH_AS(Model({4}, {dense(3, Activation::none), dropout(1.0f)}, 1),
-                         doctest::Contains("model.layers.1.rate"), ConfigError);
-    CHECK_THROWS_AS(Model({4}, {flatten()}, 1), ConfigError);
+                         doctest::Contains("model.layers.0: dense needs a vector input"), ConfigError);
+    CHECK_THROWS_WITH_AS(Model({4}, {conv(3, 3, 1, true, Activation::none), dense(2, Activation::none)}, 1),
+                         doctest::Contains("model.layers.0: conv2d needs an image input"), ConfigError);
+    CHECK_THROWS_WITH_AS(Model({4, 4, 1}, {conv(3, 5, 1, false, Activation::none), flatten(), dense(2, Activation::none)}, 1),
+                         doctest::Contains("model.layers.0: a 5x5 kernel does not fit"), ConfigError);
+    CHECK_THROWS_WITH_AS(Model({8, 8, 2}, {residual({conv(4, 3, 1, true, Activation::none)}, "", Activation::relu), flatten(),
+                                           dense(2, Activation::none)},
+                               1),
+                         doctest::Contains("add shortcut: conv1x1"), ConfigError);
+    CHECK_THROWS_WITH_AS(Model({8, 8, 2}, {conv(4, 3, 1, true, Activation::none)}, 1),
+                         doctest::Contains("ends with an image"), ConfigError);
+    CHECK_THROWS_AS(Model({4}, {flatten()}, 1), ConfigError);  // nothing trainable
 }
 
-TEST_CASE("gradients match finite differences: dense none/relu/gelu, dropout, flatten, loss") {
+TEST_CASE("gradients match finite differences: dense, dropout, flatten (NCHW order), loss") {
     auto d = make_cpu_device(0);
     check_gradients(*d, Model({2, 3, 2}, {flatten(), dense(9, Activation::relu), dropout(0.25f),
                                           dense(7, Activation::gelu), dense(5, Activation::none)}, 11),
@@ -172,70 +223,84 @@ TEST_CASE("gradients match finite differences: dense none/relu/gelu, dropout, fl
     check_gradients(*d, Model({6}, {dense(5, Activation::gelu, false), dense(4, Activation::none, false)}, 12), 5, 2);
 }
 
-TEST_CASE("gradient accumulation adds backward passes") {
+TEST_CASE("gradients match finite differences: conv2d (padding, stride, 1x1), pools, batchnorm, layernorm") {
     auto d = make_cpu_device(0);
-    Rng rng(3);
-    Model m({8}, {dense(6, Activation::relu), dense(3, Activation::none)}, 4);
-    const int rows = 5;
-    auto x = upload(*d, rng.normal(rows * 8));
-    auto y = upload(*d, rng.labels(rows, 3));
-    Activations acts(*d, m, rows);
-    DeviceBuffer<float> params(*d, m.flat_size()), grads(*d, m.flat_size());
-    DeviceBuffer<double> metrics(*d, kMetricSlots);
-    m.init_params(*d, d->compute_stream(), params.data());
-    d->fill(d->compute_stream(), m.flat_size(), 0.0f, grads.data());  // alignment gaps stay zero
-    PassContext ctx{d.get(), d->compute_stream(), rows, 0, 1, 0, true};
-    std::vector<float> once;
-    for (int pass = 0; pass < 2; ++pass) {
-        const float* logits = m.forward(ctx, params.data(), x.data(), acts);
-        d->softmax_xent(ctx.stream, rows, 3, logits, y.data(), 1.0f, m.dlogits_buffer(acts), metrics.data());
-        m.backward(ctx, params.data(), grads.data(), m.dlogits_buffer(acts), acts, pass > 0, nullptr);
-        if (pass == 0) once = download(*d, grads);
+    // same padding, max pool, valid conv, batchnorm with relu, padded average pool, global pool, layernorm
+    check_gradients(*d, Model({6, 6, 2}, {conv(3, 3, 1, true, Activation::relu), maxpool(2),
+                                          conv(4, 2, 1, false, Activation::none), batchnorm(false, Activation::relu),
+                                          avgpool(2, 1, 1), global_avgpool(), layernorm(), dense(3, Activation::none)},
+                              21),
+                    5, 3);
+    // stride 2 with explicit padding, a direct 1x1 convolution, overlapping padded max windows, gelu
+    check_gradients(*d, Model({7, 7, 3}, {conv_pad(4, 3, 2, 2, Activation::gelu), conv(5, 1, 1, false, Activation::none),
+                                          maxpool_pad(3, 2, 1), flatten(), layernorm(), dense(4, Activation::none)},
+                              22),
+                    4, 4);
+}
+
+TEST_CASE("gradients match finite differences: residual blocks, identity and projection shortcuts") {
+    auto d = make_cpu_device(0);
+    check_gradients(*d, Model({4, 4, 3}, {conv(4, 3, 1, true, Activation::relu),
+                                          residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
+                                                    conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
+                                                   "", Activation::relu),
+                                          residual({conv(6, 3, 2, true, Activation::none), batchnorm(false, Activation::relu),
+                                                    conv(6, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
+                                                   "conv1x1", Activation::relu),
+                                          global_avgpool(), dense(3, Activation::none)},
+                              31),
+                    4, 5, 20);
+}
+
+TEST_CASE("gradient accumulation adds backward passes; batchnorm's running statistics accumulate too") {
+    auto d = make_cpu_device(0);
+    Model m({4, 4, 2}, {conv(3, 3, 1, true, Activation::relu), batchnorm(false, Activation::none), flatten(),
+                        dense(3, Activation::none)},
+            4);
+    Harness h(*d, m, 5, 3);
+    const auto once = h.backprop();
+    const auto twice = h.backprop(nullptr, true);
+    for (size_t i = 0; i < once.size(); ++i) CHECK(twice[i] == doctest::Approx(2 * once[i]).epsilon(1e-5));
+    const TensorInfo* rv = m.find("layers.1.running_var");
+    CHECK(once[rv->offset] > 0.0f);  // this batch's (weighted) statistics
+}
+
+TEST_CASE("a small CNN overfits a fixed batch on the CPU backend and on a simulated GPU (SGD and AdamW)") {
+    for (DeviceType t : {DeviceType::cpu, DeviceType::sim}) {
+        CAPTURE(device_type_name(t));
+        auto d = make_device(t, 0);
+        overfit(*d, OptimizerConfig::Type::sgd);
+        overfit(*d, OptimizerConfig::Type::adamw);
     }
-    const auto twice = download(*d, grads);
-    for (size_t i = 0; i < once.size(); ++i) CHECK(twice[i] == doctest::Approx(2 * once[i]).epsilon(1e-6));
 }
 
-TEST_CASE("an MLP overfits a small fixed batch on the CPU backend (SGD and AdamW)") {
-    auto d = make_cpu_device(0);
-    overfit(*d, OptimizerConfig::Type::sgd);
-    overfit(*d, OptimizerConfig::Type::adamw);
-}
-
-TEST_CASE("an MLP overfits a small fixed batch on the CUDA backend (SGD and AdamW)") {
+TEST_CASE("a small CNN overfits a fixed batch on the CUDA backend (SGD and AdamW)") {
     SKIP_WITHOUT_CUDA();
     auto d = make_cuda_device(0);
     overfit(*d, OptimizerConfig::Type::sgd);
     overfit(*d, OptimizerConfig::Type::adamw);
 }
 
-TEST_CASE("CUDA forward/backward of a whole model match CPU on the same weights") {
+TEST_CASE("CUDA forward/backward of whole models (MLP, CNN with batchnorm and a residual block) match CPU") {
     SKIP_WITHOUT_CUDA();
-    Rng rng(21);
-    Model m({3, 5, 1}, {flatten(), dense(33, Activation::gelu), dropout(0.2f), dense(17, Activation::relu),
-                        dense(6, Activation::none)}, 8);
-    const int rows = 19;
-    const auto xh = rng.normal(size_t(rows) * m.input_features());
-    const auto yh = rng.labels(rows, 6);
-    std::vector<std::vector<float>> results;
-    for (bool cuda : {false, true}) {
-        auto d = cuda ? make_cuda_device(0) : make_cpu_device(0);
-        auto x = upload(*d, xh);
-        auto y = upload(*d, yh);
-        Activations acts(*d, m, rows);
-        DeviceBuffer<float> params(*d, m.flat_size()), grads(*d, m.flat_size());
-        DeviceBuffer<double> metrics(*d, kMetricSlots);
-        d->fill(d->compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
-        m.init_params(*d, d->compute_stream(), params.data());
-        d->fill(d->compute_stream(), m.flat_size(), 0.0f, grads.data());
-        PassContext ctx{d.get(), d->compute_stream(), rows, 40, 3, 2, true};
-        const float* logits = m.forward(ctx, params.data(), x.data(), acts);
-        d->softmax_xent(ctx.stream, rows, 6, logits, y.data(), 1.0f / rows, m.dlogits_buffer(acts), metrics.data());
-        m.backward(ctx, params.data(), grads.data(), m.dlogits_buffer(acts), acts, false, nullptr);
-        results.push_back(download(*d, grads));
-        auto p = download(*d, params);
-        results.push_back(p);
+    const Model mlp({3, 5, 2}, {flatten(), dense(33, Activation::gelu), dropout(0.2f), dense(17, Activation::relu),
+                                dense(6, Activation::none)},
+                    8);
+    const Model cnn({8, 8, 3}, {conv(8, 3, 1, true, Activation::relu), maxpool(2),
+                                residual({conv(8, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
+                                          conv(8, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
+                                         "", Activation::relu),
+                                layernorm(), global_avgpool(), dense(6, Activation::none)},
+                    9);
+    for (const Model* m : {&mlp, &cnn}) {
+        std::vector<std::vector<float>> grads, params;
+        for (bool cuda : {false, true}) {
+            auto d = cuda ? make_cuda_device(0) : make_cpu_device(0);
+            Harness h(*d, *m, 19, 21);
+            grads.push_back(h.backprop());
+            params.push_back(download(*d, h.params));
+        }
+        CHECK(params[1] == params[0]);  // identical initial weights
+        CHECK(rel_error(grads[1], grads[0]) < 1e-4);
     }
-    CHECK(results[3] == results[1]);  // identical initial weights
-    CHECK(rel_error(results[2], results[0]) < 1e-4);
 }

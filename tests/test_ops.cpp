@@ -67,10 +67,10 @@ GemmCase make_gemm(Rng& rng, bool ta, bool tb) {
 std::vector<float> run_gemm(Device& d, const GemmCase& g, bool tf32 = false) {
     auto a = upload(d, g.a), b = upload(d, g.b);
     auto c = g.beta != 0.0f ? upload(d, g.c0) : poisoned(d, g.c0.size());
-    d.set_tf32(tf32);
+    d.set_precision(tf32 ? Precision::tf32 : Precision::fp32);
     d.gemm(d.compute_stream(), g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), g.ta ? g.m : g.k, b.data(),
            g.tb ? g.k : g.n, g.beta, c.data(), g.n);
-    d.set_tf32(false);
+    d.set_precision(Precision::fp32);
     return download(d, c);
 }
 
@@ -143,7 +143,7 @@ std::vector<float> run_xent(Device& d, const XentCase& x) {
     auto labels = upload(d, x.labels);
     auto dl = poisoned(d, x.logits.size());
     auto metrics = upload(d, std::vector<double>{1.0, 2.0, 3.0, 0.0});
-    d.softmax_xent(d.compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, dl.data(),
+    d.softmax_xent(d.compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, nullptr, dl.data(),
                    metrics.data());
     auto out = download(d, dl);
     auto m = download(d, metrics);
@@ -189,9 +189,9 @@ OptCase make_opt(Rng& rng) {
 // Returns p, then m (and v). With clip, the grad norm is computed on the device by sum_squares.
 std::vector<float> run_sgd(Device& d, const OptCase& o, SgdArgs a) {
     auto p = upload(d, o.p), g = upload(d, o.g), m = upload(d, o.m);
-    DeviceBuffer<float> norm(d, 1);
-    d.sum_squares(d.compute_stream(), o.n, g.data(), norm.data());
-    if (a.clip_norm > 0) a.grad_sq_norm = norm.data();
+    DeviceBuffer<float> norm(d, 2);
+    d.sum_squares(d.compute_stream(), o.n, g.data(), nullptr, norm.data());
+    if (a.clip_norm > 0) a.grad_stats = norm.data();
     d.sgd_update(d.compute_stream(), o.n, p.data(), g.data(), m.data(), a);
     auto out = download(d, p);
     auto mh = download(d, m);
@@ -219,9 +219,9 @@ std::vector<double> ref_sgd(const OptCase& o, const SgdArgs& a) {
 
 std::vector<float> run_adamw(Device& d, const OptCase& o, AdamWArgs a) {
     auto p = upload(d, o.p), g = upload(d, o.g), m = upload(d, o.m), v = upload(d, o.v);
-    DeviceBuffer<float> norm(d, 1);
-    d.sum_squares(d.compute_stream(), o.n, g.data(), norm.data());
-    if (a.clip_norm > 0) a.grad_sq_norm = norm.data();
+    DeviceBuffer<float> norm(d, 2);
+    d.sum_squares(d.compute_stream(), o.n, g.data(), nullptr, norm.data());
+    if (a.clip_norm > 0) a.grad_stats = norm.data();
     d.adamw_update(d.compute_stream(), o.n, p.data(), g.data(), m.data(), v.data(), a);
     auto out = download(d, p);
     for (auto* b : {&m, &v}) {
@@ -279,8 +279,8 @@ std::vector<float> run_flat_ops(Device& d, const std::vector<float>& x, const st
     d.fill(d.compute_stream(), x.size(), 0.25f, f.data());
     d.scale(d.compute_stream(), x.size(), -1.5f, xb.data());
     d.axpy(d.compute_stream(), x.size(), 0.75f, xb.data(), yb.data());
-    auto sq = poisoned(d, 1);
-    d.sum_squares(d.compute_stream(), y.size(), yb.data(), sq.data());
+    auto sq = poisoned(d, 2);
+    d.sum_squares(d.compute_stream(), y.size(), yb.data(), nullptr, sq.data());
     auto out = download(d, f);
     for (auto* b : {&xb, &yb, &sq}) {
         auto h = download(d, *b);
@@ -300,6 +300,7 @@ std::vector<double> ref_flat_ops(const std::vector<float>& x, const std::vector<
     out.insert(out.end(), xs.begin(), xs.end());
     out.insert(out.end(), ys.begin(), ys.end());
     out.push_back(sq);
+    out.push_back(0.0);  // non-finite count
     return out;
 }
 
@@ -397,7 +398,7 @@ TEST_CASE("metric accumulators count exactly beyond 2^24 samples (cpu, sim)") {
         auto labels = upload(*d, x.labels);
         auto metrics = upload(*d, std::vector<double>{0.0, start, start, 0.0});
         for (int i = 0; i < 5; ++i)
-            d->softmax_xent(d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), 0.0f, nullptr,
+            d->softmax_xent(d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), 0.0f, nullptr, nullptr,
                             metrics.data());
         const auto m = download(*d, metrics);
         CHECK(m[kMetricCount] == start + 5 * x.rows);

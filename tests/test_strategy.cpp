@@ -12,6 +12,7 @@
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/strategy.h"
 #include "tests/helpers.h"
+#include "tests/layers.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -113,15 +114,6 @@ struct SimScope {
     }
 };
 
-LayerSpec dense(int units, Activation act) {
-    LayerSpec s;
-    s.type = LayerSpec::Type::dense;
-    s.units = units;
-    s.activation = act;
-    s.init = InitKind::he_uniform;
-    return s;
-}
-
 struct TrainResult {
     std::vector<float> params;
     std::vector<uint64_t> checksums;
@@ -138,10 +130,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     so.samples = 480;
     so.seed = 7;
     const Dataset ds = make_synthetic(so);
-    LayerSpec drop;
-    drop.type = LayerSpec::Type::dropout;
-    drop.rate = 0.2f;
-    const Model model({12}, {dense(16, Activation::relu), drop, dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
+    const Model model({12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
     OptimizerConfig oc;
     oc.type = opt_type;
     oc.lr = opt_type == OptimizerConfig::Type::sgd ? 0.1 : 0.01;
@@ -167,6 +156,59 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     TrainResult out;
     out.metrics = strategy.take_train_metrics();
     out.params = strategy.download_params();
+    for (int r = 0; r < strategy.replicas(); ++r) out.checksums.push_back(strategy.checksum(r));
+    return out;
+}
+
+struct CnnResult {
+    std::vector<float> params;  // replica 0's, running statistics included
+    std::vector<uint64_t> checksums;
+    Metrics metrics;
+    float loss_scale = 1;
+};
+
+// A small CNN with batchnorm (synchronised or per replica) on images of a synthetic problem.
+CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision precision = Precision::fp32,
+                    int overflow_step = -1, int overflow_replica = 1, std::vector<float>* before_overflow = nullptr) {
+    SyntheticOptions so;
+    so.shape = {6, 6, 2};
+    so.classes = 3;
+    so.samples = 360;
+    so.seed = 8;
+    const Dataset ds = make_synthetic(so);
+    const Model model({6, 6, 2}, {conv(4, 3, 1, true, Activation::none), batchnorm(sync, Activation::relu), maxpool(2),
+                                  residual({conv(4, 3, 1, true, Activation::none), batchnorm(sync, Activation::none)}, "",
+                                           Activation::relu),
+                                  flatten(), dense(3, Activation::none)},
+                      4);
+    OptimizerConfig oc;
+    oc.lr = 0.05;
+    StrategyConfig sc;
+    sc.devices = devices;
+    sc.bucket_mb = 0.0002;
+    sc.verify_every_steps = 3;
+    sc.precision = precision;
+    const int global = 24;
+    MirroredStrategy strategy(sc, model, oc, global, 1);
+    LoaderOptions lo;
+    lo.global_batch = global;
+    lo.consumers = strategy.replicas();
+    lo.seed = 11;
+    Loader loader(ds, lo, strategy.host_allocator());
+    loader.start({});
+    strategy.init_and_broadcast();
+    for (int s = 0; s < steps; ++s) {
+        if (s == overflow_step) {
+            if (before_overflow) *before_overflow = strategy.download_params();
+            strategy.test_inject_overflow(overflow_replica);
+        }
+        strategy.train_step(strategy.next_batch(loader), s, float(oc.lr), 99, false);
+    }
+    strategy.request_train_metrics();
+    CnnResult out;
+    out.metrics = strategy.take_train_metrics();
+    out.params = strategy.download_params();
+    out.loss_scale = strategy.loss_scale_state()[0];
     for (int r = 0; r < strategy.replicas(); ++r) out.checksums.push_back(strategy.checksum(r));
     return out;
 }
@@ -533,4 +575,57 @@ TEST_CASE("cuda: N replicas on GPU 0 match one replica, and match the CPU run") 
             CHECK(rel_error(many.params, one.params) < 1e-5);
             for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
         }
+}
+
+TEST_CASE("a CNN with synchronised batchnorm: N = 1, 2, 3 replicas equal one replica on the global batch") {
+    SimScope sim(20);
+    const CnnResult one = train_cnn("cpu:1", 6, true);
+    for (const char* devices : {"cpu:2", "cpu:3", "sim:0,1", "sim:0,0,0"}) {
+        CAPTURE(devices);
+        const CnnResult many = train_cnn(devices, 6, true);
+        CHECK(rel_error(many.params, one.params) < 1e-4);  // running statistics included
+        CHECK(many.metrics.loss_sum == doctest::Approx(one.metrics.loss_sum).epsilon(1e-4));
+        for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
+    }
+}
+
+TEST_CASE("per-replica batchnorm (the default): replicas stay identical, but differ from one replica as documented") {
+    const CnnResult one = train_cnn("cpu:1", 6, false);
+    const CnnResult two = train_cnn("cpu:2", 6, false);
+    for (uint64_t c : two.checksums) CHECK(c == two.checksums[0]);  // mirrored: the same update everywhere
+    CHECK(rel_error(two.params, one.params) > 1e-4);                  // each replica normalised by its own shard
+    CHECK(two.metrics.count == one.metrics.count);
+}
+
+TEST_CASE("fp16 loss scaling: an overflow in one replica skips the step on every replica and halves the scale") {
+    SimScope sim(20);
+    for (const char* devices : {"cpu:2", "sim:0,1"}) {
+        CAPTURE(devices);
+        std::vector<float> before;
+        const CnnResult clean = train_cnn(devices, 4, false, Precision::fp16);
+        const CnnResult hit = train_cnn(devices, 4, false, Precision::fp16, 3, 1, &before);
+        CHECK(clean.loss_scale == MirroredStrategy::kInitialLossScale);
+        CHECK(hit.loss_scale == MirroredStrategy::kInitialLossScale / 2);
+        for (uint64_t c : hit.checksums) CHECK(c == hit.checksums[0]);  // replicas identical
+        // the skipped step moved no trainable parameter (the running statistics did: they come
+        // from the forward pass, as in PyTorch), and the clean run's last step did
+        REQUIRE(before.size() == hit.params.size());
+        size_t moved = 0;
+        for (size_t i = 0; i < before.size(); ++i) moved += before[i] != hit.params[i];
+        CHECK(moved > 0);
+        CHECK(moved < 64);  // only the few running statistics
+        CHECK(rel_error(hit.params, clean.params) > 1e-6);
+    }
+}
+
+TEST_CASE("bf16 and fp16 on CPU replicas emulate the GPU's storage: training works, results differ from fp32 slightly") {
+    const CnnResult f32 = train_cnn("cpu:2", 6, true);
+    for (Precision p : {Precision::bf16, Precision::fp16}) {
+        CAPTURE(precision_name(p));
+        const CnnResult lp = train_cnn("cpu:2", 6, true, p);
+        CHECK(rel_error(lp.params, f32.params) > 0.0);
+        CHECK(rel_error(lp.params, f32.params) < 0.05);
+        CHECK(lp.metrics.loss_sum == doctest::Approx(f32.metrics.loss_sum).epsilon(0.05));
+        for (uint64_t c : lp.checksums) CHECK(c == lp.checksums[0]);
+    }
 }

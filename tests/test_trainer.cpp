@@ -221,8 +221,8 @@ TEST_CASE("a checkpoint of another model is refused with exit code 4 and the rea
     std::string err;
     CHECK(run_cli({"train", cfg, "--output", out, "--set", "model.layers.0.units=16"}, {}, -1, &err) == kExitCheckpoint);
     CHECK(err.find("different model") != std::string::npos);
-    CHECK(err.find("dense 32 relu") != std::string::npos);
-    CHECK(err.find("dense 16 relu") != std::string::npos);
+    CHECK(err.find("dense units=32 activation=relu") != std::string::npos);
+    CHECK(err.find("dense units=16 activation=relu") != std::string::npos);
 }
 
 TEST_CASE("export writes the weights under PyTorch names; they round-trip exactly") {

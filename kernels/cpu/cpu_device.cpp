@@ -1,13 +1,16 @@
 // The CPU backend: the reference every CUDA op is tested against. OpenBLAS for GEMM, plain loops
 // elsewhere. Ops run to completion on the calling thread (a replica's own thread), so streams and
-// events are no-ops here.
+// events are no-ops here. Activations are stored as f32; with bf16/fp16 precision every stored
+// activation is rounded to that type at the points where the CUDA backend stores it.
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
+#include <vector>
 
 #include "kernels/device.h"
 #include "kernels/error.h"
@@ -20,6 +23,9 @@ namespace mirrored {
 void cpu_set_blas_threads(int n) { openblas_set_num_threads(n); }
 
 namespace {
+
+inline const float* F(const void* p) { return static_cast<const float*>(p); }
+inline float* F(void* p) { return static_cast<float*>(p); }
 
 class CpuDevice final : public Device {
 public:
@@ -63,51 +69,62 @@ public:
     void abandon() noexcept override { abandoned_ = true; }
     float event_elapsed_ms(Event, Event) override { return 0.0f; }
     void host_callback(Stream, void (*fn)(void*), void* arg) override { fn(arg); }
-    void set_tf32(bool) override {}
 
-    void gemm(Stream, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-              const float* b, int ldb, float beta, float* c, int ldc) override {
+    void set_precision(Precision p) override { precision_ = p; }
+    DType act_dtype() const override { return DType::f32; }  // values rounded to value_dtype()
+
+    void gemm(Stream, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda,
+              const void* b, int ldb, float beta, void* cv, int ldc, GemmTypes types) override {
         if (m <= 0 || n <= 0) return;
+        float* c = F(cv);
         if (k <= 0) {
             for (int i = 0; i < m; ++i)
                 for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[size_t(i) * ldc + j];
-            return;
+        } else {
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+                        alpha, F(a), lda, F(b), ldb, beta, c, ldc);
         }
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-                    n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        if (types.c != DType::f32)
+            for (int i = 0; i < m; ++i)
+                for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] = round_to(types.c, c[size_t(i) * ldc + j]);
     }
 
-    void bias_act_forward(Stream, Activation act, int rows, int cols, const float* bias, float* z,
-                          float* out) override {
+    void bias_act_forward(Stream, Activation act, int rows, int cols, const float* bias, void* zv,
+                          void* ov) override {
+        const DType t = value_dtype();
+        float* z = F(zv);
+        float* o = F(ov);
         for (int i = 0; i < rows; ++i) {
             float* zr = z + size_t(i) * cols;
-            float* orow = out + size_t(i) * cols;
+            float* orow = o + size_t(i) * cols;
             for (int j = 0; j < cols; ++j) {
-                const float v = bias ? zr[j] + bias[j] : zr[j];
+                const float v = round_to(t, bias ? zr[j] + bias[j] : zr[j]);
                 zr[j] = v;
-                orow[j] = act_forward(act, v);
+                orow[j] = round_to(t, act_forward(act, v));
             }
         }
     }
 
-    void act_backward(Stream, Activation act, size_t n, const float* z, const float* dout,
-                      float* dz) override {
-        for (size_t i = 0; i < n; ++i) dz[i] = dout[i] * act_derivative(act, z[i]);
+    void act_backward(Stream, Activation act, size_t n, const void* z, const void* dout, void* dz) override {
+        const DType t = value_dtype();
+        for (size_t i = 0; i < n; ++i) F(dz)[i] = round_to(t, F(dout)[i] * act_derivative(act, F(z)[i]));
     }
 
-    void bias_grad(Stream, int rows, int cols, const float* dz, float* db, bool accumulate) override {
-        for (int j = 0; j < cols; ++j) {
-            float s = 0.0f;
-            for (int i = 0; i < rows; ++i) s += dz[size_t(i) * cols + j];
-            db[j] = accumulate ? db[j] + s : s;
-        }
+    void bias_grad(Stream, int rows, int cols, const void* dzv, float* db, bool accumulate) override {
+        const float* dz = F(dzv);
+        std::vector<float> s(size_t(cols), 0.0f);
+        for (int i = 0; i < rows; ++i)
+            for (int j = 0; j < cols; ++j) s[size_t(j)] += dz[size_t(i) * cols + j];
+        for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + s[size_t(j)] : s[size_t(j)];
     }
 
-    void softmax_xent(Stream, int rows, int classes, const float* logits, const int32_t* labels,
-                      float grad_scale, float* dlogits, double* metrics) override {
+    void softmax_xent(Stream, int rows, int classes, const void* logits, const int32_t* labels,
+                      float grad_scale, const float* loss_scale, void* dlogits, double* metrics) override {
+        const DType t = value_dtype();
+        const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f);
         double loss_sum = 0.0, correct = 0.0;
         for (int i = 0; i < rows; ++i) {
-            const float* z = logits + size_t(i) * classes;
+            const float* z = F(logits) + size_t(i) * classes;
             int arg = 0;
             for (int j = 1; j < classes; ++j)
                 if (z[j] > z[arg]) arg = j;
@@ -118,10 +135,10 @@ public:
             loss_sum += double(std::log(sum) + mx - z[y]);
             correct += arg == y ? 1.0 : 0.0;
             if (dlogits) {
-                float* d = dlogits + size_t(i) * classes;
+                float* d = F(dlogits) + size_t(i) * classes;
                 const float inv = 1.0f / sum;
                 for (int j = 0; j < classes; ++j)
-                    d[j] = (std::exp(z[j] - mx) * inv - (j == y ? 1.0f : 0.0f)) * grad_scale;
+                    d[j] = round_to(t, (std::exp(z[j] - mx) * inv - (j == y ? 1.0f : 0.0f)) * gs);
             }
         }
         metrics[kMetricLossSum] += loss_sum;
@@ -129,23 +146,285 @@ public:
         metrics[kMetricCount] += double(rows);
     }
 
-    void dropout_forward(Stream, const DropoutArgs& a, int rows, int cols, const float* x,
-                         float* y) override {
+    void dropout_forward(Stream, const DropoutArgs& a, int rows, int cols, const void* x, void* y) override {
+        const DType t = value_dtype();
         const float keep_scale = 1.0f / (1.0f - a.rate);
         for (int i = 0; i < rows; ++i)
             for (int j = 0; j < cols; ++j) {
                 const size_t e = size_t(i) * cols + j;
-                y[e] = dropout_keep(a.seed, a.layer_id, a.step, a.row_offset + i, cols, j, a.rate)
-                           ? x[e] * keep_scale
-                           : 0.0f;
+                F(y)[e] = dropout_keep(a.seed, a.layer_id, a.step, a.row_offset + i, cols, j, a.rate)
+                              ? round_to(t, F(x)[e] * keep_scale)
+                              : 0.0f;
             }
     }
 
-    void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const float* dy,
-                          float* dx) override {
+    void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx) override {
         dropout_forward(s, a, rows, cols, dy, dx);  // the same mask and scale
     }
 
+    void convert(Stream, size_t n, const void* x, DType, void* y, DType yt) override {
+        for (size_t i = 0; i < n; ++i) F(y)[i] = round_to(yt, F(x)[i]);
+    }
+
+    void add(Stream, size_t n, const void* x, void* y) override {
+        const DType t = value_dtype();
+        for (size_t i = 0; i < n; ++i) F(y)[i] = round_to(t, F(y)[i] + F(x)[i]);
+    }
+
+    // ---- convolution and pooling --------------------------------------------------------
+    void im2col(Stream, const Window2d& g, const void* xv, void* colv) override {
+        const float* x = F(xv);
+        float* col = F(colv);
+        const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
+        const size_t K = size_t(g.c) * kk;
+        for (int n = 0; n < g.n; ++n)
+            for (int oy = 0; oy < oh; ++oy)
+                for (int ox = 0; ox < ow; ++ox) {
+                    float* row = col + ((size_t(n) * oh + oy) * ow + ox) * K;
+                    for (int ky = 0; ky < g.kh; ++ky) {
+                        const int iy = oy * g.sh + ky - g.ph;
+                        for (int kx = 0; kx < g.kw; ++kx) {
+                            const int ix = ox * g.sw + kx - g.pw;
+                            const int k0 = ky * g.kw + kx;
+                            if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) {
+                                for (int c = 0; c < g.c; ++c) row[size_t(c) * kk + k0] = 0.0f;
+                                continue;
+                            }
+                            const float* src = x + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
+                            for (int c = 0; c < g.c; ++c) row[size_t(c) * kk + k0] = src[c];
+                        }
+                    }
+                }
+    }
+
+    void col2im(Stream, const Window2d& g, const void* dcolv, void* dxv) override {
+        const DType t = value_dtype();
+        const float* dcol = F(dcolv);
+        float* dx = F(dxv);
+        std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
+        const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
+        const size_t K = size_t(g.c) * kk;
+        for (int n = 0; n < g.n; ++n)
+            for (int oy = 0; oy < oh; ++oy)
+                for (int ox = 0; ox < ow; ++ox) {
+                    const float* row = dcol + ((size_t(n) * oh + oy) * ow + ox) * K;
+                    for (int ky = 0; ky < g.kh; ++ky) {
+                        const int iy = oy * g.sh + ky - g.ph;
+                        if (iy < 0 || iy >= g.h) continue;
+                        for (int kx = 0; kx < g.kw; ++kx) {
+                            const int ix = ox * g.sw + kx - g.pw;
+                            if (ix < 0 || ix >= g.w) continue;
+                            float* dst = dx + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
+                            const int k0 = ky * g.kw + kx;
+                            for (int c = 0; c < g.c; ++c) dst[c] += row[size_t(c) * kk + k0];
+                        }
+                    }
+                }
+        if (t != DType::f32)
+            for (size_t i = 0, e = size_t(g.n) * g.h * g.w * g.c; i < e; ++i) dx[i] = round_to(t, dx[i]);
+    }
+
+    void pool_forward(Stream, PoolKind kind, const Window2d& g, const void* xv, void* yv) override {
+        const DType t = value_dtype();
+        const float* x = F(xv);
+        float* y = F(yv);
+        const int oh = g.oh(), ow = g.ow();
+        const float inv = 1.0f / float(g.kh * g.kw);
+        for (int n = 0; n < g.n; ++n)
+            for (int oy = 0; oy < oh; ++oy)
+                for (int ox = 0; ox < ow; ++ox)
+                    for (int c = 0; c < g.c; ++c) {
+                        float acc = kind == PoolKind::max ? -std::numeric_limits<float>::infinity() : 0.0f;
+                        for (int ky = 0; ky < g.kh; ++ky) {
+                            const int iy = oy * g.sh + ky - g.ph;
+                            if (iy < 0 || iy >= g.h) continue;
+                            for (int kx = 0; kx < g.kw; ++kx) {
+                                const int ix = ox * g.sw + kx - g.pw;
+                                if (ix < 0 || ix >= g.w) continue;
+                                const float v = x[((size_t(n) * g.h + iy) * g.w + ix) * g.c + c];
+                                if (kind == PoolKind::max) acc = v > acc ? v : acc;
+                                else acc += v;
+                            }
+                        }
+                        y[((size_t(n) * oh + oy) * ow + ox) * g.c + c] = round_to(t, kind == PoolKind::max ? acc : acc * inv);
+                    }
+    }
+
+    void pool_backward(Stream, PoolKind kind, const Window2d& g, const void* xv, const void* dyv, void* dxv) override {
+        const DType t = value_dtype();
+        const float* x = F(xv);
+        const float* dy = F(dyv);
+        float* dx = F(dxv);
+        std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
+        const int oh = g.oh(), ow = g.ow();
+        const float inv = 1.0f / float(g.kh * g.kw);
+        for (int n = 0; n < g.n; ++n)
+            for (int oy = 0; oy < oh; ++oy)
+                for (int ox = 0; ox < ow; ++ox)
+                    for (int c = 0; c < g.c; ++c) {
+                        const float d = dy[((size_t(n) * oh + oy) * ow + ox) * g.c + c];
+                        size_t best = SIZE_MAX;
+                        float best_v = -std::numeric_limits<float>::infinity();
+                        for (int ky = 0; ky < g.kh; ++ky) {
+                            const int iy = oy * g.sh + ky - g.ph;
+                            if (iy < 0 || iy >= g.h) continue;
+                            for (int kx = 0; kx < g.kw; ++kx) {
+                                const int ix = ox * g.sw + kx - g.pw;
+                                if (ix < 0 || ix >= g.w) continue;
+                                const size_t e = ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c;
+                                if (kind == PoolKind::average) dx[e] += d * inv;
+                                else if (best == SIZE_MAX || x[e] > best_v) best = e, best_v = x[e];
+                            }
+                        }
+                        if (kind == PoolKind::max && best != SIZE_MAX) dx[best] += d;
+                    }
+        if (t != DType::f32)
+            for (size_t i = 0, e = size_t(g.n) * g.h * g.w * g.c; i < e; ++i) dx[i] = round_to(t, dx[i]);
+    }
+
+    void nhwc_to_nchw(Stream, int n, int h, int w, int c, const void* xv, void* yv, bool inverse) override {
+        const float* x = F(xv);
+        float* y = F(yv);
+        const size_t hw = size_t(h) * w;
+        for (int b = 0; b < n; ++b)
+            for (size_t p = 0; p < hw; ++p)
+                for (int ch = 0; ch < c; ++ch) {
+                    const size_t nhwc = (size_t(b) * hw + p) * c + ch, nchw = (size_t(b) * c + ch) * hw + p;
+                    if (inverse) y[nhwc] = x[nchw];
+                    else y[nchw] = x[nhwc];
+                }
+    }
+
+    // ---- normalisation ----------------------------------------------------------------------
+    void channel_sums(Stream, int rows, int c, const void* xv, const float* shift, bool squares, float* out) override {
+        const float* x = F(xv);
+        std::vector<double> acc(size_t(c), 0.0);
+        for (int r = 0; r < rows; ++r)
+            for (int ch = 0; ch < c; ++ch) {
+                const double v = double(x[size_t(r) * c + ch]) - (shift ? shift[ch] : 0.0f);
+                acc[size_t(ch)] += squares ? v * v : v;
+            }
+        for (int ch = 0; ch < c; ++ch) out[ch] = float(acc[size_t(ch)]);
+    }
+
+    void bn_finalize(Stream, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
+                     float* run_mean, float* run_var) override {
+        for (int ch = 0; ch < a.channels; ++ch) {
+            const float m = bn_mean(sum[ch], a.count);
+            mean[ch] = m;
+            if (!sqsum) continue;
+            const float var = bn_var(sqsum[ch], a.count);
+            invstd[ch] = bn_invstd(var, a.eps);
+            if (run_mean) run_mean[ch] += a.weight * m;
+            if (run_var) run_var[ch] += a.weight * bn_unbiased(var, a.count);
+        }
+    }
+
+    void rsqrt_eps(Stream, int c, const float* var, float eps, float* invstd) override {
+        for (int ch = 0; ch < c; ++ch) invstd[ch] = bn_invstd(var[ch], eps);
+    }
+
+    void channel_affine(Stream, int rows, int c, const void* xv, const float* mean, const float* invstd,
+                        const float* gamma, const float* beta, void* yv) override {
+        const DType t = value_dtype();
+        const float* x = F(xv);
+        float* y = F(yv);
+        for (int r = 0; r < rows; ++r)
+            for (int ch = 0; ch < c; ++ch) {
+                const size_t e = size_t(r) * c + ch;
+                y[e] = round_to(t, gamma[ch] * ((x[e] - mean[ch]) * invstd[ch]) + beta[ch]);
+            }
+    }
+
+    void bn_backward_sums(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
+                          const float* invstd, float* out) override {
+        const float* dy = F(dyv);
+        const float* x = F(xv);
+        std::vector<double> s0(size_t(c), 0.0), s1(size_t(c), 0.0);
+        for (int r = 0; r < rows; ++r)
+            for (int ch = 0; ch < c; ++ch) {
+                const size_t e = size_t(r) * c + ch;
+                s0[size_t(ch)] += dy[e];
+                s1[size_t(ch)] += double(dy[e]) * ((x[e] - mean[ch]) * invstd[ch]);
+            }
+        for (int ch = 0; ch < c; ++ch) {
+            out[ch] = float(s0[size_t(ch)]);
+            out[c + ch] = float(s1[size_t(ch)]);
+        }
+    }
+
+    void bn_backward_dx(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
+                        const float* invstd, const float* gamma, const float* sums, double count, void* dxv) override {
+        const DType t = value_dtype();
+        const float* dy = F(dyv);
+        const float* x = F(xv);
+        float* dx = F(dxv);
+        const float inv_count = float(1.0 / count);
+        for (int r = 0; r < rows; ++r)
+            for (int ch = 0; ch < c; ++ch) {
+                const size_t e = size_t(r) * c + ch;
+                const float xhat = (x[e] - mean[ch]) * invstd[ch];
+                dx[e] = round_to(t, gamma[ch] * invstd[ch] *
+                                        (dy[e] - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count)));
+            }
+    }
+
+    void layernorm_forward(Stream, int rows, int c, float eps, const void* xv, const float* gamma,
+                           const float* beta, void* yv, float* mean, float* rstd) override {
+        const DType t = value_dtype();
+        const float* x = F(xv);
+        float* y = F(yv);
+        for (int r = 0; r < rows; ++r) {
+            const float* xr = x + size_t(r) * c;
+            double s = 0;
+            for (int ch = 0; ch < c; ++ch) s += xr[ch];
+            const float m = float(s / c);
+            double q = 0;
+            for (int ch = 0; ch < c; ++ch) q += double(xr[ch] - m) * (xr[ch] - m);
+            const float rs = bn_invstd(float(q / c), eps);
+            mean[r] = m;
+            rstd[r] = rs;
+            for (int ch = 0; ch < c; ++ch) y[size_t(r) * c + ch] = round_to(t, gamma[ch] * ((xr[ch] - m) * rs) + beta[ch]);
+        }
+    }
+
+    void layernorm_backward(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
+                            const float* rstd, const float* gamma, void* dxv, float* dgamma, float* dbeta,
+                            bool accumulate) override {
+        const DType t = value_dtype();
+        const float* dy = F(dyv);
+        const float* x = F(xv);
+        float* dx = F(dxv);
+        std::vector<double> dg(size_t(c), 0.0), db(size_t(c), 0.0);
+        for (int r = 0; r < rows; ++r) {
+            const float* xr = x + size_t(r) * c;
+            const float* dyr = dy + size_t(r) * c;
+            double a = 0, b = 0;  // sums of g*dy and g*dy*xhat over the row
+            for (int ch = 0; ch < c; ++ch) {
+                const float xhat = (xr[ch] - mean[r]) * rstd[r];
+                const float gd = gamma[ch] * dyr[ch];
+                a += gd;
+                b += double(gd) * xhat;
+                dg[size_t(ch)] += double(dyr[ch]) * xhat;
+                db[size_t(ch)] += dyr[ch];
+            }
+            const float ma = float(a / c), mb = float(b / c);
+            for (int ch = 0; dx && ch < c; ++ch) {
+                const float xhat = (xr[ch] - mean[r]) * rstd[r];
+                dx[size_t(r) * c + ch] = round_to(t, rstd[r] * (gamma[ch] * dyr[ch] - ma - xhat * mb));
+            }
+        }
+        for (int ch = 0; ch < c; ++ch) {
+            dgamma[ch] = accumulate ? dgamma[ch] + float(dg[size_t(ch)]) : float(dg[size_t(ch)]);
+            dbeta[ch] = accumulate ? dbeta[ch] + float(db[size_t(ch)]) : float(db[size_t(ch)]);
+        }
+    }
+
+    void ema_update(Stream, size_t n, float momentum, const float* batch, float* running) override {
+        for (size_t i = 0; i < n; ++i) running[i] = ema(running[i], batch[i], momentum);
+    }
+
+    // ---- flat buffers -----------------------------------------------------------------------
     void fill(Stream, size_t n, float value, float* x) override { std::fill(x, x + n, value); }
     void scale(Stream, size_t n, float alpha, float* x) override {
         for (size_t i = 0; i < n; ++i) x[i] *= alpha;
@@ -153,10 +432,16 @@ public:
     void axpy(Stream, size_t n, float alpha, const float* x, float* y) override {
         for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
     }
-    void sum_squares(Stream, size_t n, const float* x, float* out) override {
-        double s = 0.0;
-        for (size_t i = 0; i < n; ++i) s += double(x[i]) * x[i];
-        *out = static_cast<float>(s);
+    void sum_squares(Stream, size_t n, const float* x, const float* loss_scale, float* out) override {
+        const double inv = loss_scale ? 1.0 / double(*loss_scale) : 1.0;
+        double s = 0.0, bad = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+            if (!std::isfinite(x[i])) bad += 1.0;
+            const double v = double(x[i]) * inv;
+            s += v * v;
+        }
+        out[0] = float(s);
+        out[1] = float(bad);
     }
     void init_params(Stream, const InitArgs& a, size_t n, float* out) override {
         const float sc = init_scale(a);
@@ -164,9 +449,10 @@ public:
     }
 
     void sgd_update(Stream, size_t n, float* p, const float* g, float* m, const SgdArgs& a) override {
-        const float clip = clip_factor(a.clip_norm, a.grad_sq_norm);
+        if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
+        const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
         for (size_t i = 0; i < n; ++i) {
-            float d = g[i] * clip + a.weight_decay * p[i];
+            float d = g[i] * f + a.weight_decay * p[i];
             if (a.momentum != 0.0f) {
                 m[i] = a.momentum * m[i] + d;
                 d = a.nesterov ? d + a.momentum * m[i] : m[i];
@@ -177,17 +463,22 @@ public:
 
     void adamw_update(Stream, size_t n, float* p, const float* g, float* m, float* v,
                       const AdamWArgs& a) override {
-        const float clip = clip_factor(a.clip_norm, a.grad_sq_norm);
+        if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
+        const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
         const auto [bc1, bc2_sqrt] = adamw_corrections(a);
         const float step_size = a.lr / bc1;
         const float decay = 1.0f - a.lr * a.weight_decay;
         for (size_t i = 0; i < n; ++i) {
-            const float gi = g[i] * clip;
+            const float gi = g[i] * f;
             p[i] *= decay;
             m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
             v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
             p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + a.eps);
         }
+    }
+
+    void loss_scale_update(Stream, float* state, const float* grad_stats, int growth_interval) override {
+        loss_scale_step(state, grad_stats, growth_interval);
     }
 
     void checksum(Stream, size_t n, const float* x, uint64_t* out) override {

@@ -207,110 +207,114 @@ public:
         ++work_.callbacks;
         CUDA_CHECK(ordinal(), cudaLaunchHostFunc(stream(s), fn, arg));
     }
-    void set_tf32(bool enabled) override { tf32_ = enabled; }
+    void set_precision(Precision p) override { precision_ = p; }
+    DType act_dtype() const override { return value_dtype(); }  // real 16-bit storage
 
-    void gemm(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-              const float* b, int ldb, float beta, float* c, int ldc) override {
+    void gemm(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
+              int ldb, float beta, void* c, int ldc, GemmTypes t) override {
         if (m <= 0 || n <= 0) return;
         use();
         ++work_.launches;
         if (k <= 0) {  // cuBLAS leaves C untouched for k == 0; define it as beta * C
-            if (ldc != n) throw DeviceError(name() + ": gemm with k == 0 needs ldc == n");
-            if (beta == 0.0f) cuda::fill(stream(s), ordinal(), size_t(m) * n, 0.0f, c);
-            else cuda::scale(stream(s), ordinal(), size_t(m) * n, beta, c);
+            if (ldc != n || t.c != DType::f32) throw DeviceError(name() + ": gemm with k == 0 needs an f32 C with ldc == n");
+            if (beta == 0.0f) cuda::fill(stream(s), ordinal(), size_t(m) * n, 0.0f, static_cast<float*>(c));
+            else cuda::scale(stream(s), ordinal(), size_t(m) * n, beta, static_cast<float*>(c));
             return;
         }
         if (stream(s) != cublas_stream_) bind_cublas(stream(s));
+        const bool all_f32 = t.a == DType::f32 && t.b == DType::f32 && t.c == DType::f32;
+        const cublasComputeType_t compute =
+            all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-        CUBLAS_CHECK(ordinal(),
-                     cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
-                                  CUDA_R_32F, ldc,
-                                  tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(ordinal(), cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
+                                             &alpha, b, cuda_type(t.b), ldb, a, cuda_type(t.a), lda, &beta, c,
+                                             cuda_type(t.c), ldc, compute, CUBLAS_GEMM_DEFAULT));
     }
 
-    void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, float* z,
-                          float* out) override {
-        use();
-        ++work_.launches;
-        cuda::bias_act_forward(stream(s), ordinal(), act, rows, cols, bias, z, out);
+#define CUDA_OP(signature, kernels, call) \
+    void signature override {             \
+        use();                            \
+        work_.launches += kernels;        \
+        cuda::call;                       \
     }
-    void act_backward(Stream s, Activation act, size_t n, const float* z, const float* dout,
-                      float* dz) override {
-        use();
-        ++work_.launches;
-        cuda::act_backward(stream(s), ordinal(), act, n, z, dout, dz);
-    }
-    void bias_grad(Stream s, int rows, int cols, const float* dz, float* db, bool accumulate) override {
-        use();
-        ++work_.launches;
-        cuda::bias_grad(stream(s), ordinal(), rows, cols, dz, db, accumulate);
-    }
-    void softmax_xent(Stream s, int rows, int classes, const float* logits, const int32_t* labels,
-                      float grad_scale, float* dlogits, double* metrics) override {
+    CUDA_OP(bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, void* z, void* out), 1,
+            bias_act_forward(stream(s), ordinal(), act_dtype(), act, rows, cols, bias, z, out))
+    CUDA_OP(act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz), 1,
+            act_backward(stream(s), ordinal(), act_dtype(), act, n, z, dout, dz))
+    CUDA_OP(bias_grad(Stream s, int rows, int cols, const void* dz, float* db, bool accumulate), 1,
+            bias_grad(stream(s), ordinal(), act_dtype(), rows, cols, dz, db, accumulate))
+    CUDA_OP(dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y), 1,
+            dropout(stream(s), ordinal(), act_dtype(), a, rows, cols, x, y))
+    CUDA_OP(dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx), 1,
+            dropout(stream(s), ordinal(), act_dtype(), a, rows, cols, dy, dx))
+    CUDA_OP(convert(Stream s, size_t n, const void* x, DType xt, void* y, DType yt), 1,
+            convert(stream(s), ordinal(), n, x, xt, y, yt))
+    CUDA_OP(add(Stream s, size_t n, const void* x, void* y), 1, add(stream(s), ordinal(), act_dtype(), n, x, y))
+    CUDA_OP(im2col(Stream s, const Window2d& g, const void* x, void* col), 1,
+            im2col(stream(s), ordinal(), act_dtype(), g, x, col))
+    CUDA_OP(col2im(Stream s, const Window2d& g, const void* dcol, void* dx), 1,
+            col2im(stream(s), ordinal(), act_dtype(), g, dcol, dx))
+    CUDA_OP(pool_forward(Stream s, PoolKind kind, const Window2d& g, const void* x, void* y), 1,
+            pool_forward(stream(s), ordinal(), act_dtype(), kind, g, x, y))
+    CUDA_OP(pool_backward(Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx), 1,
+            pool_backward(stream(s), ordinal(), act_dtype(), kind, g, x, dy, dx))
+    CUDA_OP(nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse), 1,
+            nhwc_to_nchw(stream(s), ordinal(), act_dtype(), n, h, w, c, x, y, inverse))
+    CUDA_OP(channel_sums(Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out), 2,
+            channel_sums(stream(s), ordinal(), act_dtype(), rows, c, x, shift, squares, out, scratch_))
+    CUDA_OP(bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
+                        float* run_mean, float* run_var), 1,
+            bn_finalize(stream(s), ordinal(), a, sum, sqsum, mean, invstd, run_mean, run_var))
+    CUDA_OP(rsqrt_eps(Stream s, int c, const float* var, float eps, float* invstd), 1,
+            rsqrt_eps(stream(s), ordinal(), c, var, eps, invstd))
+    CUDA_OP(channel_affine(Stream s, int rows, int c, const void* x, const float* mean, const float* invstd,
+                           const float* gamma, const float* beta, void* y), 1,
+            channel_affine(stream(s), ordinal(), act_dtype(), rows, c, x, mean, invstd, gamma, beta, y))
+    CUDA_OP(bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                             const float* invstd, float* out), 2,
+            bn_backward_sums(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, out, scratch_))
+    CUDA_OP(bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                           const float* invstd, const float* gamma, const float* sums, double count, void* dx), 1,
+            bn_backward_dx(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
+    CUDA_OP(layernorm_forward(Stream s, int rows, int c, float eps, const void* x, const float* gamma,
+                              const float* beta, void* y, float* mean, float* rstd), 1,
+            layernorm_forward(stream(s), ordinal(), act_dtype(), rows, c, eps, x, gamma, beta, y, mean, rstd))
+    CUDA_OP(layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                               const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
+                               bool accumulate), 3,
+            layernorm_backward(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, rstd, gamma, dx, dgamma,
+                               dbeta, accumulate, scratch_))
+    CUDA_OP(ema_update(Stream s, size_t n, float momentum, const float* batch, float* running), 1,
+            ema_update(stream(s), ordinal(), n, momentum, batch, running))
+    CUDA_OP(fill(Stream s, size_t n, float value, float* x), 1, fill(stream(s), ordinal(), n, value, x))
+    CUDA_OP(scale(Stream s, size_t n, float alpha, float* x), 1, scale(stream(s), ordinal(), n, alpha, x))
+    CUDA_OP(axpy(Stream s, size_t n, float alpha, const float* x, float* y), 1, axpy(stream(s), ordinal(), n, alpha, x, y))
+    CUDA_OP(sum_squares(Stream s, size_t n, const float* x, const float* loss_scale, float* out), 2,
+            sum_squares(stream(s), ordinal(), n, x, loss_scale, out, scratch_))
+    CUDA_OP(init_params(Stream s, const InitArgs& a, size_t n, float* out), 1,
+            init_params(stream(s), ordinal(), a, init_scale(a), n, out))
+    CUDA_OP(sgd_update(Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a), 1,
+            sgd_update(stream(s), ordinal(), n, p, g, m, a))
+    CUDA_OP(loss_scale_update(Stream s, float* state, const float* grad_stats, int growth_interval), 1,
+            loss_scale_update(stream(s), ordinal(), state, grad_stats, growth_interval))
+    CUDA_OP(checksum(Stream s, size_t n, const float* x, uint64_t* out), 1, checksum(stream(s), ordinal(), n, x, out))
+#undef CUDA_OP
+
+    void softmax_xent(Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
+                      const float* loss_scale, void* dlogits, double* metrics) override {
         use();
         work_.launches += 2;
         if (cuda::scratch_floats_needed(rows) > kScratchFloats)
             throw DeviceError(name() + ": softmax_xent over " + std::to_string(rows) +
                               " rows exceeds the scratch sized at start-up");
-        cuda::softmax_xent(stream(s), ordinal(), rows, classes, logits, labels, grad_scale, dlogits,
-                           metrics, scratch_);
+        cuda::softmax_xent(stream(s), ordinal(), act_dtype(), rows, classes, logits, labels, grad_scale, loss_scale,
+                           dlogits, metrics, scratch_);
     }
-    void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const float* x,
-                         float* y) override {
-        use();
-        ++work_.launches;
-        cuda::dropout(stream(s), ordinal(), a, rows, cols, x, y);
-    }
-    void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const float* dy,
-                          float* dx) override {
-        use();
-        ++work_.launches;
-        cuda::dropout(stream(s), ordinal(), a, rows, cols, dy, dx);
-    }
-
-    void fill(Stream s, size_t n, float value, float* x) override {
-        use();
-        ++work_.launches;
-        cuda::fill(stream(s), ordinal(), n, value, x);
-    }
-    void scale(Stream s, size_t n, float alpha, float* x) override {
-        use();
-        ++work_.launches;
-        cuda::scale(stream(s), ordinal(), n, alpha, x);
-    }
-    void axpy(Stream s, size_t n, float alpha, const float* x, float* y) override {
-        use();
-        ++work_.launches;
-        cuda::axpy(stream(s), ordinal(), n, alpha, x, y);
-    }
-    void sum_squares(Stream s, size_t n, const float* x, float* out) override {
-        use();
-        work_.launches += 2;
-        cuda::sum_squares(stream(s), ordinal(), n, x, out, scratch_);
-    }
-    void init_params(Stream s, const InitArgs& a, size_t n, float* out) override {
-        use();
-        ++work_.launches;
-        cuda::init_params(stream(s), ordinal(), a, init_scale(a), n, out);
-    }
-    void sgd_update(Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a) override {
-        use();
-        ++work_.launches;
-        cuda::sgd_update(stream(s), ordinal(), n, p, g, m, a);
-    }
-    void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v,
-                      const AdamWArgs& a) override {
+    void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a) override {
         use();
         ++work_.launches;
         const AdamWCorrections c = adamw_corrections(a);
         cuda::adamw_update(stream(s), ordinal(), n, p, g, m, v, a, c.bc1, c.bc2_sqrt);
-    }
-    void checksum(Stream s, size_t n, const float* x, uint64_t* out) override {
-        use();
-        ++work_.launches;
-        cuda::checksum(stream(s), ordinal(), n, x, out);
     }
 
     void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
@@ -347,6 +351,9 @@ private:
     }
 
     void use() const { CUDA_CHECK(ordinal(), cudaSetDevice(ordinal())); }
+    static cudaDataType_t cuda_type(DType t) {
+        return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
+    }
     static cudaStream_t stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
     static cudaEvent_t event(Event e) { return static_cast<cudaEvent_t>(e.handle); }
     int require_cuda(const Device& peer) const {
@@ -363,7 +370,6 @@ private:
     cudaStream_t staging_stream_ = nullptr;
     std::unique_ptr<PeerStaging> staging_;
     cudaDeviceProp props_{};
-    bool tf32_ = false;
 };
 
 // ---- NVML, loaded at run time so the binary starts on machines without a driver --------------

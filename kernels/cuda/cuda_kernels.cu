@@ -1,6 +1,11 @@
 // The CUDA backend's own kernels (everything but GEMM, which is cuBLAS). Each kernel is followed
 // by its launcher; launchers own the grid and check the launch. Reductions use fixed grids and
-// fixed-order trees, never floating-point atomics, so results repeat bit for bit.
+// fixed-order trees, never floating-point atomics, so results repeat bit for bit. Activations are
+// templates over their storage type (float, bf16, half): loads widen to float, stores round to
+// nearest even, which is what the CPU backend's emulation does (kernels/op_math.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <climits>
 #include <cmath>
 
@@ -20,6 +25,39 @@ unsigned grid_for(size_t n) {
     return static_cast<unsigned>(blocks < 65536 ? (blocks ? blocks : 1) : 65536);
 }
 
+#define GRID_LOOP(i, n) \
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); i += size_t(gridDim.x) * blockDim.x)
+
+// Loads widen to float; stores round to nearest even.
+__device__ __forceinline__ float ld(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float ld(const __half* p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ void st(float* p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void st(__half* p, size_t i, float v) { p[i] = __float2half_rn(v); }
+
+// Runs the body with T the storage type of `t`.
+#define DISPATCH(t, ...)                          \
+    switch (t) {                                  \
+    case DType::f32: {                            \
+        using T = float;                          \
+        __VA_ARGS__;                              \
+    } break;                                      \
+    case DType::bf16: {                           \
+        using T = __nv_bfloat16;                  \
+        __VA_ARGS__;                              \
+    } break;                                      \
+    default: {                                    \
+        using T = __half;                         \
+        __VA_ARGS__;                              \
+    } break;                                      \
+    }
+
+template <typename T>
+const T* as(const void* p) { return static_cast<const T*>(p); }
+template <typename T>
+T* as(void* p) { return static_cast<T*>(p); }
+
 // Fixed-order tree sum of one value per thread over a 256-thread block; result in thread 0.
 __device__ float block_sum_256(float v, float* shared) {
     shared[threadIdx.x] = v;
@@ -31,91 +69,161 @@ __device__ float block_sum_256(float v, float* shared) {
     return shared[0];
 }
 
+__device__ float warp_sum(float v) {  // a fixed butterfly: every lane ends with the same sum
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// ---- column reductions: out[col] = sum over rows of f(row, col), two sums at once, in a fixed
+// order: blocks of 32 columns x 16 row lanes over fixed row chunks, then the chunks in order.
+constexpr int kColTile = 32, kRowLanes = 16, kMaxChunks = 64;
+
+template <typename F>
+__global__ void column_partials_kernel(int rows, int cols, int chunk_rows, F f, float* partial) {
+    __shared__ float pa[kRowLanes][kColTile + 1], pb[kRowLanes][kColTile + 1];
+    const int col = blockIdx.x * kColTile + threadIdx.x;
+    const int r0 = blockIdx.y * chunk_rows, r1 = min(rows, r0 + chunk_rows);
+    float a = 0.0f, b = 0.0f;
+    if (col < cols)
+        for (int r = r0 + threadIdx.y; r < r1; r += kRowLanes) f(r, col, a, b);
+    pa[threadIdx.y][threadIdx.x] = a;
+    pb[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float ta = 0.0f, tb = 0.0f;
+        for (int r = 0; r < kRowLanes; ++r) {
+            ta += pa[r][threadIdx.x];
+            tb += pb[r][threadIdx.x];
+        }
+        partial[(size_t(blockIdx.y) * cols + col) * 2] = ta;
+        partial[(size_t(blockIdx.y) * cols + col) * 2 + 1] = tb;
+    }
+}
+
+__global__ void column_finish_kernel(int cols, int chunks, const float* partial, float* out0, float* out1,
+                                     bool accumulate) {
+    GRID_LOOP(col, size_t(cols)) {
+        float a = 0.0f, b = 0.0f;
+        for (int k = 0; k < chunks; ++k) {
+            a += partial[(size_t(k) * cols + col) * 2];
+            b += partial[(size_t(k) * cols + col) * 2 + 1];
+        }
+        if (out0) out0[col] = accumulate ? out0[col] + a : a;
+        if (out1) out1[col] = accumulate ? out1[col] + b : b;
+    }
+}
+
+// Scratch each column reduction uses: its partial sums (from the device's scratch).
+size_t column_scratch(int rows, int cols, int& chunks, int& chunk_rows) {
+    chunks = std::max(1, std::min(kMaxChunks, (rows + 4095) / 4096));
+    while (chunks > 1 && size_t(chunks) * cols * 2 > (size_t(1) << 20)) --chunks;
+    chunk_rows = (rows + chunks - 1) / chunks;
+    return size_t(chunks) * cols * 2;
+}
+
+template <typename F>
+void column_reduce(cudaStream_t s, int dev, int rows, int cols, F f, float* scratch, float* out0, float* out1,
+                   bool accumulate) {
+    if (cols <= 0) return;
+    int chunks = 1, chunk_rows = rows;
+    column_scratch(std::max(rows, 1), cols, chunks, chunk_rows);
+    const dim3 grid((cols + kColTile - 1) / kColTile, chunks), block(kColTile, kRowLanes);
+    column_partials_kernel<<<grid, block, 0, s>>>(rows, cols, std::max(chunk_rows, 1), f, scratch);
+    CUDA_LAUNCH_CHECK(dev);
+    column_finish_kernel<<<grid_for(size_t(cols)), kThreads, 0, s>>>(cols, chunks, scratch, out0, out1, accumulate);
+    CUDA_LAUNCH_CHECK(dev);
+}
+
 }  // namespace
 
 size_t scratch_floats_needed(int max_rows) {
     const size_t rows = max_rows > 0 ? static_cast<size_t>(max_rows) : 1;
-    return 2 * rows > static_cast<size_t>(kReduceBlocks) ? 2 * rows : kReduceBlocks;
+    return 2 * rows > size_t(1) << 20 ? 2 * rows : size_t(1) << 20;
 }
 
 // ---- bias + activation ------------------------------------------------------------------
 
-__global__ void bias_act_forward_kernel(Activation act, int rows, int cols, const float* bias,
-                                        float* z, float* out) {
-    const size_t n = static_cast<size_t>(rows) * cols;
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x) {
-        const float v = bias ? z[i] + bias[i % cols] : z[i];
-        z[i] = v;
-        out[i] = act_forward(act, v);
+template <typename T>
+__global__ void bias_act_forward_kernel(Activation act, int rows, int cols, const float* bias, T* z, T* out) {
+    GRID_LOOP(i, size_t(rows) * cols) {
+        const float v = bias ? ld(z, i) + bias[i % cols] : ld(z, i);
+        st(z, i, v);
+        st(out, i, act_forward(act, ld(z, i)));  // from the stored (rounded) value, as the CPU
     }
 }
 
-void bias_act_forward(cudaStream_t s, int dev, Activation act, int rows, int cols, const float* bias,
-                      float* z, float* out) {
+void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias,
+                      void* z, void* out) {
     if (rows <= 0 || cols <= 0) return;
-    bias_act_forward_kernel<<<grid_for(size_t(rows) * cols), kThreads, 0, s>>>(act, rows, cols, bias,
-                                                                                z, out);
+    DISPATCH(t, bias_act_forward_kernel<<<grid_for(size_t(rows) * cols), kThreads, 0, s>>>(act, rows, cols, bias,
+                                                                                           as<T>(z), as<T>(out)));
     CUDA_LAUNCH_CHECK(dev);
 }
 
-__global__ void act_backward_kernel(Activation act, size_t n, const float* z, const float* dout,
-                                    float* dz) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x)
-        dz[i] = dout[i] * act_derivative(act, z[i]);
+template <typename T>
+__global__ void act_backward_kernel(Activation act, size_t n, const T* z, const T* dout, T* dz) {
+    GRID_LOOP(i, n) st(dz, i, ld(dout, i) * act_derivative(act, ld(z, i)));
 }
 
-void act_backward(cudaStream_t s, int dev, Activation act, size_t n, const float* z,
-                  const float* dout, float* dz) {
+void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout, void* dz) {
     if (n == 0) return;
-    act_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(act, n, z, dout, dz);
+    DISPATCH(t, act_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(act, n, as<T>(z), as<T>(dout), as<T>(dz)));
     CUDA_LAUNCH_CHECK(dev);
 }
 
-// ---- bias gradient: column sums, 32 columns x 16 row-strides per block --------------------
+// ---- bias gradient: column sums -------------------------------------------------------
 
-constexpr int kBgCols = 32, kBgRows = 16;
+template <typename T>
+struct ColumnOf {
+    const T* x;
+    int cols;
+    __device__ void operator()(int r, int c, float& a, float&) const { a += ld(x, size_t(r) * cols + c); }
+};
 
-__global__ void bias_grad_kernel(int rows, int cols, const float* dz, float* db, bool accumulate) {
-    __shared__ float partial[kBgRows][kBgCols + 1];
-    const int col = blockIdx.x * kBgCols + threadIdx.x;
-    float s = 0.0f;
+// One block per 32 columns, all rows: for batch-sized row counts (bias gradients) one pass is
+// enough and needs no scratch.
+template <typename F>
+__global__ void column_sum_kernel(int rows, int cols, F f, float* out, bool accumulate) {
+    __shared__ float partial[kRowLanes][kColTile + 1];
+    const int col = blockIdx.x * kColTile + threadIdx.x;
+    float a = 0.0f, unused = 0.0f;
     if (col < cols)
-        for (int r = threadIdx.y; r < rows; r += kBgRows) s += dz[size_t(r) * cols + col];
-    partial[threadIdx.y][threadIdx.x] = s;
+        for (int r = threadIdx.y; r < rows; r += kRowLanes) f(r, col, a, unused);
+    partial[threadIdx.y][threadIdx.x] = a;
     __syncthreads();
     if (threadIdx.y == 0 && col < cols) {
         float total = 0.0f;
-        for (int r = 0; r < kBgRows; ++r) total += partial[r][threadIdx.x];
-        db[col] = accumulate ? db[col] + total : total;
+        for (int r = 0; r < kRowLanes; ++r) total += partial[r][threadIdx.x];
+        out[col] = accumulate ? out[col] + total : total;
     }
 }
 
-void bias_grad(cudaStream_t s, int dev, int rows, int cols, const float* dz, float* db,
-               bool accumulate) {
+void bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate) {
     if (cols <= 0) return;
-    const dim3 block(kBgCols, kBgRows);
-    bias_grad_kernel<<<(cols + kBgCols - 1) / kBgCols, block, 0, s>>>(rows, cols, dz, db, accumulate);
+    const dim3 block(kColTile, kRowLanes);
+    DISPATCH(t, column_sum_kernel<<<(cols + kColTile - 1) / kColTile, block, 0, s>>>(
+                    rows, cols, ColumnOf<T>{as<T>(dz), cols}, db, accumulate));
     CUDA_LAUNCH_CHECK(dev);
 }
 
 // ---- softmax cross-entropy: one warp per row, then a one-block deterministic sum ----------
 
-__global__ void softmax_xent_kernel(int rows, int classes, const float* logits,
-                                    const int32_t* labels, float grad_scale, float* dlogits,
-                                    float* row_loss, float* row_correct) {
+template <typename T>
+__global__ void softmax_xent_kernel(int rows, int classes, const T* logits, const int32_t* labels, float grad_scale,
+                                    const float* loss_scale, T* dlogits, float* row_loss, float* row_correct) {
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (row >= rows) return;  // whole warps leave together: rows are warp-aligned
-    const float* z = logits + size_t(row) * classes;
+    const size_t base = size_t(row) * classes;
     float mx = -INFINITY;
     int arg = INT_MAX;
-    for (int j = lane; j < classes; j += 32)
-        if (z[j] > mx) {
-            mx = z[j];
+    for (int j = lane; j < classes; j += 32) {
+        const float z = ld(logits, base + j);
+        if (z > mx) {
+            mx = z;
             arg = j;
         }
+    }
     for (int off = 16; off > 0; off >>= 1) {  // max; first index on ties, like the CPU
         const float omx = __shfl_xor_sync(0xffffffffu, mx, off);
         const int oarg = __shfl_xor_sync(0xffffffffu, arg, off);
@@ -125,23 +233,22 @@ __global__ void softmax_xent_kernel(int rows, int classes, const float* logits,
         }
     }
     float sum = 0.0f;
-    for (int j = lane; j < classes; j += 32) sum += expf(z[j] - mx);
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    for (int j = lane; j < classes; j += 32) sum += expf(ld(logits, base + j) - mx);
+    sum = warp_sum(sum);
     const int y = labels[row];
     if (lane == 0) {
-        row_loss[row] = logf(sum) + mx - z[y];
+        row_loss[row] = logf(sum) + mx - ld(logits, base + y);
         row_correct[row] = arg == y ? 1.0f : 0.0f;
     }
     if (dlogits) {
-        float* d = dlogits + size_t(row) * classes;
+        const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f);
         const float inv = 1.0f / sum;
         for (int j = lane; j < classes; j += 32)
-            d[j] = (expf(z[j] - mx) * inv - (j == y ? 1.0f : 0.0f)) * grad_scale;
+            st(dlogits, base + j, (expf(ld(logits, base + j) - mx) * inv - (j == y ? 1.0f : 0.0f)) * gs);
     }
 }
 
-__global__ void metrics_accumulate_kernel(int rows, const float* row_loss, const float* row_correct,
-                                          double* metrics) {
+__global__ void metrics_accumulate_kernel(int rows, const float* row_loss, const float* row_correct, double* metrics) {
     __shared__ float shared[kThreads];
     float loss = 0.0f, correct = 0.0f;
     for (int i = threadIdx.x; i < rows; i += kThreads) {
@@ -158,36 +265,422 @@ __global__ void metrics_accumulate_kernel(int rows, const float* row_loss, const
     }
 }
 
-void softmax_xent(cudaStream_t s, int dev, int rows, int classes, const float* logits,
-                  const int32_t* labels, float grad_scale, float* dlogits, double* metrics,
-                  float* scratch) {
+void softmax_xent(cudaStream_t s, int dev, DType t, int rows, int classes, const void* logits, const int32_t* labels,
+                  float grad_scale, const float* loss_scale, void* dlogits, double* metrics, float* scratch) {
     if (rows <= 0) return;
     constexpr int kRowsPerBlock = kThreads / 32;
-    softmax_xent_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
-        rows, classes, logits, labels, grad_scale, dlogits, scratch, scratch + rows);
+    DISPATCH(t, softmax_xent_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
+                    rows, classes, as<T>(logits), labels, grad_scale, loss_scale, static_cast<T*>(dlogits), scratch,
+                    scratch + rows));
     CUDA_LAUNCH_CHECK(dev);
     metrics_accumulate_kernel<<<1, kThreads, 0, s>>>(rows, scratch, scratch + rows, metrics);
     CUDA_LAUNCH_CHECK(dev);
 }
 
-// ---- dropout --------------------------------------------------------------------------
+// ---- dropout, conversion, residual add ----------------------------------------------------
 
-__global__ void dropout_kernel(DropoutArgs a, int rows, int cols, const float* x, float* y) {
-    const size_t n = static_cast<size_t>(rows) * cols;
+template <typename T>
+__global__ void dropout_kernel(DropoutArgs a, int rows, int cols, const T* x, T* y) {
     const float keep_scale = 1.0f / (1.0f - a.rate);
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x) {
+    GRID_LOOP(i, size_t(rows) * cols) {
         const int row = static_cast<int>(i / cols), col = static_cast<int>(i % cols);
-        y[i] = dropout_keep(a.seed, a.layer_id, a.step, a.row_offset + row, cols, col, a.rate)
-                   ? x[i] * keep_scale
-                   : 0.0f;
+        st(y, i, dropout_keep(a.seed, a.layer_id, a.step, a.row_offset + row, cols, col, a.rate) ? ld(x, i) * keep_scale
+                                                                                                  : 0.0f);
     }
 }
 
-void dropout(cudaStream_t s, int dev, const DropoutArgs& a, int rows, int cols, const float* x,
-             float* y) {
+void dropout(cudaStream_t s, int dev, DType t, const DropoutArgs& a, int rows, int cols, const void* x, void* y) {
     if (rows <= 0 || cols <= 0) return;
-    dropout_kernel<<<grid_for(size_t(rows) * cols), kThreads, 0, s>>>(a, rows, cols, x, y);
+    DISPATCH(t, dropout_kernel<<<grid_for(size_t(rows) * cols), kThreads, 0, s>>>(a, rows, cols, as<T>(x), as<T>(y)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+template <typename X, typename Y>
+__global__ void convert_kernel(size_t n, const X* x, Y* y) {
+    GRID_LOOP(i, n) st(y, i, ld(x, i));
+}
+
+void convert(cudaStream_t s, int dev, size_t n, const void* x, DType xt, void* y, DType yt) {
+    if (n == 0) return;
+    DISPATCH(xt, {
+        using X = T;
+        DISPATCH(yt, convert_kernel<<<grid_for(n), kThreads, 0, s>>>(n, as<X>(x), as<T>(y)));
+    });
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+template <typename T>
+__global__ void add_kernel(size_t n, const T* x, T* y) {
+    GRID_LOOP(i, n) st(y, i, ld(y, i) + ld(x, i));
+}
+
+void add(cudaStream_t s, int dev, DType t, size_t n, const void* x, void* y) {
+    if (n == 0) return;
+    DISPATCH(t, add_kernel<<<grid_for(n), kThreads, 0, s>>>(n, as<T>(x), as<T>(y)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+// ---- convolution by im2col, pooling, layout --------------------------------------------
+
+template <typename T>
+__global__ void im2col_kernel(Window2d g, const T* x, T* col) {
+    const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
+    const size_t K = size_t(g.c) * kk, total = size_t(g.n) * oh * ow * K;
+    GRID_LOOP(i, total) {
+        const size_t m = i / K;
+        const int k = int(i % K), c = k / kk, ky = (k % kk) / g.kw, kx = k % g.kw;
+        const int ox = int(m % ow), oy = int((m / ow) % oh), n = int(m / (size_t(ow) * oh));
+        const int iy = oy * g.sh + ky - g.ph, ix = ox * g.sw + kx - g.pw;
+        const bool inside = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
+        st(col, i, inside ? ld(x, ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c) : 0.0f);
+    }
+}
+
+void im2col(cudaStream_t s, int dev, DType t, const Window2d& g, const void* x, void* col) {
+    const size_t total = size_t(g.n) * g.oh() * g.ow() * g.c * g.kh * g.kw;
+    if (total == 0) return;
+    DISPATCH(t, im2col_kernel<<<grid_for(total), kThreads, 0, s>>>(g, as<T>(x), as<T>(col)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+// The adjoint of im2col as a gather: each input element sums the column entries that read it,
+// windows in a fixed order (no atomics).
+template <typename T>
+__global__ void col2im_kernel(Window2d g, const T* dcol, T* dx) {
+    const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
+    const size_t K = size_t(g.c) * kk, total = size_t(g.n) * g.h * g.w * g.c;
+    GRID_LOOP(i, total) {
+        const int c = int(i % g.c), ix = int((i / g.c) % g.w), iy = int((i / (size_t(g.c) * g.w)) % g.h);
+        const int n = int(i / (size_t(g.c) * g.w * g.h));
+        float sum = 0.0f;
+        for (int ky = 0; ky < g.kh; ++ky) {
+            const int ty = iy + g.ph - ky;
+            if (ty < 0 || ty % g.sh) continue;
+            const int oy = ty / g.sh;
+            if (oy >= oh) continue;
+            for (int kx = 0; kx < g.kw; ++kx) {
+                const int tx = ix + g.pw - kx;
+                if (tx < 0 || tx % g.sw) continue;
+                const int ox = tx / g.sw;
+                if (ox >= ow) continue;
+                sum += ld(dcol, ((size_t(n) * oh + oy) * ow + ox) * K + size_t(c) * kk + ky * g.kw + kx);
+            }
+        }
+        st(dx, i, sum);
+    }
+}
+
+void col2im(cudaStream_t s, int dev, DType t, const Window2d& g, const void* dcol, void* dx) {
+    const size_t total = size_t(g.n) * g.h * g.w * g.c;
+    if (total == 0) return;
+    DISPATCH(t, col2im_kernel<<<grid_for(total), kThreads, 0, s>>>(g, as<T>(dcol), as<T>(dx)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+// The first maximum of window (oy, ox) for channel c: its flat input index, or SIZE_MAX if the
+// window lies entirely in the padding.
+template <typename T>
+__device__ size_t window_argmax(const Window2d& g, const T* x, int n, int oy, int ox, int c) {
+    size_t best = SIZE_MAX;
+    float best_v = -INFINITY;
+    for (int ky = 0; ky < g.kh; ++ky) {
+        const int iy = oy * g.sh + ky - g.ph;
+        if (iy < 0 || iy >= g.h) continue;
+        for (int kx = 0; kx < g.kw; ++kx) {
+            const int ix = ox * g.sw + kx - g.pw;
+            if (ix < 0 || ix >= g.w) continue;
+            const size_t e = ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c;
+            const float v = ld(x, e);
+            if (best == SIZE_MAX || v > best_v) {
+                best = e;
+                best_v = v;
+            }
+        }
+    }
+    return best;
+}
+
+template <typename T>
+__global__ void pool_forward_kernel(PoolKind kind, Window2d g, const T* x, T* y) {
+    const int oh = g.oh(), ow = g.ow();
+    const float inv = 1.0f / float(g.kh * g.kw);
+    GRID_LOOP(i, size_t(g.n) * oh * ow * g.c) {
+        const int c = int(i % g.c), ox = int((i / g.c) % ow), oy = int((i / (size_t(g.c) * ow)) % oh);
+        const int n = int(i / (size_t(g.c) * ow * oh));
+        if (kind == PoolKind::max) {
+            const size_t e = window_argmax(g, x, n, oy, ox, c);
+            st(y, i, e == SIZE_MAX ? -INFINITY : ld(x, e));
+            continue;
+        }
+        float acc = 0.0f;
+        for (int ky = 0; ky < g.kh; ++ky) {
+            const int iy = oy * g.sh + ky - g.ph;
+            if (iy < 0 || iy >= g.h) continue;
+            for (int kx = 0; kx < g.kw; ++kx) {
+                const int ix = ox * g.sw + kx - g.pw;
+                if (ix >= 0 && ix < g.w) acc += ld(x, ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c);
+            }
+        }
+        st(y, i, acc * inv);
+    }
+}
+
+void pool_forward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2d& g, const void* x, void* y) {
+    const size_t total = size_t(g.n) * g.oh() * g.ow() * g.c;
+    if (total == 0) return;
+    DISPATCH(t, pool_forward_kernel<<<grid_for(total), kThreads, 0, s>>>(kind, g, as<T>(x), as<T>(y)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+// Gather: each input element sums dy over the windows that cover it (max: only where it is the
+// window's first maximum), windows in a fixed order.
+template <typename T>
+__global__ void pool_backward_kernel(PoolKind kind, Window2d g, const T* x, const T* dy, T* dx) {
+    const int oh = g.oh(), ow = g.ow();
+    const float inv = 1.0f / float(g.kh * g.kw);
+    GRID_LOOP(i, size_t(g.n) * g.h * g.w * g.c) {
+        const int c = int(i % g.c), ix = int((i / g.c) % g.w), iy = int((i / (size_t(g.c) * g.w)) % g.h);
+        const int n = int(i / (size_t(g.c) * g.w * g.h));
+        float sum = 0.0f;
+        for (int ky = 0; ky < g.kh; ++ky) {
+            const int ty = iy + g.ph - ky;
+            if (ty < 0 || ty % g.sh) continue;
+            const int oy = ty / g.sh;
+            if (oy >= oh) continue;
+            for (int kx = 0; kx < g.kw; ++kx) {
+                const int tx = ix + g.pw - kx;
+                if (tx < 0 || tx % g.sw) continue;
+                const int ox = tx / g.sw;
+                if (ox >= ow) continue;
+                const float d = ld(dy, ((size_t(n) * oh + oy) * ow + ox) * g.c + c);
+                if (kind == PoolKind::average) sum += d * inv;
+                else if (window_argmax(g, x, n, oy, ox, c) == i) sum += d;
+            }
+        }
+        st(dx, i, sum);
+    }
+}
+
+void pool_backward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2d& g, const void* x, const void* dy,
+                   void* dx) {
+    const size_t total = size_t(g.n) * g.h * g.w * g.c;
+    if (total == 0) return;
+    DISPATCH(t, pool_backward_kernel<<<grid_for(total), kThreads, 0, s>>>(kind, g, as<T>(x), as<T>(dy), as<T>(dx)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+template <typename T>
+__global__ void nhwc_to_nchw_kernel(int n, int h, int w, int c, const T* x, T* y, bool inverse) {
+    const size_t hw = size_t(h) * w;
+    GRID_LOOP(i, size_t(n) * hw * c) {  // i runs over NCHW positions
+        const size_t p = i % hw, ch = (i / hw) % c, b = i / (hw * c);
+        const size_t nhwc = (b * hw + p) * c + ch;
+        if (inverse) st(y, nhwc, ld(x, i));
+        else st(y, i, ld(x, nhwc));
+    }
+}
+
+void nhwc_to_nchw(cudaStream_t s, int dev, DType t, int n, int h, int w, int c, const void* x, void* y, bool inverse) {
+    const size_t total = size_t(n) * h * w * c;
+    if (total == 0) return;
+    DISPATCH(t, nhwc_to_nchw_kernel<<<grid_for(total), kThreads, 0, s>>>(n, h, w, c, as<T>(x), as<T>(y), inverse));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+// ---- normalisation ----------------------------------------------------------------------
+
+template <typename T>
+struct ShiftedSum {
+    const T* x;
+    int c;
+    const float* shift;
+    bool squares;
+    __device__ void operator()(int r, int ch, float& a, float&) const {
+        const float v = ld(x, size_t(r) * c + ch) - (shift ? shift[ch] : 0.0f);
+        a += squares ? v * v : v;
+    }
+};
+
+void channel_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* shift, bool squares,
+                  float* out, float* scratch) {
+    DISPATCH(t, column_reduce(s, dev, rows, c, ShiftedSum<T>{as<T>(x), c, shift, squares}, scratch, out, nullptr, false));
+}
+
+__global__ void bn_finalize_kernel(BnStats a, const float* sum, const float* sqsum, float* mean, float* invstd,
+                                   float* run_mean, float* run_var) {
+    GRID_LOOP(ch, size_t(a.channels)) {
+        const float m = bn_mean(sum[ch], a.count);
+        mean[ch] = m;
+        if (!sqsum) continue;
+        const float var = bn_var(sqsum[ch], a.count);
+        invstd[ch] = bn_invstd(var, a.eps);
+        if (run_mean) run_mean[ch] += a.weight * m;
+        if (run_var) run_var[ch] += a.weight * bn_unbiased(var, a.count);
+    }
+}
+
+void bn_finalize(cudaStream_t s, int dev, const BnStats& a, const float* sum, const float* sqsum, float* mean,
+                 float* invstd, float* run_mean, float* run_var) {
+    if (a.channels <= 0) return;
+    bn_finalize_kernel<<<grid_for(size_t(a.channels)), kThreads, 0, s>>>(a, sum, sqsum, mean, invstd, run_mean, run_var);
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+__global__ void rsqrt_eps_kernel(int c, const float* var, float eps, float* invstd) {
+    GRID_LOOP(ch, size_t(c)) invstd[ch] = bn_invstd(var[ch], eps);
+}
+
+void rsqrt_eps(cudaStream_t s, int dev, int c, const float* var, float eps, float* invstd) {
+    if (c <= 0) return;
+    rsqrt_eps_kernel<<<grid_for(size_t(c)), kThreads, 0, s>>>(c, var, eps, invstd);
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+template <typename T>
+__global__ void channel_affine_kernel(int rows, int c, const T* x, const float* mean, const float* invstd,
+                                      const float* gamma, const float* beta, T* y) {
+    GRID_LOOP(i, size_t(rows) * c) {
+        const int ch = int(i % c);
+        st(y, i, gamma[ch] * ((ld(x, i) - mean[ch]) * invstd[ch]) + beta[ch]);
+    }
+}
+
+void channel_affine(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* mean,
+                    const float* invstd, const float* gamma, const float* beta, void* y) {
+    if (rows <= 0 || c <= 0) return;
+    DISPATCH(t, channel_affine_kernel<<<grid_for(size_t(rows) * c), kThreads, 0, s>>>(rows, c, as<T>(x), mean, invstd,
+                                                                                       gamma, beta, as<T>(y)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+template <typename T>
+struct BnGradSums {
+    const T* dy;
+    const T* x;
+    int c;
+    const float* mean;
+    const float* invstd;
+    __device__ void operator()(int r, int ch, float& a, float& b) const {
+        const size_t e = size_t(r) * c + ch;
+        const float d = ld(dy, e);
+        a += d;
+        b += d * ((ld(x, e) - mean[ch]) * invstd[ch]);
+    }
+};
+
+void bn_backward_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
+                      const float* mean, const float* invstd, float* out, float* scratch) {
+    DISPATCH(t, column_reduce(s, dev, rows, c, BnGradSums<T>{as<T>(dy), as<T>(x), c, mean, invstd}, scratch, out, out + c,
+                              false));
+}
+
+template <typename T>
+__global__ void bn_backward_dx_kernel(int rows, int c, const T* dy, const T* x, const float* mean, const float* invstd,
+                                      const float* gamma, const float* sums, float inv_count, T* dx) {
+    GRID_LOOP(i, size_t(rows) * c) {
+        const int ch = int(i % c);
+        const float xhat = (ld(x, i) - mean[ch]) * invstd[ch];
+        st(dx, i, gamma[ch] * invstd[ch] * (ld(dy, i) - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count)));
+    }
+}
+
+void bn_backward_dx(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x, const float* mean,
+                    const float* invstd, const float* gamma, const float* sums, double count, void* dx) {
+    if (rows <= 0 || c <= 0) return;
+    DISPATCH(t, bn_backward_dx_kernel<<<grid_for(size_t(rows) * c), kThreads, 0, s>>>(
+                    rows, c, as<T>(dy), as<T>(x), mean, invstd, gamma, sums, float(1.0 / count), as<T>(dx)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+// Layer norm: one warp per row; lanes stride the row, a butterfly sums (the same on every lane).
+template <typename T>
+__global__ void layernorm_forward_kernel(int rows, int c, float eps, const T* x, const float* gamma, const float* beta,
+                                         T* y, float* mean, float* rstd) {
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const size_t base = size_t(row) * c;
+    float s = 0.0f;
+    for (int j = lane; j < c; j += 32) s += ld(x, base + j);
+    const float m = warp_sum(s) / float(c);
+    float q = 0.0f;
+    for (int j = lane; j < c; j += 32) {
+        const float d = ld(x, base + j) - m;
+        q += d * d;
+    }
+    const float rs = bn_invstd(warp_sum(q) / float(c), eps);
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = rs;
+    }
+    for (int j = lane; j < c; j += 32) st(y, base + j, gamma[j] * ((ld(x, base + j) - m) * rs) + beta[j]);
+}
+
+void layernorm_forward(cudaStream_t s, int dev, DType t, int rows, int c, float eps, const void* x, const float* gamma,
+                       const float* beta, void* y, float* mean, float* rstd) {
+    if (rows <= 0 || c <= 0) return;
+    constexpr int kRowsPerBlock = kThreads / 32;
+    DISPATCH(t, layernorm_forward_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
+                    rows, c, eps, as<T>(x), gamma, beta, as<T>(y), mean, rstd));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+template <typename T>
+__global__ void layernorm_dx_kernel(int rows, int c, const T* dy, const T* x, const float* mean, const float* rstd,
+                                    const float* gamma, T* dx) {
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const size_t base = size_t(row) * c;
+    float a = 0.0f, b = 0.0f;
+    for (int j = lane; j < c; j += 32) {
+        const float gd = gamma[j] * ld(dy, base + j);
+        a += gd;
+        b += gd * ((ld(x, base + j) - mean[row]) * rstd[row]);
+    }
+    const float ma = warp_sum(a) / float(c), mb = warp_sum(b) / float(c);
+    for (int j = lane; j < c; j += 32) {
+        const float xhat = (ld(x, base + j) - mean[row]) * rstd[row];
+        st(dx, base + j, rstd[row] * (gamma[j] * ld(dy, base + j) - ma - xhat * mb));
+    }
+}
+
+template <typename T>
+struct LnParamGrads {
+    const T* dy;
+    const T* x;
+    int c;
+    const float* mean;
+    const float* rstd;
+    __device__ void operator()(int r, int ch, float& a, float& b) const {
+        const size_t e = size_t(r) * c + ch;
+        const float d = ld(dy, e);
+        a += d * ((ld(x, e) - mean[r]) * rstd[r]);  // dgamma
+        b += d;                                      // dbeta
+    }
+};
+
+void layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
+                        const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma,
+                        float* dbeta, bool accumulate, float* scratch) {
+    if (rows <= 0 || c <= 0) return;
+    constexpr int kRowsPerBlock = kThreads / 32;
+    DISPATCH(t, {
+        if (dx) {
+            layernorm_dx_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
+                rows, c, as<T>(dy), as<T>(x), mean, rstd, gamma, as<T>(dx));
+            CUDA_LAUNCH_CHECK(dev);
+        }
+        column_reduce(s, dev, rows, c, LnParamGrads<T>{as<T>(dy), as<T>(x), c, mean, rstd}, scratch, dgamma, dbeta,
+                      accumulate);
+    });
+}
+
+__global__ void ema_kernel(size_t n, float momentum, const float* batch, float* running) {
+    GRID_LOOP(i, n) running[i] = ema(running[i], batch[i], momentum);
+}
+
+void ema_update(cudaStream_t s, int dev, size_t n, float momentum, const float* batch, float* running) {
+    if (n == 0) return;
+    ema_kernel<<<grid_for(n), kThreads, 0, s>>>(n, momentum, batch, running);
     CUDA_LAUNCH_CHECK(dev);
 }
 
@@ -229,28 +722,45 @@ void axpy(cudaStream_t s, int dev, size_t n, float alpha, const float* x, float*
     CUDA_LAUNCH_CHECK(dev);
 }
 
-__global__ void sum_squares_partial_kernel(size_t n, const float* x, float* partial) {
+// sum of (x / loss_scale)^2 and the count of non-finite x: fixed grid, then one block
+__global__ void sum_squares_partial_kernel(size_t n, const float* x, const float* loss_scale, float* partial) {
     __shared__ float shared[kThreads];
-    float s = 0.0f;
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x)
-        s += x[i] * x[i];
+    const float inv = loss_scale ? 1.0f / *loss_scale : 1.0f;
+    float s = 0.0f, bad = 0.0f;
+    GRID_LOOP(i, n) {
+        const float v = x[i];
+        if (!isfinite(v)) bad += 1.0f;
+        s += (v * inv) * (v * inv);
+    }
     s = block_sum_256(s, shared);
-    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+    __syncthreads();
+    bad = block_sum_256(bad, shared);
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = s;
+        partial[kReduceBlocks + blockIdx.x] = bad;
+    }
 }
 
-__global__ void sum_partials_kernel(int count, const float* partial, float* out) {
+__global__ void sum_partials_kernel(const float* partial, float* out) {
     __shared__ float shared[kThreads];
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < count; i += kThreads) s += partial[i];
+    float s = 0.0f, bad = 0.0f;
+    for (int i = threadIdx.x; i < kReduceBlocks; i += kThreads) {
+        s += partial[i];
+        bad += partial[kReduceBlocks + i];
+    }
     s = block_sum_256(s, shared);
-    if (threadIdx.x == 0) *out = s;
+    __syncthreads();
+    bad = block_sum_256(bad, shared);
+    if (threadIdx.x == 0) {
+        out[0] = s;
+        out[1] = bad;
+    }
 }
 
-void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, float* out, float* scratch) {
-    sum_squares_partial_kernel<<<kReduceBlocks, kThreads, 0, s>>>(n, x, scratch);
+void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float* loss_scale, float* out, float* scratch) {
+    sum_squares_partial_kernel<<<kReduceBlocks, kThreads, 0, s>>>(n, x, loss_scale, scratch);
     CUDA_LAUNCH_CHECK(dev);
-    sum_partials_kernel<<<1, kThreads, 0, s>>>(kReduceBlocks, scratch, out);
+    sum_partials_kernel<<<1, kThreads, 0, s>>>(scratch, out);
     CUDA_LAUNCH_CHECK(dev);
 }
 
@@ -270,10 +780,10 @@ void init_params(cudaStream_t s, int dev, const InitArgs& a, float sc, size_t n,
 // ---- optimizers: one fused pass over the flat buffers --------------------------------------
 
 __global__ void sgd_kernel(size_t n, float* p, const float* g, float* m, SgdArgs a) {
-    const float clip = clip_factor(a.clip_norm, a.grad_sq_norm);
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x) {
-        float d = g[i] * clip + a.weight_decay * p[i];
+    if (skip_step(a.skip_nonfinite, a.grad_stats)) return;  // an overflow: every thread skips
+    const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
+    GRID_LOOP(i, n) {
+        float d = g[i] * f + a.weight_decay * p[i];
         if (a.momentum != 0.0f) {
             const float mi = a.momentum * m[i] + d;
             m[i] = mi;
@@ -283,21 +793,20 @@ __global__ void sgd_kernel(size_t n, float* p, const float* g, float* m, SgdArgs
     }
 }
 
-void sgd_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m,
-                const SgdArgs& a) {
+void sgd_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, const SgdArgs& a) {
     if (n == 0) return;
     sgd_kernel<<<grid_for(n), kThreads, 0, s>>>(n, p, g, m, a);
     CUDA_LAUNCH_CHECK(dev);
 }
 
-__global__ void adamw_kernel(size_t n, float* p, const float* g, float* m, float* v, AdamWArgs a,
-                             float bc1, float bc2_sqrt) {
-    const float clip = clip_factor(a.clip_norm, a.grad_sq_norm);
+__global__ void adamw_kernel(size_t n, float* p, const float* g, float* m, float* v, AdamWArgs a, float bc1,
+                             float bc2_sqrt) {
+    if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
+    const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
     const float step_size = a.lr / bc1;
     const float decay = 1.0f - a.lr * a.weight_decay;
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x) {
-        const float gi = g[i] * clip;
+    GRID_LOOP(i, n) {
+        const float gi = g[i] * f;
         const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
         const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
         m[i] = mi;
@@ -306,10 +815,19 @@ __global__ void adamw_kernel(size_t n, float* p, const float* g, float* m, float
     }
 }
 
-void adamw_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, float* v,
-                  const AdamWArgs& a, float bc1, float bc2_sqrt) {
+void adamw_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a,
+                  float bc1, float bc2_sqrt) {
     if (n == 0) return;
     adamw_kernel<<<grid_for(n), kThreads, 0, s>>>(n, p, g, m, v, a, bc1, bc2_sqrt);
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+__global__ void loss_scale_kernel(float* state, const float* grad_stats, int growth_interval) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) loss_scale_step(state, grad_stats, growth_interval);
+}
+
+void loss_scale_update(cudaStream_t s, int dev, float* state, const float* grad_stats, int growth_interval) {
+    loss_scale_kernel<<<1, 32, 0, s>>>(state, grad_stats, growth_interval);
     CUDA_LAUNCH_CHECK(dev);
 }
 

@@ -1,5 +1,6 @@
 // Launchers of the CUDA backend's own kernels. Each takes the stream and the device ordinal
-// (for error messages), checks its shapes, picks the grid and checks the launch.
+// (for error messages), checks its shapes, picks the grid and checks the launch. Activation
+// arguments are void* with their storage type `t` (f32, bf16 or f16): the launcher dispatches.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,28 +16,53 @@ namespace mirrored::cuda {
 size_t scratch_floats_needed(int max_rows);
 constexpr int kReduceBlocks = 256;  // fixed grid of the two-pass reductions: determinism
 
-void bias_act_forward(cudaStream_t s, int dev, Activation act, int rows, int cols, const float* bias,
-                      float* z, float* out);
-void act_backward(cudaStream_t s, int dev, Activation act, size_t n, const float* z,
-                  const float* dout, float* dz);
-void bias_grad(cudaStream_t s, int dev, int rows, int cols, const float* dz, float* db,
-               bool accumulate);
+void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias,
+                      void* z, void* out);
+void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout, void* dz);
+void bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate);
 // scratch: 2 * rows floats
-void softmax_xent(cudaStream_t s, int dev, int rows, int classes, const float* logits,
-                  const int32_t* labels, float grad_scale, float* dlogits, double* metrics,
-                  float* scratch);
-void dropout(cudaStream_t s, int dev, const DropoutArgs& a, int rows, int cols, const float* x,
-             float* y);
+void softmax_xent(cudaStream_t s, int dev, DType t, int rows, int classes, const void* logits, const int32_t* labels,
+                  float grad_scale, const float* loss_scale, void* dlogits, double* metrics, float* scratch);
+void dropout(cudaStream_t s, int dev, DType t, const DropoutArgs& a, int rows, int cols, const void* x, void* y);
+void convert(cudaStream_t s, int dev, size_t n, const void* x, DType xt, void* y, DType yt);
+void add(cudaStream_t s, int dev, DType t, size_t n, const void* x, void* y);
+
+void im2col(cudaStream_t s, int dev, DType t, const Window2d& g, const void* x, void* col);
+void col2im(cudaStream_t s, int dev, DType t, const Window2d& g, const void* dcol, void* dx);
+void pool_forward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2d& g, const void* x, void* y);
+void pool_backward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2d& g, const void* x, const void* dy,
+                   void* dx);
+void nhwc_to_nchw(cudaStream_t s, int dev, DType t, int n, int h, int w, int c, const void* x, void* y, bool inverse);
+
+// scratch (the column reductions' partial sums): 2^20 floats
+void channel_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* shift, bool squares,
+                  float* out, float* scratch);
+void bn_finalize(cudaStream_t s, int dev, const BnStats& a, const float* sum, const float* sqsum, float* mean,
+                 float* invstd, float* run_mean, float* run_var);
+void rsqrt_eps(cudaStream_t s, int dev, int c, const float* var, float eps, float* invstd);
+void channel_affine(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* mean,
+                    const float* invstd, const float* gamma, const float* beta, void* y);
+void bn_backward_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
+                      const float* mean, const float* invstd, float* out, float* scratch);
+void bn_backward_dx(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x, const float* mean,
+                    const float* invstd, const float* gamma, const float* sums, double count, void* dx);
+void layernorm_forward(cudaStream_t s, int dev, DType t, int rows, int c, float eps, const void* x, const float* gamma,
+                       const float* beta, void* y, float* mean, float* rstd);
+void layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
+                        const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma,
+                        float* dbeta, bool accumulate, float* scratch);
+void ema_update(cudaStream_t s, int dev, size_t n, float momentum, const float* batch, float* running);
+
 void fill(cudaStream_t s, int dev, size_t n, float value, float* x);
 void scale(cudaStream_t s, int dev, size_t n, float alpha, float* x);
 void axpy(cudaStream_t s, int dev, size_t n, float alpha, const float* x, float* y);
-// scratch: kReduceBlocks floats
-void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, float* out, float* scratch);
+// scratch: 2 * kReduceBlocks floats; out: [sum of (x / loss_scale)^2, non-finite count]
+void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float* loss_scale, float* out, float* scratch);
 void init_params(cudaStream_t s, int dev, const InitArgs& a, float scale, size_t n, float* out);
-void sgd_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m,
-                const SgdArgs& a);
+void sgd_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, const SgdArgs& a);
 void adamw_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, float* v,
                   const AdamWArgs& a, float bias_correction1, float bias_correction2_sqrt);
+void loss_scale_update(cudaStream_t s, int dev, float* state, const float* grad_stats, int growth_interval);
 void checksum(cudaStream_t s, int dev, size_t n, const float* x, uint64_t* out);
 // dst += src; src may live on a peer GPU with peer access enabled (or on the same GPU).
 void add_inplace(cudaStream_t s, int dev, size_t n, const float* src, float* dst);

@@ -403,73 +403,81 @@ public:
         ++work_.callbacks;
         stream(s).push(Task{Task::Kind::other, "host_callback", [fn, arg] { fn(arg); }});
     }
-    void set_tf32(bool) override {}
+    void set_precision(Precision p) override {
+        precision_ = p;
+        cpu_->set_precision(p);
+    }
+    DType act_dtype() const override { return DType::f32; }  // the CPU reference's storage
 
     // ---- ops: the CPU reference, run on the stream's thread ---------------------------------
-    void gemm(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-              const float* b, int ldb, float beta, float* c, int ldc) override {
-        SIM_API("gemm");
-        launch(s, "gemm", [=, this] { cpu_->gemm(Stream{}, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+#define SIM_OP(name, args, call)                    \
+    void name args override {                       \
+        SIM_API(#name);                             \
+        launch(s, #name, [=, this] { cpu_->call; }); \
     }
-    void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, float* z, float* out) override {
-        SIM_API("bias_act_forward");
-        launch(s, "bias_act_forward", [=, this] { cpu_->bias_act_forward(Stream{}, act, rows, cols, bias, z, out); });
-    }
-    void act_backward(Stream s, Activation act, size_t n, const float* z, const float* dout, float* dz) override {
-        SIM_API("act_backward");
-        launch(s, "act_backward", [=, this] { cpu_->act_backward(Stream{}, act, n, z, dout, dz); });
-    }
-    void bias_grad(Stream s, int rows, int cols, const float* dz, float* db, bool accumulate) override {
-        SIM_API("bias_grad");
-        launch(s, "bias_grad", [=, this] { cpu_->bias_grad(Stream{}, rows, cols, dz, db, accumulate); });
-    }
-    void softmax_xent(Stream s, int rows, int classes, const float* logits, const int32_t* labels, float grad_scale,
-                      float* dlogits, double* metrics) override {
-        SIM_API("softmax_xent");
-        launch(s, "softmax_xent", [=, this] {
-            cpu_->softmax_xent(Stream{}, rows, classes, logits, labels, grad_scale, dlogits, metrics);
-        });
-    }
-    void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const float* x, float* y) override {
-        SIM_API("dropout_forward");
-        launch(s, "dropout_forward", [=, this] { cpu_->dropout_forward(Stream{}, a, rows, cols, x, y); });
-    }
-    void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const float* dy, float* dx) override {
-        SIM_API("dropout_backward");
-        launch(s, "dropout_backward", [=, this] { cpu_->dropout_backward(Stream{}, a, rows, cols, dy, dx); });
-    }
-    void fill(Stream s, size_t n, float value, float* x) override {
-        SIM_API("fill");
-        launch(s, "fill", [=, this] { cpu_->fill(Stream{}, n, value, x); });
-    }
-    void scale(Stream s, size_t n, float alpha, float* x) override {
-        SIM_API("scale");
-        launch(s, "scale", [=, this] { cpu_->scale(Stream{}, n, alpha, x); });
-    }
-    void axpy(Stream s, size_t n, float alpha, const float* x, float* y) override {
-        SIM_API("axpy");
-        launch(s, "axpy", [=, this] { cpu_->axpy(Stream{}, n, alpha, x, y); });
-    }
-    void sum_squares(Stream s, size_t n, const float* x, float* out) override {
-        SIM_API("sum_squares");
-        launch(s, "sum_squares", [=, this] { cpu_->sum_squares(Stream{}, n, x, out); });
-    }
-    void init_params(Stream s, const InitArgs& a, size_t n, float* out) override {
-        SIM_API("init_params");
-        launch(s, "init_params", [=, this] { cpu_->init_params(Stream{}, a, n, out); });
-    }
-    void sgd_update(Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a) override {
-        SIM_API("sgd_update");
-        launch(s, "sgd_update", [=, this] { cpu_->sgd_update(Stream{}, n, p, g, m, a); });
-    }
-    void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a) override {
-        SIM_API("adamw_update");
-        launch(s, "adamw_update", [=, this] { cpu_->adamw_update(Stream{}, n, p, g, m, v, a); });
-    }
-    void checksum(Stream s, size_t n, const float* x, uint64_t* out) override {
-        SIM_API("checksum");
-        launch(s, "checksum", [=, this] { cpu_->checksum(Stream{}, n, x, out); });
-    }
+    SIM_OP(gemm, (Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b, int ldb,
+                  float beta, void* c, int ldc, GemmTypes t),
+           gemm(Stream{}, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, t))
+    SIM_OP(bias_act_forward, (Stream s, Activation act, int rows, int cols, const float* bias, void* z, void* out),
+           bias_act_forward(Stream{}, act, rows, cols, bias, z, out))
+    SIM_OP(act_backward, (Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz),
+           act_backward(Stream{}, act, n, z, dout, dz))
+    SIM_OP(bias_grad, (Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
+           bias_grad(Stream{}, rows, cols, dz, db, accumulate))
+    SIM_OP(softmax_xent, (Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
+                          const float* loss_scale, void* dlogits, double* metrics),
+           softmax_xent(Stream{}, rows, classes, logits, labels, grad_scale, loss_scale, dlogits, metrics))
+    SIM_OP(dropout_forward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y),
+           dropout_forward(Stream{}, a, rows, cols, x, y))
+    SIM_OP(dropout_backward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx),
+           dropout_backward(Stream{}, a, rows, cols, dy, dx))
+    SIM_OP(convert, (Stream s, size_t n, const void* x, DType xt, void* y, DType yt), convert(Stream{}, n, x, xt, y, yt))
+    SIM_OP(add, (Stream s, size_t n, const void* x, void* y), add(Stream{}, n, x, y))
+    SIM_OP(im2col, (Stream s, const Window2d& g, const void* x, void* col), im2col(Stream{}, g, x, col))
+    SIM_OP(col2im, (Stream s, const Window2d& g, const void* dcol, void* dx), col2im(Stream{}, g, dcol, dx))
+    SIM_OP(pool_forward, (Stream s, PoolKind kind, const Window2d& g, const void* x, void* y),
+           pool_forward(Stream{}, kind, g, x, y))
+    SIM_OP(pool_backward, (Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx),
+           pool_backward(Stream{}, kind, g, x, dy, dx))
+    SIM_OP(nhwc_to_nchw, (Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse),
+           nhwc_to_nchw(Stream{}, n, h, w, c, x, y, inverse))
+    SIM_OP(channel_sums, (Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out),
+           channel_sums(Stream{}, rows, c, x, shift, squares, out))
+    SIM_OP(bn_finalize, (Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
+                         float* run_mean, float* run_var),
+           bn_finalize(Stream{}, a, sum, sqsum, mean, invstd, run_mean, run_var))
+    SIM_OP(rsqrt_eps, (Stream s, int c, const float* var, float eps, float* invstd), rsqrt_eps(Stream{}, c, var, eps, invstd))
+    SIM_OP(channel_affine, (Stream s, int rows, int c, const void* x, const float* mean, const float* invstd,
+                            const float* gamma, const float* beta, void* y),
+           channel_affine(Stream{}, rows, c, x, mean, invstd, gamma, beta, y))
+    SIM_OP(bn_backward_sums, (Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                              const float* invstd, float* out),
+           bn_backward_sums(Stream{}, rows, c, dy, x, mean, invstd, out))
+    SIM_OP(bn_backward_dx, (Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                            const float* invstd, const float* gamma, const float* sums, double count, void* dx),
+           bn_backward_dx(Stream{}, rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
+    SIM_OP(layernorm_forward, (Stream s, int rows, int c, float eps, const void* x, const float* gamma, const float* beta,
+                               void* y, float* mean, float* rstd),
+           layernorm_forward(Stream{}, rows, c, eps, x, gamma, beta, y, mean, rstd))
+    SIM_OP(layernorm_backward, (Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                                const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta, bool accumulate),
+           layernorm_backward(Stream{}, rows, c, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, accumulate))
+    SIM_OP(ema_update, (Stream s, size_t n, float momentum, const float* batch, float* running),
+           ema_update(Stream{}, n, momentum, batch, running))
+    SIM_OP(fill, (Stream s, size_t n, float value, float* x), fill(Stream{}, n, value, x))
+    SIM_OP(scale, (Stream s, size_t n, float alpha, float* x), scale(Stream{}, n, alpha, x))
+    SIM_OP(axpy, (Stream s, size_t n, float alpha, const float* x, float* y), axpy(Stream{}, n, alpha, x, y))
+    SIM_OP(sum_squares, (Stream s, size_t n, const float* x, const float* loss_scale, float* out),
+           sum_squares(Stream{}, n, x, loss_scale, out))
+    SIM_OP(init_params, (Stream s, const InitArgs& a, size_t n, float* out), init_params(Stream{}, a, n, out))
+    SIM_OP(sgd_update, (Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a),
+           sgd_update(Stream{}, n, p, g, m, a))
+    SIM_OP(adamw_update, (Stream s, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a),
+           adamw_update(Stream{}, n, p, g, m, v, a))
+    SIM_OP(loss_scale_update, (Stream s, float* state, const float* grad_stats, int growth_interval),
+           loss_scale_update(Stream{}, state, grad_stats, growth_interval))
+    SIM_OP(checksum, (Stream s, size_t n, const float* x, uint64_t* out), checksum(Stream{}, n, x, out))
+#undef SIM_OP
 
     void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
         SIM_API("reduce_from_peer");

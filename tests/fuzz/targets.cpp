@@ -81,7 +81,8 @@ void config(const uint8_t* data, size_t size) {
         if (!c.model.input_shape.empty()) {
             const Model m(c.model.input_shape, c.model.layers, c.run.seed);
             (void)m.summary();
-            (void)m.activation_floats(4);
+            (void)m.activation_bytes(4, 4);
+            (void)m.train_flops_per_sample();
         }
     });
 }
@@ -91,7 +92,7 @@ void safetensors(const uint8_t* data, size_t size) {
     tolerate([&] { (void)read_safetensors(InputFile("ckpt.safetensors", data, size, false), true); });
     static const Model model({4}, {[] {
                                  LayerSpec l;
-                                 l.type = LayerSpec::Type::dense;
+                                 l.type = "dense";
                                  l.units = 3;
                                  return l;
                              }()},

@@ -1,0 +1,147 @@
+// batchnorm: per-channel normalisation by the batch's statistics in training and the running
+// statistics in evaluation, then gamma * x + beta and an optional activation (torch.nn.BatchNorm2d
+// for images, BatchNorm1d for vectors; the same parameter and buffer names).
+//
+// Statistics are per replica by default, as MirroredStrategy computes them; sync: true sums them
+// over every replica (two small all-reduces in forward, one in backward), so that N replicas
+// equal one replica on the global batch. The running statistics are mirrored state: each replica
+// adds its batch statistics, weighted 1 / (replicas x micro-batches), to the state region of the
+// gradient buffer; the gradient all-reduce sums them and every replica applies the same
+// exponential average after the step (mirrored/strategy.cpp).
+#include "kernels/error.h"
+#include "mirrored/layers/activations.h"
+#include "mirrored/layers/layer.h"
+
+namespace mirrored {
+
+namespace {
+
+class BatchNorm final : public Layer {
+public:
+    using Layer::Layer;
+
+    void declare(Builder& b) override {
+        const int c = in_.c;
+        InitArgs ones;
+        ones.kind = InitKind::ones;
+        gamma_ = b.param(name_ + ".weight", {c}, ones);
+        beta_ = b.param(name_ + ".bias", {c}, InitArgs{});
+        run_mean_ = b.state(name_ + ".running_mean", {c}, 0.0f, spec_.momentum);
+        run_var_ = b.state(name_ + ".running_var", {c}, 1.0f, spec_.momentum);
+        slot_ = b.new_slot();
+        out_buf_ = b.act_buffer(slot_, in_.size());
+        if (spec_.activation != Activation::none) z_buf_ = b.act_buffer(slot_, in_.size());
+        mean_ = b.f32_buffer(slot_, 0, size_t(c));
+        invstd_ = b.f32_buffer(slot_, 0, size_t(c));
+        sum_ = b.f32_buffer(slot_, 0, size_t(c));
+        sums_ = b.f32_buffer(slot_, 0, 2 * size_t(c));
+        if (spec_.sync) b.stats(2 * size_t(c));
+    }
+    void place(const std::vector<TensorRef>& refs) override {
+        gamma_off_ = refs[size_t(gamma_)].offset;
+        beta_off_ = refs[size_t(beta_)].offset;
+        run_mean_off_ = refs[size_t(run_mean_)].offset;
+        run_var_off_ = refs[size_t(run_var_)].offset;
+    }
+
+    const void* forward(Pass& p, const void* x) const override {
+        const int c = in_.c, rows = p.rows * in_.h * in_.w;
+        Device& d = *p.dev;
+        p.acts->input(slot_) = x;
+        float* mean = p.acts->f32(slot_, mean_);
+        float* invstd = p.acts->f32(slot_, invstd_);
+        if (p.training) batch_statistics(p, x, rows, mean, invstd);
+        else d.rsqrt_eps(p.stream, c, p.params + run_var_off_, spec_.epsilon, invstd);
+        const float* m = p.training ? mean : p.params + run_mean_off_;
+        void* y = p.acts->act(slot_, out_buf_);
+        void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
+        d.channel_affine(p.stream, rows, c, x, m, invstd, p.params + gamma_off_, p.params + beta_off_, z);
+        if (z_buf_ >= 0) d.bias_act_forward(p.stream, spec_.activation, rows, c, nullptr, z, y);
+        return y;
+    }
+
+    void backward(Pass& p, void* dy, void* dx) const override {
+        const int c = in_.c, rows = p.rows * in_.h * in_.w;
+        Device& d = *p.dev;
+        if (z_buf_ >= 0) d.act_backward(p.stream, spec_.activation, size_t(rows) * c, p.acts->act(slot_, z_buf_), dy, dy);
+        const float* mean = p.acts->f32(slot_, mean_);
+        const float* invstd = p.acts->f32(slot_, invstd_);
+        float* sums = p.acts->f32(slot_, sums_);
+        d.bn_backward_sums(p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, sums);
+        // this replica's dgamma = sum dy * xhat, dbeta = sum dy: the gradient all-reduce adds the rest
+        float* dgamma = p.grads + gamma_off_;
+        float* dbeta = p.grads + beta_off_;
+        if (p.accumulate) {
+            d.axpy(p.stream, size_t(c), 1.0f, sums + c, dgamma);
+            d.axpy(p.stream, size_t(c), 1.0f, sums, dbeta);
+        } else {
+            d.copy_on_device(p.stream, dgamma, sums + c, size_t(c) * sizeof(float));
+            d.copy_on_device(p.stream, dbeta, sums, size_t(c) * sizeof(float));
+        }
+        if (!dx) return;
+        double count = double(rows);
+        if (spec_.sync) {  // the input gradient needs the sums over the global batch
+            d.copy_on_device(p.stream, p.sync->buffer(), sums, 2 * size_t(c) * sizeof(float));
+            p.sync->all_reduce(2 * size_t(c));
+            sums = p.sync->buffer();
+            count = double(p.global_rows) * in_.h * in_.w;
+        }
+        d.bn_backward_dx(p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, p.params + gamma_off_, sums, count, dx);
+    }
+
+    bool has_params() const override { return true; }
+    std::string detail() const override { return std::string(spec_.sync ? "sync " : "") + activation_name(spec_.activation); }
+
+private:
+    // Two passes (mean, then squares about it): exact enough in f32 whatever the data's offset.
+    void batch_statistics(Pass& p, const void* x, int rows, float* mean, float* invstd) const {
+        const int c = in_.c;
+        Device& d = *p.dev;
+        float* sum = p.acts->f32(slot_, sum_);
+        float* sq = p.acts->f32(slot_, sums_);
+        BnStats a{c, double(rows), spec_.epsilon, p.stats_weight};
+        if (spec_.sync) {
+            a.count = double(p.global_rows) * in_.h * in_.w;
+            float* buf = p.sync->buffer();
+            d.channel_sums(p.stream, rows, c, x, nullptr, false, buf);
+            p.sync->all_reduce(size_t(c));
+            d.copy_on_device(p.stream, sum, buf, size_t(c) * sizeof(float));
+            d.bn_finalize(p.stream, a, sum, nullptr, mean, nullptr, nullptr, nullptr);
+            d.channel_sums(p.stream, rows, c, x, mean, true, buf);
+            p.sync->all_reduce(size_t(c));
+            sq = buf;
+        } else {
+            if (rows == 0) return;  // an empty shard: no statistics, nothing added to the running ones
+            d.channel_sums(p.stream, rows, c, x, nullptr, false, sum);
+            d.bn_finalize(p.stream, a, sum, nullptr, mean, nullptr, nullptr, nullptr);
+            d.channel_sums(p.stream, rows, c, x, mean, true, sq);
+        }
+        d.bn_finalize(p.stream, a, sum, sq, mean, invstd, p.grads + run_mean_off_, p.grads + run_var_off_);
+    }
+
+    int gamma_ = -1, beta_ = -1, run_mean_ = -1, run_var_ = -1;
+    size_t gamma_off_ = 0, beta_off_ = 0, run_mean_off_ = 0, run_var_off_ = 0;
+    int slot_ = -1, out_buf_ = -1, z_buf_ = -1, mean_ = -1, invstd_ = -1, sum_ = -1, sums_ = -1;
+};
+
+void read(SpecReader& r, const std::string& p, LayerSpec& s) {
+    s.momentum = float(r.number(p + ".momentum", 0.1, 0.0, 1.0));
+    s.epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0));
+    s.sync = r.boolean(p + ".sync", false);
+    s.activation = read_activation(r, p + ".activation");
+}
+
+std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
+    char m[32], e[32];
+    std::snprintf(m, sizeof m, "%g", s.momentum);
+    std::snprintf(e, sizeof e, "%g", s.epsilon);
+    return {{"momentum", m}, {"epsilon", e}, {"sync", s.sync ? "true" : "false"}, {"activation", activation_name(s.activation)}};
+}
+
+}  // namespace
+
+extern const LayerKind kBatchNormKind{"batchnorm", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
+                                          return std::make_unique<BatchNorm>(s);
+                                      }};
+
+}  // namespace mirrored

@@ -1,0 +1,89 @@
+// dense: y = act(x W^T + b), as torch.nn.Linear (weight [out, in]) followed by the activation.
+#include "mirrored/layers/activations.h"
+#include "mirrored/layers/layer.h"
+
+namespace mirrored {
+
+namespace {
+
+class Dense final : public Layer {
+public:
+    using Layer::Layer;
+
+    void declare(Builder& b) override {
+        if (in_.image) fail("dense needs a vector input, got an image " + in_.str() + "; add {type: flatten} before it");
+        const int units = spec_.units, inputs = in_.c;
+        InitArgs wi;
+        wi.kind = spec_.init;
+        wi.fan_in = inputs;
+        wi.fan_out = units;
+        w_ = b.param(name_ + ".weight", {units, inputs}, wi);
+        if (spec_.bias) b_ = b.param(name_ + ".bias", {units}, InitArgs{});
+        slot_ = b.new_slot();
+        out_buf_ = b.act_buffer(slot_, size_t(units));
+        if (spec_.activation != Activation::none) z_buf_ = b.act_buffer(slot_, size_t(units));
+        out_ = Shape::vector(units);
+    }
+    void place(const std::vector<TensorRef>& refs) override {
+        w_off_ = refs[size_t(w_)].offset;
+        if (b_ >= 0) b_off_ = refs[size_t(b_)].offset;
+    }
+
+    const void* forward(Pass& p, const void* x) const override {
+        const int units = out_.c, inputs = in_.c;
+        p.acts->input(slot_) = x;
+        void* y = p.acts->act(slot_, out_buf_);
+        void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
+        // z[rows, units] = x[rows, inputs] . W[units, inputs]^T
+        p.dev->gemm(p.stream, false, true, p.rows, units, inputs, 1.0f, x, inputs, p.weight(w_off_), inputs, 0.0f, z,
+                    units, p.types(p.vt));
+        if (b_ >= 0 || spec_.activation != Activation::none)
+            p.dev->bias_act_forward(p.stream, spec_.activation, p.rows, units, b_ >= 0 ? p.params + b_off_ : nullptr, z, y);
+        return y;
+    }
+
+    void backward(Pass& p, void* dy, void* dx) const override {
+        const int units = out_.c, inputs = in_.c;
+        if (z_buf_ >= 0)
+            p.dev->act_backward(p.stream, spec_.activation, size_t(p.rows) * units, p.acts->act(slot_, z_buf_), dy, dy);
+        // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs]
+        p.dev->gemm(p.stream, true, false, units, inputs, p.rows, 1.0f, dy, units, p.acts->input(slot_), inputs,
+                    p.accumulate ? 1.0f : 0.0f, p.grads + w_off_, inputs, p.types(DType::f32));
+        if (b_ >= 0) p.dev->bias_grad(p.stream, p.rows, units, dy, p.grads + b_off_, p.accumulate);
+        // dx[rows, inputs] = dz[rows, units] . W[units, inputs]
+        if (dx)
+            p.dev->gemm(p.stream, false, false, p.rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f, dx,
+                        inputs, p.types(p.vt));
+    }
+
+    bool has_params() const override { return true; }
+    double forward_flops() const override { return 2.0 * in_.c * out_.c; }
+    std::string detail() const override { return activation_name(spec_.activation); }
+
+private:
+    int w_ = -1, b_ = -1, slot_ = -1, out_buf_ = -1, z_buf_ = -1;
+    size_t w_off_ = 0, b_off_ = 0;
+};
+
+void read(SpecReader& r, const std::string& p, LayerSpec& s) {
+    s.units = int(r.integer(p + ".units", 0, 1, 1 << 24));
+    if (s.units == 0) r.fail(p + ".units", "required for a dense layer: a positive integer");
+    s.activation = read_activation(r, p + ".activation");
+    s.init = read_init(r, p + ".init", s.activation);
+    s.bias = r.boolean(p + ".bias", true);
+}
+
+std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
+    return {{"units", std::to_string(s.units)},
+            {"activation", activation_name(s.activation)},
+            {"init", init_kind_name(s.init)},
+            {"bias", s.bias ? "true" : "false"}};
+}
+
+}  // namespace
+
+extern const LayerKind kDenseKind{"dense", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
+                                      return std::make_unique<Dense>(s);
+                                  }};
+
+}  // namespace mirrored

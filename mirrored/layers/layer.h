@@ -1,0 +1,229 @@
+// Layers as modules. Each layer type lives in its own file in this folder and registers one
+// LayerKind (registry.cpp): how its config keys are read and written back, and how it is built.
+// A layer is shared by every replica: it holds only its shapes and where its tensors live in the
+// flat buffers; what differs per replica (saved inputs, activation buffers) lives in the
+// replica's Activations, in the layer's slot.
+//
+// Activations are NHWC ([n, h, w, c] images, [n, c] vectors) in the device's activation type;
+// parameters and gradients are f32 offsets into one flat buffer each, named as PyTorch names the
+// equivalent nn.Module's state (layers.3.weight, layers.5.running_mean), with PyTorch's layouts
+// ([out, in] for linear, [out, in, kh, kw] for conv).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/device.h"
+
+namespace mirrored {
+
+// The shape of one sample.
+struct Shape {
+    int h = 1, w = 1, c = 1;
+    bool image = false;  // [h, w, c]; otherwise a vector [c]
+    size_t size() const { return size_t(h) * size_t(w) * size_t(c); }
+    std::string str() const;
+    bool operator==(const Shape&) const = default;
+    static Shape vector(int c) { return Shape{1, 1, c, false}; }
+    static Shape picture(int h, int w, int c) { return Shape{h, w, c, true}; }
+};
+
+// One entry of model.layers: the union of every layer type's keys (each type reads and uses
+// its own), and the sub-layers of a container (residual).
+struct LayerSpec {
+    std::string type = "dense";
+    int units = 0;                             // dense
+    Activation activation = Activation::none;  // dense, conv2d, batchnorm, residual
+    InitKind init = InitKind::he_uniform;      // dense, conv2d weights
+    bool bias = true;                          // dense, conv2d
+    float rate = 0.5f;                         // dropout
+    int filters = 0;                           // conv2d
+    int kernel = 3, stride = 1;                // conv2d, pools
+    int padding = 0;                           // conv2d, pools: zeros on each side ...
+    bool same = false;                         // ... or (kernel - 1) / 2 ("same")
+    float momentum = 0.1f, epsilon = 1e-5f;    // batchnorm (momentum), batchnorm and layernorm (epsilon)
+    bool sync = false;                         // batchnorm: statistics over the global batch
+    std::string shortcut;                      // residual: "" (identity) or "conv1x1"
+    std::vector<LayerSpec> layers;             // residual
+};
+
+// Reads configuration keys by full path; implemented by the config reader, which knows where
+// each key came from for its error messages.
+class SpecReader {
+public:
+    virtual ~SpecReader() = default;
+    virtual int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi) = 0;
+    virtual double number(const std::string& path, double def, double lo, double hi) = 0;
+    virtual bool boolean(const std::string& path, bool def) = 0;
+    virtual std::string choice(const std::string& path, const std::string& def,
+                               const std::vector<std::string>& allowed) = 0;
+    virtual std::string text(const std::string& path, const std::string& def) = 0;  // any scalar
+    virtual size_t list_size(const std::string& path) = 0;
+    virtual void expect_map(const std::string& path) = 0;
+    [[noreturn]] virtual void fail(const std::string& path, const std::string& what) = 0;
+};
+
+class Layer;
+class Builder;
+
+// A layer type: its name, how its keys are read, written back (key, YAML value) and built.
+struct LayerKind {
+    const char* name;
+    void (*read)(SpecReader& r, const std::string& path, LayerSpec& s);
+    std::vector<std::pair<std::string, std::string>> (*fields)(const LayerSpec& s);
+    std::unique_ptr<Layer> (*create)(const LayerSpec& s);
+};
+const std::vector<const LayerKind*>& layer_kinds();
+const LayerKind& layer_kind(const std::string& type);  // throws ConfigError listing the known ones
+std::string layer_kind_names();                        // "dense, dropout, ..."
+// Reads the list of layers at `path` (model.layers, or a residual block's layers).
+std::vector<LayerSpec> read_layer_list(SpecReader& r, const std::string& path);
+// "conv2d filters=32 kernel=3 ..." with sub-layers in brackets: what the checkpoint hash covers.
+std::string layer_spec_summary(const LayerSpec& s);
+
+// Shared helpers for the layer types' readers.
+Activation read_activation(SpecReader& r, const std::string& path);
+InitKind read_init(SpecReader& r, const std::string& path, Activation act);
+// padding: same | valid | N; fills s.padding and s.same.
+void read_padding(SpecReader& r, const std::string& path, LayerSpec& s);
+std::string padding_text(const LayerSpec& s);
+
+class Activations;
+class StatsSync;
+
+// Everything one forward or backward call on one replica needs besides the data.
+struct Pass {
+    Device* dev = nullptr;
+    Stream stream;
+    int rows = 0;              // samples in this (micro-)batch on this replica
+    int global_rows = 0;       // in the micro-batch over every replica (synchronised statistics)
+    int64_t row_offset = 0;    // their offset in the global batch (dropout masks)
+    uint64_t seed = 0;
+    uint32_t step = 0;         // global micro-step (dropout masks)
+    bool training = true;
+    const float* params = nullptr;   // f32 master parameters (flat)
+    const void* weights = nullptr;   // their compute copy in the activation type (= params for f32)
+    float* grads = nullptr;          // f32 gradients (flat); the state region gets statistics
+    bool accumulate = false;         // add to grads (gradient accumulation) instead of writing
+    Activations* acts = nullptr;
+    StatsSync* sync = nullptr;       // cross-replica sums for synchronised batch statistics
+    float stats_weight = 1.0f;       // 1 / (replicas x micro-batches): running-statistics weight
+    DType vt = DType::f32;           // the activations' value type (Device::value_dtype)
+
+    // The compute copy of a tensor's weights (its offset in the activation type's elements).
+    const void* weight(size_t offset) const {
+        return static_cast<const char*>(weights) + offset * (weights == params ? 4 : dev->act_bytes(1));
+    }
+    GemmTypes types(DType c) const { return {vt, vt, c}; }
+};
+
+// The cross-replica sum the synchronised batch normalisation needs during forward and backward:
+// every replica calls all_reduce with the same n in the same order; the sums are in buffer()
+// (device memory of this replica) before and after.
+class StatsSync {
+public:
+    virtual ~StatsSync() = default;
+    virtual float* buffer() = 0;
+    virtual size_t capacity() const = 0;  // floats
+    virtual void all_reduce(size_t n) = 0;
+};
+
+// The model's layout while it is built: tensors in the flat buffers and per-replica buffers.
+class Builder {
+public:
+    struct Tensor {
+        std::string name;
+        std::vector<int> shape;
+        size_t count = 0;
+        InitArgs init;
+        bool trainable = true;
+        float fill = 0.0f;      // state tensors start at this value ...
+        float momentum = 0.0f;  // ... and move this far towards each step's statistics
+        int top_layer = 0;
+    };
+    struct Buffer {
+        bool act = true;         // activation type, else f32
+        size_t per_row = 0;      // elements per sample
+        size_t fixed = 0;        // plus this many elements
+    };
+    struct Slot {
+        std::vector<Buffer> buffers;
+    };
+
+    explicit Builder(uint64_t seed) : seed_(seed) {}
+    // A trainable tensor (returns its index) and a mirrored, untrained state tensor.
+    int param(const std::string& name, std::vector<int> shape, InitArgs init);
+    int state(const std::string& name, std::vector<int> shape, float fill, float momentum);
+    int new_slot();                                        // per-replica storage of one layer
+    int act_buffer(int slot, size_t per_row, size_t fixed = 0);  // in the activation type
+    int f32_buffer(int slot, size_t per_row, size_t fixed = 0);
+    void scratch(size_t per_row) { scratch_per_row_ = std::max(scratch_per_row_, per_row); }
+    void stats(size_t floats) { stats_floats_ = std::max(stats_floats_, floats); }
+    void set_top_layer(int l) { top_layer_ = l; }
+
+    const std::vector<Tensor>& tensors() const { return tensors_; }
+    const std::vector<Slot>& slots() const { return slots_; }
+    size_t scratch_per_row() const { return scratch_per_row_; }
+    size_t stats_floats() const { return stats_floats_; }
+
+private:
+    uint64_t seed_;
+    int top_layer_ = 0;
+    std::vector<Tensor> tensors_;
+    std::vector<Slot> slots_;
+    size_t scratch_per_row_ = 0, stats_floats_ = 0;
+};
+
+// Where the layout put a tensor: offsets into the flat buffers, filled in once the model is built.
+struct TensorRef {
+    int index = -1;
+    size_t offset = 0, count = 0;
+};
+
+class Layer {
+public:
+    explicit Layer(const LayerSpec& spec) : spec_(spec) {}
+    virtual ~Layer() = default;
+    Layer(const Layer&) = delete;
+    Layer& operator=(const Layer&) = delete;
+
+    const LayerSpec& spec() const { return spec_; }
+    const std::string& name() const { return name_; }  // "layers.3": its PyTorch module path
+    const Shape& in() const { return in_; }
+    const Shape& out() const { return out_; }
+
+    // Checks the input shape (ConfigError naming `key` otherwise), declares tensors and buffers,
+    // and sets the output shape. `name` is the module path, `key` the config path.
+    void build(Builder& b, const std::string& name, const std::string& key, const Shape& in) {
+        name_ = name;
+        key_ = key;
+        in_ = in;
+        out_ = in;
+        declare(b);
+    }
+    // After the layout is final: where each declared tensor lives.
+    virtual void place(const std::vector<TensorRef>& refs) { (void)refs; }
+    // The output (a buffer of this layer, or x itself when nothing changes).
+    // Const: one layer object serves every replica thread at once; per-replica state goes in
+    // p.acts, in the slots the layer declared.
+    virtual const void* forward(Pass& p, const void* x) const = 0;
+    // dy: the gradient of the output, which may be overwritten; dx: where the gradient of the
+    // input goes, or null when nothing before needs it. Parameter gradients go into p.grads.
+    virtual void backward(Pass& p, void* dy, void* dx) const = 0;
+    virtual bool has_params() const { return false; }
+    virtual double forward_flops() const { return 0; }  // GEMM multiply-adds x 2, per sample
+    virtual std::string detail() const { return ""; }   // for the model summary
+
+protected:
+    virtual void declare(Builder& b) = 0;
+    [[noreturn]] void fail(const std::string& what) const;  // ConfigError at this layer's key
+
+    LayerSpec spec_;
+    std::string name_, key_;
+    Shape in_, out_;
+};
+
+}  // namespace mirrored

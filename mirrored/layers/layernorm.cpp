@@ -1,0 +1,65 @@
+// layernorm: normalises each sample's last axis (the channels of every pixel, or a vector's
+// features) to mean 0 and variance 1, then gamma * x + beta (torch.nn.LayerNorm(c)).
+#include "mirrored/layers/activations.h"
+#include "mirrored/layers/layer.h"
+
+namespace mirrored {
+
+namespace {
+
+class LayerNorm final : public Layer {
+public:
+    using Layer::Layer;
+
+    void declare(Builder& b) override {
+        InitArgs ones;
+        ones.kind = InitKind::ones;
+        gamma_ = b.param(name_ + ".weight", {in_.c}, ones);
+        beta_ = b.param(name_ + ".bias", {in_.c}, InitArgs{});
+        slot_ = b.new_slot();
+        out_buf_ = b.act_buffer(slot_, in_.size());
+        const size_t per_row = size_t(in_.h) * in_.w;  // normalised rows per sample
+        mean_ = b.f32_buffer(slot_, per_row);
+        rstd_ = b.f32_buffer(slot_, per_row);
+    }
+    void place(const std::vector<TensorRef>& refs) override {
+        gamma_off_ = refs[size_t(gamma_)].offset;
+        beta_off_ = refs[size_t(beta_)].offset;
+    }
+
+    const void* forward(Pass& p, const void* x) const override {
+        p.acts->input(slot_) = x;
+        void* y = p.acts->act(slot_, out_buf_);
+        p.dev->layernorm_forward(p.stream, p.rows * in_.h * in_.w, in_.c, spec_.epsilon, x, p.params + gamma_off_,
+                                 p.params + beta_off_, y, p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_));
+        return y;
+    }
+
+    void backward(Pass& p, void* dy, void* dx) const override {
+        p.dev->layernorm_backward(p.stream, p.rows * in_.h * in_.w, in_.c, dy, p.acts->input(slot_),
+                                  p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_), p.params + gamma_off_, dx,
+                                  p.grads + gamma_off_, p.grads + beta_off_, p.accumulate);
+    }
+
+    bool has_params() const override { return true; }
+
+private:
+    int gamma_ = -1, beta_ = -1, slot_ = -1, out_buf_ = -1, mean_ = -1, rstd_ = -1;
+    size_t gamma_off_ = 0, beta_off_ = 0;
+};
+
+void read(SpecReader& r, const std::string& p, LayerSpec& s) { s.epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0)); }
+
+std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
+    char e[32];
+    std::snprintf(e, sizeof e, "%g", s.epsilon);
+    return {{"epsilon", e}};
+}
+
+}  // namespace
+
+extern const LayerKind kLayerNormKind{"layernorm", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
+                                          return std::make_unique<LayerNorm>(s);
+                                      }};
+
+}  // namespace mirrored

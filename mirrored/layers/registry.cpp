@@ -1,0 +1,138 @@
+// The layer types, and what every type shares: the config readers' helpers, the layout builder,
+// summaries. Adding a layer type: its own file with a LayerKind, and one line in layer_kinds().
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "kernels/error.h"
+#include "mirrored/layers/layer.h"
+
+namespace mirrored {
+
+extern const LayerKind kDenseKind, kDropoutKind, kFlattenKind, kConv2dKind, kMaxPool2dKind, kAvgPool2dKind,
+    kGlobalAvgPoolKind, kBatchNormKind, kLayerNormKind, kResidualKind;
+
+const std::vector<const LayerKind*>& layer_kinds() {
+    static const std::vector<const LayerKind*> kinds = {
+        &kDenseKind,    &kDropoutKind,     &kFlattenKind,   &kConv2dKind,    &kMaxPool2dKind,
+        &kAvgPool2dKind, &kGlobalAvgPoolKind, &kBatchNormKind, &kLayerNormKind, &kResidualKind,
+    };
+    return kinds;
+}
+
+std::string layer_kind_names() {
+    std::string s;
+    for (const LayerKind* k : layer_kinds()) s += (s.empty() ? "" : ", ") + std::string(k->name);
+    return s;
+}
+
+const LayerKind& layer_kind(const std::string& type) {
+    for (const LayerKind* k : layer_kinds())
+        if (type == k->name) return *k;
+    throw ConfigError("unknown layer type '" + type + "' (known: " + layer_kind_names() + ")");
+}
+
+std::vector<LayerSpec> read_layer_list(SpecReader& r, const std::string& path) {
+    const size_t n = r.list_size(path);
+    if (n == 0) r.fail(path, "expected a list of layers, e.g. [{type: flatten}, {type: dense, units: 10}]");
+    std::vector<LayerSpec> out;
+    std::vector<std::string> names;
+    for (const LayerKind* k : layer_kinds()) names.push_back(k->name);
+    for (size_t i = 0; i < n; ++i) {
+        const std::string p = path + "." + std::to_string(i);
+        r.expect_map(p);
+        LayerSpec s;
+        s.type = r.choice(p + ".type", "", names);
+        layer_kind(s.type).read(r, p, s);
+        out.push_back(std::move(s));
+    }
+    return out;
+}
+
+std::string layer_spec_summary(const LayerSpec& s) {
+    std::string out = s.type;
+    for (const auto& [k, v] : layer_kind(s.type).fields(s)) out += " " + k + "=" + v;
+    if (!s.layers.empty()) {
+        out += " [";
+        for (size_t i = 0; i < s.layers.size(); ++i) out += (i ? " | " : "") + layer_spec_summary(s.layers[i]);
+        out += "]";
+    }
+    return out;
+}
+
+Activation read_activation(SpecReader& r, const std::string& path) {
+    const std::string a = r.choice(path, "none", {"none", "relu", "gelu"});
+    return a == "relu" ? Activation::relu : a == "gelu" ? Activation::gelu : Activation::none;
+}
+
+InitKind read_init(SpecReader& r, const std::string& path, Activation act) {
+    const std::string def = act == Activation::none ? "glorot_uniform" : "he_uniform";
+    const std::string k = r.choice(path, def, {"he_uniform", "he_normal", "glorot_uniform", "glorot_normal"});
+    if (k == "he_normal") return InitKind::he_normal;
+    if (k == "glorot_uniform") return InitKind::glorot_uniform;
+    if (k == "glorot_normal") return InitKind::glorot_normal;
+    return InitKind::he_uniform;
+}
+
+void read_padding(SpecReader& r, const std::string& path, LayerSpec& s) {
+    const std::string v = r.text(path, "valid");
+    s.same = false;
+    s.padding = 0;
+    if (!v.empty() && v.size() <= 3 && v.find_first_not_of("0123456789") == std::string::npos) {
+        s.padding = std::stoi(v);
+        if (s.padding > 64) r.fail(path, "expected same, valid or a number of zeros from 0 to 64, got " + v);
+        return;
+    }
+    if (v == "same") s.same = true;
+    else if (v != "valid") r.fail(path, "expected same, valid or a number of zeros from 0 to 64, got '" + v + "'");
+    if (s.same && s.kernel % 2 == 0)
+        r.fail(path, "same needs an odd kernel_size (it pads (kernel - 1) / 2 on every side); give a number instead");
+}
+
+std::string padding_text(const LayerSpec& s) { return s.same ? "same" : s.padding == 0 ? "valid" : std::to_string(s.padding); }
+
+std::string Shape::str() const {
+    if (!image) return "[" + std::to_string(c) + "]";
+    return "[" + std::to_string(h) + ", " + std::to_string(w) + ", " + std::to_string(c) + "]";
+}
+
+void Layer::fail(const std::string& what) const { throw ConfigError(key_, what); }
+
+int Builder::param(const std::string& name, std::vector<int> shape, InitArgs init) {
+    Tensor t;
+    t.name = name;
+    t.shape = std::move(shape);
+    t.count = 1;
+    for (int d : t.shape) t.count *= size_t(d);
+    t.init = init;
+    t.init.seed = seed_;
+    t.init.tensor_id = uint32_t(tensors_.size());
+    t.top_layer = top_layer_;
+    tensors_.push_back(std::move(t));
+    return int(tensors_.size()) - 1;
+}
+
+int Builder::state(const std::string& name, std::vector<int> shape, float fill, float momentum) {
+    const int i = param(name, std::move(shape), InitArgs{});
+    tensors_[size_t(i)].trainable = false;
+    tensors_[size_t(i)].fill = fill;
+    tensors_[size_t(i)].momentum = momentum;
+    return i;
+}
+
+int Builder::new_slot() {
+    slots_.emplace_back();
+    return int(slots_.size()) - 1;
+}
+
+int Builder::act_buffer(int slot, size_t per_row, size_t fixed) {
+    slots_[size_t(slot)].buffers.push_back(Buffer{true, per_row, fixed});
+    return int(slots_[size_t(slot)].buffers.size()) - 1;
+}
+
+int Builder::f32_buffer(int slot, size_t per_row, size_t fixed) {
+    slots_[size_t(slot)].buffers.push_back(Buffer{false, per_row, fixed});
+    return int(slots_[size_t(slot)].buffers.size()) - 1;
+}
+
+}  // namespace mirrored

@@ -1,0 +1,121 @@
+// residual: y = act(F(x) + S(x)), F its layers and S the identity or, with shortcut: conv1x1, a
+// 1x1 convolution (stride by the change in size, no bias) followed by batchnorm - the projection
+// shortcut of He et al. 2016, named as torchvision names it (layers.i.shortcut.0/.1).
+#include "mirrored/layers/activations.h"
+#include "mirrored/layers/layer.h"
+#include "mirrored/layers/sequential.h"
+
+namespace mirrored {
+
+namespace {
+
+class Residual final : public Layer {
+public:
+    explicit Residual(const LayerSpec& s) : Layer(s), branch_(s.layers) {}
+
+    void declare(Builder& b) override {
+        out_ = branch_.build(b, name_ + ".layers", key_ + ".layers", in_, false);
+        if (spec_.shortcut == "conv1x1") {
+            if (!out_.image || !in_.image) fail("shortcut: conv1x1 needs image input and output");
+            if (in_.h % out_.h || in_.w % out_.w || in_.h / out_.h != in_.w / out_.w)
+                fail("shortcut: conv1x1 cannot map " + in_.str() + " to " + out_.str() + " with one stride");
+            LayerSpec conv;
+            conv.type = "conv2d";
+            conv.filters = out_.c;
+            conv.kernel = 1;
+            conv.stride = in_.h / out_.h;
+            conv.bias = false;
+            conv.init = InitKind::he_uniform;
+            LayerSpec bn;
+            bn.type = "batchnorm";
+            bn.sync = sync_of(spec_);
+            shortcut_ = std::make_unique<Sequential>(std::vector<LayerSpec>{conv, bn});
+            const Shape s = shortcut_->build(b, name_ + ".shortcut", key_ + ".shortcut", in_, false);
+            if (!(s == out_)) fail("the shortcut's output " + s.str() + " differs from the block's " + out_.str());
+        } else if (!(out_ == in_)) {
+            fail("the block's layers change the shape from " + in_.str() + " to " + out_.str() +
+                 "; add shortcut: conv1x1 for a projection");
+        }
+        slot_ = b.new_slot();
+        z_buf_ = b.act_buffer(slot_, out_.size());
+        if (spec_.activation != Activation::none) out_buf_ = b.act_buffer(slot_, out_.size());
+        g1_ = b.act_buffer(slot_, out_.size());
+        if (shortcut_) g2_ = b.act_buffer(slot_, in_.size());
+    }
+    void place(const std::vector<TensorRef>& refs) override {
+        branch_.place(refs);
+        if (shortcut_) shortcut_->place(refs);
+    }
+
+    const void* forward(Pass& p, const void* x) const override {
+        const size_t n = size_t(p.rows) * out_.size();
+        const void* f = branch_.forward(p, x);
+        const void* s = shortcut_ ? shortcut_->forward(p, x) : x;
+        void* z = p.acts->act(slot_, z_buf_);
+        p.dev->copy_on_device(p.stream, z, f, p.dev->act_bytes(n));
+        p.dev->add(p.stream, n, s, z);
+        if (out_buf_ < 0) return z;
+        void* y = p.acts->act(slot_, out_buf_);
+        p.dev->bias_act_forward(p.stream, spec_.activation, p.rows, int(out_.size()), nullptr, z, y);
+        return y;
+    }
+
+    void backward(Pass& p, void* dy, void* dx) const override {
+        const size_t n = size_t(p.rows) * out_.size();
+        if (out_buf_ >= 0) p.dev->act_backward(p.stream, spec_.activation, n, p.acts->act(slot_, z_buf_), dy, dy);
+        void* g1 = p.acts->act(slot_, g1_);  // the branch overwrites its copy; dy stays for the shortcut
+        p.dev->copy_on_device(p.stream, g1, dy, p.dev->act_bytes(n));
+        branch_.backward(p, g1, dx);
+        if (shortcut_) {
+            void* g2 = dx ? p.acts->act(slot_, g2_) : nullptr;
+            shortcut_->backward(p, dy, g2);
+            if (dx) p.dev->add(p.stream, size_t(p.rows) * in_.size(), g2, dx);
+        } else if (dx) {
+            p.dev->add(p.stream, n, dy, dx);
+        }
+    }
+
+    bool has_params() const override { return branch_.has_params() || (shortcut_ && shortcut_->has_params()); }
+    double forward_flops() const override {
+        double f = 0;
+        for (const auto& l : branch_.layers()) f += l->forward_flops();
+        if (shortcut_)
+            for (const auto& l : shortcut_->layers()) f += l->forward_flops();
+        return f;
+    }
+    std::string detail() const override {
+        return std::to_string(branch_.layers().size()) + " layers" + (shortcut_ ? " + conv1x1 shortcut" : "") + " " +
+               activation_name(spec_.activation);
+    }
+
+private:
+    // The shortcut's batchnorm synchronises when the block's own ones do.
+    static bool sync_of(const LayerSpec& s) {
+        for (const LayerSpec& l : s.layers)
+            if (l.type == "batchnorm" && l.sync) return true;
+        return false;
+    }
+
+    Sequential branch_;
+    std::unique_ptr<Sequential> shortcut_;
+    int slot_ = -1, z_buf_ = -1, out_buf_ = -1, g1_ = -1, g2_ = -1;
+};
+
+void read(SpecReader& r, const std::string& p, LayerSpec& s) {
+    s.layers = read_layer_list(r, p + ".layers");
+    s.shortcut = r.choice(p + ".shortcut", "identity", {"identity", "conv1x1"});
+    if (s.shortcut == "identity") s.shortcut.clear();
+    s.activation = read_activation(r, p + ".activation");
+}
+
+std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
+    return {{"shortcut", s.shortcut.empty() ? "identity" : s.shortcut}, {"activation", activation_name(s.activation)}};
+}
+
+}  // namespace
+
+extern const LayerKind kResidualKind{"residual", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
+                                         return std::make_unique<Residual>(s);
+                                     }};
+
+}  // namespace mirrored

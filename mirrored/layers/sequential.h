@@ -1,0 +1,35 @@
+// Layers applied in order, with the two gradient buffers their backward pass alternates
+// between: the model's top level, and the branch of a residual block.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "mirrored/layers/layer.h"
+
+namespace mirrored {
+
+class Sequential {
+public:
+    explicit Sequential(const std::vector<LayerSpec>& specs);
+    // Builds layer i as `<name>.<i>` (config key `<key>.<i>`) from `in`; returns the output shape.
+    // top: layer i's tensors belong to top-level layer i (gradient buckets become ready by it).
+    Shape build(Builder& b, const std::string& name, const std::string& key, const Shape& in, bool top);
+    void place(const std::vector<TensorRef>& refs);
+    const void* forward(Pass& p, const void* x) const;
+    // dy: the output gradient (overwritten); dx: the input gradient, or null when nothing before
+    // needs it (then layers below the first one with parameters are skipped). on_layer_done(i)
+    // runs once layer i's parameter gradients are enqueued.
+    void backward(Pass& p, void* dy, void* dx, const std::function<void(int)>& on_layer_done = nullptr) const;
+
+    const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+    bool has_params() const;
+
+private:
+    std::vector<std::unique_ptr<Layer>> layers_;
+    int slot_ = -1;
+    int first_param_ = 0;  // the lowest layer with parameters
+};
+
+}  // namespace mirrored
