@@ -56,6 +56,24 @@ const char* init_kind_name(InitKind k) {
     }
 }
 
+void Device::note_alloc(void* p, size_t bytes) {
+    {
+        std::lock_guard<std::mutex> lock(sizes_mu_);
+        sizes_[p] = bytes;
+    }
+    const int64_t now = allocated_.fetch_add(int64_t(bytes)) + int64_t(bytes);
+    for (int64_t peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {
+    }
+}
+
+void Device::note_free(void* p) noexcept {
+    std::lock_guard<std::mutex> lock(sizes_mu_);
+    auto it = sizes_.find(p);
+    if (it == sizes_.end()) return;
+    allocated_.fetch_sub(int64_t(it->second));
+    sizes_.erase(it);
+}
+
 std::unique_ptr<Device> make_device(DeviceType type, int ordinal) {
     switch (type) {
     case DeviceType::cuda: return make_cuda_device(ordinal);

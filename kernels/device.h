@@ -20,6 +20,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -318,13 +320,28 @@ public:
 
     HostWork host_work() const { return work_; }  // read by the replica's own thread
 
+    // Device memory this Device holds through alloc_bytes, now and at most, measured from its own
+    // allocations; and what the whole GPU has in use (CUDA: cudaMemGetInfo, the context and
+    // libraries included; elsewhere the same as allocated_bytes).
+    uint64_t allocated_bytes() const { return uint64_t(allocated_.load()); }
+    uint64_t peak_allocated_bytes() const { return uint64_t(peak_.load()); }
+    virtual uint64_t memory_in_use() const { return allocated_bytes(); }
+
 protected:
     Device(DeviceType type, int ordinal, std::string name)
         : type_(type), ordinal_(ordinal), name_(std::move(name)) {}
     Stream compute_, comm_, copy_;
     HostWork work_;  // implementations count what the host issues
     Precision precision_ = Precision::fp32;
+    // Implementations report every alloc_bytes / free_bytes here.
+    void note_alloc(void* p, size_t bytes);
+    void note_free(void* p) noexcept;
     std::atomic<bool> abandoned_{false};
+
+private:
+    std::atomic<int64_t> allocated_{0}, peak_{0};
+    std::mutex sizes_mu_;
+    std::unordered_map<void*, size_t> sizes_;
 
 private:
     DeviceType type_;

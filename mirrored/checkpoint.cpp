@@ -111,11 +111,12 @@ void write_atomic(const std::string& path, const std::string& header, const std:
 struct SafetensorsBuilder {
     json header = json::object();
     std::vector<unsigned char> data;
-    void add(const std::string& name, const std::vector<int>& shape, const float* values, size_t count) {
+    template <typename T>
+    void add(const std::string& name, const std::vector<int>& shape, const T* values, size_t count) {
         const size_t begin = data.size();
-        data.resize(begin + count * sizeof(float));
-        std::memcpy(data.data() + begin, values, count * sizeof(float));
-        header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+        data.resize(begin + count * sizeof(T));
+        if (count) std::memcpy(data.data() + begin, values, count * sizeof(T));
+        header[name] = {{"dtype", sizeof(T) == 8 ? "I64" : "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
     }
     std::string serialize(std::map<std::string, std::string> meta, bool checksum) {
         if (checksum) {
@@ -415,6 +416,7 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
 void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum) {
     SafetensorsBuilder b;
     for (const auto& [name, t] : file.tensors) b.add(name, t.first, t.second.data(), t.second.size());
+    for (const auto& [name, t] : file.int_tensors) b.add(name, t.first, t.second.data(), t.second.size());
     write_atomic(path, b.serialize(file.metadata, with_checksum), b.data, -1);
 }
 
@@ -428,7 +430,15 @@ SafetensorsFile read_safetensors(InputFile&& in, bool verify_checksum) {
     if (verify_checksum) verify(p, path);
     SafetensorsFile f;
     f.metadata = p.meta;
-    for (const auto& [name, t] : p.tensors) f.tensors[name] = {t.shape, tensor_values(p, path, name)};
+    for (const auto& [name, t] : p.tensors) {
+        if (t.dtype == "I64") {
+            std::vector<int64_t> v((t.end - t.begin) / 8);
+            if (!v.empty()) std::memcpy(v.data(), p.data.data() + t.begin, t.end - t.begin);
+            f.int_tensors[name] = {t.shape, std::move(v)};
+        } else {
+            f.tensors[name] = {t.shape, tensor_values(p, path, name)};
+        }
+    }
     return f;
 }
 

@@ -50,9 +50,11 @@ struct ForeignCheckpointError : CheckpointError {
     explicit ForeignCheckpointError(const std::string& w) : CheckpointError(w) {}
 };
 
-// Any safetensors file of F32 tensors: name -> (shape, values), plus metadata.
+// Any safetensors file of F32 tensors (and I64 ones, such as batchnorm's num_batches_tracked):
+// name -> (shape, values), plus metadata.
 struct SafetensorsFile {
     std::map<std::string, std::pair<std::vector<int>, std::vector<float>>> tensors;
+    std::map<std::string, std::pair<std::vector<int>, std::vector<int64_t>>> int_tensors;
     std::map<std::string, std::string> metadata;
 };
 // With verify_checksum, a mirrored checkpoint's CRC is checked too.

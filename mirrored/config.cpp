@@ -3,6 +3,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -490,13 +492,21 @@ void read_optimizer(Reader& r, OptimizerConfig& o) {
     o.grad_clip_norm = r.number("optimizer.grad_clip_norm", 0.0, 0.0, 1e9);
     o.scale_lr_with_replicas = r.boolean("optimizer.scale_lr_with_replicas", false);
     r.expect_map("optimizer.schedule");
-    const std::string st = r.choice("optimizer.schedule.type", "constant", {"constant", "step", "cosine"});
-    o.schedule.type = st == "cosine" ? ScheduleConfig::Type::cosine
-                      : st == "step" ? ScheduleConfig::Type::step
-                                     : ScheduleConfig::Type::constant;
+    const std::string st = r.choice("optimizer.schedule.type", "constant", {"constant", "step", "multistep", "cosine"});
+    o.schedule.type = st == "cosine"      ? ScheduleConfig::Type::cosine
+                      : st == "step"      ? ScheduleConfig::Type::step
+                      : st == "multistep" ? ScheduleConfig::Type::multistep
+                                          : ScheduleConfig::Type::constant;
     o.schedule.warmup_steps = r.integer("optimizer.schedule.warmup_steps", 0, 0, int64_t(1) << 40);
     if (o.schedule.type == ScheduleConfig::Type::step) {
         o.schedule.step_size = r.integer("optimizer.schedule.step_size", 1000, 1, int64_t(1) << 40);
+        o.schedule.gamma = r.number("optimizer.schedule.gamma", 0.1, 0.0, 1.0, true);
+    }
+    if (o.schedule.type == ScheduleConfig::Type::multistep) {
+        for (int v : r.int_list("optimizer.schedule.milestones", {}, 1, INT32_MAX)) o.schedule.milestones.push_back(v);
+        if (o.schedule.milestones.empty()) r.fail("optimizer.schedule.milestones", "required for multistep: a list of steps");
+        if (!std::is_sorted(o.schedule.milestones.begin(), o.schedule.milestones.end()))
+            r.fail("optimizer.schedule.milestones", "expected increasing steps");
         o.schedule.gamma = r.number("optimizer.schedule.gamma", 0.1, 0.0, 1.0, true);
     }
     if (o.schedule.type == ScheduleConfig::Type::cosine)
@@ -690,13 +700,19 @@ std::string config_to_yaml(const Config& c) {
     e << YAML::Key << "weight_decay" << YAML::Value << o.weight_decay;
     e << YAML::Key << "grad_clip_norm" << YAML::Value << o.grad_clip_norm;
     e << YAML::Key << "scale_lr_with_replicas" << YAML::Value << o.scale_lr_with_replicas;
-    const char* st = o.schedule.type == ScheduleConfig::Type::cosine ? "cosine"
-                     : o.schedule.type == ScheduleConfig::Type::step ? "step"
+    const char* st = o.schedule.type == ScheduleConfig::Type::cosine      ? "cosine"
+                     : o.schedule.type == ScheduleConfig::Type::step      ? "step"
+                     : o.schedule.type == ScheduleConfig::Type::multistep ? "multistep"
                                                                       : "constant";
     e << YAML::Key << "schedule" << YAML::Value << YAML::Flow << YAML::BeginMap;
     e << YAML::Key << "type" << YAML::Value << st << YAML::Key << "warmup_steps" << YAML::Value << o.schedule.warmup_steps;
     if (o.schedule.type == ScheduleConfig::Type::step)
         e << YAML::Key << "step_size" << YAML::Value << o.schedule.step_size << YAML::Key << "gamma" << YAML::Value << o.schedule.gamma;
+    if (o.schedule.type == ScheduleConfig::Type::multistep) {
+        e << YAML::Key << "milestones" << YAML::Value;
+        flow_list(o.schedule.milestones);
+        e << YAML::Key << "gamma" << YAML::Value << o.schedule.gamma;
+    }
     if (o.schedule.type == ScheduleConfig::Type::cosine)
         e << YAML::Key << "min_lr_ratio" << YAML::Value << o.schedule.min_lr_ratio;
     e << YAML::EndMap << YAML::EndMap;

@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
     eval->add_option("--checkpoint", checkpoint, "checkpoint file")->required();
     eval->add_option("--set", sets, "override a key (repeatable)");
     eval->add_option("--devices", devices, "device spec for evaluation");
+    EvalDump dump;
+    eval->add_option("--dump-inputs", dump.inputs, "write the test samples (normalised, NHWC) to this .npy file");
+    eval->add_option("--dump-logits", dump.logits, "write the model's logits for them to this .npy file");
+    eval->add_option("--limit", dump.limit, "dump only the first N test samples")->check(CLI::Range(1, 100000000));
 
     auto* exp = app.add_subcommand("export", "write a checkpoint's weights as a plain safetensors file");
     exp->add_option("checkpoint", checkpoint, "checkpoint file")->required();
@@ -192,7 +196,7 @@ int main(int argc, char** argv) {
                 install_signal_handlers();
                 return run_training(cfg);
             }
-            const EvalResult r = evaluate_checkpoint(cfg, checkpoint);
+            const EvalResult r = evaluate_checkpoint(cfg, checkpoint, dump);
             std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n",
                         checkpoint.c_str(), static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
             return kExitOk;
@@ -206,10 +210,17 @@ int main(int argc, char** argv) {
             SafetensorsFile weights;
             for (auto& [name, t] : f.tensors)
                 if (name.rfind("optimizer.", 0) != 0) weights.tensors[name] = std::move(t);
+            // PyTorch's batchnorm also keeps how many batches updated its running statistics:
+            // one per optimizer step here.
+            const int64_t steps = std::strtoll(f.metadata["step"].c_str(), nullptr, 10);
+            const std::string suffix = ".running_mean";
+            for (const auto& [name, t] : weights.tensors)
+                if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+                    weights.int_tensors[name.substr(0, name.size() - suffix.size()) + ".num_batches_tracked"] = {{}, {steps}};
             weights.metadata = {{"format", "pt"}, {"source", checkpoint}, {"step", f.metadata["step"]},
                                 {"model", f.metadata["model"]}};
             write_safetensors(out, weights);
-            std::printf("wrote %zu tensors to %s\n", weights.tensors.size(), out.c_str());
+            std::printf("wrote %zu tensors to %s\n", weights.tensors.size() + weights.int_tensors.size(), out.c_str());
             return kExitOk;
         }
         if (app.got_subcommand("devices")) return print_devices();

@@ -12,6 +12,12 @@ double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps
     switch (s.type) {
     case ScheduleConfig::Type::step:
         return base * std::pow(s.gamma, double((step - s.warmup_steps) / std::max<int64_t>(s.step_size, 1)));
+    case ScheduleConfig::Type::multistep: {
+        double lr = base;
+        for (int64_t m : s.milestones)
+            if (step >= m) lr *= s.gamma;
+        return lr;
+    }
     case ScheduleConfig::Type::cosine: {
         const double span = double(std::max<int64_t>(total_steps - s.warmup_steps, 1));
         const double t = std::clamp(double(step - s.warmup_steps) / span, 0.0, 1.0);

@@ -325,6 +325,12 @@ void MirroredStrategy::wait_until(const std::function<bool()>& done) {
     }
 }
 
+uint64_t MirroredStrategy::peak_memory_bytes() const {
+    uint64_t peak = 0;
+    for (const auto& R : replicas_) peak = std::max(peak, R->device->peak_allocated_bytes());
+    return peak;
+}
+
 StepWork MirroredStrategy::host_work() const {
     return {replicas_[0]->device->host_work(), threads_->barrier().arrivals() / uint64_t(replicas_.size())};
 }
@@ -699,6 +705,29 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
         }
     });
     return m;
+}
+
+std::vector<float> MirroredStrategy::predict(const float* x, size_t rows) {
+    synchronize();
+    return guarded([&] {
+        Replica& R = *replicas_[0];
+        Device& d = *R.device;
+        const size_t features = size_t(model_.input_features()), classes = size_t(model_.output_features());
+        const size_t chunk = std::min<size_t>(size_t(R.acts.max_rows()), R.inputs[0].size() / std::max<size_t>(features, 1));
+        std::vector<float> out(rows * classes), logits32(chunk * classes);
+        DeviceBuffer<float> staged(d, chunk * classes);
+        for (size_t done = 0; done < rows; done += chunk) {
+            const int n = int(std::min(chunk, rows - done));
+            d.copy_to_device(d.compute_stream(), R.inputs[0].data(), x + done * features, size_t(n) * features * sizeof(float));
+            const void* input = stage_for_compute(R, 0, size_t(n));
+            Pass p = make_pass(R, d.compute_stream(), n, n, 0, 0, 0, false);
+            const void* logits = model_.forward(p, input);
+            d.convert(d.compute_stream(), size_t(n) * classes, logits, d.value_dtype(), staged.data(), DType::f32);
+            d.copy_to_host(d.compute_stream(), out.data() + done * classes, staged.data(), size_t(n) * classes * sizeof(float));
+            d.synchronize();
+        }
+        return out;
+    });
 }
 
 uint64_t MirroredStrategy::checksum(int r) {

@@ -142,6 +142,8 @@ public:
     const char* cross_device_ops_name() const { return ops_->name(); }
     const std::vector<Bucket>& buckets() const { return buckets_; }
     const MemoryPlan& memory_plan() const { return plan_; }  // per replica
+    // The most device memory any replica has held through its own allocations (measured).
+    uint64_t peak_memory_bytes() const;
     const Model& model() const { return model_; }
     Replica& replica(int r) { return *replicas_[r]; }
     std::string topology_report() const;  // peer access / host path notes, one line per note
@@ -174,6 +176,10 @@ public:
     void restore_train_metrics(const std::vector<std::array<double, 3>>& m);
     // Loss and accuracy over one pass of an unshuffled loader, computed across replicas.
     Metrics evaluate(Loader& loader);
+
+    // The model's logits [rows, classes] for inputs x [rows, features] (host), on replica 0, in
+    // evaluation mode: what the exported model must reproduce.
+    std::vector<float> predict(const float* x, size_t rows);
 
     uint64_t checksum(int r);                 // whole parameter buffer of replica r
     // Compares per-tensor checksums of every replica; throws DeviceError naming the first

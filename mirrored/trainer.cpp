@@ -305,6 +305,9 @@ void Run::print_header() {
                 cfg_.train.grad_accumulation_steps > 1 ? (", " + std::to_string(cfg_.train.grad_accumulation_steps) + " micro-batches").c_str() : "",
                 static_cast<long long>(s_->train_loader->batches_per_epoch()));
     std::printf("  model:\n%s", s_->model->summary().c_str());
+    std::printf("  precision %s; memory per replica: planned %s; allocated %s (measured)\n",
+                precision_name(cfg_.train.precision), st.memory_plan().describe().c_str(),
+                format_bytes(st.replica(0).device->allocated_bytes()).c_str());
     std::printf("  output: %s\n", out_dir_.c_str());
     std::fflush(stdout);
 }
@@ -391,6 +394,7 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
         std::printf("  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.replicas());
     st.upload_state(ckpt.params, ckpt.optimizer);
+    st.restore_loss_scale(ckpt.loss_scale);
     st.restore_train_metrics(ckpt.train_metrics);
     s_->train_loader->start(ckpt.loader);
     step_ = ckpt.step;
@@ -454,9 +458,11 @@ void Run::log_train(int64_t step, float lr) {
     const double f_data = busy > 0 ? interval_split_.data_wait_s / busy : 0;
     const double f_comm = busy > 0 ? interval_split_.comm_s / busy : 0;
     const double f_compute = busy > 0 ? interval_split_.compute_s / busy : 0;
-    emit({{"type", "train"}, {"step", step}, {"epoch", double(step) / bpe}, {"loss", loss},
-          {"accuracy", last_train_.accuracy()}, {"lr", lr}, {"samples_per_sec", sps},
-          {"time_split", {{"data_wait", f_data}, {"compute", f_compute}, {"comm", f_comm}}}});
+    json record = {{"type", "train"}, {"step", step}, {"epoch", double(step) / bpe}, {"loss", loss},
+                   {"accuracy", last_train_.accuracy()}, {"lr", lr}, {"samples_per_sec", sps},
+                   {"time_split", {{"data_wait", f_data}, {"compute", f_compute}, {"comm", f_comm}}}};
+    if (cfg_.train.precision == Precision::fp16) record["loss_scale"] = st.loss_scale();
+    emit(record);
     const double eta = (total_steps_ - step) * cfg_.train.global_batch_size / std::max(sps, 1e-9);
     char line[256];
     std::snprintf(line, sizeof line,
@@ -523,6 +529,7 @@ void Run::save_checkpoint(int64_t step) {
     d.replicas = st.replicas();
     d.devices = st.devices().describe();
     d.global_batch = cfg_.train.global_batch_size;
+    d.loss_scale = st.loss_scale_state();
     d.train_samples = int64_t(s_->data->train.count());
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
     prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep);
@@ -549,6 +556,9 @@ void Run::write_summary(const std::string& status) {
         {"device_type", device_type_name(st.device_type())},
         {"cross_device_ops", st.cross_device_ops_name()},
         {"parameters", s_->model->param_count()},
+        {"precision", precision_name(cfg_.train.precision)},
+        {"peak_memory_bytes", st.peak_memory_bytes()},
+        {"memory_plan_bytes", st.memory_plan().total()},
         {"samples_per_sec", train_time_ > 0 ? double(samples_done_) / train_time_ : 0.0},
         {"wall_time_s", now_s() - wall_start_},
         {"train_time_s", train_time_},
@@ -682,11 +692,45 @@ int run_training(const Config& config) {
     return run.run();
 }
 
-EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint) {
+namespace {
+
+// A float32 array in NumPy's .npy format (version 1.0), written atomically.
+void write_npy(const std::string& path, const std::vector<size_t>& shape, const float* data) {
+    std::string dims;
+    size_t count = 1;
+    for (size_t d : shape) {
+        dims += std::to_string(d) + ", ";
+        count *= d;
+    }
+    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
+    while ((10 + header.size() + 1) % 64) header += ' ';
+    header += '\n';
+    std::string out = std::string("\x93NUMPY\x01\x00", 8);
+    out += char(header.size() & 0xff);
+    out += char(header.size() >> 8);
+    out += header;
+    out.append(reinterpret_cast<const char*>(data), count * sizeof(float));
+    write_file_atomic(path, out);
+}
+
+}  // namespace
+
+EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint, const EvalDump& dump) {
     auto s = make_session(config, nullptr, false);
     const CheckpointData d = read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));
     s->strategy->upload_state(d.params, d.optimizer);
     const Metrics m = s->strategy->evaluate(*s->test_loader);
+    if (!dump.inputs.empty() || !dump.logits.empty()) {
+        const Dataset& test = s->data->test;
+        const size_t n = dump.limit ? std::min(dump.limit, test.count()) : test.count();
+        std::vector<size_t> shape{n};
+        for (int dim : test.shape) shape.push_back(size_t(dim));
+        if (!dump.inputs.empty()) write_npy(dump.inputs, shape, test.features.data());
+        if (!dump.logits.empty()) {
+            const auto logits = s->strategy->predict(test.features.data(), n);
+            write_npy(dump.logits, {n, size_t(s->model->output_features())}, logits.data());
+        }
+    }
     return {m.loss(), m.accuracy(), size_t(m.count), d.step};
 }
 

@@ -40,7 +40,13 @@ struct EvalResult {
     size_t samples = 0;
     int64_t step = 0;
 };
-EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint);
+// Optionally also writes the first `limit` test samples (normalised, NHWC) and the model's logits
+// for them as .npy files: what scripts/check_export_pytorch.py feeds an equivalent PyTorch model.
+struct EvalDump {
+    std::string inputs, logits;  // .npy paths ("" = not written)
+    size_t limit = 0;            // 0: every test sample
+};
+EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint, const EvalDump& dump = {});
 
 // Installs the SIGINT/SIGTERM handlers: the first signal asks the run to stop after the current
 // step and a checkpoint; a second one exits at once.

@@ -37,15 +37,15 @@ public:
     }
 
     void* alloc_bytes(size_t bytes) override {
-        const size_t rounded = (bytes + 63) / 64 * 64;
-        void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-        if (!p)
-            throw DeviceError(name() + ": out of host memory allocating " + std::to_string(bytes) +
-                              " bytes");
+        void* p = allocate(bytes);
+        note_alloc(p, bytes);
         return p;
     }
-    void free_bytes(void* p) noexcept override { std::free(p); }
-    void* alloc_host_bytes(size_t bytes) override { return alloc_bytes(bytes); }
+    void free_bytes(void* p) noexcept override {
+        note_free(p);
+        std::free(p);
+    }
+    void* alloc_host_bytes(size_t bytes) override { return allocate(bytes); }
     void free_host_bytes(void* p) noexcept override { std::free(p); }
     void copy_to_device(Stream, void* dst, const void* src, size_t bytes) override {
         if (bytes) std::memcpy(dst, src, bytes);
@@ -502,6 +502,12 @@ public:
     }
 
 private:
+    void* allocate(size_t bytes) {
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+        if (!p) throw DeviceError(name() + ": out of host memory allocating " + std::to_string(bytes) + " bytes");
+        return p;
+    }
     void require_cpu(const Device& peer) const {
         if (peer.type() != DeviceType::cpu)
             throw DeviceError(name() + ": cannot exchange data with " + peer.name() +

@@ -83,8 +83,8 @@ public:
         cudaDeviceSynchronize();
         staging_.reset();
         if (cublas_) cublasDestroy(cublas_);
-        cudaFree(workspace_);
-        cudaFree(scratch_);
+        free_bytes(workspace_);
+        free_bytes(scratch_);
         for (cudaStream_t st : {stream(compute_), stream(comm_), stream(copy_), staging_stream_})
             if (st) cudaStreamDestroy(st);
     }
@@ -106,11 +106,21 @@ public:
                               mib(free_b) + " free of " + mib(total_b) + ")");
         }
         CUDA_CHECK(ordinal(), e);
+        note_alloc(p, bytes);
         return p;
     }
     void free_bytes(void* p) noexcept override {
+        note_free(p);
         cudaSetDevice(ordinal());
         cudaFree(p);
+    }
+    uint64_t memory_in_use() const override {
+        size_t free_b = 0, total_b = 0;
+        if (cudaSetDevice(ordinal()) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+            cudaGetLastError();
+            return allocated_bytes();
+        }
+        return total_b - free_b;
     }
     void* alloc_host_bytes(size_t bytes) override {
         use();

@@ -247,6 +247,7 @@ public:
         SIM_API("alloc_bytes");
         void* p = alloc_poisoned(bytes);
         if (!p) throw DeviceError(name() + ": out of memory allocating " + std::to_string(bytes) + " bytes");
+        note_alloc(p, bytes);
         std::lock_guard<std::mutex> lock(g_mu);
         world().device_mem[reinterpret_cast<uintptr_t>(p)] = bytes;
         return p;
@@ -254,6 +255,7 @@ public:
     void free_bytes(void* p) noexcept override {
         if (!p) return;
         drain_all();  // cudaFree waits for the device (after abandon(): for the task still running)
+        note_free(p);
         {
             std::lock_guard<std::mutex> lock(g_mu);
             world().device_mem.erase(reinterpret_cast<uintptr_t>(p));
