@@ -28,6 +28,11 @@ const char* dtype_name(DType t) {
     }
 }
 
+void check_wire_dtype(const Device& d, DType t) {
+    if (t != DType::f32 && t != DType::bf16)
+        throw DeviceError(d.name() + ": peer reduction in " + dtype_name(t) + " (supported: fp32, bf16)");
+}
+
 const char* precision_name(Precision p) {
     switch (p) {
     case Precision::tf32: return "tf32";

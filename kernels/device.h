@@ -312,11 +312,16 @@ public:
     virtual void checksum(Stream s, size_t n, const float* x, uint64_t* out) = 0;
 
     // ---- cross-replica ops (peer is a device of the same type) ---------------------------
-    // dst[0..n) += src[0..n), where src lives on peer. Bit-identical on every device type.
-    virtual void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src,
+    // dst[0..n) += src[0..n), where src lives on peer, elementwise in type t: f32, or bf16 (the
+    // all-reduce's wire format, strategy.allreduce_dtype) held in 16-bit storage on every backend,
+    // added in f32 and rounded once to nearest even. Bit-identical on every device type.
+    virtual void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t,
                                   size_t n) = 0;
-    virtual void copy_from_peer(Stream s, float* dst, const Device& peer, const float* src,
-                                size_t n) = 0;
+    virtual void copy_from_peer(Stream s, void* dst, const Device& peer, const void* src,
+                                size_t bytes) = 0;
+    // f32 gradients to and from the bf16 wire format (16-bit storage, round to nearest even).
+    virtual void pack_bf16(Stream s, size_t n, const float* x, uint16_t* y) = 0;
+    virtual void unpack_bf16(Stream s, size_t n, const uint16_t* x, float* y) = 0;
 
     HostWork host_work() const { return work_; }  // read by the replica's own thread
 
@@ -401,6 +406,9 @@ struct StagedPair {
 // Enables peer access between every pair of distinct listed GPUs (CUDA or sim) that supports
 // it; returns the pairs left on the staged path.
 std::vector<StagedPair> enable_peer_access(DeviceType type, const std::vector<int>& ordinals);
+
+// The wire types reduce_from_peer accepts (f32, bf16); a DeviceError naming d otherwise.
+void check_wire_dtype(const Device& d, DType t);
 
 // How reduce_from_peer reads another GPU's memory: automatic (a kernel loading the peer's memory
 // where peer access allows, else staged), or forced - a knob for benchmarks and tests that

@@ -12,9 +12,10 @@ namespace mirrored {
 class NcclGroup {
 public:
     virtual ~NcclGroup() = default;  // finalizes the communicators; after abort() only frees them
-    // In-place sum of buffers[r][0..count) over all replicas, enqueued on each replica's comm
-    // stream. One thread issues every rank between ncclGroupStart/End.
-    virtual void all_reduce_sum(const std::vector<float*>& buffers, size_t count) = 0;
+    // In-place sum of buffers[r][0..count) over all replicas, elements of type t (f32 or bf16),
+    // enqueued on each replica's comm stream. One thread issues every rank between
+    // ncclGroupStart/End.
+    virtual void all_reduce_sum(const std::vector<void*>& buffers, DType t, size_t count) = 0;
     // The error path: abandon the communicators now (ncclCommAbort), so that no rank waits for
     // a failed one; the group is unusable afterwards.
     virtual void abort() noexcept = 0;

@@ -57,6 +57,30 @@ MIRRORED_HD float round_bf16(float x) {
     return bits_float((b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u);
 }
 
+// bf16 in 16-bit storage: the top half of the rounded float, and back (exact).
+// Branch-free so that host loops vectorize; the same bits as round_bf16.
+MIRRORED_HD uint16_t bf16_bits(float x) {
+    const uint32_t b = float_bits(x);
+    const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+    return uint16_t((b & 0x7FFFFFFFu) > 0x7F800000u ? (b >> 16) | 0x40u : rounded);  // NaN stays NaN
+}
+MIRRORED_HD float bf16_value(uint16_t b) { return bits_float(uint32_t(b) << 16); }
+
+#if !defined(__CUDACC__)
+// The host backends' peer reduction (CPU, sim): dst += src in f32 or the bf16 wire type.
+inline void host_peer_add(void* dst, const void* src, DType t, size_t n) {
+    if (t == DType::bf16) {
+        uint16_t* d = static_cast<uint16_t*>(dst);
+        const uint16_t* x = static_cast<const uint16_t*>(src);
+        for (size_t i = 0; i < n; ++i) d[i] = bf16_bits(bf16_value(d[i]) + bf16_value(x[i]));
+    } else {
+        float* d = static_cast<float*>(dst);
+        const float* x = static_cast<const float*>(src);
+        for (size_t i = 0; i < n; ++i) d[i] += x[i];
+    }
+}
+#endif
+
 MIRRORED_HD float round_f16(float x) {
     const uint32_t b = float_bits(x), sign = b & 0x80000000u, a = b & 0x7FFFFFFFu;
     if (a >= 0x7F800000u) return x;                        // inf, NaN

@@ -14,7 +14,7 @@ namespace mirrored {
 
 class PeerStaging {
 public:
-    static constexpr size_t kSliceFloats = size_t(1) << 20;  // 4 MiB per slot
+    static constexpr size_t kSliceBytes = size_t(4) << 20;  // per slot
 
     // aux: a stream of `dev` that only this object uses.
     PeerStaging(Device& dev, Stream aux);
@@ -22,13 +22,14 @@ public:
     PeerStaging(const PeerStaging&) = delete;
     PeerStaging& operator=(const PeerStaging&) = delete;
 
-    // Enqueues dst[0..n) += src[0..n) on s (src on peer); later work on s sees the sum.
-    void reduce(Stream s, float* dst, const Device& peer, const float* src, size_t n);
+    // Enqueues dst[0..n) += src[0..n) in type t (Device::reduce_from_peer's) on s, src on peer;
+    // later work on s sees the sum.
+    void reduce(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n);
 
 private:
     Device& dev_;
     Stream aux_;
-    DeviceBuffer<float> slots_;  // [2, kSliceFloats]
+    DeviceBuffer<float> slots_;  // two slots of kSliceBytes
     Event copied_[2], added_[2], entry_, exit_;
 };
 

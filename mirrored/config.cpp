@@ -401,6 +401,8 @@ void read_strategy(Reader& r, Config& c) {
     c.strategy.cross_device_ops = r.choice("strategy.cross_device_ops", "ring", {"ring", "nccl", "reduce_to_one"});
     c.strategy.bucket_mb = r.number("strategy.bucket_mb", 4.0, 0.0, 1e6);
     c.strategy.verify_every_steps = int(r.integer("strategy.verify_every_steps", 0, 0, 1 << 30));
+    const std::string wire = r.choice("strategy.allreduce_dtype", "fp32", {"fp32", "bf16"});
+    c.strategy.allreduce_dtype = wire == "bf16" ? DType::bf16 : DType::f32;
 }
 
 void read_data(Reader& r, DataConfig& d) {
@@ -626,6 +628,7 @@ std::string config_to_yaml(const Config& c) {
     e << YAML::Key << "devices" << YAML::Value << c.strategy.devices;
     e << YAML::Key << "cross_device_ops" << YAML::Value << c.strategy.cross_device_ops;
     e << YAML::Key << "bucket_mb" << YAML::Value << c.strategy.bucket_mb;
+    e << YAML::Key << "allreduce_dtype" << YAML::Value << dtype_name(c.strategy.allreduce_dtype);
     e << YAML::Key << "verify_every_steps" << YAML::Value << c.strategy.verify_every_steps << YAML::EndMap;
 
     const DataConfig& d = c.data;

@@ -52,89 +52,91 @@ private:
     bool async_ = false;
 };
 
-// Chunk k of `count` elements split n ways, in multiples of 4 floats (16-byte vector loads);
-// trailing chunks may be empty when count is small.
+// Chunk k of `count` elements split n ways, in multiples of 16 bytes (vector loads); trailing
+// chunks may be empty when count is small.
 struct Chunks {
     size_t count, size;
-    Chunks(size_t c, int n) : count(c), size(((c + size_t(n) - 1) / size_t(n) + 3) / 4 * 4) {}
+    Chunks(size_t c, int n, DType t) : count(c) {
+        const size_t align = 16 / dtype_size(t);
+        size = ((c + size_t(n) - 1) / size_t(n) + align - 1) / align * align;
+    }
     size_t begin(int k) const { return std::min(count, size * size_t(k)); }
     size_t length(int k) const { return std::min(count, size * size_t(k + 1)) - begin(k); }
 };
 
 class RingAllReduce final : public CrossDeviceOps {
 public:
-    RingAllReduce(std::vector<Device*> d, std::vector<float*> b, ReplicaBarrier& barrier)
-        : devices_(std::move(d)), buffers_(std::move(b)), sync_(devices_, barrier) {}
+    RingAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
+        : CrossDeviceOps(std::move(d), std::move(b), elements, wire), sync_(devices_, barrier) {}
     const char* name() const override { return "ring"; }
 
     void run(int r, size_t offset, size_t count) override {
-        const int n = int(devices_.size());
+        const int n = replicas();
         if (n == 1 || count == 0) return;
         const int prev = (r + n - 1) % n, next = (r + 1) % n;
         const int neighbours[2] = {prev, next};
         Device& me = *devices_[r];
         const Device& from = *devices_[prev];
-        float* mine = buffers_[r] + offset;
-        const float* theirs = buffers_[prev] + offset;
-        const Chunks c(count, n);
+        const DType t = wire_dtype();
+        const size_t elem = dtype_size(t);
+        const Chunks c(count, n, t);
         auto mod = [n](int k) { return ((k % n) + n) % n; };
         // Reduce-scatter: at step s, add the previous replica's partial sum of chunk r-s-1 into
         // ours. After n-1 steps replica r holds the full sum of chunk r+1.
         for (int s = 0; s < n - 1; ++s) {
             sync_.wait_for(r, neighbours);
             const int k = mod(r - s - 1);
-            me.reduce_from_peer(me.comm_stream(), mine + c.begin(k), from, theirs + c.begin(k), c.length(k));
+            me.reduce_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), from, data(prev, offset + c.begin(k)), t,
+                                c.length(k));
         }
         // All-gather: at step s, copy the finished chunk r-s from the previous replica.
         for (int s = 0; s < n - 1; ++s) {
             sync_.wait_for(r, neighbours);
             const int k = mod(r - s);
-            me.copy_from_peer(me.comm_stream(), mine + c.begin(k), from, theirs + c.begin(k), c.length(k));
+            me.copy_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), from, data(prev, offset + c.begin(k)),
+                              c.length(k) * elem);
         }
         // Nobody may overwrite its buffer while the next replica still copies from it.
         sync_.wait_for(r, neighbours);
     }
 
 private:
-    std::vector<Device*> devices_;
-    std::vector<float*> buffers_;
     ReplicaSync sync_;
 };
 
 class ReduceToOne final : public CrossDeviceOps {
 public:
-    ReduceToOne(std::vector<Device*> d, std::vector<float*> b, ReplicaBarrier& barrier)
-        : devices_(std::move(d)), buffers_(std::move(b)), sync_(devices_, barrier) {
-        for (int r = 0; r < int(devices_.size()); ++r) all_.push_back(r);
+    ReduceToOne(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
+        : CrossDeviceOps(std::move(d), std::move(b), elements, wire), sync_(devices_, barrier) {
+        for (int r = 0; r < replicas(); ++r) all_.push_back(r);
     }
     const char* name() const override { return "reduce_to_one"; }
 
     void run(int r, size_t offset, size_t count) override {
-        const int n = int(devices_.size());
+        const int n = replicas();
         if (n == 1 || count == 0) return;
         const std::vector<int> root{0};
         const std::vector<int>& peers = r == 0 ? all_ : root;
         Device& me = *devices_[r];
+        const DType t = wire_dtype();
         sync_.wait_for(r, peers);  // every replica's data is ready
         if (r == 0)
-            for (int p = 1; p < n; ++p)
-                me.reduce_from_peer(me.comm_stream(), buffers_[0] + offset, *devices_[p], buffers_[p] + offset, count);
+            for (int p = 1; p < n; ++p) me.reduce_from_peer(me.comm_stream(), data(0, offset), *devices_[p], data(p, offset), t, count);
         sync_.wait_for(r, peers);  // the sum is ready on replica 0
-        if (r != 0) me.copy_from_peer(me.comm_stream(), buffers_[r] + offset, *devices_[0], buffers_[0] + offset, count);
+        if (r != 0) me.copy_from_peer(me.comm_stream(), data(r, offset), *devices_[0], data(0, offset), count * dtype_size(t));
         sync_.wait_for(r, peers);  // replica 0 keeps its buffer until every copy is done
     }
 
 private:
-    std::vector<Device*> devices_;
-    std::vector<float*> buffers_;
     ReplicaSync sync_;
     std::vector<int> all_;
 };
 
 class NcclAllReduce final : public CrossDeviceOps {
 public:
-    NcclAllReduce(std::vector<Device*> d, std::vector<float*> b, ReplicaBarrier& barrier)
-        : group_(make_nccl_group(d)), buffers_(std::move(b)), barrier_(barrier), views_(buffers_.size()) {}
+    NcclAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
+        : CrossDeviceOps(d, std::move(b), elements, wire), group_(make_nccl_group(d)), barrier_(barrier),
+          views_(d.size()) {}
     const char* name() const override { return "nccl"; }
     void abort() noexcept override {
         CrossDeviceOps::abort();
@@ -142,30 +144,53 @@ public:
     }
 
     void run(int r, size_t offset, size_t count) override {
-        if (buffers_.size() == 1 || count == 0) return;
+        if (replicas() == 1 || count == 0) return;
         barrier_.arrive_and_wait();  // every comm stream already waits for its data
         if (r == 0) {
-            for (size_t i = 0; i < buffers_.size(); ++i) views_[i] = buffers_[i] + offset;
-            group_->all_reduce_sum(views_, count);
+            for (int i = 0; i < replicas(); ++i) views_[size_t(i)] = data(i, offset);
+            group_->all_reduce_sum(views_, wire_dtype(), count);
         }
         barrier_.arrive_and_wait();  // enqueued on every stream before anyone records after it
     }
 
 private:
     std::unique_ptr<NcclGroup> group_;
-    std::vector<float*> buffers_;
     ReplicaBarrier& barrier_;
-    std::vector<float*> views_;
+    std::vector<void*> views_;
 };
 
 }  // namespace
+
+CrossDeviceOps::CrossDeviceOps(std::vector<Device*> devices, std::vector<float*> buffers, size_t elements, DType wire)
+    : devices_(std::move(devices)), buffers_(std::move(buffers)), elements_(elements), wire_(wire) {
+    if (wire_ != DType::f32 && wire_ != DType::bf16)
+        throw ConfigError("strategy.allreduce_dtype", std::string("unsupported '") + dtype_name(wire_) + "' (known: fp32, bf16)");
+    for (size_t r = 0; r < devices_.size(); ++r) {
+        if (wire_ == DType::f32 || devices_.size() == 1) {  // one replica: nothing to send
+            views_.push_back(buffers_[r]);
+        } else {
+            packed_.emplace_back(*devices_[r], elements_);
+            views_.push_back(packed_.back().data());
+        }
+    }
+}
 
 void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
     if (broken_)
         throw DeviceError(std::string("cross-device ops (") + name() +
                           "): unusable after an aborted all-reduce; the replicas must be rebuilt");
+    if (offset > elements_ || count > elements_ - offset)
+        throw Error(kExitFailure, std::string("cross-device ops (") + name() + "): range past the buffer");
     try {
+        if (wire_ == DType::f32 || replicas() == 1) {
+            run(r, offset, count);
+            return;
+        }
+        Device& d = *devices_[size_t(r)];
+        uint16_t* wire = packed_[size_t(r)].data() + offset;
+        d.pack_bf16(d.comm_stream(), count, buffers_[size_t(r)] + offset, wire);
         run(r, offset, count);
+        d.unpack_bf16(d.comm_stream(), count, wire, buffers_[size_t(r)] + offset);
     } catch (...) {
         broken_ = true;
         throw;
@@ -175,14 +200,18 @@ void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
 const char* cross_device_ops_names() { return "ring, nccl, reduce_to_one"; }
 
 std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, std::vector<Device*> devices,
-                                                      std::vector<float*> buffers, ReplicaBarrier& barrier) {
+                                                      std::vector<float*> buffers, size_t elements,
+                                                      ReplicaBarrier& barrier, DType wire) {
     if (devices.empty() || devices.size() != buffers.size())
         throw Error(kExitFailure, "cross-device ops need one buffer per replica");
     if (barrier.size() != int(devices.size()))
         throw Error(kExitFailure, "cross-device ops: barrier size differs from replica count");
-    if (kind == "ring") return std::make_unique<RingAllReduce>(std::move(devices), std::move(buffers), barrier);
-    if (kind == "reduce_to_one") return std::make_unique<ReduceToOne>(std::move(devices), std::move(buffers), barrier);
-    if (kind == "nccl") return std::make_unique<NcclAllReduce>(std::move(devices), std::move(buffers), barrier);
+    if (kind == "ring")
+        return std::make_unique<RingAllReduce>(std::move(devices), std::move(buffers), elements, wire, barrier);
+    if (kind == "reduce_to_one")
+        return std::make_unique<ReduceToOne>(std::move(devices), std::move(buffers), elements, wire, barrier);
+    if (kind == "nccl")
+        return std::make_unique<NcclAllReduce>(std::move(devices), std::move(buffers), elements, wire, barrier);
     throw ConfigError("strategy.cross_device_ops", "unknown '" + kind + "' (known: " + cross_device_ops_names() + ")");
 }
 

@@ -10,6 +10,10 @@
 // first, and waits for the comm stream before using the result. The same code serves CPU
 // replicas (where "streams" are the calling thread and synchronisation is the barrier).
 //
+// The wire type (strategy.allreduce_dtype): f32, or bf16 - each replica packs the range into its
+// own 16-bit copy, the ops move and add those (each add in f32, rounded once to bf16: half the
+// bytes on the links), and every replica unpacks the identical result.
+//
 // A failure inside an all-reduce (a device error, a replica that broke the barrier) leaves the
 // ops broken: how far each replica got, and so which event slot each expects next, is unknown,
 // so every later call throws rather than pair the wrong events.
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/buffer.h"
 #include "kernels/device.h"
 #include "kernels/nccl.h"
 #include "mirrored/replica_threads.h"
@@ -28,6 +33,8 @@ namespace mirrored {
 
 class CrossDeviceOps {
 public:
+    // buffers[r]: replica r's f32 buffer of `elements`; wire: f32 or bf16.
+    CrossDeviceOps(std::vector<Device*> devices, std::vector<float*> buffers, size_t elements, DType wire);
     virtual ~CrossDeviceOps() = default;
     virtual const char* name() const = 0;
     // Sum buffers[*][offset, offset + count) in place; every replica ends bit-identical.
@@ -35,18 +42,35 @@ public:
     // The error path: stop now (NCCL: abort the communicators). Unusable afterwards.
     virtual void abort() noexcept { broken_ = true; }
     bool broken() const { return broken_; }
+    DType wire_dtype() const { return wire_; }
 
 protected:
+    // Sum in place over replicas the elements [offset, offset + count) of data(r), elements of
+    // wire_dtype(), on the comm streams.
     virtual void run(int r, size_t offset, size_t count) = 0;
+    // Replica r's buffer as the ops see it: the f32 buffer, or its bf16 copy; offset in elements.
+    void* data(int r, size_t offset) const {
+        return static_cast<char*>(views_[size_t(r)]) + offset * dtype_size(wire_);
+    }
+    int replicas() const { return int(devices_.size()); }
+
+    std::vector<Device*> devices_;
 
 private:
+    std::vector<float*> buffers_;
+    std::vector<DeviceBuffer<uint16_t>> packed_;  // per replica, bf16 wire only
+    std::vector<void*> views_;
+    size_t elements_;
+    DType wire_;
     std::atomic<bool> broken_{false};
 };
 
 // Known names, for error messages: "ring, nccl, reduce_to_one".
 const char* cross_device_ops_names();
-// devices[r], buffers[r]: replica r's device and buffer. barrier: the replica threads' barrier.
+// devices[r], buffers[r]: replica r's device and buffer of `elements` floats. barrier: the replica
+// threads' barrier. wire: the type on the links (f32 or bf16).
 std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, std::vector<Device*> devices,
-                                                      std::vector<float*> buffers, ReplicaBarrier& barrier);
+                                                      std::vector<float*> buffers, size_t elements,
+                                                      ReplicaBarrier& barrier, DType wire = DType::f32);
 
 }  // namespace mirrored

@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
     ba->add_option("--max-bytes", max_b, "largest size (64M)");
     ba->add_option("--iters", ab.iters, "iterations per size (default: by size)")->check(CLI::Range(1, 1000000));
     ba->add_option("--transport", ab.transport, "CUDA peer reads: auto, direct (kernel loads peer memory), staged (copy, then add)");
+    ba->add_option("--dtype", ab.dtype, "gradients on the wire: fp32 or bf16 (half the bytes, sums in f32)");
     ba->add_option("--json", ab.json_path, "also write the table here");
 
     StepBenchOptions sb;

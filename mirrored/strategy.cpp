@@ -130,13 +130,15 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
 std::string MemoryPlan::describe() const {
     return "parameters " + format_bytes(params) + ", gradients " + format_bytes(grads) + ", optimizer state " +
            format_bytes(optimizer) + ", activations " + format_bytes(activations) + ", inputs " + format_bytes(inputs) +
-           (weight_copy ? ", 16-bit weight copy " + format_bytes(weight_copy) : std::string()) + ", workspaces " +
+           (weight_copy ? ", 16-bit weight copy " + format_bytes(weight_copy) : std::string()) +
+           (wire ? ", bf16 gradient copy " + format_bytes(wire) : std::string()) + ", workspaces " +
            format_bytes(workspace) + "; total " + format_bytes(total());
 }
 
-MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceType type, Precision precision,
-                       int shard_rows, int micro_rows) {
+MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, DeviceType type,
+                       int replicas, int shard_rows, int micro_rows) {
     MemoryPlan m;
+    const Precision precision = strategy.precision;
     const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
     m.params = m.grads = flat;
     const int states = (opt.type == OptimizerConfig::Type::adamw ? 2 : 0) + (opt.type == OptimizerConfig::Type::sgd && opt.momentum != 0 ? 1 : 0);
@@ -147,6 +149,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceTyp
     m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t)) +
                (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
     m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
+    m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     // cuBLAS workspace, scratch and peer staging on GPUs (real or simulated)
     m.workspace = type == DeviceType::cpu ? 0 : (uint64_t(32) << 20) + (uint64_t(4) << 20) + (uint64_t(8) << 20);
     return m;
@@ -184,7 +187,7 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
     low_precision_ = precision_dtype(cfg_.precision) != DType::f32;
     loss_scaling_ = cfg_.precision == Precision::fp16;
-    plan_ = plan_memory(model_, opt, devices_.type, cfg_.precision, shard_rows, micro_rows);
+    plan_ = plan_memory(model_, opt, cfg_, devices_.type, n, shard_rows, micro_rows);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
@@ -194,11 +197,15 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
         devs.push_back(R->device.get());
         grads.push_back(R->grads.data());
     }
-    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, threads_->barrier());
+    const bool exact = cfg_.allreduce_dtype == DType::f32;  // else the state region (running statistics) needs its own f32 ops
+    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, exact ? model_.flat_size() : model_.trainable_size(),
+                                 threads_->barrier(), cfg_.allreduce_dtype);
+    if (model_.has_state() && !exact)
+        state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, model_.flat_size(), threads_->barrier());
     if (model_.stats_floats() > 0) {  // synchronised batch normalisation sums over its own buffers
         std::vector<float*> stats;
         for (auto& R : replicas_) stats.push_back(R->stats.data());
-        stats_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, stats, threads_->barrier());
+        stats_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, stats, model_.stats_floats(), threads_->barrier());
         for (int r = 0; r < n; ++r) replicas_[r]->sync = make_stats_sync(r);
     }
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
@@ -285,6 +292,8 @@ void MirroredStrategy::check_device_memory() const {
 MirroredStrategy::~MirroredStrategy() {
     shutdown();
     ops_.reset();
+    state_ops_.reset();
+    stats_ops_.reset();
     threads_.reset();
 }
 
@@ -301,7 +310,8 @@ bool MirroredStrategy::shutdown() noexcept {
 
 void MirroredStrategy::fail() noexcept {
     failed_ = true;
-    if (ops_) ops_->abort();
+    for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get()})
+        if (ops) ops->abort();
     for (auto& R : replicas_)
         if (R && R->device) R->device->abandon();
 }
@@ -427,7 +437,7 @@ void MirroredStrategy::init_and_broadcast() {
             Device& d = *replicas_[r]->device;
             if (r != 0)
                 d.copy_from_peer(d.compute_stream(), replicas_[r]->params.data(), *R0.device, R0.params.data(),
-                                 model_.flat_size());
+                                 model_.flat_size() * sizeof(float));
             refresh_weights(*replicas_[r], d.compute_stream());
             d.synchronize();
         });
@@ -503,7 +513,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
         const double c0 = now_s();
         d.event_record(R.bucket_ready, cs);
         d.stream_wait_event(comm_s, R.bucket_ready);
-        ops_->all_reduce(r, b.begin, b.end - b.begin);
+        (b.begin >= trainable && state_ops_ ? *state_ops_ : *ops_).all_reduce(r, b.begin, b.end - b.begin);
         comm += now_s() - c0;
     };
     const bool overlap = cfg_.bucket_mb > 0 && n > 1;
@@ -675,7 +685,6 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
     guarded([&] {
         for (auto& R : replicas_) zero_metrics(*R->device, R->device->compute_stream(), R->eval_metrics.data());
         loader.start({0, 0});
-        const size_t features = size_t(model_.input_features());
         for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
             const Batch& batch = next_batch(loader);
             threads_->run([&](int r) {

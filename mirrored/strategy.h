@@ -50,6 +50,7 @@ struct StrategyConfig {
     int verify_every_steps = 0;   // 0: off
     Precision precision = Precision::fp32;  // train.precision, applied to every device
     int loss_scale_growth_interval = 2000;  // fp16
+    DType allreduce_dtype = DType::f32;     // gradients on the links: f32 or bf16
 };
 
 // A contiguous range of the flat gradient buffer, reduced as one unit.
@@ -84,11 +85,14 @@ struct TimeSplit {
 struct MemoryPlan {
     uint64_t params = 0, grads = 0, optimizer = 0, activations = 0, inputs = 0, workspace = 0;
     uint64_t weight_copy = 0;  // bf16/fp16: the weights in the activation type
-    uint64_t total() const { return params + grads + optimizer + activations + inputs + workspace + weight_copy; }
+    uint64_t wire = 0;         // allreduce_dtype bf16: the gradients' 16-bit copy
+    uint64_t total() const {
+        return params + grads + optimizer + activations + inputs + workspace + weight_copy + wire;
+    }
     std::string describe() const;  // "params 1.2 MiB, grads ..., total ..."
 };
-MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, DeviceType type, Precision precision,
-                       int shard_rows, int micro_rows);
+MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, DeviceType type,
+                       int replicas, int shard_rows, int micro_rows);
 
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
@@ -230,7 +234,8 @@ private:
     int accumulation_ = 1;
     std::vector<std::unique_ptr<Replica>> replicas_;
     std::unique_ptr<ReplicaThreads> threads_;
-    std::unique_ptr<CrossDeviceOps> ops_;
+    std::unique_ptr<CrossDeviceOps> ops_;        // the trainable region, in allreduce_dtype
+    std::unique_ptr<CrossDeviceOps> state_ops_;  // the state region in f32 when ops_ is not
     std::unique_ptr<CrossDeviceOps> stats_ops_;  // synchronised batch statistics
     std::vector<Bucket> buckets_;
     std::vector<StagedPair> staged_pairs_;

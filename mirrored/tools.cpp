@@ -212,6 +212,8 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
     if (o.min_bytes > o.max_bytes) throw ConfigError("--min-bytes is larger than --max-bytes");
     if (o.transport != "auto" && o.transport != "direct" && o.transport != "staged")
         throw ConfigError("--transport: expected auto, direct or staged, got '" + o.transport + "'");
+    if (o.dtype != "fp32" && o.dtype != "bf16") throw ConfigError("--dtype: expected fp32 or bf16, got '" + o.dtype + "'");
+    const DType wire = o.dtype == "bf16" ? DType::bf16 : DType::f32;
     if (dl.type != DeviceType::cuda) cpu_set_blas_threads(1);
     const std::vector<StagedPair> staged = enable_peer_access(dl.type, dl.ordinals);
     set_peer_transport(o.transport == "direct" ? PeerTransport::direct
@@ -229,8 +231,9 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
         bp.push_back(bufs.back().data());
     }
     ReplicaThreads threads(n);
-    auto ops = make_cross_device_ops(o.op, dp, bp, threads.barrier());
-    std::printf("all-reduce %s over %d replica(s) [%s] (%s)%s\n", ops->name(), n, dl.describe().c_str(),
+    auto ops = make_cross_device_ops(o.op, dp, bp, max_count, threads.barrier(), wire);
+    std::printf("all-reduce %s (%s on the wire) over %d replica(s) [%s] (%s)%s\n", ops->name(), o.dtype.c_str(), n,
+                dl.describe().c_str(),
                 dl.asynchronous() ? devs[0]->description().c_str() : cpu_model().c_str(),
                 dl.asynchronous() ? (", peer transport " + o.transport).c_str() : "");
     for (const StagedPair& p : staged)
@@ -239,14 +242,16 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
     const double barrier_us = barrier_latency_us(threads);
     std::printf("replica barrier: %.2f us per crossing (%d threads, %s)\n", barrier_us, n,
                 threads.barrier().spin_ns() > 0 ? "bounded spin, then sleep" : "sleeps at once: more replica threads than cores");
-    std::printf("algbw = bytes / time; busbw = algbw * 2(n-1)/n, as nccl-tests define them\n\n");
+    std::printf("algbw = bytes / time; busbw = algbw * 2(n-1)/n, as nccl-tests define them%s\n\n",
+                wire == DType::bf16 ? " (bytes: the f32 gradients; the wire carries half)" : "");
     std::printf("%10s %12s %6s %12s %12s %12s  %s\n", "bytes", "floats", "iters", "time (us)", "algbw GB/s", "busbw GB/s", "check");
     json rows = json::array();
     std::vector<float> host(max_count);
     bool all_ok = true;
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
         const size_t count = std::max<size_t>(bytes / sizeof(float), 1);
-        // correctness: replica r holds r+1 + (i mod 7), so the sum is exact in float
+        // correctness: replica r holds r+1 + (i mod 7), so the sum is exact in float (and in bf16
+        // up to 256: n <= 12)
         for (int r = 0; r < n; ++r) {
             for (size_t i = 0; i < count; ++i) host[i] = float(r + 1 + int(i % 7));
             devs[r]->copy_to_device(devs[r]->compute_stream(), bufs[r].data(), host.data(), count * sizeof(float));
@@ -286,7 +291,7 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
                         {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"correct", ok}});
     }
     write_json(o.json_path, {{"benchmark", "allreduce"}, {"op", ops->name()}, {"devices", dl.describe()},
-                             {"transport", o.transport}, {"barrier_us", barrier_us},
+                             {"transport", o.transport}, {"dtype", o.dtype}, {"barrier_us", barrier_us},
                              {"replicas", n}, {"device", dl.type == DeviceType::cuda ? devs[0]->description() : cpu_model()},
                              {"results", rows}});
     return all_ok ? kExitOk : kExitFailure;

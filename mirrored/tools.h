@@ -27,6 +27,7 @@ struct AllReduceBenchOptions {
     size_t min_bytes = 4096, max_bytes = size_t(64) << 20;
     int iters = 0;               // 0: chosen per size
     std::string transport = "auto";  // CUDA peer reads: auto, direct (peer loads), staged (copy + add)
+    std::string dtype = "fp32";      // the wire type: fp32 or bf16 (sizes stay f32 gradient bytes)
     std::string json_path;
 };
 int bench_allreduce(const AllReduceBenchOptions& o);

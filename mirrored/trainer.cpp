@@ -107,7 +107,7 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     const int n = int(devices.ordinals.size());
     const int shard = (cfg.train.global_batch_size + n - 1) / n;
     const int micro = (shard + cfg.train.grad_accumulation_steps - 1) / cfg.train.grad_accumulation_steps;
-    const MemoryPlan plan = plan_memory(model, cfg.optimizer, devices.type, cfg.train.precision, shard, micro);
+    const MemoryPlan plan = plan_memory(model, cfg.optimizer, cfg.strategy, devices.type, n, shard, micro);
     const uint64_t replicas = devices.type == DeviceType::cuda ? 0 : plan.total() * uint64_t(n);
     const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) *
                            (train.feature_size() * sizeof(float) + sizeof(int32_t));

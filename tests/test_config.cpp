@@ -45,6 +45,7 @@ TEST_CASE("config: a good file loads with defaults filled in") {
     CHECK(c.run.output_dir == "runs/t");
     CHECK(c.strategy.devices == "cpu:2");
     CHECK(c.strategy.cross_device_ops == "ring");
+    CHECK(c.strategy.allreduce_dtype == DType::f32);
     CHECK(c.data.loader_threads == 2);
     CHECK(c.model.layers.size() == 3);
     CHECK(c.model.layers[0].activation == Activation::gelu);
@@ -72,6 +73,7 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     expect_error(t + "checkpoint: {keep: 0}\n", {}, "checkpoint.keep: expected an integer in [1, 1000], got 0");
     expect_error(t, {"optimizer.lr=-1"}, "--set optimizer.lr=-1: optimizer.lr: expected a number in (0, 1e+06], got -1");
     expect_error(t, {"strategy.cross_device_ops=tree"}, "expected one of ring, nccl, reduce_to_one, got 'tree'");
+    expect_error(t, {"strategy.allreduce_dtype=fp16"}, "strategy.allreduce_dtype: expected one of fp32, bf16, got 'fp16'");
     expect_error(t, {"train.precision=fp8"}, "train.precision: expected one of fp32, tf32, bf16, fp16");
     expect_error(t, {"model.layers=5"}, "model.layers: expected a list");
     expect_error(t, {"data.augment.horizontal_flip=maybe"}, "expected true or false");

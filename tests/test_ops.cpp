@@ -15,10 +15,12 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <cstring>
 
 #include "kernels/device.h"
+#include "kernels/error.h"
 #include "kernels/op_math.h"
 #include "tests/helpers.h"
 
@@ -524,11 +526,79 @@ TEST_CASE("cpu reduce_from_peer and copy_from_peer between two CPU replicas are 
     auto a = make_cpu_device(0), b = make_cpu_device(1);
     const auto xa = rng.normal(1001), xb = rng.normal(1001);
     auto ba = upload(*a, xa), bb = upload(*b, xb);
-    a->reduce_from_peer(a->comm_stream(), ba.data(), *b, bb.data(), xa.size());
+    a->reduce_from_peer(a->comm_stream(), ba.data(), *b, bb.data(), DType::f32, xa.size());
     const auto sum = download(*a, ba);
     for (size_t i = 0; i < xa.size(); ++i) CHECK(sum[i] == xa[i] + xb[i]);
-    b->copy_from_peer(b->comm_stream(), bb.data(), *a, ba.data(), xa.size());
+    b->copy_from_peer(b->comm_stream(), bb.data(), *a, ba.data(), xa.size() * sizeof(float));
     CHECK(download(*b, bb) == sum);
+}
+
+// The bf16 wire format against a reference built from the bit layout alone: bf16 is the top half
+// of an f32, rounded to nearest even.
+uint16_t reference_bf16(float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    if (std::isnan(x)) return uint16_t((b >> 16) | 0x40);
+    const uint32_t low = b & 0xFFFF, high = b >> 16;
+    return uint16_t(high + (low > 0x8000 || (low == 0x8000 && (high & 1))));
+}
+float reference_bf16_value(uint16_t h) {
+    const uint32_t b = uint32_t(h) << 16;
+    float x;
+    std::memcpy(&x, &b, 4);
+    return x;
+}
+
+// Every backend's pack_bf16, unpack_bf16 and bf16 reduce_from_peer against the reference: values
+// over the whole range (ties, subnormals, infinities, overflow to infinity).
+void check_bf16_wire(Device& a, Device& b, Rng& rng) {
+    std::vector<float> x = rng.normal(4099);
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = std::ldexp(x[i], int(rng.integer(-140, 127)));
+    x[0] = 1.0f + 1.0f / 256;  // a tie, rounds to even (down)
+    x[1] = 1.0f + 3.0f / 256;  // a tie, rounds up
+    x[2] = std::numeric_limits<float>::infinity();
+    x[3] = 3.4e38f;  // rounds to infinity
+    x[4] = 1e-40f;   // subnormal
+    auto f = upload(a, x);
+    DeviceBuffer<uint16_t> ha(a, x.size()), hb(b, x.size());
+    a.pack_bf16(a.comm_stream(), x.size(), f.data(), ha.data());
+    a.synchronize();
+    std::vector<uint16_t> packed(x.size());
+    a.copy_to_host(a.comm_stream(), packed.data(), ha.data(), packed.size() * 2);
+    a.synchronize();
+    bool same = true;
+    for (size_t i = 0; i < x.size(); ++i) same = same && packed[i] == reference_bf16(x[i]);
+    CHECK(same);
+    // unpack is exact
+    DeviceBuffer<float> back(a, x.size());
+    a.unpack_bf16(a.comm_stream(), x.size(), ha.data(), back.data());
+    a.synchronize();
+    const auto unpacked = download(a, back);
+    same = true;
+    for (size_t i = 0; i < x.size(); ++i) same = same && unpacked[i] == reference_bf16_value(packed[i]);
+    CHECK(same);
+    // peer add: both operands bf16, the sum in f32 rounded once
+    const std::vector<float> y = rng.normal(x.size());
+    std::vector<uint16_t> py(y.size());
+    for (size_t i = 0; i < y.size(); ++i) py[i] = reference_bf16(y[i]);
+    b.copy_to_device(b.comm_stream(), hb.data(), py.data(), py.size() * 2);
+    b.synchronize();
+    a.reduce_from_peer(a.comm_stream(), ha.data(), b, hb.data(), DType::bf16, x.size());
+    a.synchronize();
+    std::vector<uint16_t> sum(x.size());
+    a.copy_to_host(a.comm_stream(), sum.data(), ha.data(), sum.size() * 2);
+    a.synchronize();
+    same = true;
+    for (size_t i = 0; i < x.size(); ++i)
+        same = same && sum[i] == reference_bf16(reference_bf16_value(packed[i]) + reference_bf16_value(py[i]));
+    CHECK(same);
+    CHECK_THROWS_AS(a.reduce_from_peer(a.comm_stream(), ha.data(), b, hb.data(), DType::f16, 4), DeviceError);
+}
+
+TEST_CASE("cpu bf16 wire format: pack rounds to nearest even, unpack is exact, peer add rounds once") {
+    Rng rng(11);
+    auto a = make_cpu_device(0), b = make_cpu_device(1);
+    check_bf16_wire(*a, *b, rng);
 }
 
 // ================================ CUDA backend vs CPU ====================================
@@ -645,14 +715,21 @@ TEST_CASE("cuda reduce_from_peer and copy_from_peer are exact (two replicas on G
         auto ba = upload(*a, xa), bb = upload(*b, xb);
         a->synchronize();
         b->synchronize();
-        a->reduce_from_peer(a->comm_stream(), ba.data(), *b, bb.data(), n);
+        a->reduce_from_peer(a->comm_stream(), ba.data(), *b, bb.data(), DType::f32, n);
         a->synchronize();
         const auto sum = download(*a, ba);
         bool exact = true;
         for (size_t i = 0; i < n; ++i) exact = exact && sum[i] == xa[i] + xb[i];
         CHECK(exact);
-        b->copy_from_peer(b->comm_stream(), bb.data(), *a, ba.data(), n);
+        b->copy_from_peer(b->comm_stream(), bb.data(), *a, ba.data(), n * sizeof(float));
         b->synchronize();
         CHECK(download(*b, bb) == sum);
     }
+}
+
+TEST_CASE("cuda bf16 wire format matches the bit-level reference (two replicas on GPU 0)") {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(107);
+    auto a = make_cuda_device(0), b = make_cuda_device(0);
+    check_bf16_wire(*a, *b, rng);
 }

@@ -27,9 +27,11 @@ struct AllReduceFixture {
     std::unique_ptr<ReplicaThreads> threads;
     std::unique_ptr<CrossDeviceOps> ops;
     size_t capacity;
+    DType wire;
 
-    AllReduceFixture(const std::string& op, DeviceType type, const std::vector<int>& ordinals, size_t max_len)
-        : capacity(max_len + 10) {
+    AllReduceFixture(const std::string& op, DeviceType type, const std::vector<int>& ordinals, size_t max_len,
+                     DType wire_type = DType::f32)
+        : capacity(max_len + 10), wire(wire_type) {
         const int n = int(ordinals.size());
         enable_peer_access(type, ordinals);
         std::vector<Device*> dp;
@@ -41,11 +43,12 @@ struct AllReduceFixture {
             bp.push_back(bufs.back().data());
         }
         threads = std::make_unique<ReplicaThreads>(n);
-        ops = make_cross_device_ops(op, dp, bp, threads->barrier());
+        ops = make_cross_device_ops(op, dp, bp, capacity, threads->barrier(), wire);
     }
 
-    // Sums integer-valued floats and checks every element of every replica is the exact sum,
-    // and that the guard elements around [guard, guard + len) are untouched.
+    // Sums integer-valued floats and checks every element of every replica is the exact sum
+    // (bf16 wire: within 2n roundings - n packs, n - 1 adds - of 2^-9 relative to the sum of magnitudes, every replica
+    // still bit-identical), and that the guard elements around [guard, guard + len) are untouched.
     void check(size_t len, Rng& rng) {
         const int n = int(devs.size());
         const size_t guard = 5, total = len + 2 * guard;
@@ -61,11 +64,12 @@ struct AllReduceFixture {
             ops->all_reduce(r, guard, len);
             devs[r]->synchronize();
         });
-        std::vector<float> want(host[0]);
+        std::vector<float> want(host[0]), bound(total, 0.0f);
         for (size_t i = guard; i < guard + len; ++i) {
-            double s = 0;
-            for (int r = 0; r < n; ++r) s += host[r][i];
+            double s = 0, a = 0;
+            for (int r = 0; r < n; ++r) s += host[r][i], a += std::fabs(host[r][i]);
             want[i] = float(s);
+            bound[i] = wire == DType::f32 ? 0.0f : float(2 * n * a / 512.0);
         }
         bool exact = true, identical = true, untouched = true;
         std::vector<float> first;
@@ -73,7 +77,7 @@ struct AllReduceFixture {
             std::vector<float> got(total);
             devs[r]->copy_to_host(devs[r]->compute_stream(), got.data(), bufs[r].data(), total * sizeof(float));
             devs[r]->synchronize();
-            for (size_t i = guard; i < guard + len; ++i) exact = exact && got[i] == want[i];
+            for (size_t i = guard; i < guard + len; ++i) exact = exact && std::fabs(got[i] - want[i]) <= bound[i];
             for (size_t i = 0; i < guard; ++i)
                 untouched = untouched && got[i] == host[r][i] && got[total - 1 - i] == host[r][total - 1 - i];
             if (r == 0) first = got;
@@ -81,6 +85,7 @@ struct AllReduceFixture {
                 for (size_t i = guard; i < guard + len; ++i) identical = identical && got[i] == first[i];
         }
         CAPTURE(ops->name());
+        CAPTURE(dtype_name(wire));
         CAPTURE(n);
         CAPTURE(len);
         CHECK(exact);
@@ -91,12 +96,12 @@ struct AllReduceFixture {
 
 const size_t kLengths[] = {1, 3, 4, 7, 1009, 262147};
 
-void all_reduce_matrix(const std::string& op, DeviceType type, int max_n, bool same_gpu) {
+void all_reduce_matrix(const std::string& op, DeviceType type, int max_n, bool same_gpu, DType wire = DType::f32) {
     Rng rng(31 + max_n);
     for (int n = 1; n <= max_n; ++n) {
         std::vector<int> ordinals;
         for (int r = 0; r < n; ++r) ordinals.push_back(same_gpu ? 0 : r);
-        AllReduceFixture f(op, type, ordinals, 262147);
+        AllReduceFixture f(op, type, ordinals, 262147, wire);
         for (size_t len : kLengths) f.check(len, rng);
     }
 }
@@ -161,7 +166,8 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
 }
 
 struct CnnResult {
-    std::vector<float> params;  // replica 0's, running statistics included
+    std::vector<float> params;  // replica 0's, running statistics included (after the first `trainable`)
+    size_t trainable = 0;
     std::vector<uint64_t> checksums;
     Metrics metrics;
     float loss_scale = 1;
@@ -169,7 +175,8 @@ struct CnnResult {
 
 // A small CNN with batchnorm (synchronised or per replica) on images of a synthetic problem.
 CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision precision = Precision::fp32,
-                    int overflow_step = -1, int overflow_replica = 1, std::vector<float>* before_overflow = nullptr) {
+                    int overflow_step = -1, int overflow_replica = 1, std::vector<float>* before_overflow = nullptr,
+                    DType wire = DType::f32) {
     SyntheticOptions so;
     so.shape = {6, 6, 2};
     so.classes = 3;
@@ -188,6 +195,7 @@ CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision 
     sc.bucket_mb = 0.0002;
     sc.verify_every_steps = 3;
     sc.precision = precision;
+    sc.allreduce_dtype = wire;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, 1);
     LoaderOptions lo;
@@ -209,6 +217,7 @@ CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision 
     out.metrics = strategy.take_train_metrics();
     out.params = strategy.download_params();
     out.loss_scale = strategy.loss_scale_state()[0];
+    out.trainable = model.trainable_size();
     for (int r = 0; r < strategy.replicas(); ++r) out.checksums.push_back(strategy.checksum(r));
     return out;
 }
@@ -282,6 +291,23 @@ TEST_CASE("cpu all-reduce (ring, reduce_to_one) is exact and bit-identical for N
     all_reduce_matrix("reduce_to_one", DeviceType::cpu, 8, false);
 }
 
+TEST_CASE("cpu all-reduce with a bf16 wire: close to the f32 sum, bit-identical on every replica") {
+    all_reduce_matrix("ring", DeviceType::cpu, 5, false, DType::bf16);
+    all_reduce_matrix("reduce_to_one", DeviceType::cpu, 3, false, DType::bf16);
+}
+
+TEST_CASE("sim all-reduce with a bf16 wire: ring (direct and staged), reduce_to_one, nccl") {
+    SimScope sim(30);
+    all_reduce_matrix("ring", DeviceType::sim, 4, false, DType::bf16);
+    all_reduce_matrix("reduce_to_one", DeviceType::sim, 3, true, DType::bf16);
+    all_reduce_matrix("nccl", DeviceType::sim, 3, false, DType::bf16);
+    set_peer_transport(PeerTransport::staged);
+    Rng rng(79);
+    AllReduceFixture f("ring", DeviceType::sim, {0, 1, 2}, size_t(5) << 20, DType::bf16);
+    for (size_t len : {size_t(1009), size_t(5) << 20}) f.check(len, rng);  // 2-byte elements: several slices
+    set_peer_transport(PeerTransport::automatic);
+}
+
 TEST_CASE("sim all-reduce with random stream delays: ring, reduce_to_one, nccl; shared, direct and staged") {
     SimScope sim(30);
     all_reduce_matrix("ring", DeviceType::sim, 5, true);           // replicas sharing one GPU
@@ -308,7 +334,7 @@ TEST_CASE("sim: without peer access distinct GPUs take the staged path, and the 
     for (size_t len : {size_t(5), size_t(3) << 20}) f.check(len, rng);
     set_peer_transport(PeerTransport::direct);  // direct loads without peer access are refused
     CHECK_THROWS_WITH_AS(f.devs[0]->reduce_from_peer(f.devs[0]->comm_stream(), f.bufs[0].data(), *f.devs[1],
-                                                     f.bufs[1].data(), 4),
+                                                     f.bufs[1].data(), DType::f32, 4),
                          doctest::Contains("need peer access"), DeviceError);
     set_peer_transport(PeerTransport::automatic);
     const Model model({6}, {dense(3, Activation::none)}, 1);
@@ -323,13 +349,13 @@ TEST_CASE("nccl refuses CPU replicas and repeated GPUs; unknown ops list the kno
     auto d = make_cpu_device(0);
     DeviceBuffer<float> b(*d, 4);
     ReplicaBarrier barrier(1);
-    CHECK_THROWS_AS(make_cross_device_ops("nccl", {d.get()}, {b.data()}, barrier), ConfigError);
-    CHECK_THROWS_WITH_AS(make_cross_device_ops("tree", {d.get()}, {b.data()}, barrier),
+    CHECK_THROWS_AS(make_cross_device_ops("nccl", {d.get()}, {b.data()}, 4, barrier), ConfigError);
+    CHECK_THROWS_WITH_AS(make_cross_device_ops("tree", {d.get()}, {b.data()}, 4, barrier),
                          doctest::Contains("ring, nccl, reduce_to_one"), ConfigError);
     auto s0 = make_sim_device(0), s1 = make_sim_device(0);
     DeviceBuffer<float> x(*s0, 4), y(*s1, 4);
     ReplicaBarrier two(2);
-    CHECK_THROWS_WITH_AS(make_cross_device_ops("nccl", {s0.get(), s1.get()}, {x.data(), y.data()}, two),
+    CHECK_THROWS_WITH_AS(make_cross_device_ops("nccl", {s0.get(), s1.get()}, {x.data(), y.data()}, 4, two),
                          doctest::Contains("cannot place two replicas"), ConfigError);
 }
 
@@ -516,6 +542,17 @@ TEST_CASE("cuda all-reduce: ring and reduce_to_one on replicas sharing GPU 0 (N 
     all_reduce_matrix("reduce_to_one", DeviceType::cuda, 4, true);
 }
 
+TEST_CASE("cuda all-reduce with a bf16 wire matches the bound and is bit-identical (GPU 0, direct and staged)") {
+    SKIP_WITHOUT_CUDA();
+    all_reduce_matrix("ring", DeviceType::cuda, 4, true, DType::bf16);
+    all_reduce_matrix("reduce_to_one", DeviceType::cuda, 3, true, DType::bf16);
+    set_peer_transport(PeerTransport::staged);
+    Rng rng(82);
+    AllReduceFixture f("ring", DeviceType::cuda, {0, 0, 0}, size_t(5) << 20, DType::bf16);
+    f.check(size_t(5) << 20, rng);
+    set_peer_transport(PeerTransport::automatic);
+}
+
 TEST_CASE("cuda all-reduce through staged peer copies (copy and add pipelined) is exact too") {
     SKIP_WITHOUT_CUDA();
     set_peer_transport(PeerTransport::staged);
@@ -559,7 +596,7 @@ TEST_CASE("nccl refuses a device list that repeats a GPU") {
     auto a = make_cuda_device(0), b = make_cuda_device(0);
     DeviceBuffer<float> x(*a, 4), y(*b, 4);
     ReplicaBarrier barrier(2);
-    CHECK_THROWS_WITH_AS(make_cross_device_ops("nccl", {a.get(), b.get()}, {x.data(), y.data()}, barrier),
+    CHECK_THROWS_WITH_AS(make_cross_device_ops("nccl", {a.get(), b.get()}, {x.data(), y.data()}, 4, barrier),
                          doctest::Contains("cannot place two replicas"), ConfigError);
 }
 
@@ -628,4 +665,28 @@ TEST_CASE("bf16 and fp16 on CPU replicas emulate the GPU's storage: training wor
         CHECK(lp.metrics.loss_sum == doctest::Approx(f32.metrics.loss_sum).epsilon(0.05));
         for (uint64_t c : lp.checksums) CHECK(c == lp.checksums[0]);
     }
+}
+
+TEST_CASE("allreduce_dtype bf16: replicas stay identical, close to the f32 wire; running statistics reduced in f32") {
+    SimScope sim(20);
+    for (bool sync : {true, false})
+        for (const char* devices : {"cpu:3", "sim:0,1"}) {
+            CAPTURE(devices);
+            CAPTURE(sync);
+            const CnnResult f32 = train_cnn(devices, 6, sync);
+            const CnnResult bf = train_cnn(devices, 6, sync, Precision::fp32, -1, 1, nullptr, DType::bf16);
+            for (uint64_t c : bf.checksums) CHECK(c == bf.checksums[0]);
+            CHECK(rel_error(bf.params, f32.params) > 0.0);   // the gradients were rounded
+            CHECK(rel_error(bf.params, f32.params) < 0.02);
+            CHECK(bf.metrics.loss_sum == doctest::Approx(f32.metrics.loss_sum).epsilon(0.02));
+        }
+    // After one step the running statistics come from the same initial weights: exact in both runs
+    // (reduced in f32), while the trainable parameters already differ.
+    const CnnResult a = train_cnn("cpu:3", 1, false), b = train_cnn("cpu:3", 1, false, Precision::fp32, -1, 1, nullptr, DType::bf16);
+    REQUIRE(a.trainable < a.params.size());
+    CHECK(std::equal(a.params.begin() + long(a.trainable), a.params.end(), b.params.begin() + long(b.trainable)));
+    CHECK(!std::equal(a.params.begin(), a.params.begin() + long(a.trainable), b.params.begin()));
+    // one replica sends nothing: the wire type changes nothing
+    const CnnResult one = train_cnn("cpu:1", 4, true), one_bf = train_cnn("cpu:1", 4, true, Precision::fp32, -1, 1, nullptr, DType::bf16);
+    CHECK(one.params == one_bf.params);
 }

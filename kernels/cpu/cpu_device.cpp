@@ -491,14 +491,20 @@ public:
         *out = s;
     }
 
-    void reduce_from_peer(Stream, float* dst, const Device& peer, const float* src,
-                          size_t n) override {
+    void reduce_from_peer(Stream, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         require_cpu(peer);
-        for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+        check_wire_dtype(*this, t);
+        host_peer_add(dst, src, t, n);
     }
-    void copy_from_peer(Stream, float* dst, const Device& peer, const float* src, size_t n) override {
+    void copy_from_peer(Stream, void* dst, const Device& peer, const void* src, size_t bytes) override {
         require_cpu(peer);
-        if (n) std::memcpy(dst, src, n * sizeof(float));
+        if (bytes) std::memcpy(dst, src, bytes);
+    }
+    void pack_bf16(Stream, size_t n, const float* x, uint16_t* y) override {
+        for (size_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
+    }
+    void unpack_bf16(Stream, size_t n, const uint16_t* x, float* y) override {
+        for (size_t i = 0; i < n; ++i) y[i] = bf16_value(x[i]);
     }
 
 private:

@@ -327,30 +327,45 @@ public:
         cuda::adamw_update(stream(s), ordinal(), n, p, g, m, v, a, c.bc1, c.bc2_sqrt);
     }
 
-    void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
+    void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         use();
         const int p = require_cuda(peer);
+        check_wire_dtype(*this, t);
         bool can_load = p == ordinal();
         {
             std::lock_guard<std::mutex> lock(g_peer_mutex);
             can_load = can_load || g_peer_enabled[ordinal()][p];
         }
-        const PeerTransport t = peer_transport();
-        if (t == PeerTransport::direct && !can_load)
+        const PeerTransport transport = peer_transport();
+        if (transport == PeerTransport::direct && !can_load)
             throw DeviceError(name() + ": direct peer loads from cuda:" + std::to_string(p) + " need peer access");
-        if (can_load && t != PeerTransport::staged) {  // one kernel loads the peer's memory and adds
+        // One kernel loads the peer's memory and adds (always for a local add: staging's own).
+        if (&peer == this || (can_load && transport != PeerTransport::staged)) {
             ++work_.launches;
-            cuda::add_inplace(stream(s), ordinal(), n, src, dst);
+            if (t == DType::bf16)
+                cuda::add(stream(s), ordinal(), DType::bf16, n, src, dst);
+            else
+                cuda::add_inplace(stream(s), ordinal(), n, static_cast<const float*>(src), static_cast<float*>(dst));
             return;
         }
-        staging_->reduce(s, dst, peer, src, n);
+        staging_->reduce(s, dst, peer, src, t, n);
     }
-    void copy_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
-        if (!n) return;
+    void copy_from_peer(Stream s, void* dst, const Device& peer, const void* src, size_t bytes) override {
+        if (!bytes) return;
         use();
         const int p = require_cuda(peer);
         ++work_.copies;
-        CUDA_CHECK(ordinal(), cudaMemcpyPeerAsync(dst, ordinal(), src, p, n * sizeof(float), stream(s)));
+        CUDA_CHECK(ordinal(), cudaMemcpyPeerAsync(dst, ordinal(), src, p, bytes, stream(s)));
+    }
+    void pack_bf16(Stream s, size_t n, const float* x, uint16_t* y) override {
+        use();
+        ++work_.launches;
+        cuda::convert(stream(s), ordinal(), n, x, DType::f32, y, DType::bf16);
+    }
+    void unpack_bf16(Stream s, size_t n, const uint16_t* x, float* y) override {
+        use();
+        ++work_.launches;
+        cuda::convert(stream(s), ordinal(), n, x, DType::bf16, y, DType::f32);
     }
 
 private:

@@ -40,14 +40,16 @@ public:
             if (c) ncclCommDestroy(c);
     }
 
-    void all_reduce_sum(const std::vector<float*>& buffers, size_t count) override {
+    void all_reduce_sum(const std::vector<void*>& buffers, DType t, size_t count) override {
         if (aborted_) throw DeviceError("nccl: the communicators were aborted after a failure");
         if (count == 0) return;
+        check_wire_dtype(*devices_[0], t);
+        const ncclDataType_t type = t == DType::bf16 ? ncclBfloat16 : ncclFloat;
         NCCL_CHECK(devices_[0]->ordinal(), ncclGroupStart());
         for (size_t r = 0; r < devices_.size(); ++r) {
             Device* d = devices_[r];
             CUDA_CHECK(d->ordinal(), cudaSetDevice(d->ordinal()));
-            NCCL_CHECK(d->ordinal(), ncclAllReduce(buffers[r], buffers[r], count, ncclFloat, ncclSum, comms_[r],
+            NCCL_CHECK(d->ordinal(), ncclAllReduce(buffers[r], buffers[r], count, type, ncclSum, comms_[r],
                                                    static_cast<cudaStream_t>(d->comm_stream().handle)));
         }
         NCCL_CHECK(devices_[0]->ordinal(), ncclGroupEnd());

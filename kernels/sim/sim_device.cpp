@@ -22,6 +22,7 @@
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/nccl.h"
+#include "kernels/op_math.h"
 #include "kernels/peer_staging.h"
 #include "kernels/sim/sim.h"
 
@@ -479,32 +480,34 @@ public:
     SIM_OP(loss_scale_update, (Stream s, float* state, const float* grad_stats, int growth_interval),
            loss_scale_update(Stream{}, state, grad_stats, growth_interval))
     SIM_OP(checksum, (Stream s, size_t n, const float* x, uint64_t* out), checksum(Stream{}, n, x, out))
-#undef SIM_OP
 
-    void reduce_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
+    void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         SIM_API("reduce_from_peer");
         const int p = require_sim(peer);
+        check_wire_dtype(*this, t);
         bool can_load = p == ordinal();
         {
             std::lock_guard<std::mutex> lock(g_mu);
             can_load = can_load || world().gpus[ordinal()].peer[p];
         }
-        const PeerTransport t = peer_transport();
-        if (t == PeerTransport::direct && !can_load)
+        const PeerTransport transport = peer_transport();
+        if (transport == PeerTransport::direct && !can_load)
             throw DeviceError(name() + ": direct peer loads from sim:" + std::to_string(p) + " need peer access");
-        if (can_load && t != PeerTransport::staged) {  // one kernel loads the peer's memory and adds
-            launch(s, "reduce_from_peer", [=] {
-                for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-            });
+        // One kernel loads the peer's memory and adds (always for a local add: staging's own).
+        if (&peer == this || (can_load && transport != PeerTransport::staged)) {
+            launch(s, "reduce_from_peer", [=] { host_peer_add(dst, src, t, n); });
             return;
         }
-        staging_->reduce(s, dst, peer, src, n);
+        staging_->reduce(s, dst, peer, src, t, n);
     }
-    void copy_from_peer(Stream s, float* dst, const Device& peer, const float* src, size_t n) override {
+    void copy_from_peer(Stream s, void* dst, const Device& peer, const void* src, size_t bytes) override {
         SIM_API("copy_from_peer");
         require_sim(peer);
-        if (n) enqueue(s, Task::Kind::copy, "copy_from_peer", [=] { std::memcpy(dst, src, n * sizeof(float)); });
+        if (bytes) enqueue(s, Task::Kind::copy, "copy_from_peer", [=] { std::memcpy(dst, src, bytes); });
     }
+    SIM_OP(pack_bf16, (Stream s, size_t n, const float* x, uint16_t* y), pack_bf16(Stream{}, n, x, y))
+    SIM_OP(unpack_bf16, (Stream s, size_t n, const uint16_t* x, float* y), unpack_bf16(Stream{}, n, x, y))
+#undef SIM_OP
 #undef SIM_API
 
 private:
@@ -563,8 +566,10 @@ public:
     explicit SimNcclGroup(const std::vector<Device*>& devices) {
         for (Device* d : devices) devices_.push_back(static_cast<SimDevice*>(d));
     }
-    void all_reduce_sum(const std::vector<float*>& buffers, size_t count) override {
+    void all_reduce_sum(const std::vector<void*>& buffers, DType t, size_t count) override {
         if (aborted_) throw DeviceError("nccl: the communicators were aborted");
+        check_wire_dtype(*devices_[0], t);
+        const size_t bytes = count * dtype_size(t);
         auto rz = std::make_shared<Rendezvous>();
         rz->ranks = int(devices_.size());
         {
@@ -575,12 +580,12 @@ public:
         for (size_t r = 0; r < devices_.size(); ++r) {
             SimDevice* d = devices_[r];
             d->api("ncclAllReduce", __LINE__);
-            d->launch(d->comm_stream(), "ncclAllReduce", [rz, d, r, count, buffers] {
+            d->launch(d->comm_stream(), "ncclAllReduce", [rz, d, r, t, count, bytes, buffers] {
                 std::unique_lock<std::mutex> lock(g_mu);
                 if (++rz->arrived == rz->ranks) {  // the last rank sums in rank order: bit-identical everywhere
-                    rz->sum.assign(buffers[0], buffers[0] + count);
-                    for (size_t q = 1; q < buffers.size(); ++q)
-                        for (size_t i = 0; i < count; ++i) rz->sum[i] += buffers[q][i];
+                    const char* first = static_cast<const char*>(buffers[0]);
+                    rz->sum.assign(first, first + bytes);
+                    for (size_t q = 1; q < buffers.size(); ++q) host_peer_add(rz->sum.data(), buffers[q], t, count);
                     rz->ready = true;
                     g_cv.notify_all();
                 } else {
@@ -588,7 +593,7 @@ public:
                 }
                 if (!rz->ready) return;
                 lock.unlock();
-                std::memcpy(buffers[r], rz->sum.data(), count * sizeof(float));
+                std::memcpy(buffers[r], rz->sum.data(), bytes);
             });
         }
     }
@@ -606,7 +611,7 @@ private:
     struct Rendezvous {
         int ranks = 0, arrived = 0;
         bool ready = false, aborted = false;
-        std::vector<float> sum;
+        std::vector<char> sum;  // f32 elements or bf16
     };
     std::vector<SimDevice*> devices_;
     std::vector<std::weak_ptr<Rendezvous>> live_;  // guarded by g_mu
