@@ -528,6 +528,7 @@ void read_train(Reader& r, Config& c) {
     t.eval_every_epochs = r.integer("train.eval_every_epochs", 1, 0, int64_t(1) << 30);
     t.log_every_steps = r.integer("train.log_every_steps", 100, 1, int64_t(1) << 30);
     c.strategy.precision = t.precision;
+    c.strategy.loss_scale_growth_interval = t.loss_scale_growth_interval;
 }
 
 void read_checkpoint(Reader& r, CheckpointConfig& k) {

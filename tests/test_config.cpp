@@ -46,6 +46,12 @@ TEST_CASE("config: a good file loads with defaults filled in") {
     CHECK(c.strategy.devices == "cpu:2");
     CHECK(c.strategy.cross_device_ops == "ring");
     CHECK(c.strategy.allreduce_dtype == DType::f32);
+    // train.* keys the strategy applies reach it
+    const Config p = load_config(write_config("prec.yaml", kGood),
+                                 {"train.precision=fp16", "train.loss_scale_growth_interval=7", "strategy.allreduce_dtype=bf16"});
+    CHECK(p.strategy.precision == Precision::fp16);
+    CHECK(p.strategy.loss_scale_growth_interval == 7);
+    CHECK(p.strategy.allreduce_dtype == DType::bf16);
     CHECK(c.data.loader_threads == 2);
     CHECK(c.model.layers.size() == 3);
     CHECK(c.model.layers[0].activation == Activation::gelu);

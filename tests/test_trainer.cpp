@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "kernels/error.h"
@@ -422,4 +423,107 @@ TEST_CASE("a device failure: exit 5 with the first error named, no hang, the las
         CHECK(summary(out)["resumed_from_step"].get<int64_t>() > 0);
         expect_same_run(ref, out);
     }
+}
+
+namespace {
+
+// A CNN with batchnorm (per replica and synchronised), dropout and a residual block, trained in
+// fp16 with dynamic loss scaling whose scale both halves (the first steps overflow at 65536) and
+// grows (every 4 good steps): everything resume must restore.
+const char* kCnnFp16 = R"(run: {name: cnn16, seed: 5}
+strategy: {devices: "cpu:2", bucket_mb: 0.0005, verify_every_steps: 5}
+data: {dataset: synthetic, input_shape: [8, 8, 2], classes: 3, train_samples: 480, test_samples: 96}
+model:
+  layers:
+    - {type: conv2d, filters: 6, kernel_size: 3, padding: same, bias: false}
+    - {type: batchnorm, activation: relu}
+    - type: residual
+      activation: relu
+      layers:
+        - {type: conv2d, filters: 6, kernel_size: 3, padding: same, bias: false}
+        - {type: batchnorm, sync: true}
+    - {type: maxpool2d, kernel_size: 2}
+    - {type: flatten}
+    - {type: dropout, rate: 0.2}
+    - {type: dense, units: 3}
+optimizer: {type: sgd, lr: 0.01, momentum: 0.9}
+train: {epochs: 12, global_batch_size: 24, precision: fp16, loss_scale_growth_interval: 4, log_every_steps: 5}
+checkpoint: {every_steps: 3, keep: 2}
+)";
+
+}  // namespace
+
+TEST_CASE("a CNN with batchnorm in fp16 with loss scaling: stop or SIGKILL, then resume, is bit-identical") {
+    Scratch s;
+    const std::string cfg = s.config(kCnnFp16, "cnn16.yaml");
+    const std::string ref = s.out("ref");
+    REQUIRE(train_in_process(cfg, ref) == kExitOk);
+    // the scale moved both ways, so resume has something to get wrong
+    std::set<double> scales;
+    for (const auto& j : metrics(ref))
+        if (j.contains("loss_scale")) scales.insert(j["loss_scale"].get<double>());
+    CHECK(scales.size() >= 2);
+    for (int stop : {4, 37}) {
+        CAPTURE(stop);
+        const std::string out = s.out("stop" + std::to_string(stop));
+        {
+            EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", std::to_string(stop));
+            CHECK(train_in_process(cfg, out) == kExitInterrupted);
+        }
+        CHECK(train_in_process(cfg, out) == kExitOk);
+        expect_same_run(ref, out);
+    }
+    const std::string out = s.out("killed");
+    test::Rng rng(8);
+    const double when = 0.3 + 0.01 * rng.integer(0, 50);
+    CAPTURE(when);
+    const int first = run_cli({"train", cfg, "--output", out}, {}, when);
+    CHECK((first == 128 + SIGKILL || first == kExitOk));
+    CHECK(run_cli({"train", cfg, "--output", out}) == kExitOk);
+    expect_same_run(ref, out);
+    const auto a = list_checkpoints(ref + "/checkpoints"), b = list_checkpoints(out + "/checkpoints");
+    REQUIRE(!a.empty());
+    CHECK(read_safetensors(a.back(), true).tensors == read_safetensors(b.back(), true).tensors);
+}
+
+TEST_CASE("configs/cifar10_resnet20.yaml: ResNet-20 (0.27M parameters) trains on data in CIFAR-10's file format") {
+    // CIFAR-10 itself is not on these machines: five small training batches and a test batch in
+    // its binary format (label byte, then 3 x 1024 channel planes), the label the brightest channel.
+    Scratch s;
+    test::Rng rng(21);
+    auto write_batch = [&](const std::string& name, int records) {
+        std::vector<unsigned char> b;
+        for (int i = 0; i < records; ++i) {
+            const int label = i % 10;
+            b.push_back(static_cast<unsigned char>(label));
+            for (int c = 0; c < 3; ++c)
+                for (int p = 0; p < 1024; ++p)
+                    b.push_back(static_cast<unsigned char>((label % 3 == c ? 100 + 10 * (label / 3) : 30) + rng.integer(0, 60)));
+        }
+        std::ofstream(s.out(name), std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+    };
+    for (int k = 1; k <= 5; ++k) write_batch("data_batch_" + std::to_string(k) + ".bin", 40);
+    write_batch("test_batch.bin", 40);
+    const std::string out = s.out("resnet");
+    std::string err;
+    const int rc = run_cli({"train", "configs/cifar10_resnet20.yaml", "--output", out, "--set", "data.root=" + s.path().string(),
+                            "--set", "strategy.devices=cpu:2", "--set", "train.steps=5", "--set", "train.global_batch_size=40",
+                            "--set", "train.log_every_steps=1"},
+                           {}, -1, &err);
+    CAPTURE(err);
+    REQUIRE(rc == kExitOk);
+    const json sum = summary(out);
+    CHECK(sum["steps"] == 5);
+    CHECK(sum["parameters"] == 272474);
+    CHECK(std::isfinite(sum["test_loss"].get<double>()));
+    CHECK(sum["replica_checksums"][0] == sum["replica_checksums"][1]);
+    // the checkpoint holds every conv weight in PyTorch's [out, in, kh, kw] and the running statistics
+    const auto tensors = read_safetensors(list_checkpoints(out + "/checkpoints").back(), true).tensors;
+    int convs = 0, running = 0;
+    for (const auto& [name, t] : tensors) {
+        if (t.first.size() == 4 && name.starts_with("layers.")) ++convs;  // not the momentum buffers
+        if (name.ends_with("running_var")) ++running;
+    }
+    CHECK(convs == 21);    // 19 3x3 convolutions and 2 projection shortcuts
+    CHECK(running == 21);  // one batchnorm after each
 }
