@@ -34,7 +34,8 @@ CXXFLAGS = $(CXXFLAGS_BASE) $(PKG_CFLAGS) $(CXXFLAGS_EXTRA)
 LDFLAGS_EXTRA ?=
 LDLIBS = $(PKG_LIBS) -pthread -ldl
 
-LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp mirrored/layers/*.cpp)
+LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp mirrored/layers/*.cpp \
+                     mirrored/tools/*.cpp)
 LIB_CPP := $(filter-out mirrored/main.cpp kernels/cuda_stub.cpp,$(LIB_CPP))
 TEST_CPP := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 

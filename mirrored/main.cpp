@@ -20,7 +20,7 @@
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
-#include "mirrored/tools.h"
+#include "mirrored/tools/tools.h"
 #include "mirrored/trainer.h"
 
 using namespace mirrored;
@@ -158,12 +158,18 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
     bg->add_option("--json", gb.json_path, "also write the results here");
 
+    ConvLayoutBenchOptions cl;
+    auto* bc = app.add_subcommand("bench-conv-layout", "a convolution's forward + backward with NHWC vs NCHW activations (CPU)");
+    bc->add_option("--batch", cl.batch, "images per replica")->check(CLI::Range(1, 4096));
+    bc->add_option("--reps", cl.reps, "timed repetitions (the median is reported)")->check(CLI::Range(1, 1000));
+    bc->add_option("--json", cl.json_path, "also write the results here");
+
     if (argc >= 2 && argv[1][0] != '-') {
         bool known = false;
         for (const auto* sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
         if (!known) {
             std::fprintf(stderr, "error: unknown command '%s' (commands: train, eval, export, devices, bench-loader, "
-                                 "bench-allreduce, bench-step, bench-gemm)\n", argv[1]);
+                                 "bench-allreduce, bench-step, bench-gemm, bench-conv-layout)\n", argv[1]);
             return kExitUsage;
         }
     }
@@ -240,6 +246,7 @@ int main(int argc, char** argv) {
                            : gb_precision == "fp16" ? Precision::fp16 : Precision::fp32;
             return bench_gemm(gb);
         }
+        if (bc->parsed()) return bench_conv_layout(cl);
         if (bs->parsed()) {
             size_t start = 0;
             while (start < sb_devices.size()) {

@@ -305,9 +305,11 @@ void Run::print_header() {
                 cfg_.train.grad_accumulation_steps > 1 ? (", " + std::to_string(cfg_.train.grad_accumulation_steps) + " micro-batches").c_str() : "",
                 static_cast<long long>(s_->train_loader->batches_per_epoch()));
     std::printf("  model:\n%s", s_->model->summary().c_str());
-    std::printf("  precision %s; memory per replica: planned %s; allocated %s (measured)\n",
-                precision_name(cfg_.train.precision), st.memory_plan().describe().c_str(),
-                format_bytes(st.replica(0).device->allocated_bytes()).c_str());
+    const Device& d0 = *st.replica(0).device;
+    std::printf("  precision %s, gradients all-reduced in %s; memory per replica: planned %s; allocated %s (measured)%s\n",
+                precision_name(cfg_.train.precision), dtype_name(cfg_.strategy.allreduce_dtype),
+                st.memory_plan().describe().c_str(), format_bytes(d0.allocated_bytes()).c_str(),
+                d0.type() == DeviceType::cuda ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
     std::printf("  output: %s\n", out_dir_.c_str());
     std::fflush(stdout);
 }
@@ -559,6 +561,9 @@ void Run::write_summary(const std::string& status) {
         {"precision", precision_name(cfg_.train.precision)},
         {"peak_memory_bytes", st.peak_memory_bytes()},
         {"memory_plan_bytes", st.memory_plan().total()},
+        // CUDA: what GPU 0 has in use, the CUDA context and libraries included; elsewhere the same as allocated
+        {"device_memory_in_use_bytes", st.replica(0).device->memory_in_use()},
+        {"allreduce_dtype", dtype_name(cfg_.strategy.allreduce_dtype)},
         {"samples_per_sec", train_time_ > 0 ? double(samples_done_) / train_time_ : 0.0},
         {"wall_time_s", now_s() - wall_start_},
         {"train_time_s", train_time_},

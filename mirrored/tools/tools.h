@@ -5,9 +5,21 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "kernels/device.h"
 
 namespace mirrored {
+
+class ReplicaThreads;
+
+// Shared by the tools: the CPU's model name; a result file written atomically (nothing when path
+// is empty); 4096 -> "4K"; the mean time of one crossing of the replica barrier with every
+// replica thread arriving at once (the host-side cost each ring step pays).
+std::string cpu_model();
+void write_json(const std::string& path, const nlohmann::json& j);
+std::string human_bytes(size_t b);
+double barrier_latency_us(ReplicaThreads& threads);
 
 // `mirrored devices`: GPUs, peer-access matrix, links, versions; or the CPU when there is none.
 int print_devices();
@@ -53,5 +65,18 @@ struct GemmBenchOptions {
 };
 // The GEMM ceiling a replica's step is measured against.
 int bench_gemm(const GemmBenchOptions& o);
+
+struct ConvShape {
+    int h, w, c, k, f;  // image h x w x c, kernel k x k ("same" padding, stride 1), f filters
+};
+struct ConvLayoutBenchOptions {
+    int batch = 64;
+    int reps = 9;
+    // the Fashion-MNIST CNN's two convolutions and one of each ResNet-20 stage
+    std::vector<ConvShape> shapes{{28, 28, 1, 3, 32}, {14, 14, 32, 3, 64}, {32, 32, 16, 3, 16}, {16, 16, 32, 3, 32}, {8, 8, 64, 3, 64}};
+    std::string json_path;
+};
+// One convolution's forward + backward with NHWC activations (mirrored's) against NCHW, on CPU.
+int bench_conv_layout(const ConvLayoutBenchOptions& o);
 
 }  // namespace mirrored

@@ -1,0 +1,68 @@
+// What the tools share: the machine's description, result files, sizes, the barrier's cost.
+#include "mirrored/tools/tools.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "data/datasets.h"
+#include "data/loader.h"
+#include "kernels/buffer.h"
+#include "kernels/device.h"
+#include "kernels/error.h"
+#include "kernels/nccl.h"
+#include "mirrored/util.h"
+#include "mirrored/checkpoint.h"
+#include "mirrored/config.h"
+#include "mirrored/cross_device_ops.h"
+#include "mirrored/replica_threads.h"
+#include "mirrored/strategy.h"
+#include "mirrored/trainer.h"
+
+namespace mirrored {
+
+using json = nlohmann::json;
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    return "unknown CPU";
+}
+
+void write_json(const std::string& path, const json& j) {
+    if (path.empty()) return;
+    write_file_atomic(path, j.dump(2) + "\n");
+    std::printf("wrote %s\n", path.c_str());
+}
+
+std::string human_bytes(size_t b) {
+    char s[32];
+    if (b >= (size_t(1) << 30)) std::snprintf(s, sizeof s, "%zuG", b >> 30);
+    else if (b >= (size_t(1) << 20)) std::snprintf(s, sizeof s, "%zuM", b >> 20);
+    else if (b >= 1024) std::snprintf(s, sizeof s, "%zuK", b >> 10);
+    else std::snprintf(s, sizeof s, "%zu", b);
+    return s;
+}
+
+// Mean time of one crossing of the replica barrier with every replica thread arriving at once:
+// the host-side cost each ring step pays on CPU replicas.
+double barrier_latency_us(ReplicaThreads& threads) {
+    constexpr int kRounds = 2000;
+    threads.run([&](int) {
+        for (int i = 0; i < 100; ++i) threads.barrier().arrive_and_wait();
+    });
+    const double t0 = now_s();
+    threads.run([&](int) {
+        for (int i = 0; i < kRounds; ++i) threads.barrier().arrive_and_wait();
+    });
+    return (now_s() - t0) / kRounds * 1e6;
+}
+
+}  // namespace mirrored
