@@ -111,15 +111,20 @@ std::string Model::summary() const {
     return s;
 }
 
-double Model::train_flops_per_sample() const {
-    double flops = 0;
+std::vector<Model::LayerFlops> Model::layer_flops() const {
+    std::vector<LayerFlops> out;
     bool first = true;
     for (const auto& l : top_->layers()) {
         const double f = l->forward_flops();
-        if (f == 0) continue;
-        flops += f * (first ? 2 : 3);  // forward, dW, and dX except for the first layer
-        first = false;
+        out.push_back({f, f * (first ? 1 : 2)});  // dW, and dX except for the first layer
+        if (f != 0) first = false;
     }
+    return out;
+}
+
+double Model::train_flops_per_sample() const {
+    double flops = 0;
+    for (const LayerFlops& f : layer_flops()) flops += f.forward + f.backward;
     return flops;
 }
 

@@ -64,6 +64,11 @@ public:
     // GEMM floating-point operations of one training sample (forward, weight and input
     // gradients), the work a throughput is measured against.
     double train_flops_per_sample() const;
+    // The same per top-level layer: forward, and backward (weight and input gradients).
+    struct LayerFlops {
+        double forward = 0, backward = 0;
+    };
+    std::vector<LayerFlops> layer_flops() const;
     // Device memory a replica's Activations take for max_rows rows of act_elem-byte activations.
     uint64_t activation_bytes(int max_rows, size_t act_elem) const;
     Activations make_activations(Device& dev, int max_rows) const;

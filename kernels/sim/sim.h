@@ -31,10 +31,13 @@ namespace mirrored {
 //   MIRRORED_SIM_DELAY_US=N   each stream sleeps a random 0..N us before about half its tasks
 //   MIRRORED_SIM_FAULT=G:K    the K-th launch (1-based) on simulated GPU G faults (sticky)
 //   MIRRORED_SIM_NO_PEER=1    distinct simulated GPUs refuse peer access (the staged path)
+//   MIRRORED_SIM_CORRUPT=G:K  the K-th copy simulated GPU G makes from another GPU flips one bit
+//                             (a bad link, for the stress test)
 void sim_set_delays(int max_us);
 void sim_set_peer_access(bool available);
 void sim_inject_fault(int ordinal, uint64_t launch);  // sticky, seen asynchronously
 void sim_inject_api_error(int ordinal, uint64_t call);  // the call-th host call throws once, not sticky
+void sim_inject_corruption(int ordinal, uint64_t copy);  // the copy-th peer copy from now flips a bit
 // Clears faults, sticky errors, enabled peer access and counters of every simulated GPU; restores
 // the environment's settings. For tests, between cases.
 void sim_reset();

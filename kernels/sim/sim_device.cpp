@@ -50,6 +50,7 @@ using MarkerPtr = std::shared_ptr<Marker>;
 
 struct GpuState {  // per simulated GPU, guarded by g_mu
     uint64_t launches = 0, fault_at = 0;
+    uint64_t peer_copies = 0, corrupt_at = 0;  // a bad link: the corrupt_at-th copy from a peer flips a bit
     uint64_t api_calls = 0, api_error_at = 0;
     std::string sticky;             // the first fault: every later host call fails with it
     bool peer[kMaxSimGpus] = {};    // peer[b]: kernels here may load memory of GPU b
@@ -71,6 +72,11 @@ World& world() {
             int gpu = -1;
             unsigned long long at = 0;
             if (std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].fault_at = at;
+        }
+        if (const char* f = std::getenv("MIRRORED_SIM_CORRUPT")) {
+            int gpu = -1;
+            unsigned long long at = 0;
+            if (std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].corrupt_at = at;
         }
         return x;
     }();
@@ -503,7 +509,17 @@ public:
     void copy_from_peer(Stream s, void* dst, const Device& peer, const void* src, size_t bytes) override {
         SIM_API("copy_from_peer");
         require_sim(peer);
-        if (bytes) enqueue(s, Task::Kind::copy, "copy_from_peer", [=] { std::memcpy(dst, src, bytes); });
+        bool corrupt = false;
+        if (&peer != this) {
+            std::lock_guard<std::mutex> lock(g_mu);
+            GpuState& g = world().gpus[ordinal()];
+            corrupt = ++g.peer_copies == g.corrupt_at;
+        }
+        if (bytes)
+            enqueue(s, Task::Kind::copy, "copy_from_peer", [=] {
+                std::memcpy(dst, src, bytes);
+                if (corrupt) static_cast<unsigned char*>(dst)[bytes - 1] ^= 0x10;  // one flipped bit
+            });
     }
     SIM_OP(pack_bf16, (Stream s, size_t n, const float* x, uint16_t* y), pack_bf16(Stream{}, n, x, y))
     SIM_OP(unpack_bf16, (Stream s, size_t n, const uint16_t* x, float* y), unpack_bf16(Stream{}, n, x, y))
@@ -653,6 +669,12 @@ void sim_inject_fault(int ordinal, uint64_t launch) {
     std::lock_guard<std::mutex> lock(g_mu);
     GpuState& g = world().gpus[ordinal];
     g.fault_at = g.launches + launch;
+}
+
+void sim_inject_corruption(int ordinal, uint64_t copy) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    GpuState& g = world().gpus[ordinal];
+    g.corrupt_at = g.peer_copies + copy;
 }
 
 void sim_inject_api_error(int ordinal, uint64_t call) {

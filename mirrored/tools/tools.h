@@ -40,6 +40,7 @@ struct AllReduceBenchOptions {
     int iters = 0;               // 0: chosen per size
     std::string transport = "auto";  // CUDA peer reads: auto, direct (peer loads), staged (copy + add)
     std::string dtype = "fp32";      // the wire type: fp32 or bf16 (sizes stay f32 gradient bytes)
+    double duration_s = 0;           // > 0: the stress test - cycle through the sizes this long
     std::string json_path;
 };
 int bench_allreduce(const AllReduceBenchOptions& o);
@@ -65,6 +66,35 @@ struct GemmBenchOptions {
 };
 // The GEMM ceiling a replica's step is measured against.
 int bench_gemm(const GemmBenchOptions& o);
+
+struct ScaleOptions {
+    std::string config;
+    std::vector<std::string> sets;
+    std::vector<int> replicas;  // empty: 1, 2, 4, 8 as far as the kind provides
+    std::string kind;           // cuda, cuda-shared, cpu, sim; empty: cuda when there are GPUs, else cpu
+    std::string mode = "weak";  // weak: fixed per-replica batch; strong: fixed global batch
+    int steps = 30, warmup = 5;
+    int per_replica_batch = 0;  // weak; 0: the config's global batch / the smallest count
+    std::string out_dir;        // empty: <run.output_dir>/scaling
+};
+// `mirrored scale`: the scaling test (scaling.json, scaling.png, a verdict).
+int scale(const ScaleOptions& o);
+
+struct PlanOptions {
+    std::string config;
+    std::vector<std::string> sets;
+    std::vector<int> gpus{1, 2, 4, 8};
+    std::string gpu = "h100", link;  // link empty: the GPU's usual one
+    std::string mode = "weak";
+    int per_replica_batch = 0;       // 0: as `scale` picks it
+    std::string profile;             // scaling.json or bench-step JSON measured on the target GPU
+    // overrides of the table's figures (0: the table's)
+    double memory_gb = 0, tflops = 0, bus_gbs = 0, latency_us = 0;
+    double launch_us = 4.0;          // host cost of one kernel launch (H200: 4.0 us, measured)
+    std::string json_path;
+};
+// `mirrored plan`: memory and step time per replica for GPUs not at hand.
+int plan(const PlanOptions& o);
 
 struct ConvShape {
     int h, w, c, k, f;  // image h x w x c, kernel k x k ("same" padding, stride 1), f filters

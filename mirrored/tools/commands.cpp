@@ -1,0 +1,181 @@
+#include "mirrored/tools/commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "kernels/error.h"
+
+namespace mirrored {
+
+namespace {
+
+// "1,2,4" -> {1, 2, 4}: positive integers of at most 6 digits.
+std::vector<int> parse_list(const std::string& s, const char* flag) {
+    std::vector<int> out;
+    size_t start = 0;
+    while (start <= s.size()) {
+        const size_t comma = std::min(s.find(',', start), s.size());
+        const std::string item = s.substr(start, comma - start);
+        if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoi(item) == 0)
+            throw ConfigError(std::string(flag) + ": expected a list of positive integers like 1,2,4, got '" + s + "'");
+        out.push_back(std::stoi(item));
+        start = comma + 1;
+    }
+    return out;
+}
+
+// "4K", "64M", "1G", "512": a size in bytes, a whole number of floats, at most 64 GiB.
+size_t parse_bytes(const std::string& s, const char* flag) {
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    std::string unit(end);
+    double mult = 1;
+    if (unit == "K" || unit == "KiB" || unit == "k") mult = 1024;
+    else if (unit == "M" || unit == "MiB") mult = 1 << 20;
+    else if (unit == "G" || unit == "GiB") mult = double(1 << 30);
+    else if (!unit.empty() && unit != "B") throw ConfigError(std::string(flag) + ": expected a size like 4K, 64M or 1G, got '" + s + "'");
+    const double bytes = v * mult;
+    if (end == s.c_str() || !(bytes >= 4) || bytes > double(uint64_t(64) << 30) || bytes != std::floor(bytes) ||
+        std::fmod(bytes, 4.0) != 0)
+        throw ConfigError(std::string(flag) + ": expected a whole number of floats (a multiple of 4 bytes) from 4 bytes to 64G, got '" + s + "'");
+    return size_t(bytes);
+}
+
+// "60s", "5m", "1h", "90": a positive duration in seconds, at most a week.
+double parse_duration(const std::string& s, const char* flag) {
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    const std::string unit(end);
+    const double mult = unit.empty() || unit == "s" ? 1 : unit == "m" || unit == "min" ? 60 : unit == "h" ? 3600 : -1;
+    const double seconds = v * mult;
+    if (end == s.c_str() || mult < 0 || !(seconds > 0) || seconds > 7 * 86400.0)
+        throw ConfigError(std::string(flag) + ": expected a positive duration such as 60s, 5m or 1h, got '" + s + "'");
+    return seconds;
+}
+
+// "a;b;c" -> {a, b, c}, empty items dropped.
+std::vector<std::string> split_semicolons(const std::string& s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (start < s.size()) {
+        const size_t semi = std::min(s.find(';', start), s.size());
+        if (semi > start) out.push_back(s.substr(start, semi - start));
+        start = semi + 1;
+    }
+    return out;
+}
+
+}  // namespace
+
+ToolCommands::ToolCommands(CLI::App& app) {
+    bl_ = app.add_subcommand("bench-loader", "samples/s of the input pipeline alone");
+    bl_->add_option("--config", lb_.config, "use this config's data section (default: Fashion-MNIST)");
+    bl_->add_option("--threads", lb_threads_, "loader thread counts to measure, e.g. 1,2,4");
+    bl_->add_option("--batch", lb_.batch, "global batch size")->check(CLI::Range(1, 1 << 24));
+    bl_->add_option("--seconds", lb_.seconds, "seconds per measurement")->check(CLI::Range(0.01, 3600.0));
+    bl_->add_option("--json", lb_.json_path, "also write the results here");
+
+    ba_ = app.add_subcommand("bench-allreduce", "time, algbw and busbw of the all-reduce per size");
+    ba_->add_option("--devices", ab_.devices, "replicas: auto, cuda:0,1, cuda:0,0,0,0, cpu:4");
+    ba_->add_option("--op", ab_.op, "ring, nccl or reduce_to_one");
+    ba_->add_option("--min-bytes", min_bytes_, "smallest size (4K)");
+    ba_->add_option("--max-bytes", max_bytes_, "largest size (64M)");
+    ba_->add_option("--iters", ab_.iters, "iterations per size (default: by size)")->check(CLI::Range(1, 1000000));
+    ba_->add_option("--transport", ab_.transport, "CUDA peer reads: auto, direct (kernel loads peer memory), staged (copy, then add)");
+    ba_->add_option("--dtype", ab_.dtype, "gradients on the wire: fp32 or bf16 (half the bytes, sums in f32)");
+    ba_->add_option("--duration", duration_, "stress test: all-reduce over the sizes for this long (60s, 5m), "
+                    "verifying every result; a wrong sum exits 5 naming the replica pair");
+    ba_->add_option("--json", ab_.json_path, "also write the table here");
+
+    bs_ = app.add_subcommand("bench-step", "training throughput for 1..N replicas: the scaling test");
+    bs_->add_option("config", sb_.config, "YAML config (default configs/synthetic_mlp.yaml)");
+    bs_->add_option("--set", sb_.sets, "override a key (repeatable)");
+    bs_->add_option("--devices", sb_devices_, "device lists separated by ';', e.g. 'cpu:1;cpu:2' (default: 1..all)");
+    bs_->add_option("--steps", sb_.steps, "timed steps per device list")->check(CLI::Range(1, 10000000));
+    bs_->add_option("--warmup", sb_.warmup, "untimed steps first")->check(CLI::Range(0, 1000000));
+    bs_->add_option("--per-replica-batch", sb_.per_replica_batch, "global batch = this x replicas (weak scaling)")
+        ->check(CLI::Range(1, 1 << 24));
+    bs_->add_option("--json", sb_.json_path, "also write the results here");
+
+    bg_ = app.add_subcommand("bench-gemm", "GEMM GFLOP/s of one device: the ceiling a step is measured against");
+    bg_->add_option("--device", gb_.device, "cpu (one BLAS thread) or cuda:N");
+    bg_->add_option("--sizes", gb_sizes_, "square sizes, e.g. 128,1024");
+    bg_->add_flag("--tf32", gb_.tf32, "TF32 tensor cores (CUDA); the same as --precision tf32");
+    bg_->add_option("--precision", gb_precision_, "fp32, tf32, bf16 or fp16 inputs (f32 accumulation and output)")
+        ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
+    bg_->add_option("--json", gb_.json_path, "also write the results here");
+
+    bc_ = app.add_subcommand("bench-conv-layout", "a convolution's forward + backward with NHWC vs NCHW activations (CPU)");
+    bc_->add_option("--batch", cl_.batch, "images per replica")->check(CLI::Range(1, 4096));
+    bc_->add_option("--reps", cl_.reps, "timed repetitions (the median is reported)")->check(CLI::Range(1, 1000));
+    bc_->add_option("--json", cl_.json_path, "also write the results here");
+
+    sc_cmd_ = app.add_subcommand("scale", "the scaling test: the same step at 1, 2, 4, 8 replicas; speedup, efficiency, "
+                                          "where the time goes; scaling.json and scaling.png");
+    sc_cmd_->add_option("config", sc_.config, "YAML config")->required();
+    sc_cmd_->add_option("--set", sc_.sets, "override a key (repeatable)");
+    sc_cmd_->add_option("--replicas", sc_replicas_, "replica counts, e.g. 1,2,4,8 (default: those the kind provides)");
+    sc_cmd_->add_option("--kind", sc_.kind, "cuda (one per GPU), cuda-shared (all on GPU 0), cpu or sim "
+                                            "(default: cuda with GPUs, else cpu)");
+    sc_cmd_->add_option("--mode", sc_.mode, "weak (fixed per-replica batch, the default) or strong (fixed global batch)");
+    sc_cmd_->add_option("--per-replica-batch", sc_.per_replica_batch, "weak scaling's batch per replica")
+        ->check(CLI::Range(1, 1 << 24));
+    sc_cmd_->add_option("--steps", sc_.steps, "timed steps per point")->check(CLI::Range(1, 1000000));
+    sc_cmd_->add_option("--warmup", sc_.warmup, "untimed steps first")->check(CLI::Range(0, 1000000));
+    sc_cmd_->add_option("--out", sc_.out_dir, "folder for scaling.json and scaling.png (default <run.output_dir>/scaling)");
+
+    pl_cmd_ = app.add_subcommand("plan", "capacity planner: memory, step time and speedup on GPUs not at hand");
+    pl_cmd_->add_option("config", pl_.config, "YAML config")->required();
+    pl_cmd_->add_option("--set", pl_.sets, "override a key (repeatable)");
+    pl_cmd_->add_option("--gpus", pl_gpus_, "GPU counts, e.g. 2,4,8");
+    pl_cmd_->add_option("--gpu", pl_.gpu, "h200, h100, h100-pcie, a100-80g, a100-40g, l40s, rtx4090 (docs/SCALING.md)");
+    pl_cmd_->add_option("--link", pl_.link, "nvlink4, nvlink3, pcie5, pcie4, pcie3, pcie5-host, pcie4-host "
+                                            "(default: the GPU's usual one)");
+    pl_cmd_->add_option("--mode", pl_.mode, "weak (fixed per-GPU batch, the default) or strong");
+    pl_cmd_->add_option("--per-replica-batch", pl_.per_replica_batch, "weak scaling's batch per GPU")
+        ->check(CLI::Range(1, 1 << 24));
+    pl_cmd_->add_option("--profile", pl_.profile, "compute time measured on the target GPU: scaling.json or bench-step JSON");
+    pl_cmd_->add_option("--memory-gb", pl_.memory_gb, "override the GPU's memory");
+    pl_cmd_->add_option("--tflops", pl_.tflops, "override the GPU's peak TFLOP/s in the run's precision");
+    pl_cmd_->add_option("--bus-gbs", pl_.bus_gbs, "override the link's all-reduce bus bandwidth, GB/s");
+    pl_cmd_->add_option("--latency-us", pl_.latency_us, "override the link's latency per ring step, us");
+    pl_cmd_->add_option("--launch-us", pl_.launch_us, "host cost of one kernel launch, us");
+    pl_cmd_->add_option("--json", pl_.json_path, "also write the plan here");
+}
+
+int ToolCommands::run() {
+    if (bl_->parsed()) {
+        lb_.threads = parse_list(lb_threads_, "--threads");
+        return bench_loader(lb_);
+    }
+    if (ba_->parsed()) {
+        ab_.min_bytes = parse_bytes(min_bytes_, "--min-bytes");
+        ab_.max_bytes = parse_bytes(max_bytes_, "--max-bytes");
+        if (ba_->count("--duration")) ab_.duration_s = parse_duration(duration_, "--duration");
+        return bench_allreduce(ab_);
+    }
+    if (bg_->parsed()) {
+        gb_.sizes = parse_list(gb_sizes_, "--sizes");
+        gb_.precision = gb_precision_ == "tf32" ? Precision::tf32 : gb_precision_ == "bf16" ? Precision::bf16
+                        : gb_precision_ == "fp16" ? Precision::fp16 : Precision::fp32;
+        return bench_gemm(gb_);
+    }
+    if (bc_->parsed()) return bench_conv_layout(cl_);
+    if (bs_->parsed()) {
+        sb_.devices = split_semicolons(sb_devices_);
+        return bench_step(sb_);
+    }
+    if (sc_cmd_->parsed()) {
+        if (!sc_replicas_.empty()) sc_.replicas = parse_list(sc_replicas_, "--replicas");
+        return scale(sc_);
+    }
+    if (pl_cmd_->parsed()) {
+        pl_.gpus = parse_list(pl_gpus_, "--gpus");
+        return plan(pl_);
+    }
+    return -1;
+}
+
+}  // namespace mirrored

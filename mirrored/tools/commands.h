@@ -1,0 +1,33 @@
+// The tool commands on the command line (benchmarks, scale, plan): registered on the app, run
+// once it has parsed. mirrored/main.cpp keeps train, eval, export and devices.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "mirrored/tools/tools.h"
+
+namespace mirrored {
+
+class ToolCommands {
+public:
+    explicit ToolCommands(CLI::App& app);
+    // The exit code of the tool command given, or -1 when the command was not one of these.
+    // Errors are thrown as mirrored::Error (bad arguments: ConfigError, exit 2).
+    int run();
+
+private:
+    LoaderBenchOptions lb_;
+    AllReduceBenchOptions ab_;
+    StepBenchOptions sb_;
+    GemmBenchOptions gb_;
+    ConvLayoutBenchOptions cl_;
+    ScaleOptions sc_;
+    PlanOptions pl_;
+    std::string lb_threads_ = "1,2", min_bytes_ = "4K", max_bytes_ = "64M", duration_, sb_devices_,
+                gb_sizes_ = "128,512,1024,2048", gb_precision_ = "fp32", sc_replicas_, pl_gpus_ = "1,2,4,8";
+    CLI::App *bl_, *ba_, *bs_, *bg_, *bc_, *sc_cmd_, *pl_cmd_;
+};
+
+}  // namespace mirrored

@@ -1,0 +1,126 @@
+#include "mirrored/tools/planner.h"
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+
+#include "kernels/backends.h"
+#include "kernels/buffer.h"
+#include "kernels/error.h"
+#include "mirrored/tools/allreduce_rig.h"
+#include "mirrored/util.h"
+
+namespace mirrored {
+
+double ring_allreduce_seconds(int n, double bytes, const LinkModel& link) {
+    if (n <= 1 || bytes <= 0) return 0.0;
+    return 2.0 * (n - 1) / n * bytes / link.bus_bytes_per_s + 2.0 * (n - 1) * link.step_latency_s;
+}
+
+namespace {
+
+int count_sync_batchnorm(const std::vector<LayerSpec>& layers) {
+    int n = 0;
+    for (const LayerSpec& l : layers) n += (l.type == "batchnorm" && l.sync) + count_sync_batchnorm(l.layers);
+    return n;
+}
+
+}  // namespace
+
+CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
+    CommPlan c;
+    const auto flops = model.layer_flops();
+    double total_backward = 0, total = 0;
+    for (const auto& f : flops) total_backward += f.backward, total += f.forward + f.backward;
+    if (total > 0) c.backward_share = total_backward / total;
+    // done_after[l]: the fraction of backward finished once layer l's backward is (it runs last to first)
+    std::vector<double> done_after(flops.size(), 1.0);
+    double acc = 0;
+    for (size_t l = flops.size(); l-- > 0;) {
+        acc += flops[l].backward;
+        done_after[l] = total_backward > 0 ? acc / total_backward : 1.0;
+    }
+    const double grad_elem = double(dtype_size(strategy.allreduce_dtype));
+    for (const Bucket& b : make_buckets(model, strategy.bucket_mb)) {
+        const bool state = b.ready_after_layer < 0;
+        BucketTiming t;
+        t.bytes = double(b.end - b.begin) * (state ? 4.0 : grad_elem);
+        t.ready = state || size_t(b.ready_after_layer) >= done_after.size() ? 1.0 : done_after[size_t(b.ready_after_layer)];
+        c.wire_bytes += t.bytes;
+        c.buckets.push_back(t);
+    }
+    const int sync = count_sync_batchnorm(model.layers());
+    if (sync > 0) {
+        c.blocking_allreduces = 2 * sync;
+        c.blocking_bytes = double(model.stats_floats()) * 4.0 / sync;  // per layer, roughly
+    }
+    return c;
+}
+
+StepPrediction predict_step(int n, double compute_s, const CommPlan& comm, const LinkModel& link) {
+    StepPrediction p;
+    p.compute_s = compute_s;
+    const double backward = compute_s * comm.backward_share, forward = compute_s - backward;
+    double comm_end = 0;
+    for (const BucketTiming& b : comm.buckets) {
+        const double t = ring_allreduce_seconds(n, b.bytes, link);
+        comm_end = std::max(comm_end, forward + b.ready * backward) + t;
+        p.allreduce_s += t;
+    }
+    const double blocking = comm.blocking_allreduces * ring_allreduce_seconds(n, comm.blocking_bytes, link);
+    p.allreduce_s += blocking;
+    p.exposed_s = std::max(0.0, comm_end - compute_s) + blocking;
+    p.step_s = compute_s + p.exposed_s;
+    return p;
+}
+
+MemoryPlan gpu_memory_plan(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, int replicas,
+                           int rows, int accumulation) {
+    const int micro = (rows + accumulation - 1) / accumulation;
+    return plan_memory(model, opt, strategy, DeviceType::cuda, replicas, rows, micro);
+}
+
+int largest_fitting_rows(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, int replicas,
+                         int accumulation, uint64_t capacity_bytes) {
+    auto fits = [&](int rows) {
+        return gpu_memory_plan(model, opt, strategy, replicas, rows, accumulation).total() <= capacity_bytes;
+    };
+    if (!fits(1)) return 0;
+    int lo = 1, hi = 2;
+    while (hi < (1 << 24) && fits(hi)) lo = hi, hi *= 2;  // memory grows with rows: double, then bisect
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
+}
+
+namespace {
+
+int iterations_for(size_t bytes) { return int(std::clamp<double>(2e8 / double(bytes), 3, 200)); }
+
+}  // namespace
+
+double measure_allreduce_seconds(const std::string& devices, const std::string& op, DType wire, size_t bytes) {
+    const size_t floats = std::max<size_t>(bytes / 4, 1);
+    AllReduceRig rig(devices, op, wire, floats);
+    rig.zero();
+    return rig.median_seconds(floats, iterations_for(bytes), 5);
+}
+
+LinkModel measure_link(const std::string& devices, const std::string& op, DType wire) {
+    constexpr size_t kSmall = 4096, kLarge = size_t(64) << 20;
+    AllReduceRig rig(devices, op, wire, kLarge / 4);
+    rig.zero();
+    const int n = rig.replicas();
+    LinkModel link;
+    if (n < 2) return link;
+    const double small = rig.median_seconds(kSmall / 4, 200, 5), large = rig.median_seconds(kLarge / 4, 3, 3);
+    const double wire_scale = double(dtype_size(wire)) / 4.0;  // bytes on the wire per f32 gradient byte
+    link.step_latency_s = small / (2.0 * (n - 1));
+    const double bandwidth_time = std::max(large - 2.0 * (n - 1) * link.step_latency_s, large * 0.5);
+    link.bus_bytes_per_s = 2.0 * (n - 1) / n * double(kLarge) * wire_scale / bandwidth_time;
+    return link;
+}
+
+}  // namespace mirrored

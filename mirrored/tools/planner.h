@@ -1,0 +1,68 @@
+// The performance and memory model behind `mirrored plan` and the predictions `mirrored scale`
+// prints beside its measurements (docs/SCALING.md):
+//
+//   ring all-reduce of S bytes over n replicas   t = 2(n-1)/n * S / B + 2(n-1) * alpha
+//   step                                         compute + the all-reduce time not hidden
+//                                                behind backward
+//
+// B is the link's bus bandwidth (nccl-tests' busbw), alpha the latency of one ring step. Each
+// bucket's all-reduce starts when backward has produced it (backward runs the layers in reverse,
+// each taking its share of the backward FLOPs) and the buckets queue on the comm stream; what
+// runs past the end of backward is exposed. Synchronised batchnorm adds two small blocking
+// all-reduces per layer.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+#include "mirrored/model.h"
+#include "mirrored/optimizer.h"
+#include "mirrored/strategy.h"
+
+namespace mirrored {
+
+struct LinkModel {
+    double bus_bytes_per_s = 0;
+    double step_latency_s = 0;
+};
+
+double ring_allreduce_seconds(int n, double bytes, const LinkModel& link);
+
+// One gradient bucket: its bytes on the wire, and the fraction of backward done when it is ready.
+struct BucketTiming {
+    double bytes = 0;
+    double ready = 1;
+};
+
+struct CommPlan {
+    std::vector<BucketTiming> buckets;
+    double wire_bytes = 0;          // per step, all buckets
+    int blocking_allreduces = 0;    // synchronised batchnorm: two per layer per step
+    double blocking_bytes = 0;      // each
+    double backward_share = 2.0 / 3;  // of a step's compute, by FLOPs
+};
+CommPlan comm_plan(const Model& model, const StrategyConfig& strategy);
+
+struct StepPrediction {
+    double compute_s = 0;    // one replica's forward, backward and update
+    double allreduce_s = 0;  // every all-reduce of the step, end to end
+    double exposed_s = 0;    // the part not hidden behind backward
+    double step_s = 0;
+};
+StepPrediction predict_step(int n, double compute_s, const CommPlan& comm, const LinkModel& link);
+
+// Memory of one replica on a GPU at `rows` per replica, and the largest per-replica batch that
+// fits in `capacity_bytes` (0 when not even one row fits).
+MemoryPlan gpu_memory_plan(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, int replicas,
+                           int rows, int accumulation);
+int largest_fitting_rows(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, int replicas,
+                         int accumulation, uint64_t capacity_bytes);
+
+// The link between replicas of a device list, measured: alpha from a small all-reduce, B from a
+// large one (on CPU replicas B is the memory system's, alpha the barrier's).
+LinkModel measure_link(const std::string& devices, const std::string& op, DType wire);
+// The measured time of one all-reduce of `bytes` (median of a few) on a device list.
+double measure_allreduce_seconds(const std::string& devices, const std::string& op, DType wire, size_t bytes);
+
+}  // namespace mirrored

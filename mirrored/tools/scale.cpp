@@ -1,0 +1,308 @@
+// `mirrored scale CONFIG`: the same training step at 1, 2, 4, 8 replicas with the real loader and
+// the real all-reduce; step time, speedup, efficiency, where the time goes, the all-reduce's bus
+// bandwidth, the planner's prediction beside each measurement, a verdict, scaling.json and
+// scaling.png.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "data/datasets.h"
+#include "data/loader.h"
+#include "kernels/backends.h"
+#include "kernels/error.h"
+#include "mirrored/config.h"
+#include "mirrored/strategy.h"
+#include "mirrored/tools/planner.h"
+#include "mirrored/tools/tools.h"
+#include "mirrored/trainer.h"
+#include "mirrored/util.h"
+
+namespace mirrored {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Kind {
+    std::string name;  // cuda, cuda-shared, cpu, sim
+    int available = 0;  // replicas it can provide
+    std::string meaning;
+};
+
+Kind resolve_kind(const std::string& asked, int most) {
+    const int gpus = cuda_device_count();
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    std::string k = asked;
+    if (k.empty()) k = gpus == 0 ? "cpu" : gpus >= most ? "cuda" : "cuda-shared";
+    if (k == "cuda") {
+        if (gpus == 0) throw ConfigError("--kind cuda: no GPU is visible (use --kind cpu)");
+        return {k, gpus, "one replica per GPU: the speedup includes the links between them"};
+    }
+    if (k == "cuda-shared") {
+        if (gpus == 0) throw ConfigError("--kind cuda-shared: no GPU is visible (use --kind cpu)");
+        return {k, 8, "every replica on GPU 0: they divide one GPU's compute, so the speedup is not what more GPUs "
+                      "would give; the numbers show the all-reduce's and the host's overhead per replica"};
+    }
+    if (k == "cpu")
+        return {k, cores, "CPU replicas share this machine's cores, memory bandwidth and caches; GPUs scale "
+                          "differently - `mirrored plan` predicts them"};
+    if (k == "sim") return {k, 8, "simulated GPUs (CPU threads with CUDA's semantics): for testing, not for speed"};
+    throw ConfigError("--kind: expected cuda, cuda-shared, cpu or sim, got '" + asked + "'");
+}
+
+std::string device_spec(const Kind& k, int n) {
+    if (k.name == "cpu") return "cpu:" + std::to_string(n);
+    std::string s = (k.name == "sim" ? "sim:" : "cuda:");
+    for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(k.name == "cuda" ? i : 0);
+    return s;
+}
+
+struct Row {
+    int replicas = 0, global_batch = 0;
+    std::string devices;
+    double step_s = 0, step_min_s = 0, step_max_s = 0, samples_per_s = 0;
+    double speedup = 0, efficiency = 0;
+    TimeSplit split;
+    double wire_bytes = 0, allreduce_s = 0, busbw = 0;
+    bool predicted = false;
+    StepPrediction prediction;
+    double predicted_speedup = 0;
+};
+
+std::string format(const char* f, double v) {
+    char s[64];
+    std::snprintf(s, sizeof s, f, v);
+    return s;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Warm-up, then `steps` in groups of five, each group timed to a device synchronisation.
+Row measure(const Config& cfg, std::shared_ptr<const Datasets> data, int steps, int warmup) {
+    auto s = make_session(cfg, std::move(data), true);
+    MirroredStrategy& st = *s->strategy;
+    Loader& loader = *s->train_loader;
+    st.init_and_broadcast();
+    loader.start({});
+    const float lr = float(cfg.optimizer.lr);
+    int64_t step = 0;
+    for (int i = 0; i < warmup; ++i) st.train_step(st.next_batch(loader), step++, lr, cfg.run.seed, false);
+    st.synchronize();
+    TimeSplit split;
+    st.collect_timing(split, 0);
+    split = {};
+    const double wait0 = loader.wait_seconds();
+    std::vector<double> per_step;
+    constexpr int kGroup = 5;
+    for (int done = 0; done < steps; done += kGroup) {
+        const int k = std::min(kGroup, steps - done);
+        const double t0 = now_s();
+        for (int i = 0; i < k; ++i) st.train_step(st.next_batch(loader), step++, lr, cfg.run.seed, i == k - 1);
+        st.synchronize();
+        per_step.push_back((now_s() - t0) / k);
+    }
+    st.collect_timing(split, steps);
+    split.data_wait_s = loader.wait_seconds() - wait0;
+    loader.stop();
+    Row row;
+    row.replicas = st.replicas();
+    row.global_batch = cfg.train.global_batch_size;
+    row.devices = cfg.strategy.devices;
+    row.step_s = median(per_step);
+    row.step_min_s = *std::min_element(per_step.begin(), per_step.end());
+    row.step_max_s = *std::max_element(per_step.begin(), per_step.end());
+    row.samples_per_s = row.global_batch / row.step_s;
+    row.split = split;
+    return row;
+}
+
+std::string verdict(const Row& a, const Row& b) {
+    const double busy = std::max(b.split.data_wait_s + b.split.compute_s + b.split.comm_s, 1e-12);
+    const double comm = b.split.comm_s / busy, data = b.split.data_wait_s / busy;
+    char s[320];
+    std::snprintf(s, sizeof s, "%d -> %d replicas: %.2fx (%.0f%%), ", a.replicas, b.replicas, b.speedup / a.speedup,
+                  100.0 * (b.speedup / a.speedup) / (double(b.replicas) / a.replicas));
+    std::string out = s;
+    if (data >= 0.10) {
+        std::snprintf(s, sizeof s, "input-bound: %.0f%% of the step waits for data (data.loader_threads, data.prefetch)",
+                      100 * data);
+    } else if (comm >= 0.25) {
+        std::snprintf(s, sizeof s, "communication-bound: the all-reduce of %.1f MB takes %.0f%% of the step",
+                      b.wire_bytes / 1e6, 100 * comm);
+    } else {
+        std::snprintf(s, sizeof s, "compute-bound (exposed communication %.0f%% of the step)", 100 * comm);
+    }
+    return out + s;
+}
+
+// The plot, by scripts/plot_scaling.py beside the binary's build folder (matplotlib).
+void plot(const std::string& json_path, const std::string& png_path) {
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    const fs::path script = exe.parent_path().parent_path() / "scripts" / "plot_scaling.py";
+    if (ec || !fs::exists(script)) {
+        std::printf("no plot: %s not found\n", script.c_str());
+        return;
+    }
+    std::fflush(stdout);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::execlp("python3", "python3", script.c_str(), json_path.c_str(), png_path.c_str(), static_cast<char*>(nullptr));
+        std::_Exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || ::waitpid(pid, &status, 0) < 0) {
+        std::printf("no plot: could not start python3\n");
+        return;
+    }
+    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    if (rc == 0) std::printf("wrote %s\n", png_path.c_str());
+    else if (rc == 3)
+        std::printf("no plot: python3-matplotlib is not installed (scripts/install_deps.sh installs it); "
+                    "the table and scaling.json are complete\n");
+    else if (rc == 127) std::printf("no plot: python3 is not installed; the table and scaling.json are complete\n");
+    else std::printf("no plot: %s failed (exit %d)\n", script.c_str(), rc);
+}
+
+}  // namespace
+
+int scale(const ScaleOptions& o) {
+    if (o.mode != "weak" && o.mode != "strong")
+        throw ConfigError("--mode: expected weak or strong, got '" + o.mode + "'");
+    if (o.steps < 1) throw ConfigError("--steps: expected a positive number of steps");
+    std::vector<int> counts = o.replicas;
+    const Config base = load_config(o.config, o.sets);
+    const int most = counts.empty() ? 8 : *std::max_element(counts.begin(), counts.end());
+    const Kind kind = resolve_kind(o.kind, most);
+    if (counts.empty())
+        for (int n : {1, 2, 4, 8})
+            if (n <= kind.available) counts.push_back(n);
+    for (int n : counts) {
+        if (n < 1) throw ConfigError("--replicas: expected positive counts, got " + std::to_string(n));
+        if (n > kind.available)
+            throw ConfigError("--replicas " + std::to_string(n) + ": --kind " + kind.name + " provides at most " +
+                              std::to_string(kind.available) +
+                              (kind.name == "cpu" ? " on this machine (one replica per core)"
+                               : kind.name == "cuda" ? " (one per GPU; --kind cuda-shared puts them all on GPU 0)" : ""));
+    }
+    std::sort(counts.begin(), counts.end());
+    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    const int per_replica = o.per_replica_batch > 0 ? o.per_replica_batch
+                                                    : std::max(1, base.train.global_batch_size / counts.front());
+    if (o.mode == "strong")
+        for (int n : counts)
+            if (base.train.global_batch_size % n != 0)
+                throw ConfigError("train.global_batch_size " + std::to_string(base.train.global_batch_size) +
+                                  " does not divide into " + std::to_string(n) + " replicas (strong scaling keeps it)");
+    const std::string out_dir = o.out_dir.empty() ? (fs::path(base.run.output_dir) / "scaling").string() : o.out_dir;
+
+    std::printf("scaling %s: %s\n", o.config.c_str(), model_config_summary(base).c_str());
+    std::printf("kind %s: %s\n", kind.name.c_str(), kind.meaning.c_str());
+    if (o.mode == "weak") std::printf("weak scaling: %d samples per replica, the global batch grows with the replicas\n", per_replica);
+    else std::printf("strong scaling: a global batch of %d, split over the replicas\n", base.train.global_batch_size);
+    std::printf("%d timed steps after %d of warm-up per point; step time is the median of groups of 5 [min, max]\n\n",
+                o.steps, o.warmup);
+    auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
+
+    std::vector<Row> rows;
+    double compute_one = 0;  // one replica's step, at per_replica rows: the planner's compute
+    for (int n : counts) {
+        Config cfg = base;
+        cfg.strategy.devices = device_spec(kind, n);
+        cfg.train.global_batch_size = o.mode == "weak" ? per_replica * n : base.train.global_batch_size;
+        Row row = measure(cfg, data, o.steps, o.warmup);
+        const Model model(cfg.model.input_shape.empty() ? data->train.shape : cfg.model.input_shape, cfg.model.layers,
+                          cfg.run.seed);
+        const CommPlan comm = comm_plan(model, cfg.strategy);
+        row.wire_bytes = comm.wire_bytes;
+        if (n > 1) {
+            row.allreduce_s = measure_allreduce_seconds(cfg.strategy.devices, cfg.strategy.cross_device_ops,
+                                                        cfg.strategy.allreduce_dtype, size_t(model.trainable_size()) * 4);
+            row.busbw = 2.0 * (n - 1) / n * double(model.trainable_size()) * dtype_size(cfg.strategy.allreduce_dtype) /
+                        row.allreduce_s;
+        }
+        if (n == 1) compute_one = row.step_s * (double(per_replica) / cfg.train.global_batch_size);
+        if (compute_one > 0) {
+            const double rows_here = double(cfg.train.global_batch_size) / n;
+            const LinkModel link = n > 1 ? measure_link(cfg.strategy.devices, cfg.strategy.cross_device_ops,
+                                                        cfg.strategy.allreduce_dtype)
+                                         : LinkModel{};
+            row.prediction = predict_step(n, compute_one * rows_here / per_replica, comm, link);
+            row.predicted = true;
+        }
+        rows.push_back(row);
+        std::printf("  measured %s: %.2f ms per step\n", cfg.strategy.devices.c_str(), row.step_s * 1e3);
+    }
+    const Row& first = rows.front();
+    for (Row& r : rows) {
+        r.speedup = r.samples_per_s / first.samples_per_s;
+        r.efficiency = r.speedup / (double(r.replicas) / first.replicas);
+        if (r.predicted && rows.front().predicted)
+            r.predicted_speedup = (double(r.global_batch) / r.prediction.step_s) /
+                                  (double(first.global_batch) / first.prediction.step_s);
+    }
+
+    std::printf("\n%8s %8s %22s %11s %8s %6s %6s %6s %6s %9s %8s %12s %9s\n", "replicas", "batch", "step ms [min, max]",
+                "samples/s", "speedup", "eff.", "data%", "comp%", "comm%", "MB/step", "busbw", "predicted ms", "pred. x");
+    json jrows = json::array();
+    for (const Row& r : rows) {
+        const double busy = std::max(r.split.data_wait_s + r.split.compute_s + r.split.comm_s, 1e-12);
+        char range[64];
+        std::snprintf(range, sizeof range, "%.2f [%.2f, %.2f]", r.step_s * 1e3, r.step_min_s * 1e3, r.step_max_s * 1e3);
+        std::printf("%8d %8d %22s %11.0f %7.2fx %5.0f%% %6.1f %6.1f %6.1f %9.2f %8s %12s %9s\n", r.replicas, r.global_batch,
+                    range, r.samples_per_s, r.speedup, 100 * r.efficiency, 100 * r.split.data_wait_s / busy,
+                    100 * r.split.compute_s / busy, 100 * r.split.comm_s / busy, r.wire_bytes / 1e6,
+                    r.replicas > 1 ? format("%.2fG", r.busbw / 1e9).c_str() : "-",
+                    r.predicted ? format("%.2f", r.prediction.step_s * 1e3).c_str() : "-",
+                    r.predicted ? format("%.2fx", r.predicted_speedup).c_str() : "-");
+        json j = {{"replicas", r.replicas},
+                  {"devices", r.devices},
+                  {"global_batch", r.global_batch},
+                  {"per_replica_batch", r.global_batch / r.replicas},
+                  {"step_ms", r.step_s * 1e3},
+                  {"step_ms_min", r.step_min_s * 1e3},
+                  {"step_ms_max", r.step_max_s * 1e3},
+                  {"samples_per_sec", r.samples_per_s},
+                  {"speedup", r.speedup},
+                  {"efficiency", r.efficiency},
+                  {"time_split", {{"data_wait_s", r.split.data_wait_s}, {"compute_s", r.split.compute_s}, {"comm_s", r.split.comm_s}}},
+                  {"allreduce_bytes_per_step", r.wire_bytes},
+                  {"allreduce_ms", r.allreduce_s * 1e3},
+                  {"busbw_gbs", r.busbw / 1e9}};
+        if (r.predicted)
+            j["predicted"] = {{"step_ms", r.prediction.step_s * 1e3},
+                              {"compute_ms", r.prediction.compute_s * 1e3},
+                              {"allreduce_ms", r.prediction.allreduce_s * 1e3},
+                              {"exposed_ms", r.prediction.exposed_s * 1e3},
+                              {"speedup", r.predicted_speedup}};
+        jrows.push_back(j);
+    }
+    std::printf("\n");
+    for (size_t i = 1; i < rows.size(); ++i) std::printf("%s\n", verdict(rows[i - 1], rows[i]).c_str());
+    if (!first.predicted) std::printf("(no predictions: they need a 1-replica point for the compute time)\n");
+    fs::create_directories(out_dir);
+    const std::string json_path = (fs::path(out_dir) / "scaling.json").string();
+    write_json(json_path, {{"benchmark", "scale"},
+                           {"config", o.config},
+                           {"kind", kind.name},
+                           {"kind_meaning", kind.meaning},
+                           {"mode", o.mode},
+                           {"model", model_config_summary(base)},
+                           {"machine", kind.name == "cpu" || kind.name == "sim" ? cpu_model() : ""},
+                           {"steps", o.steps},
+                           {"results", jrows}});
+    plot(json_path, (fs::path(out_dir) / "scaling.png").string());
+    return kExitOk;
+}
+
+}  // namespace mirrored
