@@ -86,6 +86,18 @@ run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:
     --json "$out/step.json"
 run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32
 run env "${data_env[@]}" build/mirrored bench-loader --threads 1,2,4,8 --json "$out/loader.json"
+run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes 64M --dtype bf16
+run build/mirrored bench-conv-layout
+# the scaling test with the planner's prediction beside it, the links' stress test, and a plan
+# from the profile measured here
+kind=cuda-shared
+[[ $gpus -ge 2 ]] && kind=cuda
+run build/mirrored scale configs/synthetic_mlp.yaml --kind $kind --steps 100 --out "$out/scale"
+run env "${data_env[@]}" build/mirrored scale configs/fashion_mnist_cnn.yaml --kind $kind --replicas 1,2 --steps 60 \
+    --out "$out/scale_cnn"
+run build/mirrored bench-allreduce --devices "$([[ $gpus -ge 2 ]] && echo cuda:all || echo cuda:0,0,0,0)" \
+    --max-bytes 64M --duration 30s --json "$out/stress.json"
+run build/mirrored plan configs/synthetic_mlp.yaml --gpu h200 --gpus 1,2,4,8 --profile "$out/scale/scaling.json"
 tail -n 80 "$bench" >>"$log"
 
 # Train, kill with SIGKILL mid-run, resume; the replica checksums must equal an uninterrupted run's.

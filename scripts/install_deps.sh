@@ -16,6 +16,7 @@ packages=(
   nlohmann-json3-dev   # metrics, summaries, safetensors headers
   libcli11-dev         # command line
   dataset-fashion-mnist  # the real Fashion-MNIST files for the default run
+  python3-matplotlib   # scaling.png of `mirrored scale` (it works without, and says so)
 )
 
 for arg in "$@"; do

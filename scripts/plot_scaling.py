@@ -37,7 +37,7 @@ def main():
     ax.set_xlabel("replicas")
     ax.set_ylabel(f"speedup over {base} replica(s)")
     ax.set_xticks(n)
-    ax.set_title(f"{run['mode']} scaling, {run['kind']}: {run['model']}"[:90], fontsize=9)
+    ax.set_title(f"{run['mode']} scaling on {run['kind']} replicas: {run['config']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

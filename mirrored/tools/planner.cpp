@@ -108,18 +108,20 @@ double measure_allreduce_seconds(const std::string& devices, const std::string& 
     return rig.median_seconds(floats, iterations_for(bytes), 5);
 }
 
-LinkModel measure_link(const std::string& devices, const std::string& op, DType wire) {
-    constexpr size_t kSmall = 4096, kLarge = size_t(64) << 20;
-    AllReduceRig rig(devices, op, wire, kLarge / 4);
+LinkModel measure_link(const std::string& devices, const std::string& op, DType wire, size_t bytes) {
+    constexpr size_t kSmall = 4096;
+    const size_t large = std::max<size_t>(bytes / 4 * 4, 2 * kSmall);
+    AllReduceRig rig(devices, op, wire, large / 4);
     rig.zero();
     const int n = rig.replicas();
     LinkModel link;
     if (n < 2) return link;
-    const double small = rig.median_seconds(kSmall / 4, 200, 5), large = rig.median_seconds(kLarge / 4, 3, 3);
+    const double t_small = rig.median_seconds(kSmall / 4, 200, 5);
+    const double t_large = rig.median_seconds(large / 4, iterations_for(large), 3);
     const double wire_scale = double(dtype_size(wire)) / 4.0;  // bytes on the wire per f32 gradient byte
-    link.step_latency_s = small / (2.0 * (n - 1));
-    const double bandwidth_time = std::max(large - 2.0 * (n - 1) * link.step_latency_s, large * 0.5);
-    link.bus_bytes_per_s = 2.0 * (n - 1) / n * double(kLarge) * wire_scale / bandwidth_time;
+    link.step_latency_s = t_small / (2.0 * (n - 1));
+    const double bandwidth_time = std::max(t_large - 2.0 * (n - 1) * link.step_latency_s, t_large * 0.5);
+    link.bus_bytes_per_s = 2.0 * (n - 1) / n * double(large) * wire_scale / bandwidth_time;
     return link;
 }
 

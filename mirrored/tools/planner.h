@@ -59,9 +59,10 @@ MemoryPlan gpu_memory_plan(const Model& model, const OptimizerConfig& opt, const
 int largest_fitting_rows(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, int replicas,
                          int accumulation, uint64_t capacity_bytes);
 
-// The link between replicas of a device list, measured: alpha from a small all-reduce, B from a
-// large one (on CPU replicas B is the memory system's, alpha the barrier's).
-LinkModel measure_link(const std::string& devices, const std::string& op, DType wire);
+// The link between replicas of a device list, measured: alpha from a 4 KiB all-reduce, B from one
+// of `bytes` (on CPU replicas B is the memory system's - caches make it depend on the size, so
+// calibrate at the size that matters - and alpha is the replica barrier's).
+LinkModel measure_link(const std::string& devices, const std::string& op, DType wire, size_t bytes = size_t(64) << 20);
 // The measured time of one all-reduce of `bytes` (median of a few) on a device list.
 double measure_allreduce_seconds(const std::string& devices, const std::string& op, DType wire, size_t bytes);
 

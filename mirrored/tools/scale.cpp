@@ -155,9 +155,12 @@ void plot(const std::string& json_path, const std::string& png_path) {
         return;
     }
     std::fflush(stdout);
+    // The distribution's python first: that is where python3-matplotlib installs (a python3
+    // earlier on PATH, pyenv's say, may not see it).
+    const char* python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
     const pid_t pid = ::fork();
     if (pid == 0) {
-        ::execlp("python3", "python3", script.c_str(), json_path.c_str(), png_path.c_str(), static_cast<char*>(nullptr));
+        ::execlp(python, python, script.c_str(), json_path.c_str(), png_path.c_str(), static_cast<char*>(nullptr));
         std::_Exit(127);
     }
     int status = 0;
@@ -234,8 +237,9 @@ int scale(const ScaleOptions& o) {
         if (n == 1) compute_one = row.step_s * (double(per_replica) / cfg.train.global_batch_size);
         if (compute_one > 0) {
             const double rows_here = double(cfg.train.global_batch_size) / n;
+            // the link calibrated at the gradients' size (CPU caches make bandwidth size-dependent)
             const LinkModel link = n > 1 ? measure_link(cfg.strategy.devices, cfg.strategy.cross_device_ops,
-                                                        cfg.strategy.allreduce_dtype)
+                                                        cfg.strategy.allreduce_dtype, size_t(model.trainable_size()) * 4)
                                          : LinkModel{};
             row.prediction = predict_step(n, compute_one * rows_here / per_replica, comm, link);
             row.predicted = true;

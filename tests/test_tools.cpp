@@ -1,0 +1,255 @@
+// The user-facing tools: the planner's model (exact arithmetic on hand-built cases, then
+// validated against measurements on CPU replicas), `mirrored plan`, `mirrored scale`, and the
+// links' stress test (bench-allreduce --duration) including a corrupting link.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kernels/error.h"
+#include "kernels/sim/sim.h"
+#include "mirrored/tools/hardware.h"
+#include "mirrored/tools/planner.h"
+#include "tests/cli.h"
+#include "tests/helpers.h"
+#include "tests/layers.h"
+
+using namespace mirrored;
+using namespace mirrored::test;
+using json = nlohmann::json;
+
+namespace {
+
+const char* kSynthetic = R"(run: {name: tools, seed: 2}
+strategy: {devices: "cpu:1", bucket_mb: 1}
+data: {dataset: synthetic, input_shape: [256], classes: 10, train_samples: 4096, test_samples: 256}
+model:
+  layers:
+    - {type: dense, units: 512, activation: relu}
+    - {type: dense, units: 512, activation: relu}
+    - {type: dense, units: 10}
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+train: {epochs: 1, global_batch_size: 256}
+)";
+
+json read_json(const std::string& path) { return json::parse(std::ifstream(path)); }
+
+}  // namespace
+
+TEST_CASE("planner: the ring formula and the overlap of buckets with backward, on hand-built cases") {
+    const LinkModel link{1e11, 1e-6};
+    CHECK(ring_allreduce_seconds(1, 1e9, link) == 0.0);
+    CHECK(ring_allreduce_seconds(4, 1e9, link) == doctest::Approx(2.0 * 3 / 4 * 1e9 / 1e11 + 6e-6));
+    CommPlan comm;
+    comm.backward_share = 0.5;
+    comm.buckets = {{1e9, 0.5}, {1e8, 1.0}};  // the first is ready half-way through backward
+    const double t0 = ring_allreduce_seconds(2, 1e9, link), t1 = ring_allreduce_seconds(2, 1e8, link);
+    // compute 0.1 s: forward 0.05, backward 0.05; bucket 0 starts at 0.075 and takes t0 = 0.010002
+    StepPrediction p = predict_step(2, 0.1, comm, link);
+    CHECK(p.allreduce_s == doctest::Approx(t0 + t1));
+    CHECK(p.exposed_s == doctest::Approx(t1));  // bucket 0 hidden; bucket 1 starts when backward ends
+    CHECK(p.step_s == doctest::Approx(0.1 + t1));
+    // a slow link: bucket 0 runs past the end of backward and delays bucket 1
+    const LinkModel slow{1e10, 1e-6};
+    p = predict_step(2, 0.1, comm, slow);
+    const double s0 = ring_allreduce_seconds(2, 1e9, slow), s1 = ring_allreduce_seconds(2, 1e8, slow);
+    CHECK(p.exposed_s == doctest::Approx(0.075 + s0 + s1 - 0.1));
+    // blocking all-reduces (synchronised batchnorm) are exposed whole
+    comm.blocking_allreduces = 4;
+    comm.blocking_bytes = 1024;
+    CHECK(predict_step(2, 0.1, comm, link).exposed_s == doctest::Approx(t1 + 4 * ring_allreduce_seconds(2, 1024, link)));
+}
+
+TEST_CASE("planner: the model's buckets, bytes on the wire and memory fit") {
+    const Model model({8, 8, 2}, {conv(4, 3, 1, true, Activation::relu), batchnorm(true, Activation::none), flatten(),
+                                  dense(32, Activation::relu), dense(5, Activation::none)},
+                      1);
+    StrategyConfig s;
+    s.bucket_mb = 0.0005;
+    const CommPlan f32 = comm_plan(model, s);
+    REQUIRE(f32.buckets.size() >= 3);
+    CHECK(f32.wire_bytes == doctest::Approx(double(model.flat_size()) * 4));
+    double last = 0;
+    for (const auto& b : f32.buckets) {  // ready in backward order, the state bucket last
+        CHECK(b.ready >= last);
+        last = b.ready;
+    }
+    CHECK(f32.buckets.back().ready == 1.0);
+    CHECK(f32.backward_share > 0.5);
+    CHECK(f32.backward_share < 0.7);
+    CHECK(f32.blocking_allreduces == 2);  // one synchronised batchnorm: forward and backward
+    s.allreduce_dtype = DType::bf16;      // gradients in half the bytes, running statistics still f32
+    const CommPlan bf = comm_plan(model, s);
+    CHECK(bf.wire_bytes == doctest::Approx(double(model.trainable_size()) * 2 + double(model.flat_size() - model.trainable_size()) * 4));
+    OptimizerConfig opt;
+    const uint64_t cap = gpu_memory_plan(model, opt, s, 2, 1000, 1).total();
+    const int rows = largest_fitting_rows(model, opt, s, 2, 1, cap);
+    CHECK(rows >= 1000);
+    CHECK(gpu_memory_plan(model, opt, s, 2, rows, 1).total() <= cap);
+    CHECK(gpu_memory_plan(model, opt, s, 2, rows + 1, 1).total() > cap);
+    CHECK(largest_fitting_rows(model, opt, s, 2, 1, 10) == 0);
+}
+
+TEST_CASE("hardware table: every GPU and link has figures and a source; unknown names list the known ones") {
+    for (const GpuSpec& g : gpu_specs()) {
+        CAPTURE(g.name);
+        CHECK(g.memory_gib > 0);
+        CHECK(g.tflops(Precision::bf16) >= g.tflops(Precision::fp32) * 0.99);
+        CHECK(!g.source.empty());
+        CHECK(find_link(g.link).bus_gbs > 0);
+    }
+    for (const LinkSpec& l : link_specs()) CHECK(!l.source.empty());
+    CHECK_THROWS_WITH_AS(find_gpu("v100"), doctest::Contains("known: h200, h100"), ConfigError);
+    CHECK_THROWS_WITH_AS(find_link("infiniband"), doctest::Contains("nvlink4"), ConfigError);
+}
+
+// The stated tolerances: on CPU replicas, in the size range where the memory system's bandwidth
+// is flat (32 MiB and up), the ring formula with the link calibrated at 64 MiB predicts the
+// measured all-reduce within 50% (the memory bandwidth of a shared 2-core machine alone varies
+// that much between runs); the step model (compute measured on one replica, the all-reduce from
+// the link) predicts the measured 2-replica step within 30%. The best of three attempts counts.
+TEST_CASE("planner validated on CPU replicas: all-reduce within 50%, step time within 30% of the measurement") {
+    if (std::thread::hardware_concurrency() < 2) {
+        mark_skipped("needs 2 cores for 2 CPU replicas");
+        return;
+    }
+    double worst_allreduce = 1e9;
+    for (int attempt = 0; attempt < 3 && worst_allreduce > 0.50; ++attempt) {
+        const LinkModel link = measure_link("cpu:2", "ring", DType::f32, size_t(64) << 20);
+        double worst = 0;
+        for (size_t mb : {32, 128}) {
+            const double measured = measure_allreduce_seconds("cpu:2", "ring", DType::f32, mb << 20);
+            const double predicted = ring_allreduce_seconds(2, double(mb << 20), link);
+            MESSAGE(mb << " MiB: predicted " << predicted * 1e3 << " ms, measured " << measured * 1e3 << " ms");
+            worst = std::max(worst, std::fabs(predicted - measured) / measured);
+        }
+        worst_allreduce = std::min(worst_allreduce, worst);
+    }
+    CHECK(worst_allreduce <= 0.50);
+
+    TempDir d;
+    const std::string cfg = d.write("t.yaml", kSynthetic);
+    double best = 1e9;
+    for (int attempt = 0; attempt < 3 && best > 0.30; ++attempt) {
+        const std::string out = d / ("scale" + std::to_string(attempt));
+        REQUIRE(run_cli({"scale", cfg, "--kind", "cpu", "--replicas", "1,2", "--steps", "20", "--out", out}) == kExitOk);
+        const json r = read_json(out + "/scaling.json")["results"][1];
+        const double measured = r["step_ms"], predicted = r["predicted"]["step_ms"];
+        MESSAGE("2 replicas: predicted " << predicted << " ms, measured " << measured << " ms");
+        best = std::min(best, std::fabs(predicted - measured) / measured);
+    }
+    CHECK(best <= 0.30);
+}
+
+TEST_CASE("scale: a table, scaling.json with every field, a verdict; on simulated GPUs too") {
+    TempDir d;
+    const std::string cfg = d.write("t.yaml", kSynthetic);
+    for (const char* kind : {"cpu", "sim"}) {
+        CAPTURE(kind);
+        const std::string out = d / kind;
+        const std::string stdout_path = d / (std::string(kind) + ".txt");
+        std::string err;
+        const int rc = run_cli({"scale", cfg, "--kind", kind, "--replicas", std::string(kind) == "cpu" ? "1" : "1,2",
+                                "--steps", "5", "--warmup", "1", "--out", out},
+                               {}, -1, &err, Stdout::file, stdout_path);
+        CAPTURE(err);
+        REQUIRE(rc == kExitOk);
+        const json j = read_json(out + "/scaling.json");
+        CHECK(j["kind"] == kind);
+        CHECK(j["mode"] == "weak");
+        for (const auto& r : j["results"])
+            for (const char* k : {"replicas", "step_ms", "step_ms_min", "step_ms_max", "samples_per_sec", "speedup",
+                                  "efficiency", "time_split", "allreduce_bytes_per_step", "busbw_gbs", "predicted"})
+                CHECK(r.contains(k));
+        std::ifstream in(stdout_path);
+        const std::string text((std::istreambuf_iterator<char>(in)), {});
+        CHECK(text.find("kind " + std::string(kind) + ":") != std::string::npos);  // says what the numbers mean
+        if (std::string(kind) == "sim") {
+            CHECK(j["results"][1]["global_batch"] == 512);  // weak: the per-replica batch stays 256
+            CHECK(text.find("1 -> 2 replicas:") != std::string::npos);
+            CHECK(j["results"][1]["busbw_gbs"].get<double>() > 0);
+        }
+    }
+}
+
+TEST_CASE("scale and plan: bad input is exit 2 with what was expected") {
+    TempDir d;
+    const std::string cfg = d.write("t.yaml", kSynthetic);
+    struct Case {
+        std::vector<std::string> args;
+        const char* says;
+    };
+    const std::vector<Case> cases{
+        {{"scale", cfg, "--kind", "cpu", "--replicas", "1,4096"}, "provides at most"},
+        {{"scale", cfg, "--kind", "tpu"}, "expected cuda, cuda-shared, cpu or sim"},
+        {{"scale", cfg, "--mode", "sideways"}, "expected weak or strong"},
+        {{"scale", cfg, "--replicas", "0"}, "positive integers"},
+        {{"plan", cfg, "--gpu", "v100"}, "known: h200"},
+        {{"plan", cfg, "--link", "carrier-pigeon"}, "known: nvlink4"},
+        {{"plan", cfg, "--gpus", "2,x"}, "positive integers"},
+        {{"plan", cfg, "--tflops", "-3"}, "finite and >= 0"},
+        {{"plan", cfg, "--profile", d / "missing.json"}, "cannot read"},
+        {{"bench-allreduce", "--devices", "cpu:2", "--duration", "0"}, "positive duration"},
+        {{"bench-allreduce", "--devices", "cpu:2", "--duration", "soon"}, "positive duration"},
+        {{"bench-allreduce", "--devices", "cpu:1", "--duration", "1s"}, "at least 2 replicas"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.args[0] + " " + c.args[c.args.size() - 1]);
+        std::string err;
+        CHECK(run_cli(c.args, {}, -1, &err) == kExitUsage);
+        CHECK(err.find(c.says) != std::string::npos);
+        CAPTURE(err);
+    }
+    // a model the planner cannot size: no input shape, and data that cannot tell it
+    const std::string no_shape = d.write("n.yaml", R"(data: {dataset: idx, root: /nonexistent}
+model: {layers: [{type: dense, units: 4}]}
+)");
+    std::string err;
+    CHECK(run_cli({"plan", no_shape}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("model.input_shape") != std::string::npos);
+}
+
+TEST_CASE("plan: memory per GPU, fit and the largest batch that fits, ZeRO-1, speedup; JSON; a profile replaces the compute") {
+    TempDir d;
+    const std::string cfg = d.write("t.yaml", kSynthetic);
+    const std::string out = d / "plan.json";
+    REQUIRE(run_cli({"plan", cfg, "--gpus", "1,2,8", "--gpu", "h200", "--json", out}) == kExitOk);
+    json j = read_json(out);
+    REQUIRE(j["results"].size() == 3);
+    for (const auto& r : j["results"]) {
+        CHECK(r["fits"] == true);
+        CHECK(r["largest_per_gpu_batch"].get<int>() > 256);
+        CHECK(r["step_ms"].get<double>() > 0);
+    }
+    const auto& r8 = j["results"][2];
+    CHECK(r8["zero1_saving_bytes"].get<double>() == doctest::Approx(r8["memory"]["optimizer"].get<double>() * 7 / 8));
+    CHECK(j["results"][0]["speedup"] == 1.0);
+    // too little memory: does not fit, and says the largest per-GPU batch that does
+    REQUIRE(run_cli({"plan", cfg, "--gpus", "2", "--memory-gb", "1.0035", "--json", out}) == kExitOk);
+    j = read_json(out);
+    CHECK(j["results"][0]["fits"] == false);
+    CHECK(j["results"][0]["largest_per_gpu_batch"].get<int>() < 256);
+    // a profile measured elsewhere: 10 ms for 256 samples on one replica
+    const std::string profile = d.write("p.json", R"({"results": [{"replicas": 1, "global_batch": 256, "step_ms": 10.0}]})");
+    REQUIRE(run_cli({"plan", cfg, "--gpus", "1,2", "--profile", profile, "--json", out}) == kExitOk);
+    j = read_json(out);
+    CHECK(j["results"][0]["compute_ms"].get<double>() == doctest::Approx(10.0));
+    CHECK(j["results"][1]["step_ms"].get<double>() >= 10.0);
+}
+
+TEST_CASE("stress test: every result verified; a corrupting link fails with exit 5 naming the replica pair") {
+    std::string err;
+    CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1,2", "--max-bytes", "64K", "--duration", "1s"}, {}, -1, &err) ==
+          kExitOk);
+    // the 40th copy simulated GPU 1 makes from a peer flips a bit: replica 1 receives from replica 0
+    CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1,2", "--max-bytes", "64K", "--duration", "5s"},
+                  {{"MIRRORED_SIM_CORRUPT", "1:40"}}, -1, &err) == kExitDevice);
+    CHECK(err.find("replica 1 (sim:1)") != std::string::npos);
+    CHECK(err.find("suspect the link from replica 0 (sim:0) to replica 1") != std::string::npos);
+    CAPTURE(err);
+    // the plain table verifies too
+    CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1", "--max-bytes", "64K"}, {{"MIRRORED_SIM_CORRUPT", "0:1"}}, -1,
+                  &err) == kExitDevice);
+}
