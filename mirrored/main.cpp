@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
@@ -49,6 +50,7 @@ void end_status_line() {
 }  // namespace
 
 int main(int argc, char** argv) {
+    choose_blas_kernel(argv);  // may re-execute the process with a faster BLAS kernel: first, before any thread
     protect_standard_streams();
     CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};
     app.require_subcommand(1);

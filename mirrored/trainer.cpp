@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/error.h"
 #include "mirrored/util.h"
 #include "mirrored/checkpoint.h"
@@ -559,6 +560,7 @@ void Run::write_summary(const std::string& status) {
         {"cross_device_ops", st.cross_device_ops_name()},
         {"parameters", s_->model->param_count()},
         {"precision", precision_name(cfg_.train.precision)},
+        {"blas", blas_description()},
         {"peak_memory_bytes", st.peak_memory_bytes()},
         {"memory_plan_bytes", st.memory_plan().total()},
         // CUDA: what GPU 0 has in use, the CUDA context and libraries included; elsewhere the same as allocated

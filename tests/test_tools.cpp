@@ -10,6 +10,7 @@
 
 #include "kernels/error.h"
 #include "kernels/sim/sim.h"
+#include "kernels/cpu/blas.h"
 #include "mirrored/tools/hardware.h"
 #include "mirrored/tools/planner.h"
 #include "tests/cli.h"
@@ -252,4 +253,37 @@ TEST_CASE("stress test: every result verified; a corrupting link fails with exit
     // the plain table verifies too
     CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1", "--max-bytes", "64K"}, {{"MIRRORED_SIM_CORRUPT", "0:1"}}, -1,
                   &err) == kExitDevice);
+}
+
+TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replaced by the fastest correct one") {
+    CHECK(blas_probe_gflops() > 0);  // this process's kernel passes the reference check
+    TempDir d;
+    auto devices = [&](const std::vector<std::pair<std::string, std::string>>& env) {
+        const std::string out = d / "devices.txt";
+        REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
+        std::ifstream in(out);
+        std::string line;
+        while (std::getline(in, line))
+            if (line.rfind("BLAS: ", 0) == 0) return line;
+        return std::string();
+    };
+    const std::string cache = d / "cache";
+    // the generic Prescott kernel, as OpenBLAS falls back to on CPUs it does not know
+    const std::vector<std::pair<std::string, std::string>> generic{{"OPENBLAS_CORETYPE", "Prescott"},
+                                                                   {"MIRRORED_CACHE_DIR", cache}};
+    const std::string chosen = devices(generic);
+    CAPTURE(chosen);
+    CHECK(chosen.find("OpenBLAS") != std::string::npos);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        CHECK(chosen.find("kernel Prescott") == std::string::npos);
+        CHECK(chosen.find("chosen by mirrored by measurement") != std::string::npos);
+        CHECK(std::filesystem::exists(cache + "/blas-kernel.txt"));
+        CHECK(devices(generic) == chosen);  // the second start reuses the cached choice
+    } else {
+        mark_skipped("the CPU has no AVX2: Prescott may be the right kernel");
+    }
+    auto kept = generic;
+    kept.push_back({"MIRRORED_BLAS_AUTO", "0"});
+    CHECK(devices(kept).find("kernel Prescott (OPENBLAS_CORETYPE in the environment, MIRRORED_BLAS_AUTO=0)") !=
+          std::string::npos);
 }

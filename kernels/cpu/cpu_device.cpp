@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/op_math.h"
@@ -33,7 +34,7 @@ public:
 
     std::string description() const override {
         return "CPU replica " + std::to_string(ordinal()) + " (" +
-               std::to_string(std::thread::hardware_concurrency()) + " hardware threads)";
+               std::to_string(std::thread::hardware_concurrency()) + " hardware threads; " + blas_description() + ")";
     }
 
     void* alloc_bytes(size_t bytes) override {

@@ -2,6 +2,8 @@
 // numbers as JSON; none of them is a test (docs/PERFORMANCE.md records what they measured).
 #include "mirrored/tools/tools.h"
 
+#include "kernels/cpu/blas.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -155,6 +157,7 @@ int bench_gemm(const GemmBenchOptions& o) {
         rows.push_back({{"m", size}, {"n", size}, {"k", size}, {"time_us", t * 1e6}, {"gflops", gflops}});
     }
     write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->type() == DeviceType::cpu ? cpu_model() : d->description()},
+                             {"blas", blas_description()},
                              {"precision", precision_name(precision)}, {"results", rows}});
     return kExitOk;
 }
@@ -236,7 +239,8 @@ int bench_step(const StepBenchOptions& o) {
         std::printf("\nspeedup and efficiency are relative to the first row; the global batch is fixed (strong scaling):\n"
                     "--per-replica-batch B scales it with the replicas instead\n");
     write_json(o.json_path, {{"benchmark", "step"}, {"config", o.config}, {"global_batch", base.train.global_batch_size},
-                             {"model", model_config_summary(base)}, {"cpu", cpu_model()}, {"results", rows}});
+                             {"model", model_config_summary(base)}, {"cpu", cpu_model()}, {"blas", blas_description()},
+                             {"results", rows}});
     return kExitOk;
 }
 

@@ -1,6 +1,8 @@
 // `mirrored devices`: GPUs, peer access, links and versions, or the CPU when there is none.
 #include "mirrored/tools/tools.h"
 
+#include "kernels/cpu/blas.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -38,7 +40,8 @@ std::string version_str(int v) {
 
 int print_devices() {
     const int n = cuda_device_count();
-    std::printf("CPU: %s, %u hardware threads\n", cpu_model().c_str(), std::thread::hardware_concurrency());
+    std::printf("CPU: %s, %u hardware threads\nBLAS: %s\n", cpu_model().c_str(), std::thread::hardware_concurrency(),
+                blas_description().c_str());
     const CudaTopology t = cuda_topology();
     const CudaStatus status = cuda_status();
     if (cuda_compiled()) {

@@ -15,6 +15,7 @@
 #include "data/datasets.h"
 #include "data/loader.h"
 #include "kernels/backends.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/error.h"
 #include "mirrored/config.h"
 #include "mirrored/strategy.h"
@@ -303,6 +304,7 @@ int scale(const ScaleOptions& o) {
                            {"mode", o.mode},
                            {"model", model_config_summary(base)},
                            {"machine", kind.name == "cpu" || kind.name == "sim" ? cpu_model() : ""},
+                           {"blas", blas_description()},
                            {"steps", o.steps},
                            {"results", jrows}});
     plot(json_path, (fs::path(out_dir) / "scaling.png").string());

@@ -1,0 +1,331 @@
+#include "kernels/cpu/blas.h"
+
+#include <cblas.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+extern "C" char* openblas_get_corename(void);
+extern "C" char* openblas_get_config(void);
+
+namespace mirrored {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kProbeVar = "MIRRORED_BLAS_PROBE";    // this process is a probe child
+constexpr const char* kChosenVar = "MIRRORED_BLAS_CHOSEN";  // set on our re-exec: "core|gflops|own|own_gflops"
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string core_name() {
+    const char* c = openblas_get_corename();
+    return c ? c : "unknown";
+}
+
+// What the CPU and a kernel can do: 3 AVX-512, 2 AVX2 + FMA, 1 older.
+int cpu_level() {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        return 3;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+#endif
+    return 1;
+}
+
+int kernel_level(const std::string& core) {
+    for (const char* c : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+        if (core == c) return 3;
+    for (const char* c : {"Haswell", "Zen"})
+        if (core == c) return 2;
+    return 1;
+}
+
+std::vector<std::string> candidates(int level) {
+    std::vector<std::string> c;
+    if (level >= 3) c.insert(c.end(), {"SkylakeX", "Cooperlake"});
+    if (level >= 2) c.insert(c.end(), {"Haswell", "Zen"});
+    return c;
+}
+
+// A deterministic pseudo-random matrix in [-1, 1).
+std::vector<float> matrix(size_t n, uint32_t seed) {
+    std::vector<float> m(n);
+    for (auto& v : m) {
+        seed = seed * 1664525u + 1013904223u;
+        v = float(seed >> 8) / float(1 << 24) * 2.0f - 1.0f;
+    }
+    return m;
+}
+
+// Every transpose combination of an odd-sized sgemm against a double-precision loop.
+bool results_correct() {
+    const int m = 67, n = 45, k = 129;
+    const auto a = matrix(size_t(m) * k, 1), b = matrix(size_t(k) * n, 2);
+    for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+            std::vector<float> c(size_t(m) * n, 0.5f);
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.25f,
+                        a.data(), ta ? m : k, b.data(), tb ? k : n, 0.5f, c.data(), n);
+            for (int i = 0; i < m; ++i)
+                for (int j = 0; j < n; ++j) {
+                    double s = 0, mag = 0;
+                    for (int l = 0; l < k; ++l) {
+                        const double x = ta ? a[size_t(l) * m + i] : a[size_t(i) * k + l];
+                        const double y = tb ? b[size_t(j) * k + l] : b[size_t(l) * n + j];
+                        s += x * y;
+                        mag += std::fabs(x * y);
+                    }
+                    const double want = 1.25 * s + 0.25;
+                    if (!(std::fabs(c[size_t(i) * n + j] - want) <= 1e-5 * (1.25 * mag + 0.25))) return false;
+                }
+        }
+    return true;
+}
+
+// sgemm GFLOP/s on the shapes a replica's step runs: a 64-row shard through a wide layer, and a
+// square product.
+double gflops() {
+    struct Shape {
+        int m, n, k;
+    };
+    double total_flops = 0, total_s = 0;
+    for (const Shape s : {Shape{64, 512, 784}, Shape{384, 384, 384}}) {
+        const auto a = matrix(size_t(s.m) * s.k, 3), b = matrix(size_t(s.k) * s.n, 4);
+        std::vector<float> c(size_t(s.m) * s.n);
+        auto once = [&] {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.m, s.n, s.k, 1.0f, a.data(), s.k, b.data(), s.n,
+                        0.0f, c.data(), s.n);
+        };
+        once();
+        int iters = 0;
+        const double t0 = now();
+        do {
+            once();
+            ++iters;
+        } while (now() - t0 < 0.06);
+        total_s += now() - t0;
+        total_flops += 2.0 * s.m * s.n * double(s.k) * iters;
+    }
+    return total_flops / total_s / 1e9;
+}
+
+struct Choice {
+    std::string core;
+    double gflops = 0;
+    std::string own;
+    double own_gflops = 0;
+};
+
+// A child process of this binary measuring one kernel; < 0 when it failed, crashed (an
+// instruction the CPU lacks) or took too long.
+double probe(const std::string& core) {
+    int fds[2];
+    if (::pipe(fds) != 0) return -1;
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        ::dup2(fds[1], 1);
+        ::close(fds[0]);
+        ::close(fds[1]);
+        const int null = ::open("/dev/null", O_WRONLY);
+        if (null >= 0) ::dup2(null, 2);
+        ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+        ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        ::setenv(kProbeVar, "1", 1);
+        ::unsetenv(kChosenVar);
+        ::execl("/proc/self/exe", "mirrored-blas-probe", static_cast<char*>(nullptr));
+        ::_exit(127);
+    }
+    ::close(fds[1]);
+    std::string out;
+    char buf[256];
+    const double deadline = now() + 20;
+    for (;;) {
+        pollfd p{fds[0], POLLIN, 0};
+        const int left_ms = int(std::max(0.0, deadline - now()) * 1000);
+        if (left_ms == 0 || ::poll(&p, 1, left_ms) <= 0) {
+            ::kill(pid, SIGKILL);
+            break;
+        }
+        const ssize_t got = ::read(fds[0], buf, sizeof buf);
+        if (got <= 0) break;
+        out.append(buf, size_t(got));
+    }
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+    // "<core> <gflops>": the kernel OpenBLAS actually loaded must be the one asked for
+    char name[64] = {};
+    double g = -1;
+    if (std::sscanf(out.c_str(), "%63s %lf", name, &g) != 2 || core != name) return -1;
+    return g;
+}
+
+fs::path cache_file() {
+    if (const char* d = std::getenv("MIRRORED_CACHE_DIR")) return fs::path(d) / "blas-kernel.txt";
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "mirrored" / "blas-kernel.txt";
+    if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h) / ".cache" / "mirrored" / "blas-kernel.txt";
+    return {};
+}
+
+std::string cpu_model_name() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    return "unknown CPU";
+}
+
+// The machine, the library build and the kernel OpenBLAS picked: a choice is reused only for
+// exactly these.
+std::string cache_key(const std::string& own) {
+    return cpu_model_name() + "|" + (openblas_get_config() ? openblas_get_config() : "") + "|" + own;
+}
+
+bool read_cache(const std::string& key, Choice& c) {
+    const fs::path f = cache_file();
+    if (f.empty()) return false;
+    std::ifstream in(f);
+    std::string line;
+    while (std::getline(in, line)) {
+        const size_t tab = line.find('\t');
+        if (tab == std::string::npos || line.substr(0, tab) != key) continue;
+        char core[64] = {}, own[64] = {};
+        if (std::sscanf(line.c_str() + tab + 1, "%63s %lf %63s %lf", core, &c.gflops, own, &c.own_gflops) == 4) {
+            c.core = core;
+            c.own = own;
+            return true;
+        }
+    }
+    return false;
+}
+
+void write_cache(const std::string& key, const Choice& c) {
+    const fs::path f = cache_file();
+    if (f.empty()) return;
+    std::error_code ec;
+    fs::create_directories(f.parent_path(), ec);
+    const fs::path tmp = f.string() + ".tmp" + std::to_string(::getpid());
+    {
+        std::ofstream out(tmp);
+        out << key << '\t' << c.core << ' ' << c.gflops << ' ' << c.own << ' ' << c.own_gflops << '\n';
+        if (!out) return;
+    }
+    fs::rename(tmp, f, ec);  // atomic; a cache that cannot be written only costs a probe next time
+    if (ec) fs::remove(tmp, ec);
+}
+
+[[noreturn]] void reexec(char** argv, const Choice& c) {
+    char marker[256];
+    std::snprintf(marker, sizeof marker, "%s|%.1f|%s|%.1f", c.core.c_str(), c.gflops, c.own.c_str(), c.own_gflops);
+    ::setenv("OPENBLAS_CORETYPE", c.core.c_str(), 1);
+    ::setenv(kChosenVar, marker, 1);
+    ::execv("/proc/self/exe", argv);
+    std::fprintf(stderr, "mirrored: could not re-execute with BLAS kernel %s (%s); continuing with %s\n", c.core.c_str(),
+                 std::strerror(errno), c.own.c_str());
+    std::fflush(stderr);
+    ::_exit(1);  // unreachable in practice; never continue half-configured
+}
+
+Choice g_choice;  // what blas_description reports
+std::string g_how = "OpenBLAS's own pick";
+
+}  // namespace
+
+double blas_probe_gflops() { return results_correct() ? gflops() : -1.0; }
+
+void choose_blas_kernel(char** argv) {
+    if (std::getenv(kProbeVar)) {  // a probe child: measure, report, leave
+        const double g = blas_probe_gflops();
+        std::printf("%s %.3f\n", core_name().c_str(), g);
+        std::fflush(stdout);
+        ::_exit(g > 0 ? 0 : 1);
+    }
+    const std::string own = core_name();
+    g_choice.core = own;
+    if (const char* chosen = std::getenv(kChosenVar)) {  // we re-executed ourselves
+        char core[64] = {}, was[64] = {};
+        double g = 0, wg = 0;
+        if (std::string(chosen) == "rejected") {
+            g_how = "the kernel it started with: the faster one failed its check on start-up";
+            return;
+        }
+        if (std::sscanf(chosen, "%63[^|]|%lf|%63[^|]|%lf", core, &g, was, &wg) == 4 && own == core) {
+            if (results_correct()) {
+                g_choice = {core, g, was, wg};
+                char how[256];
+                std::snprintf(how, sizeof how, "chosen by mirrored by measurement: %.0f GFLOP/s against %.0f for "
+                              "%s, the kernel it started with", g, wg, was);
+                g_how = how;
+                return;
+            }
+        }
+        if (std::sscanf(chosen, "%63[^|]|%lf|%63[^|]|%lf", core, &g, was, &wg) == 4 && kernel_level(was) > 0)
+            ::setenv("OPENBLAS_CORETYPE", was, 1);  // back to where it started
+        ::setenv(kChosenVar, "rejected", 1);
+        ::execv("/proc/self/exe", argv);
+        return;
+    }
+    // OPENBLAS_CORETYPE set in the environment (machine images do) is where OpenBLAS starts; a
+    // faster kernel still wins unless MIRRORED_BLAS_AUTO=0 says to keep it.
+    const char* env_core = std::getenv("OPENBLAS_CORETYPE");
+    g_how = env_core ? "OPENBLAS_CORETYPE in the environment" : "OpenBLAS's own pick";
+    if (const char* a = std::getenv("MIRRORED_BLAS_AUTO"); a && std::string(a) == "0") {
+        g_how += ", MIRRORED_BLAS_AUTO=0";
+        return;
+    }
+    const int level = cpu_level();
+    if (kernel_level(own) >= level) return;  // already the best class of kernel for this CPU
+    const std::string key = cache_key(own);
+    Choice c;
+    if (!read_cache(key, c)) {
+        c.own = own;
+        c.core = own;
+        c.own_gflops = c.gflops = probe(own);
+        for (const std::string& k : candidates(level)) {
+            if (k == own) continue;
+            const double g = probe(k);
+            if (g > c.gflops * 1.05) {  // a clear gain, not noise
+                c.core = k;
+                c.gflops = g;
+            }
+        }
+        write_cache(key, c);
+    }
+    if (c.core != own && c.gflops > 0) reexec(argv, c);
+    g_how += ", measured the fastest of the kernels this CPU runs";
+}
+
+std::string blas_kernel() { return core_name(); }
+
+std::string blas_description() {
+    std::string version = "OpenBLAS";
+    if (const char* cfg = openblas_get_config()) {
+        const std::string s = cfg;
+        const size_t sp = s.find(' ', 9);
+        version = s.substr(0, sp == std::string::npos ? s.size() : sp);
+    }
+    return version + ", kernel " + core_name() + " (" + g_how + ")";
+}
+
+}  // namespace mirrored

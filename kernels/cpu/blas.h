@@ -1,0 +1,36 @@
+// Which BLAS kernel the CPU backend runs, and choosing it by measurement.
+//
+// OpenBLAS (DYNAMIC_ARCH, as distributions build it) picks its kernel from the CPU's model
+// number when it loads. A CPU newer than the library falls back to an older kernel: OpenBLAS
+// 0.3.21 runs Zen 5 on its AVX2 Haswell kernel (half the AVX-512 kernel's rate) and some Xeons on
+// the generic Prescott kernel (a fifth of it). The kernel can only be chosen before the library
+// initialises (OPENBLAS_CORETYPE), so:
+//
+//   1. choose_blas_kernel(argv) runs first in main. If the CPU supports a better kernel than the
+//      one loaded, it measures each candidate in a child process of this binary (sgemm GFLOP/s,
+//      and every result checked against a double-precision reference), keeps the fastest
+//      correct one, caches the choice per machine, and re-executes the process with
+//      OPENBLAS_CORETYPE set to it. Nothing happens when the loaded kernel is already the best
+//      candidate, when the user set OPENBLAS_CORETYPE, or with MIRRORED_BLAS_AUTO=0.
+//   2. After the re-exec the kernel is checked once more against the reference on start-up; a
+//      wrong result re-executes once more without the override.
+#pragma once
+
+#include <string>
+
+namespace mirrored {
+
+// Runs the probe instead of main when this process is a probe child; otherwise may re-execute
+// the process (never returns then). Call before any thread starts.
+void choose_blas_kernel(char** argv);
+
+// "OpenBLAS 0.3.21, kernel SkylakeX (chosen by mirrored: 231 GFLOP/s, OpenBLAS's own Haswell
+// 124)": library, version, kernel and how it was chosen.
+std::string blas_description();
+std::string blas_kernel();  // the core name alone, e.g. "SkylakeX"
+
+// The probe's measurement in this process: sgemm GFLOP/s at one thread, or a negative number
+// when a result differs from the reference.
+double blas_probe_gflops();
+
+}  // namespace mirrored
