@@ -322,6 +322,7 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
         {"config", d.config_yaml},
         {"replicas", std::to_string(d.replicas)},
         {"devices", d.devices},
+        {"blas_kernel", d.blas_kernel},
         {"global_batch", std::to_string(d.global_batch)},
         {"train_samples", std::to_string(d.train_samples)},
         {"loss_scale", exact(d.loss_scale[0]) + "," + exact(d.loss_scale[1])},
@@ -360,6 +361,7 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
     if (p.meta.count("global_batch")) d.global_batch = meta_int(p, path, "global_batch", int64_t(1) << 31);
     if (p.meta.count("train_samples")) d.train_samples = meta_int(p, path, "train_samples");
     d.devices = meta_of(p, path, "devices");
+    if (p.meta.count("blas_kernel")) d.blas_kernel = meta_of(p, path, "blas_kernel");
     d.config_yaml = meta_of(p, path, "config");
     try {
         const json m = json::parse(meta_of(p, path, "train_metrics"));

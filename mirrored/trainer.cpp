@@ -396,6 +396,10 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     if (ckpt.replicas != st.replicas())
         std::printf("  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.replicas());
+    if (st.device_type() != DeviceType::cuda && !ckpt.blas_kernel.empty() && ckpt.blas_kernel != blas_kernel())
+        std::printf("  note: the checkpoint was written with BLAS kernel %s, this run uses %s: training continues "
+                    "correctly, but not bit-identically to an uninterrupted run\n", ckpt.blas_kernel.c_str(),
+                    blas_kernel().c_str());
     st.upload_state(ckpt.params, ckpt.optimizer);
     st.restore_loss_scale(ckpt.loss_scale);
     st.restore_train_metrics(ckpt.train_metrics);
@@ -531,6 +535,7 @@ void Run::save_checkpoint(int64_t step) {
     d.config_yaml = config_to_yaml(cfg_);
     d.replicas = st.replicas();
     d.devices = st.devices().describe();
+    if (st.device_type() != DeviceType::cuda) d.blas_kernel = blas_kernel();
     d.global_batch = cfg_.train.global_batch_size;
     d.loss_scale = st.loss_scale_state();
     d.train_samples = int64_t(s_->data->train.count());

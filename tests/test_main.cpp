@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/device.h"
 #include "tests/helpers.h"
 
@@ -57,6 +58,8 @@ void mark_skipped(const std::string& reason) {
 }  // namespace mirrored::test
 
 int main(int argc, char** argv) {
+    // The same BLAS kernel as the CLI the tests start (results are bit-compared across the two).
+    mirrored::choose_blas_kernel(argv);
     mirrored::cpu_set_blas_threads(1);
     std::printf("test seed %llu (set MIRRORED_TEST_SEED to repeat)\n",
                 static_cast<unsigned long long>(mirrored::test::base_seed()));

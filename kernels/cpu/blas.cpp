@@ -263,7 +263,10 @@ void choose_blas_kernel(char** argv) {
     }
     const std::string own = core_name();
     g_choice.core = own;
-    if (const char* chosen = std::getenv(kChosenVar)) {  // we re-executed ourselves
+    if (const char* marker = std::getenv(kChosenVar)) {  // we re-executed ourselves
+        const std::string chosen_text = marker;
+        const char* chosen = chosen_text.c_str();
+        ::unsetenv(kChosenVar);  // not for the processes this one starts
         char core[64] = {}, was[64] = {};
         double g = 0, wg = 0;
         if (std::string(chosen) == "rejected") {
