@@ -30,6 +30,16 @@ MIRRORED_HD float act_derivative(Activation act, float z) {
     }
 }
 
+// dz of one element, dout * act'(z). ReLU selects instead of multiplying (PyTorch's
+// threshold_backward): a unit that is off passes 0 whatever dout is, and the select vectorises.
+MIRRORED_HD float act_backward_value(Activation act, float z, float dout) {
+    switch (act) {
+    case Activation::relu: return z > 0.0f ? dout : 0.0f;
+    case Activation::gelu: return dout * act_derivative(act, z);
+    default: return dout;
+    }
+}
+
 // ---- 16-bit rounding: round-to-nearest-even, as __float2bfloat16_rn / __float2half_rn, written
 // once for host and device so that CPU emulation and CUDA storage agree bit for bit.
 MIRRORED_HD uint32_t float_bits(float x) {

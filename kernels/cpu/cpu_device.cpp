@@ -28,6 +28,70 @@ namespace {
 inline const float* F(const void* p) { return static_cast<const float*>(p); }
 inline float* F(void* p) { return static_cast<float*>(p); }
 
+// The optimizers' passes over the flat buffers, one branch-free loop per variant (the buffers
+// never overlap, so they vectorise).
+void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float f, const SgdArgs& a) {
+    const float wd = a.weight_decay, mom = a.momentum, lr = a.lr;
+    if (mom == 0.0f) {
+        for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * f + wd * p[i]);
+    } else if (!a.nesterov) {
+        for (size_t i = 0; i < n; ++i) {
+            m[i] = mom * m[i] + (g[i] * f + wd * p[i]);
+            p[i] -= lr * m[i];
+        }
+    } else {
+        for (size_t i = 0; i < n; ++i) {
+            const float d = g[i] * f + wd * p[i];
+            m[i] = mom * m[i] + d;
+            p[i] -= lr * (d + mom * m[i]);
+        }
+    }
+}
+
+void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                float f, const AdamWArgs& a) {
+    const auto [bc1, bc2_sqrt] = adamw_corrections(a);
+    const float step_size = a.lr / bc1, decay = 1.0f - a.lr * a.weight_decay;
+    const float b1 = a.beta1, b2 = a.beta2, eps = a.eps;
+    for (size_t i = 0; i < n; ++i) {
+        const float gi = g[i] * f;
+        const float mi = b1 * m[i] + (1.0f - b1) * gi;
+        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    }
+}
+
+template <Activation A, DType T>
+void act_backward_inplace(size_t n, const float* __restrict z, float* __restrict d) {
+    for (size_t i = 0; i < n; ++i) d[i] = round_to(T, act_backward_value(A, z[i], d[i]));
+}
+
+template <Activation A, DType T>
+void act_backward_copy(size_t n, const float* __restrict z, const float* __restrict d, float* __restrict out) {
+    for (size_t i = 0; i < n; ++i) out[i] = round_to(T, act_backward_value(A, z[i], d[i]));
+}
+
+template <Activation A>
+using ActC = std::integral_constant<Activation, A>;
+template <DType T>
+using TypeC = std::integral_constant<DType, T>;
+
+// Calls fn(activation, storage type) with both as compile-time constants, so that the element
+// loops have no branch on either and vectorise.
+template <typename Fn>
+void with_act_and_type(Activation a, DType t, Fn&& fn) {
+    auto with_type = [&](auto act) {
+        if (t == DType::bf16) fn(act, TypeC<DType::bf16>{});
+        else if (t == DType::f16) fn(act, TypeC<DType::f16>{});
+        else fn(act, TypeC<DType::f32>{});
+    };
+    if (a == Activation::relu) with_type(ActC<Activation::relu>{});
+    else if (a == Activation::gelu) with_type(ActC<Activation::gelu>{});
+    else with_type(ActC<Activation::none>{});
+}
+
 class CpuDevice final : public Device {
 public:
     explicit CpuDevice(int index) : Device(DeviceType::cpu, index, "cpu:" + std::to_string(index)) {}
@@ -92,31 +156,46 @@ public:
 
     void bias_act_forward(Stream, Activation act, int rows, int cols, const float* bias, void* zv,
                           void* ov) override {
-        const DType t = value_dtype();
         float* z = F(zv);
         float* o = F(ov);
-        for (int i = 0; i < rows; ++i) {
-            float* zr = z + size_t(i) * cols;
-            float* orow = o + size_t(i) * cols;
-            for (int j = 0; j < cols; ++j) {
-                const float v = round_to(t, bias ? zr[j] + bias[j] : zr[j]);
-                zr[j] = v;
-                orow[j] = round_to(t, act_forward(act, v));
+        with_act_and_type(act, value_dtype(), [&](auto A, auto T) {
+            for (int i = 0; i < rows; ++i) {
+                float* zr = z + size_t(i) * cols;
+                float* orow = o + size_t(i) * cols;
+                if (bias)
+                    for (int j = 0; j < cols; ++j) zr[j] = round_to(T, zr[j] + bias[j]);
+                else if (T != DType::f32)
+                    for (int j = 0; j < cols; ++j) zr[j] = round_to(T, zr[j]);
+                if (A != Activation::none || orow != zr)
+                    for (int j = 0; j < cols; ++j) orow[j] = round_to(T, act_forward(A, zr[j]));
             }
-        }
+        });
     }
 
     void act_backward(Stream, Activation act, size_t n, const void* z, const void* dout, void* dz) override {
-        const DType t = value_dtype();
-        for (size_t i = 0; i < n; ++i) F(dz)[i] = round_to(t, F(dout)[i] * act_derivative(act, F(z)[i]));
+        const float* zf = F(z);
+        const float* d = F(dout);
+        float* out = F(dz);
+        with_act_and_type(act, value_dtype(), [&](auto A, auto T) {
+            // In place (the usual call) and out of place as separate loops: a loop that might
+            // alias is vectorised behind a run-time overlap check, which in place always fails.
+            if (out == d) act_backward_inplace<A, T>(n, zf, out);
+            else act_backward_copy<A, T>(n, zf, d, out);
+        });
     }
 
+    // db[cols] (+)= the column sums of dz: rows are added in order into a scratch row that
+    // grows once (no allocation per step).
     void bias_grad(Stream, int rows, int cols, const void* dzv, float* db, bool accumulate) override {
         const float* dz = F(dzv);
-        std::vector<float> s(size_t(cols), 0.0f);
-        for (int i = 0; i < rows; ++i)
-            for (int j = 0; j < cols; ++j) s[size_t(j)] += dz[size_t(i) * cols + j];
-        for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + s[size_t(j)] : s[size_t(j)];
+        if (column_sums_.size() < size_t(cols)) column_sums_.resize(size_t(cols));
+        float* s = column_sums_.data();
+        std::fill(s, s + cols, 0.0f);
+        for (int i = 0; i < rows; ++i) {
+            const float* row = dz + size_t(i) * cols;
+            for (int j = 0; j < cols; ++j) s[j] += row[j];
+        }
+        for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + s[j] : s[j];
     }
 
     void softmax_xent(Stream, int rows, int classes, const void* logits, const int32_t* labels,
@@ -451,31 +530,13 @@ public:
 
     void sgd_update(Stream, size_t n, float* p, const float* g, float* m, const SgdArgs& a) override {
         if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
-        const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
-        for (size_t i = 0; i < n; ++i) {
-            float d = g[i] * f + a.weight_decay * p[i];
-            if (a.momentum != 0.0f) {
-                m[i] = a.momentum * m[i] + d;
-                d = a.nesterov ? d + a.momentum * m[i] : m[i];
-            }
-            p[i] -= a.lr * d;
-        }
+        sgd_loop(n, p, g, m, grad_factor(a.clip_norm, a.grad_stats, a.loss_scale), a);
     }
 
     void adamw_update(Stream, size_t n, float* p, const float* g, float* m, float* v,
                       const AdamWArgs& a) override {
         if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
-        const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
-        const auto [bc1, bc2_sqrt] = adamw_corrections(a);
-        const float step_size = a.lr / bc1;
-        const float decay = 1.0f - a.lr * a.weight_decay;
-        for (size_t i = 0; i < n; ++i) {
-            const float gi = g[i] * f;
-            p[i] *= decay;
-            m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
-            v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
-            p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + a.eps);
-        }
+        adamw_loop(n, p, g, m, v, grad_factor(a.clip_norm, a.grad_stats, a.loss_scale), a);
     }
 
     void loss_scale_update(Stream, float* state, const float* grad_stats, int growth_interval) override {
@@ -509,6 +570,8 @@ public:
     }
 
 private:
+    std::vector<float> column_sums_;  // bias_grad's scratch
+
     void* allocate(size_t bytes) {
         const size_t rounded = (bytes + 63) / 64 * 64;
         void* p = std::aligned_alloc(64, rounded ? rounded : 64);

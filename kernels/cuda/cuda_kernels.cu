@@ -162,7 +162,7 @@ void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows
 
 template <typename T>
 __global__ void act_backward_kernel(Activation act, size_t n, const T* z, const T* dout, T* dz) {
-    GRID_LOOP(i, n) st(dz, i, ld(dout, i) * act_derivative(act, ld(z, i)));
+    GRID_LOOP(i, n) st(dz, i, act_backward_value(act, ld(z, i), ld(dout, i)));
 }
 
 void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout, void* dz) {
