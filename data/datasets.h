@@ -30,7 +30,7 @@ struct DataConfig {
     Normalization normalization;  // when given
     AugmentOptions augment;
     // loading
-    int loader_threads = 2;
+    int loader_threads = 0;  // 0: auto (1 with CPU replicas, which take every core; 2 with GPUs)
     int prefetch = 4;
     bool drop_last = true;
 };

@@ -83,6 +83,7 @@ public:
     Loader& operator=(const Loader&) = delete;
 
     int64_t batches_per_epoch() const { return batches_per_epoch_; }
+    int threads() const { return opt_.threads; }
     int rows_of(int64_t batch_index) const;  // global batch size, or less for a final partial batch
     const Dataset& dataset() const { return ds_; }
 

@@ -460,7 +460,15 @@ void read_data(Reader& r, DataConfig& d) {
     r.expect_map("data.augment");
     d.augment.crop_padding = int(r.integer("data.augment.random_crop_padding", 0, 0, 64));
     d.augment.horizontal_flip = r.boolean("data.augment.horizontal_flip", false);
-    d.loader_threads = int(r.integer("data.loader_threads", 2, 1, 256));
+    // auto (0): settled by make_session from the replicas (CPU replicas take every core: one)
+    d.loader_threads = 0;
+    if (r.has("data.loader_threads")) {
+        const std::string v = r.str("data.loader_threads", "");
+        if (v != "auto" && v.find_first_not_of("0123456789") == std::string::npos && !v.empty())
+            d.loader_threads = int(r.integer("data.loader_threads", 0, 1, 256));
+        else if (v != "auto")
+            r.fail("data.loader_threads", "expected auto or an integer in [1, 256], got '" + v + "'");
+    }
     d.prefetch = int(r.integer("data.prefetch", 4, 1, 1024));
     d.drop_last = r.boolean("data.drop_last", true);
 }
@@ -675,7 +683,8 @@ std::string config_to_yaml(const Config& c) {
     e << YAML::Key << "augment" << YAML::Value << YAML::Flow << YAML::BeginMap;
     e << YAML::Key << "random_crop_padding" << YAML::Value << d.augment.crop_padding;
     e << YAML::Key << "horizontal_flip" << YAML::Value << d.augment.horizontal_flip << YAML::EndMap;
-    e << YAML::Key << "loader_threads" << YAML::Value << d.loader_threads;
+    if (d.loader_threads == 0) e << YAML::Key << "loader_threads" << YAML::Value << "auto";
+    else e << YAML::Key << "loader_threads" << YAML::Value << d.loader_threads;
     e << YAML::Key << "prefetch" << YAML::Value << d.prefetch;
     e << YAML::Key << "drop_last" << YAML::Value << d.drop_last << YAML::EndMap;
 

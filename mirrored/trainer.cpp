@@ -99,6 +99,11 @@ Session::~Session() {
 
 namespace {
 
+// data.loader_threads: auto. The data is in memory and one thread copies millions of samples per
+// second; CPU replicas occupy every core, so a second loader thread only takes turns with them
+// (measured: 3% more samples/s with one on 2 cores). GPU replicas leave the cores to the loader.
+int default_loader_threads(DeviceType replicas) { return replicas == DeviceType::cuda ? 2 : 1; }
+
 // Host memory: CPU and simulated replicas keep their whole model state in it, and every run keeps
 // the loaders' slots there. Checked before anything is allocated, so that a run that cannot fit
 // ends with the numbers, not with the kernel's OOM killer: exit 2 when it needs more than the
@@ -152,7 +157,7 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     const int n = s->strategy->replicas();
     LoaderOptions lo;
     lo.global_batch = cfg.train.global_batch_size;
-    lo.threads = cfg.data.loader_threads;
+    lo.threads = cfg.data.loader_threads > 0 ? cfg.data.loader_threads : default_loader_threads(s->strategy->device_type());
     lo.prefetch = cfg.data.prefetch;
     lo.seed = cfg.run.seed;
     lo.consumers = n;
@@ -481,7 +486,7 @@ void Run::log_train(int64_t step, float lr) {
     status_line(line, false);
     if (f_data > 0.10)
         alert("input-bound", std::to_string(int(100 * f_data)) + "% of step time waits for data: raise "
-              "data.loader_threads (now " + std::to_string(cfg_.data.loader_threads) + ") or data.prefetch (now " +
+              "data.loader_threads (now " + std::to_string(s_->train_loader->threads()) + ") or data.prefetch (now " +
               std::to_string(cfg_.data.prefetch) + ")");
     if (f_comm > 0.30)
         alert("communication-bound", std::to_string(int(100 * f_comm)) + "% of step time is communication not "

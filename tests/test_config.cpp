@@ -52,7 +52,9 @@ TEST_CASE("config: a good file loads with defaults filled in") {
     CHECK(p.strategy.precision == Precision::fp16);
     CHECK(p.strategy.loss_scale_growth_interval == 7);
     CHECK(p.strategy.allreduce_dtype == DType::bf16);
-    CHECK(c.data.loader_threads == 2);
+    CHECK(c.data.loader_threads == 0);  // auto
+    CHECK(load_config(write_config("lt.yaml", kGood), {"data.loader_threads=3"}).data.loader_threads == 3);
+    CHECK(load_config(write_config("lt.yaml", kGood), {"data.loader_threads=auto"}).data.loader_threads == 0);
     CHECK(c.model.layers.size() == 3);
     CHECK(c.model.layers[0].activation == Activation::gelu);
     CHECK(c.model.layers[0].init == InitKind::he_uniform);
@@ -79,6 +81,8 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     expect_error(t + "checkpoint: {keep: 0}\n", {}, "checkpoint.keep: expected an integer in [1, 1000], got 0");
     expect_error(t, {"optimizer.lr=-1"}, "--set optimizer.lr=-1: optimizer.lr: expected a number in (0, 1e+06], got -1");
     expect_error(t, {"strategy.cross_device_ops=tree"}, "expected one of ring, nccl, reduce_to_one, got 'tree'");
+    expect_error(t, {"data.loader_threads=0"}, "data.loader_threads: expected an integer in [1, 256], got 0");
+    expect_error(t, {"data.loader_threads=lots"}, "data.loader_threads: expected auto or an integer in [1, 256], got 'lots'");
     expect_error(t, {"strategy.allreduce_dtype=fp16"}, "strategy.allreduce_dtype: expected one of fp32, bf16, got 'fp16'");
     expect_error(t, {"train.precision=fp8"}, "train.precision: expected one of fp32, tf32, bf16, fp16");
     expect_error(t, {"model.layers=5"}, "model.layers: expected a list");
