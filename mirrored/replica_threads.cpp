@@ -73,8 +73,8 @@ void ReplicaBarrier::reset() {
     waiting_ = 0;
 }
 
-ReplicaThreads::ReplicaThreads(int n) : barrier_(n) {
-    for (int r = 0; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
+ReplicaThreads::ReplicaThreads(int n) : n_(n), barrier_(n) {
+    for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
 }
 
 ReplicaThreads::~ReplicaThreads() {
@@ -87,17 +87,33 @@ ReplicaThreads::~ReplicaThreads() {
 }
 
 void ReplicaThreads::run(const std::function<void(int)>& fn) {
-    std::unique_lock<std::mutex> lock(mu_);
-    job_ = &fn;
-    remaining_ = int(threads_.size());
-    error_ = nullptr;
-    ++job_generation_;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        job_ = &fn;
+        remaining_ = n_ - 1;
+        error_ = nullptr;
+        ++job_generation_;
+    }
     start_cv_.notify_all();
+    run_one(fn, 0);
+    std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [&] { return remaining_ == 0; });
     job_ = nullptr;
     if (error_) {
         barrier_.reset();
         std::rethrow_exception(error_);
+    }
+}
+
+void ReplicaThreads::run_one(const std::function<void(int)>& fn, int r) {
+    try {
+        fn(r);
+    } catch (const BarrierAborted&) {
+        // another replica failed first; its exception is the one reported
+    } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();
+        barrier_.abort();
     }
 }
 
@@ -112,15 +128,7 @@ void ReplicaThreads::loop(int r) {
             seen = job_generation_;
             job = job_;
         }
-        try {
-            (*job)(r);
-        } catch (const BarrierAborted&) {
-            // another replica failed first; its exception is the one reported
-        } catch (...) {
-            std::lock_guard<std::mutex> lock(mu_);
-            if (!error_) error_ = std::current_exception();
-            barrier_.abort();
-        }
+        run_one(*job, r);
         {
             std::lock_guard<std::mutex> lock(mu_);
             if (--remaining_ == 0) done_cv_.notify_all();

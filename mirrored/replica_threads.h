@@ -47,8 +47,10 @@ private:
     std::atomic<bool> aborted_{false};
 };
 
-// Runs fn(replica) on every replica's own thread and returns once all have returned. The first
-// exception any replica throws is rethrown here (after the barrier is broken and all returned).
+// Runs fn(replica) on every replica's own thread and returns once all have returned. Replica 0's
+// thread is the caller's: one thread hand-off fewer per call, and on a machine with as many
+// cores as replicas no core sits with a thread that only waits. The first exception any replica
+// throws is rethrown here (after the barrier is broken and all returned).
 class ReplicaThreads {
 public:
     explicit ReplicaThreads(int n);
@@ -58,11 +60,13 @@ public:
 
     void run(const std::function<void(int)>& fn);
     ReplicaBarrier& barrier() { return barrier_; }
-    int size() const { return int(threads_.size()); }
+    int size() const { return n_; }
 
 private:
     void loop(int r);
-    std::vector<std::thread> threads_;
+    void run_one(const std::function<void(int)>& fn, int r);  // records the first failure
+    const int n_;
+    std::vector<std::thread> threads_;  // replicas 1..n-1
     ReplicaBarrier barrier_;
     std::mutex mu_;
     std::condition_variable start_cv_, done_cv_;

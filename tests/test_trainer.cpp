@@ -61,6 +61,12 @@ int train_in_process(const std::string& config, const std::string& out, std::vec
     return run_training(load_config(config, sets));
 }
 
+double now_seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// A moment inside a run that took `duration` seconds end to end (start-up included): 30-80% in,
+// so that the kill lands mid-training however fast this machine is.
+double kill_point(double duration, test::Rng& rng) { return duration * (0.3 + 0.01 * rng.integer(0, 50)); }
+
 json summary(const std::string& out) { return json::parse(std::ifstream(out + "/summary.json")); }
 
 // metrics.jsonl without what depends on the clock.
@@ -155,13 +161,14 @@ TEST_CASE("a kill during a checkpoint write loses nothing: resume from the previ
 TEST_CASE("SIGKILL at an arbitrary moment: the resumed run is still identical") {
     Scratch s;
     std::string text = kTiny;
-    text.replace(text.find("epochs: 5"), 9, "epochs: 40");  // long enough to be killed mid-way
+    text.replace(text.find("epochs: 5"), 9, "epochs: 100");  // long enough to be killed mid-way
     text.replace(text.find("every_steps: 7"), 14, "every_steps: 3");
     const std::string cfg = s.config(text);
     const std::string ref = s.out("ref"), out = s.out("killed");
-    REQUIRE(train_in_process(cfg, ref) == kExitOk);
+    const double t0 = now_seconds();
+    REQUIRE(run_cli({"train", cfg, "--output", ref}) == kExitOk);
     test::Rng rng(5);
-    const double when = 0.2 + 0.01 * rng.integer(0, 40);
+    const double when = kill_point(now_seconds() - t0, rng);
     CHECK(run_cli({"train", cfg, "--output", out}, {}, when) == 128 + SIGKILL);
     CHECK(run_cli({"train", cfg, "--output", out}) == kExitOk);
     CAPTURE(when);
@@ -384,9 +391,10 @@ TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-i
     const std::string cfg = s.config(text);
     const std::string ref = s.out("ref"), out = s.out("killed");
     const std::vector<std::pair<std::string, std::string>> env{{"MIRRORED_SIM_DELAY_US", "20"}};
+    const double t0 = now_seconds();
     REQUIRE(run_cli({"train", cfg, "--output", ref}, env) == kExitOk);
     test::Rng rng(6);
-    const double when = 0.3 + 0.02 * rng.integer(0, 40);
+    const double when = kill_point(now_seconds() - t0, rng);
     CAPTURE(when);
     const int first = run_cli({"train", cfg, "--output", out}, env, when);
     CHECK((first == 128 + SIGKILL || first == kExitOk));
@@ -457,7 +465,9 @@ TEST_CASE("a CNN with batchnorm in fp16 with loss scaling: stop or SIGKILL, then
     Scratch s;
     const std::string cfg = s.config(kCnnFp16, "cnn16.yaml");
     const std::string ref = s.out("ref");
-    REQUIRE(train_in_process(cfg, ref) == kExitOk);
+    const double t0 = now_seconds();
+    REQUIRE(run_cli({"train", cfg, "--output", ref}) == kExitOk);
+    const double duration = now_seconds() - t0;
     // the scale moved both ways, so resume has something to get wrong
     std::set<double> scales;
     for (const auto& j : metrics(ref))
@@ -475,7 +485,7 @@ TEST_CASE("a CNN with batchnorm in fp16 with loss scaling: stop or SIGKILL, then
     }
     const std::string out = s.out("killed");
     test::Rng rng(8);
-    const double when = 0.3 + 0.01 * rng.integer(0, 50);
+    const double when = kill_point(duration, rng);
     CAPTURE(when);
     const int first = run_cli({"train", cfg, "--output", out}, {}, when);
     CHECK((first == 128 + SIGKILL || first == kExitOk));

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""mirrored's CPU replicas against PyTorch on the same work, side by side, in alternating rounds.
+
+The work: the default run's MLP 784-512-256-10 (configs/fashion_mnist_mlp.yaml), global batch
+128, SGD with momentum 0.9 and its learning-rate schedule, on Fashion-MNIST (or the IDX stand-in of
+scripts/make_idx_dataset.py when the package is absent). Timed: training steps on pre-loaded data, after a warm-up.
+
+  mirrored   build/mirrored bench-step on cpu:1 and cpu:2 (one replica per core)
+  PyTorch    one process with 1 and with 2 threads (OpenMP threads sleep when idle:
+             OMP_WAIT_POLICY=passive, as a careful user sets it), and DistributedDataParallel
+             with gloo, 2 processes x 1 thread (64 rows each)
+
+PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, read from `mirrored
+devices`), so the comparison is kernel for kernel; --also-env-kernel adds PyTorch on whatever
+kernel the environment gives it. Prints medians over the rounds and the ratios.
+
+    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--rounds 3] [--steps 1500] [--json out.json]
+
+Needs python3-torch and python3-numpy (Debian/Ubuntu packages)."""
+import argparse
+import gzip
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def lr_at(step, total, base=0.05, warmup=200):
+    """The config's schedule: linear warm-up, then cosine to zero."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    t = min(max((step - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    return 0.5 * base * (1 + math.cos(math.pi * t))
+
+
+def load_data(np):
+    path = os.path.join(os.environ.get("MIRRORED_DATA_DIR", FASHION), "train-images-idx3-ubyte.gz")
+    if os.path.exists(path):
+        with gzip.open(path) as f:
+            x = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 784).astype(np.float32) / 255.0
+        with gzip.open(path.replace("images-idx3", "labels-idx1")) as f:
+            y = np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)
+        x = (x - x.mean()) / x.std()
+        return x, y, path
+    rng = np.random.default_rng(0)
+    raise SystemExit(f"no Fashion-MNIST at {path}")
+
+
+def torch_worker(rank, world, threads, steps, warmup, out_path, port):
+    """One PyTorch process: `world` > 1 is DDP over gloo; writes samples/s to out_path (rank 0)."""
+    import torch  # before numpy: the BLAS torch loads first is the one its GEMMs bind to
+    import numpy as np
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    if world > 1:
+        import torch.distributed as dist
+
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    x, y, _ = load_data(np)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    X, Y = torch.from_numpy(x)[perm].contiguous(), torch.from_numpy(y)[perm].contiguous()  # shuffled once
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    batch, per = 128, 128 // world
+    batches = len(Y) // batch
+    total = warmup + steps
+
+    def step(i):
+        lo = (i % batches) * batch + rank * per
+        for g in opt.param_groups:
+            g["lr"] = lr_at(i, total)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(X[lo:lo + per]), Y[lo:lo + per]).backward()
+        opt.step()
+
+    for i in range(warmup):
+        step(i)
+    t0 = time.perf_counter()
+    for i in range(warmup, total):
+        step(i)
+    elapsed = time.perf_counter() - t0
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"samples_per_sec": steps * batch / elapsed}, f)
+
+
+def run_torch(kind, steps, warmup, env, peer_script=None):
+    """A fresh interpreter per measurement, so that thread settings and OpenBLAS's kernel apply.
+    peer_script: an external peer with the same command line (the reference measurements'
+    pytorch_cpu_peer.py), run instead of the one here."""
+    if peer_script:
+        world, threads = (2, 1) if kind == "ddp" else (1, int(kind))
+        args = [sys.executable, peer_script, "--threads", str(threads), "--steps", str(steps), "--warmup", str(warmup)]
+        if world > 1:
+            args += ["--ddp", str(world)]
+        e = dict(env, OMP_WAIT_POLICY="passive", OPENBLAS_NUM_THREADS=str(threads))
+        out = subprocess.run(args, env=e, check=True, capture_output=True, text=True).stdout
+        return json.loads(out.strip().splitlines()[-1])["samples_per_sec"]
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "r.json")
+        world, threads = (2, 1) if kind == "ddp" else (1, int(kind))
+        code = ("import sys; sys.path.insert(0, %r); import bench_cpu_vs_pytorch as b; import torch.multiprocessing as mp\n"
+                "if %d > 1: mp.spawn(b.torch_worker, args=(%d, %d, %d, %d, %r, %d), nprocs=%d)\n"
+                "else: b.torch_worker(0, 1, %d, %d, %d, %r, 0)\n") % (
+                    os.path.dirname(os.path.abspath(__file__)), world, world, threads, steps, warmup, out, 29500 + os.getpid() % 1000,
+                    world, threads, steps, warmup, out)
+        e = dict(env, OMP_WAIT_POLICY="passive", OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                 MKL_NUM_THREADS=str(threads))
+        subprocess.run([sys.executable, "-c", code], env=e, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)["samples_per_sec"]
+
+
+def run_mirrored(devices, steps, warmup):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "step.json")
+        config = os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml")
+        subprocess.run([os.path.join(ROOT, "build", "mirrored"), "bench-step", config, "--devices", devices, "--steps", str(steps),
+                        "--warmup", str(warmup), "--json", out], check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)["results"][0]["samples_per_sec"]
+
+
+def mirrored_blas():
+    text = subprocess.run([os.path.join(ROOT, "build", "mirrored"), "devices"], capture_output=True, text=True).stdout
+    line = next((l for l in text.splitlines() if l.startswith("BLAS: ")), "BLAS: unknown")
+    m = re.search(r"kernel (\w+)", line)
+    return line[len("BLAS: "):], (m.group(1) if m else None)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--also-env-kernel", action="store_true", help="also PyTorch on the environment's BLAS kernel")
+    ap.add_argument("--json", help="write the medians here")
+    ap.add_argument("--peer-script", help="an external PyTorch peer with the same flags, e.g. "
+                    "../shared/reference/pytorch_cpu_peer.py")
+    a = ap.parse_args()
+    scratch = tempfile.TemporaryDirectory()
+    if not os.path.exists(os.path.join(os.environ.get("MIRRORED_DATA_DIR", FASHION), "train-images-idx3-ubyte.gz")):
+        # no Fashion-MNIST package: the same stand-in scripts/gpu_check.sh trains on, for both sides
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_idx_dataset.py"), scratch.name], check=True,
+                       stdout=subprocess.DEVNULL)
+        os.environ["MIRRORED_DATA_DIR"] = scratch.name
+    blas, kernel = mirrored_blas()
+    same = dict(os.environ)
+    if kernel:
+        same["OPENBLAS_CORETYPE"] = kernel
+    rows = [("mirrored cpu:1", lambda: run_mirrored("cpu:1", a.steps, a.warmup)),
+            ("mirrored cpu:2", lambda: run_mirrored("cpu:2", a.steps, a.warmup)),
+            ("PyTorch 1 thread", lambda: run_torch("1", a.steps, a.warmup, same, a.peer_script)),
+            ("PyTorch 2 threads", lambda: run_torch("2", a.steps, a.warmup, same, a.peer_script)),
+            ("PyTorch DDP gloo 2x1", lambda: run_torch("ddp", a.steps, a.warmup, same, a.peer_script))]
+    if a.also_env_kernel:
+        env = dict(os.environ)
+        rows += [("PyTorch 1 thread, environment's kernel", lambda: run_torch("1", a.steps, a.warmup, env, a.peer_script)),
+                 ("PyTorch 2 threads, environment's kernel", lambda: run_torch("2", a.steps, a.warmup, env, a.peer_script))]
+    samples = {name: [] for name, _ in rows}
+    for r in range(a.rounds):  # alternating rounds: drift on a shared machine hits every row alike
+        for name, fn in rows:
+            samples[name].append(fn())
+        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in samples.items()), file=sys.stderr)
+    med = {n: statistics.median(v) for n, v in samples.items()}
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
+    print(f"machine: {cpu}, {os.cpu_count()} cores; BLAS: {blas}")
+    print(f"PyTorch ({a.peer_script or 'the peer in this script'}) on OPENBLAS_CORETYPE={kernel}; "
+          f"medians of {a.rounds} alternating rounds, {a.steps} steps each\n")
+    print(f"{'':42} {'samples/s':>12} {'min':>10} {'max':>10}")
+    for n, v in samples.items():
+        print(f"{n:42} {med[n]:12,.0f} {min(v):10,.0f} {max(v):10,.0f}")
+    best = max(med["PyTorch 1 thread"], med["PyTorch 2 threads"])
+    print()
+    print(f"mirrored cpu:1 / PyTorch 1 thread:          {med['mirrored cpu:1'] / med['PyTorch 1 thread']:.2f}x")
+    print(f"mirrored cpu:2 / best of PyTorch 1, 2 thr.: {med['mirrored cpu:2'] / best:.2f}x")
+    print(f"mirrored cpu:2 / PyTorch DDP gloo 2x1:      {med['mirrored cpu:2'] / med['PyTorch DDP gloo 2x1']:.2f}x")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"machine": cpu, "blas": blas, "pytorch_kernel": kernel, "medians": med, "samples": samples}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
