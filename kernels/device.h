@@ -58,6 +58,13 @@ inline DType precision_dtype(Precision p) {
 }
 const char* precision_name(Precision p);
 
+// Every replica's buffer of one all-reduce, for the ops that read them all.
+struct PeerBuffers {
+    static constexpr int kMax = 16;
+    void* ptr[kMax] = {};
+    int count = 0;
+};
+
 struct GemmTypes {
     DType a = DType::f32, b = DType::f32, c = DType::f32;
 };
@@ -319,6 +326,13 @@ public:
                                   size_t n) = 0;
     virtual void copy_from_peer(Stream s, void* dst, const Device& peer, const void* src,
                                 size_t bytes) = 0;
+    // The direct all-reduce's part for one slice: for i in [0, n), the sum over k = 0, 1, ... in
+    // that order of buffers.ptr[k][offset + i] - elements of type t (f32, or bf16 summed in f32
+    // and rounded once) - written back into every buffer. Every buffer must be loadable from
+    // here (can_load_from): the same GPU, peer access, or host memory.
+    virtual void sum_to_all(Stream s, const PeerBuffers& buffers, size_t offset, size_t n, DType t) = 0;
+    // Can kernels on this device load (and store) peer's memory directly?
+    virtual bool can_load_from(const Device& peer) const = 0;
     // f32 gradients to and from the bf16 wire format (16-bit storage, round to nearest even).
     virtual void pack_bf16(Stream s, size_t n, const float* x, uint16_t* y) = 0;
     virtual void unpack_bf16(Stream s, size_t n, const uint16_t* x, float* y) = 0;

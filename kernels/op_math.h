@@ -1,6 +1,7 @@
 // Element-wise formulas shared by the CPU and CUDA backends, so both compute the same thing.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -87,6 +88,35 @@ inline void host_peer_add(void* dst, const void* src, DType t, size_t n) {
         float* d = static_cast<float*>(dst);
         const float* x = static_cast<const float*>(src);
         for (size_t i = 0; i < n; ++i) d[i] += x[i];
+    }
+}
+
+// The host backends' sum_to_all (CPU, sim): in blocks, so that each pass is a plain vector loop
+// over two arrays; every element is still summed in buffer order 0, 1, ...
+inline void host_sum_to_all(const PeerBuffers& b, size_t offset, size_t n, DType t) {
+    constexpr size_t kBlock = 1024;
+    float sum[kBlock];
+    for (size_t at = offset; at < offset + n; at += kBlock) {
+        const size_t len = std::min(kBlock, offset + n - at);
+        if (t == DType::bf16) {
+            const uint16_t* x = static_cast<const uint16_t*>(b.ptr[0]) + at;
+            for (size_t i = 0; i < len; ++i) sum[i] = bf16_value(x[i]);
+            for (int k = 1; k < b.count; ++k) {
+                x = static_cast<const uint16_t*>(b.ptr[k]) + at;
+                for (size_t i = 0; i < len; ++i) sum[i] += bf16_value(x[i]);
+            }
+            for (int k = 0; k < b.count; ++k) {
+                uint16_t* y = static_cast<uint16_t*>(b.ptr[k]) + at;
+                for (size_t i = 0; i < len; ++i) y[i] = bf16_bits(sum[i]);
+            }
+            continue;
+        }
+        std::memcpy(sum, static_cast<const float*>(b.ptr[0]) + at, len * sizeof(float));
+        for (int k = 1; k < b.count; ++k) {
+            const float* x = static_cast<const float*>(b.ptr[k]) + at;
+            for (size_t i = 0; i < len; ++i) sum[i] += x[i];
+        }
+        for (int k = 0; k < b.count; ++k) std::memcpy(static_cast<float*>(b.ptr[k]) + at, sum, len * sizeof(float));
     }
 }
 #endif

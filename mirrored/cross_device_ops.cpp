@@ -132,6 +132,48 @@ private:
     std::vector<int> all_;
 };
 
+// Every replica sums its slice (chunk r) over all replicas' buffers in one op and writes the sum
+// into every buffer: one launch and two joins per bucket instead of the ring's 2(N-1) dependent
+// steps. Needs every buffer loadable from every replica: replicas sharing a GPU (where a ring
+// would move each byte through the same memory 2(N-1) times), CPU replicas, or GPUs with peer
+// access (NVSwitch). Each element is summed in replica order 0, 1, ..., whichever replica sums it.
+class DirectAllReduce final : public CrossDeviceOps {
+public:
+    DirectAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
+        : CrossDeviceOps(std::move(d), std::move(b), elements, wire), sync_(devices_, barrier) {
+        if (replicas() > PeerBuffers::kMax)
+            throw ConfigError("strategy.cross_device_ops",
+                              "direct sums at most " + std::to_string(PeerBuffers::kMax) + " replicas; use ring");
+        for (int r = 0; r < replicas(); ++r) {
+            all_.push_back(r);
+            for (int p = 0; p < replicas(); ++p)
+                if (!devices_[r]->can_load_from(*devices_[p]))
+                    throw ConfigError("strategy.cross_device_ops",
+                                      "direct needs every replica to load every other's memory, but " +
+                                          devices_[r]->name() + " cannot load " + devices_[p]->name() +
+                                          "'s (no peer access); use ring or nccl");
+            buffers_.ptr[r] = data(r, 0);
+        }
+        buffers_.count = replicas();
+    }
+    const char* name() const override { return "direct"; }
+
+    void run(int r, size_t offset, size_t count) override {
+        const int n = replicas();
+        if (n == 1 || count == 0) return;
+        Device& me = *devices_[r];
+        const Chunks c(count, n, wire_dtype());
+        sync_.wait_for(r, all_);  // every replica's data is ready
+        me.sum_to_all(me.comm_stream(), buffers_, offset + c.begin(r), c.length(r), wire_dtype());
+        sync_.wait_for(r, all_);  // every slice is summed into every buffer
+    }
+
+private:
+    ReplicaSync sync_;
+    std::vector<int> all_;
+    PeerBuffers buffers_;
+};
+
 class NcclAllReduce final : public CrossDeviceOps {
 public:
     NcclAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
@@ -197,7 +239,7 @@ void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
     }
 }
 
-const char* cross_device_ops_names() { return "ring, nccl, reduce_to_one"; }
+const char* cross_device_ops_names() { return "ring, direct, nccl, reduce_to_one"; }
 
 std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, std::vector<Device*> devices,
                                                       std::vector<float*> buffers, size_t elements,
@@ -208,6 +250,8 @@ std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, s
         throw Error(kExitFailure, "cross-device ops: barrier size differs from replica count");
     if (kind == "ring")
         return std::make_unique<RingAllReduce>(std::move(devices), std::move(buffers), elements, wire, barrier);
+    if (kind == "direct")
+        return std::make_unique<DirectAllReduce>(std::move(devices), std::move(buffers), elements, wire, barrier);
     if (kind == "reduce_to_one")
         return std::make_unique<ReduceToOne>(std::move(devices), std::move(buffers), elements, wire, barrier);
     if (kind == "nccl")

@@ -1,6 +1,8 @@
 // Cross-device ops: in-place sum of one flat buffer per replica, over any sub-range.
 //
 //   ring           reduce-scatter then all-gather, N-1 steps each, over peer copies (the default)
+//   direct         every replica sums its slice over all buffers and writes it to all: one op per
+//                  bucket, for replicas sharing a GPU, CPU replicas, or GPUs with all-to-all peer access
 //   nccl           ncclAllReduce, grouped over the replicas (CUDA, one replica per GPU)
 //   reduce_to_one  gather to replica 0, reduce, broadcast: TensorFlow's ReductionToOneDevice,
 //                  kept as the baseline the others must beat
@@ -65,7 +67,7 @@ private:
     std::atomic<bool> broken_{false};
 };
 
-// Known names, for error messages: "ring, nccl, reduce_to_one".
+// Known names, for error messages: "ring, direct, nccl, reduce_to_one".
 const char* cross_device_ops_names();
 // devices[r], buffers[r]: replica r's device and buffer of `elements` floats. barrier: the replica
 // threads' barrier. wire: the type on the links (f32 or bf16).

@@ -76,8 +76,10 @@ for t in direct staged; do
         --json "$out/allreduce_shared_$t.json"
 done
 run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op reduce_to_one --max-bytes 256M
+run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op direct --max-bytes 256M --json "$out/allreduce_shared_direct.json"
+run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0,0,0,0' --steps 300 --set strategy.cross_device_ops=direct
 if [[ $gpus -ge 2 ]]; then
-    for op in ring nccl reduce_to_one; do
+    for op in ring direct nccl reduce_to_one; do
         run build/mirrored bench-allreduce --devices cuda:all --op $op --max-bytes 256M --json "$out/allreduce_$op.json"
     done
     run build/mirrored bench-allreduce --devices cuda:all --op ring --max-bytes 256M --transport staged

@@ -286,14 +286,16 @@ TEST_CASE("buckets tile the gradient buffer in reverse layer order") {
     CHECK(make_buckets(m, 0.001).size() == 4);
 }
 
-TEST_CASE("cpu all-reduce (ring, reduce_to_one) is exact and bit-identical for N = 1..8, any length") {
+TEST_CASE("cpu all-reduce (ring, direct, reduce_to_one) is exact and bit-identical for N = 1..8, any length") {
     all_reduce_matrix("ring", DeviceType::cpu, 8, false);
+    all_reduce_matrix("direct", DeviceType::cpu, 8, false);
     all_reduce_matrix("reduce_to_one", DeviceType::cpu, 8, false);
 }
 
 TEST_CASE("cpu all-reduce with a bf16 wire: close to the f32 sum, bit-identical on every replica") {
     all_reduce_matrix("ring", DeviceType::cpu, 5, false, DType::bf16);
     all_reduce_matrix("reduce_to_one", DeviceType::cpu, 3, false, DType::bf16);
+    all_reduce_matrix("direct", DeviceType::cpu, 4, false, DType::bf16);
 }
 
 TEST_CASE("sim all-reduce with a bf16 wire: ring (direct and staged), reduce_to_one, nccl") {
@@ -301,6 +303,7 @@ TEST_CASE("sim all-reduce with a bf16 wire: ring (direct and staged), reduce_to_
     all_reduce_matrix("ring", DeviceType::sim, 4, false, DType::bf16);
     all_reduce_matrix("reduce_to_one", DeviceType::sim, 3, true, DType::bf16);
     all_reduce_matrix("nccl", DeviceType::sim, 3, false, DType::bf16);
+    all_reduce_matrix("direct", DeviceType::sim, 3, true, DType::bf16);
     set_peer_transport(PeerTransport::staged);
     Rng rng(79);
     AllReduceFixture f("ring", DeviceType::sim, {0, 1, 2}, size_t(5) << 20, DType::bf16);
@@ -314,6 +317,8 @@ TEST_CASE("sim all-reduce with random stream delays: ring, reduce_to_one, nccl; 
     all_reduce_matrix("reduce_to_one", DeviceType::sim, 4, true);
     all_reduce_matrix("ring", DeviceType::sim, 5, false);          // distinct GPUs, direct peer loads
     all_reduce_matrix("nccl", DeviceType::sim, 4, false);          // the rendezvous
+    all_reduce_matrix("direct", DeviceType::sim, 6, true);         // one op per replica and bucket
+    all_reduce_matrix("direct", DeviceType::sim, 4, false);        // peer loads and stores
     set_peer_transport(PeerTransport::staged);                     // forced staging, peer access on
     Rng rng(78);
     for (int n : {2, 3}) {
@@ -342,6 +347,10 @@ TEST_CASE("sim: without peer access distinct GPUs take the staged path, and the 
     sc.devices = "sim:0,1";
     MirroredStrategy st(sc, model, OptimizerConfig{}, 6, 1);
     CHECK(st.topology_report().find("sim:0 -> sim:1: staged peer copies (peer access unsupported") != std::string::npos);
+    // direct needs every replica to load every other's memory, and says so rather than stage
+    CHECK_THROWS_WITH_AS(AllReduceFixture("direct", DeviceType::sim, {0, 1}, 16),
+                         doctest::Contains("sim:0 cannot load sim:1's (no peer access)"), ConfigError);
+    CHECK_NOTHROW(AllReduceFixture("direct", DeviceType::sim, {1, 1}, 16));  // one GPU always can
 }
 
 TEST_CASE("nccl refuses CPU replicas and repeated GPUs; unknown ops list the known ones") {
@@ -351,7 +360,7 @@ TEST_CASE("nccl refuses CPU replicas and repeated GPUs; unknown ops list the kno
     ReplicaBarrier barrier(1);
     CHECK_THROWS_AS(make_cross_device_ops("nccl", {d.get()}, {b.data()}, 4, barrier), ConfigError);
     CHECK_THROWS_WITH_AS(make_cross_device_ops("tree", {d.get()}, {b.data()}, 4, barrier),
-                         doctest::Contains("ring, nccl, reduce_to_one"), ConfigError);
+                         doctest::Contains("ring, direct, nccl, reduce_to_one"), ConfigError);
     auto s0 = make_sim_device(0), s1 = make_sim_device(0);
     DeviceBuffer<float> x(*s0, 4), y(*s1, 4);
     ReplicaBarrier two(2);
@@ -390,15 +399,22 @@ TEST_CASE("simulated GPUs with random delays: one replica equals the CPU run bit
         }
 }
 
-TEST_CASE("simulated GPUs: nccl and reduce_to_one train like the ring; accumulation and AdamW with clipping") {
+TEST_CASE("simulated GPUs: direct, nccl and reduce_to_one train like the ring; accumulation and AdamW with clipping") {
     SimScope sim(30);
     const TrainResult one = train("cpu:1", 5, 0.0, 1, OptimizerConfig::Type::adamw, 0.5);
-    for (const char* op : {"ring", "nccl", "reduce_to_one"}) {
-        CAPTURE(op);
-        const TrainResult many = train("sim:0,1,2", 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, op);
-        CHECK(rel_error(many.params, one.params) < 1e-5);
-        for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
-    }
+    for (const char* devices : {"sim:0,1,2", "sim:0,0,0"})
+        for (const char* op : {"ring", "direct", "nccl", "reduce_to_one"}) {
+            if (std::string(devices) == "sim:0,0,0" && std::string(op) == "nccl") continue;  // one rank per GPU
+            CAPTURE(devices);
+            CAPTURE(op);
+            const TrainResult many = train(devices, 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, op);
+            CHECK(rel_error(many.params, one.params) < 1e-5);
+            for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
+        }
+    // direct sums every element in replica order on every backend: sim equals CPU bit for bit
+    const TrainResult sim3 = train("sim:0,0,0", 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "direct");
+    const TrainResult cpu3 = train("cpu:3", 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "direct");
+    CHECK(sim3.params == cpu3.params);
 }
 
 TEST_CASE("gradient accumulation and AdamW with clipping: N replicas still match one") {
@@ -534,11 +550,36 @@ TEST_CASE("sim: the host work a training step issues is counted and bounded") {
         CHECK(w.host_syncs == 0);                                   // nothing in a step waits for a device
         CHECK(w.launches / steps < 40);
     }
+    // direct: two joins per bucket whatever the replica count, one sum op per replica, no copies
+    for (int n : {2, 4}) {
+        StrategyConfig sc;
+        sc.devices = n == 2 ? "sim:0,0" : "sim:0,0,0,0";
+        sc.bucket_mb = 0;
+        sc.cross_device_ops = "direct";
+        MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
+        LoaderOptions lo;
+        lo.global_batch = 24;
+        lo.consumers = n;
+        Loader loader(ds, lo, st.host_allocator());
+        loader.start({});
+        st.init_and_broadcast();
+        st.train_step(loader.next(), 0, 0.1f, 1, false);
+        st.synchronize();
+        const StepWork before = st.host_work();
+        for (int s = 1; s <= 5; ++s) st.train_step(loader.next(), s, 0.1f, 1, false);
+        st.synchronize();
+        const StepWork after = st.host_work();
+        CAPTURE(n);
+        CHECK((after.barriers - before.barriers) / 5 == 2);
+        CHECK((after.device - before.device).copies / 5 == 2);  // inputs and labels only
+    }
 }
 
-TEST_CASE("cuda all-reduce: ring and reduce_to_one on replicas sharing GPU 0 (N = 1..8)") {
+TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing GPU 0 (N = 1..8)") {
     SKIP_WITHOUT_CUDA();
     all_reduce_matrix("ring", DeviceType::cuda, 8, true);
+    all_reduce_matrix("direct", DeviceType::cuda, 8, true);
+    all_reduce_matrix("direct", DeviceType::cuda, 4, true, DType::bf16);
     all_reduce_matrix("reduce_to_one", DeviceType::cuda, 4, true);
 }
 
@@ -585,8 +626,9 @@ TEST_CASE("cuda all-reduce across distinct GPUs: direct peer loads and staged co
         for (size_t len : {size_t(1), size_t(1009), size_t(3) << 20}) f.check(len, rng);
     }
     set_peer_transport(PeerTransport::automatic);
-    for (const char* op : {"ring", "reduce_to_one", "nccl"}) {
+    for (const char* op : {"ring", "reduce_to_one", "nccl", "direct"}) {
         if (std::string(op) == "nccl" && !nccl_compiled()) continue;
+        if (std::string(op) == "direct" && !staged.empty()) continue;  // needs all-to-all peer access
         all_reduce_matrix(op, DeviceType::cuda, gpus, false);
     }
 }

@@ -562,6 +562,11 @@ public:
         require_cpu(peer);
         if (bytes) std::memcpy(dst, src, bytes);
     }
+    void sum_to_all(Stream, const PeerBuffers& b, size_t offset, size_t n, DType t) override {
+        check_wire_dtype(*this, t);
+        host_sum_to_all(b, offset, n, t);
+    }
+    bool can_load_from(const Device& peer) const override { return peer.type() == DeviceType::cpu; }
     void pack_bf16(Stream, size_t n, const float* x, uint16_t* y) override {
         for (size_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
     }

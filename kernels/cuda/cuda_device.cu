@@ -357,6 +357,18 @@ public:
         ++work_.copies;
         CUDA_CHECK(ordinal(), cudaMemcpyPeerAsync(dst, ordinal(), src, p, bytes, stream(s)));
     }
+    void sum_to_all(Stream s, const PeerBuffers& b, size_t offset, size_t n, DType t) override {
+        use();
+        check_wire_dtype(*this, t);
+        ++work_.launches;
+        cuda::sum_to_all(stream(s), ordinal(), b, offset, n, t);
+    }
+    bool can_load_from(const Device& peer) const override {
+        if (peer.type() != DeviceType::cuda) return false;
+        if (peer.ordinal() == ordinal()) return true;
+        std::lock_guard<std::mutex> lock(g_peer_mutex);
+        return g_peer_enabled[ordinal()][peer.ordinal()];
+    }
     void pack_bf16(Stream s, size_t n, const float* x, uint16_t* y) override {
         use();
         ++work_.launches;

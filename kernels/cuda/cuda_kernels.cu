@@ -849,6 +849,24 @@ void checksum(cudaStream_t s, int dev, size_t n, const float* x, uint64_t* out) 
     CUDA_LAUNCH_CHECK(dev);
 }
 
+// ---- the direct all-reduce: each replica sums its slice of every buffer, writes it to all -----
+
+template <typename T>
+__global__ void sum_to_all_kernel(PeerBuffers b, size_t offset, size_t n) {
+    GRID_LOOP(j, n) {
+        const size_t i = offset + j;
+        float s = ld(static_cast<const T*>(b.ptr[0]), i);
+        for (int k = 1; k < b.count; ++k) s += ld(static_cast<const T*>(b.ptr[k]), i);
+        for (int k = 0; k < b.count; ++k) st(static_cast<T*>(b.ptr[k]), i, s);
+    }
+}
+
+void sum_to_all(cudaStream_t s, int dev, const PeerBuffers& b, size_t offset, size_t n, DType t) {
+    if (n == 0) return;
+    DISPATCH(t, sum_to_all_kernel<T><<<grid_for(n), kThreads, 0, s>>>(b, offset, n));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
 // ---- the all-reduce's reduce step: dst += src, src possibly on a peer GPU -----------------
 
 __global__ void add_inplace_vec4_kernel(size_t n4, const float4* src, float4* dst) {

@@ -64,6 +64,8 @@ void adamw_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, f
                   const AdamWArgs& a, float bias_correction1, float bias_correction2_sqrt);
 void loss_scale_update(cudaStream_t s, int dev, float* state, const float* grad_stats, int growth_interval);
 void checksum(cudaStream_t s, int dev, size_t n, const float* x, uint64_t* out);
+// Device::sum_to_all: every buffer on this GPU or a peer with access enabled.
+void sum_to_all(cudaStream_t s, int dev, const PeerBuffers& b, size_t offset, size_t n, DType t);
 // dst += src; src may live on a peer GPU with peer access enabled (or on the same GPU).
 void add_inplace(cudaStream_t s, int dev, size_t n, const float* src, float* dst);
 

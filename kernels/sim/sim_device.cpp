@@ -521,6 +521,17 @@ public:
                 if (corrupt) static_cast<unsigned char*>(dst)[bytes - 1] ^= 0x10;  // one flipped bit
             });
     }
+    void sum_to_all(Stream s, const PeerBuffers& b, size_t offset, size_t n, DType t) override {
+        SIM_API("sum_to_all");
+        check_wire_dtype(*this, t);
+        launch(s, "sum_to_all", [=] { host_sum_to_all(b, offset, n, t); });
+    }
+    bool can_load_from(const Device& peer) const override {
+        if (peer.type() != DeviceType::sim) return false;
+        if (peer.ordinal() == ordinal()) return true;
+        std::lock_guard<std::mutex> lock(g_mu);
+        return world().gpus[ordinal()].peer[peer.ordinal()];
+    }
     SIM_OP(pack_bf16, (Stream s, size_t n, const float* x, uint16_t* y), pack_bf16(Stream{}, n, x, y))
     SIM_OP(unpack_bf16, (Stream s, size_t n, const uint16_t* x, float* y), unpack_bf16(Stream{}, n, x, y))
 #undef SIM_OP
