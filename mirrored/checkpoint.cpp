@@ -323,6 +323,7 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
         {"replicas", std::to_string(d.replicas)},
         {"devices", d.devices},
         {"blas_kernel", d.blas_kernel},
+        {"cross_device_ops", d.cross_device_ops},
         {"global_batch", std::to_string(d.global_batch)},
         {"train_samples", std::to_string(d.train_samples)},
         {"loss_scale", exact(d.loss_scale[0]) + "," + exact(d.loss_scale[1])},
@@ -362,6 +363,7 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
     if (p.meta.count("train_samples")) d.train_samples = meta_int(p, path, "train_samples");
     d.devices = meta_of(p, path, "devices");
     if (p.meta.count("blas_kernel")) d.blas_kernel = meta_of(p, path, "blas_kernel");
+    if (p.meta.count("cross_device_ops")) d.cross_device_ops = meta_of(p, path, "cross_device_ops");
     d.config_yaml = meta_of(p, path, "config");
     try {
         const json m = json::parse(meta_of(p, path, "train_metrics"));

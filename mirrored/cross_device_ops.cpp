@@ -1,9 +1,14 @@
 #include "mirrored/cross_device_ops.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <cstdio>
 
 #include "kernels/error.h"
+#include "kernels/machine_cache.h"
 
 namespace mirrored {
 
@@ -237,6 +242,94 @@ void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
         broken_ = true;
         throw;
     }
+}
+
+namespace {
+
+std::vector<std::string> auto_candidates(const std::vector<Device*>& devices) {
+    std::vector<std::string> c{"ring"};
+    // nccl: one rank per GPU, CUDA built with NCCL, or the simulated GPUs' rendezvous
+    bool all_load = devices.size() <= size_t(PeerBuffers::kMax),
+         distinct_gpus = devices[0]->type() == DeviceType::sim || (devices[0]->type() == DeviceType::cuda && nccl_compiled());
+    for (size_t a = 0; a < devices.size(); ++a)
+        for (size_t b = 0; b < devices.size(); ++b) {
+            all_load = all_load && devices[a]->can_load_from(*devices[b]);
+            if (a != b && devices[a]->ordinal() == devices[b]->ordinal()) distinct_gpus = false;
+        }
+    if (all_load) c.push_back("direct");
+    if (distinct_gpus) c.push_back("nccl");
+    return c;
+}
+
+// Seconds for one all-reduce of every range, every replica on its own thread: the median of up
+// to 7 runs after a warm-up (NCCL sets up on its first call), at most about a second in all.
+double time_ops(const std::string& kind, const std::vector<Device*>& devices, const std::vector<float*>& buffers,
+                size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges, ReplicaThreads& threads, DType wire) {
+    auto ops = make_cross_device_ops(kind, devices, buffers, elements, threads.barrier(), wire);
+    auto once = [&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        threads.run([&](int r) {
+            for (const auto& [begin, count] : ranges) ops->all_reduce(r, begin, count);
+            devices[size_t(r)]->synchronize();
+        });
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    once();
+    std::vector<double> t;
+    double total = 0;
+    while (t.size() < 7 && (t.size() < 3 || total < 1.0)) {
+        t.push_back(once());
+        total += t.back();
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+}  // namespace
+
+OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std::vector<float*>& buffers,
+                                  size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges,
+                                  ReplicaThreads& threads, DType wire) {
+    if (devices.size() < 2) return {"ring", "one replica: nothing to reduce"};
+    // The key: what the time depends on - the machine (a home directory may be shared), the
+    // devices (GPU models; a CPU replica's description carries measured figures, so its name),
+    // the bucket layout and the wire type.
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    std::string key = std::string(host) + "|" + dtype_name(wire) + "|" + std::to_string(elements);
+    for (const Device* d : devices) key += "|" + d->name() + (d->type() == DeviceType::cpu ? "" : " " + d->description());
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the ranges: many buckets make a long list
+    for (const auto& [begin, count] : ranges)
+        for (uint64_t v : {uint64_t(begin), uint64_t(count)}) h = (h ^ v) * 1099511628211ull;
+    key += "|" + std::to_string(ranges.size()) + " ranges " + std::to_string(h);
+    const std::vector<std::string> candidates = auto_candidates(devices);
+    if (const auto cached = cache_lookup("cross-device-ops.txt", key)) {
+        const size_t sp = cached->find(' ');
+        const std::string name = cached->substr(0, sp);
+        if (std::find(candidates.begin(), candidates.end(), name) != candidates.end())
+            return {name, "cached: " + (sp == std::string::npos ? std::string() : cached->substr(sp + 1))};
+    }
+    for (size_t r = 0; r < devices.size(); ++r) {  // no NaN or denormals to slow the adds
+        devices[r]->fill(devices[r]->compute_stream(), elements, 0.0f, buffers[r]);
+        devices[r]->synchronize();
+    }
+    OpsChoice best;
+    double best_s = 0;
+    std::string times;
+    for (const std::string& kind : candidates) {
+        const double s = time_ops(kind, devices, buffers, elements, ranges, threads, wire);
+        char line[96];
+        std::snprintf(line, sizeof line, "%s%s %.3f ms", times.empty() ? "" : ", ", kind.c_str(), s * 1e3);
+        times += line;
+        if (best.name.empty() || s < best_s) {
+            best.name = kind;
+            best_s = s;
+        }
+    }
+    times += " per step";
+    cache_store("cross-device-ops.txt", key, best.name + " " + times);
+    best.how = "measured: " + times;
+    return best;
 }
 
 const char* cross_device_ops_names() { return "ring, direct, nccl, reduce_to_one"; }

@@ -198,7 +198,17 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
         grads.push_back(R->grads.data());
     }
     const bool exact = cfg_.allreduce_dtype == DType::f32;  // else the state region (running statistics) needs its own f32 ops
-    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, exact ? model_.flat_size() : model_.trainable_size(),
+    const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
+    buckets_ = make_buckets(model_, cfg_.bucket_mb);
+    if (cfg_.cross_device_ops == "auto") {
+        std::vector<std::pair<size_t, size_t>> ranges;
+        for (const Bucket& b : buckets_)
+            if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
+        const OpsChoice choice = choose_cross_device_ops(devs, grads, ops_elements, ranges, *threads_, cfg_.allreduce_dtype);
+        cfg_.cross_device_ops = choice.name;
+        ops_choice_ = "auto, " + choice.how;
+    }
+    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, ops_elements,
                                  threads_->barrier(), cfg_.allreduce_dtype);
     if (model_.has_state() && !exact)
         state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, model_.flat_size(), threads_->barrier());
@@ -208,7 +218,6 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
         stats_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, stats, model_.stats_floats(), threads_->barrier());
         for (int r = 0; r < n; ++r) replicas_[r]->sync = make_stats_sync(r);
     }
-    buckets_ = make_buckets(model_, cfg_.bucket_mb);
     for (const auto& t : model_.tensors())
         if (!t.trainable) state_.push_back(&t);
 }

@@ -295,6 +295,8 @@ void Run::print_header() {
     const char* kind = type == DeviceType::cuda ? "CUDA" : type == DeviceType::sim ? "simulated-GPU" : "CPU";
     std::printf("mirrored: run '%s' on %d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n", cfg_.run.name.c_str(),
                 st.replicas(), kind, st.devices().describe().c_str(), st.cross_device_ops_name(), st.buckets().size());
+    if (!st.cross_device_ops_choice().empty())
+        std::printf("  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
     if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
         std::printf("  no GPU: %s\n", cuda_unavailable_reason().c_str());
     if (type == DeviceType::sim)
@@ -405,6 +407,10 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
         std::printf("  note: the checkpoint was written with BLAS kernel %s, this run uses %s: training continues "
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.blas_kernel.c_str(),
                     blas_kernel().c_str());
+    if (st.replicas() > 1 && !ckpt.cross_device_ops.empty() && ckpt.cross_device_ops != st.cross_device_ops_name())
+        std::printf("  note: the checkpoint was written with cross-device ops %s, this run uses %s: training "
+                    "continues correctly, but not bit-identically to an uninterrupted run\n",
+                    ckpt.cross_device_ops.c_str(), st.cross_device_ops_name());
     st.upload_state(ckpt.params, ckpt.optimizer);
     st.restore_loss_scale(ckpt.loss_scale);
     st.restore_train_metrics(ckpt.train_metrics);
@@ -541,6 +547,7 @@ void Run::save_checkpoint(int64_t step) {
     d.replicas = st.replicas();
     d.devices = st.devices().describe();
     if (st.device_type() != DeviceType::cuda) d.blas_kernel = blas_kernel();
+    d.cross_device_ops = st.cross_device_ops_name();
     d.global_batch = cfg_.train.global_batch_size;
     d.loss_scale = st.loss_scale_state();
     d.train_samples = int64_t(s_->data->train.count());

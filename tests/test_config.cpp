@@ -80,7 +80,7 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     expect_error(t + "checkpoint: {keep: many}\n", {}, "checkpoint.keep: expected an integer in [1, 1000], got 'many'");
     expect_error(t + "checkpoint: {keep: 0}\n", {}, "checkpoint.keep: expected an integer in [1, 1000], got 0");
     expect_error(t, {"optimizer.lr=-1"}, "--set optimizer.lr=-1: optimizer.lr: expected a number in (0, 1e+06], got -1");
-    expect_error(t, {"strategy.cross_device_ops=tree"}, "expected one of ring, direct, nccl, reduce_to_one, got 'tree'");
+    expect_error(t, {"strategy.cross_device_ops=tree"}, "expected one of ring, direct, nccl, reduce_to_one, auto, got 'tree'");
     expect_error(t, {"data.loader_threads=0"}, "data.loader_threads: expected an integer in [1, 256], got 0");
     expect_error(t, {"data.loader_threads=lots"}, "data.loader_threads: expected auto or an integer in [1, 256], got 'lots'");
     expect_error(t, {"strategy.allreduce_dtype=fp16"}, "strategy.allreduce_dtype: expected one of fp32, bf16, got 'fp16'");

@@ -123,6 +123,7 @@ struct TrainResult {
     std::vector<float> params;
     std::vector<uint64_t> checksums;
     Metrics metrics;
+    std::string ops, ops_choice;  // the cross-device ops used, and how `auto` chose them
 };
 
 // `steps` optimizer steps on a small synthetic problem; returns replica 0's parameters.
@@ -162,6 +163,8 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     out.metrics = strategy.take_train_metrics();
     out.params = strategy.download_params();
     for (int r = 0; r < strategy.replicas(); ++r) out.checksums.push_back(strategy.checksum(r));
+    out.ops = strategy.cross_device_ops_name();
+    out.ops_choice = strategy.cross_device_ops_choice();
     return out;
 }
 
@@ -415,6 +418,39 @@ TEST_CASE("simulated GPUs: direct, nccl and reduce_to_one train like the ring; a
     const TrainResult sim3 = train("sim:0,0,0", 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "direct");
     const TrainResult cpu3 = train("cpu:3", 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "direct");
     CHECK(sim3.params == cpu3.params);
+}
+
+TEST_CASE("cross_device_ops auto: times what the devices can run, caches the choice, trains exactly as the chosen op") {
+    SimScope sim(0);
+    TempDir cache;
+    const char* old = std::getenv("MIRRORED_CACHE_DIR");
+    const std::string saved = old ? old : "";
+    ::setenv("MIRRORED_CACHE_DIR", cache.path().c_str(), 1);
+    for (const char* devices : {"cpu:3", "sim:0,0,0", "sim:0,1,2"}) {
+        CAPTURE(devices);
+        const TrainResult first = train(devices, 4, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "auto");
+        CHECK(first.ops_choice.find("auto, measured: ring ") == 0);
+        CHECK(first.ops_choice.find("direct ") != std::string::npos);  // every replica can load every buffer
+        const bool gpus = std::string(devices) == "sim:0,1,2";
+        CHECK((first.ops_choice.find("nccl ") != std::string::npos) == gpus);  // one rank per GPU only
+        const TrainResult again = train(devices, 4, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "auto");
+        CHECK(again.ops == first.ops);
+        CHECK(again.ops_choice.find("auto, cached: ") == 0);
+        // measuring leaves nothing behind: the run equals one that named the op
+        const TrainResult named = train(devices, 4, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, first.ops);
+        CHECK(named.ops_choice.empty());
+        CHECK(first.params == named.params);
+    }
+    // another bucket layout is another measurement
+    CHECK(train("cpu:3", 1, 0.0, 1, OptimizerConfig::Type::sgd, 0.0, "auto").ops_choice.find("measured") != std::string::npos);
+    // distinct GPUs without peer access: direct is not a candidate
+    sim_reset();
+    sim_set_peer_access(false);
+    const TrainResult staged = train("sim:0,1", 2, 0.0, 1, OptimizerConfig::Type::sgd, 0.0, "auto");
+    CHECK(staged.ops_choice.find("direct") == std::string::npos);
+    CHECK(staged.ops != "direct");
+    if (old) ::setenv("MIRRORED_CACHE_DIR", saved.c_str(), 1);
+    else ::unsetenv("MIRRORED_CACHE_DIR");
 }
 
 TEST_CASE("gradient accumulation and AdamW with clipping: N replicas still match one") {

@@ -14,10 +14,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "kernels/machine_cache.h"
 
 extern "C" char* openblas_get_corename(void);
 extern "C" char* openblas_get_config(void);
@@ -26,7 +27,6 @@ namespace mirrored {
 
 namespace {
 
-namespace fs = std::filesystem;
 
 constexpr const char* kProbeVar = "MIRRORED_BLAS_PROBE";    // this process is a probe child
 constexpr const char* kChosenVar = "MIRRORED_BLAS_CHOSEN";  // set on our re-exec: "core|gflops|own|own_gflops"
@@ -181,13 +181,6 @@ double probe(const std::string& core) {
     return g;
 }
 
-fs::path cache_file() {
-    if (const char* d = std::getenv("MIRRORED_CACHE_DIR")) return fs::path(d) / "blas-kernel.txt";
-    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "mirrored" / "blas-kernel.txt";
-    if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h) / ".cache" / "mirrored" / "blas-kernel.txt";
-    return {};
-}
-
 std::string cpu_model_name() {
     std::ifstream in("/proc/cpuinfo");
     std::string line;
@@ -203,36 +196,16 @@ std::string cache_key(const std::string& own) {
 }
 
 bool read_cache(const std::string& key, Choice& c) {
-    const fs::path f = cache_file();
-    if (f.empty()) return false;
-    std::ifstream in(f);
-    std::string line;
-    while (std::getline(in, line)) {
-        const size_t tab = line.find('\t');
-        if (tab == std::string::npos || line.substr(0, tab) != key) continue;
-        char core[64] = {}, own[64] = {};
-        if (std::sscanf(line.c_str() + tab + 1, "%63s %lf %63s %lf", core, &c.gflops, own, &c.own_gflops) == 4) {
-            c.core = core;
-            c.own = own;
-            return true;
-        }
-    }
-    return false;
+    const auto v = cache_lookup("blas-kernel.txt", key);
+    char core[64] = {}, own[64] = {};
+    if (!v || std::sscanf(v->c_str(), "%63s %lf %63s %lf", core, &c.gflops, own, &c.own_gflops) != 4) return false;
+    c.core = core;
+    c.own = own;
+    return true;
 }
 
 void write_cache(const std::string& key, const Choice& c) {
-    const fs::path f = cache_file();
-    if (f.empty()) return;
-    std::error_code ec;
-    fs::create_directories(f.parent_path(), ec);
-    const fs::path tmp = f.string() + ".tmp" + std::to_string(::getpid());
-    {
-        std::ofstream out(tmp);
-        out << key << '\t' << c.core << ' ' << c.gflops << ' ' << c.own << ' ' << c.own_gflops << '\n';
-        if (!out) return;
-    }
-    fs::rename(tmp, f, ec);  // atomic; a cache that cannot be written only costs a probe next time
-    if (ec) fs::remove(tmp, ec);
+    cache_store("blas-kernel.txt", key, c.core + " " + std::to_string(c.gflops) + " " + c.own + " " + std::to_string(c.own_gflops));
 }
 
 [[noreturn]] void reexec(char** argv, const Choice& c) {

@@ -68,6 +68,7 @@ std::string device_spec(const Kind& k, int n) {
 struct Row {
     int replicas = 0, global_batch = 0;
     std::string devices;
+    std::string ops;  // the cross-device ops the run used (what `auto` chose)
     double step_s = 0, step_min_s = 0, step_max_s = 0, samples_per_s = 0;
     double speedup = 0, efficiency = 0;
     TimeSplit split;
@@ -119,6 +120,7 @@ Row measure(const Config& cfg, std::shared_ptr<const Datasets> data, int steps, 
     row.replicas = st.replicas();
     row.global_batch = cfg.train.global_batch_size;
     row.devices = cfg.strategy.devices;
+    row.ops = st.cross_device_ops_name();
     row.step_s = median(per_step);
     row.step_min_s = *std::min_element(per_step.begin(), per_step.end());
     row.step_max_s = *std::max_element(per_step.begin(), per_step.end());
@@ -230,7 +232,7 @@ int scale(const ScaleOptions& o) {
         const CommPlan comm = comm_plan(model, cfg.strategy);
         row.wire_bytes = comm.wire_bytes;
         if (n > 1) {
-            row.allreduce_s = measure_allreduce_seconds(cfg.strategy.devices, cfg.strategy.cross_device_ops,
+            row.allreduce_s = measure_allreduce_seconds(cfg.strategy.devices, row.ops,
                                                         cfg.strategy.allreduce_dtype, size_t(model.trainable_size()) * 4);
             row.busbw = 2.0 * (n - 1) / n * double(model.trainable_size()) * dtype_size(cfg.strategy.allreduce_dtype) /
                         row.allreduce_s;
@@ -239,7 +241,7 @@ int scale(const ScaleOptions& o) {
         if (compute_one > 0) {
             const double rows_here = double(cfg.train.global_batch_size) / n;
             // the link calibrated at the gradients' size (CPU caches make bandwidth size-dependent)
-            const LinkModel link = n > 1 ? measure_link(cfg.strategy.devices, cfg.strategy.cross_device_ops,
+            const LinkModel link = n > 1 ? measure_link(cfg.strategy.devices, row.ops,
                                                         cfg.strategy.allreduce_dtype, size_t(model.trainable_size()) * 4)
                                          : LinkModel{};
             row.prediction = predict_step(n, compute_one * rows_here / per_replica, comm, link);
