@@ -64,6 +64,8 @@ for cfg in synthetic_mlp fashion_mnist_mlp; do
     step "scale_$cfg" env "${data_env[@]}" build/mirrored scale configs/$cfg.yaml --kind cpu --replicas 1,2 \
         --steps $scale_steps --out "$out/scale_$cfg"
 done
+# the planner against measurements: the validation test, with its predicted/measured lines
+[[ -x build/mirrored_tests ]] && step planner build/mirrored_tests -tc="planner validated*" -s
 if [[ $cnn == 1 ]]; then
     for p in fp32 bf16 fp16; do
         step "cnn_$p" env "${data_env[@]}" /usr/bin/time -f "process wall time %e s" build/mirrored train configs/fashion_mnist_cnn.yaml --output "$out/cnn_$p" \
@@ -85,3 +87,4 @@ EOF
 done
 grep -h "process wall time" "$out"/train_*.txt "$out"/cnn_*.txt 2>/dev/null
 grep -hE "replicas:|->" "$out"/scale_*.txt 2>/dev/null | head -10
+grep -hE "predicted" "$out"/planner.txt 2>/dev/null | sed 's/^.*MESSAGE: *//' | head -10
