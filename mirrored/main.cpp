@@ -47,6 +47,121 @@ void end_status_line() {
     std::fflush(stdout);
 }
 
+// The commands that run or read a model: train, eval, export, devices.
+struct ModelCommands {
+    std::string config, checkpoint, out, devices, output;
+    std::vector<std::string> sets;
+    bool print_config = false;
+    EvalDump dump;
+    CLI::App *train = nullptr, *eval = nullptr, *exp = nullptr, *devices_cmd = nullptr;
+
+    explicit ModelCommands(CLI::App& app) {
+        train = app.add_subcommand("train", "train a model from a YAML config");
+        train->add_option("config", config, "YAML configuration file")->required();
+        train->add_option("--set", sets, "override any key: --set model.layers.1.units=256 (repeatable)");
+        train->add_option("--devices", devices, "shorthand for --set strategy.devices=SPEC (auto, cuda:0,1, cuda:0,0, cpu:4)");
+        train->add_option("--output", output, "shorthand for --set run.output_dir=DIR");
+        train->add_flag("--print-config", print_config, "print the resolved configuration (defaults included) and exit");
+
+        eval = app.add_subcommand("eval", "test-set loss and accuracy of a checkpoint");
+        eval->add_option("config", config, "the run's YAML configuration")->required();
+        eval->add_option("--checkpoint", checkpoint, "checkpoint file")->required();
+        eval->add_option("--set", sets, "override a key (repeatable)");
+        eval->add_option("--devices", devices, "device spec for evaluation");
+        eval->add_option("--dump-inputs", dump.inputs, "write the test samples (normalised, NHWC) to this .npy file");
+        eval->add_option("--dump-logits", dump.logits, "write the model's logits for them to this .npy file");
+        eval->add_option("--limit", dump.limit, "dump only the first N test samples")->check(CLI::Range(1, 100000000));
+
+        exp = app.add_subcommand("export", "write a checkpoint's weights as a plain safetensors file");
+        exp->add_option("checkpoint", checkpoint, "checkpoint file")->required();
+        exp->add_option("--out", out, "output .safetensors file")->required();
+
+        devices_cmd = app.add_subcommand("devices", "list GPUs, peer access, links and versions (or the CPU)");
+    }
+
+    // The exit code, or -1 when none of these commands was given.
+    int run() {
+        if (train->parsed() || eval->parsed()) return train_or_eval();
+        if (exp->parsed()) return export_weights();
+        if (devices_cmd->parsed()) return print_devices();
+        return -1;
+    }
+
+private:
+    int train_or_eval() {
+        if (train->count("--devices") + eval->count("--devices") > 0) {
+            if (devices.empty()) throw ConfigError("--devices: expected a device list such as auto, cpu:2 or cuda:0,1");
+            sets.push_back("strategy.devices=" + devices);
+        }
+        if (train->count("--output") > 0) {
+            if (output.empty()) throw ConfigError("--output: expected a folder");
+            sets.push_back("run.output_dir=" + output);
+        }
+        const Config cfg = load_config(config, sets);
+        if (print_config) {
+            std::cout << config_to_yaml(cfg);
+            return kExitOk;
+        }
+        if (train->parsed()) {
+            install_signal_handlers();
+            return run_training(cfg);
+        }
+        const EvalResult r = evaluate_checkpoint(cfg, checkpoint, dump);
+        std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n", checkpoint.c_str(),
+                    static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
+        return kExitOk;
+    }
+
+    // The weights without the optimizer state, under PyTorch's names.
+    int export_weights() {
+        std::error_code ec;
+        if (std::filesystem::exists(out, ec) && std::filesystem::equivalent(out, checkpoint, ec))
+            throw ConfigError("--out " + out + ": is the checkpoint itself; choose another file for the export");
+        if (std::filesystem::is_directory(out, ec)) throw ConfigError("--out " + out + ": is a directory; name a file");
+        SafetensorsFile f = read_safetensors(checkpoint, true);
+        SafetensorsFile weights;
+        for (auto& [name, t] : f.tensors)
+            if (name.rfind("optimizer.", 0) != 0) weights.tensors[name] = std::move(t);
+        // PyTorch's batchnorm also keeps how many batches updated its running statistics: one per
+        // optimizer step here.
+        const int64_t steps = std::strtoll(f.metadata["step"].c_str(), nullptr, 10);
+        const std::string suffix = ".running_mean";
+        for (const auto& [name, t] : weights.tensors)
+            if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+                weights.int_tensors[name.substr(0, name.size() - suffix.size()) + ".num_batches_tracked"] = {{}, {steps}};
+        weights.metadata = {{"format", "pt"}, {"source", checkpoint}, {"step", f.metadata["step"]}, {"model", f.metadata["model"]}};
+        write_safetensors(out, weights);
+        std::printf("wrote %zu tensors to %s\n", weights.tensors.size() + weights.int_tensors.size(), out.c_str());
+        return kExitOk;
+    }
+};
+
+// An unknown first word is named with the list of commands (CLI11 would call it an extra
+// positional argument).
+bool known_command(CLI::App& app, int argc, char** argv) {
+    if (argc < 2 || argv[1][0] == '-') return true;
+    std::string names;
+    for (const auto* sub : app.get_subcommands({})) {
+        if (sub->get_name() == argv[1]) return true;
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    std::fprintf(stderr, "error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
+    return false;
+}
+
+// Every error leaves through here: one line naming what is wrong, and the documented exit code.
+int report_error(const Error& e) {
+    end_status_line();
+    std::fprintf(stderr, "error: %s\n", e.what());
+    if (e.code() == kExitDevice) {
+        // A failed GPU context can hang the CUDA runtime's own teardown at exit; everything of
+        // ours is already closed and flushed (the run's objects were destroyed while unwinding).
+        std::fflush(nullptr);
+        std::_Exit(kExitDevice);
+    }
+    return e.code();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,48 +170,9 @@ int main(int argc, char** argv) {
     CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "help for every command");
-
-    std::string config, checkpoint, out, devices, output;
-    std::vector<std::string> sets;
-    bool print_config = false;
-
-    auto* train = app.add_subcommand("train", "train a model from a YAML config");
-    train->add_option("config", config, "YAML configuration file")->required();
-    train->add_option("--set", sets, "override any key: --set model.layers.1.units=256 (repeatable)");
-    train->add_option("--devices", devices, "shorthand for --set strategy.devices=SPEC (auto, cuda:0,1, cuda:0,0, cpu:4)");
-    train->add_option("--output", output, "shorthand for --set run.output_dir=DIR");
-    train->add_flag("--print-config", print_config, "print the resolved configuration (defaults included) and exit");
-
-    auto* eval = app.add_subcommand("eval", "test-set loss and accuracy of a checkpoint");
-    eval->add_option("config", config, "the run's YAML configuration")->required();
-    eval->add_option("--checkpoint", checkpoint, "checkpoint file")->required();
-    eval->add_option("--set", sets, "override a key (repeatable)");
-    eval->add_option("--devices", devices, "device spec for evaluation");
-    EvalDump dump;
-    eval->add_option("--dump-inputs", dump.inputs, "write the test samples (normalised, NHWC) to this .npy file");
-    eval->add_option("--dump-logits", dump.logits, "write the model's logits for them to this .npy file");
-    eval->add_option("--limit", dump.limit, "dump only the first N test samples")->check(CLI::Range(1, 100000000));
-
-    auto* exp = app.add_subcommand("export", "write a checkpoint's weights as a plain safetensors file");
-    exp->add_option("checkpoint", checkpoint, "checkpoint file")->required();
-    exp->add_option("--out", out, "output .safetensors file")->required();
-
-    app.add_subcommand("devices", "list GPUs, peer access, links and versions (or the CPU)");
-
+    ModelCommands model(app);
     ToolCommands tools(app);
-
-    if (argc >= 2 && argv[1][0] != '-') {
-        bool known = false;
-        std::string names;
-        for (const auto* sub : app.get_subcommands({})) {
-            known = known || sub->get_name() == argv[1];
-            names += (names.empty() ? "" : ", ") + sub->get_name();
-        }
-        if (!known) {
-            std::fprintf(stderr, "error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
-            return kExitUsage;
-        }
-    }
+    if (!known_command(app, argc, argv)) return kExitUsage;
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
@@ -107,65 +183,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "error: %s\n(run 'mirrored --help' or 'mirrored <command> --help')\n", e.what());
         return kExitUsage;
     }
-
     try {
-        if (train->parsed() || eval->parsed()) {
-            if (train->count("--devices") + eval->count("--devices") > 0) {
-                if (devices.empty()) throw ConfigError("--devices: expected a device list such as auto, cpu:2 or cuda:0,1");
-                sets.push_back("strategy.devices=" + devices);
-            }
-            if (train->count("--output") > 0) {
-                if (output.empty()) throw ConfigError("--output: expected a folder");
-                sets.push_back("run.output_dir=" + output);
-            }
-            const Config cfg = load_config(config, sets);
-            if (print_config) {
-                std::cout << config_to_yaml(cfg);
-                return kExitOk;
-            }
-            if (train->parsed()) {
-                install_signal_handlers();
-                return run_training(cfg);
-            }
-            const EvalResult r = evaluate_checkpoint(cfg, checkpoint, dump);
-            std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n",
-                        checkpoint.c_str(), static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
-            return kExitOk;
-        }
-        if (exp->parsed()) {
-            std::error_code ec;
-            if (std::filesystem::exists(out, ec) && std::filesystem::equivalent(out, checkpoint, ec))
-                throw ConfigError("--out " + out + ": is the checkpoint itself; choose another file for the export");
-            if (std::filesystem::is_directory(out, ec)) throw ConfigError("--out " + out + ": is a directory; name a file");
-            SafetensorsFile f = read_safetensors(checkpoint, true);
-            SafetensorsFile weights;
-            for (auto& [name, t] : f.tensors)
-                if (name.rfind("optimizer.", 0) != 0) weights.tensors[name] = std::move(t);
-            // PyTorch's batchnorm also keeps how many batches updated its running statistics:
-            // one per optimizer step here.
-            const int64_t steps = std::strtoll(f.metadata["step"].c_str(), nullptr, 10);
-            const std::string suffix = ".running_mean";
-            for (const auto& [name, t] : weights.tensors)
-                if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-                    weights.int_tensors[name.substr(0, name.size() - suffix.size()) + ".num_batches_tracked"] = {{}, {steps}};
-            weights.metadata = {{"format", "pt"}, {"source", checkpoint}, {"step", f.metadata["step"]},
-                                {"model", f.metadata["model"]}};
-            write_safetensors(out, weights);
-            std::printf("wrote %zu tensors to %s\n", weights.tensors.size() + weights.int_tensors.size(), out.c_str());
-            return kExitOk;
-        }
-        if (app.got_subcommand("devices")) return print_devices();
+        if (const int rc = model.run(); rc >= 0) return rc;
         if (const int rc = tools.run(); rc >= 0) return rc;
     } catch (const Error& e) {
-        end_status_line();
-        std::fprintf(stderr, "error: %s\n", e.what());
-        if (e.code() == kExitDevice) {
-            // A failed GPU context can hang the CUDA runtime's own teardown at exit; everything of
-            // ours is already closed and flushed (the run's objects were destroyed while unwinding).
-            std::fflush(nullptr);
-            std::_Exit(kExitDevice);
-        }
-        return e.code();
+        return report_error(e);
     } catch (const std::bad_alloc&) {
         end_status_line();
         std::fprintf(stderr, "error: out of host memory (a dataset, model or batch too large for this machine)\n");
