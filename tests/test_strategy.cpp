@@ -548,38 +548,48 @@ TEST_CASE("sim: after an aborted all-reduce the ops refuse further use instead o
                          doctest::Contains("unusable after an aborted all-reduce"), DeviceError);
 }
 
-TEST_CASE("sim: the host work a training step issues is counted and bounded") {
-    SimScope sim(0);
+// The host work of `steps` training steps after a first one, on simulated GPUs, one bucket.
+struct MeasuredWork {
+    HostWork device;    // replica 0's calls over the steps
+    uint64_t barriers;  // per step
+};
+MeasuredWork step_work(const std::string& devices, const std::string& op, int steps) {
     SyntheticOptions so;
     so.shape = {12};
     so.classes = 5;
     so.samples = 480;
     const Dataset ds = make_synthetic(so);
     const Model model({12}, {dense(16, Activation::relu), dense(16, Activation::relu), dense(5, Activation::none)}, 3);
+    StrategyConfig sc;
+    sc.devices = devices;
+    sc.bucket_mb = 0;  // one bucket
+    sc.cross_device_ops = op;
+    MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
+    LoaderOptions lo;
+    lo.global_batch = 24;
+    lo.consumers = st.replicas();
+    Loader loader(ds, lo, st.host_allocator());
+    loader.start({});
+    st.init_and_broadcast();
+    st.train_step(loader.next(), 0, 0.1f, 1, false);
+    st.synchronize();
+    const StepWork before = st.host_work();
+    for (int s = 1; s <= steps; ++s) st.train_step(loader.next(), s, 0.1f, 1, false);
+    st.synchronize();
+    const StepWork after = st.host_work();
+    return {after.device - before.device, (after.barriers - before.barriers) / uint64_t(steps)};
+}
+
+TEST_CASE("sim: the host work a training step issues is counted and bounded") {
+    SimScope sim(0);
+    const int steps = 5;
     for (int n : {2, 4}) {
-        StrategyConfig sc;
-        sc.devices = "sim:" + std::string(n == 2 ? "0,1" : "0,1,2,3");
-        sc.bucket_mb = 0;  // one bucket
-        MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
-        LoaderOptions lo;
-        lo.global_batch = 24;
-        lo.consumers = n;
-        Loader loader(ds, lo, st.host_allocator());
-        loader.start({});
-        st.init_and_broadcast();
-        st.train_step(loader.next(), 0, 0.1f, 1, false);
-        st.synchronize();
-        const StepWork before = st.host_work();
-        const int steps = 5;
-        for (int s = 1; s <= steps; ++s) st.train_step(loader.next(), s, 0.1f, 1, false);
-        st.synchronize();
-        const StepWork after = st.host_work();
-        const HostWork w = after.device - before.device;
-        const uint64_t barriers = (after.barriers - before.barriers) / steps;
+        const MeasuredWork m = step_work("sim:" + std::string(n == 2 ? "0,1" : "0,1,2,3"), "ring", steps);
+        const HostWork& w = m.device;
         CAPTURE(n);
         // One bucket: the ring crosses 2(n-1)+1 barriers per step, each with one event record and
         // two waits on the comm stream; staging is 2 copies, 1 callback, 2 records, 3 waits.
-        CHECK(barriers == uint64_t(2 * (n - 1) + 1));
+        CHECK(m.barriers == uint64_t(2 * (n - 1) + 1));
         CHECK(w.copies / steps == 2 + uint64_t(n - 1));            // inputs, labels, the all-gather copies
         CHECK(w.callbacks / steps == 1);
         CHECK(w.event_records / steps == uint64_t(2 + 2 + 2 * (n - 1) + 1));
@@ -588,26 +598,11 @@ TEST_CASE("sim: the host work a training step issues is counted and bounded") {
     }
     // direct: two joins per bucket whatever the replica count, one sum op per replica, no copies
     for (int n : {2, 4}) {
-        StrategyConfig sc;
-        sc.devices = n == 2 ? "sim:0,0" : "sim:0,0,0,0";
-        sc.bucket_mb = 0;
-        sc.cross_device_ops = "direct";
-        MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
-        LoaderOptions lo;
-        lo.global_batch = 24;
-        lo.consumers = n;
-        Loader loader(ds, lo, st.host_allocator());
-        loader.start({});
-        st.init_and_broadcast();
-        st.train_step(loader.next(), 0, 0.1f, 1, false);
-        st.synchronize();
-        const StepWork before = st.host_work();
-        for (int s = 1; s <= 5; ++s) st.train_step(loader.next(), s, 0.1f, 1, false);
-        st.synchronize();
-        const StepWork after = st.host_work();
+        const MeasuredWork m = step_work(n == 2 ? "sim:0,0" : "sim:0,0,0,0", "direct", steps);
         CAPTURE(n);
-        CHECK((after.barriers - before.barriers) / 5 == 2);
-        CHECK((after.device - before.device).copies / 5 == 2);  // inputs and labels only
+        CHECK(m.barriers == 2);
+        CHECK(m.device.copies / steps == 2);  // inputs and labels only
+        CHECK(m.device.host_syncs == 0);
     }
 }
 
