@@ -75,6 +75,34 @@ struct Window2d {
     int kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0;
     MIRRORED_HD int oh() const { return (h + 2 * ph - kh) / sh + 1; }
     MIRRORED_HD int ow() const { return (w + 2 * pw - kw) / sw + 1; }
+    // f(iy, ix, ky, kx) for every input position window (oy, ox) reads, in (ky, kx) order;
+    // positions in the padding are skipped.
+    template <typename F>
+    MIRRORED_HD void for_each_input(int oy, int ox, F&& f) const {
+        for (int ky = 0; ky < kh; ++ky) {
+            const int iy = oy * sh + ky - ph;
+            if (iy < 0 || iy >= h) continue;
+            for (int kx = 0; kx < kw; ++kx) {
+                const int ix = ox * sw + kx - pw;
+                if (ix >= 0 && ix < w) f(iy, ix, ky, kx);
+            }
+        }
+    }
+    // f(oy, ox, ky, kx) for every window that reads input position (iy, ix), in (ky, kx) order:
+    // the gather form of the backward passes (each input sums its windows, no atomics).
+    template <typename F>
+    MIRRORED_HD void for_each_window(int iy, int ix, F&& f) const {
+        const int out_h = oh(), out_w = ow();
+        for (int ky = 0; ky < kh; ++ky) {
+            const int ty = iy + ph - ky;
+            if (ty < 0 || ty % sh || ty / sh >= out_h) continue;
+            for (int kx = 0; kx < kw; ++kx) {
+                const int tx = ix + pw - kx;
+                if (tx < 0 || tx % sw || tx / sw >= out_w) continue;
+                f(ty / sh, tx / sw, ky, kx);
+            }
+        }
+    }
 };
 enum class PoolKind { max, average };
 

@@ -288,17 +288,11 @@ public:
             for (int oy = 0; oy < oh; ++oy)
                 for (int ox = 0; ox < ow; ++ox) {
                     const float* row = dcol + ((size_t(n) * oh + oy) * ow + ox) * K;
-                    for (int ky = 0; ky < g.kh; ++ky) {
-                        const int iy = oy * g.sh + ky - g.ph;
-                        if (iy < 0 || iy >= g.h) continue;
-                        for (int kx = 0; kx < g.kw; ++kx) {
-                            const int ix = ox * g.sw + kx - g.pw;
-                            if (ix < 0 || ix >= g.w) continue;
-                            float* dst = dx + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
-                            const int k0 = ky * g.kw + kx;
-                            for (int c = 0; c < g.c; ++c) dst[c] += row[size_t(c) * kk + k0];
-                        }
-                    }
+                    g.for_each_input(oy, ox, [&](int iy, int ix, int ky, int kx) {
+                        float* dst = dx + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
+                        const int k0 = ky * g.kw + kx;
+                        for (int c = 0; c < g.c; ++c) dst[c] += row[size_t(c) * kk + k0];
+                    });
                 }
         if (t != DType::f32)
             for (size_t i = 0, e = size_t(g.n) * g.h * g.w * g.c; i < e; ++i) dx[i] = round_to(t, dx[i]);
@@ -315,17 +309,11 @@ public:
                 for (int ox = 0; ox < ow; ++ox)
                     for (int c = 0; c < g.c; ++c) {
                         float acc = kind == PoolKind::max ? -std::numeric_limits<float>::infinity() : 0.0f;
-                        for (int ky = 0; ky < g.kh; ++ky) {
-                            const int iy = oy * g.sh + ky - g.ph;
-                            if (iy < 0 || iy >= g.h) continue;
-                            for (int kx = 0; kx < g.kw; ++kx) {
-                                const int ix = ox * g.sw + kx - g.pw;
-                                if (ix < 0 || ix >= g.w) continue;
-                                const float v = x[((size_t(n) * g.h + iy) * g.w + ix) * g.c + c];
-                                if (kind == PoolKind::max) acc = v > acc ? v : acc;
-                                else acc += v;
-                            }
-                        }
+                        g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
+                            const float v = x[((size_t(n) * g.h + iy) * g.w + ix) * g.c + c];
+                            if (kind == PoolKind::max) acc = v > acc ? v : acc;
+                            else acc += v;
+                        });
                         y[((size_t(n) * oh + oy) * ow + ox) * g.c + c] = round_to(t, kind == PoolKind::max ? acc : acc * inv);
                     }
     }
@@ -345,17 +333,11 @@ public:
                         const float d = dy[((size_t(n) * oh + oy) * ow + ox) * g.c + c];
                         size_t best = SIZE_MAX;
                         float best_v = -std::numeric_limits<float>::infinity();
-                        for (int ky = 0; ky < g.kh; ++ky) {
-                            const int iy = oy * g.sh + ky - g.ph;
-                            if (iy < 0 || iy >= g.h) continue;
-                            for (int kx = 0; kx < g.kw; ++kx) {
-                                const int ix = ox * g.sw + kx - g.pw;
-                                if (ix < 0 || ix >= g.w) continue;
-                                const size_t e = ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c;
-                                if (kind == PoolKind::average) dx[e] += d * inv;
-                                else if (best == SIZE_MAX || x[e] > best_v) best = e, best_v = x[e];
-                            }
-                        }
+                        g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
+                            const size_t e = ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c;
+                            if (kind == PoolKind::average) dx[e] += d * inv;
+                            else if (best == SIZE_MAX || x[e] > best_v) best = e, best_v = x[e];
+                        });
                         if (kind == PoolKind::max && best != SIZE_MAX) dx[best] += d;
                     }
         if (t != DType::f32)

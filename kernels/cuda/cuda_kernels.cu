@@ -353,19 +353,9 @@ __global__ void col2im_kernel(Window2d g, const T* dcol, T* dx) {
         const int c = int(i % g.c), ix = int((i / g.c) % g.w), iy = int((i / (size_t(g.c) * g.w)) % g.h);
         const int n = int(i / (size_t(g.c) * g.w * g.h));
         float sum = 0.0f;
-        for (int ky = 0; ky < g.kh; ++ky) {
-            const int ty = iy + g.ph - ky;
-            if (ty < 0 || ty % g.sh) continue;
-            const int oy = ty / g.sh;
-            if (oy >= oh) continue;
-            for (int kx = 0; kx < g.kw; ++kx) {
-                const int tx = ix + g.pw - kx;
-                if (tx < 0 || tx % g.sw) continue;
-                const int ox = tx / g.sw;
-                if (ox >= ow) continue;
-                sum += ld(dcol, ((size_t(n) * oh + oy) * ow + ox) * K + size_t(c) * kk + ky * g.kw + kx);
-            }
-        }
+        g.for_each_window(iy, ix, [&](int oy, int ox, int ky, int kx) {
+            sum += ld(dcol, ((size_t(n) * oh + oy) * ow + ox) * K + size_t(c) * kk + ky * g.kw + kx);
+        });
         st(dx, i, sum);
     }
 }
@@ -383,20 +373,14 @@ template <typename T>
 __device__ size_t window_argmax(const Window2d& g, const T* x, int n, int oy, int ox, int c) {
     size_t best = SIZE_MAX;
     float best_v = -INFINITY;
-    for (int ky = 0; ky < g.kh; ++ky) {
-        const int iy = oy * g.sh + ky - g.ph;
-        if (iy < 0 || iy >= g.h) continue;
-        for (int kx = 0; kx < g.kw; ++kx) {
-            const int ix = ox * g.sw + kx - g.pw;
-            if (ix < 0 || ix >= g.w) continue;
-            const size_t e = ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c;
-            const float v = ld(x, e);
-            if (best == SIZE_MAX || v > best_v) {
-                best = e;
-                best_v = v;
-            }
+    g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
+        const size_t e = ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c;
+        const float v = ld(x, e);
+        if (best == SIZE_MAX || v > best_v) {
+            best = e;
+            best_v = v;
         }
-    }
+    });
     return best;
 }
 
@@ -413,14 +397,7 @@ __global__ void pool_forward_kernel(PoolKind kind, Window2d g, const T* x, T* y)
             continue;
         }
         float acc = 0.0f;
-        for (int ky = 0; ky < g.kh; ++ky) {
-            const int iy = oy * g.sh + ky - g.ph;
-            if (iy < 0 || iy >= g.h) continue;
-            for (int kx = 0; kx < g.kw; ++kx) {
-                const int ix = ox * g.sw + kx - g.pw;
-                if (ix >= 0 && ix < g.w) acc += ld(x, ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c);
-            }
-        }
+        g.for_each_input(oy, ox, [&](int iy, int ix, int, int) { acc += ld(x, ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c); });
         st(y, i, acc * inv);
     }
 }
@@ -442,21 +419,11 @@ __global__ void pool_backward_kernel(PoolKind kind, Window2d g, const T* x, cons
         const int c = int(i % g.c), ix = int((i / g.c) % g.w), iy = int((i / (size_t(g.c) * g.w)) % g.h);
         const int n = int(i / (size_t(g.c) * g.w * g.h));
         float sum = 0.0f;
-        for (int ky = 0; ky < g.kh; ++ky) {
-            const int ty = iy + g.ph - ky;
-            if (ty < 0 || ty % g.sh) continue;
-            const int oy = ty / g.sh;
-            if (oy >= oh) continue;
-            for (int kx = 0; kx < g.kw; ++kx) {
-                const int tx = ix + g.pw - kx;
-                if (tx < 0 || tx % g.sw) continue;
-                const int ox = tx / g.sw;
-                if (ox >= ow) continue;
-                const float d = ld(dy, ((size_t(n) * oh + oy) * ow + ox) * g.c + c);
-                if (kind == PoolKind::average) sum += d * inv;
-                else if (window_argmax(g, x, n, oy, ox, c) == i) sum += d;
-            }
-        }
+        g.for_each_window(iy, ix, [&](int oy, int ox, int, int) {
+            const float d = ld(dy, ((size_t(n) * oh + oy) * ow + ox) * g.c + c);
+            if (kind == PoolKind::average) sum += d * inv;
+            else if (window_argmax(g, x, n, oy, ox, c) == i) sum += d;
+        });
         st(dx, i, sum);
     }
 }
