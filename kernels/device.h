@@ -25,13 +25,8 @@
 #include <string>
 #include <vector>
 
-#ifndef MIRRORED_HD  // host and device (CUDA) functions shared by both backends
-#if defined(__CUDACC__)
-#define MIRRORED_HD __host__ __device__ __forceinline__
-#else
-#define MIRRORED_HD inline
-#endif
-#endif
+#include "kernels/host_device.h"
+
 
 namespace mirrored {
 

@@ -206,6 +206,19 @@ MIRRORED_HD float bn_var(float sqsum, double count) { return float(double(sqsum)
 MIRRORED_HD float bn_invstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
 // The running variance is the unbiased estimate (PyTorch's choice).
 MIRRORED_HD float bn_unbiased(float var, double count) { return count > 1 ? float(double(var) * count / (count - 1)) : var; }
+
+// bn_finalize for one channel: the batch mean, and with squared sums the inverse standard
+// deviation and the running statistics' weighted contributions.
+MIRRORED_HD void bn_finalize_channel(const BnStats& a, int ch, const float* sum, const float* sqsum, float* mean,
+                                     float* invstd, float* run_mean, float* run_var) {
+    const float m = bn_mean(sum[ch], a.count);
+    mean[ch] = m;
+    if (!sqsum) return;
+    const float var = bn_var(sqsum[ch], a.count);
+    invstd[ch] = bn_invstd(var, a.eps);
+    if (run_mean) run_mean[ch] += a.weight * m;
+    if (run_var) run_var[ch] += a.weight * bn_unbiased(var, a.count);
+}
 MIRRORED_HD float ema(float running, float batch, float momentum) { return (1.0f - momentum) * running + momentum * batch; }
 
 // Dynamic loss scaling, state = [scale, good steps in a row] (PyTorch GradScaler's rule).

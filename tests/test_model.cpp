@@ -100,7 +100,9 @@ struct Harness {
 // Backprop gradients vs finite differences for (a sample of) every trainable parameter, with
 // the parameters perturbed first so that no gamma is exactly 1 and no bias 0. At a ReLU kink or
 // a max-pool tie the central difference straddles two linear pieces; there one of the one-sided
-// differences must agree.
+// differences must agree. A first-layer weight moves every activation behind a batchnorm, so
+// +-eps can cross a kink on both sides; only then the differences are taken again with eps / 4
+// (four times less likely to cross one; float32 logits make it noisier, hence the wider bound).
 void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t per_tensor = 40) {
     Harness h(d, m, rows, salt);
     Rng rng(salt + 100);
@@ -111,27 +113,34 @@ void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t 
     d.copy_to_device(d.compute_stream(), h.params.data(), p.data(), p.size() * sizeof(float));
     int callbacks = 0;
     const auto bp = h.backprop(&callbacks);
-    const double eps = 1e-3;
     int checked = 0, failures = 0, with_params = 0;
+    // Does backprop's g agree with the differences at step eps (the absolute bound scales with
+    // the float32 noise, 1/eps)? Returns the central difference.
+    auto agrees = [&](size_t k, double g, double eps, double& central) {
+        const float orig = p[k];
+        p[k] = orig + float(eps);
+        const double up = h.loss(p);
+        p[k] = orig - float(eps);
+        const double down = h.loss(p);
+        p[k] = orig;
+        const double at = h.loss(p);
+        const double noise = 1e-3 / eps;
+        central = (up - down) / (2 * eps);
+        return std::fabs(central - g) <= 3e-4 * noise + 1e-2 * std::fabs(g) ||
+               std::fabs((up - at) / eps - g) <= 2e-3 * noise + 3e-2 * std::fabs(g) ||
+               std::fabs((at - down) / eps - g) <= 2e-3 * noise + 3e-2 * std::fabs(g);
+    };
     for (const auto& t : m.tensors()) {
         if (!t.trainable) continue;
         for (size_t s = 0; s < std::min(t.count, per_tensor); ++s) {
             const size_t i = t.count <= per_tensor ? s : size_t(rng.integer(0, int(t.count) - 1));
             const size_t k = t.offset + i;
-            const float orig = p[k];
-            p[k] = orig + float(eps);
-            const double up = h.loss(p);
-            p[k] = orig - float(eps);
-            const double down = h.loss(p);
-            p[k] = orig;
-            const double at = h.loss(p);
             const double g = bp[k];
-            const double central = (up - down) / (2 * eps);
-            const bool ok = std::fabs(central - g) <= 3e-4 + 1e-2 * std::fabs(g) ||
-                            std::fabs((up - at) / eps - g) <= 2e-3 + 3e-2 * std::fabs(g) ||
-                            std::fabs((at - down) / eps - g) <= 2e-3 + 3e-2 * std::fabs(g);
+            double central = 0, fine = 0;
+            const bool ok = agrees(k, g, 1e-3, central) || agrees(k, g, 2.5e-4, fine);
             if (!ok && ++failures <= 5)
-                MESSAGE(t.name << "[" << i << "]: backprop " << g << " vs finite difference " << central);
+                MESSAGE(t.name << "[" << i << "]: backprop " << g << " vs finite differences " << central << " (eps 1e-3), "
+                               << fine << " (eps 2.5e-4)");
             ++checked;
         }
     }

@@ -371,15 +371,7 @@ public:
 
     void bn_finalize(Stream, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
                      float* run_mean, float* run_var) override {
-        for (int ch = 0; ch < a.channels; ++ch) {
-            const float m = bn_mean(sum[ch], a.count);
-            mean[ch] = m;
-            if (!sqsum) continue;
-            const float var = bn_var(sqsum[ch], a.count);
-            invstd[ch] = bn_invstd(var, a.eps);
-            if (run_mean) run_mean[ch] += a.weight * m;
-            if (run_var) run_var[ch] += a.weight * bn_unbiased(var, a.count);
-        }
+        for (int ch = 0; ch < a.channels; ++ch) bn_finalize_channel(a, ch, sum, sqsum, mean, invstd, run_mean, run_var);
     }
 
     void rsqrt_eps(Stream, int c, const float* var, float eps, float* invstd) override {

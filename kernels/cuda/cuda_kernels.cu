@@ -475,15 +475,7 @@ void channel_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void*
 
 __global__ void bn_finalize_kernel(BnStats a, const float* sum, const float* sqsum, float* mean, float* invstd,
                                    float* run_mean, float* run_var) {
-    GRID_LOOP(ch, size_t(a.channels)) {
-        const float m = bn_mean(sum[ch], a.count);
-        mean[ch] = m;
-        if (!sqsum) continue;
-        const float var = bn_var(sqsum[ch], a.count);
-        invstd[ch] = bn_invstd(var, a.eps);
-        if (run_mean) run_mean[ch] += a.weight * m;
-        if (run_var) run_var[ch] += a.weight * bn_unbiased(var, a.count);
-    }
+    GRID_LOOP(ch, size_t(a.channels)) bn_finalize_channel(a, int(ch), sum, sqsum, mean, invstd, run_mean, run_var);
 }
 
 void bn_finalize(cudaStream_t s, int dev, const BnStats& a, const float* sum, const float* sqsum, float* mean,
