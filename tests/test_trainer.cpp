@@ -143,6 +143,23 @@ TEST_CASE("resume after an interruption at several points is bit-identical to an
     }
 }
 
+TEST_CASE("a resume with other cross-device ops says it will not be bit-identical; auto prints how it chose") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string out = s.out("run"), log = s.out("resume.txt");
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "strategy.cross_device_ops=direct"},
+                  {{"MIRRORED_TEST_STOP_AFTER_STEP", "9"}}) == kExitInterrupted);
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "strategy.cross_device_ops=auto"},
+                  {{"MIRRORED_CACHE_DIR", s.out("cache")}}, -1, nullptr, Stdout::file, log) == kExitOk);
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    CHECK(text.find("cross-device ops: auto, measured: ring ") != std::string::npos);
+    const std::string chosen = summary(out)["cross_device_ops"];
+    CHECK((chosen == "ring" || chosen == "direct"));
+    const bool noted = text.find("written with cross-device ops direct, this run uses ring") != std::string::npos;
+    CHECK(noted == (chosen == "ring"));  // said exactly when the op changed
+}
+
 TEST_CASE("a kill during a checkpoint write loses nothing: resume from the previous one is identical") {
     Scratch s;
     const std::string cfg = s.config();
