@@ -181,14 +181,6 @@ double probe(const std::string& core) {
     return g;
 }
 
-std::string cpu_model_name() {
-    std::ifstream in("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    return "unknown CPU";
-}
-
 // The machine, the library build and the kernel OpenBLAS picked: a choice is reused only for
 // exactly these.
 std::string cache_key(const std::string& own) {
@@ -290,6 +282,14 @@ void choose_blas_kernel(char** argv) {
     }
     if (c.core != own && c.gflops > 0) reexec(argv, c);
     g_how += ", measured the fastest of the kernels this CPU runs";
+}
+
+std::string cpu_model_name() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    return "unknown CPU";
 }
 
 std::string blas_kernel() { return core_name(); }

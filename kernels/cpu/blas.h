@@ -27,6 +27,8 @@ void choose_blas_kernel(char** argv);
 // "OpenBLAS 0.3.21, kernel SkylakeX (chosen by mirrored: 231 GFLOP/s, OpenBLAS's own Haswell
 // 124)": library, version, kernel and how it was chosen.
 std::string blas_description();
+// The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none).
+std::string cpu_model_name();
 std::string blas_kernel();  // the core name alone, e.g. "SkylakeX"
 
 // The probe's measurement in this process: sgemm GFLOP/s at one thread, or a negative number

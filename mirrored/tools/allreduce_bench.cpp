@@ -10,6 +10,7 @@
 #include "kernels/error.h"
 #include "kernels/op_math.h"
 #include "mirrored/tools/allreduce_rig.h"
+#include "kernels/cpu/blas.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"
 
@@ -48,7 +49,7 @@ void print_header(const AllReduceBenchOptions& o, AllReduceRig& rig, DType wire)
     const int n = rig.replicas();
     std::printf("all-reduce %s (%s on the wire) over %d replica(s) [%s] (%s)%s\n", rig.ops->name(), o.dtype.c_str(), n,
                 rig.list.describe().c_str(),
-                rig.list.asynchronous() ? rig.devs[0]->description().c_str() : cpu_model().c_str(),
+                rig.list.asynchronous() ? rig.devs[0]->description().c_str() : cpu_model_name().c_str(),
                 rig.list.asynchronous() ? (", peer transport " + o.transport).c_str() : "");
     for (const StagedPair& p : rig.staged)
         std::printf("  %s:%d -> %s:%d: staged peer copies (%s)\n", device_type_name(rig.list.type), p.from,
@@ -169,7 +170,7 @@ int table(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<s
     }
     write_json(o.json_path, {{"benchmark", "allreduce"}, {"op", rig.ops->name()}, {"devices", rig.list.describe()},
                              {"transport", o.transport}, {"dtype", o.dtype}, {"barrier_us", barrier_us}, {"replicas", n},
-                             {"device", rig.list.type == DeviceType::cuda ? rig.devs[0]->description() : cpu_model()},
+                             {"device", rig.list.type == DeviceType::cuda ? rig.devs[0]->description() : cpu_model_name()},
                              {"results", rows}});
     if (!all_ok) throw DeviceError("bench-allreduce: a result was wrong (marked WRONG above)");
     return kExitOk;

@@ -47,7 +47,7 @@ int bench_loader(const LoaderBenchOptions& o) {
                           " training samples of " + ds.name);
     std::printf("dataset %s: %zu samples of %zu floats (loaded and normalised in %.2fs)\n", ds.name.c_str(), ds.count(),
                 ds.feature_size(), now_s() - t0);
-    std::printf("machine: %s, %u hardware threads; global batch %d\n\n", cpu_model().c_str(),
+    std::printf("machine: %s, %u hardware threads; global batch %d\n\n", cpu_model_name().c_str(),
                 std::thread::hardware_concurrency(), o.batch);
     // Ceiling: one thread copying the same bytes sequentially (what a batch costs at best).
     double ceiling_sps = 0;
@@ -104,7 +104,7 @@ int bench_loader(const LoaderBenchOptions& o) {
     }
     write_json(o.json_path, {{"benchmark", "loader"}, {"dataset", ds.name}, {"global_batch", o.batch},
                              {"memcpy_ceiling_samples_per_sec", ceiling_sps},
-                             {"cpu", cpu_model()}, {"hardware_threads", std::thread::hardware_concurrency()},
+                             {"cpu", cpu_model_name()}, {"hardware_threads", std::thread::hardware_concurrency()},
                              {"results", rows}});
     return kExitOk;
 }
@@ -124,7 +124,7 @@ int bench_gemm(const GemmBenchOptions& o) {
     d->set_precision(precision);
     const DType t = d->value_dtype();
     std::printf("GEMM in %s on %s (%s)\n\n", precision_name(precision), d->name().c_str(),
-                d->type() == DeviceType::cpu ? (cpu_model() + ", one BLAS thread").c_str() : d->description().c_str());
+                d->type() == DeviceType::cpu ? (cpu_model_name() + ", one BLAS thread").c_str() : d->description().c_str());
     std::printf("%8s %8s %8s %12s %10s\n", "m", "n", "k", "time (us)", "GFLOP/s");
     json rows = json::array();
     for (int size : o.sizes) {
@@ -156,7 +156,7 @@ int bench_gemm(const GemmBenchOptions& o) {
         std::printf("%8d %8d %8d %12.1f %10.1f\n", size, size, size, t * 1e6, gflops);
         rows.push_back({{"m", size}, {"n", size}, {"k", size}, {"time_us", t * 1e6}, {"gflops", gflops}});
     }
-    write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->type() == DeviceType::cpu ? cpu_model() : d->description()},
+    write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->type() == DeviceType::cpu ? cpu_model_name() : d->description()},
                              {"blas", blas_description()},
                              {"precision", precision_name(precision)}, {"results", rows}});
     return kExitOk;
@@ -239,7 +239,7 @@ int bench_step(const StepBenchOptions& o) {
         std::printf("\nspeedup and efficiency are relative to the first row; the global batch is fixed (strong scaling):\n"
                     "--per-replica-batch B scales it with the replicas instead\n");
     write_json(o.json_path, {{"benchmark", "step"}, {"config", o.config}, {"global_batch", base.train.global_batch_size},
-                             {"model", model_config_summary(base)}, {"cpu", cpu_model()}, {"blas", blas_description()},
+                             {"model", model_config_summary(base)}, {"cpu", cpu_model_name()}, {"blas", blas_description()},
                              {"results", rows}});
     return kExitOk;
 }

@@ -28,14 +28,6 @@ namespace mirrored {
 
 using json = nlohmann::json;
 
-std::string cpu_model() {
-    std::ifstream in("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    return "unknown CPU";
-}
-
 void write_json(const std::string& path, const json& j) {
     if (path.empty()) return;
     write_file_atomic(path, j.dump(2) + "\n");

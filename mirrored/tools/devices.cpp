@@ -40,7 +40,7 @@ std::string version_str(int v) {
 
 int print_devices() {
     const int n = cuda_device_count();
-    std::printf("CPU: %s, %u hardware threads\nBLAS: %s\n", cpu_model().c_str(), std::thread::hardware_concurrency(),
+    std::printf("CPU: %s, %u hardware threads\nBLAS: %s\n", cpu_model_name().c_str(), std::thread::hardware_concurrency(),
                 blas_description().c_str());
     const CudaTopology t = cuda_topology();
     const CudaStatus status = cuda_status();

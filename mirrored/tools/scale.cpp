@@ -305,7 +305,7 @@ int scale(const ScaleOptions& o) {
                            {"kind_meaning", kind.meaning},
                            {"mode", o.mode},
                            {"model", model_config_summary(base)},
-                           {"machine", kind.name == "cpu" || kind.name == "sim" ? cpu_model() : ""},
+                           {"machine", kind.name == "cpu" || kind.name == "sim" ? cpu_model_name() : ""},
                            {"blas", blas_description()},
                            {"steps", o.steps},
                            {"results", jrows}});

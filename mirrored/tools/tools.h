@@ -13,10 +13,8 @@ namespace mirrored {
 
 class ReplicaThreads;
 
-// Shared by the tools: the CPU's model name; a result file written atomically (nothing when path
+// Shared by the tools: a result file written atomically (nothing when path
 // is empty); 4096 -> "4K"; the mean time of one crossing of the replica barrier with every
-// replica thread arriving at once (the host-side cost each ring step pays).
-std::string cpu_model();
 void write_json(const std::string& path, const nlohmann::json& j);
 std::string human_bytes(size_t b);
 double barrier_latency_us(ReplicaThreads& threads);
