@@ -32,7 +32,12 @@ CXXFLAGS_BASE := -std=c++20 -O2 -g -Wall -Wextra -pthread -MMD -MP -I.
 CXXFLAGS_EXTRA ?=
 CXXFLAGS = $(CXXFLAGS_BASE) $(PKG_CFLAGS) $(CXXFLAGS_EXTRA)
 LDFLAGS_EXTRA ?=
-LDLIBS = $(PKG_LIBS) -pthread -ldl
+# MPI (Open MPI from the distribution) joins the nodes of a multi-node run (mirrored/nodes.h);
+# without it, or with WITH_MPI=0, the build runs on one node only.
+WITH_MPI ?= $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1 || echo 0)
+MPI_CFLAGS = $(if $(filter 1,$(WITH_MPI)),$(shell pkg-config --cflags ompi-c) -DMIRRORED_MPI=1,-DMIRRORED_MPI=0)
+MPI_LIBS = $(if $(filter 1,$(WITH_MPI)),$(shell pkg-config --libs ompi-c))
+LDLIBS = $(PKG_LIBS) $(MPI_LIBS) -pthread -ldl
 
 LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp mirrored/layers/*.cpp \
                      mirrored/tools/*.cpp)
@@ -98,6 +103,8 @@ $(OBJ)/%.o: %.cpp | $(DEPS_STEP)
 # contraction, so that results do not depend on the instruction set the compiler picks.
 $(OBJ)/kernels/cpu/%.o: CXXFLAGS += -O3 -fno-math-errno -ffp-contract=off
 
+$(OBJ)/mirrored/nodes.o: CXXFLAGS += $(MPI_CFLAGS)
+
 $(OBJ)/%.cu.o: %.cu | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MF $(@:.o=.d) -c $< -o $@
@@ -117,7 +124,7 @@ test: $(BUILD)/mirrored_tests $(BUILD)/mirrored
 # ThreadSanitizer over the whole suite, CPU-only (the CUDA runtime is opaque to it): the CPU and
 # simulated-GPU replicas, the loader and the trainer's threads. Its own build folder.
 test-tsan:
-	$(MAKE) -j$(shell nproc) BUILD=build-tsan CUDA_HOME=/nonexistent CXXFLAGS_EXTRA="-fsanitize=thread -O1" \
+	$(MAKE) -j$(shell nproc) BUILD=build-tsan CUDA_HOME=/nonexistent WITH_MPI=0 CXXFLAGS_EXTRA="-fsanitize=thread -O1" \
 	  LDFLAGS_EXTRA="-fsanitize=thread" build-tsan/mirrored_tests build-tsan/mirrored
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/mirrored_tests
 
@@ -126,7 +133,7 @@ test-tsan:
 FUZZ_TARGETS := idx cifar10 csv config safetensors devices
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 fuzz:
-	$(MAKE) -j$(shell nproc) BUILD=build-fuzz CUDA_HOME=/nonexistent CXX=clang++ \
+	$(MAKE) -j$(shell nproc) BUILD=build-fuzz CUDA_HOME=/nonexistent WITH_MPI=0 CXX=clang++ \
 	  CXXFLAGS_EXTRA="-fsanitize=fuzzer-no-link $(FUZZ_SAN) -O1" build-fuzz/libmirrored.a
 	@for t in $(FUZZ_TARGETS); do \
 	  echo "clang++ ... -o build-fuzz/fuzz_$$t"; \

@@ -38,6 +38,8 @@ Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator al
     if (opt_.threads <= 0) throw ConfigError("data.loader_threads", "expected a positive integer");
     if (opt_.prefetch <= 0) throw ConfigError("data.prefetch", "expected a positive integer");
     if (opt_.consumers <= 0) throw Error(kExitFailure, "loader: consumers must be positive");
+    if (opt_.all_replicas > 0 && (opt_.first_replica < 0 || opt_.first_replica + opt_.consumers > opt_.all_replicas))
+        throw Error(kExitFailure, "loader: the node's replicas lie outside the job's");
     if (opt_.augment.enabled() && ds_.shape.size() != 3)
         throw ConfigError("data.augment", "crop and flip need images (input shape [height, width, channels])");
     const size_t n = ds_.count();
@@ -206,9 +208,14 @@ void Loader::fill(Slot& slot, int64_t seq) {
     Batch& b = slot.batch;
     b.epoch = pos.epoch;
     b.index = pos.batch;
-    b.rows = rows_of(pos.batch);
+    b.global_rows = rows_of(pos.batch);
+    const Shard part = opt_.all_replicas > 0
+                           ? part_of(b.global_rows, opt_.all_replicas, opt_.first_replica, opt_.consumers)
+                           : Shard{0, b.global_rows};
+    b.rows = part.rows;
+    b.first_row = part.begin;
     const size_t fs = ds_.feature_size();
-    const size_t first = static_cast<size_t>(pos.batch) * static_cast<size_t>(opt_.global_batch);
+    const size_t first = static_cast<size_t>(pos.batch) * static_cast<size_t>(opt_.global_batch) + size_t(part.begin);
     const AugmentOptions& aug = opt_.augment;
     for (int r = 0; r < b.rows; ++r) {
         const uint32_t idx = (*order)[first + static_cast<size_t>(r)];

@@ -40,6 +40,10 @@ struct LoaderOptions {
     bool shuffle = true;
     uint64_t seed = 1;
     int consumers = 1;         // releases needed before a slot is reused
+    // Multi-node: the process loads only its node's part of every global batch - the shards of
+    // replicas [first_replica, first_replica + consumers) of all_replicas. 0: the whole batch.
+    int all_replicas = 0;
+    int first_replica = 0;
     AugmentOptions augment;
 };
 
@@ -52,7 +56,9 @@ struct LoaderPosition {
 
 struct Batch {
     int64_t epoch = 0, index = 0;  // index within the epoch
-    int rows = 0;
+    int rows = 0;                  // rows held: the global batch, or this node's part of it
+    int global_rows = 0;           // rows of the global batch
+    int first_row = 0;             // global row of features[0]
     float* features = nullptr;     // [rows, feature_size]
     int32_t* labels = nullptr;     // [rows]
     int slot = -1;                 // the loader's ring slot (for release)
@@ -67,6 +73,12 @@ struct Shard {
 inline Shard shard_of(int rows, int replicas, int r) {
     const int base = rows / replicas, extra = rows % replicas;
     return {r * base + (r < extra ? r : extra), base + (r < extra ? 1 : 0)};
+}
+
+// The rows of replicas [first, first + count) of `replicas`: one node's part of a global batch.
+inline Shard part_of(int rows, int replicas, int first, int count) {
+    const Shard a = shard_of(rows, replicas, first), b = shard_of(rows, replicas, first + count - 1);
+    return {a.begin, b.begin + b.rows - a.begin};
 }
 
 struct HostAllocator {

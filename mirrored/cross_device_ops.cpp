@@ -231,6 +231,7 @@ void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
     try {
         if (wire_ == DType::f32 || replicas() == 1) {
             run(r, offset, count);
+            across_nodes(r, offset, count);
             return;
         }
         Device& d = *devices_[size_t(r)];
@@ -242,6 +243,35 @@ void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
         broken_ = true;
         throw;
     }
+}
+
+void CrossDeviceOps::join_nodes(Nodes* nodes, ReplicaBarrier& barrier) {
+    if (!nodes) return;
+    if (wire_ != DType::f32)
+        throw ConfigError("strategy.allreduce_dtype", "bf16 gradients are not exchanged between nodes yet; use fp32");
+    for (Device* d : devices_)
+        if (d->asynchronous())
+            throw ConfigError("strategy.devices", "multi-node runs drive CPU replicas; GPUs across nodes (NCCL "
+                              "between the nodes) are not built yet");
+    nodes_ = nodes;
+    barrier_ = &barrier;
+}
+
+// CPU replicas: run() has returned on every replica (its last barrier), so every buffer holds
+// the node's sum and nobody reads another's buffer any more.
+void CrossDeviceOps::across_nodes(int r, size_t offset, size_t count) {
+    if (!nodes_ || count == 0) return;
+    const int n = replicas();
+    const Chunks c(count, n, wire_);
+    Device& me = *devices_[size_t(r)];
+    nodes_->sum_channel(r, static_cast<float*>(data(r, offset + c.begin(r))), c.length(r));
+    if (n == 1) return;
+    barrier_->arrive_and_wait();  // every slice holds the sum over the nodes
+    for (int q = 0; q < n; ++q)
+        if (q != r && c.length(q) > 0)
+            me.copy_from_peer(me.comm_stream(), data(r, offset + c.begin(q)), *devices_[size_t(q)],
+                              data(q, offset + c.begin(q)), c.length(q) * sizeof(float));
+    barrier_->arrive_and_wait();  // nobody changes its buffer while another still copies from it
 }
 
 namespace {

@@ -29,6 +29,7 @@
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 #include "kernels/nccl.h"
+#include "mirrored/nodes.h"
 #include "mirrored/replica_threads.h"
 
 namespace mirrored {
@@ -41,6 +42,10 @@ public:
     virtual const char* name() const = 0;
     // Sum buffers[*][offset, offset + count) in place; every replica ends bit-identical.
     void all_reduce(int r, size_t offset, size_t count);
+    // Multi-node (CPU replicas, f32): every all_reduce becomes hierarchical - the node's sum by
+    // this op, then each local replica sums its slice of the range across the nodes on its own
+    // channel, then gathers the other replicas' slices. Channel r of `nodes` must be open.
+    void join_nodes(Nodes* nodes, ReplicaBarrier& barrier);
     // The error path: stop now (NCCL: abort the communicators). Unusable afterwards.
     virtual void abort() noexcept { broken_ = true; }
     bool broken() const { return broken_; }
@@ -59,7 +64,10 @@ protected:
     std::vector<Device*> devices_;
 
 private:
+    void across_nodes(int r, size_t offset, size_t count);
     std::vector<float*> buffers_;
+    Nodes* nodes_ = nullptr;
+    ReplicaBarrier* barrier_ = nullptr;
     std::vector<DeviceBuffer<uint16_t>> packed_;  // per replica, bf16 wire only
     std::vector<void*> views_;
     size_t elements_;

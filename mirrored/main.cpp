@@ -21,6 +21,7 @@
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
+#include "mirrored/nodes.h"
 #include "mirrored/tools/commands.h"
 #include "mirrored/trainer.h"
 
@@ -53,6 +54,7 @@ struct ModelCommands {
     std::vector<std::string> sets;
     bool print_config = false;
     EvalDump dump;
+    std::unique_ptr<Nodes> nodes;  // a multi-node `train`, started by mpirun
     CLI::App *train = nullptr, *eval = nullptr, *exp = nullptr, *devices_cmd = nullptr;
 
     explicit ModelCommands(CLI::App& app) {
@@ -104,7 +106,8 @@ private:
         }
         if (train->parsed()) {
             install_signal_handlers();
-            return run_training(cfg);
+            nodes = Nodes::join(nullptr, nullptr);
+            return run_training(cfg, nodes.get());
         }
         const EvalResult r = evaluate_checkpoint(cfg, checkpoint, dump);
         std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n", checkpoint.c_str(),
@@ -149,10 +152,17 @@ bool known_command(CLI::App& app, int argc, char** argv) {
     return false;
 }
 
+std::string node_prefix(const Nodes* nodes) {
+    return nodes ? "node " + std::to_string(nodes->rank()) + " (" + nodes->host() + "): " : std::string();
+}
+
 // Every error leaves through here: one line naming what is wrong, and the documented exit code.
-int report_error(const Error& e) {
+// In a multi-node run the other nodes must stop too (they would wait for this one's next
+// collective): MPI_Abort ends the whole job with the same exit code.
+int report_error(const Error& e, Nodes* nodes) {
     end_status_line();
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s%s\n", node_prefix(nodes).c_str(), e.what());
+    if (nodes) nodes->abort(e.code());
     if (e.code() == kExitDevice) {
         // A failed GPU context can hang the CUDA runtime's own teardown at exit; everything of
         // ours is already closed and flushed (the run's objects were destroyed while unwinding).
@@ -187,15 +197,12 @@ int main(int argc, char** argv) {
         if (const int rc = model.run(); rc >= 0) return rc;
         if (const int rc = tools.run(); rc >= 0) return rc;
     } catch (const Error& e) {
-        return report_error(e);
+        return report_error(e, model.nodes.get());
     } catch (const std::bad_alloc&) {
-        end_status_line();
-        std::fprintf(stderr, "error: out of host memory (a dataset, model or batch too large for this machine)\n");
-        return kExitDevice;
+        return report_error(DeviceError("out of host memory (a dataset, model or batch too large for this machine)"),
+                            model.nodes.get());
     } catch (const std::exception& e) {
-        end_status_line();
-        std::fprintf(stderr, "error: internal: %s\n", e.what());
-        return kExitFailure;
+        return report_error(Error(kExitFailure, std::string("internal: ") + e.what()), model.nodes.get());
     }
     return kExitUsage;
 }

@@ -1,6 +1,7 @@
 #include "mirrored/strategy.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -36,6 +37,16 @@ std::vector<int> parse_int_list(const std::string& list, const std::string& spec
 
 // The metric accumulators are doubles; zero bits are 0.0.
 void zero_metrics(Device& d, Stream s, double* m) { d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(m)); }
+
+// Multi-node: metrics are sums over every node's replicas.
+void sum_over_nodes(Metrics& m, Nodes* nodes, const char* what) {
+    if (!nodes) return;
+    double v[3] = {m.loss_sum, m.correct, m.count};
+    nodes->sum(v, 3, what);
+    m.loss_sum = v[0];
+    m.correct = v[1];
+    m.count = v[2];
+}
 
 void backoff(int round) {
     if (round < 64) std::this_thread::yield();
@@ -170,20 +181,21 @@ Replica::~Replica() {
 }
 
 MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
-                                   int global_batch, int accumulation_steps)
-    : cfg_(cfg), model_(model), devices_(parse_devices(cfg.devices)), accumulation_(accumulation_steps) {
+                                   int global_batch, int accumulation_steps, Nodes* nodes)
+    : cfg_(cfg), model_(model), nodes_(nodes), devices_(parse_devices(cfg.devices)), accumulation_(accumulation_steps) {
     const int n = int(devices_.ordinals.size());
+    const int all = n * (nodes_ ? nodes_->count() : 1);
     if (accumulation_ < 1) throw ConfigError("train.grad_accumulation_steps", "expected a positive integer");
-    if (global_batch % (n * accumulation_) != 0)
+    if (global_batch % (all * accumulation_) != 0)
         throw ConfigError("train.global_batch_size", "" + std::to_string(global_batch) + " does not divide into " +
-                          std::to_string(n) + " replicas x " + std::to_string(accumulation_) +
-                          " accumulation steps; use a multiple of " + std::to_string(n * accumulation_));
+                          std::to_string(all) + " replicas x " + std::to_string(accumulation_) +
+                          " accumulation steps; use a multiple of " + std::to_string(all * accumulation_));
     if (cfg_.bucket_mb < 0) throw ConfigError("strategy.bucket_mb", "expected a number >= 0");
     // CPU replicas (and the simulated GPUs' streams, which compute with the CPU reference) are
     // the parallelism: one BLAS thread each.
     if (devices_.type != DeviceType::cuda) cpu_set_blas_threads(1);
     staged_pairs_ = enable_peer_access(devices_.type, devices_.ordinals);
-    const int shard_rows = (global_batch + n - 1) / n;
+    const int shard_rows = (global_batch + all - 1) / all;
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
     low_precision_ = precision_dtype(cfg_.precision) != DType::f32;
     loss_scaling_ = cfg_.precision == Precision::fp16;
@@ -220,6 +232,23 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     }
     for (const auto& t : model_.tensors())
         if (!t.trainable) state_.push_back(&t);
+    join_nodes();
+}
+
+// Multi-node: every node must drive as many replicas of the same kind (the job's replica index
+// and the shards follow from it); then every cross-device op becomes hierarchical.
+void MirroredStrategy::join_nodes() {
+    if (!nodes_) return;
+    const std::string mine = std::to_string(replicas()) + " " + device_type_name(devices_.type) + " replica(s)";
+    const auto all = nodes_->all_gather(mine, "the start-up exchange of replica counts");
+    for (size_t k = 0; k < all.size(); ++k)
+        if (all[k] != all[0])
+            throw ConfigError("strategy.devices", "every node must drive the same replicas: node 0 has " + all[0] +
+                              ", node " + std::to_string(k) + " has " + all[k] +
+                              " (name them explicitly, e.g. cpu:2, rather than auto)");
+    nodes_->open_channels(replicas(), model_.flat_size());
+    for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get()})
+        if (ops) ops->join_nodes(nodes_, threads_->barrier());
 }
 
 // A replica's view of the cross-replica statistics sum: its comm stream runs the all-reduce
@@ -442,6 +471,8 @@ void MirroredStrategy::init_and_broadcast() {
         Replica& R0 = *replicas_[0];
         model_.init_params(*R0.device, R0.device->compute_stream(), R0.params.data());
         R0.device->synchronize();
+        // CPU replicas (the only kind across nodes) keep their parameters in host memory.
+        if (nodes_) nodes_->broadcast(R0.params.data(), model_.flat_size(), "the broadcast of the initial parameters");
         threads_->run([&](int r) {
             Device& d = *replicas_[r]->device;
             if (r != 0)
@@ -494,7 +525,7 @@ void MirroredStrategy::train_step(const Batch& batch, int64_t step, float lr, ui
 }
 int MirroredStrategy::global_micro_rows(int global_rows, int m) const {
     int rows = 0;
-    for (int r = 0; r < replicas(); ++r) rows += shard_of(shard_of(global_rows, replicas(), r).rows, accumulation_, m).rows;
+    for (int g = 0; g < all_replicas(); ++g) rows += shard_of(shard_of(global_rows, all_replicas(), g).rows, accumulation_, m).rows;
     return rows;
 }
 
@@ -502,14 +533,14 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
                                     bool sample_timing) {
     Replica& R = *replicas_[r];
     Device& d = *R.device;
-    const int n = replicas();
+    const int n = all_replicas();  // in the job: gradients are summed over every node's replicas
     const double t0 = now_s();
     double comm = 0;
     // Everything read from the batch is read before staging: once every replica has released
     // it, the loader refills the slot.
-    const int global_rows = batch.rows;
-    const Shard shard = shard_of(global_rows, n, r);
-    const int buf = stage_input(R, batch, shard);
+    const int global_rows = batch.global_rows;
+    const Shard shard = global_shard(batch, r);
+    const int buf = stage_input(R, batch, local_shard(batch, shard));
     const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
     const bool timing = sample_timing && r == 0 && devices_.asynchronous();
     if (timing) d.event_record(R.t_begin, cs);
@@ -537,7 +568,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
         Pass p = make_pass(R, cs, micro.rows, global_micro_rows(global_rows, m), int64_t(shard.begin + micro.begin),
                            seed, uint32_t(step), true);
         p.accumulate = m > 0;
-        p.stats_weight = 1.0f / float(n * accumulation_);
+        p.stats_weight = 1.0f / float(all_replicas() * accumulation_);
         const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
         void* dlogits = model_.dlogits_buffer(R.acts);
         d.softmax_xent(cs, micro.rows, model_.output_features(), logits, R.labels[buf].data() + micro.begin, grad_scale,
@@ -629,6 +660,7 @@ Metrics MirroredStrategy::take_train_metrics() {
     guarded([&] { wait_until([&] { return train_metrics_ready(); }); });
     Metrics m;
     for (auto& R : replicas_) m.add(R->metrics_host.data());
+    sum_over_nodes(m, nodes_, "the sum of the training metrics");
     return m;
 }
 
@@ -667,14 +699,22 @@ std::vector<std::array<double, 3>> MirroredStrategy::peek_train_metrics() {
             d.stream_synchronize(d.compute_stream());
             out.push_back({R->metrics_host[kMetricLossSum], R->metrics_host[kMetricCorrect], R->metrics_host[kMetricCount]});
         }
-        return out;
+        if (!nodes_) return out;
+        std::vector<uint64_t> bits;  // doubles travel as their bits: nothing is added
+        for (const auto& a : out)
+            for (double x : a) bits.push_back(std::bit_cast<uint64_t>(x));
+        const std::vector<uint64_t> all = nodes_->all_gather(bits, "the exchange of the metric accumulators");
+        std::vector<std::array<double, 3>> job(all.size() / 3);
+        for (size_t i = 0; i < all.size(); ++i) job[i / 3][i % 3] = std::bit_cast<double>(all[i]);
+        return job;
     });
 }
 
 void MirroredStrategy::restore_train_metrics(const std::vector<std::array<double, 3>>& m) {
     std::vector<std::array<double, 3>> per(replicas(), {0, 0, 0});
-    if (int(m.size()) == replicas()) per = m;
-    else
+    if (int(m.size()) == all_replicas())
+        std::copy(m.begin() + first_replica(), m.begin() + first_replica() + replicas(), per.begin());
+    else if (node_rank() == 0)
         for (const auto& x : m)
             for (int k = 0; k < 3; ++k) per[0][k] += x[k];
     guarded([&] {
@@ -689,7 +729,6 @@ void MirroredStrategy::restore_train_metrics(const std::vector<std::array<double
 }
 
 Metrics MirroredStrategy::evaluate(Loader& loader) {
-    const int n = replicas();
     Metrics m;
     guarded([&] {
         for (auto& R : replicas_) zero_metrics(*R->device, R->device->compute_stream(), R->eval_metrics.data());
@@ -699,8 +738,8 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
             threads_->run([&](int r) {
                 Replica& R = *replicas_[r];
                 Device& d = *R.device;
-                const Shard shard = shard_of(batch.rows, n, r);
-                const int buf = stage_input(R, batch, shard);
+                const Shard shard = global_shard(batch, r);
+                const int buf = stage_input(R, batch, local_shard(batch, shard));
                 const char* input = static_cast<const char*>(stage_for_compute(R, buf, size_t(shard.rows)));
                 const size_t row_bytes = size_t(model_.input_features()) * (low_precision_ ? d.act_bytes(1) : sizeof(float));
                 for (int mi = 0; mi < accumulation_; ++mi) {
@@ -722,6 +761,7 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
             m.add(R->eval_host.data());
         }
     });
+    sum_over_nodes(m, nodes_, "the sum of the evaluation metrics");
     return m;
 }
 
@@ -761,6 +801,12 @@ uint64_t MirroredStrategy::checksum(int r) {
     });
 }
 
+std::vector<uint64_t> MirroredStrategy::all_checksums() {
+    std::vector<uint64_t> mine;
+    for (int r = 0; r < replicas(); ++r) mine.push_back(checksum(r));
+    return nodes_ ? nodes_->all_gather(mine, "the exchange of the replicas' checksums") : mine;
+}
+
 void MirroredStrategy::verify_replicas() {
     const auto& tensors = model_.tensors();
     synchronize();
@@ -781,6 +827,14 @@ void MirroredStrategy::verify_replicas() {
                 throw DeviceError("replicas diverged: " + tensors[t].name + " on replica " + std::to_string(r) + " (" +
                                   replicas_[r]->device->name() + ") differs from replica 0 (" +
                                   replicas_[0]->device->name() + ")");
+    if (!nodes_) return;
+    std::vector<uint64_t> mine(replicas_[0]->checksums_host.data(), replicas_[0]->checksums_host.data() + tensors.size());
+    const std::vector<uint64_t> all = nodes_->all_gather(mine, "the replica verification");
+    for (int k = 1; k < node_count(); ++k)
+        for (size_t t = 0; t < tensors.size(); ++t)
+            if (all[size_t(k) * tensors.size() + t] != all[t])
+                throw DeviceError("replicas diverged: " + tensors[t].name + " on node " + std::to_string(k) +
+                                  " differs from node 0");
 }
 
 std::vector<float> MirroredStrategy::download_params() {

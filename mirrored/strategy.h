@@ -51,6 +51,7 @@ struct StrategyConfig {
     Precision precision = Precision::fp32;  // train.precision, applied to every device
     int loss_scale_growth_interval = 2000;  // fp16
     DType allreduce_dtype = DType::f32;     // gradients on the links: f32 or bf16
+    double collective_timeout_s = 600;      // multi-node: a collective waiting longer aborts the job
 };
 
 // A contiguous range of the flat gradient buffer, reduced as one unit.
@@ -135,11 +136,18 @@ class MirroredStrategy {
 public:
     static constexpr float kInitialLossScale = 65536.0f;  // fp16: 2^16, as PyTorch's GradScaler
 
+    // nodes: the other nodes of a multi-node run (nullptr: this node alone). Every node builds
+    // the same number of replicas; node k's replica r is the job's replica k x replicas() + r.
     MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
-                     int global_batch, int accumulation_steps);
+                     int global_batch, int accumulation_steps, Nodes* nodes = nullptr);
     ~MirroredStrategy();
 
-    int replicas() const { return int(replicas_.size()); }
+    int replicas() const { return int(replicas_.size()); }  // on this node
+    int all_replicas() const { return replicas() * node_count(); }  // in the job
+    int first_replica() const { return node_rank() * replicas(); }  // this node's first, in the job
+    int node_count() const { return nodes_ ? nodes_->count() : 1; }
+    int node_rank() const { return nodes_ ? nodes_->rank() : 0; }
+    Nodes* nodes() const { return nodes_; }
     DeviceType device_type() const { return devices_.type; }
     bool failed() const { return failed_; }
     const DeviceList& devices() const { return devices_; }
@@ -177,8 +185,9 @@ public:
     void request_train_metrics();
     bool train_metrics_ready();
     Metrics take_train_metrics();  // ... and read them (waits if not ready)
-    // Per-replica accumulators since the last request, without resetting them (checkpoints),
-    // and their restore (resume: per replica when the count matches, else summed into replica 0).
+    // Per-replica accumulators since the last request, without resetting them (checkpoints), for
+    // every replica of the job, and their restore (resume: per replica when the count matches,
+    // else summed into the job's replica 0).
     std::vector<std::array<double, 3>> peek_train_metrics();
     void restore_train_metrics(const std::vector<std::array<double, 3>>& m);
     // Loss and accuracy over one pass of an unshuffled loader, computed across replicas.
@@ -189,8 +198,9 @@ public:
     std::vector<float> predict(const float* x, size_t rows);
 
     uint64_t checksum(int r);                 // whole parameter buffer of replica r
-    // Compares per-tensor checksums of every replica; throws DeviceError naming the first
-    // tensor and replica that differ from replica 0.
+    std::vector<uint64_t> all_checksums();    // every replica of the job, in job order (collective)
+    // Compares per-tensor checksums of every replica (of every node); throws DeviceError naming
+    // the first tensor and replica that differ from replica 0.
     void verify_replicas();
 
     // Host copies for checkpoints (from replica 0) and restore (to every replica).
@@ -214,6 +224,11 @@ public:
 private:
     void build_replica(int r, int max_shard_rows, int max_micro_rows, const OptimizerConfig& opt);
     int stage_input(Replica& R, const Batch& batch, const Shard& shard);
+    // Replica r's shard of the global batch (rows of the job's batch) and where it lies in this
+    // node's part of it.
+    Shard global_shard(const Batch& batch, int r) const { return shard_of(batch.global_rows, all_replicas(), first_replica() + r); }
+    static Shard local_shard(const Batch& batch, const Shard& global) { return {global.begin - batch.first_row, global.rows}; }
+    void join_nodes();
     void replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing);
     // Runs fn; any exception marks the strategy failed (collectives aborted, devices abandoned).
     template <typename F>
@@ -233,6 +248,7 @@ private:
     void wait_until(const std::function<bool()>& done);  // polls done(), checking every device
     StrategyConfig cfg_;
     const Model& model_;
+    Nodes* nodes_ = nullptr;
     DeviceList devices_;
     int accumulation_ = 1;
     std::vector<std::unique_ptr<Replica>> replicas_;

@@ -1,5 +1,6 @@
 #include "mirrored/trainer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -50,6 +51,20 @@ void on_signal(int) {
 int64_t stop_after_step() {
     const char* s = std::getenv("MIRRORED_TEST_STOP_AFTER_STEP");
     return s && *s ? std::strtoll(s, nullptr, 10) : -1;
+}
+
+// Test hook for multi-node runs: MIRRORED_TEST_NODE_FAULT=<node>:<step>:kill|hang makes that
+// node die (SIGKILL) or stop answering after that step, as a crashed or hung machine would.
+void test_node_fault(Nodes* nodes, int64_t step) {
+    static const char* spec = std::getenv("MIRRORED_TEST_NODE_FAULT");
+    if (!nodes || !spec || !*spec) return;
+    int node = -1;
+    long long at = -1;
+    char what[8] = {};
+    if (std::sscanf(spec, "%d:%lld:%7s", &node, &at, what) != 3 || node != nodes->rank() || at != step) return;
+    std::fflush(nullptr);
+    if (std::strcmp(what, "kill") == 0) ::raise(SIGKILL);
+    for (;;) ::pause();  // hang: only a signal ends this process
 }
 
 std::string shape_str(const std::vector<int>& s) {
@@ -131,7 +146,7 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
 }
 
 std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<const Datasets> data,
-                                       bool with_train_loader) {
+                                       bool with_train_loader, Nodes* nodes) {
     auto s = std::make_unique<Session>();
     s->cfg = config;
     Config& cfg = s->cfg;
@@ -153,7 +168,7 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     }
     check_host_memory(cfg, *s->model, train);
     s->strategy = std::make_unique<MirroredStrategy>(cfg.strategy, *s->model, cfg.optimizer, cfg.train.global_batch_size,
-                                                     cfg.train.grad_accumulation_steps);
+                                                     cfg.train.grad_accumulation_steps, nodes);
     const int n = s->strategy->replicas();
     LoaderOptions lo;
     lo.global_batch = cfg.train.global_batch_size;
@@ -161,6 +176,10 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     lo.prefetch = cfg.data.prefetch;
     lo.seed = cfg.run.seed;
     lo.consumers = n;
+    if (nodes) {  // this node's part of every global batch
+        lo.all_replicas = s->strategy->all_replicas();
+        lo.first_replica = s->strategy->first_replica();
+    }
     if (with_train_loader) {
         lo.drop_last = cfg.data.drop_last;
         lo.augment = cfg.data.augment;
@@ -176,9 +195,9 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
 }  // namespace
 
 std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data,
-                                      bool with_train_loader) {
+                                      bool with_train_loader, Nodes* nodes) {
     try {
-        return build_session(config, std::move(data), with_train_loader);
+        return build_session(config, std::move(data), with_train_loader, nodes);
     } catch (const ConfigError& e) {
         if (e.key().empty()) throw;
         config.fail(e.key(), e.detail());  // the same error, with the key's <file>:<line>
@@ -196,10 +215,11 @@ bool all_finite(const std::vector<float>& v) {
 
 class Run {
 public:
-    explicit Run(const Config& config) : s_(make_session(config)), cfg_(s_->cfg) {
+    Run(const Config& config, Nodes* nodes)
+        : s_(make_session(config, nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
         out_dir_ = cfg_.run.output_dir;
         ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
-        tty_ = ::isatty(1);
+        tty_ = ::isatty(1) && !nodes;  // mpirun hands its processes a pseudo-terminal even when its own output is a file
     }
 
     int run();
@@ -225,6 +245,8 @@ private:
 
     std::unique_ptr<Session> s_;
     Config& cfg_;
+    Nodes* nodes_;
+    const bool leader_;  // writes the run folder: the only node, or node 0 of several
     RunDirLock lock_;
     std::string out_dir_, ckpt_dir_;
     std::ofstream metrics_;
@@ -264,12 +286,14 @@ void Run::status_line(const std::string& line, bool final_line) {
 }
 
 void Run::open_metrics(std::ios::openmode mode) {
+    if (!leader_) return;
     const fs::path path = fs::path(out_dir_) / "metrics.jsonl";
     metrics_.open(path, mode);
     if (!metrics_.is_open()) throw CheckpointError(path.string() + ": cannot open for writing: " + std::strerror(errno));
 }
 
 void Run::emit(const json& record) {
+    if (!leader_) return;
     errno = 0;
     metrics_ << record.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     metrics_.flush();
@@ -280,6 +304,7 @@ void Run::emit(const json& record) {
 }
 
 void Run::alert(const std::string& kind, const std::string& text) {
+    if (!leader_) return;
     const double t = now_s();
     auto it = last_alert_.find(kind);
     if (it != last_alert_.end() && t - it->second < 300.0) return;  // at most every 5 minutes
@@ -293,8 +318,19 @@ void Run::print_header() {
     MirroredStrategy& st = *s_->strategy;
     const DeviceType type = st.device_type();
     const char* kind = type == DeviceType::cuda ? "CUDA" : type == DeviceType::sim ? "simulated-GPU" : "CPU";
-    std::printf("mirrored: run '%s' on %d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n", cfg_.run.name.c_str(),
-                st.replicas(), kind, st.devices().describe().c_str(), st.cross_device_ops_name(), st.buckets().size());
+    // Every node's devices: collected on every node, printed by node 0.
+    const std::vector<std::string> nodes =
+        nodes_ ? nodes_->all_gather(nodes_->host() + ": " + st.devices().describe() + ", " + st.replica(0).device->description(),
+                                    "the exchange of the nodes' devices")
+               : std::vector<std::string>{};
+    const std::string where = nodes_ ? std::to_string(nodes_->count()) + " nodes x " : std::string();
+    std::printf("mirrored: run '%s' on %s%d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n", cfg_.run.name.c_str(),
+                where.c_str(), st.replicas(), kind, st.devices().describe().c_str(), st.cross_device_ops_name(), st.buckets().size());
+    if (nodes_) {
+        std::printf("  %d replicas in all over %s; node k's replica r is replica k x %d + r; gradients summed in the "
+                    "node, then between the nodes\n", st.all_replicas(), nodes_->library(), st.replicas());
+        for (size_t k = 0; k < nodes.size(); ++k) std::printf("  node %zu: %s\n", k, nodes[k].c_str());
+    }
     if (!st.cross_device_ops_choice().empty())
         std::printf("  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
     if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
@@ -309,7 +345,7 @@ void Run::print_header() {
     std::printf("  data: %s, %zu train / %zu test samples of %s, %d classes; global batch %d (%d per replica%s), %lld steps per epoch\n",
                 cfg_.data.dataset.c_str(), s_->data->train.count(), s_->data->test.count(),
                 shape_str(s_->data->train.shape).c_str(), s_->data->train.classes, cfg_.train.global_batch_size,
-                cfg_.train.global_batch_size / st.replicas(),
+                cfg_.train.global_batch_size / st.all_replicas(),
                 cfg_.train.grad_accumulation_steps > 1 ? (", " + std::to_string(cfg_.train.grad_accumulation_steps) + " micro-batches").c_str() : "",
                 static_cast<long long>(s_->train_loader->batches_per_epoch()));
     std::printf("  model:\n%s", s_->model->summary().c_str());
@@ -339,7 +375,20 @@ bool Run::prepare_output() {
 
 void Run::resume_or_init() {
     std::string used;
-    const std::optional<CheckpointData> ckpt = find_checkpoint(used);
+    std::optional<CheckpointData> ckpt = leader_ ? find_checkpoint(used) : std::nullopt;
+    if (nodes_) {  // node 0 chooses; every node reads that checkpoint from its own view of the folder
+        const bool named = cfg_.checkpoint.resume != "auto";
+        std::string chosen = ckpt ? (named ? used : fs::path(used).filename().string()) : std::string();
+        chosen = nodes_->broadcast(chosen, "the choice of the checkpoint to resume from");
+        if (!leader_ && !chosen.empty()) {
+            used = named ? chosen : (fs::path(ckpt_dir_) / chosen).string();
+            std::error_code ec;
+            if (!fs::exists(used, ec))
+                throw CheckpointError(used + ": this node cannot see the checkpoint node 0 resumes from: the run "
+                                      "folder must be on a file system every node shares, at the same path");
+            ckpt = read_checkpoint(used, *s_->model, model_config_hash(cfg_), model_config_summary(cfg_));
+        }
+    }
     if (ckpt) resume_from(*ckpt, used);
     else start_fresh();
 }
@@ -373,7 +422,7 @@ std::optional<CheckpointData> Run::find_checkpoint(std::string& used) {
 void Run::start_fresh() {
     std::vector<std::string> old = list_checkpoints(ckpt_dir_);
     for (const char* f : {"metrics.jsonl", "summary.json", "config.yaml"}) old.push_back((fs::path(out_dir_) / f).string());
-    const std::string aside = move_aside(out_dir_, old);
+    const std::string aside = leader_ ? move_aside(out_dir_, old) : std::string();
     if (!aside.empty()) std::printf("  starting fresh; the earlier run's files moved to %s\n", aside.c_str());
     s_->strategy->init_and_broadcast();
     s_->train_loader->start({0, 0});
@@ -400,14 +449,14 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
         throw CheckpointError(path + ": its loader position (batch " + std::to_string(ckpt.loader.batch) +
                               ") is outside an epoch of " + std::to_string(s_->train_loader->batches_per_epoch()) +
                               " batches: the data or data.drop_last changed since it was written");
-    if (ckpt.replicas != st.replicas())
+    if (ckpt.replicas != st.all_replicas())
         std::printf("  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
-                    "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.replicas());
+                    "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.all_replicas());
     if (st.device_type() != DeviceType::cuda && !ckpt.blas_kernel.empty() && ckpt.blas_kernel != blas_kernel())
         std::printf("  note: the checkpoint was written with BLAS kernel %s, this run uses %s: training continues "
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.blas_kernel.c_str(),
                     blas_kernel().c_str());
-    if (st.replicas() > 1 && !ckpt.cross_device_ops.empty() && ckpt.cross_device_ops != st.cross_device_ops_name())
+    if (st.all_replicas() > 1 && !ckpt.cross_device_ops.empty() && ckpt.cross_device_ops != st.cross_device_ops_name())
         std::printf("  note: the checkpoint was written with cross-device ops %s, this run uses %s: training "
                     "continues correctly, but not bit-identically to an uninterrupted run\n",
                     ckpt.cross_device_ops.c_str(), st.cross_device_ops_name());
@@ -449,7 +498,7 @@ void Run::recover_metrics(int64_t up_to_step) {
             }
         }
     }
-    write_file_atomic(metrics_path.string(), kept);
+    if (leader_) write_file_atomic(metrics_path.string(), kept);
 }
 
 void Run::log_train(int64_t step, float lr) {
@@ -534,17 +583,19 @@ void Run::save_checkpoint(int64_t step) {
     d.step = step;
     d.loader = s_->train_loader->position();
     d.seed = cfg_.run.seed;
-    d.train_metrics = st.peek_train_metrics();
+    d.train_metrics = st.peek_train_metrics();  // every node's (a collective)
     d.params = st.download_params();
     if (!all_finite(d.params))
         throw Error(kExitDiverged, "training diverged: parameters are not finite at step " + std::to_string(step) +
                                        "; no checkpoint was written" +
                                        (last_ckpt_step_ >= 0 ? " (the last good one is at step " + std::to_string(last_ckpt_step_) + ")" : ""));
+    last_ckpt_step_ = step;
+    if (!leader_) return;  // node 0 writes; its replicas are every node's (verified)
     d.optimizer = st.download_optimizer_state();
     d.model_hash = model_config_hash(cfg_);
     d.model_summary = model_config_summary(cfg_);
     d.config_yaml = config_to_yaml(cfg_);
-    d.replicas = st.replicas();
+    d.replicas = st.all_replicas();
     d.devices = st.devices().describe();
     if (st.device_type() != DeviceType::cuda) d.blas_kernel = blas_kernel();
     d.cross_device_ops = st.cross_device_ops_name();
@@ -553,13 +604,13 @@ void Run::save_checkpoint(int64_t step) {
     d.train_samples = int64_t(s_->data->train.count());
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
     prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep);
-    last_ckpt_step_ = step;
 }
 
 void Run::write_summary(const std::string& status) {
     MirroredStrategy& st = *s_->strategy;
     json checks = json::array();
-    for (int r = 0; r < st.replicas(); ++r) checks.push_back(hex64(st.checksum(r)));
+    for (uint64_t c : st.all_checksums()) checks.push_back(hex64(c));  // every node's (a collective)
+    if (!leader_) return;
     const double bpe = double(s_->train_loader->batches_per_epoch());
     json j = {
         {"status", status},
@@ -571,7 +622,8 @@ void Run::write_summary(const std::string& status) {
         {"epochs", double(step_) / bpe},
         {"steps", step_},
         {"global_batch_size", cfg_.train.global_batch_size},
-        {"replicas", st.replicas()},
+        {"replicas", st.all_replicas()},
+        {"nodes", st.node_count()},
         {"devices", st.devices().describe()},
         {"device_type", device_type_name(st.device_type())},
         {"cross_device_ops", st.cross_device_ops_name()},
@@ -597,14 +649,17 @@ void Run::write_summary(const std::string& status) {
 
 int Run::run() {
     wall_start_ = now_s();
-    if (!prepare_output()) {
-        std::printf("the run in %s is complete (the folder cannot be written, so it is only shown):\n%s\n",
-                    out_dir_.c_str(), completed_summary(out_dir_).dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    bool writable = leader_ ? prepare_output() : true;
+    if (nodes_) writable = nodes_->broadcast(writable ? "write" : "show", "the run folder check") == "write";
+    if (!writable) {
+        if (leader_)
+            std::printf("the run in %s is complete (the folder cannot be written, so it is only shown):\n%s\n",
+                        out_dir_.c_str(), completed_summary(out_dir_).dump(2, ' ', false, json::error_handler_t::replace).c_str());
         return kExitOk;
     }
     print_header();
     resume_or_init();
-    write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
+    if (leader_) write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
     const int64_t bpe = s_->train_loader->batches_per_epoch();
     total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps : cfg_.train.epochs * bpe;
     if (step_ >= total_steps_) return finish_complete_run();
@@ -653,8 +708,8 @@ void Run::train_loop() {
     double loop_start = now_s();
     while (step_ < total_steps_) {
         const Batch& batch = st.next_batch(loader);
-        const int rows = batch.rows;  // the slot may be refilled once the replicas release it
-        const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, st.replicas()));
+        const int rows = batch.global_rows;  // the slot may be refilled once the replicas release it
+        const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, st.all_replicas()));
         const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;
         st.train_step(batch, step_, lr, cfg_.run.seed, log_now);
         ++step_;
@@ -673,7 +728,9 @@ void Run::train_loop() {
         const bool epoch_end = loader.position().batch == 0;
         const int64_t epochs_done = loader.position().epoch;
         const bool last = step_ == total_steps_;
-        const bool stop = g_signals.load() > 0 || step_ == stop_after_;
+        test_node_fault(nodes_, step_);
+        bool stop = g_signals.load() > 0 || step_ == stop_after_;
+        if (nodes_) stop = nodes_->any(stop, "the per-step stop check");  // a signal on any node stops all at this step
         const bool do_eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
         const bool do_ckpt = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
                              (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||
@@ -708,11 +765,48 @@ void install_signal_handlers() {
     sa.sa_flags = SA_RESTART;
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGUSR1, &sa, nullptr);  // what mpirun forwards to every node (it ends the job on SIGINT/SIGTERM)
 }
 
-int run_training(const Config& config) {
+namespace {
+
+// Every node must train the same run: the configurations must match, apart from where each
+// node sees the run folder. A mismatch is named by its first differing line.
+void check_same_config(const Config& config, Nodes& nodes) {
+    Config c = config;
+    c.run.output_dir.clear();
+    const std::string mine = config_to_yaml(c);
+    const std::vector<std::string> all = nodes.all_gather(mine, "the exchange of the configurations");
+    for (size_t k = 1; k < all.size(); ++k) {
+        if (all[k] == all[0]) continue;
+        std::istringstream a(all[0]), b(all[k]);
+        std::string la, lb, section;
+        while (std::getline(a, la) && std::getline(b, lb) && la == lb)
+            if (!la.empty() && la[0] != ' ') section = la.substr(0, la.find(':'));
+        throw ConfigError("node " + std::to_string(k) + "'s configuration differs from node 0's" +
+                          (section.empty() ? std::string() : " in " + section) + ": '" + lb + "' instead of '" + la +
+                          "': start every node with the same config and --set options");
+    }
+}
+
+}  // namespace
+
+int run_training(const Config& config, Nodes* nodes) {
     g_signals = 0;
-    Run run(config);
+    if (nodes) {
+        nodes->set_timeout(config.strategy.collective_timeout_s);
+        check_same_config(config, *nodes);
+        // Node 0 prints; the others' progress would only repeat it (errors still go to stderr).
+        if (!nodes->leader()) {
+            std::fflush(stdout);
+            const int null = ::open("/dev/null", O_WRONLY);
+            if (null >= 0) {
+                ::dup2(null, 1);
+                ::close(null);
+            }
+        }
+    }
+    Run run(config, nodes);
     return run.run();
 }
 

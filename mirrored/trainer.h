@@ -27,13 +27,20 @@ struct Session {
     // release callbacks may never run, or run late.
     ~Session();
 };
-// data: already loaded datasets to reuse (else loaded from cfg.data).
+// data: already loaded datasets to reuse (else loaded from cfg.data). nodes: the other nodes of
+// a multi-node run (this node then loads and trains only its part of every global batch).
 std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data = nullptr,
-                                      bool with_train_loader = true);
+                                      bool with_train_loader = true, Nodes* nodes = nullptr);
 
-// Trains; returns the process exit code (0, or 130 after SIGINT/SIGTERM and a checkpoint).
-// Errors are thrown as mirrored::Error with their exit code.
-int run_training(const Config& config);
+// Trains; returns the process exit code (0, or 130 after SIGINT/SIGTERM/SIGUSR1 and a
+// checkpoint). Errors are thrown as mirrored::Error with their exit code.
+//
+// Multi-node (nodes != nullptr): every node runs this with the same configuration (checked);
+// node 0 alone writes the run folder - config.yaml, metrics.jsonl, summary.json, checkpoints -
+// and prints; every node reads the checkpoint it resumes from (a shared file system). Every
+// decision that ends or pauses training (a signal, an evaluation, a checkpoint) is agreed by
+// all nodes at the same step.
+int run_training(const Config& config, Nodes* nodes = nullptr);
 
 struct EvalResult {
     double loss = 0, accuracy = 0;

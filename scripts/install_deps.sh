@@ -17,6 +17,7 @@ packages=(
   libcli11-dev         # command line
   dataset-fashion-mnist  # the real Fashion-MNIST files for the default run
   python3-matplotlib   # scaling.png of `mirrored scale` (it works without, and says so)
+  libopenmpi-dev openmpi-bin  # multi-node runs: mpirun, rank discovery, the CPU path between nodes
 )
 
 for arg in "$@"; do

@@ -33,15 +33,16 @@ enum class Stdout {
     file,         // out_path
 };
 
-// Starts the CLI with stdout as asked and stderr captured in err_path.
-inline pid_t spawn_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env,
-                       const std::string& err_path, Stdout out = Stdout::discard, const std::string& out_path = "") {
+// Starts a program (a path, or a name looked up in PATH) with stdout as asked and stderr
+// captured in err_path.
+inline pid_t spawn_program(const std::string& bin, const std::vector<std::string>& args,
+                           const std::vector<std::pair<std::string, std::string>>& env, const std::string& err_path,
+                           Stdout out = Stdout::discard, const std::string& out_path = "") {
     std::fflush(nullptr);  // else the child inherits unwritten output and writes it again
     const pid_t pid = ::fork();
     if (pid == 0) {
         for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
         std::vector<char*> argv;
-        const std::string bin = cli();
         argv.push_back(const_cast<char*>(bin.c_str()));
         for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
         argv.push_back(nullptr);
@@ -57,10 +58,16 @@ inline pid_t spawn_cli(const std::vector<std::string>& args, const std::vector<s
         } else if (!std::freopen(out == Stdout::file ? out_path.c_str() : "/dev/null", "w", stdout)) {
             ::_exit(99);
         }
-        ::execv(bin.c_str(), argv.data());
+        ::execvp(bin.c_str(), argv.data());
         ::_exit(98);
     }
     return pid;
+}
+
+// The CLI (build/mirrored beside the test binary).
+inline pid_t spawn_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env,
+                       const std::string& err_path, Stdout out = Stdout::discard, const std::string& out_path = "") {
+    return spawn_program(cli(), args, env, err_path, out, out_path);
 }
 
 inline int wait_status(pid_t pid) {

@@ -360,6 +360,40 @@ TEST_CASE("loader: every sample exactly once per epoch across all replica shards
     }
 }
 
+TEST_CASE("loader: each node loads only its replicas' rows of every global batch, partial batches included") {
+    const Dataset ds = indexed(100);
+    LoaderOptions whole;
+    whole.global_batch = 30;
+    whole.drop_last = false;
+    whole.seed = 4;
+    Loader all(ds, whole);
+    all.start({});
+    // 3 nodes x 2 replicas: node k holds the shards of replicas 2k and 2k+1 of 6.
+    std::vector<std::unique_ptr<Loader>> nodes;
+    for (int k = 0; k < 3; ++k) {
+        LoaderOptions o = whole;
+        o.consumers = 2;
+        o.all_replicas = 6;
+        o.first_replica = 2 * k;
+        nodes.push_back(std::make_unique<Loader>(ds, o));
+        nodes.back()->start({});
+    }
+    for (int b = 0; b < 4; ++b) {  // the last batch has 10 rows: shards of 2 and 1
+        const Batch& g = all.next();
+        for (int k = 0; k < 3; ++k) {
+            const Batch& part = nodes[size_t(k)]->next();
+            const Shard first = shard_of(g.rows, 6, 2 * k), second = shard_of(g.rows, 6, 2 * k + 1);
+            CHECK(part.global_rows == g.rows);
+            CHECK(part.first_row == first.begin);
+            CHECK(part.rows == first.rows + second.rows);
+            for (int r = 0; r < part.rows; ++r) CHECK(part.features[r * 3] == g.features[(part.first_row + r) * 3]);
+            nodes[size_t(k)]->release(part);
+            nodes[size_t(k)]->release(part);
+        }
+        all.release(g);
+    }
+}
+
 TEST_CASE("loader: the same order for 1, 2 and 4 threads; depends only on (seed, epoch)") {
     const Dataset ds = indexed(777);
     std::vector<std::vector<int>> orders;

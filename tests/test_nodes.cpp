@@ -1,0 +1,276 @@
+// Multi-node runs on one machine: `mpirun -np K mirrored train` with 1-2 CPU replicas per process.
+// K nodes x M replicas against one node with K x M replicas (bit for bit where the summation
+// order is the same) and against one replica (within a stated tolerance); one writer; a killed
+// or hung node stops the job within a bounded time; resume after it is exact; mismatched
+// configurations and an invisible checkpoint are refused. Skipped, and saying so, when the build
+// has no MPI or mpirun is missing.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/error.h"
+#include "mirrored/checkpoint.h"
+#include "mirrored/nodes.h"
+#include "tests/cli.h"
+#include "tests/helpers.h"
+
+using namespace mirrored;
+using namespace mirrored::test;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kRun = R"(run: {name: nodes, seed: 3}
+strategy: {devices: "cpu:1", bucket_mb: 0.0002, verify_every_steps: 10}
+data: {dataset: synthetic, input_shape: [20], classes: 4, train_samples: 960, test_samples: 200}
+model:
+  layers:
+    - {type: dense, units: 32, activation: relu}
+    - {type: dropout, rate: 0.1}
+    - {type: dense, units: 4}
+optimizer: {type: adamw, lr: 0.01, weight_decay: 0.01, grad_clip_norm: 1.0, schedule: {type: cosine, warmup_steps: 5}}
+train: {epochs: 3, global_batch_size: 24, log_every_steps: 10}
+checkpoint: {every_steps: 7, keep: 2}
+)";
+
+// A CNN whose batchnorm statistics are synchronised over every replica of every node.
+const char* kSyncBn = R"(run: {name: bn, seed: 5}
+strategy: {devices: "cpu:1", bucket_mb: 0.001, verify_every_steps: 5}
+data: {dataset: synthetic, input_shape: [6, 6, 2], classes: 3, train_samples: 256, test_samples: 64}
+model:
+  layers:
+    - {type: conv2d, filters: 4, kernel_size: 3, padding: same}
+    - {type: batchnorm, sync: true}
+    - {type: dropout, rate: 0.2}
+    - {type: flatten}
+    - {type: dense, units: 3}
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+train: {epochs: 2, global_batch_size: 16, log_every_steps: 4, grad_accumulation_steps: 2}
+checkpoint: {every_steps: 10}
+)";
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+// Why these tests cannot run here, or "" when they can.
+std::string skip_reason() {
+    if (!Nodes::available()) return "this build has no MPI (libopenmpi-dev)";
+    if (!have_mpirun()) return "mpirun is not installed (openmpi-bin)";
+    return "";
+}
+
+struct Job {
+    int rc = -1;
+    double seconds = 0;
+    std::string out, err;
+};
+
+// mpirun with `nodes` processes of `mirrored <args>`; or, with `per_node`, one process per entry
+// (MPMD: each its own arguments and environment).
+struct NodeSpec {
+    std::vector<std::string> args;
+    std::vector<std::pair<std::string, std::string>> env;
+};
+Job mpirun(const std::vector<NodeSpec>& per_node, double deadline_s = 120) {
+    std::vector<std::string> a{"--oversubscribe", "--allow-run-as-root"};
+    for (size_t k = 0; k < per_node.size(); ++k) {
+        if (k) a.push_back(":");
+        a.insert(a.end(), {"-np", "1"});
+        for (const auto& [name, value] : per_node[k].env) a.insert(a.end(), {"-x", name + "=" + value});
+        a.push_back(cli());
+        a.insert(a.end(), per_node[k].args.begin(), per_node[k].args.end());
+    }
+    TempDir t;
+    const std::string out = t / "out.txt", err = t / "err.txt";
+    const auto t0 = std::chrono::steady_clock::now();
+    Job j;
+    j.rc = wait_status_within(spawn_program("mpirun", a, {}, err, Stdout::file, out), deadline_s);
+    j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ifstream o(out), e(err);
+    j.out.assign(std::istreambuf_iterator<char>(o), {});
+    j.err.assign(std::istreambuf_iterator<char>(e), {});
+    return j;
+}
+Job mpirun(int nodes, const std::vector<std::string>& args, double deadline_s = 120) {
+    return mpirun(std::vector<NodeSpec>(size_t(nodes), NodeSpec{args, {}}), deadline_s);
+}
+
+json summary(const std::string& out) { return json::parse(std::ifstream(out + "/summary.json")); }
+
+std::vector<json> metrics(const std::string& out) {
+    std::vector<json> v;
+    std::ifstream in(out + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+        json j = json::parse(line);
+        if (j["type"] == "alert") continue;
+        j.erase("samples_per_sec");
+        j.erase("time_split");
+        v.push_back(j);
+    }
+    return v;
+}
+
+void expect_same_run(const std::string& a, const std::string& b) {
+    const json sa = summary(a), sb = summary(b);
+    for (const char* k : {"test_accuracy", "test_loss", "train_loss", "steps"}) {
+        CAPTURE(k);
+        CHECK(sa[k] == sb[k]);
+    }
+    CHECK(sa["replica_checksums"][0] == sb["replica_checksums"][0]);
+    CHECK(metrics(a) == metrics(b));
+}
+
+// The parameters of a run's newest checkpoint, tensor by tensor in name order.
+std::vector<float> final_params(const std::string& out) {
+    const auto files = list_checkpoints(out + "/checkpoints");
+    REQUIRE(!files.empty());
+    std::vector<float> all;
+    for (const auto& [name, t] : read_safetensors(files.front(), true).tensors)
+        if (name.rfind("optimizer.", 0) != 0) all.insert(all.end(), t.second.begin(), t.second.end());
+    return all;
+}
+
+#define SKIP_WITHOUT_MPI()                                              \
+    if (const std::string why = skip_reason(); !why.empty()) {          \
+        MESSAGE("skipped: " << why);                                    \
+        return;                                                         \
+    }
+
+}  // namespace
+
+TEST_CASE("2 nodes x 1 CPU replica train bit-identically to 1 node x 2; node 0 alone writes and lists every node") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const Job j = mpirun(2, {"train", cfg, "--output", t / "two"});
+    REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
+    REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / "one"}) == kExitOk);
+    expect_same_run(t / "two", t / "one");
+    const json s = summary(t / "two");
+    CHECK(s["nodes"] == 2);
+    CHECK(s["replicas"] == 2);
+    CHECK(s["replica_checksums"].size() == 2);
+    CHECK(s["replica_checksums"][0] == s["replica_checksums"][1]);
+    CHECK(j.out.find("2 nodes x 1 CPU replica(s)") != std::string::npos);
+    CHECK(j.out.find("node 0: ") != std::string::npos);
+    CHECK(j.out.find("node 1: ") != std::string::npos);
+    CHECK(j.out.find("done: ") == j.out.rfind("done: "));  // one node prints
+}
+
+TEST_CASE("synchronised batchnorm with accumulation across 2 nodes equals 1 node x 2 replicas bit for bit") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("bn.yaml", kSyncBn);
+    const Job j = mpirun(2, {"train", cfg, "--output", t / "two"});
+    REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
+    REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / "one"}) == kExitOk);
+    expect_same_run(t / "two", t / "one");
+}
+
+TEST_CASE("3 nodes x 1 and 2 nodes x 2 replicas match one replica on the same global batch (relative error < 1e-4)") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    auto args = [&](const std::string& devices, const std::string& out) {
+        std::vector<std::string> a{"train", cfg, "--devices", devices, "--output", out, "--set", "train.steps=20"};
+        return a;
+    };
+    REQUIRE(run_cli(args("cpu:1", t / "one")) == kExitOk);
+    const std::vector<float> one = final_params(t / "one");
+    for (auto [nodes, devices] : {std::pair{3, "cpu:1"}, std::pair{2, "cpu:2"}}) {
+        CAPTURE(nodes);
+        CAPTURE(devices);
+        const std::string out = t / ("n" + std::to_string(nodes));
+        const Job j = mpirun(nodes, args(devices, out));
+        REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
+        CHECK(summary(out)["replicas"] == nodes * std::atoi(devices + 4));
+        // Summation order differs from one replica's GEMMs: close, not identical.
+        CHECK(rel_error(final_params(out), one) < 1e-4);
+        const json s = summary(out);
+        for (const auto& c : s["replica_checksums"]) CHECK(c == s["replica_checksums"][0]);
+    }
+}
+
+TEST_CASE("a stop on one node stops every node at the same step with a checkpoint; the rerun resumes exactly") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    REQUIRE(mpirun(2, {"train", cfg, "--output", t / "ref"}).rc == kExitOk);
+    const std::vector<std::string> args{"train", cfg, "--output", t / "run"};
+    // The signal path on node 1 only (mpirun forwards SIGUSR1 to every node; this is the harder case).
+    const Job stopped = mpirun({{args, {{"MIRRORED_TEST_STOP_AFTER_STEP", "30"}}}, {args, {}}});
+    CHECK(stopped.rc == kExitInterrupted);
+    CHECK(fs::exists(t / "run/checkpoints/step-0000000030.safetensors"));
+    const Job resumed = mpirun(2, args);
+    REQUIRE_MESSAGE(resumed.rc == kExitOk, resumed.err);
+    CHECK(summary(t / "run")["resumed_from_step"] == 30);
+    expect_same_run(t / "ref", t / "run");
+}
+
+TEST_CASE("a killed node ends the job within seconds, no hang; restarting the job resumes bit-identically") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const std::vector<std::string> args{"train", cfg, "--output", t / "run"};
+    REQUIRE(mpirun(2, {"train", cfg, "--output", t / "ref"}).rc == kExitOk);
+    const Job killed = mpirun({{args, {}}, {args, {{"MIRRORED_TEST_NODE_FAULT", "1:40:kill"}}}}, 60);
+    CHECK(killed.rc != kExitOk);
+    CHECK(killed.seconds < 30);
+    CHECK(list_checkpoints(t / "run/checkpoints").size() > 0);
+    const Job resumed = mpirun(2, args);
+    REQUIRE_MESSAGE(resumed.rc == kExitOk, resumed.err);
+    CHECK(summary(t / "run")["resumed_from_step"] == 35);
+    expect_same_run(t / "ref", t / "run");
+}
+
+TEST_CASE("a hung node: the others stop after strategy.collective_timeout_s with exit 5 and say what they waited for") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const std::vector<std::string> args{"train", cfg, "--output", t / "run", "--set", "strategy.collective_timeout_s=2"};
+    const Job hung = mpirun({{args, {}}, {args, {{"MIRRORED_TEST_NODE_FAULT", "1:40:hang"}}}}, 60);
+    CHECK(hung.rc == kExitDevice);
+    CHECK(hung.seconds < 30);
+    CHECK(hung.err.find("waited 2 s for the other nodes") != std::string::npos);
+    CHECK(hung.err.find("collective_timeout_s") != std::string::npos);
+}
+
+TEST_CASE("nodes whose configurations differ are refused (exit 2, the differing line); strategy.nodes is never configured") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const std::vector<std::string> args{"train", cfg, "--output", t / "run"};
+    std::vector<std::string> other = args;
+    other.insert(other.end(), {"--set", "train.epochs=4"});
+    const Job j = mpirun({{args, {}}, {other, {}}});
+    CHECK(j.rc == kExitUsage);
+    CHECK(j.err.find("node 1's configuration differs from node 0's in train: '  epochs: 4' instead of '  epochs: 3'") !=
+          std::string::npos);
+    std::string err;
+    CHECK(run_cli({"train", cfg, "--set", "strategy.nodes=2"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("discovered from mpirun") != std::string::npos);
+}
+
+TEST_CASE("a node that cannot see the checkpoint node 0 resumes from fails the job with exit 4 naming the path") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const std::vector<std::string> args{"train", cfg, "--output", t / "run"};
+    REQUIRE(mpirun({{args, {{"MIRRORED_TEST_STOP_AFTER_STEP", "14"}}}, {args, {}}}).rc == kExitInterrupted);
+    // Node 1 sees the run folder elsewhere (as a node without the shared file system would).
+    const Job j = mpirun({{args, {}}, {{"train", cfg, "--output", t / "elsewhere"}, {}}});
+    CHECK(j.rc == kExitCheckpoint);
+    CHECK(j.err.find((t / "elsewhere/checkpoints/step-0000000014.safetensors") +
+                     ": this node cannot see the checkpoint node 0 resumes from") != std::string::npos);
+}
+
+TEST_CASE("without mpirun nothing joins: Nodes::join returns no nodes") {
+    // The plain single-node path: every other test of the suite runs through it.
+    CHECK(Nodes::join(nullptr, nullptr) == nullptr);
+}
