@@ -27,4 +27,9 @@ std::unique_ptr<NcclGroup> make_cuda_nccl_group(const std::vector<Device*>&) {
     throw ConfigError("strategy.cross_device_ops", "nccl needs the CUDA backend; " + cuda_unavailable_reason());
 }
 
+std::string nccl_unique_id() { return {}; }
+std::unique_ptr<NcclNodeComm> make_nccl_node_comm(const std::string&, int, int, Device&) {
+    throw ConfigError("strategy.devices", "GPUs across nodes need the CUDA backend; " + cuda_unavailable_reason());
+}
+
 }  // namespace mirrored

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/device.h"
@@ -25,6 +26,20 @@ bool nccl_compiled();  // was the build linked against NCCL?
 // One communicator per device. NCCL cannot place two ranks on one GPU: a device list that repeats
 // a GPU is refused with a ConfigError, as is a build without NCCL (saying how to get it).
 std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>& devices);
+
+// Between processes (multi-node): one communicator per local replica index with one rank per
+// node, joined through an id that node 0 creates and the others receive (over MPI).
+class NcclNodeComm {
+public:
+    virtual ~NcclNodeComm() = default;  // finalizes; after abort() only frees
+    // In-place sum over the nodes of data[0, count) (f32), enqueued on stream s.
+    virtual void all_reduce_sum(Stream s, float* data, size_t count) = 0;
+    virtual void abort() noexcept = 0;
+};
+std::string nccl_unique_id();  // ncclGetUniqueId's bytes
+// Collective over the nodes: every node calls it with the same id, its rank and the node count,
+// for the GPU that holds this channel's replica.
+std::unique_ptr<NcclNodeComm> make_nccl_node_comm(const std::string& id, int rank, int ranks, Device& device);
 
 // The implementations make_nccl_group picks from (devices already checked).
 std::unique_ptr<NcclGroup> make_cuda_nccl_group(const std::vector<Device*>& devices);

@@ -5,14 +5,13 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <mutex>
 #include <cstdio>
 
 #include "kernels/error.h"
 #include "kernels/machine_cache.h"
 
 namespace mirrored {
-
-namespace {
 
 // Ordering between replicas. On CPU the barrier alone orders everything. On GPUs (CUDA, sim)
 // each replica records an event on its comm stream, the barrier guarantees every event is recorded, and then
@@ -55,6 +54,77 @@ private:
     std::vector<std::array<Event, 2>> events_;
     std::vector<int> turn_;  // per replica: only its own thread touches its entry
     bool async_ = false;
+};
+
+// How replica r's slice of a range crosses the nodes: an in-place sum over every node's replica
+// r, enqueued on the replica's comm stream.
+class NodeLink {
+public:
+    virtual ~NodeLink() = default;
+    virtual void all_reduce(Device& d, float* data, size_t count) = 0;
+    virtual void abort() noexcept {}
+};
+
+namespace {
+
+// CPU and simulated replicas: MPI on the host, as a host callback in the comm stream's order (a
+// CPU replica runs it at once; a simulated GPU on its stream's own thread, so that the channels
+// never wait for each other). The ranges wait in a FIFO that the callbacks drain in stream order;
+// it grows only until it holds what the host can issue ahead of the stream.
+class HostNodeLink final : public NodeLink {
+public:
+    HostNodeLink(Nodes& nodes, int channel) : nodes_(nodes), channel_(channel), ring_(16) {}
+    void all_reduce(Device& d, float* data, size_t count) override {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (size_ == ring_.size()) {  // full: double it, oldest first
+                std::vector<Range> bigger(2 * ring_.size());
+                for (size_t i = 0; i < size_; ++i) bigger[i] = ring_[(head_ + i) % ring_.size()];
+                ring_.swap(bigger);
+                head_ = 0;
+            }
+            ring_[(head_ + size_++) % ring_.size()] = {data, count};
+        }
+        d.host_callback(d.comm_stream(), &HostNodeLink::run_next, this);
+    }
+
+private:
+    struct Range {
+        float* data = nullptr;
+        size_t count = 0;
+    };
+    static void run_next(void* self) {
+        auto& l = *static_cast<HostNodeLink*>(self);
+        Range r;
+        {
+            std::lock_guard<std::mutex> lock(l.mu_);
+            r = l.ring_[l.head_];
+            l.head_ = (l.head_ + 1) % l.ring_.size();
+            --l.size_;
+        }
+        try {
+            l.nodes_.sum_channel(l.channel_, r.data, r.count);
+        } catch (const std::exception& e) {  // on a stream's thread: nobody to throw to; stop the job
+            std::fprintf(stderr, "error: node %d (%s): %s\n", l.nodes_.rank(), l.nodes_.host().c_str(), e.what());
+            l.nodes_.abort(kExitDevice);
+        }
+    }
+    Nodes& nodes_;
+    const int channel_;
+    std::mutex mu_;
+    std::vector<Range> ring_;
+    size_t head_ = 0, size_ = 0;
+};
+
+// GPUs: an NCCL communicator per local replica index, one rank per node, on the comm stream.
+class NcclNodeLink final : public NodeLink {
+public:
+    explicit NcclNodeLink(std::unique_ptr<NcclNodeComm> comm) : comm_(std::move(comm)) {}
+    void all_reduce(Device& d, float* data, size_t count) override { comm_->all_reduce_sum(d.comm_stream(), data, count); }
+    void abort() noexcept override { comm_->abort(); }
+
+private:
+    std::unique_ptr<NcclNodeComm> comm_;
 };
 
 // Chunk k of `count` elements split n ways, in multiples of 16 bytes (vector loads); trailing
@@ -245,33 +315,46 @@ void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
     }
 }
 
+CrossDeviceOps::~CrossDeviceOps() = default;
+
+void CrossDeviceOps::abort() noexcept {
+    broken_ = true;
+    for (auto& l : links_) l->abort();
+}
+
 void CrossDeviceOps::join_nodes(Nodes* nodes, ReplicaBarrier& barrier) {
     if (!nodes) return;
     if (wire_ != DType::f32)
         throw ConfigError("strategy.allreduce_dtype", "bf16 gradients are not exchanged between nodes yet; use fp32");
-    for (Device* d : devices_)
-        if (d->asynchronous())
-            throw ConfigError("strategy.devices", "multi-node runs drive CPU replicas; GPUs across nodes (NCCL "
-                              "between the nodes) are not built yet");
-    nodes_ = nodes;
-    barrier_ = &barrier;
+    for (int r = 0; r < replicas(); ++r) {
+        Device& d = *devices_[size_t(r)];
+        if (d.type() == DeviceType::cuda) {  // node 0 makes each channel's id; the channels in order on every node
+            const std::string id = nodes->broadcast(nodes->leader() ? nccl_unique_id() : std::string(),
+                                                    "the exchange of NCCL ids");
+            links_.push_back(std::make_unique<NcclNodeLink>(make_nccl_node_comm(id, nodes->rank(), nodes->count(), d)));
+        } else {
+            links_.push_back(std::make_unique<HostNodeLink>(*nodes, r));
+        }
+        all_.push_back(r);
+    }
+    node_sync_ = std::make_unique<ReplicaSync>(devices_, barrier);
 }
 
-// CPU replicas: run() has returned on every replica (its last barrier), so every buffer holds
-// the node's sum and nobody reads another's buffer any more.
+// run() has ended on every replica's comm stream with its buffer holding the node's sum, and no
+// replica reads another's buffer after that point.
 void CrossDeviceOps::across_nodes(int r, size_t offset, size_t count) {
-    if (!nodes_ || count == 0) return;
+    if (links_.empty() || count == 0) return;
     const int n = replicas();
     const Chunks c(count, n, wire_);
     Device& me = *devices_[size_t(r)];
-    nodes_->sum_channel(r, static_cast<float*>(data(r, offset + c.begin(r))), c.length(r));
+    if (c.length(r) > 0) links_[size_t(r)]->all_reduce(me, static_cast<float*>(data(r, offset + c.begin(r))), c.length(r));
     if (n == 1) return;
-    barrier_->arrive_and_wait();  // every slice holds the sum over the nodes
+    node_sync_->wait_for(r, all_);  // every replica's slice holds the sum over the nodes
     for (int q = 0; q < n; ++q)
         if (q != r && c.length(q) > 0)
             me.copy_from_peer(me.comm_stream(), data(r, offset + c.begin(q)), *devices_[size_t(q)],
                               data(q, offset + c.begin(q)), c.length(q) * sizeof(float));
-    barrier_->arrive_and_wait();  // nobody changes its buffer while another still copies from it
+    node_sync_->wait_for(r, all_);  // nobody changes its buffer while another still copies from it
 }
 
 namespace {

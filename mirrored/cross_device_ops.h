@@ -34,20 +34,25 @@
 
 namespace mirrored {
 
+class ReplicaSync;
+class NodeLink;
+
 class CrossDeviceOps {
 public:
     // buffers[r]: replica r's f32 buffer of `elements`; wire: f32 or bf16.
     CrossDeviceOps(std::vector<Device*> devices, std::vector<float*> buffers, size_t elements, DType wire);
-    virtual ~CrossDeviceOps() = default;
+    virtual ~CrossDeviceOps();
     virtual const char* name() const = 0;
     // Sum buffers[*][offset, offset + count) in place; every replica ends bit-identical.
     void all_reduce(int r, size_t offset, size_t count);
-    // Multi-node (CPU replicas, f32): every all_reduce becomes hierarchical - the node's sum by
-    // this op, then each local replica sums its slice of the range across the nodes on its own
-    // channel, then gathers the other replicas' slices. Channel r of `nodes` must be open.
+    // Multi-node (f32 wire): every all_reduce becomes hierarchical - the node's sum by this op,
+    // then each local replica sums its slice of the range across the nodes (replica r of every
+    // node: MPI channel r for CPU and simulated replicas, an NCCL communicator for GPUs, on the
+    // comm stream), then gathers the other local replicas' slices. Channel r of `nodes` must be
+    // open. Collective over the nodes (NCCL communicators are built here).
     void join_nodes(Nodes* nodes, ReplicaBarrier& barrier);
     // The error path: stop now (NCCL: abort the communicators). Unusable afterwards.
-    virtual void abort() noexcept { broken_ = true; }
+    virtual void abort() noexcept;
     bool broken() const { return broken_; }
     DType wire_dtype() const { return wire_; }
 
@@ -66,8 +71,9 @@ protected:
 private:
     void across_nodes(int r, size_t offset, size_t count);
     std::vector<float*> buffers_;
-    Nodes* nodes_ = nullptr;
-    ReplicaBarrier* barrier_ = nullptr;
+    std::vector<std::unique_ptr<NodeLink>> links_;  // per replica, multi-node only
+    std::unique_ptr<ReplicaSync> node_sync_;
+    std::vector<int> all_;
     std::vector<DeviceBuffer<uint16_t>> packed_;  // per replica, bf16 wire only
     std::vector<void*> views_;
     size_t elements_;

@@ -471,8 +471,15 @@ void MirroredStrategy::init_and_broadcast() {
         Replica& R0 = *replicas_[0];
         model_.init_params(*R0.device, R0.device->compute_stream(), R0.params.data());
         R0.device->synchronize();
-        // CPU replicas (the only kind across nodes) keep their parameters in host memory.
-        if (nodes_) nodes_->broadcast(R0.params.data(), model_.flat_size(), "the broadcast of the initial parameters");
+        if (nodes_) {  // node 0's initial parameters, through the host: not a step, once per run
+            std::vector<float> host(model_.flat_size());
+            Device& d = *R0.device;
+            d.copy_to_host(d.compute_stream(), host.data(), R0.params.data(), host.size() * sizeof(float));
+            d.synchronize();
+            nodes_->broadcast(host.data(), host.size(), "the broadcast of the initial parameters");
+            d.copy_to_device(d.compute_stream(), R0.params.data(), host.data(), host.size() * sizeof(float));
+            d.synchronize();
+        }
         threads_->run([&](int r) {
             Device& d = *replicas_[r]->device;
             if (r != 0)

@@ -3,6 +3,7 @@
 // (kernels/cuda/nccl_stub.cpp otherwise).
 #include <nccl.h>
 
+#include <cstring>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -71,7 +72,50 @@ private:
     bool aborted_ = false;
 };
 
+class NcclNodeCommImpl final : public NcclNodeComm {
+public:
+    NcclNodeCommImpl(const std::string& id, int rank, int ranks, Device& device) : device_(device) {
+        ncclUniqueId uid;
+        if (id.size() != sizeof uid.internal)
+            throw DeviceError("nccl: the communicator id from node 0 has " + std::to_string(id.size()) + " bytes, not " +
+                              std::to_string(sizeof uid.internal) + " (another NCCL version on that node?)");
+        std::memcpy(uid.internal, id.data(), sizeof uid.internal);
+        CUDA_CHECK(device.ordinal(), cudaSetDevice(device.ordinal()));
+        NCCL_CHECK(device.ordinal(), ncclCommInitRank(&comm_, ranks, uid, rank));
+    }
+    ~NcclNodeCommImpl() override {
+        if (!comm_) return;
+        ncclCommFinalize(comm_);
+        ncclCommDestroy(comm_);
+    }
+    void all_reduce_sum(Stream s, float* data, size_t count) override {
+        if (!comm_) throw DeviceError("nccl: the communicator between the nodes was aborted after a failure");
+        if (count == 0) return;
+        NCCL_CHECK(device_.ordinal(), ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_,
+                                                    static_cast<cudaStream_t>(s.handle)));
+    }
+    void abort() noexcept override {
+        if (comm_) ncclCommAbort(comm_);
+        comm_ = nullptr;
+    }
+
+private:
+    Device& device_;
+    ncclComm_t comm_ = nullptr;
+};
+
 }  // namespace
+
+std::string nccl_unique_id() {
+    ncclUniqueId uid;
+    if (const ncclResult_t r = ncclGetUniqueId(&uid); r != ncclSuccess)
+        throw DeviceError(std::string("nccl: ncclGetUniqueId failed: ") + ncclGetErrorString(r));
+    return std::string(uid.internal, sizeof uid.internal);
+}
+
+std::unique_ptr<NcclNodeComm> make_nccl_node_comm(const std::string& id, int rank, int ranks, Device& device) {
+    return std::make_unique<NcclNodeCommImpl>(id, rank, ranks, device);
+}
 
 bool nccl_compiled() { return true; }
 

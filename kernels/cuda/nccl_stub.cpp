@@ -13,4 +13,10 @@ std::unique_ptr<NcclGroup> make_cuda_nccl_group(const std::vector<Device*>&) {
                       "rebuild (make clean all); the default ring needs no NCCL");
 }
 
+std::string nccl_unique_id() { return {}; }
+std::unique_ptr<NcclNodeComm> make_nccl_node_comm(const std::string&, int, int, Device&) {
+    throw ConfigError("strategy.devices", "GPUs across nodes exchange gradients over NCCL, but this build has no NCCL "
+                      "(nccl.h and libnccl were not found at build time); install libnccl-dev and rebuild");
+}
+
 }  // namespace mirrored
