@@ -63,6 +63,24 @@ TEST_CASE("planner: the ring formula and the overlap of buckets with backward, o
     CHECK(predict_step(2, 0.1, comm, link).exposed_s == doctest::Approx(t1 + 4 * ring_allreduce_seconds(2, 1024, link)));
 }
 
+TEST_CASE("planner: the hierarchical all-reduce of K nodes x n GPUs, on hand-built cases") {
+    const LinkModel local{1e11, 1e-6}, net{1e10, 5e-6};
+    const double S = 1e8;
+    // one node: the ring; one GPU per node: the network's ring alone
+    CHECK(allreduce_seconds(Topology{8, 1, local, net}, S) == ring_allreduce_seconds(8, S, local));
+    CHECK(allreduce_seconds(Topology{1, 4, local, net}, S) == doctest::Approx(2.0 * 3 / 4 * S / 1e10 + 6 * 5e-6));
+    // 4 nodes x 8: the node's ring, every GPU's 1/8 slice between the nodes over the shared network, the node's gather
+    const double want = ring_allreduce_seconds(8, S, local) + 2.0 * 3 / 4 * S / 1e10 + 6 * 5e-6 + 7.0 / 8 * S / 1e11 + 7e-6;
+    CHECK(allreduce_seconds(Topology{8, 4, local, net}, S) == doctest::Approx(want));
+    // the step: buckets queue behind backward as on one node
+    CommPlan comm;
+    comm.backward_share = 0.5;
+    comm.buckets = {{S, 1.0}};
+    const StepPrediction p = predict_step(Topology{8, 4, local, net}, 0.1, comm);
+    CHECK(p.exposed_s == doctest::Approx(want));
+    CHECK(predict_step(8, 0.1, comm, local).exposed_s == doctest::Approx(ring_allreduce_seconds(8, S, local)));
+}
+
 TEST_CASE("planner: the model's buckets, bytes on the wire and memory fit") {
     const Model model({8, 8, 2}, {conv(4, 3, 1, true, Activation::relu), batchnorm(true, Activation::none), flatten(),
                                   dense(32, Activation::relu), dense(5, Activation::none)},
@@ -102,6 +120,13 @@ TEST_CASE("hardware table: every GPU and link has figures and a source; unknown 
         CHECK(find_link(g.link).bus_gbs > 0);
     }
     for (const LinkSpec& l : link_specs()) CHECK(!l.source.empty());
+    for (const NetworkSpec& n : network_specs()) {
+        CAPTURE(n.name);
+        CHECK(n.node_gbs > 0);
+        CHECK(n.latency_us > 0);
+        CHECK(!n.source.empty());
+    }
+    CHECK_THROWS_WITH_AS(find_network("wifi"), doctest::Contains("ib-ndr"), ConfigError);
     CHECK_THROWS_WITH_AS(find_gpu("v100"), doctest::Contains("known: h200, h100"), ConfigError);
     CHECK_THROWS_WITH_AS(find_link("infiniband"), doctest::Contains("nvlink4"), ConfigError);
 }
@@ -200,6 +225,9 @@ TEST_CASE("scale and plan: bad input is exit 2 with what was expected") {
         {{"plan", cfg, "--gpus", "2,x"}, "positive integers"},
         {{"plan", cfg, "--tflops", "-3"}, "finite and >= 0"},
         {{"plan", cfg, "--profile", d / "missing.json"}, "cannot read"},
+        {{"plan", cfg, "--nodes", "2", "--network", "wifi"}, "known: eth-100"},
+        {{"plan", cfg, "--nodes", "0"}, "--nodes"},
+        {{"plan", cfg, "--network-gbs", "-1"}, "finite and >= 0"},
         {{"bench-allreduce", "--devices", "cpu:2", "--duration", "0"}, "positive duration"},
         {{"bench-allreduce", "--devices", "cpu:2", "--duration", "soon"}, "positive duration"},
         {{"bench-allreduce", "--devices", "cpu:1", "--duration", "1s"}, "at least 2 replicas"},
@@ -246,6 +274,16 @@ TEST_CASE("plan: memory per GPU, fit and the largest batch that fits, ZeRO-1, sp
     j = read_json(out);
     CHECK(j["results"][0]["compute_ms"].get<double>() == doctest::Approx(10.0));
     CHECK(j["results"][1]["step_ms"].get<double>() >= 10.0);
+    // nodes: 2 x 8 GPUs over a slow network, against 8 on one node
+    REQUIRE(run_cli({"plan", cfg, "--gpus", "8", "--nodes", "2", "--network", "eth-100", "--profile", profile, "--json", out}) ==
+            kExitOk);
+    j = read_json(out);
+    CHECK(j["nodes"] == 2);
+    CHECK(j["network"]["name"] == "eth-100");
+    CHECK(j["results"][0]["gpus"] == 16);
+    CHECK(j["results"][0]["gpus_per_node"] == 8);
+    CHECK(j["results"][0]["speedup"].get<double>() < 2.0);  // the network costs something
+    CHECK(j["results"][0]["speedup"].get<double>() > 1.0);
 }
 
 TEST_CASE("stress test: every result verified; a corrupting link fails with exit 5 naming the replica pair") {

@@ -142,6 +142,12 @@ ToolCommands::ToolCommands(CLI::App& app) {
     pl_cmd_->add_option("--bus-gbs", pl_.bus_gbs, "override the link's all-reduce bus bandwidth, GB/s");
     pl_cmd_->add_option("--latency-us", pl_.latency_us, "override the link's latency per ring step, us");
     pl_cmd_->add_option("--launch-us", pl_.launch_us, "host cost of one kernel launch, us");
+    pl_cmd_->add_option("--nodes", pl_.nodes, "nodes of --gpus GPUs each (multi-node: hierarchical all-reduce)")
+        ->check(CLI::Range(1, 4096));
+    pl_cmd_->add_option("--network", pl_.network, "between the nodes: eth-100, eth-200, eth-400, ib-hdr, ib-ndr, "
+                                                  "ib-ndr-x8 (docs/SCALING.md)");
+    pl_cmd_->add_option("--network-gbs", pl_.network_gbs, "override the node's network bandwidth, GB/s");
+    pl_cmd_->add_option("--network-latency-us", pl_.network_latency_us, "override the network's latency per ring step, us");
     pl_cmd_->add_option("--json", pl_.json_path, "also write the plan here");
 }
 

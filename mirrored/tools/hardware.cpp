@@ -49,6 +49,24 @@ const std::vector<LinkSpec>& link_specs() {
     return specs;
 }
 
+const std::vector<NetworkSpec>& network_specs() {
+    static const std::vector<NetworkSpec> specs{
+        {"eth-100", "100 Gb/s Ethernet with RoCE, one NIC per node", 10, 10,
+         "IEEE 802.3 line rate 12.5 GB/s; 80% assumed achievable"},
+        {"eth-200", "200 Gb/s Ethernet with RoCE, one NIC per node", 20, 10,
+         "IEEE 802.3 line rate 25 GB/s; 80% assumed achievable"},
+        {"eth-400", "400 Gb/s Ethernet with RoCE, one NIC per node", 40, 8,
+         "IEEE 802.3 line rate 50 GB/s; 80% assumed achievable"},
+        {"ib-hdr", "InfiniBand HDR 200 Gb/s, one NIC per node", 22.5, 5,
+         "IBTA line rate 25 GB/s; 90% assumed achievable (NCCL over InfiniBand)"},
+        {"ib-ndr", "InfiniBand NDR 400 Gb/s, one NIC per node", 45, 5,
+         "IBTA line rate 50 GB/s; 90% assumed achievable (NCCL over InfiniBand)"},
+        {"ib-ndr-x8", "8 x InfiniBand NDR 400 Gb/s per node, one per GPU (DGX H100/H200 compute fabric)", 360, 5,
+         "NVIDIA DGX H100/H200 user guide: eight ConnectX-7 400 Gb/s ports; 90% assumed achievable"},
+    };
+    return specs;
+}
+
 namespace {
 
 template <typename Spec>
@@ -66,5 +84,6 @@ const Spec& find_spec(const std::vector<Spec>& specs, const std::string& name, c
 
 const GpuSpec& find_gpu(const std::string& name) { return find_spec(gpu_specs(), name, "--gpu"); }
 const LinkSpec& find_link(const std::string& name) { return find_spec(link_specs(), name, "--link"); }
+const NetworkSpec& find_network(const std::string& name) { return find_spec(network_specs(), name, "--network"); }
 
 }  // namespace mirrored

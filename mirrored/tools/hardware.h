@@ -32,10 +32,22 @@ struct LinkSpec {
     std::string source;
 };
 
+// Between nodes: what one node's network (all its NICs together) gives the all-reduce between
+// the nodes, GB/s, and the latency of one ring step, us.
+struct NetworkSpec {
+    std::string name;         // the --network name, e.g. ib-ndr
+    std::string description;
+    double node_gbs = 0;
+    double latency_us = 0;
+    std::string source;
+};
+
 const std::vector<GpuSpec>& gpu_specs();
 const std::vector<LinkSpec>& link_specs();
+const std::vector<NetworkSpec>& network_specs();
 // By name; an unknown name is a ConfigError (exit 2) listing the known ones.
 const GpuSpec& find_gpu(const std::string& name);
 const LinkSpec& find_link(const std::string& name);
+const NetworkSpec& find_network(const std::string& name);
 
 }  // namespace mirrored

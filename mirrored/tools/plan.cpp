@@ -163,13 +163,18 @@ int plan(const PlanOptions& o) {
     if (o.gpus.empty()) throw ConfigError("--gpus: expected GPU counts such as 2,4,8");
     for (int n : o.gpus)
         if (n < 1 || n > 1024) throw ConfigError("--gpus: expected counts from 1 to 1024, got " + std::to_string(n));
-    for (double v : {o.memory_gb, o.tflops, o.bus_gbs, o.latency_us, o.launch_us})
+    if (o.nodes < 1 || o.nodes > 4096) throw ConfigError("--nodes: expected 1 to 4096, got " + std::to_string(o.nodes));
+    for (double v : {o.memory_gb, o.tflops, o.bus_gbs, o.latency_us, o.launch_us, o.network_gbs, o.network_latency_us})
         if (!(v >= 0) || !std::isfinite(v)) throw ConfigError("plan: figures must be finite and >= 0");
     GpuSpec gpu = find_gpu(o.gpu);
     LinkSpec link = find_link(o.link.empty() ? gpu.link : o.link);
     if (o.memory_gb > 0) gpu.memory_gib = o.memory_gb;
     if (o.bus_gbs > 0) link.bus_gbs = o.bus_gbs;
     if (o.latency_us > 0) link.latency_us = o.latency_us;
+    NetworkSpec net = find_network(o.network);
+    if (o.network_gbs > 0) net.node_gbs = o.network_gbs;
+    if (o.network_latency_us > 0) net.latency_us = o.network_latency_us;
+    const int nodes = o.nodes;
     const Config base = load_config(o.config, o.sets);
     const Precision precision = base.train.precision;
     const double peak = (o.tflops > 0 ? o.tflops : gpu.tflops(precision)) * 1e12;
@@ -180,9 +185,9 @@ int plan(const PlanOptions& o) {
     const int per_replica_weak = o.per_replica_batch > 0 ? o.per_replica_batch : std::max(1, global / counts.front());
     if (o.mode == "strong")
         for (int n : counts)
-            if (global % n != 0)
+            if (global % (n * nodes) != 0)
                 throw ConfigError("train.global_batch_size " + std::to_string(global) + " does not divide into " +
-                                  std::to_string(n) + " GPUs (strong scaling keeps it)");
+                                  std::to_string(n * nodes) + " GPUs (strong scaling keeps it)");
 
     const std::vector<int> shape = input_shape(base);
     const Model model(shape, base.model.layers, base.run.seed);
@@ -192,6 +197,7 @@ int plan(const PlanOptions& o) {
     strategy.precision = precision;
     const CommPlan comm = comm_plan(model, strategy);
     const LinkModel lm{link.bus_gbs * 1e9, link.latency_us * 1e-6};
+    const LinkModel netm{net.node_gbs * 1e9, net.latency_us * 1e-6};
 
     std::printf("plan %s: %s\n", o.config.c_str(), model_config_summary(base).c_str());
     std::printf("  %zu parameters, %.1f MFLOP per sample (forward and backward), %s\n", model.param_count(),
@@ -200,6 +206,10 @@ int plan(const PlanOptions& o) {
                 gpu.memory_gib, peak / 1e12, precision_name(precision), o.tflops > 0 ? " (--tflops)" : "", gpu.source.c_str());
     std::printf("  link %s: %s; bus bandwidth %.1f GB/s, %.1f us per ring step [%s]\n", link.name.c_str(),
                 link.description.c_str(), link.bus_gbs, link.latency_us, link.source.c_str());
+    if (nodes > 1)
+        std::printf("  %d nodes over %s: %s; %.1f GB/s per node, %.1f us per ring step [%s]; gradients summed in the "
+                    "node, each GPU's slice between the nodes, then gathered in the node\n", nodes, net.name.c_str(),
+                    net.description.c_str(), net.node_gbs, net.latency_us, net.source.c_str());
 
     // Compute time of one replica's step at `rows` on the target.
     double seconds_per_sample = 0, efficiency = 0;
@@ -229,34 +239,42 @@ int plan(const PlanOptions& o) {
                                             " small blocking ones (synchronised batchnorm)").c_str() : "");
 
     const double capacity = gpu.memory_gib * 1e9 - kContextReserve;
-    std::printf("%5s %9s %10s %5s %10s %12s %10s %10s %10s %12s %8s %6s\n", "GPUs", "batch/GPU", "memory", "fits",
+    std::printf("%7s %9s %10s %5s %10s %12s %10s %10s %10s %12s %8s %6s\n", nodes > 1 ? "nodesxN" : "GPUs", "batch/GPU", "memory", "fits",
                 "max batch", "ZeRO-1 saves", "compute ms", "allred. ms", "exposed ms", "samples/s", "speedup", "eff.");
     json rows = json::array();
     double first_sps = 0;
     int first_n = 0, stops_at = 0;
     std::vector<std::string> notes;
     for (int n : counts) {
-        const int rows_n = o.mode == "weak" ? per_replica_weak : global / n;
+        const int total = n * nodes;
+        const int rows_n = o.mode == "weak" ? per_replica_weak : global / total;
         const MemoryPlan mem = gpu_memory_plan(model, base.optimizer, strategy, n, rows_n, base.train.grad_accumulation_steps);
         const bool fits = double(mem.total()) <= capacity;
         const int largest = largest_fitting_rows(model, base.optimizer, strategy, n, base.train.grad_accumulation_steps,
                                                  uint64_t(std::max(0.0, capacity)));
-        const double zero1 = double(mem.optimizer) * (n - 1) / n;
-        const StepPrediction p = predict_step(n, compute_s(rows_n), comm, lm);
-        const double sps = n * rows_n / p.step_s;
-        if (first_n == 0) first_sps = sps, first_n = n;
-        const double speedup = sps / first_sps, eff = speedup / (double(n) / first_n);
-        if (stops_at == 0 && eff < kStopPaying) stops_at = n;
-        std::printf("%5d %9d %10s %5s %10d %12s %10.3f %10.3f %10.3f %12.0f %7.2fx %5.0f%%\n", n, rows_n,
+        const double zero1 = double(mem.optimizer) * (total - 1) / total;
+        const StepPrediction p = predict_step(Topology{n, nodes, lm, netm}, compute_s(rows_n), comm);
+        const double sps = total * rows_n / p.step_s;
+        if (first_n == 0) {  // the baseline: the smallest count on one node, so that the nodes' cost shows
+            first_n = counts.front();
+            const int rows_1 = o.mode == "weak" ? per_replica_weak : global / first_n;
+            first_sps = first_n * rows_1 / predict_step(Topology{first_n, 1, lm, netm}, compute_s(rows_1), comm).step_s;
+        }
+        const double speedup = sps / first_sps, eff = speedup / (double(total) / first_n);
+        if (stops_at == 0 && eff < kStopPaying) stops_at = total;
+        const std::string label = nodes > 1 ? std::to_string(nodes) + "x" + std::to_string(n) : std::to_string(n);
+        std::printf("%7s %9d %10s %5s %10d %12s %10.3f %10.3f %10.3f %12.0f %7.2fx %5.0f%%\n", label.c_str(), rows_n,
                     format_bytes(mem.total()).c_str(), fits ? "yes" : "NO", largest, format_bytes(uint64_t(zero1)).c_str(),
                     p.compute_s * 1e3, p.allreduce_s * 1e3, p.exposed_s * 1e3, sps, speedup, 100 * eff);
         if (!fits)
-            notes.push_back(std::to_string(n) + " GPUs: " + format_bytes(mem.total()) + " per GPU (" + mem.describe() +
+            notes.push_back(label + " GPUs: " + format_bytes(mem.total()) + " per GPU (" + mem.describe() +
                             ") does not fit in " + fmt("%.0f", gpu.memory_gib) + " GB less 1 GiB for the CUDA context; " +
                             (largest > 0 ? "the largest per-GPU batch that fits is " + std::to_string(largest)
                                          : std::string("not even one sample fits")) +
                             "; sharding the optimizer state (ZeRO-1) would save " + format_bytes(uint64_t(zero1)));
-        rows.push_back({{"gpus", n},
+        rows.push_back({{"gpus", total},
+                        {"nodes", nodes},
+                        {"gpus_per_node", n},
                         {"per_gpu_batch", rows_n},
                         {"memory_bytes", mem.total()},
                         {"memory", {{"parameters", mem.params}, {"gradients", mem.grads}, {"optimizer", mem.optimizer},
@@ -280,12 +298,16 @@ int plan(const PlanOptions& o) {
                     "hidden behind backward)\n", stops_at, 100 * kStopPaying);
     else
         std::printf("every count keeps per-GPU efficiency above %.0f%%: more GPUs keep paying up to %d\n",
-                    100 * kStopPaying, counts.back());
+                    100 * kStopPaying, counts.back() * nodes);
     std::printf("(a model, not a measurement: docs/SCALING.md gives the formulas and how they compare with `scale`)\n");
     write_json(o.json_path, {{"benchmark", "plan"},
                              {"config", o.config},
                              {"gpu", {{"name", gpu.name}, {"memory_gb", gpu.memory_gib}, {"tflops", peak / 1e12}}},
                              {"link", {{"name", link.name}, {"bus_gbs", link.bus_gbs}, {"latency_us", link.latency_us}}},
+                             {"nodes", nodes},
+                             {"network", nodes > 1 ? json{{"name", net.name}, {"node_gbs", net.node_gbs},
+                                                          {"latency_us", net.latency_us}}
+                                                   : json(nullptr)},
                              {"mode", o.mode},
                              {"compute", compute_source},
                              {"stops_paying_at", stops_at ? json(stops_at) : json(nullptr)},

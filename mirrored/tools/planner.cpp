@@ -17,6 +17,15 @@ double ring_allreduce_seconds(int n, double bytes, const LinkModel& link) {
     return 2.0 * (n - 1) / n * bytes / link.bus_bytes_per_s + 2.0 * (n - 1) * link.step_latency_s;
 }
 
+double allreduce_seconds(const Topology& t, double bytes) {
+    const double in_node = ring_allreduce_seconds(t.per_node, bytes, t.local);
+    if (t.nodes <= 1 || bytes <= 0) return in_node;
+    const int n = t.per_node, k = t.nodes;
+    const double between = 2.0 * (k - 1) / k * bytes / t.net.bus_bytes_per_s + 2.0 * (k - 1) * t.net.step_latency_s;
+    const double gather = n > 1 ? double(n - 1) / n * bytes / t.local.bus_bytes_per_s + (n - 1) * t.local.step_latency_s : 0.0;
+    return in_node + between + gather;
+}
+
 namespace {
 
 int count_sync_batchnorm(const std::vector<LayerSpec>& layers) {
@@ -57,17 +66,17 @@ CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
     return c;
 }
 
-StepPrediction predict_step(int n, double compute_s, const CommPlan& comm, const LinkModel& link) {
+StepPrediction predict_step(const Topology& topo, double compute_s, const CommPlan& comm) {
     StepPrediction p;
     p.compute_s = compute_s;
     const double backward = compute_s * comm.backward_share, forward = compute_s - backward;
     double comm_end = 0;
     for (const BucketTiming& b : comm.buckets) {
-        const double t = ring_allreduce_seconds(n, b.bytes, link);
+        const double t = allreduce_seconds(topo, b.bytes);
         comm_end = std::max(comm_end, forward + b.ready * backward) + t;
         p.allreduce_s += t;
     }
-    const double blocking = comm.blocking_allreduces * ring_allreduce_seconds(n, comm.blocking_bytes, link);
+    const double blocking = comm.blocking_allreduces * allreduce_seconds(topo, comm.blocking_bytes);
     p.allreduce_s += blocking;
     p.exposed_s = std::max(0.0, comm_end - compute_s) + blocking;
     p.step_s = compute_s + p.exposed_s;

@@ -4,6 +4,10 @@
 //   ring all-reduce of S bytes over n replicas   t = 2(n-1)/n * S / B + 2(n-1) * alpha
 //   step                                         compute + the all-reduce time not hidden
 //                                                behind backward
+//   K nodes of n GPUs (hierarchical, as mirrored runs it): the node's ring all-reduce, each GPU's
+//   1/n slice all-reduced between the nodes (the n slices share the node's network: B_net is the
+//   node's), then the node's all-gather of the slices:
+//     t = ring(n, S) + 2(K-1)/K * S / B_net + 2(K-1) * alpha_net + (n-1)/n * S / B + (n-1) * alpha
 //
 // B is the link's bus bandwidth (nccl-tests' busbw), alpha the latency of one ring step. Each
 // bucket's all-reduce starts when backward has produced it (backward runs the layers in reverse,
@@ -29,6 +33,13 @@ struct LinkModel {
 
 double ring_allreduce_seconds(int n, double bytes, const LinkModel& link);
 
+// Where the replicas are: n per node over `local`, K nodes joined by `net` (the node's network).
+struct Topology {
+    int per_node = 1, nodes = 1;
+    LinkModel local, net;
+};
+double allreduce_seconds(const Topology& t, double bytes);
+
 // One gradient bucket: its bytes on the wire, and the fraction of backward done when it is ready.
 struct BucketTiming {
     double bytes = 0;
@@ -50,7 +61,10 @@ struct StepPrediction {
     double exposed_s = 0;    // the part not hidden behind backward
     double step_s = 0;
 };
-StepPrediction predict_step(int n, double compute_s, const CommPlan& comm, const LinkModel& link);
+StepPrediction predict_step(const Topology& t, double compute_s, const CommPlan& comm);
+inline StepPrediction predict_step(int n, double compute_s, const CommPlan& comm, const LinkModel& link) {
+    return predict_step(Topology{n, 1, link, {}}, compute_s, comm);
+}
 
 // Memory of one replica on a GPU at `rows` per replica, and the largest per-replica batch that
 // fits in `capacity_bytes` (0 when not even one row fits).

@@ -89,6 +89,9 @@ struct PlanOptions {
     // overrides of the table's figures (0: the table's)
     double memory_gb = 0, tflops = 0, bus_gbs = 0, latency_us = 0;
     double launch_us = 4.0;          // host cost of one kernel launch (H200: 4.0 us, measured)
+    int nodes = 1;                   // --gpus counts GPUs per node
+    std::string network = "ib-ndr";  // between the nodes
+    double network_gbs = 0, network_latency_us = 0;  // overrides
     std::string json_path;
 };
 // `mirrored plan`: memory and step time per replica for GPUs not at hand.
