@@ -34,8 +34,18 @@ namespace {
 
 std::atomic<int> g_signals{0};
 std::atomic<bool> g_training{false};  // a checkpoint is worth finishing the step for
+// Multi-node: what this node says when mpirun ends the job (written from the signal handler).
+char g_node_stopped[320] = {};
 
-void on_signal(int) {
+void on_signal(int sig) {
+    // Multi-node: mpirun turns SIGINT/SIGTERM into the end of the job (it sends SIGTERM to every
+    // node, then SIGKILL), also when another node has died - no step can be finished with the
+    // others. Only SIGUSR1, which mpirun forwards, asks for a checkpoint.
+    if (g_node_stopped[0] && sig != SIGUSR1) {
+        ssize_t ignored = ::write(2, g_node_stopped, std::strlen(g_node_stopped));
+        (void)ignored;
+        _exit(kExitInterrupted);
+    }
     // Before training starts (loading data, building replicas) there is nothing to save: stop at
     // once. During training the first signal finishes the step and writes a checkpoint; a second
     // one exits at once.
@@ -794,6 +804,9 @@ void check_same_config(const Config& config, Nodes& nodes) {
 int run_training(const Config& config, Nodes* nodes) {
     g_signals = 0;
     if (nodes) {
+        std::snprintf(g_node_stopped, sizeof g_node_stopped,
+                      "\nerror: node %d (%.64s): stopped by mpirun (another node failed, or the job was interrupted); "
+                      "rerun the job to resume from the last checkpoint\n", nodes->rank(), nodes->host().c_str());
         nodes->set_timeout(config.strategy.collective_timeout_s);
         check_same_config(config, *nodes);
         // Node 0 prints; the others' progress would only repeat it (errors still go to stderr).

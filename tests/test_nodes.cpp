@@ -243,6 +243,8 @@ TEST_CASE("a killed node ends the job within seconds, no hang; restarting the jo
     const Job killed = mpirun({{args, {}}, {args, {{"MIRRORED_TEST_NODE_FAULT", "1:40:kill"}}}}, 60);
     CHECK(killed.rc != kExitOk);
     CHECK(killed.seconds < 30);
+    CHECK(killed.err.find("node 0 (") != std::string::npos);  // the survivor says why it stops
+    CHECK(killed.err.find("stopped by mpirun (another node failed") != std::string::npos);
     CHECK(list_checkpoints(t / "run/checkpoints").size() > 0);
     const Job resumed = mpirun(2, args);
     REQUIRE_MESSAGE(resumed.rc == kExitOk, resumed.err);
