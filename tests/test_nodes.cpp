@@ -136,10 +136,10 @@ std::vector<float> final_params(const std::string& out) {
     return all;
 }
 
-#define SKIP_WITHOUT_MPI()                                              \
-    if (const std::string why = skip_reason(); !why.empty()) {          \
-        MESSAGE("skipped: " << why);                                    \
-        return;                                                         \
+#define SKIP_WITHOUT_MPI()                                     \
+    if (const std::string why = skip_reason(); !why.empty()) { \
+        mark_skipped(why);                                     \
+        return;                                                \
     }
 
 }  // namespace
