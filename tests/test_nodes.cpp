@@ -18,6 +18,7 @@
 #include "mirrored/nodes.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
+#include "tests/run_folder.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -100,31 +101,6 @@ Job mpirun(int nodes, const std::vector<std::string>& args, double deadline_s = 
     return mpirun(std::vector<NodeSpec>(size_t(nodes), NodeSpec{args, {}}), deadline_s);
 }
 
-json summary(const std::string& out) { return json::parse(std::ifstream(out + "/summary.json")); }
-
-std::vector<json> metrics(const std::string& out) {
-    std::vector<json> v;
-    std::ifstream in(out + "/metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-        json j = json::parse(line);
-        if (j["type"] == "alert") continue;
-        j.erase("samples_per_sec");
-        j.erase("time_split");
-        v.push_back(j);
-    }
-    return v;
-}
-
-void expect_same_run(const std::string& a, const std::string& b) {
-    const json sa = summary(a), sb = summary(b);
-    for (const char* k : {"test_accuracy", "test_loss", "train_loss", "steps"}) {
-        CAPTURE(k);
-        CHECK(sa[k] == sb[k]);
-    }
-    CHECK(sa["replica_checksums"][0] == sb["replica_checksums"][0]);
-    CHECK(metrics(a) == metrics(b));
-}
 
 // The parameters of a run's newest checkpoint, tensor by tensor in name order.
 std::vector<float> final_params(const std::string& out) {

@@ -21,6 +21,7 @@
 #include "mirrored/trainer.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
+#include "tests/run_folder.h"
 
 using namespace mirrored;
 using json = nlohmann::json;
@@ -67,31 +68,6 @@ double now_seconds() { return std::chrono::duration<double>(std::chrono::steady_
 // so that the kill lands mid-training however fast this machine is.
 double kill_point(double duration, test::Rng& rng) { return duration * (0.3 + 0.01 * rng.integer(0, 50)); }
 
-json summary(const std::string& out) { return json::parse(std::ifstream(out + "/summary.json")); }
-
-// metrics.jsonl without what depends on the clock.
-std::vector<json> metrics(const std::string& out) {
-    std::vector<json> v;
-    std::ifstream in(out + "/metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) {
-        json j = json::parse(line);
-        if (j["type"] == "alert") continue;
-        j.erase("samples_per_sec");
-        j.erase("time_split");
-        v.push_back(j);
-    }
-    return v;
-}
-
-void expect_same_run(const std::string& a, const std::string& b) {
-    const json sa = summary(a), sb = summary(b);
-    for (const char* k : {"test_accuracy", "test_loss", "train_loss", "replica_checksums", "steps"}) {
-        CAPTURE(k);
-        CHECK(sa[k] == sb[k]);
-    }
-    CHECK(metrics(a) == metrics(b));
-}
 
 }  // namespace
 
