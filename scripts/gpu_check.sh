@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One prepared run for a machine with a GPU, built to fit a 10-minute device budget (about 6
-# minutes on one H200) and to fail loudly rather than report a CPU run as a GPU one:
+# One prepared run for a machine with a GPU, built to fit a 15-minute device budget (about 6
+# minutes on one H200, plus at most 4 for the frameworks comparison) and to fail loudly rather
+# than report a CPU run as a GPU one:
 #   machine facts -> build (refused if CPU-only) -> every test (refused if a CUDA test is
 #   skipped) -> benchmarks -> training on cuda:0,0 (and cuda:0,1 with two GPUs) killed with
-#   SIGKILL and resumed, checksums compared with an uninterrupted run.
+#   SIGKILL and resumed, checksums compared with an uninterrupted run -> with two GPUs and
+#   mpirun, two nodes over NCCL against one node -> PyTorch and JAX side by side.
 # Everything goes to $OUT (the device tool's folder) or build/gpu-check. Works without network
 # and without the Fashion-MNIST package (a small generated IDX dataset stands in).
 #   scripts/gpu_check.sh
@@ -131,4 +133,27 @@ resume_check() {
 step "train, SIGKILL, resume"
 resume_check cuda:0,0
 [[ $gpus -ge 2 ]] && resume_check cuda:0,1
+
+# Two nodes on one machine (NCCL between the processes needs a GPU each: two GPUs and mpirun):
+# 2 processes x cuda:0 (each its own GPU) must train bit-identically to one process on cuda:0,1.
+if [[ $gpus -ge 2 ]] && command -v mpirun >/dev/null && ldd build/mirrored | grep -q libmpi; then
+    step "two nodes over NCCL (nodes.log)"
+    nodes_args=(train configs/fashion_mnist_mlp.yaml --set train.epochs=1 --devices cuda:0)
+    env "${data_env[@]}" timeout 180 mpirun --allow-run-as-root --oversubscribe \
+        -np 1 -x CUDA_VISIBLE_DEVICES=0 build/mirrored "${nodes_args[@]}" --output "$out/nodes2x1" : \
+        -np 1 -x CUDA_VISIBLE_DEVICES=1 build/mirrored "${nodes_args[@]}" --output "$out/nodes2x1" >"$out/nodes.log" 2>&1 ||
+        fail "the two-node run failed (see nodes.log)"
+    env "${data_env[@]}" timeout 120 build/mirrored train configs/fashion_mnist_mlp.yaml --set train.epochs=1 \
+        --devices cuda:0,1 --output "$out/nodes1x2" >>"$out/nodes.log" 2>&1 || fail "the one-node run failed"
+    a=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$out/nodes2x1/summary.json")
+    b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$out/nodes1x2/summary.json")
+    echo "2 nodes x cuda:0: $a / 1 node x cuda:0,1: $b" | tee -a "$log"
+    [[ "$a" == "$b" ]] || fail "two nodes over NCCL differ from one node with two GPUs"
+fi
+
+# Side by side with PyTorch (eager, CUDA graph) and JAX on this GPU; informative, time-boxed.
+step "frameworks side by side (frameworks.log)"
+timeout 240 python3 scripts/bench_vs_frameworks.py --rounds 1 --steps 200 --json "$out/frameworks.json" \
+    >"$out/frameworks.log" 2>&1 || echo "(frameworks benchmark: exit $?)" | tee -a "$log"
+tail -n 16 "$out/frameworks.log" >>"$log"
 step "done: all checks passed"
