@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <thread>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -77,7 +78,8 @@ struct NodeSpec {
     std::vector<std::string> args;
     std::vector<std::pair<std::string, std::string>> env;
 };
-Job mpirun(const std::vector<NodeSpec>& per_node, double deadline_s = 120) {
+// kill_after_s >= 0: SIGKILL to mpirun itself after that long (a lost launcher, a killed job).
+Job mpirun(const std::vector<NodeSpec>& per_node, double deadline_s = 120, double kill_after_s = -1) {
     std::vector<std::string> a{"--oversubscribe", "--allow-run-as-root"};
     for (size_t k = 0; k < per_node.size(); ++k) {
         if (k) a.push_back(":");
@@ -90,15 +92,33 @@ Job mpirun(const std::vector<NodeSpec>& per_node, double deadline_s = 120) {
     const std::string out = t / "out.txt", err = t / "err.txt";
     const auto t0 = std::chrono::steady_clock::now();
     Job j;
-    j.rc = wait_status_within(spawn_program("mpirun", a, {}, err, Stdout::file, out), deadline_s);
+    const pid_t pid = spawn_program("mpirun", a, {}, err, Stdout::file, out);
+    if (kill_after_s >= 0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(kill_after_s));
+        ::kill(pid, SIGKILL);
+    }
+    j.rc = wait_status_within(pid, deadline_s);
     j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::ifstream o(out), e(err);
     j.out.assign(std::istreambuf_iterator<char>(o), {});
     j.err.assign(std::istreambuf_iterator<char>(e), {});
     return j;
 }
-Job mpirun(int nodes, const std::vector<std::string>& args, double deadline_s = 120) {
-    return mpirun(std::vector<NodeSpec>(size_t(nodes), NodeSpec{args, {}}), deadline_s);
+Job mpirun(int nodes, const std::vector<std::string>& args, double deadline_s = 120, double kill_after_s = -1) {
+    return mpirun(std::vector<NodeSpec>(size_t(nodes), NodeSpec{args, {}}), deadline_s, kill_after_s);
+}
+
+// Whether any process still has `text` as one of its arguments (read from /proc).
+bool process_running(const std::string& text) {
+    for (const auto& e : fs::directory_iterator("/proc")) {
+        const std::string pid = e.path().filename().string();
+        if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream in(e.path() / "cmdline");
+        std::string arg;
+        while (std::getline(in, arg, '\0'))
+            if (arg == text) return true;
+    }
+    return false;
 }
 
 
@@ -226,6 +246,33 @@ TEST_CASE("a killed node ends the job within seconds, no hang; restarting the jo
     REQUIRE_MESSAGE(resumed.rc == kExitOk, resumed.err);
     CHECK(summary(t / "run")["resumed_from_step"] == 35);
     expect_same_run(t / "ref", t / "run");
+}
+
+TEST_CASE("mpirun itself killed at an arbitrary moment: no node process is left, and the rerun resumes bit-identically") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    std::string text = kRun;
+    text.replace(text.find("epochs: 3"), 9, "epochs: 60");  // long enough to be killed mid-way
+    text.replace(text.find("every_steps: 7"), 14, "every_steps: 5");
+    const std::string cfg = t.write("run.yaml", text);
+    const Job ref = mpirun(2, {"train", cfg, "--output", t / "ref"});
+    REQUIRE_MESSAGE(ref.rc == kExitOk, ref.err);
+    Rng rng(11);
+    const double when = ref.seconds * (0.3 + 0.01 * rng.integer(0, 50));
+    CAPTURE(when);
+    const std::string out = t / "killed";
+    const Job killed = mpirun(2, {"train", cfg, "--output", out}, 60, when);
+    CHECK((killed.rc == 128 + SIGKILL || killed.rc == kExitOk));
+    bool left = true;  // the nodes notice their launcher is gone
+    for (int i = 0; i < 100 && left; ++i) {
+        left = process_running(out);
+        if (left) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    CHECK_FALSE(left);
+    const Job resumed = mpirun(2, {"train", cfg, "--output", out});
+    REQUIRE_MESSAGE(resumed.rc == kExitOk, resumed.err);
+    CAPTURE(summary(out)["resumed_from_step"]);
+    expect_same_run(t / "ref", out);
 }
 
 TEST_CASE("a hung node: the others stop after strategy.collective_timeout_s with exit 5 and say what they waited for") {
