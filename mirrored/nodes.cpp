@@ -161,13 +161,12 @@ Nodes::~Nodes() {
     MPI_Finalize();
 }
 
-const char* Nodes::library() const {
-    static char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+std::string Nodes::library() {
+    char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
     int len = 0;
-    MPI_Get_library_version(version, &len);
-    for (char* p = version; *p; ++p)  // the first line, without its details
-        if (*p == '\n' || *p == ',') *p = 0;
-    return version;
+    MPI_Get_library_version(version, &len);  // one of the calls allowed before MPI_Init
+    std::string v(version, size_t(std::max(0, len)));
+    return v.substr(0, v.find_first_of(",\n"));  // the first line, without its details
 }
 
 void Nodes::set_timeout(double seconds) { impl_->timeout_ns = int64_t(seconds * 1e9); }
@@ -286,7 +285,7 @@ std::unique_ptr<Nodes> Nodes::join(int*, char***) {
 }
 
 Nodes::~Nodes() = default;
-const char* Nodes::library() const { return "none"; }
+std::string Nodes::library() { return "none"; }
 void Nodes::set_timeout(double) {}
 void Nodes::abort(int code) { std::_Exit(code); }
 void Nodes::sum(double*, int, const char*) {}

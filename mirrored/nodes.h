@@ -36,7 +36,8 @@ public:
     int count() const { return count_; }
     bool leader() const { return rank_ == 0; }  // the one writer of the run folder
     const std::string& host() const { return host_; }
-    const char* library() const;  // "Open MPI v4.1.4"
+    // "Open MPI v4.1.4" (callable before any join), or "none" in a build without MPI.
+    static std::string library();
 
     // Collectives of the trainer's thread; every node calls the same ones in the same order.
     // `what` names the collective in a timeout's message.

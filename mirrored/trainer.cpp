@@ -338,7 +338,7 @@ void Run::print_header() {
                 where.c_str(), st.replicas(), kind, st.devices().describe().c_str(), st.cross_device_ops_name(), st.buckets().size());
     if (nodes_) {
         std::printf("  %d replicas in all over %s; node k's replica r is replica k x %d + r; gradients summed in the "
-                    "node, then between the nodes\n", st.all_replicas(), nodes_->library(), st.replicas());
+                    "node, then between the nodes\n", st.all_replicas(), Nodes::library().c_str(), st.replicas());
         for (size_t k = 0; k < nodes.size(); ++k) std::printf("  node %zu: %s\n", k, nodes[k].c_str());
     }
     if (!st.cross_device_ops_choice().empty())

@@ -22,6 +22,7 @@
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
+#include "mirrored/nodes.h"
 #include "mirrored/replica_threads.h"
 #include "mirrored/strategy.h"
 #include "mirrored/trainer.h"
@@ -42,6 +43,11 @@ int print_devices() {
     const int n = cuda_device_count();
     std::printf("CPU: %s, %u hardware threads\nBLAS: %s\n", cpu_model_name().c_str(), std::thread::hardware_concurrency(),
                 blas_description().c_str());
+    if (Nodes::available())
+        std::printf("nodes: %s; several machines: mpirun -np NODES -H host1,host2 mirrored train CONFIG\n",
+                    Nodes::library().c_str());
+    else
+        std::printf("nodes: this build has no MPI (libopenmpi-dev): one machine only\n");
     const CudaTopology t = cuda_topology();
     const CudaStatus status = cuda_status();
     if (cuda_compiled()) {
