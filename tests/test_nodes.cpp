@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
@@ -55,6 +56,26 @@ model:
 optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
 train: {epochs: 2, global_batch_size: 16, log_every_steps: 4, grad_accumulation_steps: 2}
 checkpoint: {every_steps: 10}
+)";
+
+// fp16 with dynamic loss scaling, a residual block and both kinds of batchnorm.
+const char* kFp16 = R"(run: {name: fp16, seed: 9}
+strategy: {devices: "cpu:1", bucket_mb: 0.0005, verify_every_steps: 5}
+data: {dataset: synthetic, input_shape: [8, 8, 2], classes: 3, train_samples: 384, test_samples: 96}
+model:
+  layers:
+    - {type: conv2d, filters: 6, kernel_size: 3, padding: same, bias: false}
+    - {type: batchnorm, activation: relu}
+    - type: residual
+      activation: relu
+      layers:
+        - {type: conv2d, filters: 6, kernel_size: 3, padding: same, bias: false}
+        - {type: batchnorm, sync: true}
+    - {type: flatten}
+    - {type: dense, units: 3}
+optimizer: {type: sgd, lr: 0.01, momentum: 0.9}
+train: {epochs: 6, global_batch_size: 24, precision: fp16, loss_scale_growth_interval: 4, log_every_steps: 5}
+checkpoint: {every_steps: 4, keep: 2}
 )";
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
@@ -167,6 +188,26 @@ TEST_CASE("synchronised batchnorm with accumulation across 2 nodes equals 1 node
     REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
     REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / "one"}) == kExitOk);
     expect_same_run(t / "two", t / "one");
+}
+
+TEST_CASE("fp16 loss scaling across 2 nodes equals 1 node x 2; a job stopped on 2 nodes resumes on 1 node x 2 bit-identically") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("fp16.yaml", kFp16);
+    const Job two = mpirun(2, {"train", cfg, "--output", t / "two"});
+    REQUIRE_MESSAGE(two.rc == kExitOk, two.err);
+    REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / "one"}) == kExitOk);
+    expect_same_run(t / "two", t / "one");
+    std::set<double> scales;  // the loss scale moved, so there was something to agree on
+    for (const auto& j : metrics(t / "two"))
+        if (j.contains("loss_scale")) scales.insert(j["loss_scale"].get<double>());
+    CHECK(scales.size() >= 2);
+    // the same job moves from two machines to one: the checkpoint holds every replica's state
+    const std::vector<std::string> args{"train", cfg, "--output", t / "moved"};
+    REQUIRE(mpirun({{args, {{"MIRRORED_TEST_STOP_AFTER_STEP", "22"}}}, {args, {}}}).rc == kExitInterrupted);
+    REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / "moved"}) == kExitOk);
+    CHECK(summary(t / "moved")["resumed_from_step"] == 22);
+    expect_same_run(t / "two", t / "moved");
 }
 
 TEST_CASE("simulated GPUs across 2 nodes, random stream delays: 2 x sim:0 == sim:0,1 and 2 x sim:0,0 == 2 x cpu:2 bit for bit") {
