@@ -61,6 +61,10 @@ const char* init_kind_name(InitKind k) {
     }
 }
 
+void Device::sum_into(Stream, float* const*, int, int, size_t, size_t) {
+    throw DeviceError(name() + ": sum_into is not implemented on this device (shared parameters are for CPU replicas)");
+}
+
 void Device::note_alloc(void* p, size_t bytes) {
     {
         std::lock_guard<std::mutex> lock(sizes_mu_);

@@ -354,6 +354,10 @@ public:
     // and rounded once) - written back into every buffer. Every buffer must be loadable from
     // here (can_load_from): the same GPU, peer access, or host memory.
     virtual void sum_to_all(Stream s, const PeerBuffers& buffers, size_t offset, size_t n, DType t) = 0;
+    // In place into buffers[into][offset, offset + n): the sum over `count` f32 buffers - its own
+    // value first, then the others in buffer order - written only there: the reduce-scatter half,
+    // for replicas that share one parameter copy (CPU replicas). Devices without it throw DeviceError.
+    virtual void sum_into(Stream s, float* const* buffers, int count, int into, size_t offset, size_t n);
     // Can kernels on this device load (and store) peer's memory directly?
     virtual bool can_load_from(const Device& peer) const = 0;
     // f32 gradients to and from the bf16 wire format (16-bit storage, round to nearest even).

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/error.h"
+
 namespace mirrored {
 
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps, int replicas) {
@@ -39,8 +41,12 @@ Optimizer::Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) : dev_(d
     }
 }
 
-void Optimizer::apply(Stream s, float* params, const float* grads, int64_t step, float lr, const float* grad_stats,
-                      const float* loss_scale, bool skip_nonfinite) {
+void Optimizer::apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end,
+                            int64_t step, float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite) {
+    if (end > n_ || begin > end) throw Error(kExitFailure, "optimizer: range past the parameters");
+    const size_t n = end - begin;
+    params += begin;
+    grads += begin;
     const float clip = static_cast<float>(cfg_.grad_clip_norm);
     if (cfg_.type == OptimizerConfig::Type::adamw) {
         AdamWArgs a;
@@ -54,7 +60,7 @@ void Optimizer::apply(Stream s, float* params, const float* grads, int64_t step,
         a.grad_stats = grad_stats;
         a.loss_scale = loss_scale;
         a.skip_nonfinite = skip_nonfinite;
-        dev_.adamw_update(s, n_, params, grads, m_.data(), v_.data(), a);
+        on.adamw_update(s, n, params, grads, m_.data() + begin, v_.data() + begin, a);
     } else {
         SgdArgs a;
         a.lr = lr;
@@ -65,7 +71,7 @@ void Optimizer::apply(Stream s, float* params, const float* grads, int64_t step,
         a.grad_stats = grad_stats;
         a.loss_scale = loss_scale;
         a.skip_nonfinite = skip_nonfinite;
-        dev_.sgd_update(s, n_, params, grads, m_.data(), a);
+        on.sgd_update(s, n, params, grads, m_.size() ? m_.data() + begin : nullptr, a);
     }
 }
 

@@ -154,12 +154,18 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     m.params = m.grads = flat;
     const int states = (opt.type == OptimizerConfig::Type::adamw ? 2 : 0) + (opt.type == OptimizerConfig::Type::sgd && opt.momentum != 0 ? 1 : 0);
     m.optimizer = trainable * uint64_t(states);
+    if (strategy.shared_parameters && type == DeviceType::cpu && replicas > 1) {  // one copy, counted in shares
+        m.params = (m.params + uint64_t(replicas) - 1) / uint64_t(replicas);
+        m.optimizer = (m.optimizer + uint64_t(replicas) - 1) / uint64_t(replicas);
+    }
     const bool low = precision_dtype(precision) != DType::f32;
     const size_t act_elem = low && type == DeviceType::cuda ? 2 : 4;  // CPU and sim emulate in f32
     m.activations = model.activation_bytes(micro_rows, act_elem);
     m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t)) +
                (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
     m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
+    if (strategy.shared_parameters && type == DeviceType::cpu && replicas > 1)
+        m.weight_copy = (m.weight_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     // cuBLAS workspace, scratch and peer staging on GPUs (real or simulated)
     m.workspace = type == DeviceType::cpu ? 0 : (uint64_t(32) << 20) + (uint64_t(4) << 20) + (uint64_t(8) << 20);
@@ -199,6 +205,7 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
     low_precision_ = precision_dtype(cfg_.precision) != DType::f32;
     loss_scaling_ = cfg_.precision == Precision::fp16;
+    shared_ = cfg_.shared_parameters && devices_.type == DeviceType::cpu && n > 1;
     plan_ = plan_memory(model_, opt, cfg_, devices_.type, n, shard_rows, micro_rows);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
@@ -212,7 +219,11 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     const bool exact = cfg_.allreduce_dtype == DType::f32;  // else the state region (running statistics) needs its own f32 ops
     const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
-    if (cfg_.cross_device_ops == "auto") {
+    for (auto& R : replicas_) grad_ptrs_.push_back(R->grads.data());
+    if (shared_) {
+        // the gradients need no op (each replica sums its slice where it lies); the statistics of
+        // synchronised batchnorm still do
+    } else if (cfg_.cross_device_ops == "auto") {
         std::vector<std::pair<size_t, size_t>> ranges;
         for (const Bucket& b : buckets_)
             if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
@@ -220,14 +231,16 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
         cfg_.cross_device_ops = choice.name;
         ops_choice_ = "auto, " + choice.how;
     }
-    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, ops_elements,
-                                 threads_->barrier(), cfg_.allreduce_dtype);
-    if (model_.has_state() && !exact)
+    if (!shared_)
+        ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, ops_elements, threads_->barrier(),
+                                     cfg_.allreduce_dtype);
+    if (!shared_ && model_.has_state() && !exact)
         state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, model_.flat_size(), threads_->barrier());
     if (model_.stats_floats() > 0) {  // synchronised batch normalisation sums over its own buffers
         std::vector<float*> stats;
         for (auto& R : replicas_) stats.push_back(R->stats.data());
-        stats_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, stats, model_.stats_floats(), threads_->barrier());
+        stats_ops_ = make_cross_device_ops(shared_ ? "ring" : cfg_.cross_device_ops, devs, stats, model_.stats_floats(),
+                                           threads_->barrier());
         for (int r = 0; r < n; ++r) replicas_[r]->sync = make_stats_sync(r);
     }
     for (const auto& t : model_.tensors())
@@ -286,8 +299,9 @@ Pass MirroredStrategy::make_pass(Replica& R, Stream s, int rows, int global_rows
     p.seed = seed;
     p.step = step;
     p.training = training;
-    p.params = R.params.data();
-    p.weights = low_precision_ ? static_cast<const void*>(R.weights.data()) : R.params.data();
+    Replica& H = holder(R);
+    p.params = H.params.data();
+    p.weights = low_precision_ ? static_cast<const void*>(H.weights.data()) : H.params.data();
     p.grads = R.grads.data();
     p.acts = &R.acts;
     p.sync = R.sync.get();
@@ -391,10 +405,11 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
         R->device = make_device(devices_.type, devices_.type == DeviceType::cpu ? r : devices_.ordinals[r]);
         Device& d = *R->device;
         d.set_precision(cfg_.precision);
-        R->params = DeviceBuffer<float>(d, flat);
+        const bool holds_params = !shared_ || r == 0;  // shared: replica 0 holds the one copy
+        if (holds_params) R->params = DeviceBuffer<float>(d, flat);
         R->grads = DeviceBuffer<float>(d, flat);
-        if (low_precision_) R->weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
-        R->optimizer = std::make_unique<Optimizer>(d, opt, model_.trainable_size());
+        if (low_precision_ && holds_params) R->weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
+        if (holds_params) R->optimizer = std::make_unique<Optimizer>(d, opt, model_.trainable_size());
         R->acts = model_.make_activations(d, micro_rows);
         for (int b = 0; b < 2; ++b) {
             R->inputs[b] = DeviceBuffer<float>(d, size_t(shard_rows) * features);
@@ -406,6 +421,7 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
         R->train_metrics = DeviceBuffer<double>(d, kMetricSlots);
         R->eval_metrics = DeviceBuffer<double>(d, kMetricSlots);
         R->grad_stats = DeviceBuffer<float>(d, 2);
+        if (shared_) R->grad_total = DeviceBuffer<float>(d, 2);
         R->loss_scale = DeviceBuffer<float>(d, 2);
         R->loss_scale_host = HostBuffer<float>(d, 2);
         R->loss_scale_host[0] = kInitialLossScale;
@@ -481,6 +497,7 @@ void MirroredStrategy::init_and_broadcast() {
             d.synchronize();
         }
         threads_->run([&](int r) {
+            if (shared_ && r != 0) return;  // one copy
             Device& d = *replicas_[r]->device;
             if (r != 0)
                 d.copy_from_peer(d.compute_stream(), replicas_[r]->params.data(), *R0.device, R0.params.data(),
@@ -563,7 +580,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
         (b.begin >= trainable && state_ops_ ? *state_ops_ : *ops_).all_reduce(r, b.begin, b.end - b.begin);
         comm += now_s() - c0;
     };
-    const bool overlap = cfg_.bucket_mb > 0 && n > 1;
+    const bool overlap = cfg_.bucket_mb > 0 && n > 1 && !shared_;
     const auto on_layer_done = [&](int layer) {
         for (const Bucket& b : buckets_)
             if (b.ready_after_layer == layer) reduce(b);
@@ -589,14 +606,18 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
     }
     d.event_record(R.input_free[buf], cs);
     if (timing) d.event_record(R.t_backward, cs);
-    if (n > 1) {
-        for (const Bucket& b : buckets_)  // without overlap every bucket, else the statistics
-            if (!overlap || b.ready_after_layer < 0) reduce(b);
-        d.event_record(R.reduced, comm_s);
-        d.stream_wait_event(cs, R.reduced);
+    if (shared_) {
+        shared_update(R, step, lr, comm);
+    } else {
+        if (n > 1) {
+            for (const Bucket& b : buckets_)  // without overlap every bucket, else the statistics
+                if (!overlap || b.ready_after_layer < 0) reduce(b);
+            d.event_record(R.reduced, comm_s);
+            d.stream_wait_event(cs, R.reduced);
+        }
+        if (timing) d.event_record(R.t_reduced, cs);
+        apply_update(R, step, lr);
     }
-    if (timing) d.event_record(R.t_reduced, cs);
-    apply_update(R, step, lr);
     if (timing) d.event_record(R.t_end, cs);
     if (devices_.type == DeviceType::cpu) {
         R.comm_s += comm;
@@ -619,6 +640,58 @@ void MirroredStrategy::apply_update(Replica& R, int64_t step, float lr) {
     for (const TensorInfo* t : state_)
         d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
     refresh_weights(R, cs);
+}
+
+// Replica r's slice of the flat buffer: equal parts in whole 64-byte lines (no two replicas write
+// one cache line); trailing slices may be empty.
+Shard MirroredStrategy::slice(int r) const {
+    constexpr size_t kLine = 16;  // floats
+    const size_t flat = model_.flat_size(), n = size_t(replicas());
+    const size_t size = ((flat + n - 1) / n + kLine - 1) / kLine * kLine;
+    const size_t begin = std::min(flat, size * size_t(r)), end = std::min(flat, begin + size);
+    return {int(begin), int(end - begin)};
+}
+
+// Shared parameters (CPU replicas): every replica's gradients are complete -> replica r sums its
+// slice over all replicas (in replica order, into its own buffer: the others read only their own
+// slices) and, in a multi-node run, over the nodes -> the gradient statistics, per slice, added in
+// replica order -> the optimizer, the running statistics and the 16-bit copy on r's slice of the
+// one parameter copy -> nobody computes with the parameters before every slice is updated.
+void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, double& comm) {
+    Device& d = *R.device;
+    const Stream cs = d.compute_stream();
+    Replica& H = *replicas_[0];
+    ReplicaBarrier& barrier = threads_->barrier();
+    const Shard sl = slice(R.index);
+    const size_t begin = size_t(sl.begin), end = begin + size_t(sl.rows), trainable = model_.trainable_size();
+    const double c0 = now_s();
+    barrier.arrive_and_wait();
+    if (end > begin) {
+        d.sum_into(cs, grad_ptrs_.data(), replicas(), R.index, begin, end - begin);
+        if (nodes_) nodes_->sum_channel(R.index, R.grads.data() + begin, end - begin);
+    }
+    comm += now_s() - c0;
+    const size_t tb = std::min(begin, trainable), te = std::min(end, trainable);  // the trainable part
+    const float* loss_scale = loss_scaling_ ? R.loss_scale.data() : nullptr;
+    const bool stats = H.optimizer->config().grad_clip_norm > 0 || loss_scaling_;
+    if (stats) {
+        d.sum_squares(cs, te - tb, R.grads.data() + tb, loss_scale, R.grad_stats.data());
+        barrier.arrive_and_wait();
+        d.copy_from_peer(cs, R.grad_total.data(), *H.device, H.grad_stats.data(), 2 * sizeof(float));
+        for (int q = 1; q < replicas(); ++q)
+            d.reduce_from_peer(cs, R.grad_total.data(), *replicas_[q]->device, replicas_[q]->grad_stats.data(), DType::f32, 2);
+    }
+    if (te > tb)
+        H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data(), tb, te, step, lr,
+                                 stats ? R.grad_total.data() : nullptr, loss_scale, loss_scaling_);
+    if (loss_scaling_) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_total.data(), cfg_.loss_scale_growth_interval);
+    for (const TensorInfo* t : state_) {  // running statistics: the part of each in this slice
+        const size_t lo = std::max(begin, t->offset), hi = std::min(end, t->offset + t->count);
+        if (hi > lo) d.ema_update(cs, hi - lo, t->momentum, R.grads.data() + lo, H.params.data() + lo);
+    }
+    if (low_precision_ && te > tb)
+        d.convert(cs, te - tb, H.params.data() + tb, DType::f32, H.weights.data() + d.act_bytes(tb), d.value_dtype());
+    barrier.arrive_and_wait();
 }
 
 void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {
@@ -801,7 +874,7 @@ uint64_t MirroredStrategy::checksum(int r) {
         Replica& R = *replicas_[r];
         Device& d = *R.device;
         const size_t last = model_.tensors().size();
-        d.checksum(d.compute_stream(), model_.flat_size(), R.params.data(), R.checksums.data() + last);
+        d.checksum(d.compute_stream(), model_.flat_size(), holder(R).params.data(), R.checksums.data() + last);
         d.copy_to_host(d.compute_stream(), R.checksums_host.data() + last, R.checksums.data() + last, sizeof(uint64_t));
         d.stream_synchronize(d.compute_stream());
         return R.checksums_host[last];
@@ -821,7 +894,7 @@ void MirroredStrategy::verify_replicas() {
         for (auto& Rp : replicas_) {
             Device& d = *Rp->device;
             for (size_t t = 0; t < tensors.size(); ++t)
-                d.checksum(d.compute_stream(), tensors[t].count, Rp->params.data() + tensors[t].offset,
+                d.checksum(d.compute_stream(), tensors[t].count, holder(*Rp).params.data() + tensors[t].offset,
                            Rp->checksums.data() + t);
             d.copy_to_host(d.compute_stream(), Rp->checksums_host.data(), Rp->checksums.data(),
                            tensors.size() * sizeof(uint64_t));
@@ -881,6 +954,7 @@ void MirroredStrategy::upload_state(const std::vector<float>& params,
             throw CheckpointError("checkpoint optimizer state '" + state[i].first + "' does not fit the optimizer");
     guarded([&] {
         for (auto& Rp : replicas_) {
+            if (&holder(*Rp) != Rp.get()) continue;  // shared parameters: one copy
             Device& d = *Rp->device;
             d.copy_to_device(d.compute_stream(), Rp->params.data(), params.data(), params.size() * sizeof(float));
             auto own = Rp->optimizer->state();

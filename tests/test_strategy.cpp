@@ -126,7 +126,8 @@ struct TrainResult {
     std::string ops, ops_choice;  // the cross-device ops used, and how `auto` chose them
 };
 
-// `steps` optimizer steps on a small synthetic problem; returns replica 0's parameters.
+// `steps` optimizer steps on a small synthetic problem; returns replica 0's parameters. op
+// "shared": strategy.shared_parameters (the gradients need no op).
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
                   OptimizerConfig::Type opt_type = OptimizerConfig::Type::sgd, double clip = 0.0,
                   const std::string& op = "ring") {
@@ -146,7 +147,8 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     sc.devices = devices;
     sc.bucket_mb = bucket_mb;
     sc.verify_every_steps = 5;
-    sc.cross_device_ops = op;
+    sc.cross_device_ops = op == "shared" ? "ring" : op;
+    sc.shared_parameters = op == "shared";
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, accumulation);
     LoaderOptions lo;
@@ -179,7 +181,7 @@ struct CnnResult {
 // A small CNN with batchnorm (synchronised or per replica) on images of a synthetic problem.
 CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision precision = Precision::fp32,
                     int overflow_step = -1, int overflow_replica = 1, std::vector<float>* before_overflow = nullptr,
-                    DType wire = DType::f32) {
+                    DType wire = DType::f32, bool shared = false) {
     SyntheticOptions so;
     so.shape = {6, 6, 2};
     so.classes = 3;
@@ -199,6 +201,7 @@ CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision 
     sc.verify_every_steps = 3;
     sc.precision = precision;
     sc.allreduce_dtype = wire;
+    sc.shared_parameters = shared;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, 1);
     LoaderOptions lo;
@@ -293,6 +296,81 @@ TEST_CASE("cpu all-reduce (ring, direct, reduce_to_one) is exact and bit-identic
     all_reduce_matrix("ring", DeviceType::cpu, 8, false);
     all_reduce_matrix("direct", DeviceType::cpu, 8, false);
     all_reduce_matrix("reduce_to_one", DeviceType::cpu, 8, false);
+}
+
+TEST_CASE("cpu sum_into: in place into one buffer, its own value first, then the others in order; nothing else written") {
+    auto d = make_cpu_device(0);
+    test::Rng rng(21);
+    for (int count : {2, 3, 5}) {
+        for (size_t n : {size_t(1), size_t(1000), size_t(5000)}) {
+            std::vector<std::vector<float>> b;
+            for (int k = 0; k < count; ++k) b.push_back(rng.normal(n + 8));
+            const auto before = b;
+            std::vector<float*> ptrs;
+            for (auto& v : b) ptrs.push_back(v.data());
+            const int into = count - 1;
+            d->sum_into(d->compute_stream(), ptrs.data(), count, into, 3, n);
+            for (size_t i = 0; i < n + 8; ++i) {
+                float want = before[size_t(into)][i];
+                if (i >= 3 && i < 3 + n)
+                    for (int k = 0; k < count; ++k)
+                        if (k != into) want += before[size_t(k)][i];
+                CHECK(b[size_t(into)][i] == want);  // the stated order, bit for bit; outside the range untouched
+            }
+            for (int k = 0; k < into; ++k) CHECK(b[size_t(k)] == before[size_t(k)]);
+        }
+    }
+    auto sim = make_device(DeviceType::sim, 0);  // GPUs (and the simulated ones) do not share parameters
+    float* none[1] = {nullptr};
+    CHECK_THROWS_AS(sim->sum_into(sim->compute_stream(), none, 1, 0, 0, 0), DeviceError);
+}
+
+TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 2 equals the ring bit for bit; one copy") {
+    const TrainResult one = train("cpu:1", 6, 0.0);
+    for (const char* devices : {"cpu:2", "cpu:3", "cpu:4"}) {
+        CAPTURE(devices);
+        const TrainResult shared = train(devices, 6, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "shared");
+        CHECK(shared.ops == std::string("shared"));
+        CHECK(rel_error(shared.params, one.params) < 1e-5);
+        CHECK(shared.metrics.count == one.metrics.count);
+        for (uint64_t c : shared.checksums) CHECK(c == shared.checksums[0]);
+    }
+    // two replicas: a + b in either order, the update elementwise: the ring's bits exactly
+    CHECK(train("cpu:2", 6, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "shared").params == train("cpu:2", 6, 0.0005).params);
+    // AdamW with clipping (the norm summed over the slices) and accumulation
+    const TrainResult adam_one = train("cpu:1", 6, 0.0, 2, OptimizerConfig::Type::adamw, 0.5);
+    for (const char* devices : {"cpu:2", "cpu:3"}) {
+        CAPTURE(devices);
+        const TrainResult adam = train(devices, 6, 0.0, 2, OptimizerConfig::Type::adamw, 0.5, "shared");
+        CHECK(rel_error(adam.params, adam_one.params) < 1e-5);
+    }
+    // the memory plan counts the one copy in shares
+    const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
+    OptimizerConfig oc;
+    oc.momentum = 0.9;
+    StrategyConfig sc;
+    const MemoryPlan own = plan_memory(model, oc, sc, DeviceType::cpu, 4, 6, 6);
+    sc.shared_parameters = true;
+    const MemoryPlan part = plan_memory(model, oc, sc, DeviceType::cpu, 4, 6, 6);
+    CHECK(part.params == (own.params + 3) / 4);
+    CHECK(part.optimizer == (own.optimizer + 3) / 4);
+    CHECK(part.grads == own.grads);
+    CHECK(plan_memory(model, oc, sc, DeviceType::sim, 4, 6, 6).params == own.params);  // GPUs keep their copies
+}
+
+TEST_CASE("shared parameters: synchronised batchnorm, running statistics and fp16 loss scaling by slices") {
+    const CnnResult one = train_cnn("cpu:1", 8, true);
+    const CnnResult shared = train_cnn("cpu:3", 8, true, Precision::fp32, -1, 1, nullptr, DType::f32, true);
+    CHECK(rel_error(shared.params, one.params) < 1e-4);  // running statistics included
+    for (uint64_t c : shared.checksums) CHECK(c == shared.checksums[0]);
+    // an overflow in one replica's gradients skips the step everywhere, as without sharing
+    std::vector<float> before;
+    const CnnResult skipped = train_cnn("cpu:2", 6, true, Precision::fp16, 5, 1, &before, DType::f32, true);
+    const CnnResult unshared = train_cnn("cpu:2", 6, true, Precision::fp16, 5, 1, nullptr);
+    CHECK(skipped.loss_scale == unshared.loss_scale);
+    CHECK(skipped.loss_scale < MirroredStrategy::kInitialLossScale);
+    CHECK(std::equal(before.begin(), before.begin() + long(skipped.trainable), skipped.params.begin()));
+    CHECK(rel_error(skipped.params, unshared.params) < 1e-4);
 }
 
 TEST_CASE("cpu all-reduce with a bf16 wire: close to the f32 sum, bit-identical on every replica") {

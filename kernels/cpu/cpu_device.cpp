@@ -540,6 +540,9 @@ public:
         check_wire_dtype(*this, t);
         host_sum_to_all(b, offset, n, t);
     }
+    void sum_into(Stream, float* const* buffers, int count, int into, size_t offset, size_t n) override {
+        host_sum_into(buffers, count, into, offset, n);
+    }
     bool can_load_from(const Device& peer) const override { return peer.type() == DeviceType::cpu; }
     void pack_bf16(Stream, size_t n, const float* x, uint16_t* y) override {
         for (size_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
