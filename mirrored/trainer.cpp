@@ -343,6 +343,11 @@ void Run::print_header() {
     }
     if (!st.cross_device_ops_choice().empty())
         std::printf("  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
+    if (st.shared_parameters())
+        std::printf("  shared parameters: the CPU replicas keep one parameter copy; each sums its slice of the "
+                    "gradients over the replicas and updates that slice\n");
+    else if (cfg_.strategy.shared_parameters && st.replicas() > 1 && type != DeviceType::cpu)
+        std::printf("  shared parameters apply to CPU replicas: each GPU replica keeps its own copy\n");
     if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
         std::printf("  no GPU: %s\n", cuda_unavailable_reason().c_str());
     if (type == DeviceType::sim)

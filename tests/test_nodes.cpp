@@ -231,7 +231,7 @@ TEST_CASE("simulated GPUs across 2 nodes, random stream delays: 2 x sim:0 == sim
     CHECK(summary(t / "sim2x2")["device_type"] == "sim");
 }
 
-TEST_CASE("3 nodes x 1 and 2 nodes x 2 replicas match one replica on the same global batch (relative error < 1e-4)") {
+TEST_CASE("3 nodes x 1 and 2 nodes x 2 replicas (own or shared parameters) match one replica on the same global batch (relative error < 1e-4)") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
@@ -241,11 +241,21 @@ TEST_CASE("3 nodes x 1 and 2 nodes x 2 replicas match one replica on the same gl
     };
     REQUIRE(run_cli(args("cpu:1", t / "one")) == kExitOk);
     const std::vector<float> one = final_params(t / "one");
-    for (auto [nodes, devices] : {std::pair{3, "cpu:1"}, std::pair{2, "cpu:2"}}) {
+    struct Case {
+        int nodes;
+        const char* devices;
+        bool shared;  // strategy.shared_parameters: each node's replicas share one copy
+    };
+    for (const Case c : {Case{3, "cpu:1", false}, Case{2, "cpu:2", false}, Case{2, "cpu:2", true}}) {
+        const int nodes = c.nodes;
+        const char* devices = c.devices;
         CAPTURE(nodes);
         CAPTURE(devices);
-        const std::string out = t / ("n" + std::to_string(nodes));
-        const Job j = mpirun(nodes, args(devices, out));
+        CAPTURE(c.shared);
+        const std::string out = t / ("n" + std::to_string(nodes) + (c.shared ? "shared" : ""));
+        std::vector<std::string> a = args(devices, out);
+        if (c.shared) a.insert(a.end(), {"--set", "strategy.shared_parameters=true"});
+        const Job j = mpirun(nodes, a);
         REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
         CHECK(summary(out)["replicas"] == nodes * std::atoi(devices + 4));
         // Summation order differs from one replica's GEMMs: close, not identical.

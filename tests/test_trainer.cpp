@@ -119,6 +119,38 @@ TEST_CASE("resume after an interruption at several points is bit-identical to an
     }
 }
 
+TEST_CASE("shared parameters: stop or SIGKILL, then resume, is bit-identical; the header and summary say so") {
+    Scratch s;
+    std::string text = kTiny;
+    text.replace(text.find("verify_every_steps: 10}"), 23, "verify_every_steps: 10, shared_parameters: true}");
+    text.replace(text.find("epochs: 5"), 9, "epochs: 20");
+    const std::string cfg = s.config(text);
+    const std::string ref = s.out("ref");
+    const double t0 = now_seconds();
+    REQUIRE(run_cli({"train", cfg, "--output", ref}, {}, -1, nullptr, Stdout::file, s.out("ref.txt")) == kExitOk);
+    const double duration = now_seconds() - t0;
+    std::ifstream header(s.out("ref.txt"));
+    const std::string printed((std::istreambuf_iterator<char>(header)), {});
+    CHECK(printed.find("cross-device ops shared") != std::string::npos);
+    CHECK(printed.find("shared parameters: the CPU replicas keep one parameter copy") != std::string::npos);
+    CHECK(summary(ref)["cross_device_ops"] == "shared");
+    const std::string stopped = s.out("stopped");
+    {
+        EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "45");
+        CHECK(train_in_process(cfg, stopped) == kExitInterrupted);
+    }
+    CHECK(train_in_process(cfg, stopped) == kExitOk);
+    expect_same_run(ref, stopped);
+    const std::string killed = s.out("killed");
+    test::Rng rng(12);
+    const double when = kill_point(duration, rng);
+    CAPTURE(when);
+    const int first = run_cli({"train", cfg, "--output", killed}, {}, when);
+    CHECK((first == 128 + SIGKILL || first == kExitOk));
+    CHECK(run_cli({"train", cfg, "--output", killed}) == kExitOk);
+    expect_same_run(ref, killed);
+}
+
 TEST_CASE("a resume with other cross-device ops says it will not be bit-identical; auto prints how it chose") {
     Scratch s;
     const std::string cfg = s.config();
