@@ -92,18 +92,8 @@ inline void host_peer_add(void* dst, const void* src, DType t, size_t n) {
 }
 
 // The host backends' sums over peer buffers (CPU, sim): in blocks, so that each pass is a plain
-// vector loop over two arrays; every element is still summed in buffer order 0, 1, ...
+// vector loop over two arrays.
 constexpr size_t kHostSumBlock = 1024;
-
-// sum[0, len) = the f32 elements [at, at + len) of `count` buffers summed in buffer order
-// (len <= kHostSumBlock).
-inline void host_block_sum(const void* const* ptr, int count, size_t at, size_t len, float* sum) {
-    std::memcpy(sum, static_cast<const float*>(ptr[0]) + at, len * sizeof(float));
-    for (int k = 1; k < count; ++k) {
-        const float* x = static_cast<const float*>(ptr[k]) + at;
-        for (size_t i = 0; i < len; ++i) sum[i] += x[i];
-    }
-}
 
 // Device::sum_into on the host: block by block, so that the destination block stays in the cache
 // while each other buffer is added to it - one pass over memory.
@@ -119,7 +109,7 @@ inline void host_sum_into(float* const* ptr, int count, int into, size_t offset,
     }
 }
 
-// Device::sum_to_all on the host.
+// Device::sum_to_all on the host: every element summed in buffer order 0, 1, ...
 inline void host_sum_to_all(const PeerBuffers& b, size_t offset, size_t n, DType t) {
     constexpr size_t kBlock = kHostSumBlock;
     float sum[kBlock];
@@ -138,7 +128,11 @@ inline void host_sum_to_all(const PeerBuffers& b, size_t offset, size_t n, DType
             }
             continue;
         }
-        host_block_sum(b.ptr, b.count, at, len, sum);
+        std::memcpy(sum, static_cast<const float*>(b.ptr[0]) + at, len * sizeof(float));
+        for (int k = 1; k < b.count; ++k) {
+            const float* x = static_cast<const float*>(b.ptr[k]) + at;
+            for (size_t i = 0; i < len; ++i) sum[i] += x[i];
+        }
         for (int k = 0; k < b.count; ++k) std::memcpy(static_cast<float*>(b.ptr[k]) + at, sum, len * sizeof(float));
     }
 }

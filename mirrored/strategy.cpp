@@ -154,18 +154,15 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     m.params = m.grads = flat;
     const int states = (opt.type == OptimizerConfig::Type::adamw ? 2 : 0) + (opt.type == OptimizerConfig::Type::sgd && opt.momentum != 0 ? 1 : 0);
     m.optimizer = trainable * uint64_t(states);
-    if (strategy.shared_parameters && type == DeviceType::cpu && replicas > 1) {  // one copy, counted in shares
-        m.params = (m.params + uint64_t(replicas) - 1) / uint64_t(replicas);
-        m.optimizer = (m.optimizer + uint64_t(replicas) - 1) / uint64_t(replicas);
-    }
     const bool low = precision_dtype(precision) != DType::f32;
     const size_t act_elem = low && type == DeviceType::cuda ? 2 : 4;  // CPU and sim emulate in f32
     m.activations = model.activation_bytes(micro_rows, act_elem);
     m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t)) +
                (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
     m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
-    if (strategy.shared_parameters && type == DeviceType::cpu && replicas > 1)
-        m.weight_copy = (m.weight_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
+    if (strategy.shared_parameters && type == DeviceType::cpu && replicas > 1)  // one copy, counted in shares
+        for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
+            *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     // cuBLAS workspace, scratch and peer staging on GPUs (real or simulated)
     m.workspace = type == DeviceType::cpu ? 0 : (uint64_t(32) << 20) + (uint64_t(4) << 20) + (uint64_t(8) << 20);
@@ -220,22 +217,22 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
     for (auto& R : replicas_) grad_ptrs_.push_back(R->grads.data());
-    if (shared_) {
-        // the gradients need no op (each replica sums its slice where it lies); the statistics of
-        // synchronised batchnorm still do
-    } else if (cfg_.cross_device_ops == "auto") {
-        std::vector<std::pair<size_t, size_t>> ranges;
-        for (const Bucket& b : buckets_)
-            if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
-        const OpsChoice choice = choose_cross_device_ops(devs, grads, ops_elements, ranges, *threads_, cfg_.allreduce_dtype);
-        cfg_.cross_device_ops = choice.name;
-        ops_choice_ = "auto, " + choice.how;
-    }
-    if (!shared_)
+    // Shared parameters: the gradients need no op (each replica sums its slice where it lies);
+    // the statistics of synchronised batchnorm still do.
+    if (!shared_) {
+        if (cfg_.cross_device_ops == "auto") {
+            std::vector<std::pair<size_t, size_t>> ranges;
+            for (const Bucket& b : buckets_)
+                if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
+            const OpsChoice choice = choose_cross_device_ops(devs, grads, ops_elements, ranges, *threads_, cfg_.allreduce_dtype);
+            cfg_.cross_device_ops = choice.name;
+            ops_choice_ = "auto, " + choice.how;
+        }
         ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, ops_elements, threads_->barrier(),
                                      cfg_.allreduce_dtype);
-    if (!shared_ && model_.has_state() && !exact)
-        state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, model_.flat_size(), threads_->barrier());
+        if (model_.has_state() && !exact)
+            state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, model_.flat_size(), threads_->barrier());
+    }
     if (model_.stats_floats() > 0) {  // synchronised batch normalisation sums over its own buffers
         std::vector<float*> stats;
         for (auto& R : replicas_) stats.push_back(R->stats.data());

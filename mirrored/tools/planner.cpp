@@ -20,8 +20,8 @@ double ring_allreduce_seconds(int n, double bytes, const LinkModel& link) {
 double allreduce_seconds(const Topology& t, double bytes) {
     const double in_node = ring_allreduce_seconds(t.per_node, bytes, t.local);
     if (t.nodes <= 1 || bytes <= 0) return in_node;
-    const int n = t.per_node, k = t.nodes;
-    const double between = 2.0 * (k - 1) / k * bytes / t.net.bus_bytes_per_s + 2.0 * (k - 1) * t.net.step_latency_s;
+    const int n = t.per_node;
+    const double between = ring_allreduce_seconds(t.nodes, bytes, t.net);  // every GPU's slice; the n share the network
     const double gather = n > 1 ? double(n - 1) / n * bytes / t.local.bus_bytes_per_s + (n - 1) * t.local.step_latency_s : 0.0;
     return in_node + between + gather;
 }
