@@ -65,6 +65,12 @@ void Device::sum_into(Stream, float* const*, int, int, size_t, size_t) {
     throw DeviceError(name() + ": sum_into is not implemented on this device (shared parameters are for CPU replicas)");
 }
 
+void Device::capture_begin(Stream) {
+    throw DeviceError(name() + ": stream capture needs a GPU (CPU replicas run each op as it is issued)");
+}
+Graph Device::capture_end(Stream) { throw DeviceError(name() + ": stream capture needs a GPU"); }
+void Device::graph_launch(Graph, Stream) { throw DeviceError(name() + ": graphs need a GPU"); }
+
 void Device::note_alloc(void* p, size_t bytes) {
     {
         std::lock_guard<std::mutex> lock(sizes_mu_);

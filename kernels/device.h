@@ -36,6 +36,7 @@ const char* device_type_name(DeviceType t);  // "cpu", "cuda", "sim"
 // Opaque handles: cudaStream_t / cudaEvent_t on CUDA, unused on CPU.
 struct Stream { void* handle = nullptr; };
 struct Event { void* handle = nullptr; };
+struct Graph { void* handle = nullptr; };  // an instantiated capture (cudaGraphExec_t on CUDA)
 
 enum class Activation { none, relu, gelu };
 
@@ -124,6 +125,16 @@ struct InitArgs {
     int fan_out = 1;
 };
 
+// What changes from one step to the next, in device memory: a captured step (strategy.cuda_graph)
+// replays unchanged while the host copies each step's values in before its launch. Ops given a
+// pointer to these read them instead of their arguments' host values; the host computes them
+// exactly as it computes those values, so both paths give the same bits.
+struct StepValues {
+    float lr = 0.0f;
+    float adamw_bc1 = 1.0f, adamw_bc2_sqrt = 1.0f;  // AdamW bias corrections of this step
+    uint32_t step = 0;                              // dropout masks' step
+};
+
 // Dropout mask element (row, col) is a pure function of (seed, layer_id, step, global row, col):
 // a replica passes the offset of its shard in the global batch, so N replicas draw exactly the
 // masks one replica would draw for the same global batch.
@@ -133,6 +144,7 @@ struct DropoutArgs {
     uint32_t layer_id = 0;
     uint32_t step = 0;
     int64_t row_offset = 0;
+    const StepValues* values = nullptr;  // device: the step from here
 };
 
 // Hyper-parameters of one optimizer step. When clip_norm > 0 the update scales gradients by
@@ -150,6 +162,7 @@ struct SgdArgs {
     const float* grad_stats = nullptr;
     const float* loss_scale = nullptr;
     bool skip_nonfinite = false;
+    const StepValues* values = nullptr;  // device: lr from here
 };
 
 struct AdamWArgs {
@@ -163,6 +176,7 @@ struct AdamWArgs {
     const float* grad_stats = nullptr;
     const float* loss_scale = nullptr;
     bool skip_nonfinite = false;
+    const StepValues* values = nullptr;  // device: lr and the bias corrections from here
 };
 
 // metrics accumulated on the device by softmax_xent, read by the host only when logging. Double,
@@ -177,11 +191,15 @@ struct HostWork {
     uint64_t stream_waits = 0;   // cross-stream waits on events
     uint64_t host_syncs = 0;     // host waits for a device (synchronize, event/stream sync)
     uint64_t callbacks = 0;      // host functions enqueued on a stream
+    uint64_t graph_launches = 0;  // captured graphs replayed
     HostWork operator-(const HostWork& o) const {
-        return {launches - o.launches, copies - o.copies, event_records - o.event_records,
-                stream_waits - o.stream_waits, host_syncs - o.host_syncs, callbacks - o.callbacks};
+        return {launches - o.launches,       copies - o.copies,         event_records - o.event_records,
+                stream_waits - o.stream_waits, host_syncs - o.host_syncs, callbacks - o.callbacks,
+                graph_launches - o.graph_launches};
     }
-    uint64_t total() const { return launches + copies + event_records + stream_waits + host_syncs + callbacks; }
+    uint64_t total() const {
+        return launches + copies + event_records + stream_waits + host_syncs + callbacks + graph_launches;
+    }
 };
 
 class Device {
@@ -228,6 +246,23 @@ public:
     virtual float event_elapsed_ms(Event start, Event end) = 0;  // both complete; 0 on CPU
     // Run fn(arg) on a host thread once all prior work on s is done (CPU: at once).
     virtual void host_callback(Stream s, void (*fn)(void*), void* arg) = 0;
+
+    // ---- graphs: work captured once, replayed with one host call ---------------------------
+    // Stream capture with CUDA's relaxed-mode rules. Between capture_begin(s) and capture_end(s),
+    // work issued on s - and on any stream, of this or another device, that waits on an event
+    // recorded in the capture (it joins the capture) - is recorded instead of run. Every joined
+    // stream must join back (an event recorded on it that s waits on, directly or through other
+    // joined streams) before capture_end, which returns the graph ready to launch. Inside a
+    // capture a captured stream may not synchronise the host, copy from or to pageable host
+    // memory, or wait on an event recorded outside the capture: each throws DeviceError and
+    // invalidates the capture. graph_launch(g, s) runs the graph once after s's earlier work and
+    // before its later work; its nodes are ordered only by the captured dependencies, not by the
+    // streams they were captured from. Devices without graphs (CPU) throw DeviceError.
+    virtual bool supports_graphs() const { return false; }
+    virtual void capture_begin(Stream s);
+    virtual Graph capture_end(Stream s);
+    virtual void graph_launch(Graph g, Stream s);
+    virtual void graph_destroy(Graph) noexcept {}
 
     // ---- precision ----------------------------------------------------------------------
     // Activations (and the compute copy of the weights) are stored in act_dtype(): the

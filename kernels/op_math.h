@@ -178,6 +178,11 @@ inline AdamWCorrections adamw_corrections(const AdamWArgs& a) {
             static_cast<float>(std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))))};
 }
 
+// A step's values: from device memory when the op was given a pointer (a replayed graph), else
+// the host's arguments.
+MIRRORED_HD uint32_t dropout_step(const DropoutArgs& a) { return a.values ? a.values->step : a.step; }
+MIRRORED_HD float sgd_lr(const SgdArgs& a) { return a.values ? a.values->lr : a.lr; }
+
 // Scale of an initialiser: the uniform bound or the normal standard deviation. Computed on the
 // host in double so both backends receive the same float.
 inline float init_scale(const InitArgs& a) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/error.h"
+#include "kernels/op_math.h"
 
 namespace mirrored {
 
@@ -42,7 +43,8 @@ Optimizer::Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) : dev_(d
 }
 
 void Optimizer::apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end,
-                            int64_t step, float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite) {
+                            int64_t step, float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
+                            const StepValues* values) {
     if (end > n_ || begin > end) throw Error(kExitFailure, "optimizer: range past the parameters");
     const size_t n = end - begin;
     params += begin;
@@ -60,6 +62,7 @@ void Optimizer::apply_range(Device& on, Stream s, float* params, const float* gr
         a.grad_stats = grad_stats;
         a.loss_scale = loss_scale;
         a.skip_nonfinite = skip_nonfinite;
+        a.values = values;
         on.adamw_update(s, n, params, grads, m_.data() + begin, v_.data() + begin, a);
     } else {
         SgdArgs a;
@@ -71,8 +74,25 @@ void Optimizer::apply_range(Device& on, Stream s, float* params, const float* gr
         a.grad_stats = grad_stats;
         a.loss_scale = loss_scale;
         a.skip_nonfinite = skip_nonfinite;
+        a.values = values;
         on.sgd_update(s, n, params, grads, m_.size() ? m_.data() + begin : nullptr, a);
     }
+}
+
+StepValues Optimizer::step_values(int64_t step, float lr) const {
+    StepValues v;
+    v.lr = lr;
+    v.step = uint32_t(step);
+    if (cfg_.type == OptimizerConfig::Type::adamw) {
+        AdamWArgs a;
+        a.beta1 = float(cfg_.beta1);
+        a.beta2 = float(cfg_.beta2);
+        a.step = step + 1;
+        const AdamWCorrections c = adamw_corrections(a);
+        v.adamw_bc1 = c.bc1;
+        v.adamw_bc2_sqrt = c.bc2_sqrt;
+    }
+    return v;
 }
 
 std::vector<std::pair<std::string, DeviceBuffer<float>*>> Optimizer::state() {

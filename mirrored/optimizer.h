@@ -44,15 +44,20 @@ public:
     // params -= update(grads) over the n trainable values; step is 0-based. grad_stats (device,
     // Device::sum_squares' output) is needed when clipping or skipping; loss_scale (device) divides
     // the gradients; skip_nonfinite leaves everything unchanged when a gradient overflowed.
+    // values (device, may be null): lr and the bias corrections are read from there instead of
+    // step and lr (a replayed graph), with the same bits when they hold step_values(step, lr).
     void apply(Stream s, float* params, const float* grads, int64_t step, float lr, const float* grad_stats,
-               const float* loss_scale, bool skip_nonfinite) {
-        apply_range(dev_, s, params, grads, 0, n_, step, lr, grad_stats, loss_scale, skip_nonfinite);
+               const float* loss_scale, bool skip_nonfinite, const StepValues* values = nullptr) {
+        apply_range(dev_, s, params, grads, 0, n_, step, lr, grad_stats, loss_scale, skip_nonfinite, values);
     }
     // The same over [begin, end) only, issued on `on` (a device that can reach this optimizer's
     // memory): replicas that share one parameter copy each update their slice, concurrently.
     // params and grads point at element 0.
     void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
-                     float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite);
+                     float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
+                     const StepValues* values = nullptr);
+    // The values of 0-based step `step` at learning rate lr, as the update computes them.
+    StepValues step_values(int64_t step, float lr) const;
     // Named state buffers (same layout as the parameters), for checkpoints.
     std::vector<std::pair<std::string, DeviceBuffer<float>*>> state();
     const OptimizerConfig& config() const { return cfg_; }

@@ -31,7 +31,7 @@ inline float* F(void* p) { return static_cast<float*>(p); }
 // The optimizers' passes over the flat buffers, one branch-free loop per variant (the buffers
 // never overlap, so they vectorise).
 void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float f, const SgdArgs& a) {
-    const float wd = a.weight_decay, mom = a.momentum, lr = a.lr;
+    const float wd = a.weight_decay, mom = a.momentum, lr = sgd_lr(a);
     if (mom == 0.0f) {
         for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * f + wd * p[i]);
     } else if (!a.nesterov) {
@@ -50,8 +50,10 @@ void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* _
 
 void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                 float f, const AdamWArgs& a) {
-    const auto [bc1, bc2_sqrt] = adamw_corrections(a);
-    const float step_size = a.lr / bc1, decay = 1.0f - a.lr * a.weight_decay;
+    const auto [bc1, bc2_sqrt] = a.values ? AdamWCorrections{a.values->adamw_bc1, a.values->adamw_bc2_sqrt}
+                                          : adamw_corrections(a);
+    const float lr = a.values ? a.values->lr : a.lr;
+    const float step_size = lr / bc1, decay = 1.0f - lr * a.weight_decay;
     const float b1 = a.beta1, b2 = a.beta2, eps = a.eps;
     for (size_t i = 0; i < n; ++i) {
         const float gi = g[i] * f;
@@ -229,10 +231,11 @@ public:
     void dropout_forward(Stream, const DropoutArgs& a, int rows, int cols, const void* x, void* y) override {
         const DType t = value_dtype();
         const float keep_scale = 1.0f / (1.0f - a.rate);
+        const uint32_t step = dropout_step(a);
         for (int i = 0; i < rows; ++i)
             for (int j = 0; j < cols; ++j) {
                 const size_t e = size_t(i) * cols + j;
-                F(y)[e] = dropout_keep(a.seed, a.layer_id, a.step, a.row_offset + i, cols, j, a.rate)
+                F(y)[e] = dropout_keep(a.seed, a.layer_id, step, a.row_offset + i, cols, j, a.rate)
                               ? round_to(t, F(x)[e] * keep_scale)
                               : 0.0f;
             }

@@ -217,6 +217,34 @@ public:
         ++work_.callbacks;
         CUDA_CHECK(ordinal(), cudaLaunchHostFunc(stream(s), fn, arg));
     }
+    // Relaxed mode: the replica threads issue into their own devices' streams while replica 0's
+    // stream captures, and nothing they do outside the capture is refused.
+    bool supports_graphs() const override { return true; }
+    void capture_begin(Stream s) override {
+        use();
+        CUDA_CHECK(ordinal(), cudaStreamBeginCapture(stream(s), cudaStreamCaptureModeRelaxed));
+    }
+    Graph capture_end(Stream s) override {
+        use();
+        cudaGraph_t graph = nullptr;
+        CUDA_CHECK(ordinal(), cudaStreamEndCapture(stream(s), &graph));
+        cudaGraphExec_t exec = nullptr;
+        const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+        cudaGraphDestroy(graph);
+        CUDA_CHECK(ordinal(), err);
+        return Graph{exec};
+    }
+    void graph_launch(Graph g, Stream s) override {
+        use();
+        ++work_.graph_launches;
+        CUDA_CHECK(ordinal(), cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.handle), stream(s)));
+    }
+    void graph_destroy(Graph g) noexcept override {
+        if (!g.handle || abandoned_) return;
+        cudaSetDevice(ordinal());
+        cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.handle));
+    }
+
     void set_precision(Precision p) override { precision_ = p; }
     DType act_dtype() const override { return value_dtype(); }  // real 16-bit storage
 

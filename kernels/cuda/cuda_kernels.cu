@@ -282,10 +282,11 @@ void softmax_xent(cudaStream_t s, int dev, DType t, int rows, int classes, const
 template <typename T>
 __global__ void dropout_kernel(DropoutArgs a, int rows, int cols, const T* x, T* y) {
     const float keep_scale = 1.0f / (1.0f - a.rate);
+    const uint32_t step = dropout_step(a);
     GRID_LOOP(i, size_t(rows) * cols) {
         const int row = static_cast<int>(i / cols), col = static_cast<int>(i % cols);
-        st(y, i, dropout_keep(a.seed, a.layer_id, a.step, a.row_offset + row, cols, col, a.rate) ? ld(x, i) * keep_scale
-                                                                                                  : 0.0f);
+        st(y, i, dropout_keep(a.seed, a.layer_id, step, a.row_offset + row, cols, col, a.rate) ? ld(x, i) * keep_scale
+                                                                                                : 0.0f);
     }
 }
 
@@ -741,6 +742,7 @@ void init_params(cudaStream_t s, int dev, const InitArgs& a, float sc, size_t n,
 __global__ void sgd_kernel(size_t n, float* p, const float* g, float* m, SgdArgs a) {
     if (skip_step(a.skip_nonfinite, a.grad_stats)) return;  // an overflow: every thread skips
     const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
+    const float lr = sgd_lr(a);
     GRID_LOOP(i, n) {
         float d = g[i] * f + a.weight_decay * p[i];
         if (a.momentum != 0.0f) {
@@ -748,7 +750,7 @@ __global__ void sgd_kernel(size_t n, float* p, const float* g, float* m, SgdArgs
             m[i] = mi;
             d = a.nesterov ? d + a.momentum * mi : mi;
         }
-        p[i] -= a.lr * d;
+        p[i] -= lr * d;
     }
 }
 
@@ -762,8 +764,13 @@ __global__ void adamw_kernel(size_t n, float* p, const float* g, float* m, float
                              float bc2_sqrt) {
     if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
     const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
-    const float step_size = a.lr / bc1;
-    const float decay = 1.0f - a.lr * a.weight_decay;
+    if (a.values) {  // a replayed step: this step's values are in device memory
+        bc1 = a.values->adamw_bc1;
+        bc2_sqrt = a.values->adamw_bc2_sqrt;
+    }
+    const float lr = a.values ? a.values->lr : a.lr;
+    const float step_size = lr / bc1;
+    const float decay = 1.0f - lr * a.weight_decay;
     GRID_LOOP(i, n) {
         const float gi = g[i] * f;
         const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;

@@ -115,10 +115,35 @@ struct Task {
     std::function<void()> fn;
 };
 
+class SimStream;
+
+// A stream capture in progress (Device::capture_begin): the work of every captured stream, in
+// issue order. Record and wait nodes carry the cross-stream dependencies; a replay gives each
+// record a fresh marker. Guarded by g_mu.
+struct CaptureNode {
+    enum class Kind { task, record, wait } kind = Kind::task;
+    int stream = 0;  // index into Capture::streams
+    Task task;       // kind task
+    int record = -1;  // record: its number; wait: the record it waits for
+};
+struct Capture {
+    std::vector<SimStream*> streams;  // the origin first, then each stream as it joined
+    std::vector<CaptureNode> nodes;
+    int records = 0;
+    bool ended = false;
+    std::string invalid;  // why the capture failed: capture_end reports it
+    int index_of(SimStream* st) const {
+        return int(std::find(streams.begin(), streams.end(), st) - streams.begin());
+    }
+};
+using CapturePtr = std::shared_ptr<Capture>;
+
 // One stream: a worker thread running its queue in order.
 class SimStream {
 public:
     SimStream(SimDevice& dev, uint64_t seed) : dev_(dev), rng_(seed), thread_([this] { loop(); }) {}
+    SimDevice& device() const { return dev_; }
+    CapturePtr capture;  // while this stream is being captured (guarded by g_mu)
     ~SimStream() {
         {
             std::lock_guard<std::mutex> lock(mu_);
@@ -197,6 +222,12 @@ public:
     }
 #define SIM_API(what) api(what, __LINE__)
 
+    // The simulated NCCL's rendezvous belongs to one call, so a replay could not reuse it.
+    void refuse_capture_of_nccl() {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (stream(comm_stream()).capture)
+            throw DeviceError(name() + ": ncclAllReduce: the simulated NCCL cannot be captured into a graph");
+    }
     // Whether queued work must be dropped (the device was abandoned or its GPU failed). g_mu held.
     bool dropping_locked() const { return abandoned_ || !world().gpus[ordinal()].sticky.empty(); }
 
@@ -305,6 +336,7 @@ public:
             enqueue(s, Task::Kind::copy, "copy_to_device", [=] { std::memcpy(dst, src, bytes); });
             return;
         }
+        refuse_in_capture(s, "copy_to_device from pageable host memory");
         // pageable: the source is staged before the call returns
         auto snapshot = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                      static_cast<const unsigned char*>(src) + bytes);
@@ -314,6 +346,7 @@ public:
         SIM_API("copy_to_host");
         if (!bytes) return;
         check_memory(src, dst, bytes, "copy_to_host");
+        if (!pinned(dst, bytes)) refuse_in_capture(s, "copy_to_host into pageable host memory");
         enqueue(s, Task::Kind::copy, "copy_to_host", [=] { std::memcpy(dst, src, bytes); });
         if (!pinned(dst, bytes)) host_wait(mark(s), "copy_to_host", __LINE__);  // pageable: returns once done
     }
@@ -329,6 +362,8 @@ public:
     struct SimEvent {
         bool timing = false;
         MarkerPtr latest;  // guarded by g_mu
+        CapturePtr captured;   // last recorded inside this capture (then latest is null)
+        int captured_record = -1;
     };
     static SimEvent& ev(Event e) { return *static_cast<SimEvent*>(e.handle); }
 
@@ -345,7 +380,17 @@ public:
         auto m = std::make_shared<Marker>();
         {
             std::lock_guard<std::mutex> lock(g_mu);
-            ev(e).latest = m;
+            SimStream& st = stream(s);
+            SimEvent& E = ev(e);
+            if (st.capture) {  // a record node: each replay records afresh
+                E.latest = nullptr;
+                E.captured = st.capture;
+                E.captured_record = st.capture->records++;
+                st.capture->nodes.push_back({CaptureNode::Kind::record, st.capture->index_of(&st), {}, E.captured_record});
+                return;
+            }
+            E.latest = m;
+            E.captured = nullptr;
         }
         stream(s).push(Task{Task::Kind::other, "event_record", [m] { complete(m); }});
     }
@@ -355,7 +400,28 @@ public:
         MarkerPtr m;
         {
             std::lock_guard<std::mutex> lock(g_mu);
-            m = ev(e).latest;  // the record that is the latest now, as CUDA captures it
+            SimStream& st = stream(s);
+            SimEvent& E = ev(e);
+            if (E.captured) {
+                if (E.captured->ended)
+                    throw DeviceError(name() + ": stream_wait_event: the event was last recorded inside a stream capture that has "
+                                      "ended; record it again outside before waiting on it");
+                if (st.capture && st.capture != E.captured) {
+                    st.capture->invalid = "a stream of this capture waited on an event of another capture";
+                    throw DeviceError(name() + ": stream_wait_event: " + st.capture->invalid);
+                }
+                if (!st.capture) {  // the stream joins the capture, as CUDA's cross-stream capture does
+                    st.capture = E.captured;
+                    st.capture->streams.push_back(&st);
+                }
+                st.capture->nodes.push_back({CaptureNode::Kind::wait, st.capture->index_of(&st), {}, E.captured_record});
+                return;
+            }
+            m = E.latest;  // the record that is the latest now, as CUDA captures it
+            if (m && st.capture) {  // CUDA: cudaErrorStreamCaptureIsolation
+                st.capture->invalid = "a captured stream waited on an event recorded outside the capture";
+                throw DeviceError(name() + ": stream_wait_event: " + st.capture->invalid);
+            }
         }
         if (!m) return;  // never recorded: nothing to wait for
         stream(s).push(Task{Task::Kind::other, "stream_wait_event", [this, m] { wait_marker(m); }});
@@ -363,6 +429,7 @@ public:
     bool event_query(Event e) override {
         SIM_API("event_query");
         std::lock_guard<std::mutex> lock(g_mu);
+        if (ev(e).captured) throw DeviceError(name() + ": event_query: the event was last recorded inside a stream capture");
         return !ev(e).latest || ev(e).latest->done;
     }
     void event_synchronize(Event e) override {
@@ -370,16 +437,20 @@ public:
         MarkerPtr m;
         {
             std::lock_guard<std::mutex> lock(g_mu);
+            if (ev(e).captured)
+                throw DeviceError(name() + ": event_synchronize: the event was last recorded inside a stream capture");
             m = ev(e).latest;
         }
         if (m) host_wait(m, "event_synchronize", __LINE__);
     }
     void stream_synchronize(Stream s) override {
         SIM_API("stream_synchronize");
+        refuse_in_capture(s, "stream_synchronize");
         host_wait(mark(s), "stream_synchronize", __LINE__);
     }
     void synchronize() override {
         SIM_API("synchronize");
+        for (auto& st : streams_) refuse_in_capture(Stream{st.get()}, "synchronize");
         std::vector<MarkerPtr> marks;
         for (auto& st : streams_) marks.push_back(mark(Stream{st.get()}));
         for (auto& m : marks) host_wait(m, "synchronize", __LINE__);
@@ -412,6 +483,76 @@ public:
         ++work_.callbacks;
         stream(s).push(Task{Task::Kind::other, "host_callback", [fn, arg] { fn(arg); }});
     }
+
+    // ---- graphs ------------------------------------------------------------------------------
+    bool supports_graphs() const override { return true; }
+    void capture_begin(Stream s) override {
+        SIM_API("capture_begin");
+        std::lock_guard<std::mutex> lock(g_mu);
+        SimStream& st = stream(s);
+        if (st.capture) throw DeviceError(name() + ": capture_begin: the stream is already being captured");
+        st.capture = std::make_shared<Capture>();
+        st.capture->streams.push_back(&st);
+    }
+    Graph capture_end(Stream s) override {
+        SIM_API("capture_end");
+        CapturePtr cap;
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            SimStream& st = stream(s);
+            if (!st.capture || st.capture->streams[0] != &st)
+                throw DeviceError(name() + ": capture_end: the stream is not the origin of a capture");
+            cap = st.capture;
+            for (SimStream* x : cap->streams) x->capture = nullptr;
+            cap->ended = true;
+        }
+        if (!cap->invalid.empty()) throw DeviceError(name() + ": capture_end: the capture was invalidated: " + cap->invalid);
+        if (const int k = unjoined(*cap); k >= 0)
+            throw DeviceError(name() + ": capture_end: a stream of " + cap->streams[size_t(k)]->device().name() +
+                              " joined the capture and was not joined back (CUDA: cudaErrorStreamCaptureUnjoined)");
+        auto g = std::make_unique<SimGraph>();
+        for (SimStream* x : cap->streams)
+            g->streams.push_back(std::make_unique<SimStream>(x->device(), reinterpret_cast<uintptr_t>(x) + g->streams.size()));
+        g->nodes = std::move(cap->nodes);
+        g->records = cap->records;
+        return Graph{g.release()};
+    }
+    // Each captured stream replays on a stream of its own (on its device), so that only the
+    // captured dependencies order the nodes, as in a CUDA graph; s waits for all of them.
+    void graph_launch(Graph g, Stream s) override {
+        SIM_API("graph_launch");
+        ++work_.graph_launches;
+        refuse_in_capture(s, "graph_launch");
+        SimGraph& G = *static_cast<SimGraph*>(g.handle);
+        const MarkerPtr start = mark(s);
+        std::vector<MarkerPtr> records(size_t(G.records));
+        for (auto& m : records) m = std::make_shared<Marker>();
+        for (auto& st : G.streams)
+            st->push(Task{Task::Kind::other, "graph start", [d = &st->device(), start] { d->wait_marker(start); }});
+        for (const CaptureNode& n : G.nodes) {
+            SimStream& st = *G.streams[size_t(n.stream)];
+            switch (n.kind) {
+            case CaptureNode::Kind::task: st.push(n.task); break;
+            case CaptureNode::Kind::record:
+                st.push(Task{Task::Kind::other, "event_record", [m = records[size_t(n.record)]] { complete(m); }});
+                break;
+            case CaptureNode::Kind::wait:
+                st.push(Task{Task::Kind::other, "stream_wait_event",
+                             [d = &st.device(), m = records[size_t(n.record)]] { d->wait_marker(m); }});
+                break;
+            }
+        }
+        std::vector<MarkerPtr> ends;
+        for (auto& st : G.streams) {
+            ends.push_back(std::make_shared<Marker>());
+            st->push(Task{Task::Kind::other, "graph end", [m = ends.back()] { complete(m); }});
+        }
+        stream(s).push(Task{Task::Kind::other, "graph end", [this, ends] {
+                                for (const MarkerPtr& m : ends) wait_marker(m);
+                            }});
+    }
+    void graph_destroy(Graph g) noexcept override { delete static_cast<SimGraph*>(g.handle); }
+
     void set_precision(Precision p) override {
         precision_ = p;
         cpu_->set_precision(p);
@@ -539,6 +680,44 @@ public:
 
 private:
     static SimStream& stream(Stream s) { return *static_cast<SimStream*>(s.handle); }
+    struct SimGraph {
+        std::vector<std::unique_ptr<SimStream>> streams;  // one per captured stream, on its device
+        std::vector<CaptureNode> nodes;
+        int records = 0;
+    };
+    // Host synchronisation and pageable copies have no place in a graph: they throw and
+    // invalidate the capture, as CUDA's cudaErrorStreamCaptureUnsupported does.
+    void refuse_in_capture(Stream s, const char* what) {
+        std::lock_guard<std::mutex> lock(g_mu);
+        SimStream& st = stream(s);
+        if (!st.capture) return;
+        st.capture->invalid = std::string(what) + " inside the capture";
+        throw DeviceError(name() + ": " + what + ": not permitted while the stream is being captured");
+    }
+    // The first joined stream whose last node the origin's last node does not depend on (-1: none).
+    static int unjoined(const Capture& c) {
+        const size_t n = c.nodes.size();
+        std::vector<int> prev(n, -1), last(c.streams.size(), -1), record_at(size_t(c.records), -1);
+        for (size_t i = 0; i < n; ++i) {
+            const CaptureNode& x = c.nodes[i];
+            prev[i] = last[size_t(x.stream)];
+            last[size_t(x.stream)] = int(i);
+            if (x.kind == CaptureNode::Kind::record) record_at[size_t(x.record)] = int(i);
+        }
+        std::vector<char> seen(n, 0);
+        std::vector<int> todo{last[0]};
+        while (!todo.empty()) {
+            const int i = todo.back();
+            todo.pop_back();
+            if (i < 0 || seen[size_t(i)]) continue;
+            seen[size_t(i)] = 1;
+            todo.push_back(prev[size_t(i)]);
+            if (c.nodes[size_t(i)].kind == CaptureNode::Kind::wait) todo.push_back(record_at[size_t(c.nodes[size_t(i)].record)]);
+        }
+        for (size_t k = 1; k < c.streams.size(); ++k)
+            if (last[k] < 0 || !seen[size_t(last[k])]) return int(k);
+        return -1;
+    }
     int require_sim(const Device& peer) const {
         if (peer.type() != DeviceType::sim)
             throw DeviceError(name() + ": cannot exchange data with " + peer.name() +
@@ -556,6 +735,13 @@ private:
 
 void SimStream::push(Task t) {
     if (dev_.abandoned()) return;  // nothing runs on an abandoned device
+    {
+        std::lock_guard<std::mutex> lock(g_mu);
+        if (capture) {  // recorded, not run
+            capture->nodes.push_back({CaptureNode::Kind::task, capture->index_of(this), std::move(t), -1});
+            return;
+        }
+    }
     {
         std::lock_guard<std::mutex> lock(mu_);
         queue_.push_back(std::move(t));
@@ -607,6 +793,7 @@ public:
         for (size_t r = 0; r < devices_.size(); ++r) {
             SimDevice* d = devices_[r];
             d->api("ncclAllReduce", __LINE__);
+            d->refuse_capture_of_nccl();
             d->launch(d->comm_stream(), "ncclAllReduce", [rz, d, r, t, count, bytes, buffers] {
                 std::unique_lock<std::mutex> lock(g_mu);
                 if (++rz->arrived == rz->ranks) {  // the last rank sums in rank order: bit-identical everywhere

@@ -19,7 +19,7 @@ public:
 
     bool active(const Pass& p) const { return p.training && spec_.rate > 0.0f; }
     DropoutArgs args(const Pass& p) const {
-        return DropoutArgs{spec_.rate, p.seed, uint32_t(slot_), p.step, p.row_offset};
+        return DropoutArgs{spec_.rate, p.seed, uint32_t(slot_), p.step, p.row_offset, p.values};
     }
 
     const void* forward(Pass& p, const void* x) const override {

@@ -103,6 +103,7 @@ struct Pass {
     int64_t row_offset = 0;    // their offset in the global batch (dropout masks)
     uint64_t seed = 0;
     uint32_t step = 0;         // global micro-step (dropout masks)
+    const StepValues* values = nullptr;  // device: the step from here (a captured step)
     bool training = true;
     const float* params = nullptr;   // f32 master parameters (flat)
     const void* weights = nullptr;   // their compute copy in the activation type (= params for f32)
