@@ -179,8 +179,9 @@ Replica::~Replica() {
         }
     }
     for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced,
-                    metrics_copied, stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end})
-        device->event_destroy(e);
+                    metrics_copied, stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, step_ready,
+                    graph_done})
+        if (e.handle) device->event_destroy(e);
 }
 
 MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
@@ -243,6 +244,14 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     for (const auto& t : model_.tensors())
         if (!t.trainable) state_.push_back(&t);
     join_nodes();
+    if (cfg_.cuda_graph) {
+        if (!devices_.asynchronous()) graph_note_ = "CPU replicas run each op as it is issued: there is nothing to capture";
+        else if (nodes_) graph_note_ = "not with several nodes yet (the sums between nodes are issued per step)";
+        else if (devices_.type == DeviceType::sim && cfg_.cross_device_ops == "nccl")
+            graph_note_ = "the simulated NCCL cannot be captured; use ring or direct";
+        else graphs_on_ = true;
+    }
+    if (graphs_on_) graph_fork_ = replicas_[0]->device->event_create();
 }
 
 // Multi-node: every node must drive as many replicas of the same kind (the job's replica index
@@ -286,7 +295,7 @@ private:
 std::unique_ptr<StatsSync> MirroredStrategy::make_stats_sync(int r) { return std::make_unique<ReplicaStatsSync>(*this, r); }
 
 Pass MirroredStrategy::make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed,
-                                 uint32_t step, bool training) {
+                                 uint32_t step, bool training, const StepValues* values) {
     Pass p;
     p.dev = R.device.get();
     p.stream = s;
@@ -295,6 +304,7 @@ Pass MirroredStrategy::make_pass(Replica& R, Stream s, int rows, int global_rows
     p.row_offset = row_offset;
     p.seed = seed;
     p.step = step;
+    p.values = values;
     p.training = training;
     Replica& H = holder(R);
     p.params = H.params.data();
@@ -340,6 +350,7 @@ void MirroredStrategy::check_device_memory() const {
 
 MirroredStrategy::~MirroredStrategy() {
     shutdown();
+    destroy_graphs();
     ops_.reset();
     state_ops_.reset();
     stats_ops_.reset();
@@ -391,7 +402,14 @@ uint64_t MirroredStrategy::peak_memory_bytes() const {
 }
 
 StepWork MirroredStrategy::host_work() const {
-    return {replicas_[0]->device->host_work(), threads_->barrier().arrivals() / uint64_t(replicas_.size())};
+    HostWork all;
+    for (const auto& R : replicas_) {
+        const HostWork w = R->device->host_work();
+        all = {all.launches + w.launches,       all.copies + w.copies,         all.event_records + w.event_records,
+               all.stream_waits + w.stream_waits, all.host_syncs + w.host_syncs, all.callbacks + w.callbacks,
+               all.graph_launches + w.graph_launches};
+    }
+    return {replicas_[0]->device->host_work(), all, threads_->barrier().arrivals() / uint64_t(replicas_.size())};
 }
 
 void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, const OptimizerConfig& opt) {
@@ -435,6 +453,11 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
         R->reduced = d.event_create();
         R->metrics_copied = d.event_create();
         for (Event* e : {&R->t_begin, &R->t_backward, &R->t_reduced, &R->t_end}) *e = d.event_create(true);
+        if (cfg_.cuda_graph && devices_.asynchronous()) {
+            for (auto& v : R->step_values) v = DeviceBuffer<StepValues>(d, 1);
+            R->step_ready = d.event_create();
+            R->graph_done = d.event_create();
+        }
         const Stream s = d.compute_stream();
         d.fill(s, flat, 0.0f, R->grads.data());  // alignment gaps stay zero forever
         zero_metrics(d, s, R->train_metrics.data());
@@ -513,7 +536,7 @@ const Batch& MirroredStrategy::next_batch(Loader& loader) {
     });
 }
 
-int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& shard) {
+int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& shard, const StepValues* values) {
     Device& d = *R.device;
     const int buf = R.next_buffer;
     R.next_buffer ^= 1;
@@ -523,6 +546,7 @@ int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& s
     d.copy_to_device(cs, R.inputs[buf].data(), batch.features + size_t(shard.begin) * features,
                      size_t(shard.rows) * features * sizeof(float));
     d.copy_to_device(cs, R.labels[buf].data(), batch.labels + shard.begin, size_t(shard.rows) * sizeof(int32_t));
+    if (values) d.copy_to_device(cs, R.step_values[buf].data(), values, sizeof(StepValues));  // pageable: a snapshot
     d.event_record(R.input_ready[buf], cs);
     // The slot's Batch outlives the callback (the slot is not refilled before every replica has
     // released it), so it is the callback's only argument; the host may be steps ahead by then.
@@ -539,7 +563,9 @@ void MirroredStrategy::train_step(const Batch& batch, int64_t step, float lr, ui
         // Stays set until collect_timing() reads the events: the trainer reads a log step's
         // numbers only after it has issued the next step.
         if (sample_timing && devices_.asynchronous()) timing_sampled_ = true;
-        threads_->run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
+        // Sampled steps and a test's overflow run uncaptured: the graph holds neither.
+        const bool replay = graphs_on_ && !sample_timing && inject_overflow_ < 0 && graph_step(batch, step, lr, seed);
+        if (!replay) threads_->run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
         inject_overflow_ = -1;
     });
     if (cfg_.verify_every_steps > 0 && (step + 1) % cfg_.verify_every_steps == 0) verify_replicas();
@@ -552,18 +578,25 @@ int MirroredStrategy::global_micro_rows(int global_rows, int m) const {
 
 void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed,
                                     bool sample_timing) {
-    Replica& R = *replicas_[r];
+    // Everything read from the batch is read before staging: once every replica has released
+    // it, the loader refills the slot.
+    StepShape shape;
+    shape.global_rows = batch.global_rows;
+    shape.shard = global_shard(batch, r);
+    shape.buf = stage_input(*replicas_[size_t(r)], batch, local_shard(batch, shape.shard));
+    replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && devices_.asynchronous(), nullptr);
+}
+
+void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t step, float lr, uint64_t seed,
+                                       bool timing, const StepValues* values) {
+    Replica& R = *replicas_[size_t(r)];
     Device& d = *R.device;
     const int n = all_replicas();  // in the job: gradients are summed over every node's replicas
     const double t0 = now_s();
     double comm = 0;
-    // Everything read from the batch is read before staging: once every replica has released
-    // it, the loader refills the slot.
-    const int global_rows = batch.global_rows;
-    const Shard shard = global_shard(batch, r);
-    const int buf = stage_input(R, batch, local_shard(batch, shard));
+    const int global_rows = shape.global_rows, buf = shape.buf;
+    const Shard shard = shape.shard;
     const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
-    const bool timing = sample_timing && r == 0 && devices_.asynchronous();
     if (timing) d.event_record(R.t_begin, cs);
     const char* input = static_cast<const char*>(stage_for_compute(R, buf, size_t(shard.rows)));
     const size_t row_bytes = size_t(model_.input_features()) * (low_precision_ ? d.act_bytes(1) : sizeof(float));
@@ -587,7 +620,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
     for (int m = 0; m < accumulation_; ++m) {
         const Shard micro = shard_of(shard.rows, accumulation_, m);
         Pass p = make_pass(R, cs, micro.rows, global_micro_rows(global_rows, m), int64_t(shard.begin + micro.begin),
-                           seed, uint32_t(step), true);
+                           seed, uint32_t(step), true, values);
         p.accumulate = m > 0;
         p.stats_weight = 1.0f / float(all_replicas() * accumulation_);
         const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
@@ -601,7 +634,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
         const bool last = m == accumulation_ - 1;
         model_.backward(p, dlogits, last && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
     }
-    d.event_record(R.input_free[buf], cs);
+    if (!values) d.event_record(R.input_free[buf], cs);  // a graph's inputs are freed after its launch
     if (timing) d.event_record(R.t_backward, cs);
     if (shared_) {
         shared_update(R, step, lr, comm);
@@ -613,7 +646,7 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
             d.stream_wait_event(cs, R.reduced);
         }
         if (timing) d.event_record(R.t_reduced, cs);
-        apply_update(R, step, lr);
+        apply_update(R, step, lr, values);
     }
     if (timing) d.event_record(R.t_end, cs);
     if (devices_.type == DeviceType::cpu) {
@@ -625,18 +658,101 @@ void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, flo
 // The update from the summed gradients, on the compute stream: gradient statistics when clipping
 // or loss scaling needs them, the optimizer (skipped by an fp16 overflow), the loss scale, the
 // running statistics, and the 16-bit weight copy.
-void MirroredStrategy::apply_update(Replica& R, int64_t step, float lr) {
+void MirroredStrategy::apply_update(Replica& R, int64_t step, float lr, const StepValues* values) {
     Device& d = *R.device;
     const Stream cs = d.compute_stream();
     const float* loss_scale = loss_scaling_ ? R.loss_scale.data() : nullptr;
     const bool stats = R.optimizer->config().grad_clip_norm > 0 || loss_scaling_;
     if (stats) d.sum_squares(cs, model_.trainable_size(), R.grads.data(), loss_scale, R.grad_stats.data());
     R.optimizer->apply(cs, R.params.data(), R.grads.data(), step, lr, stats ? R.grad_stats.data() : nullptr, loss_scale,
-                       loss_scaling_);
+                       loss_scaling_, values);
     if (loss_scaling_) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), cfg_.loss_scale_growth_interval);
     for (const TensorInfo* t : state_)
         d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
     refresh_weights(R, cs);
+}
+
+// ---- cuda_graph: a step from one launch -------------------------------------------------------
+// Per step the host stages each replica's shard and step values (copies, events and the loader's
+// release callback: a fixed number per replica), makes replica 0's compute stream wait for every
+// replica's, launches the step's graph there, and makes every compute stream wait for its end.
+// The graph holds every replica's forward, backward, bucketed all-reduce (the ring's cross-device
+// event joins become edges) and update: no replica thread, barrier or per-bucket call on the host.
+bool MirroredStrategy::graph_step(const Batch& batch, int64_t step, float lr, uint64_t seed) {
+    const int buf = replicas_[0]->next_buffer;  // every replica stages into the same buffer index
+    const std::pair<int, int> key{buf, batch.global_rows};
+    auto found = std::find_if(graphs_.begin(), graphs_.end(),
+                              [&](const StepGraph& g) { return g.buf == buf && g.global_rows == batch.global_rows; });
+    if (found == graphs_.end()) {
+        if (std::find(graph_warm_.begin(), graph_warm_.end(), key) == graph_warm_.end()) {
+            if (graph_warm_.size() < 2 * kMaxGraphs) graph_warm_.push_back(key);
+            return false;  // a shape's first step runs uncaptured: libraries initialise outside the capture
+        }
+        if (graphs_.size() >= kMaxGraphs) return false;
+    }
+    std::vector<StepShape> shapes(replicas_.size());
+    for (int r = 0; r < replicas(); ++r) stage_for_graph(r, batch, step, lr, shapes[size_t(r)]);
+    Replica& R0 = *replicas_[0];
+    Device& d0 = *R0.device;
+    const Stream cs0 = d0.compute_stream();
+    for (int r = 1; r < replicas(); ++r) d0.stream_wait_event(cs0, replicas_[size_t(r)]->step_ready);
+    if (found == graphs_.end()) {
+        graphs_.push_back({buf, batch.global_rows, capture_step(shapes, step, lr, seed)});
+        found = graphs_.end() - 1;
+    }
+    d0.graph_launch(found->graph, cs0);
+    d0.event_record(R0.graph_done, cs0);
+    for (int r = 0; r < replicas(); ++r) {
+        Replica& R = *replicas_[size_t(r)];
+        Device& d = *R.device;
+        if (r > 0) d.stream_wait_event(d.compute_stream(), R0.graph_done);
+        d.event_record(R.input_free[shapes[size_t(r)].buf], d.compute_stream());
+    }
+    return true;
+}
+
+void MirroredStrategy::stage_for_graph(int r, const Batch& batch, int64_t step, float lr, StepShape& shape) {
+    Replica& R = *replicas_[size_t(r)];
+    const StepValues values = holder(R).optimizer->step_values(step, lr);
+    shape.global_rows = batch.global_rows;
+    shape.shard = global_shard(batch, r);
+    shape.buf = stage_input(R, batch, local_shard(batch, shape.shard), &values);
+    if (r > 0) R.device->event_record(R.step_ready, R.device->compute_stream());  // includes earlier work, metrics too
+}
+
+// One capture on replica 0's compute stream: the other replicas' compute streams join it by the
+// fork event, their comm streams by the bucket events, and all join back before it ends. The
+// replica threads issue the work as in an uncaptured step (their barriers order the capture,
+// not the replays).
+Graph MirroredStrategy::capture_step(const std::vector<StepShape>& shapes, int64_t step, float lr, uint64_t seed) {
+    Device& d0 = *replicas_[0]->device;
+    const Stream cs0 = d0.compute_stream();
+    d0.capture_begin(cs0);
+    d0.event_record(graph_fork_, cs0);
+    for (int r = 1; r < replicas(); ++r) {
+        Device& d = *replicas_[size_t(r)]->device;
+        d.stream_wait_event(d.compute_stream(), graph_fork_);
+    }
+    threads_->run([&](int r) {
+        Replica& R = *replicas_[size_t(r)];
+        const StepShape& shape = shapes[size_t(r)];
+        replica_compute(r, shape, step, lr, seed, false, R.step_values[size_t(shape.buf)].data());
+    });
+    for (int r = 1; r < replicas(); ++r) {  // graph_done of the others: their part's end
+        Replica& R = *replicas_[size_t(r)];
+        R.device->event_record(R.graph_done, R.device->compute_stream());
+        d0.stream_wait_event(cs0, R.graph_done);
+    }
+    return d0.capture_end(cs0);
+}
+
+void MirroredStrategy::destroy_graphs() noexcept {
+    if (replicas_.empty()) return;
+    Device& d0 = *replicas_[0]->device;
+    for (const StepGraph& g : graphs_) d0.graph_destroy(g.graph);
+    graphs_.clear();
+    if (graph_fork_.handle) d0.event_destroy(graph_fork_);
+    graph_fork_ = {};
 }
 
 // Replica r's slice of the flat buffer: equal parts in whole 64-byte lines (no two replicas write

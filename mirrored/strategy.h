@@ -56,6 +56,11 @@ struct StrategyConfig {
     // reads; after backward each replica sums its slice of the gradients over all replicas and
     // updates that slice - no all-gather, the update done once. GPU replicas: each keeps its copy.
     bool shared_parameters = false;
+    // GPU replicas (CUDA, simulated): each step shape's work - every replica's forward, backward,
+    // bucketed all-reduce and update - is captured once as one graph and replayed with one launch;
+    // what changes per step (learning rate, step counters, the input buffer) is in device memory.
+    // Off by default until it has run on a GPU. Not with several nodes or the simulated NCCL.
+    bool cuda_graph = false;
 };
 
 // A contiguous range of the flat gradient buffer, reduced as one unit.
@@ -102,6 +107,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
     HostWork device;        // replica 0's device calls
+    HostWork all;           // every replica's device calls, summed
     uint64_t barriers = 0;  // arrive_and_wait calls per replica
 };
 
@@ -127,6 +133,10 @@ struct Replica {
     HostBuffer<uint64_t> checksums_host;
     Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied, stats_ready, stats_done;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
+    DeviceBuffer<StepValues> step_values[2];    // cuda_graph: this step's values, with inputs[b]
+    // cuda_graph: step_ready - staged, the launch may start; graph_done - replica 0: the launched
+    // graph has ended; the others: their part has ended (the join inside the capture)
+    Event step_ready, graph_done;
     int next_buffer = 0;
     double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
     ~Replica();
@@ -159,6 +169,10 @@ public:
     const char* cross_device_ops_name() const { return shared_ ? "shared" : ops_->name(); }
     // CPU replicas sharing one parameter copy (strategy.shared_parameters).
     bool shared_parameters() const { return shared_; }
+    // Steps replayed from captured graphs (strategy.cuda_graph), and why graphs are off when the
+    // config asked for them ("" otherwise).
+    bool cuda_graph() const { return graphs_on_; }
+    const std::string& cuda_graph_note() const { return graph_note_; }
     // How `auto` chose the ops ("auto, measured: ring 1.2 ms, direct 0.4 ms per step"); empty
     // when the config named them.
     const std::string& cross_device_ops_choice() const { return ops_choice_; }
@@ -230,13 +244,31 @@ public:
 
 private:
     void build_replica(int r, int max_shard_rows, int max_micro_rows, const OptimizerConfig& opt);
-    int stage_input(Replica& R, const Batch& batch, const Shard& shard);
+    // values: also copies the step's values into the buffer's step_values (cuda_graph).
+    int stage_input(Replica& R, const Batch& batch, const Shard& shard, const StepValues* values = nullptr);
     // Replica r's shard of the global batch (rows of the job's batch) and where it lies in this
     // node's part of it.
     Shard global_shard(const Batch& batch, int r) const { return shard_of(batch.global_rows, all_replicas(), first_replica() + r); }
     static Shard local_shard(const Batch& batch, const Shard& global) { return {global.begin - batch.first_row, global.rows}; }
     void join_nodes();
     void replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing);
+    // What one step's work depends on besides the device state: the rows, replica r's shard and
+    // the input buffer it was staged in.
+    struct StepShape {
+        int global_rows = 0;
+        Shard shard;
+        int buf = 0;
+    };
+    // Forward, backward, all-reduce and update of replica r, staged input given. values (device):
+    // a captured step's lr and counters; then the host's step and lr are not read by the work.
+    void replica_compute(int r, const StepShape& shape, int64_t step, float lr, uint64_t seed, bool timing,
+                         const StepValues* values);
+    // cuda_graph: the step from a graph (captured now if its shape is new and warmed up); false
+    // when this step must run uncaptured.
+    bool graph_step(const Batch& batch, int64_t step, float lr, uint64_t seed);
+    void stage_for_graph(int r, const Batch& batch, int64_t step, float lr, StepShape& shape);
+    Graph capture_step(const std::vector<StepShape>& shapes, int64_t step, float lr, uint64_t seed);
+    void destroy_graphs() noexcept;
     // Runs fn; any exception marks the strategy failed (collectives aborted, devices abandoned).
     template <typename F>
     auto guarded(F&& fn) -> decltype(fn());
@@ -244,14 +276,14 @@ private:
     void check_device_memory() const;
     // After the parameters change (init, restore, optimizer step): the compute copy follows.
     void refresh_weights(Replica& R, Stream s);
-    void apply_update(Replica& R, int64_t step, float lr);
+    void apply_update(Replica& R, int64_t step, float lr, const StepValues* values);
     // Shared parameters: the replica that holds the parameters, 16-bit weights and optimizer
     // state R computes with (replica 0), and R's slice of the flat buffer, which R reduces and updates.
     Replica& holder(Replica& R) { return shared_ ? *replicas_[0] : R; }
     Shard slice(int r) const;
     void shared_update(Replica& R, int64_t step, float lr, double& comm);
     Pass make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed,
-                   uint32_t step, bool training);
+                   uint32_t step, bool training, const StepValues* values = nullptr);
     class ReplicaStatsSync;
     std::unique_ptr<StatsSync> make_stats_sync(int r);
     // Rows of micro-batch m summed over every replica's shard (synchronised statistics).
@@ -276,6 +308,18 @@ private:
     bool timing_sampled_ = false;
     bool failed_ = false;
     bool shared_ = false;
+    // cuda_graph: one graph per step shape (input buffer, rows), captured on a shape's second step
+    // (the first warms the libraries up), at most kMaxGraphs; other shapes run uncaptured.
+    static constexpr size_t kMaxGraphs = 8;
+    struct StepGraph {
+        int buf = 0, global_rows = 0;
+        Graph graph;
+    };
+    bool graphs_on_ = false;
+    std::string graph_note_;
+    std::vector<StepGraph> graphs_;
+    std::vector<std::pair<int, int>> graph_warm_;  // shapes that have run once, uncaptured
+    Event graph_fork_;                             // replica 0's: the other replicas join the capture
     std::vector<float*> grad_ptrs_;  // every replica's gradients (shared parameters)
     bool low_precision_ = false;  // bf16/fp16 activations: weight copies and input conversion
     bool loss_scaling_ = false;   // fp16

@@ -348,6 +348,11 @@ void Run::print_header() {
                     "gradients over the replicas and updates that slice\n");
     else if (cfg_.strategy.shared_parameters && st.replicas() > 1 && type != DeviceType::cpu)
         std::printf("  shared parameters apply to CPU replicas: each GPU replica keeps its own copy\n");
+    if (st.cuda_graph())
+        std::printf("  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
+                    "a GPU)\n");
+    else if (!st.cuda_graph_note().empty())
+        std::printf("  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
     if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
         std::printf("  no GPU: %s\n", cuda_unavailable_reason().c_str());
     if (type == DeviceType::sim)

@@ -124,13 +124,15 @@ struct TrainResult {
     std::vector<uint64_t> checksums;
     Metrics metrics;
     std::string ops, ops_choice;  // the cross-device ops used, and how `auto` chose them
+    uint64_t graph_launches = 0;  // steps replayed from captured graphs
 };
 
-// `steps` optimizer steps on a small synthetic problem; returns replica 0's parameters. op
-// "shared": strategy.shared_parameters (the gradients need no op).
+// `steps` optimizer steps on a small synthetic problem, the learning rate falling each step;
+// returns replica 0's parameters. op "shared": strategy.shared_parameters (the gradients need no
+// op). graph: strategy.cuda_graph.
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
                   OptimizerConfig::Type opt_type = OptimizerConfig::Type::sgd, double clip = 0.0,
-                  const std::string& op = "ring") {
+                  const std::string& op = "ring", bool graph = false) {
     SyntheticOptions so;
     so.shape = {12};
     so.classes = 5;
@@ -149,6 +151,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     sc.verify_every_steps = 5;
     sc.cross_device_ops = op == "shared" ? "ring" : op;
     sc.shared_parameters = op == "shared";
+    sc.cuda_graph = graph;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, accumulation);
     LoaderOptions lo;
@@ -159,9 +162,11 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     Loader loader(ds, lo, strategy.host_allocator());
     loader.start({});
     strategy.init_and_broadcast();
-    for (int s = 0; s < steps; ++s) strategy.train_step(strategy.next_batch(loader), s, float(oc.lr), 99, false);
+    for (int s = 0; s < steps; ++s)
+        strategy.train_step(strategy.next_batch(loader), s, float(oc.lr * (1.0 - 0.02 * s)), 99, false);
     strategy.request_train_metrics();
     TrainResult out;
+    out.graph_launches = strategy.host_work().all.graph_launches;
     out.metrics = strategy.take_train_metrics();
     out.params = strategy.download_params();
     for (int r = 0; r < strategy.replicas(); ++r) out.checksums.push_back(strategy.checksum(r));
@@ -181,7 +186,7 @@ struct CnnResult {
 // A small CNN with batchnorm (synchronised or per replica) on images of a synthetic problem.
 CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision precision = Precision::fp32,
                     int overflow_step = -1, int overflow_replica = 1, std::vector<float>* before_overflow = nullptr,
-                    DType wire = DType::f32, bool shared = false) {
+                    DType wire = DType::f32, bool shared = false, bool graph = false) {
     SyntheticOptions so;
     so.shape = {6, 6, 2};
     so.classes = 3;
@@ -202,6 +207,7 @@ CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision 
     sc.precision = precision;
     sc.allreduce_dtype = wire;
     sc.shared_parameters = shared;
+    sc.cuda_graph = graph;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, 1);
     LoaderOptions lo;
@@ -626,12 +632,15 @@ TEST_CASE("sim: after an aborted all-reduce the ops refuse further use instead o
                          doctest::Contains("unusable after an aborted all-reduce"), DeviceError);
 }
 
-// The host work of `steps` training steps after a first one, on simulated GPUs, one bucket.
+// The host work of `steps` training steps after the first ones, on simulated GPUs, one bucket
+// unless bucket_mb says otherwise.
 struct MeasuredWork {
     HostWork device;    // replica 0's calls over the steps
+    HostWork all;       // every replica's
     uint64_t barriers;  // per step
 };
-MeasuredWork step_work(const std::string& devices, const std::string& op, int steps) {
+MeasuredWork step_work(const std::string& devices, const std::string& op, int steps, bool graph = false,
+                       double bucket_mb = 0) {
     SyntheticOptions so;
     so.shape = {12};
     so.classes = 5;
@@ -640,8 +649,9 @@ MeasuredWork step_work(const std::string& devices, const std::string& op, int st
     const Model model({12}, {dense(16, Activation::relu), dense(16, Activation::relu), dense(5, Activation::none)}, 3);
     StrategyConfig sc;
     sc.devices = devices;
-    sc.bucket_mb = 0;  // one bucket
+    sc.bucket_mb = bucket_mb;
     sc.cross_device_ops = op;
+    sc.cuda_graph = graph;
     MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
     LoaderOptions lo;
     lo.global_batch = 24;
@@ -649,13 +659,14 @@ MeasuredWork step_work(const std::string& devices, const std::string& op, int st
     Loader loader(ds, lo, st.host_allocator());
     loader.start({});
     st.init_and_broadcast();
-    st.train_step(loader.next(), 0, 0.1f, 1, false);
+    const int first = 4;  // graphs: each input buffer's shape warms up once and is captured once
+    for (int s = 0; s < first; ++s) st.train_step(loader.next(), s, 0.1f, 1, false);
     st.synchronize();
     const StepWork before = st.host_work();
-    for (int s = 1; s <= steps; ++s) st.train_step(loader.next(), s, 0.1f, 1, false);
+    for (int s = first; s < first + steps; ++s) st.train_step(loader.next(), s, 0.1f, 1, false);
     st.synchronize();
     const StepWork after = st.host_work();
-    return {after.device - before.device, (after.barriers - before.barriers) / uint64_t(steps)};
+    return {after.device - before.device, after.all - before.all, (after.barriers - before.barriers) / uint64_t(steps)};
 }
 
 TEST_CASE("sim: the host work a training step issues is counted and bounded") {
@@ -682,6 +693,134 @@ TEST_CASE("sim: the host work a training step issues is counted and bounded") {
         CHECK(m.device.copies / steps == 2);  // inputs and labels only
         CHECK(m.device.host_syncs == 0);
     }
+}
+
+TEST_CASE("cuda_graph (sim): replayed steps equal uncaptured steps bit for bit on 1 and N replicas, whatever the op") {
+    SimScope sim(30);
+    struct Case {
+        const char* devices;
+        const char* op;
+        double bucket_mb;
+        int accumulation;
+        OptimizerConfig::Type opt;
+        double clip;
+    };
+    const Case cases[] = {
+        {"sim:0", "ring", 0.0, 1, OptimizerConfig::Type::sgd, 0.0},
+        {"sim:0,1", "ring", 0.0005, 1, OptimizerConfig::Type::sgd, 0.0},
+        {"sim:0,1,2", "ring", 0.0005, 2, OptimizerConfig::Type::adamw, 0.5},
+        {"sim:0,0,0,0", "direct", 0.0005, 1, OptimizerConfig::Type::adamw, 0.0},
+        {"sim:0,1", "reduce_to_one", 0.0, 2, OptimizerConfig::Type::sgd, 0.5},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.devices);
+        CAPTURE(c.op);
+        // 12 steps: each input buffer's shape runs once uncaptured, once captured, then replays
+        const TrainResult plain = train(c.devices, 12, c.bucket_mb, c.accumulation, c.opt, c.clip, c.op, false);
+        const TrainResult graph = train(c.devices, 12, c.bucket_mb, c.accumulation, c.opt, c.clip, c.op, true);
+        CHECK(plain.graph_launches == 0);
+        CHECK(graph.graph_launches == 10);  // one launch per step for all replicas, after 2 warm-up steps
+        CHECK(graph.params == plain.params);  // dropout, learning rate and AdamW's step from device memory
+        CHECK(graph.metrics.loss_sum == plain.metrics.loss_sum);
+        CHECK(graph.metrics.count == plain.metrics.count);
+        for (uint64_t ck : graph.checksums) CHECK(ck == graph.checksums[0]);
+    }
+}
+
+TEST_CASE("cuda_graph (sim): synchronised batchnorm and fp16 loss scaling with an overflow replay exactly too") {
+    SimScope sim(20);
+    for (const char* devices : {"sim:0,1", "sim:0,0,0"}) {
+        CAPTURE(devices);
+        const CnnResult plain = train_cnn(devices, 9, true, Precision::fp16);
+        const CnnResult graph = train_cnn(devices, 9, true, Precision::fp16, -1, 1, nullptr, DType::f32, false, true);
+        CHECK(graph.params == plain.params);
+        CHECK(graph.loss_scale == plain.loss_scale);
+        // a test's overflow runs that step uncaptured; the replays around it still match
+        const CnnResult hit = train_cnn(devices, 9, true, Precision::fp16, 6, 1);
+        const CnnResult hit_graph = train_cnn(devices, 9, true, Precision::fp16, 6, 1, nullptr, DType::f32, false, true);
+        CHECK(hit_graph.params == hit.params);
+        CHECK(hit_graph.loss_scale == MirroredStrategy::kInitialLossScale / 2);
+    }
+}
+
+TEST_CASE("cuda_graph (sim): host calls per step are a few per replica, whatever the buckets and replicas; no barriers") {
+    SimScope sim(0);
+    const int steps = 6;
+    std::vector<double> per_replica;
+    for (const char* devices : {"sim:0,1", "sim:0,1,2,3", "sim:0,0,0,0"})
+        for (double mb : {0.0, 0.0002}) {  // one bucket, or one per layer's tensors
+            CAPTURE(devices);
+            CAPTURE(mb);
+            const int n = int(parse_devices(devices).ordinals.size());
+            const MeasuredWork plain = step_work(devices, "ring", steps, false, mb);
+            const MeasuredWork graph = step_work(devices, "ring", steps, true, mb);
+            CHECK(graph.barriers == 0);
+            CHECK(graph.all.host_syncs == 0);
+            CHECK(graph.all.graph_launches == uint64_t(steps));
+            CHECK(graph.all.launches == 0);  // every kernel is in the graph
+            // per replica: 3 copies (inputs, labels, step values), 3 event records, 3 or 4 waits,
+            // 1 callback (the loader's release); replica 0 adds the launch and waits for the others
+            const HostWork& w = graph.all;
+            CHECK(w.copies == uint64_t(3 * n * steps));
+            CHECK(w.callbacks == uint64_t(n * steps));
+            CHECK(w.event_records == uint64_t((3 * n - 1 + 1) * steps));
+            CHECK(w.stream_waits == uint64_t((2 * n + 2 * (n - 1)) * steps));
+            per_replica.push_back(double(w.total()) / double(n * steps));
+            CHECK(plain.all.total() > 2 * w.total());
+        }
+    for (double p : per_replica) CHECK(p <= 12.0);
+    CHECK(per_replica[0] == per_replica[1]);  // the number of buckets changes nothing
+    CHECK(per_replica[2] == per_replica[3]);
+}
+
+TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simulated NCCL; a fault in a replay surfaces") {
+    SimScope sim(10);
+    SyntheticOptions so;
+    so.shape = {12};
+    so.classes = 5;
+    so.samples = 480;
+    const Dataset ds = make_synthetic(so);
+    const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
+    StrategyConfig sc;
+    sc.cuda_graph = true;
+    sc.devices = "cpu:2";
+    {
+        MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
+        CHECK_FALSE(st.cuda_graph());
+        CHECK(st.cuda_graph_note().find("CPU replicas") != std::string::npos);
+    }
+    sc.devices = "sim:0,1";
+    sc.cross_device_ops = "nccl";
+    {
+        MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
+        CHECK_FALSE(st.cuda_graph());
+        CHECK(st.cuda_graph_note().find("simulated NCCL") != std::string::npos);
+    }
+    sc.cross_device_ops = "ring";
+    auto st = std::make_unique<MirroredStrategy>(sc, model, OptimizerConfig{}, 24, 1);
+    CHECK(st->cuda_graph());
+    LoaderOptions lo;
+    lo.global_batch = 24;
+    lo.consumers = st->replicas();
+    auto loader = std::make_unique<Loader>(ds, lo, st->host_allocator());
+    loader->start({});
+    st->init_and_broadcast();
+    for (int s = 0; s < 5; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);
+    st->synchronize();
+    sim_inject_fault(1, 12);  // inside a replayed step's part on GPU 1
+    std::string what;
+    try {
+        for (int s = 5; s < 40; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);
+        st->synchronize();
+    } catch (const DeviceError& e) {
+        what = e.what();
+    }
+    CHECK(what.find("sim:1: ") == 0);
+    CHECK(what.find("illegal memory access") != std::string::npos);
+    CHECK(st->failed());
+    loader->stop_workers();
+    (void)loader.release();  // a failed device's release callbacks may never run
+    st.reset();              // no hang: the devices were abandoned
 }
 
 TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing GPU 0 (N = 1..8)") {
