@@ -259,6 +259,8 @@ public:
     // before its later work; its nodes are ordered only by the captured dependencies, not by the
     // streams they were captured from. Devices without graphs (CPU) throw DeviceError.
     virtual bool supports_graphs() const { return false; }
+    // The capture sequence s is part of (unique per capture), 0 when s is not being captured.
+    virtual uint64_t capture_id(Stream) const { return 0; }
     virtual void capture_begin(Stream s);
     virtual Graph capture_end(Stream s);
     virtual void graph_launch(Graph g, Stream s);

@@ -15,7 +15,10 @@ void PeerStaging::reduce(Stream s, void* dst, const Device& peer, const void* sr
     const size_t elem = dtype_size(t), slice = kSliceBytes / elem;
     char* to = static_cast<char*>(dst);
     const char* from = static_cast<const char*>(src);
-    dev_.stream_wait_event(s, exit_);  // the previous call's adds, whatever stream it came on, have left the slots
+    // The previous call's adds, whatever stream it came on, have left the slots. Across a capture's
+    // edge the event may not be waited on (CUDA's isolation rule): the graph's launch stream
+    // orders the two instead, as it orders everything before and after the graph.
+    if (dev_.capture_id(s) == exit_capture_) dev_.stream_wait_event(s, exit_);
     dev_.event_record(entry_, s);  // dst's earlier writes on s come first
     dev_.stream_wait_event(aux_, entry_);
     size_t done = 0;
@@ -32,6 +35,7 @@ void PeerStaging::reduce(Stream s, void* dst, const Device& peer, const void* sr
         done += len;
     }
     dev_.event_record(exit_, aux_);  // later work on s sees every add
+    exit_capture_ = dev_.capture_id(aux_);
     dev_.stream_wait_event(s, exit_);
 }
 

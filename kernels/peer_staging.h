@@ -31,6 +31,7 @@ private:
     Stream aux_;
     DeviceBuffer<float> slots_;  // two slots of kSliceBytes
     Event copied_[2], added_[2], entry_, exit_;
+    uint64_t exit_capture_ = 0;  // the capture exit_ was last recorded in (0: none)
 };
 
 }  // namespace mirrored

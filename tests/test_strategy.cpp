@@ -725,6 +725,14 @@ TEST_CASE("cuda_graph (sim): replayed steps equal uncaptured steps bit for bit o
         CHECK(graph.metrics.count == plain.metrics.count);
         for (uint64_t ck : graph.checksums) CHECK(ck == graph.checksums[0]);
     }
+    // without peer access: the staged copies' own streams and events are captured too
+    sim_reset();
+    sim_set_delays(30);
+    sim_set_peer_access(false);
+    const TrainResult plain = train("sim:0,1,2", 12, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "ring", false);
+    const TrainResult graph = train("sim:0,1,2", 12, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "ring", true);
+    CHECK(graph.graph_launches == 10);
+    CHECK(graph.params == plain.params);
 }
 
 TEST_CASE("cuda_graph (sim): synchronised batchnorm and fp16 loss scaling with an overflow replay exactly too") {

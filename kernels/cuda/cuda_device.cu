@@ -220,6 +220,12 @@ public:
     // Relaxed mode: the replica threads issue into their own devices' streams while replica 0's
     // stream captures, and nothing they do outside the capture is refused.
     bool supports_graphs() const override { return true; }
+    uint64_t capture_id(Stream s) const override {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        unsigned long long id = 0;
+        CUDA_CHECK(ordinal(), cudaStreamGetCaptureInfo(stream(s), &status, &id));
+        return status == cudaStreamCaptureStatusActive ? uint64_t(id) : 0;
+    }
     void capture_begin(Stream s) override {
         use();
         CUDA_CHECK(ordinal(), cudaStreamBeginCapture(stream(s), cudaStreamCaptureModeRelaxed));

@@ -127,6 +127,7 @@ struct CaptureNode {
     int record = -1;  // record: its number; wait: the record it waits for
 };
 struct Capture {
+    uint64_t id = 0;
     std::vector<SimStream*> streams;  // the origin first, then each stream as it joined
     std::vector<CaptureNode> nodes;
     int records = 0;
@@ -486,12 +487,18 @@ public:
 
     // ---- graphs ------------------------------------------------------------------------------
     bool supports_graphs() const override { return true; }
+    uint64_t capture_id(Stream s) const override {
+        std::lock_guard<std::mutex> lock(g_mu);
+        return stream(s).capture ? stream(s).capture->id : 0;
+    }
     void capture_begin(Stream s) override {
         SIM_API("capture_begin");
         std::lock_guard<std::mutex> lock(g_mu);
         SimStream& st = stream(s);
         if (st.capture) throw DeviceError(name() + ": capture_begin: the stream is already being captured");
+        static uint64_t captures = 0;  // guarded by g_mu
         st.capture = std::make_shared<Capture>();
+        st.capture->id = ++captures;
         st.capture->streams.push_back(&st);
     }
     Graph capture_end(Stream s) override {
