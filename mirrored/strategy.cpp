@@ -680,9 +680,9 @@ void MirroredStrategy::apply_update(Replica& R, int64_t step, float lr, const St
 // event joins become edges) and update: no replica thread, barrier or per-bucket call on the host.
 bool MirroredStrategy::graph_step(const Batch& batch, int64_t step, float lr, uint64_t seed) {
     const int buf = replicas_[0]->next_buffer;  // every replica stages into the same buffer index
-    const std::pair<int, int> key{buf, batch.global_rows};
-    auto found = std::find_if(graphs_.begin(), graphs_.end(),
-                              [&](const StepGraph& g) { return g.buf == buf && g.global_rows == batch.global_rows; });
+    const int rows = batch.global_rows;  // read before staging: once released, the loader refills the batch
+    const std::pair<int, int> key{buf, rows};
+    auto found = std::find_if(graphs_.begin(), graphs_.end(), [&](const StepGraph& g) { return g.buf == buf && g.global_rows == rows; });
     if (found == graphs_.end()) {
         if (std::find(graph_warm_.begin(), graph_warm_.end(), key) == graph_warm_.end()) {
             if (graph_warm_.size() < 2 * kMaxGraphs) graph_warm_.push_back(key);
@@ -697,7 +697,7 @@ bool MirroredStrategy::graph_step(const Batch& batch, int64_t step, float lr, ui
     const Stream cs0 = d0.compute_stream();
     for (int r = 1; r < replicas(); ++r) d0.stream_wait_event(cs0, replicas_[size_t(r)]->step_ready);
     if (found == graphs_.end()) {
-        graphs_.push_back({buf, batch.global_rows, capture_step(shapes, step, lr, seed)});
+        graphs_.push_back({buf, rows, capture_step(shapes, step, lr, seed)});
         found = graphs_.end() - 1;
     }
     d0.graph_launch(found->graph, cs0);
