@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One prepared run for a machine with a GPU, built to fit a 15-minute device budget (about 6
+# One prepared run for a machine with a GPU, built to fit a 15-minute device budget (about 7
 # minutes on one H200, plus at most 4 for the frameworks comparison) and to fail loudly rather
 # than report a CPU run as a GPU one:
 #   machine facts -> build (refused if CPU-only) -> every test (refused if a CUDA test is
 #   skipped) -> benchmarks -> training on cuda:0,0 (and cuda:0,1 with two GPUs) killed with
-#   SIGKILL and resumed, checksums compared with an uninterrupted run -> with two GPUs and
+#   SIGKILL and resumed, checksums compared with an uninterrupted run and a cuda_graph run -> with two GPUs and
 #   mpirun, two nodes over NCCL against one node -> PyTorch and JAX side by side.
 # Everything goes to $OUT (the device tool's folder) or build/gpu-check. Works without network
 # and without the Fashion-MNIST package (a small generated IDX dataset stands in).
@@ -89,6 +89,14 @@ fi
 run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0;cuda:0,0,0,0' --steps 300 \
     --json "$out/step.json"
 run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32
+# strategy.cuda_graph (off by default until measured here): captured steps against uncaptured, in
+# one run each, and its host calls per replica and step (last column)
+for g in false true; do
+    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0,0,0' --steps 300 \
+        --set strategy.cuda_graph=$g --set strategy.cross_device_ops=direct --json "$out/step_graph_$g.json"
+    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32 \
+        --set strategy.cuda_graph=$g
+done
 run env "${data_env[@]}" build/mirrored bench-loader --threads 1,2,4,8 --json "$out/loader.json"
 run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes 64M --dtype bf16
 run build/mirrored bench-conv-layout
@@ -128,6 +136,13 @@ resume_check() {
     echo "$devices: uninterrupted $a / killed+resumed $b" | tee -a "$log"
     tail -n 2 "$dir.ref.log" | tee -a "$log"
     [[ "$a" == "$b" ]] || fail "resume on $devices is not bit-identical"
+    # the same run from captured graphs must end with the same parameters
+    env "${data_env[@]}" timeout 120 build/mirrored "${args[@]}" --set strategy.cuda_graph=true --output "$dir/graph" \
+        >"$dir.graph.log" 2>&1 || fail "training on $devices with cuda_graph failed (see $dir.graph.log)"
+    b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$dir/graph/summary.json")
+    echo "$devices: uncaptured $a / cuda_graph $b" | tee -a "$log"
+    tail -n 1 "$dir.graph.log" | tee -a "$log"
+    [[ "$a" == "$b" ]] || fail "cuda_graph on $devices is not bit-identical to uncaptured steps"
     rm -rf "$dir"
 }
 step "train, SIGKILL, resume"

@@ -182,8 +182,8 @@ int bench_step(const StepBenchOptions& o) {
     auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
     std::printf("config %s: %s, global batch %d; data ready in %.1fs\n\n", o.config.c_str(),
                 model_config_summary(base).c_str(), base.train.global_batch_size, now_s() - t0);
-    std::printf("%-28s %8s %12s %12s %9s %10s %9s %8s %8s %8s\n", "devices", "replicas", "samples/s", "per replica",
-                "speedup", "efficiency", "GFLOP/s", "data%", "compute%", "comm%");
+    std::printf("%-28s %8s %12s %12s %9s %10s %9s %8s %8s %8s %11s\n", "devices", "replicas", "samples/s", "per replica",
+                "speedup", "efficiency", "GFLOP/s", "data%", "compute%", "comm%", "host calls");
     json rows = json::array();
     double base_sps = 0;
     int base_n = 0;
@@ -204,11 +204,14 @@ int bench_step(const StepBenchOptions& o) {
         st.collect_timing(split, 0);  // drop warm-up host timings
         split = {};
         const double wait0 = loader.wait_seconds();
+        const HostWork work0 = st.host_work().all;
         const double start = now_s();
         for (int i = 0; i < o.steps; ++i)
             st.train_step(st.next_batch(loader), o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
         st.synchronize();
         const double elapsed = now_s() - start;
+        // per replica and step: device calls the host issued (a captured step's replays: a few)
+        const double calls = double((st.host_work().all - work0).total()) / double(o.steps * st.replicas());
         st.collect_timing(split, o.steps);
         split.data_wait_s = loader.wait_seconds() - wait0;
         loader.stop();
@@ -223,11 +226,12 @@ int bench_step(const StepBenchOptions& o) {
         const double efficiency = speedup / (double(n) / base_n);
         const double busy = std::max(split.data_wait_s + split.compute_s + split.comm_s, 1e-12);
         const double gflops = sps * s->model->train_flops_per_sample() / 1e9;
-        std::printf("%-28s %8d %12.0f %12.0f %8.2fx %9.0f%% %9.1f %8.1f %8.1f %8.1f\n", spec.c_str(), n, sps, sps / n,
-                    speedup, 100 * efficiency, gflops, 100 * split.data_wait_s / busy, 100 * split.compute_s / busy,
-                    100 * split.comm_s / busy);
+        std::printf("%-28s %8d %12.0f %12.0f %8.2fx %9.0f%% %9.1f %8.1f %8.1f %8.1f %11.1f\n", spec.c_str(), n, sps,
+                    sps / n, speedup, 100 * efficiency, gflops, 100 * split.data_wait_s / busy, 100 * split.compute_s / busy,
+                    100 * split.comm_s / busy, calls);
         rows.push_back({{"devices", spec}, {"replicas", n}, {"global_batch", cfg.train.global_batch_size},
-                        {"samples_per_sec", sps}, {"step_ms", step_ms},
+                        {"samples_per_sec", sps}, {"step_ms", step_ms}, {"host_calls_per_replica_step", calls},
+                        {"cuda_graph", st.cuda_graph()},
                         {"gflops", gflops},
                         {"speedup", speedup}, {"efficiency", efficiency},
                         {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}}});
