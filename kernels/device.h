@@ -393,7 +393,8 @@ public:
     virtual void sum_to_all(Stream s, const PeerBuffers& buffers, size_t offset, size_t n, DType t) = 0;
     // In place into buffers[into][offset, offset + n): the sum over `count` f32 buffers - its own
     // value first, then the others in buffer order - written only there: the reduce-scatter half,
-    // for replicas that share one parameter copy (CPU replicas). Devices without it throw DeviceError.
+    // for replicas that share one parameter copy (CPU replicas, replicas of one GPU: every buffer
+    // loadable from here, at most PeerBuffers::kMax on CUDA). Devices without it throw DeviceError.
     virtual void sum_into(Stream s, float* const* buffers, int count, int into, size_t offset, size_t n);
     // Can kernels on this device load (and store) peer's memory directly?
     virtual bool can_load_from(const Device& peer) const = 0;

@@ -146,8 +146,15 @@ std::string MemoryPlan::describe() const {
            format_bytes(workspace) + "; total " + format_bytes(total());
 }
 
+bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices, bool several_nodes) {
+    const auto& o = devices.ordinals;
+    if (!strategy.shared_parameters || o.size() < 2) return false;
+    if (devices.type == DeviceType::cpu) return true;
+    return !several_nodes && std::all_of(o.begin(), o.end(), [&](int g) { return g == o[0]; });
+}
+
 MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, DeviceType type,
-                       int replicas, int shard_rows, int micro_rows) {
+                       int replicas, int shard_rows, int micro_rows, bool shared) {
     MemoryPlan m;
     const Precision precision = strategy.precision;
     const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
@@ -160,7 +167,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t)) +
                (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
     m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
-    if (strategy.shared_parameters && type == DeviceType::cpu && replicas > 1)  // one copy, counted in shares
+    if (shared && replicas > 1)  // one copy, counted in shares
         for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
             *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
@@ -180,7 +187,7 @@ Replica::~Replica() {
     }
     for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced,
                     metrics_copied, stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, step_ready,
-                    graph_done})
+                    graph_done, joined[0], joined[1]})
         if (e.handle) device->event_destroy(e);
 }
 
@@ -203,8 +210,11 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
     low_precision_ = precision_dtype(cfg_.precision) != DType::f32;
     loss_scaling_ = cfg_.precision == Precision::fp16;
-    shared_ = cfg_.shared_parameters && devices_.type == DeviceType::cpu && n > 1;
-    plan_ = plan_memory(model_, opt, cfg_, devices_.type, n, shard_rows, micro_rows);
+    shared_ = parameters_shared(cfg_, devices_, nodes_ != nullptr);
+    if (shared_ && devices_.asynchronous() && n > PeerBuffers::kMax)
+        throw ConfigError("strategy.shared_parameters", "at most " + std::to_string(PeerBuffers::kMax) +
+                                                            " replicas of one GPU share one parameter copy; set it false");
+    plan_ = plan_memory(model_, opt, cfg_, devices_.type, n, shard_rows, micro_rows, shared_);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
@@ -437,6 +447,8 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
         R->eval_metrics = DeviceBuffer<double>(d, kMetricSlots);
         R->grad_stats = DeviceBuffer<float>(d, 2);
         if (shared_) R->grad_total = DeviceBuffer<float>(d, 2);
+        if (shared_ && devices_.asynchronous())
+            for (Event& e : R->joined) e = d.event_create();
         R->loss_scale = DeviceBuffer<float>(d, 2);
         R->loss_scale_host = HostBuffer<float>(d, 2);
         R->loss_scale_host[0] = kInitialLossScale;
@@ -637,7 +649,7 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
     if (!values) d.event_record(R.input_free[buf], cs);  // a graph's inputs are freed after its launch
     if (timing) d.event_record(R.t_backward, cs);
     if (shared_) {
-        shared_update(R, step, lr, comm);
+        shared_update(R, step, lr, values, comm);
     } else {
         if (n > 1) {
             for (const Bucket& b : buckets_)  // without overlap every bucket, else the statistics
@@ -770,15 +782,14 @@ Shard MirroredStrategy::slice(int r) const {
 // slices) and, in a multi-node run, over the nodes -> the gradient statistics, per slice, added in
 // replica order -> the optimizer, the running statistics and the 16-bit copy on r's slice of the
 // one parameter copy -> nobody computes with the parameters before every slice is updated.
-void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, double& comm) {
+void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const StepValues* values, double& comm) {
     Device& d = *R.device;
     const Stream cs = d.compute_stream();
     Replica& H = *replicas_[0];
-    ReplicaBarrier& barrier = threads_->barrier();
     const Shard sl = slice(R.index);
     const size_t begin = size_t(sl.begin), end = begin + size_t(sl.rows), trainable = model_.trainable_size();
     const double c0 = now_s();
-    barrier.arrive_and_wait();
+    join_replicas(R);
     if (end > begin) {
         d.sum_into(cs, grad_ptrs_.data(), replicas(), R.index, begin, end - begin);
         if (nodes_) nodes_->sum_channel(R.index, R.grads.data() + begin, end - begin);
@@ -789,14 +800,14 @@ void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, double&
     const bool stats = H.optimizer->config().grad_clip_norm > 0 || loss_scaling_;
     if (stats) {
         d.sum_squares(cs, te - tb, R.grads.data() + tb, loss_scale, R.grad_stats.data());
-        barrier.arrive_and_wait();
+        join_replicas(R);
         d.copy_from_peer(cs, R.grad_total.data(), *H.device, H.grad_stats.data(), 2 * sizeof(float));
         for (int q = 1; q < replicas(); ++q)
             d.reduce_from_peer(cs, R.grad_total.data(), *replicas_[q]->device, replicas_[q]->grad_stats.data(), DType::f32, 2);
     }
     if (te > tb)
         H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data(), tb, te, step, lr,
-                                 stats ? R.grad_total.data() : nullptr, loss_scale, loss_scaling_);
+                                 stats ? R.grad_total.data() : nullptr, loss_scale, loss_scaling_, values);
     if (loss_scaling_) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_total.data(), cfg_.loss_scale_growth_interval);
     for (const TensorInfo* t : state_) {  // running statistics: the part of each in this slice
         const size_t lo = std::max(begin, t->offset), hi = std::min(end, t->offset + t->count);
@@ -804,7 +815,23 @@ void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, double&
     }
     if (low_precision_ && te > tb)
         d.convert(cs, te - tb, H.params.data() + tb, DType::f32, H.weights.data() + d.act_bytes(tb), d.value_dtype());
+    join_replicas(R);
+}
+
+void MirroredStrategy::join_replicas(Replica& R) {
+    ReplicaBarrier& barrier = threads_->barrier();
+    if (!devices_.asynchronous()) {
+        barrier.arrive_and_wait();
+        return;
+    }
+    // A slot is recorded again two joins later, after every replica has enqueued its wait on it.
+    Device& d = *R.device;
+    const int slot = R.join_turn;
+    R.join_turn ^= 1;
+    d.event_record(R.joined[slot], d.compute_stream());
     barrier.arrive_and_wait();
+    for (auto& Q : replicas_)
+        if (Q.get() != &R) d.stream_wait_event(d.compute_stream(), Q->joined[slot]);
 }
 
 void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {

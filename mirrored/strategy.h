@@ -52,9 +52,10 @@ struct StrategyConfig {
     int loss_scale_growth_interval = 2000;  // fp16
     DType allreduce_dtype = DType::f32;     // gradients on the links: f32 or bf16
     double collective_timeout_s = 600;      // multi-node: a collective waiting longer aborts the job
-    // CPU replicas live in one memory: one parameter copy (and optimizer state) that every replica
-    // reads; after backward each replica sums its slice of the gradients over all replicas and
-    // updates that slice - no all-gather, the update done once. GPU replicas: each keeps its copy.
+    // Replicas in one memory - CPU replicas, or replicas sharing one GPU (cuda:0,0,0,0) on one
+    // node - keep one parameter copy (and optimizer state) that every replica reads; after
+    // backward each replica sums its slice of the gradients over all replicas and updates that
+    // slice - no all-gather, the update done once. Replicas on distinct GPUs keep their copies.
     bool shared_parameters = false;
     // GPU replicas (CUDA, simulated): each step shape's work - every replica's forward, backward,
     // bucketed all-reduce and update - is captured once as one graph and replayed with one launch;
@@ -101,8 +102,12 @@ struct MemoryPlan {
     }
     std::string describe() const;  // "params 1.2 MiB, grads ..., total ..."
 };
+// Whether strategy.shared_parameters applies to these devices: several CPU replicas, or several
+// replicas of one GPU (one node).
+bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices, bool several_nodes = false);
+// shared: parameters_shared() for the devices (one copy, counted in shares).
 MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, DeviceType type,
-                       int replicas, int shard_rows, int micro_rows);
+                       int replicas, int shard_rows, int micro_rows, bool shared = false);
 
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
@@ -137,6 +142,8 @@ struct Replica {
     // cuda_graph: step_ready - staged, the launch may start; graph_done - replica 0: the launched
     // graph has ended; the others: their part has ended (the join inside the capture)
     Event step_ready, graph_done;
+    Event joined[2];                            // shared parameters on a GPU: the replicas' joins
+    int join_turn = 0;
     int next_buffer = 0;
     double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
     ~Replica();
@@ -281,7 +288,10 @@ private:
     // state R computes with (replica 0), and R's slice of the flat buffer, which R reduces and updates.
     Replica& holder(Replica& R) { return shared_ ? *replicas_[0] : R; }
     Shard slice(int r) const;
-    void shared_update(Replica& R, int64_t step, float lr, double& comm);
+    void shared_update(Replica& R, int64_t step, float lr, const StepValues* values, double& comm);
+    // Every replica's work so far comes before any replica's next work: the barrier on CPU
+    // replicas; on a GPU, each compute stream waits for the others' events (two slots alternate).
+    void join_replicas(Replica& R);
     Pass make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed,
                    uint32_t step, bool training, const StepValues* values = nullptr);
     class ReplicaStatsSync;

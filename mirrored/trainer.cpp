@@ -138,7 +138,8 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     const int n = int(devices.ordinals.size());
     const int shard = (cfg.train.global_batch_size + n - 1) / n;
     const int micro = (shard + cfg.train.grad_accumulation_steps - 1) / cfg.train.grad_accumulation_steps;
-    const MemoryPlan plan = plan_memory(model, cfg.optimizer, cfg.strategy, devices.type, n, shard, micro);
+    const MemoryPlan plan =
+        plan_memory(model, cfg.optimizer, cfg.strategy, devices.type, n, shard, micro, parameters_shared(cfg.strategy, devices));
     const uint64_t replicas = devices.type == DeviceType::cuda ? 0 : plan.total() * uint64_t(n);
     const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) *
                            (train.feature_size() * sizeof(float) + sizeof(int32_t));
@@ -344,10 +345,11 @@ void Run::print_header() {
     if (!st.cross_device_ops_choice().empty())
         std::printf("  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
     if (st.shared_parameters())
-        std::printf("  shared parameters: the CPU replicas keep one parameter copy; each sums its slice of the "
-                    "gradients over the replicas and updates that slice\n");
-    else if (cfg_.strategy.shared_parameters && st.replicas() > 1 && type != DeviceType::cpu)
-        std::printf("  shared parameters apply to CPU replicas: each GPU replica keeps its own copy\n");
+        std::printf("  shared parameters: the %s keep one parameter copy; each sums its slice of the gradients over "
+                    "the replicas and updates that slice\n", type == DeviceType::cpu ? "CPU replicas" : "replicas on one GPU");
+    else if (cfg_.strategy.shared_parameters && st.replicas() > 1)
+        std::printf("  shared parameters apply to replicas in one memory (CPU replicas, or replicas sharing one GPU on "
+                    "one node): each of these replicas keeps its own copy\n");
     if (st.cuda_graph())
         std::printf("  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
                     "a GPU)\n");

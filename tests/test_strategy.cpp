@@ -304,31 +304,53 @@ TEST_CASE("cpu all-reduce (ring, direct, reduce_to_one) is exact and bit-identic
     all_reduce_matrix("reduce_to_one", DeviceType::cpu, 8, false);
 }
 
-TEST_CASE("cpu sum_into: in place into one buffer, its own value first, then the others in order; nothing else written") {
-    auto d = make_cpu_device(0);
+namespace {
+
+// Device::sum_into on device d: in place into one buffer, its own value first, then the others in
+// order; nothing else written.
+void check_sum_into(Device& d) {
     test::Rng rng(21);
     for (int count : {2, 3, 5}) {
         for (size_t n : {size_t(1), size_t(1000), size_t(5000)}) {
-            std::vector<std::vector<float>> b;
-            for (int k = 0; k < count; ++k) b.push_back(rng.normal(n + 8));
-            const auto before = b;
+            std::vector<std::vector<float>> before;
+            std::vector<DeviceBuffer<float>> bufs;
             std::vector<float*> ptrs;
-            for (auto& v : b) ptrs.push_back(v.data());
+            for (int k = 0; k < count; ++k) {
+                before.push_back(rng.normal(n + 8));
+                bufs.push_back(upload(d, before.back()));
+                ptrs.push_back(bufs.back().data());
+            }
             const int into = count - 1;
-            d->sum_into(d->compute_stream(), ptrs.data(), count, into, 3, n);
+            d.sum_into(d.compute_stream(), ptrs.data(), count, into, 3, n);
+            const std::vector<float> got = download(d, bufs[size_t(into)]);
+            bool exact = true;
             for (size_t i = 0; i < n + 8; ++i) {
                 float want = before[size_t(into)][i];
                 if (i >= 3 && i < 3 + n)
                     for (int k = 0; k < count; ++k)
                         if (k != into) want += before[size_t(k)][i];
-                CHECK(b[size_t(into)][i] == want);  // the stated order, bit for bit; outside the range untouched
+                exact = exact && got[i] == want;  // the stated order, bit for bit; outside the range untouched
             }
-            for (int k = 0; k < into; ++k) CHECK(b[size_t(k)] == before[size_t(k)]);
+            CAPTURE(d.name());
+            CAPTURE(count);
+            CAPTURE(n);
+            CHECK(exact);
+            for (int k = 0; k < into; ++k) CHECK(download(d, bufs[size_t(k)]) == before[size_t(k)]);
         }
     }
-    auto sim = make_device(DeviceType::sim, 0);  // GPUs (and the simulated ones) do not share parameters
-    float* none[1] = {nullptr};
-    CHECK_THROWS_AS(sim->sum_into(sim->compute_stream(), none, 1, 0, 0, 0), DeviceError);
+}
+
+}  // namespace
+
+TEST_CASE("sum_into (cpu, sim): in place into one buffer, its own value first, then the others in order; nothing else written") {
+    SimScope sim(30);
+    check_sum_into(*make_cpu_device(0));
+    check_sum_into(*make_sim_device(0));
+}
+
+TEST_CASE("cuda sum_into equals the CPU's order bit for bit") {
+    SKIP_WITHOUT_CUDA();
+    check_sum_into(*make_cuda_device(0));
 }
 
 TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 2 equals the ring bit for bit; one copy") {
@@ -356,12 +378,44 @@ TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 
     oc.momentum = 0.9;
     StrategyConfig sc;
     const MemoryPlan own = plan_memory(model, oc, sc, DeviceType::cpu, 4, 6, 6);
+    CHECK_FALSE(parameters_shared(sc, parse_devices("cpu:4")));
     sc.shared_parameters = true;
-    const MemoryPlan part = plan_memory(model, oc, sc, DeviceType::cpu, 4, 6, 6);
+    const MemoryPlan part = plan_memory(model, oc, sc, DeviceType::cpu, 4, 6, 6, parameters_shared(sc, parse_devices("cpu:4")));
     CHECK(part.params == (own.params + 3) / 4);
     CHECK(part.optimizer == (own.optimizer + 3) / 4);
     CHECK(part.grads == own.grads);
-    CHECK(plan_memory(model, oc, sc, DeviceType::sim, 4, 6, 6).params == own.params);  // GPUs keep their copies
+    // replicas of one GPU share; distinct GPUs, one replica, or several nodes keep their copies
+    CHECK(parameters_shared(sc, parse_devices("sim:0,0,0,0")));
+    CHECK_FALSE(parameters_shared(sc, parse_devices("sim:0,1,2,3")));
+    CHECK_FALSE(parameters_shared(sc, parse_devices("sim:0,0,0,0"), true));
+    CHECK_FALSE(parameters_shared(sc, parse_devices("cpu:1")));
+    CHECK(parameters_shared(sc, parse_devices("cpu:2"), true));  // CPU replicas sum between nodes on the host
+}
+
+TEST_CASE("shared parameters on one simulated GPU: equal to CPU replicas bit for bit, to one replica within 1e-5; with graphs too") {
+    SimScope sim(30);
+    const TrainResult one = train("cpu:1", 8, 0.0, 2, OptimizerConfig::Type::adamw, 0.5);
+    for (const char* devices : {"sim:0,0", "sim:0,0,0,0"}) {
+        CAPTURE(devices);
+        const std::string cpu = "cpu:" + std::to_string(parse_devices(devices).ordinals.size());
+        const TrainResult shared = train(devices, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared");
+        CHECK(shared.ops == std::string("shared"));
+        CHECK(rel_error(shared.params, one.params) < 1e-5);
+        // the same ops in the same order per element: the CPU replicas' bits exactly
+        CHECK(shared.params == train(cpu, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared").params);
+        const TrainResult graph = train(devices, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared", true);
+        CHECK(graph.graph_launches == 6);
+        CHECK(graph.params == shared.params);
+        for (uint64_t c : graph.checksums) CHECK(c == graph.checksums[0]);
+    }
+    // distinct GPUs keep their copies (the ring runs)
+    CHECK(train("sim:0,1", 2, 0.0, 1, OptimizerConfig::Type::sgd, 0.0, "shared").ops == std::string("ring"));
+    // synchronised batchnorm and fp16 loss scaling by slices on one GPU: as on CPU replicas
+    const CnnResult cpu_cnn = train_cnn("cpu:3", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true);
+    const CnnResult sim_cnn = train_cnn("sim:0,0,0", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true);
+    const CnnResult sim_graph = train_cnn("sim:0,0,0", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true, true);
+    CHECK(sim_cnn.params == cpu_cnn.params);
+    CHECK(sim_graph.params == cpu_cnn.params);
 }
 
 TEST_CASE("shared parameters: synchronised batchnorm, running statistics and fp16 loss scaling by slices") {
@@ -910,6 +964,19 @@ TEST_CASE("cuda: N replicas on GPU 0 match one replica, and match the CPU run") 
             CHECK(rel_error(many.params, one.params) < 1e-5);
             for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
         }
+}
+
+TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without graphs") {
+    SKIP_WITHOUT_CUDA();
+    const TrainResult one = train("cuda:0", 8, 0.0, 2, OptimizerConfig::Type::adamw, 0.5);
+    for (const char* devices : {"cuda:0,0", "cuda:0,0,0,0"}) {
+        CAPTURE(devices);
+        const TrainResult shared = train(devices, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared");
+        CHECK(shared.ops == std::string("shared"));
+        CHECK(rel_error(shared.params, one.params) < 1e-5);
+        const TrainResult graph = train(devices, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared", true);
+        CHECK(graph.params == shared.params);
+    }
 }
 
 TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays exactly like uncaptured steps") {

@@ -833,6 +833,24 @@ void sum_to_all(cudaStream_t s, int dev, const PeerBuffers& b, size_t offset, si
     CUDA_LAUNCH_CHECK(dev);
 }
 
+// Device::sum_into: the own value first, then the others in buffer order (the CPU's order).
+__global__ void sum_into_kernel(PeerBuffers b, int into, size_t offset, size_t n) {
+    float* own = static_cast<float*>(b.ptr[into]);
+    GRID_LOOP(j, n) {
+        const size_t i = offset + j;
+        float s = own[i];
+        for (int k = 0; k < b.count; ++k)
+            if (k != into) s += static_cast<const float*>(b.ptr[k])[i];
+        own[i] = s;
+    }
+}
+
+void sum_into(cudaStream_t s, int dev, const PeerBuffers& b, int into, size_t offset, size_t n) {
+    if (n == 0) return;
+    sum_into_kernel<<<grid_for(n), kThreads, 0, s>>>(b, into, offset, n);
+    CUDA_LAUNCH_CHECK(dev);
+}
+
 // ---- the all-reduce's reduce step: dst += src, src possibly on a peer GPU -----------------
 
 __global__ void add_inplace_vec4_kernel(size_t n4, const float4* src, float4* dst) {
