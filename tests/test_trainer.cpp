@@ -394,10 +394,13 @@ TEST_CASE("simulated GPUs with random delays train bit-identically to CPU replic
     REQUIRE(train_in_process(cfg, ref, {"strategy.devices=cpu:2"}) == kExitOk);
     sim_reset();
     sim_set_delays(30);
-    for (const char* devices : {"sim:0,1", "sim:0,0"}) {
+    for (const char* devices : {"sim:0,1", "sim:0,0"})
+    for (const char* graph : {"false", "true"}) {  // uncaptured, and steps replayed from graphs
         CAPTURE(devices);
-        const std::string out = s.out(std::string("sim") + devices[6]);
-        CHECK(train_in_process(cfg, out, {std::string("strategy.devices=") + devices}) == kExitOk);
+        CAPTURE(graph);
+        const std::string out = s.out(std::string("sim") + devices[6] + graph);
+        CHECK(train_in_process(cfg, out, {std::string("strategy.devices=") + devices,
+                                          std::string("strategy.cuda_graph=") + graph}) == kExitOk);
         expect_same_run(ref, out);
         CHECK(summary(out)["device_type"] == "sim");
         const auto a = list_checkpoints(ref + "/checkpoints"), b = list_checkpoints(out + "/checkpoints");
@@ -407,7 +410,7 @@ TEST_CASE("simulated GPUs with random delays train bit-identically to CPU replic
     sim_reset();
 }
 
-TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run") {
+TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs too)") {
     Scratch s;
     std::string text = kTiny;
     text.replace(text.find("epochs: 5"), 9, "epochs: 20");
@@ -418,13 +421,23 @@ TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-i
     const std::vector<std::pair<std::string, std::string>> env{{"MIRRORED_SIM_DELAY_US", "20"}};
     const double t0 = now_seconds();
     REQUIRE(run_cli({"train", cfg, "--output", ref}, env) == kExitOk);
+    const double run_s = now_seconds() - t0;
     test::Rng rng(6);
-    const double when = kill_point(now_seconds() - t0, rng);
+    const double when = kill_point(run_s, rng);
     CAPTURE(when);
     const int first = run_cli({"train", cfg, "--output", out}, env, when);
     CHECK((first == 128 + SIGKILL || first == kExitOk));
     CHECK(run_cli({"train", cfg, "--output", out}, env) == kExitOk);
     expect_same_run(ref, out);
+    // the killed run and its resumption replaying captured steps: still the uninterrupted run's bits
+    const std::string graphed = s.out("killed-graph");
+    const std::vector<std::string> graph{"--set", "strategy.cuda_graph=true"};
+    std::vector<std::string> args{"train", cfg, "--output", graphed};
+    args.insert(args.end(), graph.begin(), graph.end());
+    const int killed = run_cli(args, env, kill_point(run_s, rng));
+    CHECK((killed == 128 + SIGKILL || killed == kExitOk));
+    CHECK(run_cli(args, env) == kExitOk);
+    expect_same_run(ref, graphed);
 }
 
 TEST_CASE("a device failure: exit 5 with the first error named, no hang, the last checkpoint kept; the rerun resumes exactly") {
