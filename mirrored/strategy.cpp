@@ -702,7 +702,8 @@ bool MirroredStrategy::graph_step(const Batch& batch, int64_t step, float lr, ui
         }
         if (graphs_.size() >= kMaxGraphs) return false;
     }
-    std::vector<StepShape> shapes(replicas_.size());
+    std::vector<StepShape>& shapes = graph_shapes_;  // sized once: nothing is allocated per step
+    shapes.resize(replicas_.size());
     for (int r = 0; r < replicas(); ++r) stage_for_graph(r, batch, step, lr, shapes[size_t(r)]);
     Replica& R0 = *replicas_[0];
     Device& d0 = *R0.device;

@@ -329,6 +329,7 @@ private:
     std::string graph_note_;
     std::vector<StepGraph> graphs_;
     std::vector<std::pair<int, int>> graph_warm_;  // shapes that have run once, uncaptured
+    std::vector<StepShape> graph_shapes_;          // per replica, this step's
     Event graph_fork_;                             // replica 0's: the other replicas join the capture
     std::vector<float*> grad_ptrs_;  // every replica's gradients (shared parameters)
     bool low_precision_ = false;  // bf16/fp16 activations: weight copies and input conversion
