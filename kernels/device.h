@@ -284,10 +284,10 @@ public:
     virtual void gemm(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                       const void* a, int lda, const void* b, int ldb, float beta, void* c, int ldc,
                       GemmTypes types = {}) = 0;
-    // z[rows,cols] += bias[cols] (bias may be null); out = act(z) (out may equal z when act is none)
+    // z[rows,cols] += bias[cols] (bias may be null); out = act(z) (out may equal z)
     virtual void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias,
                                   void* z, void* out) = 0;
-    // dz = dout * act'(z); dz may alias dout
+    // dz = dout * act'(z); dz may alias dout. ReLU may be given its output as z (the same sign test).
     virtual void act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout,
                               void* dz) = 0;
     // db[cols] (+)= column sums of dz[rows,cols]

@@ -21,7 +21,9 @@ public:
         if (spec_.bias) b_ = b.param(name_ + ".bias", {units}, InitArgs{});
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, size_t(units));
-        if (spec_.activation != Activation::none) z_buf_ = b.act_buffer(slot_, size_t(units));
+        // GELU's derivative needs the pre-activation; ReLU's reads the output instead (y > 0
+        // exactly when z > 0), so a ReLU layer keeps one buffer and writes it once.
+        if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, size_t(units));
         out_ = Shape::vector(units);
     }
     void place(const std::vector<TensorRef>& refs) override {
@@ -44,8 +46,10 @@ public:
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const int units = out_.c, inputs = in_.c;
-        if (z_buf_ >= 0)
-            p.dev->act_backward(p.stream, spec_.activation, size_t(p.rows) * units, p.acts->act(slot_, z_buf_), dy, dy);
+        if (spec_.activation != Activation::none) {
+            const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
+            p.dev->act_backward(p.stream, spec_.activation, size_t(p.rows) * units, z, dy, dy);
+        }
         // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs]
         p.dev->gemm(p.stream, true, false, units, inputs, p.rows, 1.0f, dy, units, p.acts->input(slot_), inputs,
                     p.accumulate ? 1.0f : 0.0f, p.grads + w_off_, inputs, p.types(DType::f32));
