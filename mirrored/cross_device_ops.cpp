@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <mutex>
 #include <cstdio>
 
 #include "kernels/error.h"
@@ -69,39 +68,33 @@ namespace {
 
 // CPU and simulated replicas: MPI on the host, as a host callback in the comm stream's order (a
 // CPU replica runs it at once; a simulated GPU on its stream's own thread, so that the channels
-// never wait for each other). The ranges wait in a FIFO that the callbacks drain in stream order;
-// it grows only until it holds what the host can issue ahead of the stream.
+// never wait for each other). Each range the callbacks sum - a bucket's slice, a fixed set - gets
+// one record that lives as long as the link and is the callback's argument, so a captured step
+// replays the same callbacks with the same ranges.
 class HostNodeLink final : public NodeLink {
 public:
-    HostNodeLink(Nodes& nodes, int channel) : nodes_(nodes), channel_(channel), ring_(16) {}
+    HostNodeLink(Nodes& nodes, int channel) : nodes_(nodes), channel_(channel) {}
     void all_reduce(Device& d, float* data, size_t count) override {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            if (size_ == ring_.size()) {  // full: double it, oldest first
-                std::vector<Range> bigger(2 * ring_.size());
-                for (size_t i = 0; i < size_; ++i) bigger[i] = ring_[(head_ + i) % ring_.size()];
-                ring_.swap(bigger);
-                head_ = 0;
-            }
-            ring_[(head_ + size_++) % ring_.size()] = {data, count};
+        // Only replica `channel`'s thread calls this; callbacks read their own record only.
+        Range* range = nullptr;
+        for (const auto& r : ranges_)
+            if (r->data == data && r->count == count) range = r.get();
+        if (!range) {  // the first step: one record per range, kept
+            ranges_.push_back(std::make_unique<Range>(Range{this, data, count}));
+            range = ranges_.back().get();
         }
-        d.host_callback(d.comm_stream(), &HostNodeLink::run_next, this);
+        d.host_callback(d.comm_stream(), &HostNodeLink::run, range);
     }
 
 private:
     struct Range {
+        HostNodeLink* link = nullptr;
         float* data = nullptr;
         size_t count = 0;
     };
-    static void run_next(void* self) {
-        auto& l = *static_cast<HostNodeLink*>(self);
-        Range r;
-        {
-            std::lock_guard<std::mutex> lock(l.mu_);
-            r = l.ring_[l.head_];
-            l.head_ = (l.head_ + 1) % l.ring_.size();
-            --l.size_;
-        }
+    static void run(void* arg) {
+        const Range& r = *static_cast<const Range*>(arg);
+        HostNodeLink& l = *r.link;
         try {
             l.nodes_.sum_channel(l.channel_, r.data, r.count);
         } catch (const std::exception& e) {  // on a stream's thread: nobody to throw to; stop the job
@@ -111,9 +104,7 @@ private:
     }
     Nodes& nodes_;
     const int channel_;
-    std::mutex mu_;
-    std::vector<Range> ring_;
-    size_t head_ = 0, size_ = 0;
+    std::vector<std::unique_ptr<Range>> ranges_;
 };
 
 // GPUs: an NCCL communicator per local replica index, one rank per node, on the comm stream.

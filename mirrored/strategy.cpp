@@ -256,7 +256,6 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     join_nodes();
     if (cfg_.cuda_graph) {
         if (!devices_.asynchronous()) graph_note_ = "CPU replicas run each op as it is issued: there is nothing to capture";
-        else if (nodes_) graph_note_ = "not with several nodes yet (the sums between nodes are issued per step)";
         else if (devices_.type == DeviceType::sim && cfg_.cross_device_ops == "nccl")
             graph_note_ = "the simulated NCCL cannot be captured; use ring or direct";
         else graphs_on_ = true;

@@ -60,7 +60,7 @@ struct StrategyConfig {
     // GPU replicas (CUDA, simulated): each step shape's work - every replica's forward, backward,
     // bucketed all-reduce and update - is captured once as one graph and replayed with one launch;
     // what changes per step (learning rate, step counters, the input buffer) is in device memory.
-    // Off by default until it has run on a GPU. Not with several nodes or the simulated NCCL.
+    // Off by default until it has run on a GPU. Not with the simulated NCCL.
     bool cuda_graph = false;
 };
 

@@ -210,13 +210,14 @@ TEST_CASE("fp16 loss scaling across 2 nodes equals 1 node x 2; a job stopped on 
     expect_same_run(t / "two", t / "moved");
 }
 
-TEST_CASE("simulated GPUs across 2 nodes, random stream delays: 2 x sim:0 == sim:0,1 and 2 x sim:0,0 == 2 x cpu:2 bit for bit") {
+TEST_CASE("simulated GPUs across 2 nodes, random stream delays: 2 x sim:0 == sim:0,1 and 2 x sim:0,0 == 2 x cpu:2 bit for bit, graphs too") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
     const std::vector<std::pair<std::string, std::string>> delays{{"MIRRORED_SIM_DELAY_US", "30"}};
-    auto on_nodes = [&](const std::string& devices, const std::string& out, bool delayed) {
-        const std::vector<std::string> args{"train", cfg, "--devices", devices, "--output", out};
+    auto on_nodes = [&](const std::string& devices, const std::string& out, bool delayed, bool graph = false) {
+        const std::vector<std::string> args{"train",  cfg, "--devices", devices, "--output", out, "--set",
+                                            std::string("strategy.cuda_graph=") + (graph ? "true" : "false")};
         const Job j = mpirun({{args, delayed ? delays : decltype(delays){}}, {args, delayed ? delays : decltype(delays){}}});
         CHECK_MESSAGE(j.rc == kExitOk, j.err);
     };
@@ -229,6 +230,11 @@ TEST_CASE("simulated GPUs across 2 nodes, random stream delays: 2 x sim:0 == sim
     on_nodes("cpu:2", t / "cpu2x2", false);
     expect_same_run(t / "sim2x2", t / "cpu2x2");
     CHECK(summary(t / "sim2x2")["device_type"] == "sim");
+    // steps replayed from graphs: the between-nodes sums are host callbacks inside them
+    on_nodes("sim:0", t / "graph2x1", true, true);
+    expect_same_run(t / "graph2x1", t / "sim1x2");
+    on_nodes("sim:0,0", t / "graph2x2", true, true);
+    expect_same_run(t / "graph2x2", t / "cpu2x2");
 }
 
 TEST_CASE("3 nodes x 1 and 2 nodes x 2 replicas (own or shared parameters) match one replica on the same global batch (relative error < 1e-4)") {
