@@ -883,6 +883,29 @@ TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simula
     loader->stop_workers();
     (void)loader.release();  // a failed device's release callbacks may never run
     st.reset();              // no hang: the devices were abandoned
+
+    // a host call failing while a step is being captured: the error, no hang, nothing half-captured used
+    sim_reset();
+    st = std::make_unique<MirroredStrategy>(sc, model, OptimizerConfig{}, 24, 1);
+    loader = std::make_unique<Loader>(ds, lo, st->host_allocator());
+    loader->start({});
+    st->init_and_broadcast();
+    for (int s = 0; s < 2; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);  // warm-up, uncaptured
+    st->synchronize();
+    sim_inject_api_error(1, 12);  // GPU 1's 12th host call from now: inside the capture of step 2
+    what.clear();
+    try {
+        for (int s = 2; s < 6; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);
+        st->synchronize();
+    } catch (const DeviceError& e) {
+        what = e.what();
+    }
+    CHECK(what.find("simulated error at host call") != std::string::npos);
+    CHECK(st->failed());
+    CHECK(st->host_work().all.graph_launches == 0);
+    loader->stop_workers();
+    (void)loader.release();
+    st.reset();
 }
 
 TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing GPU 0 (N = 1..8)") {
