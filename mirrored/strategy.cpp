@@ -648,7 +648,7 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
     if (!values) d.event_record(R.input_free[buf], cs);  // a graph's inputs are freed after its launch
     if (timing) d.event_record(R.t_backward, cs);
     if (shared_) {
-        shared_update(R, step, lr, values, comm);
+        shared_update(R, step, lr, values, timing, comm);
     } else {
         if (n > 1) {
             for (const Bucket& b : buckets_)  // without overlap every bucket, else the statistics
@@ -782,7 +782,8 @@ Shard MirroredStrategy::slice(int r) const {
 // slices) and, in a multi-node run, over the nodes -> the gradient statistics, per slice, added in
 // replica order -> the optimizer, the running statistics and the 16-bit copy on r's slice of the
 // one parameter copy -> nobody computes with the parameters before every slice is updated.
-void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const StepValues* values, double& comm) {
+void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing,
+                                     double& comm) {
     Device& d = *R.device;
     const Stream cs = d.compute_stream();
     Replica& H = *replicas_[0];
@@ -805,6 +806,7 @@ void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const S
         for (int q = 1; q < replicas(); ++q)
             d.reduce_from_peer(cs, R.grad_total.data(), *replicas_[q]->device, replicas_[q]->grad_stats.data(), DType::f32, 2);
     }
+    if (timing) d.event_record(R.t_reduced, cs);  // the sums are this path's communication
     if (te > tb)
         H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data(), tb, te, step, lr,
                                  stats ? R.grad_total.data() : nullptr, loss_scale, loss_scaling_, values);

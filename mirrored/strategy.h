@@ -288,7 +288,7 @@ private:
     // state R computes with (replica 0), and R's slice of the flat buffer, which R reduces and updates.
     Replica& holder(Replica& R) { return shared_ ? *replicas_[0] : R; }
     Shard slice(int r) const;
-    void shared_update(Replica& R, int64_t step, float lr, const StepValues* values, double& comm);
+    void shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);
     // Every replica's work so far comes before any replica's next work: the barrier on CPU
     // replicas; on a GPU, each compute stream waits for the others' events (two slots alternate).
     void join_replicas(Replica& R);

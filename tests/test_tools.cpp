@@ -206,6 +206,25 @@ TEST_CASE("scale: a table, scaling.json with every field, a verdict; on simulate
             CHECK(j["results"][1]["busbw_gbs"].get<double>() > 0);
         }
     }
+    // shared parameters (the shipped MLP configs) run no all-reduce: the direct op stands in, and
+    // the sampled steps' timing on one simulated GPU includes their sums
+    for (const char* kind : {"cpu", "sim"}) {
+        CAPTURE(kind);
+        const std::string out = d / (std::string("shared-") + kind), stdout_path = out + ".txt";
+        std::string err;
+        const int rc = run_cli({"scale", cfg, "--kind", kind, "--replicas", "1,2", "--steps", "5", "--warmup", "1", "--set",
+                                "strategy.shared_parameters=true", "--out", out},
+                               {}, -1, &err, Stdout::file, stdout_path);
+        CAPTURE(err);
+        REQUIRE(rc == kExitOk);
+        const json r = read_json(out + "/scaling.json")["results"][1];
+        CHECK(r["cross_device_ops"] == "shared");
+        CHECK(r["busbw_gbs"].get<double>() > 0);
+        CHECK(r["time_split"]["comm_s"].get<double>() >= 0);
+        std::ifstream in(stdout_path);
+        const std::string text((std::istreambuf_iterator<char>(in)), {});
+        CHECK(text.find("shared parameters: no all-reduce runs") != std::string::npos);
+    }
 }
 
 TEST_CASE("scale and plan: bad input is exit 2 with what was expected") {

@@ -231,8 +231,12 @@ int scale(const ScaleOptions& o) {
                           cfg.run.seed);
         const CommPlan comm = comm_plan(model, cfg.strategy);
         row.wire_bytes = comm.wire_bytes;
+        // Shared parameters run no all-reduce: each replica sums its slice where it lies. The
+        // direct op (the same per-slice sum, then written to every replica) stands in for it in
+        // the bus bandwidth and the prediction - an upper bound on what the sums cost.
+        const std::string link_op = row.ops == "shared" ? "direct" : row.ops;
         if (n > 1) {
-            row.allreduce_s = measure_allreduce_seconds(cfg.strategy.devices, row.ops,
+            row.allreduce_s = measure_allreduce_seconds(cfg.strategy.devices, link_op,
                                                         cfg.strategy.allreduce_dtype, size_t(model.trainable_size()) * 4);
             row.busbw = 2.0 * (n - 1) / n * double(model.trainable_size()) * dtype_size(cfg.strategy.allreduce_dtype) /
                         row.allreduce_s;
@@ -241,7 +245,7 @@ int scale(const ScaleOptions& o) {
         if (compute_one > 0) {
             const double rows_here = double(cfg.train.global_batch_size) / n;
             // the link calibrated at the gradients' size (CPU caches make bandwidth size-dependent)
-            const LinkModel link = n > 1 ? measure_link(cfg.strategy.devices, row.ops,
+            const LinkModel link = n > 1 ? measure_link(cfg.strategy.devices, link_op,
                                                         cfg.strategy.allreduce_dtype, size_t(model.trainable_size()) * 4)
                                          : LinkModel{};
             row.prediction = predict_step(n, compute_one * rows_here / per_replica, comm, link);
@@ -285,7 +289,8 @@ int scale(const ScaleOptions& o) {
                   {"time_split", {{"data_wait_s", r.split.data_wait_s}, {"compute_s", r.split.compute_s}, {"comm_s", r.split.comm_s}}},
                   {"allreduce_bytes_per_step", r.wire_bytes},
                   {"allreduce_ms", r.allreduce_s * 1e3},
-                  {"busbw_gbs", r.busbw / 1e9}};
+                  {"busbw_gbs", r.busbw / 1e9},
+                  {"cross_device_ops", r.ops}};
         if (r.predicted)
             j["predicted"] = {{"step_ms", r.prediction.step_s * 1e3},
                               {"compute_ms", r.prediction.compute_s * 1e3},
@@ -294,6 +299,9 @@ int scale(const ScaleOptions& o) {
                               {"speedup", r.predicted_speedup}};
         jrows.push_back(j);
     }
+    if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.ops == "shared"; }))
+        std::printf("shared parameters: no all-reduce runs (each replica sums its slice in place); busbw and the "
+                    "prediction use the direct op's per-slice sum, written to every replica, as an upper bound\n");
     std::printf("\n");
     for (size_t i = 1; i < rows.size(); ++i) std::printf("%s\n", verdict(rows[i - 1], rows[i]).c_str());
     if (!first.predicted) std::printf("(no predictions: they need a 1-replica point for the compute time)\n");
