@@ -164,6 +164,13 @@ public:
             for (int i = 0; i < rows; ++i) {
                 float* zr = z + size_t(i) * cols;
                 float* orow = o + size_t(i) * cols;
+                if (orow == zr) {  // in place (ReLU): one loop over one pointer, which vectorises
+                    if (bias)
+                        for (int j = 0; j < cols; ++j) zr[j] = round_to(T, act_forward(A, round_to(T, zr[j] + bias[j])));
+                    else
+                        for (int j = 0; j < cols; ++j) zr[j] = round_to(T, act_forward(A, round_to(T, zr[j])));
+                    continue;
+                }
                 if (bias)
                     for (int j = 0; j < cols; ++j) zr[j] = round_to(T, zr[j] + bias[j]);
                 else if (T != DType::f32)
