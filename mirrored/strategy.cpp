@@ -709,7 +709,12 @@ bool MirroredStrategy::graph_step(const Batch& batch, int64_t step, float lr, ui
     const Stream cs0 = d0.compute_stream();
     for (int r = 1; r < replicas(); ++r) d0.stream_wait_event(cs0, replicas_[size_t(r)]->step_ready);
     if (found == graphs_.end()) {
-        graphs_.push_back({buf, rows, capture_step(shapes, step, lr, seed)});
+        try {
+            graphs_.push_back({buf, rows, capture_step(shapes, step, lr, seed)});
+        } catch (const DeviceError& e) {  // the path that has not run on every GPU: say how to avoid it
+            throw DeviceError(std::string("strategy.cuda_graph: capturing step ") + std::to_string(step) + " failed: " +
+                              e.what() + "; rerun with --set strategy.cuda_graph=false to resume without graphs");
+        }
         found = graphs_.end() - 1;
     }
     d0.graph_launch(found->graph, cs0);

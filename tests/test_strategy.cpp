@@ -901,6 +901,7 @@ TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simula
         what = e.what();
     }
     CHECK(what.find("simulated error at host call") != std::string::npos);
+    CHECK(what.find("strategy.cuda_graph: capturing step 2 failed: ") == 0);  // and how to go on without graphs
     CHECK(st->failed());
     CHECK(st->host_work().all.graph_launches == 0);
     loader->stop_workers();
