@@ -192,6 +192,11 @@ struct HostWork {
     uint64_t host_syncs = 0;     // host waits for a device (synchronize, event/stream sync)
     uint64_t callbacks = 0;      // host functions enqueued on a stream
     uint64_t graph_launches = 0;  // captured graphs replayed
+    HostWork& operator+=(const HostWork& o) {
+        launches += o.launches, copies += o.copies, event_records += o.event_records, stream_waits += o.stream_waits;
+        host_syncs += o.host_syncs, callbacks += o.callbacks, graph_launches += o.graph_launches;
+        return *this;
+    }
     HostWork operator-(const HostWork& o) const {
         return {launches - o.launches,       copies - o.copies,         event_records - o.event_records,
                 stream_waits - o.stream_waits, host_syncs - o.host_syncs, callbacks - o.callbacks,

@@ -12,49 +12,6 @@
 
 namespace mirrored {
 
-// Ordering between replicas. On CPU the barrier alone orders everything. On GPUs (CUDA, sim)
-// each replica records an event on its comm stream, the barrier guarantees every event is recorded, and then
-// a replica's comm stream waits for the events of the replicas it reads from or that read from
-// it - device-side ordering, no host round trip. Two event slots alternate: a slot is recorded
-// again only two barriers later, after every waiter has enqueued its wait.
-class ReplicaSync {
-public:
-    ReplicaSync(std::vector<Device*> devices, ReplicaBarrier& barrier)
-        : devices_(std::move(devices)), barrier_(barrier), events_(devices_.size()), turn_(devices_.size(), 0) {
-        async_ = !devices_.empty() && devices_[0]->asynchronous();
-        if (async_)
-            for (size_t r = 0; r < devices_.size(); ++r)
-                for (auto& e : events_[r]) e = devices_[r]->event_create();
-    }
-    ~ReplicaSync() {
-        for (size_t r = 0; r < events_.size(); ++r)
-            for (Event e : events_[r])
-                if (e.handle) devices_[r]->event_destroy(e);
-    }
-    // Replica r continues once the listed replicas' comm streams have reached this point.
-    template <typename Peers>
-    void wait_for(int r, const Peers& peers) {
-        if (!async_) {
-            barrier_.arrive_and_wait();
-            return;
-        }
-        Device& me = *devices_[r];
-        const int slot = turn_[r];
-        turn_[r] ^= 1;
-        me.event_record(events_[r][slot], me.comm_stream());
-        barrier_.arrive_and_wait();
-        for (int p : peers)
-            if (p != r) me.stream_wait_event(me.comm_stream(), events_[p][slot]);
-    }
-
-private:
-    std::vector<Device*> devices_;
-    ReplicaBarrier& barrier_;
-    std::vector<std::array<Event, 2>> events_;
-    std::vector<int> turn_;  // per replica: only its own thread touches its entry
-    bool async_ = false;
-};
-
 // How replica r's slice of a range crosses the nodes: an in-place sum over every node's replica
 // r, enqueued on the replica's comm stream.
 class NodeLink {

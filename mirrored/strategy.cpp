@@ -187,7 +187,7 @@ Replica::~Replica() {
     }
     for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced,
                     metrics_copied, stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, step_ready,
-                    graph_done, joined[0], joined[1]})
+                    graph_done})
         if (e.handle) device->event_destroy(e);
 }
 
@@ -228,6 +228,8 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
     for (auto& R : replicas_) grad_ptrs_.push_back(R->grads.data());
+    for (int r = 0; r < n; ++r) all_indices_.push_back(r);
+    if (shared_) joins_ = std::make_unique<ReplicaSync>(devs, threads_->barrier(), ReplicaSync::On::compute);
     // Shared parameters: the gradients need no op (each replica sums its slice where it lies);
     // the statistics of synchronised batchnorm still do.
     if (!shared_) {
@@ -363,6 +365,7 @@ MirroredStrategy::~MirroredStrategy() {
     ops_.reset();
     state_ops_.reset();
     stats_ops_.reset();
+    joins_.reset();
     threads_.reset();
 }
 
@@ -412,12 +415,7 @@ uint64_t MirroredStrategy::peak_memory_bytes() const {
 
 StepWork MirroredStrategy::host_work() const {
     HostWork all;
-    for (const auto& R : replicas_) {
-        const HostWork w = R->device->host_work();
-        all = {all.launches + w.launches,       all.copies + w.copies,         all.event_records + w.event_records,
-               all.stream_waits + w.stream_waits, all.host_syncs + w.host_syncs, all.callbacks + w.callbacks,
-               all.graph_launches + w.graph_launches};
-    }
+    for (const auto& R : replicas_) all += R->device->host_work();
     return {replicas_[0]->device->host_work(), all, threads_->barrier().arrivals() / uint64_t(replicas_.size())};
 }
 
@@ -446,8 +444,6 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
         R->eval_metrics = DeviceBuffer<double>(d, kMetricSlots);
         R->grad_stats = DeviceBuffer<float>(d, 2);
         if (shared_) R->grad_total = DeviceBuffer<float>(d, 2);
-        if (shared_ && devices_.asynchronous())
-            for (Event& e : R->joined) e = d.event_create();
         R->loss_scale = DeviceBuffer<float>(d, 2);
         R->loss_scale_host = HostBuffer<float>(d, 2);
         R->loss_scale_host[0] = kInitialLossScale;
@@ -589,13 +585,18 @@ int MirroredStrategy::global_micro_rows(int global_rows, int m) const {
 
 void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed,
                                     bool sample_timing) {
-    // Everything read from the batch is read before staging: once every replica has released
-    // it, the loader refills the slot.
+    const StepShape shape = stage_step(r, batch, nullptr);
+    replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && devices_.asynchronous(), nullptr);
+}
+
+// Everything read from the batch is read before staging: once every replica has released it,
+// the loader refills the slot.
+MirroredStrategy::StepShape MirroredStrategy::stage_step(int r, const Batch& batch, const StepValues* values) {
     StepShape shape;
     shape.global_rows = batch.global_rows;
     shape.shard = global_shard(batch, r);
-    shape.buf = stage_input(*replicas_[size_t(r)], batch, local_shard(batch, shape.shard));
-    replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && devices_.asynchronous(), nullptr);
+    shape.buf = stage_input(*replicas_[size_t(r)], batch, local_shard(batch, shape.shard), values);
+    return shape;
 }
 
 void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t step, float lr, uint64_t seed,
@@ -701,13 +702,21 @@ bool MirroredStrategy::graph_step(const Batch& batch, int64_t step, float lr, ui
         }
         if (graphs_.size() >= kMaxGraphs) return false;
     }
-    std::vector<StepShape>& shapes = graph_shapes_;  // sized once: nothing is allocated per step
-    shapes.resize(replicas_.size());
-    for (int r = 0; r < replicas(); ++r) stage_for_graph(r, batch, step, lr, shapes[size_t(r)]);
     Replica& R0 = *replicas_[0];
     Device& d0 = *R0.device;
     const Stream cs0 = d0.compute_stream();
-    for (int r = 1; r < replicas(); ++r) d0.stream_wait_event(cs0, replicas_[size_t(r)]->step_ready);
+    // Every optimizer has the same configuration: one step's values serve every replica.
+    const StepValues values = R0.optimizer->step_values(step, lr);
+    std::vector<StepShape>& shapes = graph_shapes_;  // sized once: nothing is allocated per step
+    shapes.resize(replicas_.size());
+    for (int r = 0; r < replicas(); ++r) {
+        shapes[size_t(r)] = stage_step(r, batch, &values);
+        if (r > 0) {  // the launch follows replica r's earlier work (staging, metrics) too
+            Device& d = *replicas_[size_t(r)]->device;
+            d.event_record(replicas_[size_t(r)]->step_ready, d.compute_stream());
+            d0.stream_wait_event(cs0, replicas_[size_t(r)]->step_ready);
+        }
+    }
     if (found == graphs_.end()) {
         try {
             graphs_.push_back({buf, rows, capture_step(shapes, step, lr, seed)});
@@ -726,15 +735,6 @@ bool MirroredStrategy::graph_step(const Batch& batch, int64_t step, float lr, ui
         d.event_record(R.input_free[shapes[size_t(r)].buf], d.compute_stream());
     }
     return true;
-}
-
-void MirroredStrategy::stage_for_graph(int r, const Batch& batch, int64_t step, float lr, StepShape& shape) {
-    Replica& R = *replicas_[size_t(r)];
-    const StepValues values = holder(R).optimizer->step_values(step, lr);
-    shape.global_rows = batch.global_rows;
-    shape.shard = global_shard(batch, r);
-    shape.buf = stage_input(R, batch, local_shard(batch, shape.shard), &values);
-    if (r > 0) R.device->event_record(R.step_ready, R.device->compute_stream());  // includes earlier work, metrics too
 }
 
 // One capture on replica 0's compute stream: the other replicas' compute streams join it by the
@@ -823,22 +823,6 @@ void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const S
     if (low_precision_ && te > tb)
         d.convert(cs, te - tb, H.params.data() + tb, DType::f32, H.weights.data() + d.act_bytes(tb), d.value_dtype());
     join_replicas(R);
-}
-
-void MirroredStrategy::join_replicas(Replica& R) {
-    ReplicaBarrier& barrier = threads_->barrier();
-    if (!devices_.asynchronous()) {
-        barrier.arrive_and_wait();
-        return;
-    }
-    // A slot is recorded again two joins later, after every replica has enqueued its wait on it.
-    Device& d = *R.device;
-    const int slot = R.join_turn;
-    R.join_turn ^= 1;
-    d.event_record(R.joined[slot], d.compute_stream());
-    barrier.arrive_and_wait();
-    for (auto& Q : replicas_)
-        if (Q.get() != &R) d.stream_wait_event(d.compute_stream(), Q->joined[slot]);
 }
 
 void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {

@@ -142,8 +142,6 @@ struct Replica {
     // cuda_graph: step_ready - staged, the launch may start; graph_done - replica 0: the launched
     // graph has ended; the others: their part has ended (the join inside the capture)
     Event step_ready, graph_done;
-    Event joined[2];                            // shared parameters on a GPU: the replicas' joins
-    int join_turn = 0;
     int next_buffer = 0;
     double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
     ~Replica();
@@ -273,7 +271,8 @@ private:
     // cuda_graph: the step from a graph (captured now if its shape is new and warmed up); false
     // when this step must run uncaptured.
     bool graph_step(const Batch& batch, int64_t step, float lr, uint64_t seed);
-    void stage_for_graph(int r, const Batch& batch, int64_t step, float lr, StepShape& shape);
+    // Replica r's shard staged (values: with the step's values, for a graph).
+    StepShape stage_step(int r, const Batch& batch, const StepValues* values);
     Graph capture_step(const std::vector<StepShape>& shapes, int64_t step, float lr, uint64_t seed);
     void destroy_graphs() noexcept;
     // Runs fn; any exception marks the strategy failed (collectives aborted, devices abandoned).
@@ -290,8 +289,8 @@ private:
     Shard slice(int r) const;
     void shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);
     // Every replica's work so far comes before any replica's next work: the barrier on CPU
-    // replicas; on a GPU, each compute stream waits for the others' events (two slots alternate).
-    void join_replicas(Replica& R);
+    // replicas; on a GPU, each compute stream waits for the others' events.
+    void join_replicas(Replica& R) { joins_->wait_for(R.index, all_indices_); }
     Pass make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed,
                    uint32_t step, bool training, const StepValues* values = nullptr);
     class ReplicaStatsSync;
@@ -332,6 +331,8 @@ private:
     std::vector<StepShape> graph_shapes_;          // per replica, this step's
     Event graph_fork_;                             // replica 0's: the other replicas join the capture
     std::vector<float*> grad_ptrs_;  // every replica's gradients (shared parameters)
+    std::unique_ptr<ReplicaSync> joins_;  // shared parameters: on the compute streams
+    std::vector<int> all_indices_;        // 0 .. replicas - 1
     bool low_precision_ = false;  // bf16/fp16 activations: weight copies and input conversion
     bool loss_scaling_ = false;   // fp16
     int inject_overflow_ = -1;

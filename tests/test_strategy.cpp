@@ -234,6 +234,17 @@ CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision 
     return out;
 }
 
+// Steps [from, to) until a device error: its message, or "" when none came.
+std::string steps_until_error(MirroredStrategy& st, Loader& loader, int from, int to) {
+    try {
+        for (int s = from; s < to; ++s) st.train_step(st.next_batch(loader), s, 0.1f, 1, false);
+        st.synchronize();
+    } catch (const DeviceError& e) {
+        return e.what();
+    }
+    return "";
+}
+
 }  // namespace
 
 TEST_CASE("device specs: auto, cpu:N, sim lists, and clear errors for malformed ones") {
@@ -652,13 +663,7 @@ TEST_CASE("sim: a sticky device fault mid-training surfaces as its own error, ne
         loader->start({});
         st->init_and_broadcast();
         sim_inject_fault(1, 25);  // GPU 1's 25th launch from now: inside the second step
-        std::string what;
-        try {
-            for (int s = 0; s < 50; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);
-            st->synchronize();
-        } catch (const DeviceError& e) {
-            what = e.what();
-        }
+        const std::string what = steps_until_error(*st, *loader, 0, 50);
         CHECK(what.find("sim:1: ") == 0);
         CHECK(what.find("illegal memory access") != std::string::npos);
         CHECK(what.find("sim_device.cpp:") != std::string::npos);  // statement, file and line
@@ -870,13 +875,7 @@ TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simula
     for (int s = 0; s < 5; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);
     st->synchronize();
     sim_inject_fault(1, 12);  // inside a replayed step's part on GPU 1
-    std::string what;
-    try {
-        for (int s = 5; s < 40; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);
-        st->synchronize();
-    } catch (const DeviceError& e) {
-        what = e.what();
-    }
+    std::string what = steps_until_error(*st, *loader, 5, 40);
     CHECK(what.find("sim:1: ") == 0);
     CHECK(what.find("illegal memory access") != std::string::npos);
     CHECK(st->failed());
@@ -893,13 +892,7 @@ TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simula
     for (int s = 0; s < 2; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);  // warm-up, uncaptured
     st->synchronize();
     sim_inject_api_error(1, 12);  // GPU 1's 12th host call from now: inside the capture of step 2
-    what.clear();
-    try {
-        for (int s = 2; s < 6; ++s) st->train_step(st->next_batch(*loader), s, 0.1f, 1, false);
-        st->synchronize();
-    } catch (const DeviceError& e) {
-        what = e.what();
-    }
+    what = steps_until_error(*st, *loader, 2, 6);
     CHECK(what.find("simulated error at host call") != std::string::npos);
     CHECK(what.find("strategy.cuda_graph: capturing step 2 failed: ") == 0);  // and how to go on without graphs
     CHECK(st->failed());

@@ -223,11 +223,14 @@ public:
     }
 #define SIM_API(what) api(what, __LINE__)
 
-    // The simulated NCCL's rendezvous belongs to one call, so a replay could not reuse it.
-    void refuse_capture_of_nccl() {
+    // Host synchronisation, pageable copies (and the simulated NCCL) have no place in a graph:
+    // they throw and invalidate the capture, as CUDA's cudaErrorStreamCaptureUnsupported does.
+    void refuse_in_capture(Stream s, const char* what) {
         std::lock_guard<std::mutex> lock(g_mu);
-        if (stream(comm_stream()).capture)
-            throw DeviceError(name() + ": ncclAllReduce: the simulated NCCL cannot be captured into a graph");
+        SimStream& st = stream(s);
+        if (!st.capture) return;
+        st.capture->invalid = std::string(what) + " inside the capture";
+        throw DeviceError(name() + ": " + what + ": not permitted while the stream is being captured");
     }
     // Whether queued work must be dropped (the device was abandoned or its GPU failed). g_mu held.
     bool dropping_locked() const { return abandoned_ || !world().gpus[ordinal()].sticky.empty(); }
@@ -697,15 +700,6 @@ private:
         std::vector<CaptureNode> nodes;
         int records = 0;
     };
-    // Host synchronisation and pageable copies have no place in a graph: they throw and
-    // invalidate the capture, as CUDA's cudaErrorStreamCaptureUnsupported does.
-    void refuse_in_capture(Stream s, const char* what) {
-        std::lock_guard<std::mutex> lock(g_mu);
-        SimStream& st = stream(s);
-        if (!st.capture) return;
-        st.capture->invalid = std::string(what) + " inside the capture";
-        throw DeviceError(name() + ": " + what + ": not permitted while the stream is being captured");
-    }
     // The first joined stream whose last node the origin's last node does not depend on (-1: none).
     static int unjoined(const Capture& c) {
         const size_t n = c.nodes.size();
@@ -805,7 +799,8 @@ public:
         for (size_t r = 0; r < devices_.size(); ++r) {
             SimDevice* d = devices_[r];
             d->api("ncclAllReduce", __LINE__);
-            d->refuse_capture_of_nccl();
+            // its rendezvous belongs to one call: a replay could not reuse it
+            d->refuse_in_capture(d->comm_stream(), "ncclAllReduce (the simulated NCCL)");
             d->launch(d->comm_stream(), "ncclAllReduce", [rz, d, r, t, count, bytes, buffers] {
                 std::unique_lock<std::mutex> lock(g_mu);
                 if (++rz->arrived == rz->ranks) {  // the last rank sums in rank order: bit-identical everywhere
