@@ -237,6 +237,7 @@ public:
 
 private:
     void print_header();
+    void print_strategy_choices(const MirroredStrategy& st) const;
     bool prepare_output();  // false: a finished run in a folder this process cannot write
     void resume_or_init();
     std::optional<CheckpointData> find_checkpoint(std::string& used);
@@ -342,19 +343,7 @@ void Run::print_header() {
                     "node, then between the nodes\n", st.all_replicas(), Nodes::library().c_str(), st.replicas());
         for (size_t k = 0; k < nodes.size(); ++k) std::printf("  node %zu: %s\n", k, nodes[k].c_str());
     }
-    if (!st.cross_device_ops_choice().empty())
-        std::printf("  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
-    if (st.shared_parameters())
-        std::printf("  shared parameters: the %s keep one parameter copy; each sums its slice of the gradients over "
-                    "the replicas and updates that slice\n", type == DeviceType::cpu ? "CPU replicas" : "replicas on one GPU");
-    else if (cfg_.strategy.shared_parameters && st.replicas() > 1)
-        std::printf("  shared parameters apply to replicas in one memory (CPU replicas, or replicas sharing one GPU on "
-                    "one node): each of these replicas keeps its own copy\n");
-    if (st.cuda_graph())
-        std::printf("  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
-                    "a GPU)\n");
-    else if (!st.cuda_graph_note().empty())
-        std::printf("  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
+    print_strategy_choices(st);
     if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
         std::printf("  no GPU: %s\n", cuda_unavailable_reason().c_str());
     if (type == DeviceType::sim)
@@ -378,6 +367,25 @@ void Run::print_header() {
                 d0.type() == DeviceType::cuda ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
     std::printf("  output: %s\n", out_dir_.c_str());
     std::fflush(stdout);
+}
+
+// How the strategy runs: the ops `auto` chose, shared parameters, captured steps - each when it
+// applies, and why not when the config asked for it and it does not.
+void Run::print_strategy_choices(const MirroredStrategy& st) const {
+    if (!st.cross_device_ops_choice().empty())
+        std::printf("  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
+    if (st.shared_parameters())
+        std::printf("  shared parameters: the %s keep one parameter copy; each sums its slice of the gradients over "
+                    "the replicas and updates that slice\n",
+                    st.device_type() == DeviceType::cpu ? "CPU replicas" : "replicas on one GPU");
+    else if (cfg_.strategy.shared_parameters && st.replicas() > 1)
+        std::printf("  shared parameters apply to replicas in one memory (CPU replicas, or replicas sharing one GPU on "
+                    "one node): each of these replicas keeps its own copy\n");
+    if (st.cuda_graph())
+        std::printf("  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
+                    "a GPU)\n");
+    else if (!st.cuda_graph_note().empty())
+        std::printf("  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
 }
 
 bool Run::prepare_output() {
