@@ -34,6 +34,12 @@ int launched_processes() {
     return 1;
 }
 
+}  // namespace
+
+#if MIRRORED_MPI
+
+namespace {
+
 std::string host_name() {
     char b[256] = {};
     if (::gethostname(b, sizeof b - 1) != 0) return "?";
@@ -43,12 +49,6 @@ std::string host_name() {
 int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-}  // namespace
-
-#if MIRRORED_MPI
-
-namespace {
 
 void check_mpi(int rc, const char* call) {
     if (rc == MPI_SUCCESS) return;
