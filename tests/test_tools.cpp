@@ -248,6 +248,9 @@ TEST_CASE("scale and plan: bad input is exit 2 with what was expected") {
         {{"plan", cfg, "--nodes", "0"}, "--nodes"},
         {{"plan", cfg, "--network-gbs", "-1"}, "finite and >= 0"},
         {{"bench-allreduce", "--devices", "cpu:2", "--duration", "0"}, "positive duration"},
+        {{"bench-gemm", "--shapes", "64x512"}, "expected shapes like 64x512x784:nt"},
+        {{"bench-gemm", "--shapes", "64x512x784:xt"}, "expected shapes like"},
+        {{"bench-gemm", "--shapes", "64x0x784"}, "expected shapes like"},
         {{"bench-allreduce", "--devices", "cpu:2", "--duration", "soon"}, "positive duration"},
         {{"bench-allreduce", "--devices", "cpu:1", "--duration", "1s"}, "at least 2 replicas"},
     };
@@ -265,6 +268,21 @@ model: {layers: [{type: dense, units: 4}]}
     std::string err;
     CHECK(run_cli({"plan", no_shape}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("model.input_shape") != std::string::npos);
+}
+
+TEST_CASE("bench-gemm --shapes: a replica's own GEMM shapes and transposes, each row and the sum") {
+    TempDir d;
+    const std::string json_path = d / "gemm.json";
+    REQUIRE(run_cli({"bench-gemm", "--shapes", "8x5x3:tn,7x6x4,9x2x5:nn", "--json", json_path}) == kExitOk);
+    const json rows = read_json(json_path)["results"];
+    REQUIRE(rows.size() == 3);
+    CHECK(rows[0]["m"] == 8);
+    CHECK(rows[0]["n"] == 5);
+    CHECK(rows[0]["k"] == 3);
+    CHECK(rows[0]["ops"] == "tn");
+    CHECK(rows[1]["ops"] == "nt");  // the default: a dense layer's forward
+    CHECK(rows[2]["ops"] == "nn");
+    for (const auto& r : rows) CHECK(r["gflops"].get<double>() > 0);
 }
 
 TEST_CASE("plan: memory per GPU, fit and the largest batch that fits, ZeRO-1, speedup; JSON; a profile replaces the compute") {

@@ -125,20 +125,25 @@ int bench_gemm(const GemmBenchOptions& o) {
     const DType t = d->value_dtype();
     std::printf("GEMM in %s on %s (%s)\n\n", precision_name(precision), d->name().c_str(),
                 d->type() == DeviceType::cpu ? (cpu_model_name() + ", one BLAS thread").c_str() : d->description().c_str());
-    std::printf("%8s %8s %8s %12s %10s\n", "m", "n", "k", "time (us)", "GFLOP/s");
+    std::printf("%8s %8s %8s %4s %12s %10s\n", "m", "n", "k", "ops", "time (us)", "GFLOP/s");
+    std::vector<GemmShape> shapes = o.shapes;
+    if (shapes.empty())
+        for (int size : o.sizes) shapes.push_back({size, size, size, false, true});
     json rows = json::array();
-    for (int size : o.sizes) {
-        const size_t n = size_t(size) * size;
+    double total_s = 0, total_flop = 0;
+    for (const GemmShape& g : shapes) {
+        const size_t na = size_t(g.m) * size_t(g.k), nb = size_t(g.k) * size_t(g.n), nc = size_t(g.m) * size_t(g.n);
         // inputs in the precision's type (filled in f32, then converted), output f32
-        DeviceBuffer<float> a32(*d, n), b32(*d, n), c(*d, n);
-        DeviceBuffer<unsigned char> a(*d, d->act_bytes(n)), b(*d, d->act_bytes(n));
+        DeviceBuffer<float> a32(*d, na), b32(*d, nb), c(*d, nc);
+        DeviceBuffer<unsigned char> a(*d, d->act_bytes(na)), b(*d, d->act_bytes(nb));
         const Stream s = d->compute_stream();
-        d->fill(s, n, 0.5f, a32.data());
-        d->fill(s, n, 0.25f, b32.data());
-        d->convert(s, n, a32.data(), DType::f32, a.data(), t);
-        d->convert(s, n, b32.data(), DType::f32, b.data(), t);
+        d->fill(s, na, 0.5f, a32.data());
+        d->fill(s, nb, 0.25f, b32.data());
+        d->convert(s, na, a32.data(), DType::f32, a.data(), t);
+        d->convert(s, nb, b32.data(), DType::f32, b.data(), t);
+        const int lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n;
         auto once = [&] {
-            d->gemm(s, false, true, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size,
+            d->gemm(s, g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n,
                     GemmTypes{t, t, DType::f32});
         };
         once();
@@ -152,10 +157,15 @@ int bench_gemm(const GemmBenchOptions& o) {
             iters += 10;
             elapsed = now_s() - start;
         } while (elapsed < o.seconds);
-        const double t = elapsed / iters, gflops = 2.0 * size * size * double(size) / t / 1e9;
-        std::printf("%8d %8d %8d %12.1f %10.1f\n", size, size, size, t * 1e6, gflops);
-        rows.push_back({{"m", size}, {"n", size}, {"k", size}, {"time_us", t * 1e6}, {"gflops", gflops}});
+        const double flop = 2.0 * g.m * double(g.n) * g.k, t = elapsed / iters, gflops = flop / t / 1e9;
+        const std::string ops = std::string(g.trans_a ? "t" : "n") + (g.trans_b ? "t" : "n");
+        std::printf("%8d %8d %8d %4s %12.1f %10.1f\n", g.m, g.n, g.k, ops.c_str(), t * 1e6, gflops);
+        rows.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"ops", ops}, {"time_us", t * 1e6}, {"gflops", gflops}});
+        total_s += t;
+        total_flop += flop;
     }
+    if (shapes.size() > 1)
+        std::printf("%35s %12.1f %10.1f  (all, one after another)\n", "", total_s * 1e6, total_flop / total_s / 1e9);
     write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->type() == DeviceType::cpu ? cpu_model_name() : d->description()},
                              {"blas", blas_description()},
                              {"precision", precision_name(precision)}, {"results", rows}});

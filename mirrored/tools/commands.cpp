@@ -26,6 +26,32 @@ std::vector<int> parse_list(const std::string& s, const char* flag) {
     return out;
 }
 
+// "64x512x784:nt,512x784x64:tn": GEMM shapes m x n x k with op(A) op(B) (n: as stored, t:
+// transposed; nt when left out), each dimension a positive integer of at most 6 digits.
+std::vector<GemmShape> parse_shapes(const std::string& s, const char* flag) {
+    std::vector<GemmShape> out;
+    size_t start = 0;
+    while (start <= s.size()) {
+        const size_t comma = std::min(s.find(',', start), s.size());
+        const std::string item = s.substr(start, comma - start);
+        GemmShape g;
+        char ops[3] = {'n', 't', 0};
+        int used = 0;
+        const bool ok = (std::sscanf(item.c_str(), "%6dx%6dx%6d%n", &g.m, &g.n, &g.k, &used) == 3 &&
+                         size_t(used) == item.size()) ||
+                        (std::sscanf(item.c_str(), "%6dx%6dx%6d:%2[nt]%n", &g.m, &g.n, &g.k, ops, &used) == 4 &&
+                         size_t(used) == item.size() && ops[1] != 0);
+        if (!ok || g.m <= 0 || g.n <= 0 || g.k <= 0)
+            throw ConfigError(std::string(flag) + ": expected shapes like 64x512x784:nt,512x784x64:tn (m x n x k, then "
+                              "op(A) op(B): n as stored, t transposed), got '" + s + "'");
+        g.trans_a = ops[0] == 't';
+        g.trans_b = ops[1] == 't';
+        out.push_back(g);
+        start = comma + 1;
+    }
+    return out;
+}
+
 // "4K", "64M", "1G", "512": a size in bytes, a whole number of floats, at most 64 GiB.
 size_t parse_bytes(const std::string& s, const char* flag) {
     char* end = nullptr;
@@ -102,6 +128,7 @@ ToolCommands::ToolCommands(CLI::App& app) {
     bg_ = app.add_subcommand("bench-gemm", "GEMM GFLOP/s of one device: the ceiling a step is measured against");
     bg_->add_option("--device", gb_.device, "cpu (one BLAS thread) or cuda:N");
     bg_->add_option("--sizes", gb_sizes_, "square sizes, e.g. 128,1024");
+    bg_->add_option("--shapes", gb_shapes_, "m x n x k with op(A) op(B) instead, e.g. 64x512x784:nt,512x784x64:tn");
     bg_->add_flag("--tf32", gb_.tf32, "TF32 tensor cores (CUDA); the same as --precision tf32");
     bg_->add_option("--precision", gb_precision_, "fp32, tf32, bf16 or fp16 inputs (f32 accumulation and output)")
         ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
@@ -164,6 +191,7 @@ int ToolCommands::run() {
     }
     if (bg_->parsed()) {
         gb_.sizes = parse_list(gb_sizes_, "--sizes");
+        if (!gb_shapes_.empty()) gb_.shapes = parse_shapes(gb_shapes_, "--shapes");
         gb_.precision = gb_precision_ == "tf32" ? Precision::tf32 : gb_precision_ == "bf16" ? Precision::bf16
                         : gb_precision_ == "fp16" ? Precision::fp16 : Precision::fp32;
         return bench_gemm(gb_);

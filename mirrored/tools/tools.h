@@ -54,9 +54,15 @@ struct StepBenchOptions {
 // Training-step throughput of a config for each device list: the scaling test.
 int bench_step(const StepBenchOptions& o);
 
+// C[m,n] = op(A)[m,k] op(B)[k,n], row-major as Device::gemm.
+struct GemmShape {
+    int m = 0, n = 0, k = 0;
+    bool trans_a = false, trans_b = true;
+};
 struct GemmBenchOptions {
     std::string device = "cpu";  // cpu (one BLAS thread, as a replica uses) or cuda:N
-    std::vector<int> sizes{128, 512, 1024, 2048};  // square m = n = k
+    std::vector<int> sizes{128, 512, 1024, 2048};  // square m = n = k (A B^T, as a dense layer's forward)
+    std::vector<GemmShape> shapes;                 // --shapes: instead of the squares
     bool tf32 = false;  // shorthand for precision tf32
     Precision precision = Precision::fp32;
     double seconds = 1.0;
