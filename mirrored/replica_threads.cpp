@@ -27,6 +27,18 @@ int usable_cores() {
 int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// Spins until done() or for about ns; true when done() held.
+template <typename Done>
+bool spin_until(Done done, int64_t ns) {
+    if (ns <= 0) return false;
+    const int64_t deadline = now_ns() + ns;
+    for (int i = 0;; ++i) {
+        if (done()) return true;
+        cpu_relax();
+        if ((i & 63) == 63 && now_ns() > deadline) return false;
+    }
+}
 }  // namespace
 
 ReplicaBarrier::ReplicaBarrier(int n) : n_(n), spin_ns_(n > 1 && n <= usable_cores() ? kSpinNs : 0) {}
@@ -45,14 +57,9 @@ void ReplicaBarrier::arrive_and_wait() {
         return;
     }
     lock.unlock();
-    if (spin_ns_ > 0) {
-        const int64_t deadline = now_ns() + spin_ns_;
-        for (int i = 0;; ++i) {
-            if (generation_.load(std::memory_order_acquire) != gen) return;
-            if (aborted_) throw BarrierAborted();
-            cpu_relax();
-            if ((i & 63) == 63 && now_ns() > deadline) break;
-        }
+    if (spin_until([&] { return generation_.load(std::memory_order_acquire) != gen || aborted_; }, spin_ns_)) {
+        if (generation_.load() != gen) return;
+        throw BarrierAborted();
     }
     lock.lock();
     cv_.wait(lock, [&] { return generation_.load() != gen || aborted_; });
@@ -73,7 +80,7 @@ void ReplicaBarrier::reset() {
     waiting_ = 0;
 }
 
-ReplicaThreads::ReplicaThreads(int n) : n_(n), barrier_(n) {
+ReplicaThreads::ReplicaThreads(int n) : n_(n), barrier_(n), spin_ns_(barrier_.spin_ns()) {
     for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
 }
 
@@ -96,6 +103,7 @@ void ReplicaThreads::run(const std::function<void(int)>& fn) {
     }
     start_cv_.notify_all();
     run_one(fn, 0);
+    spin_until([&] { return remaining_.load(std::memory_order_acquire) == 0; }, spin_ns_);
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [&] { return remaining_ == 0; });
     job_ = nullptr;
@@ -121,6 +129,7 @@ void ReplicaThreads::loop(int r) {
     uint64_t seen = 0;
     for (;;) {
         const std::function<void(int)>* job;
+        spin_until([&] { return job_generation_.load(std::memory_order_acquire) != seen || quit_; }, spin_ns_);
         {
             std::unique_lock<std::mutex> lock(mu_);
             start_cv_.wait(lock, [&] { return quit_ || job_generation_ != seen; });

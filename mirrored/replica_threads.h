@@ -70,10 +70,13 @@ private:
     ReplicaBarrier barrier_;
     std::mutex mu_;
     std::condition_variable start_cv_, done_cv_;
+    // Written under mu_; atomic so that idle threads may spin on them before sleeping (the
+    // barrier's rule: only while every replica thread has a core).
+    const int64_t spin_ns_;
     const std::function<void(int)>* job_ = nullptr;
-    uint64_t job_generation_ = 0;
-    int remaining_ = 0;
-    bool quit_ = false;
+    std::atomic<uint64_t> job_generation_{0};
+    std::atomic<int> remaining_{0};
+    std::atomic<bool> quit_{false};
     std::exception_ptr error_;
 };
 

@@ -505,6 +505,39 @@ TEST_CASE("sim: without peer access distinct GPUs take the staged path, and the 
     CHECK_NOTHROW(AllReduceFixture("direct", DeviceType::sim, {1, 1}, 16));  // one GPU always can
 }
 
+TEST_CASE("replica threads: each job runs once on every replica, back to back; a failure is rethrown and frees the others") {
+    for (int n : {1, 2, 3, 8}) {  // 2 spins between jobs on this machine's 2 cores; 8 sleeps at once
+        CAPTURE(n);
+        ReplicaThreads threads(n);
+        std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+        std::atomic<int> crossed{0}, early{0};
+        for (int job = 0; job < 300; ++job) {
+            threads.run([&](int r) {
+                runs[size_t(r)].fetch_add(1);
+                threads.barrier().arrive_and_wait();
+                // every replica has run this job before any leaves the barrier
+                for (auto& c : runs) early.fetch_add(c.load() != job + 1);
+                crossed.fetch_add(1);
+            });
+            REQUIRE(crossed.load() == n * (job + 1));  // run() returns only after every replica
+        }
+        CHECK(early.load() == 0);
+        if (n == 1) continue;
+        // replica n-1 throws while the others wait at the barrier: the others are freed, run()
+        // rethrows the failure, and the threads take the next job normally
+        CHECK_THROWS_WITH(threads.run([&](int r) {
+            if (r == n - 1) throw std::runtime_error("replica failed");
+            threads.barrier().arrive_and_wait();
+        }), "replica failed");
+        std::atomic<int> after{0};
+        threads.run([&](int) {
+            threads.barrier().arrive_and_wait();
+            after.fetch_add(1);
+        });
+        CHECK(after.load() == n);
+    }
+}
+
 TEST_CASE("nccl refuses CPU replicas and repeated GPUs; unknown ops list the known ones") {
     SimScope sim(0);
     auto d = make_cpu_device(0);
