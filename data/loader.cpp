@@ -35,7 +35,7 @@ std::vector<uint32_t> Loader::permutation(size_t n, uint64_t seed, int64_t epoch
 Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator allocator)
     : ds_(ds), opt_(options), alloc_(std::move(allocator)) {
     if (opt_.global_batch <= 0) throw ConfigError("train.global_batch_size", "expected a positive integer");
-    if (opt_.threads <= 0) throw ConfigError("data.loader_threads", "expected a positive integer");
+    if (opt_.threads < 0) throw ConfigError("data.loader_threads", "expected a positive integer");
     if (opt_.prefetch <= 0) throw ConfigError("data.prefetch", "expected a positive integer");
     if (opt_.consumers <= 0) throw Error(kExitFailure, "loader: consumers must be positive");
     if (opt_.all_replicas > 0 && (opt_.first_replica < 0 || opt_.first_replica + opt_.consumers > opt_.all_replicas))
@@ -51,7 +51,10 @@ Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator al
     slots_.resize(static_cast<size_t>(opt_.prefetch));
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot& s = slots_[i];
-        s.batch.features = static_cast<float*>(alloc_.alloc(g * ds_.feature_size() * sizeof(float)));
+        if (opt_.gather_by_consumers)
+            s.batch.samples = static_cast<uint32_t*>(alloc_.alloc(g * sizeof(uint32_t)));
+        else
+            s.batch.features = static_cast<float*>(alloc_.alloc(g * ds_.feature_size() * sizeof(float)));
         s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * sizeof(int32_t)));
         s.batch.slot = static_cast<int>(i);
         s.batch.owner = this;
@@ -61,7 +64,8 @@ Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator al
 Loader::~Loader() {
     stop();
     for (Slot& s : slots_) {
-        alloc_.free(s.batch.features);
+        if (s.batch.features) alloc_.free(s.batch.features);
+        if (s.batch.samples) alloc_.free(s.batch.samples);
         alloc_.free(s.batch.labels);
     }
 }
@@ -131,6 +135,19 @@ const Batch* Loader::next_for(double timeout_s) {
     std::unique_lock<std::mutex> lock(mu_);
     const int64_t seq = next_take_;
     Slot& slot = slots_[static_cast<size_t>(seq % opt_.prefetch)];
+    if (opt_.threads == 0 && slot.ready_seq != seq && !stopping_) {
+        // No workers: fill here, once every consumer has released the slot's previous batch.
+        if (!freed_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                [&] { return slot.free_for == seq || stopping_; }))
+            return nullptr;
+        if (!stopping_) {
+            lock.unlock();
+            fill(slot, seq);  // throws to the caller
+            lock.lock();
+            slot.ready_seq = seq;
+            next_fill_ = seq + 1;
+        }
+    }
     if (slot.ready_seq != seq && !error_) {
         const auto t0 = std::chrono::steady_clock::now();
         const bool ready = filled_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
@@ -216,47 +233,59 @@ void Loader::fill(Slot& slot, int64_t seq) {
     b.first_row = part.begin;
     const size_t fs = ds_.feature_size();
     const size_t first = static_cast<size_t>(pos.batch) * static_cast<size_t>(opt_.global_batch) + size_t(part.begin);
-    const AugmentOptions& aug = opt_.augment;
     for (int r = 0; r < b.rows; ++r) {
         const uint32_t idx = (*order)[first + static_cast<size_t>(r)];
-        const float* src = &ds_.features[size_t(idx) * fs];
-        float* dst = b.features + size_t(r) * fs;
         b.labels[r] = ds_.labels[idx];
-        if (!aug.enabled()) {
-            std::memcpy(dst, src, fs * sizeof(float));
+        if (opt_.gather_by_consumers) b.samples[r] = idx;
+        else copy_sample(idx, b.epoch, b.features + size_t(r) * fs);
+    }
+}
+
+void Loader::gather(const Batch& b, int begin, int rows, float* dst) const {
+    if (!b.samples || begin < 0 || rows < 0 || begin > b.rows - rows)
+        throw Error(kExitFailure, "loader: gather of rows outside the batch, or without gather_by_consumers");
+    const size_t fs = ds_.feature_size();
+    for (int r = 0; r < rows; ++r) copy_sample(b.samples[begin + r], b.epoch, dst + size_t(r) * fs);
+}
+
+void Loader::copy_sample(uint32_t idx, int64_t epoch, float* dst) const {
+    const size_t fs = ds_.feature_size();
+    const float* src = &ds_.features[size_t(idx) * fs];
+    const AugmentOptions& aug = opt_.augment;
+    if (!aug.enabled()) {
+        std::memcpy(dst, src, fs * sizeof(float));
+        return;
+    }
+    // Crop offset and flip are a pure function of (seed, epoch, sample index).
+    const int h = ds_.shape[0], w = ds_.shape[1], c = ds_.shape[2];
+    const Philox4 rnd = philox(opt_.seed, idx, kStreamAugment, static_cast<uint32_t>(epoch));
+    const int span = 2 * aug.crop_padding + 1;
+    const int dy = aug.crop_padding ? int(rnd.v[0] % uint32_t(span)) - aug.crop_padding : 0;
+    const int dx = aug.crop_padding ? int(rnd.v[1] % uint32_t(span)) - aug.crop_padding : 0;
+    const bool flip = aug.horizontal_flip && (rnd.v[2] & 1u);
+    auto pad = [&](float* out, int pixels) {
+        for (int p = 0; p < pixels; ++p)
+            for (int k = 0; k < c; ++k) out[size_t(p) * c + k] = ds_.pad_value.empty() ? 0.0f : ds_.pad_value[k];
+    };
+    for (int y = 0; y < h; ++y) {
+        float* out = dst + size_t(y) * w * c;
+        const int sy = y + dy;
+        if (sy < 0 || sy >= h) {
+            pad(out, w);
             continue;
         }
-        // Crop offset and flip are a pure function of (seed, epoch, sample index).
-        const int h = ds_.shape[0], w = ds_.shape[1], c = ds_.shape[2];
-        const Philox4 rnd = philox(opt_.seed, idx, kStreamAugment, static_cast<uint32_t>(pos.epoch));
-        const int span = 2 * aug.crop_padding + 1;
-        const int dy = aug.crop_padding ? int(rnd.v[0] % uint32_t(span)) - aug.crop_padding : 0;
-        const int dx = aug.crop_padding ? int(rnd.v[1] % uint32_t(span)) - aug.crop_padding : 0;
-        const bool flip = aug.horizontal_flip && (rnd.v[2] & 1u);
-        auto pad = [&](float* out, int pixels) {
-            for (int p = 0; p < pixels; ++p)
-                for (int k = 0; k < c; ++k) out[size_t(p) * c + k] = ds_.pad_value.empty() ? 0.0f : ds_.pad_value[k];
-        };
-        for (int y = 0; y < h; ++y) {
-            float* out = dst + size_t(y) * w * c;
-            const int sy = y + dy;
-            if (sy < 0 || sy >= h) {
-                pad(out, w);
-                continue;
-            }
-            const float* row = src + size_t(sy) * w * c;
-            // output x reads source column (flip ? w-1-x : x) + dx; valid where that is in [0, w)
-            const int lo = flip ? std::max(0, dx) : std::max(0, -dx);
-            const int hi = flip ? std::min(w, w + dx) : std::min(w, w - dx);
-            pad(out, lo);
-            if (!flip) {
-                std::memcpy(out + size_t(lo) * c, row + size_t(lo + dx) * c, size_t(hi - lo) * c * sizeof(float));
-            } else {
-                for (int x = lo; x < hi; ++x)
-                    std::memcpy(out + size_t(x) * c, row + size_t(w - 1 - x + dx) * c, size_t(c) * sizeof(float));
-            }
-            pad(out + size_t(hi) * c, w - hi);
+        const float* row = src + size_t(sy) * w * c;
+        // output x reads source column (flip ? w-1-x : x) + dx; valid where that is in [0, w)
+        const int lo = flip ? std::max(0, dx) : std::max(0, -dx);
+        const int hi = flip ? std::min(w, w + dx) : std::min(w, w - dx);
+        pad(out, lo);
+        if (!flip) {
+            std::memcpy(out + size_t(lo) * c, row + size_t(lo + dx) * c, size_t(hi - lo) * c * sizeof(float));
+        } else {
+            for (int x = lo; x < hi; ++x)
+                std::memcpy(out + size_t(x) * c, row + size_t(w - 1 - x + dx) * c, size_t(c) * sizeof(float));
         }
+        pad(out + size_t(hi) * c, w - hi);
     }
 }
 

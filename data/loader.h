@@ -5,10 +5,16 @@
 // perm_e is a Fisher-Yates shuffle drawn from Philox(seed, e): the order depends on nothing but
 // (seed, epoch), whatever the number of loader threads or replicas.
 //
-// `threads` workers fill a ring of `prefetch` slots ahead of the consumer. Slots are allocated
-// once, through the given allocator (pinned host memory when replicas are GPUs). A slot returns
-// to the ring when every consumer has released it, so a replica can keep a batch until its
-// asynchronous host-to-device copy is done.
+// `threads` workers fill a ring of `prefetch` slots ahead of the consumer (0: the consumer's
+// thread fills each batch when it asks for it). Slots are allocated once, through the given
+// allocator (pinned host memory when replicas are GPUs). A slot returns to the ring when every
+// consumer has released it, so a replica can keep a batch until its asynchronous host-to-device
+// copy is done.
+//
+// With `gather_by_consumers` a slot holds the batch's sample indices and labels, not its
+// features: each consumer copies its own rows with gather(), straight into its input buffer.
+// CPU replicas use it - every core is a replica's, so a worker copying whole batches would only
+// take time from them, and the rows would be copied twice (data set -> slot -> replica).
 #pragma once
 
 #include <atomic>
@@ -40,6 +46,7 @@ struct LoaderOptions {
     bool shuffle = true;
     uint64_t seed = 1;
     int consumers = 1;         // releases needed before a slot is reused
+    bool gather_by_consumers = false;  // slots hold sample indices; consumers gather() features
     // Multi-node: the process loads only its node's part of every global batch - the shards of
     // replicas [first_replica, first_replica + consumers) of all_replicas. 0: the whole batch.
     int all_replicas = 0;
@@ -59,8 +66,9 @@ struct Batch {
     int rows = 0;                  // rows held: the global batch, or this node's part of it
     int global_rows = 0;           // rows of the global batch
     int first_row = 0;             // global row of features[0]
-    float* features = nullptr;     // [rows, feature_size]
+    float* features = nullptr;     // [rows, feature_size]; nullptr when consumers gather()
     int32_t* labels = nullptr;     // [rows]
+    uint32_t* samples = nullptr;   // [rows] data set index of each row (gather_by_consumers only)
     int slot = -1;                 // the loader's ring slot (for release)
     class Loader* owner = nullptr;  // so a bare Batch* can be released (CUDA host callbacks)
 };
@@ -108,6 +116,10 @@ public:
     const Batch* next_for(double timeout_s);
     // One consumer is done with the batch's memory. Thread-safe; callable from a CUDA host callback.
     void release(const Batch& b);
+    // gather_by_consumers: copies the features of rows [begin, begin + rows) of a batch handed
+    // out and not yet released (augmented as a worker would) to dst, [rows, feature_size].
+    // Thread-safe: replicas gather their shards at once.
+    void gather(const Batch& b, int begin, int rows, float* dst) const;
     LoaderPosition position() const;  // of the batch next() will return
     double wait_seconds() const { return wait_ns_.load() * 1e-9; }  // time next() spent blocked
     void reset_wait() { wait_ns_ = 0; }
@@ -133,6 +145,7 @@ private:
     LoaderPosition position_of(int64_t seq) const;
     void worker();
     void fill(Slot& slot, int64_t seq);
+    void copy_sample(uint32_t index, int64_t epoch, float* dst) const;  // augmented when enabled
     std::shared_ptr<const std::vector<uint32_t>> epoch_order(int64_t epoch);
 
     const Dataset& ds_;

@@ -550,8 +550,13 @@ int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& s
     const size_t features = size_t(model_.input_features());
     const Stream cs = d.copy_stream();
     d.stream_wait_event(cs, R.input_free[buf]);  // the step two back has finished with this buffer
-    d.copy_to_device(cs, R.inputs[buf].data(), batch.features + size_t(shard.begin) * features,
-                     size_t(shard.rows) * features * sizeof(float));
+    if (batch.features) {
+        d.copy_to_device(cs, R.inputs[buf].data(), batch.features + size_t(shard.begin) * features,
+                         size_t(shard.rows) * features * sizeof(float));
+    } else {  // CPU replicas gather their rows from the data set themselves (gathers_input())
+        if (devices_.asynchronous()) throw Error(kExitFailure, "strategy: a batch without features for a GPU replica");
+        batch.owner->gather(batch, shard.begin, shard.rows, R.inputs[buf].data());
+    }
     d.copy_to_device(cs, R.labels[buf].data(), batch.labels + shard.begin, size_t(shard.rows) * sizeof(int32_t));
     if (values) d.copy_to_device(cs, R.step_values[buf].data(), values, sizeof(StepValues));  // pageable: a snapshot
     d.event_record(R.input_ready[buf], cs);

@@ -190,6 +190,9 @@ public:
     std::string topology_report() const;  // peer access / host path notes, one line per note
     // Memory the loader should assemble batches in (pinned when replicas are GPUs).
     HostAllocator host_allocator();
+    // CPU replicas copy their own rows from the data set into their input buffers (the loader's
+    // gather_by_consumers): one copy instead of two, on the replica's own core.
+    bool gathers_input() const { return !devices_.asynchronous(); }
 
     // The loader's next batch. While it waits (its slots are freed by the devices' release
     // callbacks) it checks every device, so a failed one surfaces instead of a hang.

@@ -127,7 +127,11 @@ namespace {
 // data.loader_threads: auto. The data is in memory and one thread copies millions of samples per
 // second; CPU replicas occupy every core, so a second loader thread only takes turns with them
 // (measured: 3% more samples/s with one on 2 cores). GPU replicas leave the cores to the loader.
-int default_loader_threads(DeviceType replicas) { return replicas == DeviceType::cuda ? 2 : 1; }
+// CPU replicas gather their own rows, so the loader only draws sample indices: no thread of its
+// own (it would take a core from a replica), the consumer's thread does it.
+int default_loader_threads(DeviceType replicas) {
+    return replicas == DeviceType::cuda ? 2 : replicas == DeviceType::cpu ? 0 : 1;
+}
 
 // Host memory: CPU and simulated replicas keep their whole model state in it, and every run keeps
 // the loaders' slots there. Checked before anything is allocated, so that a run that cannot fit
@@ -187,6 +191,7 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     lo.prefetch = cfg.data.prefetch;
     lo.seed = cfg.run.seed;
     lo.consumers = n;
+    lo.gather_by_consumers = s->strategy->gathers_input();
     if (nodes) {  // this node's part of every global batch
         lo.all_replicas = s->strategy->all_replicas();
         lo.first_replica = s->strategy->first_replica();

@@ -537,6 +537,102 @@ TEST_CASE("augmentation: deterministic per (seed, epoch, sample); crop and flip 
     }
 }
 
+TEST_CASE("loader: consumers gathering their own rows get what a worker's copy holds (threads 0 and 2, augmented, node parts)") {
+    Dataset ds;  // images, so that augmentation applies; sample i's pixels start at i * 1000
+    ds.name = "images";
+    ds.shape = {4, 5, 2};
+    ds.classes = 3;
+    for (int i = 0; i < 97; ++i) {
+        for (int p = 0; p < 40; ++p) ds.features.push_back(float(i * 1000 + p));
+        ds.labels.push_back(i % 3);
+    }
+    ds.pad_value = {-7.0f, -8.0f};
+    for (bool augment : {false, true})
+        for (int threads : {0, 2})
+            for (int node : {-1, 1}) {  // -1: one process; 1: the second of 2 nodes x 2 replicas
+                CAPTURE(augment);
+                CAPTURE(threads);
+                CAPTURE(node);
+                LoaderOptions o;
+                o.global_batch = 20;
+                o.drop_last = false;  // 5 batches, the last of 17 rows
+                o.seed = 5;
+                o.consumers = 2;
+                if (node >= 0) {
+                    o.all_replicas = 4;
+                    o.first_replica = 2 * node;
+                }
+                if (augment) {
+                    o.augment.crop_padding = 1;
+                    o.augment.horizontal_flip = true;
+                }
+                Loader copied(ds, o);
+                o.gather_by_consumers = true;
+                o.threads = threads;
+                Loader gathered(ds, o);
+                copied.start({1, 2});  // mid-run, as after a resume
+                gathered.start({1, 2});
+                for (int b = 0; b < 7; ++b) {  // across the epoch boundary
+                    const Batch& want = copied.next();
+                    const Batch& got = gathered.next();
+                    REQUIRE(got.features == nullptr);
+                    CHECK(got.epoch == want.epoch);
+                    CHECK(got.index == want.index);
+                    REQUIRE(got.rows == want.rows);
+                    CHECK(got.first_row == want.first_row);
+                    CHECK(std::equal(got.labels, got.labels + got.rows, want.labels));
+                    // each consumer its shard, in any order, into its own buffer
+                    for (int c = 1; c >= 0; --c) {
+                        const Shard sh = shard_of(got.rows, 2, c);
+                        std::vector<float> rows(size_t(sh.rows) * 40, -1.0f);
+                        gathered.gather(got, sh.begin, sh.rows, rows.data());
+                        CHECK(std::equal(rows.begin(), rows.end(), want.features + size_t(sh.begin) * 40));
+                        gathered.release(got);
+                    }
+                    copied.release(want);
+                    copied.release(want);
+                }
+                CHECK(gathered.position() == copied.position());
+                std::vector<float> out(40);
+                const Batch& b = gathered.next();
+                CHECK_THROWS_AS(gathered.gather(b, b.rows, 1, out.data()), Error);   // past the end
+                CHECK_THROWS_AS(gathered.gather(b, -1, 1, out.data()), Error);
+                const Batch& c = copied.next();
+                CHECK_THROWS_AS(copied.gather(c, 0, 1, out.data()), Error);  // not gathering
+                for (int k = 0; k < 2; ++k) {  // stop() waits for every release
+                    gathered.release(b);
+                    copied.release(c);
+                }
+            }
+}
+
+TEST_CASE("loader: without workers, next_for() fills on the caller's thread and gives up at the timeout while a slot is still held") {
+    const Dataset ds = indexed(100);
+    LoaderOptions o;
+    o.global_batch = 10;
+    o.threads = 0;
+    o.prefetch = 2;
+    Loader l(ds, o);
+    l.start({});
+    LoaderOptions w = o;
+    w.threads = 1;
+    Loader ref(ds, w);
+    ref.start({});
+    CHECK(drain(l, 13) == drain(ref, 13));  // across an epoch
+    const Batch* a = l.next_for(1.0);
+    const Batch* b = l.next_for(1.0);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(l.next_for(0.05) == nullptr);  // both slots held: no hang, no batch
+    const int64_t first = a->index;
+    l.release(*a);
+    const Batch* c = l.next_for(1.0);
+    REQUIRE(c);
+    CHECK(c->index == (first + 2) % 10);
+    l.release(*b);
+    l.release(*c);
+}
+
 TEST_CASE("Fashion-MNIST files, when installed: 60000/10000 samples, 28x28, 10 classes") {
     const DataConfig c;  // the defaults name the Fashion-MNIST files
     const std::string probe = resolve_data_path(c, "", c.train.images);
