@@ -70,9 +70,8 @@ private:
     ReplicaBarrier barrier_;
     std::mutex mu_;
     std::condition_variable start_cv_, done_cv_;
-    // Written under mu_; atomic so that idle threads may spin on them before sleeping (the
-    // barrier's rule: only while every replica thread has a core).
-    const int64_t spin_ns_;
+    const int64_t spin_ns_;  // the barrier's: only while every replica thread has a core
+    // Written under mu_; atomic so that idle threads may spin on them before sleeping.
     const std::function<void(int)>* job_ = nullptr;
     std::atomic<uint64_t> job_generation_{0};
     std::atomic<int> remaining_{0};
