@@ -28,9 +28,25 @@ namespace {
 inline const float* F(const void* p) { return static_cast<const float*>(p); }
 inline float* F(void* p) { return static_cast<float*>(p); }
 
+// The passes over whole flat buffers (optimizer updates, the shared-parameter sums) are built
+// for AVX-512, AVX2 and the baseline, picked once at load time for the CPU it lands on: wider
+// vectors, the same numbers (element-wise, no FMA contraction - see the Makefile). Off under the
+// sanitizers, whose run-time starts after the ifunc resolvers that pick a clone.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CPU_LOOP_SANITIZED 1
+#endif
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(CPU_LOOP_SANITIZED)
+#define CPU_LOOP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CPU_LOOP_CLONES
+#endif
+
 // The optimizers' passes over the flat buffers, one branch-free loop per variant (the buffers
 // never overlap, so they vectorise).
-void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float f, const SgdArgs& a) {
+CPU_LOOP_CLONES void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float f, const SgdArgs& a) {
     const float wd = a.weight_decay, mom = a.momentum, lr = sgd_lr(a);
     if (mom == 0.0f) {
         for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * f + wd * p[i]);
@@ -48,7 +64,7 @@ void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* _
     }
 }
 
-void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+CPU_LOOP_CLONES void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
                 float f, const AdamWArgs& a) {
     const auto [bc1, bc2_sqrt] = a.values ? AdamWCorrections{a.values->adamw_bc1, a.values->adamw_bc2_sqrt}
                                           : adamw_corrections(a);
@@ -63,6 +79,10 @@ void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float*
         v[i] = vi;
         p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
     }
+}
+
+CPU_LOOP_CLONES void cpu_sum_into(float* const* ptr, int count, int into, size_t offset, size_t n) {
+    host_sum_into(ptr, count, into, offset, n);
 }
 
 template <Activation A, DType T>
@@ -551,7 +571,7 @@ public:
         host_sum_to_all(b, offset, n, t);
     }
     void sum_into(Stream, float* const* buffers, int count, int into, size_t offset, size_t n) override {
-        host_sum_into(buffers, count, into, offset, n);
+        cpu_sum_into(buffers, count, into, offset, n);
     }
     bool can_load_from(const Device& peer) const override { return peer.type() == DeviceType::cpu; }
     void pack_bf16(Stream, size_t n, const float* x, uint16_t* y) override {
