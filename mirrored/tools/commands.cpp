@@ -10,19 +10,26 @@ namespace mirrored {
 
 namespace {
 
-// "1,2,4" -> {1, 2, 4}: positive integers of at most 6 digits.
-std::vector<int> parse_list(const std::string& s, const char* flag) {
-    std::vector<int> out;
+// Calls fn on each comma-separated item of s, empty ones included (so that "1,,2" is an error).
+template <typename Fn>
+void for_each_item(const std::string& s, Fn fn) {
     size_t start = 0;
     while (start <= s.size()) {
         const size_t comma = std::min(s.find(',', start), s.size());
-        const std::string item = s.substr(start, comma - start);
+        fn(s.substr(start, comma - start));
+        start = comma + 1;
+    }
+}
+
+// "1,2,4" -> {1, 2, 4}: positive integers of at most 6 digits.
+std::vector<int> parse_list(const std::string& s, const char* flag) {
+    std::vector<int> out;
+    for_each_item(s, [&](const std::string& item) {
         if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos ||
             std::stoi(item) == 0)
             throw ConfigError(std::string(flag) + ": expected a list of positive integers like 1,2,4, got '" + s + "'");
         out.push_back(std::stoi(item));
-        start = comma + 1;
-    }
+    });
     return out;
 }
 
@@ -30,10 +37,7 @@ std::vector<int> parse_list(const std::string& s, const char* flag) {
 // transposed; nt when left out), each dimension a positive integer of at most 6 digits.
 std::vector<GemmShape> parse_shapes(const std::string& s, const char* flag) {
     std::vector<GemmShape> out;
-    size_t start = 0;
-    while (start <= s.size()) {
-        const size_t comma = std::min(s.find(',', start), s.size());
-        const std::string item = s.substr(start, comma - start);
+    for_each_item(s, [&](const std::string& item) {
         GemmShape g;
         char ops[3] = {'n', 't', 0};
         int used = 0;
@@ -47,8 +51,7 @@ std::vector<GemmShape> parse_shapes(const std::string& s, const char* flag) {
         g.trans_a = ops[0] == 't';
         g.trans_b = ops[1] == 't';
         out.push_back(g);
-        start = comma + 1;
-    }
+    });
     return out;
 }
 
