@@ -127,18 +127,23 @@ struct TrainResult {
     uint64_t graph_launches = 0;  // steps replayed from captured graphs
 };
 
+// The small synthetic problem the strategy tests train on: 12 features, 5 classes, 480 samples.
+Dataset small_problem(uint64_t seed = SyntheticOptions{}.seed) {
+    SyntheticOptions so;
+    so.shape = {12};
+    so.classes = 5;
+    so.samples = 480;
+    so.seed = seed;
+    return make_synthetic(so);
+}
+
 // `steps` optimizer steps on a small synthetic problem, the learning rate falling each step;
 // returns replica 0's parameters. op "shared": strategy.shared_parameters (the gradients need no
 // op). graph: strategy.cuda_graph.
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
                   OptimizerConfig::Type opt_type = OptimizerConfig::Type::sgd, double clip = 0.0,
                   const std::string& op = "ring", bool graph = false) {
-    SyntheticOptions so;
-    so.shape = {12};
-    so.classes = 5;
-    so.samples = 480;
-    so.seed = 7;
-    const Dataset ds = make_synthetic(so);
+    const Dataset ds = small_problem(7);
     const Model model({12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
     OptimizerConfig oc;
     oc.type = opt_type;
@@ -678,11 +683,7 @@ TEST_CASE("sim: a sticky device fault mid-training surfaces as its own error, ne
     SimScope sim(20);
     for (const char* op : {"ring", "nccl"}) {
         CAPTURE(op);
-        SyntheticOptions so;
-        so.shape = {12};
-        so.classes = 5;
-        so.samples = 480;
-        const Dataset ds = make_synthetic(so);
+        const Dataset ds = small_problem();
         const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
         StrategyConfig sc;
         sc.devices = "sim:0,1,2";
@@ -733,11 +734,7 @@ struct MeasuredWork {
 };
 MeasuredWork step_work(const std::string& devices, const std::string& op, int steps, bool graph = false,
                        double bucket_mb = 0) {
-    SyntheticOptions so;
-    so.shape = {12};
-    so.classes = 5;
-    so.samples = 480;
-    const Dataset ds = make_synthetic(so);
+    const Dataset ds = small_problem();
     const Model model({12}, {dense(16, Activation::relu), dense(16, Activation::relu), dense(5, Activation::none)}, 3);
     StrategyConfig sc;
     sc.devices = devices;
@@ -875,11 +872,7 @@ TEST_CASE("cuda_graph (sim): host calls per step are a few per replica, whatever
 
 TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simulated NCCL; a fault in a replay surfaces") {
     SimScope sim(10);
-    SyntheticOptions so;
-    so.shape = {12};
-    so.classes = 5;
-    so.samples = 480;
-    const Dataset ds = make_synthetic(so);
+    const Dataset ds = small_problem();
     const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
     StrategyConfig sc;
     sc.cuda_graph = true;
