@@ -144,10 +144,10 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     const MemoryPlan plan =
         plan_memory(model, cfg.optimizer, cfg.strategy, devices.type, n, shard, micro, parameters_shared(cfg.strategy, devices));
     const uint64_t replicas = devices.type == DeviceType::cuda ? 0 : plan.total() * uint64_t(n);
-    // Train and test loaders; CPU replicas gather their own rows, so their slots hold only
-    // sample indices and labels.
-    const uint64_t row_bytes = (devices.type == DeviceType::cpu ? sizeof(uint32_t) : train.feature_size() * sizeof(float)) +
-                               sizeof(int32_t);
+    // Train and test loaders; CPU replicas gather their own rows (MirroredStrategy::gathers_input,
+    // the same rule), so their slots hold only sample indices and labels.
+    const uint64_t row_bytes =
+        (devices.asynchronous() ? train.feature_size() * sizeof(float) : sizeof(uint32_t)) + sizeof(int32_t);
     const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) * row_bytes;
     const uint64_t need = replicas + slots;
     const uint64_t total = total_host_memory(), avail = available_host_memory();
