@@ -333,6 +333,36 @@ TEST_CASE("cpu gemm matches double reference for every transpose combination") {
             }
 }
 
+// A Dense forward's product (few rows, B transposed, beta 0) is computed by the CPU backend as its
+// transpose and transposed back: every leading dimension honoured, the padding beyond each row of
+// C untouched, on both sides of the size floor and the 128-row limit of that path.
+TEST_CASE("cpu gemm with few rows and a transposed B matches double reference, leading dimensions padded") {
+    Rng rng(7);
+    auto d = make_cpu_device(0);
+    struct Shape { int m, n, k; };
+    for (const Shape s : {Shape{64, 300, 40}, Shape{128, 129, 64}, Shape{1, 700, 800}, Shape{16, 64, 64},
+                          Shape{200, 300, 40}}) {
+        CAPTURE(s.m);
+        CAPTURE(s.n);
+        CAPTURE(s.k);
+        const int lda = s.k + 3, ldb = s.k + 5, ldc = s.n + 7;
+        GemmCase g{false, true, s.m, s.n, s.k, 1.5f, 0.0f, rng.normal(size_t(s.m) * s.k), rng.normal(size_t(s.n) * s.k), {}};
+        std::vector<float> a(size_t(s.m) * lda, NAN), b(size_t(s.n) * ldb, NAN), c(size_t(s.m) * ldc, NAN);
+        for (int i = 0; i < s.m; ++i) std::copy_n(&g.a[size_t(i) * s.k], s.k, &a[size_t(i) * lda]);
+        for (int j = 0; j < s.n; ++j) std::copy_n(&g.b[size_t(j) * s.k], s.k, &b[size_t(j) * ldb]);
+        for (int i = 0; i < s.m; ++i) std::fill_n(&c[size_t(i) * ldc + s.n], ldc - s.n, 42.0f);  // padding
+        d->gemm(d->compute_stream(), false, true, s.m, s.n, s.k, g.alpha, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
+        std::vector<float> got(size_t(s.m) * s.n);
+        bool padding_kept = true;
+        for (int i = 0; i < s.m; ++i) {
+            std::copy_n(&c[size_t(i) * ldc], s.n, &got[size_t(i) * s.n]);
+            for (int j = s.n; j < ldc; ++j) padding_kept = padding_kept && c[size_t(i) * ldc + j] == 42.0f;
+        }
+        CHECK(padding_kept);
+        CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
+    }
+}
+
 TEST_CASE("cpu bias_act_forward and act_backward match double reference") {
     Rng rng(2);
     auto d = make_cpu_device(0);
