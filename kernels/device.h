@@ -401,6 +401,15 @@ public:
     // for replicas that share one parameter copy (CPU replicas, replicas of one GPU: every buffer
     // loadable from here, at most PeerBuffers::kMax on CUDA). Devices without it throw DeviceError.
     virtual void sum_into(Stream s, float* const* buffers, int count, int into, size_t offset, size_t n);
+    // The shared-parameter update of [offset, offset + n) in one call: the gradient is what
+    // sum_into(grads, count, into, offset, n) sums, the step what sgd_update (adamw_update) takes
+    // with it; param and the optimizer state point at the slice. Whether grads[into] holds the sum
+    // afterwards is unspecified. The default makes the two calls; the CPU backend makes one pass
+    // that never stores the sum.
+    virtual void summed_sgd_update(Stream s, float* const* grads, int count, int into, size_t offset, size_t n,
+                                   float* param, float* momentum, const SgdArgs& a);
+    virtual void summed_adamw_update(Stream s, float* const* grads, int count, int into, size_t offset, size_t n,
+                                     float* param, float* m, float* v, const AdamWArgs& a);
     // Can kernels on this device load (and store) peer's memory directly?
     virtual bool can_load_from(const Device& peer) const = 0;
     // f32 gradients to and from the bf16 wire format (16-bit storage, round to nearest even).

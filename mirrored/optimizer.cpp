@@ -42,41 +42,65 @@ Optimizer::Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) : dev_(d
     }
 }
 
+SgdArgs Optimizer::sgd_args(float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
+                            const StepValues* values) const {
+    SgdArgs a;
+    a.lr = lr;
+    a.momentum = float(cfg_.momentum);
+    a.nesterov = cfg_.nesterov;
+    a.weight_decay = float(cfg_.weight_decay);
+    a.clip_norm = float(cfg_.grad_clip_norm);
+    a.grad_stats = grad_stats;
+    a.loss_scale = loss_scale;
+    a.skip_nonfinite = skip_nonfinite;
+    a.values = values;
+    return a;
+}
+
+AdamWArgs Optimizer::adamw_args(int64_t step, float lr, const float* grad_stats, const float* loss_scale,
+                                bool skip_nonfinite, const StepValues* values) const {
+    AdamWArgs a;
+    a.lr = lr;
+    a.beta1 = float(cfg_.beta1);
+    a.beta2 = float(cfg_.beta2);
+    a.eps = float(cfg_.eps);
+    a.weight_decay = float(cfg_.weight_decay);
+    a.step = step + 1;
+    a.clip_norm = float(cfg_.grad_clip_norm);
+    a.grad_stats = grad_stats;
+    a.loss_scale = loss_scale;
+    a.skip_nonfinite = skip_nonfinite;
+    a.values = values;
+    return a;
+}
+
+void Optimizer::check_range(size_t begin, size_t end) const {
+    if (end > n_ || begin > end) throw Error(kExitFailure, "optimizer: range past the parameters");
+}
+
 void Optimizer::apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end,
                             int64_t step, float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
                             const StepValues* values) {
-    if (end > n_ || begin > end) throw Error(kExitFailure, "optimizer: range past the parameters");
+    check_range(begin, end);
     const size_t n = end - begin;
-    params += begin;
-    grads += begin;
-    const float clip = static_cast<float>(cfg_.grad_clip_norm);
-    if (cfg_.type == OptimizerConfig::Type::adamw) {
-        AdamWArgs a;
-        a.lr = lr;
-        a.beta1 = float(cfg_.beta1);
-        a.beta2 = float(cfg_.beta2);
-        a.eps = float(cfg_.eps);
-        a.weight_decay = float(cfg_.weight_decay);
-        a.step = step + 1;
-        a.clip_norm = clip;
-        a.grad_stats = grad_stats;
-        a.loss_scale = loss_scale;
-        a.skip_nonfinite = skip_nonfinite;
-        a.values = values;
-        on.adamw_update(s, n, params, grads, m_.data() + begin, v_.data() + begin, a);
-    } else {
-        SgdArgs a;
-        a.lr = lr;
-        a.momentum = float(cfg_.momentum);
-        a.nesterov = cfg_.nesterov;
-        a.weight_decay = float(cfg_.weight_decay);
-        a.clip_norm = clip;
-        a.grad_stats = grad_stats;
-        a.loss_scale = loss_scale;
-        a.skip_nonfinite = skip_nonfinite;
-        a.values = values;
-        on.sgd_update(s, n, params, grads, m_.size() ? m_.data() + begin : nullptr, a);
-    }
+    if (cfg_.type == OptimizerConfig::Type::adamw)
+        on.adamw_update(s, n, params + begin, grads + begin, m_.data() + begin, v_.data() + begin,
+                        adamw_args(step, lr, grad_stats, loss_scale, skip_nonfinite, values));
+    else
+        on.sgd_update(s, n, params + begin, grads + begin, m_.size() ? m_.data() + begin : nullptr,
+                      sgd_args(lr, grad_stats, loss_scale, skip_nonfinite, values));
+}
+
+void Optimizer::apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
+                                   size_t begin, size_t end, int64_t step, float lr, const StepValues* values) {
+    check_range(begin, end);
+    const size_t n = end - begin;
+    if (cfg_.type == OptimizerConfig::Type::adamw)
+        on.summed_adamw_update(s, grads, count, into, begin, n, params + begin, m_.data() + begin, v_.data() + begin,
+                               adamw_args(step, lr, nullptr, nullptr, false, values));
+    else
+        on.summed_sgd_update(s, grads, count, into, begin, n, params + begin, m_.size() ? m_.data() + begin : nullptr,
+                             sgd_args(lr, nullptr, nullptr, false, values));
 }
 
 StepValues Optimizer::step_values(int64_t step, float lr) const {
@@ -84,11 +108,7 @@ StepValues Optimizer::step_values(int64_t step, float lr) const {
     v.lr = lr;
     v.step = uint32_t(step);
     if (cfg_.type == OptimizerConfig::Type::adamw) {
-        AdamWArgs a;
-        a.beta1 = float(cfg_.beta1);
-        a.beta2 = float(cfg_.beta2);
-        a.step = step + 1;
-        const AdamWCorrections c = adamw_corrections(a);
+        const AdamWCorrections c = adamw_corrections(adamw_args(step, lr, nullptr, nullptr, false, nullptr));
         v.adamw_bc1 = c.bc1;
         v.adamw_bc2_sqrt = c.bc2_sqrt;
     }

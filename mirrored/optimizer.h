@@ -56,6 +56,12 @@ public:
     void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
                      float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
                      const StepValues* values = nullptr);
+    // The same over [begin, end) with the gradients of the replicas sharing this parameter copy
+    // summed as Device::sum_into sums them (grads[into]'s first), inside the update's own pass
+    // (Device::summed_sgd_update): what clipping or loss scaling would need, the norm of the sum
+    // before the update, is not there, so neither may be on. grads point at element 0.
+    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
+                            size_t begin, size_t end, int64_t step, float lr, const StepValues* values = nullptr);
     // The values of 0-based step `step` at learning rate lr, as the update computes them.
     StepValues step_values(int64_t step, float lr) const;
     // Named state buffers (same layout as the parameters), for checkpoints.
@@ -63,6 +69,12 @@ public:
     const OptimizerConfig& config() const { return cfg_; }
 
 private:
+    SgdArgs sgd_args(float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
+                     const StepValues* values) const;
+    AdamWArgs adamw_args(int64_t step, float lr, const float* grad_stats, const float* loss_scale,
+                         bool skip_nonfinite, const StepValues* values) const;
+    void check_range(size_t begin, size_t end) const;
+
     Device& dev_;
     OptimizerConfig cfg_;
     size_t n_;

@@ -791,7 +791,8 @@ Shard MirroredStrategy::slice(int r) const {
 // slice over all replicas (in replica order, into its own buffer: the others read only their own
 // slices) and, in a multi-node run, over the nodes -> the gradient statistics, per slice, added in
 // replica order -> the optimizer, the running statistics and the 16-bit copy on r's slice of the
-// one parameter copy -> nobody computes with the parameters before every slice is updated.
+// one parameter copy -> nobody computes with the parameters before every slice is updated. With
+// no statistics and one node the optimizer sums the trainable part itself, as it reads it.
 void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing,
                                      double& comm) {
     Device& d = *R.device;
@@ -799,16 +800,20 @@ void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const S
     Replica& H = *replicas_[0];
     const Shard sl = slice(R.index);
     const size_t begin = size_t(sl.begin), end = begin + size_t(sl.rows), trainable = model_.trainable_size();
-    const double c0 = now_s();
-    join_replicas(R);
-    if (end > begin) {
-        d.sum_into(cs, grad_ptrs_.data(), replicas(), R.index, begin, end - begin);
-        if (nodes_) nodes_->sum_channel(R.index, R.grads.data() + begin, end - begin);
-    }
-    comm += now_s() - c0;
     const size_t tb = std::min(begin, trainable), te = std::min(end, trainable);  // the trainable part
     const float* loss_scale = loss_scaling_ ? R.loss_scale.data() : nullptr;
     const bool stats = H.optimizer->config().grad_clip_norm > 0 || loss_scaling_;
+    // Without statistics or other nodes nothing needs the trainable sum before the update: the
+    // update sums as it goes (apply_summed_range), and only the running statistics are summed here.
+    const bool sum_in_update = !stats && !nodes_;
+    const size_t sum_from = sum_in_update ? std::max(begin, trainable) : begin;
+    const double c0 = now_s();
+    join_replicas(R);
+    if (end > sum_from) {
+        d.sum_into(cs, grad_ptrs_.data(), replicas(), R.index, sum_from, end - sum_from);
+        if (nodes_) nodes_->sum_channel(R.index, R.grads.data() + begin, end - begin);
+    }
+    comm += now_s() - c0;
     if (stats) {
         d.sum_squares(cs, te - tb, R.grads.data() + tb, loss_scale, R.grad_stats.data());
         join_replicas(R);
@@ -817,7 +822,10 @@ void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const S
             d.reduce_from_peer(cs, R.grad_total.data(), *replicas_[q]->device, replicas_[q]->grad_stats.data(), DType::f32, 2);
     }
     if (timing) d.event_record(R.t_reduced, cs);  // the sums are this path's communication
-    if (te > tb)
+    if (te > tb && sum_in_update)
+        H.optimizer->apply_summed_range(d, cs, H.params.data(), grad_ptrs_.data(), replicas(), R.index, tb, te, step, lr,
+                                        values);
+    else if (te > tb)
         H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data(), tb, te, step, lr,
                                  stats ? R.grad_total.data() : nullptr, loss_scale, loss_scaling_, values);
     if (loss_scaling_) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_total.data(), cfg_.loss_scale_growth_interval);

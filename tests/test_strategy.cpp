@@ -356,12 +356,80 @@ void check_sum_into(Device& d) {
     }
 }
 
+// Device::summed_sgd_update / summed_adamw_update on device d against sum_into followed by the
+// plain update, on copies: the same parameters and optimizer state bit for bit, for 1-3 buffers,
+// either end's buffer as the own one, slices shorter than, equal to and spanning blocks.
+void check_summed_update(Device& d) {
+    test::Rng rng(22);
+    const Stream s = d.compute_stream();
+    enum class Opt { sgd, sgd_nesterov_decay, sgd_plain, adamw };
+    for (Opt opt : {Opt::sgd, Opt::sgd_nesterov_decay, Opt::sgd_plain, Opt::adamw})
+        for (int count : {1, 2, 3})
+            for (int into : {0, count - 1})
+                for (size_t n : {size_t(1), size_t(1024), size_t(2500)}) {
+                    const size_t offset = 3, total = n + 8;
+                    std::vector<std::vector<float>> g;
+                    for (int k = 0; k < count; ++k) g.push_back(rng.normal(total, 0.1f));
+                    const auto p0 = rng.normal(n), m0 = rng.normal(n, 0.1f), v0 = rng.uniform(n, 0.0f, 0.01f);
+                    SgdArgs sa;
+                    sa.lr = 0.05f;
+                    sa.momentum = opt == Opt::sgd_plain ? 0.0f : 0.9f;
+                    sa.nesterov = opt == Opt::sgd_nesterov_decay;
+                    sa.weight_decay = opt == Opt::sgd_nesterov_decay ? 1e-2f : 0.0f;
+                    AdamWArgs aa;
+                    aa.lr = 1e-3f;
+                    aa.weight_decay = 1e-2f;
+                    aa.step = 7;
+                    // fused: summed_*_update reads every buffer; separate: sum_into, then the update
+                    auto run = [&](bool fused) {
+                        std::vector<DeviceBuffer<float>> bufs;
+                        std::vector<float*> ptrs;
+                        for (int k = 0; k < count; ++k) {
+                            bufs.push_back(upload(d, g[size_t(k)]));
+                            ptrs.push_back(bufs.back().data());
+                        }
+                        auto p = upload(d, p0), m = upload(d, m0), v = upload(d, v0);
+                        float* mom = opt == Opt::sgd_plain ? nullptr : m.data();
+                        if (fused && opt == Opt::adamw)
+                            d.summed_adamw_update(s, ptrs.data(), count, into, offset, n, p.data(), m.data(), v.data(), aa);
+                        else if (fused)
+                            d.summed_sgd_update(s, ptrs.data(), count, into, offset, n, p.data(), mom, sa);
+                        else {
+                            d.sum_into(s, ptrs.data(), count, into, offset, n);
+                            const float* sum = ptrs[size_t(into)] + offset;
+                            if (opt == Opt::adamw) d.adamw_update(s, n, p.data(), sum, m.data(), v.data(), aa);
+                            else d.sgd_update(s, n, p.data(), sum, mom, sa);
+                        }
+                        auto out = download(d, p);
+                        for (auto* b : {&m, &v}) {
+                            const auto h = download(d, *b);
+                            out.insert(out.end(), h.begin(), h.end());
+                        }
+                        return out;
+                    };
+                    const auto fused = run(true), separate = run(false);
+                    CAPTURE(d.name());
+                    CAPTURE(int(opt));
+                    CAPTURE(count);
+                    CAPTURE(into);
+                    CAPTURE(n);
+                    CHECK(fused == separate);
+                    CHECK(!std::equal(p0.begin(), p0.end(), fused.begin()));  // an update happened
+                }
+}
+
 }  // namespace
 
 TEST_CASE("sum_into (cpu, sim): in place into one buffer, its own value first, then the others in order; nothing else written") {
     SimScope sim(30);
     check_sum_into(*make_cpu_device(0));
     check_sum_into(*make_sim_device(0));
+}
+
+TEST_CASE("summed optimizer updates (cpu; sim's default: the two calls) equal sum_into then the update, bit for bit") {
+    SimScope sim(31);
+    check_summed_update(*make_cpu_device(0));
+    check_summed_update(*make_sim_device(0));
 }
 
 TEST_CASE("cuda sum_into equals the CPU's order bit for bit") {

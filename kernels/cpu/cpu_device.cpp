@@ -64,13 +64,21 @@ CPU_LOOP_CLONES void sgd_loop(size_t n, float* __restrict p, const float* __rest
     }
 }
 
-CPU_LOOP_CLONES void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                float f, const AdamWArgs& a) {
+// One AdamW step's scalars, resolved once per call (the bias corrections take two pow()s).
+struct AdamWStep {
+    float step_size, decay, b1, b2, eps, bc2_sqrt;
+};
+
+AdamWStep adamw_step(const AdamWArgs& a) {
     const auto [bc1, bc2_sqrt] = a.values ? AdamWCorrections{a.values->adamw_bc1, a.values->adamw_bc2_sqrt}
                                           : adamw_corrections(a);
     const float lr = a.values ? a.values->lr : a.lr;
-    const float step_size = lr / bc1, decay = 1.0f - lr * a.weight_decay;
-    const float b1 = a.beta1, b2 = a.beta2, eps = a.eps;
+    return {lr / bc1, 1.0f - lr * a.weight_decay, a.beta1, a.beta2, a.eps, bc2_sqrt};
+}
+
+CPU_LOOP_CLONES void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                float f, const AdamWStep& st) {
+    const float step_size = st.step_size, decay = st.decay, b1 = st.b1, b2 = st.b2, eps = st.eps, bc2_sqrt = st.bc2_sqrt;
     for (size_t i = 0; i < n; ++i) {
         const float gi = g[i] * f;
         const float mi = b1 * m[i] + (1.0f - b1) * gi;
@@ -83,6 +91,31 @@ CPU_LOOP_CLONES void adamw_loop(size_t n, float* __restrict p, const float* __re
 
 CPU_LOOP_CLONES void cpu_sum_into(float* const* ptr, int count, int into, size_t offset, size_t n) {
     host_sum_into(ptr, count, into, offset, n);
+}
+
+// sum[0, n) = what host_sum_into stores at [at, at + n): the own buffer's value first, then the
+// others' in buffer order.
+CPU_LOOP_CLONES void sum_block(size_t n, float* __restrict sum, float* const* ptr, int count, int into, size_t at) {
+    const float* own = ptr[into] + at;
+    for (size_t i = 0; i < n; ++i) sum[i] = own[i];
+    for (int k = 0; k < count; ++k) {
+        if (k == into) continue;
+        const float* x = ptr[k] + at;
+        for (size_t i = 0; i < n; ++i) sum[i] += x[i];
+    }
+}
+
+// Calls update(first, length, gradient) for the blocks of [offset, offset + n), the gradient being
+// the replicas' sum over that block, held on the stack: the update reads it from L1, and the sum
+// is never written to memory and read back (as sum_into followed by the update would).
+template <typename Update>
+void for_summed_blocks(float* const* grads, int count, int into, size_t offset, size_t n, Update&& update) {
+    alignas(64) float sum[kHostSumBlock];
+    for (size_t at = 0; at < n; at += kHostSumBlock) {
+        const size_t len = std::min(kHostSumBlock, n - at);
+        sum_block(len, sum, grads, count, into, offset + at);
+        update(at, len, static_cast<const float*>(sum));
+    }
 }
 
 // C[m,n] = alpha A[m,k] B[n,k]^T with few rows and many columns (a Dense layer's forward: a
@@ -562,7 +595,25 @@ public:
     void adamw_update(Stream, size_t n, float* p, const float* g, float* m, float* v,
                       const AdamWArgs& a) override {
         if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
-        adamw_loop(n, p, g, m, v, grad_factor(a.clip_norm, a.grad_stats, a.loss_scale), a);
+        adamw_loop(n, p, g, m, v, grad_factor(a.clip_norm, a.grad_stats, a.loss_scale), adamw_step(a));
+    }
+
+    void summed_sgd_update(Stream, float* const* grads, int count, int into, size_t offset, size_t n, float* p,
+                           float* m, const SgdArgs& a) override {
+        if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
+        const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
+        for_summed_blocks(grads, count, into, offset, n, [&](size_t at, size_t len, const float* g) {
+            sgd_loop(len, p + at, g, m ? m + at : nullptr, f, a);
+        });
+    }
+    void summed_adamw_update(Stream, float* const* grads, int count, int into, size_t offset, size_t n, float* p,
+                             float* m, float* v, const AdamWArgs& a) override {
+        if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
+        const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
+        const AdamWStep st = adamw_step(a);
+        for_summed_blocks(grads, count, into, offset, n, [&](size_t at, size_t len, const float* g) {
+            adamw_loop(len, p + at, g, m + at, v + at, f, st);
+        });
     }
 
     void loss_scale_update(Stream, float* state, const float* grad_stats, int growth_interval) override {
