@@ -512,5 +512,8 @@ PeerTransport peer_transport();
 
 // BLAS threads for CPU replicas: one each, because replicas are the parallelism.
 void cpu_set_blas_threads(int n);
+// The CPU backend computes a GEMM with up to this many rows and B transposed as its transpose,
+// in a scratch of rows x columns floats per thread (kernels/cpu/cpu_device.cpp says why).
+constexpr int kCpuTransposedGemmMaxRows = 128;
 
 }  // namespace mirrored

@@ -171,8 +171,11 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
         for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
             *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
-    // cuBLAS workspace, scratch and peer staging on GPUs (real or simulated)
-    m.workspace = type == DeviceType::cpu ? 0 : (uint64_t(32) << 20) + (uint64_t(4) << 20) + (uint64_t(8) << 20);
+    // cuBLAS workspace, scratch and peer staging on GPUs (real or simulated); on CPUs the GEMM
+    // scratch, at most one layer's output for that many rows - within their activations
+    m.workspace = type == DeviceType::cpu
+                      ? model.activation_bytes(std::min(micro_rows, kCpuTransposedGemmMaxRows), sizeof(float))
+                      : (uint64_t(32) << 20) + (uint64_t(4) << 20) + (uint64_t(8) << 20);
     return m;
 }
 

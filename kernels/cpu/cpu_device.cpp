@@ -126,7 +126,7 @@ void for_summed_blocks(float* const* grads, int count, int into, size_t offset, 
 // nothing. The same micro-kernel sums every element over k in the same order, so the results
 // equal the direct call's (the default run's parameters are bit-identical).
 bool by_transposed_product(int m, int n, int k) {
-    return m <= 128 && m < n && double(m) * n * k >= double(1 << 19);
+    return m <= kCpuTransposedGemmMaxRows && m < n && double(m) * n * k >= double(1 << 19);
 }
 
 void sgemm_nt_transposed(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
