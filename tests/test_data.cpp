@@ -273,6 +273,33 @@ TEST_CASE("csv: header detection, label by name or index, errors name the line")
     CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{"nope"}), doctest::Contains("no column named 'nope'"), DataError);
 }
 
+TEST_CASE("load_datasets: a data set large enough for huge pages keeps every value (the page hint changes no contents)") {
+    DataConfig c;
+    c.dataset = "synthetic";
+    c.input_shape = {784};
+    c.classes = 10;
+    c.train_samples = 3000;  // 9.4 MB: several whole 2 MiB pages
+    c.test_samples = 700;
+    const Datasets d = load_datasets(c, "", 5);
+    SyntheticOptions o;
+    o.shape = c.input_shape;
+    o.classes = c.classes;
+    o.seed = 5;
+    o.samples = c.train_samples;
+    Dataset want = make_synthetic(o);
+    o.samples = c.test_samples;
+    o.split = 1;
+    Dataset want_test = make_synthetic(o);
+    if (c.normalize != DataConfig::Normalize::none) {
+        const Normalization n = compute_normalization(want);
+        normalize(want, n);
+        normalize(want_test, n);
+    }
+    CHECK(d.train.features == want.features);
+    CHECK(d.test.features == want_test.features);
+    CHECK(d.train.labels == want.labels);
+}
+
 TEST_CASE("synthetic: deterministic by seed, every class present, train and test share the rule") {
     SyntheticOptions o;
     o.shape = {20};
