@@ -195,6 +195,12 @@ def main():
               zip(samples["mirrored cpu:2"], samples["PyTorch 1 thread"], samples["PyTorch 2 threads"])]
     print(f"the same, paired by round:                  {statistics.median(paired):.2f}x median "
           f"({min(paired):.2f}x - {max(paired):.2f}x)")
+    # A shared VM changes speed for minutes at a time; say so when a row's rounds disagree, since
+    # then the medians mix two machines and the paired ratio is the steadier number.
+    unsteady = [n for n, v in samples.items() if len(v) > 1 and max(v) > 1.15 * min(v)]
+    if unsteady:
+        print("note: rounds of " + ", ".join(unsteady) + " differ by more than 15% (max/min): the machine's "
+              "speed changed during the run; compare the paired ratio, or rerun")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"machine": cpu, "blas": blas, "pytorch_kernel": kernel, "medians": med, "samples": samples,
