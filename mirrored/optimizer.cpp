@@ -42,6 +42,23 @@ Optimizer::Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) : dev_(d
     }
 }
 
+namespace {
+
+// The fields SgdArgs and AdamWArgs share: clipping, loss scaling, overflow skipping and the
+// step's device-side values.
+template <typename Args>
+Args with_step_inputs(Args a, const OptimizerConfig& cfg, const float* grad_stats, const float* loss_scale,
+                      bool skip_nonfinite, const StepValues* values) {
+    a.clip_norm = float(cfg.grad_clip_norm);
+    a.grad_stats = grad_stats;
+    a.loss_scale = loss_scale;
+    a.skip_nonfinite = skip_nonfinite;
+    a.values = values;
+    return a;
+}
+
+}  // namespace
+
 SgdArgs Optimizer::sgd_args(float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
                             const StepValues* values) const {
     SgdArgs a;
@@ -49,12 +66,7 @@ SgdArgs Optimizer::sgd_args(float lr, const float* grad_stats, const float* loss
     a.momentum = float(cfg_.momentum);
     a.nesterov = cfg_.nesterov;
     a.weight_decay = float(cfg_.weight_decay);
-    a.clip_norm = float(cfg_.grad_clip_norm);
-    a.grad_stats = grad_stats;
-    a.loss_scale = loss_scale;
-    a.skip_nonfinite = skip_nonfinite;
-    a.values = values;
-    return a;
+    return with_step_inputs(a, cfg_, grad_stats, loss_scale, skip_nonfinite, values);
 }
 
 AdamWArgs Optimizer::adamw_args(int64_t step, float lr, const float* grad_stats, const float* loss_scale,
@@ -66,12 +78,7 @@ AdamWArgs Optimizer::adamw_args(int64_t step, float lr, const float* grad_stats,
     a.eps = float(cfg_.eps);
     a.weight_decay = float(cfg_.weight_decay);
     a.step = step + 1;
-    a.clip_norm = float(cfg_.grad_clip_norm);
-    a.grad_stats = grad_stats;
-    a.loss_scale = loss_scale;
-    a.skip_nonfinite = skip_nonfinite;
-    a.values = values;
-    return a;
+    return with_step_inputs(a, cfg_, grad_stats, loss_scale, skip_nonfinite, values);
 }
 
 void Optimizer::check_range(size_t begin, size_t end) const {
