@@ -37,7 +37,12 @@ LDFLAGS_EXTRA ?=
 WITH_MPI ?= $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1 || echo 0)
 MPI_CFLAGS = $(if $(filter 1,$(WITH_MPI)),$(shell pkg-config --cflags ompi-c) -DMIRRORED_MPI=1,-DMIRRORED_MPI=0)
 MPI_LIBS = $(if $(filter 1,$(WITH_MPI)),$(shell pkg-config --libs ompi-c))
-LDLIBS = $(PKG_LIBS) $(MPI_LIBS) -pthread -ldl
+# libxsmm (Debian's libxsmm-dev, x86-64) JIT-compiles the CPU replicas' GEMMs for their exact
+# shapes (kernels/cpu/jit_gemm.h); without it, or with WITH_XSMM=0, OpenBLAS runs them all.
+WITH_XSMM ?= $(shell pkg-config --exists libxsmm 2>/dev/null && echo 1 || echo 0)
+XSMM_CFLAGS = $(if $(filter 1,$(WITH_XSMM)),$(shell pkg-config --cflags libxsmm) -DMIRRORED_XSMM=1,-DMIRRORED_XSMM=0)
+XSMM_LIBS = $(if $(filter 1,$(WITH_XSMM)),$(shell pkg-config --libs libxsmm))
+LDLIBS = $(XSMM_LIBS) $(PKG_LIBS) $(MPI_LIBS) -pthread -ldl
 
 LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp mirrored/layers/*.cpp \
                      mirrored/tools/*.cpp)
@@ -104,6 +109,7 @@ $(OBJ)/%.o: %.cpp | $(DEPS_STEP)
 $(OBJ)/kernels/cpu/%.o: CXXFLAGS += -O3 -fno-math-errno -ffp-contract=off
 
 $(OBJ)/mirrored/nodes.o: CXXFLAGS += $(MPI_CFLAGS)
+$(OBJ)/kernels/cpu/jit_gemm.o: CXXFLAGS += $(XSMM_CFLAGS)
 
 $(OBJ)/%.cu.o: %.cu | $(DEPS_STEP)
 	@mkdir -p $(dir $@)

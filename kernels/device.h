@@ -513,7 +513,8 @@ PeerTransport peer_transport();
 // BLAS threads for CPU replicas: one each, because replicas are the parallelism.
 void cpu_set_blas_threads(int n);
 // The CPU backend computes a GEMM with up to this many rows and B transposed as its transpose,
-// in a scratch of rows x columns floats per thread (kernels/cpu/cpu_device.cpp says why).
+// in a scratch of rows x columns floats per thread (kernels/cpu/cpu_device.cpp and
+// kernels/cpu/jit_gemm.cpp say why).
 constexpr int kCpuTransposedGemmMaxRows = 128;
 
 }  // namespace mirrored

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <cstring>
 
+#include "kernels/cpu/jit_gemm.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/op_math.h"
@@ -361,6 +362,58 @@ TEST_CASE("cpu gemm with few rows and a transposed B matches double reference, l
         CHECK(padding_kept);
         CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
     }
+}
+
+// Products through kernels generated for their shape (kernels/cpu/jit_gemm.h): each layout they
+// take, beta 0 and 1, leading dimensions padded and the padding untouched, sizes that are not a
+// multiple of the vector width, and products cut into several row panels.
+TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, leading dimensions padded") {
+    if (jit_gemm_description().empty()) {
+        CHECK_FALSE(jit_gemm_takes(false, true, 64, 512, 784, false));
+        MESSAGE("skipped: no JIT GEMM kernels in this build or on this CPU (libxsmm, AVX-512)");
+        return;
+    }
+    struct Shape {
+        bool ta, tb;
+        int m, n, k;
+        bool accumulate;
+    };
+    Rng rng(11);
+    for (const Shape s : {Shape{false, true, 64, 300, 40, false}, Shape{false, true, 37, 300, 784, false},
+                          Shape{false, true, 128, 70, 1100, false}, Shape{true, false, 45, 67, 64, false},
+                          Shape{true, false, 20, 300, 1024, true}, Shape{true, false, 256, 784, 63, true},
+                          Shape{false, false, 64, 300, 1024, false}, Shape{false, false, 50, 33, 17, true}}) {
+        CAPTURE(s.ta);
+        CAPTURE(s.tb);
+        CAPTURE(s.m);
+        CAPTURE(s.n);
+        CAPTURE(s.k);
+        CAPTURE(s.accumulate);
+        REQUIRE(jit_gemm_takes(s.ta, s.tb, s.m, s.n, s.k, s.accumulate));
+        GemmCase g{s.ta, s.tb, s.m, s.n, s.k, 1.0f, s.accumulate ? 1.0f : 0.0f, rng.normal(size_t(s.m) * s.k),
+                   rng.normal(size_t(s.k) * s.n), rng.normal(size_t(s.m) * s.n)};
+        // A stored [m,k] or [k,m], B [k,n] or [n,k], C [m,n]: each row padded with NaN (42 in C).
+        const int a_rows = s.ta ? s.k : s.m, a_cols = s.ta ? s.m : s.k, b_rows = s.tb ? s.n : s.k,
+                  b_cols = s.tb ? s.k : s.n;
+        const int lda = a_cols + 3, ldb = b_cols + 5, ldc = s.n + 7;
+        std::vector<float> a(size_t(a_rows) * lda, NAN), b(size_t(b_rows) * ldb, NAN), c(size_t(s.m) * ldc, 42.0f);
+        for (int i = 0; i < a_rows; ++i) std::copy_n(&g.a[size_t(i) * a_cols], a_cols, &a[size_t(i) * lda]);
+        for (int i = 0; i < b_rows; ++i) std::copy_n(&g.b[size_t(i) * b_cols], b_cols, &b[size_t(i) * ldb]);
+        for (int i = 0; i < s.m; ++i) std::copy_n(&g.c0[size_t(i) * s.n], s.n, &c[size_t(i) * ldc]);
+        CHECK(jit_gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(), ldc));
+        std::vector<float> got(size_t(s.m) * s.n);
+        bool padding_kept = true;
+        for (int i = 0; i < s.m; ++i) {
+            std::copy_n(&c[size_t(i) * ldc], s.n, &got[size_t(i) * s.n]);
+            for (int j = s.n; j < ldc; ++j) padding_kept = padding_kept && c[size_t(i) * ldc + j] == 42.0f;
+        }
+        CHECK(padding_kept);
+        CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
+    }
+    // The default MLP's products (a replica's 64 rows through 784-512-256) are among those taken.
+    CHECK(jit_gemm_takes(false, true, 64, 512, 784, false));
+    CHECK(jit_gemm_takes(true, false, 512, 784, 64, false));
+    CHECK(jit_gemm_takes(false, false, 64, 512, 256, false));
 }
 
 TEST_CASE("cpu bias_act_forward and act_backward match double reference") {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/jit_gemm.h"
 #include "kernels/machine_cache.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -292,7 +293,10 @@ std::string cpu_model_name() {
     return "unknown CPU";
 }
 
-std::string blas_kernel() { return core_name(); }
+std::string blas_kernel() {
+    const std::string jit = jit_gemm_description();
+    return jit.empty() ? core_name() : core_name() + " + " + jit;
+}
 
 std::string blas_description() {
     std::string version = "OpenBLAS";
@@ -301,7 +305,8 @@ std::string blas_description() {
         const size_t sp = s.find(' ', 9);
         version = s.substr(0, sp == std::string::npos ? s.size() : sp);
     }
-    return version + ", kernel " + core_name() + " (" + g_how + ")";
+    const std::string jit = jit_gemm_description();
+    return version + ", kernel " + core_name() + " (" + g_how + ")" + (jit.empty() ? "" : "; JIT GEMMs " + jit);
 }
 
 }  // namespace mirrored

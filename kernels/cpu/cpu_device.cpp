@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/jit_gemm.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/op_math.h"
@@ -220,6 +221,9 @@ public:
         if (k <= 0) {
             for (int i = 0; i < m; ++i)
                 for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[size_t(i) * ldc + j];
+        } else if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f) &&
+                   jit_gemm(ta, tb, m, n, k, F(a), lda, F(b), ldb, beta == 1.0f, c, ldc)) {
+            // a kernel generated for this shape (kernels/cpu/jit_gemm.h)
         } else if (!ta && tb && beta == 0.0f && by_transposed_product(m, n, k)) {
             sgemm_nt_transposed(m, n, k, alpha, F(a), lda, F(b), ldb, c, ldc);
         } else {

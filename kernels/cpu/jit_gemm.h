@@ -1,0 +1,31 @@
+// GEMMs through kernels JIT-compiled for their exact shape (libxsmm), where they beat OpenBLAS.
+//
+// A replica's products are small in one dimension (its 64 rows): OpenBLAS copies both operands
+// into packed panels on every call, and for these shapes the packing and the edge handling cost
+// 15-30% of the product. libxsmm generates, once per shape and leading dimensions, a kernel that
+// reads the operands where they lie; on an AVX-512 core it runs the default MLP's products at
+// 250-265 GFLOP/s against OpenBLAS's 200-225 (docs/PERFORMANCE.md). It only multiplies
+// non-transposed column-major operands with alpha 1 and beta 0 or 1, so a row-major product with
+// a transposed operand is asked for with that operand (or the result) transposed into a scratch:
+// always the small one, a replica's rows, never the weights.
+//
+// Built in where libxsmm's headers are (Makefile: WITH_XSMM), used on CPUs where it generates
+// AVX-512 code; MIRRORED_JIT_GEMM=0 turns it off. Everything else goes to OpenBLAS.
+#pragma once
+
+#include <string>
+
+namespace mirrored {
+
+// "libxsmm 1.17, avx512_core" where the JIT kernels are in use; empty where they are not.
+std::string jit_gemm_description();
+
+// Whether jit_gemm takes this row-major product (C[m,n] = op(A) op(B), alpha 1, beta 0 or 1).
+bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate);
+
+// Row-major C[m,n] = op(A) op(B), plus C when accumulate; false, touching nothing, where
+// jit_gemm_takes says no.
+bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+              bool accumulate, float* c, int ldc);
+
+}  // namespace mirrored
