@@ -98,8 +98,14 @@ CPU_LOOP_CLONES void cpu_sum_into(float* const* ptr, int count, int into, size_t
 // others' in buffer order.
 CPU_LOOP_CLONES void sum_block(size_t n, float* __restrict sum, float* const* ptr, int count, int into, size_t at) {
     const float* own = ptr[into] + at;
-    for (size_t i = 0; i < n; ++i) sum[i] = own[i];
-    for (int k = 0; k < count; ++k) {
+    const int first = into == 0 ? 1 : 0;  // the first other buffer, added in the same pass
+    if (first >= count) {
+        for (size_t i = 0; i < n; ++i) sum[i] = own[i];
+        return;
+    }
+    const float* x0 = ptr[first] + at;
+    for (size_t i = 0; i < n; ++i) sum[i] = own[i] + x0[i];
+    for (int k = first + 1; k < count; ++k) {
         if (k == into) continue;
         const float* x = ptr[k] + at;
         for (size_t i = 0; i < n; ++i) sum[i] += x[i];
