@@ -34,7 +34,8 @@ bool enabled() {
 
 // The kernel for a column-major C[M,N] (+)= A[M,K] B[K,N] with these leading dimensions, or
 // null where libxsmm cannot generate it. A replica runs the same few shapes every step: a short
-// per-thread list finds them without libxsmm's registry (the list grows in the first step only).
+// per-thread list finds them without libxsmm's registry (the list grows in the first step only;
+// past kListed shapes the registry answers).
 Kernel kernel_for(int M, int N, int K, int lda, int ldb, int ldc, bool accumulate) {
     struct Entry {
         int M, N, K, lda, ldb, ldc;
@@ -49,7 +50,8 @@ Kernel kernel_for(int M, int N, int K, int lda, int ldb, int ldc, bool accumulat
     const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_PREFETCH_NONE;
     const libxsmm_blasint m = M, n = N, k = K, la = lda, lb = ldb, lc = ldc;
     const Kernel fn = libxsmm_smmdispatch(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, &prefetch);
-    kernels.push_back({M, N, K, lda, ldb, ldc, accumulate, fn});
+    constexpr size_t kListed = 32;
+    if (kernels.size() < kListed) kernels.push_back({M, N, K, lda, ldb, ldc, accumulate, fn});
     return fn;
 }
 
