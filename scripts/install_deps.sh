@@ -45,20 +45,27 @@ fi
 
 sudo=""
 if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { echo "error: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  if ! command -v sudo >/dev/null; then
+    [[ ${#missing[@]} -eq 0 ]] && { echo "mirrored: not installing ${missing_optional[*]} (optional; needs root or sudo)"; exit 0; }
+    echo "error: need root or sudo to install: ${missing[*]}" >&2; exit 1
+  fi
   sudo="sudo"
 fi
 export DEBIAN_FRONTEND=noninteractive
+# Tries without refreshing the package lists first; refreshes them once if that fails.
+refreshed=0
+apt_install() {
+  $sudo apt-get install -y --no-install-recommends "$@" && return 0
+  [[ $refreshed -eq 1 ]] && return 1
+  refreshed=1
+  $sudo apt-get update && $sudo apt-get install -y --no-install-recommends "$@"
+}
 if [[ ${#missing[@]} -gt 0 ]]; then
   echo "mirrored: installing ${missing[*]}"
-  # Try without refreshing the package lists first; refresh once if that fails.
-  if ! $sudo apt-get install -y --no-install-recommends "${missing[@]}"; then
-    $sudo apt-get update
-    $sudo apt-get install -y --no-install-recommends "${missing[@]}"
-  fi
+  apt_install "${missing[@]}" || exit 1
 fi
 if [[ ${#missing_optional[@]} -gt 0 ]]; then
   echo "mirrored: installing ${missing_optional[*]} (optional)"
-  $sudo apt-get install -y --no-install-recommends "${missing_optional[@]}" ||
+  apt_install "${missing_optional[@]}" ||
     echo "mirrored: ${missing_optional[*]} not available here: every GEMM runs on OpenBLAS"
 fi

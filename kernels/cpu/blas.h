@@ -25,13 +25,13 @@ namespace mirrored {
 void choose_blas_kernel(char** argv);
 
 // "OpenBLAS 0.3.21, kernel SkylakeX (chosen by mirrored: 231 GFLOP/s, OpenBLAS's own Haswell
-// 124); JIT GEMMs libxsmm 1.17, avx512_core)": library, version, kernel, how it was chosen, and
+// 124); JIT GEMMs libxsmm 1.17, cpx)": library, version, kernel, how it was chosen, and
 // the JIT kernels where they are in use (kernels/cpu/jit_gemm.h).
 std::string blas_description();
 // The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none).
 std::string cpu_model_name();
 // The kernels that decide a result's bits: the core name, e.g. "SkylakeX", and the JIT GEMMs'
-// library where they are in use ("SkylakeX + libxsmm 1.17, avx512_core").
+// library where they are in use ("SkylakeX + libxsmm 1.17, cpx").
 std::string blas_kernel();
 
 // The probe's measurement in this process: sgemm GFLOP/s at one thread, or a negative number

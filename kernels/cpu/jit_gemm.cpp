@@ -103,7 +103,8 @@ std::string jit_gemm_description() {
 bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate) {
     if (!enabled() || (ta && tb) || m < 8 || n <= 0 || k <= 0) return false;
     if (ta) return double(m) * double(k) <= 128.0 * 1024;
-    if (tb) return !accumulate && m <= kCpuTransposedGemmMaxRows && n >= (m >= 64 ? 64 : 256);  // no C to add to: it is transposed back
+    // B transposed: the result is transposed back, so there is no C to add to
+    if (tb) return !accumulate && m <= kCpuTransposedGemmMaxRows && n >= (m >= 64 ? 64 : 256);
     return true;
 }
 

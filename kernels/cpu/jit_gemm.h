@@ -17,7 +17,7 @@
 
 namespace mirrored {
 
-// "libxsmm 1.17, avx512_core" where the JIT kernels are in use; empty where they are not.
+// "libxsmm 1.17, cpx" (its target, here Cooper Lake's AVX-512) where the JIT kernels are in use; empty where they are not.
 std::string jit_gemm_description();
 
 // Whether jit_gemm takes this row-major product (C[m,n] = op(A) op(B), alpha 1, beta 0 or 1).
