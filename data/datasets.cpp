@@ -1,7 +1,5 @@
 #include "data/datasets.h"
 
-#include <sys/mman.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -42,24 +40,6 @@ void check_synthetic_size(const DataConfig& c) {
                                                     " samples of " + std::to_string(features) + " features need " +
                                                     (bytes ? format_bytes(bytes) : std::string("more memory than exists")) +
                                                     ", " + format_bytes(avail) + " are available");
-}
-
-// Asks the kernel to back a data set's features with 2 MiB pages. A batch gathers rows from all
-// over it; with 4 KiB pages nearly every row costs a TLB miss and a page walk (Fashion-MNIST's
-// 188 MB are 46,000 pages). Best effort: MADV_COLLAPSE (Linux 6.1) makes the pages huge now,
-// MADV_HUGEPAGE lets later faults and khugepaged do it where collapse is refused; without
-// transparent huge pages both fail and nothing changes. The contents never change.
-void prefer_huge_pages(std::vector<float>& features) {
-#ifndef MADV_COLLAPSE
-    constexpr int MADV_COLLAPSE = 25;  // Linux 6.1; older C libraries lack the name
-#endif
-    constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-    const uintptr_t start = reinterpret_cast<uintptr_t>(features.data());
-    const uintptr_t lo = (start + kHuge - 1) & ~(kHuge - 1), hi = (start + features.size() * sizeof(float)) & ~(kHuge - 1);
-    if (hi <= lo) return;  // under one whole huge page
-    void* range = reinterpret_cast<void*>(lo);
-    ::madvise(range, hi - lo, MADV_HUGEPAGE);
-    ::madvise(range, hi - lo, MADV_COLLAPSE);
 }
 
 }  // namespace

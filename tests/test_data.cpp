@@ -273,6 +273,25 @@ TEST_CASE("csv: header detection, label by name or index, errors name the line")
     CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{"nope"}), doctest::Contains("no column named 'nope'"), DataError);
 }
 
+// The readers size their buffers with resize_features (CIFAR-10 grows one batch file at a time):
+// as vector::resize, whatever the page advice - values kept, new ones zero.
+TEST_CASE("resize_features keeps the values it has and zero-fills the rest, across huge-page-sized growth") {
+    std::vector<float> f;
+    resize_features(f, 1000);
+    CHECK(std::all_of(f.begin(), f.end(), [](float v) { return v == 0.0f; }));
+    for (const size_t n : {size_t(3) << 20, size_t(5) << 20, size_t(5) << 20}) {  // 12 MB, 20 MB, the same
+        const size_t kept = f.size();
+        for (size_t i = 0; i < kept; ++i) f[i] = float(i % 1000) + 0.5f;
+        resize_features(f, n);
+        REQUIRE(f.size() == n);
+        bool same = true, zeros = true;
+        for (size_t i = 0; i < kept; ++i) same = same && f[i] == float(i % 1000) + 0.5f;
+        for (size_t i = kept; i < n; ++i) zeros = zeros && f[i] == 0.0f;
+        CHECK(same);
+        CHECK(zeros);
+    }
+}
+
 TEST_CASE("load_datasets: a data set large enough for huge pages keeps every value (the page hint changes no contents)") {
     DataConfig c;
     c.dataset = "synthetic";
