@@ -92,6 +92,25 @@ std::vector<double> ref_gemm(const GemmCase& g) {
     return c;
 }
 
+// A row-major [rows, cols] matrix stored with leading dimension ld, the padding set to pad.
+std::vector<float> padded(const std::vector<float>& m, int rows, int cols, int ld, float pad) {
+    std::vector<float> out(size_t(rows) * ld, pad);
+    for (int i = 0; i < rows; ++i) std::copy_n(&m[size_t(i) * cols], cols, &out[size_t(i) * ld]);
+    return out;
+}
+
+// The [rows, cols] matrix back out of its padded storage; padding_kept says whether every
+// padding value is still pad.
+std::vector<float> unpadded(const std::vector<float>& m, int rows, int cols, int ld, float pad, bool& padding_kept) {
+    std::vector<float> out(size_t(rows) * cols);
+    padding_kept = true;
+    for (int i = 0; i < rows; ++i) {
+        std::copy_n(&m[size_t(i) * ld], cols, &out[size_t(i) * cols]);
+        for (int j = cols; j < ld; ++j) padding_kept = padding_kept && m[size_t(i) * ld + j] == pad;
+    }
+    return out;
+}
+
 struct ElemCase {
     int rows, cols;
     std::vector<float> z, bias, dout;
@@ -348,17 +367,11 @@ TEST_CASE("cpu gemm with few rows and a transposed B matches double reference, l
         CAPTURE(s.k);
         const int lda = s.k + 3, ldb = s.k + 5, ldc = s.n + 7;
         GemmCase g{false, true, s.m, s.n, s.k, 1.5f, 0.0f, rng.normal(size_t(s.m) * s.k), rng.normal(size_t(s.n) * s.k), {}};
-        std::vector<float> a(size_t(s.m) * lda, NAN), b(size_t(s.n) * ldb, NAN), c(size_t(s.m) * ldc, NAN);
-        for (int i = 0; i < s.m; ++i) std::copy_n(&g.a[size_t(i) * s.k], s.k, &a[size_t(i) * lda]);
-        for (int j = 0; j < s.n; ++j) std::copy_n(&g.b[size_t(j) * s.k], s.k, &b[size_t(j) * ldb]);
-        for (int i = 0; i < s.m; ++i) std::fill_n(&c[size_t(i) * ldc + s.n], ldc - s.n, 42.0f);  // padding
+        const std::vector<float> a = padded(g.a, s.m, s.k, lda, NAN), b = padded(g.b, s.n, s.k, ldb, NAN);
+        std::vector<float> c = padded(std::vector<float>(size_t(s.m) * s.n, NAN), s.m, s.n, ldc, 42.0f);
         d->gemm(d->compute_stream(), false, true, s.m, s.n, s.k, g.alpha, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
-        std::vector<float> got(size_t(s.m) * s.n);
-        bool padding_kept = true;
-        for (int i = 0; i < s.m; ++i) {
-            std::copy_n(&c[size_t(i) * ldc], s.n, &got[size_t(i) * s.n]);
-            for (int j = s.n; j < ldc; ++j) padding_kept = padding_kept && c[size_t(i) * ldc + j] == 42.0f;
-        }
+        bool padding_kept = false;
+        const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
         CHECK(padding_kept);
         CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
     }
@@ -396,17 +409,11 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
         const int a_rows = s.ta ? s.k : s.m, a_cols = s.ta ? s.m : s.k, b_rows = s.tb ? s.n : s.k,
                   b_cols = s.tb ? s.k : s.n;
         const int lda = a_cols + 3, ldb = b_cols + 5, ldc = s.n + 7;
-        std::vector<float> a(size_t(a_rows) * lda, NAN), b(size_t(b_rows) * ldb, NAN), c(size_t(s.m) * ldc, 42.0f);
-        for (int i = 0; i < a_rows; ++i) std::copy_n(&g.a[size_t(i) * a_cols], a_cols, &a[size_t(i) * lda]);
-        for (int i = 0; i < b_rows; ++i) std::copy_n(&g.b[size_t(i) * b_cols], b_cols, &b[size_t(i) * ldb]);
-        for (int i = 0; i < s.m; ++i) std::copy_n(&g.c0[size_t(i) * s.n], s.n, &c[size_t(i) * ldc]);
+        const std::vector<float> a = padded(g.a, a_rows, a_cols, lda, NAN), b = padded(g.b, b_rows, b_cols, ldb, NAN);
+        std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
         CHECK(jit_gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(), ldc));
-        std::vector<float> got(size_t(s.m) * s.n);
-        bool padding_kept = true;
-        for (int i = 0; i < s.m; ++i) {
-            std::copy_n(&c[size_t(i) * ldc], s.n, &got[size_t(i) * s.n]);
-            for (int j = s.n; j < ldc; ++j) padding_kept = padding_kept && c[size_t(i) * ldc + j] == 42.0f;
-        }
+        bool padding_kept = false;
+        const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
         CHECK(padding_kept);
         CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
     }
