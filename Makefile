@@ -73,7 +73,7 @@ ifneq ($(NVCC),)
   endif
   NVCCFLAGS := -std=c++20 -O3 -I. $(NCCL_INC) -ccbin $(CXX) $(GENCODE) -DMIRRORED_NCCL=$(WITH_NCCL) \
                -Xcompiler -Wall,-Wextra,-pthread -MMD -MP
-  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart $(NCCL_LIBS)
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart $(NCCL_LIBS)
   CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1
 else
   $(info mirrored: nvcc not found under $(CUDA_HOME); building the CPU-only backend)

@@ -77,6 +77,17 @@ void Device::summed_adamw_update(Stream s, float* const* grads, int count, int i
     adamw_update(s, n, param, grads[into] + offset, m, v, a);
 }
 
+void Device::dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
+                           const float* bias, void* z, void* y, GemmTypes t) {
+    gemm(s, false, true, rows, units, inputs, 1.0f, x, inputs, w, inputs, 0.0f, z, units, t);
+    if (bias || act != Activation::none) bias_act_forward(s, act, rows, units, bias, z, y);
+}
+void Device::dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
+                               float* db, bool accumulate, GemmTypes t) {
+    gemm(s, true, false, units, inputs, rows, 1.0f, dz, units, x, inputs, accumulate ? 1.0f : 0.0f, dw, inputs, t);
+    if (db) bias_grad(s, rows, units, dz, db, accumulate);
+}
+
 void Device::capture_begin(Stream) {
     throw DeviceError(name() + ": stream capture needs a GPU (CPU replicas run each op as it is issued)");
 }

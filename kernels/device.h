@@ -298,6 +298,26 @@ public:
     // db[cols] (+)= column sums of dz[rows,cols]
     virtual void bias_grad(Stream s, int rows, int cols, const void* dz, float* db,
                            bool accumulate) = 0;
+    // A dense layer's products with their elementwise work, which a backend may fuse into the
+    // GEMM (CUDA: cuBLASLt epilogues, when set_fused_epilogues(true) and cuBLASLt has an
+    // algorithm for the case); the reference - and every other case - is the ops above:
+    //   dense_forward:     z[rows,units] = x[rows,inputs] w[units,inputs]^T, then
+    //                      bias_act_forward(z += bias, y = act(z)) unless there is neither
+    //   dense_weight_grad: dw[units,inputs] (+)= dz^T x, then bias_grad(db) when db is given
+    // types are the GEMM's: {x, w, z} forward, {dz, x, dw} for the weight gradient.
+    virtual void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x,
+                               const void* w, const float* bias, void* z, void* y, GemmTypes types);
+    virtual void dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x,
+                                   float* dw, float* db, bool accumulate, GemmTypes types);
+    // Off by default: the fused products have not yet run on a GPU (strategy.fused_epilogues).
+    virtual void set_fused_epilogues(bool on) { fused_epilogues_ = on; }
+    bool fused_epilogues() const { return fused_epilogues_; }
+    // The cases a backend fuses into one launch (with y == z): bias and/or ReLU forward, and the
+    // bias gradient of a product that does not accumulate.
+    static bool fusable_dense_forward(Activation act, bool bias) {
+        return act == Activation::relu || (act == Activation::none && bias);
+    }
+    static bool fusable_dense_weight_grad(bool bias, bool accumulate) { return bias && !accumulate; }
     // Fused softmax + cross-entropy over logits[rows,classes] with int labels, in f32.
     // dlogits = (softmax - onehot) * grad_scale * (*loss_scale) (skipped when dlogits is null;
     // loss_scale, device memory, may be null); metrics[kMetricLossSum] += sum of per-row losses,
@@ -431,6 +451,7 @@ protected:
     Stream compute_, comm_, copy_;
     HostWork work_;  // implementations count what the host issues
     Precision precision_ = Precision::fp32;
+    bool fused_epilogues_ = false;
     // Implementations report every alloc_bytes / free_bytes here.
     void note_alloc(void* p, size_t bytes);
     void note_free(void* p) noexcept;

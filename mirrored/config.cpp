@@ -406,6 +406,7 @@ void read_strategy(Reader& r, Config& c) {
     c.strategy.collective_timeout_s = r.number("strategy.collective_timeout_s", 600.0, 1.0, 1e6);
     c.strategy.shared_parameters = r.boolean("strategy.shared_parameters", false);
     c.strategy.cuda_graph = r.boolean("strategy.cuda_graph", false);
+    c.strategy.fused_epilogues = r.boolean("strategy.fused_epilogues", false);
     if (r.has("strategy.nodes"))
         r.fail("strategy.nodes", "the nodes are discovered from mpirun, never configured: remove the key and start "
                                  "the run with 'mpirun -np NODES -H host1,host2 mirrored train CONFIG'");
@@ -647,7 +648,8 @@ std::string config_to_yaml(const Config& c) {
     e << YAML::Key << "verify_every_steps" << YAML::Value << c.strategy.verify_every_steps;
     e << YAML::Key << "collective_timeout_s" << YAML::Value << c.strategy.collective_timeout_s;
     e << YAML::Key << "shared_parameters" << YAML::Value << c.strategy.shared_parameters;
-    e << YAML::Key << "cuda_graph" << YAML::Value << c.strategy.cuda_graph << YAML::EndMap;
+    e << YAML::Key << "cuda_graph" << YAML::Value << c.strategy.cuda_graph;
+    e << YAML::Key << "fused_epilogues" << YAML::Value << c.strategy.fused_epilogues << YAML::EndMap;
 
     const DataConfig& d = c.data;
     e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;

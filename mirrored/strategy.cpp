@@ -433,6 +433,7 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
         R->device = make_device(devices_.type, devices_.type == DeviceType::cpu ? r : devices_.ordinals[r]);
         Device& d = *R->device;
         d.set_precision(cfg_.precision);
+        d.set_fused_epilogues(cfg_.fused_epilogues);
         const bool holds_params = !shared_ || r == 0;  // shared: replica 0 holds the one copy
         if (holds_params) R->params = DeviceBuffer<float>(d, flat);
         R->grads = DeviceBuffer<float>(d, flat);

@@ -62,6 +62,11 @@ struct StrategyConfig {
     // what changes per step (learning rate, step counters, the input buffer) is in device memory.
     // Off by default until it has run on a GPU. Not with the simulated NCCL.
     bool cuda_graph = false;
+    // CUDA: a dense layer's bias and ReLU fused into its forward GEMM and its bias gradient into
+    // the weight-gradient GEMM (cuBLASLt epilogues), one launch instead of two each. Off by
+    // default until it has run on a GPU. CPU replicas run the ops unfused; simulated GPUs count
+    // the fused cases as one launch, as CUDA does.
+    bool fused_epilogues = false;
 };
 
 // A contiguous range of the flat gradient buffer, reduced as one unit.

@@ -393,6 +393,12 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
                     "a GPU)\n");
     else if (!st.cuda_graph_note().empty())
         std::printf("  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
+    if (cfg_.strategy.fused_epilogues)
+        std::printf("  fused_epilogues: %s\n",
+                    st.device_type() == DeviceType::cuda ? "dense layers' bias and ReLU in the GEMMs (cuBLASLt; not yet "
+                                                           "measured on a GPU)"
+                    : st.device_type() == DeviceType::sim ? "the fused cases are counted as one launch, as on CUDA"
+                                                          : "ignored: CPU replicas run the ops unfused");
 }
 
 bool Run::prepare_output() {

@@ -147,6 +147,87 @@ std::vector<float> run_bias_grad(Device& d, const ElemCase& e, bool accumulate) 
     return download(d, db);
 }
 
+// A dense layer's two fused-able products (Device::dense_forward, dense_weight_grad).
+struct DenseCase {
+    int rows, units, inputs;
+    std::vector<float> x, w, bias, dz, dw0, db0;
+};
+DenseCase make_dense(Rng& rng, int rows, int units, int inputs) {
+    DenseCase c{rows, units, inputs, {}, {}, {}, {}, {}, {}};
+    c.x = rng.normal(size_t(rows) * inputs);
+    c.w = rng.normal(size_t(units) * inputs, 0.2f);
+    c.bias = rng.normal(units);
+    c.dz = rng.normal(size_t(rows) * units);
+    c.dw0 = rng.normal(size_t(units) * inputs);
+    c.db0 = rng.normal(units);
+    return c;
+}
+struct DenseOut {
+    std::vector<float> y, dw, db;
+    uint64_t forward_launches = 0, grad_launches = 0;
+};
+
+// Activations (x, w, y, dz) stored as the device's act_dtype() at precision p; dw, db in f32.
+DenseOut run_dense(Device& d, const DenseCase& c, Activation act, bool bias, bool accumulate, Precision p, bool fused) {
+    d.set_precision(p);
+    d.set_fused_epilogues(fused);
+    const DType t = d.act_dtype();
+    const Stream s = d.compute_stream();
+    auto stored = [&](const std::vector<float>& h) {
+        DeviceBuffer<unsigned char> out(d, d.act_bytes(h.size()));
+        auto f = upload(d, h);
+        if (t == DType::f32) d.copy_on_device(s, out.data(), f.data(), f.bytes());
+        else d.convert(s, h.size(), f.data(), DType::f32, out.data(), t);
+        d.synchronize();
+        return out;
+    };
+    auto x = stored(c.x), w = stored(c.w), dz = stored(c.dz);
+    auto y = stored(std::vector<float>(size_t(c.rows) * c.units, std::nanf("")));
+    auto b = upload(d, c.bias);
+    auto dw = accumulate ? upload(d, c.dw0) : poisoned(d, c.dw0.size());
+    auto db = accumulate ? upload(d, c.db0) : poisoned(d, c.db0.size());
+    DenseOut out;
+    const uint64_t l0 = d.host_work().launches;
+    d.dense_forward(s, act, c.rows, c.units, c.inputs, x.data(), w.data(), bias ? b.data() : nullptr, y.data(), y.data(),
+                    {t, t, t});
+    const uint64_t l1 = d.host_work().launches;
+    d.dense_weight_grad(s, c.rows, c.units, c.inputs, dz.data(), x.data(), dw.data(), bias ? db.data() : nullptr,
+                        accumulate, {t, t, DType::f32});
+    out.forward_launches = l1 - l0;
+    out.grad_launches = d.host_work().launches - l1;
+    DeviceBuffer<float> yf(d, size_t(c.rows) * c.units);
+    if (t == DType::f32) d.copy_on_device(s, yf.data(), y.data(), yf.bytes());
+    else d.convert(s, yf.size(), y.data(), t, yf.data(), DType::f32);
+    out.y = download(d, yf);
+    out.dw = download(d, dw);
+    out.db = bias ? download(d, db) : std::vector<float>{};
+    d.set_precision(Precision::fp32);
+    d.set_fused_epilogues(false);
+    return out;
+}
+
+DenseOut ref_dense(const DenseCase& c, Activation act, bool bias, bool accumulate) {
+    DenseOut r;
+    for (int i = 0; i < c.rows; ++i)
+        for (int j = 0; j < c.units; ++j) {
+            double z = bias ? c.bias[size_t(j)] : 0.0;
+            for (int k = 0; k < c.inputs; ++k) z += double(c.x[size_t(i) * c.inputs + k]) * c.w[size_t(j) * c.inputs + k];
+            r.y.push_back(float(ref_act(act, z)));
+        }
+    for (int j = 0; j < c.units; ++j)
+        for (int k = 0; k < c.inputs; ++k) {
+            double g = accumulate ? c.dw0[size_t(j) * c.inputs + k] : 0.0;
+            for (int i = 0; i < c.rows; ++i) g += double(c.dz[size_t(i) * c.units + j]) * c.x[size_t(i) * c.inputs + k];
+            r.dw.push_back(float(g));
+        }
+    for (int j = 0; bias && j < c.units; ++j) {
+        double g = accumulate ? c.db0[size_t(j)] : 0.0;
+        for (int i = 0; i < c.rows; ++i) g += c.dz[size_t(i) * c.units + j];
+        r.db.push_back(float(g));
+    }
+    return r;
+}
+
 struct XentCase {
     int rows, classes;
     float scale;
@@ -460,6 +541,27 @@ TEST_CASE("cpu bias_grad matches double reference, with and without accumulation
     }
 }
 
+TEST_CASE("cpu dense_forward and dense_weight_grad match double reference (every activation, bias, accumulation)") {
+    Rng rng(15);
+    auto d = make_cpu_device(0);
+    for (int rep = 0; rep < 3; ++rep) {
+        const DenseCase c = make_dense(rng, rng.integer(1, 70), rng.integer(1, 40), rng.integer(1, 90));
+        for (Activation act : kActs)
+            for (bool bias : {false, true})
+                for (bool acc : {false, true}) {
+                    CAPTURE(activation_name(act));
+                    CAPTURE(bias);
+                    CAPTURE(acc);
+                    // fused asked for: the CPU runs the reference ops all the same
+                    const DenseOut got = run_dense(*d, c, act, bias, acc, Precision::fp32, rep == 1);
+                    const DenseOut want = ref_dense(c, act, bias, acc);
+                    CHECK(rel_error(got.y, want.y) < 1e-5 * std::sqrt(c.inputs));
+                    CHECK(rel_error(got.dw, want.dw) < 1e-5 * std::sqrt(c.rows));
+                    CHECK(rel_error(got.db, want.db) < 1e-5);
+                }
+    }
+}
+
 TEST_CASE("cpu softmax_xent matches double reference: gradient, loss sum, correct count") {
     Rng rng(4);
     auto d = make_cpu_device(0);
@@ -730,6 +832,54 @@ TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu") {
         tall.bias = rng.normal(tall.cols);
         CHECK(rel_error(run_bias_grad(gpu, tall, false), run_bias_grad(cpu, tall, false)) < 1e-5);
     });
+}
+
+// cuBLASLt epilogues: fp32 and TF32 against the CPU; bf16 against the unfused CUDA ops on the
+// same stored inputs (the fused product rounds y once, the unfused twice: 2e-2). Where a case is
+// fusable and its sizes are multiples of 8, the fused product must have been taken (one launch).
+TEST_CASE("cuda dense ops with cuBLASLt epilogues (strategy.fused_epilogues) match cpu; one launch where fused") {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(105);
+    auto cpu = make_cpu_device(0);
+    auto gpu = make_cuda_device(0);
+    const int shapes[][3] = {{64, 1024, 784}, {256, 10, 1024}, {8, 16, 24}, {7, 37, 13}, {1, 5, 3}};
+    for (const auto& sh : shapes) {
+        const DenseCase c = make_dense(rng, sh[0], sh[1], sh[2]);
+        const bool aligned = sh[0] % 8 == 0 && sh[1] % 8 == 0 && sh[2] % 8 == 0;
+        for (Activation act : kActs)
+            for (bool bias : {false, true})
+                for (bool acc : {false, true}) {
+                    CAPTURE(sh[0]);
+                    CAPTURE(sh[1]);
+                    CAPTURE(sh[2]);
+                    CAPTURE(activation_name(act));
+                    CAPTURE(bias);
+                    CAPTURE(acc);
+                    const DenseOut want = run_dense(*cpu, c, act, bias, acc, Precision::fp32, false);
+                    const bool fuse_fwd = Device::fusable_dense_forward(act, bias);
+                    const bool fuse_grad = Device::fusable_dense_weight_grad(bias, acc);
+                    for (Precision p : {Precision::fp32, Precision::tf32}) {
+                        CAPTURE(precision_name(p));
+                        const DenseOut got = run_dense(*gpu, c, act, bias, acc, p, true);
+                        const double tol = p == Precision::tf32 ? 5e-3 : 1e-5;
+                        CHECK(rel_error(got.y, want.y) < tol * std::sqrt(c.inputs));
+                        CHECK(rel_error(got.dw, want.dw) < tol * std::sqrt(c.rows));
+                        CHECK(rel_error(got.db, want.db) < tol * std::sqrt(c.rows));
+                        if (aligned && fuse_fwd) CHECK(got.forward_launches == 1);
+                        if (aligned && fuse_grad) CHECK(got.grad_launches == 1);
+                        if (!fuse_fwd) CHECK(got.forward_launches == (act == Activation::none && !bias ? 1u : 2u));
+                        if (!fuse_grad) CHECK(got.grad_launches == (bias ? 2u : 1u));
+                    }
+                    const DenseOut unfused = run_dense(*gpu, c, act, bias, acc, Precision::bf16, false);
+                    const DenseOut fused = run_dense(*gpu, c, act, bias, acc, Precision::bf16, true);
+                    CHECK(rel_error(fused.y, unfused.y) < 2e-2);
+                    CHECK(rel_error(fused.dw, unfused.dw) < 1e-5 * std::sqrt(c.rows));
+                    CHECK(rel_error(fused.db, unfused.db) < 1e-5 * std::sqrt(c.rows));
+                    if (aligned && act == Activation::relu && bias && !acc)
+                        MESSAGE("bf16 fused: forward " << fused.forward_launches << " launch(es), weight gradient "
+                                                       << fused.grad_launches);
+                }
+    }
 }
 
 TEST_CASE("cuda softmax_xent matches cpu, argmax count exactly") {

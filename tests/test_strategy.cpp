@@ -139,10 +139,10 @@ Dataset small_problem(uint64_t seed = SyntheticOptions{}.seed) {
 
 // `steps` optimizer steps on a small synthetic problem, the learning rate falling each step;
 // returns replica 0's parameters. op "shared": strategy.shared_parameters (the gradients need no
-// op). graph: strategy.cuda_graph.
+// op). graph: strategy.cuda_graph. fused: strategy.fused_epilogues.
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
                   OptimizerConfig::Type opt_type = OptimizerConfig::Type::sgd, double clip = 0.0,
-                  const std::string& op = "ring", bool graph = false) {
+                  const std::string& op = "ring", bool graph = false, bool fused = false) {
     const Dataset ds = small_problem(7);
     const Model model({12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
     OptimizerConfig oc;
@@ -157,6 +157,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     sc.cross_device_ops = op == "shared" ? "ring" : op;
     sc.shared_parameters = op == "shared";
     sc.cuda_graph = graph;
+    sc.fused_epilogues = fused;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, accumulation);
     LoaderOptions lo;
@@ -801,7 +802,7 @@ struct MeasuredWork {
     uint64_t barriers;  // per step
 };
 MeasuredWork step_work(const std::string& devices, const std::string& op, int steps, bool graph = false,
-                       double bucket_mb = 0) {
+                       double bucket_mb = 0, bool fused = false) {
     const Dataset ds = small_problem();
     const Model model({12}, {dense(16, Activation::relu), dense(16, Activation::relu), dense(5, Activation::none)}, 3);
     StrategyConfig sc;
@@ -809,6 +810,7 @@ MeasuredWork step_work(const std::string& devices, const std::string& op, int st
     sc.bucket_mb = bucket_mb;
     sc.cross_device_ops = op;
     sc.cuda_graph = graph;
+    sc.fused_epilogues = fused;
     MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
     LoaderOptions lo;
     lo.global_batch = 24;
@@ -936,6 +938,30 @@ TEST_CASE("cuda_graph (sim): host calls per step are a few per replica, whatever
     for (double p : per_replica) CHECK(p <= 12.0);
     CHECK(per_replica[0] == per_replica[1]);  // the number of buckets changes nothing
     CHECK(per_replica[2] == per_replica[3]);
+}
+
+// The model of step_work: dense relu, dense relu, dense none, all with bias: three forward
+// products and three weight gradients fusable, so 6 launches fewer per replica and step.
+TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical training, captured too") {
+    SimScope sim(20);
+    const int steps = 5;
+    for (const char* devices : {"sim:0", "sim:0,1", "sim:0,0,0"}) {
+        CAPTURE(devices);
+        const int n = int(parse_devices(devices).ordinals.size());
+        const MeasuredWork plain = step_work(devices, "ring", steps);
+        const MeasuredWork fused = step_work(devices, "ring", steps, false, 0, true);
+        CHECK(plain.all.launches - fused.all.launches == uint64_t(6 * n * steps));
+        CHECK((plain.all - fused.all).total() == plain.all.launches - fused.all.launches);  // nothing else changes
+        // dropout and GELU (not fused) in the model, accumulation (the second micro-batch's weight
+        // gradients accumulate: not fused), AdamW with clipping; with and without graphs
+        const TrainResult want = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring");
+        const TrainResult got = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring", false, true);
+        const TrainResult graph = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring", true, true);
+        CHECK(got.params == want.params);
+        CHECK(got.metrics.loss_sum == want.metrics.loss_sum);
+        CHECK(graph.graph_launches == 10);
+        CHECK(graph.params == want.params);
+    }
 }
 
 TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simulated NCCL; a fault in a replay surfaces") {
@@ -1102,6 +1128,20 @@ TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays ex
         CHECK(graph.graph_launches == 10);
         CHECK(graph.params == plain.params);  // the same kernels, in an order the captured edges allow
         for (uint64_t c : graph.checksums) CHECK(c == graph.checksums[0]);
+    }
+}
+
+TEST_CASE("cuda: fused epilogues train like the unfused ops on 1 and N replicas, and replay exactly from graphs") {
+    SKIP_WITHOUT_CUDA();
+    for (const char* devices : {"cuda:0", "cuda:0,0,0"}) {
+        CAPTURE(devices);
+        const TrainResult plain = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring");
+        const TrainResult fused = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring", false, true);
+        const TrainResult graph = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring", true, true);
+        CHECK(rel_error(fused.params, plain.params) < 1e-5);
+        for (uint64_t c : fused.checksums) CHECK(c == fused.checksums[0]);
+        CHECK(graph.graph_launches == 10);
+        CHECK(graph.params == fused.params);
     }
 }
 

@@ -19,6 +19,7 @@
 #include "kernels/backends.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/fused_gemm.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/op_math.h"
@@ -83,6 +84,8 @@ public:
         cudaDeviceSynchronize();
         staging_.reset();
         if (cublas_) cublasDestroy(cublas_);
+        fused_.reset();
+        if (fused_workspace_) free_bytes(fused_workspace_);
         free_bytes(workspace_);
         free_bytes(scratch_);
         for (cudaStream_t st : {stream(compute_), stream(comm_), stream(copy_), staging_stream_})
@@ -271,8 +274,40 @@ public:
             all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
         CUBLAS_CHECK(ordinal(), cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
-                                             &alpha, b, cuda_type(t.b), ldb, a, cuda_type(t.a), lda, &beta, c,
-                                             cuda_type(t.c), ldc, compute, CUBLAS_GEMM_DEFAULT));
+                                             &alpha, b, cuda_data_type(t.b), ldb, a, cuda_data_type(t.a), lda, &beta, c,
+                                             cuda_data_type(t.c), ldc, compute, CUBLAS_GEMM_DEFAULT));
+    }
+
+    // The fused products get their own cuBLASLt handle and workspace (allocated here, before any
+    // step): the cuBLAS handle's may be in use on another stream.
+    void set_fused_epilogues(bool on) override {
+        Device::set_fused_epilogues(on);
+        if (!on || fused_) return;
+        use();
+        fused_workspace_ = alloc_bytes(kCublasWorkspace);
+        fused_ = std::make_unique<FusedGemm>(ordinal(), fused_workspace_, kCublasWorkspace);
+    }
+    void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
+                       const float* bias, void* z, void* y, GemmTypes t) override {
+        if (fused_epilogues_ && z == y) {
+            use();
+            if (fused_->forward(stream(s), act, rows, units, inputs, x, w, bias, y, t, precision_ == Precision::tf32)) {
+                ++work_.launches;
+                return;
+            }
+        }
+        Device::dense_forward(s, act, rows, units, inputs, x, w, bias, z, y, t);
+    }
+    void dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
+                           float* db, bool accumulate, GemmTypes t) override {
+        if (fused_epilogues_ && fusable_dense_weight_grad(db != nullptr, accumulate)) {
+            use();
+            if (fused_->weight_grad(stream(s), rows, units, inputs, dz, x, dw, db, t, precision_ == Precision::tf32)) {
+                ++work_.launches;
+                return;
+            }
+        }
+        Device::dense_weight_grad(s, rows, units, inputs, dz, x, dw, db, accumulate, t);
     }
 
 #define CUDA_OP(signature, kernels, call) \
@@ -433,9 +468,6 @@ private:
     }
 
     void use() const { CUDA_CHECK(ordinal(), cudaSetDevice(ordinal())); }
-    static cudaDataType_t cuda_type(DType t) {
-        return t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
-    }
     static cudaStream_t stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
     static cudaEvent_t event(Event e) { return static_cast<cudaEvent_t>(e.handle); }
     int require_cuda(const Device& peer) const {
@@ -448,6 +480,8 @@ private:
     cublasHandle_t cublas_ = nullptr;
     cudaStream_t cublas_stream_ = nullptr;  // the stream the handle is bound to
     void* workspace_ = nullptr;
+    std::unique_ptr<FusedGemm> fused_;  // strategy.fused_epilogues
+    void* fused_workspace_ = nullptr;
     float* scratch_ = nullptr;  // compute-stream ops only
     cudaStream_t staging_stream_ = nullptr;
     std::unique_ptr<PeerStaging> staging_;

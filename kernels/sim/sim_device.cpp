@@ -580,6 +580,24 @@ public:
            gemm(Stream{}, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, t))
     SIM_OP(bias_act_forward, (Stream s, Activation act, int rows, int cols, const float* bias, void* z, void* out),
            bias_act_forward(Stream{}, act, rows, cols, bias, z, out))
+    // With fused epilogues on, a case CUDA fuses is one launch here too, so that the host calls
+    // counted follow the CUDA path; it runs the CPU reference's composition (the same results).
+    void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
+                       const float* bias, void* z, void* y, GemmTypes t) override {
+        if (!fused_epilogues_ || z != y || !fusable_dense_forward(act, bias != nullptr))
+            return Device::dense_forward(s, act, rows, units, inputs, x, w, bias, z, y, t);
+        SIM_API("dense_forward");
+        launch(s, "dense_forward",
+               [=, this] { cpu_->dense_forward(Stream{}, act, rows, units, inputs, x, w, bias, z, y, t); });
+    }
+    void dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
+                           float* db, bool accumulate, GemmTypes t) override {
+        if (!fused_epilogues_ || !fusable_dense_weight_grad(db != nullptr, accumulate))
+            return Device::dense_weight_grad(s, rows, units, inputs, dz, x, dw, db, accumulate, t);
+        SIM_API("dense_weight_grad");
+        launch(s, "dense_weight_grad",
+               [=, this] { cpu_->dense_weight_grad(Stream{}, rows, units, inputs, dz, x, dw, db, accumulate, t); });
+    }
     SIM_OP(act_backward, (Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz),
            act_backward(Stream{}, act, n, z, dout, dz))
     SIM_OP(bias_grad, (Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),

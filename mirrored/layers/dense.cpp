@@ -36,11 +36,9 @@ public:
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
         void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
-        // z[rows, units] = x[rows, inputs] . W[units, inputs]^T
-        p.dev->gemm(p.stream, false, true, p.rows, units, inputs, 1.0f, x, inputs, p.weight(w_off_), inputs, 0.0f, z,
-                    units, p.types(p.vt));
-        if (b_ >= 0 || spec_.activation != Activation::none)
-            p.dev->bias_act_forward(p.stream, spec_.activation, p.rows, units, b_ >= 0 ? p.params + b_off_ : nullptr, z, y);
+        // z[rows, units] = x[rows, inputs] . W[units, inputs]^T + b, y = act(z)
+        p.dev->dense_forward(p.stream, spec_.activation, p.rows, units, inputs, x, p.weight(w_off_),
+                             b_ >= 0 ? p.params + b_off_ : nullptr, z, y, p.types(p.vt));
         return y;
     }
 
@@ -50,10 +48,9 @@ public:
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
             p.dev->act_backward(p.stream, spec_.activation, size_t(p.rows) * units, z, dy, dy);
         }
-        // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs]
-        p.dev->gemm(p.stream, true, false, units, inputs, p.rows, 1.0f, dy, units, p.acts->input(slot_), inputs,
-                    p.accumulate ? 1.0f : 0.0f, p.grads + w_off_, inputs, p.types(DType::f32));
-        if (b_ >= 0) p.dev->bias_grad(p.stream, p.rows, units, dy, p.grads + b_off_, p.accumulate);
+        // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
+        p.dev->dense_weight_grad(p.stream, p.rows, units, inputs, dy, p.acts->input(slot_), p.grads + w_off_,
+                                 b_ >= 0 ? p.grads + b_off_ : nullptr, p.accumulate, p.types(DType::f32));
         // dx[rows, inputs] = dz[rows, units] . W[units, inputs]
         if (dx)
             p.dev->gemm(p.stream, false, false, p.rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f, dx,

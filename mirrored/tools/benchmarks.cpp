@@ -241,7 +241,7 @@ int bench_step(const StepBenchOptions& o) {
                     100 * split.comm_s / busy, calls);
         rows.push_back({{"devices", spec}, {"replicas", n}, {"global_batch", cfg.train.global_batch_size},
                         {"samples_per_sec", sps}, {"step_ms", step_ms}, {"host_calls_per_replica_step", calls},
-                        {"cuda_graph", st.cuda_graph()},
+                        {"cuda_graph", st.cuda_graph()}, {"fused_epilogues", cfg.strategy.fused_epilogues},
                         {"gflops", gflops},
                         {"speedup", speedup}, {"efficiency", efficiency},
                         {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}}});
