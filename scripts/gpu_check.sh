@@ -97,6 +97,16 @@ for g in false true; do
     run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32 \
         --set strategy.cuda_graph=$g
 done
+# strategy.fused_epilogues (off by default until measured here): bias and ReLU in cuBLASLt's GEMMs,
+# unfused against fused, uncaptured and captured, batch 256 and 2048
+for f in false true; do
+    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 \
+        --set strategy.fused_epilogues=$f --json "$out/step_fused_$f.json"
+    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32 \
+        --set strategy.cuda_graph=true --set strategy.fused_epilogues=$f
+    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.global_batch_size=2048 \
+        --set strategy.cuda_graph=true --set strategy.fused_epilogues=$f
+done
 run env "${data_env[@]}" build/mirrored bench-loader --threads 1,2,4,8 --json "$out/loader.json"
 run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes 64M --dtype bf16
 run build/mirrored bench-conv-layout
