@@ -153,14 +153,16 @@ def run_peer(name, batch, precision, steps):
     return float(out.stdout.strip().splitlines()[-1]), None
 
 
-def run_mirrored(devices, batch, precision, steps, graph=False):
-    """us per step of bench-step; graph: strategy.cuda_graph (and the direct op for shared GPUs)."""
+def run_mirrored(devices, batch, precision, steps, graph=False, fused=False):
+    """us per step of bench-step; graph: strategy.cuda_graph (and the direct op for shared GPUs);
+    fused: strategy.fused_epilogues."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "step.json")
         cmd = [MIRRORED, "bench-step", os.path.join(ROOT, "configs", "synthetic_mlp.yaml"), "--devices", devices,
                "--per-replica-batch", str(batch), "--steps", str(steps), "--warmup", "20",
                "--set", "train.precision=" + precision, "--set", "strategy.cuda_graph=" + str(graph).lower(),
-               "--set", "strategy.cross_device_ops=" + ("direct" if graph else "ring"), "--json", path]
+               "--set", "strategy.cross_device_ops=" + ("direct" if graph else "ring"),
+               "--set", "strategy.fused_epilogues=" + str(fused).lower(), "--json", path]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             return None, (out.stderr.strip().splitlines() or ["failed"])[-1:]
@@ -210,9 +212,21 @@ def main():
           ", ".join(f"{p} {rates[p] / 1e12:.0f} TFLOP/s" for p in PRECISIONS), flush=True)
     peers = ["torch-eager", "torch-graph", "jax"]
     rows = []
+
+    def cell(v):
+        return f"{v:9.0f}" if v else "        -"
+
+    def ratio(a, b):
+        return f"{a / b:6.2f}x" if a and b else "      -"
+    # each row is printed as soon as it is measured: a time-boxed run keeps the rows it finished
+    print(f"\nus per step, medians of {args.rounds} rounds; ratio = mirrored / theirs (below 1: mirrored faster)")
+    print("mirrored: uncaptured steps; m+graph: strategy.cuda_graph; m+fused: cuda_graph and fused_epilogues; "
+          "the ratios use the fastest of the three")
+    print(f"{'precision':9} {'batch':>5} {'mirrored':>9} {'m+graph':>9} {'m+fused':>9} {'eager':>9} {'graph':>9} {'jax':>9} "
+          f"{'/eager':>7} {'/graph':>7} {'/jax':>7} {'bound':>9} {'/bound':>7}  bound by")
     for precision in PRECISIONS:
         for batch in BATCHES:
-            times = {k: [] for k in ["mirrored", "mirrored-graph"] + peers}
+            times = {k: [] for k in ["mirrored", "mirrored-graph", "mirrored-fused"] + peers}
             notes = {}
             def record(name, result):
                 us, err = result
@@ -223,6 +237,7 @@ def main():
             for _ in range(args.rounds):
                 record("mirrored", run_mirrored("cuda:0", batch, precision, args.steps))
                 record("mirrored-graph", run_mirrored("cuda:0", batch, precision, args.steps, graph=True))
+                record("mirrored-fused", run_mirrored("cuda:0", batch, precision, args.steps, graph=True, fused=True))
                 for p in peers:
                     record(p, run_peer(p, batch, precision, args.steps))
             med = {k: statistics.median(v) if v else None for k, v in times.items()}
@@ -231,6 +246,17 @@ def main():
             bound = max(flop_bound, byte_bound)
             rows.append({"precision": precision, "batch": batch, "us": med, "bound_us": bound,
                          "bound": "GEMM FLOPs" if flop_bound >= byte_bound else "optimizer bytes", "errors": notes})
+            r = rows[-1]
+            u = r["us"]
+            best = min((v for v in (u["mirrored"], u["mirrored-graph"], u["mirrored-fused"]) if v), default=None)
+            print(f"{r['precision']:9} {r['batch']:5d} {cell(u['mirrored'])} {cell(u['mirrored-graph'])} "
+                  f"{cell(u['mirrored-fused'])} "
+                  f"{cell(u['torch-eager'])} {cell(u['torch-graph'])} {cell(u['jax'])} {ratio(best, u['torch-eager'])} "
+                  f"{ratio(best, u['torch-graph'])} {ratio(best, u['jax'])} {r['bound_us']:9.1f} "
+                  f"{ratio(best, r['bound_us'])}  {r['bound']}")
+            for k, e in r["errors"].items():
+                print(f"    {k} failed: {' '.join(e)}")
+            sys.stdout.flush()
     # 4 replicas sharing GPU 0 against one replica at the same global batch (the issue's target: <= 1.1x)
     shared = {}
     for precision in PRECISIONS:
@@ -242,24 +268,6 @@ def main():
                     into.append(us)
         shared[precision] = (statistics.median(one) if one else None, statistics.median(four) if four else None)
 
-    def cell(v):
-        return f"{v:9.0f}" if v else "        -"
-
-    def ratio(a, b):
-        return f"{a / b:6.2f}x" if a and b else "      -"
-    print(f"\nus per step, medians of {args.rounds} rounds; ratio = mirrored / theirs (below 1: mirrored faster)")
-    print("mirrored: uncaptured steps; m+graph: strategy.cuda_graph; the ratios use the faster of the two")
-    print(f"{'precision':9} {'batch':>5} {'mirrored':>9} {'m+graph':>9} {'eager':>9} {'graph':>9} {'jax':>9} "
-          f"{'/eager':>7} {'/graph':>7} {'/jax':>7} {'bound':>9} {'/bound':>7}  bound by")
-    for r in rows:
-        u = r["us"]
-        best = min((v for v in (u["mirrored"], u["mirrored-graph"]) if v), default=None)
-        print(f"{r['precision']:9} {r['batch']:5d} {cell(u['mirrored'])} {cell(u['mirrored-graph'])} "
-              f"{cell(u['torch-eager'])} {cell(u['torch-graph'])} {cell(u['jax'])} {ratio(best, u['torch-eager'])} "
-              f"{ratio(best, u['torch-graph'])} {ratio(best, u['jax'])} {r['bound_us']:9.1f} "
-              f"{ratio(best, r['bound_us'])}  {r['bound']}")
-        for k, e in r["errors"].items():
-            print(f"    {k} failed: {' '.join(e)}")
     print("\n4 replicas sharing GPU 0 (512 each) against 1 replica at 2048, both with cuda_graph and direct:")
     for p, (one, four) in shared.items():
         print(f"  {p}: {cell(one)} us vs {cell(four)} us: {ratio(four, one)}")
