@@ -171,14 +171,16 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
         for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
             *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
-    // cuBLAS workspace, scratch and peer staging on GPUs (real or simulated); on CPUs the GEMM
-    // scratches of up to that many rows: two layer outputs (within the activations), a layer's
-    // input, and a transposed operand of at most 128 Ki floats (kernels/cpu/jit_gemm.cpp)
+    // cuBLAS workspace (and cuBLASLt's for fused epilogues on CUDA), scratch and peer staging on
+    // GPUs (real or simulated); on CPUs the GEMM scratches of up to that many rows: two layer
+    // outputs (within the activations), a layer's input, and a transposed operand of at most
+    // 128 Ki floats (kernels/cpu/jit_gemm.cpp)
     const int gemm_rows = std::min(micro_rows, kCpuTransposedGemmMaxRows);
+    const uint64_t lt_workspace = type == DeviceType::cuda && strategy.fused_epilogues ? uint64_t(32) << 20 : 0;
     m.workspace = type == DeviceType::cpu
                       ? 2 * model.activation_bytes(gemm_rows, sizeof(float)) +
                             uint64_t(gemm_rows) * uint64_t(model.input_features()) * sizeof(float) + (uint64_t(512) << 10)
-                      : (uint64_t(32) << 20) + (uint64_t(4) << 20) + (uint64_t(8) << 20);
+                      : (uint64_t(32) << 20) + lt_workspace + (uint64_t(4) << 20) + (uint64_t(8) << 20);
     return m;
 }
 

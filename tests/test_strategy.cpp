@@ -962,6 +962,14 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
         CHECK(graph.graph_launches == 10);
         CHECK(graph.params == want.params);
     }
+    // the memory plan counts cuBLASLt's own workspace on CUDA only
+    const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
+    StrategyConfig sc;
+    const MemoryPlan cuda = plan_memory(model, OptimizerConfig{}, sc, DeviceType::cuda, 1, 8, 8);
+    const MemoryPlan simulated = plan_memory(model, OptimizerConfig{}, sc, DeviceType::sim, 1, 8, 8);
+    sc.fused_epilogues = true;
+    CHECK(plan_memory(model, OptimizerConfig{}, sc, DeviceType::cuda, 1, 8, 8).workspace == cuda.workspace + (32u << 20));
+    CHECK(plan_memory(model, OptimizerConfig{}, sc, DeviceType::sim, 1, 8, 8).workspace == simulated.workspace);
 }
 
 TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simulated NCCL; a fault in a replay surfaces") {
