@@ -290,7 +290,7 @@ TEST_CASE("a small CNN overfits a fixed batch on the CUDA backend (SGD and AdamW
     overfit(*d, OptimizerConfig::Type::adamw);
 }
 
-TEST_CASE("CUDA forward/backward of whole models (MLP, CNN with batchnorm and a residual block) match CPU") {
+TEST_CASE("CUDA forward/backward of whole models (MLP, CNN with batchnorm and a residual block) match CPU, fused epilogues too") {
     SKIP_WITHOUT_CUDA();
     const Model mlp({3, 5, 2}, {flatten(), dense(33, Activation::gelu), dropout(0.2f), dense(17, Activation::relu),
                                 dense(6, Activation::none)},
@@ -303,13 +303,15 @@ TEST_CASE("CUDA forward/backward of whole models (MLP, CNN with batchnorm and a 
                     9);
     for (const Model* m : {&mlp, &cnn}) {
         std::vector<std::vector<float>> grads, params;
-        for (bool cuda : {false, true}) {
-            auto d = cuda ? make_cuda_device(0) : make_cpu_device(0);
+        for (int run = 0; run < 3; ++run) {  // CPU, CUDA, CUDA with fused epilogues
+            auto d = run > 0 ? make_cuda_device(0) : make_cpu_device(0);
+            d->set_fused_epilogues(run == 2);
             Harness h(*d, *m, 19, 21);
             grads.push_back(h.backprop());
             params.push_back(download(*d, h.params));
         }
         CHECK(params[1] == params[0]);  // identical initial weights
         CHECK(rel_error(grads[1], grads[0]) < 1e-4);
+        CHECK(rel_error(grads[2], grads[0]) < 1e-4);
     }
 }

@@ -32,7 +32,8 @@ public:
         out_ = Shape::picture(g_.oh(), g_.ow(), F);
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, out_.size());
-        if (spec_.activation != Activation::none) z_buf_ = b.act_buffer(slot_, out_.size());
+        // As dense: GELU's derivative needs the pre-activation, ReLU's reads the output.
+        if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
         if (!direct_) b.scratch(size_t(g_.oh()) * g_.ow() * K);
     }
     void place(const std::vector<TensorRef>& refs) override {
@@ -54,20 +55,21 @@ public:
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
         void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
-        // z[M, F] = cols[M, K] . W[F, K]^T
-        p.dev->gemm(p.stream, false, true, M, F, K, 1.0f, columns(p, x), K, p.weight(w_off_), K, 0.0f, z, F, p.types(p.vt));
-        if (b_ >= 0 || spec_.activation != Activation::none)
-            p.dev->bias_act_forward(p.stream, spec_.activation, M, F, b_ >= 0 ? p.params + b_off_ : nullptr, z, y);
+        // z[M, F] = cols[M, K] . W[F, K]^T + b, y = act(z): a dense layer over the columns
+        p.dev->dense_forward(p.stream, spec_.activation, M, F, K, columns(p, x), p.weight(w_off_),
+                             b_ >= 0 ? p.params + b_off_ : nullptr, z, y, p.types(p.vt));
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const int M = p.rows * out_.h * out_.w, F = out_.c, K = in_.c * g_.kh * g_.kw;
-        if (z_buf_ >= 0) p.dev->act_backward(p.stream, spec_.activation, size_t(M) * F, p.acts->act(slot_, z_buf_), dy, dy);
-        // dW[F, K] (+)= dz[M, F]^T . cols[M, K]
-        p.dev->gemm(p.stream, true, false, F, K, M, 1.0f, dy, F, columns(p, p.acts->input(slot_)), K,
-                    p.accumulate ? 1.0f : 0.0f, p.grads + w_off_, K, p.types(DType::f32));
-        if (b_ >= 0) p.dev->bias_grad(p.stream, M, F, dy, p.grads + b_off_, p.accumulate);
+        if (spec_.activation != Activation::none) {
+            const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
+            p.dev->act_backward(p.stream, spec_.activation, size_t(M) * F, z, dy, dy);
+        }
+        // dW[F, K] (+)= dz[M, F]^T . cols[M, K], db (+)= column sums of dz
+        p.dev->dense_weight_grad(p.stream, M, F, K, dy, columns(p, p.acts->input(slot_)), p.grads + w_off_,
+                                 b_ >= 0 ? p.grads + b_off_ : nullptr, p.accumulate, p.types(DType::f32));
         if (!dx) return;
         if (direct_) {  // dx[M, C] = dz[M, F] . W[F, C]
             p.dev->gemm(p.stream, false, false, M, K, F, 1.0f, dy, F, p.weight(w_off_), K, 0.0f, dx, K, p.types(p.vt));
