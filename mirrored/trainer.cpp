@@ -225,6 +225,13 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
 namespace {
 
 // A finite-parameters check before anything is saved: a NaN must never overwrite good state.
+// The GEMM library a checkpoint's rounding depends on: the BLAS kernel for CPU replicas (and the
+// simulated GPUs, which run the CPU reference); on CUDA, whether cuBLASLt's fused epilogues ran.
+std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
+    if (st.device_type() != DeviceType::cuda) return blas_kernel();
+    return cfg.strategy.fused_epilogues ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS";
+}
+
 bool all_finite(const std::vector<float>& v) {
     for (float x : v)
         if (!std::isfinite(x)) return false;
@@ -495,10 +502,10 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     if (ckpt.replicas != st.all_replicas())
         std::printf("  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.all_replicas());
-    if (st.device_type() != DeviceType::cuda && !ckpt.blas_kernel.empty() && ckpt.blas_kernel != blas_kernel())
-        std::printf("  note: the checkpoint was written with BLAS kernel %s, this run uses %s: training continues "
+    if (const std::string gemm = gemm_library(st, cfg_); !ckpt.blas_kernel.empty() && ckpt.blas_kernel != gemm)
+        std::printf("  note: the checkpoint was written with GEMMs by %s, this run uses %s: training continues "
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.blas_kernel.c_str(),
-                    blas_kernel().c_str());
+                    gemm.c_str());
     if (st.all_replicas() > 1 && !ckpt.cross_device_ops.empty() && ckpt.cross_device_ops != st.cross_device_ops_name())
         std::printf("  note: the checkpoint was written with cross-device ops %s, this run uses %s: training "
                     "continues correctly, but not bit-identically to an uninterrupted run\n",
@@ -640,7 +647,7 @@ void Run::save_checkpoint(int64_t step) {
     d.config_yaml = config_to_yaml(cfg_);
     d.replicas = st.all_replicas();
     d.devices = st.devices().describe();
-    if (st.device_type() != DeviceType::cuda) d.blas_kernel = blas_kernel();
+    d.blas_kernel = gemm_library(st, cfg_);
     d.cross_device_ops = st.cross_device_ops_name();
     d.global_batch = cfg_.train.global_batch_size;
     d.loss_scale = st.loss_scale_state();
