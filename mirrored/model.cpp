@@ -111,6 +111,16 @@ std::string Model::summary() const {
     return s;
 }
 
+std::vector<std::string> Model::layer_descriptions() const {
+    std::vector<std::string> out;
+    for (const auto& l : top_->layers()) {
+        std::string d = l->name() + " " + l->spec().type + " " + l->in().str() + " -> " + l->out().str();
+        if (!l->detail().empty()) d += " " + l->detail();
+        out.push_back(d);
+    }
+    return out;
+}
+
 std::vector<Model::LayerFlops> Model::layer_flops() const {
     std::vector<LayerFlops> out;
     bool first = true;

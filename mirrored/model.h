@@ -61,6 +61,8 @@ public:
     size_t stats_floats() const;  // cross-replica statistics buffer (synchronised batchnorm)
     const TensorInfo* find(const std::string& name) const;
     std::string summary() const;  // one line per layer, for the log
+    // Each top-level layer in a few words: "layers.0 dense [784] -> [1024] relu".
+    std::vector<std::string> layer_descriptions() const;
     // GEMM floating-point operations of one training sample (forward, weight and input
     // gradients), the work a throughput is measured against.
     double train_flops_per_sample() const;

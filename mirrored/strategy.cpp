@@ -12,6 +12,7 @@
 
 #include "data/io.h"
 #include "kernels/error.h"
+#include "mirrored/step_profile.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -313,6 +314,10 @@ private:
 
 std::unique_ptr<StatsSync> MirroredStrategy::make_stats_sync(int r) { return std::make_unique<ReplicaStatsSync>(*this, r); }
 
+void MirroredStrategy::profile_mark(const Replica& R, Stream s, int label) {
+    if (profile_ && R.index == 0) profile_->mark(*R.device, s, label);
+}
+
 Pass MirroredStrategy::make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed,
                                  uint32_t step, bool training, const StepValues* values) {
     Pass p;
@@ -585,7 +590,8 @@ void MirroredStrategy::train_step(const Batch& batch, int64_t step, float lr, ui
         // numbers only after it has issued the next step.
         if (sample_timing && devices_.asynchronous()) timing_sampled_ = true;
         // Sampled steps and a test's overflow run uncaptured: the graph holds neither.
-        const bool replay = graphs_on_ && !sample_timing && inject_overflow_ < 0 && graph_step(batch, step, lr, seed);
+        const bool replay =
+            graphs_on_ && !sample_timing && !profile_ && inject_overflow_ < 0 && graph_step(batch, step, lr, seed);
         if (!replay) threads_->run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
         inject_overflow_ = -1;
     });
@@ -624,10 +630,12 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
     const Shard shard = shape.shard;
     const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
     if (timing) d.event_record(R.t_begin, cs);
+    profile_mark(R, cs, StepProfile::kBegin);
     const char* input = static_cast<const char*>(stage_for_compute(R, buf, size_t(shard.rows)));
     const size_t row_bytes = size_t(model_.input_features()) * (low_precision_ ? d.act_bytes(1) : sizeof(float));
     const size_t trainable = model_.trainable_size(), flat = model_.flat_size();
     if (model_.has_state()) d.fill(cs, flat - trainable, 0.0f, R.grads.data() + trainable);  // this step's statistics
+    profile_mark(R, cs, StepProfile::kInput);
 
     auto reduce = [&](const Bucket& b) {
         const double c0 = now_s();
@@ -649,6 +657,7 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
                            seed, uint32_t(step), true, values);
         p.accumulate = m > 0;
         p.stats_weight = 1.0f / float(all_replicas() * accumulation_);
+        if (r == 0) p.probe = profile_;
         const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
         void* dlogits = model_.dlogits_buffer(R.acts);
         d.softmax_xent(cs, micro.rows, model_.output_features(), logits, R.labels[buf].data() + micro.begin, grad_scale,
@@ -657,6 +666,7 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
             d.fill(cs, 1, INFINITY, R.grad_stats.data());
             d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
         }
+        profile_mark(R, cs, StepProfile::kLoss);
         const bool last = m == accumulation_ - 1;
         model_.backward(p, dlogits, last && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
     }
@@ -672,9 +682,11 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
             d.stream_wait_event(cs, R.reduced);
         }
         if (timing) d.event_record(R.t_reduced, cs);
+        profile_mark(R, cs, StepProfile::kReduced);
         apply_update(R, step, lr, values);
     }
     if (timing) d.event_record(R.t_end, cs);
+    profile_mark(R, cs, StepProfile::kEnd);
     if (devices_.type == DeviceType::cpu) {
         R.comm_s += comm;
         R.compute_s += now_s() - t0 - comm;
@@ -831,6 +843,7 @@ void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const S
             d.reduce_from_peer(cs, R.grad_total.data(), *replicas_[q]->device, replicas_[q]->grad_stats.data(), DType::f32, 2);
     }
     if (timing) d.event_record(R.t_reduced, cs);  // the sums are this path's communication
+    profile_mark(R, cs, StepProfile::kReduced);
     if (te > tb && sum_in_update)
         H.optimizer->apply_summed_range(d, cs, H.params.data(), grad_ptrs_.data(), replicas(), R.index, tb, te, step, lr,
                                         values);

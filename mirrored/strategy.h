@@ -29,6 +29,8 @@
 
 namespace mirrored {
 
+class StepProfile;  // mirrored/step_profile.h
+
 // ---- devices ----------------------------------------------------------------------------
 // "auto" (every GPU, else one CPU replica per core), "cuda", "cuda:all", "cuda:0,1,3",
 // "cuda:0,0,0,0" (four replicas sharing GPU 0), "cpu" (one per core), "cpu:N", and simulated
@@ -251,6 +253,10 @@ public:
     // Host calls and barrier crossings per replica since construction (tests and benchmarks
     // divide differences by the steps).
     StepWork host_work() const;
+    // Profiling (bench-step --layers): while set, replica 0's steps mark their layers and phases
+    // in `profile` (StepProfile, on replica 0's device) and run uncaptured; null turns it off.
+    void set_profile(StepProfile* profile) { profile_ = profile; }
+    int accumulation_steps() const { return accumulation_; }
     // Test hook: in the next step, replica r's gradients overflow (an inf is written into them
     // after backward, before the all-reduce), as an fp16 overflow in one replica would.
     void test_inject_overflow(int r) { inject_overflow_ = r; }
@@ -344,6 +350,8 @@ private:
     bool low_precision_ = false;  // bf16/fp16 activations: weight copies and input conversion
     bool loss_scaling_ = false;   // fp16
     int inject_overflow_ = -1;
+    StepProfile* profile_ = nullptr;
+    void profile_mark(const Replica& R, Stream s, int label);
 };
 
 }  // namespace mirrored

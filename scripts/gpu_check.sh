@@ -79,7 +79,8 @@ for t in direct staged; do
 done
 run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op reduce_to_one --max-bytes 256M
 run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op direct --max-bytes 256M --json "$out/allreduce_shared_direct.json"
-run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0,0,0,0' --steps 300 --set strategy.cross_device_ops=direct
+run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0,0,0,0' --steps 300 --layers 20 \
+    --set strategy.cross_device_ops=direct
 if [[ $gpus -ge 2 ]]; then
     for op in ring direct nccl reduce_to_one; do
         run build/mirrored bench-allreduce --devices cuda:all --op $op --max-bytes 256M --json "$out/allreduce_$op.json"
@@ -98,9 +99,10 @@ for g in false true; do
         --set strategy.cuda_graph=$g
 done
 # strategy.fused_epilogues (off by default until measured here): bias and ReLU in cuBLASLt's GEMMs,
-# unfused against fused, uncaptured and captured, batch 256 and 2048
+# unfused against fused, uncaptured and captured, batch 256 and 2048; --layers: where the step's
+# device time goes, layer by layer, with each layer's GEMM rate
 for f in false true; do
-    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 \
+    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --layers 20 \
         --set strategy.fused_epilogues=$f --json "$out/step_fused_$f.json"
     run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32 \
         --set strategy.cuda_graph=true --set strategy.fused_epilogues=$f

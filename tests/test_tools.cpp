@@ -177,6 +177,52 @@ TEST_CASE("planner validated on CPU replicas: all-reduce within 50%, step time w
     CHECK(best <= 0.40);
 }
 
+// Marks partition a step from its begin to its end, so the parts add up to the whole; on
+// simulated GPUs a profiled step runs uncaptured even with cuda_graph on.
+TEST_CASE("bench-step --layers: each top-level layer's forward and backward, the phases, adding up to the step") {
+    TempDir d;
+    const std::string cfg = d.write("t.yaml", kSynthetic);
+    struct Case {
+        const char* devices;
+        std::vector<std::string> sets;
+    };
+    const Case cases[] = {{"cpu:2", {}},
+                          {"sim:0,1", {"train.grad_accumulation_steps=2", "strategy.cuda_graph=true"}},
+                          {"sim:0,0", {"strategy.shared_parameters=true", "train.precision=bf16"}}};
+    for (const Case& c : cases) {
+        CAPTURE(c.devices);
+        const std::string json_path = d / "step.json", stdout_path = d / "step.txt";
+        std::vector<std::string> args{"bench-step", cfg, "--devices", c.devices, "--steps", "4", "--warmup", "3",
+                                      "--layers", "3", "--json", json_path};
+        for (const std::string& set : c.sets) args.insert(args.end(), {"--set", set});
+        std::string err;
+        const int rc = run_cli(args, {}, -1, &err, Stdout::file, stdout_path);
+        CAPTURE(err);
+        REQUIRE(rc == kExitOk);
+        const json p = read_json(json_path)["results"][0]["profile"];
+        CHECK(p["steps"] == 3);
+        REQUIRE(p["layers"].size() == 3);
+        double sum = 0;
+        for (const json& l : p["layers"]) {
+            CHECK(l["forward_us"].get<double>() > 0);
+            CHECK(l["backward_us"].get<double>() > 0);
+            CHECK(l["forward_gflops"].get<double>() > 0);
+            sum += l["forward_us"].get<double>() + l["backward_us"].get<double>();
+        }
+        CHECK(p["layers"][0]["layer"] == "layers.0 dense [256] -> [512] relu");
+        for (const char* phase : {"input", "loss", "reduce", "update"}) {
+            CHECK(p["phases_us"][phase].get<double>() >= 0);
+            sum += p["phases_us"][phase].get<double>();
+        }
+        CHECK(p["step_us"].get<double>() > 0);
+        CHECK(std::fabs(sum - p["step_us"].get<double>()) <= 1e-6 * p["step_us"].get<double>() + 1e-3);
+        std::ifstream in(stdout_path);
+        const std::string text((std::istreambuf_iterator<char>(in)), {});
+        CHECK(text.find("layers.1 dense [512] -> [512] relu") != std::string::npos);
+        CHECK(text.find("update (optimizer)") != std::string::npos);
+    }
+}
+
 TEST_CASE("scale: a table, scaling.json with every field, a verdict; on simulated GPUs too") {
     TempDir d;
     const std::string cfg = d.write("t.yaml", kSynthetic);

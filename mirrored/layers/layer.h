@@ -94,6 +94,16 @@ std::string padding_text(const LayerSpec& s);
 class Activations;
 class StatsSync;
 
+// Profiling (bench-step --layers): marked on the pass's stream after each top-level layer's
+// forward (label: the layer's index) and backward (label: layers + index), so that the time
+// between marks is the layer's - an event on GPUs, the clock on CPUs. The strategy marks a step's
+// other phases with negative labels of its own.
+class LayerProbe {
+public:
+    virtual ~LayerProbe() = default;
+    virtual void mark(Device& d, Stream s, int label) = 0;
+};
+
 // Everything one forward or backward call on one replica needs besides the data.
 struct Pass {
     Device* dev = nullptr;
@@ -113,6 +123,7 @@ struct Pass {
     StatsSync* sync = nullptr;       // cross-replica sums for synchronised batch statistics
     float stats_weight = 1.0f;       // 1 / (replicas x micro-batches): running-statistics weight
     DType vt = DType::f32;           // the activations' value type (Device::value_dtype)
+    LayerProbe* probe = nullptr;     // profiling: the top-level layers mark their ends
 
     // The compute copy of a tensor's weights (its offset in the activation type's elements).
     const void* weight(size_t offset) const {

@@ -11,6 +11,7 @@ Sequential::Sequential(const std::vector<LayerSpec>& specs) {
 }
 
 Shape Sequential::build(Builder& b, const std::string& name, const std::string& key, const Shape& in, bool top) {
+    top_ = top;
     Shape cur = in;
     size_t widest = in.size();
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -38,7 +39,11 @@ void Sequential::place(const std::vector<TensorRef>& refs) {
 bool Sequential::has_params() const { return first_param_ < int(layers_.size()); }
 
 const void* Sequential::forward(Pass& p, const void* x) const {
-    for (const auto& l : layers_) x = l->forward(p, x);
+    LayerProbe* probe = top_ ? p.probe : nullptr;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+        x = layers_[i]->forward(p, x);
+        if (probe) probe->mark(*p.dev, p.stream, int(i));
+    }
     return x;
 }
 
@@ -49,6 +54,7 @@ void Sequential::backward(Pass& p, void* dy, void* dx, const std::function<void(
     for (int i = int(layers_.size()) - 1; i >= lowest; --i) {
         void* target = i == 0 ? dx : i == lowest ? nullptr : p.acts->act(slot_, which);
         layers_[size_t(i)]->backward(p, cur, target);
+        if (top_ && p.probe) p.probe->mark(*p.dev, p.stream, int(layers_.size()) + i);
         if (on_layer_done && layers_[size_t(i)]->has_params()) on_layer_done(i);
         cur = target;
         which ^= 1;

@@ -30,6 +30,7 @@ private:
     std::vector<std::unique_ptr<Layer>> layers_;
     int slot_ = -1;
     int first_param_ = 0;  // the lowest layer with parameters
+    bool top_ = false;     // the model's top level: marks its layers for Pass::probe
 };
 
 }  // namespace mirrored

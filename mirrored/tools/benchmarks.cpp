@@ -24,6 +24,7 @@
 #include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/replica_threads.h"
+#include "mirrored/step_profile.h"
 #include "mirrored/strategy.h"
 #include "mirrored/trainer.h"
 
@@ -172,6 +173,69 @@ int bench_gemm(const GemmBenchOptions& o) {
     return kExitOk;
 }
 
+namespace {
+
+// bench-step --layers: `steps` more steps with replica 0 marked layer by layer (StepProfile):
+// where its step time goes - each top-level layer's forward and backward (with its GEMM rate),
+// the input, the loss, the all-reduce (or shared sums) and the update, in us per step.
+json profile_layers(Session& s, int steps, int64_t first_step) {
+    MirroredStrategy& st = *s.strategy;
+    const Model& model = *s.model;
+    StepProfile profile(*st.replica(0).device, int(model.layers().size()), st.accumulation_steps());
+    st.set_profile(&profile);
+    const float lr = float(s.cfg.optimizer.lr);
+    for (int i = 0; i < steps; ++i) {
+        st.train_step(st.next_batch(*s.train_loader), first_step + i, lr, s.cfg.run.seed, false);
+        profile.collect();
+    }
+    st.set_profile(nullptr);
+    st.synchronize();
+    const StepProfile::Totals& t = profile.totals();
+    const double per = 1e6 / double(std::max(t.steps, 1));
+    const double rows = double(s.cfg.train.global_batch_size) / double(st.all_replicas());  // replica 0's
+    // GFLOP/s of a layer's GEMMs from its time summed over the profiled steps
+    auto rate = [&](double flop, double total_s) {
+        return total_s > 0 && flop > 0 ? flop * rows * double(t.steps) / total_s / 1e9 : 0.0;
+    };
+    const auto names = model.layer_descriptions();
+    const auto flops = model.layer_flops();
+    json layers = json::array();
+    for (size_t i = 0; i < names.size(); ++i)
+        layers.push_back({{"layer", names[i]}, {"forward_us", t.forward[i] * per}, {"backward_us", t.backward[i] * per},
+                          {"forward_gflops", rate(flops[i].forward, t.forward[i])},
+                          {"backward_gflops", rate(flops[i].backward, t.backward[i])}});
+    return {{"steps", t.steps},
+            {"clock", st.device_type() == DeviceType::cpu ? "host clock" : "device time between events"},
+            {"layers", layers},
+            {"phases_us", {{"input", t.input * per}, {"loss", t.loss * per}, {"reduce", t.reduce * per},
+                           {"update", t.update * per}}},
+            {"step_us", t.step * per}};
+}
+
+void print_profile(const json& p) {
+    const double step = p["step_us"].get<double>();
+    auto share = [&](double us) { return step > 0 ? 100.0 * us / step : 0.0; };
+    std::printf("  replica 0, us per step (mean of %d profiled steps, %s):\n", p["steps"].get<int>(),
+                p["clock"].get<std::string>().c_str());
+    std::printf("  %-44s %10s %10s %7s %9s %9s\n", "", "forward", "backward", "share", "fwd GF/s", "bwd GF/s");
+    for (const json& l : p["layers"]) {
+        const double f = l["forward_us"].get<double>(), b = l["backward_us"].get<double>();
+        std::printf("  %-44s %10.1f %10.1f %6.1f%% %9.1f %9.1f\n", l["layer"].get<std::string>().c_str(), f, b,
+                    share(f + b), l["forward_gflops"].get<double>(), l["backward_gflops"].get<double>());
+    }
+    const std::pair<const char*, const char*> phases[] = {{"input", "input (conversion, statistics reset)"},
+                                                          {"loss", "loss (softmax cross-entropy)"},
+                                                          {"reduce", "all-reduce / shared sums (exposed)"},
+                                                          {"update", "update (optimizer)"}};
+    for (const auto& [key, what] : phases) {
+        const double us = p["phases_us"][key].get<double>();
+        std::printf("  %-44s %10.1f %10s %6.1f%%\n", what, us, "", share(us));
+    }
+    std::printf("  %-44s %10.1f\n\n", "step (begin to end)", step);
+}
+
+}  // namespace
+
 int bench_step(const StepBenchOptions& o) {
     const Config base = load_config(o.config, o.sets);
     std::vector<std::string> lists = o.devices;
@@ -224,6 +288,7 @@ int bench_step(const StepBenchOptions& o) {
         const double calls = double((st.host_work().all - work0).total()) / double(o.steps * st.replicas());
         st.collect_timing(split, o.steps);
         split.data_wait_s = loader.wait_seconds() - wait0;
+        const json profile = o.layer_steps > 0 ? profile_layers(*s, o.layer_steps, o.warmup + o.steps) : json();
         loader.stop();
         const int n = st.replicas();
         const double sps = double(o.steps) * cfg.train.global_batch_size / elapsed;
@@ -245,6 +310,10 @@ int bench_step(const StepBenchOptions& o) {
                         {"gflops", gflops},
                         {"speedup", speedup}, {"efficiency", efficiency},
                         {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}}});
+        if (!profile.is_null()) {
+            print_profile(profile);
+            rows.back()["profile"] = profile;
+        }
     }
     if (o.per_replica_batch > 0)
         std::printf("\nspeedup and efficiency are relative to the first row; %d samples per replica per step (weak scaling)\n",

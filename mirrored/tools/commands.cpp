@@ -126,6 +126,9 @@ ToolCommands::ToolCommands(CLI::App& app) {
     bs_->add_option("--warmup", sb_.warmup, "untimed steps first")->check(CLI::Range(0, 1000000));
     bs_->add_option("--per-replica-batch", sb_.per_replica_batch, "global batch = this x replicas (weak scaling)")
         ->check(CLI::Range(1, 1 << 24));
+    bs_->add_option("--layers", sb_.layer_steps, "then profile this many more steps layer by layer (replica 0, "
+                    "uncaptured, each waited for): where a step's time goes")
+        ->check(CLI::Range(0, 100000));
     bs_->add_option("--json", sb_.json_path, "also write the results here");
 
     bg_ = app.add_subcommand("bench-gemm", "GEMM GFLOP/s of one device: the ceiling a step is measured against");

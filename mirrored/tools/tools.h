@@ -49,6 +49,7 @@ struct StepBenchOptions {
     std::vector<std::string> devices;  // each measured in turn, e.g. cpu:1 cpu:2
     int steps = 50, warmup = 5;
     int per_replica_batch = 0;  // > 0: global batch = this x replicas (weak scaling)
+    int layer_steps = 0;        // > 0: then this many steps profiled layer by layer (StepProfile)
     std::string json_path;
 };
 // Training-step throughput of a config for each device list: the scaling test.
