@@ -646,8 +646,11 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
     };
     const bool overlap = cfg_.bucket_mb > 0 && n > 1 && !shared_;
     const auto on_layer_done = [&](int layer) {
+        bool reduced = false;
         for (const Bucket& b : buckets_)
-            if (b.ready_after_layer == layer) reduce(b);
+            if (b.ready_after_layer == layer) reduce(b), reduced = true;
+        // CPU replicas reduce right here: their time is the reduction's, not the next layer's
+        if (reduced) profile_mark(R, cs, StepProfile::kReduced);
     };
     const float* loss_scale = loss_scaling_ ? R.loss_scale.data() : nullptr;
     const float grad_scale = 1.0f / float(global_rows);
