@@ -648,7 +648,10 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
     const auto on_layer_done = [&](int layer) {
         bool reduced = false;
         for (const Bucket& b : buckets_)
-            if (b.ready_after_layer == layer) reduce(b), reduced = true;
+            if (b.ready_after_layer == layer) {
+                reduce(b);
+                reduced = true;
+            }
         // CPU replicas reduce right here: their time is the reduction's, not the next layer's
         if (reduced) profile_mark(R, cs, StepProfile::kReduced);
     };
