@@ -4,6 +4,10 @@
 The work: the default run's MLP 784-512-256-10 (configs/fashion_mnist_mlp.yaml), global batch
 128, SGD with momentum 0.9 and its learning-rate schedule, on Fashion-MNIST (or the IDX stand-in of
 scripts/make_idx_dataset.py when the package is absent). Timed: training steps on pre-loaded data, after a warm-up.
+--model cnn: configs/fashion_mnist_cnn.yaml's CNN instead (two 3x3 convolutions with batchnorm,
+ReLU and max pooling, dense 256 with dropout, dense 10; SGD with momentum 0.9 and weight decay
+5e-4; batch 128), PyTorch in its default NCHW layout (mirrored's own horizontal flips are left on,
+PyTorch gets none: the comparison favours PyTorch slightly).
 
   mirrored   build/mirrored bench-step on cpu:1 and cpu:2 (one replica per core)
   PyTorch    one process with 1 and with 2 threads (OpenMP threads sleep when idle:
@@ -14,7 +18,7 @@ PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, read from `mi
 devices`), so the comparison is kernel for kernel; --also-env-kernel adds PyTorch on whatever
 kernel the environment gives it. Prints medians over the rounds and the ratios.
 
-    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--rounds 3] [--steps 1500] [--json out.json]
+    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn] [--rounds 3] [--steps 1500] [--json out.json]
 
 Needs python3-torch and python3-numpy (Debian/Ubuntu packages)."""
 import argparse
@@ -54,7 +58,15 @@ def load_data(np):
     raise SystemExit(f"no Fashion-MNIST at {path}")
 
 
-def torch_worker(rank, world, threads, steps, warmup, out_path, port):
+def make_torch_model(nn, kind):
+    if kind == "cnn":
+        return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(7 * 7 * 64, 256), nn.ReLU(), nn.Dropout(0.4), nn.Linear(256, 10))
+    return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"):
     """One PyTorch process: `world` > 1 is DDP over gloo; writes samples/s to out_path (rank 0)."""
     import torch  # before numpy: the BLAS torch loads first is the one its GEMMs bind to
     import numpy as np
@@ -69,11 +81,13 @@ def torch_worker(rank, world, threads, steps, warmup, out_path, port):
     x, y, _ = load_data(np)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     X, Y = torch.from_numpy(x)[perm].contiguous(), torch.from_numpy(y)[perm].contiguous()  # shuffled once
+    if kind == "cnn":
+        X = X.reshape(-1, 1, 28, 28)
     nn = torch.nn
-    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+    model = make_torch_model(nn, kind)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4 if kind == "cnn" else 0.0)
     loss_fn = nn.CrossEntropyLoss()
     batch, per = 128, 128 // world
     batches = len(Y) // batch
@@ -98,7 +112,7 @@ def torch_worker(rank, world, threads, steps, warmup, out_path, port):
             json.dump({"samples_per_sec": steps * batch / elapsed}, f)
 
 
-def run_torch(kind, steps, warmup, env, peer_script=None):
+def run_torch(kind, steps, warmup, env, peer_script=None, model="mlp"):
     """A fresh interpreter per measurement, so that thread settings and OpenBLAS's kernel apply.
     peer_script: an external peer with the same command line (the reference measurements'
     pytorch_cpu_peer.py), run instead of the one here."""
@@ -114,10 +128,10 @@ def run_torch(kind, steps, warmup, env, peer_script=None):
         out = os.path.join(d, "r.json")
         world, threads = (2, 1) if kind == "ddp" else (1, int(kind))
         code = ("import sys; sys.path.insert(0, %r); import bench_cpu_vs_pytorch as b; import torch.multiprocessing as mp\n"
-                "if %d > 1: mp.spawn(b.torch_worker, args=(%d, %d, %d, %d, %r, %d), nprocs=%d)\n"
-                "else: b.torch_worker(0, 1, %d, %d, %d, %r, 0)\n") % (
+                "if %d > 1: mp.spawn(b.torch_worker, args=(%d, %d, %d, %d, %r, %d, %r), nprocs=%d)\n"
+                "else: b.torch_worker(0, 1, %d, %d, %d, %r, 0, %r)\n") % (
                     os.path.dirname(os.path.abspath(__file__)), world, world, threads, steps, warmup, out, 29500 + os.getpid() % 1000,
-                    world, threads, steps, warmup, out)
+                    model, world, threads, steps, warmup, out, model)
         e = dict(env, OMP_WAIT_POLICY="passive", OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                  MKL_NUM_THREADS=str(threads))
         subprocess.run([sys.executable, "-c", code], env=e, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -125,10 +139,10 @@ def run_torch(kind, steps, warmup, env, peer_script=None):
             return json.load(f)["samples_per_sec"]
 
 
-def run_mirrored(devices, steps, warmup):
+def run_mirrored(devices, steps, warmup, model="mlp"):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "step.json")
-        config = os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml")
+        config = os.path.join(ROOT, "configs", "fashion_mnist_%s.yaml" % model)
         subprocess.run([os.path.join(ROOT, "build", "mirrored"), "bench-step", config, "--devices", devices, "--steps", str(steps),
                         "--warmup", str(warmup), "--json", out], check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
@@ -144,6 +158,8 @@ def mirrored_blas():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                    help="the default run's MLP, or configs/fashion_mnist_cnn.yaml's CNN")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--warmup", type=int, default=100)
@@ -152,6 +168,8 @@ def main():
     ap.add_argument("--peer-script", help="an external PyTorch peer with the same flags, e.g. "
                     "../shared/reference/pytorch_cpu_peer.py")
     a = ap.parse_args()
+    if a.peer_script and a.model != "mlp":
+        ap.error("--peer-script measures the MLP only")
     scratch = tempfile.TemporaryDirectory()
     if not os.path.exists(os.path.join(os.environ.get("MIRRORED_DATA_DIR", FASHION), "train-images-idx3-ubyte.gz")):
         # no Fashion-MNIST package: the same stand-in scripts/gpu_check.sh trains on, for both sides
@@ -162,15 +180,16 @@ def main():
     same = dict(os.environ)
     if kernel:
         same["OPENBLAS_CORETYPE"] = kernel
-    rows = [("mirrored cpu:1", lambda: run_mirrored("cpu:1", a.steps, a.warmup)),
-            ("mirrored cpu:2", lambda: run_mirrored("cpu:2", a.steps, a.warmup)),
-            ("PyTorch 1 thread", lambda: run_torch("1", a.steps, a.warmup, same, a.peer_script)),
-            ("PyTorch 2 threads", lambda: run_torch("2", a.steps, a.warmup, same, a.peer_script)),
-            ("PyTorch DDP gloo 2x1", lambda: run_torch("ddp", a.steps, a.warmup, same, a.peer_script))]
+    m = a.model
+    rows = [("mirrored cpu:1", lambda: run_mirrored("cpu:1", a.steps, a.warmup, m)),
+            ("mirrored cpu:2", lambda: run_mirrored("cpu:2", a.steps, a.warmup, m)),
+            ("PyTorch 1 thread", lambda: run_torch("1", a.steps, a.warmup, same, a.peer_script, m)),
+            ("PyTorch 2 threads", lambda: run_torch("2", a.steps, a.warmup, same, a.peer_script, m)),
+            ("PyTorch DDP gloo 2x1", lambda: run_torch("ddp", a.steps, a.warmup, same, a.peer_script, m))]
     if a.also_env_kernel:
         env = dict(os.environ)
-        rows += [("PyTorch 1 thread, environment's kernel", lambda: run_torch("1", a.steps, a.warmup, env, a.peer_script)),
-                 ("PyTorch 2 threads, environment's kernel", lambda: run_torch("2", a.steps, a.warmup, env, a.peer_script))]
+        rows += [("PyTorch 1 thread, environment's kernel", lambda: run_torch("1", a.steps, a.warmup, env, a.peer_script, m)),
+                 ("PyTorch 2 threads, environment's kernel", lambda: run_torch("2", a.steps, a.warmup, env, a.peer_script, m))]
     samples = {name: [] for name, _ in rows}
     for r in range(a.rounds):  # alternating rounds: drift on a shared machine hits every row alike
         for name, fn in rows:
@@ -179,7 +198,7 @@ def main():
     med = {n: statistics.median(v) for n, v in samples.items()}
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
     print(f"machine: {cpu}, {os.cpu_count()} cores; BLAS: {blas}")
-    print(f"PyTorch ({a.peer_script or 'the peer in this script'}) on OPENBLAS_CORETYPE={kernel}; "
+    print(f"model: {a.model}; PyTorch ({a.peer_script or 'the peer in this script'}) on OPENBLAS_CORETYPE={kernel}; "
           f"medians of {a.rounds} alternating rounds, {a.steps} steps each\n")
     print(f"{'':42} {'samples/s':>12} {'min':>10} {'max':>10}")
     for n, v in samples.items():
