@@ -29,6 +29,8 @@ struct Dataset {
 // Sizes a data set's features to n floats; a new buffer asks for 2 MiB pages before its first
 // touch (data/readers.cpp says why).
 void resize_features(std::vector<float>& features, size_t n);
+// The same capacity without the size: a reader that knows the total up front grows no further.
+void reserve_features(std::vector<float>& features, size_t n);
 // Asks for 2 MiB pages for features already filled: pages are copied into huge ones now where the
 // kernel can (the readers size their buffers with resize_features, so theirs already are).
 void prefer_huge_pages(std::vector<float>& features);

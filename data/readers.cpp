@@ -35,13 +35,16 @@ std::pair<void*, size_t> huge_page_range(const void* p, size_t bytes) {
 // A batch gathers rows from all over a data set; with 4 KiB pages nearly every row costs a TLB
 // miss and a page walk (Fashion-MNIST's 188 MB are 46,000 pages), so its features ask for 2 MiB
 // pages. Best effort: without transparent huge pages the advice fails and nothing changes.
+void reserve_features(std::vector<float>& features, size_t n) {
+    if (features.capacity() >= n) return;
+    features.reserve(n);
+    // Before the new pages are first touched: they then fault in huge, not copied later.
+    const auto [range, len] = huge_page_range(features.data(), n * sizeof(float));
+    if (len) ::madvise(range, len, MADV_HUGEPAGE);
+}
+
 void resize_features(std::vector<float>& features, size_t n) {
-    if (features.capacity() < n) {
-        features.reserve(n);
-        // Before the new pages are first touched: they then fault in huge, not copied later.
-        const auto [range, len] = huge_page_range(features.data(), n * sizeof(float));
-        if (len) ::madvise(range, len, MADV_HUGEPAGE);
-    }
+    reserve_features(features, n);
     features.resize(n);
 }
 
@@ -205,8 +208,10 @@ Dataset read_idx(const std::string& images_path, const std::string& labels_path)
     });
 }
 
+constexpr size_t kCifarRecord = 1 + 3 * 32 * 32, kCifarRecordFloats = 3 * 32 * 32;  // bytes on disk, floats
+
 void read_cifar10_batch(InputFile& in, Dataset& ds) {
-    constexpr size_t kRecord = 1 + 3 * 32 * 32, kPlane = 32 * 32;
+    constexpr size_t kRecord = kCifarRecord, kPlane = 32 * 32;
     const std::string& path = in.path();
     std::vector<unsigned char> b;
     as_data_error([&] { in.read_rest(b, size_t(std::min<uint64_t>(memory_bound() / 4, SIZE_MAX)), "the batch file"); });
@@ -236,6 +241,18 @@ Dataset read_cifar10(const std::vector<std::string>& paths) {
     ds.shape = {32, 32, 3};
     ds.classes = 10;
     if (paths.empty()) throw DataError("cifar10: no batch files given");
+    // The uncompressed files' records, counted from their sizes: the features are sized once
+    // instead of regrown - and copied - file by file. Only a capacity: each file is still checked.
+    uint64_t records = 0;
+    for (const auto& path : paths)
+        as_data_error([&] {
+            InputFile in(path);
+            if (!in.compressed()) records += in.file_size() / kCifarRecord;
+        });
+    // Bounded like the reads below, so that a huge (or sparse) file is their clear error, not an
+    // allocation failure here.
+    if (records <= kMaxSamples && records * kCifarRecordFloats * sizeof(float) <= memory_bound() / 2)
+        reserve_features(ds.features, size_t(records) * kCifarRecordFloats);
     for (const auto& path : paths) {
         as_data_error([&] {
             InputFile in(path);

@@ -236,6 +236,17 @@ TEST_CASE("cifar10: reads records as HWC, rejects truncated files and bad labels
     CHECK(ds.shape == std::vector<int>{32, 32, 3});
     CHECK(ds.labels[1] == 3);
     CHECK(ds.features[1] == doctest::Approx(50 / 255.0));  // pixel 0, channel G
+    // several files in order, raw and gzip-compressed: the raw ones' records are counted up front
+    // (the features sized once), the compressed one grows them; the same data either way
+    write_gz(d / "data_batch_2.bin.gz", b);
+    write_bytes(d / "data_batch_3.bin", b);
+    const Dataset many = read_cifar10({d / "data_batch_1.bin", d / "data_batch_2.bin.gz", d / "data_batch_3.bin"});
+    CHECK(many.count() == 9);
+    CHECK(many.labels == std::vector<int32_t>{2, 3, 4, 2, 3, 4, 2, 3, 4});
+    CHECK(std::vector<float>(many.features.begin() + 3 * 3072, many.features.begin() + 6 * 3072) ==
+          std::vector<float>(ds.features.begin(), ds.features.end()));
+    CHECK(std::vector<float>(many.features.begin() + 6 * 3072, many.features.end()) ==
+          std::vector<float>(ds.features.begin(), ds.features.end()));
     write_bytes(d / "short.bin", std::vector<unsigned char>(b.begin(), b.end() - 100));
     CHECK_THROWS_WITH_AS(read_cifar10({d / "short.bin"}), doctest::Contains("not a whole number"), DataError);
     b[3073] = 11;
