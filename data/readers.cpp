@@ -270,8 +270,9 @@ std::string_view trim(std::string_view s) {
     return s;
 }
 
-std::vector<std::string_view> split(std::string_view line, char delim) {
-    std::vector<std::string_view> out;
+// The fields of a line into `out` (reused from line to line: no allocation per row).
+void split(std::string_view line, char delim, std::vector<std::string_view>& out) {
+    out.clear();
     size_t start = 0;
     for (;;) {
         const size_t pos = line.find(delim, start);
@@ -279,7 +280,6 @@ std::vector<std::string_view> split(std::string_view line, char delim) {
         if (pos == std::string_view::npos) break;
         start = pos + 1;
     }
-    return out;
 }
 
 bool parse_float(std::string_view s, float& v) {
@@ -306,6 +306,16 @@ std::string shown(std::string_view f) {
 
 }  // namespace
 
+// At most one row per line from the first on: the features and labels sized for that many up
+// front (bounded like the text they come from), so they are filled in place - no regrowing and
+// copying row by row, and their pages fault in huge instead of being collapsed afterwards.
+void reserve_rows(std::string_view rest, size_t features, Dataset& ds) {
+    const uint64_t rows = uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1;
+    if (rows > kMaxSamples || rows * features * sizeof(float) > memory_bound() / 2) return;
+    reserve_features(ds.features, size_t(rows * features));
+    ds.labels.reserve(size_t(rows));
+}
+
 Dataset read_csv(InputFile& in, const CsvOptions& opt) {
     const std::string& path = in.path();
     std::vector<unsigned char> bytes;
@@ -318,22 +328,25 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
     std::vector<std::string> header;
     size_t columns = 0, label_col = 0, line_no = 0, pos = 0;
     bool first = true;
+    std::vector<std::string_view> fields;
     auto where = [&](size_t line) { return path + ":" + std::to_string(line) + ": "; };
     while (pos < text.size()) {
         size_t end = text.find('\n', pos);
         if (end == std::string_view::npos) end = text.size();
+        const size_t line_start = pos;
         const std::string_view line = trim(text.substr(pos, end - pos));
         pos = end + 1;
         ++line_no;
         if (line.empty()) continue;
         if (line.find('\0') != std::string_view::npos)
             throw DataError(where(line_no) + "a NUL byte: this is not a text CSV file");
-        const auto fields = split(line, opt.delimiter);
+        split(line, opt.delimiter, fields);
         if (first) {
             first = false;
             columns = fields.size();
             if (columns < 2) throw DataError(where(line_no) + "expected at least 2 columns (features and a label), found " + std::to_string(columns));
             if (columns - 1 > kMaxFeatures) throw DataError(where(line_no) + std::to_string(columns) + " columns is implausibly many");
+            reserve_rows(text.substr(line_start), columns - 1, ds);
             bool numeric = true;
             for (auto f : fields) {
                 float v;
