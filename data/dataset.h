@@ -61,6 +61,7 @@ struct SyntheticOptions {
     size_t samples = 60000;
     uint64_t seed = 1;
     uint32_t split = 0;  // 0 train, 1 test: other samples, the same rule
+    int threads = 0;     // 0: one per core (each sample is a function of its index: any count gives the same data)
 };
 // Gaussian inputs labelled by a fixed random linear teacher (argmax of W x): learnable, not noise.
 Dataset make_synthetic(const SyntheticOptions& options);

@@ -339,6 +339,14 @@ TEST_CASE("synthetic: deterministic by seed, every class present, train and test
     const Dataset a = make_synthetic(o), b = make_synthetic(o);
     CHECK(a.features == b.features);
     CHECK(a.labels == b.labels);
+    for (int threads : {1, 3, 7}) {  // generated in ranges per thread: the same data for any count
+        CAPTURE(threads);
+        SyntheticOptions ot = o;
+        ot.threads = threads;
+        const Dataset c = make_synthetic(ot);
+        CHECK(c.features == a.features);
+        CHECK(c.labels == a.labels);
+    }
     std::set<int> seen(a.labels.begin(), a.labels.end());
     CHECK(seen.size() == 5);
     o.split = 1;
