@@ -2,6 +2,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <new>
 #include <thread>
 #include <climits>
 #include <cstdint>
@@ -252,8 +253,12 @@ Dataset read_cifar10(const std::vector<std::string>& paths) {
         });
     // Bounded like the reads below, so that a huge (or sparse) file is their clear error, not an
     // allocation failure here.
-    if (records <= kMaxSamples && records * kCifarRecordFloats * sizeof(float) <= memory_bound() / 2)
-        reserve_features(ds.features, size_t(records) * kCifarRecordFloats);
+    if (records <= kMaxSamples && records * kCifarRecordFloats * sizeof(float) <= memory_bound() / 2) {
+        try {
+            reserve_features(ds.features, size_t(records) * kCifarRecordFloats);
+        } catch (const std::bad_alloc&) {  // only a capacity hint, as for CSV
+        }
+    }
     for (const auto& path : paths) {
         as_data_error([&] {
             InputFile in(path);
@@ -313,8 +318,11 @@ std::string shown(std::string_view f) {
 void reserve_rows(std::string_view rest, size_t features, Dataset& ds) {
     const uint64_t rows = uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1;
     if (rows > kMaxSamples || rows * features * sizeof(float) > memory_bound() / 2) return;
-    reserve_features(ds.features, size_t(rows * features));
-    ds.labels.reserve(size_t(rows));
+    try {
+        reserve_features(ds.features, size_t(rows * features));
+        ds.labels.reserve(size_t(rows));
+    } catch (const std::bad_alloc&) {  // only a capacity hint: without it the rows grow as they come
+    }
 }
 
 Dataset read_csv(InputFile& in, const CsvOptions& opt) {
