@@ -2,8 +2,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <new>
-#include <thread>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -12,7 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <sstream>
+#include <thread>
 
 #include "data/dataset.h"
 #include "data/io.h"
@@ -312,6 +312,8 @@ std::string shown(std::string_view f) {
 
 }  // namespace
 
+namespace {
+
 // At most one row per line from the first on: the features and labels sized for that many up
 // front (bounded like the text they come from), so they are filled in place - no regrowing and
 // copying row by row, and their pages fault in huge instead of being collapsed afterwards.
@@ -324,6 +326,8 @@ void reserve_rows(std::string_view rest, size_t features, Dataset& ds) {
     } catch (const std::bad_alloc&) {  // only a capacity hint: without it the rows grow as they come
     }
 }
+
+}  // namespace
 
 Dataset read_csv(InputFile& in, const CsvOptions& opt) {
     const std::string& path = in.path();
