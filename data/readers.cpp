@@ -50,7 +50,8 @@ void resize_features(std::vector<float>& features, size_t n) {
     features.resize(n);
 }
 
-// For a data set filled some other way (a CSV grows row by row): MADV_COLLAPSE (Linux 6.1)
+// For a data set that grew without resize_features (a CSV whose up-front sizing was refused, row
+// by row): MADV_COLLAPSE (Linux 6.1)
 // copies its pages into huge ones now - pages already huge are left as they are - and
 // MADV_HUGEPAGE lets later faults and khugepaged do it where collapse is refused. The contents
 // never change.
@@ -166,6 +167,19 @@ int check_labels(const std::vector<int32_t>& labels, int limit, const std::strin
 constexpr uint64_t kMaxSamples = uint64_t(INT32_MAX);  // sample indices are 32-bit in the loader
 constexpr uint64_t kMaxFeatures = uint64_t(1) << 26;   // per sample: widths are ints, with room
 
+// Sizes a data set's features and labels for `samples` samples up front, so that a reader fills
+// them in place - no regrowing and copying as it goes, and pages that fault in huge instead of
+// being collapsed afterwards. Only a capacity hint: above the bound a reader's own reads enforce
+// (their clear error comes first) or without the memory for it, the data grows as it comes.
+void reserve_samples(Dataset& ds, uint64_t samples, size_t features) {
+    if (samples > kMaxSamples || samples * features * sizeof(float) > memory_bound() / 2) return;
+    try {
+        reserve_features(ds.features, size_t(samples) * features);
+        ds.labels.reserve(size_t(samples));
+    } catch (const std::bad_alloc&) {
+    }
+}
+
 }  // namespace
 
 std::vector<unsigned char> read_file(const std::string& path) {
@@ -243,22 +257,15 @@ Dataset read_cifar10(const std::vector<std::string>& paths) {
     ds.shape = {32, 32, 3};
     ds.classes = 10;
     if (paths.empty()) throw DataError("cifar10: no batch files given");
-    // The uncompressed files' records, counted from their sizes: the features are sized once
-    // instead of regrown - and copied - file by file. Only a capacity: each file is still checked.
+    // The uncompressed files' records, counted from their sizes: the data set is sized once
+    // instead of regrown file by file (each file is still checked as it is read).
     uint64_t records = 0;
     for (const auto& path : paths)
         as_data_error([&] {
             InputFile in(path);
             if (!in.compressed()) records += in.file_size() / kCifarRecord;
         });
-    // Bounded like the reads below, so that a huge (or sparse) file is their clear error, not an
-    // allocation failure here.
-    if (records <= kMaxSamples && records * kCifarRecordFloats * sizeof(float) <= memory_bound() / 2) {
-        try {
-            reserve_features(ds.features, size_t(records) * kCifarRecordFloats);
-        } catch (const std::bad_alloc&) {  // only a capacity hint, as for CSV
-        }
-    }
+    reserve_samples(ds, records, kCifarRecordFloats);
     for (const auto& path : paths) {
         as_data_error([&] {
             InputFile in(path);
@@ -312,23 +319,6 @@ std::string shown(std::string_view f) {
 
 }  // namespace
 
-namespace {
-
-// At most one row per line from the first on: the features and labels sized for that many up
-// front (bounded like the text they come from), so they are filled in place - no regrowing and
-// copying row by row, and their pages fault in huge instead of being collapsed afterwards.
-void reserve_rows(std::string_view rest, size_t features, Dataset& ds) {
-    const uint64_t rows = uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1;
-    if (rows > kMaxSamples || rows * features * sizeof(float) > memory_bound() / 2) return;
-    try {
-        reserve_features(ds.features, size_t(rows * features));
-        ds.labels.reserve(size_t(rows));
-    } catch (const std::bad_alloc&) {  // only a capacity hint: without it the rows grow as they come
-    }
-}
-
-}  // namespace
-
 Dataset read_csv(InputFile& in, const CsvOptions& opt) {
     const std::string& path = in.path();
     std::vector<unsigned char> bytes;
@@ -359,7 +349,9 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
             columns = fields.size();
             if (columns < 2) throw DataError(where(line_no) + "expected at least 2 columns (features and a label), found " + std::to_string(columns));
             if (columns - 1 > kMaxFeatures) throw DataError(where(line_no) + std::to_string(columns) + " columns is implausibly many");
-            reserve_rows(text.substr(line_start), columns - 1, ds);
+            // at most one row per line from this one on
+            const std::string_view rest = text.substr(line_start);
+            reserve_samples(ds, uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1, columns - 1);
             bool numeric = true;
             for (auto f : fields) {
                 float v;
