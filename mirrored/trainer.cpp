@@ -224,7 +224,6 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
 
 namespace {
 
-// A finite-parameters check before anything is saved: a NaN must never overwrite good state.
 // The GEMM library a checkpoint's rounding depends on: the BLAS kernel for CPU replicas (and the
 // simulated GPUs, which run the CPU reference); on CUDA, whether cuBLASLt's fused epilogues ran.
 std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
@@ -232,6 +231,7 @@ std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
     return cfg.strategy.fused_epilogues ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS";
 }
 
+// A finite-parameters check before anything is saved: a NaN must never overwrite good state.
 bool all_finite(const std::vector<float>& v) {
     for (float x : v)
         if (!std::isfinite(x)) return false;
