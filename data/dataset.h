@@ -32,7 +32,7 @@ void resize_features(std::vector<float>& features, size_t n);
 // The same capacity without the size: a reader that knows the total up front grows no further.
 void reserve_features(std::vector<float>& features, size_t n);
 // Asks for 2 MiB pages for features already filled: pages are copied into huge ones now where the
-// kernel can (the readers size their buffers with resize_features, so theirs already are).
+// kernel can (for a reader that could not size its buffer with resize_features up front).
 void prefer_huge_pages(std::vector<float>& features);
 
 class InputFile;

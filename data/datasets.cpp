@@ -108,8 +108,6 @@ Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_
         normalize(out.train, out.normalization);
         normalize(out.test, out.normalization);
     }
-    prefer_huge_pages(out.train.features);
-    prefer_huge_pages(out.test.features);
     return out;
 }
 

@@ -50,7 +50,7 @@ void resize_features(std::vector<float>& features, size_t n) {
     features.resize(n);
 }
 
-// For a data set that grew without resize_features (a CSV whose up-front sizing was refused, row
+// For features that grew without resize_features (a CSV whose up-front sizing was refused, row
 // by row): MADV_COLLAPSE (Linux 6.1)
 // copies its pages into huge ones now - pages already huge are left as they are - and
 // MADV_HUGEPAGE lets later faults and khugepaged do it where collapse is refused. The contents
@@ -170,13 +170,16 @@ constexpr uint64_t kMaxFeatures = uint64_t(1) << 26;   // per sample: widths are
 // Sizes a data set's features and labels for `samples` samples up front, so that a reader fills
 // them in place - no regrowing and copying as it goes, and pages that fault in huge instead of
 // being collapsed afterwards. Only a capacity hint: above the bound a reader's own reads enforce
-// (their clear error comes first) or without the memory for it, the data grows as it comes.
-void reserve_samples(Dataset& ds, uint64_t samples, size_t features) {
-    if (samples > kMaxSamples || samples * features * sizeof(float) > memory_bound() / 2) return;
+// (their clear error comes first) or without the memory for it, the data grows as it comes:
+// returns false then.
+bool reserve_samples(Dataset& ds, uint64_t samples, size_t features) {
+    if (samples > kMaxSamples || samples * features * sizeof(float) > memory_bound() / 2) return false;
     try {
         reserve_features(ds.features, size_t(samples) * features);
         ds.labels.reserve(size_t(samples));
+        return true;
     } catch (const std::bad_alloc&) {
+        return false;
     }
 }
 
@@ -330,7 +333,7 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
     ds.labels_source = path;
     std::vector<std::string> header;
     size_t columns = 0, label_col = 0, line_no = 0, pos = 0;
-    bool first = true;
+    bool first = true, sized = false;
     std::vector<std::string_view> fields;
     auto where = [&](size_t line) { return path + ":" + std::to_string(line) + ": "; };
     while (pos < text.size()) {
@@ -351,7 +354,7 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
             if (columns - 1 > kMaxFeatures) throw DataError(where(line_no) + std::to_string(columns) + " columns is implausibly many");
             // at most one row per line from this one on
             const std::string_view rest = text.substr(line_start);
-            reserve_samples(ds, uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1, columns - 1);
+            sized = reserve_samples(ds, uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1, columns - 1);
             bool numeric = true;
             for (auto f : fields) {
                 float v;
@@ -398,6 +401,7 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
         }
     }
     if (ds.labels.empty()) throw DataError(path + ": no data rows");
+    if (!sized) prefer_huge_pages(ds.features);  // grown row by row in small pages
     ds.shape = {int(columns - 1)};
     ds.classes = check_labels(ds.labels, 1 << 20, path);
     return ds;
