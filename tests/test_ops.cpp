@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "kernels/cpu/jit_gemm.h"
+#include "kernels/cuda/column_plan.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
 #include "kernels/op_math.h"
@@ -813,6 +814,37 @@ TEST_CASE("cuda gemm matches cpu (fp32 and TF32)") {
     });
 }
 
+// The CUDA column reductions' row split is host logic: every row in exactly one chunk, no empty
+// chunk, partial sums within the scratch, and enough blocks for a GPU where there are rows to split.
+TEST_CASE("column_plan: row chunks cover every row once, fit the scratch and fill the GPU") {
+    using namespace mirrored::cuda;
+    constexpr size_t kScratch = size_t(1) << 20;
+    for (int rows : {0, 1, 300, 512, 513, 1000, 2048, 4099, 70000, 131072, 2000000, 2147483647})
+        for (int cols : {1, 3, 16, 37, 1024, 5000, 300000}) {
+            CAPTURE(rows);
+            CAPTURE(cols);
+            const ColumnPlan p = column_plan(rows, cols, kScratch);
+            const long long covered = static_cast<long long>(p.chunks) * p.chunk_rows;
+            REQUIRE(p.chunks >= 1);
+            CHECK(p.chunk_rows >= 1);
+            CHECK(covered >= rows);
+            CHECK(static_cast<long long>(p.chunks - 1) * p.chunk_rows < std::max(rows, 1));
+            if (rows <= kColumnOnePassRows) CHECK(p.chunks == 1);
+            if (p.chunks > 1) {
+                CHECK(2 * size_t(p.chunks) * cols <= kScratch);
+                CHECK(p.chunks <= kColumnMaxChunks);
+                CHECK(p.chunk_rows >= kColumnMinChunkRows);
+            }
+        }
+    const auto blocks = [](int rows, int cols) {
+        return column_plan(rows, cols, kScratch).chunks * ((cols + kColumnTile - 1) / kColumnTile);
+    };
+    CHECK(blocks(2048, 1024) >= 256);    // the MLP's bias gradient at batch 2048 (32 blocks in one pass)
+    CHECK(blocks(131072, 16) >= 512);    // a 16-channel batchnorm at 128 x 32 x 32 (1 block in one pass)
+    CHECK(blocks(256, 1024) == 32);      // batch 256: one pass, no second launch
+    CHECK(column_plan(131072, 16, 100).chunks == 3);  // a small scratch bounds the chunks
+}
+
 TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu") {
     SKIP_WITHOUT_CUDA();
     Rng rng(102);
@@ -826,13 +858,18 @@ TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu") {
         }
         for (bool acc : {false, true})
             CHECK(rel_error(run_bias_grad(gpu, e, acc), run_bias_grad(cpu, e, acc)) < 1e-5);
-        // many rows: the strided column sum
-        ElemCase tall = e;
-        tall.rows = 4099;
-        tall.cols = 37;
-        tall.dout = rng.normal(size_t(tall.rows) * tall.cols);
-        tall.bias = rng.normal(tall.cols);
-        CHECK(rel_error(run_bias_grad(gpu, tall, false), run_bias_grad(cpu, tall, false)) < 1e-5);
+        // many rows: one pass up to 512 rows, then row chunks and a second kernel (column_plan.h)
+        for (const auto& [rows, cols] : {std::pair{512, 37}, {513, 37}, {4099, 37}, {2048, 1030}, {70001, 3}}) {
+            CAPTURE(rows);
+            CAPTURE(cols);
+            ElemCase tall = e;
+            tall.rows = rows;
+            tall.cols = cols;
+            tall.dout = rng.normal(size_t(tall.rows) * tall.cols);
+            tall.bias = rng.normal(tall.cols);
+            for (bool acc : {false, true})
+                CHECK(rel_error(run_bias_grad(gpu, tall, acc), run_bias_grad(cpu, tall, acc)) < 1e-5);
+        }
     });
 }
 

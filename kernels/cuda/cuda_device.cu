@@ -39,7 +39,6 @@ constexpr int kMaxGpus = 64;
 std::array<std::array<bool, kMaxGpus>, kMaxGpus> g_peer_enabled{};
 std::mutex g_peer_mutex;
 
-constexpr size_t kScratchFloats = size_t(1) << 20;    // 4 MiB: rows up to 512k per op
 constexpr size_t kCublasWorkspace = size_t(32) << 20;  // fixed, so capture never allocates
 constexpr int kMinComputeMajor = 8;                    // Ampere and newer (bf16, cp.async)
 
@@ -74,7 +73,7 @@ public:
         CUBLAS_CHECK(ordinal, cublasCreate(&cublas_));
         workspace_ = alloc_bytes(kCublasWorkspace);
         bind_cublas(stream(compute_));
-        scratch_ = static_cast<float*>(alloc_bytes(kScratchFloats * sizeof(float)));
+        scratch_ = static_cast<float*>(alloc_bytes(cuda::kScratchFloats * sizeof(float)));
         staging_ = std::make_unique<PeerStaging>(*this, Stream{staging_stream_});
     }
 
@@ -320,8 +319,6 @@ public:
             bias_act_forward(stream(s), ordinal(), act_dtype(), act, rows, cols, bias, z, out))
     CUDA_OP(act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz), 1,
             act_backward(stream(s), ordinal(), act_dtype(), act, n, z, dout, dz))
-    CUDA_OP(bias_grad(Stream s, int rows, int cols, const void* dz, float* db, bool accumulate), 1,
-            bias_grad(stream(s), ordinal(), act_dtype(), rows, cols, dz, db, accumulate))
     CUDA_OP(dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y), 1,
             dropout(stream(s), ordinal(), act_dtype(), a, rows, cols, x, y))
     CUDA_OP(dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx), 1,
@@ -339,8 +336,6 @@ public:
             pool_backward(stream(s), ordinal(), act_dtype(), kind, g, x, dy, dx))
     CUDA_OP(nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse), 1,
             nhwc_to_nchw(stream(s), ordinal(), act_dtype(), n, h, w, c, x, y, inverse))
-    CUDA_OP(channel_sums(Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out), 2,
-            channel_sums(stream(s), ordinal(), act_dtype(), rows, c, x, shift, squares, out, scratch_))
     CUDA_OP(bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
                         float* run_mean, float* run_var), 1,
             bn_finalize(stream(s), ordinal(), a, sum, sqsum, mean, invstd, run_mean, run_var))
@@ -349,20 +344,12 @@ public:
     CUDA_OP(channel_affine(Stream s, int rows, int c, const void* x, const float* mean, const float* invstd,
                            const float* gamma, const float* beta, void* y), 1,
             channel_affine(stream(s), ordinal(), act_dtype(), rows, c, x, mean, invstd, gamma, beta, y))
-    CUDA_OP(bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                             const float* invstd, float* out), 2,
-            bn_backward_sums(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, out, scratch_))
     CUDA_OP(bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
                            const float* invstd, const float* gamma, const float* sums, double count, void* dx), 1,
             bn_backward_dx(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
     CUDA_OP(layernorm_forward(Stream s, int rows, int c, float eps, const void* x, const float* gamma,
                               const float* beta, void* y, float* mean, float* rstd), 1,
             layernorm_forward(stream(s), ordinal(), act_dtype(), rows, c, eps, x, gamma, beta, y, mean, rstd))
-    CUDA_OP(layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                               const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
-                               bool accumulate), 3,
-            layernorm_backward(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, rstd, gamma, dx, dgamma,
-                               dbeta, accumulate, scratch_))
     CUDA_OP(ema_update(Stream s, size_t n, float momentum, const float* batch, float* running), 1,
             ema_update(stream(s), ordinal(), n, momentum, batch, running))
     CUDA_OP(fill(Stream s, size_t n, float value, float* x), 1, fill(stream(s), ordinal(), n, value, x))
@@ -379,11 +366,31 @@ public:
     CUDA_OP(checksum(Stream s, size_t n, const float* x, uint64_t* out), 1, checksum(stream(s), ordinal(), n, x, out))
 #undef CUDA_OP
 
+    // The column reductions: one or two kernels, as the shape decides (column_plan.h).
+#define CUDA_COLUMN_OP(signature, call) \
+    void signature override {          \
+        use();                         \
+        work_.launches += cuda::call;  \
+    }
+    CUDA_COLUMN_OP(bias_grad(Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
+                   bias_grad(stream(s), ordinal(), act_dtype(), rows, cols, dz, db, accumulate, scratch_))
+    CUDA_COLUMN_OP(channel_sums(Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out),
+                   channel_sums(stream(s), ordinal(), act_dtype(), rows, c, x, shift, squares, out, scratch_))
+    CUDA_COLUMN_OP(bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                                    const float* invstd, float* out),
+                   bn_backward_sums(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, out, scratch_))
+    CUDA_COLUMN_OP(layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                                      const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
+                                      bool accumulate),
+                   layernorm_backward(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, rstd, gamma, dx,
+                                      dgamma, dbeta, accumulate, scratch_))
+#undef CUDA_COLUMN_OP
+
     void softmax_xent(Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
                       const float* loss_scale, void* dlogits, double* metrics) override {
         use();
         work_.launches += 2;
-        if (cuda::scratch_floats_needed(rows) > kScratchFloats)
+        if (cuda::scratch_floats_needed(rows) > cuda::kScratchFloats)
             throw DeviceError(name() + ": softmax_xent over " + std::to_string(rows) +
                               " rows exceeds the scratch sized at start-up");
         cuda::softmax_xent(stream(s), ordinal(), act_dtype(), rows, classes, logits, labels, grad_scale, loss_scale,

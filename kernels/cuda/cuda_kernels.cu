@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 
+#include "kernels/cuda/column_plan.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/error.h"
@@ -75,70 +76,88 @@ __device__ float warp_sum(float v) {  // a fixed butterfly: every lane ends with
 }
 
 // ---- column reductions: out[col] = sum over rows of f(row, col), two sums at once, in a fixed
-// order: blocks of 32 columns x 16 row lanes over fixed row chunks, then the chunks in order.
-constexpr int kColTile = 32, kRowLanes = 16, kMaxChunks = 64;
+// order: blocks of 32 columns x 16 row lanes, over all rows or, split by column_plan, over fixed
+// row chunks whose partial sums a second kernel adds in chunk order.
+struct ColumnOut {
+    float* partial;  // [cols][chunks][2], or null: one pass, straight into out0 / out1
+    float* out0;
+    float* out1;
+    bool accumulate;
+};
+
+__device__ __forceinline__ void column_store(float* out, int col, float v, bool accumulate) {
+    if (out) out[col] = accumulate ? out[col] + v : v;
+}
 
 template <typename F>
-__global__ void column_partials_kernel(int rows, int cols, int chunk_rows, F f, float* partial) {
-    __shared__ float pa[kRowLanes][kColTile + 1], pb[kRowLanes][kColTile + 1];
-    const int col = blockIdx.x * kColTile + threadIdx.x;
-    const int r0 = blockIdx.y * chunk_rows, r1 = min(rows, r0 + chunk_rows);
+__global__ void column_partials_kernel(int rows, int cols, int chunk_rows, F f, ColumnOut o) {
+    __shared__ float pa[kColumnRowLanes][kColumnTile + 1], pb[kColumnRowLanes][kColumnTile + 1];
+    const int col = blockIdx.x * kColumnTile + threadIdx.x;
+    const long long r0 = static_cast<long long>(blockIdx.y) * chunk_rows;
+    const long long r1 = min(static_cast<long long>(rows), r0 + chunk_rows);
     float a = 0.0f, b = 0.0f;
     if (col < cols)
-        for (int r = r0 + threadIdx.y; r < r1; r += kRowLanes) f(r, col, a, b);
+        for (long long r = r0 + threadIdx.y; r < r1; r += kColumnRowLanes) f(static_cast<int>(r), col, a, b);
     pa[threadIdx.y][threadIdx.x] = a;
     pb[threadIdx.y][threadIdx.x] = b;
     __syncthreads();
     if (threadIdx.y == 0 && col < cols) {
         float ta = 0.0f, tb = 0.0f;
-        for (int r = 0; r < kRowLanes; ++r) {
+        for (int r = 0; r < kColumnRowLanes; ++r) {
             ta += pa[r][threadIdx.x];
             tb += pb[r][threadIdx.x];
         }
-        partial[(size_t(blockIdx.y) * cols + col) * 2] = ta;
-        partial[(size_t(blockIdx.y) * cols + col) * 2 + 1] = tb;
-    }
-}
-
-__global__ void column_finish_kernel(int cols, int chunks, const float* partial, float* out0, float* out1,
-                                     bool accumulate) {
-    GRID_LOOP(col, size_t(cols)) {
-        float a = 0.0f, b = 0.0f;
-        for (int k = 0; k < chunks; ++k) {
-            a += partial[(size_t(k) * cols + col) * 2];
-            b += partial[(size_t(k) * cols + col) * 2 + 1];
+        if (o.partial) {
+            const size_t e = (size_t(col) * gridDim.y + blockIdx.y) * 2;
+            o.partial[e] = ta;
+            o.partial[e + 1] = tb;
+        } else {
+            column_store(o.out0, col, ta, o.accumulate);
+            column_store(o.out1, col, tb, o.accumulate);
         }
-        if (out0) out0[col] = accumulate ? out0[col] + a : a;
-        if (out1) out1[col] = accumulate ? out1[col] + b : b;
     }
 }
 
-// Scratch each column reduction uses: its partial sums (from the device's scratch).
-size_t column_scratch(int rows, int cols, int& chunks, int& chunk_rows) {
-    chunks = std::max(1, std::min(kMaxChunks, (rows + 4095) / 4096));
-    while (chunks > 1 && size_t(chunks) * cols * 2 > (size_t(1) << 20)) --chunks;
-    chunk_rows = (rows + chunks - 1) / chunks;
-    return size_t(chunks) * cols * 2;
+// One warp per column: lanes take every 32nd chunk in order, then a fixed butterfly.
+__global__ void column_finish_kernel(int cols, int chunks, ColumnOut o) {
+    const int col = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (col >= cols) return;  // whole warps leave together
+    const float* p = o.partial + size_t(col) * chunks * 2;
+    float a = 0.0f, b = 0.0f;
+    for (int k = lane; k < chunks; k += 32) {
+        a += p[2 * k];
+        b += p[2 * k + 1];
+    }
+    a = warp_sum(a);
+    b = warp_sum(b);
+    if (lane == 0) {
+        column_store(o.out0, col, a, o.accumulate);
+        column_store(o.out1, col, b, o.accumulate);
+    }
 }
 
+// Returns the kernels launched (1 or 2). scratch: kScratchFloats floats.
 template <typename F>
-void column_reduce(cudaStream_t s, int dev, int rows, int cols, F f, float* scratch, float* out0, float* out1,
-                   bool accumulate) {
-    if (cols <= 0) return;
-    int chunks = 1, chunk_rows = rows;
-    column_scratch(std::max(rows, 1), cols, chunks, chunk_rows);
-    const dim3 grid((cols + kColTile - 1) / kColTile, chunks), block(kColTile, kRowLanes);
-    column_partials_kernel<<<grid, block, 0, s>>>(rows, cols, std::max(chunk_rows, 1), f, scratch);
+int column_reduce(cudaStream_t s, int dev, int rows, int cols, F f, float* scratch, float* out0, float* out1,
+                  bool accumulate) {
+    if (cols <= 0) return 0;
+    const ColumnPlan plan = column_plan(rows, cols, kScratchFloats);
+    ColumnOut o{plan.chunks > 1 ? scratch : nullptr, out0, out1, accumulate};
+    const dim3 grid((cols + kColumnTile - 1) / kColumnTile, plan.chunks), block(kColumnTile, kColumnRowLanes);
+    column_partials_kernel<<<grid, block, 0, s>>>(std::max(rows, 0), cols, plan.chunk_rows, f, o);
     CUDA_LAUNCH_CHECK(dev);
-    column_finish_kernel<<<grid_for(size_t(cols)), kThreads, 0, s>>>(cols, chunks, scratch, out0, out1, accumulate);
+    if (plan.chunks == 1) return 1;
+    constexpr int kColumnsPerBlock = kThreads / 32;
+    column_finish_kernel<<<(cols + kColumnsPerBlock - 1) / kColumnsPerBlock, kThreads, 0, s>>>(cols, plan.chunks, o);
     CUDA_LAUNCH_CHECK(dev);
+    return 2;
 }
 
 }  // namespace
 
 size_t scratch_floats_needed(int max_rows) {
     const size_t rows = max_rows > 0 ? static_cast<size_t>(max_rows) : 1;
-    return 2 * rows > size_t(1) << 20 ? 2 * rows : size_t(1) << 20;
+    return std::max(2 * rows, kScratchFloats);
 }
 
 // ---- bias + activation ------------------------------------------------------------------
@@ -180,30 +199,11 @@ struct ColumnOf {
     __device__ void operator()(int r, int c, float& a, float&) const { a += ld(x, size_t(r) * cols + c); }
 };
 
-// One block per 32 columns, all rows: for batch-sized row counts (bias gradients) one pass is
-// enough and needs no scratch.
-template <typename F>
-__global__ void column_sum_kernel(int rows, int cols, F f, float* out, bool accumulate) {
-    __shared__ float partial[kRowLanes][kColTile + 1];
-    const int col = blockIdx.x * kColTile + threadIdx.x;
-    float a = 0.0f, unused = 0.0f;
-    if (col < cols)
-        for (int r = threadIdx.y; r < rows; r += kRowLanes) f(r, col, a, unused);
-    partial[threadIdx.y][threadIdx.x] = a;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
-        float total = 0.0f;
-        for (int r = 0; r < kRowLanes; ++r) total += partial[r][threadIdx.x];
-        out[col] = accumulate ? out[col] + total : total;
-    }
-}
-
-void bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate) {
-    if (cols <= 0) return;
-    const dim3 block(kColTile, kRowLanes);
-    DISPATCH(t, column_sum_kernel<<<(cols + kColTile - 1) / kColTile, block, 0, s>>>(
-                    rows, cols, ColumnOf<T>{as<T>(dz), cols}, db, accumulate));
-    CUDA_LAUNCH_CHECK(dev);
+int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate,
+              float* scratch) {
+    DISPATCH(t, return column_reduce(s, dev, rows, cols, ColumnOf<T>{as<T>(dz), cols}, scratch, db, nullptr,
+                                     accumulate));
+    return 0;
 }
 
 // ---- softmax cross-entropy: one warp per row, then a one-block deterministic sum ----------
@@ -469,9 +469,11 @@ struct ShiftedSum {
     }
 };
 
-void channel_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* shift, bool squares,
-                  float* out, float* scratch) {
-    DISPATCH(t, column_reduce(s, dev, rows, c, ShiftedSum<T>{as<T>(x), c, shift, squares}, scratch, out, nullptr, false));
+int channel_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* shift, bool squares,
+                 float* out, float* scratch) {
+    DISPATCH(t, return column_reduce(s, dev, rows, c, ShiftedSum<T>{as<T>(x), c, shift, squares}, scratch, out, nullptr,
+                                     false));
+    return 0;
 }
 
 __global__ void bn_finalize_kernel(BnStats a, const float* sum, const float* sqsum, float* mean, float* invstd,
@@ -528,10 +530,11 @@ struct BnGradSums {
     }
 };
 
-void bn_backward_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
-                      const float* mean, const float* invstd, float* out, float* scratch) {
-    DISPATCH(t, column_reduce(s, dev, rows, c, BnGradSums<T>{as<T>(dy), as<T>(x), c, mean, invstd}, scratch, out, out + c,
-                              false));
+int bn_backward_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
+                     const float* mean, const float* invstd, float* out, float* scratch) {
+    DISPATCH(t, return column_reduce(s, dev, rows, c, BnGradSums<T>{as<T>(dy), as<T>(x), c, mean, invstd}, scratch, out,
+                                     out + c, false));
+    return 0;
 }
 
 template <typename T>
@@ -618,20 +621,23 @@ struct LnParamGrads {
     }
 };
 
-void layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
-                        const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma,
-                        float* dbeta, bool accumulate, float* scratch) {
-    if (rows <= 0 || c <= 0) return;
+int layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
+                       const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma,
+                       float* dbeta, bool accumulate, float* scratch) {
+    if (rows <= 0 || c <= 0) return 0;
     constexpr int kRowsPerBlock = kThreads / 32;
     DISPATCH(t, {
+        int launches = 0;
         if (dx) {
             layernorm_dx_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
                 rows, c, as<T>(dy), as<T>(x), mean, rstd, gamma, as<T>(dx));
             CUDA_LAUNCH_CHECK(dev);
+            ++launches;
         }
-        column_reduce(s, dev, rows, c, LnParamGrads<T>{as<T>(dy), as<T>(x), c, mean, rstd}, scratch, dgamma, dbeta,
-                      accumulate);
+        return launches + column_reduce(s, dev, rows, c, LnParamGrads<T>{as<T>(dy), as<T>(x), c, mean, rstd}, scratch,
+                                        dgamma, dbeta, accumulate);
     });
+    return 0;
 }
 
 __global__ void ema_kernel(size_t n, float momentum, const float* batch, float* running) {

@@ -14,12 +14,16 @@ namespace mirrored::cuda {
 
 // Floats of scratch the launchers below may need, as a function of the largest row count.
 size_t scratch_floats_needed(int max_rows);
+constexpr size_t kScratchFloats = size_t(1) << 20;  // 4 MiB a device, sized once: rows up to 512k per op
 constexpr int kReduceBlocks = 256;  // fixed grid of the two-pass reductions: determinism
 
 void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias,
                       void* z, void* out);
 void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout, void* dz);
-void bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate);
+// The column reductions (bias_grad, channel_sums, bn_backward_sums, layernorm_backward) return the
+// kernels they launched and may use kScratchFloats of scratch for partial sums (column_plan.h).
+int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate,
+              float* scratch);
 // scratch: 2 * rows floats
 void softmax_xent(cudaStream_t s, int dev, DType t, int rows, int classes, const void* logits, const int32_t* labels,
                   float grad_scale, const float* loss_scale, void* dlogits, double* metrics, float* scratch);
@@ -34,23 +38,22 @@ void pool_backward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window
                    void* dx);
 void nhwc_to_nchw(cudaStream_t s, int dev, DType t, int n, int h, int w, int c, const void* x, void* y, bool inverse);
 
-// scratch (the column reductions' partial sums): 2^20 floats
-void channel_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* shift, bool squares,
-                  float* out, float* scratch);
+int channel_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* shift, bool squares,
+                 float* out, float* scratch);
 void bn_finalize(cudaStream_t s, int dev, const BnStats& a, const float* sum, const float* sqsum, float* mean,
                  float* invstd, float* run_mean, float* run_var);
 void rsqrt_eps(cudaStream_t s, int dev, int c, const float* var, float eps, float* invstd);
 void channel_affine(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* mean,
                     const float* invstd, const float* gamma, const float* beta, void* y);
-void bn_backward_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
-                      const float* mean, const float* invstd, float* out, float* scratch);
+int bn_backward_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
+                     const float* mean, const float* invstd, float* out, float* scratch);
 void bn_backward_dx(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x, const float* mean,
                     const float* invstd, const float* gamma, const float* sums, double count, void* dx);
 void layernorm_forward(cudaStream_t s, int dev, DType t, int rows, int c, float eps, const void* x, const float* gamma,
                        const float* beta, void* y, float* mean, float* rstd);
-void layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
-                        const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma,
-                        float* dbeta, bool accumulate, float* scratch);
+int layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
+                       const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma,
+                       float* dbeta, bool accumulate, float* scratch);
 void ema_update(cudaStream_t s, int dev, size_t n, float momentum, const float* batch, float* running);
 
 void fill(cudaStream_t s, int dev, size_t n, float value, float* x);
