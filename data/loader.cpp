@@ -5,9 +5,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
 
 #include "kernels/error.h"
 #include "kernels/philox.h"
+#include "kernels/threads.h"
 
 namespace mirrored {
 
@@ -92,17 +94,28 @@ void Loader::start(LoaderPosition pos) {
         throw CheckpointError("loader position (epoch " + std::to_string(pos.epoch) + ", batch " +
                               std::to_string(pos.batch) + ") is outside an epoch of " +
                               std::to_string(batches_per_epoch_) + " batches");
-    std::lock_guard<std::mutex> lock(mu_);
-    start_ = pos;
-    next_fill_ = next_take_ = 0;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-        slots_[i].ready_seq = -1;
-        slots_[i].free_for = static_cast<int64_t>(i);
-        slots_[i].pending = 0;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        start_ = pos;
+        next_fill_ = next_take_ = 0;
+        for (size_t i = 0; i < slots_.size(); ++i) {
+            slots_[i].ready_seq = -1;
+            slots_[i].free_for = static_cast<int64_t>(i);
+            slots_[i].pending = 0;
+        }
+        stopping_ = false;
+        error_ = nullptr;
     }
-    stopping_ = false;
-    error_ = nullptr;
-    for (int t = 0; t < opt_.threads; ++t) workers_.emplace_back([this] { worker(); });
+    workers_.reserve(size_t(std::max(opt_.threads, 0)));
+    try {
+        for (int t = 0; t < opt_.threads; ++t)
+            workers_.push_back(start_thread("loader thread " + std::to_string(t + 1) + " of " +
+                                                std::to_string(opt_.threads),
+                                            [this] { worker(); }));
+    } catch (...) {
+        stop_workers();  // those already started
+        throw;
+    }
 }
 
 void Loader::stop_workers() {

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <new>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "data/dataset.h"
@@ -453,10 +454,17 @@ Dataset make_synthetic(const SyntheticOptions& o) {
     // the time on a many-core GPU host, and the same bits whatever the thread count.
     const size_t hw = std::max(1u, std::thread::hardware_concurrency());
     const size_t threads = std::min<size_t>({o.threads > 0 ? size_t(o.threads) : hw, 64, std::max<size_t>(1, o.samples / 256)});
+    const auto range = [&](size_t t) { make(o.samples * t / threads, o.samples * (t + 1) / threads); };
     std::vector<std::thread> pool;
-    for (size_t t = 1; t < threads; ++t)
-        pool.emplace_back(make, o.samples * t / threads, o.samples * (t + 1) / threads);
-    make(0, o.samples / threads);
+    pool.reserve(threads);
+    size_t started = 1;
+    try {
+        for (; started < threads; ++started) pool.emplace_back(range, started);
+    } catch (const std::system_error&) {
+        // The system refused a thread: this thread makes the rest, the same data, later.
+    }
+    for (size_t t = started; t < threads; ++t) range(t);
+    range(0);
     for (auto& th : pool) th.join();
     return ds;
 }

@@ -12,7 +12,7 @@ enum ExitCode {
     kExitUsage = 2,        // bad command line or configuration
     kExitData = 3,         // missing, truncated or corrupt data files
     kExitCheckpoint = 4,   // unusable or foreign checkpoint
-    kExitDevice = 5,       // CUDA / NCCL / out of memory / replica divergence
+    kExitDevice = 5,       // CUDA / NCCL / out of memory / replica divergence / threads refused
     kExitDiverged = 6,     // training diverged: non-finite loss or parameters
     kExitInterrupted = 130 // SIGINT/SIGTERM, after a checkpoint was written
 };

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "kernels/error.h"
+#include "kernels/threads.h"
 
 #if MIRRORED_MPI
 #define OMPI_SKIP_MPICXX 1  // the C API only (Open MPI's deprecated C++ bindings warn)
@@ -144,7 +145,7 @@ std::unique_ptr<Nodes> Nodes::join(int* argc, char*** argv) {
     I.rank = n->rank_;
     I.host = n->host_;
     I.slots = std::make_unique<Impl::Slot[]>(1);
-    I.watchdog = std::thread([&I] { I.watch(); });
+    I.watchdog = start_thread("the node watchdog thread", [&I] { I.watch(); });
     return n;
 }
 

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+
+#include "kernels/threads.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -81,16 +84,27 @@ void ReplicaBarrier::reset() {
 }
 
 ReplicaThreads::ReplicaThreads(int n) : n_(n), barrier_(n), spin_ns_(barrier_.spin_ns()) {
-    for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
+    threads_.reserve(size_t(std::max(n - 1, 0)));
+    try {
+        for (int r = 1; r < n; ++r)
+            threads_.push_back(start_thread("the thread of replica " + std::to_string(r) + " of " + std::to_string(n),
+                                            [this, r] { loop(r); }));
+    } catch (...) {
+        stop();  // the replica threads already started
+        throw;
+    }
 }
 
-ReplicaThreads::~ReplicaThreads() {
+ReplicaThreads::~ReplicaThreads() { stop(); }
+
+void ReplicaThreads::stop() {
     {
         std::lock_guard<std::mutex> lock(mu_);
         quit_ = true;
     }
     start_cv_.notify_all();
     for (auto& t : threads_) t.join();
+    threads_.clear();
 }
 
 void ReplicaThreads::run(const std::function<void(int)>& fn) {

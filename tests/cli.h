@@ -3,6 +3,9 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -34,13 +38,15 @@ enum class Stdout {
 };
 
 // Starts a program (a path, or a name looked up in PATH) with stdout as asked and stderr
-// captured in err_path.
+// captured in err_path; in_child (system calls only: limits, user) runs in the child before exec.
 inline pid_t spawn_program(const std::string& bin, const std::vector<std::string>& args,
                            const std::vector<std::pair<std::string, std::string>>& env, const std::string& err_path,
-                           Stdout out = Stdout::discard, const std::string& out_path = "") {
+                           Stdout out = Stdout::discard, const std::string& out_path = "",
+                           void (*in_child)(const void*) = nullptr, const void* in_child_arg = nullptr) {
     std::fflush(nullptr);  // else the child inherits unwritten output and writes it again
     const pid_t pid = ::fork();
     if (pid == 0) {
+        if (in_child) in_child(in_child_arg);
         for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
         std::vector<char*> argv;
         argv.push_back(const_cast<char*>(bin.c_str()));
@@ -62,6 +68,30 @@ inline pid_t spawn_program(const std::string& bin, const std::vector<std::string
         ::_exit(98);
     }
     return pid;
+}
+
+// A process limited to `nproc` processes and threads of its user, run as the unprivileged user
+// 'nobody' (root ignores the limit): how `ulimit -u` or a container's pids limit refuses threads.
+struct ThreadLimit {
+    uid_t uid;
+    gid_t gid;
+    rlim_t nproc;
+};
+
+// Empty where this test process cannot impose one (not root, or no user 'nobody').
+inline std::optional<ThreadLimit> thread_limit_as_nobody(rlim_t nproc) {
+    const passwd* nobody = ::getpwnam("nobody");
+    if (::geteuid() != 0 || !nobody) return std::nullopt;
+    return ThreadLimit{nobody->pw_uid, nobody->pw_gid, nproc};
+}
+
+// In a forked child: become 'nobody' under the limit (spawn_program's in_child).
+inline void apply_thread_limit(const void* arg) {
+    const auto* l = static_cast<const ThreadLimit*>(arg);
+    const rlimit r{l->nproc, l->nproc};
+    if (::setrlimit(RLIMIT_NPROC, &r) != 0 || ::setgroups(0, nullptr) != 0 || ::setgid(l->gid) != 0 ||
+        ::setuid(l->uid) != 0)
+        ::_exit(97);
 }
 
 // The CLI (build/mirrored beside the test binary).

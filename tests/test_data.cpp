@@ -17,6 +17,7 @@
 #include "data/datasets.h"
 #include "data/loader.h"
 #include "kernels/error.h"
+#include "tests/cli.h"
 #include "tests/helpers.h"
 
 using namespace mirrored;
@@ -330,7 +331,7 @@ TEST_CASE("load_datasets: a data set large enough for huge pages keeps every val
     CHECK(d.train.labels == want.labels);
 }
 
-TEST_CASE("synthetic: deterministic by seed, every class present, train and test share the rule") {
+TEST_CASE("synthetic: deterministic by seed and for any thread count (every thread refused too), every class present, train and test share the rule") {
     SyntheticOptions o;
     o.shape = {20};
     o.classes = 5;
@@ -346,6 +347,36 @@ TEST_CASE("synthetic: deterministic by seed, every class present, train and test
         const Dataset c = make_synthetic(ot);
         CHECK(c.features == a.features);
         CHECK(c.labels == a.labels);
+    }
+    // The system refusing every thread (a child process as 'nobody' under a limit of 1): this
+    // thread makes every range, the same data.
+    if (const auto limit = thread_limit_as_nobody(1)) {
+        int fds[2];
+        REQUIRE(::pipe(fds) == 0);
+        std::fflush(nullptr);
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            ::close(fds[0]);
+            apply_thread_limit(&*limit);
+            char same = 0;
+            try {  // nothing may leave the child but _exit: it would run the rest of the suite
+                SyntheticOptions ot = o;
+                ot.threads = 4;
+                const Dataset c = make_synthetic(ot);
+                same = c.features == a.features && c.labels == a.labels ? 1 : 0;
+            } catch (...) {
+                ::_exit(95);
+            }
+            ::_exit(::write(fds[1], &same, 1) == 1 ? 0 : 96);
+        }
+        ::close(fds[1]);
+        char same = 0;
+        CHECK(::read(fds[0], &same, 1) == 1);
+        ::close(fds[0]);
+        CHECK(wait_status_within(pid, 60) == 0);
+        CHECK(same == 1);
+    } else {
+        MESSAGE("not run: refusing threads needs root and a user 'nobody'");
     }
     std::set<int> seen(a.labels.begin(), a.labels.end());
     CHECK(seen.size() == 5);

@@ -73,6 +73,37 @@ TEST_CASE("two trainers on one run folder: the second is refused (exit 2, naming
     CHECK(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1", "--set", "checkpoint.resume=never"}) == kExitOk);
 }
 
+// Every thread the trainer starts (replicas, loader, synthetic data) may be refused by the system.
+// Four replicas and six loader threads under limits of 3 and 6 threads: the replica threads (one
+// already running) or the loader's are refused - a clear error, exit 5, no hang, no crash.
+TEST_CASE("too few threads allowed (ulimit -u): exit 5 naming the thread that could not start, never a crash or hang") {
+    for (rlim_t limit : {3, 6}) {
+        CAPTURE(limit);
+        const auto l = thread_limit_as_nobody(limit);
+        if (!l) {
+            mark_skipped("needs root and a user 'nobody' to run the trainer under a thread limit");
+            return;
+        }
+        TempDir d;  // everything 'nobody' touches: the binary, the config, the run folder
+        fs::permissions(d.path(), fs::perms::all);
+        const std::string bin = d / "mirrored";
+        fs::copy_file(cli(), bin);
+        fs::permissions(bin, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                 fs::perms::others_read | fs::perms::others_exec);
+        const std::string cfg = d.write("c.yaml", kRun), err_path = d / "err.txt";
+        const pid_t pid = spawn_program(bin, {"train", cfg, "--output", d / "run", "--set", "strategy.devices=cpu:4",
+                                              "--set", "data.loader_threads=6", "--set", "train.global_batch_size=32"},
+                                        {}, err_path, Stdout::discard, "", apply_thread_limit, &*l);
+        CHECK(wait_status_within(pid, 120) == kExitDevice);
+        std::ifstream in(err_path);
+        const std::string err(std::istreambuf_iterator<char>(in), {});
+        CAPTURE(err);
+        CHECK(err.find("error: cannot start ") != std::string::npos);
+        CHECK(err.find("the system's limit on threads is too low for this run (`ulimit -u`") != std::string::npos);
+        CHECK(err.find("internal") == std::string::npos);
+    }
+}
+
 TEST_CASE("fresh starts within one second each keep the earlier run's files, config.yaml included") {
     TempDir d;
     const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
