@@ -155,9 +155,15 @@ double profile_seconds_per_sample(const std::string& path) {
     throw ConfigError("--profile: " + path + " has no one-replica point with step_ms and global_batch");
 }
 
-}  // namespace
+// The hardware the plan is for: the named GPU, link and network, with any figure overridden.
+struct Target {
+    GpuSpec gpu;
+    LinkSpec link;
+    NetworkSpec net;
+    double peak = 0;  // dense FLOP/s at the run's precision
+};
 
-int plan(const PlanOptions& o) {
+void check_options(const PlanOptions& o) {
     if (o.mode != "weak" && o.mode != "strong")
         throw ConfigError("--mode: expected weak or strong, got '" + o.mode + "'");
     if (o.gpus.empty()) throw ConfigError("--gpus: expected GPU counts such as 2,4,8");
@@ -166,18 +172,124 @@ int plan(const PlanOptions& o) {
     if (o.nodes < 1 || o.nodes > 4096) throw ConfigError("--nodes: expected 1 to 4096, got " + std::to_string(o.nodes));
     for (double v : {o.memory_gb, o.tflops, o.bus_gbs, o.latency_us, o.launch_us, o.network_gbs, o.network_latency_us})
         if (!(v >= 0) || !std::isfinite(v)) throw ConfigError("plan: figures must be finite and >= 0");
-    GpuSpec gpu = find_gpu(o.gpu);
-    LinkSpec link = find_link(o.link.empty() ? gpu.link : o.link);
-    if (o.memory_gb > 0) gpu.memory_gib = o.memory_gb;
-    if (o.bus_gbs > 0) link.bus_gbs = o.bus_gbs;
-    if (o.latency_us > 0) link.latency_us = o.latency_us;
-    NetworkSpec net = find_network(o.network);
-    if (o.network_gbs > 0) net.node_gbs = o.network_gbs;
-    if (o.network_latency_us > 0) net.latency_us = o.network_latency_us;
+}
+
+Target find_target(const PlanOptions& o) {
+    Target t{find_gpu(o.gpu), {}, find_network(o.network), 0};
+    t.link = find_link(o.link.empty() ? t.gpu.link : o.link);
+    if (o.memory_gb > 0) t.gpu.memory_gib = o.memory_gb;
+    if (o.bus_gbs > 0) t.link.bus_gbs = o.bus_gbs;
+    if (o.latency_us > 0) t.link.latency_us = o.latency_us;
+    if (o.network_gbs > 0) t.net.node_gbs = o.network_gbs;
+    if (o.network_latency_us > 0) t.net.latency_us = o.network_latency_us;
+    return t;
+}
+
+void print_header(const PlanOptions& o, const Config& base, const Model& model, const Target& t) {
+    const Precision precision = base.train.precision;
+    std::printf("plan %s: %s\n", o.config.c_str(), model_config_summary(base).c_str());
+    std::printf("  %zu parameters, %.1f MFLOP per sample (forward and backward), %s\n", model.param_count(),
+                model.train_flops_per_sample() / 1e6, precision_name(precision));
+    std::printf("  GPU %s: %s, %.0f GB, %.1f dense TFLOP/s %s%s [%s]\n", t.gpu.name.c_str(), t.gpu.description.c_str(),
+                t.gpu.memory_gib, t.peak / 1e12, precision_name(precision), o.tflops > 0 ? " (--tflops)" : "",
+                t.gpu.source.c_str());
+    std::printf("  link %s: %s; bus bandwidth %.1f GB/s, %.1f us per ring step [%s]\n", t.link.name.c_str(),
+                t.link.description.c_str(), t.link.bus_gbs, t.link.latency_us, t.link.source.c_str());
+    if (o.nodes > 1)
+        std::printf("  %d nodes over %s: %s; %.1f GB/s per node, %.1f us per ring step [%s]; gradients summed in the "
+                    "node, each GPU's slice between the nodes, then gathered in the node\n", o.nodes, t.net.name.c_str(),
+                    t.net.description.c_str(), t.net.node_gbs, t.net.latency_us, t.net.source.c_str());
+}
+
+// The compute time of one replica's step on the target: from a profile measured there, else
+// measured here and scaled to the target's peak at the same efficiency, plus its launches.
+struct ComputeModel {
+    double seconds_per_sample = 0;  // from a profile
+    double efficiency = 0, flops_per_sample = 0, peak = 0, launch_s = 0;
+    uint64_t launches = 0;
+    std::string source;
+
+    double seconds(int rows) const {
+        if (seconds_per_sample > 0) return seconds_per_sample * rows;
+        return flops_per_sample * rows / (efficiency * peak) + double(launches) * launch_s;
+    }
+};
+
+ComputeModel compute_model(const PlanOptions& o, const Config& base, const Model& model, const std::vector<int>& shape,
+                           const Target& t, int rows) {
+    ComputeModel m;
+    if (!o.profile.empty()) {
+        m.seconds_per_sample = profile_seconds_per_sample(o.profile);
+        m.source = "measured on the target (" + o.profile + "), scaled by the batch";
+        return m;
+    }
+    const LocalStep here = measure_local(base, shape, model.output_features(), rows);
+    m.flops_per_sample = model.train_flops_per_sample();
+    m.efficiency = std::min(1.0, m.flops_per_sample * rows / here.seconds / here.gemm_flops);
+    m.peak = t.peak;
+    m.launches = here.launches;
+    m.launch_s = o.launch_us * 1e-6;
+    m.source = "measured here on " + here.device + " (" + fmt("%.2f", here.seconds * 1e3) + " ms per step at " +
+               std::to_string(rows) + " samples, " + fmt("%.0f", 100 * m.efficiency) + "% of its GEMM ceiling of " +
+               fmt("%.1f", here.gemm_flops / 1e9) + " GFLOP/s), scaled to " + t.gpu.name +
+               "'s peak at that efficiency, plus " + std::to_string(m.launches) + " kernel launches x " +
+               fmt("%.1f", o.launch_us) + " us";
+    return m;
+}
+
+// One row of the table: n GPUs per node at rows samples each.
+struct PlanRow {
+    std::string label;
+    int rows = 0, largest = 0;
+    MemoryPlan mem;
+    bool fits = false;
+    double zero1 = 0;
+    StepPrediction step;
+    double samples_per_sec = 0, speedup = 0, efficiency = 0;
+
+    json to_json(int n, int nodes) const {
+        return {{"gpus", n * nodes},
+                {"nodes", nodes},
+                {"gpus_per_node", n},
+                {"per_gpu_batch", rows},
+                {"memory_bytes", mem.total()},
+                {"memory", {{"parameters", mem.params}, {"gradients", mem.grads}, {"optimizer", mem.optimizer},
+                            {"activations", mem.activations}, {"inputs", mem.inputs},
+                            {"weight_copy", mem.weight_copy}, {"wire", mem.wire}, {"workspace", mem.workspace}}},
+                {"fits", fits},
+                {"largest_per_gpu_batch", largest},
+                {"zero1_saving_bytes", zero1},
+                {"compute_ms", step.compute_s * 1e3},
+                {"allreduce_ms", step.allreduce_s * 1e3},
+                {"exposed_ms", step.exposed_s * 1e3},
+                {"step_ms", step.step_s * 1e3},
+                {"samples_per_sec", samples_per_sec},
+                {"speedup", speedup},
+                {"efficiency", efficiency}};
+    }
+    std::string does_not_fit(double memory_gib) const {
+        return label + " GPUs: " + format_bytes(mem.total()) + " per GPU (" + mem.describe() + ") does not fit in " +
+               fmt("%.0f", memory_gib) + " GB less 1 GiB for the CUDA context; " +
+               (largest > 0 ? "the largest per-GPU batch that fits is " + std::to_string(largest)
+                            : std::string("not even one sample fits")) +
+               "; sharding the optimizer state (ZeRO-1) would save " + format_bytes(uint64_t(zero1));
+    }
+    void print() const {
+        std::printf("%7s %9d %10s %5s %10d %12s %10.3f %10.3f %10.3f %12.0f %7.2fx %5.0f%%\n", label.c_str(), rows,
+                    format_bytes(mem.total()).c_str(), fits ? "yes" : "NO", largest, format_bytes(uint64_t(zero1)).c_str(),
+                    step.compute_s * 1e3, step.allreduce_s * 1e3, step.exposed_s * 1e3, samples_per_sec, speedup,
+                    100 * efficiency);
+    }
+};
+
+}  // namespace
+
+int plan(const PlanOptions& o) {
+    check_options(o);
+    Target target = find_target(o);
     const int nodes = o.nodes;
     const Config base = load_config(o.config, o.sets);
-    const Precision precision = base.train.precision;
-    const double peak = (o.tflops > 0 ? o.tflops : gpu.tflops(precision)) * 1e12;
+    target.peak = (o.tflops > 0 ? o.tflops : target.gpu.tflops(base.train.precision)) * 1e12;
     std::vector<int> counts = o.gpus;
     std::sort(counts.begin(), counts.end());
     counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
@@ -188,108 +300,53 @@ int plan(const PlanOptions& o) {
             if (global % (n * nodes) != 0)
                 throw ConfigError("train.global_batch_size " + std::to_string(global) + " does not divide into " +
                                   std::to_string(n * nodes) + " GPUs (strong scaling keeps it)");
+    const auto rows_for = [&](int gpus) { return o.mode == "weak" ? per_replica_weak : global / gpus; };
 
     const std::vector<int> shape = input_shape(base);
     const Model model(shape, base.model.layers, base.run.seed);
-    const int classes = model.output_features();
-    const double flops_per_sample = model.train_flops_per_sample();
     StrategyConfig strategy = base.strategy;
-    strategy.precision = precision;
+    strategy.precision = base.train.precision;
     const CommPlan comm = comm_plan(model, strategy);
-    const LinkModel lm{link.bus_gbs * 1e9, link.latency_us * 1e-6};
-    const LinkModel netm{net.node_gbs * 1e9, net.latency_us * 1e-6};
+    const LinkModel lm{target.link.bus_gbs * 1e9, target.link.latency_us * 1e-6};
+    const LinkModel netm{target.net.node_gbs * 1e9, target.net.latency_us * 1e-6};
 
-    std::printf("plan %s: %s\n", o.config.c_str(), model_config_summary(base).c_str());
-    std::printf("  %zu parameters, %.1f MFLOP per sample (forward and backward), %s\n", model.param_count(),
-                flops_per_sample / 1e6, precision_name(precision));
-    std::printf("  GPU %s: %s, %.0f GB, %.1f dense TFLOP/s %s%s [%s]\n", gpu.name.c_str(), gpu.description.c_str(),
-                gpu.memory_gib, peak / 1e12, precision_name(precision), o.tflops > 0 ? " (--tflops)" : "", gpu.source.c_str());
-    std::printf("  link %s: %s; bus bandwidth %.1f GB/s, %.1f us per ring step [%s]\n", link.name.c_str(),
-                link.description.c_str(), link.bus_gbs, link.latency_us, link.source.c_str());
-    if (nodes > 1)
-        std::printf("  %d nodes over %s: %s; %.1f GB/s per node, %.1f us per ring step [%s]; gradients summed in the "
-                    "node, each GPU's slice between the nodes, then gathered in the node\n", nodes, net.name.c_str(),
-                    net.description.c_str(), net.node_gbs, net.latency_us, net.source.c_str());
-
-    // Compute time of one replica's step at `rows` on the target.
-    double seconds_per_sample = 0, efficiency = 0;
-    uint64_t launches = 0;
-    std::string compute_source;
-    if (!o.profile.empty()) {
-        seconds_per_sample = profile_seconds_per_sample(o.profile);
-        compute_source = "measured on the target (" + o.profile + "), scaled by the batch";
-    } else {
-        const LocalStep here = measure_local(base, shape, classes, per_replica_weak);
-        efficiency = std::min(1.0, flops_per_sample * per_replica_weak / here.seconds / here.gemm_flops);
-        launches = here.launches;
-        compute_source = "measured here on " + here.device + " (" + fmt("%.2f", here.seconds * 1e3) + " ms per step at " +
-                         std::to_string(per_replica_weak) + " samples, " + fmt("%.0f", 100 * efficiency) +
-                         "% of its GEMM ceiling of " + fmt("%.1f", here.gemm_flops / 1e9) + " GFLOP/s), scaled to " +
-                         gpu.name + "'s peak at that efficiency, plus " + std::to_string(launches) + " kernel launches x " +
-                         fmt("%.1f", o.launch_us) + " us";
-    }
-    auto compute_s = [&](int rows) {
-        if (seconds_per_sample > 0) return seconds_per_sample * rows;
-        return flops_per_sample * rows / (efficiency * peak) + double(launches) * o.launch_us * 1e-6;
-    };
-    std::printf("  compute: %s\n", compute_source.c_str());
+    print_header(o, base, model, target);
+    const ComputeModel compute = compute_model(o, base, model, shape, target, per_replica_weak);
+    std::printf("  compute: %s\n", compute.source.c_str());
     std::printf("  all-reduce: %.2f MB of gradients per step (%s) in %zu bucket(s)%s\n\n", comm.wire_bytes / 1e6,
                 dtype_name(strategy.allreduce_dtype), comm.buckets.size(),
                 comm.blocking_allreduces ? (", plus " + std::to_string(comm.blocking_allreduces) +
                                             " small blocking ones (synchronised batchnorm)").c_str() : "");
 
-    const double capacity = gpu.memory_gib * 1e9 - kContextReserve;
-    std::printf("%7s %9s %10s %5s %10s %12s %10s %10s %10s %12s %8s %6s\n", nodes > 1 ? "nodesxN" : "GPUs", "batch/GPU", "memory", "fits",
-                "max batch", "ZeRO-1 saves", "compute ms", "allred. ms", "exposed ms", "samples/s", "speedup", "eff.");
+    // The baseline: the smallest count on one node, so that the nodes' cost shows.
+    const int first_n = counts.front();
+    const double first_sps = first_n * rows_for(first_n) /
+                             predict_step(Topology{first_n, 1, lm, netm}, compute.seconds(rows_for(first_n)), comm).step_s;
+    const double capacity = target.gpu.memory_gib * 1e9 - kContextReserve;
+    std::printf("%7s %9s %10s %5s %10s %12s %10s %10s %10s %12s %8s %6s\n", nodes > 1 ? "nodesxN" : "GPUs", "batch/GPU",
+                "memory", "fits", "max batch", "ZeRO-1 saves", "compute ms", "allred. ms", "exposed ms", "samples/s",
+                "speedup", "eff.");
     json rows = json::array();
-    double first_sps = 0;
-    int first_n = 0, stops_at = 0;
+    int stops_at = 0;
     std::vector<std::string> notes;
     for (int n : counts) {
         const int total = n * nodes;
-        const int rows_n = o.mode == "weak" ? per_replica_weak : global / total;
-        const MemoryPlan mem = gpu_memory_plan(model, base.optimizer, strategy, n, rows_n, base.train.grad_accumulation_steps);
-        const bool fits = double(mem.total()) <= capacity;
-        const int largest = largest_fitting_rows(model, base.optimizer, strategy, n, base.train.grad_accumulation_steps,
-                                                 uint64_t(std::max(0.0, capacity)));
-        const double zero1 = double(mem.optimizer) * (total - 1) / total;
-        const StepPrediction p = predict_step(Topology{n, nodes, lm, netm}, compute_s(rows_n), comm);
-        const double sps = total * rows_n / p.step_s;
-        if (first_n == 0) {  // the baseline: the smallest count on one node, so that the nodes' cost shows
-            first_n = counts.front();
-            const int rows_1 = o.mode == "weak" ? per_replica_weak : global / first_n;
-            first_sps = first_n * rows_1 / predict_step(Topology{first_n, 1, lm, netm}, compute_s(rows_1), comm).step_s;
-        }
-        const double speedup = sps / first_sps, eff = speedup / (double(total) / first_n);
-        if (stops_at == 0 && eff < kStopPaying) stops_at = total;
-        const std::string label = nodes > 1 ? std::to_string(nodes) + "x" + std::to_string(n) : std::to_string(n);
-        std::printf("%7s %9d %10s %5s %10d %12s %10.3f %10.3f %10.3f %12.0f %7.2fx %5.0f%%\n", label.c_str(), rows_n,
-                    format_bytes(mem.total()).c_str(), fits ? "yes" : "NO", largest, format_bytes(uint64_t(zero1)).c_str(),
-                    p.compute_s * 1e3, p.allreduce_s * 1e3, p.exposed_s * 1e3, sps, speedup, 100 * eff);
-        if (!fits)
-            notes.push_back(label + " GPUs: " + format_bytes(mem.total()) + " per GPU (" + mem.describe() +
-                            ") does not fit in " + fmt("%.0f", gpu.memory_gib) + " GB less 1 GiB for the CUDA context; " +
-                            (largest > 0 ? "the largest per-GPU batch that fits is " + std::to_string(largest)
-                                         : std::string("not even one sample fits")) +
-                            "; sharding the optimizer state (ZeRO-1) would save " + format_bytes(uint64_t(zero1)));
-        rows.push_back({{"gpus", total},
-                        {"nodes", nodes},
-                        {"gpus_per_node", n},
-                        {"per_gpu_batch", rows_n},
-                        {"memory_bytes", mem.total()},
-                        {"memory", {{"parameters", mem.params}, {"gradients", mem.grads}, {"optimizer", mem.optimizer},
-                                    {"activations", mem.activations}, {"inputs", mem.inputs},
-                                    {"weight_copy", mem.weight_copy}, {"wire", mem.wire}, {"workspace", mem.workspace}}},
-                        {"fits", fits},
-                        {"largest_per_gpu_batch", largest},
-                        {"zero1_saving_bytes", zero1},
-                        {"compute_ms", p.compute_s * 1e3},
-                        {"allreduce_ms", p.allreduce_s * 1e3},
-                        {"exposed_ms", p.exposed_s * 1e3},
-                        {"step_ms", p.step_s * 1e3},
-                        {"samples_per_sec", sps},
-                        {"speedup", speedup},
-                        {"efficiency", eff}});
+        PlanRow r;
+        r.label = nodes > 1 ? std::to_string(nodes) + "x" + std::to_string(n) : std::to_string(n);
+        r.rows = rows_for(total);
+        r.mem = gpu_memory_plan(model, base.optimizer, strategy, n, r.rows, base.train.grad_accumulation_steps);
+        r.fits = double(r.mem.total()) <= capacity;
+        r.largest = largest_fitting_rows(model, base.optimizer, strategy, n, base.train.grad_accumulation_steps,
+                                         uint64_t(std::max(0.0, capacity)));
+        r.zero1 = double(r.mem.optimizer) * (total - 1) / total;
+        r.step = predict_step(Topology{n, nodes, lm, netm}, compute.seconds(r.rows), comm);
+        r.samples_per_sec = total * r.rows / r.step.step_s;
+        r.speedup = r.samples_per_sec / first_sps;
+        r.efficiency = r.speedup / (double(total) / first_n);
+        if (stops_at == 0 && r.efficiency < kStopPaying) stops_at = total;
+        r.print();
+        if (!r.fits) notes.push_back(r.does_not_fit(target.gpu.memory_gib));
+        rows.push_back(r.to_json(n, nodes));
     }
     std::printf("\n");
     for (const auto& n : notes) std::printf("%s\n", n.c_str());
@@ -302,14 +359,16 @@ int plan(const PlanOptions& o) {
     std::printf("(a model, not a measurement: docs/SCALING.md gives the formulas and how they compare with `scale`)\n");
     write_json(o.json_path, {{"benchmark", "plan"},
                              {"config", o.config},
-                             {"gpu", {{"name", gpu.name}, {"memory_gb", gpu.memory_gib}, {"tflops", peak / 1e12}}},
-                             {"link", {{"name", link.name}, {"bus_gbs", link.bus_gbs}, {"latency_us", link.latency_us}}},
+                             {"gpu", {{"name", target.gpu.name}, {"memory_gb", target.gpu.memory_gib},
+                                      {"tflops", target.peak / 1e12}}},
+                             {"link", {{"name", target.link.name}, {"bus_gbs", target.link.bus_gbs},
+                                       {"latency_us", target.link.latency_us}}},
                              {"nodes", nodes},
-                             {"network", nodes > 1 ? json{{"name", net.name}, {"node_gbs", net.node_gbs},
-                                                          {"latency_us", net.latency_us}}
+                             {"network", nodes > 1 ? json{{"name", target.net.name}, {"node_gbs", target.net.node_gbs},
+                                                          {"latency_us", target.net.latency_us}}
                                                    : json(nullptr)},
                              {"mode", o.mode},
-                             {"compute", compute_source},
+                             {"compute", compute.source},
                              {"stops_paying_at", stops_at ? json(stops_at) : json(nullptr)},
                              {"results", rows}});
     return kExitOk;
