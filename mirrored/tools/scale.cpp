@@ -76,12 +76,51 @@ struct Row {
     bool predicted = false;
     StepPrediction prediction;
     double predicted_speedup = 0;
+
+    void print() const;
+    json to_json() const;
 };
 
 std::string format(const char* f, double v) {
     char s[64];
     std::snprintf(s, sizeof s, f, v);
     return s;
+}
+
+void Row::print() const {
+    const double busy = std::max(split.data_wait_s + split.compute_s + split.comm_s, 1e-12);
+    char range[64];
+    std::snprintf(range, sizeof range, "%.2f [%.2f, %.2f]", step_s * 1e3, step_min_s * 1e3, step_max_s * 1e3);
+    std::printf("%8d %8d %22s %11.0f %7.2fx %5.0f%% %6.1f %6.1f %6.1f %9.2f %8s %12s %9s\n", replicas, global_batch, range,
+                samples_per_s, speedup, 100 * efficiency, 100 * split.data_wait_s / busy, 100 * split.compute_s / busy,
+                100 * split.comm_s / busy, wire_bytes / 1e6, replicas > 1 ? format("%.2fG", busbw / 1e9).c_str() : "-",
+                predicted ? format("%.2f", prediction.step_s * 1e3).c_str() : "-",
+                predicted ? format("%.2fx", predicted_speedup).c_str() : "-");
+}
+
+json Row::to_json() const {
+    json j = {{"replicas", replicas},
+              {"devices", devices},
+              {"global_batch", global_batch},
+              {"per_replica_batch", global_batch / replicas},
+              {"step_ms", step_s * 1e3},
+              {"step_ms_min", step_min_s * 1e3},
+              {"step_ms_max", step_max_s * 1e3},
+              {"samples_per_sec", samples_per_s},
+              {"speedup", speedup},
+              {"efficiency", efficiency},
+              {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}},
+              {"allreduce_bytes_per_step", wire_bytes},
+              {"allreduce_ms", allreduce_s * 1e3},
+              {"busbw_gbs", busbw / 1e9},
+              {"cross_device_ops", ops}};
+    if (predicted)
+        j["predicted"] = {{"step_ms", prediction.step_s * 1e3},
+                          {"compute_ms", prediction.compute_s * 1e3},
+                          {"allreduce_ms", prediction.allreduce_s * 1e3},
+                          {"exposed_ms", prediction.exposed_s * 1e3},
+                          {"speedup", predicted_speedup}};
+    return j;
 }
 
 double median(std::vector<double> v) {
@@ -180,16 +219,9 @@ void plot(const std::string& json_path, const std::string& png_path) {
     else std::printf("no plot: %s failed (exit %d)\n", script.c_str(), rc);
 }
 
-}  // namespace
-
-int scale(const ScaleOptions& o) {
-    if (o.mode != "weak" && o.mode != "strong")
-        throw ConfigError("--mode: expected weak or strong, got '" + o.mode + "'");
-    if (o.steps < 1) throw ConfigError("--steps: expected a positive number of steps");
+// The replica counts asked for (1, 2, 4, 8 as far as the kind provides), checked, ascending.
+std::vector<int> replica_counts(const ScaleOptions& o, const Kind& kind) {
     std::vector<int> counts = o.replicas;
-    const Config base = load_config(o.config, o.sets);
-    const int most = counts.empty() ? 8 : *std::max_element(counts.begin(), counts.end());
-    const Kind kind = resolve_kind(o.kind, most);
     if (counts.empty())
         for (int n : {1, 2, 4, 8})
             if (n <= kind.available) counts.push_back(n);
@@ -203,6 +235,43 @@ int scale(const ScaleOptions& o) {
     }
     std::sort(counts.begin(), counts.end());
     counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    return counts;
+}
+
+// The all-reduce of a measured point on its own (bus bandwidth), and the planner's prediction of
+// its step from one replica's compute time (compute_one at per_replica rows; 0: none yet).
+void add_comm_and_prediction(Row& row, const Config& cfg, const Model& model, double compute_one, int per_replica) {
+    const int n = row.replicas;
+    const CommPlan comm = comm_plan(model, cfg.strategy);
+    row.wire_bytes = comm.wire_bytes;
+    // Shared parameters run no all-reduce: each replica sums its slice where it lies. The direct
+    // op (the same per-slice sum, then written to every replica) stands in for it in the bus
+    // bandwidth and the prediction - an upper bound on what the sums cost.
+    const std::string link_op = row.ops == "shared" ? "direct" : row.ops;
+    const size_t grad_bytes = size_t(model.trainable_size()) * 4;
+    if (n > 1) {
+        row.allreduce_s = measure_allreduce_seconds(cfg.strategy.devices, link_op, cfg.strategy.allreduce_dtype, grad_bytes);
+        row.busbw = 2.0 * (n - 1) / n * double(model.trainable_size()) * dtype_size(cfg.strategy.allreduce_dtype) /
+                    row.allreduce_s;
+    }
+    if (compute_one <= 0) return;
+    const double rows_here = double(cfg.train.global_batch_size) / n;
+    // the link calibrated at the gradients' size (CPU caches make bandwidth size-dependent)
+    const LinkModel link =
+        n > 1 ? measure_link(cfg.strategy.devices, link_op, cfg.strategy.allreduce_dtype, grad_bytes) : LinkModel{};
+    row.prediction = predict_step(n, compute_one * rows_here / per_replica, comm, link);
+    row.predicted = true;
+}
+
+}  // namespace
+
+int scale(const ScaleOptions& o) {
+    if (o.mode != "weak" && o.mode != "strong")
+        throw ConfigError("--mode: expected weak or strong, got '" + o.mode + "'");
+    if (o.steps < 1) throw ConfigError("--steps: expected a positive number of steps");
+    const Config base = load_config(o.config, o.sets);
+    const Kind kind = resolve_kind(o.kind, o.replicas.empty() ? 8 : *std::max_element(o.replicas.begin(), o.replicas.end()));
+    const std::vector<int> counts = replica_counts(o, kind);
     const int per_replica = o.per_replica_batch > 0 ? o.per_replica_batch
                                                     : std::max(1, base.train.global_batch_size / counts.front());
     if (o.mode == "strong")
@@ -229,28 +298,8 @@ int scale(const ScaleOptions& o) {
         Row row = measure(cfg, data, o.steps, o.warmup);
         const Model model(cfg.model.input_shape.empty() ? data->train.shape : cfg.model.input_shape, cfg.model.layers,
                           cfg.run.seed);
-        const CommPlan comm = comm_plan(model, cfg.strategy);
-        row.wire_bytes = comm.wire_bytes;
-        // Shared parameters run no all-reduce: each replica sums its slice where it lies. The
-        // direct op (the same per-slice sum, then written to every replica) stands in for it in
-        // the bus bandwidth and the prediction - an upper bound on what the sums cost.
-        const std::string link_op = row.ops == "shared" ? "direct" : row.ops;
-        if (n > 1) {
-            row.allreduce_s = measure_allreduce_seconds(cfg.strategy.devices, link_op,
-                                                        cfg.strategy.allreduce_dtype, size_t(model.trainable_size()) * 4);
-            row.busbw = 2.0 * (n - 1) / n * double(model.trainable_size()) * dtype_size(cfg.strategy.allreduce_dtype) /
-                        row.allreduce_s;
-        }
         if (n == 1) compute_one = row.step_s * (double(per_replica) / cfg.train.global_batch_size);
-        if (compute_one > 0) {
-            const double rows_here = double(cfg.train.global_batch_size) / n;
-            // the link calibrated at the gradients' size (CPU caches make bandwidth size-dependent)
-            const LinkModel link = n > 1 ? measure_link(cfg.strategy.devices, link_op,
-                                                        cfg.strategy.allreduce_dtype, size_t(model.trainable_size()) * 4)
-                                         : LinkModel{};
-            row.prediction = predict_step(n, compute_one * rows_here / per_replica, comm, link);
-            row.predicted = true;
-        }
+        add_comm_and_prediction(row, cfg, model, compute_one, per_replica);
         rows.push_back(row);
         std::printf("  measured %s: %.2f ms per step\n", cfg.strategy.devices.c_str(), row.step_s * 1e3);
     }
@@ -267,37 +316,8 @@ int scale(const ScaleOptions& o) {
                 "samples/s", "speedup", "eff.", "data%", "comp%", "comm%", "MB/step", "busbw", "predicted ms", "pred. x");
     json jrows = json::array();
     for (const Row& r : rows) {
-        const double busy = std::max(r.split.data_wait_s + r.split.compute_s + r.split.comm_s, 1e-12);
-        char range[64];
-        std::snprintf(range, sizeof range, "%.2f [%.2f, %.2f]", r.step_s * 1e3, r.step_min_s * 1e3, r.step_max_s * 1e3);
-        std::printf("%8d %8d %22s %11.0f %7.2fx %5.0f%% %6.1f %6.1f %6.1f %9.2f %8s %12s %9s\n", r.replicas, r.global_batch,
-                    range, r.samples_per_s, r.speedup, 100 * r.efficiency, 100 * r.split.data_wait_s / busy,
-                    100 * r.split.compute_s / busy, 100 * r.split.comm_s / busy, r.wire_bytes / 1e6,
-                    r.replicas > 1 ? format("%.2fG", r.busbw / 1e9).c_str() : "-",
-                    r.predicted ? format("%.2f", r.prediction.step_s * 1e3).c_str() : "-",
-                    r.predicted ? format("%.2fx", r.predicted_speedup).c_str() : "-");
-        json j = {{"replicas", r.replicas},
-                  {"devices", r.devices},
-                  {"global_batch", r.global_batch},
-                  {"per_replica_batch", r.global_batch / r.replicas},
-                  {"step_ms", r.step_s * 1e3},
-                  {"step_ms_min", r.step_min_s * 1e3},
-                  {"step_ms_max", r.step_max_s * 1e3},
-                  {"samples_per_sec", r.samples_per_s},
-                  {"speedup", r.speedup},
-                  {"efficiency", r.efficiency},
-                  {"time_split", {{"data_wait_s", r.split.data_wait_s}, {"compute_s", r.split.compute_s}, {"comm_s", r.split.comm_s}}},
-                  {"allreduce_bytes_per_step", r.wire_bytes},
-                  {"allreduce_ms", r.allreduce_s * 1e3},
-                  {"busbw_gbs", r.busbw / 1e9},
-                  {"cross_device_ops", r.ops}};
-        if (r.predicted)
-            j["predicted"] = {{"step_ms", r.prediction.step_s * 1e3},
-                              {"compute_ms", r.prediction.compute_s * 1e3},
-                              {"allreduce_ms", r.prediction.allreduce_s * 1e3},
-                              {"exposed_ms", r.prediction.exposed_s * 1e3},
-                              {"speedup", r.predicted_speedup}};
-        jrows.push_back(j);
+        r.print();
+        jrows.push_back(r.to_json());
     }
     if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.ops == "shared"; }))
         std::printf("shared parameters: no all-reduce runs (each replica sums its slice in place); busbw and the "
