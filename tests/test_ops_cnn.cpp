@@ -227,7 +227,12 @@ TEST_CASE("cpu im2col reads exactly the windows' elements; col2im is its adjoint
     Rng rng(201);
     auto d = make_cpu_device(0);
     for (int rep = 0; rep < 20; ++rep) {
-        const Window2d g = random_window(rng);
+        Window2d g = random_window(rng);
+        if (rep % 2) {  // 3 x 3 windows over many channels: the CPU's unrolled, vectorised rows
+            g.kh = g.kw = 3;
+            g.c = rng.integer(8, 40);
+        }
+        CAPTURE(g.c);
         CAPTURE(g.h);
         CAPTURE(g.kh);
         CAPTURE(g.sh);
@@ -253,11 +258,25 @@ TEST_CASE("cpu im2col reads exactly the windows' elements; col2im is its adjoint
 TEST_CASE("cpu pooling: max and average forward against the definition; backward routes and averages") {
     Rng rng(202);
     auto d = make_cpu_device(0);
-    for (int rep = 0; rep < 15; ++rep) {
+    for (int rep = 0; rep < 24; ++rep) {
         Window2d g = random_window(rng);
         g.kh = g.kw = rng.integer(1, 3);
         g.ph = g.pw = rng.integer(0, g.kh / 2);
-        const auto x = rng.normal(image_size(g));
+        if (rep % 3 == 1) g.c = rng.integer(16, 40);  // whole vectors and a remainder
+        if (rep % 4 == 2) {                           // windows that tile the image: stored, not added
+            g.sh = g.kh;
+            g.sw = g.kw;
+            g.ph = g.pw = 0;
+            g.h = g.kh * rng.integer(1, 4);
+            g.w = g.kw * rng.integer(1, 4);
+        }
+        CAPTURE(g.c);
+        CAPTURE(g.kh);
+        CAPTURE(g.sh);
+        CAPTURE(g.ph);
+        auto x = rng.normal(image_size(g));
+        if (rep % 2)  // ties: the gradient goes to the first maximum in window order
+            for (float& v : x) v = std::round(v);
         const auto dy = rng.normal(pooled_size(g));
         for (PoolKind k : {PoolKind::max, PoolKind::average}) {
             const auto got = run_pool(*d, k, g, x, dy);

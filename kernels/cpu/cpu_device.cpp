@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/cnn_loops.h"
+#include "kernels/cpu/loop_clones.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "kernels/device.h"
 #include "kernels/error.h"
@@ -29,24 +31,9 @@ namespace {
 inline const float* F(const void* p) { return static_cast<const float*>(p); }
 inline float* F(void* p) { return static_cast<float*>(p); }
 
-// The passes over whole flat buffers (optimizer updates, the shared-parameter sums) are built
-// for AVX-512, AVX2 and the baseline, picked once at load time for the CPU it lands on: wider
-// vectors, the same numbers (element-wise, no FMA contraction - see the Makefile). Off under the
-// sanitizers, whose run-time starts after the ifunc resolvers that pick a clone.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define CPU_LOOP_SANITIZED 1
-#endif
-#endif
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(CPU_LOOP_SANITIZED)
-#define CPU_LOOP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CPU_LOOP_CLONES
-#endif
-
 // The optimizers' passes over the flat buffers, one branch-free loop per variant (the buffers
-// never overlap, so they vectorise).
+// never overlap, so they vectorise), built for each vector width (loop_clones.h), as are the
+// shared-parameter sums.
 CPU_LOOP_CLONES void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float f, const SgdArgs& a) {
     const float wd = a.weight_decay, mom = a.momentum, lr = sgd_lr(a);
     if (mom == 0.0f) {
@@ -346,97 +333,22 @@ public:
         for (size_t i = 0; i < n; ++i) F(y)[i] = round_to(t, F(y)[i] + F(x)[i]);
     }
 
-    // ---- convolution and pooling --------------------------------------------------------
-    void im2col(Stream, const Window2d& g, const void* xv, void* colv) override {
-        const float* x = F(xv);
-        float* col = F(colv);
-        const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
-        const size_t K = size_t(g.c) * kk;
-        for (int n = 0; n < g.n; ++n)
-            for (int oy = 0; oy < oh; ++oy)
-                for (int ox = 0; ox < ow; ++ox) {
-                    float* row = col + ((size_t(n) * oh + oy) * ow + ox) * K;
-                    for (int ky = 0; ky < g.kh; ++ky) {
-                        const int iy = oy * g.sh + ky - g.ph;
-                        for (int kx = 0; kx < g.kw; ++kx) {
-                            const int ix = ox * g.sw + kx - g.pw;
-                            const int k0 = ky * g.kw + kx;
-                            if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) {
-                                for (int c = 0; c < g.c; ++c) row[size_t(c) * kk + k0] = 0.0f;
-                                continue;
-                            }
-                            const float* src = x + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
-                            for (int c = 0; c < g.c; ++c) row[size_t(c) * kk + k0] = src[c];
-                        }
-                    }
-                }
+    // ---- convolution and pooling (kernels/cpu/cnn_loops.h) ---------------------------------
+    void im2col(Stream, const Window2d& g, const void* x, void* col) override { cpu::im2col(g, F(x), F(col), cnn_); }
+
+    void col2im(Stream, const Window2d& g, const void* dcol, void* dx) override {
+        cpu::col2im(g, F(dcol), F(dx), cnn_);
+        round_stored(F(dx), size_t(g.n) * g.h * g.w * g.c);
     }
 
-    void col2im(Stream, const Window2d& g, const void* dcolv, void* dxv) override {
-        const DType t = value_dtype();
-        const float* dcol = F(dcolv);
-        float* dx = F(dxv);
-        std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
-        const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
-        const size_t K = size_t(g.c) * kk;
-        for (int n = 0; n < g.n; ++n)
-            for (int oy = 0; oy < oh; ++oy)
-                for (int ox = 0; ox < ow; ++ox) {
-                    const float* row = dcol + ((size_t(n) * oh + oy) * ow + ox) * K;
-                    g.for_each_input(oy, ox, [&](int iy, int ix, int ky, int kx) {
-                        float* dst = dx + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
-                        const int k0 = ky * g.kw + kx;
-                        for (int c = 0; c < g.c; ++c) dst[c] += row[size_t(c) * kk + k0];
-                    });
-                }
-        if (t != DType::f32)
-            for (size_t i = 0, e = size_t(g.n) * g.h * g.w * g.c; i < e; ++i) dx[i] = round_to(t, dx[i]);
+    void pool_forward(Stream, PoolKind kind, const Window2d& g, const void* x, void* y) override {
+        cpu::pool_forward(kind, g, F(x), F(y));
+        round_stored(F(y), size_t(g.n) * g.oh() * g.ow() * g.c);
     }
 
-    void pool_forward(Stream, PoolKind kind, const Window2d& g, const void* xv, void* yv) override {
-        const DType t = value_dtype();
-        const float* x = F(xv);
-        float* y = F(yv);
-        const int oh = g.oh(), ow = g.ow();
-        const float inv = 1.0f / float(g.kh * g.kw);
-        for (int n = 0; n < g.n; ++n)
-            for (int oy = 0; oy < oh; ++oy)
-                for (int ox = 0; ox < ow; ++ox)
-                    for (int c = 0; c < g.c; ++c) {
-                        float acc = kind == PoolKind::max ? -std::numeric_limits<float>::infinity() : 0.0f;
-                        g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
-                            const float v = x[((size_t(n) * g.h + iy) * g.w + ix) * g.c + c];
-                            if (kind == PoolKind::max) acc = v > acc ? v : acc;
-                            else acc += v;
-                        });
-                        y[((size_t(n) * oh + oy) * ow + ox) * g.c + c] = round_to(t, kind == PoolKind::max ? acc : acc * inv);
-                    }
-    }
-
-    void pool_backward(Stream, PoolKind kind, const Window2d& g, const void* xv, const void* dyv, void* dxv) override {
-        const DType t = value_dtype();
-        const float* x = F(xv);
-        const float* dy = F(dyv);
-        float* dx = F(dxv);
-        std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
-        const int oh = g.oh(), ow = g.ow();
-        const float inv = 1.0f / float(g.kh * g.kw);
-        for (int n = 0; n < g.n; ++n)
-            for (int oy = 0; oy < oh; ++oy)
-                for (int ox = 0; ox < ow; ++ox)
-                    for (int c = 0; c < g.c; ++c) {
-                        const float d = dy[((size_t(n) * oh + oy) * ow + ox) * g.c + c];
-                        size_t best = SIZE_MAX;
-                        float best_v = -std::numeric_limits<float>::infinity();
-                        g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
-                            const size_t e = ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c;
-                            if (kind == PoolKind::average) dx[e] += d * inv;
-                            else if (best == SIZE_MAX || x[e] > best_v) best = e, best_v = x[e];
-                        });
-                        if (kind == PoolKind::max && best != SIZE_MAX) dx[best] += d;
-                    }
-        if (t != DType::f32)
-            for (size_t i = 0, e = size_t(g.n) * g.h * g.w * g.c; i < e; ++i) dx[i] = round_to(t, dx[i]);
+    void pool_backward(Stream, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx) override {
+        cpu::pool_backward(kind, g, F(x), F(dy), F(dx), cnn_);
+        round_stored(F(dx), size_t(g.n) * g.h * g.w * g.c);
     }
 
     void nhwc_to_nchw(Stream, int n, int h, int w, int c, const void* xv, void* yv, bool inverse) override {
@@ -453,15 +365,8 @@ public:
     }
 
     // ---- normalisation ----------------------------------------------------------------------
-    void channel_sums(Stream, int rows, int c, const void* xv, const float* shift, bool squares, float* out) override {
-        const float* x = F(xv);
-        std::vector<double> acc(size_t(c), 0.0);
-        for (int r = 0; r < rows; ++r)
-            for (int ch = 0; ch < c; ++ch) {
-                const double v = double(x[size_t(r) * c + ch]) - (shift ? shift[ch] : 0.0f);
-                acc[size_t(ch)] += squares ? v * v : v;
-            }
-        for (int ch = 0; ch < c; ++ch) out[ch] = float(acc[size_t(ch)]);
+    void channel_sums(Stream, int rows, int c, const void* x, const float* shift, bool squares, float* out) override {
+        cpu::channel_sums(rows, c, F(x), shift, squares, out, cnn_);
     }
 
     void bn_finalize(Stream, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
@@ -473,49 +378,21 @@ public:
         for (int ch = 0; ch < c; ++ch) invstd[ch] = bn_invstd(var[ch], eps);
     }
 
-    void channel_affine(Stream, int rows, int c, const void* xv, const float* mean, const float* invstd,
-                        const float* gamma, const float* beta, void* yv) override {
-        const DType t = value_dtype();
-        const float* x = F(xv);
-        float* y = F(yv);
-        for (int r = 0; r < rows; ++r)
-            for (int ch = 0; ch < c; ++ch) {
-                const size_t e = size_t(r) * c + ch;
-                y[e] = round_to(t, gamma[ch] * ((x[e] - mean[ch]) * invstd[ch]) + beta[ch]);
-            }
+    void channel_affine(Stream, int rows, int c, const void* x, const float* mean, const float* invstd,
+                        const float* gamma, const float* beta, void* y) override {
+        cpu::channel_affine(rows, c, F(x), mean, invstd, gamma, beta, F(y));
+        round_stored(F(y), size_t(rows) * c);
     }
 
-    void bn_backward_sums(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
+    void bn_backward_sums(Stream, int rows, int c, const void* dy, const void* x, const float* mean,
                           const float* invstd, float* out) override {
-        const float* dy = F(dyv);
-        const float* x = F(xv);
-        std::vector<double> s0(size_t(c), 0.0), s1(size_t(c), 0.0);
-        for (int r = 0; r < rows; ++r)
-            for (int ch = 0; ch < c; ++ch) {
-                const size_t e = size_t(r) * c + ch;
-                s0[size_t(ch)] += dy[e];
-                s1[size_t(ch)] += double(dy[e]) * ((x[e] - mean[ch]) * invstd[ch]);
-            }
-        for (int ch = 0; ch < c; ++ch) {
-            out[ch] = float(s0[size_t(ch)]);
-            out[c + ch] = float(s1[size_t(ch)]);
-        }
+        cpu::bn_backward_sums(rows, c, F(dy), F(x), mean, invstd, out, cnn_);
     }
 
-    void bn_backward_dx(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
-                        const float* invstd, const float* gamma, const float* sums, double count, void* dxv) override {
-        const DType t = value_dtype();
-        const float* dy = F(dyv);
-        const float* x = F(xv);
-        float* dx = F(dxv);
-        const float inv_count = float(1.0 / count);
-        for (int r = 0; r < rows; ++r)
-            for (int ch = 0; ch < c; ++ch) {
-                const size_t e = size_t(r) * c + ch;
-                const float xhat = (x[e] - mean[ch]) * invstd[ch];
-                dx[e] = round_to(t, gamma[ch] * invstd[ch] *
-                                        (dy[e] - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count)));
-            }
+    void bn_backward_dx(Stream, int rows, int c, const void* dy, const void* x, const float* mean,
+                        const float* invstd, const float* gamma, const float* sums, double count, void* dx) override {
+        cpu::bn_backward_dx(rows, c, F(dy), F(x), mean, invstd, gamma, sums, float(1.0 / count), F(dx));
+        round_stored(F(dx), size_t(rows) * c);
     }
 
     void layernorm_forward(Stream, int rows, int c, float eps, const void* xv, const float* gamma,
@@ -666,6 +543,14 @@ public:
 
 private:
     std::vector<float> column_sums_;  // bias_grad's scratch
+    cpu::CnnScratch cnn_;             // the convolution, pooling and batchnorm passes' scratch
+
+    // A pass's f32 results rounded to the 16-bit storage type, where one is in use.
+    void round_stored(float* v, size_t n) const {
+        const DType t = value_dtype();
+        if (t == DType::f32) return;
+        for (size_t i = 0; i < n; ++i) v[i] = round_to(t, v[i]);
+    }
 
     void* allocate(size_t bytes) {
         const size_t rounded = (bytes + 63) / 64 * 64;

@@ -1,0 +1,288 @@
+#include "kernels/cpu/cnn_loops.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "kernels/cpu/loop_clones.h"
+
+namespace mirrored::cpu {
+
+namespace {
+
+template <typename T>
+void grow(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+}
+
+float* pixel(float* base, const Window2d& g, int n, int iy, int ix) {
+    return base + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
+}
+const float* pixel(const float* base, const Window2d& g, int n, int iy, int ix) {
+    return base + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
+}
+
+// Calls f(k, iy, ix, inside) for window (oy, ox)'s positions in (ky, kx) order, k = ky * kw + kx.
+template <typename F>
+void for_each_position(const Window2d& g, int oy, int ox, F&& f) {
+    for (int ky = 0; ky < g.kh; ++ky) {
+        const int iy = oy * g.sh + ky - g.ph;
+        for (int kx = 0; kx < g.kw; ++kx) {
+            const int ix = ox * g.sw + kx - g.pw;
+            f(ky * g.kw + kx, iy, ix, iy >= 0 && iy < g.h && ix >= 0 && ix < g.w);
+        }
+    }
+}
+
+// A column row, [c][k], from each window position's pixel: written in order, read from kk
+// channel runs. KK > 0 fixes the window size at compile time (3 x 3 windows), so the positions'
+// pointers stay in registers.
+template <int KK>
+void gather_row(int c, int kk_runtime, const float* const* __restrict window, float* __restrict row) {
+    const int kk = KK > 0 ? KK : kk_runtime;
+    for (int ch = 0; ch < c; ++ch)
+        for (int k = 0; k < kk; ++k) row[size_t(ch) * kk + k] = window[k][ch];
+}
+
+template <int KK>
+void scatter_row(int c, int kk_runtime, float* const* __restrict window, const float* __restrict row) {
+    const int kk = KK > 0 ? KK : kk_runtime;
+    for (int ch = 0; ch < c; ++ch)
+        for (int k = 0; k < kk; ++k) window[k][ch] += row[size_t(ch) * kk + k];
+}
+
+// Per-pixel steps of the pooling passes, inlined into each width's clone of the pass.
+#define CNN_INLINE inline __attribute__((always_inline))
+
+CNN_INLINE void max_into(int c, const float* __restrict src, float* __restrict acc) {
+    for (int ch = 0; ch < c; ++ch) acc[ch] = src[ch] > acc[ch] ? src[ch] : acc[ch];
+}
+
+CNN_INLINE void add_into(int c, const float* __restrict src, float* __restrict acc) {
+    for (int ch = 0; ch < c; ++ch) acc[ch] += src[ch];
+}
+
+CNN_INLINE void add_scaled_into(int c, const float* __restrict d, float scale, float* __restrict acc) {
+    for (int ch = 0; ch < c; ++ch) acc[ch] += d[ch] * scale;
+}
+
+// The running first maximum: a later position replaces it only when strictly greater.
+CNN_INLINE void track_max(int c, int k, const float* __restrict src, float* __restrict best, int* __restrict at) {
+    for (int ch = 0; ch < c; ++ch) {
+        const bool greater = src[ch] > best[ch];
+        best[ch] = greater ? src[ch] : best[ch];
+        at[ch] = greater ? k : at[ch];
+    }
+}
+
+CNN_INLINE void add_where(int c, int k, const int* __restrict at, const float* __restrict d, float* __restrict dx) {
+    for (int ch = 0; ch < c; ++ch) dx[ch] = at[ch] == k ? dx[ch] + d[ch] : dx[ch];
+}
+
+// Windows that tile the image (each pixel in exactly one): the gradient is stored, not added to
+// a cleared buffer - 0 + d, which is d but for the sign of a zero.
+CNN_INLINE void store_where(int c, int k, const int* __restrict at, const float* __restrict d, float* __restrict dx) {
+    for (int ch = 0; ch < c; ++ch) dx[ch] = at[ch] == k ? 0.0f + d[ch] : 0.0f;
+}
+
+CNN_INLINE void store_scaled(int c, const float* __restrict d, float scale, float* __restrict dx) {
+    for (int ch = 0; ch < c; ++ch) dx[ch] = 0.0f + d[ch] * scale;
+}
+
+CPU_LOOP_CLONES void pool_forward_loop(bool max, const Window2d& g, const float* x, float* y) {
+    const int oh = g.oh(), ow = g.ow(), c = g.c;
+    const float inv = 1.0f / float(g.kh * g.kw);
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                float* out = y + ((size_t(n) * oh + oy) * ow + ox) * c;
+                const float init = max ? -std::numeric_limits<float>::infinity() : 0.0f;
+                for (int ch = 0; ch < c; ++ch) out[ch] = init;
+                g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
+                    if (max) max_into(c, pixel(x, g, n, iy, ix), out);
+                    else add_into(c, pixel(x, g, n, iy, ix), out);
+                });
+                if (!max)
+                    for (int ch = 0; ch < c; ++ch) out[ch] *= inv;
+            }
+}
+
+// dx must be cleared first unless the windows tile the image.
+CPU_LOOP_CLONES void pool_backward_loop(bool max, bool tiles, const Window2d& g, const float* x, const float* dy,
+                                        float* dx, float* best, int* at) {
+    const int oh = g.oh(), ow = g.ow(), c = g.c;
+    const float inv = 1.0f / float(g.kh * g.kw);
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                const float* d = dy + ((size_t(n) * oh + oy) * ow + ox) * c;
+                if (!max) {
+                    g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
+                        if (tiles) store_scaled(c, d, inv, pixel(dx, g, n, iy, ix));
+                        else add_scaled_into(c, d, inv, pixel(dx, g, n, iy, ix));
+                    });
+                    continue;
+                }
+                int k = 0;  // the window's positions inside the image, in order
+                g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
+                    const float* src = pixel(x, g, n, iy, ix);
+                    if (k == 0) {
+                        for (int ch = 0; ch < c; ++ch) {
+                            best[ch] = src[ch];
+                            at[ch] = 0;
+                        }
+                    } else {
+                        track_max(c, k, src, best, at);
+                    }
+                    ++k;
+                });
+                k = 0;
+                g.for_each_input(oy, ox, [&](int iy, int ix, int, int) {
+                    if (tiles) store_where(c, k++, at, d, pixel(dx, g, n, iy, ix));
+                    else add_where(c, k++, at, d, pixel(dx, g, n, iy, ix));
+                });
+            }
+}
+
+template <bool Shift, bool Squares>
+CPU_LOOP_CLONES void channel_sums_loop(int rows, int c, const float* __restrict x, const float* __restrict shift,
+                                       double* __restrict acc) {
+    for (int ch = 0; ch < c; ++ch) acc[ch] = 0.0;
+    for (int r = 0; r < rows; ++r) {
+        const float* __restrict xr = x + size_t(r) * c;
+        for (int ch = 0; ch < c; ++ch) {
+            const double v = Shift ? double(xr[ch]) - double(shift[ch]) : double(xr[ch]);
+            acc[ch] += Squares ? v * v : v;
+        }
+    }
+}
+
+CPU_LOOP_CLONES void bn_sums_loop(int rows, int c, const float* __restrict dy, const float* __restrict x,
+                                  const float* __restrict mean, const float* __restrict invstd, double* __restrict s0,
+                                  double* __restrict s1) {
+    for (int ch = 0; ch < c; ++ch) s0[ch] = s1[ch] = 0.0;
+    for (int r = 0; r < rows; ++r) {
+        const float* __restrict dr = dy + size_t(r) * c;
+        const float* __restrict xr = x + size_t(r) * c;
+        for (int ch = 0; ch < c; ++ch) {
+            s0[ch] += dr[ch];
+            s1[ch] += double(dr[ch]) * ((xr[ch] - mean[ch]) * invstd[ch]);
+        }
+    }
+}
+
+}  // namespace
+
+void CnnScratch::reserve_channels(int c) {
+    const size_t n = size_t(std::max(c, 1));
+    if (zeros.size() < n) zeros.assign(n, 0.0f);
+    grow(sink, n);
+    grow(best_value, n);
+    grow(best_position, n);
+    grow(sum0, n);
+    grow(sum1, n);
+}
+
+void CnnScratch::reserve(const Window2d& g) {
+    reserve_channels(g.c);
+    grow(window, size_t(g.kh) * g.kw);
+    grow(window_out, size_t(g.kh) * g.kw);
+}
+
+void im2col(const Window2d& g, const float* x, float* col, CnnScratch& s) {
+    s.reserve(g);
+    const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
+    const size_t K = size_t(g.c) * kk;
+    const float** window = s.window.data();
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                for_each_position(g, oy, ox, [&](int k, int iy, int ix, bool inside) {
+                    window[k] = inside ? pixel(x, g, n, iy, ix) : s.zeros.data();
+                });
+                float* row = col + ((size_t(n) * oh + oy) * ow + ox) * K;
+                if (kk == 9) gather_row<9>(g.c, kk, window, row);
+                else gather_row<0>(g.c, kk, window, row);
+            }
+}
+
+void col2im(const Window2d& g, const float* dcol, float* dx, CnnScratch& s) {
+    s.reserve(g);
+    std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
+    const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
+    const size_t K = size_t(g.c) * kk;
+    float** window = s.window_out.data();
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                // A window holds each input pixel once, so each element gets one addition per
+                // window, windows in order: the per-element definition's order.
+                for_each_position(g, oy, ox, [&](int k, int iy, int ix, bool inside) {
+                    window[k] = inside ? pixel(dx, g, n, iy, ix) : s.sink.data();
+                });
+                const float* row = dcol + ((size_t(n) * oh + oy) * ow + ox) * K;
+                if (kk == 9) scatter_row<9>(g.c, kk, window, row);
+                else scatter_row<0>(g.c, kk, window, row);
+            }
+}
+
+void pool_forward(PoolKind kind, const Window2d& g, const float* x, float* y) {
+    pool_forward_loop(kind == PoolKind::max, g, x, y);
+}
+
+void pool_backward(PoolKind kind, const Window2d& g, const float* x, const float* dy, float* dx, CnnScratch& s) {
+    s.reserve(g);
+    const bool tiles = g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0 && g.oh() * g.kh == g.h &&
+                       g.ow() * g.kw == g.w;
+    if (!tiles) std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
+    pool_backward_loop(kind == PoolKind::max, tiles, g, x, dy, dx, s.best_value.data(), s.best_position.data());
+}
+
+void channel_sums(int rows, int c, const float* x, const float* shift, bool squares, float* out, CnnScratch& s) {
+    s.reserve_channels(c);
+    double* acc = s.sum0.data();
+    if (shift) {
+        if (squares) channel_sums_loop<true, true>(rows, c, x, shift, acc);
+        else channel_sums_loop<true, false>(rows, c, x, shift, acc);
+    } else {
+        if (squares) channel_sums_loop<false, true>(rows, c, x, shift, acc);
+        else channel_sums_loop<false, false>(rows, c, x, shift, acc);
+    }
+    for (int ch = 0; ch < c; ++ch) out[ch] = float(acc[ch]);
+}
+
+CPU_LOOP_CLONES void channel_affine(int rows, int c, const float* x, const float* __restrict mean,
+                                    const float* __restrict invstd, const float* __restrict gamma,
+                                    const float* __restrict beta, float* y) {
+    for (int r = 0; r < rows; ++r) {
+        const float* xr = x + size_t(r) * c;
+        float* yr = y + size_t(r) * c;
+        for (int ch = 0; ch < c; ++ch) yr[ch] = gamma[ch] * ((xr[ch] - mean[ch]) * invstd[ch]) + beta[ch];
+    }
+}
+
+void bn_backward_sums(int rows, int c, const float* dy, const float* x, const float* mean, const float* invstd,
+                      float* out, CnnScratch& s) {
+    s.reserve_channels(c);
+    bn_sums_loop(rows, c, dy, x, mean, invstd, s.sum0.data(), s.sum1.data());
+    for (int ch = 0; ch < c; ++ch) {
+        out[ch] = float(s.sum0[size_t(ch)]);
+        out[c + ch] = float(s.sum1[size_t(ch)]);
+    }
+}
+
+// dx may be dy (in place): element-wise, so the vectorised loop keeps its meaning.
+CPU_LOOP_CLONES void bn_backward_dx(int rows, int c, const float* dy, const float* x, const float* __restrict mean,
+                                    const float* __restrict invstd, const float* __restrict gamma,
+                                    const float* __restrict sums, float inv_count, float* dx) {
+    for (int r = 0; r < rows; ++r) {
+        const float* dr = dy + size_t(r) * c;
+        const float* xr = x + size_t(r) * c;
+        float* out = dx + size_t(r) * c;
+        for (int ch = 0; ch < c; ++ch) {
+            const float xhat = (xr[ch] - mean[ch]) * invstd[ch];
+            out[ch] = gamma[ch] * invstd[ch] * (dr[ch] - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count));
+        }
+    }
+}
+
+}  // namespace mirrored::cpu
