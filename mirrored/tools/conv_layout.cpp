@@ -1,8 +1,8 @@
 // bench-conv-layout: one convolution's forward and backward (im2col, the GEMMs, col2im) with the
-// activations NHWC - the layout mirrored uses, through the CPU device's own ops - and NCHW
-// (Caffe's arrangement: columns [c*kh*kw, n*oh*ow], one GEMM, a permute to NCHW), on one CPU
-// replica with one BLAS thread. Both im2col/col2im are plain loops of the same quality, so the
-// difference is the layout: the GEMM shapes and what the gather and the permute cost.
+// activations NHWC - the layout mirrored uses - and NCHW (Caffe's arrangement: columns
+// [c*kh*kw, n*oh*ow], one GEMM, a permute to NCHW), on one CPU replica with one BLAS thread. Both
+// im2col/col2im are plain loops of the same quality here (not the CPU backend's tuned ones), so
+// the difference is the layout: the GEMM shapes and what the gather and the permute cost.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +21,41 @@ namespace mirrored {
 using json = nlohmann::json;
 
 namespace {
+
+// NHWC x[n, h, w, c] -> col[(n, oy, ox), (c, ky, kx)]
+void im2col_nhwc(const Window2d& g, const float* x, float* col) {
+    const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                float* row = col + ((size_t(n) * oh + oy) * ow + ox) * g.c * kk;
+                for (int ky = 0; ky < g.kh; ++ky)
+                    for (int kx = 0; kx < g.kw; ++kx) {
+                        const int iy = oy * g.sh + ky - g.ph, ix = ox * g.sw + kx - g.pw;
+                        const bool inside = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
+                        const float* src = inside ? x + ((size_t(n) * g.h + iy) * g.w + ix) * g.c : nullptr;
+                        for (int c = 0; c < g.c; ++c) row[size_t(c) * kk + ky * g.kw + kx] = src ? src[c] : 0.0f;
+                    }
+            }
+}
+
+// The adjoint of im2col_nhwc.
+void col2im_nhwc(const Window2d& g, const float* col, float* dx) {
+    const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
+    std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                const float* row = col + ((size_t(n) * oh + oy) * ow + ox) * g.c * kk;
+                for (int ky = 0; ky < g.kh; ++ky)
+                    for (int kx = 0; kx < g.kw; ++kx) {
+                        const int iy = oy * g.sh + ky - g.ph, ix = ox * g.sw + kx - g.pw;
+                        if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+                        float* dst = dx + ((size_t(n) * g.h + iy) * g.w + ix) * g.c;
+                        for (int c = 0; c < g.c; ++c) dst[c] += row[size_t(c) * kk + ky * g.kw + kx];
+                    }
+            }
+}
 
 // NCHW x[n, c, h, w] -> col[(c, ky, kx), (n, oy, ox)]
 void im2col_nchw(const Window2d& g, const float* x, float* col) {
@@ -98,7 +133,7 @@ int bench_conv_layout(const ConvLayoutBenchOptions& o) {
     cpu_set_blas_threads(1);
     auto d = make_cpu_device(0);
     const Stream s = d->compute_stream();
-    std::printf("conv forward + backward, NHWC (mirrored's ops) vs NCHW (columns [c*k*k, n*oh*ow]), batch %d,\n"
+    std::printf("conv forward + backward, NHWC (mirrored's layout) vs NCHW (columns [c*k*k, n*oh*ow]), batch %d,\n"
                 "on %s, one BLAS thread; median of %d\n\n",
                 o.batch, cpu_model_name().c_str(), o.reps);
     std::printf("%-22s %10s %10s %10s %10s %8s\n", "layer", "GFLOP", "NHWC ms", "NCHW ms", "NHWC GF/s", "NCHW/NHWC");
@@ -117,11 +152,11 @@ int bench_conv_layout(const ConvLayoutBenchOptions& o) {
             dw(*d, size_t(F) * K), tmp(*d, out);
         for (auto* b : {&x, &dy, &w}) d->fill(s, b->size(), 0.01f, b->data());
         auto nhwc = [&] {
-            d->im2col(s, g, x.data(), col.data());
+            im2col_nhwc(g, x.data(), col.data());
             d->gemm(s, false, true, M, F, K, 1.0f, col.data(), K, w.data(), K, 0.0f, y.data(), F);
             d->gemm(s, true, false, F, K, M, 1.0f, dy.data(), F, col.data(), K, 0.0f, dw.data(), K);
             d->gemm(s, false, false, M, K, F, 1.0f, dy.data(), F, w.data(), K, 0.0f, col.data(), K);
-            d->col2im(s, g, col.data(), dx.data());
+            col2im_nhwc(g, col.data(), dx.data());
         };
         const size_t plane = size_t(g.oh()) * g.ow();
         auto nchw = [&] {
