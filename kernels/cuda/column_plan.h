@@ -2,10 +2,11 @@
 // sums: out[col] = sum over rows) split their rows. Host logic only, so it is tested without a GPU.
 //
 // A block covers 32 columns with 16 row lanes. One block per 32 columns over all rows leaves an
-// H200's 132 SMs mostly idle whenever columns are few or rows many (a 16-channel batchnorm over
-// 128 x 32 x 32 rows ran in one block; a 1024-wide bias gradient at batch 2048 in 32), so such a
-// reduction is split into row chunks: each block writes its chunk's partial sums to scratch and a
-// second kernel adds them in chunk order. Both splits are fixed by the shape, so results repeat.
+// H200's 132 SMs mostly idle whenever columns are few or rows many (a 1024-wide bias gradient at
+// batch 2048 ran in 32 blocks, a convolution's 16-channel bias gradient over 128 x 32 x 32 rows in
+// one; batchnorm's sums, chunked by 4096 rows, in 32), so such a reduction is split into row
+// chunks: each block writes its chunk's partial sums to scratch and a second kernel adds them in
+// chunk order. Both splits are fixed by the shape, so results repeat.
 #pragma once
 
 #include <algorithm>
