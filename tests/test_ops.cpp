@@ -649,13 +649,16 @@ TEST_CASE("cpu dropout: keep rate, scaling, backward mask, and shard invariance"
     const auto x = rng.uniform(size_t(rows) * cols, 0.5f, 1.5f);  // never zero
     DropoutArgs a{0.3f, base_seed(), 4, 11, 0};
     const auto y = run_dropout(*d, a, rows, cols, x, false);
-    size_t kept = 0;
+    size_t kept = 0, as_defined = 0;
     for (size_t i = 0; i < x.size(); ++i) {
+        const int row = int(i / cols), col = int(i % cols);  // 257 columns: rows start mid-draw
+        as_defined += (y[i] != 0.0f) == dropout_keep(a.seed, a.layer_id, dropout_step(a), row, cols, col, a.rate);
         if (y[i] != 0.0f) {
             ++kept;
             CHECK(y[i] == doctest::Approx(x[i] / 0.7f).epsilon(1e-6));
         }
     }
+    CHECK(as_defined == x.size());  // the CPU's row-wise draws decide as the per-element definition
     const double frac = double(kept) / x.size(), sd = std::sqrt(0.7 * 0.3 / x.size());
     CHECK(std::fabs(frac - 0.7) < 5 * sd);
     // backward applies the same mask as forward
@@ -840,7 +843,7 @@ TEST_CASE("column_plan: row chunks cover every row once, fit the scratch and fil
         return column_plan(rows, cols, kScratch).chunks * ((cols + kColumnTile - 1) / kColumnTile);
     };
     CHECK(blocks(2048, 1024) >= 256);    // the MLP's bias gradient at batch 2048 (32 blocks in one pass)
-    CHECK(blocks(131072, 16) >= 512);    // a 16-channel batchnorm at 128 x 32 x 32 (1 block in one pass)
+    CHECK(blocks(131072, 16) >= 512);    // 16 channels over 128 x 32 x 32 rows (1 block in one pass)
     CHECK(blocks(256, 1024) == 32);      // batch 256: one pass, no second launch
     CHECK(column_plan(131072, 16, 100).chunks == 3);  // a small scratch bounds the chunks
 }

@@ -311,13 +311,12 @@ public:
         const DType t = value_dtype();
         const float keep_scale = 1.0f / (1.0f - a.rate);
         const uint32_t step = dropout_step(a);
-        for (int i = 0; i < rows; ++i)
-            for (int j = 0; j < cols; ++j) {
-                const size_t e = size_t(i) * cols + j;
-                F(y)[e] = dropout_keep(a.seed, a.layer_id, step, a.row_offset + i, cols, j, a.rate)
-                              ? round_to(t, F(x)[e] * keep_scale)
-                              : 0.0f;
-            }
+        for (int i = 0; i < rows; ++i) {
+            const float* xr = F(x) + size_t(i) * cols;
+            float* yr = F(y) + size_t(i) * cols;
+            dropout_row(a.seed, a.layer_id, step, a.row_offset + i, cols, a.rate,
+                        [&](int j, bool keep) { yr[j] = keep ? round_to(t, xr[j] * keep_scale) : 0.0f; });
+        }
     }
 
     void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx) override {
