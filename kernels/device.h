@@ -69,6 +69,9 @@ struct GemmTypes {
 struct Window2d {
     int n = 0, h = 0, w = 0, c = 0;
     int kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0;
+    // im2col/col2im only: the column index runs over (ky, kx, channel) - whole pixels, copied -
+    // instead of (channel, ky, kx) (Device::pixel_major_columns says which a device prefers).
+    bool pixel_major = false;
     MIRRORED_HD int oh() const { return (h + 2 * ph - kh) / sh + 1; }
     MIRRORED_HD int ow() const { return (w + 2 * pw - kw) / sw + 1; }
     // f(iy, ix, ky, kx) for every input position window (oy, ox) reads, in (ky, kx) order;
@@ -336,7 +339,8 @@ public:
 
     // ---- convolutional-network ops (images NHWC) ------------------------------------------
     // col[n*oh*ow, c*kh*kw] from x[n,h,w,c]; the column index runs over (channel, ky, kx), the
-    // order of PyTorch's conv weight [out, in, kh, kw]; padding reads zeros.
+    // order of PyTorch's conv weight [out, in, kh, kw], or with g.pixel_major over (ky, kx,
+    // channel); padding reads zeros.
     virtual void im2col(Stream s, const Window2d& g, const void* x, void* col) = 0;
     // The adjoint: dx[n,h,w,c] = the sum of every column entry that read it (fixed order).
     virtual void col2im(Stream s, const Window2d& g, const void* dcol, void* dx) = 0;
@@ -348,6 +352,10 @@ public:
     // [n,h,w,c] <-> [n,c,h,w]: flatten in PyTorch's order, so exported dense weights fit.
     virtual void nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y,
                               bool inverse) = 0;
+    // Whether convolutions should use pixel-major columns (Window2d::pixel_major) and weights
+    // permuted to match: on the CPU a column row is then whole pixels copied, not a transpose.
+    // The conv layer permutes with nhwc_to_nchw, so a device saying yes stores activations as f32.
+    virtual bool pixel_major_columns() const { return false; }
 
     // ---- normalisation ops (per channel over rows of [rows, c]) -----------------------------
     // out[c] = sum over rows of (x - shift[c]) (shift may be null), squared when `squares`.

@@ -274,6 +274,29 @@ TEST_CASE("gradient accumulation adds backward passes; batchnorm's running stati
     CHECK(once[rv->offset] > 0.0f);  // this batch's (weighted) statistics
 }
 
+// CPU convolutions multiply pixel-major columns by permuted weights (Device::pixel_major_columns);
+// the GPUs keep PyTorch's column order. The same gradients either way, but for the order of the
+// products' sums; micro-batches accumulate through the permutation too.
+TEST_CASE("cpu convolutions with pixel-major columns: the gradients of the GPU's column order") {
+    const Model m({7, 7, 3}, {conv(4, 3, 1, true, Activation::relu), conv_pad(5, 3, 2, 1, Activation::none),
+                              batchnorm(false, Activation::relu), conv(6, 1, 1, false, Activation::none),
+                              conv(3, 2, 1, false, Activation::gelu, false), flatten(), dense(3, Activation::none)},
+                  41);
+    auto pixel_major = make_cpu_device(0);
+    std::unique_ptr<Device> channel_major;
+    {
+        ::setenv("MIRRORED_PIXEL_MAJOR_COLUMNS", "0", 1);
+        channel_major = make_cpu_device(1);
+        ::unsetenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
+    }
+    REQUIRE(pixel_major->pixel_major_columns());
+    REQUIRE_FALSE(channel_major->pixel_major_columns());
+    Harness a(*pixel_major, m, 6, 42), b(*channel_major, m, 6, 42);
+    const auto ga = a.backprop(), gb = b.backprop();
+    CHECK(rel_error(ga, gb) < 1e-5);
+    CHECK(rel_error(a.backprop(nullptr, true), b.backprop(nullptr, true)) < 1e-5);  // accumulated: twice
+}
+
 TEST_CASE("a small CNN overfits a fixed batch on the CPU backend and on a simulated GPU (SGD and AdamW)") {
     for (DeviceType t : {DeviceType::cpu, DeviceType::sim}) {
         CAPTURE(device_type_name(t));

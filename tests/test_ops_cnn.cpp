@@ -252,6 +252,22 @@ TEST_CASE("cpu im2col reads exactly the windows' elements; col2im is its adjoint
         for (size_t i = 0; i < x.size(); ++i) lhs += double(dx[i]) * x[i];
         for (size_t i = 0; i < col.size(); ++i) rhs += double(dcol[i]) * col[i], scale += std::fabs(dcol[i] * col[i]);
         CHECK(std::fabs(lhs - rhs) <= 1e-5 * (scale + 1));
+        // pixel-major columns: the same entries, (ky, kx, channel) instead of (channel, ky, kx)
+        Window2d gp = g;
+        gp.pixel_major = true;
+        const auto colp = run_im2col(*d, gp, x);
+        const size_t kk = size_t(g.kh) * g.kw, K = kk * g.c;
+        bool same = colp.size() == col.size();
+        for (size_t i = 0; same && i < col.size(); ++i) {
+            const size_t m = i / K, k = i % K, c = k / kk, p = k % kk;
+            same = colp[m * K + p * g.c + c] == col[i];
+        }
+        CHECK(same);
+        const auto dxp = run_col2im(*d, gp, dcol);
+        double lhs_p = 0, rhs_p = 0;
+        for (size_t i = 0; i < x.size(); ++i) lhs_p += double(dxp[i]) * x[i];
+        for (size_t i = 0; i < colp.size(); ++i) rhs_p += double(dcol[i]) * colp[i];
+        CHECK(std::fabs(lhs_p - rhs_p) <= 1e-5 * (scale + 1));
     }
 }
 
@@ -416,7 +432,8 @@ TEST_CASE("cuda im2col, col2im, pooling and nhwc_to_nchw match cpu") {
     auto cpu = make_cpu_device(0);
     auto gpu = make_cuda_device(0);
     for (int rep = 0; rep < 10; ++rep) {
-        const Window2d g = random_window(rng);
+        Window2d g = random_window(rng);
+        g.pixel_major = rep % 2;  // both column orders
         const auto x = rng.normal(image_size(g));
         CHECK(run_im2col(*gpu, g, x) == run_im2col(*cpu, g, x));
         const auto dcol = rng.normal(cols_size(g));

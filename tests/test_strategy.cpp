@@ -495,8 +495,15 @@ TEST_CASE("shared parameters on one simulated GPU: equal to CPU replicas bit for
     }
     // distinct GPUs keep their copies (the ring runs)
     CHECK(train("sim:0,1", 2, 0.0, 1, OptimizerConfig::Type::sgd, 0.0, "shared").ops == std::string("ring"));
-    // synchronised batchnorm and fp16 loss scaling by slices on one GPU: as on CPU replicas
-    const CnnResult cpu_cnn = train_cnn("cpu:3", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true);
+    // synchronised batchnorm and fp16 loss scaling by slices on one GPU: as on CPU replicas (their
+    // convolutions in the GPU's column order, for the same bits)
+    const CnnResult cpu_cnn = [] {
+        struct ChannelMajor {
+            ChannelMajor() { ::setenv("MIRRORED_PIXEL_MAJOR_COLUMNS", "0", 1); }
+            ~ChannelMajor() { ::unsetenv("MIRRORED_PIXEL_MAJOR_COLUMNS"); }
+        } scope;
+        return train_cnn("cpu:3", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true);
+    }();
     const CnnResult sim_cnn = train_cnn("sim:0,0,0", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true);
     const CnnResult sim_graph = train_cnn("sim:0,0,0", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true, true);
     CHECK(sim_cnn.params == cpu_cnn.params);

@@ -53,6 +53,23 @@ void scatter_row(int c, int kk_runtime, float* const* __restrict window, const f
 // Per-pixel steps of the pooling passes, inlined into each width's clone of the pass.
 #define CNN_INLINE inline __attribute__((always_inline))
 
+// Pixel-major rows: each window position's pixel, whole, one after another.
+CPU_LOOP_CLONES void copy_pixels(int c, int kk, const float* const* __restrict window, float* __restrict row) {
+    for (int k = 0; k < kk; ++k) {
+        const float* __restrict src = window[k];
+        float* __restrict dst = row + size_t(k) * c;
+        for (int ch = 0; ch < c; ++ch) dst[ch] = src[ch];
+    }
+}
+
+CPU_LOOP_CLONES void add_pixels(int c, int kk, float* const* window, const float* __restrict row) {
+    for (int k = 0; k < kk; ++k) {
+        float* dst = window[k];  // padding positions share the sink, so no restrict here
+        const float* __restrict src = row + size_t(k) * c;
+        for (int ch = 0; ch < c; ++ch) dst[ch] += src[ch];
+    }
+}
+
 CNN_INLINE void max_into(int c, const float* __restrict src, float* __restrict acc) {
     for (int ch = 0; ch < c; ++ch) acc[ch] = src[ch] > acc[ch] ? src[ch] : acc[ch];
 }
@@ -200,7 +217,8 @@ void im2col(const Window2d& g, const float* x, float* col, CnnScratch& s) {
                     window[k] = inside ? pixel(x, g, n, iy, ix) : s.zeros.data();
                 });
                 float* row = col + ((size_t(n) * oh + oy) * ow + ox) * K;
-                if (kk == 9) gather_row<9>(g.c, kk, window, row);
+                if (g.pixel_major) copy_pixels(g.c, kk, window, row);
+                else if (kk == 9) gather_row<9>(g.c, kk, window, row);
                 else gather_row<0>(g.c, kk, window, row);
             }
 }
@@ -220,7 +238,8 @@ void col2im(const Window2d& g, const float* dcol, float* dx, CnnScratch& s) {
                     window[k] = inside ? pixel(dx, g, n, iy, ix) : s.sink.data();
                 });
                 const float* row = dcol + ((size_t(n) * oh + oy) * ow + ox) * K;
-                if (kk == 9) scatter_row<9>(g.c, kk, window, row);
+                if (g.pixel_major) add_pixels(g.c, kk, window, row);
+                else if (kk == 9) scatter_row<9>(g.c, kk, window, row);
                 else scatter_row<0>(g.c, kk, window, row);
             }
 }

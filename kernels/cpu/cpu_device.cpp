@@ -333,6 +333,10 @@ public:
     }
 
     // ---- convolution and pooling (kernels/cpu/cnn_loops.h) ---------------------------------
+    // Whole pixels copied, not transposed; MIRRORED_PIXEL_MAJOR_COLUMNS=0 (read when the device
+    // is made) keeps the GPU's column order, so CPU replicas compute convolutions bit for bit as
+    // the simulated GPUs do.
+    bool pixel_major_columns() const override { return pixel_major_; }
     void im2col(Stream, const Window2d& g, const void* x, void* col) override { cpu::im2col(g, F(x), F(col), cnn_); }
 
     void col2im(Stream, const Window2d& g, const void* dcol, void* dx) override {
@@ -541,6 +545,10 @@ public:
     }
 
 private:
+    const bool pixel_major_ = [] {
+        const char* e = std::getenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
     std::vector<float> column_sums_;  // bias_grad's scratch
     cpu::CnnScratch cnn_;             // the convolution, pooling and batchnorm passes' scratch
 

@@ -329,7 +329,8 @@ __global__ void im2col_kernel(Window2d g, const T* x, T* col) {
     const size_t K = size_t(g.c) * kk, total = size_t(g.n) * oh * ow * K;
     GRID_LOOP(i, total) {
         const size_t m = i / K;
-        const int k = int(i % K), c = k / kk, ky = (k % kk) / g.kw, kx = k % g.kw;
+        const int k = int(i % K), c = g.pixel_major ? k % g.c : k / kk, p = g.pixel_major ? k / g.c : k % kk;
+        const int ky = p / g.kw, kx = p % g.kw;
         const int ox = int(m % ow), oy = int((m / ow) % oh), n = int(m / (size_t(ow) * oh));
         const int iy = oy * g.sh + ky - g.ph, ix = ox * g.sw + kx - g.pw;
         const bool inside = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
@@ -355,7 +356,8 @@ __global__ void col2im_kernel(Window2d g, const T* dcol, T* dx) {
         const int n = int(i / (size_t(g.c) * g.w * g.h));
         float sum = 0.0f;
         g.for_each_window(iy, ix, [&](int oy, int ox, int ky, int kx) {
-            sum += ld(dcol, ((size_t(n) * oh + oy) * ow + ox) * K + size_t(c) * kk + ky * g.kw + kx);
+            const size_t k = g.pixel_major ? size_t(ky * g.kw + kx) * g.c + c : size_t(c) * kk + ky * g.kw + kx;
+            sum += ld(dcol, ((size_t(n) * oh + oy) * ow + ox) * K + k);
         });
         st(dx, i, sum);
     }
