@@ -356,6 +356,10 @@ public:
     // permuted to match: on the CPU a column row is then whole pixels copied, not a transpose.
     // The conv layer permutes with nhwc_to_nchw, so a device saying yes stores activations as f32.
     virtual bool pixel_major_columns() const { return false; }
+    // Bytes of im2col columns a convolution should make and multiply at a time (whole images):
+    // 0, the whole batch in one product (GPUs); a cache's worth on CPUs, whose products would
+    // otherwise stream a batch's columns through memory.
+    virtual size_t column_block_bytes() const { return 0; }
 
     // ---- normalisation ops (per channel over rows of [rows, c]) -----------------------------
     // out[c] = sum over rows of (x - shift[c]) (shift may be null), squared when `squares`.

@@ -274,10 +274,11 @@ TEST_CASE("gradient accumulation adds backward passes; batchnorm's running stati
     CHECK(once[rv->offset] > 0.0f);  // this batch's (weighted) statistics
 }
 
-// CPU convolutions multiply pixel-major columns by permuted weights (Device::pixel_major_columns);
-// the GPUs keep PyTorch's column order. The same gradients either way, but for the order of the
-// products' sums; micro-batches accumulate through the permutation too.
-TEST_CASE("cpu convolutions with pixel-major columns: the gradients of the GPU's column order") {
+// CPU convolutions multiply pixel-major columns by permuted weights (Device::pixel_major_columns),
+// a cache's worth of images at a time; the GPUs keep PyTorch's column order and the whole batch.
+// The same gradients either way, but for the order of the products' sums; micro-batches
+// accumulate through the permutation and the blocks too.
+TEST_CASE("cpu convolutions with pixel-major columns, image blocks: the gradients of the GPU's column order") {
     const Model m({7, 7, 3}, {conv(4, 3, 1, true, Activation::relu), conv_pad(5, 3, 2, 1, Activation::none),
                               batchnorm(false, Activation::relu), conv(6, 1, 1, false, Activation::none),
                               conv(3, 2, 1, false, Activation::gelu, false), flatten(), dense(3, Activation::none)},
@@ -295,6 +296,20 @@ TEST_CASE("cpu convolutions with pixel-major columns: the gradients of the GPU's
     const auto ga = a.backprop(), gb = b.backprop();
     CHECK(rel_error(ga, gb) < 1e-5);
     CHECK(rel_error(a.backprop(nullptr, true), b.backprop(nullptr, true)) < 1e-5);  // accumulated: twice
+
+    // Images whose columns outgrow the CPU's block (Device::column_block_bytes): the CPU makes and
+    // multiplies them image by image, the simulated GPU (the GPUs' path) all at once.
+    const Model big({24, 24, 24}, {conv(8, 3, 1, true, Activation::relu), conv_pad(6, 3, 2, 1, Activation::none, false),
+                                   global_avgpool(), dense(3, Activation::none)},
+                    43);
+    const size_t per_image = size_t(24) * 24 * 24 * 9 * sizeof(float);
+    CHECK(2 * per_image > pixel_major->column_block_bytes());  // one image per block: three blocks
+    CHECK(per_image <= pixel_major->column_block_bytes());
+    auto sim = make_sim_device(0);
+    CHECK(sim->column_block_bytes() == 0);
+    Harness c(*pixel_major, big, 3, 44), g(*sim, big, 3, 44);
+    CHECK(rel_error(c.backprop(), g.backprop()) < 1e-5);
+    CHECK(rel_error(c.backprop(nullptr, true), g.backprop(nullptr, true)) < 1e-5);
 }
 
 TEST_CASE("a small CNN overfits a fixed batch on the CPU backend and on a simulated GPU (SGD and AdamW)") {

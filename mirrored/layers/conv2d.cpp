@@ -6,6 +6,8 @@
 // (the CPU: a row is whole pixels copied, not a transpose), the layer multiplies by the weights
 // permuted to [out, kh, kw, in] and permutes their gradient back; the parameters, checkpoints
 // and exports keep PyTorch's order.
+#include <algorithm>
+
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -50,17 +52,44 @@ public:
 
     bool pixel_major(const Pass& p) const { return !direct_ && p.dev->pixel_major_columns(); }
 
-    Window2d window(const Pass& p) const {
-        Window2d g = g_;
-        g.n = p.rows;
-        g.pixel_major = pixel_major(p);
-        return g;
+    // Images per block of columns: the whole batch (one product: GPUs), or as many as keep a
+    // block's columns within the device's cache budget (CPUs: a batch's columns stream through
+    // memory, a block's stay in cache between im2col and the products).
+    int block_images(const Pass& p) const {
+        const size_t budget = p.dev->column_block_bytes();
+        if (direct_ || budget == 0 || p.rows <= 1) return std::max(p.rows, 1);
+        const size_t per_image = p.dev->act_bytes(size_t(g_.oh()) * g_.ow() * in_.c * g_.kh * g_.kw);
+        return int(std::clamp<size_t>(budget / std::max<size_t>(per_image, 1), 1, size_t(p.rows)));
     }
 
-    // The columns of x in the scratch (or x itself for a direct 1x1).
-    const void* columns(Pass& p, const void* x) const {
-        if (direct_) return x;
-        p.dev->im2col(p.stream, window(p), x, p.acts->scratch());
+    // Images [first, first + count) of the batch.
+    struct Block {
+        int first, count;
+    };
+    template <typename F>
+    void for_each_block(const Pass& p, F&& f) const {
+        const int step = block_images(p);
+        for (int first = 0; first < p.rows; first += step) f(Block{first, std::min(step, p.rows - first)});
+        if (p.rows == 0) f(Block{0, 0});
+    }
+
+    // Element offsets of a block's input and output rows.
+    size_t in_at(const Block& b) const { return size_t(b.first) * in_.h * in_.w * in_.c; }
+    size_t out_at(const Block& b) const { return size_t(b.first) * out_.h * out_.w * out_.c; }
+    static const void* at(const Pass& p, const void* base, size_t elements) {
+        return static_cast<const char*>(base) + p.dev->act_bytes(elements);
+    }
+    static void* at(const Pass& p, void* base, size_t elements) {
+        return static_cast<char*>(base) + p.dev->act_bytes(elements);
+    }
+
+    // The columns of a block of x in the scratch (or x itself for a direct 1x1).
+    const void* columns(Pass& p, const void* x, const Block& b) const {
+        if (direct_) return at(p, x, in_at(b));
+        Window2d g = g_;
+        g.n = b.count;
+        g.pixel_major = pixel_major(p);
+        p.dev->im2col(p.stream, g, at(p, x, in_at(b)), p.acts->scratch());
         return p.acts->scratch();
     }
 
@@ -73,13 +102,17 @@ public:
     }
 
     const void* forward(Pass& p, const void* x) const override {
-        const int M = p.rows * out_.h * out_.w, F = out_.c, K = in_.c * g_.kh * g_.kw;
+        const int F = out_.c, K = in_.c * g_.kh * g_.kw;
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
         void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
+        const void* w = weights(p);
         // z[M, F] = cols[M, K] . W[F, K]^T + b, y = act(z): a dense layer over the columns
-        p.dev->dense_forward(p.stream, spec_.activation, M, F, K, columns(p, x), weights(p),
-                             b_ >= 0 ? p.params + b_off_ : nullptr, z, y, p.types(p.vt));
+        for_each_block(p, [&](const Block& b) {
+            p.dev->dense_forward(p.stream, spec_.activation, b.count * out_.h * out_.w, F, K, columns(p, x, b), w,
+                                 b_ >= 0 ? p.params + b_off_ : nullptr, at(p, z, out_at(b)), at(p, y, out_at(b)),
+                                 p.types(p.vt));
+        });
         return y;
     }
 
@@ -90,27 +123,34 @@ public:
             p.dev->act_backward(p.stream, spec_.activation, size_t(M) * F, z, dy, dy);
         }
         float* db = b_ >= 0 ? p.grads + b_off_ : nullptr;
-        const void* cols = columns(p, p.acts->input(slot_));
-        if (pixel_major(p)) {
-            // the permuted dW[F, K] = dz^T . cols into the layer's buffer, db (+)= column sums of dz
-            p.dev->dense_weight_grad(p.stream, M, F, K, dy, cols, p.acts->f32(slot_, permuted_grad_), nullptr,
-                                     false, p.types(DType::f32));
-            if (db) p.dev->bias_grad(p.stream, M, F, dy, db, p.accumulate);
-        } else {
-            // dW[F, K] (+)= dz[M, F]^T . cols[M, K], db (+)= column sums of dz
-            p.dev->dense_weight_grad(p.stream, M, F, K, dy, cols, p.grads + w_off_, db, p.accumulate,
-                                     p.types(DType::f32));
-        }
-        if (dx && direct_) {  // dx[M, C] = dz[M, F] . W[F, C]
-            p.dev->gemm(p.stream, false, false, M, K, F, 1.0f, dy, F, p.weight(w_off_), K, 0.0f, dx, K, p.types(p.vt));
-        } else if (dx) {
-            // dcols[M, K] = dz[M, F] . W[F, K], into the scratch (the columns are no longer needed)
+        const bool permuted = pixel_major(p);
+        // dW[F, K] (+)= dz[M, F]^T . cols[M, K], block by block (the permuted dW into the layer's
+        // buffer, then back); db (+)= column sums of dz
+        float* dw = permuted ? p.acts->f32(slot_, permuted_grad_) : p.grads + w_off_;
+        const bool one_block = block_images(p) >= p.rows;
+        if (db && (permuted || !one_block)) p.dev->bias_grad(p.stream, M, F, dy, db, p.accumulate);
+        const void* w = permuted ? p.acts->f32(slot_, permuted_) : p.weight(w_off_);  // as forward left it
+        for_each_block(p, [&](const Block& b) {
+            const int rows = b.count * out_.h * out_.w;
+            const void* dz = at(p, dy, out_at(b));
+            const bool accumulate = b.first > 0 || (!permuted && p.accumulate);
+            p.dev->dense_weight_grad(p.stream, rows, F, K, dz, columns(p, p.acts->input(slot_), b), dw,
+                                     permuted || !one_block ? nullptr : db, accumulate, p.types(DType::f32));
+            if (!dx) return;
+            if (direct_) {  // dx[M, C] = dz[M, F] . W[F, C]
+                p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, at(p, dx, in_at(b)), K,
+                            p.types(p.vt));
+                return;
+            }
+            // dcols[M, K] = dz[M, F] . W[F, K], into the scratch (the block's columns are done)
             void* dcols = p.acts->scratch();
-            const void* w = pixel_major(p) ? p.acts->f32(slot_, permuted_) : p.weight(w_off_);  // as forward left it
-            p.dev->gemm(p.stream, false, false, M, K, F, 1.0f, dy, F, w, K, 0.0f, dcols, K, p.types(p.vt));
-            p.dev->col2im(p.stream, window(p), dcols, dx);
-        }
-        if (pixel_major(p)) unpermute_weight_grad(p);
+            p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, dcols, K, p.types(p.vt));
+            Window2d g = g_;
+            g.n = b.count;
+            g.pixel_major = permuted;
+            p.dev->col2im(p.stream, g, dcols, at(p, dx, in_at(b)));
+        });
+        if (permuted) unpermute_weight_grad(p);
     }
 
     // dW (+)= the pixel-major gradient back in [F, C, kh, kw] order.
