@@ -1,11 +1,12 @@
 // conv2d: y = act(conv(x, W) + b) over NHWC images, as torch.nn.Conv2d (weight [out, in, kh, kw])
 // followed by the activation. im2col + GEMM: the columns [n*oh*ow, in*kh*kw] times W^T give the
-// output NHWC directly, one GEMM for the whole batch; a 1x1 convolution with stride 1 and no
-// padding is a plain GEMM on the input. The columns live in the shared scratch and are made
-// again in backward rather than kept per layer. Where the device prefers pixel-major columns
-// (the CPU: a row is whole pixels copied, not a transpose), the layer multiplies by the weights
-// permuted to [out, kh, kw, in] and permutes their gradient back; the parameters, checkpoints
-// and exports keep PyTorch's order.
+// output NHWC directly, one GEMM for the whole batch on GPUs, one per cache-sized block of images
+// on CPUs (Device::column_block_bytes); a 1x1 convolution with stride 1 and no padding is a plain
+// GEMM on the input. The columns live in the shared scratch and are made again in backward rather
+// than kept per layer. Where the device prefers pixel-major columns (the CPU: a row is whole
+// pixels copied, not a transpose), the layer multiplies by the weights permuted to
+// [out, kh, kw, in] and permutes their gradient back; the parameters, checkpoints and exports
+// keep PyTorch's order.
 #include <algorithm>
 
 #include "mirrored/layers/activations.h"
