@@ -66,7 +66,10 @@ bool kill_requested(int64_t step) {
     return s && *s && std::strtoll(s, nullptr, 10) == step;
 }
 
-void write_all(int fd, const std::string& tmp, const char* p, size_t n) {
+// Errors name the file being written, not its temporary: that is the file the user asked for.
+constexpr const char* kNothingReplaced = " (any earlier file of that name is untouched; the partial write was removed)";
+
+void write_all(int fd, const std::string& path, const std::string& tmp, const char* p, size_t n) {
     while (n > 0) {
         const ssize_t w = ::write(fd, p, n);
         if (w < 0) {
@@ -74,7 +77,7 @@ void write_all(int fd, const std::string& tmp, const char* p, size_t n) {
             const std::string err = std::strerror(errno);
             ::close(fd);
             ::unlink(tmp.c_str());
-            throw CheckpointError(tmp + ": write failed: " + err);
+            throw CheckpointError(path + ": write failed: " + err + kNothingReplaced);
         }
         p += w;
         n -= size_t(w);
@@ -86,17 +89,19 @@ void write_atomic(const std::string& path, const std::string& header, const std:
     const fs::path p(path);
     const std::string tmp = (p.parent_path() / ("." + p.filename().string() + ".tmp")).string();
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) throw CheckpointError(tmp + ": cannot create: " + std::strerror(errno));
-    write_all(fd, tmp, header.data(), header.size());
+    if (fd < 0) throw CheckpointError(path + ": cannot create its temporary " + tmp + ": " + std::strerror(errno));
+    write_all(fd, path, tmp, header.data(), header.size());
     if (kill_requested(kill_step)) {
-        write_all(fd, tmp, reinterpret_cast<const char*>(data.data()), data.size() / 2);
+        write_all(fd, path, tmp, reinterpret_cast<const char*>(data.data()), data.size() / 2);
         ::fsync(fd);
         std::raise(SIGKILL);
     }
-    write_all(fd, tmp, reinterpret_cast<const char*>(data.data()), data.size());
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    write_all(fd, path, tmp, reinterpret_cast<const char*>(data.data()), data.size());
+    const int synced = ::fsync(fd) == 0 ? 0 : errno;
+    const int closed = ::close(fd) == 0 ? 0 : errno;
+    if (synced || closed) {
         ::unlink(tmp.c_str());
-        throw CheckpointError(tmp + ": fsync failed: " + std::strerror(errno));
+        throw CheckpointError(path + ": write failed: " + std::strerror(synced ? synced : closed) + kNothingReplaced);
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
         const std::string err = std::strerror(errno);

@@ -346,6 +346,10 @@ TEST_CASE("disk full: the failing write is named (exit 4), no partial file is le
     const std::string text_log(std::istreambuf_iterator<char>(in), {});
     CAPTURE(text_log);
     CHECK(text_log.find("No space left on device") != std::string::npos);
+    // the message names the checkpoint being written, not its hidden temporary
+    CHECK(text_log.find("/checkpoints/step-") != std::string::npos);
+    CHECK(text_log.find(".tmp:") == std::string::npos);
+    CHECK(text_log.find("untouched") != std::string::npos);
     const size_t listing = text_log.find("exit 4\n");  // exit code 4, then the folder's listing
     REQUIRE(listing != std::string::npos);
     CHECK(text_log.find(".tmp", listing) == std::string::npos);  // the partial write was removed
