@@ -16,8 +16,9 @@
 // - Reductions are deterministic: a fixed order, no floating-point atomics.
 #pragma once
 
-#include <cstddef>
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -360,6 +361,13 @@ public:
     // 0, the whole batch in one product (GPUs); a cache's worth on CPUs, whose products would
     // otherwise stream a batch's columns through memory.
     virtual size_t column_block_bytes() const { return 0; }
+    // Whole images per block of columns of `image_bytes` each, out of `rows`: what a convolution
+    // multiplies at a time and the activations' scratch is sized for.
+    static int column_block_images(size_t image_bytes, size_t block_bytes, int rows) {
+        rows = std::max(rows, 1);
+        if (block_bytes == 0) return rows;
+        return int(std::clamp<size_t>(block_bytes / std::max<size_t>(image_bytes, 1), 1, size_t(rows)));
+    }
 
     // ---- normalisation ops (per channel over rows of [rows, c]) -----------------------------
     // out[c] = sum over rows of (x - shift[c]) (shift may be null), squared when `squares`.
@@ -549,5 +557,9 @@ void cpu_set_blas_threads(int n);
 // in a scratch of rows x columns floats per thread (kernels/cpu/cpu_device.cpp and
 // kernels/cpu/jit_gemm.cpp say why).
 constexpr int kCpuTransposedGemmMaxRows = 128;
+// Device::column_block_bytes of CPU replicas: half a 1 MiB L2 (the build machine's Zen 5, most
+// Xeons since Skylake-SP), so a block's columns stay in the core's cache from im2col through
+// both products.
+constexpr size_t kCpuColumnBlockBytes = size_t(512) << 10;
 
 }  // namespace mirrored

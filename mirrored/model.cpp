@@ -138,8 +138,8 @@ double Model::train_flops_per_sample() const {
     return flops;
 }
 
-uint64_t Model::activation_bytes(int max_rows, size_t act_elem) const {
-    return Activations::planned_bytes(*layout_, max_rows, act_elem);
+uint64_t Model::activation_bytes(int max_rows, size_t act_elem, size_t column_block_bytes) const {
+    return Activations::planned_bytes(*layout_, max_rows, act_elem, column_block_bytes);
 }
 
 Activations Model::make_activations(Device& dev, int max_rows) const { return Activations(dev, *layout_, max_rows); }

@@ -164,7 +164,8 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     m.optimizer = trainable * uint64_t(states);
     const bool low = precision_dtype(precision) != DType::f32;
     const size_t act_elem = low && type == DeviceType::cuda ? 2 : 4;  // CPU and sim emulate in f32
-    m.activations = model.activation_bytes(micro_rows, act_elem);
+    const size_t column_block = type == DeviceType::cpu ? kCpuColumnBlockBytes : 0;  // Device::column_block_bytes
+    m.activations = model.activation_bytes(micro_rows, act_elem, column_block);
     m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t)) +
                (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
     m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
@@ -179,7 +180,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     const int gemm_rows = std::min(micro_rows, kCpuTransposedGemmMaxRows);
     const uint64_t lt_workspace = type == DeviceType::cuda && strategy.fused_epilogues ? uint64_t(32) << 20 : 0;
     m.workspace = type == DeviceType::cpu
-                      ? 2 * model.activation_bytes(gemm_rows, sizeof(float)) +
+                      ? 2 * model.activation_bytes(gemm_rows, sizeof(float), column_block) +
                             uint64_t(gemm_rows) * uint64_t(model.input_features()) * sizeof(float) + (uint64_t(512) << 10)
                       : (uint64_t(32) << 20) + lt_workspace + (uint64_t(4) << 20) + (uint64_t(8) << 20);
     return m;

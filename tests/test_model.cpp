@@ -310,6 +310,11 @@ TEST_CASE("cpu convolutions with pixel-major columns, image blocks: the gradient
     Harness c(*pixel_major, big, 3, 44), g(*sim, big, 3, 44);
     CHECK(rel_error(c.backprop(), g.backprop()) < 1e-5);
     CHECK(rel_error(c.backprop(nullptr, true), g.backprop(nullptr, true)) < 1e-5);
+    // The scratch holds a block's columns: one image's on the CPU, the batch's on the GPUs' path;
+    // what is allocated is what the memory plan says.
+    CHECK(c.acts.bytes() == big.activation_bytes(3, sizeof(float), kCpuColumnBlockBytes));
+    CHECK(g.acts.bytes() == big.activation_bytes(3, sizeof(float), 0));
+    CHECK(g.acts.bytes() - c.acts.bytes() == 2 * per_image);
 }
 
 TEST_CASE("a small CNN overfits a fixed batch on the CPU backend and on a simulated GPU (SGD and AdamW)") {

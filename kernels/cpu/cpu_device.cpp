@@ -337,9 +337,7 @@ public:
     // is made) keeps the GPU's column order, so CPU replicas compute convolutions bit for bit as
     // the simulated GPUs do.
     bool pixel_major_columns() const override { return pixel_major_; }
-    // Half a 1 MiB L2 (the build machine's Zen 5, most Xeons since Skylake-SP): a block's columns
-    // stay in the core's cache from im2col through both products.
-    size_t column_block_bytes() const override { return size_t(512) << 10; }
+    size_t column_block_bytes() const override { return kCpuColumnBlockBytes; }
     void im2col(Stream, const Window2d& g, const void* x, void* col) override { cpu::im2col(g, F(x), F(col), cnn_); }
 
     void col2im(Stream, const Window2d& g, const void* dcol, void* dx) override {

@@ -16,7 +16,8 @@ public:
     Activations() = default;
     Activations(Device& dev, const Builder& layout, int max_rows);
     // What the constructor would allocate, with activations of act_elem bytes each.
-    static uint64_t planned_bytes(const Builder& layout, int max_rows, size_t act_elem);
+    // block_bytes: Device::column_block_bytes of the device they will live on.
+    static uint64_t planned_bytes(const Builder& layout, int max_rows, size_t act_elem, size_t block_bytes);
 
     int max_rows() const { return max_rows_; }
     void* act(int slot, int i) const { return ptrs_[size_t(slot)][size_t(i)]; }

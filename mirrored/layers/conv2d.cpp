@@ -41,7 +41,7 @@ public:
         // As dense: GELU's derivative needs the pre-activation, ReLU's reads the output.
         if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
         if (!direct_) {
-            b.scratch(size_t(g_.oh()) * g_.ow() * K);
+            b.scratch(column_elements());  // a block of images' columns, or their gradient
             permuted_ = b.f32_buffer(slot_, 0, size_t(F) * K);  // the weights or their gradient, pixel-major
             permuted_grad_ = b.f32_buffer(slot_, 0, size_t(F) * K);
         }
@@ -57,11 +57,10 @@ public:
     // block's columns within the device's cache budget (CPUs: a batch's columns stream through
     // memory, a block's stay in cache between im2col and the products).
     int block_images(const Pass& p) const {
-        const size_t budget = p.dev->column_block_bytes();
-        if (direct_ || budget == 0 || p.rows <= 1) return std::max(p.rows, 1);
-        const size_t per_image = p.dev->act_bytes(size_t(g_.oh()) * g_.ow() * in_.c * g_.kh * g_.kw);
-        return int(std::clamp<size_t>(budget / std::max<size_t>(per_image, 1), 1, size_t(p.rows)));
+        if (direct_) return std::max(p.rows, 1);
+        return Device::column_block_images(p.dev->act_bytes(column_elements()), p.dev->column_block_bytes(), p.rows);
     }
+    size_t column_elements() const { return size_t(g_.oh()) * g_.ow() * in_.c * g_.kh * g_.kw; }  // an image's
 
     // Images [first, first + count) of the batch.
     struct Block {

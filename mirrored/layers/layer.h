@@ -172,13 +172,15 @@ public:
     int new_slot();                                        // per-replica storage of one layer
     int act_buffer(int slot, size_t per_row, size_t fixed = 0);  // in the activation type
     int f32_buffer(int slot, size_t per_row, size_t fixed = 0);
-    void scratch(size_t per_row) { scratch_per_row_ = std::max(scratch_per_row_, per_row); }
+    // Scratch shared by every layer in turn, per row (image) of the layer using it: sized for
+    // the rows a block of Device::column_block_images holds, not the whole batch.
+    void scratch(size_t per_row) { scratch_rows_.push_back(per_row); }
     void stats(size_t floats) { stats_floats_ = std::max(stats_floats_, floats); }
     void set_top_layer(int l) { top_layer_ = l; }
 
     const std::vector<Tensor>& tensors() const { return tensors_; }
     const std::vector<Slot>& slots() const { return slots_; }
-    size_t scratch_per_row() const { return scratch_per_row_; }
+    const std::vector<size_t>& scratch_per_row() const { return scratch_rows_; }
     size_t stats_floats() const { return stats_floats_; }
 
 private:
@@ -186,7 +188,8 @@ private:
     int top_layer_ = 0;
     std::vector<Tensor> tensors_;
     std::vector<Slot> slots_;
-    size_t scratch_per_row_ = 0, stats_floats_ = 0;
+    std::vector<size_t> scratch_rows_;
+    size_t stats_floats_ = 0;
 };
 
 // Where the layout put a tensor: offsets into the flat buffers, filled in once the model is built.

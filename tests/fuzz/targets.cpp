@@ -81,7 +81,7 @@ void config(const uint8_t* data, size_t size) {
         if (!c.model.input_shape.empty()) {
             const Model m(c.model.input_shape, c.model.layers, c.run.seed);
             (void)m.summary();
-            (void)m.activation_bytes(4, 4);
+            (void)m.activation_bytes(4, 4, kCpuColumnBlockBytes);
             (void)m.train_flops_per_sample();
         }
     });
