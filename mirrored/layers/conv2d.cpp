@@ -6,7 +6,9 @@
 // than kept per layer. Where the device prefers pixel-major columns (the CPU: a row is whole
 // pixels copied, not a transpose), the layer multiplies by the weights permuted to
 // [out, kh, kw, in] and permutes their gradient back; the parameters, checkpoints and exports
-// keep PyTorch's order.
+// keep PyTorch's order. There the forward product also takes the weights transposed,
+// [kh, kw, in, out], so that it multiplies untransposed operands: with a convolution's few
+// outputs and many rows the CPU's GEMMs run that 1.25-1.9x faster than cols . W^T.
 #include <algorithm>
 
 #include "mirrored/layers/activations.h"
@@ -44,6 +46,7 @@ public:
             b.scratch(column_elements());  // a block of images' columns, or their gradient
             permuted_ = b.f32_buffer(slot_, 0, size_t(F) * K);  // the weights or their gradient, pixel-major
             permuted_grad_ = b.f32_buffer(slot_, 0, size_t(F) * K);
+            transposed_ = b.f32_buffer(slot_, 0, size_t(F) * K);  // [K, F]: the forward product's
         }
     }
     void place(const std::vector<TensorRef>& refs) override {
@@ -93,12 +96,14 @@ public:
         return p.acts->scratch();
     }
 
-    // The weights in the columns' order: [F, C, kh, kw] as they are, or [F, kh, kw, C].
-    const void* weights(Pass& p) const {
-        if (!pixel_major(p)) return p.weight(w_off_);
+    // Pixel-major: the weights in the columns' order, [F, kh, kw, C] (kept for backward), and
+    // that transposed, [kh, kw, C, F], which is returned.
+    const float* permute_weights(Pass& p) const {
         float* w = p.acts->f32(slot_, permuted_);
+        float* wt = p.acts->f32(slot_, transposed_);
         p.dev->nhwc_to_nchw(p.stream, out_.c, g_.kh, g_.kw, in_.c, p.weight(w_off_), w, true);
-        return w;
+        p.dev->nhwc_to_nchw(p.stream, 1, out_.c, 1, in_.c * g_.kh * g_.kw, w, wt, false);  // [F, K] -> [K, F]
+        return wt;
     }
 
     const void* forward(Pass& p, const void* x) const override {
@@ -106,12 +111,23 @@ public:
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
         void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
-        const void* w = weights(p);
+        const float* bias = b_ >= 0 ? p.params + b_off_ : nullptr;
+        if (pixel_major(p)) {  // z[M, F] = cols[M, K] . Wt[K, F] + b, y = act(z)
+            const float* wt = permute_weights(p);
+            for_each_block(p, [&](const Block& b) {
+                const int rows = b.count * out_.h * out_.w;
+                void *zb = at(p, z, out_at(b)), *yb = at(p, y, out_at(b));
+                p.dev->gemm(p.stream, false, false, rows, F, K, 1.0f, columns(p, x, b), K, wt, F, 0.0f, zb, F,
+                            p.types(p.vt));
+                if (bias || spec_.activation != Activation::none)
+                    p.dev->bias_act_forward(p.stream, spec_.activation, rows, F, bias, zb, yb);
+            });
+            return y;
+        }
         // z[M, F] = cols[M, K] . W[F, K]^T + b, y = act(z): a dense layer over the columns
         for_each_block(p, [&](const Block& b) {
-            p.dev->dense_forward(p.stream, spec_.activation, b.count * out_.h * out_.w, F, K, columns(p, x, b), w,
-                                 b_ >= 0 ? p.params + b_off_ : nullptr, at(p, z, out_at(b)), at(p, y, out_at(b)),
-                                 p.types(p.vt));
+            p.dev->dense_forward(p.stream, spec_.activation, b.count * out_.h * out_.w, F, K, columns(p, x, b),
+                                 p.weight(w_off_), bias, at(p, z, out_at(b)), at(p, y, out_at(b)), p.types(p.vt));
         });
         return y;
     }
@@ -177,7 +193,7 @@ public:
 private:
     Window2d g_;
     bool direct_ = false;
-    int w_ = -1, b_ = -1, slot_ = -1, out_buf_ = -1, z_buf_ = -1, permuted_ = -1, permuted_grad_ = -1;
+    int w_ = -1, b_ = -1, slot_ = -1, out_buf_ = -1, z_buf_ = -1, permuted_ = -1, permuted_grad_ = -1, transposed_ = -1;
     size_t w_off_ = 0, b_off_ = 0;
 };
 
