@@ -53,21 +53,67 @@ void scatter_row(int c, int kk_runtime, float* const* __restrict window, const f
 // Per-pixel steps of the pooling passes, inlined into each width's clone of the pass.
 #define CNN_INLINE inline __attribute__((always_inline))
 
-// Pixel-major rows: each window position's pixel, whole, one after another.
-CPU_LOOP_CLONES void copy_pixels(int c, int kk, const float* const* __restrict window, float* __restrict row) {
-    for (int k = 0; k < kk; ++k) {
-        const float* __restrict src = window[k];
-        float* __restrict dst = row + size_t(k) * c;
-        for (int ch = 0; ch < c; ++ch) dst[ch] = src[ch];
-    }
+// Pixel-major columns. A window's positions kx = 0..kw-1 on input row iy lie side by side in
+// NHWC memory, so a column row is kh runs of up to kw * c floats (zeros where the window leaves
+// the image). The runs are copied by inline vector loops: GCC would otherwise call memmove for
+// each, and for runs of a few hundred bytes the calls cost more than the copying.
+#define CNN_NO_MEMCPY_CALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+
+// The window row's positions [lo, hi) that fall inside the image's columns.
+struct InsideRun {
+    int lo, hi;
+};
+CNN_INLINE InsideRun inside_run(const Window2d& g, int ox) {
+    const int ix0 = ox * g.sw - g.pw;
+    return {std::max(0, -ix0), std::min(g.kw, g.w - ix0)};
 }
 
-CPU_LOOP_CLONES void add_pixels(int c, int kk, float* const* window, const float* __restrict row) {
-    for (int k = 0; k < kk; ++k) {
-        float* dst = window[k];  // padding positions share the sink, so no restrict here
-        const float* __restrict src = row + size_t(k) * c;
-        for (int ch = 0; ch < c; ++ch) dst[ch] += src[ch];
-    }
+CPU_LOOP_CLONES CNN_NO_MEMCPY_CALLS void im2col_pixel_major(const Window2d& g, const float* __restrict x,
+                                                            float* __restrict col) {
+    const int oh = g.oh(), ow = g.ow();
+    const size_t c = size_t(g.c), run = size_t(g.kw) * c, K = run * size_t(g.kh);
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                float* __restrict row = col + ((size_t(n) * oh + oy) * ow + ox) * K;
+                const InsideRun r = inside_run(g, ox);
+                for (int ky = 0; ky < g.kh; ++ky) {
+                    float* __restrict dst = row + size_t(ky) * run;
+                    const int iy = oy * g.sh + ky - g.ph;
+                    if (iy < 0 || iy >= g.h || r.lo >= r.hi) {
+                        for (size_t i = 0; i < run; ++i) dst[i] = 0.0f;
+                        continue;
+                    }
+                    const float* __restrict src = pixel(x, g, n, iy, ox * g.sw - g.pw + r.lo);
+                    const size_t before = size_t(r.lo) * c, inside = size_t(r.hi - r.lo) * c;
+                    for (size_t i = 0; i < before; ++i) dst[i] = 0.0f;
+                    for (size_t i = 0; i < inside; ++i) dst[before + i] = src[i];
+                    for (size_t i = before + inside; i < run; ++i) dst[i] = 0.0f;
+                }
+            }
+}
+
+// The adjoint: windows in order, each adding its inside runs once (the per-element order of
+// the definition; padding positions add nowhere).
+CPU_LOOP_CLONES CNN_NO_MEMCPY_CALLS void col2im_pixel_major(const Window2d& g, const float* __restrict dcol,
+                                                            float* __restrict dx) {
+    const int oh = g.oh(), ow = g.ow();
+    const size_t c = size_t(g.c), run = size_t(g.kw) * c, K = run * size_t(g.kh);
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                const float* __restrict row = dcol + ((size_t(n) * oh + oy) * ow + ox) * K;
+                const InsideRun r = inside_run(g, ox);
+                if (r.lo >= r.hi) continue;
+                const size_t before = size_t(r.lo) * c, inside = size_t(r.hi - r.lo) * c;
+                for (int ky = 0; ky < g.kh; ++ky) {
+                    const int iy = oy * g.sh + ky - g.ph;
+                    if (iy < 0 || iy >= g.h) continue;
+                    float* __restrict dst = pixel(dx, g, n, iy, ox * g.sw - g.pw + r.lo);
+                    const float* __restrict src = row + size_t(ky) * run + before;
+                    for (size_t i = 0; i < inside; ++i) dst[i] += src[i];
+                }
+            }
 }
 
 CNN_INLINE void max_into(int c, const float* __restrict src, float* __restrict acc) {
@@ -206,6 +252,7 @@ void CnnScratch::reserve(const Window2d& g) {
 }
 
 void im2col(const Window2d& g, const float* x, float* col, CnnScratch& s) {
+    if (g.pixel_major) return im2col_pixel_major(g, x, col);
     s.reserve(g);
     const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
     const size_t K = size_t(g.c) * kk;
@@ -217,15 +264,15 @@ void im2col(const Window2d& g, const float* x, float* col, CnnScratch& s) {
                     window[k] = inside ? pixel(x, g, n, iy, ix) : s.zeros.data();
                 });
                 float* row = col + ((size_t(n) * oh + oy) * ow + ox) * K;
-                if (g.pixel_major) copy_pixels(g.c, kk, window, row);
-                else if (kk == 9) gather_row<9>(g.c, kk, window, row);
+                if (kk == 9) gather_row<9>(g.c, kk, window, row);
                 else gather_row<0>(g.c, kk, window, row);
             }
 }
 
 void col2im(const Window2d& g, const float* dcol, float* dx, CnnScratch& s) {
-    s.reserve(g);
     std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
+    if (g.pixel_major) return col2im_pixel_major(g, dcol, dx);
+    s.reserve(g);
     const int oh = g.oh(), ow = g.ow(), kk = g.kh * g.kw;
     const size_t K = size_t(g.c) * kk;
     float** window = s.window_out.data();
@@ -238,8 +285,7 @@ void col2im(const Window2d& g, const float* dcol, float* dx, CnnScratch& s) {
                     window[k] = inside ? pixel(dx, g, n, iy, ix) : s.sink.data();
                 });
                 const float* row = dcol + ((size_t(n) * oh + oy) * ow + ox) * K;
-                if (g.pixel_major) add_pixels(g.c, kk, window, row);
-                else if (kk == 9) scatter_row<9>(g.c, kk, window, row);
+                if (kk == 9) scatter_row<9>(g.c, kk, window, row);
                 else scatter_row<0>(g.c, kk, window, row);
             }
 }
