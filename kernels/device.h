@@ -343,6 +343,14 @@ public:
     // order of PyTorch's conv weight [out, in, kh, kw], or with g.pixel_major over (ky, kx,
     // channel); padding reads zeros.
     virtual void im2col(Stream s, const Window2d& g, const void* x, void* col) = 0;
+    // A convolution's forward product straight from the images, where the backend has a kernel
+    // for it: z[n*oh*ow, filters] = pixel-major im2col(x) times wt[kh, kw, c, filters], without
+    // the columns. false, nothing done, where it has none (the default; CPUs with the JIT GEMMs
+    // have one). types as gemm's.
+    virtual bool conv_forward(Stream /*s*/, const Window2d& /*g*/, const void* /*x*/, const float* /*wt*/,
+                              int /*filters*/, void* /*z*/, GemmTypes /*types*/) {
+        return false;
+    }
     // The adjoint: dx[n,h,w,c] = the sum of every column entry that read it (fixed order).
     virtual void col2im(Stream s, const Window2d& g, const void* dcol, void* dx) = 0;
     // y[n,oh,ow,c] over the windows of g. Max: padding is -inf and the first maximum of a window

@@ -282,6 +282,44 @@ TEST_CASE("cpu im2col reads exactly the windows' elements; col2im is its adjoint
     }
 }
 
+// Device::conv_forward: the product of pixel-major columns and wt[kh, kw, c, F] without making
+// the columns (CPUs with the JIT kernels; others say no and the layer makes columns).
+TEST_CASE("cpu conv_forward equals pixel-major columns times the weights, without the columns") {
+    Rng rng(207);
+    auto d = make_cpu_device(0);
+    int ran = 0;
+    for (int rep = 0; rep < 24; ++rep) {
+        Window2d g = random_window(rng);
+        g.pixel_major = true;
+        if (rep % 2) g.c = rng.integer(8, 40);
+        if (rep % 5 == 3) g.ph = g.pw = g.kh;  // whole window rows in the padding
+        g.pw = std::min(g.pw, g.kw);
+        const int F = rep % 3 == 0 ? rng.integer(1, 5) : rng.integer(16, 70);
+        CAPTURE(rep);
+        const auto x = rng.normal(image_size(g));
+        const auto wt = rng.normal(size_t(g.kh) * g.kw * g.c * F);
+        const size_t M = size_t(g.n) * g.oh() * g.ow(), K = size_t(g.kh) * g.kw * g.c;
+        auto xb = upload(*d, x), wb = upload(*d, wt);
+        auto z = poisoned(*d, M * F);
+        if (!d->conv_forward(d->compute_stream(), g, xb.data(), wb.data(), F, z.data(), GemmTypes{})) continue;
+        ++ran;
+        const auto got = download(*d, z);
+        const auto col = run_im2col(*d, g, x);  // the reference: the columns' product in double
+        double worst = 0;
+        for (size_t m = 0; m < M; ++m)
+            for (int f = 0; f < F; ++f) {
+                double ref = 0, mag = 0;
+                for (size_t k = 0; k < K; ++k) {
+                    ref += double(col[m * K + k]) * wt[k * F + size_t(f)];
+                    mag += std::fabs(double(col[m * K + k]) * wt[k * F + size_t(f)]);
+                }
+                worst = std::max(worst, std::fabs(got[m * F + size_t(f)] - ref) / (mag + 1e-6));
+            }
+        CHECK(worst < 1e-5);
+    }
+    if (ran == 0) mark_skipped("no convolution kernel on this CPU (the JIT GEMMs need AVX-512 and libxsmm)");
+}
+
 TEST_CASE("cpu pooling: max and average forward against the definition; backward routes and averages") {
     Rng rng(202);
     auto d = make_cpu_device(0);

@@ -339,6 +339,16 @@ public:
     bool pixel_major_columns() const override { return pixel_major_; }
     size_t column_block_bytes() const override { return kCpuColumnBlockBytes; }
     void im2col(Stream, const Window2d& g, const void* x, void* col) override { cpu::im2col(g, F(x), F(col), cnn_); }
+    bool conv_forward(Stream, const Window2d& g, const void* x, const float* wt, int filters, void* zv,
+                      GemmTypes types) override {
+        float* z = F(zv);
+        if (!jit_conv_forward(g, F(x), wt, filters, z)) return false;
+        if (types.c != DType::f32) {  // as gemm: the product's output rounded to its storage type
+            const size_t n = size_t(g.n) * g.oh() * g.ow() * size_t(filters);
+            for (size_t i = 0; i < n; ++i) z[i] = round_to(types.c, z[i]);
+        }
+        return true;
+    }
 
     void col2im(Stream, const Window2d& g, const void* dcol, void* dx) override {
         cpu::col2im(g, F(dcol), F(dx), cnn_);

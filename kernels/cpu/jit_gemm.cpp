@@ -88,7 +88,60 @@ float* scratch(std::vector<float>& s, size_t floats) {
     return s.data();
 }
 
+// The batch-reduce kernel of a convolution's output row: column-major C[F, ow] = sum over the
+// window positions of A_i[F, c] B_i[c, ow], B_i read with a stride of sw pixels.
+using ConvKernel = libxsmm_smmfunction_reducebatch_addr;
+
+ConvKernel conv_kernel_for(int F, int ow, int c, int ldb) {
+    struct Entry {
+        int F, ow, c, ldb;
+        ConvKernel fn;
+    };
+    thread_local std::vector<Entry> kernels;
+    for (const Entry& e : kernels)
+        if (e.F == F && e.ow == ow && e.c == c && e.ldb == ldb) return e.fn;
+    const float alpha = 1.0f, beta = 0.0f;
+    const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_PREFETCH_NONE;
+    const libxsmm_blasint m = F, n = ow, k = c, la = F, lb = ldb, lc = F;
+    const ConvKernel fn = libxsmm_smmdispatch_reducebatch_addr(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, &prefetch);
+    constexpr size_t kListed = 32;
+    if (kernels.size() < kListed) kernels.push_back({F, ow, c, ldb, fn});
+    return fn;
+}
+
 }  // namespace
+
+bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int filters, float* y) {
+    if (!enabled() || g.n <= 0 || filters <= 0) return false;
+    const int oh = g.oh(), ow = g.ow(), taps = g.kh * g.kw;
+    const size_t c = size_t(g.c), hp = size_t(g.h) + 2 * size_t(g.ph), wp = size_t(g.w) + 2 * size_t(g.pw);
+    const ConvKernel kernel = conv_kernel_for(filters, ow, g.c, g.sw * g.c);
+    if (!kernel) return false;
+    // The image with its padding as zeros: the borders are cleared once, the inside copied per image.
+    thread_local std::vector<float> padded;
+    thread_local std::vector<const float*> a, b;
+    if (padded.size() < hp * wp * c) padded.resize(hp * wp * c);
+    std::fill(padded.begin(), padded.begin() + std::ptrdiff_t(hp * wp * c), 0.0f);
+    a.resize(size_t(taps));
+    b.resize(size_t(taps));
+    for (int t = 0; t < taps; ++t) a[size_t(t)] = wt + size_t(t) * c * size_t(filters);
+    const unsigned long long count = static_cast<unsigned long long>(taps);
+    for (int n = 0; n < g.n; ++n) {
+        const float* image = x + size_t(n) * g.h * g.w * c;
+        for (int iy = 0; iy < g.h; ++iy)
+            std::memcpy(padded.data() + ((size_t(iy) + g.ph) * wp + g.pw) * c, image + size_t(iy) * g.w * c,
+                        size_t(g.w) * c * sizeof(float));
+        for (int oy = 0; oy < oh; ++oy) {
+            for (int t = 0; t < taps; ++t) {
+                const int ky = t / g.kw, kx = t % g.kw;
+                b[size_t(t)] = padded.data() + ((size_t(oy) * g.sh + ky) * wp + kx) * c;
+            }
+            kernel(a.data(), b.data(), y + (size_t(n) * oh + oy) * ow * size_t(filters), &count);
+        }
+    }
+    asm volatile("vzeroupper");  // as after multiply()
+    return true;
+}
 
 std::string jit_gemm_description() {
     if (!enabled()) return "";
@@ -135,6 +188,7 @@ bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, co
 std::string jit_gemm_description() { return ""; }
 bool jit_gemm_takes(bool, bool, int, int, int, bool) { return false; }
 bool jit_gemm(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
+bool jit_conv_forward(const Window2d&, const float*, const float*, int, float*) { return false; }
 
 #endif
 

@@ -17,6 +17,8 @@
 
 namespace mirrored {
 
+struct Window2d;
+
 // "libxsmm 1.17, cpx" (its target, here Cooper Lake's AVX-512) where the JIT kernels are in use; empty where they are not.
 std::string jit_gemm_description();
 
@@ -27,5 +29,13 @@ bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate);
 // jit_gemm_takes says no.
 bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
               bool accumulate, float* c, int ldc);
+
+// A convolution's forward product without im2col columns (Device::conv_forward): y[n*oh*ow, F] =
+// the windows of x (NHWC) times wt[kh, kw, c, F]. Each output row of an image is one
+// batch-reduce kernel over the kh x kw window positions - per position a [ow, c] x [c, F]
+// product read straight from a zero-padded copy of the image, the sums kept in registers - so
+// nothing the size of the columns is written or read. false, touching nothing, where there is no
+// kernel.
+bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int filters, float* y);
 
 }  // namespace mirrored

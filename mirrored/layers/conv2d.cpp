@@ -114,6 +114,14 @@ public:
         const float* bias = b_ >= 0 ? p.params + b_off_ : nullptr;
         if (pixel_major(p)) {  // z[M, F] = cols[M, K] . Wt[K, F] + b, y = act(z)
             const float* wt = permute_weights(p);
+            Window2d g = g_;
+            g.n = p.rows;
+            g.pixel_major = true;
+            if (p.dev->conv_forward(p.stream, g, x, wt, F, z, p.types(p.vt))) {  // no columns
+                if (bias || spec_.activation != Activation::none)
+                    p.dev->bias_act_forward(p.stream, spec_.activation, p.rows * out_.h * out_.w, F, bias, z, y);
+                return y;
+            }
             for_each_block(p, [&](const Block& b) {
                 const int rows = b.count * out_.h * out_.w;
                 void *zb = at(p, z, out_at(b)), *yb = at(p, y, out_at(b));
