@@ -351,6 +351,17 @@ public:
                               int /*filters*/, void* /*z*/, GemmTypes /*types*/) {
         return false;
     }
+    // Its gradients the same way, where the backend has kernels for them (false, nothing done,
+    // where not): dw[filters, kh, kw, c] = dz^T . pixel-major im2col(x), overwritten, in f32; and
+    // dx = col2im(dz . w[filters, kh, kw, c]).
+    virtual bool conv_weight_grad(Stream /*s*/, const Window2d& /*g*/, const void* /*x*/, const void* /*dz*/,
+                                  int /*filters*/, float* /*dw*/) {
+        return false;
+    }
+    virtual bool conv_input_grad(Stream /*s*/, const Window2d& /*g*/, const void* /*dz*/, const float* /*w*/,
+                                 int /*filters*/, void* /*dx*/) {
+        return false;
+    }
     // The adjoint: dx[n,h,w,c] = the sum of every column entry that read it (fixed order).
     virtual void col2im(Stream s, const Window2d& g, const void* dcol, void* dx) = 0;
     // y[n,oh,ow,c] over the windows of g. Max: padding is -inf and the first maximum of a window

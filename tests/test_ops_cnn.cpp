@@ -284,14 +284,14 @@ TEST_CASE("cpu im2col reads exactly the windows' elements; col2im is its adjoint
 
 // Device::conv_forward: the product of pixel-major columns and wt[kh, kw, c, F] without making
 // the columns (CPUs with the JIT kernels; others say no and the layer makes columns).
-TEST_CASE("cpu conv_forward equals pixel-major columns times the weights, without the columns") {
+TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' products without the columns") {
     Rng rng(207);
     auto d = make_cpu_device(0);
-    int ran = 0;
+    int ran = 0, weight_grads = 0, input_grads = 0;
     for (int rep = 0; rep < 24; ++rep) {
         Window2d g = random_window(rng);
         g.pixel_major = true;
-        if (rep % 2) g.c = rng.integer(8, 40);
+        if (rep % 2) g.c = rng.integer(16, 40);  // the gradients' kernels want a vector of channels
         if (rep % 5 == 3) g.ph = g.pw = g.kh;  // whole window rows in the padding
         g.pw = std::min(g.pw, g.kw);
         const int F = rep % 3 == 0 ? rng.integer(1, 5) : rng.integer(16, 70);
@@ -316,8 +316,53 @@ TEST_CASE("cpu conv_forward equals pixel-major columns times the weights, withou
                 worst = std::max(worst, std::fabs(got[m * F + size_t(f)] - ref) / (mag + 1e-6));
             }
         CHECK(worst < 1e-5);
+
+        // the gradients: dw[F, K] = dz^T cols, dx = col2im(dz w) (stride 1 only)
+        const auto dz = rng.normal(M * F);
+        auto dzb = upload(*d, dz);
+        auto dw = poisoned(*d, K * F);
+        // (a backend may decline either gradient, and the layer makes columns)
+        if (!d->conv_weight_grad(d->compute_stream(), g, xb.data(), dzb.data(), F, dw.data())) continue;
+        ++weight_grads;
+        const auto dwh = download(*d, dw);
+        worst = 0;
+        for (int f = 0; f < F; ++f)
+            for (size_t k = 0; k < K; ++k) {
+                double ref = 0, mag = 0;
+                for (size_t m = 0; m < M; ++m) {
+                    ref += double(dz[m * F + size_t(f)]) * col[m * K + k];
+                    mag += std::fabs(double(dz[m * F + size_t(f)]) * col[m * K + k]);
+                }
+                worst = std::max(worst, std::fabs(dwh[size_t(f) * K + k] - ref) / (mag + 1e-6));
+            }
+        CHECK(worst < 1e-5);
+        const std::vector<float>& w = wt;  // read as [F, K] here
+        auto dx = poisoned(*d, image_size(g));
+        if (!d->conv_input_grad(d->compute_stream(), g, dzb.data(), wb.data(), F, dx.data())) continue;
+        ++input_grads;
+        std::vector<float> dcol(M * K);
+        std::vector<double> mag_col(M * K);
+        for (size_t m = 0; m < M; ++m)
+            for (size_t k = 0; k < K; ++k) {
+                double v = 0, a = 0;
+                for (int f = 0; f < F; ++f) {
+                    v += double(dz[m * F + size_t(f)]) * w[size_t(f) * K + k];
+                    a += std::fabs(double(dz[m * F + size_t(f)]) * w[size_t(f) * K + k]);
+                }
+                dcol[m * K + k] = float(v);
+                mag_col[m * K + k] = a;
+            }
+        const auto ref_dx = run_col2im(*d, g, dcol);
+        std::vector<float> mag_f(mag_col.begin(), mag_col.end());
+        const auto mag_dx = run_col2im(*d, g, mag_f);
+        const auto dxh = download(*d, dx);
+        worst = 0;
+        for (size_t i = 0; i < dxh.size(); ++i)
+            worst = std::max(worst, double(std::fabs(dxh[i] - ref_dx[i])) / (mag_dx[i] + 1e-6));
+        CHECK(worst < 1e-5);
     }
     if (ran == 0) mark_skipped("no convolution kernel on this CPU (the JIT GEMMs need AVX-512 and libxsmm)");
+    else CHECK((weight_grads > 0 && input_grads > 0));  // the gradients' kernels were tested too
 }
 
 TEST_CASE("cpu pooling: max and average forward against the definition; backward routes and averages") {

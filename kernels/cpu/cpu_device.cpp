@@ -349,6 +349,14 @@ public:
         }
         return true;
     }
+    bool conv_weight_grad(Stream, const Window2d& g, const void* x, const void* dz, int filters, float* dw) override {
+        return jit_conv_weight_grad(g, F(x), F(dz), filters, dw);
+    }
+    // f32 only: the emulated 16-bit types round the columns' gradient before col2im adds it up,
+    // as a GPU stores it; this sums without that rounding.
+    bool conv_input_grad(Stream, const Window2d& g, const void* dz, const float* w, int filters, void* dx) override {
+        return value_dtype() == DType::f32 && jit_conv_input_grad(g, F(dz), w, filters, F(dx));
+    }
 
     void col2im(Stream, const Window2d& g, const void* dcol, void* dx) override {
         cpu::col2im(g, F(dcol), F(dx), cnn_);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -88,58 +89,154 @@ float* scratch(std::vector<float>& s, size_t floats) {
     return s.data();
 }
 
-// The batch-reduce kernel of a convolution's output row: column-major C[F, ow] = sum over the
-// window positions of A_i[F, c] B_i[c, ow], B_i read with a stride of sw pixels.
+// Batch-reduce kernels: column-major C[m, n] (+)= sum over i of A_i[m, k] B_i[k, n], the sums
+// held in registers across the batch. A convolution is such a sum over its window positions (or
+// over output rows, for the weight gradient), read in place from the images. libxsmm 1.17's
+// kernels advance the pointers in the arrays they are given (found by this file's test: a second
+// call with the same arrays read past them), so the arrays are filled afresh for every call.
 using ConvKernel = libxsmm_smmfunction_reducebatch_addr;
 
-ConvKernel conv_kernel_for(int F, int ow, int c, int ldb) {
+ConvKernel conv_kernel_for(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate) {
     struct Entry {
-        int F, ow, c, ldb;
+        int m, n, k, lda, ldb, ldc;
+        bool accumulate;
         ConvKernel fn;
     };
     thread_local std::vector<Entry> kernels;
     for (const Entry& e : kernels)
-        if (e.F == F && e.ow == ow && e.c == c && e.ldb == ldb) return e.fn;
-    const float alpha = 1.0f, beta = 0.0f;
+        if (e.m == m && e.n == n && e.k == k && e.lda == lda && e.ldb == ldb && e.ldc == ldc && e.accumulate == accumulate)
+            return e.fn;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_PREFETCH_NONE;
-    const libxsmm_blasint m = F, n = ow, k = c, la = F, lb = ldb, lc = F;
-    const ConvKernel fn = libxsmm_smmdispatch_reducebatch_addr(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, &prefetch);
+    const libxsmm_blasint bm = m, bn = n, bk = k, la = lda, lb = ldb, lc = ldc;
+    const ConvKernel fn = libxsmm_smmdispatch_reducebatch_addr(bm, bn, bk, &la, &lb, &lc, &alpha, &beta, &flags, &prefetch);
     constexpr size_t kListed = 32;
-    if (kernels.size() < kListed) kernels.push_back({F, ow, c, ldb, fn});
+    if (kernels.size() < kListed) kernels.push_back({m, n, k, lda, ldb, ldc, accumulate, fn});
     return fn;
 }
+
+// Images of [h, w, c] with zero borders of (ph, pw): the borders are cleared once per call
+// (grow), the inside copied per image (copy). The buffer is per thread and grows once.
+class PaddedImage {
+public:
+    PaddedImage(std::vector<float>& buffer, int h, int w, int c, int ph, int pw)
+        : buf_(buffer), h_(h), w_(w), c_(size_t(c)), ph_(ph), pw_(pw), wp_(size_t(w) + 2 * size_t(pw)) {
+        const size_t n = (size_t(h) + 2 * size_t(ph)) * wp_ * c_;
+        if (buf_.size() < n) buf_.resize(n);
+        std::fill(buf_.begin(), buf_.begin() + std::ptrdiff_t(n), 0.0f);
+    }
+    void copy(const float* image) {
+        for (int iy = 0; iy < h_; ++iy)
+            std::memcpy(buf_.data() + ((size_t(iy) + ph_) * wp_ + pw_) * c_, image + size_t(iy) * w_ * c_,
+                        size_t(w_) * c_ * sizeof(float));
+    }
+    // The padded pixel (y, x), both counted from the padded image's corner.
+    const float* at(size_t y, size_t x) const { return buf_.data() + (y * wp_ + x) * c_; }
+
+private:
+    std::vector<float>& buf_;
+    int h_, w_;
+    size_t c_;
+    int ph_, pw_;
+    size_t wp_;
+};
 
 }  // namespace
 
 bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int filters, float* y) {
     if (!enabled() || g.n <= 0 || filters <= 0) return false;
     const int oh = g.oh(), ow = g.ow(), taps = g.kh * g.kw;
-    const size_t c = size_t(g.c), hp = size_t(g.h) + 2 * size_t(g.ph), wp = size_t(g.w) + 2 * size_t(g.pw);
-    const ConvKernel kernel = conv_kernel_for(filters, ow, g.c, g.sw * g.c);
+    const size_t c = size_t(g.c);
+    // per output row: C[F, ow] = sum over positions t of wt_t[F, c] . x_t[c, ow] (every sw-th pixel)
+    const ConvKernel kernel = conv_kernel_for(filters, ow, g.c, filters, g.sw * g.c, filters, false);
     if (!kernel) return false;
-    // The image with its padding as zeros: the borders are cleared once, the inside copied per image.
-    thread_local std::vector<float> padded;
+    thread_local std::vector<float> buffer;
     thread_local std::vector<const float*> a, b;
-    if (padded.size() < hp * wp * c) padded.resize(hp * wp * c);
-    std::fill(padded.begin(), padded.begin() + std::ptrdiff_t(hp * wp * c), 0.0f);
+    PaddedImage padded(buffer, g.h, g.w, g.c, g.ph, g.pw);
     a.resize(size_t(taps));
     b.resize(size_t(taps));
-    for (int t = 0; t < taps; ++t) a[size_t(t)] = wt + size_t(t) * c * size_t(filters);
     const unsigned long long count = static_cast<unsigned long long>(taps);
     for (int n = 0; n < g.n; ++n) {
-        const float* image = x + size_t(n) * g.h * g.w * c;
-        for (int iy = 0; iy < g.h; ++iy)
-            std::memcpy(padded.data() + ((size_t(iy) + g.ph) * wp + g.pw) * c, image + size_t(iy) * g.w * c,
-                        size_t(g.w) * c * sizeof(float));
+        padded.copy(x + size_t(n) * g.h * g.w * c);
         for (int oy = 0; oy < oh; ++oy) {
             for (int t = 0; t < taps; ++t) {
-                const int ky = t / g.kw, kx = t % g.kw;
-                b[size_t(t)] = padded.data() + ((size_t(oy) * g.sh + ky) * wp + kx) * c;
+                a[size_t(t)] = wt + size_t(t) * c * size_t(filters);
+                b[size_t(t)] = padded.at(size_t(oy) * g.sh + t / g.kw, size_t(t % g.kw));
             }
             kernel(a.data(), b.data(), y + (size_t(n) * oh + oy) * ow * size_t(filters), &count);
         }
     }
     asm volatile("vzeroupper");  // as after multiply()
+    return true;
+}
+
+// The gradients' kernels run along the input channels (their m): with fewer than one AVX-512
+// vector of them (a first layer's 1-3) the columns' products are faster (bench-step --layers: the
+// ResNet's first convolution's backward 1.1 -> 2.8 ms).
+constexpr int kMinGradChannels = 16;
+
+bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, int filters, float* dw) {
+    if (!enabled() || filters <= 0 || g.c < kMinGradChannels) return false;
+    const int oh = g.oh(), ow = g.ow(), taps = g.kh * g.kw;
+    const size_t c = size_t(g.c), K = c * size_t(taps), pixels = size_t(oh) * ow;
+    // per position t: dw_t^T[c, F] += sum over output rows of x_t[c, ow] . dz_row^T[ow, F], the
+    // rows of one image at a time, dz transposed per image so that its rows are the product's k
+    if (pixels > size_t(INT32_MAX)) return false;
+    const ConvKernel kernel = conv_kernel_for(g.c, filters, ow, g.sw * g.c, int(pixels), int(K), true);
+    if (!kernel) return false;
+    std::fill(dw, dw + K * size_t(filters), 0.0f);
+    thread_local std::vector<float> buffer, dz_t;
+    thread_local std::vector<const float*> a, b;
+    PaddedImage padded(buffer, g.h, g.w, g.c, g.ph, g.pw);
+    if (dz_t.size() < pixels * size_t(filters)) dz_t.resize(pixels * size_t(filters));
+    a.resize(size_t(oh));
+    b.resize(size_t(oh));
+    const unsigned long long count = static_cast<unsigned long long>(oh);
+    for (int n = 0; n < g.n; ++n) {
+        padded.copy(x + size_t(n) * g.h * g.w * c);
+        cblas_somatcopy(CblasRowMajor, CblasTrans, int(pixels), filters, 1.0f, dz + size_t(n) * pixels * filters,
+                        filters, dz_t.data(), int(pixels));
+        for (int t = 0; t < taps; ++t) {
+            for (int oy = 0; oy < oh; ++oy) {
+                a[size_t(oy)] = padded.at(size_t(oy) * g.sh + t / g.kw, size_t(t % g.kw));
+                b[size_t(oy)] = dz_t.data() + size_t(oy) * ow;
+            }
+            kernel(a.data(), b.data(), dw + size_t(t) * c, &count);
+        }
+    }
+    asm volatile("vzeroupper");
+    return true;
+}
+
+bool jit_conv_input_grad(const Window2d& g, const float* dz, const float* w, int filters, float* dx) {
+    // stride 1 with padding inside the window: dx is a convolution of dz, padded by (k - 1 - p),
+    // with the window flipped
+    if (!enabled() || filters <= 0 || g.c < kMinGradChannels || g.sh != 1 || g.sw != 1 || g.ph > g.kh - 1 ||
+        g.pw > g.kw - 1)
+        return false;
+    const int oh = g.oh(), ow = g.ow(), taps = g.kh * g.kw;
+    const size_t c = size_t(g.c), K = c * size_t(taps);
+    // per input row: dx_row^T[c, w] = sum over positions t of w_t^T[c, F] . dz_t^T[F, w]
+    const ConvKernel kernel = conv_kernel_for(g.c, g.w, filters, int(K), filters, g.c, false);
+    if (!kernel) return false;
+    thread_local std::vector<float> buffer;
+    thread_local std::vector<const float*> a, b;
+    PaddedImage padded(buffer, oh, ow, filters, g.kh - 1 - g.ph, g.kw - 1 - g.pw);
+    a.resize(size_t(taps));
+    b.resize(size_t(taps));
+    const unsigned long long count = static_cast<unsigned long long>(taps);
+    for (int n = 0; n < g.n; ++n) {
+        padded.copy(dz + size_t(n) * oh * ow * size_t(filters));
+        for (int iy = 0; iy < g.h; ++iy) {
+            for (int t = 0; t < taps; ++t) {
+                const int ky = t / g.kw, kx = t % g.kw;
+                a[size_t(t)] = w + size_t(t) * c;
+                b[size_t(t)] = padded.at(size_t(iy) + size_t(g.kh - 1 - ky), size_t(g.kw - 1 - kx));
+            }
+            kernel(a.data(), b.data(), dx + (size_t(n) * g.h + iy) * g.w * c, &count);
+        }
+    }
+    asm volatile("vzeroupper");
     return true;
 }
 
@@ -189,6 +286,8 @@ std::string jit_gemm_description() { return ""; }
 bool jit_gemm_takes(bool, bool, int, int, int, bool) { return false; }
 bool jit_gemm(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
 bool jit_conv_forward(const Window2d&, const float*, const float*, int, float*) { return false; }
+bool jit_conv_weight_grad(const Window2d&, const float*, const float*, int, float*) { return false; }
+bool jit_conv_input_grad(const Window2d&, const float*, const float*, int, float*) { return false; }
 
 #endif
 

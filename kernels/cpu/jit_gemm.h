@@ -37,5 +37,10 @@ bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, co
 // nothing the size of the columns is written or read. false, touching nothing, where there is no
 // kernel.
 bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int filters, float* y);
+// Its gradients the same way: dw[F, kh, kw, c] = dz^T . columns (Device::conv_weight_grad), and
+// dx = the columns' adjoint of dz . w[F, kh, kw, c] (Device::conv_input_grad: stride 1 with
+// padding inside the window only, a convolution of dz with the window flipped).
+bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, int filters, float* dw);
+bool jit_conv_input_grad(const Window2d& g, const float* dz, const float* w, int filters, float* dx);
 
 }  // namespace mirrored

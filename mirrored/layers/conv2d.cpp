@@ -56,6 +56,14 @@ public:
 
     bool pixel_major(const Pass& p) const { return !direct_ && p.dev->pixel_major_columns(); }
 
+    // The whole batch's window, pixel-major (the product without columns).
+    Window2d batch_window(const Pass& p) const {
+        Window2d g = g_;
+        g.n = p.rows;
+        g.pixel_major = true;
+        return g;
+    }
+
     // Images per block of columns: the whole batch (one product: GPUs), or as many as keep a
     // block's columns within the device's cache budget (CPUs: a batch's columns stream through
     // memory, a block's stay in cache between im2col and the products).
@@ -114,10 +122,7 @@ public:
         const float* bias = b_ >= 0 ? p.params + b_off_ : nullptr;
         if (pixel_major(p)) {  // z[M, F] = cols[M, K] . Wt[K, F] + b, y = act(z)
             const float* wt = permute_weights(p);
-            Window2d g = g_;
-            g.n = p.rows;
-            g.pixel_major = true;
-            if (p.dev->conv_forward(p.stream, g, x, wt, F, z, p.types(p.vt))) {  // no columns
+            if (p.dev->conv_forward(p.stream, batch_window(p), x, wt, F, z, p.types(p.vt))) {  // no columns
                 if (bias || spec_.activation != Activation::none)
                     p.dev->bias_act_forward(p.stream, spec_.activation, p.rows * out_.h * out_.w, F, bias, z, y);
                 return y;
@@ -154,13 +159,22 @@ public:
         const bool one_block = block_images(p) >= p.rows;
         if (db && (permuted || !one_block)) p.dev->bias_grad(p.stream, M, F, dy, db, p.accumulate);
         const void* w = permuted ? p.acts->f32(slot_, permuted_) : p.weight(w_off_);  // as forward left it
-        for_each_block(p, [&](const Block& b) {
+        // Pixel-major: the device may take either product without columns (Device::conv_weight_grad,
+        // conv_input_grad); the blocks below make columns only for what it did not take.
+        bool dw_done = false, dx_done = !dx;
+        if (permuted) {
+            const Window2d g = batch_window(p);
+            dw_done = p.dev->conv_weight_grad(p.stream, g, p.acts->input(slot_), dy, F, dw);
+            if (dx) dx_done = p.dev->conv_input_grad(p.stream, g, dy, static_cast<const float*>(w), F, dx);
+        }
+        if (!dw_done || !dx_done) for_each_block(p, [&](const Block& b) {
             const int rows = b.count * out_.h * out_.w;
             const void* dz = at(p, dy, out_at(b));
             const bool accumulate = b.first > 0 || (!permuted && p.accumulate);
-            p.dev->dense_weight_grad(p.stream, rows, F, K, dz, columns(p, p.acts->input(slot_), b), dw,
-                                     permuted || !one_block ? nullptr : db, accumulate, p.types(DType::f32));
-            if (!dx) return;
+            if (!dw_done)
+                p.dev->dense_weight_grad(p.stream, rows, F, K, dz, columns(p, p.acts->input(slot_), b), dw,
+                                         permuted || !one_block ? nullptr : db, accumulate, p.types(DType::f32));
+            if (dx_done) return;
             if (direct_) {  // dx[M, C] = dz[M, F] . W[F, C]
                 p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, at(p, dx, in_at(b)), K,
                             p.types(p.vt));
