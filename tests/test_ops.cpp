@@ -461,6 +461,34 @@ TEST_CASE("cpu gemm with few rows and a transposed B matches double reference, l
     }
 }
 
+// A^T B with a tall A and a small C (a first convolution's weight gradient) goes through the
+// JIT kernel as its transpose, B^T A, transposed back into C: beta 0 and 1, leading dimensions
+// padded, the padding beyond each row of C untouched.
+TEST_CASE("cpu gemm A^T B computed as its transpose: accumulation and leading dimensions") {
+    Rng rng(8);
+    auto d = make_cpu_device(0);
+    struct Shape { int m, n, k; };
+    for (const Shape s : {Shape{32, 9, 14112}, Shape{40, 17, 5000}, Shape{512, 31, 520}}) {
+        for (const float beta : {0.0f, 1.0f}) {
+            CAPTURE(s.m);
+            CAPTURE(s.n);
+            CAPTURE(s.k);
+            CAPTURE(beta);
+            const int lda = s.m + 3, ldb = s.n + 5, ldc = s.n + 7;
+            GemmCase g{true, false, s.m, s.n, s.k, 1.0f, beta, rng.normal(size_t(s.k) * s.m), rng.normal(size_t(s.k) * s.n),
+                       rng.normal(size_t(s.m) * s.n)};
+            const std::vector<float> a = padded(g.a, s.k, s.m, lda, NAN), b = padded(g.b, s.k, s.n, ldb, NAN);
+            std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
+            d->gemm(d->compute_stream(), true, false, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, beta, c.data(),
+                    ldc);
+            bool padding_kept = false;
+            const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
+            CHECK(padding_kept);
+            CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
+        }
+    }
+}
+
 // Products through kernels generated for their shape (kernels/cpu/jit_gemm.h): each layout they
 // take, beta 0 and 1, leading dimensions padded and the padding untouched, sizes that are not a
 // multiple of the vector width, and products cut into several row panels.
