@@ -57,7 +57,11 @@ void scatter_row(int c, int kk_runtime, float* const* __restrict window, const f
 // NHWC memory, so a column row is kh runs of up to kw * c floats (zeros where the window leaves
 // the image). The runs are copied by inline vector loops: GCC would otherwise call memmove for
 // each, and for runs of a few hundred bytes the calls cost more than the copying.
+#if defined(__GNUC__) && !defined(__clang__)
 #define CNN_NO_MEMCPY_CALLS __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define CNN_NO_MEMCPY_CALLS  // clang (the fuzz build) has no such pass to turn off
+#endif
 
 // The window row's positions [lo, hi) that fall inside the image's columns.
 struct InsideRun {
