@@ -142,6 +142,8 @@ uint64_t Model::activation_bytes(int max_rows, size_t act_elem, size_t column_bl
     return Activations::planned_bytes(*layout_, max_rows, act_elem, column_block_bytes);
 }
 
+size_t Model::largest_activation_per_row() const { return Activations::largest_per_row(*layout_); }
+
 Activations Model::make_activations(Device& dev, int max_rows) const { return Activations(dev, *layout_, max_rows); }
 
 void Model::init_params(Device& dev, Stream s, float* params) const {

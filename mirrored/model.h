@@ -74,6 +74,7 @@ public:
     // Device memory a replica's Activations take for max_rows rows of act_elem-byte activations
     // on a device whose Device::column_block_bytes is column_block_bytes.
     uint64_t activation_bytes(int max_rows, size_t act_elem, size_t column_block_bytes) const;
+    size_t largest_activation_per_row() const;  // elements: the widest layer output
     Activations make_activations(Device& dev, int max_rows) const;
 
     // Writes initial values of every tensor into params (gaps zeroed, state at its fill value).

@@ -174,14 +174,18 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
             *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     // cuBLAS workspace (and cuBLASLt's for fused epilogues on CUDA), scratch and peer staging on
-    // GPUs (real or simulated); on CPUs the GEMM scratches of up to that many rows: two layer
-    // outputs (within the activations), a layer's input, and a transposed operand of at most
-    // 128 Ki floats (kernels/cpu/jit_gemm.cpp)
+    // GPUs (real or simulated); on CPUs the per-thread scratches of kernels/cpu, each grown to its
+    // largest use: three of up to 128 rows by the widest layer (a transposed operand and two
+    // products), the JIT kernels' transposed operand of at most 128 Ki floats and a small
+    // transposed product (64 KiB), and a convolution's padded image, padded and transposed output
+    // gradient (one image each, counted as four of the widest rows); and a transposed operand of
+    // a block of convolution columns
     const int gemm_rows = std::min(micro_rows, kCpuTransposedGemmMaxRows);
+    const uint64_t widest = std::max<uint64_t>(model.largest_activation_per_row(), uint64_t(model.input_features()));
     const uint64_t lt_workspace = type == DeviceType::cuda && strategy.fused_epilogues ? uint64_t(32) << 20 : 0;
     m.workspace = type == DeviceType::cpu
-                      ? 2 * model.activation_bytes(gemm_rows, sizeof(float), column_block) +
-                            uint64_t(gemm_rows) * uint64_t(model.input_features()) * sizeof(float) + (uint64_t(512) << 10)
+                      ? (3 * uint64_t(gemm_rows) + 4) * widest * sizeof(float) + (uint64_t(512 + 64) << 10) +
+                            column_block
                       : (uint64_t(32) << 20) + lt_workspace + (uint64_t(4) << 20) + (uint64_t(8) << 20);
     return m;
 }

@@ -977,6 +977,17 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
     sc.fused_epilogues = true;
     CHECK(plan_memory(model, OptimizerConfig{}, sc, DeviceType::cuda, 1, 8, 8).workspace == cuda.workspace + (32u << 20));
     CHECK(plan_memory(model, OptimizerConfig{}, sc, DeviceType::sim, 1, 8, 8).workspace == simulated.workspace);
+    // On CPUs the scratches are per thread and reused layer after layer: the workspace follows the
+    // widest layer and the rows, not the depth (it had counted twice the activations: 529 MiB
+    // planned for ResNet-20 where a few MiB were used).
+    const Model shallow({12}, {dense(256, Activation::relu), dense(5, Activation::none)}, 3);
+    const Model deep({12}, {dense(256, Activation::relu), dense(256, Activation::relu), dense(256, Activation::relu),
+                            dense(5, Activation::none)},
+                     3);
+    const uint64_t ws = plan_memory(shallow, OptimizerConfig{}, sc, DeviceType::cpu, 1, 64, 64).workspace;
+    CHECK(plan_memory(deep, OptimizerConfig{}, sc, DeviceType::cpu, 1, 64, 64).workspace == ws);
+    CHECK(ws >= 3 * 64 * 256 * sizeof(float));  // a transposed operand and two products of 64 rows
+    CHECK(plan_memory(shallow, OptimizerConfig{}, sc, DeviceType::cpu, 1, 32, 32).workspace < ws);
 }
 
 TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simulated NCCL; a fault in a replay surfaces") {

@@ -28,6 +28,13 @@ uint64_t Activations::planned_bytes(const Builder& layout, int max_rows, size_t 
     return total;
 }
 
+size_t Activations::largest_per_row(const Builder& layout) {
+    size_t most = 0;
+    for (const auto& slot : layout.slots())
+        for (const auto& b : slot.buffers) most = std::max(most, b.per_row);
+    return most;
+}
+
 Activations::Activations(Device& dev, const Builder& layout, int max_rows) : max_rows_(max_rows) {
     const size_t act_elem = dev.act_bytes(1);
     for (const auto& slot : layout.slots()) {

@@ -18,6 +18,9 @@ public:
     // What the constructor would allocate, with activations of act_elem bytes each.
     // block_bytes: Device::column_block_bytes of the device they will live on.
     static uint64_t planned_bytes(const Builder& layout, int max_rows, size_t act_elem, size_t block_bytes);
+    // Elements per row of the largest activation buffer: the widest layer output (or its
+    // pre-activation), the bound of the CPU backend's per-row scratches.
+    static size_t largest_per_row(const Builder& layout);
 
     int max_rows() const { return max_rows_; }
     void* act(int slot, int i) const { return ptrs_[size_t(slot)][size_t(i)]; }
