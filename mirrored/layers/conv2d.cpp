@@ -8,7 +8,9 @@
 // [out, kh, kw, in] and permutes their gradient back; the parameters, checkpoints and exports
 // keep PyTorch's order. There the forward product also takes the weights transposed,
 // [kh, kw, in, out], so that it multiplies untransposed operands: with a convolution's few
-// outputs and many rows the CPU's GEMMs run that 1.25-1.9x faster than cols . W^T.
+// outputs and many rows the CPU's GEMMs run that 1.25-1.9x faster than cols . W^T. Where the
+// device multiplies straight from the images (Device::conv_forward, conv_weight_grad,
+// conv_input_grad: CPUs with the JIT kernels), no columns are made for what it takes.
 #include <algorithm>
 
 #include "mirrored/layers/activations.h"
