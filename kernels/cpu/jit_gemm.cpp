@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/device.h"
@@ -33,27 +34,33 @@ bool enabled() {
     return on;
 }
 
-// The kernel for a column-major C[M,N] (+)= A[M,K] B[K,N] with these leading dimensions, or
-// null where libxsmm cannot generate it. A replica runs the same few shapes every step: a short
-// per-thread list finds them without libxsmm's registry (the list grows in the first step only;
+// A kernel's shape: column-major C[m,n] (+)= A[m,k] B[k,n] with these leading dimensions.
+struct KernelShape {
+    int m, n, k, lda, ldb, ldc;
+    bool accumulate;
+    bool operator==(const KernelShape&) const = default;
+};
+
+// The kernel libxsmm's dispatch (one of its *dispatch functions) generates for a shape, or null
+// where it cannot. A replica runs the same few shapes every step: a short per-thread list per
+// kind of kernel finds them without libxsmm's registry (the list grows in the first step only;
 // past kListed shapes the registry answers).
-Kernel kernel_for(int M, int N, int K, int lda, int ldb, int ldc, bool accumulate) {
-    struct Entry {
-        int M, N, K, lda, ldb, ldc;
-        bool accumulate;
-        Kernel fn;
-    };
-    thread_local std::vector<Entry> kernels;
-    for (const Entry& e : kernels)
-        if (e.M == M && e.N == N && e.K == K && e.lda == lda && e.ldb == ldb && e.ldc == ldc && e.accumulate == accumulate)
-            return e.fn;
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+template <typename Fn, typename Dispatch>
+Fn cached_kernel(const KernelShape& s, Dispatch dispatch) {
+    thread_local std::vector<std::pair<KernelShape, Fn>> kernels;
+    for (const auto& [shape, fn] : kernels)
+        if (shape == s) return fn;
+    const float alpha = 1.0f, beta = s.accumulate ? 1.0f : 0.0f;
     const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_PREFETCH_NONE;
-    const libxsmm_blasint m = M, n = N, k = K, la = lda, lb = ldb, lc = ldc;
-    const Kernel fn = libxsmm_smmdispatch(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, &prefetch);
+    const libxsmm_blasint m = s.m, n = s.n, k = s.k, la = s.lda, lb = s.ldb, lc = s.ldc;
+    const Fn fn = dispatch(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, &prefetch);
     constexpr size_t kListed = 32;
-    if (kernels.size() < kListed) kernels.push_back({M, N, K, lda, ldb, ldc, accumulate, fn});
+    if (kernels.size() < kListed) kernels.emplace_back(s, fn);
     return fn;
+}
+
+Kernel kernel_for(int M, int N, int K, int lda, int ldb, int ldc, bool accumulate) {
+    return cached_kernel<Kernel>(KernelShape{M, N, K, lda, ldb, ldc, accumulate}, libxsmm_smmdispatch);
 }
 
 // The kernels do not block for the cache: they stream B and C once and re-read A for every few
@@ -97,26 +104,12 @@ float* scratch(std::vector<float>& s, size_t floats) {
 using ConvKernel = libxsmm_smmfunction_reducebatch_addr;
 
 ConvKernel conv_kernel_for(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate) {
-    struct Entry {
-        int m, n, k, lda, ldb, ldc;
-        bool accumulate;
-        ConvKernel fn;
-    };
-    thread_local std::vector<Entry> kernels;
-    for (const Entry& e : kernels)
-        if (e.m == m && e.n == n && e.k == k && e.lda == lda && e.ldb == ldb && e.ldc == ldc && e.accumulate == accumulate)
-            return e.fn;
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_PREFETCH_NONE;
-    const libxsmm_blasint bm = m, bn = n, bk = k, la = lda, lb = ldb, lc = ldc;
-    const ConvKernel fn = libxsmm_smmdispatch_reducebatch_addr(bm, bn, bk, &la, &lb, &lc, &alpha, &beta, &flags, &prefetch);
-    constexpr size_t kListed = 32;
-    if (kernels.size() < kListed) kernels.push_back({m, n, k, lda, ldb, ldc, accumulate, fn});
-    return fn;
+    return cached_kernel<ConvKernel>(KernelShape{m, n, k, lda, ldb, ldc, accumulate},
+                                     libxsmm_smmdispatch_reducebatch_addr);
 }
 
-// Images of [h, w, c] with zero borders of (ph, pw): the borders are cleared once per call
-// (grow), the inside copied per image (copy). The buffer is per thread and grows once.
+// Images of [h, w, c] with zero borders of (ph, pw): the buffer (per thread, grown once) is
+// cleared when a PaddedImage is made, and copy() writes each image's inside over it.
 class PaddedImage {
 public:
     PaddedImage(std::vector<float>& buffer, int h, int w, int c, int ph, int pw)
