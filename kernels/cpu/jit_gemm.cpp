@@ -175,20 +175,24 @@ bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, in
     // per position t: dw_t^T[c, F] += sum over output rows of x_t[c, ow] . dz_row^T[ow, F], the
     // rows of one image at a time, dz transposed per image so that its rows are the product's k
     if (pixels > size_t(INT32_MAX)) return false;
-    const ConvKernel kernel = conv_kernel_for(g.c, filters, ow, g.sw * g.c, int(pixels), int(K), true);
+    // The kernel broadcasts one element from each of the F rows of dz^T per step: rows a multiple
+    // of 4 KiB apart (32 x 32 pixels) fall in one L1 set and evict each other, so they are spread.
+    const size_t ld = pixels % 1024 == 0 ? pixels + 16 : pixels;
+    if (ld > size_t(INT32_MAX)) return false;
+    const ConvKernel kernel = conv_kernel_for(g.c, filters, ow, g.sw * g.c, int(ld), int(K), true);
     if (!kernel) return false;
     std::fill(dw, dw + K * size_t(filters), 0.0f);
     thread_local std::vector<float> buffer, dz_t;
     thread_local std::vector<const float*> a, b;
     PaddedImage padded(buffer, g.h, g.w, g.c, g.ph, g.pw);
-    if (dz_t.size() < pixels * size_t(filters)) dz_t.resize(pixels * size_t(filters));
+    if (dz_t.size() < ld * size_t(filters)) dz_t.resize(ld * size_t(filters));
     a.resize(size_t(oh));
     b.resize(size_t(oh));
     const unsigned long long count = static_cast<unsigned long long>(oh);
     for (int n = 0; n < g.n; ++n) {
         padded.copy(x + size_t(n) * g.h * g.w * c);
         cblas_somatcopy(CblasRowMajor, CblasTrans, int(pixels), filters, 1.0f, dz + size_t(n) * pixels * filters,
-                        filters, dz_t.data(), int(pixels));
+                        filters, dz_t.data(), int(ld));
         for (int t = 0; t < taps; ++t) {
             for (int oy = 0; oy < oh; ++oy) {
                 a[size_t(oy)] = padded.at(size_t(oy) * g.sh + t / g.kw, size_t(t % g.kw));
