@@ -88,6 +88,17 @@ void Device::dense_weight_grad(Stream s, int rows, int units, int inputs, const 
     if (db) bias_grad(s, rows, units, dz, db, accumulate);
 }
 
+void Device::add_act(Stream s, Activation act, int rows, int cols, const void* a, const void* b, void* y) {
+    if (y != a) copy_on_device(s, y, a, act_bytes(size_t(rows) * size_t(cols)));
+    add(s, size_t(rows) * size_t(cols), b, y);
+    if (act != Activation::none) bias_act_forward(s, act, rows, cols, nullptr, y, y);
+}
+void Device::channel_affine_act(Stream s, Activation act, int rows, int c, const void* x, const float* mean,
+                                const float* invstd, const float* gamma, const float* beta, void* y) {
+    channel_affine(s, rows, c, x, mean, invstd, gamma, beta, y);
+    if (act != Activation::none) bias_act_forward(s, act, rows, c, nullptr, y, y);
+}
+
 void Device::capture_begin(Stream) {
     throw DeviceError(name() + ": stream capture needs a GPU (CPU replicas run each op as it is issued)");
 }

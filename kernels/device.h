@@ -337,6 +337,9 @@ public:
     // when the types are.
     virtual void convert(Stream s, size_t n, const void* x, DType xt, void* y, DType yt) = 0;
     virtual void add(Stream s, size_t n, const void* x, void* y) = 0;  // y += x, activations
+    // y[rows,cols] = act(a + b), y may be a (not b): a residual join. The reference is copy, add,
+    // then bias_act_forward in place; a backend may make it one pass (the CPU does, in f32).
+    virtual void add_act(Stream s, Activation act, int rows, int cols, const void* a, const void* b, void* y);
 
     // ---- convolutional-network ops (images NHWC) ------------------------------------------
     // col[n*oh*ow, c*kh*kw] from x[n,h,w,c]; the column index runs over (channel, ky, kx), the
@@ -403,6 +406,10 @@ public:
     virtual void channel_affine(Stream s, int rows, int c, const void* x, const float* mean,
                                 const float* invstd, const float* gamma, const float* beta,
                                 void* y) = 0;
+    // y = act(that): channel_affine, then bias_act_forward in place, which a backend may make
+    // one pass (the CPU does for ReLU, in f32).
+    virtual void channel_affine_act(Stream s, Activation act, int rows, int c, const void* x, const float* mean,
+                                    const float* invstd, const float* gamma, const float* beta, void* y);
     // out[0..c) = sum dy, out[c..2c) = sum dy * (x - mean) * invstd
     virtual void bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x,
                                   const float* mean, const float* invstd, float* out) = 0;

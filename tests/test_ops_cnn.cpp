@@ -446,6 +446,53 @@ TEST_CASE("cpu batchnorm ops: statistics, running contributions, output, gradien
     }
 }
 
+// channel_affine_act and add_act: the CPU's one-pass loops (ReLU or none, f32) against the
+// Device reference (channel_affine / copy + add, then bias_act_forward in place), bit for bit -
+// the layers rely on it to keep runs identical - and the rounded precisions, which take the
+// reference, likewise.
+TEST_CASE("cpu channel_affine_act and add_act: one pass, the reference's bits") {
+    Rng rng(209);
+    auto d = make_cpu_device(0);
+    const Stream s = d->compute_stream();
+    int compared = 0;
+    for (Precision prec : {Precision::fp32, Precision::bf16})
+        for (Activation act : {Activation::none, Activation::relu, Activation::gelu})
+            for (int rep = 0; rep < 3; ++rep) {
+                CAPTURE(int(prec));
+                CAPTURE(int(act));
+                d->set_precision(prec);
+                NormCase n = make_norm(rng);
+                const size_t count = n.x.size();
+                auto x = rng.normal(count);
+                for (size_t i = 0; i < count; i += 7) {  // ReLU's edge: sums of +-0
+                    n.x[i] = i % 2 ? 0.0f : -0.0f;
+                    n.dy[i] = -0.0f;
+                }
+                n.gamma[0] = 0.0f;  // channel 0's outputs +-0
+                n.beta[0] = -0.0f;
+                const auto mean = rng.normal(size_t(n.c)), invstd = rng.uniform(n.c, 0.5f, 2.0f);
+                auto xb = upload(*d, x), meanb = upload(*d, mean), invb = upload(*d, invstd);
+                auto gb = upload(*d, n.gamma), bb = upload(*d, n.beta);
+                auto y = poisoned(*d, count), ref = poisoned(*d, count);
+                d->channel_affine_act(s, act, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(), bb.data(),
+                                      y.data());
+                d->Device::channel_affine_act(s, act, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(),
+                                              bb.data(), ref.data());
+                CHECK(std::memcmp(download(*d, y).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
+
+                auto a = upload(*d, n.x), b = upload(*d, n.dy);  // apart, then y == a
+                d->add_act(s, act, n.rows, n.c, a.data(), b.data(), y.data());
+                d->Device::add_act(s, act, n.rows, n.c, a.data(), b.data(), ref.data());
+                CHECK(std::memcmp(download(*d, y).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
+                auto a2 = upload(*d, n.x);
+                d->add_act(s, act, n.rows, n.c, a2.data(), b.data(), a2.data());
+                CHECK(std::memcmp(download(*d, a2).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
+                ++compared;
+            }
+    d->set_precision(Precision::fp32);
+    CHECK(compared == 18);
+}
+
 TEST_CASE("cpu layernorm forward and backward against double") {
     Rng rng(204);
     auto d = make_cpu_device(0);

@@ -319,14 +319,50 @@ void channel_sums(int rows, int c, const float* x, const float* shift, bool squa
     for (int ch = 0; ch < c; ++ch) out[ch] = float(acc[ch]);
 }
 
-CPU_LOOP_CLONES void channel_affine(int rows, int c, const float* x, const float* __restrict mean,
-                                    const float* __restrict invstd, const float* __restrict gamma,
-                                    const float* __restrict beta, float* y) {
+template <bool kRelu>
+CNN_INLINE void affine_rows(int rows, int c, const float* x, const float* __restrict mean,
+                            const float* __restrict invstd, const float* __restrict gamma,
+                            const float* __restrict beta, float* y) {
     for (int r = 0; r < rows; ++r) {
         const float* xr = x + size_t(r) * c;
         float* yr = y + size_t(r) * c;
-        for (int ch = 0; ch < c; ++ch) yr[ch] = gamma[ch] * ((xr[ch] - mean[ch]) * invstd[ch]) + beta[ch];
+        for (int ch = 0; ch < c; ++ch) {
+            const float v = gamma[ch] * ((xr[ch] - mean[ch]) * invstd[ch]) + beta[ch];
+            yr[ch] = kRelu ? (v > 0.0f ? v : 0.0f) : v;  // as act_forward (op_math.h)
+        }
     }
+}
+
+CPU_LOOP_CLONES void channel_affine(int rows, int c, const float* x, const float* mean, const float* invstd,
+                                    const float* gamma, const float* beta, float* y) {
+    affine_rows<false>(rows, c, x, mean, invstd, gamma, beta, y);
+}
+
+CPU_LOOP_CLONES void channel_affine_relu(int rows, int c, const float* x, const float* mean, const float* invstd,
+                                         const float* gamma, const float* beta, float* y) {
+    affine_rows<true>(rows, c, x, mean, invstd, gamma, beta, y);
+}
+
+// Separate loops for y == a and y apart from both: a loop that might alias is vectorised behind
+// a run-time overlap check.
+template <bool kRelu>
+CNN_INLINE void add_elements(size_t n, const float* __restrict a, const float* __restrict b, float* __restrict y) {
+    for (size_t i = 0; i < n; ++i) {
+        const float v = a[i] + b[i];
+        y[i] = kRelu ? (v > 0.0f ? v : 0.0f) : v;
+    }
+}
+template <bool kRelu>
+CNN_INLINE void add_elements_into(size_t n, const float* __restrict b, float* __restrict y) {
+    for (size_t i = 0; i < n; ++i) {
+        const float v = y[i] + b[i];
+        y[i] = kRelu ? (v > 0.0f ? v : 0.0f) : v;
+    }
+}
+
+CPU_LOOP_CLONES void add_join(size_t n, const float* a, const float* b, bool relu, float* y) {
+    if (y == a) relu ? add_elements_into<true>(n, b, y) : add_elements_into<false>(n, b, y);
+    else relu ? add_elements<true>(n, a, b, y) : add_elements<false>(n, a, b, y);
 }
 
 void bn_backward_sums(int rows, int c, const float* dy, const float* x, const float* mean, const float* invstd,

@@ -357,6 +357,11 @@ public:
         const DType t = value_dtype();
         for (size_t i = 0; i < n; ++i) F(y)[i] = round_to(t, F(y)[i] + F(x)[i]);
     }
+    void add_act(Stream s, Activation act, int rows, int cols, const void* a, const void* b, void* y) override {
+        if (value_dtype() != DType::f32 || (act != Activation::relu && act != Activation::none))
+            return Device::add_act(s, act, rows, cols, a, b, y);
+        cpu::add_join(size_t(rows) * size_t(cols), F(a), F(b), act == Activation::relu, F(y));
+    }
 
     // ---- convolution and pooling (kernels/cpu/cnn_loops.h) ---------------------------------
     // Whole pixels copied, not transposed; MIRRORED_PIXEL_MAJOR_COLUMNS=0 (read when the device
@@ -430,6 +435,14 @@ public:
                         const float* gamma, const float* beta, void* y) override {
         cpu::channel_affine(rows, c, F(x), mean, invstd, gamma, beta, F(y));
         round_stored(F(y), size_t(rows) * c);
+    }
+    // One pass where nothing is rounded (f32) and the activation is ReLU or none: the same
+    // arithmetic as the reference's two (kernels/cpu is built without contraction).
+    void channel_affine_act(Stream s, Activation act, int rows, int c, const void* x, const float* mean,
+                            const float* invstd, const float* gamma, const float* beta, void* y) override {
+        if (value_dtype() != DType::f32 || act != Activation::relu)
+            return Device::channel_affine_act(s, act, rows, c, x, mean, invstd, gamma, beta, y);
+        cpu::channel_affine_relu(rows, c, F(x), mean, invstd, gamma, beta, F(y));
     }
 
     void bn_backward_sums(Stream, int rows, int c, const void* dy, const void* x, const float* mean,

@@ -30,7 +30,8 @@ public:
         run_var_ = b.state(name_ + ".running_var", {c}, 1.0f, spec_.momentum);
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, in_.size());
-        if (spec_.activation != Activation::none) z_buf_ = b.act_buffer(slot_, in_.size());
+        // GELU's derivative needs the pre-activation; ReLU's reads the output (as dense layers do)
+        if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, in_.size());
         mean_ = b.f32_buffer(slot_, 0, size_t(c));
         invstd_ = b.f32_buffer(slot_, 0, size_t(c));
         sum_ = b.f32_buffer(slot_, 0, size_t(c));
@@ -54,16 +55,23 @@ public:
         else d.rsqrt_eps(p.stream, c, p.params + run_var_off_, spec_.epsilon, invstd);
         const float* m = p.training ? mean : p.params + run_mean_off_;
         void* y = p.acts->act(slot_, out_buf_);
-        void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
-        d.channel_affine(p.stream, rows, c, x, m, invstd, p.params + gamma_off_, p.params + beta_off_, z);
-        if (z_buf_ >= 0) d.bias_act_forward(p.stream, spec_.activation, rows, c, nullptr, z, y);
+        const float *gamma = p.params + gamma_off_, *beta = p.params + beta_off_;
+        if (z_buf_ < 0) {
+            d.channel_affine_act(p.stream, spec_.activation, rows, c, x, m, invstd, gamma, beta, y);
+            return y;
+        }
+        void* z = p.acts->act(slot_, z_buf_);
+        d.channel_affine(p.stream, rows, c, x, m, invstd, gamma, beta, z);
+        d.bias_act_forward(p.stream, spec_.activation, rows, c, nullptr, z, y);
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const int c = in_.c, rows = p.rows * in_.h * in_.w;
         Device& d = *p.dev;
-        if (z_buf_ >= 0) d.act_backward(p.stream, spec_.activation, size_t(rows) * c, p.acts->act(slot_, z_buf_), dy, dy);
+        if (spec_.activation != Activation::none)
+            d.act_backward(p.stream, spec_.activation, size_t(rows) * c, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_),
+                           dy, dy);
         const float* mean = p.acts->f32(slot_, mean_);
         const float* invstd = p.acts->f32(slot_, invstd_);
         float* sums = p.acts->f32(slot_, sums_);

@@ -37,8 +37,9 @@ public:
                  "; add shortcut: conv1x1 for a projection");
         }
         slot_ = b.new_slot();
-        z_buf_ = b.act_buffer(slot_, out_.size());
-        if (spec_.activation != Activation::none) out_buf_ = b.act_buffer(slot_, out_.size());
+        out_buf_ = b.act_buffer(slot_, out_.size());
+        // GELU's derivative needs the pre-activation; ReLU's reads the output (as dense layers do)
+        if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
         g1_ = b.act_buffer(slot_, out_.size());
         if (shortcut_) g2_ = b.act_buffer(slot_, in_.size());
     }
@@ -48,21 +49,23 @@ public:
     }
 
     const void* forward(Pass& p, const void* x) const override {
-        const size_t n = size_t(p.rows) * out_.size();
         const void* f = branch_.forward(p, x);
         const void* s = shortcut_ ? shortcut_->forward(p, x) : x;
-        void* z = p.acts->act(slot_, z_buf_);
-        p.dev->copy_on_device(p.stream, z, f, p.dev->act_bytes(n));
-        p.dev->add(p.stream, n, s, z);
-        if (out_buf_ < 0) return z;
         void* y = p.acts->act(slot_, out_buf_);
+        if (z_buf_ < 0) {
+            p.dev->add_act(p.stream, spec_.activation, p.rows, int(out_.size()), f, s, y);
+            return y;
+        }
+        void* z = p.acts->act(slot_, z_buf_);
+        p.dev->add_act(p.stream, Activation::none, p.rows, int(out_.size()), f, s, z);
         p.dev->bias_act_forward(p.stream, spec_.activation, p.rows, int(out_.size()), nullptr, z, y);
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const size_t n = size_t(p.rows) * out_.size();
-        if (out_buf_ >= 0) p.dev->act_backward(p.stream, spec_.activation, n, p.acts->act(slot_, z_buf_), dy, dy);
+        if (spec_.activation != Activation::none)
+            p.dev->act_backward(p.stream, spec_.activation, n, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy, dy);
         void* g1 = p.acts->act(slot_, g1_);  // the branch overwrites its copy; dy stays for the shortcut
         p.dev->copy_on_device(p.stream, g1, dy, p.dev->act_bytes(n));
         branch_.backward(p, g1, dx);
