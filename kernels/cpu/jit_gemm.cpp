@@ -34,10 +34,12 @@ bool enabled() {
     return on;
 }
 
-// A kernel's shape: column-major C[m,n] (+)= A[m,k] B[k,n] with these leading dimensions.
+// A kernel's shape: column-major C[m,n] (+)= A[m,k] B[k,n] with these leading dimensions;
+// trans_b: B is given as B^T[n,k] (ldb its leading dimension).
 struct KernelShape {
     int m, n, k, lda, ldb, ldc;
     bool accumulate;
+    bool trans_b = false;
     bool operator==(const KernelShape&) const = default;
 };
 
@@ -51,7 +53,7 @@ Fn cached_kernel(const KernelShape& s, Dispatch dispatch) {
     for (const auto& [shape, fn] : kernels)
         if (shape == s) return fn;
     const float alpha = 1.0f, beta = s.accumulate ? 1.0f : 0.0f;
-    const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_PREFETCH_NONE;
+    const int flags = s.trans_b ? LIBXSMM_GEMM_FLAG_TRANS_B : LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_PREFETCH_NONE;
     const libxsmm_blasint m = s.m, n = s.n, k = s.k, la = s.lda, lb = s.ldb, lc = s.ldc;
     const Fn fn = dispatch(m, n, k, &la, &lb, &lc, &alpha, &beta, &flags, &prefetch);
     constexpr size_t kListed = 32;
@@ -103,8 +105,8 @@ float* scratch(std::vector<float>& s, size_t floats) {
 // call with the same arrays read past them), so the arrays are filled afresh for every call.
 using ConvKernel = libxsmm_smmfunction_reducebatch_addr;
 
-ConvKernel conv_kernel_for(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate) {
-    return cached_kernel<ConvKernel>(KernelShape{m, n, k, lda, ldb, ldc, accumulate},
+ConvKernel conv_kernel_for(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate, bool trans_b = false) {
+    return cached_kernel<ConvKernel>(KernelShape{m, n, k, lda, ldb, ldc, accumulate, trans_b},
                                      libxsmm_smmdispatch_reducebatch_addr);
 }
 
@@ -172,31 +174,24 @@ bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, in
     if (!enabled() || filters <= 0 || g.c < kMinGradChannels) return false;
     const int oh = g.oh(), ow = g.ow(), taps = g.kh * g.kw;
     const size_t c = size_t(g.c), K = c * size_t(taps), pixels = size_t(oh) * ow;
-    // per position t: dw_t^T[c, F] += sum over output rows of x_t[c, ow] . dz_row^T[ow, F], the
-    // rows of one image at a time, dz transposed per image so that its rows are the product's k
-    if (pixels > size_t(INT32_MAX)) return false;
-    // The kernel broadcasts one element from each of the F rows of dz^T per step: rows a multiple
-    // of 4 KiB apart (32 x 32 pixels) fall in one L1 set and evict each other, so they are spread.
-    const size_t ld = pixels % 1024 == 0 ? pixels + 16 : pixels;
-    if (ld > size_t(INT32_MAX)) return false;
-    const ConvKernel kernel = conv_kernel_for(g.c, filters, ow, g.sw * g.c, int(ld), int(K), true);
+    // per position t: dw_t^T[c, F] += sum over output rows of x_t[c, ow] . dz_row[ow, F], dz's
+    // rows read as they are (the kernel takes B transposed: dz_row^T[F, ow] is dz's memory)
+    const ConvKernel kernel = conv_kernel_for(g.c, filters, ow, g.sw * g.c, filters, int(K), true, true);
     if (!kernel) return false;
     std::fill(dw, dw + K * size_t(filters), 0.0f);
-    thread_local std::vector<float> buffer, dz_t;
+    thread_local std::vector<float> buffer;
     thread_local std::vector<const float*> a, b;
     PaddedImage padded(buffer, g.h, g.w, g.c, g.ph, g.pw);
-    if (dz_t.size() < ld * size_t(filters)) dz_t.resize(ld * size_t(filters));
     a.resize(size_t(oh));
     b.resize(size_t(oh));
     const unsigned long long count = static_cast<unsigned long long>(oh);
     for (int n = 0; n < g.n; ++n) {
         padded.copy(x + size_t(n) * g.h * g.w * c);
-        cblas_somatcopy(CblasRowMajor, CblasTrans, int(pixels), filters, 1.0f, dz + size_t(n) * pixels * filters,
-                        filters, dz_t.data(), int(ld));
+        const float* dz_image = dz + size_t(n) * pixels * size_t(filters);
         for (int t = 0; t < taps; ++t) {
             for (int oy = 0; oy < oh; ++oy) {
                 a[size_t(oy)] = padded.at(size_t(oy) * g.sh + t / g.kw, size_t(t % g.kw));
-                b[size_t(oy)] = dz_t.data() + size_t(oy) * ow;
+                b[size_t(oy)] = dz_image + size_t(oy) * ow * size_t(filters);
             }
             kernel(a.data(), b.data(), dw + size_t(t) * c, &count);
         }
