@@ -136,6 +136,17 @@ private:
     size_t wp_;
 };
 
+// Outputs o in [0, out) whose input o * stride + offset lies in [0, in): a window position's
+// outputs that read the image, not its zero border.
+struct Span {
+    int lo, hi;
+};
+Span inside(int out, int in, int stride, int offset) {
+    const int lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+    const int hi = in - 1 - offset < 0 ? 0 : std::min(out, (in - 1 - offset) / stride + 1);
+    return {std::min(lo, hi), hi};
+}
+
 }  // namespace
 
 bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int filters, float* y) {
@@ -173,27 +184,38 @@ constexpr int kMinGradChannels = 16;
 bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, int filters, float* dw) {
     if (!enabled() || filters <= 0 || g.c < kMinGradChannels) return false;
     const int oh = g.oh(), ow = g.ow(), taps = g.kh * g.kw;
-    const size_t c = size_t(g.c), K = c * size_t(taps), pixels = size_t(oh) * ow;
+    const size_t c = size_t(g.c), K = c * size_t(taps), F = size_t(filters), pixels = size_t(oh) * ow;
     // per position t: dw_t^T[c, F] += sum over output rows of x_t[c, ow] . dz_row[ow, F], dz's
-    // rows read as they are (the kernel takes B transposed: dz_row^T[F, ow] is dz's memory)
-    const ConvKernel kernel = conv_kernel_for(g.c, filters, ow, g.sw * g.c, filters, int(K), true, true);
-    if (!kernel) return false;
-    std::fill(dw, dw + K * size_t(filters), 0.0f);
-    thread_local std::vector<float> buffer;
+    // rows read as they are (the kernel takes B transposed: dz_row^T[F, ow] is dz's memory).
+    // Only the outputs whose input at t is inside the image: the zero border adds nothing.
+    thread_local std::vector<ConvKernel> kernels;  // by kx: the columns inside differ at the borders
+    kernels.assign(size_t(g.kw), nullptr);
+    for (int kx = 0; kx < g.kw; ++kx) {
+        const Span cols = inside(ow, g.w, g.sw, kx - g.pw);
+        if (cols.hi <= cols.lo) continue;
+        kernels[size_t(kx)] = conv_kernel_for(g.c, filters, cols.hi - cols.lo, g.sw * g.c, filters, int(K), true, true);
+        if (!kernels[size_t(kx)]) return false;
+    }
+    std::fill(dw, dw + K * F, 0.0f);
     thread_local std::vector<const float*> a, b;
-    PaddedImage padded(buffer, g.h, g.w, g.c, g.ph, g.pw);
     a.resize(size_t(oh));
     b.resize(size_t(oh));
-    const unsigned long long count = static_cast<unsigned long long>(oh);
     for (int n = 0; n < g.n; ++n) {
-        padded.copy(x + size_t(n) * g.h * g.w * c);
-        const float* dz_image = dz + size_t(n) * pixels * size_t(filters);
-        for (int t = 0; t < taps; ++t) {
-            for (int oy = 0; oy < oh; ++oy) {
-                a[size_t(oy)] = padded.at(size_t(oy) * g.sh + t / g.kw, size_t(t % g.kw));
-                b[size_t(oy)] = dz_image + size_t(oy) * ow * size_t(filters);
+        const float* image = x + size_t(n) * g.h * g.w * c;
+        const float* dz_image = dz + size_t(n) * pixels * F;
+        for (int ky = 0; ky < g.kh; ++ky) {
+            const Span rows = inside(oh, g.h, g.sh, ky - g.ph);
+            for (int kx = 0; kx < g.kw; ++kx) {
+                const Span cols = inside(ow, g.w, g.sw, kx - g.pw);
+                if (rows.hi <= rows.lo || cols.hi <= cols.lo) continue;
+                for (int oy = rows.lo; oy < rows.hi; ++oy) {
+                    const size_t i = size_t(oy - rows.lo), iy = size_t(oy * g.sh + ky - g.ph);
+                    a[i] = image + (iy * g.w + size_t(cols.lo * g.sw + kx - g.pw)) * c;
+                    b[i] = dz_image + (size_t(oy) * ow + size_t(cols.lo)) * F;
+                }
+                const unsigned long long count = static_cast<unsigned long long>(rows.hi - rows.lo);
+                kernels[size_t(kx)](a.data(), b.data(), dw + size_t(ky * g.kw + kx) * c, &count);
             }
-            kernel(a.data(), b.data(), dw + size_t(t) * c, &count);
         }
     }
     asm volatile("vzeroupper");
