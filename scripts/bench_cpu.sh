@@ -5,6 +5,7 @@
 #   scripts/bench_cpu.sh OUT [--quick] [--cnn]
 #     --quick  fewer rounds and steps (a smoke run of the script itself, numbers not for the docs)
 #     --cnn    also the Fashion-MNIST CNN in fp32, bf16 and fp16 (20 epochs each: about 30-40 min)
+#              and the CNN and ResNet-20 against PyTorch (about 7 min more)
 # Needs a built build/mirrored; the PyTorch comparison needs python3-torch (skipped without).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +67,14 @@ for cfg in synthetic_mlp fashion_mnist_mlp; do
 done
 # the planner against measurements: the validation test, with its predicted/measured lines
 [[ -x build/mirrored_tests ]] && step planner build/mirrored_tests -tc="planner validated*" -s
+if [[ $cnn == 1 ]] && $py -c 'import torch, numpy' 2>/dev/null; then
+    conv_rounds=3
+    [[ $quick == 1 ]] && conv_rounds=1
+    step vs_pytorch_cnn $py scripts/bench_cpu_vs_pytorch.py --model cnn --rounds $conv_rounds --steps 150 --warmup 20 \
+        --json "$out/vs_pytorch_cnn.json"
+    step vs_pytorch_resnet20 $py scripts/bench_cpu_vs_pytorch.py --model resnet20 --rounds $conv_rounds --steps 40 \
+        --warmup 5 --json "$out/vs_pytorch_resnet20.json"
+fi
 if [[ $cnn == 1 ]]; then
     for p in fp32 bf16 fp16; do
         step "cnn_$p" env "${data_env[@]}" /usr/bin/time -f "process wall time %e s" build/mirrored train configs/fashion_mnist_cnn.yaml --output "$out/cnn_$p" \
@@ -75,7 +84,11 @@ fi
 
 echo
 echo "== summary ($out)"
-grep -hE "^(vs|ratio|mirrored|pytorch)" "$out/vs_pytorch.txt" 2>/dev/null | head -20
+for f in "$out"/vs_pytorch*.txt; do
+    [[ -f $f ]] || continue
+    echo "-- $(basename "$f" .txt)"
+    grep -hE "^(vs|ratio|mirrored|pytorch|cpu:2)" "$f" | head -20
+done
 for f in "$out"/train_*/summary.json "$out"/cnn_*/summary.json; do
     [[ -f $f ]] || continue
     $py - "$f" <<'EOF'

@@ -6,8 +6,12 @@ The work: the default run's MLP 784-512-256-10 (configs/fashion_mnist_mlp.yaml),
 scripts/make_idx_dataset.py when the package is absent). Timed: training steps on pre-loaded data, after a warm-up.
 --model cnn: configs/fashion_mnist_cnn.yaml's CNN instead (two 3x3 convolutions with batchnorm,
 ReLU and max pooling, dense 256 with dropout, dense 10; SGD with momentum 0.9 and weight decay
-5e-4; batch 128), PyTorch in its default NCHW layout (mirrored's own horizontal flips are left on,
-PyTorch gets none: the comparison favours PyTorch slightly).
+5e-4; batch 128; mirrored's own horizontal flips are left on, PyTorch gets none: the comparison
+favours PyTorch slightly).
+--model resnet20: configs/cifar10_resnet20.yaml's ResNet-20 (SGD with momentum 0.9, weight decay
+1e-4, batch 128) on synthetic CIFAR-shaped data for both sides (CIFAR-10 is not a package).
+For both convolutional models PyTorch runs every configuration in its default NCHW layout and in
+channels_last, oneDNN's preferred layout on CPUs; the fastest row of any kind is the peer.
 
   mirrored   build/mirrored bench-step on cpu:1 and cpu:2 (one replica per core)
   PyTorch    one process with 1 and with 2 threads (OpenMP threads sleep when idle:
@@ -18,7 +22,7 @@ PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, read from `mi
 devices`), so the comparison is kernel for kernel; --also-env-kernel adds PyTorch on whatever
 kernel the environment gives it. Prints medians over the rounds and the ratios.
 
-    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn] [--rounds 3] [--steps 1500] [--json out.json]
+    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn|resnet20] [--rounds 3] [--steps 1500] [--json out.json]
 
 Needs python3-torch and python3-numpy (Debian/Ubuntu packages)."""
 import argparse
@@ -58,8 +62,43 @@ def load_data(np):
     raise SystemExit(f"no Fashion-MNIST at {path}")
 
 
+SYNTHETIC_CIFAR = "data: {dataset: synthetic, input_shape: [32, 32, 3], classes: 10, train_samples: 6000, test_samples: 500}\n"
+
+
+def synthetic_cifar(np):
+    """Random CIFAR-shaped images and labels: only the step's speed is measured."""
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((6000, 3, 32, 32), dtype=np.float32), rng.integers(0, 10, 6000).astype(np.int64)
+
+
+def make_resnet20(nn):
+    """He et al.'s ResNet-20, as configs/cifar10_resnet20.yaml builds it."""
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                                      nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+            self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                             if stride != 1 else nn.Identity())
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            return self.relu(self.body(x) + self.shortcut(x))
+
+    layers = [nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    cin = 16
+    for cout, stride in ((16, 1), (32, 2), (64, 2)):
+        for i in range(3):
+            layers.append(Block(cin, cout, stride if i == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
+    return nn.Sequential(*layers)
+
+
 def make_torch_model(nn, kind):
-    if kind == "cnn":
+    if kind.startswith("resnet20"):
+        return make_resnet20(nn)
+    if kind.startswith("cnn"):
         return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Flatten(), nn.Linear(7 * 7 * 64, 256), nn.ReLU(), nn.Dropout(0.4), nn.Linear(256, 10))
@@ -78,16 +117,19 @@ def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"
 
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    x, y, _ = load_data(np)
+    x, y = synthetic_cifar(np) if kind.startswith("resnet20") else load_data(np)[:2]
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     X, Y = torch.from_numpy(x)[perm].contiguous(), torch.from_numpy(y)[perm].contiguous()  # shuffled once
-    if kind == "cnn":
+    if kind.startswith("cnn"):
         X = X.reshape(-1, 1, 28, 28)
     nn = torch.nn
     model = make_torch_model(nn, kind)
+    if kind.endswith("-channels-last"):  # oneDNN's preferred layout on CPUs
+        model, X = model.to(memory_format=torch.channels_last), X.contiguous(memory_format=torch.channels_last)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4 if kind == "cnn" else 0.0)
+    decay = {"cnn": 5e-4, "resnet20": 1e-4}.get(kind.removesuffix("-channels-last"), 0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=decay)
     loss_fn = nn.CrossEntropyLoss()
     batch, per = 128, 128 // world
     batches = len(Y) // batch
@@ -112,6 +154,16 @@ def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"
             json.dump({"samples_per_sec": steps * batch / elapsed}, f)
 
 
+def free_port():
+    """A port no one listens on now: each DDP run gets its own, since a port the previous run
+    used may linger and make the next rendezvous wait for minutes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_torch(kind, steps, warmup, env, peer_script=None, model="mlp"):
     """A fresh interpreter per measurement, so that thread settings and OpenBLAS's kernel apply.
     peer_script: an external peer with the same command line (the reference measurements'
@@ -130,7 +182,7 @@ def run_torch(kind, steps, warmup, env, peer_script=None, model="mlp"):
         code = ("import sys; sys.path.insert(0, %r); import bench_cpu_vs_pytorch as b; import torch.multiprocessing as mp\n"
                 "if %d > 1: mp.spawn(b.torch_worker, args=(%d, %d, %d, %d, %r, %d, %r), nprocs=%d)\n"
                 "else: b.torch_worker(0, 1, %d, %d, %d, %r, 0, %r)\n") % (
-                    os.path.dirname(os.path.abspath(__file__)), world, world, threads, steps, warmup, out, 29500 + os.getpid() % 1000,
+                    os.path.dirname(os.path.abspath(__file__)), world, world, threads, steps, warmup, out, free_port(),
                     model, world, threads, steps, warmup, out, model)
         e = dict(env, OMP_WAIT_POLICY="passive", OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                  MKL_NUM_THREADS=str(threads))
@@ -139,10 +191,22 @@ def run_torch(kind, steps, warmup, env, peer_script=None, model="mlp"):
             return json.load(f)["samples_per_sec"]
 
 
+def resnet20_synthetic_config(folder):
+    """configs/cifar10_resnet20.yaml with its data block replaced by synthetic CIFAR-shaped data."""
+    lines = open(os.path.join(ROOT, "configs", "cifar10_resnet20.yaml")).read().splitlines(keepends=True)
+    start = next(i for i, l in enumerate(lines) if l.startswith("data:"))
+    end = next(i for i, l in enumerate(lines) if i > start and not l.startswith((" ", "#")))
+    path = os.path.join(folder, "resnet20_synthetic.yaml")
+    with open(path, "w") as f:
+        f.writelines(lines[:start] + [SYNTHETIC_CIFAR] + lines[end:])
+    return path
+
+
 def run_mirrored(devices, steps, warmup, model="mlp"):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "step.json")
-        config = os.path.join(ROOT, "configs", "fashion_mnist_%s.yaml" % model)
+        config = (resnet20_synthetic_config(d) if model == "resnet20"
+                  else os.path.join(ROOT, "configs", "fashion_mnist_%s.yaml" % model))
         subprocess.run([os.path.join(ROOT, "build", "mirrored"), "bench-step", config, "--devices", devices, "--steps", str(steps),
                         "--warmup", str(warmup), "--json", out], check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
@@ -158,8 +222,9 @@ def mirrored_blas():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
-                    help="the default run's MLP, or configs/fashion_mnist_cnn.yaml's CNN")
+    ap.add_argument("--model", choices=["mlp", "cnn", "resnet20"], default="mlp",
+                    help="the default run's MLP, configs/fashion_mnist_cnn.yaml's CNN, or "
+                    "configs/cifar10_resnet20.yaml's ResNet-20 on synthetic data")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--warmup", type=int, default=100)
@@ -186,6 +251,11 @@ def main():
             ("PyTorch 1 thread", lambda: run_torch("1", a.steps, a.warmup, same, a.peer_script, m)),
             ("PyTorch 2 threads", lambda: run_torch("2", a.steps, a.warmup, same, a.peer_script, m)),
             ("PyTorch DDP gloo 2x1", lambda: run_torch("ddp", a.steps, a.warmup, same, a.peer_script, m))]
+    if m != "mlp":  # convolutions: PyTorch in channels_last too
+        rows += [("PyTorch 1 thread, channels_last", lambda: run_torch("1", a.steps, a.warmup, same, None, m + "-channels-last")),
+                 ("PyTorch 2 threads, channels_last", lambda: run_torch("2", a.steps, a.warmup, same, None, m + "-channels-last")),
+                 ("PyTorch DDP gloo 2x1, channels_last",
+                  lambda: run_torch("ddp", a.steps, a.warmup, same, None, m + "-channels-last"))]
     if a.also_env_kernel:
         env = dict(os.environ)
         rows += [("PyTorch 1 thread, environment's kernel", lambda: run_torch("1", a.steps, a.warmup, env, a.peer_script, m)),
@@ -203,16 +273,20 @@ def main():
     print(f"{'':42} {'samples/s':>12} {'min':>10} {'max':>10}")
     for n, v in samples.items():
         print(f"{n:42} {med[n]:12,.0f} {min(v):10,.0f} {max(v):10,.0f}")
-    best = max(med["PyTorch 1 thread"], med["PyTorch 2 threads"])
+    # PyTorch's best on the same kernel: any thread count, layout or DDP (the environment's
+    # kernel rows are extra information, not the peer)
+    one = [n for n in samples if n.startswith("PyTorch 1 thread") and "environment" not in n]
+    threads = one + [n for n in samples if n.startswith("PyTorch 2 threads") and "environment" not in n]
+    ddp = [n for n in samples if n.startswith("PyTorch DDP")]
     print()
-    print(f"mirrored cpu:1 / PyTorch 1 thread:          {med['mirrored cpu:1'] / med['PyTorch 1 thread']:.2f}x")
-    print(f"mirrored cpu:2 / best of PyTorch 1, 2 thr.: {med['mirrored cpu:2'] / best:.2f}x")
-    print(f"mirrored cpu:2 / PyTorch DDP gloo 2x1:      {med['mirrored cpu:2'] / med['PyTorch DDP gloo 2x1']:.2f}x")
-    # Paired by round: a round's rows ran minutes apart at most, so slow phases of a shared
-    # machine cancel in these ratios more than in the ratio of medians.
-    paired = [m / max(t1, t2) for m, t1, t2 in
-              zip(samples["mirrored cpu:2"], samples["PyTorch 1 thread"], samples["PyTorch 2 threads"])]
-    print(f"the same, paired by round:                  {statistics.median(paired):.2f}x median "
+    print(f"mirrored cpu:1 / PyTorch 1 thread:          {med['mirrored cpu:1'] / max(med[n] for n in one):.2f}x")
+    print(f"mirrored cpu:2 / best of PyTorch 1, 2 thr.: {med['mirrored cpu:2'] / max(med[n] for n in threads):.2f}x")
+    print(f"mirrored cpu:2 / PyTorch DDP gloo 2x1:      {med['mirrored cpu:2'] / max(med[n] for n in ddp):.2f}x")
+    # Paired by round against the fastest PyTorch row of that round: a round's rows ran minutes
+    # apart at most, so slow phases of a shared machine cancel more than in the ratio of medians.
+    paired = [mine / max(theirs) for mine, *theirs in
+              zip(samples["mirrored cpu:2"], *(samples[n] for n in threads + ddp))]
+    print(f"cpu:2 / PyTorch's fastest, paired by round: {statistics.median(paired):.2f}x median "
           f"({min(paired):.2f}x - {max(paired):.2f}x)")
     # A shared VM changes speed for minutes at a time; say so when a row's rounds disagree, since
     # then the medians mix two machines and the paired ratio is the steadier number.
