@@ -259,6 +259,16 @@ TEST_CASE("gradients match finite differences: residual blocks, identity and pro
                                           global_avgpool(), dense(3, Activation::none)},
                               31),
                     4, 5, 20);
+    // GELU keeps its pre-activation (batchnorm's and the join's); a join without activation
+    check_gradients(*d, Model({4, 4, 3}, {conv(4, 3, 1, true, Activation::none),
+                                          residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::gelu),
+                                                    conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
+                                                   "", Activation::gelu),
+                                          residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::relu)}, "",
+                                                   Activation::none),
+                                          global_avgpool(), dense(3, Activation::none)},
+                              32),
+                    4, 5, 20);
 }
 
 TEST_CASE("gradient accumulation adds backward passes; batchnorm's running statistics accumulate too") {
