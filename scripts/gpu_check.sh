@@ -120,6 +120,14 @@ kind=cuda-shared
 run build/mirrored scale configs/synthetic_mlp.yaml --kind $kind --steps 100 --out "$out/scale"
 run env "${data_env[@]}" build/mirrored scale configs/fashion_mnist_cnn.yaml --kind $kind --replicas 1,2 --steps 60 \
     --out "$out/scale_cnn"
+# ResNet-20 (configs/cifar10_resnet20.yaml on synthetic CIFAR-shaped data, as the CPU comparison
+# makes it): the convolutions' first GPU numbers, layer by layer, fp32 and bf16
+resnet=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import bench_cpu_vs_pytorch as b; \
+print(b.resnet20_synthetic_config(sys.argv[1]))" "$out")
+for p in fp32 bf16; do
+    run build/mirrored bench-step "$resnet" --devices 'cuda:0' --steps 100 --layers 10 --set train.precision=$p \
+        --json "$out/step_resnet20_$p.json"
+done
 run build/mirrored bench-allreduce --devices "$([[ $gpus -ge 2 ]] && echo cuda:all || echo cuda:0,0,0,0)" \
     --max-bytes 64M --duration 30s --json "$out/stress.json"
 run build/mirrored plan configs/synthetic_mlp.yaml --gpu h200 --gpus 1,2,4,8 --profile "$out/scale/scaling.json"
