@@ -237,6 +237,71 @@ CPU_LOOP_CLONES void bn_sums_loop(int rows, int c, const float* __restrict dy, c
     }
 }
 
+// 2x2 windows at stride 2 that tile the image (no padding, no remainder): the CNNs' max pool.
+// The general loops walk each window through a callback and per-channel scratch, which for a
+// few channels costs more than the comparisons; these compare the four pixels of a window
+// channel by channel with the general loops' rule and order (the first maximum in (ky, kx)
+// order: a later position must be greater), so the results are the same bits.
+bool tiled_2x2(const Window2d& g) {
+    return g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0 && g.h % 2 == 0 && g.w % 2 == 0;
+}
+
+// One window's four pixels a b / d e, channel by channel.
+CNN_INLINE void max_of_4(int c, const float* __restrict a, const float* __restrict b, const float* __restrict d,
+                         const float* __restrict e, float* __restrict out) {
+    for (int ch = 0; ch < c; ++ch) {  // as max_into from -inf
+        float m = -std::numeric_limits<float>::infinity();
+        m = a[ch] > m ? a[ch] : m;
+        m = b[ch] > m ? b[ch] : m;
+        m = d[ch] > m ? d[ch] : m;
+        out[ch] = e[ch] > m ? e[ch] : m;
+    }
+}
+CNN_INLINE void route_to_max_of_4(int c, const float* __restrict a, const float* __restrict b,
+                                  const float* __restrict d, const float* __restrict e, const float* __restrict grad,
+                                  float* __restrict da, float* __restrict db, float* __restrict dd,
+                                  float* __restrict de) {
+    for (int ch = 0; ch < c; ++ch) {  // as track_max, then store_where
+        const bool t1 = b[ch] > a[ch];  // a later position takes over from the best so far
+        const float m1 = t1 ? b[ch] : a[ch];
+        const bool t2 = d[ch] > m1;
+        const bool t3 = e[ch] > (t2 ? d[ch] : m1);
+        // the gradient goes to the last take-over (selects only: GCC vectorises them)
+        float r = 0.0f + grad[ch];
+        de[ch] = t3 ? r : 0.0f;
+        r = t3 ? 0.0f : r;
+        dd[ch] = t2 ? r : 0.0f;
+        r = t2 ? 0.0f : r;
+        db[ch] = t1 ? r : 0.0f;
+        da[ch] = t1 ? 0.0f : r;
+    }
+}
+
+CPU_LOOP_CLONES void max_pool_2x2_forward(const Window2d& g, const float* x, float* y) {
+    const int oh = g.oh(), ow = g.ow(), c = g.c;
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                const float* top = pixel(x, g, n, 2 * oy, 2 * ox);
+                const float* bottom = pixel(x, g, n, 2 * oy + 1, 2 * ox);
+                max_of_4(c, top, top + c, bottom, bottom + c, y + ((size_t(n) * oh + oy) * ow + ox) * c);
+            }
+}
+
+CPU_LOOP_CLONES void max_pool_2x2_backward(const Window2d& g, const float* x, const float* dy, float* dx) {
+    const int oh = g.oh(), ow = g.ow(), c = g.c;
+    for (int n = 0; n < g.n; ++n)
+        for (int oy = 0; oy < oh; ++oy)
+            for (int ox = 0; ox < ow; ++ox) {
+                const float* top = pixel(x, g, n, 2 * oy, 2 * ox);
+                const float* bottom = pixel(x, g, n, 2 * oy + 1, 2 * ox);
+                float* dtop = pixel(dx, g, n, 2 * oy, 2 * ox);
+                float* dbottom = pixel(dx, g, n, 2 * oy + 1, 2 * ox);
+                route_to_max_of_4(c, top, top + c, bottom, bottom + c, dy + ((size_t(n) * oh + oy) * ow + ox) * c, dtop,
+                                  dtop + c, dbottom, dbottom + c);
+            }
+}
+
 }  // namespace
 
 void CnnScratch::reserve_channels(int c) {
@@ -295,6 +360,7 @@ void col2im(const Window2d& g, const float* dcol, float* dx, CnnScratch& s) {
 }
 
 void pool_forward(PoolKind kind, const Window2d& g, const float* x, float* y) {
+    if (kind == PoolKind::max && tiled_2x2(g)) return max_pool_2x2_forward(g, x, y);
     pool_forward_loop(kind == PoolKind::max, g, x, y);
 }
 
@@ -302,6 +368,7 @@ void pool_backward(PoolKind kind, const Window2d& g, const float* x, const float
     s.reserve(g);
     const bool tiles = g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0 && g.oh() * g.kh == g.h &&
                        g.ow() * g.kw == g.w;
+    if (kind == PoolKind::max && tiled_2x2(g)) return max_pool_2x2_backward(g, x, dy, dx);
     if (!tiles) std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
     pool_backward_loop(kind == PoolKind::max, tiles, g, x, dy, dx, s.best_value.data(), s.best_position.data());
 }
