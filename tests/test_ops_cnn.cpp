@@ -287,7 +287,7 @@ TEST_CASE("cpu im2col reads exactly the windows' elements; col2im is its adjoint
 TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' products without the columns") {
     Rng rng(207);
     auto d = make_cpu_device(0);
-    int ran = 0, weight_grads = 0, input_grads = 0;
+    int ran = 0, weight_grads = 0, few_channel_weight_grads = 0, input_grads = 0;
     for (int rep = 0; rep < 24; ++rep) {
         Window2d g = random_window(rng);
         g.pixel_major = true;
@@ -331,6 +331,7 @@ TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' pro
         // (a backend may decline either gradient, and the layer makes columns)
         if (!d->conv_weight_grad(d->compute_stream(), g, xb.data(), dzb.data(), F, dw.data())) continue;
         ++weight_grads;
+        if (g.c < 16) ++few_channel_weight_grads;  // the product turned around
         const auto dwh = download(*d, dw);
         worst = 0;
         for (int f = 0; f < F; ++f)
@@ -369,7 +370,7 @@ TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' pro
         CHECK(worst < 1e-5);
     }
     if (ran == 0) mark_skipped("no convolution kernel on this CPU (the JIT GEMMs need AVX-512 and libxsmm)");
-    else CHECK((weight_grads > 0 && input_grads > 0));  // the gradients' kernels were tested too
+    else CHECK((weight_grads > 0 && few_channel_weight_grads > 0 && input_grads > 0));  // the gradients' kernels too
 }
 
 TEST_CASE("cpu pooling: max and average forward against the definition; backward routes and averages") {

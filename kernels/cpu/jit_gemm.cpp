@@ -176,27 +176,35 @@ bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int fi
     return true;
 }
 
-// The gradients' kernels run along the input channels (their m): with fewer than one AVX-512
-// vector of them (a first layer's 1-3) the columns' products are faster (bench-step --layers: the
-// ResNet's first convolution's backward 1.1 -> 2.8 ms).
+// The input gradient's kernels run along the input channels (their m): with fewer than one
+// AVX-512 vector of them (a first layer's 1-3) the columns' products are faster (bench-step
+// --layers: the ResNet's first convolution's backward 1.1 -> 2.8 ms). The weight gradient turns
+// its product around for them instead (below).
 constexpr int kMinGradChannels = 16;
 
 bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, int filters, float* dw) {
-    if (!enabled() || filters <= 0 || g.c < kMinGradChannels) return false;
+    if (!enabled() || filters <= 0) return false;
     const int oh = g.oh(), ow = g.ow(), taps = g.kh * g.kw;
     const size_t c = size_t(g.c), K = c * size_t(taps), F = size_t(filters), pixels = size_t(oh) * ow;
-    // per position t: dw_t^T[c, F] += sum over output rows of x_t[c, ow] . dz_row[ow, F], dz's
-    // rows read as they are (the kernel takes B transposed: dz_row^T[F, ow] is dz's memory).
-    // Only the outputs whose input at t is inside the image: the zero border adds nothing.
+    // Per position t, a sum over the output rows whose input at t is inside the image (the zero
+    // border adds nothing), reading x and dz in place (the kernels take B transposed):
+    //   16+ channels: dw_t^T[c, F] += x_t[c, cols] . dz_row[cols, F], straight into dw;
+    //   fewer: dw_t[F, c] += dz_row^T[F, cols] . x_t[cols, c] - F along the vector instead of
+    //   1-3 channels - into a scratch [t][c][F], transposed into dw at the end.
+    const bool few = g.c < kMinGradChannels;
     thread_local std::vector<ConvKernel> kernels;  // by kx: the columns inside differ at the borders
     kernels.assign(size_t(g.kw), nullptr);
     for (int kx = 0; kx < g.kw; ++kx) {
         const Span cols = inside(ow, g.w, g.sw, kx - g.pw);
         if (cols.hi <= cols.lo) continue;
-        kernels[size_t(kx)] = conv_kernel_for(g.c, filters, cols.hi - cols.lo, g.sw * g.c, filters, int(K), true, true);
+        const int k = cols.hi - cols.lo;
+        kernels[size_t(kx)] = few ? conv_kernel_for(filters, g.c, k, filters, g.sw * g.c, filters, true, true)
+                                  : conv_kernel_for(g.c, filters, k, g.sw * g.c, filters, int(K), true, true);
         if (!kernels[size_t(kx)]) return false;
     }
-    std::fill(dw, dw + K * F, 0.0f);
+    thread_local std::vector<float> turned;  // few: [t][c][F]
+    if (few) turned.assign(K * F, 0.0f);
+    else std::fill(dw, dw + K * F, 0.0f);
     thread_local std::vector<const float*> a, b;
     a.resize(size_t(oh));
     b.resize(size_t(oh));
@@ -210,15 +218,21 @@ bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, in
                 if (rows.hi <= rows.lo || cols.hi <= cols.lo) continue;
                 for (int oy = rows.lo; oy < rows.hi; ++oy) {
                     const size_t i = size_t(oy - rows.lo), iy = size_t(oy * g.sh + ky - g.ph);
-                    a[i] = image + (iy * g.w + size_t(cols.lo * g.sw + kx - g.pw)) * c;
-                    b[i] = dz_image + (size_t(oy) * ow + size_t(cols.lo)) * F;
+                    const float* x_row = image + (iy * g.w + size_t(cols.lo * g.sw + kx - g.pw)) * c;
+                    const float* dz_row = dz_image + (size_t(oy) * ow + size_t(cols.lo)) * F;
+                    a[i] = few ? dz_row : x_row;
+                    b[i] = few ? x_row : dz_row;
                 }
                 const unsigned long long count = static_cast<unsigned long long>(rows.hi - rows.lo);
-                kernels[size_t(kx)](a.data(), b.data(), dw + size_t(ky * g.kw + kx) * c, &count);
+                const size_t t = size_t(ky * g.kw + kx);
+                kernels[size_t(kx)](a.data(), b.data(), few ? turned.data() + t * c * F : dw + t * c, &count);
             }
         }
     }
     asm volatile("vzeroupper");
+    if (few)  // dw[f, t c + j] = turned[t c + j, f]
+        for (size_t f = 0; f < F; ++f)
+            for (size_t k = 0; k < K; ++k) dw[f * K + k] = turned[k * F + f];
     return true;
 }
 
