@@ -375,10 +375,8 @@ public:
                       GemmTypes types) override {
         float* z = F(zv);
         if (!jit_conv_forward(g, F(x), wt, filters, z)) return false;
-        if (types.c != DType::f32) {  // as gemm: the product's output rounded to its storage type
-            const size_t n = size_t(g.n) * g.oh() * g.ow() * size_t(filters);
-            for (size_t i = 0; i < n; ++i) z[i] = round_to(types.c, z[i]);
-        }
+        // as gemm: the product's output rounded to its storage type
+        round_stored(z, size_t(g.n) * g.oh() * g.ow() * size_t(filters), types.c);
         return true;
     }
     bool conv_weight_grad(Stream, const Window2d& g, const void* x, const void* dz, int filters, float* dw) override {
@@ -611,9 +609,10 @@ private:
     std::vector<float> column_sums_;  // bias_grad's scratch
     cpu::CnnScratch cnn_;             // the convolution, pooling and batchnorm passes' scratch
 
-    // A pass's f32 results rounded to the 16-bit storage type, where one is in use.
-    void round_stored(float* v, size_t n) const {
-        const DType t = value_dtype();
+    // A pass's f32 results rounded to the 16-bit storage type (the values', unless given), where
+    // one is in use.
+    void round_stored(float* v, size_t n) const { round_stored(v, n, value_dtype()); }
+    static void round_stored(float* v, size_t n, DType t) {
         if (t == DType::f32) return;
         for (size_t i = 0; i < n; ++i) v[i] = round_to(t, v[i]);
     }
