@@ -177,9 +177,9 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     // GPUs (real or simulated); on CPUs the per-thread scratches of kernels/cpu, each grown to its
     // largest use: three of up to 128 rows by the widest layer (a transposed operand and two
     // products), the JIT kernels' transposed operand of at most 128 Ki floats and a small
-    // transposed product (64 KiB), and a convolution's padded image, padded and transposed output
-    // gradient (one image each, counted as four of the widest rows); and a transposed operand of
-    // a block of convolution columns
+    // transposed product (64 KiB), and a convolution's padded image or output gradient (one
+    // image) and a few-channel weight gradient's turned-around product (counted together as four
+    // of the widest rows); and a transposed operand of a block of convolution columns
     const int gemm_rows = std::min(micro_rows, kCpuTransposedGemmMaxRows);
     const uint64_t widest = std::max<uint64_t>(model.largest_activation_per_row(), uint64_t(model.input_features()));
     const uint64_t lt_workspace = type == DeviceType::cuda && strategy.fused_epilogues ? uint64_t(32) << 20 : 0;

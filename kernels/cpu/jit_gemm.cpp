@@ -192,15 +192,26 @@ bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, in
     //   fewer: dw_t[F, c] += dz_row^T[F, cols] . x_t[cols, c] - F along the vector instead of
     //   1-3 channels - into a scratch [t][c][F], transposed into dw at the end.
     const bool few = g.c < kMinGradChannels;
-    thread_local std::vector<ConvKernel> kernels;  // by kx: the columns inside differ at the borders
-    kernels.assign(size_t(g.kw), nullptr);
+    // The output rows each ky reads inside the image, and the columns and kernel of each kx (the
+    // columns inside differ at the borders, and with them the product's k).
+    struct Columns {
+        Span span;
+        ConvKernel kernel;
+    };
+    thread_local std::vector<Span> rows_of;
+    thread_local std::vector<Columns> columns_of;
+    rows_of.resize(size_t(g.kh));
+    columns_of.resize(size_t(g.kw));
+    for (int ky = 0; ky < g.kh; ++ky) rows_of[size_t(ky)] = inside(oh, g.h, g.sh, ky - g.ph);
     for (int kx = 0; kx < g.kw; ++kx) {
         const Span cols = inside(ow, g.w, g.sw, kx - g.pw);
+        columns_of[size_t(kx)] = {cols, nullptr};
         if (cols.hi <= cols.lo) continue;
         const int k = cols.hi - cols.lo;
-        kernels[size_t(kx)] = few ? conv_kernel_for(filters, g.c, k, filters, g.sw * g.c, filters, true, true)
-                                  : conv_kernel_for(g.c, filters, k, g.sw * g.c, filters, int(K), true, true);
-        if (!kernels[size_t(kx)]) return false;
+        const ConvKernel kernel = few ? conv_kernel_for(filters, g.c, k, filters, g.sw * g.c, filters, true, true)
+                                      : conv_kernel_for(g.c, filters, k, g.sw * g.c, filters, int(K), true, true);
+        if (!kernel) return false;
+        columns_of[size_t(kx)].kernel = kernel;
     }
     thread_local std::vector<float> turned;  // few: [t][c][F]
     if (few) turned.assign(K * F, 0.0f);
@@ -212,9 +223,9 @@ bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, in
         const float* image = x + size_t(n) * g.h * g.w * c;
         const float* dz_image = dz + size_t(n) * pixels * F;
         for (int ky = 0; ky < g.kh; ++ky) {
-            const Span rows = inside(oh, g.h, g.sh, ky - g.ph);
+            const Span rows = rows_of[size_t(ky)];
             for (int kx = 0; kx < g.kw; ++kx) {
-                const Span cols = inside(ow, g.w, g.sw, kx - g.pw);
+                const Span cols = columns_of[size_t(kx)].span;
                 if (rows.hi <= rows.lo || cols.hi <= cols.lo) continue;
                 for (int oy = rows.lo; oy < rows.hi; ++oy) {
                     const size_t i = size_t(oy - rows.lo), iy = size_t(oy * g.sh + ky - g.ph);
@@ -225,14 +236,13 @@ bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, in
                 }
                 const unsigned long long count = static_cast<unsigned long long>(rows.hi - rows.lo);
                 const size_t t = size_t(ky * g.kw + kx);
-                kernels[size_t(kx)](a.data(), b.data(), few ? turned.data() + t * c * F : dw + t * c, &count);
+                columns_of[size_t(kx)].kernel(a.data(), b.data(), few ? turned.data() + t * c * F : dw + t * c, &count);
             }
         }
     }
     asm volatile("vzeroupper");
     if (few)  // dw[f, t c + j] = turned[t c + j, f]
-        for (size_t f = 0; f < F; ++f)
-            for (size_t k = 0; k < K; ++k) dw[f * K + k] = turned[k * F + f];
+        cblas_somatcopy(CblasRowMajor, CblasTrans, int(K), filters, 1.0f, turned.data(), filters, dw, int(K));
     return true;
 }
 
