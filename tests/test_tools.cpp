@@ -384,6 +384,57 @@ TEST_CASE("stress test: every result verified; a corrupting link fails with exit
                   &err) == kExitDevice);
 }
 
+namespace {
+
+// "Zen" of "BLAS: OpenBLAS 0.3.21, kernel Zen (chosen ...)".
+std::string kernel_named(const std::string& blas_line) {
+    const size_t at = blas_line.find("kernel ");
+    if (at == std::string::npos) return "";
+    const size_t from = at + 7;
+    return blas_line.substr(from, blas_line.find(' ', from) - from);
+}
+
+}  // namespace
+
+TEST_CASE("BLAS kernel: a process started by one that chose its kernel runs that kernel without measuring again") {
+    // Results are compared bit for bit between this process and the CLI runs it starts: the CLI
+    // must not choose again (where the first choice was below the CPU's best class, a second,
+    // noisy measurement started from it picked another kernel, and the runs rounded differently).
+    TempDir d;
+    auto blas_line = [&](const std::vector<std::pair<std::string, std::string>>& env) {
+        const std::string out = d / "devices.txt";
+        REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
+        std::ifstream in(out);
+        std::string line;
+        while (std::getline(in, line))
+            if (line.rfind("BLAS: ", 0) == 0) return line;
+        return std::string();
+    };
+    const std::string empty_cache = d / "empty-cache";
+    const std::string own = blas_kernel();
+    const std::string inherited = blas_line({{"MIRRORED_CACHE_DIR", empty_cache}});
+    CAPTURE(inherited);
+    CHECK(kernel_named(inherited) == own.substr(0, own.find(' ')));
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        mark_skipped("the CPU has no AVX2: no kernel to choose");
+        return;
+    }
+    // Haswell, below the best class on AVX-512 CPUs, as the parent's choice: kept, not re-measured
+    const std::string kept = blas_line({{"OPENBLAS_CORETYPE", "Haswell"}, {"MIRRORED_CACHE_DIR", empty_cache},
+                                        {"MIRRORED_BLAS_INHERITED", "Haswell|50.0|Prescott|16.0"}});
+    CAPTURE(kept);
+    CHECK(kept.find("kernel Haswell (chosen by mirrored by measurement: 50 GFLOP/s against 16 for Prescott") !=
+          std::string::npos);
+    CHECK(kept.find("by the process that started this one") != std::string::npos);
+    CHECK(!std::filesystem::exists(empty_cache + "/blas-kernel.txt"));  // nothing was measured
+    // a marker for another kernel than the one OpenBLAS runs (OPENBLAS_CORETYPE changed since) is ignored
+    const std::string stale = blas_line({{"OPENBLAS_CORETYPE", "Prescott"}, {"MIRRORED_CACHE_DIR", empty_cache},
+                                         {"MIRRORED_BLAS_INHERITED", "Haswell|50.0|Prescott|16.0"}});
+    CAPTURE(stale);
+    CHECK(kernel_named(stale) != "Prescott");
+    CHECK(stale.find("by the process that started this one") == std::string::npos);
+}
+
 TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replaced by the fastest correct one") {
     CHECK(blas_probe_gflops() > 0);  // this process's kernel passes the reference check
     TempDir d;
@@ -408,6 +459,14 @@ TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replac
         CHECK(chosen.find("chosen by mirrored by measurement") != std::string::npos);
         CHECK(std::filesystem::exists(cache + "/blas-kernel.txt"));
         CHECK(devices(generic) == chosen);  // the second start reuses the cached choice
+        // A process started on the chosen kernel (OPENBLAS_CORETYPE inherited from the one that
+        // chose it) keeps it: it finds the same cached answer, it does not measure again from there.
+        const std::string core = kernel_named(chosen);
+        REQUIRE(!core.empty());
+        const std::string on_chosen = devices({{"OPENBLAS_CORETYPE", core}, {"MIRRORED_CACHE_DIR", cache},
+                                               {"MIRRORED_BLAS_INHERITED", ""}});
+        CAPTURE(on_chosen);
+        CHECK(kernel_named(on_chosen) == core);
     } else {
         mark_skipped("the CPU has no AVX2: Prescott may be the right kernel");
     }

@@ -31,6 +31,10 @@ namespace {
 
 constexpr const char* kProbeVar = "MIRRORED_BLAS_PROBE";    // this process is a probe child
 constexpr const char* kChosenVar = "MIRRORED_BLAS_CHOSEN";  // set on our re-exec: "core|gflops|own|own_gflops"
+// The same marker, kept for the processes a re-executed one starts (the tests' CLI runs, `scale`'s
+// children): they inherit OPENBLAS_CORETYPE and must run that kernel, not measure again from it -
+// a second measurement, noisy, could pick another kernel, and the two would round differently.
+constexpr const char* kInheritedVar = "MIRRORED_BLAS_INHERITED";
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -182,10 +186,30 @@ double probe(const std::string& core) {
     return g;
 }
 
-// The machine, the library build and the kernel OpenBLAS picked: a choice is reused only for
-// exactly these.
-std::string cache_key(const std::string& own) {
-    return cpu_model_name() + "|" + (openblas_get_config() ? openblas_get_config() : "") + "|" + own;
+// The machine and the library build: a choice is reused only for exactly these. Not the kernel
+// this process started on - a process started on the chosen kernel (OPENBLAS_CORETYPE inherited)
+// must find the same answer as one started on OpenBLAS's own pick, not measure again from there.
+std::string cache_key() {
+    std::string config = openblas_get_config() ? openblas_get_config() : "";
+    const std::string core = " " + core_name() + " ";  // the config names the loaded kernel
+    if (const size_t at = config.find(core); at != std::string::npos) config.replace(at, core.size(), " ");
+    return cpu_model_name() + "|" + config;
+}
+
+// "core|gflops|own|own_gflops", as reexec writes it.
+bool parse_marker(const std::string& text, Choice& c) {
+    char core[64] = {}, own[64] = {};
+    if (std::sscanf(text.c_str(), "%63[^|]|%lf|%63[^|]|%lf", core, &c.gflops, own, &c.own_gflops) != 4) return false;
+    c.core = core;
+    c.own = own;
+    return true;
+}
+
+std::string how_chosen(const Choice& c) {
+    char how[256];
+    std::snprintf(how, sizeof how, "chosen by mirrored by measurement: %.0f GFLOP/s against %.0f for %s, the kernel it "
+                  "started with", c.gflops, c.own_gflops, c.own.c_str());
+    return how;
 }
 
 bool read_cache(const std::string& key, Choice& c) {
@@ -206,6 +230,7 @@ void write_cache(const std::string& key, const Choice& c) {
     std::snprintf(marker, sizeof marker, "%s|%.1f|%s|%.1f", c.core.c_str(), c.gflops, c.own.c_str(), c.own_gflops);
     ::setenv("OPENBLAS_CORETYPE", c.core.c_str(), 1);
     ::setenv(kChosenVar, marker, 1);
+    ::setenv(kInheritedVar, marker, 1);
     ::execv("/proc/self/exe", argv);
     std::fprintf(stderr, "mirrored: could not re-execute with BLAS kernel %s (%s); continuing with %s\n", c.core.c_str(),
                  std::strerror(errno), c.own.c_str());
@@ -230,30 +255,34 @@ void choose_blas_kernel(char** argv) {
     const std::string own = core_name();
     g_choice.core = own;
     if (const char* marker = std::getenv(kChosenVar)) {  // we re-executed ourselves
-        const std::string chosen_text = marker;
-        const char* chosen = chosen_text.c_str();
-        ::unsetenv(kChosenVar);  // not for the processes this one starts
-        char core[64] = {}, was[64] = {};
-        double g = 0, wg = 0;
-        if (std::string(chosen) == "rejected") {
+        const std::string chosen = marker;
+        ::unsetenv(kChosenVar);  // not for the processes this one starts (they get kInheritedVar)
+        if (chosen == "rejected") {
             g_how = "the kernel it started with: the faster one failed its check on start-up";
+            ::unsetenv(kInheritedVar);
             return;
         }
-        if (std::sscanf(chosen, "%63[^|]|%lf|%63[^|]|%lf", core, &g, was, &wg) == 4 && own == core) {
-            if (results_correct()) {
-                g_choice = {core, g, was, wg};
-                char how[256];
-                std::snprintf(how, sizeof how, "chosen by mirrored by measurement: %.0f GFLOP/s against %.0f for "
-                              "%s, the kernel it started with", g, wg, was);
-                g_how = how;
-                return;
-            }
+        Choice c;
+        const bool parsed = parse_marker(chosen, c);
+        if (parsed && own == c.core && results_correct()) {
+            g_choice = c;
+            g_how = how_chosen(c);
+            return;
         }
-        if (std::sscanf(chosen, "%63[^|]|%lf|%63[^|]|%lf", core, &g, was, &wg) == 4 && kernel_level(was) > 0)
-            ::setenv("OPENBLAS_CORETYPE", was, 1);  // back to where it started
+        if (parsed && kernel_level(c.own) > 0) ::setenv("OPENBLAS_CORETYPE", c.own.c_str(), 1);  // back to where it started
+        ::unsetenv(kInheritedVar);
         ::setenv(kChosenVar, "rejected", 1);
         ::execv("/proc/self/exe", argv);
         return;
+    }
+    if (const char* marker = std::getenv(kInheritedVar)) {  // started by a process that chose this kernel
+        Choice c;
+        if (parse_marker(marker, c) && own == c.core) {
+            g_choice = c;
+            g_how = how_chosen(c) + " (by the process that started this one)";
+            return;
+        }
+        ::unsetenv(kInheritedVar);  // OPENBLAS_CORETYPE was changed since: choose afresh
     }
     // OPENBLAS_CORETYPE set in the environment (machine images do) is where OpenBLAS starts; a
     // faster kernel still wins unless MIRRORED_BLAS_AUTO=0 says to keep it.
@@ -265,7 +294,7 @@ void choose_blas_kernel(char** argv) {
     }
     const int level = cpu_level();
     if (kernel_level(own) >= level) return;  // already the best class of kernel for this CPU
-    const std::string key = cache_key(own);
+    const std::string key = cache_key();
     Choice c;
     if (!read_cache(key, c)) {
         c.own = own;
