@@ -132,8 +132,8 @@ TEST_CASE("hardware table: every GPU and link has figures and a source; unknown 
 }
 
 // The stated tolerances: on CPU replicas, in the size range where the memory system's bandwidth
-// is flat (32 MiB and up), the ring formula with the link calibrated at 64 MiB predicts the
-// measured all-reduce within 50% (the memory bandwidth of a shared 2-core machine alone varies
+// is flat, the ring formula with the link calibrated at 128 MiB predicts the measured all-reduce
+// at 64 and 256 MiB within 50% (the memory bandwidth of a shared 2-core machine alone varies
 // that much between runs); the step model (compute measured on one replica, the all-reduce from
 // the link) predicts the measured 2-replica step within 40% (on a quiet machine it is 12-24%
 // short: two CPU replicas share the L3, the memory and the loader's core, which the model, made
@@ -151,9 +151,12 @@ TEST_CASE("planner validated on CPU replicas: all-reduce within 50%, step time w
 #endif
     double worst_allreduce = 1e9;
     for (int attempt = 0; attempt < 3 && worst_allreduce > 0.50; ++attempt) {
-        const LinkModel link = measure_link("cpu:2", "ring", DType::f32, size_t(64) << 20);
+        // Sizes where the bandwidth is flat on the machines seen: on a Xeon VM reporting a
+        // 300 MiB L3 a 32 MiB ring ran 1.7x faster per byte than a 64 MiB one (it failed the 50%
+        // calibrated at 64 MiB); from 64 MiB to 1 GiB the bandwidth stayed within 15%.
+        const LinkModel link = measure_link("cpu:2", "ring", DType::f32, size_t(128) << 20);
         double worst = 0;
-        for (size_t mb : {32, 128}) {
+        for (size_t mb : {64, 256}) {
             const double measured = measure_allreduce_seconds("cpu:2", "ring", DType::f32, mb << 20);
             const double predicted = ring_allreduce_seconds(2, double(mb << 20), link);
             MESSAGE(mb << " MiB: predicted " << predicted * 1e3 << " ms, measured " << measured * 1e3 << " ms");
