@@ -49,6 +49,9 @@ YAML::Node lookup(const YAML::Node& node, const std::vector<std::string>& parts,
 
 constexpr uint64_t kMaxConfigBytes = uint64_t(4) << 20;  // a configuration is text, never this large
 constexpr int kMaxDepth = 32;
+// Values a document may hold, counted as its readers see them: an alias is its anchor's values
+// once more, so nine lists of nine aliases nested twelve deep would be 9^12 values to walk.
+constexpr size_t kMaxValues = 100000;
 
 bool valid_utf8(const std::string& s) {
     size_t i = 0;
@@ -94,12 +97,16 @@ bool valid_key_path(const std::string& key) {
 }
 
 // Every string of the document is valid UTF-8 without control characters (they would be mangled
-// in file names, logs and checkpoint metadata), no mapping repeats a key, nesting is bounded.
-void check_document(const YAML::Node& n, const std::string& name, const std::string& path, int depth = 0) {
+// in file names, logs and checkpoint metadata), no mapping repeats a key, nesting and size (with
+// aliases expanded) are bounded.
+void check_node(const YAML::Node& n, const std::string& name, const std::string& path, int depth, size_t& values) {
     auto where = [&](const YAML::Node& at) {  // a --set value has no line of its own
         return at.Mark().line >= 0 && name.rfind("--set ", 0) != 0 ? name + ":" + std::to_string(at.Mark().line + 1) : name;
     };
     if (depth > kMaxDepth) throw ConfigError(where(n) + ": " + path + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
+    if (++values > kMaxValues)
+        throw ConfigError(where(n) + ": " + (path.empty() ? "(document)" : path) + ": the document holds more than " +
+                          std::to_string(kMaxValues) + " values with its aliases expanded (a configuration has hundreds)");
     auto check_text = [&](const YAML::Node& at, const std::string& s, const std::string& key) {
         if (!valid_utf8(s)) throw ConfigError(where(at) + ": " + key + ": '" + printable(s) + "' is not valid UTF-8");
         for (unsigned char ch : s)
@@ -109,7 +116,7 @@ void check_document(const YAML::Node& n, const std::string& name, const std::str
     if (n.IsScalar()) {
         check_text(n, n.Scalar(), path.empty() ? "(document)" : path);
     } else if (n.IsSequence()) {
-        for (size_t i = 0; i < n.size(); ++i) check_document(n[i], name, path + "." + std::to_string(i), depth + 1);
+        for (size_t i = 0; i < n.size(); ++i) check_node(n[i], name, path + "." + std::to_string(i), depth + 1, values);
     } else if (n.IsMap()) {
         std::map<std::string, int> seen;
         for (auto it = n.begin(); it != n.end(); ++it) {
@@ -122,9 +129,14 @@ void check_document(const YAML::Node& n, const std::string& name, const std::str
             if (!inserted)
                 throw ConfigError(where(it->first) + ": " + printable(child) + ": the key appears twice (lines " +
                                   std::to_string(prev->second) + " and " + std::to_string(line) + ")");
-            check_document(it->second, name, child, depth + 1);
+            check_node(it->second, name, child, depth + 1, values);
         }
     }
+}
+
+void check_document(const YAML::Node& n, const std::string& name, const std::string& path) {
+    size_t values = 0;
+    check_node(n, name, path, 0, values);
 }
 
 std::string describe(const YAML::Node& n) {

@@ -137,6 +137,18 @@ TEST_CASE("config: hostile and careless input is refused with the place and the 
     std::string deep = "run: ";
     for (int i = 0; i < 40; ++i) deep += "[";
     expect_error(deep + std::string(40, ']') + "\n", {}, "nested more than 32 levels");
+    // "billion laughs": nine aliases of the list before, twelve times - 9^12 values to walk
+    std::string laughs = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n";
+    for (int i = 1; i <= 12; ++i) {
+        const std::string prev = "*a" + std::to_string(i - 1);
+        laughs += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [" + prev;
+        for (int k = 1; k < 9; ++k) laughs += ", " + prev;
+        laughs += "]\n";
+    }
+    expect_error(laughs + "run: {name: *a12}\n", {}, "the document holds more than 100000 values with its aliases expanded");
+    std::string wide = "run.name=[x";
+    for (int i = 0; i < 100000; ++i) wide += ",x";
+    expect_error(t, {wide + "]"}, "...: run.name.99999: the document holds more than 100000 values");
     CHECK_NOTHROW(load_config(write_config("utf8.yaml", std::string(kGood) + "checkpoint: {resume: auto}\n"), {"run.name=caf\xc3\xa9"}));
 }
 
