@@ -48,6 +48,25 @@ void end_status_line() {
     std::fflush(stdout);
 }
 
+bool same_file(const std::string& a, const std::string& b) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+    const fs::path ca = fs::weakly_canonical(a, ec), cb = fs::weakly_canonical(b, ec);
+    return !ec && ca == cb;
+}
+
+// A file an option writes: not a directory, and none of the files the command reads or writes
+// otherwise (`eval --dump-inputs` onto the checkpoint would replace it). others: (what it is, path).
+void check_output_file(const std::string& option, const std::string& path,
+                       const std::vector<std::pair<std::string, std::string>>& others) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) throw ConfigError(option + " " + path + ": is a directory; name a file");
+    for (const auto& [what, other_path] : others)
+        if (!other_path.empty() && same_file(path, other_path))
+            throw ConfigError(option + " " + path + ": is " + what + "; choose another file");
+}
+
 // The commands that run or read a model: train, eval, export, devices.
 struct ModelCommands {
     std::string config, checkpoint, out, devices, output;
@@ -109,6 +128,14 @@ private:
             nodes = Nodes::join(nullptr, nullptr);
             return run_training(cfg, nodes.get());
         }
+        const std::vector<std::pair<std::string, std::string>> read = {{"the checkpoint itself", checkpoint},
+                                                                       {"the configuration file", config}};
+        if (!dump.inputs.empty()) check_output_file("--dump-inputs", dump.inputs, read);
+        if (!dump.logits.empty()) {
+            auto taken = read;
+            taken.push_back({"the file --dump-inputs writes", dump.inputs});
+            check_output_file("--dump-logits", dump.logits, taken);
+        }
         const EvalResult r = evaluate_checkpoint(cfg, checkpoint, dump);
         std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n", checkpoint.c_str(),
                     static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
@@ -117,10 +144,7 @@ private:
 
     // The weights without the optimizer state, under PyTorch's names.
     int export_weights() {
-        std::error_code ec;
-        if (std::filesystem::exists(out, ec) && std::filesystem::equivalent(out, checkpoint, ec))
-            throw ConfigError("--out " + out + ": is the checkpoint itself; choose another file for the export");
-        if (std::filesystem::is_directory(out, ec)) throw ConfigError("--out " + out + ": is a directory; name a file");
+        check_output_file("--out", out, {{"the checkpoint itself", checkpoint}});
         SafetensorsFile f = read_safetensors(checkpoint, true);
         SafetensorsFile weights;
         for (auto& [name, t] : f.tensors)

@@ -298,7 +298,7 @@ TEST_CASE("careless command lines get exit 2 and what is expected, never 'intern
     }
 }
 
-TEST_CASE("export onto its own checkpoint is refused; a finished run on a read-only mount is still shown") {
+TEST_CASE("export or eval dumps onto the checkpoint or the config are refused; a finished run on a read-only mount is still shown") {
     TempDir d;
     const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
     REQUIRE(run_cli({"train", cfg, "--output", out}) == kExitOk);
@@ -309,6 +309,29 @@ TEST_CASE("export onto its own checkpoint is refused; a finished run on a read-o
     CHECK(err.find("is the checkpoint itself") != std::string::npos);
     CHECK(fs::file_size(ckpt) == before);
     CHECK_NOTHROW(read_safetensors(ckpt, true));
+    // eval's dumps: refused before anything is evaluated, onto the checkpoint (through another
+    // spelling of its path), the config, each other or a directory; nothing is replaced
+    const std::string x = d / "x.npy", cfg_text = kRun;
+    const std::string ckpt_other = (fs::path(ckpt).parent_path() / ".." / "checkpoints" / fs::path(ckpt).filename()).string();
+    struct Case {
+        std::vector<std::string> dump;
+        std::string want;
+    };
+    for (const Case& c : {Case{{"--dump-inputs", ckpt_other}, "--dump-inputs " + ckpt_other + ": is the checkpoint itself"},
+                          Case{{"--dump-logits", ckpt}, "is the checkpoint itself"},
+                          Case{{"--dump-logits", cfg}, "is the configuration file"},
+                          Case{{"--dump-inputs", x, "--dump-logits", x}, "--dump-logits " + x + ": is the file --dump-inputs writes"},
+                          Case{{"--dump-inputs", d.path().string()}, "is a directory; name a file"}}) {
+        CAPTURE(c.want);
+        std::vector<std::string> args{"eval", cfg, "--checkpoint", ckpt};
+        args.insert(args.end(), c.dump.begin(), c.dump.end());
+        CHECK(run_cli(args, {}, -1, &err) == kExitUsage);
+        CHECK(err.find(c.want) != std::string::npos);
+    }
+    CHECK(fs::file_size(ckpt) == before);
+    CHECK_NOTHROW(read_safetensors(ckpt, true));
+    CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(cfg).rdbuf()), {}) == cfg_text);
+    CHECK(!fs::exists(x));
     // read-only: a bind mount remounted read-only in a private mount namespace (needs root)
     const std::string log = d / "ro.log";
     const std::string script = "mount --bind '" + out + "' '" + out + "' && mount -o remount,ro,bind '" + out + "' && touch '" +
