@@ -71,7 +71,9 @@ ifneq ($(NVCC),)
     NCCL_LIBS :=
     NCCL_INC :=
   endif
-  NVCCFLAGS := -std=c++20 -O3 -I. $(NCCL_INC) -ccbin $(CXX) $(GENCODE) -DMIRRORED_NCCL=$(WITH_NCCL) \
+  # --threads 0: the five architectures of one file compile in parallel (cuda_kernels.cu 22-27 s
+  # -> 15 s on 2 cores)
+  NVCCFLAGS := -std=c++20 -O3 -I. $(NCCL_INC) -ccbin $(CXX) $(GENCODE) -DMIRRORED_NCCL=$(WITH_NCCL) --threads 0 \
                -Xcompiler -Wall,-Wextra,-pthread -MMD -MP
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart $(NCCL_LIBS)
   CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1
