@@ -111,6 +111,14 @@ $(OBJ)/%.o: %.cpp | $(DEPS_STEP)
 $(OBJ)/kernels/cpu/%.o: CXXFLAGS += -O3 -fno-math-errno -ffp-contract=off
 
 $(OBJ)/mirrored/nodes.o: CXXFLAGS += $(MPI_CFLAGS)
+
+# The build's version, `git describe` of the checkout ("unknown" outside one): mirrored/software.cpp
+# alone is compiled with it, and again only when it changes (version.txt keeps the last one).
+VERSION := $(shell git describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+VERSION_FILE := $(OBJ)/version.txt
+$(shell mkdir -p $(OBJ) && (echo '$(VERSION)' | cmp -s - $(VERSION_FILE) || echo '$(VERSION)' > $(VERSION_FILE)))
+$(OBJ)/mirrored/software.o: $(VERSION_FILE)
+$(OBJ)/mirrored/software.o: CXXFLAGS += -DMIRRORED_VERSION='"$(VERSION)"'
 $(OBJ)/kernels/cpu/jit_gemm.o: CXXFLAGS += $(XSMM_CFLAGS)
 
 $(OBJ)/%.cu.o: %.cu | $(DEPS_STEP)

@@ -20,6 +20,7 @@ std::unique_ptr<Device> make_cuda_device(int ordinal) {
     throw DeviceError("cuda:" + std::to_string(ordinal) + ": " + cuda_unavailable_reason());
 }
 CudaTopology cuda_topology() { return {}; }
+CudaVersions cuda_versions() { return {}; }
 uint64_t cuda_free_memory(int) { return 0; }
 std::vector<StagedPair> cuda_enable_peer_access(const std::vector<int>&) { return {}; }
 bool nccl_compiled() { return false; }

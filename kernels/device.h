@@ -555,6 +555,13 @@ struct CudaTopology {
     int cuda_runtime_version = 0, cuda_driver_version = 0, nccl_version = 0;
 };
 CudaTopology cuda_topology();
+// The CUDA libraries this build runs on, each 0 where there is none (no driver, not compiled in).
+// Starts nothing on the GPUs: `mirrored --version` asks for it. cublas: major x 10000 + minor x
+// 100 + patch; the others as cudaRuntimeGetVersion and ncclGetVersion count.
+struct CudaVersions {
+    int runtime = 0, driver = 0, cublas = 0, nccl = 0;
+};
+CudaVersions cuda_versions();
 uint64_t cuda_free_memory(int ordinal);  // cudaMemGetInfo's free bytes (0 if unknown)
 
 // A pair of distinct GPUs that kernels cannot load across: reduce_from_peer copies through local

@@ -332,6 +332,7 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
         {"global_batch", std::to_string(d.global_batch)},
         {"train_samples", std::to_string(d.train_samples)},
         {"loss_scale", exact(d.loss_scale[0]) + "," + exact(d.loss_scale[1])},
+        {"software", d.software},
     };
     json metrics = json::array();
     for (const auto& m : d.train_metrics) metrics.push_back({exact(m[0]), exact(m[1]), exact(m[2])});
@@ -369,6 +370,7 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
     d.devices = meta_of(p, path, "devices");
     if (p.meta.count("blas_kernel")) d.blas_kernel = meta_of(p, path, "blas_kernel");
     if (p.meta.count("cross_device_ops")) d.cross_device_ops = meta_of(p, path, "cross_device_ops");
+    if (p.meta.count("software")) d.software = meta_of(p, path, "software");
     d.config_yaml = meta_of(p, path, "config");
     try {
         const json m = json::parse(meta_of(p, path, "train_metrics"));

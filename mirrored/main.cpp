@@ -22,6 +22,7 @@
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/nodes.h"
+#include "mirrored/software.h"
 #include "mirrored/tools/commands.h"
 #include "mirrored/trainer.h"
 
@@ -204,6 +205,7 @@ int main(int argc, char** argv) {
     CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "help for every command");
+    app.set_version_flag("--version", version_text, "this build and the libraries it runs on (what every node of a job must share)");
     ModelCommands model(app);
     ToolCommands tools(app);
     if (!known_command(app, argc, argv)) return kExitUsage;
@@ -212,6 +214,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
         std::fprintf(stderr, "error: %s\n(run 'mirrored --help' or 'mirrored <command> --help')\n", e.what());

@@ -22,6 +22,7 @@
 #include "mirrored/util.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/run_dir.h"
+#include "mirrored/software.h"
 #include "data/io.h"
 #include "mirrored/strategy.h"
 
@@ -231,6 +232,12 @@ std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
     return cfg.strategy.fused_epilogues ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS";
 }
 
+// The mirrored build that wrote a checkpoint ("" where it did not record one).
+std::string written_by(const CheckpointData& ckpt) {
+    const json j = json::parse(ckpt.software, nullptr, false);
+    return j.is_object() && j.contains("mirrored") && j["mirrored"].is_string() ? j["mirrored"].get<std::string>() : "";
+}
+
 // A finite-parameters check before anything is saved: a NaN must never overwrite good state.
 bool all_finite(const std::vector<float>& v) {
     for (float x : v)
@@ -357,6 +364,7 @@ void Run::print_header() {
                     "node, then between the nodes\n", st.all_replicas(), Nodes::library().c_str(), st.replicas());
         for (size_t k = 0; k < nodes.size(); ++k) std::printf("  node %zu: %s\n", k, nodes[k].c_str());
     }
+    std::printf("  software: %s\n", software_line().c_str());
     print_strategy_choices(st);
     if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
         std::printf("  no GPU: %s\n", cuda_unavailable_reason().c_str());
@@ -506,6 +514,10 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
         std::printf("  note: the checkpoint was written with GEMMs by %s, this run uses %s: training continues "
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.blas_kernel.c_str(),
                     gemm.c_str());
+    if (const std::string writer = written_by(ckpt); !writer.empty() && writer != mirrored_version())
+        std::printf("  note: the checkpoint was written by mirrored %s, this is %s: training continues; if the two "
+                    "compute differently, not bit-identically to an uninterrupted run\n", writer.c_str(),
+                    mirrored_version().c_str());
     if (st.all_replicas() > 1 && !ckpt.cross_device_ops.empty() && ckpt.cross_device_ops != st.cross_device_ops_name())
         std::printf("  note: the checkpoint was written with cross-device ops %s, this run uses %s: training "
                     "continues correctly, but not bit-identically to an uninterrupted run\n",
@@ -652,6 +664,7 @@ void Run::save_checkpoint(int64_t step) {
     d.global_batch = cfg_.train.global_batch_size;
     d.loss_scale = st.loss_scale_state();
     d.train_samples = int64_t(s_->data->train.count());
+    d.software = software_json();
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
     prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep);
 }
@@ -680,6 +693,7 @@ void Run::write_summary(const std::string& status) {
         {"parameters", s_->model->param_count()},
         {"precision", precision_name(cfg_.train.precision)},
         {"blas", blas_description()},
+        {"software", json::parse(software_json())},
         {"peak_memory_bytes", st.peak_memory_bytes()},
         {"memory_plan_bytes", st.memory_plan().total()},
         // CUDA: what GPU 0 has in use, the CUDA context and libraries included; elsewhere the same as allocated
@@ -839,6 +853,17 @@ void check_same_config(const Config& config, Nodes& nodes) {
     }
 }
 
+// Every node must run the same build of mirrored on the same CUDA runtime, NCCL and MPI (NCCL
+// ranks of different versions hang or fail in the first collective); other differences (the
+// BLAS kernel, cuBLAS) cost only bit-identity with a one-node run, and node 0 says so.
+void check_same_software(Nodes& nodes) {
+    const SoftwareComparison c = compare_software(nodes.all_gather(software_fingerprint(), "the exchange of the software versions"));
+    if (!c.refusal.empty()) throw ConfigError(c.refusal);
+    if (nodes.leader())
+        for (const std::string& note : c.notes)
+            std::printf("note: %s: the job trains correctly, but not bit-identically to one node\n", note.c_str());
+}
+
 }  // namespace
 
 int run_training(const Config& config, Nodes* nodes) {
@@ -848,6 +873,7 @@ int run_training(const Config& config, Nodes* nodes) {
                       "\nerror: node %d (%.64s): stopped by mpirun (another node failed, or the job was interrupted); "
                       "rerun the job to resume from the last checkpoint\n", nodes->rank(), nodes->host().c_str());
         nodes->set_timeout(config.strategy.collective_timeout_s);
+        check_same_software(*nodes);
         check_same_config(config, *nodes);
         // Node 0 prints; the others' progress would only repeat it (errors still go to stderr).
         if (!nodes->leader()) {

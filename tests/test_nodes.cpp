@@ -15,9 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/nodes.h"
+#include "mirrored/software.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
 #include "tests/run_folder.h"
@@ -358,6 +360,56 @@ TEST_CASE("nodes whose configurations differ are refused (exit 2, the differing 
     std::string err;
     CHECK(run_cli({"train", cfg, "--set", "strategy.nodes=2"}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("discovered from mpirun") != std::string::npos);
+}
+
+TEST_CASE("nodes on other software: another mirrored build, CUDA runtime, NCCL or MPI refuses the job; another BLAS kernel is a note") {
+    const std::string mine = software_fingerprint();
+    CHECK(compare_software({mine, mine, mine}).refusal.empty());
+    CHECK(compare_software({mine, mine, mine}).notes.empty());
+    auto with = [&](const std::string& name, const std::string& value) {  // mine, with one entry changed
+        std::string out;
+        for (const SoftwareEntry& e : software())
+            out += e.name + "\t" + (e.name == name ? value : e.value) + "\t" + (e.nodes_must_match ? "1" : "0") + "\n";
+        return out;
+    };
+    std::string nccl;
+    for (const SoftwareEntry& e : software())
+        if (e.name == "NCCL") nccl = e.value;
+    for (const char* name : {"mirrored", "CUDA runtime", "NCCL", "MPI"}) {
+        CAPTURE(name);
+        const SoftwareComparison c = compare_software({mine, mine, with(name, "9.9.9")});
+        CHECK(c.refusal.find(std::string("node 2 runs ") + name + " 9.9.9 where node 0 runs ") != std::string::npos);
+        CHECK(c.refusal.find("node 1") == std::string::npos);
+        CHECK(c.refusal.find("mirrored --version") != std::string::npos);
+    }
+    const SoftwareComparison two = compare_software({mine, with("NCCL", "2.0.0"), with("mirrored", "abc")});
+    CHECK(two.refusal.find("node 1 runs NCCL 2.0.0 where node 0 runs " + nccl + "; node 2 runs mirrored abc") !=
+          std::string::npos);
+    for (const char* name : {"compiler", "CUDA driver", "cuBLAS", "BLAS"}) {
+        CAPTURE(name);
+        const SoftwareComparison c = compare_software({mine, with(name, "other")});
+        CHECK(c.refusal.empty());
+        REQUIRE(c.notes.size() == 1);
+        CHECK(c.notes[0].find(std::string("node 1 runs ") + name + " other where node 0 runs") == 0);
+    }
+    CHECK(compare_software({mine, "garbage"}).refusal.find("node 1 runs mirrored (not reported)") != std::string::npos);
+
+    // End to end: two nodes of this build, node 1 on the Haswell kernel, node 0 on its own choice
+    SKIP_WITHOUT_MPI();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || blas_kernel().rfind("Haswell", 0) == 0) {
+        mark_skipped("needs AVX2 and a BLAS kernel other than Haswell for node 0");
+        return;
+    }
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const std::vector<std::string> args{"train", cfg, "--output", t / "run", "--set", "train.steps=3"};
+    const Job j = mpirun({{args, {}}, {args, {{"OPENBLAS_CORETYPE", "Haswell"}, {"MIRRORED_BLAS_AUTO", "0"}}}});
+    CAPTURE(j.out);
+    CAPTURE(j.err);
+    CHECK(j.rc == kExitOk);
+    CHECK(j.out.find("note: node 1 runs BLAS OpenBLAS") != std::string::npos);
+    CHECK(j.out.find("kernel Haswell") != std::string::npos);
+    CHECK(j.out.find("not bit-identically to one node") != std::string::npos);
 }
 
 TEST_CASE("a node that cannot see the checkpoint node 0 resumes from fails the job with exit 4 naming the path") {

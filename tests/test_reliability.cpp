@@ -10,6 +10,7 @@
 
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
+#include "mirrored/software.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
 
@@ -194,6 +195,35 @@ TEST_CASE("a FIFO as a data file or named like a checkpoint never blocks; a sign
     ::kill(pid, SIGTERM);
     CHECK(wait_status_within(pid, 60) == kExitInterrupted);
     CHECK(std::chrono::steady_clock::now() - t0 < bound);
+}
+
+TEST_CASE("versions: --version names this build and its libraries; summaries and checkpoints record them; a resume from another build says so") {
+    TempDir d;
+    const std::string text = d / "version.txt";
+    REQUIRE(run_cli({"--version"}, {}, -1, nullptr, Stdout::file, text) == kExitOk);
+    const std::string version(std::istreambuf_iterator<char>(std::ifstream(text).rdbuf()), {});
+    CHECK(version.rfind("mirrored " + mirrored_version() + "\n", 0) == 0);
+    for (const char* line : {"\n  compiler: ", "\n  CUDA runtime: ", "\n  NCCL: ", "\n  BLAS: OpenBLAS", "\n  MPI: "})
+        CHECK(version.find(line) != std::string::npos);
+    CHECK(mirrored_version().find_first_of(" \n\t") == std::string::npos);
+
+    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", out}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "20"}}) == kExitInterrupted);
+    const json summary = json::parse(std::ifstream(out + "/summary.json"));
+    CHECK(summary["software"]["mirrored"] == mirrored_version());
+    CHECK(summary["software"].contains("NCCL"));
+    const std::string newest = list_checkpoints(out + "/checkpoints").front();
+    SafetensorsFile f = read_safetensors(newest, true);
+    CHECK(json::parse(f.metadata["software"])["mirrored"] == mirrored_version());
+    // the same checkpoint as an older build would have written it
+    f.metadata["software"] = R"({"mirrored": "0123456789ab-older"})";
+    write_safetensors(newest, f, true);
+    const std::string log = d / "resume.txt";
+    REQUIRE(run_cli({"train", cfg, "--output", out}, {}, -1, nullptr, Stdout::file, log) == kExitOk);
+    const std::string printed(std::istreambuf_iterator<char>(std::ifstream(log).rdbuf()), {});
+    CHECK(printed.find("  software: mirrored " + mirrored_version() + " (") != std::string::npos);
+    CHECK(printed.find("note: the checkpoint was written by mirrored 0123456789ab-older, this is " + mirrored_version()) !=
+          std::string::npos);
 }
 
 TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {

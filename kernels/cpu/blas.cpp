@@ -327,15 +327,18 @@ std::string blas_kernel() {
     return jit.empty() ? core_name() : core_name() + " + " + jit;
 }
 
-std::string blas_description() {
-    std::string version = "OpenBLAS";
+std::string blas_library() {
     if (const char* cfg = openblas_get_config()) {
         const std::string s = cfg;
         const size_t sp = s.find(' ', 9);
-        version = s.substr(0, sp == std::string::npos ? s.size() : sp);
+        return s.substr(0, sp == std::string::npos ? s.size() : sp);
     }
+    return "OpenBLAS";
+}
+
+std::string blas_description() {
     const std::string jit = jit_gemm_description();
-    return version + ", kernel " + core_name() + " (" + g_how + ")" + (jit.empty() ? "" : "; JIT GEMMs " + jit);
+    return blas_library() + ", kernel " + core_name() + " (" + g_how + ")" + (jit.empty() ? "" : "; JIT GEMMs " + jit);
 }
 
 }  // namespace mirrored

@@ -28,6 +28,8 @@ void choose_blas_kernel(char** argv);
 // 124); JIT GEMMs libxsmm 1.17, cpx)": library, version, kernel, how it was chosen, and
 // the JIT kernels where they are in use (kernels/cpu/jit_gemm.h).
 std::string blas_description();
+// "OpenBLAS 0.3.21": the library and its version.
+std::string blas_library();
 // The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none).
 std::string cpu_model_name();
 // The kernels that decide a result's bits: the core name, e.g. "SkylakeX", and the JIT GEMMs'

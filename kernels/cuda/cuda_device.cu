@@ -602,14 +602,30 @@ uint64_t cuda_free_memory(int ordinal) {
     return free_b;
 }
 
+CudaVersions cuda_versions() {
+    CudaVersions v;
+    // A call that fails leaves its version 0 ("none"): asking must never fail a command.
+    if (cudaRuntimeGetVersion(&v.runtime) != cudaSuccess) v.runtime = 0;
+    if (cudaDriverGetVersion(&v.driver) != cudaSuccess) v.driver = 0;
+    int major = 0, minor = 0, patch = 0;
+    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+        v.cublas = major * 10000 + minor * 100 + patch;
+#if MIRRORED_NCCL
+    if (ncclGetVersion(&v.nccl) != ncclSuccess) v.nccl = 0;
+#endif
+    cudaGetLastError();  // a failed query must not be reported by the next checked call
+    return v;
+}
+
 CudaTopology cuda_topology() {
     CudaTopology t;
     const int n = cuda_device_count();
-    cudaRuntimeGetVersion(&t.cuda_runtime_version);
-    cudaDriverGetVersion(&t.cuda_driver_version);
-#if MIRRORED_NCCL
-    ncclGetVersion(&t.nccl_version);
-#endif
+    const CudaVersions v = cuda_versions();
+    t.cuda_runtime_version = v.runtime;
+    t.cuda_driver_version = v.driver;
+    t.nccl_version = v.nccl;
     const Nvml nvml;
     for (int i = 0; i < n; ++i) {
         cudaDeviceProp p{};
