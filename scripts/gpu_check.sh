@@ -50,6 +50,7 @@ make -j"$(nproc)" all >"$out/build.log" 2>&1 || {
     fail "build failed"
 }
 grep -q "CPU-only" "$out/build.log" && fail "the build is CPU-only"
+build/mirrored --version 2>&1 | tee "$out/version.txt" | tee -a "$log"
 build/mirrored devices 2>&1 | tee "$out/devices.txt" | tee -a "$log"
 grep -q "^cuda:0 " "$out/devices.txt" || fail "build/mirrored sees no GPU"
 
