@@ -389,6 +389,17 @@ TEST_CASE("stress test: every result verified; a corrupting link fails with exit
 
 namespace {
 
+// The "BLAS: ..." line `mirrored devices` prints in this environment; files in `dir`.
+std::string devices_blas_line(const TempDir& dir, const std::vector<std::pair<std::string, std::string>>& env) {
+    const std::string out = dir / "devices.txt";
+    REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
+    std::ifstream in(out);
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("BLAS: ", 0) == 0) return line;
+    return std::string();
+}
+
 // "Zen" of "BLAS: OpenBLAS 0.3.21, kernel Zen (chosen ...)".
 std::string kernel_named(const std::string& blas_line) {
     const size_t at = blas_line.find("kernel ");
@@ -404,15 +415,7 @@ TEST_CASE("BLAS kernel: a process started by one that chose its kernel runs that
     // must not choose again (where the first choice was below the CPU's best class, a second,
     // noisy measurement started from it picked another kernel, and the runs rounded differently).
     TempDir d;
-    auto blas_line = [&](const std::vector<std::pair<std::string, std::string>>& env) {
-        const std::string out = d / "devices.txt";
-        REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
-        std::ifstream in(out);
-        std::string line;
-        while (std::getline(in, line))
-            if (line.rfind("BLAS: ", 0) == 0) return line;
-        return std::string();
-    };
+    auto blas_line = [&](const std::vector<std::pair<std::string, std::string>>& env) { return devices_blas_line(d, env); };
     const std::string empty_cache = d / "empty-cache";
     const std::string own = blas_kernel();
     const std::string inherited = blas_line({{"MIRRORED_CACHE_DIR", empty_cache}});
@@ -441,15 +444,7 @@ TEST_CASE("BLAS kernel: a process started by one that chose its kernel runs that
 TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replaced by the fastest correct one") {
     CHECK(blas_probe_gflops() > 0);  // this process's kernel passes the reference check
     TempDir d;
-    auto devices = [&](const std::vector<std::pair<std::string, std::string>>& env) {
-        const std::string out = d / "devices.txt";
-        REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
-        std::ifstream in(out);
-        std::string line;
-        while (std::getline(in, line))
-            if (line.rfind("BLAS: ", 0) == 0) return line;
-        return std::string();
-    };
+    auto devices = [&](const std::vector<std::pair<std::string, std::string>>& env) { return devices_blas_line(d, env); };
     const std::string cache = d / "cache";
     // the generic Prescott kernel, as OpenBLAS falls back to on CPUs it does not know
     const std::vector<std::pair<std::string, std::string>> generic{{"OPENBLAS_CORETYPE", "Prescott"},
