@@ -43,11 +43,12 @@ Kind resolve_kind(const std::string& asked, int most) {
     std::string k = asked;
     if (k.empty()) k = gpus == 0 ? "cpu" : gpus >= most ? "cuda" : "cuda-shared";
     if (k == "cuda") {
-        if (gpus == 0) throw ConfigError("--kind cuda: no GPU is visible (use --kind cpu)");
+        if (gpus == 0) throw DeviceError("--kind cuda: no GPU is visible (" + cuda_unavailable_reason() + "; use --kind cpu)");
         return {k, gpus, "one replica per GPU: the speedup includes the links between them"};
     }
     if (k == "cuda-shared") {
-        if (gpus == 0) throw ConfigError("--kind cuda-shared: no GPU is visible (use --kind cpu)");
+        if (gpus == 0)
+            throw DeviceError("--kind cuda-shared: no GPU is visible (" + cuda_unavailable_reason() + "; use --kind cpu)");
         return {k, 8, "every replica on GPU 0: they divide one GPU's compute, so the speedup is not what more GPUs "
                       "would give; the numbers show the all-reduce's and the host's overhead per replica"};
     }
