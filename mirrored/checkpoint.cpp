@@ -453,7 +453,7 @@ SafetensorsFile read_safetensors(InputFile&& in, bool verify_checksum) {
     return f;
 }
 
-std::vector<std::string> list_checkpoints(const std::string& dir) {
+std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<std::string>* ignored) {
     std::vector<std::string> out;
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return out;
@@ -463,16 +463,36 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
             fs::remove(e.path(), ec);  // a write that never finished
             continue;
         }
-        if (name.rfind("step-", 0) == 0 && e.path().extension() == ".safetensors") out.push_back(e.path().string());
+        if (checkpoint_step(name) < 0) continue;
+        if (e.symlink_status(ec).type() == fs::file_type::regular) out.push_back(e.path().string());
+        else if (ignored) ignored->push_back(e.path().string());
     }
-    std::sort(out.rbegin(), out.rend());  // zero-padded step numbers: newest first
+    // newest first, by the number (past 10 digits the names no longer sort as text)
+    std::sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) {
+        const int64_t sa = checkpoint_step(a), sb = checkpoint_step(b);
+        return sa != sb ? sa > sb : a > b;
+    });
     return out;
 }
 
-void prune_checkpoints(const std::string& dir, int keep) {
-    const auto all = list_checkpoints(dir);
+int64_t checkpoint_step(const std::string& path) {
+    const std::string name = fs::path(path).filename().string();
+    const std::string prefix = "step-", suffix = ".safetensors";
+    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        return -1;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(digits);
+}
+
+void prune_checkpoints(const std::string& dir, int keep, int64_t upto) {
     std::error_code ec;
-    for (size_t i = size_t(std::max(keep, 1)); i < all.size(); ++i) fs::remove(all[i], ec);
+    int kept = 0;
+    for (const std::string& path : list_checkpoints(dir)) {
+        if (checkpoint_step(path) > upto) continue;  // not this run's past: never removed here
+        if (++kept > std::max(keep, 1)) fs::remove(path, ec);
+    }
 }
 
 void write_file_atomic(const std::string& path, const std::string& contents) {

@@ -66,10 +66,16 @@ SafetensorsFile read_safetensors(InputFile&& in, bool verify_checksum);  // from
 // with_checksum: adds the mirrored checksum over the tensors and metadata (as checkpoints carry).
 void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum = false);
 
-// Checkpoint files of a run folder, newest (highest step) first; removes stale temporaries.
-std::vector<std::string> list_checkpoints(const std::string& dir);
+// Checkpoint files of a run folder, newest (highest step) first; removes stale temporaries. Only
+// regular files named as checkpoint_path names them: a directory, a symbolic link or a device
+// of that name is nothing the trainer wrote, and is neither read nor removed (`ignored` gets them).
+std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<std::string>* ignored = nullptr);
 std::string checkpoint_path(const std::string& dir, int64_t step);
-void prune_checkpoints(const std::string& dir, int keep);
+// The step in a checkpoint's file name ("step-0000000468.safetensors" -> 468), -1 if none.
+int64_t checkpoint_step(const std::string& path);
+// Removes all but the `keep` newest checkpoints up to step `upto` (the one just written); any
+// of a later step is left alone.
+void prune_checkpoints(const std::string& dir, int keep, int64_t upto);
 
 // Atomic small-file write (config.yaml, summary.json, rewritten metrics.jsonl).
 void write_file_atomic(const std::string& path, const std::string& contents);

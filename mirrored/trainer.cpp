@@ -264,6 +264,7 @@ private:
     std::optional<CheckpointData> find_checkpoint(std::string& used);
     void start_fresh();
     void resume_from(const CheckpointData& ckpt, const std::string& path);
+    void set_aside_later_checkpoints(int64_t step);
     void recover_metrics(int64_t up_to_step);
     int finish_complete_run();
     void train_loop();
@@ -458,7 +459,13 @@ std::optional<CheckpointData> Run::find_checkpoint(std::string& used) {
     const std::string summary = model_config_summary(cfg_);
     std::vector<std::string> candidates;
     const bool explicit_path = cfg_.checkpoint.resume != "auto" && cfg_.checkpoint.resume != "never";
-    if (cfg_.checkpoint.resume == "auto") candidates = list_checkpoints(ckpt_dir_);
+    if (cfg_.checkpoint.resume == "auto") {
+        std::vector<std::string> ignored;
+        candidates = list_checkpoints(ckpt_dir_, &ignored);
+        for (const std::string& path : ignored)
+            std::fprintf(stderr, "warning: ignoring %s: not a regular file, so not one the trainer wrote (name it in "
+                         "checkpoint.resume to resume from it)\n", path.c_str());
+    }
     else if (explicit_path) candidates = {cfg_.checkpoint.resume};
     for (const auto& path : candidates) {
         try {
@@ -486,6 +493,20 @@ void Run::start_fresh() {
     s_->train_loader->start({0, 0});
     step_ = 0;
     open_metrics(std::ios::trunc);
+}
+
+// Checkpoints of later steps than the one resumed from are not this run's past: one auto-resume
+// skipped as unusable, or another timeline's (a resume from an older, named checkpoint). They
+// move aside, as a fresh start's files do, so that pruning never weighs them against this run's
+// own and a later auto-resume never returns to them.
+void Run::set_aside_later_checkpoints(int64_t step) {
+    if (!leader_) return;  // node 0 alone writes the run folder
+    std::vector<std::string> later;
+    for (const std::string& path : list_checkpoints(ckpt_dir_))
+        if (checkpoint_step(path) > step) later.push_back(path);
+    if (const std::string aside = move_aside(out_dir_, later); !aside.empty())
+        std::printf("  note: %zu checkpoint(s) of later steps than %lld moved to %s (unusable, or of another "
+                    "timeline)\n", later.size(), static_cast<long long>(step), aside.c_str());
 }
 
 void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
@@ -522,6 +543,7 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
         std::printf("  note: the checkpoint was written with cross-device ops %s, this run uses %s: training "
                     "continues correctly, but not bit-identically to an uninterrupted run\n",
                     ckpt.cross_device_ops.c_str(), st.cross_device_ops_name());
+    set_aside_later_checkpoints(ckpt.step);
     st.upload_state(ckpt.params, ckpt.optimizer);
     st.restore_loss_scale(ckpt.loss_scale);
     st.restore_train_metrics(ckpt.train_metrics);
@@ -666,7 +688,7 @@ void Run::save_checkpoint(int64_t step) {
     d.train_samples = int64_t(s_->data->train.count());
     d.software = software_json();
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
-    prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep);
+    prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep, step);
 }
 
 void Run::write_summary(const std::string& status) {

@@ -243,6 +243,50 @@ TEST_CASE("a corrupt or truncated newest checkpoint is skipped for the previous 
     CHECK(summary(out2)["resumed_from_step"] == 28);
 }
 
+TEST_CASE("pruning weighs only this run's past: a later, unusable or foreign entry is moved aside or left alone, never counted") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string out = s.out("run"), dir = out + "/checkpoints";
+    {
+        EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "30");
+        REQUIRE(train_in_process(cfg, out) == kExitInterrupted);
+    }
+    // named like checkpoints of later steps, none written by the trainer; keep: 2 once removed
+    // every checkpoint of the run itself for them, the one just written included
+    fs::create_directory(dir + "/step-9999999999.safetensors");
+    const std::string target = s.out("target.txt");
+    std::ofstream(target) << "a file a link points at";
+    fs::create_symlink(target, dir + "/step-9999999998.safetensors");
+    std::ofstream(dir + "/step-9999999997.safetensors") << "not a checkpoint";
+    CHECK(train_in_process(cfg, out) == kExitOk);
+    CHECK(summary(out)["resumed_from_step"] == 30);
+    auto own = list_checkpoints(dir);
+    REQUIRE(own.size() == 2);
+    CHECK(checkpoint_step(own[0]) == 155);
+    CHECK(checkpoint_step(own[1]) == 154);
+    CHECK(fs::is_directory(dir + "/step-9999999999.safetensors"));
+    CHECK(fs::is_symlink(dir + "/step-9999999998.safetensors"));
+    CHECK(std::ifstream(target).good());
+    auto set_aside = [&](const std::string& name) {  // in one of the previous-* folders
+        for (const auto& e : fs::directory_iterator(out))
+            if (e.path().filename().string().rfind("previous-", 0) == 0 && fs::exists(e.path() / name)) return true;
+        return false;
+    };
+    CHECK(set_aside("step-9999999997.safetensors"));  // unusable: skipped by the resume, kept aside
+    // another timeline: resuming from the older, named checkpoint moves the later one aside,
+    // and the new timeline's checkpoints are the ones kept
+    CHECK(train_in_process(cfg, out, {"checkpoint.resume=" + own[1], "train.epochs=6"}) == kExitOk);
+    CHECK(set_aside("step-0000000155.safetensors"));
+    own = list_checkpoints(dir);
+    REQUIRE(own.size() == 2);
+    CHECK(checkpoint_step(own[0]) == 186);
+    CHECK(checkpoint_step(own[1]) == 182);
+    CHECK(checkpoint_step("step-0000000042.safetensors") == 42);
+    CHECK(checkpoint_step("step-12345678901234.safetensors") == 12345678901234);
+    for (const char* bad : {"step-.safetensors", "step-12a.safetensors", "step-1.safetensors.tmp", "epoch-1.safetensors"})
+        CHECK(checkpoint_step(bad) == -1);
+}
+
 TEST_CASE("a checkpoint of another model is refused with exit code 4 and the reason") {
     Scratch s;
     const std::string cfg = s.config();
