@@ -504,9 +504,14 @@ void Run::set_aside_later_checkpoints(int64_t step) {
     std::vector<std::string> later;
     for (const std::string& path : list_checkpoints(ckpt_dir_))
         if (checkpoint_step(path) > step) later.push_back(path);
-    if (const std::string aside = move_aside(out_dir_, later); !aside.empty())
-        std::printf("  note: %zu checkpoint(s) of later steps than %lld moved to %s (unusable, or of another "
-                    "timeline)\n", later.size(), static_cast<long long>(step), aside.c_str());
+    const std::string aside = move_aside(out_dir_, later);
+    if (aside.empty()) return;
+    // the metrics and summary of those steps go with them (this run keeps its lines up to `step`)
+    std::error_code ec;
+    for (const char* f : {"metrics.jsonl", "summary.json"})
+        if (fs::exists(fs::path(out_dir_) / f, ec)) fs::copy_file(fs::path(out_dir_) / f, fs::path(aside) / f, ec);
+    std::printf("  note: %zu checkpoint(s) of later steps than %lld moved to %s with the metrics up to them "
+                "(unusable, or of another timeline)\n", later.size(), static_cast<long long>(step), aside.c_str());
 }
 
 void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {

@@ -277,6 +277,12 @@ TEST_CASE("pruning weighs only this run's past: a later, unusable or foreign ent
     // and the new timeline's checkpoints are the ones kept
     CHECK(train_in_process(cfg, out, {"checkpoint.resume=" + own[1], "train.epochs=6"}) == kExitOk);
     CHECK(set_aside("step-0000000155.safetensors"));
+    bool old_metrics = false;  // the other timeline's metrics went with its checkpoint
+    for (const auto& e : fs::directory_iterator(out))
+        if (fs::exists(e.path() / "step-0000000155.safetensors"))
+            for (const auto& j : metrics(e.path().string()))
+                old_metrics = old_metrics || (j["type"] == "eval" && j["step"] == 155);
+    CHECK(old_metrics);
     own = list_checkpoints(dir);
     REQUIRE(own.size() == 2);
     CHECK(checkpoint_step(own[0]) == 186);
