@@ -12,6 +12,16 @@ namespace {
 std::atomic<PeerTransport> g_transport{PeerTransport::automatic};
 }
 
+std::string cuda_version_text(int v) {
+    return v > 0 ? std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10) : "none";
+}
+
+std::string nccl_version_text(int v) {
+    if (v <= 0) return "none";
+    const int major = v >= 10000 ? v / 10000 : v / 1000, minor = v >= 10000 ? (v / 100) % 100 : (v / 100) % 10;
+    return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
+}
+
 const char* device_type_name(DeviceType t) {
     switch (t) {
     case DeviceType::cuda: return "cuda";

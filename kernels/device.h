@@ -552,7 +552,6 @@ struct CudaTopology {
     std::vector<std::vector<int>> peer_access;        // [i][j] cudaDeviceCanAccessPeer
     std::vector<std::vector<int>> perf_rank;          // [i][j] CUDA's P2P performance rank, -1 unknown
     std::vector<std::vector<std::string>> link;       // [i][j] "NVLink", "PCIe, one switch", ...
-    int cuda_runtime_version = 0, cuda_driver_version = 0, nccl_version = 0;
 };
 CudaTopology cuda_topology();
 // The CUDA libraries this build runs on, each 0 where there is none (no driver, not compiled in).
@@ -562,6 +561,10 @@ struct CudaVersions {
     int runtime = 0, driver = 0, cublas = 0, nccl = 0;
 };
 CudaVersions cuda_versions();
+// "13.0" for 13000, as cudaRuntimeGetVersion counts; "none" for 0.
+std::string cuda_version_text(int v);
+// "2.28.9" for 22809, as ncclGetVersion counts (before NCCL 2.9: 2708 -> "2.7.8"); "none" for 0.
+std::string nccl_version_text(int v);
 uint64_t cuda_free_memory(int ordinal);  // cudaMemGetInfo's free bytes (0 if unknown)
 
 // A pair of distinct GPUs that kernels cannot load across: reduce_from_peer copies through local

@@ -16,16 +16,6 @@ namespace mirrored {
 
 namespace {
 
-std::string cuda_version(int v) {  // 13000 -> "13.0", as cudaRuntimeGetVersion counts
-    return v > 0 ? std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10) : "none";
-}
-
-std::string nccl_version(int v) {  // 22809 -> "2.28.9"; before 2.9, 2708 -> "2.7.8"
-    if (v <= 0) return "none";
-    const int major = v >= 10000 ? v / 10000 : v / 1000, minor = v >= 10000 ? (v / 100) % 100 : (v / 100) % 10;
-    return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
-}
-
 std::string triple(int v) {  // major x 10000 + minor x 100 + patch
     return v > 0 ? std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100)
                  : "none";
@@ -51,10 +41,10 @@ std::vector<SoftwareEntry> software() {
     return {
         {"mirrored", mirrored_version(), true},
         {"compiler", compiler(), false},
-        {"CUDA runtime", with_cuda ? cuda_version(cuda.runtime) : "none (CPU-only build)", true},
-        {"CUDA driver", cuda_version(cuda.driver), false},
+        {"CUDA runtime", with_cuda ? cuda_version_text(cuda.runtime) : "none (CPU-only build)", true},
+        {"CUDA driver", cuda_version_text(cuda.driver), false},
         {"cuBLAS", triple(cuda.cublas), false},
-        {"NCCL", nccl_version(cuda.nccl), true},  // ranks of one communicator must run one NCCL
+        {"NCCL", nccl_version_text(cuda.nccl), true},  // ranks of one communicator must run one NCCL
         {"BLAS", blas_library() + ", kernel " + blas_kernel(), false},
         {"MPI", Nodes::library(), true},
     };

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "kernels/cpu/blas.h"
+#include "kernels/device.h"
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/nodes.h"
@@ -393,6 +394,12 @@ TEST_CASE("nodes on other software: another mirrored build, CUDA runtime, NCCL o
         CHECK(c.notes[0].find(std::string("node 1 runs ") + name + " other where node 0 runs") == 0);
     }
     CHECK(compare_software({mine, "garbage"}).refusal.find("node 1 runs mirrored (not reported)") != std::string::npos);
+    CHECK(cuda_version_text(13000) == "13.0");
+    CHECK(cuda_version_text(12040) == "12.4");
+    CHECK(cuda_version_text(0) == "none");
+    CHECK(nccl_version_text(22809) == "2.28.9");
+    CHECK(nccl_version_text(2708) == "2.7.8");
+    CHECK(nccl_version_text(0) == "none");
 
     // End to end: two nodes of this build, node 1 on the Haswell kernel, node 0 on its own choice
     SKIP_WITHOUT_MPI();

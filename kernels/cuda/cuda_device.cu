@@ -538,8 +538,6 @@ std::string link_name(const Nvml& nvml, int a, int b) {
     }
 }
 
-std::string version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
-
 CudaStatus probe_cuda() {
     CudaStatus st;
     int n = 0, driver = 0, runtime = 0;
@@ -562,13 +560,13 @@ CudaStatus probe_cuda() {
                     (visible ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "");
     } else if (e == cudaErrorInsufficientDriver) {
         st.state = CudaStatus::State::unusable;
-        st.reason = "the NVIDIA driver supports CUDA " + version_string(driver) + ", but this build needs CUDA " +
-                    version_string(runtime) + ": install a newer NVIDIA driver (580 or newer for CUDA 13.0), "
+        st.reason = "the NVIDIA driver supports CUDA " + cuda_version_text(driver) + ", but this build needs CUDA " +
+                    cuda_version_text(runtime) + ": install a newer NVIDIA driver (580 or newer for CUDA 13.0), "
                     "or rebuild with the CUDA toolkit the driver supports";
     } else {
         st.state = CudaStatus::State::unusable;
         st.reason = std::string("the CUDA runtime failed to start: ") + cudaGetErrorString(e) + " (driver for CUDA " +
-                    version_string(driver) + ", runtime " + version_string(runtime) +
+                    cuda_version_text(driver) + ", runtime " + cuda_version_text(runtime) +
                     "): check that the NVIDIA kernel module is loaded (nvidia-smi) and matches the driver libraries";
     }
     return st;
@@ -622,10 +620,6 @@ CudaVersions cuda_versions() {
 CudaTopology cuda_topology() {
     CudaTopology t;
     const int n = cuda_device_count();
-    const CudaVersions v = cuda_versions();
-    t.cuda_runtime_version = v.runtime;
-    t.cuda_driver_version = v.driver;
-    t.nccl_version = v.nccl;
     const Nvml nvml;
     for (int i = 0; i < n; ++i) {
         cudaDeviceProp p{};

@@ -31,14 +31,6 @@ namespace mirrored {
 
 using json = nlohmann::json;
 
-namespace {
-
-std::string version_str(int v) {
-    return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
-}
-
-}  // namespace
-
 int print_devices() {
     const int n = cuda_device_count();
     std::printf("CPU: %s, %u hardware threads\nBLAS: %s\n", cpu_model_name().c_str(), std::thread::hardware_concurrency(),
@@ -51,12 +43,11 @@ int print_devices() {
     const CudaTopology t = cuda_topology();
     const CudaStatus status = cuda_status();
     if (cuda_compiled()) {
-        const std::string nccl = nccl_compiled() ? "NCCL " + std::to_string(t.nccl_version / 10000) + "." +
-                                                        std::to_string((t.nccl_version / 100) % 100) + "." +
-                                                        std::to_string(t.nccl_version % 100)
+        const CudaVersions v = cuda_versions();
+        const std::string nccl = nccl_compiled() ? "NCCL " + nccl_version_text(v.nccl)
                                                  : std::string("no NCCL (the nccl op is unavailable)");
-        std::printf("built with CUDA runtime %s, %s; driver %s\n", version_str(t.cuda_runtime_version).c_str(),
-                    nccl.c_str(), t.cuda_driver_version ? ("for CUDA " + version_str(t.cuda_driver_version)).c_str() : "none");
+        std::printf("built with CUDA runtime %s, %s; driver %s\n", cuda_version_text(v.runtime).c_str(), nccl.c_str(),
+                    v.driver ? ("for CUDA " + cuda_version_text(v.driver)).c_str() : "none");
     } else {
         std::printf("this is a CPU-only build (nvcc was not found at build time): it cannot use GPUs\n");
         if (std::ifstream("/proc/driver/nvidia/version"))
