@@ -453,14 +453,15 @@ SafetensorsFile read_safetensors(InputFile&& in, bool verify_checksum) {
     return f;
 }
 
-std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<std::string>* ignored) {
+std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<std::string>* ignored,
+                                          bool remove_stale) {
     std::vector<std::string> out;
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) return out;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
         const std::string name = e.path().filename().string();
         if (name.size() > 4 && name.front() == '.' && name.substr(name.size() - 4) == ".tmp") {
-            fs::remove(e.path(), ec);  // a write that never finished
+            if (remove_stale) fs::remove(e.path(), ec);  // a write that never finished
             continue;
         }
         if (checkpoint_step(name) < 0) continue;
@@ -473,6 +474,25 @@ std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<st
         return sa != sb ? sa > sb : a > b;
     });
     return out;
+}
+
+std::map<std::string, std::string> peek_checkpoint_metadata(const std::string& path) {
+    try {
+        InputFile in = open_input(path);
+        unsigned char head[8];
+        if (in.read(head, 8) < 8) return {};
+        uint64_t n = 0;
+        for (int i = 0; i < 8; ++i) n |= uint64_t(head[i]) << (8 * i);
+        if (n > in.file_size() - 8 || n > kMaxHeaderBytes) return {};
+        std::vector<unsigned char> header;
+        in.read_exact(header, size_t(n), "the header");
+        Parsed p;
+        p.header = json::parse(header.begin(), header.end());
+        parse_header(p, path);
+        return p.meta;
+    } catch (const std::exception&) {  // unreadable: no hint; resuming reads it properly and says why
+        return {};
+    }
 }
 
 int64_t checkpoint_step(const std::string& path) {

@@ -69,7 +69,12 @@ void write_safetensors(const std::string& path, const SafetensorsFile& file, boo
 // Checkpoint files of a run folder, newest (highest step) first; removes stale temporaries. Only
 // regular files named as checkpoint_path names them: a directory, a symbolic link or a device
 // of that name is nothing the trainer wrote, and is neither read nor removed (`ignored` gets them).
-std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<std::string>* ignored = nullptr);
+// Only the run folder's lock holder removes temporaries (another trainer's write may be in flight).
+std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<std::string>* ignored = nullptr,
+                                          bool remove_stale = true);
+// A checkpoint's metadata from its header alone (no tensor read, no checksum): a hint, read before
+// a model exists; empty when the file is not a readable safetensors file.
+std::map<std::string, std::string> peek_checkpoint_metadata(const std::string& path);
 std::string checkpoint_path(const std::string& dir, int64_t step);
 // The step in a checkpoint's file name ("step-0000000468.safetensors" -> 468), -1 if none.
 int64_t checkpoint_step(const std::string& path);

@@ -350,8 +350,11 @@ double time_ops(const std::string& kind, const std::vector<Device*>& devices, co
 
 OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std::vector<float*>& buffers,
                                   size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges,
-                                  ReplicaThreads& threads, DType wire) {
+                                  ReplicaThreads& threads, DType wire, const std::string& keep) {
     if (devices.size() < 2) return {"ring", "one replica: nothing to reduce"};
+    const std::vector<std::string> candidates = auto_candidates(devices);
+    const bool can_keep = std::find(candidates.begin(), candidates.end(), keep) != candidates.end();
+    if (can_keep) return {keep, "the op of the checkpoint resumed from, which these devices run (its sums in its order)"};
     // The key: what the time depends on - the machine (a home directory may be shared), the
     // devices (GPU models; a CPU replica's description carries measured figures, so its name),
     // the bucket layout and the wire type.
@@ -363,12 +366,13 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
     for (const auto& [begin, count] : ranges)
         for (uint64_t v : {uint64_t(begin), uint64_t(count)}) h = (h ^ v) * 1099511628211ull;
     key += "|" + std::to_string(ranges.size()) + " ranges " + std::to_string(h);
-    const std::vector<std::string> candidates = auto_candidates(devices);
+    // a checkpoint's op auto cannot choose here (other devices, or set by name): the resume notes it
+    const std::string unkept = keep.empty() || keep == "shared" ? "" : "the checkpoint's " + keep + " is not among the ops auto chooses from here; ";
     if (const auto cached = cache_lookup("cross-device-ops.txt", key)) {
         const size_t sp = cached->find(' ');
         const std::string name = cached->substr(0, sp);
         if (std::find(candidates.begin(), candidates.end(), name) != candidates.end())
-            return {name, "cached: " + (sp == std::string::npos ? std::string() : cached->substr(sp + 1))};
+            return {name, unkept + "cached: " + (sp == std::string::npos ? std::string() : cached->substr(sp + 1))};
     }
     for (size_t r = 0; r < devices.size(); ++r) {  // no NaN or denormals to slow the adds
         devices[r]->fill(devices[r]->compute_stream(), elements, 0.0f, buffers[r]);
@@ -389,7 +393,7 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
     }
     times += " per step";
     cache_store("cross-device-ops.txt", key, best.name + " " + times);
-    best.how = "measured: " + times;
+    best.how = unkept + "measured: " + times;
     return best;
 }
 

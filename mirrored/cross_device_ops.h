@@ -134,14 +134,16 @@ private:
 // every replica loads every other's memory; nccl for one replica per GPU where built - on the
 // given buffers over the given ranges (a step's buckets), and picks the fastest. The choice is
 // cached per machine, device list and bucket layout (kernels/machine_cache.h), so a restarted run
-// - a resume - makes the same one. The buffers' contents are overwritten (with zeros).
+// - a resume - makes the same one. The buffers' contents are overwritten (with zeros). `keep`: the
+// op of the checkpoint a run resumes from; when these devices can run it, it is the choice and
+// nothing is measured (another op sums in another order: the resume would not be exact).
 struct OpsChoice {
     std::string name;  // "direct"
     std::string how;   // "measured: ring 1.21 ms, direct 0.43 ms per step" or "cached: ..."
 };
 OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std::vector<float*>& buffers,
                                   size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges,
-                                  ReplicaThreads& threads, DType wire);
+                                  ReplicaThreads& threads, DType wire, const std::string& keep = {});
 
 // Known names, for error messages: "ring, direct, nccl, reduce_to_one".
 const char* cross_device_ops_names();

@@ -251,7 +251,15 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
             std::vector<std::pair<size_t, size_t>> ranges;
             for (const Bucket& b : buckets_)
                 if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
-            const OpsChoice choice = choose_cross_device_ops(devs, grads, ops_elements, ranges, *threads_, cfg_.allreduce_dtype);
+            // Multi-node: node 0 chooses for every node (the same op sums in the same order as on one node).
+            OpsChoice choice;
+            if (!nodes_ || nodes_->leader())
+                choice = choose_cross_device_ops(devs, grads, ops_elements, ranges, *threads_, cfg_.allreduce_dtype,
+                                                 cfg_.resume_cross_device_ops);
+            if (nodes_) {
+                choice.name = nodes_->broadcast(choice.name, "the choice of the cross-device op");
+                if (!nodes_->leader()) choice.how = "node 0's choice";
+            }
             cfg_.cross_device_ops = choice.name;
             ops_choice_ = "auto, " + choice.how;
         }

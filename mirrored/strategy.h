@@ -48,6 +48,9 @@ DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda = cuda_
 struct StrategyConfig {
     std::string devices = "auto";
     std::string cross_device_ops = "ring";  // or "auto": measured at start-up
+    // auto, resuming: the op the checkpoint was written with (not a config key; the trainer reads
+    // it). Kept when these devices can run it: a resume then sums in the order of the run it continues.
+    std::string resume_cross_device_ops;
     double bucket_mb = 4.0;       // 0: one all-reduce after backward
     int verify_every_steps = 0;   // 0: off
     Precision precision = Precision::fp32;  // train.precision, applied to every device

@@ -245,10 +245,26 @@ bool all_finite(const std::vector<float>& v) {
     return true;
 }
 
+// cross_device_ops: auto, resuming: the op the checkpoint to resume from was written with, read
+// from its header before anything is built, so that the strategy keeps it - a measurement could
+// pick another op, which sums in another order, and the resume would not be bit-identical.
+Config with_resume_hints(Config c) {
+    if (c.strategy.cross_device_ops != "auto" || c.checkpoint.resume == "never") return c;
+    std::string path = c.checkpoint.resume;
+    if (path == "auto") {  // the newest; the lock is not held yet, so no temporary is touched
+        const auto found = list_checkpoints((fs::path(c.run.output_dir) / "checkpoints").string(), nullptr, false);
+        if (found.empty()) return c;
+        path = found.front();
+    }
+    const auto meta = peek_checkpoint_metadata(path);
+    if (const auto it = meta.find("cross_device_ops"); it != meta.end()) c.strategy.resume_cross_device_ops = it->second;
+    return c;
+}
+
 class Run {
 public:
     Run(const Config& config, Nodes* nodes)
-        : s_(make_session(config, nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
+        : s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
         out_dir_ = cfg_.run.output_dir;
         ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
         tty_ = ::isatty(1) && !nodes;  // mpirun hands its processes a pseudo-terminal even when its own output is a file

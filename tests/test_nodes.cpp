@@ -183,6 +183,39 @@ TEST_CASE("2 nodes x 1 CPU replica train bit-identically to 1 node x 2; node 0 a
     CHECK(j.out.find("done: ") == j.out.rfind("done: "));  // one node prints
 }
 
+TEST_CASE("cross_device_ops auto across nodes: node 0's choice is every node's, whatever each node's cache says") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    // Node 0's cache holds one op for these 3 local replicas, node 1's the other: with each node
+    // choosing for itself, the local sums would run in other orders on the two nodes.
+    const std::string a = t / "cache-a", b = t / "cache-b";
+    REQUIRE(run_cli({"train", cfg, "--devices", "cpu:3", "--output", t / "probe", "--set",
+                     "strategy.cross_device_ops=auto", "--set", "train.steps=1"},
+                    {{"MIRRORED_CACHE_DIR", a}}) == kExitOk);
+    const std::string x = summary(t / "probe")["cross_device_ops"], y = x == "ring" ? "direct" : "ring";
+    CAPTURE(x);
+    std::ifstream in(a + "/cross-device-ops.txt");
+    std::string line, rewritten;
+    while (std::getline(in, line)) {
+        const size_t tab = line.find('\t');
+        REQUIRE(line.compare(tab + 1, x.size() + 1, x + " ") == 0);
+        rewritten += line.substr(0, tab + 1) + y + line.substr(tab + 1 + x.size()) + "\n";
+    }
+    fs::create_directories(b);
+    std::ofstream(b + "/cross-device-ops.txt") << rewritten;
+    const std::vector<std::string> args{"train", cfg, "--devices", "cpu:3", "--output", t / "auto", "--set",
+                                        "strategy.cross_device_ops=auto"};
+    const Job j = mpirun({{args, {{"MIRRORED_CACHE_DIR", a}}}, {args, {{"MIRRORED_CACHE_DIR", b}}}});
+    REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
+    CHECK(j.out.find("cross-device ops: auto, cached: ") != std::string::npos);
+    CHECK(summary(t / "auto")["cross_device_ops"] == x);
+    const Job named = mpirun(2, {"train", cfg, "--devices", "cpu:3", "--output", t / "named", "--set",
+                                 "strategy.cross_device_ops=" + x});
+    REQUIRE_MESSAGE(named.rc == kExitOk, named.err);
+    expect_same_run(t / "auto", t / "named");
+}
+
 TEST_CASE("synchronised batchnorm with accumulation across 2 nodes equals 1 node x 2 replicas bit for bit") {
     SKIP_WITHOUT_MPI();
     TempDir t;

@@ -716,6 +716,40 @@ TEST_CASE("cross_device_ops auto: times what the devices can run, caches the cho
     else ::unsetenv("MIRRORED_CACHE_DIR");
 }
 
+TEST_CASE("cross_device_ops auto, resuming: the checkpoint's op is kept when the devices run it, else measured and said") {
+    TempDir cache;
+    const char* old = std::getenv("MIRRORED_CACHE_DIR");
+    const std::string saved = old ? old : "";
+    ::setenv("MIRRORED_CACHE_DIR", cache.path().c_str(), 1);
+    std::vector<std::unique_ptr<Device>> owned;
+    std::vector<DeviceBuffer<float>> bufs;
+    std::vector<Device*> devices;
+    std::vector<float*> buffers;
+    for (int r = 0; r < 3; ++r) owned.push_back(make_cpu_device(r));
+    for (auto& d : owned) {
+        devices.push_back(d.get());
+        bufs.emplace_back(*d, 1000);
+        buffers.push_back(bufs.back().data());
+    }
+    ReplicaThreads threads(3);
+    const std::vector<std::pair<size_t, size_t>> ranges{{0, 600}, {600, 400}};
+    for (const char* op : {"ring", "direct"}) {  // both run on CPU replicas: kept, nothing measured
+        CAPTURE(op);
+        const OpsChoice kept = choose_cross_device_ops(devices, buffers, 1000, ranges, threads, DType::f32, op);
+        CHECK(kept.name == op);
+        CHECK(kept.how.find("the op of the checkpoint resumed from") == 0);
+        CHECK(std::filesystem::is_empty(cache.path()));  // no measurement was made or stored
+    }
+    // nccl needs one GPU per replica; "shared" is no op: measured, and a foreign op is named
+    const OpsChoice foreign = choose_cross_device_ops(devices, buffers, 1000, ranges, threads, DType::f32, "nccl");
+    CHECK(foreign.how.find("the checkpoint's nccl is not among the ops auto chooses from here; measured: ring ") == 0);
+    CHECK(foreign.name != "nccl");
+    const OpsChoice none = choose_cross_device_ops(devices, buffers, 1000, ranges, threads, DType::f32, "shared");
+    CHECK(none.how.find("cached: ") == 0);
+    if (old) ::setenv("MIRRORED_CACHE_DIR", saved.c_str(), 1);
+    else ::unsetenv("MIRRORED_CACHE_DIR");
+}
+
 TEST_CASE("gradient accumulation and AdamW with clipping: N replicas still match one") {
     const TrainResult one = train("cpu:1", 5, 0.0, 1, OptimizerConfig::Type::adamw, 0.5);
     const TrainResult acc = train("cpu:2", 5, 0.0005, 3, OptimizerConfig::Type::adamw, 0.5);

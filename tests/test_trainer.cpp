@@ -151,21 +151,54 @@ TEST_CASE("shared parameters: stop or SIGKILL, then resume, is bit-identical; th
     expect_same_run(ref, killed);
 }
 
-TEST_CASE("a resume with other cross-device ops says it will not be bit-identical; auto prints how it chose") {
+namespace {
+std::string read_text(const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+}  // namespace
+
+TEST_CASE("cross_device_ops auto keeps the op a checkpoint was written with: the resume stays exact; another op is said") {
     Scratch s;
     const std::string cfg = s.config();
-    const std::string out = s.out("run"), log = s.out("resume.txt");
-    CHECK(run_cli({"train", cfg, "--output", out, "--set", "strategy.cross_device_ops=direct"},
-                  {{"MIRRORED_TEST_STOP_AFTER_STEP", "9"}}) == kExitInterrupted);
-    CHECK(run_cli({"train", cfg, "--output", out, "--set", "strategy.cross_device_ops=auto"},
-                  {{"MIRRORED_CACHE_DIR", s.out("cache")}}, -1, nullptr, Stdout::file, log) == kExitOk);
-    std::ifstream in(log);
-    const std::string text((std::istreambuf_iterator<char>(in)), {});
-    CHECK(text.find("cross-device ops: auto, measured: ring ") != std::string::npos);
-    const std::string chosen = summary(out)["cross_device_ops"];
-    CHECK((chosen == "ring" || chosen == "direct"));
-    const bool noted = text.find("written with cross-device ops direct, this run uses ring") != std::string::npos;
-    CHECK(noted == (chosen == "ring"));  // said exactly when the op changed
+    const std::string cache = s.out("cache");
+    const std::vector<std::string> four{"strategy.devices=cpu:4"};  // 4 replicas: ring and direct sum in other orders
+    auto with = [&](const std::string& op) {
+        std::vector<std::string> sets = four;
+        sets.push_back("strategy.cross_device_ops=" + op);
+        return sets;
+    };
+    auto cli = [&](const std::string& out, const std::string& op, const std::string& stop, const std::string& log) {
+        std::vector<std::string> args{"train", cfg, "--output", out, "--set", four[0], "--set",
+                                      "strategy.cross_device_ops=" + op};
+        std::vector<std::pair<std::string, std::string>> env{{"MIRRORED_CACHE_DIR", cache}};
+        if (!stop.empty()) env.emplace_back("MIRRORED_TEST_STOP_AFTER_STEP", stop);
+        return run_cli(args, env, -1, nullptr, Stdout::file, log);
+    };
+    // a fresh auto start measures and caches its choice; the checkpoint below is of the other op,
+    // so a resume that followed the cache would sum in another order
+    CHECK(cli(s.out("probe"), "auto", "3", s.out("probe.txt")) == kExitInterrupted);
+    CHECK(read_text(s.out("probe.txt")).find("cross-device ops: auto, measured: ring ") != std::string::npos);
+    const std::string cached = summary(s.out("probe"))["cross_device_ops"];
+    const std::string other = cached == "ring" ? "direct" : "ring";
+    CAPTURE(other);
+    const std::string ref = s.out("ref"), diff = s.out("cached-op"), out = s.out("run");
+    REQUIRE(train_in_process(cfg, ref, with(other)) == kExitOk);
+    REQUIRE(train_in_process(cfg, diff, with(cached)) == kExitOk);
+    CHECK(summary(ref)["replica_checksums"] != summary(diff)["replica_checksums"]);  // the test can fail
+    CHECK(cli(out, other, "9", s.out("first.txt")) == kExitInterrupted);
+    CHECK(cli(out, "auto", "", s.out("resume.txt")) == kExitOk);
+    const std::string text = read_text(s.out("resume.txt"));
+    CHECK(text.find("cross-device ops: auto, the op of the checkpoint resumed from") != std::string::npos);
+    CHECK(text.find("not bit-identically") == std::string::npos);
+    CHECK(summary(out)["cross_device_ops"] == other);
+    expect_same_run(ref, out);
+    // an op named in the config is used, and the resume says it differs from the checkpoint's
+    const std::string named = s.out("named");
+    CHECK(cli(named, other, "9", s.out("n1.txt")) == kExitInterrupted);
+    CHECK(cli(named, cached, "12", s.out("n2.txt")) == kExitInterrupted);
+    CHECK(read_text(s.out("n2.txt")).find("written with cross-device ops " + other + ", this run uses " + cached) !=
+          std::string::npos);
 }
 
 TEST_CASE("a kill during a checkpoint write loses nothing: resume from the previous one is identical") {
