@@ -232,6 +232,21 @@ std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
     return cfg.strategy.fused_epilogues ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS";
 }
 
+// How to resume on the checkpoint's BLAS kernel, when only the OpenBLAS kernel differs (the
+// measured choice can differ from the one made where the checkpoint was written: another
+// machine, or a lost cache and a close second): "; to resume bit-identically, rerun with ...".
+std::string blas_kernel_hint(const std::string& written, const std::string& now) {
+    const auto split = [](const std::string& k) {
+        const size_t plus = k.find(" + ");
+        return std::pair{k.substr(0, plus), plus == std::string::npos ? std::string() : k.substr(plus)};
+    };
+    const auto [core, jit] = split(written);
+    const auto [now_core, now_jit] = split(now);
+    const bool plain = !core.empty() && std::all_of(core.begin(), core.end(), [](char c) { return std::isalnum(uint8_t(c)); });
+    if (!plain || core == now_core || jit != now_jit) return "";
+    return "; to resume bit-identically, rerun with OPENBLAS_CORETYPE=" + core + " MIRRORED_BLAS_AUTO=0";
+}
+
 // The mirrored build that wrote a checkpoint ("" where it did not record one).
 std::string written_by(const CheckpointData& ckpt) {
     const json j = json::parse(ckpt.software, nullptr, false);
@@ -554,8 +569,8 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.all_replicas());
     if (const std::string gemm = gemm_library(st, cfg_); !ckpt.blas_kernel.empty() && ckpt.blas_kernel != gemm)
         std::printf("  note: the checkpoint was written with GEMMs by %s, this run uses %s: training continues "
-                    "correctly, but not bit-identically to an uninterrupted run\n", ckpt.blas_kernel.c_str(),
-                    gemm.c_str());
+                    "correctly, but not bit-identically to an uninterrupted run%s\n", ckpt.blas_kernel.c_str(),
+                    gemm.c_str(), blas_kernel_hint(ckpt.blas_kernel, gemm).c_str());
     if (const std::string writer = written_by(ckpt); !writer.empty() && writer != mirrored_version())
         std::printf("  note: the checkpoint was written by mirrored %s, this is %s: training continues; if the two "
                     "compute differently, not bit-identically to an uninterrupted run\n", writer.c_str(),

@@ -8,11 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "kernels/cpu/blas.h"
 #include "kernels/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/software.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
+#include "tests/run_folder.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -225,6 +227,36 @@ TEST_CASE("versions: --version names this build and its libraries; summaries and
     CHECK(printed.find("  software: mirrored " + mirrored_version() + " (") != std::string::npos);
     CHECK(printed.find("note: the checkpoint was written by mirrored 0123456789ab-older, this is " + mirrored_version()) !=
           std::string::npos);
+}
+
+TEST_CASE("a resume on another BLAS kernel says how to resume on the checkpoint's, and doing so is exact") {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        mark_skipped("the Haswell kernel needs AVX2 and FMA");
+        return;
+    }
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), ref = d / "ref", out = d / "run";
+    const std::vector<std::pair<std::string, std::string>> haswell{{"OPENBLAS_CORETYPE", "Haswell"},
+                                                                   {"MIRRORED_BLAS_AUTO", "0"}};
+    REQUIRE(run_cli({"train", cfg, "--output", ref}, haswell) == kExitOk);
+    auto env = haswell;
+    env.emplace_back("MIRRORED_TEST_STOP_AFTER_STEP", "20");
+    REQUIRE(run_cli({"train", cfg, "--output", out}, env) == kExitInterrupted);
+    const std::string written = read_safetensors(list_checkpoints(out + "/checkpoints").front(), true).metadata["blas_kernel"];
+    REQUIRE(written.rfind("Haswell", 0) == 0);
+    const std::string now = blas_kernel();  // this process's kernel: a resume without the variables gets it
+    if (now.rfind("Haswell", 0) != 0) {  // on a copy of the stopped run: resumed on this kernel, it says what to do
+        const std::string other = d / "other", log = d / "resume.txt";
+        fs::copy(out, other, fs::copy_options::recursive);
+        REQUIRE(run_cli({"train", cfg, "--output", other}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "21"}}, -1, nullptr,
+                        Stdout::file, log) == kExitInterrupted);
+        const std::string printed(std::istreambuf_iterator<char>(std::ifstream(log).rdbuf()), {});
+        CHECK(printed.find("written with GEMMs by " + written + ", this run uses " + now) != std::string::npos);
+        CHECK(printed.find("to resume bit-identically, rerun with OPENBLAS_CORETYPE=Haswell MIRRORED_BLAS_AUTO=0") !=
+              std::string::npos);
+    }
+    REQUIRE(run_cli({"train", cfg, "--output", out}, haswell) == kExitOk);  // as the note says
+    expect_same_run(ref, out);
 }
 
 TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {
