@@ -478,7 +478,15 @@ std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<st
 
 std::map<std::string, std::string> peek_checkpoint_metadata(const std::string& path) {
     try {
-        InputFile in = open_input(path);
+        return peek_checkpoint_metadata(open_input(path));
+    } catch (const std::exception&) {
+        return {};
+    }
+}
+
+std::map<std::string, std::string> peek_checkpoint_metadata(InputFile&& in) {
+    const std::string& path = in.path();
+    try {
         unsigned char head[8];
         if (in.read(head, 8) < 8) return {};
         uint64_t n = 0;

@@ -75,6 +75,7 @@ std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<st
 // A checkpoint's metadata from its header alone (no tensor read, no checksum): a hint, read before
 // a model exists; empty when the file is not a readable safetensors file.
 std::map<std::string, std::string> peek_checkpoint_metadata(const std::string& path);
+std::map<std::string, std::string> peek_checkpoint_metadata(InputFile&& in);  // from memory too (fuzzing)
 std::string checkpoint_path(const std::string& dir, int64_t step);
 // The step in a checkpoint's file name ("step-0000000468.safetensors" -> 468), -1 if none.
 int64_t checkpoint_step(const std::string& path);

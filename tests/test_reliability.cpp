@@ -266,6 +266,10 @@ TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are check
     const auto ckpts = list_checkpoints(out + "/checkpoints");
     REQUIRE(ckpts.size() == 3);  // 30, 20, 10
     const SafetensorsFile good = read_safetensors(ckpts[0], true);
+    // the header-only look (cross_device_ops: auto, before a resume) sees what the full read sees
+    CHECK(peek_checkpoint_metadata(ckpts[0]) == good.metadata);
+    CHECK(peek_checkpoint_metadata(d / "missing.safetensors").empty());
+    CHECK(peek_checkpoint_metadata(cfg).empty());  // not a safetensors file
     auto craft = [&](const std::string& path, auto&& edit) {
         SafetensorsFile f = good;
         edit(f);

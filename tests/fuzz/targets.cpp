@@ -90,6 +90,7 @@ void config(const uint8_t* data, size_t size) {
 void safetensors(const uint8_t* data, size_t size) {
     tolerate([&] { (void)read_safetensors(InputFile("export.safetensors", data, size, false), false); });
     tolerate([&] { (void)read_safetensors(InputFile("ckpt.safetensors", data, size, false), true); });
+    (void)peek_checkpoint_metadata(InputFile("ckpt.safetensors", data, size, false));  // never throws
     static const Model model({4}, {[] {
                                  LayerSpec l;
                                  l.type = "dense";
