@@ -561,6 +561,7 @@ void read_train(Reader& r, Config& c) {
 void read_checkpoint(Reader& r, CheckpointConfig& k) {
     k.every_steps = r.integer("checkpoint.every_steps", 1000, 0, int64_t(1) << 40);
     k.every_epochs = r.integer("checkpoint.every_epochs", 0, 0, int64_t(1) << 30);
+    k.every_minutes = r.number("checkpoint.every_minutes", 30.0, 0.0, 1e6);
     k.keep = int(r.integer("checkpoint.keep", 3, 1, 1000));
     k.resume = r.nonempty_str("checkpoint.resume", "auto");
 }
@@ -766,6 +767,7 @@ std::string config_to_yaml(const Config& c) {
     e << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
     e << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;
     e << YAML::Key << "every_epochs" << YAML::Value << c.checkpoint.every_epochs;
+    e << YAML::Key << "every_minutes" << YAML::Value << c.checkpoint.every_minutes;
     e << YAML::Key << "keep" << YAML::Value << c.checkpoint.keep;
     e << YAML::Key << "resume" << YAML::Value << c.checkpoint.resume << YAML::EndMap;
     e << YAML::EndMap;

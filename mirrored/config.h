@@ -46,6 +46,7 @@ struct TrainConfig {
 struct CheckpointConfig {
     int64_t every_steps = 1000;  // 0: off
     int64_t every_epochs = 0;    // 0: off
+    double every_minutes = 30;   // wall time since the last checkpoint (node 0's clock); 0: off
     int keep = 3;
     std::string resume = "auto";  // auto | never | PATH
 };

@@ -247,6 +247,17 @@ std::string blas_kernel_hint(const std::string& written, const std::string& now)
     return "; to resume bit-identically, rerun with OPENBLAS_CORETYPE=" + core + " MIRRORED_BLAS_AUTO=0";
 }
 
+// "every 1000 steps and every 30 min": when checkpoints are written (the last step and a stop too).
+std::string checkpoint_policy(const CheckpointConfig& k) {
+    std::vector<std::string> when;
+    if (k.every_steps > 0) when.push_back("every " + std::to_string(k.every_steps) + " steps");
+    if (k.every_epochs > 0) when.push_back("every " + std::to_string(k.every_epochs) + " epoch(s)");
+    if (k.every_minutes > 0) when.push_back("every " + number_str(k.every_minutes) + " min");
+    std::string s;
+    for (size_t i = 0; i < when.size(); ++i) s += (i ? i + 1 == when.size() ? " and " : ", " : "") + when[i];
+    return s.empty() ? "at the end and on a stop only" : s;
+}
+
 // The mirrored build that wrote a checkpoint ("" where it did not record one).
 std::string written_by(const CheckpointData& ckpt) {
     const json j = json::parse(ckpt.software, nullptr, false);
@@ -321,6 +332,7 @@ private:
     Metrics last_train_, last_eval_;
     int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
     double wall_start_ = 0, train_time_ = 0, interval_start_ = 0, interval_wait_ = 0;
+    double last_ckpt_time_ = 0;  // checkpoint.every_minutes counts from here
     double interval_excluded_ = 0;  // evaluation and checkpoint time inside a log interval
     int64_t interval_steps_ = 0, samples_done_ = 0;
     double samples_per_sec_ = 0;
@@ -419,7 +431,8 @@ void Run::print_header() {
                 precision_name(cfg_.train.precision), dtype_name(cfg_.strategy.allreduce_dtype),
                 st.memory_plan().describe().c_str(), format_bytes(d0.allocated_bytes()).c_str(),
                 d0.type() == DeviceType::cuda ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
-    std::printf("  output: %s\n", out_dir_.c_str());
+    std::printf("  output: %s; checkpoints %s, the newest %d kept\n", out_dir_.c_str(), checkpoint_policy(cfg_.checkpoint).c_str(),
+                cfg_.checkpoint.keep);
     std::fflush(stdout);
 }
 
@@ -725,6 +738,7 @@ void Run::save_checkpoint(int64_t step) {
     d.software = software_json();
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
     prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep, step);
+    last_ckpt_time_ = now_s();
 }
 
 void Run::write_summary(const std::string& status) {
@@ -828,6 +842,7 @@ void Run::train_loop() {
     interval_start_ = now_s();
     interval_wait_ = loader.wait_seconds();
     double loop_start = now_s();
+    last_ckpt_time_ = loop_start;
     while (step_ < total_steps_) {
         const Batch& batch = st.next_batch(loader);
         const int rows = batch.global_rows;  // the slot may be refilled once the replicas release it
@@ -852,11 +867,18 @@ void Run::train_loop() {
         const bool last = step_ == total_steps_;
         test_node_fault(nodes_, step_);
         bool stop = g_signals.load() > 0 || step_ == stop_after_;
-        if (nodes_) stop = nodes_->any(stop, "the per-step stop check");  // a signal on any node stops all at this step
+        bool time_due = leader_ && cfg_.checkpoint.every_minutes > 0 &&
+                        now_s() - last_ckpt_time_ >= cfg_.checkpoint.every_minutes * 60.0;
+        if (nodes_) {  // a signal on any node stops every node at this step; node 0's clock decides the time
+            double flags[2] = {stop ? 1.0 : 0.0, time_due ? 1.0 : 0.0};
+            nodes_->sum(flags, 2, "the per-step stop check");
+            stop = flags[0] > 0;
+            time_due = flags[1] > 0;
+        }
         const bool do_eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
         const bool do_ckpt = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
                              (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||
-                             last || stop;
+                             time_due || last || stop;
         if (pending_log_ && (do_eval || do_ckpt)) {
             log_train(pending_step_, pending_lr_);
             pending_log_ = false;

@@ -68,7 +68,7 @@ TEST_CASE("config: a good file loads with defaults filled in") {
 TEST_CASE("config: unknown keys are rejected with file, line and the known keys") {
     std::string t = kGood;
     t += "checkpoint: {every_step: 5}\n";
-    expect_error(t, {}, "e.yaml:11: checkpoint.every_step: unknown key (known here: every_epochs, every_steps, keep, resume)");
+    expect_error(t, {}, "e.yaml:11: checkpoint.every_step: unknown key (known here: every_epochs, every_minutes, every_steps, keep, resume)");
     expect_error(std::string(kGood) + "extra: 1\n", {}, "e.yaml:11: extra: unknown key");
     std::string layer = kGood;
     layer.replace(layer.find("{type: dropout, rate: 0.2}"), 26, "{type: dropout, units: 3}");

@@ -216,6 +216,19 @@ TEST_CASE("cross_device_ops auto across nodes: node 0's choice is every node's, 
     expect_same_run(t / "auto", t / "named");
 }
 
+TEST_CASE("checkpoint.every_minutes across nodes: node 0's clock decides for every node; no hang, the same bits") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const Job j = mpirun(2, {"train", cfg, "--output", t / "two", "--set", "train.epochs=10", "--set",
+                             "checkpoint.every_steps=0", "--set", "checkpoint.every_minutes=0.00001", "--set",
+                             "checkpoint.keep=1000"}, 60);
+    REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
+    CHECK(list_checkpoints(t / "two/checkpoints").size() >= 3);
+    REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / "one", "--set", "train.epochs=10"}) == kExitOk);
+    expect_same_run(t / "two", t / "one");
+}
+
 TEST_CASE("synchronised batchnorm with accumulation across 2 nodes equals 1 node x 2 replicas bit for bit") {
     SKIP_WITHOUT_MPI();
     TempDir t;

@@ -201,6 +201,30 @@ TEST_CASE("cross_device_ops auto keeps the op a checkpoint was written with: the
           std::string::npos);
 }
 
+TEST_CASE("checkpoint.every_minutes: checkpoints by wall time, whatever the step; a resume from one is exact") {
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string ref = s.out("ref"), out = s.out("timed");
+    REQUIRE(train_in_process(cfg, ref, {"checkpoint.every_minutes=0"}) == kExitOk);
+    // every 0.6 ms of wall time, no step or epoch interval: about one checkpoint every few steps
+    const std::vector<std::string> timed{"checkpoint.every_steps=0", "checkpoint.every_minutes=0.00001",
+                                         "checkpoint.keep=1000"};
+    REQUIRE(train_in_process(cfg, out, timed) == kExitOk);
+    const auto ckpts = list_checkpoints(out + "/checkpoints");
+    CHECK(ckpts.size() >= 3);  // the final one and at least two by time
+    CHECK(checkpoint_step(ckpts.front()) == 155);
+    expect_same_run(ref, out);  // checkpoints change nothing
+    // resume from one in the middle: the same run
+    const std::string middle = ckpts[ckpts.size() / 2], resumed = s.out("resumed");
+    CAPTURE(middle);
+    std::vector<std::string> sets{"checkpoint.resume=" + middle};
+    sets.insert(sets.end(), timed.begin(), timed.end());
+    REQUIRE(train_in_process(cfg, resumed, sets) == kExitOk);
+    CHECK(summary(resumed)["resumed_from_step"] == checkpoint_step(middle));
+    CHECK(summary(resumed)["test_accuracy"] == summary(ref)["test_accuracy"]);
+    CHECK(summary(resumed)["replica_checksums"] == summary(ref)["replica_checksums"]);
+}
+
 TEST_CASE("a kill during a checkpoint write loses nothing: resume from the previous one is identical") {
     Scratch s;
     const std::string cfg = s.config();
