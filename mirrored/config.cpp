@@ -416,6 +416,7 @@ void read_strategy(Reader& r, Config& c) {
     const std::string wire = r.choice("strategy.allreduce_dtype", "fp32", {"fp32", "bf16"});
     c.strategy.allreduce_dtype = wire == "bf16" ? DType::bf16 : DType::f32;
     c.strategy.collective_timeout_s = r.number("strategy.collective_timeout_s", 600.0, 1.0, 1e6);
+    c.strategy.step_timeout_s = r.number("strategy.step_timeout_s", 1800.0, 0.0, 1e7);
     c.strategy.shared_parameters = r.boolean("strategy.shared_parameters", false);
     c.strategy.cuda_graph = r.boolean("strategy.cuda_graph", false);
     c.strategy.fused_epilogues = r.boolean("strategy.fused_epilogues", false);
@@ -660,6 +661,7 @@ std::string config_to_yaml(const Config& c) {
     e << YAML::Key << "allreduce_dtype" << YAML::Value << dtype_name(c.strategy.allreduce_dtype);
     e << YAML::Key << "verify_every_steps" << YAML::Value << c.strategy.verify_every_steps;
     e << YAML::Key << "collective_timeout_s" << YAML::Value << c.strategy.collective_timeout_s;
+    e << YAML::Key << "step_timeout_s" << YAML::Value << c.strategy.step_timeout_s;
     e << YAML::Key << "shared_parameters" << YAML::Value << c.strategy.shared_parameters;
     e << YAML::Key << "cuda_graph" << YAML::Value << c.strategy.cuda_graph;
     e << YAML::Key << "fused_epilogues" << YAML::Value << c.strategy.fused_epilogues << YAML::EndMap;

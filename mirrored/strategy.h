@@ -57,6 +57,7 @@ struct StrategyConfig {
     int loss_scale_growth_interval = 2000;  // fp16
     DType allreduce_dtype = DType::f32;     // gradients on the links: f32 or bf16
     double collective_timeout_s = 600;      // multi-node: a collective waiting longer aborts the job
+    double step_timeout_s = 1800;           // no step (evaluation, checkpoint) finished for this long: a hang, exit 5; 0: off
     // Replicas in one memory - CPU replicas, or replicas sharing one GPU (cuda:0,0,0,0) on one
     // node - keep one parameter copy (and optimizer state) that every replica reads; after
     // backward each replica sums its slice of the gradients over all replicas and updates that

@@ -23,6 +23,7 @@
 #include "mirrored/checkpoint.h"
 #include "mirrored/run_dir.h"
 #include "mirrored/software.h"
+#include "mirrored/watchdog.h"
 #include "data/io.h"
 #include "mirrored/strategy.h"
 
@@ -843,6 +844,8 @@ void Run::train_loop() {
     interval_wait_ = loader.wait_seconds();
     double loop_start = now_s();
     last_ckpt_time_ = loop_start;
+    std::optional<Watchdog> watchdog;
+    if (cfg_.strategy.step_timeout_s > 0) watchdog.emplace(cfg_.strategy.step_timeout_s, step_, last_ckpt_step_);
     while (step_ < total_steps_) {
         const Batch& batch = st.next_batch(loader);
         const int rows = batch.global_rows;  // the slot may be refilled once the replicas release it
@@ -850,6 +853,7 @@ void Run::train_loop() {
         const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;
         st.train_step(batch, step_, lr, cfg_.run.seed, log_now);
         ++step_;
+        if (watchdog) watchdog->tick(step_);
         ++interval_steps_;
         samples_done_ += rows;
         if (pending_log_) {  // the previous log step's metrics, read after the next step was issued
@@ -887,7 +891,12 @@ void Run::train_loop() {
             const double pause = now_s();
             train_time_ += pause - loop_start;
             if (do_eval) evaluate(step_, double(step_) / double(bpe));
+            if (watchdog) watchdog->tick(step_);  // each phase has the whole timeout
             if (do_ckpt) save_checkpoint(step_);
+            if (watchdog) {
+                watchdog->tick(step_);
+                if (do_ckpt) watchdog->checkpointed(step_);
+            }
             loop_start = now_s();
             interval_excluded_ += loop_start - pause;
         }

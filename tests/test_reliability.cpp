@@ -259,6 +259,33 @@ TEST_CASE("a resume on another BLAS kernel says how to resume on the checkpoint'
     expect_same_run(ref, out);
 }
 
+TEST_CASE("a hung GPU: the watchdog ends the run with exit 5 within strategy.step_timeout_s, and the rerun resumes exactly") {
+    TempDir d;
+    std::string text = kRun;
+    text.replace(text.find("cpu:2"), 5, "sim:0,1");
+    const std::string cfg = d.write("c.yaml", text), ref = d / "ref", out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", ref}) == kExitOk);
+    // the 600th launch on simulated GPU 1 (about step 40 of 80) never finishes: the host blocks where nothing times out
+    const std::vector<std::pair<std::string, std::string>> hang{{"MIRRORED_SIM_HANG", "1:600"}};
+    std::string err;
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "strategy.step_timeout_s=1"}, hang, -1, &err) == kExitDevice);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(took < 30);
+    CHECK(err.find("training made no progress for 1 s after step ") != std::string::npos);
+    CHECK(err.find("(strategy.step_timeout_s)") != std::string::npos);
+    const auto ckpts = list_checkpoints(out + "/checkpoints");
+    REQUIRE(!ckpts.empty());
+    CHECK(err.find("the last checkpoint is at step " + std::to_string(checkpoint_step(ckpts.front())) +
+                   ": run again to resume from it") != std::string::npos);
+    // without the watchdog the same hang is a process that never ends (cut off here after 3 s)
+    CHECK(run_cli({"train", cfg, "--output", d / "off", "--set", "strategy.step_timeout_s=0"}, hang, 3.0) ==
+          128 + SIGKILL);
+    CHECK(run_cli({"train", cfg, "--output", out}) == kExitOk);
+    CHECK(read_json(out + "/summary.json")["resumed_from_step"] == checkpoint_step(ckpts.front()));
+    expect_same_run(ref, out);
+}
+
 TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {
     TempDir d;
     const std::string cfg = d.write("c.yaml", kRun), out = d / "run";

@@ -30,6 +30,7 @@ namespace mirrored {
 // Knobs, process-wide. Environment variables set them at first use:
 //   MIRRORED_SIM_DELAY_US=N   each stream sleeps a random 0..N us before about half its tasks
 //   MIRRORED_SIM_FAULT=G:K    the K-th launch (1-based) on simulated GPU G faults (sticky)
+//   MIRRORED_SIM_HANG=G:K     the K-th launch on simulated GPU G never finishes (a hung kernel)
 //   MIRRORED_SIM_NO_PEER=1    distinct simulated GPUs refuse peer access (the staged path)
 //   MIRRORED_SIM_CORRUPT=G:K  the K-th copy simulated GPU G makes from another GPU flips one bit
 //                             (a bad link, for the stress test)

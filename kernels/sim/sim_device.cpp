@@ -50,6 +50,7 @@ using MarkerPtr = std::shared_ptr<Marker>;
 
 struct GpuState {  // per simulated GPU, guarded by g_mu
     uint64_t launches = 0, fault_at = 0;
+    uint64_t hang_at = 0;  // a hung kernel: the hang_at-th launch never finishes
     uint64_t peer_copies = 0, corrupt_at = 0;  // a bad link: the corrupt_at-th copy from a peer flips a bit
     uint64_t api_calls = 0, api_error_at = 0;
     std::string sticky;             // the first fault: every later host call fails with it
@@ -72,6 +73,11 @@ World& world() {
             int gpu = -1;
             unsigned long long at = 0;
             if (std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].fault_at = at;
+        }
+        if (const char* f = std::getenv("MIRRORED_SIM_HANG")) {
+            int gpu = -1;
+            unsigned long long at = 0;
+            if (std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].hang_at = at;
         }
         if (const char* f = std::getenv("MIRRORED_SIM_CORRUPT")) {
             int gpu = -1;
@@ -248,18 +254,21 @@ public:
     // Runs on a stream thread: false when the task must be dropped. A launch that hits the
     // injected fault makes the GPU's error sticky instead of running.
     bool admit(const Task& t) {
-        std::lock_guard<std::mutex> lock(g_mu);
-        if (dropping_locked()) return false;
-        if (t.kind != Task::Kind::launch) return true;
-        GpuState& g = world().gpus[ordinal()];
-        ++g.launches;
-        if (g.fault_at != 0 && g.launches == g.fault_at) {
-            g.sticky = std::string("an illegal memory access was encountered (simulated fault in launch ") +
-                       std::to_string(g.launches) + ", " + t.what + ")";
-            g_cv.notify_all();
-            return false;
+        {
+            std::lock_guard<std::mutex> lock(g_mu);
+            if (dropping_locked()) return false;
+            if (t.kind != Task::Kind::launch) return true;
+            GpuState& g = world().gpus[ordinal()];
+            ++g.launches;
+            if (g.fault_at != 0 && g.launches == g.fault_at) {
+                g.sticky = std::string("an illegal memory access was encountered (simulated fault in launch ") +
+                           std::to_string(g.launches) + ", " + t.what + ")";
+                g_cv.notify_all();
+                return false;
+            }
+            if (g.hang_at == 0 || g.launches != g.hang_at) return true;
         }
-        return true;
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // a kernel that never returns: no error, no end
     }
     int max_delay_us() const { return world().max_delay_us.load(std::memory_order_relaxed); }
 

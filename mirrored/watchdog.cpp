@@ -1,0 +1,68 @@
+#include "mirrored/watchdog.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstddef>
+
+#include "kernels/error.h"
+
+namespace mirrored {
+
+namespace {
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+}  // namespace
+
+Watchdog::Watchdog(double timeout_s, int64_t step, int64_t checkpoint_step)
+    : timeout_s_(timeout_s), last_tick_ns_(now_ns()), step_(step), checkpoint_step_(checkpoint_step),
+      thread_([this] { watch(); }) {}
+
+Watchdog::~Watchdog() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+void Watchdog::tick(int64_t step) {
+    step_.store(step, std::memory_order_relaxed);
+    last_tick_ns_.store(now_ns(), std::memory_order_release);
+}
+
+void Watchdog::checkpointed(int64_t step) { checkpoint_step_.store(step, std::memory_order_relaxed); }
+
+void Watchdog::watch() {
+    // checks ten times per timeout, at most once a second: the exit comes within 10% of it
+    const auto period = std::chrono::duration<double>(std::clamp(timeout_s_ / 10.0, 0.01, 1.0));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, period, [&] { return stopping_; })) {
+        const double idle = double(now_ns() - last_tick_ns_.load(std::memory_order_acquire)) * 1e-9;
+        if (idle < timeout_s_) continue;
+        const long long step = step_.load(), ckpt = checkpoint_step_.load();
+        char resume[160];
+        if (ckpt >= 0) std::snprintf(resume, sizeof resume, "the last checkpoint is at step %lld: run again to resume from it", ckpt);
+        else std::snprintf(resume, sizeof resume, "no checkpoint was written yet: run again to start over");
+        // One write(2), no stdio lock (a stuck thread might hold one); the host threads are stuck,
+        // so the process ends from here.
+        char text[640];
+        const int n = std::snprintf(text, sizeof text,
+                                    "\nerror: training made no progress for %.0f s after step %lld "
+                                    "(strategy.step_timeout_s): a GPU, a copy between GPUs or the input pipeline stopped "
+                                    "answering (a hung kernel, a failing link, NCCL waiting for a GPU that does not "
+                                    "answer); stopping rather than hanging; %s\n",
+                                    idle, step, resume);
+        if (n > 0) (void)!::write(2, text, std::min(size_t(n), sizeof text - 1));
+        ::_exit(kExitDevice);
+    }
+}
+
+}  // namespace mirrored

@@ -1,0 +1,38 @@
+// A hang detector for the training loop. A GPU that stops answering (a hung kernel, a peer copy
+// over a failing link, NCCL waiting for a rank that will never arrive) leaves the host blocked
+// inside a wait or a launch, where nothing can time out; the process would sit there, alive and
+// idle, until someone looks. The watchdog's own thread ends the process instead: when nothing has
+// ticked for `timeout_s`, it prints why to stderr and exits with kExitDevice. Nothing is lost
+// that a checkpoint holds (they are written atomically), and a rerun resumes from the last one.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+namespace mirrored {
+
+class Watchdog {
+public:
+    Watchdog(double timeout_s, int64_t step, int64_t checkpoint_step);
+    ~Watchdog();
+    Watchdog(const Watchdog&) = delete;
+    Watchdog& operator=(const Watchdog&) = delete;
+
+    void tick(int64_t step);           // progress: a step finished, or a phase began or ended
+    void checkpointed(int64_t step);   // a checkpoint of `step` is on disk
+
+private:
+    void watch();
+
+    const double timeout_s_;
+    std::atomic<int64_t> last_tick_ns_, step_, checkpoint_step_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stopping_ = false;
+    std::thread thread_;
+};
+
+}  // namespace mirrored
