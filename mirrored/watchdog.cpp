@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "kernels/error.h"
+#include "kernels/threads.h"
 
 namespace mirrored {
 
@@ -22,7 +23,7 @@ int64_t now_ns() {
 
 Watchdog::Watchdog(double timeout_s, int64_t step, int64_t checkpoint_step)
     : timeout_s_(timeout_s), last_tick_ns_(now_ns()), step_(step), checkpoint_step_(checkpoint_step),
-      thread_([this] { watch(); }) {}
+      thread_(start_thread("the watchdog thread (strategy.step_timeout_s)", [this] { watch(); })) {}
 
 Watchdog::~Watchdog() {
     {
