@@ -919,6 +919,10 @@ void install_signal_handlers() {
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
     sigaction(SIGUSR1, &sa, nullptr);  // what mpirun forwards to every node (it ends the job on SIGINT/SIGTERM)
+    // A closed terminal or a dropped ssh session (SIGHUP) would end the run without a checkpoint;
+    // under nohup (SIGHUP ignored) the run goes on, as asked.
+    struct sigaction hup {};
+    if (sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) sigaction(SIGHUP, &sa, nullptr);
 }
 
 namespace {

@@ -431,19 +431,22 @@ TEST_CASE("a diverging run stops with exit code 6 and writes no non-finite check
     CHECK(list_checkpoints(s.out("nan") + "/checkpoints").empty());
 }
 
-TEST_CASE("SIGINT and SIGTERM finish the step, write a checkpoint and exit 130; resuming completes the run") {
+TEST_CASE("SIGINT, SIGTERM and SIGHUP finish the step, write a checkpoint and exit 130; resuming completes the run") {
     Scratch s;
     std::string text = kTiny;
     text.replace(text.find("epochs: 5"), 9, "epochs: 3000");  // far longer than the test waits
     const std::string cfg = s.config(text);
-    for (int sig : {SIGINT, SIGTERM}) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {  // SIGHUP: a closed terminal, a dropped ssh session
         const std::string out = s.out("sig" + std::to_string(sig));
-        const pid_t pid = spawn_cli({"train", cfg, "--output", out}, {}, "/dev/null");
+        // the signals as a terminal leaves them (this test's own runner may have been started with
+        // SIGHUP ignored, which the trainer would rightly keep)
+        const pid_t pid = spawn_program(cli(), {"train", cfg, "--output", out}, {}, "/dev/null", Stdout::discard, "",
+                                        [](const void*) { ::signal(SIGHUP, SIG_DFL); });
         // wait until training is under way (the first metrics line), then signal
         for (int i = 0; i < 400 && !(fs::exists(out + "/metrics.jsonl") && fs::file_size(out + "/metrics.jsonl") > 0); ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(25));
         ::kill(pid, sig);
-        CHECK(wait_status(pid) == kExitInterrupted);
+        CHECK(wait_status_within(pid, 60) == kExitInterrupted);
         const json sum = summary(out);
         CHECK(sum["status"] == "interrupted");
         const auto ckpts = list_checkpoints(out + "/checkpoints");
@@ -451,6 +454,23 @@ TEST_CASE("SIGINT and SIGTERM finish the step, write a checkpoint and exit 130; 
         CHECK(sum["last_checkpoint_step"] == sum["steps"]);  // the checkpoint is of the last step taken
         CHECK(ckpts.front() == checkpoint_path(out + "/checkpoints", sum["steps"].get<int64_t>()));
     }
+}
+
+TEST_CASE("under nohup (SIGHUP ignored) a hang-up leaves the run training") {
+    Scratch s;
+    std::string text = kTiny;
+    text.replace(text.find("epochs: 5"), 9, "epochs: 3000");
+    const std::string cfg = s.config(text), out = s.out("nohup");
+    const pid_t pid = spawn_program("nohup", {cli(), "train", cfg, "--output", out}, {}, "/dev/null", Stdout::discard);
+    for (int i = 0; i < 400 && !(fs::exists(out + "/metrics.jsonl") && fs::file_size(out + "/metrics.jsonl") > 0); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    ::kill(pid, SIGHUP);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    int status = 0;
+    CHECK(::waitpid(pid, &status, WNOHANG) == 0);  // still training
+    ::kill(pid, SIGTERM);
+    CHECK(wait_status_within(pid, 60) == kExitInterrupted);
+    CHECK(summary(out)["status"] == "interrupted");
 }
 
 TEST_CASE("the shipped CSV example trains to high accuracy") {
