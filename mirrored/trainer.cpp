@@ -288,10 +288,18 @@ Config with_resume_hints(Config c) {
     return c;
 }
 
+// strategy.step_timeout_s: the watchdog of a run, from its start (data, replicas, NCCL, the first
+// collectives) to its end; none when 0.
+std::unique_ptr<Watchdog> make_watchdog(const Config& c) {
+    if (c.strategy.step_timeout_s <= 0) return nullptr;
+    return std::make_unique<Watchdog>(c.strategy.step_timeout_s,
+                                      "start-up (loading data, building the replicas, NCCL and peer access, the first copies)");
+}
+
 class Run {
 public:
     Run(const Config& config, Nodes* nodes)
-        : s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
+        : watchdog_(make_watchdog(config)), s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
         out_dir_ = cfg_.run.output_dir;
         ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
         tty_ = ::isatty(1) && !nodes;  // mpirun hands its processes a pseudo-terminal even when its own output is a file
@@ -320,6 +328,7 @@ private:
     void open_metrics(std::ios::openmode mode);
     void status_line(const std::string& line, bool final_line);
 
+    std::unique_ptr<Watchdog> watchdog_;  // first: it watches the session's building too
     std::unique_ptr<Session> s_;
     Config& cfg_;
     Nodes* nodes_;
@@ -700,6 +709,7 @@ void Run::log_train(int64_t step, float lr) {
 }
 
 void Run::evaluate(int64_t step, double epoch) {
+    if (watchdog_) watchdog_->phase("an evaluation", step);
     const double t0 = now_s();
     last_eval_ = s_->strategy->evaluate(*s_->test_loader);
     last_eval_step_ = step;
@@ -737,8 +747,10 @@ void Run::save_checkpoint(int64_t step) {
     d.loss_scale = st.loss_scale_state();
     d.train_samples = int64_t(s_->data->train.count());
     d.software = software_json();
+    if (watchdog_) watchdog_->phase("a checkpoint write", step);
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
     prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep, step);
+    if (watchdog_) watchdog_->checkpointed(step);
     last_ckpt_time_ = now_s();
 }
 
@@ -844,8 +856,7 @@ void Run::train_loop() {
     interval_wait_ = loader.wait_seconds();
     double loop_start = now_s();
     last_ckpt_time_ = loop_start;
-    std::optional<Watchdog> watchdog;
-    if (cfg_.strategy.step_timeout_s > 0) watchdog.emplace(cfg_.strategy.step_timeout_s, step_, last_ckpt_step_);
+    if (watchdog_) watchdog_->phase("training", step_);
     while (step_ < total_steps_) {
         const Batch& batch = st.next_batch(loader);
         const int rows = batch.global_rows;  // the slot may be refilled once the replicas release it
@@ -853,7 +864,7 @@ void Run::train_loop() {
         const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;
         st.train_step(batch, step_, lr, cfg_.run.seed, log_now);
         ++step_;
-        if (watchdog) watchdog->tick(step_);
+        if (watchdog_) watchdog_->tick(step_);
         ++interval_steps_;
         samples_done_ += rows;
         if (pending_log_) {  // the previous log step's metrics, read after the next step was issued
@@ -891,12 +902,8 @@ void Run::train_loop() {
             const double pause = now_s();
             train_time_ += pause - loop_start;
             if (do_eval) evaluate(step_, double(step_) / double(bpe));
-            if (watchdog) watchdog->tick(step_);  // each phase has the whole timeout
             if (do_ckpt) save_checkpoint(step_);
-            if (watchdog) {
-                watchdog->tick(step_);
-                if (do_ckpt) watchdog->checkpointed(step_);
-            }
+            if (watchdog_) watchdog_->phase("training", step_);
             loop_start = now_s();
             interval_excluded_ += loop_start - pause;
         }

@@ -21,8 +21,8 @@ int64_t now_ns() {
 
 }  // namespace
 
-Watchdog::Watchdog(double timeout_s, int64_t step, int64_t checkpoint_step)
-    : timeout_s_(timeout_s), last_tick_ns_(now_ns()), step_(step), checkpoint_step_(checkpoint_step),
+Watchdog::Watchdog(double timeout_s, const char* phase)
+    : timeout_s_(timeout_s), last_tick_ns_(now_ns()), phase_(phase),
       thread_(start_thread("the watchdog thread (strategy.step_timeout_s)", [this] { watch(); })) {}
 
 Watchdog::~Watchdog() {
@@ -37,6 +37,11 @@ Watchdog::~Watchdog() {
 void Watchdog::tick(int64_t step) {
     step_.store(step, std::memory_order_relaxed);
     last_tick_ns_.store(now_ns(), std::memory_order_release);
+}
+
+void Watchdog::phase(const char* what, int64_t step) {
+    phase_.store(what, std::memory_order_relaxed);
+    tick(step);
 }
 
 void Watchdog::checkpointed(int64_t step) { checkpoint_step_.store(step, std::memory_order_relaxed); }
@@ -54,13 +59,15 @@ void Watchdog::watch() {
         else std::snprintf(resume, sizeof resume, "no checkpoint was written yet: run again to start over");
         // One write(2), no stdio lock (a stuck thread might hold one); the host threads are stuck,
         // so the process ends from here.
+        char after[48] = "";
+        if (step > 0) std::snprintf(after, sizeof after, ", after step %lld", step);
         char text[640];
         const int n = std::snprintf(text, sizeof text,
-                                    "\nerror: training made no progress for %.0f s after step %lld "
+                                    "\nerror: no progress for %.0f s in %s%s "
                                     "(strategy.step_timeout_s): a GPU, a copy between GPUs or the input pipeline stopped "
                                     "answering (a hung kernel, a failing link, NCCL waiting for a GPU that does not "
                                     "answer); stopping rather than hanging; %s\n",
-                                    idle, step, resume);
+                                    idle, phase_.load(), after, resume);
         if (n > 0) (void)!::write(2, text, std::min(size_t(n), sizeof text - 1));
         ::_exit(kExitDevice);
     }

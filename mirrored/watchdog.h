@@ -16,19 +16,22 @@ namespace mirrored {
 
 class Watchdog {
 public:
-    Watchdog(double timeout_s, int64_t step, int64_t checkpoint_step);
+    // phase: what is running, named in the message ("start-up (...)"); a string literal
+    Watchdog(double timeout_s, const char* phase);
     ~Watchdog();
     Watchdog(const Watchdog&) = delete;
     Watchdog& operator=(const Watchdog&) = delete;
 
-    void tick(int64_t step);           // progress: a step finished, or a phase began or ended
-    void checkpointed(int64_t step);   // a checkpoint of `step` is on disk
+    void tick(int64_t step);                      // progress: a step finished
+    void phase(const char* what, int64_t step);   // progress: `what` begins (each phase has the whole timeout)
+    void checkpointed(int64_t step);              // a checkpoint of `step` is on disk
 
 private:
     void watch();
 
     const double timeout_s_;
-    std::atomic<int64_t> last_tick_ns_, step_, checkpoint_step_;
+    std::atomic<int64_t> last_tick_ns_, step_{0}, checkpoint_step_{-1};
+    std::atomic<const char*> phase_;
     std::mutex mu_;
     std::condition_variable cv_;
     bool stopping_ = false;
