@@ -219,28 +219,36 @@ uint64_t parse_header(Parsed& p, const std::string& path) {
     return at;
 }
 
-// Reads a safetensors file: the header length, the header, then exactly the data it describes;
-// nothing is read before its size is known to fit the file and the memory available.
+// Reads and validates the header length and the header (nothing before its size is known to fit
+// the file). Returns the bytes that follow the header in the file and the data section's size the
+// header describes.
+std::pair<uint64_t, uint64_t> read_header(InputFile& in, Parsed& p) {
+    const std::string& path = in.path();
+    std::vector<unsigned char> head(8);
+    const size_t got = in.read(head.data(), 8);
+    if (got < 8) throw CheckpointError(path + ": truncated (" + std::to_string(got) + " bytes)");
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= uint64_t(head[size_t(i)]) << (8 * i);
+    if (n > in.file_size() - 8) throw CheckpointError(path + ": truncated: the header claims " + std::to_string(n) + " bytes");
+    if (n > kMaxHeaderBytes) throw CheckpointError(path + ": corrupt: a header of " + format_bytes(n) + " is larger than the format allows");
+    head.clear();
+    in.read_exact(head, size_t(n), "the header");
+    try {
+        p.header = json::parse(head.begin(), head.end());
+    } catch (const json::exception& e) {
+        throw CheckpointError(path + ": corrupt header: " + e.what());
+    }
+    const uint64_t data = parse_header(p, path);
+    return {in.file_size() - 8 - n, data};
+}
+
+// Reads a safetensors file: the header, then exactly the data it describes; nothing is read
+// before its size is known to fit the file and the memory available.
 Parsed parse(InputFile& in) {
     Parsed p;
     const std::string& path = in.path();
     try {
-        std::vector<unsigned char> head(8);
-        const size_t got = in.read(head.data(), 8);
-        if (got < 8) throw CheckpointError(path + ": truncated (" + std::to_string(got) + " bytes)");
-        uint64_t n = 0;
-        for (int i = 0; i < 8; ++i) n |= uint64_t(head[size_t(i)]) << (8 * i);
-        if (n > in.file_size() - 8) throw CheckpointError(path + ": truncated: the header claims " + std::to_string(n) + " bytes");
-        if (n > kMaxHeaderBytes) throw CheckpointError(path + ": corrupt: a header of " + format_bytes(n) + " is larger than the format allows");
-        head.clear();
-        in.read_exact(head, size_t(n), "the header");
-        try {
-            p.header = json::parse(head.begin(), head.end());
-        } catch (const json::exception& e) {
-            throw CheckpointError(path + ": corrupt header: " + e.what());
-        }
-        const uint64_t data = parse_header(p, path);
-        const uint64_t have = in.file_size() - 8 - n;
+        const auto [have, data] = read_header(in, p);
         if (have < data) throw CheckpointError(path + ": truncated: " + std::to_string(have) + " of " + std::to_string(data) + " data bytes");
         if (have > data) throw CheckpointError(path + ": " + std::to_string(have - data) + " unexpected bytes after the tensors");
         const uint64_t avail = available_host_memory();
@@ -485,18 +493,9 @@ std::map<std::string, std::string> peek_checkpoint_metadata(const std::string& p
 }
 
 std::map<std::string, std::string> peek_checkpoint_metadata(InputFile&& in) {
-    const std::string& path = in.path();
     try {
-        unsigned char head[8];
-        if (in.read(head, 8) < 8) return {};
-        uint64_t n = 0;
-        for (int i = 0; i < 8; ++i) n |= uint64_t(head[i]) << (8 * i);
-        if (n > in.file_size() - 8 || n > kMaxHeaderBytes) return {};
-        std::vector<unsigned char> header;
-        in.read_exact(header, size_t(n), "the header");
         Parsed p;
-        p.header = json::parse(header.begin(), header.end());
-        parse_header(p, path);
+        read_header(in, p);
         return p.meta;
     } catch (const std::exception&) {  // unreadable: no hint; resuming reads it properly and says why
         return {};
