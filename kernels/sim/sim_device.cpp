@@ -69,21 +69,16 @@ World& world() {
         auto* x = new World;  // never destroyed: stream threads may outlive static destructors
         if (const char* d = std::getenv("MIRRORED_SIM_DELAY_US")) x->max_delay_us = std::max(0, std::atoi(d));
         if (const char* p = std::getenv("MIRRORED_SIM_NO_PEER")) x->peer_access = !(*p && *p != '0');
-        if (const char* f = std::getenv("MIRRORED_SIM_FAULT")) {
+        // "G:K" knobs: the K-th event of their kind on simulated GPU G
+        const auto knob = [x](const char* name, uint64_t GpuState::*at_field) {
+            const char* f = std::getenv(name);
             int gpu = -1;
             unsigned long long at = 0;
-            if (std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].fault_at = at;
-        }
-        if (const char* f = std::getenv("MIRRORED_SIM_HANG")) {
-            int gpu = -1;
-            unsigned long long at = 0;
-            if (std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].hang_at = at;
-        }
-        if (const char* f = std::getenv("MIRRORED_SIM_CORRUPT")) {
-            int gpu = -1;
-            unsigned long long at = 0;
-            if (std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].corrupt_at = at;
-        }
+            if (f && std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].*at_field = at;
+        };
+        knob("MIRRORED_SIM_FAULT", &GpuState::fault_at);
+        knob("MIRRORED_SIM_HANG", &GpuState::hang_at);
+        knob("MIRRORED_SIM_CORRUPT", &GpuState::corrupt_at);
         return x;
     }();
     return *w;
