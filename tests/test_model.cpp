@@ -336,14 +336,15 @@ TEST_CASE("a small CNN overfits a fixed batch on the CPU backend and on a simula
     }
 }
 
-TEST_CASE("a small CNN overfits a fixed batch on the CUDA backend (SGD and AdamW)") {
+TEST_CASE("a small CNN overfits a fixed batch on the CUDA backend (SGD and AdamW)" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     auto d = make_cuda_device(0);
     overfit(*d, OptimizerConfig::Type::sgd);
     overfit(*d, OptimizerConfig::Type::adamw);
 }
 
-TEST_CASE("CUDA forward/backward of whole models (MLP, CNN with batchnorm and a residual block) match CPU, fused epilogues too") {
+TEST_CASE("CUDA forward/backward of whole models (MLP, CNN with batchnorm and a residual block) match CPU, fused epilogues too"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     const Model mlp({3, 5, 2}, {flatten(), dense(33, Activation::gelu), dropout(0.2f), dense(17, Activation::relu),
                                 dense(6, Activation::none)},

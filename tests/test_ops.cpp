@@ -829,7 +829,7 @@ TEST_CASE("cpu bf16 wire format: pack rounds to nearest even, unpack is exact, p
 
 // ================================ CUDA backend vs CPU ====================================
 
-TEST_CASE("cuda gemm matches cpu (fp32 and TF32)") {
+TEST_CASE("cuda gemm matches cpu (fp32 and TF32)" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(101);
     for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
@@ -876,7 +876,7 @@ TEST_CASE("column_plan: row chunks cover every row once, fit the scratch and fil
     CHECK(column_plan(131072, 16, 100).chunks == 3);  // a small scratch bounds the chunks
 }
 
-TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu") {
+TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(102);
     for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
@@ -907,7 +907,8 @@ TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu") {
 // cuBLASLt epilogues: fp32 and TF32 against the CPU; bf16 against the unfused CUDA ops on the
 // same stored inputs (the fused product rounds y once, the unfused twice: 2e-2). Where a case is
 // fusable and its sizes are multiples of 8, the fused product must have been taken (one launch).
-TEST_CASE("cuda dense ops with cuBLASLt epilogues (strategy.fused_epilogues) match cpu; one launch where fused") {
+TEST_CASE("cuda dense ops with cuBLASLt epilogues (strategy.fused_epilogues) match cpu; one launch where fused"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(105);
     auto cpu = make_cpu_device(0);
@@ -952,7 +953,7 @@ TEST_CASE("cuda dense ops with cuBLASLt epilogues (strategy.fused_epilogues) mat
     }
 }
 
-TEST_CASE("cuda softmax_xent matches cpu, argmax count exactly") {
+TEST_CASE("cuda softmax_xent matches cpu, argmax count exactly" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(103);
     for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
@@ -973,7 +974,7 @@ TEST_CASE("cuda softmax_xent matches cpu, argmax count exactly") {
     });
 }
 
-TEST_CASE("cuda dropout, init_params and checksum match cpu exactly") {
+TEST_CASE("cuda dropout, init_params and checksum match cpu exactly" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(104);
     for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
@@ -993,7 +994,7 @@ TEST_CASE("cuda dropout, init_params and checksum match cpu exactly") {
     });
 }
 
-TEST_CASE("cuda flat ops, sgd and adamw match cpu") {
+TEST_CASE("cuda flat ops, sgd and adamw match cpu" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(105);
     for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
@@ -1016,7 +1017,7 @@ TEST_CASE("cuda flat ops, sgd and adamw match cpu") {
     });
 }
 
-TEST_CASE("cuda reduce_from_peer and copy_from_peer are exact (two replicas on GPU 0)") {
+TEST_CASE("cuda reduce_from_peer and copy_from_peer are exact (two replicas on GPU 0)" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(106);
     auto a = make_cuda_device(0), b = make_cuda_device(0);
@@ -1037,7 +1038,8 @@ TEST_CASE("cuda reduce_from_peer and copy_from_peer are exact (two replicas on G
     }
 }
 
-TEST_CASE("cuda bf16 wire format matches the bit-level reference (two replicas on GPU 0)") {
+TEST_CASE("cuda bf16 wire format matches the bit-level reference (two replicas on GPU 0)"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(107);
     auto a = make_cuda_device(0), b = make_cuda_device(0);

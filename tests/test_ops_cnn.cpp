@@ -576,7 +576,7 @@ TEST_CASE("cpu loss scaling: the scale halves on an overflow, doubles after good
 
 // ================================ CUDA backend vs CPU ====================================
 
-TEST_CASE("cuda im2col, col2im, pooling and nhwc_to_nchw match cpu") {
+TEST_CASE("cuda im2col, col2im, pooling and nhwc_to_nchw match cpu" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(301);
     auto cpu = make_cpu_device(0);
@@ -594,7 +594,7 @@ TEST_CASE("cuda im2col, col2im, pooling and nhwc_to_nchw match cpu") {
     }
 }
 
-TEST_CASE("cuda batchnorm and layernorm ops match cpu") {
+TEST_CASE("cuda batchnorm and layernorm ops match cpu" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(302);
     auto cpu = make_cpu_device(0);
@@ -614,7 +614,7 @@ TEST_CASE("cuda batchnorm and layernorm ops match cpu") {
     }
 }
 
-TEST_CASE("cuda bf16 and fp16 storage round exactly as the cpu emulation") {
+TEST_CASE("cuda bf16 and fp16 storage round exactly as the cpu emulation" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(303);
     auto gpu = make_cuda_device(0);

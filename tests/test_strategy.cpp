@@ -433,7 +433,7 @@ TEST_CASE("summed optimizer updates (cpu; sim's default: the two calls) equal su
     check_summed_update(*make_sim_device(0));
 }
 
-TEST_CASE("cuda sum_into equals the CPU's order bit for bit") {
+TEST_CASE("cuda sum_into equals the CPU's order bit for bit" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     check_sum_into(*make_cuda_device(0));
 }
@@ -1082,7 +1082,8 @@ TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simula
     st.reset();
 }
 
-TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing GPU 0 (N = 1..8)") {
+TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing GPU 0 (N = 1..8)"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     all_reduce_matrix("ring", DeviceType::cuda, 8, true);
     all_reduce_matrix("direct", DeviceType::cuda, 8, true);
@@ -1090,7 +1091,8 @@ TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing G
     all_reduce_matrix("reduce_to_one", DeviceType::cuda, 4, true);
 }
 
-TEST_CASE("cuda all-reduce with a bf16 wire matches the bound and is bit-identical (GPU 0, direct and staged)") {
+TEST_CASE("cuda all-reduce with a bf16 wire matches the bound and is bit-identical (GPU 0, direct and staged)"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     all_reduce_matrix("ring", DeviceType::cuda, 4, true, DType::bf16);
     all_reduce_matrix("reduce_to_one", DeviceType::cuda, 3, true, DType::bf16);
@@ -1101,7 +1103,8 @@ TEST_CASE("cuda all-reduce with a bf16 wire matches the bound and is bit-identic
     set_peer_transport(PeerTransport::automatic);
 }
 
-TEST_CASE("cuda all-reduce through staged peer copies (copy and add pipelined) is exact too") {
+TEST_CASE("cuda all-reduce through staged peer copies (copy and add pipelined) is exact too"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     set_peer_transport(PeerTransport::staged);
     Rng rng(77);
@@ -1114,7 +1117,8 @@ TEST_CASE("cuda all-reduce through staged peer copies (copy and add pipelined) i
     set_peer_transport(PeerTransport::automatic);
 }
 
-TEST_CASE("cuda all-reduce across distinct GPUs: direct peer loads and staged copies, ring, reduce_to_one, nccl") {
+TEST_CASE("cuda all-reduce across distinct GPUs: direct peer loads and staged copies, ring, reduce_to_one, nccl"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     const int gpus = cuda_device_count();
     if (gpus < 2) {
@@ -1140,7 +1144,7 @@ TEST_CASE("cuda all-reduce across distinct GPUs: direct peer loads and staged co
     }
 }
 
-TEST_CASE("nccl refuses a device list that repeats a GPU") {
+TEST_CASE("nccl refuses a device list that repeats a GPU" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     auto a = make_cuda_device(0), b = make_cuda_device(0);
     DeviceBuffer<float> x(*a, 4), y(*b, 4);
@@ -1149,7 +1153,7 @@ TEST_CASE("nccl refuses a device list that repeats a GPU") {
                          doctest::Contains("cannot place two replicas"), ConfigError);
 }
 
-TEST_CASE("cuda: N replicas on GPU 0 match one replica, and match the CPU run") {
+TEST_CASE("cuda: N replicas on GPU 0 match one replica, and match the CPU run" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     const TrainResult cpu = train("cpu:1", 6, 0.0);
     const TrainResult one = train("cuda:0", 6, 0.0);
@@ -1163,7 +1167,7 @@ TEST_CASE("cuda: N replicas on GPU 0 match one replica, and match the CPU run") 
         }
 }
 
-TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without graphs") {
+TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without graphs" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     const TrainResult one = train("cuda:0", 8, 0.0, 2, OptimizerConfig::Type::adamw, 0.5);
     for (const char* devices : {"cuda:0,0", "cuda:0,0,0,0"}) {
@@ -1176,7 +1180,8 @@ TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without 
     }
 }
 
-TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays exactly like uncaptured steps") {
+TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays exactly like uncaptured steps"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     std::vector<std::pair<std::string, std::string>> cases{{"cuda:0", "ring"}, {"cuda:0,0,0,0", "ring"}, {"cuda:0,0,0,0", "direct"}};
     if (cuda_device_count() >= 2) cases.push_back({"cuda:0,1", "ring"});  // events across devices in one capture
@@ -1191,7 +1196,8 @@ TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays ex
     }
 }
 
-TEST_CASE("cuda: fused epilogues train like the unfused ops on 1 and N replicas, and replay exactly from graphs") {
+TEST_CASE("cuda: fused epilogues train like the unfused ops on 1 and N replicas, and replay exactly from graphs"
+          * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     for (const char* devices : {"cuda:0", "cuda:0,0,0"}) {
         CAPTURE(devices);
