@@ -3,6 +3,7 @@
 #   make train    install what is missing, build, train configs/fashion_mnist_mlp.yaml
 #   make test     build and run every test; ends with "N passed, N failed[, N skipped]"
 #   make test-tsan  the tests once more under ThreadSanitizer (CPU-only build in build-tsan/)
+#   make test-cuda-emu  the GPU tests on emulated GPUs: the CUDA backend run on the CPU (build-emu/)
 #   make fuzz     libFuzzer targets (clang, ASan + UBSan) in build-fuzz/; scripts/fuzz.sh runs one
 #   make clean
 # CUDA: nvcc from $(CUDA_HOME) (default /usr/local/cuda); without it a CPU-only build.
@@ -49,7 +50,16 @@ LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.c
 LIB_CPP := $(filter-out mirrored/main.cpp kernels/cuda_stub.cpp,$(LIB_CPP))
 TEST_CPP := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 
-ifneq ($(NVCC),)
+ifeq ($(CUDA_EMU),1)
+  # The emulated GPU (make test-cuda-emu, tests/cuda_emu/README.md): the CUDA backend's own source
+  # compiled as C++ by $(CXX) against a CPU implementation of the CUDA runtime, cuBLAS and cuBLASLt
+  # (headers from $(CUDA_HOME), no CUDA library linked); NCCL is not emulated.
+  EMU_CU := kernels/cuda/cuda_device.cu kernels/cuda/cuda_kernels.cu kernels/cuda/fused_gemm.cu
+  LIB_CPP += kernels/cuda/nccl_stub.cpp $(wildcard tests/cuda_emu/*.cpp)
+  LIB_CU :=
+  CUDA_LIBS :=
+  CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1 -DMIRRORED_NCCL=0
+else ifneq ($(NVCC),)
   # SASS for Ampere (sm_80, also runs on sm_86/89), Hopper, Blackwell datacenter and consumer,
   # and PTX the driver can compile for newer GPUs. Turing and older are refused at start-up.
   GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
@@ -85,11 +95,11 @@ else
 endif
 
 OBJ := $(BUILD)/obj
-LIB_OBJ := $(LIB_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o)
+LIB_OBJ := $(LIB_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o) $(EMU_CU:%.cu=$(OBJ)/%.emu.o)
 TEST_OBJ := $(TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all train test test-tsan fuzz clean install-deps bench
+.PHONY: all train test test-tsan test-cuda-emu fuzz clean install-deps bench
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 
 $(LIB): $(LIB_OBJ)
@@ -125,6 +135,12 @@ $(OBJ)/%.cu.o: %.cu | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MF $(@:.o=.d) -c $< -o $@
 
+# A .cu file for the emulated GPU: launches rewritten into calls, device code given by kernel_emu.h.
+$(OBJ)/%.emu.o: %.cu tests/cuda_emu/rewrite.pl tests/cuda_emu/kernel_emu.h | $(DEPS_STEP)
+	@mkdir -p $(dir $@)
+	perl tests/cuda_emu/rewrite.pl $< > $(@:.o=.cpp)
+	$(CXX) $(CXXFLAGS) -Wno-attributes -Wno-sign-compare -include tests/cuda_emu/kernel_emu.h -c $(@:.o=.cpp) -o $@
+
 install-deps:
 	scripts/install_deps.sh
 
@@ -144,6 +160,15 @@ test-tsan:
 	  LDFLAGS_EXTRA="-fsanitize=thread" build-tsan/mirrored_tests build-tsan/mirrored
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/mirrored_tests
 
+# The CUDA backend's own source on emulated GPUs (tests/cuda_emu/README.md): every test that skips
+# without a GPU runs the backend's kernels, cuBLAS, cuBLASLt and graph calls on the CPU.
+# EMU_TESTS: doctest filters, by default the GPU tests (suite "cuda"); EMU_TESTS= runs every test.
+EMU_TESTS ?= -ts=cuda
+test-cuda-emu:
+	@test -f $(CUDA_HOME)/include/cuda_runtime.h || { echo "test-cuda-emu: the CUDA toolkit's headers are not under $(CUDA_HOME) (set CUDA_HOME)"; exit 2; }
+	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 WITH_MPI=0 build-emu/mirrored_tests build-emu/mirrored
+	build-emu/mirrored_tests $(EMU_TESTS)
+
 # Fuzz targets for every parser of untrusted input (tests/fuzz/targets.h): the library built by
 # clang with coverage and AddressSanitizer + UndefinedBehaviorSanitizer, one binary per target.
 FUZZ_TARGETS := idx cifar10 csv config safetensors devices
@@ -158,6 +183,6 @@ fuzz:
 	done
 
 clean:
-	rm -rf $(BUILD) build-tsan build-fuzz
+	rm -rf $(BUILD) build-tsan build-fuzz build-emu
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(OBJ)/mirrored/main.d
