@@ -99,7 +99,7 @@ LIB_OBJ := $(LIB_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o) $(EMU_CU:%.c
 TEST_OBJ := $(TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all train test test-tsan test-cuda-emu fuzz clean install-deps bench
+.PHONY: all train test test-tsan test-cuda-emu test-cuda-emu-asan fuzz clean install-deps bench
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 
 $(LIB): $(LIB_OBJ)
@@ -169,6 +169,13 @@ test-cuda-emu:
 	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 WITH_MPI=0 build-emu/mirrored_tests build-emu/mirrored
 	build-emu/mirrored_tests $(EMU_TESTS)
 
+# The same under AddressSanitizer (build-emu-asan/): a kernel, copy or GEMM reaching past its
+# allocation (device allocations are exact-size host blocks) is reported where it happens.
+test-cuda-emu-asan:
+	$(MAKE) -j$(shell nproc) BUILD=build-emu-asan CUDA_EMU=1 WITH_MPI=0 CXXFLAGS_EXTRA="-fsanitize=address -fno-omit-frame-pointer -O1" \
+	  LDFLAGS_EXTRA="-fsanitize=address" build-emu-asan/mirrored_tests build-emu-asan/mirrored
+	ASAN_OPTIONS=detect_leaks=0 build-emu-asan/mirrored_tests $(EMU_TESTS)
+
 # Fuzz targets for every parser of untrusted input (tests/fuzz/targets.h): the library built by
 # clang with coverage and AddressSanitizer + UndefinedBehaviorSanitizer, one binary per target.
 FUZZ_TARGETS := idx cifar10 csv config safetensors devices
@@ -183,6 +190,6 @@ fuzz:
 	done
 
 clean:
-	rm -rf $(BUILD) build-tsan build-fuzz build-emu
+	rm -rf $(BUILD) build-tsan build-fuzz build-emu build-emu-asan
 
 -include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(OBJ)/mirrored/main.d

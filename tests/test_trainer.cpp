@@ -537,15 +537,19 @@ TEST_CASE("simulated GPUs with random delays train bit-identically to CPU replic
     sim_reset();
 }
 
-TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs too)") {
+namespace {
+
+// SIGKILL at a random moment of a run on `devices`, then the rerun: the uninterrupted run's bits;
+// the same once more with every step replayed from captured graphs.
+void kill_resume_graphs(const std::string& devices, const std::vector<std::pair<std::string, std::string>>& env,
+                        int epochs) {
     Scratch s;
     std::string text = kTiny;
-    text.replace(text.find("epochs: 5"), 9, "epochs: 20");
+    text.replace(text.find("epochs: 5"), 9, "epochs: " + std::to_string(epochs));
     text.replace(text.find("every_steps: 7"), 14, "every_steps: 3");
-    text.replace(text.find("\"cpu:2\""), 7, "\"sim:0,1\"");
+    text.replace(text.find("\"cpu:2\""), 7, "\"" + devices + "\"");
     const std::string cfg = s.config(text);
     const std::string ref = s.out("ref"), out = s.out("killed");
-    const std::vector<std::pair<std::string, std::string>> env{{"MIRRORED_SIM_DELAY_US", "20"}};
     const double t0 = now_seconds();
     REQUIRE(run_cli({"train", cfg, "--output", ref}, env) == kExitOk);
     const double run_s = now_seconds() - t0;
@@ -565,6 +569,20 @@ TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-i
     CHECK((killed == 128 + SIGKILL || killed == kExitOk));
     CHECK(run_cli(args, env) == kExitOk);
     expect_same_run(ref, graphed);
+}
+
+}  // namespace
+
+TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs too)") {
+    kill_resume_graphs("sim:0,1", {{"MIRRORED_SIM_DELAY_US", "20"}}, 20);
+}
+
+// The CLI end to end on the CUDA backend: pinned loader slots, copies, evaluation, checkpoints
+// read back from GPU memory, captured steps. 6 epochs: a minute on the emulated GPU.
+TEST_CASE("cuda: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs too)"
+          * doctest::test_suite("cuda")) {
+    SKIP_WITHOUT_CUDA();
+    kill_resume_graphs(cuda_device_count() >= 2 ? "cuda:0,1" : "cuda:0,0", {}, 6);
 }
 
 TEST_CASE("a device failure: exit 5 with the first error named, no hang, the last checkpoint kept; the rerun resumes exactly") {

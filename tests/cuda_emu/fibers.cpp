@@ -14,6 +14,9 @@
 #include <vector>
 
 #include "tests/cuda_emu/emu_state.h"
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 #include "tests/cuda_emu/kernel_emu.h"
 
 #if !defined(__x86_64__)
@@ -119,6 +122,11 @@ void* fresh_stack(int i) {
     // `ret` continues at, then a slot standing for fiber_entry's own return address (rsp % 16 == 8
     // on entry, as after a call).
     char* top = g_stacks + size_t(i + 1) * kStackBytes;
+#if defined(__SANITIZE_ADDRESS__)
+    // A finished fiber never returns from fiber_entry, an abandoned one from anything: their
+    // frames' redzones stay poisoned unless the stack is cleared for the next fiber.
+    ASAN_UNPOISON_MEMORY_REGION(top - kStackBytes, kStackBytes);
+#endif
     void** sp = reinterpret_cast<void**>(top - 64);
     for (int r = 0; r < 6; ++r) sp[r] = nullptr;
     sp[6] = reinterpret_cast<void*>(&fiber_entry);
@@ -153,6 +161,7 @@ void run_block(Block& b) {
             if (!ready(b, f)) continue;
             f.wait = Wait::none;
             b.current = &f;
+            g_thread_idx = f.idx;
             emu_switch(&b.scheduler_sp, f.sp);
             progress = true;
             if (!b.error.empty()) return;
@@ -166,7 +175,7 @@ void run_block(Block& b) {
 
 }  // namespace
 
-uint3 thread_idx() { return block().current->idx; }
+uint3 g_thread_idx{};
 uint3 block_idx() { return block().block_idx; }
 dim3 block_dim() { return block().block; }
 dim3 grid_dim() { return block().grid; }

@@ -32,8 +32,9 @@
 
 namespace emu {
 
-// The running GPU thread's coordinates.
-uint3 thread_idx();
+// The running GPU thread's coordinates (threadIdx is read often: inline, set at each switch).
+extern uint3 g_thread_idx;
+inline uint3 thread_idx() { return g_thread_idx; }
 uint3 block_idx();
 dim3 block_dim();
 dim3 grid_dim();
