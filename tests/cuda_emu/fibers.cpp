@@ -155,9 +155,13 @@ void run_block(Block& b) {
     b.barrier_gen = 0;
     b.barrier_arrived = 0;
     b.finished = 0;
-    while (b.finished < b.threads && b.error.empty()) {
+    // Passes alternate between ascending and descending thread order, so that two threads racing
+    // between barriers (one reading what the other writes in the same phase) meet in both orders
+    // and a result that depends on the order differs from the CPU's.
+    for (int pass = 0; b.finished < b.threads && b.error.empty(); ++pass) {
         bool progress = false;
-        for (Fiber& f : b.fibers) {
+        for (int k = 0; k < b.threads; ++k) {
+            Fiber& f = b.fibers[size_t(pass % 2 ? b.threads - 1 - k : k)];
             if (!ready(b, f)) continue;
             f.wait = Wait::none;
             b.current = &f;
@@ -258,9 +262,11 @@ void run_launch(const LaunchConfig& c, void (*thread_body)(void*), void* arg) {
     b.body = thread_body;
     b.arg = arg;
     g_block = &b;
-    for (unsigned z = 0; z < c.grid.z && b.error.empty(); ++z)
-        for (unsigned y = 0; y < c.grid.y && b.error.empty(); ++y)
-            for (unsigned x = 0; x < c.grid.x && b.error.empty(); ++x) {
+    // Blocks run last to first: a kernel whose blocks read what earlier blocks write (an order a
+    // GPU does not promise) sees the data missing.
+    for (unsigned z = c.grid.z; z-- > 0 && b.error.empty();)
+        for (unsigned y = c.grid.y; y-- > 0 && b.error.empty();)
+            for (unsigned x = c.grid.x; x-- > 0 && b.error.empty();) {
                 b.block_idx = uint3{x, y, z};
                 run_block(b);
             }
