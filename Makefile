@@ -55,7 +55,8 @@ ifeq ($(CUDA_EMU),1)
   # compiled as C++ by $(CXX) against a CPU implementation of the CUDA runtime, cuBLAS and cuBLASLt
   # (headers from $(CUDA_HOME), no CUDA library linked); NCCL is not emulated.
   EMU_CU := kernels/cuda/cuda_device.cu kernels/cuda/cuda_kernels.cu kernels/cuda/fused_gemm.cu
-  LIB_CPP += kernels/cuda/nccl_stub.cpp $(wildcard tests/cuda_emu/*.cpp)
+  LIB_CPP += kernels/cuda/nccl_stub.cpp tests/cuda_emu/fibers.cpp tests/cuda_emu/runtime.cpp
+  TEST_CPP += tests/cuda_emu/test_emulator.cpp
   LIB_CU :=
   CUDA_LIBS :=
   CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1 -DMIRRORED_NCCL=0
@@ -162,10 +163,12 @@ test-tsan:
 
 # The CUDA backend's own source on emulated GPUs (tests/cuda_emu/README.md): every test that skips
 # without a GPU runs the backend's kernels, cuBLAS, cuBLASLt and graph calls on the CPU.
-# EMU_TESTS: doctest filters, by default the GPU tests (suite "cuda"); EMU_TESTS= runs every test.
-EMU_TESTS ?= -ts=cuda
+# EMU_TESTS: doctest filters, by default the GPU tests (suite "cuda") and the emulator's own
+# ("emulator"); EMU_TESTS= runs every test.
+EMU_TESTS ?= -ts=cuda,emulator
 test-cuda-emu:
-	@test -f $(CUDA_HOME)/include/cuda_runtime.h || { echo "test-cuda-emu: the CUDA toolkit's headers are not under $(CUDA_HOME) (set CUDA_HOME)"; exit 2; }
+	@test -f $(CUDA_HOME)/include/cuda_runtime.h || \
+	  { echo "test-cuda-emu: no CUDA toolkit headers under $(CUDA_HOME) (set CUDA_HOME)"; exit 2; }
 	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 WITH_MPI=0 build-emu/mirrored_tests build-emu/mirrored
 	build-emu/mirrored_tests $(EMU_TESTS)
 

@@ -275,6 +275,13 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int) {
     emu::g_peer_enabled[emu::t_device][peer] = true;
     return cudaSuccess;
 }
+cudaError_t cudaDeviceDisablePeerAccess(int peer) {
+    if (peer < 0 || peer >= emu::gpu_count()) return result(cudaErrorInvalidDevice);
+    std::lock_guard<std::mutex> lock(emu::g_mutex);
+    if (!emu::g_peer_enabled[emu::t_device][peer]) return result(cudaErrorPeerAccessNotEnabled);
+    emu::g_peer_enabled[emu::t_device][peer] = false;
+    return cudaSuccess;
+}
 cudaError_t cudaDeviceGetP2PAttribute(int* value, cudaDeviceP2PAttr, int, int) {
     *value = 0;
     return cudaSuccess;
@@ -302,7 +309,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     case cudaErrorStreamCaptureUnjoined: return "capture was not joined";
-    case cudaErrorStreamCaptureIsolation: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
     default: return "emulated GPU error";
     }
@@ -385,11 +392,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
                                 cudaStream_t s) {
     if (const cudaError_t e = stream_on_current(s, "cudaMemcpyPeerAsync")) return e;
-    std::lock_guard<std::mutex> lock(emu::g_mutex);
-    const emu::Alloc* d = emu::find(dst, bytes);
-    const emu::Alloc* r = emu::find(src, bytes);
-    if (!d || d->device != dst_device || !r || r->device != src_device)
-        return fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync: a range outside the named GPUs' allocations");
+    {
+        std::lock_guard<std::mutex> lock(emu::g_mutex);
+        const emu::Alloc* d = emu::find(dst, bytes);
+        const emu::Alloc* r = emu::find(src, bytes);
+        if (!d || d->device != dst_device || !r || r->device != src_device)
+            return fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync: a range outside the named GPUs' allocations");
+    }
     emu::submit(s, [=] { std::memmove(dst, src, bytes); });
     return cudaSuccess;
 }
@@ -403,7 +412,8 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
 // ---- streams, events, host functions --------------------------------------------------------
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
-    *s = new CUstream_st{emu::t_device};
+    *s = new CUstream_st;
+    (*s)->device = emu::t_device;
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
@@ -445,7 +455,9 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* arg) {
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
-    *e = new CUevent_st{emu::t_device, !(flags & cudaEventDisableTiming), false, 0};
+    *e = new CUevent_st;
+    (*e)->device = emu::t_device;
+    (*e)->timing = !(flags & cudaEventDisableTiming);
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -639,7 +651,8 @@ cublasStatus_t cublasDestroy(cublasHandle_t h) {
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
-    if (emu::stream_device(s) != h->device) return blas_fail(CUBLAS_STATUS_INVALID_VALUE, "cublasSetStream: a stream of another GPU");
+    if (emu::stream_device(s) != h->device)
+        return blas_fail(CUBLAS_STATUS_INVALID_VALUE, "cublasSetStream: a stream of another GPU");
     h->stream = s;
     return CUBLAS_STATUS_SUCCESS;
 }

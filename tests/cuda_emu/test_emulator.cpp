@@ -1,0 +1,232 @@
+// The emulated GPU's own rules (doctest suite "emulator", in the emulated build only): what it
+// promises to catch, each shown caught, and correct code shown to pass.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "tests/cuda_emu/kernel_emu.h"
+
+namespace {
+
+// Launches kernel k as `k<<<grid, block, 0, s>>>(args)` does once rewrite.pl has rewritten it.
+#define EMU_LAUNCH(k, grid, block, s) (::emu::Launch((grid), (block), 0, (s)) % [](auto... a) { k(a...); })
+
+__global__ void block_sum(const float* x, float* out) {
+    __shared__ float sh[256];
+    sh[threadIdx.x] = x[blockIdx.x * 256 + threadIdx.x];
+    __syncthreads();
+    for (int s = 128; s > 0; s >>= 1) {
+        if (int(threadIdx.x) < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = sh[0];
+}
+
+// Thread i reads what thread i + 1 writes in the same phase: a race.
+__global__ void neighbour_race(float* out) {
+    __shared__ float sh[64];
+    sh[threadIdx.x] = float(threadIdx.x);
+    out[threadIdx.x] = threadIdx.x + 1 < 64 ? sh[threadIdx.x + 1] : 0.0f;
+}
+
+__global__ void divergent_barrier(float* out) {
+    if (threadIdx.x < 32) return;  // half the block leaves, the rest waits for it
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+
+__global__ void warp_butterfly(float* out) {
+    float v = float(threadIdx.x % 32);
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    out[threadIdx.x] = v;
+}
+
+__global__ void half_warp_shuffle(float* out) {
+    if (threadIdx.x % 32 >= 16) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+__global__ void copy_one(const float* x, float* y) { y[threadIdx.x] = x[threadIdx.x]; }
+
+__global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }
+
+// Blocks read what the block before them wrote: an order the GPU does not promise.
+__global__ void prefix_over_blocks(float* x) {
+    if (blockIdx.x > 0 && threadIdx.x == 0) x[blockIdx.x] += x[blockIdx.x - 1];
+}
+
+struct Gpu {
+    cudaStream_t s = nullptr;
+    explicit Gpu(int device = 0) {
+        REQUIRE(cudaSetDevice(device) == cudaSuccess);
+        REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    }
+    ~Gpu() { cudaStreamDestroy(s); }
+    float* alloc(size_t n) {
+        void* p = nullptr;
+        REQUIRE(cudaMalloc(&p, n * sizeof(float)) == cudaSuccess);
+        return static_cast<float*>(p);
+    }
+};
+
+std::vector<float> read(const float* d, size_t n, cudaStream_t s) {
+    std::vector<float> h(n);
+    REQUIRE(cudaMemcpyAsync(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    return h;
+}
+
+}  // namespace
+
+TEST_CASE("emulated GPU: barriers and shuffles give correct code its result" * doctest::test_suite("emulator")) {
+    Gpu g;
+    std::vector<float> x(512);
+    std::iota(x.begin(), x.end(), 0.0f);
+    float* dx = g.alloc(512);
+    float* dout = g.alloc(64);
+    REQUIRE(cudaMemcpyAsync(dx, x.data(), 512 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+    EMU_LAUNCH(block_sum, 2, 256, g.s)(dx, dout);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const std::vector<float> sums = read(dout, 2, g.s);
+    CHECK(sums[0] == 255.0f * 256 / 2);
+    CHECK(sums[1] == (256.0f + 511.0f) * 256 / 2);
+    EMU_LAUNCH(warp_butterfly, 1, 64, g.s)(dout);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    for (float v : read(dout, 64, g.s)) CHECK(v == 31.0f * 32 / 2);
+    cudaFree(dx);
+    cudaFree(dout);
+}
+
+TEST_CASE("emulated GPU: races, divergent barriers and shuffles, and block order fail" * doctest::test_suite("emulator")) {
+    Gpu g;
+    float* d = g.alloc(64);
+    EMU_LAUNCH(neighbour_race, 1, 64, g.s)(d);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const std::vector<float> raced = read(d, 64, g.s);
+    int correct = 0;
+    for (int i = 0; i + 1 < 64; ++i) correct += raced[size_t(i)] == float(i + 1);
+    CHECK(correct < 63);  // threads run in an order where the neighbour has not written yet
+    EMU_LAUNCH(divergent_barrier, 1, 64, g.s)(d);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    EMU_LAUNCH(half_warp_shuffle, 1, 32, g.s)(d);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    std::vector<float> ones(64, 1.0f);
+    REQUIRE(cudaMemcpyAsync(d, ones.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+    EMU_LAUNCH(prefix_over_blocks, 64, 32, g.s)(d);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    CHECK(read(d, 64, g.s)[63] < 64.0f);  // blocks in index order would have summed all 64
+    EMU_LAUNCH(copy_one, 1, 2048, g.s)(d, d);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    cudaFree(d);
+}
+
+TEST_CASE("emulated GPU: memory a GPU may not use, and streams of another GPU" * doctest::test_suite("emulator")) {
+    int gpus = 0;
+    REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
+    REQUIRE(gpus >= 2);
+    Gpu g1(1);
+    float* on1 = g1.alloc(32);
+    Gpu g0(0);
+    float* on0 = g0.alloc(32);
+    float host[32] = {};
+    cudaDeviceDisablePeerAccess(1);  // other tests of this process may have enabled it
+    cudaGetLastError();
+    EMU_LAUNCH(copy_one, 1, 32, g0.s)(host, on0);  // pageable host memory
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+    EMU_LAUNCH(copy_one, 1, 32, g0.s)(on1, on0);  // GPU 1's memory without peer access
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+    EMU_LAUNCH(copy_one, 1, 32, g1.s)(on0, on0);  // a stream of GPU 1 while GPU 0 is current
+    CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+    const cudaError_t enabled = cudaDeviceEnablePeerAccess(1, 0);
+    CHECK((enabled == cudaSuccess || enabled == cudaErrorPeerAccessAlreadyEnabled));
+    cudaGetLastError();
+    EMU_LAUNCH(copy_one, 1, 32, g0.s)(on1, on0);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaMemcpyAsync(on0, host, sizeof host, cudaMemcpyDeviceToHost, g0.s) == cudaErrorInvalidValue);
+    CHECK(cudaMemcpyAsync(on0 + 16, host, sizeof host, cudaMemcpyHostToDevice, g0.s) == cudaErrorInvalidValue);
+    cudaGetLastError();
+    cudaFree(on0);
+    cudaSetDevice(1);
+    cudaFree(on1);
+    cudaSetDevice(0);
+}
+
+TEST_CASE("emulated GPU: cuBLAS's argument rules and its column-major product" * doctest::test_suite("emulator")) {
+    Gpu g;
+    cublasHandle_t h = nullptr;
+    REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasSetStream(h, g.s) == CUBLAS_STATUS_SUCCESS);
+    // column-major A [2 x 3], B [3 x 2]: C = A B
+    const std::vector<float> a{1, 4, 2, 5, 3, 6}, b{7, 9, 11, 8, 10, 12};
+    float *da = g.alloc(6), *db = g.alloc(6), *dc = g.alloc(4);
+    REQUIRE(cudaMemcpyAsync(da, a.data(), 24, cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(db, b.data(), 24, cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+    const float one = 1, zero = 0;
+    REQUIRE(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, da, CUDA_R_32F, 2, db, CUDA_R_32F, 3, &zero, dc,
+                         CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    CHECK(read(dc, 4, g.s) == std::vector<float>{58, 139, 64, 154});  // beta 0: C's NaN fill never read
+    CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, da, CUDA_R_32F, 1, db, CUDA_R_32F, 3, &zero, dc,
+                       CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);
+    CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, da, CUDA_R_32F, 2, db, CUDA_R_16BF, 3, &zero, dc,
+                       CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 4, &one, da, CUDA_R_32F, 2, db, CUDA_R_32F, 4, &zero, dc,
+                       CUDA_R_32F, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_EXECUTION_FAILED);
+    cublasDestroy(h);
+    cudaFree(da);
+    cudaFree(db);
+    cudaFree(dc);
+}
+
+TEST_CASE("emulated GPU: stream capture records, replays, and refuses what CUDA refuses" * doctest::test_suite("emulator")) {
+    Gpu g, side;
+    float* d = g.alloc(32);
+    std::vector<float> ones(32, 1.0f);
+    float* pinned = nullptr;
+    REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 32 * sizeof(float), cudaHostAllocPortable) == cudaSuccess);
+    std::copy(ones.begin(), ones.end(), pinned);
+    cudaEvent_t fork, join, outside;
+    REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(cudaEventCreateWithFlags(&outside, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(cudaEventRecord(outside, side.s) == cudaSuccess);
+
+    // captured: a copy from pinned memory on the origin, a kernel on a joined stream, joined back
+    REQUIRE(cudaStreamBeginCapture(g.s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(d, pinned, 32 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork, g.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(side.s, fork, 0) == cudaSuccess);
+    EMU_LAUNCH(twice, 1, 32, side.s)(d);
+    REQUIRE(cudaEventRecord(join, side.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(g.s, join, 0) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(g.s) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaEventQuery(join) == cudaErrorCapturedEvent);
+    CHECK(cudaStreamWaitEvent(g.s, outside, 0) == cudaErrorStreamCaptureIsolation);
+    CHECK(cudaMemcpyAsync(d, ones.data(), 4, cudaMemcpyHostToDevice, g.s) == cudaErrorStreamCaptureUnsupported);
+    cudaGetLastError();
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(g.s, &graph) == cudaSuccess);
+    CHECK(read(d, 32, g.s)[0] != 1.0f);  // nothing ran yet: still the fresh allocation's NaN
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, g.s) == cudaSuccess);
+    for (float v : read(d, 32, g.s)) CHECK(v == 2.0f);
+    std::fill(pinned, pinned + 32, 3.0f);  // the copy node reads the pinned buffer at each replay
+    REQUIRE(cudaGraphLaunch(exec, g.s) == cudaSuccess);
+    for (float v : read(d, 32, g.s)) CHECK(v == 6.0f);
+
+    // a joined stream that never joins back
+    REQUIRE(cudaStreamBeginCapture(g.s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    REQUIRE(cudaEventRecord(fork, g.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(side.s, fork, 0) == cudaSuccess);
+    EMU_LAUNCH(warp_butterfly, 1, 32, side.s)(d);
+    cudaGraph_t unjoined = nullptr;
+    CHECK(cudaStreamEndCapture(g.s, &unjoined) == cudaErrorStreamCaptureUnjoined);
+    cudaGetLastError();
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    for (cudaEvent_t e : {fork, join, outside}) cudaEventDestroy(e);
+    cudaFreeHost(pinned);
+    cudaFree(d);
+}
