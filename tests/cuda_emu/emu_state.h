@@ -12,6 +12,5 @@ namespace emu {
 void record_launch_error(cudaError_t e, const std::string& why);
 // A launch must go to a stream of the current device (or the legacy default stream).
 bool check_launch_stream(cudaStream_t s);
-void count_launch();
 
 }  // namespace emu

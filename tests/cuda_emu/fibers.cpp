@@ -271,7 +271,6 @@ void run_launch(const LaunchConfig& c, void (*thread_body)(void*), void* arg) {
                 run_block(b);
             }
     g_block = nullptr;
-    count_launch();
     if (!b.error.empty()) record_launch_error(cudaErrorLaunchFailure, b.error);
 }
 
