@@ -610,6 +610,7 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     step_ = ckpt.step;
     resumed_from_ = ckpt.step;
     last_ckpt_step_ = ckpt.step;
+    if (watchdog_) watchdog_->checkpointed(ckpt.step);  // a hang from here on names it, not "none yet"
     recover_metrics(ckpt.step);
     open_metrics(std::ios::app);
 }

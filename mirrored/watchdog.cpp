@@ -56,7 +56,8 @@ void Watchdog::watch() {
         const long long step = step_.load(), ckpt = checkpoint_step_.load();
         char resume[160];
         if (ckpt >= 0) std::snprintf(resume, sizeof resume, "the last checkpoint is at step %lld: run again to resume from it", ckpt);
-        else std::snprintf(resume, sizeof resume, "no checkpoint was written yet: run again to start over");
+        else std::snprintf(resume, sizeof resume, "no checkpoint was written yet in this run: run again (it resumes "
+                           "from an earlier run's newest checkpoint, if there is one)");
         // One write(2), no stdio lock (a stuck thread might hold one); the host threads are stuck,
         // so the process ends from here.
         char after[48] = "";

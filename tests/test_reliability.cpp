@@ -278,6 +278,13 @@ TEST_CASE("a hung GPU: the watchdog ends the run with exit 5 within strategy.ste
     REQUIRE(!ckpts.empty());
     CHECK(err.find("the last checkpoint is at step " + std::to_string(checkpoint_step(ckpts.front())) +
                    ": run again to resume from it") != std::string::npos);
+    // hung again after resuming, before the next checkpoint: the message names the one resumed from
+    std::string again;
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "strategy.step_timeout_s=3"},
+                  {{"MIRRORED_SIM_HANG", "1:100"}}, -1, &again) == kExitDevice);
+    CHECK(again.find("the last checkpoint is at step " + std::to_string(checkpoint_step(ckpts.front())) +
+                     ": run again to resume from it") != std::string::npos);
+    CHECK(list_checkpoints(out + "/checkpoints").front() == ckpts.front());
     // a GPU that hangs at its first launch (initialising the parameters): start-up is watched too
     std::string early;
     CHECK(run_cli({"train", cfg, "--output", d / "early", "--set", "strategy.step_timeout_s=3"},
