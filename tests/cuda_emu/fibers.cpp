@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -61,6 +62,7 @@ enum class Wait { none, barrier, warp };
 struct Fiber {
     void* sp = nullptr;
     uint3 idx{};
+    int linear = 0;  // x + y * X + z * X * Y: warps are 32 consecutive linear ids
     bool done = false;
     Wait wait = Wait::none;
     uint64_t wait_gen = 0;
@@ -110,8 +112,8 @@ void yield_to_scheduler() {
     b.current->done = true;
     ++b.finished;
     if (b.barrier_arrived > 0) fail("a thread exited while others of its block wait at __syncthreads");
-    const WarpState& w = b.warps[b.current->idx.x / 32];
-    if (w.arrived > 0 && (w.mask >> (b.current->idx.x % 32) & 1u))
+    const WarpState& w = b.warps[size_t(b.current->linear / 32)];
+    if (w.arrived > 0 && (w.mask >> (b.current->linear % 32) & 1u))
         fail("a thread exited while its warp waits at a shuffle that names it");
     emu_switch(&b.current->sp, b.scheduler_sp);
     std::abort();  // a finished fiber is never resumed
@@ -139,7 +141,7 @@ bool ready(const Block& b, const Fiber& f) {
     switch (f.wait) {
     case Wait::none: return true;
     case Wait::barrier: return b.barrier_gen > f.wait_gen;
-    case Wait::warp: return b.warps[f.idx.x / 32].gen > f.wait_gen;
+    case Wait::warp: return b.warps[size_t(f.linear / 32)].gen > f.wait_gen;
     }
     return false;
 }
@@ -149,6 +151,7 @@ void run_block(Block& b) {
         Fiber& f = b.fibers[size_t(i)];
         f = Fiber{};
         f.idx = uint3{unsigned(i) % b.block.x, unsigned(i) / b.block.x % b.block.y, unsigned(i) / (b.block.x * b.block.y)};
+        f.linear = i;
         f.sp = fresh_stack(i);
     }
     for (WarpState& w : b.warps) w = WarpState{};
@@ -166,6 +169,7 @@ void run_block(Block& b) {
             f.wait = Wait::none;
             b.current = &f;
             g_thread_idx = f.idx;
+            g_lane = f.linear % 32;
             emu_switch(&b.scheduler_sp, f.sp);
             progress = true;
             if (!b.error.empty()) return;
@@ -180,6 +184,7 @@ void run_block(Block& b) {
 }  // namespace
 
 uint3 g_thread_idx{};
+int g_lane = 0;
 uint3 block_idx() { return block().block_idx; }
 dim3 block_dim() { return block().block; }
 dim3 grid_dim() { return block().grid; }
@@ -201,9 +206,9 @@ void syncthreads() {
 void warp_exchange(unsigned mask, const void* value, void* out, size_t bytes, int src_lane) {
     Block& b = block();
     Fiber& f = *b.current;
-    const int lane = int(f.idx.x % 32);
-    WarpState& w = b.warps[f.idx.x / 32];
-    const int warp_first = int(f.idx.x / 32) * 32;
+    const int lane = f.linear % 32;
+    WarpState& w = b.warps[size_t(f.linear / 32)];
+    const int warp_first = f.linear / 32 * 32;
     const int lanes_in_warp = std::min(32, b.threads - warp_first);
     const unsigned present = lanes_in_warp == 32 ? 0xffffffffu : (1u << lanes_in_warp) - 1u;
     if (bytes > sizeof w.slots[0][0]) fail("a shuffled value wider than 16 bytes");
@@ -213,9 +218,7 @@ void warp_exchange(unsigned mask, const void* value, void* out, size_t bytes, in
     else if (w.mask != mask) fail("lanes of one warp shuffle with different masks");
     const uint64_t gen = w.gen;
     std::memcpy(w.slots[gen % 2][lane], value, bytes);
-    int expected = 0;
-    for (int l = 0; l < 32; ++l) expected += int(mask >> l & 1u);
-    if (++w.arrived == expected) {
+    if (++w.arrived == std::popcount(mask)) {
         w.arrived = 0;
         ++w.gen;
     } else {

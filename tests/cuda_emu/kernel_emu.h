@@ -32,8 +32,10 @@
 
 namespace emu {
 
-// The running GPU thread's coordinates (threadIdx is read often: inline, set at each switch).
+// The running GPU thread's coordinates and lane (its linear id in the block mod 32); threadIdx
+// is read often: inline, set at each switch.
 extern uint3 g_thread_idx;
+extern int g_lane;
 inline uint3 thread_idx() { return g_thread_idx; }
 uint3 block_idx();
 dim3 block_dim();
@@ -47,13 +49,13 @@ void warp_exchange(unsigned mask, const void* value, void* out, size_t bytes, in
 template <class T>
 T shfl_xor(unsigned mask, T v, int lane_mask) {
     T out;
-    warp_exchange(mask, &v, &out, sizeof v, int(thread_idx().x % 32) ^ lane_mask);
+    warp_exchange(mask, &v, &out, sizeof v, g_lane ^ lane_mask);
     return out;
 }
 template <class T>
 T shfl_down(unsigned mask, T v, unsigned delta) {
     T out;
-    const int src = int(thread_idx().x % 32) + int(delta);
+    const int src = g_lane + int(delta);
     warp_exchange(mask, &v, &out, sizeof v, src < 32 ? src : -1);
     return out;
 }

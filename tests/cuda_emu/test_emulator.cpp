@@ -44,6 +44,14 @@ __global__ void warp_butterfly(float* out) {
     out[threadIdx.x] = v;
 }
 
+// A 2-D block: warps are 32 consecutive linear thread ids (x fastest), not rows of x.
+__global__ void warp_butterfly_2d(float* out) {
+    const int linear = int(threadIdx.y * blockDim.x + threadIdx.x);
+    float v = float(linear % 32);
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    out[linear] = v;
+}
+
 __global__ void half_warp_shuffle(float* out) {
     if (threadIdx.x % 32 >= 16) return;
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
@@ -93,6 +101,9 @@ TEST_CASE("emulated GPU: barriers and shuffles give correct code its result" * d
     CHECK(sums[0] == 255.0f * 256 / 2);
     CHECK(sums[1] == (256.0f + 511.0f) * 256 / 2);
     EMU_LAUNCH(warp_butterfly, 1, 64, g.s)(dout);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    for (float v : read(dout, 64, g.s)) CHECK(v == 31.0f * 32 / 2);
+    EMU_LAUNCH(warp_butterfly_2d, 1, dim3(16, 4), g.s)(dout);
     REQUIRE(cudaGetLastError() == cudaSuccess);
     for (float v : read(dout, 64, g.s)) CHECK(v == 31.0f * 32 / 2);
     cudaFree(dx);
