@@ -129,13 +129,12 @@ cudaError_t fail(cudaError_t e, const std::string& why) {
 }
 
 // The allocation holding [p, p + bytes), or null. Caller holds g_mutex.
-const Alloc* find(const void* p, size_t bytes, uintptr_t* base = nullptr) {
+const Alloc* find(const void* p, size_t bytes) {
     const auto v = reinterpret_cast<uintptr_t>(p);
     auto it = g_allocs.upper_bound(v);
     if (it == g_allocs.begin()) return nullptr;
     --it;
     if (v - it->first + bytes > it->second.bytes) return nullptr;
-    if (base) *base = it->first;
     return &it->second;
 }
 
@@ -170,6 +169,13 @@ bool is_device_memory(const void* p) {
 
 int stream_device(cudaStream_t s) { return s ? s->device : t_device; }
 
+// Work must go to a stream of the current device (the legacy default stream is the current one's).
+cudaError_t stream_on_current(cudaStream_t s, const char* call) {
+    if (stream_device(s) == t_device) return cudaSuccess;
+    return fail(cudaErrorInvalidResourceHandle, std::string(call) + " on a stream of GPU " +
+                                                    std::to_string(stream_device(s)));
+}
+
 double now_ms() {
     using namespace std::chrono;
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
@@ -179,11 +185,7 @@ double now_ms() {
 
 void record_launch_error(cudaError_t e, const std::string& why) { fail(e, "kernel launch: " + why); }
 
-bool check_launch_stream(cudaStream_t s) {
-    if (stream_device(s) == t_device) return true;
-    fail(cudaErrorInvalidResourceHandle, "a kernel launched on a stream of GPU " + std::to_string(stream_device(s)));
-    return false;
-}
+bool check_launch_stream(cudaStream_t s) { return stream_on_current(s, "a kernel launch") == cudaSuccess; }
 
 std::mutex g_capture_mutex;
 
@@ -220,6 +222,7 @@ bool kernel_pointer_ok(const void* p, int arg) {
 
 using emu::fail;
 using emu::result;
+using emu::stream_on_current;
 
 // ---- devices ------------------------------------------------------------------------------
 
@@ -342,12 +345,6 @@ cudaError_t release(void* p, bool pinned) {
 }
 
 cudaError_t checked(const std::string& why) { return why.empty() ? cudaSuccess : fail(cudaErrorInvalidValue, why); }
-
-cudaError_t stream_on_current(cudaStream_t s, const char* call) {
-    if (emu::stream_device(s) == emu::t_device) return cudaSuccess;
-    return fail(cudaErrorInvalidResourceHandle, std::string(call) + " on a stream of GPU " +
-                                                    std::to_string(emu::stream_device(s)));
-}
 
 }  // namespace
 
