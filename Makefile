@@ -113,7 +113,17 @@ $(BUILD)/mirrored: $(OBJ)/mirrored/main.o $(LIB)
 $(BUILD)/mirrored_tests: $(TEST_OBJ) $(LIB)
 	$(CXX) -o $@ $^ $(LDFLAGS_EXTRA) $(LDLIBS) $(CUDA_LIBS)
 
-$(OBJ)/%.o: %.cpp | $(DEPS_STEP)
+# Every object depends on the flags of its build, kept in flags.txt and rewritten only when they
+# change: building again in one folder with other switches (WITH_NCCL=0, CXXFLAGS_EXTRA=...)
+# recompiles instead of linking objects made with the old ones.
+FLAGS_FILE := $(OBJ)/flags.txt
+BUILD_FLAGS = $(CXX) $(CXXFLAGS) $(MPI_CFLAGS) $(XSMM_CFLAGS) | $(NVCCFLAGS)
+.PHONY: FORCE
+$(FLAGS_FILE): FORCE | $(DEPS_STEP)
+	@mkdir -p $(dir $@)
+	@echo '$(BUILD_FLAGS)' | cmp -s - $@ || echo '$(BUILD_FLAGS)' > $@
+
+$(OBJ)/%.o: %.cpp $(FLAGS_FILE) | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
@@ -132,12 +142,12 @@ $(OBJ)/mirrored/software.o: $(VERSION_FILE)
 $(OBJ)/mirrored/software.o: CXXFLAGS += -DMIRRORED_VERSION='"$(VERSION)"'
 $(OBJ)/kernels/cpu/jit_gemm.o: CXXFLAGS += $(XSMM_CFLAGS)
 
-$(OBJ)/%.cu.o: %.cu | $(DEPS_STEP)
+$(OBJ)/%.cu.o: %.cu $(FLAGS_FILE) | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MF $(@:.o=.d) -c $< -o $@
 
 # A .cu file for the emulated GPU: launches rewritten into calls, device code given by kernel_emu.h.
-$(OBJ)/%.emu.o: %.cu tests/cuda_emu/rewrite.pl tests/cuda_emu/kernel_emu.h | $(DEPS_STEP)
+$(OBJ)/%.emu.o: %.cu tests/cuda_emu/rewrite.pl tests/cuda_emu/kernel_emu.h $(FLAGS_FILE) | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
 	perl tests/cuda_emu/rewrite.pl $< > $(@:.o=.cpp)
 	$(CXX) $(CXXFLAGS) -Wno-attributes -Wno-sign-compare -include tests/cuda_emu/kernel_emu.h -c $(@:.o=.cpp) -o $@
