@@ -53,13 +53,20 @@ TEST_CPP := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 ifeq ($(CUDA_EMU),1)
   # The emulated GPU (make test-cuda-emu, tests/cuda_emu/README.md): the CUDA backend's own source
   # compiled as C++ by $(CXX) against a CPU implementation of the CUDA runtime, cuBLAS and cuBLASLt
-  # (headers from $(CUDA_HOME), no CUDA library linked); NCCL is not emulated.
+  # and NCCL (headers from $(CUDA_HOME), no CUDA library linked; without nccl.h, no nccl op).
   EMU_CU := kernels/cuda/cuda_device.cu kernels/cuda/cuda_kernels.cu kernels/cuda/fused_gemm.cu
-  LIB_CPP += kernels/cuda/nccl_stub.cpp tests/cuda_emu/fibers.cpp tests/cuda_emu/runtime.cpp
+  LIB_CPP += tests/cuda_emu/fibers.cpp tests/cuda_emu/runtime.cpp
   TEST_CPP += tests/cuda_emu/test_emulator.cpp
   LIB_CU :=
   CUDA_LIBS :=
-  CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1 -DMIRRORED_NCCL=0
+  EMU_NCCL := $(if $(wildcard $(CUDA_HOME)/include/nccl.h),1,0)
+  ifeq ($(EMU_NCCL),1)
+    EMU_CU += kernels/cuda/nccl_group.cu
+    LIB_CPP += tests/cuda_emu/nccl.cpp
+  else
+    LIB_CPP += kernels/cuda/nccl_stub.cpp
+  endif
+  CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1 -DMIRRORED_NCCL=$(EMU_NCCL)
 else ifneq ($(NVCC),)
   # SASS for Ampere (sm_80, also runs on sm_86/89), Hopper, Blackwell datacenter and consumer,
   # and PTX the driver can compile for newer GPUs. Turing and older are refused at start-up.

@@ -1185,6 +1185,7 @@ TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays ex
     SKIP_WITHOUT_CUDA();
     std::vector<std::pair<std::string, std::string>> cases{{"cuda:0", "ring"}, {"cuda:0,0,0,0", "ring"}, {"cuda:0,0,0,0", "direct"}};
     if (cuda_device_count() >= 2) cases.push_back({"cuda:0,1", "ring"});  // events across devices in one capture
+    if (cuda_device_count() >= 2 && nccl_compiled()) cases.push_back({"cuda:0,1", "nccl"});  // NCCL in the capture
     for (const auto& [devices, op] : cases) {
         CAPTURE(devices);
         CAPTURE(op);

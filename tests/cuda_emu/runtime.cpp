@@ -22,7 +22,8 @@
 //   a capture on an event recorded outside it (without cudaEventWaitExternal), merging two
 //   captures, a copy from or to pageable host memory, and ending a capture some stream that
 //   joined it has not joined back.
-// Not emulated: NCCL, timing, concurrency on the GPU (races between streams cannot show).
+// NCCL is emulated in nccl.cpp on top of submit_collective and device_memory_of.
+// Not emulated: timing, concurrency on the GPU (races between streams cannot show).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -209,6 +210,48 @@ bool capturing(cudaStream_t s) {
     return s && s->capture;
 }
 }  // namespace
+
+std::string submit_collective(const std::vector<cudaStream_t>& streams, std::function<void()> work) {
+    {
+        std::lock_guard<std::mutex> lock(g_capture_mutex);
+        Capture* c = streams.empty() || !streams[0] ? nullptr : streams[0]->capture;
+        for (cudaStream_t s : streams)
+            if ((s ? s->capture : nullptr) != c)
+                return "the ranks' streams of one collective are not all captured by the same graph";
+        if (c) {  // one node after every rank's work so far; every rank's next work after it
+            std::vector<int> deps;
+            for (cudaStream_t s : streams)
+                for (int n : s->frontier)
+                    if (std::find(deps.begin(), deps.end(), n) == deps.end()) deps.push_back(n);
+            c->nodes.push_back({streams[0]->device, std::move(work)});
+            c->deps.push_back(deps);
+            for (cudaStream_t s : streams) s->frontier = {int(c->nodes.size()) - 1};
+            return {};
+        }
+    }
+    work();
+    return {};
+}
+
+std::string device_memory_of(const void* p, size_t bytes, int device, const char* what) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const Alloc* a = find(p, std::max<size_t>(bytes, 1));
+    if (a && a->device == device) return {};
+    char buf[200];
+    if (!a && find(p, 1))
+        std::snprintf(buf, sizeof buf, "%s %p (%zu bytes) reaches past the end of its allocation", what, p, bytes);
+    else if (!a)
+        std::snprintf(buf, sizeof buf, "%s %p (%zu bytes) is not inside any allocation of the emulated GPUs", what, p,
+                      bytes);
+    else
+        std::snprintf(buf, sizeof buf, "%s %p is %s, not memory of the communicator's GPU %d", what, p,
+                      a->device < 0 ? "pinned host memory" : ("memory of GPU " + std::to_string(a->device)).c_str(),
+                      device);
+    return buf;
+}
+
+int stream_gpu(cudaStream_t s) { return stream_device(s); }
+int gpus() { return gpu_count(); }
 
 bool kernel_pointer_ok(const void* p, int arg) {
     if (!p) return true;

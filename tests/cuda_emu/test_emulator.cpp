@@ -241,3 +241,97 @@ TEST_CASE("emulated GPU: stream capture records, replays, and refuses what CUDA 
     cudaFreeHost(pinned);
     cudaFree(d);
 }
+
+#if MIRRORED_NCCL
+#include <nccl.h>
+
+TEST_CASE("emulated NCCL: grouped all-reduce over two GPUs, captured too; refuses what would hang or misuse memory"
+          * doctest::test_suite("emulator")) {
+    int gpus = 0;
+    REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
+    REQUIRE(gpus >= 2);
+    const int devs[2] = {0, 1};
+    ncclComm_t comms[2] = {};
+    const int twice_0[2] = {0, 0};
+    CHECK(ncclCommInitAll(comms, 2, twice_0) == ncclInvalidUsage);  // NCCL: "Duplicate GPU detected"
+    REQUIRE(ncclCommInitAll(comms, 2, devs) == ncclSuccess);
+    Gpu g0(0), g1(1);
+    cudaSetDevice(0);
+    float* x0 = g0.alloc(8);
+    cudaSetDevice(1);
+    float* x1 = g1.alloc(8);
+    const std::vector<float> a{1, 2, 3, 4, 5, 6, 7, 8}, b{10, 20, 30, 40, 50, 60, 70, 80};
+    auto load = [&] {
+        cudaSetDevice(0);
+        REQUIRE(cudaMemcpyAsync(x0, a.data(), 32, cudaMemcpyHostToDevice, g0.s) == cudaSuccess);
+        cudaSetDevice(1);
+        REQUIRE(cudaMemcpyAsync(x1, b.data(), 32, cudaMemcpyHostToDevice, g1.s) == cudaSuccess);
+    };
+    auto both = [&](size_t count0, size_t count1) {
+        ncclGroupStart();
+        ncclAllReduce(x0, x0, count0, ncclFloat, ncclSum, comms[0], g0.s);
+        ncclAllReduce(x1, x1, count1, ncclFloat, ncclSum, comms[1], g1.s);
+        return ncclGroupEnd();
+    };
+    load();
+    REQUIRE(both(8, 8) == ncclSuccess);
+    cudaSetDevice(0);
+    const std::vector<float> s0 = read(x0, 8, g0.s);
+    cudaSetDevice(1);
+    CHECK(read(x1, 8, g1.s) == s0);
+    CHECK(s0 == std::vector<float>{11, 22, 33, 44, 55, 66, 77, 88});
+
+    CHECK(both(8, 7) == ncclInvalidUsage);  // the ranks disagree on the count
+    ncclGroupStart();  // one rank of two issued: NCCL would wait for the other forever
+    ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g0.s);
+    CHECK(ncclGroupEnd() == ncclInvalidUsage);
+    CHECK(ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidUsage);  // no group
+    CHECK(ncclAllReduce(x1, x1, 8, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);  // GPU 1's buffer
+    CHECK(ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g1.s) == ncclInvalidArgument);  // GPU 1's stream
+    CHECK(ncclAllReduce(x0, x0, 9, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);  // past the buffer
+    CHECK(ncclAllReduce(x0, x0 + 1, 4, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);  // overlapping
+
+    // captured: GPU 1's stream joins GPU 0's capture; the all-reduce becomes a node of the graph
+    cudaEvent_t fork, join;
+    cudaSetDevice(0);
+    REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+    cudaSetDevice(1);
+    REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+    load();
+    cudaSetDevice(0);
+    REQUIRE(cudaStreamBeginCapture(g0.s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    CHECK(both(8, 8) == ncclInvalidUsage);  // GPU 1's stream is not in the capture
+    REQUIRE(cudaEventRecord(fork, g0.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(g1.s, fork, 0) == cudaSuccess);
+    REQUIRE(both(8, 8) == ncclSuccess);
+    cudaSetDevice(1);
+    REQUIRE(cudaEventRecord(join, g1.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(g0.s, join, 0) == cudaSuccess);
+    cudaSetDevice(0);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(g0.s, &graph) == cudaSuccess);
+    CHECK(read(x0, 8, g0.s) == a);  // captured, not run
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, g0.s) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, g0.s) == cudaSuccess);  // twice: 2 (a + b)
+    const std::vector<float> r0 = read(x0, 8, g0.s);
+    CHECK(r0 == std::vector<float>{22, 44, 66, 88, 110, 132, 154, 176});
+    cudaSetDevice(1);
+    CHECK(read(x1, 8, g1.s) == r0);
+    cudaGetLastError();
+
+    for (ncclComm_t c : comms) CHECK(ncclCommFinalize(c) == ncclSuccess);
+    CHECK(ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidUsage);  // finalized
+    for (ncclComm_t c : comms) CHECK(ncclCommDestroy(c) == ncclSuccess);
+    CHECK(ncclCommDestroy(comms[0]) == ncclInvalidArgument);  // gone
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    cudaSetDevice(1);
+    cudaFree(x1);
+    cudaSetDevice(0);
+    cudaFree(x0);
+}
+#endif
