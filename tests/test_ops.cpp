@@ -1001,6 +1001,24 @@ TEST_CASE("cuda flat ops, sgd and adamw match cpu" * doctest::test_suite("cuda")
         const size_t n = 1000003;
         const auto x = rng.normal(n), y = rng.normal(n);
         CHECK(rel_error(run_flat_ops(gpu, x, y), run_flat_ops(cpu, x, y)) < 1e-5);
+        // sum_squares alone around its grid's limits (a block per 256 elements, at most 256 blocks):
+        // the sum, then the count of non-finite values
+        for (size_t len : {size_t(1), size_t(255), size_t(257), size_t(65535), size_t(65536), size_t(65537), size_t(300001)}) {
+            CAPTURE(len);
+            std::vector<float> v = rng.normal(len);
+            auto sums = [&](Device& d) {
+                auto vb = upload(d, v);
+                auto out = poisoned(d, 2);
+                d.sum_squares(d.compute_stream(), len, vb.data(), nullptr, out.data());
+                return download(d, out);
+            };
+            const std::vector<float> want = sums(cpu), got = sums(gpu);
+            CHECK(got[0] == doctest::Approx(want[0]).epsilon(1e-5));
+            CHECK(got[1] == 0.0f);
+            v[len - 1] = std::numeric_limits<float>::infinity();
+            v[0] = std::numeric_limits<float>::quiet_NaN();
+            CHECK(sums(gpu)[1] == (len > 1 ? 2.0f : 1.0f));
+        }
         const OptCase o = make_opt(rng);
         SgdArgs s;
         s.lr = 0.05f;

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -690,7 +691,8 @@ void axpy(cudaStream_t s, int dev, size_t n, float alpha, const float* x, float*
     CUDA_LAUNCH_CHECK(dev);
 }
 
-// sum of (x / loss_scale)^2 and the count of non-finite x: fixed grid, then one block
+// sum of (x / loss_scale)^2 and the count of non-finite x: a grid fixed by n (at most
+// kReduceBlocks blocks, none without elements), then one block over the partial sums
 __global__ void sum_squares_partial_kernel(size_t n, const float* x, const float* loss_scale, float* partial) {
     __shared__ float shared[kThreads];
     const float inv = loss_scale ? 1.0f / *loss_scale : 1.0f;
@@ -709,10 +711,10 @@ __global__ void sum_squares_partial_kernel(size_t n, const float* x, const float
     }
 }
 
-__global__ void sum_partials_kernel(const float* partial, float* out) {
+__global__ void sum_partials_kernel(int blocks, const float* partial, float* out) {
     __shared__ float shared[kThreads];
     float s = 0.0f, bad = 0.0f;
-    for (int i = threadIdx.x; i < kReduceBlocks; i += kThreads) {
+    for (int i = threadIdx.x; i < blocks; i += kThreads) {
         s += partial[i];
         bad += partial[kReduceBlocks + i];
     }
@@ -726,9 +728,10 @@ __global__ void sum_partials_kernel(const float* partial, float* out) {
 }
 
 void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float* loss_scale, float* out, float* scratch) {
-    sum_squares_partial_kernel<<<kReduceBlocks, kThreads, 0, s>>>(n, x, loss_scale, scratch);
+    const int blocks = int(std::min<unsigned>(grid_for(n), kReduceBlocks));
+    sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(n, x, loss_scale, scratch);
     CUDA_LAUNCH_CHECK(dev);
-    sum_partials_kernel<<<1, kThreads, 0, s>>>(scratch, out);
+    sum_partials_kernel<<<1, kThreads, 0, s>>>(blocks, scratch, out);
     CUDA_LAUNCH_CHECK(dev);
 }
 

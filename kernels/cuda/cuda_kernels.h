@@ -15,7 +15,7 @@ namespace mirrored::cuda {
 // Floats of scratch the launchers below may need, as a function of the largest row count.
 size_t scratch_floats_needed(int max_rows);
 constexpr size_t kScratchFloats = size_t(1) << 20;  // 4 MiB a device, sized once: rows up to 512k per op
-constexpr int kReduceBlocks = 256;  // fixed grid of the two-pass reductions: determinism
+constexpr int kReduceBlocks = 256;  // most blocks of the two-pass reductions (a grid fixed by n: determinism)
 
 void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias,
                       void* z, void* out);
