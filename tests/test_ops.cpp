@@ -5,7 +5,7 @@
 //   gemm fp32               1e-5 * sqrt(k)      1e-5 * sqrt(k) (TF32: 5e-3)
 //   bias_act_forward        1e-6                1e-6
 //   act_backward            1e-6                1e-5 (erff/expf ulps)
-//   bias_grad               1e-5                1e-5
+//   bias_grad               1e-5                1e-5 (over n > 2500 rows: 2e-7 * sqrt(n))
 //   dense_forward,          1e-5 * sqrt(k)      fused (cuBLASLt): 1e-5 * sqrt(k), TF32 5e-3 * sqrt(k);
 //   dense_weight_grad                           bf16 against the unfused CUDA ops: y 2e-2, dW 1e-5 * sqrt(k)
 //   softmax_xent            1e-5                1e-5 (argmax count: exact)
@@ -898,8 +898,11 @@ TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu" * doctest::
             tall.cols = cols;
             tall.dout = rng.normal(size_t(tall.rows) * tall.cols);
             tall.bias = rng.normal(tall.cols);
+            // two float sums of `rows` terms in different orders differ by about eps * sqrt(rows)
+            // of the sum (70001 rows: 1.4e-5 seen)
+            const double tol = std::max(1e-5, 2e-7 * std::sqrt(double(rows)));
             for (bool acc : {false, true})
-                CHECK(rel_error(run_bias_grad(gpu, tall, acc), run_bias_grad(cpu, tall, acc)) < 1e-5);
+                CHECK(rel_error(run_bias_grad(gpu, tall, acc), run_bias_grad(cpu, tall, acc)) < tol);
         }
     });
 }
