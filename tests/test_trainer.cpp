@@ -578,11 +578,11 @@ TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-i
 }
 
 // The CLI end to end on the CUDA backend: pinned loader slots, copies, evaluation, checkpoints
-// read back from GPU memory, captured steps. 6 epochs: a minute on the emulated GPU.
+// read back from GPU memory, captured steps. 20 epochs, as on the simulated GPU.
 TEST_CASE("cuda: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs too)"
           * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
-    kill_resume_graphs(cuda_device_count() >= 2 ? "cuda:0,1" : "cuda:0,0", {}, 6);
+    kill_resume_graphs(cuda_device_count() >= 2 ? "cuda:0,1" : "cuda:0,0", {}, 20);
 }
 
 TEST_CASE("a device failure: exit 5 with the first error named, no hang, the last checkpoint kept; the rerun resumes exactly") {
