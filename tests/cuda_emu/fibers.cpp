@@ -84,6 +84,7 @@ struct Block {
     uint64_t barrier_gen = 0;
     int barrier_arrived = 0;
     int finished = 0;
+    std::vector<void*> shared_arrays;  // the __shared__ arrays this block has filled with NaN
     Fiber* current = nullptr;
     void* scheduler_sp = nullptr;
     void (*body)(void*) = nullptr;
@@ -158,6 +159,7 @@ void run_block(Block& b) {
     b.barrier_gen = 0;
     b.barrier_arrived = 0;
     b.finished = 0;
+    b.shared_arrays.clear();
     // Passes alternate between ascending and descending thread order, so that two threads racing
     // between barriers (one reading what the other writes in the same phase) meet in both orders
     // and a result that depends on the order differs from the CPU's.
@@ -201,6 +203,13 @@ void syncthreads() {
     f.wait = Wait::barrier;
     f.wait_gen = b.barrier_gen;
     yield_to_scheduler();
+}
+
+void shared_memory(void* array, size_t bytes) {
+    Block& b = block();
+    if (std::find(b.shared_arrays.begin(), b.shared_arrays.end(), array) != b.shared_arrays.end()) return;
+    b.shared_arrays.push_back(array);
+    std::memset(array, 0xff, bytes);
 }
 
 void warp_exchange(unsigned mask, const void* value, void* out, size_t bytes, int src_lane) {

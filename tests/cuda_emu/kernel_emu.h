@@ -17,6 +17,9 @@
 
 // Device code is plain C++ here. __shared__ arrays are function statics: the blocks of a launch
 // run one after another (under one lock), so a static is exactly one block's shared memory.
+// rewrite.pl follows each __shared__ declaration with a call of emu::shared_memory, which fills
+// the array with NaN bytes the first time a thread of a block reaches it, as a GPU's shared
+// memory holds garbage: a read of shared memory no thread of the block wrote shows.
 #undef __global__
 #undef __device__
 #undef __host__
@@ -42,6 +45,9 @@ dim3 block_dim();
 dim3 grid_dim();
 
 void syncthreads();
+// A __shared__ array of the running kernel (its address and size): NaN bytes at the block's
+// first call, nothing at later ones.
+void shared_memory(void* array, size_t bytes);
 // Every lane of the calling warp named in `mask` hands in `bytes` of `value` and receives those
 // of lane `src_lane` (its own where src_lane is outside the warp): the exchange under all shuffles.
 void warp_exchange(unsigned mask, const void* value, void* out, size_t bytes, int src_lane);

@@ -4,6 +4,9 @@
 # becomes
 #   (::emu::Launch(grid, block, shmem, stream) % [](auto... emu_a) { name(emu_a...); })(args)
 # so the kernel is called as a function, once per emulated thread, with the launch's arguments.
+# Each `__shared__ T a[N], b[M];` (on one line) is followed, on that line, by
+#   ::emu::shared_memory(a, sizeof a); ::emu::shared_memory(b, sizeof b);
+# which gives each block of a launch NaN-filled shared memory.
 # A #line directive keeps compiler messages pointing into the .cu file.
 use strict;
 use warnings;
@@ -12,5 +15,15 @@ print "#line 1 \"$path\"\n";
 while (my $line = <>) {
     $line =~ s/\b([A-Za-z_]\w*(?:<[\w:, ]*>)?)\s*<<<(.*?)>>>/(::emu::Launch($2) % [](auto... emu_a) { $1(emu_a...); })/g;
     die "$path:$.: a launch this script cannot rewrite (its <<< >>> spans lines)\n" if $line =~ /<<<|>>>/;
+    if ($line =~ /\b__shared__\b/) {
+        $line =~ /^(\s*__shared__\s+[^;]*);\s*$/
+            or die "$path:$.: a __shared__ declaration this script cannot follow (one per line, ending in ';')\n";
+        (my $decls = $1) =~ s/^\s*__shared__\s+//;
+        1 while $decls =~ s/\[[^\[\]]*\]/\@/g;  # each bound to @, out of the way of the commas
+        my @names = map { /(\w+)\s*\@/ ? $1 : die "$path:$.: a __shared__ declaration that is not of arrays\n" }
+            split /,/, $decls;
+        chomp $line;
+        $line .= join('', map { " ::emu::shared_memory($_, sizeof $_);" } @names) . "\n";
+    }
     print $line;
 }

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -55,6 +56,14 @@ __global__ void warp_butterfly_2d(float* out) {
 __global__ void half_warp_shuffle(float* out) {
     if (threadIdx.x % 32 >= 16) return;
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+// Each thread adds to shared memory no thread of its block wrote: garbage on a GPU.
+__global__ void shared_read_before_write(float* out) {
+    __shared__ float sh[64];
+    ::emu::shared_memory(sh, sizeof sh);  // what rewrite.pl adds after a .cu file's declaration
+    sh[threadIdx.x] += 1.0f;
+    out[threadIdx.x] = sh[threadIdx.x];
 }
 
 __global__ void copy_one(const float* x, float* y) { y[threadIdx.x] = x[threadIdx.x]; }
@@ -128,6 +137,9 @@ TEST_CASE("emulated GPU: races, divergent barriers and shuffles, and block order
     EMU_LAUNCH(prefix_over_blocks, 64, 32, g.s)(d);
     REQUIRE(cudaGetLastError() == cudaSuccess);
     CHECK(read(d, 64, g.s)[63] < 64.0f);  // blocks in index order would have summed all 64
+    EMU_LAUNCH(shared_read_before_write, 1, 64, g.s)(d);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    for (float v : read(d, 64, g.s)) CHECK(std::isnan(v));  // not 1 (a zeroed static), not a last block's value
     EMU_LAUNCH(copy_one, 1, 2048, g.s)(d, d);
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
     cudaFree(d);
