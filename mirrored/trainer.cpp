@@ -461,6 +461,9 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
     if (st.cuda_graph())
         std::printf("  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
                     "a GPU)\n");
+    if (st.cuda_graph() && st.device_type() == DeviceType::cuda && std::string(st.cross_device_ops_name()) == "nccl")
+        std::printf("  cuda_graph with nccl: NCCL documents that capturing several GPUs of one process can deadlock "
+                    "in a graph launch; the watchdog stops a run that hangs, and the ring needs no NCCL\n");
     else if (!st.cuda_graph_note().empty())
         std::printf("  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
     if (cfg_.strategy.fused_epilogues)
