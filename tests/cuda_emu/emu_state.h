@@ -22,6 +22,10 @@ bool check_launch_stream(cudaStream_t s);
 std::string submit_collective(const std::vector<cudaStream_t>& streams, std::function<void()> work);
 // Empty when [p, p + bytes) lies in memory of GPU `device`; otherwise what it is instead.
 std::string device_memory_of(const void* p, size_t bytes, int device, const char* what);
+// An element of f32, bf16 or f16 memory as float, and back (rounded to nearest even).
+float load(const void* p, cudaDataType t, size_t i);
+void store(void* p, cudaDataType t, size_t i, float v);
+float rounded(float v, cudaDataType t);  // v as t would hold it
 int stream_gpu(cudaStream_t s);  // the GPU a stream belongs to (the current one for the default stream)
 int gpus();                      // how many emulated GPUs there are
 

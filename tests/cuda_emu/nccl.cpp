@@ -15,8 +15,6 @@
 // NCCL's reduction kernels do; every rank receives the same bits. Not emulated: communicators
 // across processes (ncclGetUniqueId, ncclCommInitRank), other collectives, asynchronous errors,
 // and NCCL's ring/tree order of additions (so its rounding in bf16/f16 differs).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <nccl.h>
 
 #include <cstdio>
@@ -74,40 +72,24 @@ size_t type_bytes(ncclDataType_t t) {
     }
 }
 
-float load(const void* p, ncclDataType_t t, size_t i) {
-    switch (t) {
-    case ncclBfloat16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case ncclFloat16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-    }
-}
-float rounded(float v, ncclDataType_t t) {
-    switch (t) {
-    case ncclBfloat16: return __bfloat162float(__float2bfloat16_rn(v));
-    case ncclFloat16: return __half2float(__float2half_rn(v));
-    default: return v;
-    }
-}
-void store(void* p, ncclDataType_t t, size_t i, float v) {
-    switch (t) {
-    case ncclBfloat16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case ncclFloat16: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<float*>(p)[i] = v;
-    }
+// The CUDA element type of an NCCL one the emulator implements.
+cudaDataType cuda_type(ncclDataType_t t) {
+    return t == ncclBfloat16 ? CUDA_R_16BF : t == ncclFloat16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
 // The sum over the ranks (rank order), written to every rank's receive buffer: read everything
 // before writing anything, as the buffers may be the send buffers.
 void reduce(const std::vector<Call>& ranks) {
     const Call& first = ranks[0];
+    const cudaDataType t = cuda_type(first.type);
     std::vector<float> sum(first.count);
     for (size_t i = 0; i < first.count; ++i) {
-        float acc = load(first.send, first.type, i);
-        for (size_t r = 1; r < ranks.size(); ++r) acc = rounded(acc + load(ranks[r].send, first.type, i), first.type);
+        float acc = emu::load(first.send, t, i);
+        for (size_t r = 1; r < ranks.size(); ++r) acc = emu::rounded(acc + emu::load(ranks[r].send, t, i), t);
         sum[i] = acc;
     }
     for (const Call& c : ranks)
-        for (size_t i = 0; i < c.count; ++i) store(c.recv, c.type, i, sum[i]);
+        for (size_t i = 0; i < c.count; ++i) emu::store(c.recv, t, i, sum[i]);
 }
 
 // One collective: the calls of every rank of a communicator, checked against each other.

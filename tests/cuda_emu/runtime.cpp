@@ -139,16 +139,22 @@ const Alloc* find(const void* p, size_t bytes) {
     return &it->second;
 }
 
+// Why [p, p + bytes) lies in no allocation: it starts in one and runs past its end, or starts in
+// none. Caller holds g_mutex.
+std::string outside_allocations(const void* p, size_t bytes, const char* what) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, find(p, 1) ? "%s %p (%zu bytes) reaches past the end of its allocation"
+                                              : "%s %p (%zu bytes) is not inside any allocation of the emulated GPUs",
+                  what, p, bytes);
+    return buf;
+}
+
 // Whether the current device may read or write [p, p + bytes) (device memory, or pinned host).
 std::string usable(const void* p, size_t bytes, bool device_only, const char* what) {
     std::lock_guard<std::mutex> lock(g_mutex);
     const Alloc* a = find(p, bytes);
     char buf[160];
-    if (!a) {
-        std::snprintf(buf, sizeof buf, "%s %p (%zu bytes) is not inside any allocation of the emulated GPUs", what, p,
-                      bytes);
-        return buf;
-    }
+    if (!a) return outside_allocations(p, bytes, what);
     if (a->device < 0) {
         if (!device_only) return {};
         std::snprintf(buf, sizeof buf, "%s %p is pinned host memory where device memory is needed", what, p);
@@ -237,16 +243,10 @@ std::string device_memory_of(const void* p, size_t bytes, int device, const char
     std::lock_guard<std::mutex> lock(g_mutex);
     const Alloc* a = find(p, std::max<size_t>(bytes, 1));
     if (a && a->device == device) return {};
+    if (!a) return outside_allocations(p, bytes, what);
     char buf[200];
-    if (!a && find(p, 1))
-        std::snprintf(buf, sizeof buf, "%s %p (%zu bytes) reaches past the end of its allocation", what, p, bytes);
-    else if (!a)
-        std::snprintf(buf, sizeof buf, "%s %p (%zu bytes) is not inside any allocation of the emulated GPUs", what, p,
-                      bytes);
-    else
-        std::snprintf(buf, sizeof buf, "%s %p is %s, not memory of the communicator's GPU %d", what, p,
-                      a->device < 0 ? "pinned host memory" : ("memory of GPU " + std::to_string(a->device)).c_str(),
-                      device);
+    std::snprintf(buf, sizeof buf, "%s %p is %s, not memory of the communicator's GPU %d", what, p,
+                  a->device < 0 ? "pinned host memory" : ("memory of GPU " + std::to_string(a->device)).c_str(), device);
     return buf;
 }
 
@@ -611,6 +611,9 @@ namespace {
 size_t type_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 bool known_type(cudaDataType t) { return t == CUDA_R_32F || t == CUDA_R_16BF || t == CUDA_R_16F; }
 
+}  // namespace
+
+namespace emu {
 float load(const void* p, cudaDataType t, size_t i) {
     switch (t) {
     case CUDA_R_16BF: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
@@ -625,6 +628,20 @@ void store(void* p, cudaDataType t, size_t i, float v) {
     default: static_cast<float*>(p)[i] = v;
     }
 }
+float rounded(float v, cudaDataType t) {
+    switch (t) {
+    case CUDA_R_16BF: return __bfloat162float(__float2bfloat16_rn(v));
+    case CUDA_R_16F: return __half2float(__float2half_rn(v));
+    default: return v;
+    }
+}
+}  // namespace emu
+
+namespace {
+
+using emu::load;
+using emu::store;
+
 float to_tf32(float x) {  // round to 10 mantissa bits, to nearest (the tensor cores' input)
     uint32_t u;
     std::memcpy(&u, &x, 4);
