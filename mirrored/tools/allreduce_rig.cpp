@@ -38,8 +38,14 @@ double AllReduceRig::run(size_t floats, int iters) {
     return now_s() - t0;
 }
 
-double AllReduceRig::median_seconds(size_t floats, int iters, int rounds) {
-    run(floats, 1);  // warm up
+double AllReduceRig::median_seconds(size_t floats, int max_iters, int rounds, double round_budget_s) {
+    max_iters = std::max(max_iters, 1);
+    run(floats, 1);  // warm up: first touches, thread start-up
+    // as many iterations as fit the budget (a slow link, or a sanitizer's build, does fewer), from 3
+    const int probe = std::min(3, max_iters);
+    const double per_iter = run(floats, probe) / probe;
+    const int iters = per_iter > 0 ? int(std::clamp(round_budget_s / per_iter, double(probe), double(max_iters)))
+                                   : max_iters;
     std::vector<double> t;
     for (int k = 0; k < std::max(rounds, 1); ++k) t.push_back(run(floats, iters) / iters);
     std::sort(t.begin(), t.end());

@@ -27,8 +27,9 @@ struct AllReduceRig {
     void zero();  // every buffer (timing on zeros: no overflow, no denormals)
     // Every replica all-reduces [0, floats) `iters` times back to back; the wall time of it all.
     double run(size_t floats, int iters);
-    // Median over `rounds` (after one to warm up) of the mean time of one of `iters` all-reduces.
-    double median_seconds(size_t floats, int iters, int rounds);
+    // Median over `rounds` (after a warm-up) of the mean time of one all-reduce in a round of at
+    // most `max_iters` back to back, as many as take about `round_budget_s` (at least 3).
+    double median_seconds(size_t floats, int max_iters, int rounds, double round_budget_s = 0.05);
 };
 
 }  // namespace mirrored
