@@ -11,9 +11,11 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "data/io.h"
 #include "kernels/error.h"
+#include "mirrored/util.h"
 
 namespace mirrored {
 
@@ -262,13 +264,15 @@ public:
         return out;
     }
 
-    std::vector<float> float_list(const std::string& path) {
+    // Numbers read as T (float: what the data pipeline computes in; double: the optimizer's
+    // hyperparameters, which stay what the user wrote).
+    template <class T>
+    std::vector<T> number_list(const std::string& path) {
         YAML::Node n = at(path);
         if (absent(path, n)) return {};
         if (!n.IsSequence() || n.size() == 0) fail(path, "expected a non-empty list of numbers, got " + describe(n));
-        std::vector<float> out;
-        for (size_t i = 0; i < n.size(); ++i)
-            out.push_back(float(number(path + "." + std::to_string(i), 0, -1e30, 1e30)));
+        std::vector<T> out;
+        for (size_t i = 0; i < n.size(); ++i) out.push_back(T(number(path + "." + std::to_string(i), 0, -1e30, 1e30)));
         return out;
     }
 
@@ -466,8 +470,8 @@ void read_data(Reader& r, DataConfig& d) {
         YAML::Node n = r.at("data.normalize");
         if (n.IsDefined() && n.IsMap()) {
             d.normalize = DataConfig::Normalize::given;
-            d.normalization.mean = r.float_list("data.normalize.mean");
-            d.normalization.std = r.float_list("data.normalize.std");
+            d.normalization.mean = r.number_list<float>("data.normalize.mean");
+            d.normalization.std = r.number_list<float>("data.normalize.std");
             if (d.normalization.mean.empty() || d.normalization.std.empty())
                 r.fail("data.normalize", "expected auto, none, or {mean: [...], std: [...]} with one value per channel");
             for (size_t i = 0; i < d.normalization.std.size(); ++i)
@@ -509,7 +513,7 @@ void read_optimizer(Reader& r, OptimizerConfig& o) {
         if (o.nesterov && o.momentum == 0) r.fail("optimizer.nesterov", "needs optimizer.momentum > 0");
     } else {
         o.momentum = 0;
-        const auto betas = r.float_list("optimizer.betas");
+        const auto betas = r.number_list<double>("optimizer.betas");
         if (!betas.empty()) {
             if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1)
                 r.fail("optimizer.betas", "expected two numbers in [0, 1), e.g. [0.9, 0.999]");
@@ -623,6 +627,49 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
 
 namespace {
 
+// yaml-cpp's emitter with the config's conventions: numbers as decimal_text (what a person would
+// write: 0.1, not 0.10000000000000001), lists in flow style, one map per section.
+class ConfigEmitter {
+public:
+    template <class T>
+    ConfigEmitter& put(const char* key, const T& value) {
+        e_ << YAML::Key << key << YAML::Value;
+        emit(value);
+        return *this;
+    }
+    ConfigEmitter& begin(const char* key, bool flow = false) {
+        e_ << YAML::Key << key << YAML::Value;
+        if (flow) e_ << YAML::Flow;
+        e_ << YAML::BeginMap;
+        return *this;
+    }
+    ConfigEmitter& end() {
+        e_ << YAML::EndMap;
+        return *this;
+    }
+    YAML::Emitter& raw() { return e_; }
+
+private:
+    void emit(double v) { e_ << decimal_text(v); }
+    void emit(float v) { e_ << decimal_text(v); }
+    void emit(const char* v) { e_ << v; }
+    void emit(const std::string& v) { e_ << v; }
+    void emit(bool v) { e_ << v; }
+    template <class T>
+        requires std::is_integral_v<T>
+    void emit(T v) {
+        e_ << v;
+    }
+    template <class T>
+    void emit(const std::vector<T>& v) {
+        e_ << YAML::Flow << YAML::BeginSeq;
+        for (const T& x : v) emit(x);
+        e_ << YAML::EndSeq;
+    }
+
+    YAML::Emitter e_;
+};
+
 // A list of layers, each a flow mapping of its type's keys; a container's layers nested.
 void emit_layers(YAML::Emitter& e, const std::vector<LayerSpec>& layers) {
     e << YAML::BeginSeq;
@@ -640,140 +687,113 @@ void emit_layers(YAML::Emitter& e, const std::vector<LayerSpec>& layers) {
     e << YAML::EndSeq;
 }
 
+void emit_run(ConfigEmitter& e, const RunConfig& r) {
+    e.begin("run").put("name", r.name).put("seed", r.seed).put("output_dir", r.output_dir).end();
+}
+
+void emit_strategy(ConfigEmitter& e, const StrategyConfig& s) {
+    e.begin("strategy").put("devices", s.devices).put("cross_device_ops", s.cross_device_ops).put("bucket_mb", s.bucket_mb);
+    e.put("allreduce_dtype", dtype_name(s.allreduce_dtype)).put("verify_every_steps", s.verify_every_steps);
+    e.put("collective_timeout_s", s.collective_timeout_s).put("step_timeout_s", s.step_timeout_s);
+    e.put("shared_parameters", s.shared_parameters).put("cuda_graph", s.cuda_graph);
+    e.put("fused_epilogues", s.fused_epilogues).end();
+}
+
+// The files of a split, by the dataset's format; CSV's parsing options.
+void emit_data_files(ConfigEmitter& e, const DataConfig& d) {
+    for (int i = 0; i < 2; ++i) {
+        const DataConfig::Split& s = i == 0 ? d.train : d.test;
+        e.begin(i == 0 ? "train" : "test");
+        if (d.dataset == "idx") e.put("images", s.images).put("labels", s.labels);
+        else if (d.dataset == "cifar10") e.put("files", s.files);
+        else if (d.dataset == "csv") e.put("file", s.file);
+        e.end();
+    }
+    if (d.dataset == "csv") {
+        const CsvOptions& c = d.csv;
+        e.begin("csv").put("label_column", c.label_column);
+        e.put("header", c.header == CsvOptions::Header::auto_detect ? "auto" : c.header == CsvOptions::Header::yes ? "true" : "false");
+        e.put("delimiter", std::string(1, c.delimiter)).end();
+    }
+}
+
+void emit_data(ConfigEmitter& e, const DataConfig& d) {
+    e.begin("data").put("dataset", d.dataset).put("root", d.root);
+    emit_data_files(e, d);
+    if (d.dataset == "synthetic") {
+        e.put("input_shape", d.input_shape).put("classes", d.classes);
+        e.put("train_samples", d.train_samples).put("test_samples", d.test_samples);
+    }
+    if (d.normalize == DataConfig::Normalize::given)
+        e.begin("normalize").put("mean", d.normalization.mean).put("std", d.normalization.std).end();
+    else
+        e.put("normalize", d.normalize == DataConfig::Normalize::none ? "none" : "auto");
+    e.begin("augment", /*flow=*/true).put("random_crop_padding", d.augment.crop_padding);
+    e.put("horizontal_flip", d.augment.horizontal_flip).end();
+    if (d.loader_threads == 0) e.put("loader_threads", "auto");
+    else e.put("loader_threads", d.loader_threads);
+    e.put("prefetch", d.prefetch).put("drop_last", d.drop_last).end();
+}
+
+void emit_model(ConfigEmitter& e, const ModelConfig& m) {
+    e.begin("model");
+    if (!m.input_shape.empty()) e.put("input_shape", m.input_shape);
+    e.raw() << YAML::Key << "layers" << YAML::Value;
+    emit_layers(e.raw(), m.layers);
+    e.put("loss", m.loss).end();
+}
+
+const char* schedule_name(ScheduleConfig::Type t) {
+    switch (t) {
+    case ScheduleConfig::Type::cosine: return "cosine";
+    case ScheduleConfig::Type::step: return "step";
+    case ScheduleConfig::Type::multistep: return "multistep";
+    case ScheduleConfig::Type::constant: break;
+    }
+    return "constant";
+}
+
+void emit_optimizer(ConfigEmitter& e, const OptimizerConfig& o) {
+    const bool sgd = o.type == OptimizerConfig::Type::sgd;
+    e.begin("optimizer").put("type", sgd ? "sgd" : "adamw").put("lr", o.lr);
+    if (sgd) e.put("momentum", o.momentum).put("nesterov", o.nesterov);
+    else e.put("betas", std::vector<double>{o.beta1, o.beta2}).put("eps", o.eps);
+    e.put("weight_decay", o.weight_decay).put("grad_clip_norm", o.grad_clip_norm);
+    e.put("scale_lr_with_replicas", o.scale_lr_with_replicas);
+    const ScheduleConfig& s = o.schedule;
+    e.begin("schedule", /*flow=*/true).put("type", schedule_name(s.type)).put("warmup_steps", s.warmup_steps);
+    if (s.type == ScheduleConfig::Type::step) e.put("step_size", s.step_size).put("gamma", s.gamma);
+    if (s.type == ScheduleConfig::Type::multistep) e.put("milestones", s.milestones).put("gamma", s.gamma);
+    if (s.type == ScheduleConfig::Type::cosine) e.put("min_lr_ratio", s.min_lr_ratio);
+    e.end().end();
+}
+
+void emit_train(ConfigEmitter& e, const TrainConfig& t) {
+    e.begin("train").put("epochs", t.epochs).put("steps", t.steps).put("global_batch_size", t.global_batch_size);
+    e.put("grad_accumulation_steps", t.grad_accumulation_steps).put("precision", precision_name(t.precision));
+    e.put("loss_scale_growth_interval", t.loss_scale_growth_interval).put("eval_every_epochs", t.eval_every_epochs);
+    e.put("log_every_steps", t.log_every_steps).end();
+}
+
+void emit_checkpoint(ConfigEmitter& e, const CheckpointConfig& c) {
+    e.begin("checkpoint").put("every_steps", c.every_steps).put("every_epochs", c.every_epochs);
+    e.put("every_minutes", c.every_minutes).put("keep", c.keep).put("resume", c.resume).end();
+}
+
 }  // namespace
 
 std::string config_to_yaml(const Config& c) {
-    YAML::Emitter e;
-    auto flow_list = [&](const auto& v) {
-        e << YAML::Flow << YAML::BeginSeq;
-        for (const auto& x : v) e << x;
-        e << YAML::EndSeq;
-    };
-    e << YAML::BeginMap;
-    e << YAML::Key << "run" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "name" << YAML::Value << c.run.name << YAML::Key << "seed" << YAML::Value << c.run.seed;
-    e << YAML::Key << "output_dir" << YAML::Value << c.run.output_dir << YAML::EndMap;
-
-    e << YAML::Key << "strategy" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "devices" << YAML::Value << c.strategy.devices;
-    e << YAML::Key << "cross_device_ops" << YAML::Value << c.strategy.cross_device_ops;
-    e << YAML::Key << "bucket_mb" << YAML::Value << c.strategy.bucket_mb;
-    e << YAML::Key << "allreduce_dtype" << YAML::Value << dtype_name(c.strategy.allreduce_dtype);
-    e << YAML::Key << "verify_every_steps" << YAML::Value << c.strategy.verify_every_steps;
-    e << YAML::Key << "collective_timeout_s" << YAML::Value << c.strategy.collective_timeout_s;
-    e << YAML::Key << "step_timeout_s" << YAML::Value << c.strategy.step_timeout_s;
-    e << YAML::Key << "shared_parameters" << YAML::Value << c.strategy.shared_parameters;
-    e << YAML::Key << "cuda_graph" << YAML::Value << c.strategy.cuda_graph;
-    e << YAML::Key << "fused_epilogues" << YAML::Value << c.strategy.fused_epilogues << YAML::EndMap;
-
-    const DataConfig& d = c.data;
-    e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "dataset" << YAML::Value << d.dataset << YAML::Key << "root" << YAML::Value << d.root;
-    for (int i = 0; i < 2; ++i) {
-        const DataConfig::Split& s = i == 0 ? d.train : d.test;
-        e << YAML::Key << (i == 0 ? "train" : "test") << YAML::Value << YAML::BeginMap;
-        if (d.dataset == "idx") {
-            e << YAML::Key << "images" << YAML::Value << s.images << YAML::Key << "labels" << YAML::Value << s.labels;
-        } else if (d.dataset == "cifar10") {
-            e << YAML::Key << "files" << YAML::Value;
-            flow_list(s.files);
-        } else if (d.dataset == "csv") {
-            e << YAML::Key << "file" << YAML::Value << s.file;
-        }
-        e << YAML::EndMap;
-    }
-    if (d.dataset == "csv") {
-        e << YAML::Key << "csv" << YAML::Value << YAML::BeginMap;
-        e << YAML::Key << "label_column" << YAML::Value << d.csv.label_column;
-        e << YAML::Key << "header" << YAML::Value
-          << (d.csv.header == CsvOptions::Header::auto_detect ? "auto" : d.csv.header == CsvOptions::Header::yes ? "true" : "false");
-        e << YAML::Key << "delimiter" << YAML::Value << std::string(1, d.csv.delimiter) << YAML::EndMap;
-    }
-    if (d.dataset == "synthetic") {
-        e << YAML::Key << "input_shape" << YAML::Value;
-        flow_list(d.input_shape);
-        e << YAML::Key << "classes" << YAML::Value << d.classes;
-        e << YAML::Key << "train_samples" << YAML::Value << d.train_samples;
-        e << YAML::Key << "test_samples" << YAML::Value << d.test_samples;
-    }
-    e << YAML::Key << "normalize" << YAML::Value;
-    if (d.normalize == DataConfig::Normalize::given) {
-        e << YAML::BeginMap << YAML::Key << "mean" << YAML::Value;
-        flow_list(d.normalization.mean);
-        e << YAML::Key << "std" << YAML::Value;
-        flow_list(d.normalization.std);
-        e << YAML::EndMap;
-    } else {
-        e << (d.normalize == DataConfig::Normalize::none ? "none" : "auto");
-    }
-    e << YAML::Key << "augment" << YAML::Value << YAML::Flow << YAML::BeginMap;
-    e << YAML::Key << "random_crop_padding" << YAML::Value << d.augment.crop_padding;
-    e << YAML::Key << "horizontal_flip" << YAML::Value << d.augment.horizontal_flip << YAML::EndMap;
-    if (d.loader_threads == 0) e << YAML::Key << "loader_threads" << YAML::Value << "auto";
-    else e << YAML::Key << "loader_threads" << YAML::Value << d.loader_threads;
-    e << YAML::Key << "prefetch" << YAML::Value << d.prefetch;
-    e << YAML::Key << "drop_last" << YAML::Value << d.drop_last << YAML::EndMap;
-
-    e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-    if (!c.model.input_shape.empty()) {
-        e << YAML::Key << "input_shape" << YAML::Value;
-        flow_list(c.model.input_shape);
-    }
-    e << YAML::Key << "layers" << YAML::Value;
-    emit_layers(e, c.model.layers);
-    e << YAML::Key << "loss" << YAML::Value << c.model.loss << YAML::EndMap;
-
-    const OptimizerConfig& o = c.optimizer;
-    const bool sgd = o.type == OptimizerConfig::Type::sgd;
-    e << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "type" << YAML::Value << (sgd ? "sgd" : "adamw");
-    e << YAML::Key << "lr" << YAML::Value << o.lr;
-    if (sgd) {
-        e << YAML::Key << "momentum" << YAML::Value << o.momentum;
-        e << YAML::Key << "nesterov" << YAML::Value << o.nesterov;
-    } else {
-        e << YAML::Key << "betas" << YAML::Value;
-        flow_list(std::vector<double>{o.beta1, o.beta2});
-        e << YAML::Key << "eps" << YAML::Value << o.eps;
-    }
-    e << YAML::Key << "weight_decay" << YAML::Value << o.weight_decay;
-    e << YAML::Key << "grad_clip_norm" << YAML::Value << o.grad_clip_norm;
-    e << YAML::Key << "scale_lr_with_replicas" << YAML::Value << o.scale_lr_with_replicas;
-    const char* st = o.schedule.type == ScheduleConfig::Type::cosine      ? "cosine"
-                     : o.schedule.type == ScheduleConfig::Type::step      ? "step"
-                     : o.schedule.type == ScheduleConfig::Type::multistep ? "multistep"
-                                                                      : "constant";
-    e << YAML::Key << "schedule" << YAML::Value << YAML::Flow << YAML::BeginMap;
-    e << YAML::Key << "type" << YAML::Value << st << YAML::Key << "warmup_steps" << YAML::Value << o.schedule.warmup_steps;
-    if (o.schedule.type == ScheduleConfig::Type::step)
-        e << YAML::Key << "step_size" << YAML::Value << o.schedule.step_size << YAML::Key << "gamma" << YAML::Value << o.schedule.gamma;
-    if (o.schedule.type == ScheduleConfig::Type::multistep) {
-        e << YAML::Key << "milestones" << YAML::Value;
-        flow_list(o.schedule.milestones);
-        e << YAML::Key << "gamma" << YAML::Value << o.schedule.gamma;
-    }
-    if (o.schedule.type == ScheduleConfig::Type::cosine)
-        e << YAML::Key << "min_lr_ratio" << YAML::Value << o.schedule.min_lr_ratio;
-    e << YAML::EndMap << YAML::EndMap;
-
-    const TrainConfig& t = c.train;
-    e << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "epochs" << YAML::Value << t.epochs << YAML::Key << "steps" << YAML::Value << t.steps;
-    e << YAML::Key << "global_batch_size" << YAML::Value << t.global_batch_size;
-    e << YAML::Key << "grad_accumulation_steps" << YAML::Value << t.grad_accumulation_steps;
-    e << YAML::Key << "precision" << YAML::Value << precision_name(t.precision);
-    e << YAML::Key << "loss_scale_growth_interval" << YAML::Value << t.loss_scale_growth_interval;
-    e << YAML::Key << "eval_every_epochs" << YAML::Value << t.eval_every_epochs;
-    e << YAML::Key << "log_every_steps" << YAML::Value << t.log_every_steps << YAML::EndMap;
-
-    e << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
-    e << YAML::Key << "every_steps" << YAML::Value << c.checkpoint.every_steps;
-    e << YAML::Key << "every_epochs" << YAML::Value << c.checkpoint.every_epochs;
-    e << YAML::Key << "every_minutes" << YAML::Value << c.checkpoint.every_minutes;
-    e << YAML::Key << "keep" << YAML::Value << c.checkpoint.keep;
-    e << YAML::Key << "resume" << YAML::Value << c.checkpoint.resume << YAML::EndMap;
-    e << YAML::EndMap;
-    return std::string(e.c_str()) + "\n";
+    ConfigEmitter e;
+    e.raw() << YAML::BeginMap;
+    emit_run(e, c.run);
+    emit_strategy(e, c.strategy);
+    emit_data(e, c.data);
+    emit_model(e, c.model);
+    emit_optimizer(e, c.optimizer);
+    emit_train(e, c.train);
+    emit_checkpoint(e, c.checkpoint);
+    e.raw() << YAML::EndMap;
+    return std::string(e.raw().c_str()) + "\n";
 }
 
 std::string model_config_summary(const Config& c) {

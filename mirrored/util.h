@@ -1,6 +1,7 @@
-// Small helpers the host code shares: a monotonic clock and fixed-width hex.
+// Small helpers the host code shares: a monotonic clock, fixed-width hex and numbers as text.
 #pragma once
 
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +17,19 @@ inline std::string hex64(uint64_t v) {
     char b[20];
     std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
     return b;
+}
+
+// A float or double as the text a config would hold: printf's %g where that reads back as the
+// same value (0.1, 1e-05, 0.0001), else the shortest decimal that does (0.1234567, not %g's
+// 0.123457 or a 17-digit 0.10000000000000001).
+template <class T>
+std::string decimal_text(T v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%g", static_cast<double>(v));
+    T back{};
+    const char* end = b + std::char_traits<char>::length(b);
+    if (std::from_chars(b, end, back).ptr == end && back == v) return b;
+    return std::string(b, std::to_chars(b, b + sizeof b, v).ptr);
 }
 
 }  // namespace mirrored

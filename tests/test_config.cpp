@@ -163,6 +163,42 @@ TEST_CASE("config: the printed configuration loads back to the same configuratio
     CHECK(printed.find("grad_clip_norm: 2.5") != std::string::npos);
 }
 
+TEST_CASE("config: printed numbers read as written, and read back to the same values") {
+    const char* text = R"(data: {dataset: synthetic, input_shape: [4, 4, 1], classes: 3, train_samples: 100, test_samples: 20,
+       normalize: {mean: [0.1307], std: [0.3081]}}
+model:
+  layers:
+    - {type: conv2d, filters: 2, kernel_size: 3}
+    - {type: batchnorm, momentum: 0.1, epsilon: 0.0001}
+    - {type: flatten}
+    - {type: layernorm, epsilon: 1e-5}
+    - {type: dropout, rate: 0.1234567}
+    - {type: dense, units: 3}
+optimizer: {type: adamw, lr: 0.1, betas: [0.8, 0.95], weight_decay: 0.0005, schedule: {type: step, step_size: 3, gamma: 0.3}}
+strategy: {bucket_mb: 0.1}
+)";
+    const Config a = load_config(write_config("numbers.yaml", text), {});
+    const std::string printed = config_to_yaml(a);
+    CAPTURE(printed);
+    for (const char* want : {"lr: 0.1\n", "betas: [0.8, 0.95]", "weight_decay: 0.0005", "gamma: 0.3}", "bucket_mb: 0.1\n",
+                             "mean: [0.1307]", "std: [0.3081]", "rate: 0.1234567", "momentum: 0.1,", "epsilon: 0.0001,",
+                             "epsilon: 1e-05}"})
+        CHECK(printed.find(want) != std::string::npos);
+    const Config b = load_config(write_config("numbers-printed.yaml", printed), {});
+    CHECK(b.optimizer.lr == a.optimizer.lr);
+    CHECK(b.optimizer.beta2 == a.optimizer.beta2);
+    CHECK(b.optimizer.beta2 == 0.95);  // the double the user wrote, not a float's 0.949999988
+    CHECK(b.model.layers[4].rate == a.model.layers[4].rate);  // %g's six digits would have lost it
+    CHECK(b.data.normalization.std == a.data.normalization.std);
+    CHECK(config_to_yaml(b) == printed);
+    // Checkpoints record the model's hash and a resume compares it: for values that %g printed
+    // exactly, the text hashed must stay what earlier builds hashed (this value is theirs).
+    std::string exact = text;
+    exact.replace(exact.find("0.1234567"), 9, "0.25");
+    const Config e = load_config(write_config("numbers-exact.yaml", exact), {});
+    CHECK(model_config_hash(e) == 3990683493626774121ull);
+}
+
 TEST_CASE("config: the shipped configs load") {
     for (const char* f : {"configs/fashion_mnist_mlp.yaml", "configs/synthetic_mlp.yaml", "configs/csv_example.yaml"}) {
         CAPTURE(f);

@@ -11,6 +11,7 @@
 #include "kernels/error.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
+#include "mirrored/util.h"
 
 namespace mirrored {
 
@@ -140,10 +141,7 @@ void read(SpecReader& r, const std::string& p, LayerSpec& s) {
 }
 
 std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    char m[32], e[32];
-    std::snprintf(m, sizeof m, "%g", s.momentum);
-    std::snprintf(e, sizeof e, "%g", s.epsilon);
-    return {{"momentum", m}, {"epsilon", e}, {"sync", s.sync ? "true" : "false"}, {"activation", activation_name(s.activation)}};
+    return {{"momentum", decimal_text(s.momentum)}, {"epsilon", decimal_text(s.epsilon)}, {"sync", s.sync ? "true" : "false"}, {"activation", activation_name(s.activation)}};
 }
 
 }  // namespace

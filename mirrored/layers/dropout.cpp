@@ -3,6 +3,7 @@
 // row, element), so N replicas draw the masks one replica draws for the same global batch.
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
+#include "mirrored/util.h"
 
 namespace mirrored {
 
@@ -48,9 +49,7 @@ private:
 void read(SpecReader& r, const std::string& p, LayerSpec& s) { s.rate = float(r.number(p + ".rate", 0.5, 0.0, 0.999)); }
 
 std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    char r[32];
-    std::snprintf(r, sizeof r, "%g", s.rate);
-    return {{"rate", r}};
+    return {{"rate", decimal_text(s.rate)}};
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // features) to mean 0 and variance 1, then gamma * x + beta (torch.nn.LayerNorm(c)).
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
+#include "mirrored/util.h"
 
 namespace mirrored {
 
@@ -51,9 +52,7 @@ private:
 void read(SpecReader& r, const std::string& p, LayerSpec& s) { s.epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0)); }
 
 std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    char e[32];
-    std::snprintf(e, sizeof e, "%g", s.epsilon);
-    return {{"epsilon", e}};
+    return {{"epsilon", decimal_text(s.epsilon)}};
 }
 
 }  // namespace
