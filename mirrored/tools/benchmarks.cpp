@@ -234,24 +234,70 @@ void print_profile(const json& p) {
     std::printf("  %-44s %10.1f\n\n", "step (begin to end)", step);
 }
 
+// Without --devices: 1, 2, 4, ... replicas up to every GPU (or core), ending on all of them.
+std::vector<std::string> default_device_lists() {
+    const DeviceList all = parse_devices("auto");
+    const int n = int(all.ordinals.size());
+    const char* kind = all.type == DeviceType::cuda ? "cuda:" : "cpu:";
+    std::vector<std::string> lists;
+    for (int k = 1; k <= n; k *= 2) {
+        std::string spec = kind;
+        if (all.type == DeviceType::cuda)
+            for (int i = 0; i < k; ++i) spec += (i ? "," : "") + std::to_string(i);
+        else spec += std::to_string(k);
+        lists.push_back(spec);
+        if (k * 2 > n && k != n) k = n / 2;  // end on n
+    }
+    return lists;
+}
+
+struct StepMeasurement {
+    int replicas = 0;
+    double samples_per_s = 0, step_ms = 0, gflops = 0;
+    double host_calls = 0;  // per replica and step: device calls the host issued
+    bool cuda_graph = false;
+    TimeSplit split;
+    json profile;  // --layers
+};
+
+// o.warmup steps, then o.steps timed (the last one sampled for the time split), then the layer profile.
+StepMeasurement measure_steps(const Config& cfg, const std::shared_ptr<const Datasets>& data, const StepBenchOptions& o) {
+    auto s = make_session(cfg, data, true);
+    MirroredStrategy& st = *s->strategy;
+    Loader& loader = *s->train_loader;
+    st.init_and_broadcast();
+    loader.start({});
+    const float lr = float(cfg.optimizer.lr);
+    for (int i = 0; i < o.warmup; ++i) st.train_step(st.next_batch(loader), i, lr, cfg.run.seed, false);
+    st.synchronize();
+    StepMeasurement m;
+    st.collect_timing(m.split, 0);  // drop warm-up host timings
+    m.split = {};
+    const double wait0 = loader.wait_seconds();
+    const HostWork work0 = st.host_work().all;
+    const double start = now_s();
+    for (int i = 0; i < o.steps; ++i)
+        st.train_step(st.next_batch(loader), o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
+    st.synchronize();
+    const double elapsed = now_s() - start;
+    m.replicas = st.replicas();
+    m.host_calls = double((st.host_work().all - work0).total()) / double(o.steps * m.replicas);  // a captured step's replays: a few
+    st.collect_timing(m.split, o.steps);
+    m.split.data_wait_s = loader.wait_seconds() - wait0;
+    if (o.layer_steps > 0) m.profile = profile_layers(*s, o.layer_steps, o.warmup + o.steps);
+    loader.stop();
+    m.samples_per_s = double(o.steps) * cfg.train.global_batch_size / elapsed;
+    m.step_ms = 1e3 * elapsed / o.steps;
+    m.gflops = m.samples_per_s * s->model->train_flops_per_sample() / 1e9;
+    m.cuda_graph = st.cuda_graph();
+    return m;
+}
+
 }  // namespace
 
 int bench_step(const StepBenchOptions& o) {
     const Config base = load_config(o.config, o.sets);
-    std::vector<std::string> lists = o.devices;
-    if (lists.empty()) {
-        const DeviceList all = parse_devices("auto");
-        const int n = int(all.ordinals.size());
-        const char* kind = all.type == DeviceType::cuda ? "cuda:" : "cpu:";
-        for (int k = 1; k <= n; k *= 2) {
-            std::string spec = kind;
-            if (all.type == DeviceType::cuda)
-                for (int i = 0; i < k; ++i) spec += (i ? "," : "") + std::to_string(i);
-            else spec += std::to_string(k);
-            lists.push_back(spec);
-            if (k * 2 > n && k != n) k = n / 2;  // end on n
-        }
-    }
+    const std::vector<std::string> lists = o.devices.empty() ? default_device_lists() : o.devices;
     const double t0 = now_s();
     auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
     std::printf("config %s: %s, global batch %d; data ready in %.1fs\n\n", o.config.c_str(),
@@ -266,53 +312,28 @@ int bench_step(const StepBenchOptions& o) {
         cfg.strategy.devices = spec;
         if (o.per_replica_batch > 0)
             cfg.train.global_batch_size = o.per_replica_batch * int(parse_devices(spec).ordinals.size());
-        auto s = make_session(cfg, data, true);
-        MirroredStrategy& st = *s->strategy;
-        Loader& loader = *s->train_loader;
-        st.init_and_broadcast();
-        loader.start({});
-        const float lr = float(cfg.optimizer.lr);
-        for (int i = 0; i < o.warmup; ++i) st.train_step(st.next_batch(loader), i, lr, cfg.run.seed, false);
-        st.synchronize();
-        TimeSplit split;
-        st.collect_timing(split, 0);  // drop warm-up host timings
-        split = {};
-        const double wait0 = loader.wait_seconds();
-        const HostWork work0 = st.host_work().all;
-        const double start = now_s();
-        for (int i = 0; i < o.steps; ++i)
-            st.train_step(st.next_batch(loader), o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
-        st.synchronize();
-        const double elapsed = now_s() - start;
-        // per replica and step: device calls the host issued (a captured step's replays: a few)
-        const double calls = double((st.host_work().all - work0).total()) / double(o.steps * st.replicas());
-        st.collect_timing(split, o.steps);
-        split.data_wait_s = loader.wait_seconds() - wait0;
-        const json profile = o.layer_steps > 0 ? profile_layers(*s, o.layer_steps, o.warmup + o.steps) : json();
-        loader.stop();
-        const int n = st.replicas();
-        const double sps = double(o.steps) * cfg.train.global_batch_size / elapsed;
-        const double step_ms = 1e3 * elapsed / o.steps;
+        const StepMeasurement m = measure_steps(cfg, data, o);
+        const int n = m.replicas;
         if (base_n == 0) {
-            base_sps = sps;
+            base_sps = m.samples_per_s;
             base_n = n;
         }
-        const double speedup = sps / base_sps;
+        const double speedup = m.samples_per_s / base_sps;
         const double efficiency = speedup / (double(n) / base_n);
+        const TimeSplit& split = m.split;
         const double busy = std::max(split.data_wait_s + split.compute_s + split.comm_s, 1e-12);
-        const double gflops = sps * s->model->train_flops_per_sample() / 1e9;
-        std::printf("%-28s %8d %12.0f %12.0f %8.2fx %9.0f%% %9.1f %8.1f %8.1f %8.1f %11.1f\n", spec.c_str(), n, sps,
-                    sps / n, speedup, 100 * efficiency, gflops, 100 * split.data_wait_s / busy, 100 * split.compute_s / busy,
-                    100 * split.comm_s / busy, calls);
+        std::printf("%-28s %8d %12.0f %12.0f %8.2fx %9.0f%% %9.1f %8.1f %8.1f %8.1f %11.1f\n", spec.c_str(), n,
+                    m.samples_per_s, m.samples_per_s / n, speedup, 100 * efficiency, m.gflops,
+                    100 * split.data_wait_s / busy, 100 * split.compute_s / busy, 100 * split.comm_s / busy, m.host_calls);
         rows.push_back({{"devices", spec}, {"replicas", n}, {"global_batch", cfg.train.global_batch_size},
-                        {"samples_per_sec", sps}, {"step_ms", step_ms}, {"host_calls_per_replica_step", calls},
-                        {"cuda_graph", st.cuda_graph()}, {"fused_epilogues", cfg.strategy.fused_epilogues},
-                        {"gflops", gflops},
+                        {"samples_per_sec", m.samples_per_s}, {"step_ms", m.step_ms}, {"host_calls_per_replica_step", m.host_calls},
+                        {"cuda_graph", m.cuda_graph}, {"fused_epilogues", cfg.strategy.fused_epilogues},
+                        {"gflops", m.gflops},
                         {"speedup", speedup}, {"efficiency", efficiency},
                         {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}}});
-        if (!profile.is_null()) {
-            print_profile(profile);
-            rows.back()["profile"] = profile;
+        if (!m.profile.is_null()) {
+            print_profile(m.profile);
+            rows.back()["profile"] = m.profile;
         }
     }
     if (o.per_replica_batch > 0)
