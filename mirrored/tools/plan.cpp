@@ -282,72 +282,60 @@ struct PlanRow {
     }
 };
 
-}  // namespace
+// The GPU counts asked for (sorted, once each) and the batch per GPU at each.
+struct Batches {
+    std::vector<int> counts;
+    bool weak = true;
+    int global = 0, per_replica_weak = 0;
+    int rows(int gpus) const { return weak ? per_replica_weak : global / gpus; }
+};
 
-int plan(const PlanOptions& o) {
-    check_options(o);
-    Target target = find_target(o);
-    const int nodes = o.nodes;
-    const Config base = load_config(o.config, o.sets);
-    target.peak = (o.tflops > 0 ? o.tflops : target.gpu.tflops(base.train.precision)) * 1e12;
-    std::vector<int> counts = o.gpus;
-    std::sort(counts.begin(), counts.end());
-    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
-    const int global = base.train.global_batch_size;
-    const int per_replica_weak = o.per_replica_batch > 0 ? o.per_replica_batch : std::max(1, global / counts.front());
-    if (o.mode == "strong")
-        for (int n : counts)
-            if (global % (n * nodes) != 0)
-                throw ConfigError("train.global_batch_size " + std::to_string(global) + " does not divide into " +
-                                  std::to_string(n * nodes) + " GPUs (strong scaling keeps it)");
-    const auto rows_for = [&](int gpus) { return o.mode == "weak" ? per_replica_weak : global / gpus; };
+Batches plan_batches(const PlanOptions& o, const Config& base) {
+    Batches b;
+    b.counts = o.gpus;
+    std::sort(b.counts.begin(), b.counts.end());
+    b.counts.erase(std::unique(b.counts.begin(), b.counts.end()), b.counts.end());
+    b.weak = o.mode == "weak";
+    b.global = base.train.global_batch_size;
+    b.per_replica_weak = o.per_replica_batch > 0 ? o.per_replica_batch : std::max(1, b.global / b.counts.front());
+    if (!b.weak)
+        for (int n : b.counts)
+            if (b.global % (n * o.nodes) != 0)
+                throw ConfigError("train.global_batch_size " + std::to_string(b.global) + " does not divide into " +
+                                  std::to_string(n * o.nodes) + " GPUs (strong scaling keeps it)");
+    return b;
+}
 
-    const std::vector<int> shape = input_shape(base);
-    const Model model(shape, base.model.layers, base.run.seed);
-    StrategyConfig strategy = base.strategy;
-    strategy.precision = base.train.precision;
-    const CommPlan comm = comm_plan(model, strategy);
-    const LinkModel lm{target.link.bus_gbs * 1e9, target.link.latency_us * 1e-6};
-    const LinkModel netm{target.net.node_gbs * 1e9, target.net.latency_us * 1e-6};
+// What every row of the table is predicted from.
+struct PlanInputs {
+    const Config& base;
+    const Model& model;
+    const StrategyConfig& strategy;
+    const CommPlan& comm;
+    const ComputeModel& compute;
+    LinkModel link, network;
+    double capacity = 0;  // bytes a GPU has for the run
+    int nodes = 1;
+};
 
-    print_header(o, base, model, target);
-    const ComputeModel compute = compute_model(o, base, model, shape, target, per_replica_weak);
-    std::printf("  compute: %s\n", compute.source.c_str());
-    std::printf("  all-reduce: %.2f MB of gradients per step (%s) in %zu bucket(s)%s\n\n", comm.wire_bytes / 1e6,
-                dtype_name(strategy.allreduce_dtype), comm.buckets.size(),
-                comm.blocking_allreduces ? (", plus " + std::to_string(comm.blocking_allreduces) +
-                                            " small blocking ones (synchronised batchnorm)").c_str() : "");
+PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double baseline_sps, int baseline_gpus) {
+    const int total = n * in.nodes, accumulation = in.base.train.grad_accumulation_steps;
+    PlanRow r;
+    r.label = in.nodes > 1 ? std::to_string(in.nodes) + "x" + std::to_string(n) : std::to_string(n);
+    r.rows = batches.rows(total);
+    r.mem = gpu_memory_plan(in.model, in.base.optimizer, in.strategy, n, r.rows, accumulation);
+    r.fits = double(r.mem.total()) <= in.capacity;
+    r.largest = largest_fitting_rows(in.model, in.base.optimizer, in.strategy, n, accumulation,
+                                     uint64_t(std::max(0.0, in.capacity)));
+    r.zero1 = double(r.mem.optimizer) * (total - 1) / total;
+    r.step = predict_step(Topology{n, in.nodes, in.link, in.network}, in.compute.seconds(r.rows), in.comm);
+    r.samples_per_sec = total * r.rows / r.step.step_s;
+    r.speedup = r.samples_per_sec / baseline_sps;
+    r.efficiency = r.speedup / (double(total) / baseline_gpus);
+    return r;
+}
 
-    // The baseline: the smallest count on one node, so that the nodes' cost shows.
-    const int first_n = counts.front();
-    const double first_sps = first_n * rows_for(first_n) /
-                             predict_step(Topology{first_n, 1, lm, netm}, compute.seconds(rows_for(first_n)), comm).step_s;
-    const double capacity = target.gpu.memory_gib * 1e9 - kContextReserve;
-    std::printf("%7s %9s %10s %5s %10s %12s %10s %10s %10s %12s %8s %6s\n", nodes > 1 ? "nodesxN" : "GPUs", "batch/GPU",
-                "memory", "fits", "max batch", "ZeRO-1 saves", "compute ms", "allred. ms", "exposed ms", "samples/s",
-                "speedup", "eff.");
-    json rows = json::array();
-    int stops_at = 0;
-    std::vector<std::string> notes;
-    for (int n : counts) {
-        const int total = n * nodes;
-        PlanRow r;
-        r.label = nodes > 1 ? std::to_string(nodes) + "x" + std::to_string(n) : std::to_string(n);
-        r.rows = rows_for(total);
-        r.mem = gpu_memory_plan(model, base.optimizer, strategy, n, r.rows, base.train.grad_accumulation_steps);
-        r.fits = double(r.mem.total()) <= capacity;
-        r.largest = largest_fitting_rows(model, base.optimizer, strategy, n, base.train.grad_accumulation_steps,
-                                         uint64_t(std::max(0.0, capacity)));
-        r.zero1 = double(r.mem.optimizer) * (total - 1) / total;
-        r.step = predict_step(Topology{n, nodes, lm, netm}, compute.seconds(r.rows), comm);
-        r.samples_per_sec = total * r.rows / r.step.step_s;
-        r.speedup = r.samples_per_sec / first_sps;
-        r.efficiency = r.speedup / (double(total) / first_n);
-        if (stops_at == 0 && r.efficiency < kStopPaying) stops_at = total;
-        r.print();
-        if (!r.fits) notes.push_back(r.does_not_fit(target.gpu.memory_gib));
-        rows.push_back(r.to_json(n, nodes));
-    }
+void print_verdict(const std::vector<std::string>& notes, int stops_at, int most_gpus) {
     std::printf("\n");
     for (const auto& n : notes) std::printf("%s\n", n.c_str());
     if (stops_at)
@@ -355,22 +343,77 @@ int plan(const PlanOptions& o) {
                     "hidden behind backward)\n", stops_at, 100 * kStopPaying);
     else
         std::printf("every count keeps per-GPU efficiency above %.0f%%: more GPUs keep paying up to %d\n",
-                    100 * kStopPaying, counts.back() * nodes);
+                    100 * kStopPaying, most_gpus);
     std::printf("(a model, not a measurement: docs/SCALING.md gives the formulas and how they compare with `scale`)\n");
-    write_json(o.json_path, {{"benchmark", "plan"},
-                             {"config", o.config},
-                             {"gpu", {{"name", target.gpu.name}, {"memory_gb", target.gpu.memory_gib},
-                                      {"tflops", target.peak / 1e12}}},
-                             {"link", {{"name", target.link.name}, {"bus_gbs", target.link.bus_gbs},
-                                       {"latency_us", target.link.latency_us}}},
-                             {"nodes", nodes},
-                             {"network", nodes > 1 ? json{{"name", target.net.name}, {"node_gbs", target.net.node_gbs},
-                                                          {"latency_us", target.net.latency_us}}
-                                                   : json(nullptr)},
-                             {"mode", o.mode},
-                             {"compute", compute.source},
-                             {"stops_paying_at", stops_at ? json(stops_at) : json(nullptr)},
-                             {"results", rows}});
+}
+
+json plan_json(const PlanOptions& o, const Target& target, const ComputeModel& compute, int stops_at, json rows) {
+    return {{"benchmark", "plan"},
+            {"config", o.config},
+            {"gpu", {{"name", target.gpu.name}, {"memory_gb", target.gpu.memory_gib}, {"tflops", target.peak / 1e12}}},
+            {"link", {{"name", target.link.name}, {"bus_gbs", target.link.bus_gbs}, {"latency_us", target.link.latency_us}}},
+            {"nodes", o.nodes},
+            {"network", o.nodes > 1 ? json{{"name", target.net.name}, {"node_gbs", target.net.node_gbs},
+                                           {"latency_us", target.net.latency_us}}
+                                    : json(nullptr)},
+            {"mode", o.mode},
+            {"compute", compute.source},
+            {"stops_paying_at", stops_at ? json(stops_at) : json(nullptr)},
+            {"results", std::move(rows)}};
+}
+
+}  // namespace
+
+int plan(const PlanOptions& o) {
+    check_options(o);
+    Target target = find_target(o);
+    const Config base = load_config(o.config, o.sets);
+    target.peak = (o.tflops > 0 ? o.tflops : target.gpu.tflops(base.train.precision)) * 1e12;
+    const Batches batches = plan_batches(o, base);
+
+    const std::vector<int> shape = input_shape(base);
+    const Model model(shape, base.model.layers, base.run.seed);
+    StrategyConfig strategy = base.strategy;
+    strategy.precision = base.train.precision;
+    const CommPlan comm = comm_plan(model, strategy);
+
+    print_header(o, base, model, target);
+    const ComputeModel compute = compute_model(o, base, model, shape, target, batches.per_replica_weak);
+    std::printf("  compute: %s\n", compute.source.c_str());
+    std::printf("  all-reduce: %.2f MB of gradients per step (%s) in %zu bucket(s)%s\n\n", comm.wire_bytes / 1e6,
+                dtype_name(strategy.allreduce_dtype), comm.buckets.size(),
+                comm.blocking_allreduces ? (", plus " + std::to_string(comm.blocking_allreduces) +
+                                            " small blocking ones (synchronised batchnorm)").c_str() : "");
+    const PlanInputs in{base,
+                        model,
+                        strategy,
+                        comm,
+                        compute,
+                        LinkModel{target.link.bus_gbs * 1e9, target.link.latency_us * 1e-6},
+                        LinkModel{target.net.node_gbs * 1e9, target.net.latency_us * 1e-6},
+                        target.gpu.memory_gib * 1e9 - kContextReserve,
+                        o.nodes};
+
+    // The baseline: the smallest count on one node, so that the nodes' cost shows.
+    const int first_n = batches.counts.front();
+    const double first_sps =
+        first_n * batches.rows(first_n) /
+        predict_step(Topology{first_n, 1, in.link, in.network}, compute.seconds(batches.rows(first_n)), comm).step_s;
+    std::printf("%7s %9s %10s %5s %10s %12s %10s %10s %10s %12s %8s %6s\n", o.nodes > 1 ? "nodesxN" : "GPUs", "batch/GPU",
+                "memory", "fits", "max batch", "ZeRO-1 saves", "compute ms", "allred. ms", "exposed ms", "samples/s",
+                "speedup", "eff.");
+    json rows = json::array();
+    int stops_at = 0;
+    std::vector<std::string> notes;
+    for (int n : batches.counts) {
+        const PlanRow r = plan_row(in, batches, n, first_sps, first_n);
+        if (stops_at == 0 && r.efficiency < kStopPaying) stops_at = n * o.nodes;
+        r.print();
+        if (!r.fits) notes.push_back(r.does_not_fit(target.gpu.memory_gib));
+        rows.push_back(r.to_json(n, o.nodes));
+    }
+    print_verdict(notes, stops_at, batches.counts.back() * o.nodes);
+    write_json(o.json_path, plan_json(o, target, compute, stops_at, std::move(rows)));
     return kExitOk;
 }
 
