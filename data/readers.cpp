@@ -321,6 +321,51 @@ std::string shown(std::string_view f) {
     return f.size() > 40 ? out + "..." : out;
 }
 
+bool all_numbers(const std::vector<std::string_view>& fields) {
+    float v;
+    return std::all_of(fields.begin(), fields.end(), [&](std::string_view f) { return parse_float(f, v); });
+}
+
+// The label's column: label_column by index or header name; unset, the header's "label", else the last.
+size_t find_label_column(const std::vector<std::string>& header, size_t columns, const CsvOptions& opt,
+                         const std::string& path) {
+    const std::string& want = opt.label_column;
+    if (want.empty()) {
+        auto it = std::find(header.begin(), header.end(), "label");
+        return it != header.end() ? size_t(it - header.begin()) : columns - 1;
+    }
+    if (std::all_of(want.begin(), want.end(), ::isdigit)) {
+        const size_t col = want.size() > 9 ? columns : std::stoul(want);
+        if (col >= columns)
+            throw DataError(path + ": label column index " + want + " is out of range (" + std::to_string(columns) + " columns)");
+        return col;
+    }
+    auto it = std::find(header.begin(), header.end(), want);
+    if (it == header.end())
+        throw DataError(path + ": no column named '" + want + "' in the header" +
+                        (header.empty() ? " (the file has no header row)" : ""));
+    return size_t(it - header.begin());
+}
+
+// One data row's features and label onto the dataset (line `line_no` of `path`, for errors).
+void append_row(const std::vector<std::string_view>& fields, size_t label_col, const std::vector<std::string>& header,
+                const std::string& path, size_t line_no, Dataset& ds) {
+    const auto where = [&] { return path + ":" + std::to_string(line_no) + ": "; };
+    for (size_t c = 0; c < fields.size(); ++c) {
+        float v;
+        if (!parse_float(fields[c], v))
+            throw DataError(where() + "column " + std::to_string(c + 1) + (header.empty() ? "" : " (" + shown(header[c]) + ")") +
+                            ": '" + shown(fields[c]) + "' is not a finite number");
+        if (c == label_col) {
+            if (v < 0 || v != std::floor(v) || v > 1e6)
+                throw DataError(where() + "label '" + shown(fields[c]) + "' is not a non-negative integer");
+            ds.labels.push_back(int32_t(v));
+        } else {
+            ds.features.push_back(v);
+        }
+    }
+}
+
 }  // namespace
 
 Dataset read_csv(InputFile& in, const CsvOptions& opt) {
@@ -348,7 +393,7 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
         if (line.find('\0') != std::string_view::npos)
             throw DataError(where(line_no) + "a NUL byte: this is not a text CSV file");
         split(line, opt.delimiter, fields);
-        if (first) {
+        if (first) {  // the first line fixes the columns, and may be a header
             first = false;
             columns = fields.size();
             if (columns < 2) throw DataError(where(line_no) + "expected at least 2 columns (features and a label), found " + std::to_string(columns));
@@ -356,50 +401,17 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
             // at most one row per line from this one on
             const std::string_view rest = text.substr(line_start);
             sized = reserve_samples(ds, uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1, columns - 1);
-            bool numeric = true;
-            for (auto f : fields) {
-                float v;
-                numeric = numeric && parse_float(f, v);
-            }
             const bool is_header = opt.header == CsvOptions::Header::yes ||
-                                   (opt.header == CsvOptions::Header::auto_detect && !numeric);
+                                   (opt.header == CsvOptions::Header::auto_detect && !all_numbers(fields));
             if (is_header)
                 for (auto f : fields) header.emplace_back(f);
-            // which column holds the label
-            const std::string& want = opt.label_column;
-            if (want.empty()) {
-                auto it = std::find(header.begin(), header.end(), "label");
-                label_col = it != header.end() ? size_t(it - header.begin()) : columns - 1;
-            } else if (std::all_of(want.begin(), want.end(), ::isdigit)) {
-                label_col = want.size() > 9 ? columns : std::stoul(want);
-                if (label_col >= columns)
-                    throw DataError(path + ": label column index " + want + " is out of range (" + std::to_string(columns) + " columns)");
-            } else {
-                auto it = std::find(header.begin(), header.end(), want);
-                if (it == header.end())
-                    throw DataError(path + ": no column named '" + want + "' in the header" +
-                                    (header.empty() ? " (the file has no header row)" : ""));
-                label_col = size_t(it - header.begin());
-            }
+            label_col = find_label_column(header, columns, opt, path);
             if (is_header) continue;
         }
         if (fields.size() != columns)
             throw DataError(where(line_no) + "expected " + std::to_string(columns) + " columns, found " + std::to_string(fields.size()));
         if (ds.labels.size() >= kMaxSamples) throw DataError(where(line_no) + "more than 2^31 - 1 rows");
-        for (size_t c = 0; c < columns; ++c) {
-            float v;
-            if (!parse_float(fields[c], v))
-                throw DataError(where(line_no) + "column " + std::to_string(c + 1) +
-                                (header.empty() ? "" : " (" + shown(header[c]) + ")") + ": '" + shown(fields[c]) +
-                                "' is not a finite number");
-            if (c == label_col) {
-                if (v < 0 || v != std::floor(v) || v > 1e6)
-                    throw DataError(where(line_no) + "label '" + shown(fields[c]) + "' is not a non-negative integer");
-                ds.labels.push_back(int32_t(v));
-            } else {
-                ds.features.push_back(v);
-            }
-        }
+        append_row(fields, label_col, header, path, line_no, ds);
     }
     if (ds.labels.empty()) throw DataError(path + ": no data rows");
     if (!sized) prefer_huge_pages(ds.features);  // grown row by row in small pages
