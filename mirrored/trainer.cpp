@@ -319,6 +319,12 @@ private:
     void recover_metrics(int64_t up_to_step);
     int finish_complete_run();
     void train_loop();
+    struct AfterStep {
+        bool stop = false, eval = false, checkpoint = false;
+    };
+    AfterStep after_step(const Loader& loader);
+    void flush_pending_log();
+    void pause_for(const AfterStep& next, double& loop_start);
     void log_train(int64_t step, float lr);
     void evaluate(int64_t step, double epoch);
     void save_checkpoint(int64_t step);
@@ -851,10 +857,51 @@ int Run::finish_complete_run() {
     return kExitOk;
 }
 
+// What ends this step: a stop (a signal on any node, or MIRRORED_TEST_STOP_AFTER_STEP), an evaluation,
+// a checkpoint. Every node agrees on the stop and on a timed checkpoint (node 0's clock decides).
+Run::AfterStep Run::after_step(const Loader& loader) {
+    const bool epoch_end = loader.position().batch == 0;
+    const int64_t epochs_done = loader.position().epoch;
+    const bool last = step_ == total_steps_;
+    AfterStep next;
+    next.stop = g_signals.load() > 0 || step_ == stop_after_;
+    bool time_due = leader_ && cfg_.checkpoint.every_minutes > 0 &&
+                    now_s() - last_ckpt_time_ >= cfg_.checkpoint.every_minutes * 60.0;
+    if (nodes_) {
+        double flags[2] = {next.stop ? 1.0 : 0.0, time_due ? 1.0 : 0.0};
+        nodes_->sum(flags, 2, "the per-step stop check");
+        next.stop = flags[0] > 0;
+        time_due = flags[1] > 0;
+    }
+    next.eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
+    next.checkpoint = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
+                      (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||
+                      time_due || last || next.stop;
+    return next;
+}
+
+void Run::flush_pending_log() {  // the previous log step's metrics, read after the next step was issued
+    if (!pending_log_) return;
+    log_train(pending_step_, pending_lr_);
+    pending_log_ = false;
+}
+
+// Evaluation and saving, off the training clock (they are not training throughput).
+void Run::pause_for(const AfterStep& next, double& loop_start) {
+    if (!next.eval && !next.checkpoint) return;
+    flush_pending_log();
+    const double pause = now_s();
+    train_time_ += pause - loop_start;
+    if (next.eval) evaluate(step_, double(step_) / double(s_->train_loader->batches_per_epoch()));
+    if (next.checkpoint) save_checkpoint(step_);
+    if (watchdog_) watchdog_->phase("training", step_);
+    loop_start = now_s();
+    interval_excluded_ += loop_start - pause;
+}
+
 void Run::train_loop() {
     MirroredStrategy& st = *s_->strategy;
     Loader& loader = *s_->train_loader;
-    const int64_t bpe = loader.batches_per_epoch();
     const int64_t log_every = cfg_.train.log_every_steps;
     interval_start_ = now_s();
     interval_wait_ = loader.wait_seconds();
@@ -871,49 +918,19 @@ void Run::train_loop() {
         if (watchdog_) watchdog_->tick(step_);
         ++interval_steps_;
         samples_done_ += rows;
-        if (pending_log_) {  // the previous log step's metrics, read after the next step was issued
-            log_train(pending_step_, pending_lr_);
-            pending_log_ = false;
-        }
+        flush_pending_log();
         if (log_now) {
             st.request_train_metrics();
             pending_log_ = true;
             pending_step_ = step_;
             pending_lr_ = lr;
         }
-        const bool epoch_end = loader.position().batch == 0;
-        const int64_t epochs_done = loader.position().epoch;
-        const bool last = step_ == total_steps_;
         test_node_fault(nodes_, step_);
-        bool stop = g_signals.load() > 0 || step_ == stop_after_;
-        bool time_due = leader_ && cfg_.checkpoint.every_minutes > 0 &&
-                        now_s() - last_ckpt_time_ >= cfg_.checkpoint.every_minutes * 60.0;
-        if (nodes_) {  // a signal on any node stops every node at this step; node 0's clock decides the time
-            double flags[2] = {stop ? 1.0 : 0.0, time_due ? 1.0 : 0.0};
-            nodes_->sum(flags, 2, "the per-step stop check");
-            stop = flags[0] > 0;
-            time_due = flags[1] > 0;
-        }
-        const bool do_eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
-        const bool do_ckpt = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
-                             (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||
-                             time_due || last || stop;
-        if (pending_log_ && (do_eval || do_ckpt)) {
-            log_train(pending_step_, pending_lr_);
-            pending_log_ = false;
-        }
-        if (do_eval || do_ckpt) {  // evaluation and saving are not training throughput
-            const double pause = now_s();
-            train_time_ += pause - loop_start;
-            if (do_eval) evaluate(step_, double(step_) / double(bpe));
-            if (do_ckpt) save_checkpoint(step_);
-            if (watchdog_) watchdog_->phase("training", step_);
-            loop_start = now_s();
-            interval_excluded_ += loop_start - pause;
-        }
-        if (stop) {
-            if (tty_) std::printf("\n");
-            std::printf("interrupted: checkpoint written at step %lld; run again to resume\n", static_cast<long long>(step_));
+        const AfterStep next = after_step(loader);
+        pause_for(next, loop_start);
+        if (next.stop) {
+            if (tty_) std::printf("\\n");
+            std::printf("interrupted: checkpoint written at step %lld; run again to resume\\n", static_cast<long long>(step_));
             exit_code_ = kExitInterrupted;
             break;
         }
