@@ -429,14 +429,13 @@ void read_strategy(Reader& r, Config& c) {
                                  "the run with 'mpirun -np NODES -H host1,host2 mirrored train CONFIG'");
 }
 
-void read_data(Reader& r, DataConfig& d) {
-    d.dataset = r.choice("data.dataset", "idx", {"idx", "cifar10", "csv", "synthetic"});
-    d.root = r.nonempty_str("data.root", d.dataset == "idx" ? "/usr/share/datasets/fashion-mnist" : ".");
+// data.train and data.test: each split's files, by the dataset's format.
+void read_data_files(Reader& r, DataConfig& d) {
     for (const char* split : {"train", "test"}) {
         const std::string p = std::string("data.") + split;
         r.expect_map(p);
-        DataConfig::Split& s = split[1] == 'r' ? d.train : d.test;
         const bool train = split[1] == 'r';
+        DataConfig::Split& s = train ? d.train : d.test;
         if (d.dataset == "idx") {
             s.images = r.nonempty_str(p + ".images", s.images);
             s.labels = r.nonempty_str(p + ".labels", s.labels);
@@ -451,48 +450,62 @@ void read_data(Reader& r, DataConfig& d) {
             if (s.file.empty()) r.fail(p + ".file", "required for dataset csv: the CSV file's path");
         }
     }
-    if (d.dataset == "csv") {
-        r.expect_map("data.csv");
-        d.csv.label_column = r.str("data.csv.label_column", "");
-        const std::string h = r.choice("data.csv.header", "auto", {"auto", "true", "false"});
-        d.csv.header = h == "auto" ? CsvOptions::Header::auto_detect : h == "true" ? CsvOptions::Header::yes : CsvOptions::Header::no;
-        const std::string delim = r.str("data.csv.delimiter", ",");
-        if (delim.size() != 1) r.fail("data.csv.delimiter", "expected one character");
-        d.csv.delimiter = delim[0];
+}
+
+void read_csv_options(Reader& r, CsvOptions& c) {
+    r.expect_map("data.csv");
+    c.label_column = r.str("data.csv.label_column", "");
+    const std::string h = r.choice("data.csv.header", "auto", {"auto", "true", "false"});
+    c.header = h == "auto" ? CsvOptions::Header::auto_detect : h == "true" ? CsvOptions::Header::yes : CsvOptions::Header::no;
+    const std::string delim = r.str("data.csv.delimiter", ",");
+    if (delim.size() != 1) r.fail("data.csv.delimiter", "expected one character");
+    c.delimiter = delim[0];
+}
+
+// data.normalize: auto, none, or the per-channel {mean, std}.
+void read_normalize(Reader& r, DataConfig& d) {
+    YAML::Node n = r.at("data.normalize");
+    if (!n.IsDefined() || !n.IsMap()) {
+        const std::string v = r.choice("data.normalize", "auto", {"auto", "none"});
+        d.normalize = v == "none" ? DataConfig::Normalize::none : DataConfig::Normalize::auto_compute;
+        return;
     }
+    d.normalize = DataConfig::Normalize::given;
+    d.normalization.mean = r.number_list<float>("data.normalize.mean");
+    d.normalization.std = r.number_list<float>("data.normalize.std");
+    if (d.normalization.mean.empty() || d.normalization.std.empty())
+        r.fail("data.normalize", "expected auto, none, or {mean: [...], std: [...]} with one value per channel");
+    for (size_t i = 0; i < d.normalization.std.size(); ++i)
+        if (!(d.normalization.std[i] > 0)) r.fail("data.normalize.std." + std::to_string(i), "expected a positive number");
+}
+
+// data.loader_threads: auto (0, settled by make_session from the replicas: CPU replicas take every
+// core, so one) or a count.
+int read_loader_threads(Reader& r) {
+    if (!r.has("data.loader_threads")) return 0;
+    const std::string v = r.str("data.loader_threads", "");
+    if (v == "auto") return 0;
+    if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+        r.fail("data.loader_threads", "expected auto or an integer in [1, 256], got '" + v + "'");
+    return int(r.integer("data.loader_threads", 0, 1, 256));
+}
+
+void read_data(Reader& r, DataConfig& d) {
+    d.dataset = r.choice("data.dataset", "idx", {"idx", "cifar10", "csv", "synthetic"});
+    d.root = r.nonempty_str("data.root", d.dataset == "idx" ? "/usr/share/datasets/fashion-mnist" : ".");
+    read_data_files(r, d);
+    if (d.dataset == "csv") read_csv_options(r, d.csv);
     if (d.dataset == "synthetic") {
         d.input_shape = r.int_list("data.input_shape", {784}, 1, 1 << 20);
         d.classes = int(r.integer("data.classes", 10, 2, 1 << 20));
         d.train_samples = size_t(r.integer("data.train_samples", 60000, 1, int64_t(1) << 32));
         d.test_samples = size_t(r.integer("data.test_samples", 10000, 1, int64_t(1) << 32));
     }
-    {
-        YAML::Node n = r.at("data.normalize");
-        if (n.IsDefined() && n.IsMap()) {
-            d.normalize = DataConfig::Normalize::given;
-            d.normalization.mean = r.number_list<float>("data.normalize.mean");
-            d.normalization.std = r.number_list<float>("data.normalize.std");
-            if (d.normalization.mean.empty() || d.normalization.std.empty())
-                r.fail("data.normalize", "expected auto, none, or {mean: [...], std: [...]} with one value per channel");
-            for (size_t i = 0; i < d.normalization.std.size(); ++i)
-                if (!(d.normalization.std[i] > 0)) r.fail("data.normalize.std." + std::to_string(i), "expected a positive number");
-        } else {
-            const std::string v = r.choice("data.normalize", "auto", {"auto", "none"});
-            d.normalize = v == "none" ? DataConfig::Normalize::none : DataConfig::Normalize::auto_compute;
-        }
-    }
+    read_normalize(r, d);
     r.expect_map("data.augment");
     d.augment.crop_padding = int(r.integer("data.augment.random_crop_padding", 0, 0, 64));
     d.augment.horizontal_flip = r.boolean("data.augment.horizontal_flip", false);
-    // auto (0): settled by make_session from the replicas (CPU replicas take every core: one)
-    d.loader_threads = 0;
-    if (r.has("data.loader_threads")) {
-        const std::string v = r.str("data.loader_threads", "");
-        if (v != "auto" && v.find_first_not_of("0123456789") == std::string::npos && !v.empty())
-            d.loader_threads = int(r.integer("data.loader_threads", 0, 1, 256));
-        else if (v != "auto")
-            r.fail("data.loader_threads", "expected auto or an integer in [1, 256], got '" + v + "'");
-    }
+    d.loader_threads = read_loader_threads(r);
     d.prefetch = int(r.integer("data.prefetch", 4, 1, 1024));
     d.drop_last = r.boolean("data.drop_last", true);
 }
