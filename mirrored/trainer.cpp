@@ -326,6 +326,8 @@ private:
     void flush_pending_log();
     void pause_for(const AfterStep& next, double& loop_start);
     void log_train(int64_t step, float lr);
+    void check_loss_finite(double loss, int64_t step, float lr) const;
+    void alert_bottlenecks(double f_data, double f_comm, double interval);
     void evaluate(int64_t step, double epoch);
     void save_checkpoint(int64_t step);
     void write_summary(const std::string& status);
@@ -654,44 +656,17 @@ void Run::recover_metrics(int64_t up_to_step) {
     if (leader_) write_file_atomic(metrics_path.string(), kept);
 }
 
-void Run::log_train(int64_t step, float lr) {
-    MirroredStrategy& st = *s_->strategy;
-    last_train_ = st.take_train_metrics();
-    const double t = now_s();
-    const double interval = std::max(t - interval_start_ - interval_excluded_, 1e-9);
-    const double wait = s_->train_loader->wait_seconds() - interval_wait_;
-    st.collect_timing(interval_split_, interval_steps_);
-    interval_split_.data_wait_s = wait;
-    split_.data_wait_s += wait;
-    split_.compute_s += interval_split_.compute_s;
-    split_.comm_s += interval_split_.comm_s;
-    const double sps = double(interval_steps_) * cfg_.train.global_batch_size / interval;
-    samples_per_sec_ = sps;
-    const double loss = last_train_.loss();
-    if (!std::isfinite(loss))
-        throw Error(kExitDiverged, "training diverged: the loss is " + std::to_string(loss) + " at step " +
-                                       std::to_string(step) + " (lr " + std::to_string(lr) +
-                                       "); lower optimizer.lr or set optimizer.grad_clip_norm" +
-                                       (last_ckpt_step_ >= 0 ? "; the last checkpoint is at step " + std::to_string(last_ckpt_step_) : ""));
-    const double bpe = double(s_->train_loader->batches_per_epoch());
-    const double busy = interval_split_.compute_s + interval_split_.comm_s + interval_split_.data_wait_s;
-    const double f_data = busy > 0 ? interval_split_.data_wait_s / busy : 0;
-    const double f_comm = busy > 0 ? interval_split_.comm_s / busy : 0;
-    const double f_compute = busy > 0 ? interval_split_.compute_s / busy : 0;
-    json record = {{"type", "train"}, {"step", step}, {"epoch", double(step) / bpe}, {"loss", loss},
-                   {"accuracy", last_train_.accuracy()}, {"lr", lr}, {"samples_per_sec", sps},
-                   {"time_split", {{"data_wait", f_data}, {"compute", f_compute}, {"comm", f_comm}}}};
-    if (cfg_.train.precision == Precision::fp16) record["loss_scale"] = st.loss_scale();
-    emit(record);
-    const double eta = (total_steps_ - step) * cfg_.train.global_batch_size / std::max(sps, 1e-9);
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "epoch %lld/%.0f  step %lld/%lld  loss %.4f  acc %.3f  lr %.3g  %.0f samples/s  ETA %s  "
-                  "[data %.0f%% compute %.0f%% comm %.0f%%]",
-                  static_cast<long long>((step - 1) / (int64_t)bpe) + 1, std::ceil(total_steps_ / bpe),
-                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, last_train_.accuracy(),
-                  double(lr), sps, duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
-    status_line(line, false);
+void Run::check_loss_finite(double loss, int64_t step, float lr) const {
+    if (std::isfinite(loss)) return;
+    throw Error(kExitDiverged, "training diverged: the loss is " + std::to_string(loss) + " at step " +
+                                   std::to_string(step) + " (lr " + std::to_string(lr) +
+                                   "); lower optimizer.lr or set optimizer.grad_clip_norm" +
+                                   (last_ckpt_step_ >= 0 ? "; the last checkpoint is at step " + std::to_string(last_ckpt_step_) : ""));
+}
+
+// What keeps the replicas from computing, over the last log interval: the input, the
+// all-reduce, or the host feeding the GPUs (f_*: shares of the busy time).
+void Run::alert_bottlenecks(double f_data, double f_comm, double interval) {
     if (f_data > 0.10)
         alert("input-bound", std::to_string(int(100 * f_data)) + "% of step time waits for data: raise "
               "data.loader_threads (now " + std::to_string(s_->train_loader->threads()) + ") or data.prefetch (now " +
@@ -711,6 +686,43 @@ void Run::log_train(int64_t step, float lr) {
                   number_str(1e6 * wall_step) + " us step): a larger per-replica batch amortises launches" +
                   (f_data > 0.10 ? "; data loading is also slow" : ""));
     }
+}
+
+void Run::log_train(int64_t step, float lr) {
+    MirroredStrategy& st = *s_->strategy;
+    last_train_ = st.take_train_metrics();
+    const double t = now_s();
+    const double interval = std::max(t - interval_start_ - interval_excluded_, 1e-9);
+    const double wait = s_->train_loader->wait_seconds() - interval_wait_;
+    st.collect_timing(interval_split_, interval_steps_);
+    interval_split_.data_wait_s = wait;
+    split_.data_wait_s += wait;
+    split_.compute_s += interval_split_.compute_s;
+    split_.comm_s += interval_split_.comm_s;
+    const double sps = double(interval_steps_) * cfg_.train.global_batch_size / interval;
+    samples_per_sec_ = sps;
+    const double loss = last_train_.loss();
+    check_loss_finite(loss, step, lr);
+    const double bpe = double(s_->train_loader->batches_per_epoch());
+    const double busy = interval_split_.compute_s + interval_split_.comm_s + interval_split_.data_wait_s;
+    const double f_data = busy > 0 ? interval_split_.data_wait_s / busy : 0;
+    const double f_comm = busy > 0 ? interval_split_.comm_s / busy : 0;
+    const double f_compute = busy > 0 ? interval_split_.compute_s / busy : 0;
+    json record = {{"type", "train"}, {"step", step}, {"epoch", double(step) / bpe}, {"loss", loss},
+                   {"accuracy", last_train_.accuracy()}, {"lr", lr}, {"samples_per_sec", sps},
+                   {"time_split", {{"data_wait", f_data}, {"compute", f_compute}, {"comm", f_comm}}}};
+    if (cfg_.train.precision == Precision::fp16) record["loss_scale"] = st.loss_scale();
+    emit(record);
+    const double eta = (total_steps_ - step) * cfg_.train.global_batch_size / std::max(sps, 1e-9);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "epoch %lld/%.0f  step %lld/%lld  loss %.4f  acc %.3f  lr %.3g  %.0f samples/s  ETA %s  "
+                  "[data %.0f%% compute %.0f%% comm %.0f%%]",
+                  static_cast<long long>((step - 1) / (int64_t)bpe) + 1, std::ceil(total_steps_ / bpe),
+                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, last_train_.accuracy(),
+                  double(lr), sps, duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
+    status_line(line, false);
+    alert_bottlenecks(f_data, f_comm, interval);
     interval_start_ = t;
     interval_excluded_ = 0;
     interval_wait_ = s_->train_loader->wait_seconds();
