@@ -20,6 +20,7 @@
 #include "kernels/cpu/blas.h"
 #include "kernels/error.h"
 #include "mirrored/util.h"
+#include "mirrored/bottlenecks.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/run_dir.h"
 #include "mirrored/software.h"
@@ -664,28 +665,16 @@ void Run::check_loss_finite(double loss, int64_t step, float lr) const {
                                    (last_ckpt_step_ >= 0 ? "; the last checkpoint is at step " + std::to_string(last_ckpt_step_) : ""));
 }
 
-// What keeps the replicas from computing, over the last log interval: the input, the
-// all-reduce, or the host feeding the GPUs (f_*: shares of the busy time).
 void Run::alert_bottlenecks(double f_data, double f_comm, double interval) {
-    if (f_data > 0.10)
-        alert("input-bound", std::to_string(int(100 * f_data)) + "% of step time waits for data: raise "
-              "data.loader_threads (now " + std::to_string(s_->train_loader->threads()) + ") or data.prefetch (now " +
-              std::to_string(cfg_.data.prefetch) + ")");
-    if (f_comm > 0.30)
-        alert("communication-bound", std::to_string(int(100 * f_comm)) + "% of step time is communication not "
-              "hidden behind compute: use a larger per-replica batch or tune strategy.bucket_mb (now " +
-              number_str(cfg_.strategy.bucket_mb) + ")");
-    // The GPUs idle when a step takes longer on the clock than on the device: the host cannot
-    // issue work fast enough (launch-bound), or waits for data.
-    if (interval_split_.device_step_s > 0) {
-        const double wall_step = interval / double(std::max<int64_t>(interval_steps_, 1));
-        const double idle = 1.0 - interval_split_.device_step_s / wall_step;
-        if (idle > 0.30)
-            alert("gpu-idle", std::to_string(int(100 * idle)) + "% of each step the GPUs wait for the host (" +
-                  number_str(1e6 * interval_split_.device_step_s) + " us of device work per " +
-                  number_str(1e6 * wall_step) + " us step): a larger per-replica batch amortises launches" +
-                  (f_data > 0.10 ? "; data loading is also slow" : ""));
-    }
+    IntervalLoad load;
+    load.data_share = f_data;
+    load.comm_share = f_comm;
+    load.device_step_s = interval_split_.device_step_s;
+    load.wall_step_s = interval / double(std::max<int64_t>(interval_steps_, 1));
+    load.loader_threads = s_->train_loader->threads();
+    load.prefetch = cfg_.data.prefetch;
+    load.bucket_mb = cfg_.strategy.bucket_mb;
+    for (const Bottleneck& b : find_bottlenecks(load)) alert(b.kind, b.message);
 }
 
 void Run::log_train(int64_t step, float lr) {

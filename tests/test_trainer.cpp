@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "kernels/error.h"
+#include "mirrored/bottlenecks.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "kernels/sim/sim.h"
@@ -418,6 +419,55 @@ TEST_CASE("CLI exit codes: 0, 2 usage/config, 3 data, 4 checkpoint, 5 device, 13
     CHECK(run_cli({"train", cfg, "--output", s.out("int")}) == kExitOk);
     CHECK(run_cli({"train", cfg, "--print-config"}) == kExitOk);
     CHECK(run_cli({"train", "--help"}) == kExitOk);
+}
+
+TEST_CASE("alerts: input-bound over 10% data wait, communication-bound over 30%, gpu-idle over 30%, each naming what to change") {
+    IntervalLoad calm;
+    calm.data_share = 0.10;  // at the thresholds (and GPUs 25% idle): quiet
+    calm.comm_share = 0.30;
+    calm.device_step_s = 0.75e-3;  // 25% idle
+    calm.wall_step_s = 1e-3;
+    calm.loader_threads = 3;
+    calm.prefetch = 4;
+    calm.bucket_mb = 0.5;
+    CHECK(find_bottlenecks(calm).empty());
+    IntervalLoad cpu = calm;  // CPU replicas sample no device time: never gpu-idle
+    cpu.device_step_s = 0;
+    cpu.wall_step_s = 1;
+    CHECK(find_bottlenecks(cpu).empty());
+
+    IntervalLoad input = calm;
+    input.data_share = 0.25;
+    auto found = find_bottlenecks(input);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].kind == "input-bound");
+    CHECK(found[0].message == "25% of step time waits for data: raise data.loader_threads (now 3) or data.prefetch (now 4)");
+
+    IntervalLoad comm = calm;
+    comm.comm_share = 0.45;
+    found = find_bottlenecks(comm);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].kind == "communication-bound");
+    CHECK(found[0].message.find("45% of step time is communication") == 0);
+    CHECK(found[0].message.find("strategy.bucket_mb (now 0.5)") != std::string::npos);
+
+    IntervalLoad idle = calm;
+    idle.device_step_s = 0.25e-3;  // a quarter of the wall step: 75% idle
+    found = find_bottlenecks(idle);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].kind == "gpu-idle");
+    CHECK(found[0].message.find("75% of each step the GPUs wait for the host (250 us of device work per 1000 us step)") == 0);
+    CHECK(found[0].message.find("data loading") == std::string::npos);
+
+    IntervalLoad all = idle;  // slow data also idles the GPUs: all three, the idle one says why
+    all.data_share = 0.5;
+    all.comm_share = 0.35;
+    found = find_bottlenecks(all);
+    REQUIRE(found.size() == 3);
+    CHECK(found[0].kind == "input-bound");
+    CHECK(found[1].kind == "communication-bound");
+    CHECK(found[2].kind == "gpu-idle");
+    CHECK(found[2].message.find("; data loading is also slow") != std::string::npos);
 }
 
 TEST_CASE("a diverging run stops with exit code 6 and writes no non-finite checkpoint") {

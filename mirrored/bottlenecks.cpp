@@ -1,0 +1,45 @@
+#include "mirrored/bottlenecks.h"
+
+#include <cstdio>
+
+#include "mirrored/util.h"
+
+namespace mirrored {
+
+namespace {
+
+std::string percent(double share) { return std::to_string(int(100 * share)) + "%"; }
+
+std::string microseconds(double s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g us", 1e6 * s);
+    return b;
+}
+
+}  // namespace
+
+std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& l) {
+    std::vector<Bottleneck> found;
+    const bool input_bound = l.data_share > 0.10;
+    if (input_bound)
+        found.push_back({"input-bound", percent(l.data_share) + " of step time waits for data: raise data.loader_threads (now " +
+                                            std::to_string(l.loader_threads) + ") or data.prefetch (now " +
+                                            std::to_string(l.prefetch) + ")"});
+    if (l.comm_share > 0.30)
+        found.push_back({"communication-bound", percent(l.comm_share) + " of step time is communication not hidden behind "
+                                                "compute: use a larger per-replica batch or tune strategy.bucket_mb (now " +
+                                                decimal_text(l.bucket_mb) + ")"});
+    // The GPUs idle when a step takes longer on the clock than on the device: the host cannot
+    // issue work fast enough (launch-bound), or waits for data.
+    if (l.device_step_s > 0 && l.wall_step_s > 0) {
+        const double idle = 1.0 - l.device_step_s / l.wall_step_s;
+        if (idle > 0.30)
+            found.push_back({"gpu-idle", percent(idle) + " of each step the GPUs wait for the host (" +
+                                             microseconds(l.device_step_s) + " of device work per " +
+                                             microseconds(l.wall_step_s) + " step): a larger per-replica batch amortises launches" +
+                                             (input_bound ? "; data loading is also slow" : "")});
+    }
+    return found;
+}
+
+}  // namespace mirrored
