@@ -358,6 +358,10 @@ private:
     TimeSplit split_, interval_split_;
     std::map<std::string, double> last_alert_;
     bool pending_log_ = false;
+    // The first log interval of a process holds its start-up (the loader filling its queue, first
+    // allocations, graph capture): its time split says nothing about the steady state, so it
+    // raises no alert.
+    bool first_interval_ = true;
     const int64_t stop_after_ = stop_after_step();
     int64_t pending_step_ = 0;
     float pending_lr_ = 0;
@@ -711,7 +715,8 @@ void Run::log_train(int64_t step, float lr) {
                   static_cast<long long>(step), static_cast<long long>(total_steps_), loss, last_train_.accuracy(),
                   double(lr), sps, duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
     status_line(line, false);
-    alert_bottlenecks(f_data, f_comm, interval);
+    if (!first_interval_) alert_bottlenecks(f_data, f_comm, interval);
+    first_interval_ = false;
     interval_start_ = t;
     interval_excluded_ = 0;
     interval_wait_ = s_->train_loader->wait_seconds();
