@@ -51,6 +51,7 @@ struct CsvOptions {
     std::string label_column;  // a header name, or a 0-based index; empty: "label", else last
     enum class Header { auto_detect, yes, no } header = Header::auto_detect;
     char delimiter = ',';
+    bool operator==(const CsvOptions&) const = default;
 };
 Dataset read_csv(const std::string& path, const CsvOptions& options);
 Dataset read_csv(InputFile& in, const CsvOptions& options);
@@ -69,6 +70,7 @@ Dataset make_synthetic(const SyntheticOptions& options);
 // ---- preprocessing ----------------------------------------------------------------------
 struct Normalization {
     std::vector<float> mean, std;  // per channel
+    bool operator==(const Normalization&) const = default;
 };
 Normalization compute_normalization(const Dataset& train);
 void normalize(Dataset& ds, const Normalization& n);  // in place; sets pad_value

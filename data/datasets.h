@@ -17,6 +17,7 @@ struct DataConfig {
         std::string images, labels;       // idx
         std::vector<std::string> files;   // cifar10
         std::string file;                 // csv
+        bool operator==(const Split&) const = default;
     };
     Split train{"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", {}, {}};
     Split test{"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", {}, {}};
@@ -33,6 +34,7 @@ struct DataConfig {
     int loader_threads = 0;  // 0: auto (1 with CPU replicas, which take every core; 2 with GPUs)
     int prefetch = 4;
     bool drop_last = true;
+    bool operator==(const DataConfig&) const = default;
 };
 
 struct Datasets {

@@ -36,6 +36,7 @@ struct AugmentOptions {
     int crop_padding = 0;      // random crop of the original size from the image padded by this
     bool horizontal_flip = false;
     bool enabled() const { return crop_padding > 0 || horizontal_flip; }
+    bool operator==(const AugmentOptions&) const = default;
 };
 
 struct LoaderOptions {

@@ -24,12 +24,14 @@ struct RunConfig {
     std::string name = "run";
     uint64_t seed = 1;
     std::string output_dir;  // default runs/<name>
+    bool operator==(const RunConfig&) const = default;
 };
 
 struct ModelConfig {
     std::vector<int> input_shape;  // empty: the dataset's sample shape
     std::vector<LayerSpec> layers;
     std::string loss = "softmax_cross_entropy";
+    bool operator==(const ModelConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -41,6 +43,7 @@ struct TrainConfig {
     int loss_scale_growth_interval = 2000;   // fp16: good steps before the loss scale doubles
     int64_t eval_every_epochs = 1;
     int64_t log_every_steps = 100;
+    bool operator==(const TrainConfig&) const = default;
 };
 
 struct CheckpointConfig {
@@ -49,6 +52,7 @@ struct CheckpointConfig {
     double every_minutes = 30;   // wall time since the last checkpoint (node 0's clock); 0: off
     int keep = 3;
     std::string resume = "auto";  // auto | never | PATH
+    bool operator==(const CheckpointConfig&) const = default;
 };
 
 struct Config {

@@ -20,6 +20,7 @@ struct ScheduleConfig {
     std::vector<int64_t> milestones;  // multistep: multiply by gamma at each of these steps
     double gamma = 0.1;
     double min_lr_ratio = 0.0;  // cosine: final lr = lr * min_lr_ratio
+    bool operator==(const ScheduleConfig&) const = default;
 };
 
 struct OptimizerConfig {
@@ -33,6 +34,7 @@ struct OptimizerConfig {
     double grad_clip_norm = 0.0;  // 0: off
     bool scale_lr_with_replicas = false;
     ScheduleConfig schedule;
+    bool operator==(const OptimizerConfig&) const = default;
 };
 
 // Learning rate for optimizer step `step` (0-based) of `total_steps`.

@@ -73,6 +73,7 @@ struct StrategyConfig {
     // default until it has run on a GPU. CPU replicas run the ops unfused; simulated GPUs count
     // the fused cases as one launch, as CUDA does.
     bool fused_epilogues = false;
+    bool operator==(const StrategyConfig&) const = default;
 };
 
 // A contiguous range of the flat gradient buffer, reduced as one unit.

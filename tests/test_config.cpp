@@ -163,6 +163,80 @@ TEST_CASE("config: the printed configuration loads back to the same configuratio
     CHECK(printed.find("grad_clip_norm: 2.5") != std::string::npos);
 }
 
+TEST_CASE("config: every key set away from its default survives printing and reloading (the run folder's config.yaml)") {
+    // Between them these set every key the reader knows to a value other than its default; a key
+    // the printer left out would reload as its default and fail the comparison of its section.
+    const std::string common = R"(run: {name: every_key, seed: 77, output_dir: /tmp/somewhere/else}
+strategy: {devices: "sim:0,1", cross_device_ops: direct, bucket_mb: 0.25, allreduce_dtype: bf16, verify_every_steps: 9,
+           collective_timeout_s: 33.5, step_timeout_s: 0, shared_parameters: true, cuda_graph: true, fused_epilogues: true}
+train: {epochs: 3, steps: 41, global_batch_size: 24, grad_accumulation_steps: 2, precision: fp16,
+        loss_scale_growth_interval: 77, eval_every_epochs: 2, log_every_steps: 7}
+checkpoint: {every_steps: 13, every_epochs: 2, every_minutes: 2.5, keep: 7, resume: never}
+)";
+    const std::vector<std::string> variants = {
+        common + R"(data: {dataset: synthetic, root: /data/x, input_shape: [8, 8, 3], classes: 5, train_samples: 96, test_samples: 12,
+       normalize: {mean: [0.1, 0.2, 0.3], std: [0.5, 0.6, 0.7]}, augment: {random_crop_padding: 2, horizontal_flip: true},
+       loader_threads: 3, prefetch: 9, drop_last: false}
+model:
+  input_shape: [8, 8, 3]
+  loss: softmax_cross_entropy
+  layers:
+    - {type: conv2d, filters: 6, kernel_size: 5, stride: 2, padding: same, activation: gelu, init: he_normal, bias: false}
+    - {type: batchnorm, momentum: 0.2, epsilon: 0.001, sync: true, activation: relu}
+    - type: residual
+      shortcut: conv1x1
+      activation: relu
+      layers:
+        - {type: conv2d, filters: 4, kernel_size: 3, stride: 1, padding: 1, init: glorot_normal}
+        - {type: layernorm, epsilon: 0.0002}
+    - {type: maxpool2d, kernel_size: 3, stride: 1, padding: 1}
+    - {type: avgpool2d, kernel_size: 2, stride: 1, padding: valid}
+    - {type: global_avgpool}
+    - {type: dropout, rate: 0.3}
+    - {type: flatten}
+    - {type: dense, units: 7, activation: relu, init: glorot_uniform, bias: false}
+optimizer: {type: sgd, lr: 0.3, momentum: 0.7, nesterov: true, weight_decay: 0.01, grad_clip_norm: 3.5,
+            scale_lr_with_replicas: true, schedule: {type: multistep, warmup_steps: 4, milestones: [10, 20], gamma: 0.2}}
+)",
+        common + R"(data: {dataset: csv, root: /data/y, train: {file: a.csv}, test: {file: b.csv},
+       csv: {label_column: kind, header: true, delimiter: ";"}, normalize: none}
+model: {input_shape: [4], layers: [{type: dense, units: 3}]}
+optimizer: {type: adamw, lr: 0.002, betas: [0.8, 0.9], eps: 1e-06, weight_decay: 0.1,
+            schedule: {type: cosine, warmup_steps: 3, min_lr_ratio: 0.05}}
+)",
+        common + R"(data: {dataset: idx, root: /data/z, train: {images: ti.gz, labels: tl.gz}, test: {images: si.gz, labels: sl.gz}}
+model: {input_shape: [28, 28, 1], layers: [{type: flatten}, {type: dense, units: 3}]}
+optimizer: {type: sgd, lr: 0.1, momentum: 0, schedule: {type: step, step_size: 5, gamma: 0.5}}
+)",
+        common + R"(data: {dataset: cifar10, root: /data/c, train: {files: [one.bin, two.bin]}, test: {files: three.bin}}
+model: {input_shape: [32, 32, 3], layers: [{type: global_avgpool}, {type: dense, units: 10}]}
+optimizer: {type: sgd, lr: 0.1, schedule: {type: constant}}
+)",
+    };
+    const Config defaults = load_config(write_config("defaults.yaml", "model: {layers: [{type: dense, units: 2}]}\n"), {});
+    for (size_t v = 0; v < variants.size(); ++v) {
+        CAPTURE(v);
+        const Config a = load_config(write_config("every.yaml", variants[v]), {});
+        const std::string printed = config_to_yaml(a);
+        CAPTURE(printed);
+        const Config b = load_config(write_config("every-printed.yaml", printed), {});
+        CHECK(b.run == a.run);
+        CHECK(b.strategy == a.strategy);
+        CHECK(b.data == a.data);
+        CHECK(b.model == a.model);
+        CHECK(b.optimizer == a.optimizer);
+        CHECK(b.train == a.train);
+        CHECK(b.checkpoint == a.checkpoint);
+        // and nothing of it is a default: each section differs from an empty file's
+        CHECK(a.run != defaults.run);
+        CHECK(a.strategy != defaults.strategy);
+        CHECK(a.data != defaults.data);
+        CHECK(a.optimizer != defaults.optimizer);
+        CHECK(a.train != defaults.train);
+        CHECK(a.checkpoint != defaults.checkpoint);
+    }
+}
+
 TEST_CASE("config: printed numbers read as written, and read back to the same values") {
     const char* text = R"(data: {dataset: synthetic, input_shape: [4, 4, 1], classes: 3, train_samples: 100, test_samples: 20,
        normalize: {mean: [0.1307], std: [0.3081]}}

@@ -48,6 +48,7 @@ struct LayerSpec {
     bool sync = false;                         // batchnorm: statistics over the global batch
     std::string shortcut;                      // residual: "" (identity) or "conv1x1"
     std::vector<LayerSpec> layers;             // residual
+    bool operator==(const LayerSpec&) const = default;
 };
 
 // Reads configuration keys by full path; implemented by the config reader, which knows where
