@@ -264,32 +264,30 @@ void add_comm_and_prediction(Row& row, const Config& cfg, const Model& model, do
     row.predicted = true;
 }
 
-}  // namespace
-
-int scale(const ScaleOptions& o) {
-    if (o.mode != "weak" && o.mode != "strong")
-        throw ConfigError("--mode: expected weak or strong, got '" + o.mode + "'");
-    if (o.steps < 1) throw ConfigError("--steps: expected a positive number of steps");
-    const Config base = load_config(o.config, o.sets);
-    const Kind kind = resolve_kind(o.kind, o.replicas.empty() ? 8 : *std::max_element(o.replicas.begin(), o.replicas.end()));
-    const std::vector<int> counts = replica_counts(o, kind);
-    const int per_replica = o.per_replica_batch > 0 ? o.per_replica_batch
-                                                    : std::max(1, base.train.global_batch_size / counts.front());
+// The batch per replica: --per-replica-batch, else the config's global batch split over the
+// first count. Strong scaling needs the global batch to divide into every count.
+int per_replica_batch(const ScaleOptions& o, const Config& base, const std::vector<int>& counts) {
     if (o.mode == "strong")
         for (int n : counts)
             if (base.train.global_batch_size % n != 0)
                 throw ConfigError("train.global_batch_size " + std::to_string(base.train.global_batch_size) +
                                   " does not divide into " + std::to_string(n) + " replicas (strong scaling keeps it)");
-    const std::string out_dir = o.out_dir.empty() ? (fs::path(base.run.output_dir) / "scaling").string() : o.out_dir;
+    return o.per_replica_batch > 0 ? o.per_replica_batch : std::max(1, base.train.global_batch_size / counts.front());
+}
 
+void print_intro(const ScaleOptions& o, const Config& base, const Kind& kind, int per_replica) {
     std::printf("scaling %s: %s\n", o.config.c_str(), model_config_summary(base).c_str());
     std::printf("kind %s: %s\n", kind.name.c_str(), kind.meaning.c_str());
     if (o.mode == "weak") std::printf("weak scaling: %d samples per replica, the global batch grows with the replicas\n", per_replica);
     else std::printf("strong scaling: a global batch of %d, split over the replicas\n", base.train.global_batch_size);
     std::printf("%d timed steps after %d of warm-up per point; step time is the median of groups of 5 [min, max]\n\n",
                 o.steps, o.warmup);
-    auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
+}
 
+// One row per replica count, measured, with its communication and the planner's prediction.
+std::vector<Row> measure_points(const ScaleOptions& o, const Config& base, const Kind& kind,
+                                const std::vector<int>& counts, int per_replica) {
+    auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
     std::vector<Row> rows;
     double compute_one = 0;  // one replica's step, at per_replica rows: the planner's compute
     for (int n : counts) {
@@ -304,28 +302,47 @@ int scale(const ScaleOptions& o) {
         rows.push_back(row);
         std::printf("  measured %s: %.2f ms per step\n", cfg.strategy.devices.c_str(), row.step_s * 1e3);
     }
-    const Row& first = rows.front();
+    const Row first = rows.front();
     for (Row& r : rows) {
         r.speedup = r.samples_per_s / first.samples_per_s;
         r.efficiency = r.speedup / (double(r.replicas) / first.replicas);
-        if (r.predicted && rows.front().predicted)
+        if (r.predicted && first.predicted)
             r.predicted_speedup = (double(r.global_batch) / r.prediction.step_s) /
                                   (double(first.global_batch) / first.prediction.step_s);
     }
+    return rows;
+}
 
+// The table, what the shared-parameter rows mean, and a verdict for each step up in replicas.
+void print_results(const std::vector<Row>& rows) {
     std::printf("\n%8s %8s %22s %11s %8s %6s %6s %6s %6s %9s %8s %12s %9s\n", "replicas", "batch", "step ms [min, max]",
                 "samples/s", "speedup", "eff.", "data%", "comp%", "comm%", "MB/step", "busbw", "predicted ms", "pred. x");
-    json jrows = json::array();
-    for (const Row& r : rows) {
-        r.print();
-        jrows.push_back(r.to_json());
-    }
+    for (const Row& r : rows) r.print();
     if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.ops == "shared"; }))
         std::printf("shared parameters: no all-reduce runs (each replica sums its slice in place); busbw and the "
                     "prediction use the direct op's per-slice sum, written to every replica, as an upper bound\n");
     std::printf("\n");
     for (size_t i = 1; i < rows.size(); ++i) std::printf("%s\n", verdict(rows[i - 1], rows[i]).c_str());
-    if (!first.predicted) std::printf("(no predictions: they need a 1-replica point for the compute time)\n");
+    if (!rows.front().predicted) std::printf("(no predictions: they need a 1-replica point for the compute time)\n");
+}
+
+}  // namespace
+
+int scale(const ScaleOptions& o) {
+    if (o.mode != "weak" && o.mode != "strong")
+        throw ConfigError("--mode: expected weak or strong, got '" + o.mode + "'");
+    if (o.steps < 1) throw ConfigError("--steps: expected a positive number of steps");
+    const Config base = load_config(o.config, o.sets);
+    const Kind kind = resolve_kind(o.kind, o.replicas.empty() ? 8 : *std::max_element(o.replicas.begin(), o.replicas.end()));
+    const std::vector<int> counts = replica_counts(o, kind);
+    const int per_replica = per_replica_batch(o, base, counts);
+    const std::string out_dir = o.out_dir.empty() ? (fs::path(base.run.output_dir) / "scaling").string() : o.out_dir;
+
+    print_intro(o, base, kind, per_replica);
+    const std::vector<Row> rows = measure_points(o, base, kind, counts, per_replica);
+    print_results(rows);
+    json jrows = json::array();
+    for (const Row& r : rows) jrows.push_back(r.to_json());
     fs::create_directories(out_dir);
     const std::string json_path = (fs::path(out_dir) / "scaling.json").string();
     write_json(json_path, {{"benchmark", "scale"},
