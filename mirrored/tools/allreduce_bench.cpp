@@ -182,32 +182,38 @@ double percentile(std::vector<double> v, double q) {
     return v[std::min(v.size() - 1, size_t(q * double(v.size() - 1) + 0.5))];
 }
 
-int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes) {
+constexpr int kStressWindows = 10;
+
+// busbw samples per size, in all and per time window (a tenth of the run each)
+struct StressSamples {
+    std::vector<std::vector<double>> all;
+    std::vector<std::vector<std::vector<double>>> windows;
+    uint64_t verified = 0;
+};
+
+// All-reduces of each size in turn, with alternating patterns, until the duration is up; each
+// result verified (a wrong one throws, naming the replicas); a progress line per window.
+StressSamples stress_loop(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes) {
     const int n = rig.replicas();
-    if (n < 2) throw ConfigError("--duration: the stress test needs at least 2 replicas (--devices)");
-    constexpr int kWindows = 10;
-    std::printf("stress test for %.0f s over %zu size(s), %s to %s; every result verified\n\n", o.duration_s, sizes.size(),
-                human_bytes(sizes.front()).c_str(), human_bytes(sizes.back()).c_str());
     Patterns patterns(rig, sizes.back() / sizeof(float));
     Verifier verify(rig);
     std::vector<uint64_t> want[2];
     for (int p = 0; p < 2; ++p)
         for (size_t bytes : sizes) want[p].push_back(Verifier::expected(p, n, bytes / sizeof(float)));
-    // busbw samples per size, and per size and time window
-    std::vector<std::vector<double>> all(sizes.size());
-    std::vector<std::vector<std::vector<double>>> windows(sizes.size(), std::vector<std::vector<double>>(kWindows));
-    const double start = now_s(), window_s = o.duration_s / kWindows;
-    uint64_t verified = 0;
+    StressSamples s;
+    s.all.resize(sizes.size());
+    s.windows.assign(sizes.size(), std::vector<std::vector<double>>(kStressWindows));
+    const double start = now_s(), window_s = o.duration_s / kStressWindows;
     int reported = 0;
     for (uint64_t iter = 0;; ++iter) {
         const double now = now_s() - start;
         if (now >= o.duration_s) break;
-        const int w = std::min(kWindows - 1, int(now / window_s));
+        const int w = std::min(kStressWindows - 1, int(now / window_s));
         while (reported < w) {  // a line per finished window
             const size_t k = sizes.size() - 1;
             std::printf("  %6.1f s: %llu all-reduces verified; %s busbw median %.2f GB/s\n", (reported + 1) * window_s,
-                        static_cast<unsigned long long>(verified), human_bytes(sizes[k]).c_str(),
-                        percentile(windows[k][size_t(reported)], 0.5) / 1e9);
+                        static_cast<unsigned long long>(s.verified), human_bytes(sizes[k]).c_str(),
+                        percentile(s.windows[k][size_t(reported)], 0.5) / 1e9);
             std::fflush(stdout);
             ++reported;
         }
@@ -223,37 +229,46 @@ int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<
                               human_bytes(sizes[k]) + " after " + std::to_string(int(now)) + " s: " +
                               describe_wrong(rig, bad, p, count));
         }
-        ++verified;
+        ++s.verified;
         const double busbw = 2.0 * (n - 1) / n * double(sizes[k]) / t;
-        all[k].push_back(busbw);
-        windows[k][size_t(w)].push_back(busbw);
+        s.all[k].push_back(busbw);
+        s.windows[k][size_t(w)].push_back(busbw);
     }
+    return s;
+}
+
+int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes) {
+    if (rig.replicas() < 2) throw ConfigError("--duration: the stress test needs at least 2 replicas (--devices)");
+    std::printf("stress test for %.0f s over %zu size(s), %s to %s; every result verified\n\n", o.duration_s, sizes.size(),
+                human_bytes(sizes.front()).c_str(), human_bytes(sizes.back()).c_str());
+    const StressSamples s = stress_loop(o, rig, sizes);
     std::printf("\n%10s %8s %12s %12s %12s %12s %12s\n", "bytes", "count", "min GB/s", "median GB/s", "max GB/s",
                 "first 10%", "last 10%");
     json rows = json::array();
     std::vector<std::string> slow;
     for (size_t k = 0; k < sizes.size(); ++k) {
-        const double first = percentile(windows[k].front(), 0.5), last = percentile(windows[k].back(), 0.5);
-        std::printf("%10s %8zu %12.2f %12.2f %12.2f %12.2f %12.2f\n", human_bytes(sizes[k]).c_str(), all[k].size(),
-                    percentile(all[k], 0) / 1e9, percentile(all[k], 0.5) / 1e9, percentile(all[k], 1) / 1e9, first / 1e9,
+        const std::vector<double>& all = s.all[k];
+        const double first = percentile(s.windows[k].front(), 0.5), last = percentile(s.windows[k].back(), 0.5);
+        std::printf("%10s %8zu %12.2f %12.2f %12.2f %12.2f %12.2f\n", human_bytes(sizes[k]).c_str(), all.size(),
+                    percentile(all, 0) / 1e9, percentile(all, 0.5) / 1e9, percentile(all, 1) / 1e9, first / 1e9,
                     last / 1e9);
         if (first > 0 && last > 0 && last < 0.85 * first)
             slow.push_back(human_bytes(sizes[k]) + ": " + std::to_string(int(100 - 100 * last / first)) + "% slower");
         json wj = json::array();
-        for (const auto& win : windows[k]) wj.push_back(percentile(win, 0.5) / 1e9);
-        rows.push_back({{"bytes", sizes[k]}, {"count", all[k].size()}, {"busbw_min_gbs", percentile(all[k], 0) / 1e9},
-                        {"busbw_median_gbs", percentile(all[k], 0.5) / 1e9}, {"busbw_max_gbs", percentile(all[k], 1) / 1e9},
+        for (const auto& win : s.windows[k]) wj.push_back(percentile(win, 0.5) / 1e9);
+        rows.push_back({{"bytes", sizes[k]}, {"count", all.size()}, {"busbw_min_gbs", percentile(all, 0) / 1e9},
+                        {"busbw_median_gbs", percentile(all, 0.5) / 1e9}, {"busbw_max_gbs", percentile(all, 1) / 1e9},
                         {"busbw_median_per_window_gbs", wj}});
     }
-    std::printf("\n%llu all-reduces, every result correct. ", static_cast<unsigned long long>(verified));
+    std::printf("\n%llu all-reduces, every result correct. ", static_cast<unsigned long long>(s.verified));
     if (slow.empty()) std::printf("No slowdown over time (last 10%% of the run within 15%% of the first).\n");
     else {
         std::printf("Slowdown over time (last 10%% against the first):");
-        for (const auto& s : slow) std::printf(" %s;", s.c_str());
+        for (const auto& sl : slow) std::printf(" %s;", sl.c_str());
         std::printf(" check the GPUs' clocks and temperatures (nvidia-smi -q -d PERFORMANCE).\n");
     }
     write_json(o.json_path, {{"benchmark", "allreduce_stress"}, {"op", rig.ops->name()}, {"devices", rig.list.describe()},
-                             {"dtype", o.dtype}, {"duration_s", o.duration_s}, {"verified", verified},
+                             {"dtype", o.dtype}, {"duration_s", o.duration_s}, {"verified", s.verified},
                              {"slowdown", slow}, {"results", rows}});
     return kExitOk;
 }
