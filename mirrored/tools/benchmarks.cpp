@@ -32,6 +32,54 @@ namespace mirrored {
 
 using json = nlohmann::json;
 
+namespace {
+
+// The loader's ceiling: one thread copying the same bytes sequentially (what a batch costs at
+// best), in samples/s over half the benchmark's time.
+double memcpy_ceiling(const Dataset& ds, int global_batch, double seconds) {
+    const size_t per = ds.feature_size(), batch = size_t(global_batch);
+    std::vector<float> dst(batch * per);
+    const size_t batches = ds.count() / batch;
+    size_t samples = 0, b = 0;
+    const double start = now_s();
+    double elapsed = 0;
+    do {
+        std::memcpy(dst.data(), ds.features.data() + (b % batches) * batch * per, batch * per * sizeof(float));
+        samples += batch;
+        ++b;
+        elapsed = now_s() - start;
+    } while (elapsed < seconds / 2);
+    return samples / elapsed;
+}
+
+// Samples/s of a loader with these threads (and augmentation), after 8 batches of warm-up.
+double loader_rate(const Dataset& ds, const LoaderBenchOptions& o, int threads, bool augment) {
+    LoaderOptions lo;
+    lo.global_batch = o.batch;
+    lo.threads = threads;
+    lo.prefetch = std::max(4, 2 * threads);
+    if (augment) {
+        lo.augment.crop_padding = 2;
+        lo.augment.horizontal_flip = true;
+    }
+    Loader loader(ds, lo);
+    loader.start({});
+    for (int i = 0; i < 8; ++i) loader.release(loader.next());
+    size_t samples = 0;
+    const double start = now_s();
+    double elapsed = 0;
+    do {
+        const Batch& b = loader.next();
+        samples += size_t(b.rows);
+        loader.release(b);
+        elapsed = now_s() - start;
+    } while (elapsed < o.seconds);
+    loader.stop();
+    return samples / elapsed;
+}
+
+}  // namespace
+
 int bench_loader(const LoaderBenchOptions& o) {
     DataConfig dc;
     std::string base;
@@ -50,54 +98,18 @@ int bench_loader(const LoaderBenchOptions& o) {
                 ds.feature_size(), now_s() - t0);
     std::printf("machine: %s, %u hardware threads; global batch %d\n\n", cpu_model_name().c_str(),
                 std::thread::hardware_concurrency(), o.batch);
-    // Ceiling: one thread copying the same bytes sequentially (what a batch costs at best).
-    double ceiling_sps = 0;
-    {
-        const size_t per = ds.feature_size(), batch = size_t(o.batch);
-        std::vector<float> dst(batch * per);
-        const size_t batches = ds.count() / batch;
-        size_t samples = 0, b = 0;
-        const double start = now_s();
-        double elapsed = 0;
-        do {
-            std::memcpy(dst.data(), ds.features.data() + (b % batches) * batch * per, batch * per * sizeof(float));
-            samples += batch;
-            ++b;
-            elapsed = now_s() - start;
-        } while (elapsed < o.seconds / 2);
-        ceiling_sps = samples / elapsed;
-        std::printf("ceiling: one thread memcpy of contiguous batches: %.0f samples/s (%.0f MB/s)\n\n", ceiling_sps,
-                    ceiling_sps * per * sizeof(float) / 1e6);
-    }
+    const double ceiling_sps = memcpy_ceiling(ds, o.batch, o.seconds);
+    const double bytes_per_sample = double(ds.feature_size() * sizeof(float));
+    std::printf("ceiling: one thread memcpy of contiguous batches: %.0f samples/s (%.0f MB/s)\n\n", ceiling_sps,
+                ceiling_sps * bytes_per_sample / 1e6);
     std::printf("%8s %10s %14s %10s %12s\n", "threads", "augment", "samples/s", "MB/s", "of ceiling");
     json rows = json::array();
     const bool images = ds.shape.size() == 3;
     for (bool augment : {false, true}) {
         if (augment && !images) continue;
         for (int threads : o.threads) {
-            LoaderOptions lo;
-            lo.global_batch = o.batch;
-            lo.threads = threads;
-            lo.prefetch = std::max(4, 2 * threads);
-            if (augment) {
-                lo.augment.crop_padding = 2;
-                lo.augment.horizontal_flip = true;
-            }
-            Loader loader(ds, lo);
-            loader.start({});
-            for (int i = 0; i < 8; ++i) loader.release(loader.next());  // warm up
-            size_t samples = 0;
-            const double start = now_s();
-            double elapsed = 0;
-            do {
-                const Batch& b = loader.next();
-                samples += size_t(b.rows);
-                loader.release(b);
-                elapsed = now_s() - start;
-            } while (elapsed < o.seconds);
-            loader.stop();
-            const double sps = samples / elapsed;
-            const double mbs = sps * ds.feature_size() * sizeof(float) / 1e6;
+            const double sps = loader_rate(ds, o, threads, augment);
+            const double mbs = sps * bytes_per_sample / 1e6;
             std::printf("%8d %10s %14.0f %10.0f %11.0f%%\n", threads, augment ? "crop+flip" : "none", sps, mbs,
                         100 * sps / ceiling_sps);
             rows.push_back({{"threads", threads}, {"augment", augment}, {"samples_per_sec", sps}, {"mb_per_sec", mbs}});
