@@ -27,7 +27,7 @@ std::vector<int> parse_list(const std::string& s, const char* flag) {
     for_each_item(s, [&](const std::string& item) {
         if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos ||
             std::stoi(item) == 0)
-            throw ConfigError(std::string(flag) + ": expected a list of positive integers like 1,2,4, got '" + s + "'");
+            throw ConfigError(std::string(flag) + ": expected a list of positive integers below 1000000 like 1,2,4, got '" + s + "'");
         out.push_back(std::stoi(item));
     });
     return out;
