@@ -246,6 +246,63 @@ std::string g_how = "OpenBLAS's own pick";
 
 double blas_probe_gflops() { return results_correct() ? gflops() : -1.0; }
 
+namespace {
+
+// In a process this one re-executed with the kernel it chose (kChosenVar set): keep the choice if
+// the kernel loaded and computes correctly; otherwise go back to the kernel it started with,
+// re-executing once more (which does not return).
+void settle_chosen_kernel(char** argv, const std::string& own, const std::string& chosen) {
+    ::unsetenv(kChosenVar);  // not for the processes this one starts (they get kInheritedVar)
+    if (chosen == "rejected") {
+        g_how = "the kernel it started with: the faster one failed its check on start-up";
+        ::unsetenv(kInheritedVar);
+        return;
+    }
+    Choice c;
+    const bool parsed = parse_marker(chosen, c);
+    if (parsed && own == c.core && results_correct()) {
+        g_choice = c;
+        g_how = how_chosen(c);
+        return;
+    }
+    if (parsed && kernel_level(c.own) > 0) ::setenv("OPENBLAS_CORETYPE", c.own.c_str(), 1);  // back to where it started
+    ::unsetenv(kInheritedVar);
+    ::setenv(kChosenVar, "rejected", 1);
+    ::execv("/proc/self/exe", argv);
+}
+
+// Started by a process that chose this kernel (kInheritedVar): its choice, if OPENBLAS_CORETYPE
+// still names it.
+bool adopt_inherited_kernel(const std::string& own, const char* marker) {
+    Choice c;
+    if (parse_marker(marker, c) && own == c.core) {
+        g_choice = c;
+        g_how = how_chosen(c) + " (by the process that started this one)";
+        return true;
+    }
+    ::unsetenv(kInheritedVar);  // OPENBLAS_CORETYPE was changed since: choose afresh
+    return false;
+}
+
+// Every kernel of this CPU's classes probed in a child process; the fastest by a clear margin.
+Choice measure_kernels(const std::string& own, int level) {
+    Choice c;
+    c.own = own;
+    c.core = own;
+    c.own_gflops = c.gflops = probe(own);
+    for (const std::string& k : candidates(level)) {
+        if (k == own) continue;
+        const double g = probe(k);
+        if (g > c.gflops * 1.05) {  // a clear gain, not noise
+            c.core = k;
+            c.gflops = g;
+        }
+    }
+    return c;
+}
+
+}  // namespace
+
 void choose_blas_kernel(char** argv) {
     if (std::getenv(kProbeVar)) {  // a probe child: measure, report, leave
         const double g = blas_probe_gflops();
@@ -255,36 +312,8 @@ void choose_blas_kernel(char** argv) {
     }
     const std::string own = core_name();
     g_choice.core = own;
-    if (const char* marker = std::getenv(kChosenVar)) {  // we re-executed ourselves
-        const std::string chosen = marker;
-        ::unsetenv(kChosenVar);  // not for the processes this one starts (they get kInheritedVar)
-        if (chosen == "rejected") {
-            g_how = "the kernel it started with: the faster one failed its check on start-up";
-            ::unsetenv(kInheritedVar);
-            return;
-        }
-        Choice c;
-        const bool parsed = parse_marker(chosen, c);
-        if (parsed && own == c.core && results_correct()) {
-            g_choice = c;
-            g_how = how_chosen(c);
-            return;
-        }
-        if (parsed && kernel_level(c.own) > 0) ::setenv("OPENBLAS_CORETYPE", c.own.c_str(), 1);  // back to where it started
-        ::unsetenv(kInheritedVar);
-        ::setenv(kChosenVar, "rejected", 1);
-        ::execv("/proc/self/exe", argv);
-        return;
-    }
-    if (const char* marker = std::getenv(kInheritedVar)) {  // started by a process that chose this kernel
-        Choice c;
-        if (parse_marker(marker, c) && own == c.core) {
-            g_choice = c;
-            g_how = how_chosen(c) + " (by the process that started this one)";
-            return;
-        }
-        ::unsetenv(kInheritedVar);  // OPENBLAS_CORETYPE was changed since: choose afresh
-    }
+    if (const char* chosen = std::getenv(kChosenVar)) return settle_chosen_kernel(argv, own, chosen);
+    if (const char* marker = std::getenv(kInheritedVar); marker && adopt_inherited_kernel(own, marker)) return;
     // OPENBLAS_CORETYPE set in the environment (machine images do) is where OpenBLAS starts; a
     // faster kernel still wins unless MIRRORED_BLAS_AUTO=0 says to keep it.
     const char* env_core = std::getenv("OPENBLAS_CORETYPE");
@@ -298,17 +327,7 @@ void choose_blas_kernel(char** argv) {
     const std::string key = cache_key();
     Choice c;
     if (!read_cache(key, c)) {
-        c.own = own;
-        c.core = own;
-        c.own_gflops = c.gflops = probe(own);
-        for (const std::string& k : candidates(level)) {
-            if (k == own) continue;
-            const double g = probe(k);
-            if (g > c.gflops * 1.05) {  // a clear gain, not noise
-                c.core = k;
-                c.gflops = g;
-            }
-        }
+        c = measure_kernels(own, level);
         write_cache(key, c);
     }
     if (c.core != own && c.gflops > 0) reexec(argv, c);
