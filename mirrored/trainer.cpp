@@ -935,8 +935,8 @@ void Run::train_loop() {
         const AfterStep next = after_step(loader);
         pause_for(next, loop_start);
         if (next.stop) {
-            if (tty_) std::printf("\\n");
-            std::printf("interrupted: checkpoint written at step %lld; run again to resume\\n", static_cast<long long>(step_));
+            if (tty_) std::printf("\n");
+            std::printf("interrupted: checkpoint written at step %lld; run again to resume\n", static_cast<long long>(step_));
             exit_code_ = kExitInterrupted;
             break;
         }

@@ -490,7 +490,8 @@ TEST_CASE("SIGINT, SIGTERM and SIGHUP finish the step, write a checkpoint and ex
         const std::string out = s.out("sig" + std::to_string(sig));
         // the signals as a terminal leaves them (this test's own runner may have been started with
         // SIGHUP ignored, which the trainer would rightly keep)
-        const pid_t pid = spawn_program(cli(), {"train", cfg, "--output", out}, {}, "/dev/null", Stdout::discard, "",
+        const std::string stdout_path = out + ".stdout";
+        const pid_t pid = spawn_program(cli(), {"train", cfg, "--output", out}, {}, "/dev/null", Stdout::file, stdout_path,
                                         [](const void*) { ::signal(SIGHUP, SIG_DFL); });
         // wait until training is under way (the first metrics line), then signal
         for (int i = 0; i < 400 && !(fs::exists(out + "/metrics.jsonl") && fs::file_size(out + "/metrics.jsonl") > 0); ++i)
@@ -503,6 +504,12 @@ TEST_CASE("SIGINT, SIGTERM and SIGHUP finish the step, write a checkpoint and ex
         REQUIRE(!ckpts.empty());
         CHECK(sum["last_checkpoint_step"] == sum["steps"]);  // the checkpoint is of the last step taken
         CHECK(ckpts.front() == checkpoint_path(out + "/checkpoints", sum["steps"].get<int64_t>()));
+        std::ifstream printed(stdout_path);
+        const std::string text((std::istreambuf_iterator<char>(printed)), {});
+        const std::string said = "interrupted: checkpoint written at step " + std::to_string(sum["steps"].get<int64_t>()) +
+                                 "; run again to resume\n";  // the run's last line, whole
+        CHECK(text.size() >= said.size());
+        CHECK(text.substr(text.size() - std::min(text.size(), said.size())) == said);
     }
 }
 
