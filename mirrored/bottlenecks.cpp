@@ -1,7 +1,5 @@
 #include "mirrored/bottlenecks.h"
 
-#include <cstdio>
-
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -10,11 +8,6 @@ namespace {
 
 std::string percent(double share) { return std::to_string(int(100 * share)) + "%"; }
 
-std::string microseconds(double s) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%g us", 1e6 * s);
-    return b;
-}
 
 }  // namespace
 
@@ -35,8 +28,8 @@ std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& l) {
         const double idle = 1.0 - l.device_step_s / l.wall_step_s;
         if (idle > 0.30)
             found.push_back({"gpu-idle", percent(idle) + " of each step the GPUs wait for the host (" +
-                                             microseconds(l.device_step_s) + " of device work per " +
-                                             microseconds(l.wall_step_s) + " step): a larger per-replica batch amortises launches" +
+                                             number_str(1e6 * l.device_step_s) + " us of device work per " +
+                                             number_str(1e6 * l.wall_step_s) + " us step): a larger per-replica batch amortises launches" +
                                              (input_bound ? "; data loading is also slow" : "")});
     }
     return found;

@@ -86,12 +86,6 @@ std::string shape_str(const std::vector<int>& s) {
     return out + "]";
 }
 
-std::string number_str(double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%g", v);
-    return b;
-}
-
 std::string duration_str(double s) {
     if (!std::isfinite(s) || s < 0) return "?";
     char b[32];

@@ -19,6 +19,13 @@ inline std::string hex64(uint64_t v) {
     return b;
 }
 
+// A number for a person to read (six significant digits: %g).
+inline std::string number_str(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return b;
+}
+
 // A float or double as the text a config would hold: printf's %g where that reads back as the
 // same value (0.1, 1e-05, 0.0001), else the shortest decimal that does (0.1234567, not %g's
 // 0.123457 or a 17-digit 0.10000000000000001).
