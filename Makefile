@@ -49,22 +49,25 @@ LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.c
                      mirrored/tools/*.cpp)
 LIB_CPP := $(filter-out mirrored/main.cpp kernels/cuda_stub.cpp,$(LIB_CPP))
 TEST_CPP := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
+# The backend's own sources (beside LIB_CU / EMU_CU), set below: the CUDA stubs, or the emulator.
+BACKEND_CPP :=
+BACKEND_TEST_CPP :=
 
 ifeq ($(CUDA_EMU),1)
   # The emulated GPU (make test-cuda-emu, tests/cuda_emu/README.md): the CUDA backend's own source
   # compiled as C++ by $(CXX) against a CPU implementation of the CUDA runtime, cuBLAS and cuBLASLt
   # and NCCL (headers from $(CUDA_HOME), no CUDA library linked; without nccl.h, no nccl op).
   EMU_CU := kernels/cuda/cuda_device.cu kernels/cuda/cuda_kernels.cu kernels/cuda/fused_gemm.cu
-  LIB_CPP += tests/cuda_emu/fibers.cpp tests/cuda_emu/runtime.cpp
-  TEST_CPP += tests/cuda_emu/test_emulator.cpp
+  BACKEND_CPP += tests/cuda_emu/fibers.cpp tests/cuda_emu/runtime.cpp
+  BACKEND_TEST_CPP += tests/cuda_emu/test_emulator.cpp
   LIB_CU :=
   CUDA_LIBS :=
   EMU_NCCL := $(if $(wildcard $(CUDA_HOME)/include/nccl.h),1,0)
   ifeq ($(EMU_NCCL),1)
     EMU_CU += kernels/cuda/nccl_group.cu
-    LIB_CPP += tests/cuda_emu/nccl.cpp
+    BACKEND_CPP += tests/cuda_emu/nccl.cpp
   else
-    LIB_CPP += kernels/cuda/nccl_stub.cpp
+    BACKEND_CPP += kernels/cuda/nccl_stub.cpp
   endif
   CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1 -DMIRRORED_NCCL=$(EMU_NCCL)
 else ifneq ($(NVCC),)
@@ -85,7 +88,7 @@ else ifneq ($(NVCC),)
     NCCL_INC := $(if $(NCCL_HEADER),-isystem $(dir $(NCCL_HEADER)))
   else
     $(info mirrored: NCCL (nccl.h + libnccl) not found; building without the nccl op (the ring needs none))
-    LIB_CPP += kernels/cuda/nccl_stub.cpp
+    BACKEND_CPP += kernels/cuda/nccl_stub.cpp
     NCCL_LIBS :=
     NCCL_INC :=
   endif
@@ -97,24 +100,33 @@ else ifneq ($(NVCC),)
   CXXFLAGS_BASE += -isystem $(CUDA_HOME)/include -DMIRRORED_CUDA=1
 else
   $(info mirrored: nvcc not found under $(CUDA_HOME); building the CPU-only backend)
-  LIB_CPP += kernels/cuda_stub.cpp
+  BACKEND_CPP += kernels/cuda_stub.cpp
   LIB_CU :=
   CUDA_LIBS :=
 endif
 
 OBJ := $(BUILD)/obj
-LIB_OBJ := $(LIB_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o) $(EMU_CU:%.cu=$(OBJ)/%.emu.o)
-TEST_OBJ := $(TEST_CPP:%.cpp=$(OBJ)/%.o)
+# The host objects (all but the backend's) do not depend on the backend: nothing outside
+# kernels/cuda/ sees a CUDA header or macro. So with HOST_BUILD set (make test-cuda-emu), this
+# build links that folder's host objects as they are and compiles only the backend and the
+# emulator; its caller brings them up to date first (make host-objects).
+HOST_OBJ_DIR := $(if $(HOST_BUILD),$(HOST_BUILD)/obj,$(OBJ))
+HOST_OBJ := $(LIB_CPP:%.cpp=$(HOST_OBJ_DIR)/%.o)
+HOST_TEST_OBJ := $(TEST_CPP:%.cpp=$(HOST_OBJ_DIR)/%.o)
+MAIN_OBJ := $(HOST_OBJ_DIR)/mirrored/main.o
+LIB_OBJ := $(HOST_OBJ) $(BACKEND_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o) $(EMU_CU:%.cu=$(OBJ)/%.emu.o)
+TEST_OBJ := $(HOST_TEST_OBJ) $(BACKEND_TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all train test test-tsan test-cuda-emu test-cuda-emu-asan fuzz clean install-deps bench
+.PHONY: all host-objects train test test-tsan test-cuda-emu test-cuda-emu-asan fuzz clean install-deps bench
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
+host-objects: $(HOST_OBJ) $(HOST_TEST_OBJ) $(MAIN_OBJ)
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mirrored: $(OBJ)/mirrored/main.o $(LIB)
+$(BUILD)/mirrored: $(MAIN_OBJ) $(LIB)
 	$(CXX) -o $@ $^ $(LDFLAGS_EXTRA) $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/mirrored_tests: $(TEST_OBJ) $(LIB)
@@ -181,12 +193,13 @@ test-tsan:
 # The CUDA backend's own source on emulated GPUs (tests/cuda_emu/README.md): every test that skips
 # without a GPU runs the backend's kernels, cuBLAS, cuBLASLt and graph calls on the CPU.
 # EMU_TESTS: doctest filters, by default the GPU tests (suite "cuda") and the emulator's own
-# ("emulator"); EMU_TESTS= runs every test.
+# ("emulator"); EMU_TESTS= runs every test. The host objects are $(BUILD)'s own (HOST_BUILD).
 EMU_TESTS ?= -ts=cuda,emulator
 test-cuda-emu:
 	@test -f $(CUDA_HOME)/include/cuda_runtime.h || \
 	  { echo "test-cuda-emu: no CUDA toolkit headers under $(CUDA_HOME) (set CUDA_HOME)"; exit 2; }
-	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 WITH_MPI=0 build-emu/mirrored_tests build-emu/mirrored
+	$(MAKE) -j$(shell nproc) host-objects
+	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 HOST_BUILD=$(BUILD) build-emu/mirrored_tests build-emu/mirrored
 	build-emu/mirrored_tests $(EMU_TESTS)
 
 # The same under AddressSanitizer (build-emu-asan/): a kernel, copy or GEMM reaching past its
@@ -216,4 +229,4 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_main.cpp $(OBJ)/tests/fuzz/targets.o $(FUZZ_LIB
 clean:
 	rm -rf $(BUILD) build-tsan build-fuzz build-emu build-emu-asan
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(OBJ)/mirrored/main.d
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)
