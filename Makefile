@@ -199,8 +199,7 @@ test-cuda-emu:
 	@test -f $(CUDA_HOME)/include/cuda_runtime.h || \
 	  { echo "test-cuda-emu: no CUDA toolkit headers under $(CUDA_HOME) (set CUDA_HOME)"; exit 2; }
 	@! grep -rlE 'MIRRORED_(CUDA|NCCL)|#include <(cuda|cublas|nccl)' kernels/*.* kernels/cpu kernels/sim data mirrored \
-	  tests/*.cpp tests/*.h tests/fuzz || { echo "test-cuda-emu: the host files above see CUDA, so the host objects \
-	  of $(BUILD) cannot be linked with the emulator as they are"; exit 2; }
+	  tests/*.cpp tests/*.h tests/fuzz || { echo "test-cuda-emu: the files above see CUDA: $(BUILD)'s objects cannot be shared"; exit 2; }
 	$(MAKE) -j$(shell nproc) host-objects
 	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 HOST_BUILD=$(BUILD) build-emu/mirrored_tests build-emu/mirrored
 	build-emu/mirrored_tests $(EMU_TESTS)
