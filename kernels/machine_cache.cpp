@@ -37,25 +37,33 @@ std::optional<std::string> cache_lookup(const std::string& file, const std::stri
     return std::nullopt;
 }
 
-void cache_store(const std::string& file, const std::string& key, const std::string& value) {
+namespace {
+
+// Writes the file again without key's line, and with `value` under key when given. Atomic:
+// written aside, then renamed.
+void rewrite(const std::string& file, const std::string& key, const std::optional<std::string>& value) {
     const fs::path f = cache_path(file);
-    if (f.empty() || !storable(key) || !storable(value)) return;
+    if (f.empty() || !storable(key) || (value && !storable(*value))) return;
     std::vector<std::string> keep;
+    bool found = false;
     {
         std::ifstream in(f);
         std::string line;
         while (std::getline(in, line) && keep.size() < 1000) {
             const size_t tab = line.find('\t');
-            if (tab != std::string::npos && !(tab == key.size() && line.compare(0, tab, key) == 0)) keep.push_back(line);
+            if (tab == std::string::npos) continue;
+            if (tab == key.size() && line.compare(0, tab, key) == 0) found = true;
+            else keep.push_back(line);
         }
     }
+    if (!value && !found) return;
     std::error_code ec;
     fs::create_directories(f.parent_path(), ec);
     const fs::path tmp = f.string() + ".tmp" + std::to_string(::getpid());
     {
         std::ofstream out(tmp);
         for (const auto& line : keep) out << line << '\n';
-        out << key << '\t' << value << '\n';
+        if (value) out << key << '\t' << *value << '\n';
         if (!out) {
             fs::remove(tmp, ec);
             return;
@@ -64,5 +72,11 @@ void cache_store(const std::string& file, const std::string& key, const std::str
     fs::rename(tmp, f, ec);
     if (ec) fs::remove(tmp, ec);
 }
+
+}  // namespace
+
+void cache_store(const std::string& file, const std::string& key, const std::string& value) { rewrite(file, key, value); }
+
+void cache_erase(const std::string& file, const std::string& key) { rewrite(file, key, std::nullopt); }
 
 }  // namespace mirrored

@@ -13,5 +13,7 @@ namespace mirrored {
 std::optional<std::string> cache_lookup(const std::string& file, const std::string& key);
 // Stores (or replaces) key's value; other keys are kept. Atomic: written aside, then renamed.
 void cache_store(const std::string& file, const std::string& key, const std::string& value);
+// Removes key's entry (one found wrong), so that the next start measures again.
+void cache_erase(const std::string& file, const std::string& key);
 
 }  // namespace mirrored

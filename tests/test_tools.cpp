@@ -441,6 +441,57 @@ TEST_CASE("BLAS kernel: a process started by one that chose its kernel runs that
     CHECK(stale.find("by the process that started this one") == std::string::npos);
 }
 
+namespace {
+
+// The cached kernels of blas-kernel.txt, one per line (the value's first word).
+std::vector<std::string> cached_kernels(const std::string& file) {
+    std::ifstream in(file);
+    std::vector<std::string> kernels;
+    std::string line;
+    while (std::getline(in, line)) {
+        const size_t tab = line.find('\t');
+        if (tab != std::string::npos) kernels.push_back(line.substr(tab + 1, line.find(' ', tab) - tab - 1));
+    }
+    return kernels;
+}
+
+}  // namespace
+
+TEST_CASE("BLAS kernel: a cached choice this CPU cannot run, or one that fails on start-up, is measured again") {
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+        mark_skipped("the CPU has no AVX2: no kernel to choose");
+        return;
+    }
+    TempDir d;
+    const std::string cache = d / "cache", file = cache + "/blas-kernel.txt";
+    const std::vector<std::pair<std::string, std::string>> generic{{"OPENBLAS_CORETYPE", "Prescott"},
+                                                                   {"MIRRORED_CACHE_DIR", cache}};
+    const std::string first = devices_blas_line(d, generic);
+    CAPTURE(first);
+    const std::string core = kernel_named(first);
+    REQUIRE(cached_kernels(file) == std::vector<std::string>{core});
+    // the entry names a kernel that is not among this CPU's (a hand edit; a machine of another
+    // class once cached it under the same name): not run, measured again and replaced
+    {
+        std::ifstream in(file);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        text.replace(text.find("\t" + core + " "), core.size() + 2, "\tNoSuchKernel ");
+        std::ofstream(file) << text;
+    }
+    const std::string again = devices_blas_line(d, generic);
+    CAPTURE(again);
+    CHECK(again.find("chosen by mirrored by measurement") != std::string::npos);
+    CHECK(cached_kernels(file) == std::vector<std::string>{kernel_named(again)});
+    // a re-executed process whose chosen kernel did not load (here: OPENBLAS_CORETYPE says
+    // Prescott, the marker another) runs the one it started with, and drops the cached choice
+    auto mismatched = generic;
+    mismatched.push_back({"MIRRORED_BLAS_CHOSEN", kernel_named(again) + "|50.0|Prescott|10.0"});
+    const std::string rejected = devices_blas_line(d, mismatched);
+    CAPTURE(rejected);
+    CHECK(rejected.find("failed its check on start-up") != std::string::npos);
+    CHECK(cached_kernels(file).empty());
+}
+
 TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replaced by the fastest correct one") {
     CHECK(blas_probe_gflops() > 0);  // this process's kernel passes the reference check
     TempDir d;

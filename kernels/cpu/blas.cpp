@@ -187,14 +187,16 @@ double probe(const std::string& core) {
     return g;
 }
 
-// The machine and the library build: a choice is reused only for exactly these. Not the kernel
-// this process started on - a process started on the chosen kernel (OPENBLAS_CORETYPE inherited)
-// must find the same answer as one started on OpenBLAS's own pick, not measure again from there.
+// The machine and the library build: a choice is reused only for exactly these. The model name
+// alone is not the machine: VMs of different generations report one ("Intel(R) Xeon(R)
+// Processor") and may share a home directory, so the instruction-set class is part of it. Not
+// the kernel this process started on - a process started on the chosen kernel (OPENBLAS_CORETYPE
+// inherited) must find the same answer as one started on OpenBLAS's own pick, not measure again.
 std::string cache_key() {
     std::string config = openblas_get_config() ? openblas_get_config() : "";
     const std::string core = " " + core_name() + " ";  // the config names the loaded kernel
     if (const size_t at = config.find(core); at != std::string::npos) config.replace(at, core.size(), " ");
-    return cpu_model_name() + "|" + config;
+    return cpu_model_name() + "|class " + std::to_string(cpu_level()) + "|" + config;
 }
 
 // "core|gflops|own|own_gflops", as reexec writes it.
@@ -266,6 +268,7 @@ void settle_chosen_kernel(char** argv, const std::string& own, const std::string
         return;
     }
     if (parsed && kernel_level(c.own) > 0) ::setenv("OPENBLAS_CORETYPE", c.own.c_str(), 1);  // back to where it started
+    cache_erase("blas-kernel.txt", cache_key());  // if the choice came from there, the next start measures again
     ::unsetenv(kInheritedVar);
     ::setenv(kChosenVar, "rejected", 1);
     ::execv("/proc/self/exe", argv);
@@ -326,7 +329,11 @@ void choose_blas_kernel(char** argv) {
     if (kernel_level(own) >= level) return;  // already the best class of kernel for this CPU
     const std::string key = cache_key();
     Choice c;
-    if (!read_cache(key, c)) {
+    const auto runnable = [&](const std::string& core) {  // a cache edited, or written by another CPU
+        const auto all = candidates(level);
+        return core == own || std::find(all.begin(), all.end(), core) != all.end();
+    };
+    if (!read_cache(key, c) || !runnable(c.core)) {
         c = measure_kernels(own, level);
         write_cache(key, c);
     }
