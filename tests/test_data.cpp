@@ -15,6 +15,7 @@
 #include <set>
 
 #include "data/datasets.h"
+#include "data/io.h"
 #include "data/loader.h"
 #include "kernels/error.h"
 #include "tests/cli.h"
@@ -183,6 +184,51 @@ TEST_CASE("data files: FIFOs, devices and directories are refused without blocki
     for (unsigned char c : std::string("trailing garbage")) garbage.push_back(c);
     write_bytes(d / "garbage.gz", garbage);
     CHECK_THROWS_WITH_AS(read_idx(d / "garbage.gz", d / "lab"), doctest::Contains("16 unexpected bytes after the compressed data"), DataError);
+}
+
+TEST_CASE("InputFile::read_rest: a raw file over the bound is refused before a byte is read; gzip is bounded as it inflates") {
+    TempDir d;
+    const std::string big = d / "big.csv";
+    { std::ofstream(big) << "x,y\n"; }
+    fs::resize_file(big, uint64_t(3) << 30);  // sparse: 3 GiB on disk costs nothing
+    {
+        InputFile in(big);
+        std::vector<unsigned char> out;
+        const auto t0 = std::chrono::steady_clock::now();
+        CHECK_THROWS_WITH_AS(in.read_rest(out, size_t(1) << 20, "the CSV file"),
+                             doctest::Contains("big.csv: the CSV file is 3.0 GiB, more than the 1.0 MiB it may take"),
+                             InputError);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));  // nothing was read
+        CHECK(out.capacity() < (size_t(1) << 20));
+    }
+    // within the bound: all of it, in its exact size (what at_end had peeked included)
+    std::vector<unsigned char> bytes(100000);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 7);
+    write_bytes(d / "raw", bytes);
+    for (const size_t head : {size_t(0), size_t(3)}) {
+        InputFile in(d / "raw");
+        std::vector<unsigned char> out;
+        if (head) in.read_exact(out, head, "the head");
+        CHECK(!in.at_end());
+        in.read_rest(out, bytes.size(), "the rest");
+        CHECK(out == bytes);
+        CHECK(out.capacity() == bytes.size());  // reserved once, never grown past it
+    }
+    {
+        InputFile in(d / "raw");
+        std::vector<unsigned char> out;
+        CHECK_THROWS_WITH_AS(in.read_rest(out, bytes.size() - 1, "the rest"), doctest::Contains("is 97.7 KiB, more than"),
+                             InputError);
+    }
+    // compressed: the size is known only by inflating, and the bound stops it there
+    write_gz(d / "raw.gz", bytes);
+    InputFile gz(d / "raw.gz");
+    std::vector<unsigned char> out;
+    CHECK_THROWS_WITH_AS(gz.read_rest(out, 1000, "the rest"), doctest::Contains("is larger than 1000 bytes"), InputError);
+    InputFile whole(d / "raw.gz");
+    out.clear();
+    whole.read_rest(out, bytes.size(), "the rest");
+    CHECK(out == bytes);
 }
 
 TEST_CASE("data: a test label outside the training labels' classes is a data error naming the labels file and record") {
