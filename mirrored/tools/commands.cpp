@@ -99,13 +99,25 @@ std::vector<std::string> split_semicolons(const std::string& s) {
 }  // namespace
 
 ToolCommands::ToolCommands(CLI::App& app) {
+    add_bench_loader(app);
+    add_bench_allreduce(app);
+    add_bench_step(app);
+    add_bench_gemm(app);
+    add_bench_conv_layout(app);
+    add_scale(app);
+    add_plan(app);
+}
+
+void ToolCommands::add_bench_loader(CLI::App& app) {
     bl_ = app.add_subcommand("bench-loader", "samples/s of the input pipeline alone");
     bl_->add_option("--config", lb_.config, "use this config's data section (default: Fashion-MNIST)");
     bl_->add_option("--threads", lb_threads_, "loader thread counts to measure, e.g. 1,2,4");
     bl_->add_option("--batch", lb_.batch, "global batch size")->check(CLI::Range(1, 1 << 24));
     bl_->add_option("--seconds", lb_.seconds, "seconds per measurement")->check(CLI::Range(0.01, 3600.0));
     bl_->add_option("--json", lb_.json_path, "also write the results here");
+}
 
+void ToolCommands::add_bench_allreduce(CLI::App& app) {
     ba_ = app.add_subcommand("bench-allreduce", "time, algbw and busbw of the all-reduce per size");
     ba_->add_option("--devices", ab_.devices, "replicas: auto, cuda:0,1, cuda:0,0,0,0, cpu:4");
     ba_->add_option("--op", ab_.op, "ring, direct, nccl or reduce_to_one");
@@ -117,7 +129,9 @@ ToolCommands::ToolCommands(CLI::App& app) {
     ba_->add_option("--duration", duration_, "stress test: all-reduce over the sizes for this long (60s, 5m), "
                     "verifying every result; a wrong sum exits 5 naming the replica pair");
     ba_->add_option("--json", ab_.json_path, "also write the table here");
+}
 
+void ToolCommands::add_bench_step(CLI::App& app) {
     bs_ = app.add_subcommand("bench-step", "training throughput for 1..N replicas: the scaling test");
     bs_->add_option("config", sb_.config, "YAML config (default configs/synthetic_mlp.yaml)");
     bs_->add_option("--set", sb_.sets, "override a key (repeatable)");
@@ -130,7 +144,9 @@ ToolCommands::ToolCommands(CLI::App& app) {
                     "uncaptured, each waited for): where a step's time goes")
         ->check(CLI::Range(0, 100000));
     bs_->add_option("--json", sb_.json_path, "also write the results here");
+}
 
+void ToolCommands::add_bench_gemm(CLI::App& app) {
     bg_ = app.add_subcommand("bench-gemm", "GEMM GFLOP/s of one device: the ceiling a step is measured against");
     bg_->add_option("--device", gb_.device, "cpu (one BLAS thread) or cuda:N");
     bg_->add_option("--sizes", gb_sizes_, "square sizes, e.g. 128,1024");
@@ -139,12 +155,16 @@ ToolCommands::ToolCommands(CLI::App& app) {
     bg_->add_option("--precision", gb_precision_, "fp32, tf32, bf16 or fp16 inputs (f32 accumulation and output)")
         ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
     bg_->add_option("--json", gb_.json_path, "also write the results here");
+}
 
+void ToolCommands::add_bench_conv_layout(CLI::App& app) {
     bc_ = app.add_subcommand("bench-conv-layout", "a convolution's forward + backward with NHWC vs NCHW activations (CPU)");
     bc_->add_option("--batch", cl_.batch, "images per replica")->check(CLI::Range(1, 4096));
     bc_->add_option("--reps", cl_.reps, "timed repetitions (the median is reported)")->check(CLI::Range(1, 1000));
     bc_->add_option("--json", cl_.json_path, "also write the results here");
+}
 
+void ToolCommands::add_scale(CLI::App& app) {
     sc_cmd_ = app.add_subcommand("scale", "the scaling test: the same step at 1, 2, 4, 8 replicas; speedup, efficiency, "
                                           "where the time goes; scaling.json and scaling.png");
     sc_cmd_->add_option("config", sc_.config, "YAML config")->required();
@@ -158,7 +178,9 @@ ToolCommands::ToolCommands(CLI::App& app) {
     sc_cmd_->add_option("--steps", sc_.steps, "timed steps per point")->check(CLI::Range(1, 1000000));
     sc_cmd_->add_option("--warmup", sc_.warmup, "untimed steps first")->check(CLI::Range(0, 1000000));
     sc_cmd_->add_option("--out", sc_.out_dir, "folder for scaling.json and scaling.png (default <run.output_dir>/scaling)");
+}
 
+void ToolCommands::add_plan(CLI::App& app) {
     pl_cmd_ = app.add_subcommand("plan", "capacity planner: memory, step time and speedup on GPUs not at hand");
     pl_cmd_->add_option("config", pl_.config, "YAML config")->required();
     pl_cmd_->add_option("--set", pl_.sets, "override a key (repeatable)");

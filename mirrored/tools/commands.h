@@ -18,6 +18,15 @@ public:
     int run();
 
 private:
+    // one per command: its options, bound to the members below
+    void add_bench_loader(CLI::App& app);
+    void add_bench_allreduce(CLI::App& app);
+    void add_bench_step(CLI::App& app);
+    void add_bench_gemm(CLI::App& app);
+    void add_bench_conv_layout(CLI::App& app);
+    void add_scale(CLI::App& app);
+    void add_plan(CLI::App& app);
+
     LoaderBenchOptions lb_;
     AllReduceBenchOptions ab_;
     StepBenchOptions sb_;
