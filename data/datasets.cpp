@@ -42,35 +42,36 @@ void check_synthetic_size(const DataConfig& c) {
                                                     ", " + format_bytes(avail) + " are available");
 }
 
-}  // namespace
+// `f` resolved against the data root; a missing file is named with where the root came from.
+std::string existing_data_path(const DataConfig& c, const std::string& base_dir, const std::string& f) {
+    const std::string p = resolve_data_path(c, base_dir, f);
+    if (!std::filesystem::exists(p)) {
+        const std::string root = effective_data_root(c, base_dir);
+        throw DataError(p + ": no such file (data root " + root + ", from " +
+                        (std::getenv("MIRRORED_DATA_DIR") ? "MIRRORED_DATA_DIR" : "data.root") + ")" +
+                        (c.dataset == "idx" && root == "/usr/share/datasets/fashion-mnist"
+                             ? "; the package dataset-fashion-mnist installs these files (scripts/install_deps.sh)"
+                             : ""));
+    }
+    return p;
+}
 
-Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_t seed) {
-    Datasets out;
-    auto path = [&](const std::string& f) {
-        const std::string p = resolve_data_path(c, base_dir, f);
-        if (!std::filesystem::exists(p)) {
-            const std::string root = effective_data_root(c, base_dir);
-            throw DataError(p + ": no such file (data root " + root + ", from " +
-                            (std::getenv("MIRRORED_DATA_DIR") ? "MIRRORED_DATA_DIR" : "data.root") + ")" +
-                            (c.dataset == "idx" && root == "/usr/share/datasets/fashion-mnist"
-                                 ? "; the package dataset-fashion-mnist installs these files (scripts/install_deps.sh)"
-                                 : ""));
-        }
-        return p;
-    };
+// The training and test splits as data.dataset names them, not yet normalised.
+Datasets read_splits(const DataConfig& c, const std::string& base_dir, uint64_t seed) {
+    auto path = [&](const std::string& f) { return existing_data_path(c, base_dir, f); };
     auto paths = [&](const std::vector<std::string>& fs) {
         std::vector<std::string> v;
         for (const auto& f : fs) v.push_back(path(f));
         return v;
     };
+    Datasets out;
     if (c.dataset == "idx") {
         // resolved in order, so the first missing file is the one named
         const std::string ti = path(c.train.images), tl = path(c.train.labels);
         const std::string vi = path(c.test.images), vl = path(c.test.labels);
         out.train = read_idx(ti, tl);
         out.test = read_idx(vi, vl);
-        if (out.test.shape != out.train.shape)
-            throw DataError(path(c.test.images) + ": image size differs from the training images");
+        if (out.test.shape != out.train.shape) throw DataError(vi + ": image size differs from the training images");
     } else if (c.dataset == "cifar10") {
         out.train = read_cifar10(paths(c.train.files));
         out.test = read_cifar10(paths(c.test.files));
@@ -94,13 +95,24 @@ Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_
     } else {
         throw ConfigError("data.dataset", "unknown dataset '" + c.dataset + "' (known: idx, cifar10, csv, synthetic)");
     }
-    if (out.test.classes > out.train.classes) {  // a test label the training data never has
-        size_t i = 0;
-        while (out.test.labels[i] < out.train.classes) ++i;
-        throw DataError(out.test.labels_source + ": label " + std::to_string(out.test.labels[i]) + " of record " +
-                        std::to_string(i) + " is not among the classes of the training labels [0, " +
-                        std::to_string(out.train.classes) + ") in " + out.train.labels_source);
-    }
+    return out;
+}
+
+// A test label the training data never has is an error naming the record.
+void check_test_classes(const Datasets& d) {
+    if (d.test.classes <= d.train.classes) return;
+    size_t i = 0;
+    while (d.test.labels[i] < d.train.classes) ++i;
+    throw DataError(d.test.labels_source + ": label " + std::to_string(d.test.labels[i]) + " of record " +
+                    std::to_string(i) + " is not among the classes of the training labels [0, " +
+                    std::to_string(d.train.classes) + ") in " + d.train.labels_source);
+}
+
+}  // namespace
+
+Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_t seed) {
+    Datasets out = read_splits(c, base_dir, seed);
+    check_test_classes(out);
     out.test.classes = out.train.classes;
     if (c.normalize != DataConfig::Normalize::none) {
         out.normalization = c.normalize == DataConfig::Normalize::given ? c.normalization
