@@ -1034,10 +1034,19 @@ void write_npy(const std::string& path, const std::vector<size_t>& shape, const 
 }  // namespace
 
 EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint, const EvalDump& dump) {
+    // a GPU that stops answering ends the evaluation as it ends a training run (exit 5), not in a
+    // process that waits forever
+    const auto watchdog = config.strategy.step_timeout_s > 0
+        ? std::make_unique<Watchdog>(config.strategy.step_timeout_s, "start-up (loading data, building the replicas)",
+                                     "the evaluation wrote nothing: run it again")
+        : nullptr;
     auto s = make_session(config, nullptr, false);
     const CheckpointData d = read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));
+    if (watchdog) watchdog->phase("loading the checkpoint onto the replicas", 0);
     s->strategy->upload_state(d.params, d.optimizer);
+    if (watchdog) watchdog->phase("the evaluation", 0);
     const Metrics m = s->strategy->evaluate(*s->test_loader);
+    if (watchdog) watchdog->phase("writing --dump-inputs / --dump-logits", 0);
     if (!dump.inputs.empty() || !dump.logits.empty()) {
         const Dataset& test = s->data->test;
         const size_t n = dump.limit ? std::min(dump.limit, test.count()) : test.count();

@@ -21,8 +21,8 @@ int64_t now_ns() {
 
 }  // namespace
 
-Watchdog::Watchdog(double timeout_s, const char* phase)
-    : timeout_s_(timeout_s), last_tick_ns_(now_ns()), phase_(phase),
+Watchdog::Watchdog(double timeout_s, const char* phase, const char* on_hang)
+    : timeout_s_(timeout_s), last_tick_ns_(now_ns()), phase_(phase), on_hang_(on_hang),
       thread_(start_thread("the watchdog thread (strategy.step_timeout_s)", [this] { watch(); })) {}
 
 Watchdog::~Watchdog() {
@@ -55,7 +55,8 @@ void Watchdog::watch() {
         if (idle < timeout_s_) continue;
         const long long step = step_.load(), ckpt = checkpoint_step_.load();
         char resume[160];
-        if (ckpt >= 0) std::snprintf(resume, sizeof resume, "the last checkpoint is at step %lld: run again to resume from it", ckpt);
+        if (on_hang_) std::snprintf(resume, sizeof resume, "%s", on_hang_);
+        else if (ckpt >= 0) std::snprintf(resume, sizeof resume, "the last checkpoint is at step %lld: run again to resume from it", ckpt);
         else std::snprintf(resume, sizeof resume, "no checkpoint was written yet in this run: run again (it resumes "
                            "from an earlier run's newest checkpoint, if there is one)");
         // One write(2), no stdio lock (a stuck thread might hold one); the host threads are stuck,

@@ -16,8 +16,10 @@ namespace mirrored {
 
 class Watchdog {
 public:
-    // phase: what is running, named in the message ("start-up (...)"); a string literal
-    Watchdog(double timeout_s, const char* phase);
+    // phase: what is running, named in the message ("start-up (...)"); a string literal. on_hang:
+    // what the message advises instead of resuming from the last checkpoint (a command that
+    // writes none, such as eval); a string literal, or null.
+    Watchdog(double timeout_s, const char* phase, const char* on_hang = nullptr);
     ~Watchdog();
     Watchdog(const Watchdog&) = delete;
     Watchdog& operator=(const Watchdog&) = delete;
@@ -32,6 +34,7 @@ private:
     const double timeout_s_;
     std::atomic<int64_t> last_tick_ns_, step_{0}, checkpoint_step_{-1};
     std::atomic<const char*> phase_;
+    const char* const on_hang_;
     std::mutex mu_;
     std::condition_variable cv_;
     bool stopping_ = false;

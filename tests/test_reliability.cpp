@@ -297,6 +297,14 @@ TEST_CASE("a hung GPU: the watchdog ends the run with exit 5 within strategy.ste
     CHECK(run_cli({"train", cfg, "--output", out}) == kExitOk);
     CHECK(read_json(out + "/summary.json")["resumed_from_step"] == checkpoint_step(ckpts.front()));
     expect_same_run(ref, out);
+    // eval is watched too: before, a GPU hanging during it left a process that never ended
+    const std::string ckpt = list_checkpoints(ref + "/checkpoints").front();
+    std::string eval_err;
+    CHECK(run_cli({"eval", cfg, "--checkpoint", ckpt, "--set", "strategy.step_timeout_s=3"}, {{"MIRRORED_SIM_HANG", "1:12"}},
+                  30.0, &eval_err) == kExitDevice);
+    CHECK(eval_err.find("no progress for 3 s in the evaluation (strategy.step_timeout_s)") != std::string::npos);
+    CHECK(eval_err.find("the evaluation wrote nothing: run it again") != std::string::npos);
+    CHECK(run_cli({"eval", cfg, "--checkpoint", ckpt}) == kExitOk);
 }
 
 TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {
