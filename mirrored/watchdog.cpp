@@ -21,8 +21,8 @@ int64_t now_ns() {
 
 }  // namespace
 
-Watchdog::Watchdog(double timeout_s, const char* phase, const char* on_hang)
-    : timeout_s_(timeout_s), last_tick_ns_(now_ns()), phase_(phase), on_hang_(on_hang),
+Watchdog::Watchdog(double timeout_s, const char* phase, const char* on_hang, const char* setting)
+    : timeout_s_(timeout_s), last_tick_ns_(now_ns()), phase_(phase), on_hang_(on_hang), setting_(setting),
       thread_(start_thread("the watchdog thread (strategy.step_timeout_s)", [this] { watch(); })) {}
 
 Watchdog::~Watchdog() {
@@ -66,10 +66,10 @@ void Watchdog::watch() {
         char text[640];
         const int n = std::snprintf(text, sizeof text,
                                     "\nerror: no progress for %.0f s in %s%s "
-                                    "(strategy.step_timeout_s): a GPU, a copy between GPUs or the input pipeline stopped "
+                                    "(%s): a GPU, a copy between GPUs or the input pipeline stopped "
                                     "answering (a hung kernel, a failing link, NCCL waiting for a GPU that does not "
                                     "answer); stopping rather than hanging; %s\n",
-                                    idle, phase_.load(), after, resume);
+                                    idle, phase_.load(), after, setting_, resume);
         if (n > 0) (void)!::write(2, text, std::min(size_t(n), sizeof text - 1));
         ::_exit(kExitDevice);
     }

@@ -18,8 +18,9 @@ class Watchdog {
 public:
     // phase: what is running, named in the message ("start-up (...)"); a string literal. on_hang:
     // what the message advises instead of resuming from the last checkpoint (a command that
-    // writes none, such as eval); a string literal, or null.
-    Watchdog(double timeout_s, const char* phase, const char* on_hang = nullptr);
+    // writes none, such as eval); a string literal, or null. setting: where the timeout is set.
+    Watchdog(double timeout_s, const char* phase, const char* on_hang = nullptr,
+             const char* setting = "strategy.step_timeout_s");
     ~Watchdog();
     Watchdog(const Watchdog&) = delete;
     Watchdog& operator=(const Watchdog&) = delete;
@@ -35,6 +36,7 @@ private:
     std::atomic<int64_t> last_tick_ns_, step_{0}, checkpoint_step_{-1};
     std::atomic<const char*> phase_;
     const char* const on_hang_;
+    const char* const setting_;
     std::mutex mu_;
     std::condition_variable cv_;
     bool stopping_ = false;

@@ -3,6 +3,7 @@
 // links' stress test (bench-allreduce --duration) including a corrupting link.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -385,6 +386,18 @@ TEST_CASE("stress test: every result verified; a corrupting link fails with exit
     // the plain table verifies too
     CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1", "--max-bytes", "64K"}, {{"MIRRORED_SIM_CORRUPT", "0:1"}}, -1,
                   &err) == kExitDevice);
+    // a link that stops answering (simulated GPU 1's 200th launch never finishes): exit 5 within
+    // --timeout, in the stress test and in the table, not a process that waits forever
+    for (const bool stress : {true, false}) {
+        std::vector<std::string> args{"bench-allreduce", "--devices", "sim:0,1", "--max-bytes", "64K", "--timeout", "2s"};
+        if (stress) args.insert(args.end(), {"--duration", "60s"});
+        const auto t0 = std::chrono::steady_clock::now();
+        CHECK(run_cli(args, {{"MIRRORED_SIM_HANG", "1:200"}}, -1, &err) == kExitDevice);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+        CHECK(err.find(stress ? "no progress for 2 s in the stress test (--timeout)" : "no progress for 2 s in the all-reduce "
+                       "table (--timeout)") != std::string::npos);
+        CHECK(err.find("check the links") != std::string::npos);
+    }
 }
 
 namespace {

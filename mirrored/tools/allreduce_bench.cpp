@@ -13,6 +13,7 @@
 #include "kernels/cpu/blas.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"
+#include "mirrored/watchdog.h"
 
 namespace mirrored {
 
@@ -140,7 +141,7 @@ std::string describe_wrong(AllReduceRig& rig, const std::vector<int>& bad, int p
            ") to replica " + std::to_string(culprit);
 }
 
-int table(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes) {
+int table(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes, Watchdog& watchdog) {
     const int n = rig.replicas();
     const double barrier_us = barrier_latency_us(*rig.threads);
     std::printf("replica barrier: %.2f us per crossing (%d threads, %s)\n\n", barrier_us, n,
@@ -151,7 +152,9 @@ int table(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<s
     Verifier verify(rig);
     json rows = json::array();
     bool all_ok = true;
+    watchdog.phase("the all-reduce table", 0);
     for (size_t bytes : sizes) {
+        watchdog.tick(0);  // each size has the whole timeout
         const size_t count = std::max<size_t>(bytes / sizeof(float), 1);
         patterns.load(rig, 0, count);
         rig.run(count, 1);
@@ -193,7 +196,8 @@ struct StressSamples {
 
 // All-reduces of each size in turn, with alternating patterns, until the duration is up; each
 // result verified (a wrong one throws, naming the replicas); a progress line per window.
-StressSamples stress_loop(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes) {
+StressSamples stress_loop(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes,
+                          Watchdog& watchdog) {
     const int n = rig.replicas();
     Patterns patterns(rig, sizes.back() / sizeof(float));
     Verifier verify(rig);
@@ -230,6 +234,7 @@ StressSamples stress_loop(const AllReduceBenchOptions& o, AllReduceRig& rig, con
                               describe_wrong(rig, bad, p, count));
         }
         ++s.verified;
+        watchdog.tick(0);
         const double busbw = 2.0 * (n - 1) / n * double(sizes[k]) / t;
         s.all[k].push_back(busbw);
         s.windows[k][size_t(w)].push_back(busbw);
@@ -237,11 +242,12 @@ StressSamples stress_loop(const AllReduceBenchOptions& o, AllReduceRig& rig, con
     return s;
 }
 
-int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes) {
+int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes, Watchdog& watchdog) {
     if (rig.replicas() < 2) throw ConfigError("--duration: the stress test needs at least 2 replicas (--devices)");
     std::printf("stress test for %.0f s over %zu size(s), %s to %s; every result verified\n\n", o.duration_s, sizes.size(),
                 human_bytes(sizes.front()).c_str(), human_bytes(sizes.back()).c_str());
-    const StressSamples s = stress_loop(o, rig, sizes);
+    watchdog.phase("the stress test", 0);
+    const StressSamples s = stress_loop(o, rig, sizes, watchdog);
     std::printf("\n%10s %8s %12s %12s %12s %12s %12s\n", "bytes", "count", "min GB/s", "median GB/s", "max GB/s",
                 "first 10%", "last 10%");
     json rows = json::array();
@@ -279,10 +285,13 @@ int bench_allreduce(const AllReduceBenchOptions& o) {
     const DType wire = wire_of(o.dtype);
     const PeerTransport transport = transport_of(o.transport);
     const std::vector<size_t> sizes = sizes_of(o);
+    // a link that stops answering is what the stress test is for: a verdict, not a process that waits forever
+    Watchdog watchdog(o.timeout_s, "start-up (the devices, peer access, the cross-device op)",
+                      "nothing was written; check the links (nvidia-smi topo -m, nvidia-smi nvlink -s)", "--timeout");
     AllReduceRig rig(o.devices, o.op, wire, sizes.back() / sizeof(float));
     set_peer_transport(transport);
     print_header(o, rig, wire);
-    return o.duration_s > 0 ? stress(o, rig, sizes) : table(o, rig, sizes);
+    return o.duration_s > 0 ? stress(o, rig, sizes, watchdog) : table(o, rig, sizes, watchdog);
 }
 
 }  // namespace mirrored

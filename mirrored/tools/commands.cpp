@@ -128,6 +128,8 @@ void ToolCommands::add_bench_allreduce(CLI::App& app) {
     ba_->add_option("--dtype", ab_.dtype, "gradients on the wire: fp32 or bf16 (half the bytes, sums in f32)");
     ba_->add_option("--duration", duration_, "stress test: all-reduce over the sizes for this long (60s, 5m), "
                     "verifying every result; a wrong sum exits 5 naming the replica pair");
+    ba_->add_option("--timeout", timeout_, "a hang detector: when no all-reduce finishes for this long (a hung "
+                    "kernel, a failing link, NCCL waiting), the command stops with exit 5 (default 120s)");
     ba_->add_option("--json", ab_.json_path, "also write the table here");
 }
 
@@ -215,6 +217,7 @@ int ToolCommands::run() {
         ab_.min_bytes = parse_bytes(min_bytes_, "--min-bytes");
         ab_.max_bytes = parse_bytes(max_bytes_, "--max-bytes");
         if (ba_->count("--duration")) ab_.duration_s = parse_duration(duration_, "--duration");
+        ab_.timeout_s = parse_duration(timeout_, "--timeout");
         return bench_allreduce(ab_);
     }
     if (bg_->parsed()) {

@@ -39,6 +39,7 @@ struct AllReduceBenchOptions {
     std::string transport = "auto";  // CUDA peer reads: auto, direct (peer loads), staged (copy + add)
     std::string dtype = "fp32";      // the wire type: fp32 or bf16 (sizes stay f32 gradient bytes)
     double duration_s = 0;           // > 0: the stress test - cycle through the sizes this long
+    double timeout_s = 120;          // a hang detector: no all-reduce finishing for this long is exit 5
     std::string json_path;
 };
 int bench_allreduce(const AllReduceBenchOptions& o);
