@@ -259,7 +259,7 @@ TEST_CASE("a resume on another BLAS kernel says how to resume on the checkpoint'
     expect_same_run(ref, out);
 }
 
-TEST_CASE("a hung GPU: the watchdog ends the run with exit 5 within strategy.step_timeout_s, and the rerun resumes exactly") {
+TEST_CASE("a hung GPU: the watchdog ends train (the rerun resumes exactly), eval, bench-step and scale with exit 5 within strategy.step_timeout_s") {
     TempDir d;
     std::string text = kRun;
     text.replace(text.find("cpu:2"), 5, "sim:0,1");
@@ -305,6 +305,17 @@ TEST_CASE("a hung GPU: the watchdog ends the run with exit 5 within strategy.ste
     CHECK(eval_err.find("no progress for 3 s in the evaluation (strategy.step_timeout_s)") != std::string::npos);
     CHECK(eval_err.find("the evaluation wrote nothing: run it again") != std::string::npos);
     CHECK(run_cli({"eval", cfg, "--checkpoint", ckpt}) == kExitOk);
+    // and so are the commands that run steps to measure them
+    std::string bench_err, scale_err;
+    CHECK(run_cli({"bench-step", cfg, "--devices", "sim:0,1", "--steps", "50", "--set", "strategy.step_timeout_s=3"},
+                  {{"MIRRORED_SIM_HANG", "1:60"}}, -1, &bench_err) == kExitDevice);
+    CHECK(bench_err.find("no progress for 3 s in the steps (strategy.step_timeout_s)") != std::string::npos);
+    CHECK(bench_err.find("nothing was written: run it again") != std::string::npos);
+    CHECK(run_cli({"scale", cfg, "--kind", "sim", "--replicas", "2", "--steps", "20", "--out", d / "scaling", "--set",
+                   "strategy.step_timeout_s=3"},
+                  {{"MIRRORED_SIM_HANG", "0:100"}}, -1, &scale_err) == kExitDevice);
+    CHECK(scale_err.find("no progress for 3 s in the steps (strategy.step_timeout_s)") != std::string::npos);
+    CHECK(!fs::exists(d / "scaling/scaling.json"));
 }
 
 TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {

@@ -27,6 +27,7 @@
 #include "mirrored/step_profile.h"
 #include "mirrored/strategy.h"
 #include "mirrored/trainer.h"
+#include "mirrored/watchdog.h"
 
 namespace mirrored {
 
@@ -273,14 +274,20 @@ struct StepMeasurement {
 };
 
 // o.warmup steps, then o.steps timed (the last one sampled for the time split), then the layer profile.
-StepMeasurement measure_steps(const Config& cfg, const std::shared_ptr<const Datasets>& data, const StepBenchOptions& o) {
+StepMeasurement measure_steps(const Config& cfg, const std::shared_ptr<const Datasets>& data, const StepBenchOptions& o,
+                              Watchdog* watchdog) {
+    if (watchdog) watchdog->phase("start-up (building the replicas)", 0);
     auto s = make_session(cfg, data, true);
     MirroredStrategy& st = *s->strategy;
     Loader& loader = *s->train_loader;
     st.init_and_broadcast();
     loader.start({});
     const float lr = float(cfg.optimizer.lr);
-    for (int i = 0; i < o.warmup; ++i) st.train_step(st.next_batch(loader), i, lr, cfg.run.seed, false);
+    if (watchdog) watchdog->phase("the steps", 0);
+    for (int i = 0; i < o.warmup; ++i) {
+        st.train_step(st.next_batch(loader), i, lr, cfg.run.seed, false);
+        if (watchdog) watchdog->tick(0);
+    }
     st.synchronize();
     StepMeasurement m;
     st.collect_timing(m.split, 0);  // drop warm-up host timings
@@ -288,14 +295,17 @@ StepMeasurement measure_steps(const Config& cfg, const std::shared_ptr<const Dat
     const double wait0 = loader.wait_seconds();
     const HostWork work0 = st.host_work().all;
     const double start = now_s();
-    for (int i = 0; i < o.steps; ++i)
+    for (int i = 0; i < o.steps; ++i) {
         st.train_step(st.next_batch(loader), o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
+        if (watchdog) watchdog->tick(0);
+    }
     st.synchronize();
     const double elapsed = now_s() - start;
     m.replicas = st.replicas();
     m.host_calls = double((st.host_work().all - work0).total()) / double(o.steps * m.replicas);  // a captured step's replays: a few
     st.collect_timing(m.split, o.steps);
     m.split.data_wait_s = loader.wait_seconds() - wait0;
+    if (watchdog) watchdog->phase("the layer profile", 0);
     if (o.layer_steps > 0) m.profile = profile_layers(*s, o.layer_steps, o.warmup + o.steps);
     loader.stop();
     m.samples_per_s = double(o.steps) * cfg.train.global_batch_size / elapsed;
@@ -311,6 +321,7 @@ int bench_step(const StepBenchOptions& o) {
     const Config base = load_config(o.config, o.sets);
     const std::vector<std::string> lists = o.devices.empty() ? default_device_lists() : o.devices;
     const double t0 = now_s();
+    const auto watchdog = steps_watchdog(base.strategy.step_timeout_s);
     auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
     std::printf("config %s: %s, global batch %d; data ready in %.1fs\n\n", o.config.c_str(),
                 model_config_summary(base).c_str(), base.train.global_batch_size, now_s() - t0);
@@ -324,7 +335,7 @@ int bench_step(const StepBenchOptions& o) {
         cfg.strategy.devices = spec;
         if (o.per_replica_batch > 0)
             cfg.train.global_batch_size = o.per_replica_batch * int(parse_devices(spec).ordinals.size());
-        const StepMeasurement m = measure_steps(cfg, data, o);
+        const StepMeasurement m = measure_steps(cfg, data, o, watchdog.get());
         const int n = m.replicas;
         if (base_n == 0) {
             base_sps = m.samples_per_s;

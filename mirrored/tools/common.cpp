@@ -23,6 +23,7 @@
 #include "mirrored/replica_threads.h"
 #include "mirrored/strategy.h"
 #include "mirrored/trainer.h"
+#include "mirrored/watchdog.h"
 
 namespace mirrored {
 
@@ -32,6 +33,12 @@ void write_json(const std::string& path, const json& j) {
     if (path.empty()) return;
     write_file_atomic(path, j.dump(2) + "\n");
     std::printf("wrote %s\n", path.c_str());
+}
+
+std::unique_ptr<Watchdog> steps_watchdog(double timeout_s) {
+    if (timeout_s <= 0) return nullptr;
+    return std::make_unique<Watchdog>(timeout_s, "start-up (loading data, building the replicas)",
+                                      "nothing was written: run it again");
 }
 
 std::string human_bytes(size_t b) {

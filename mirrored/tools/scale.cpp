@@ -23,6 +23,7 @@
 #include "mirrored/tools/tools.h"
 #include "mirrored/trainer.h"
 #include "mirrored/util.h"
+#include "mirrored/watchdog.h"
 
 namespace mirrored {
 
@@ -130,7 +131,8 @@ double median(std::vector<double> v) {
 }
 
 // Warm-up, then `steps` in groups of five, each group timed to a device synchronisation.
-Row measure(const Config& cfg, std::shared_ptr<const Datasets> data, int steps, int warmup) {
+Row measure(const Config& cfg, std::shared_ptr<const Datasets> data, int steps, int warmup, Watchdog* watchdog) {
+    if (watchdog) watchdog->phase("start-up (building the replicas)", 0);
     auto s = make_session(cfg, std::move(data), true);
     MirroredStrategy& st = *s->strategy;
     Loader& loader = *s->train_loader;
@@ -138,7 +140,11 @@ Row measure(const Config& cfg, std::shared_ptr<const Datasets> data, int steps, 
     loader.start({});
     const float lr = float(cfg.optimizer.lr);
     int64_t step = 0;
-    for (int i = 0; i < warmup; ++i) st.train_step(st.next_batch(loader), step++, lr, cfg.run.seed, false);
+    if (watchdog) watchdog->phase("the steps", 0);
+    for (int i = 0; i < warmup; ++i) {
+        st.train_step(st.next_batch(loader), step++, lr, cfg.run.seed, false);
+        if (watchdog) watchdog->tick(0);
+    }
     st.synchronize();
     TimeSplit split;
     st.collect_timing(split, 0);
@@ -149,7 +155,10 @@ Row measure(const Config& cfg, std::shared_ptr<const Datasets> data, int steps, 
     for (int done = 0; done < steps; done += kGroup) {
         const int k = std::min(kGroup, steps - done);
         const double t0 = now_s();
-        for (int i = 0; i < k; ++i) st.train_step(st.next_batch(loader), step++, lr, cfg.run.seed, i == k - 1);
+        for (int i = 0; i < k; ++i) {
+            st.train_step(st.next_batch(loader), step++, lr, cfg.run.seed, i == k - 1);
+            if (watchdog) watchdog->tick(0);
+        }
         st.synchronize();
         per_step.push_back((now_s() - t0) / k);
     }
@@ -287,6 +296,7 @@ void print_intro(const ScaleOptions& o, const Config& base, const Kind& kind, in
 // One row per replica count, measured, with its communication and the planner's prediction.
 std::vector<Row> measure_points(const ScaleOptions& o, const Config& base, const Kind& kind,
                                 const std::vector<int>& counts, int per_replica) {
+    const auto watchdog = steps_watchdog(base.strategy.step_timeout_s);
     auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
     std::vector<Row> rows;
     double compute_one = 0;  // one replica's step, at per_replica rows: the planner's compute
@@ -294,10 +304,11 @@ std::vector<Row> measure_points(const ScaleOptions& o, const Config& base, const
         Config cfg = base;
         cfg.strategy.devices = device_spec(kind, n);
         cfg.train.global_batch_size = o.mode == "weak" ? per_replica * n : base.train.global_batch_size;
-        Row row = measure(cfg, data, o.steps, o.warmup);
+        Row row = measure(cfg, data, o.steps, o.warmup, watchdog.get());
         const Model model(cfg.model.input_shape.empty() ? data->train.shape : cfg.model.input_shape, cfg.model.layers,
                           cfg.run.seed);
         if (n == 1) compute_one = row.step_s * (double(per_replica) / cfg.train.global_batch_size);
+        if (watchdog) watchdog->phase("the all-reduce measurement", 0);
         add_comm_and_prediction(row, cfg, model, compute_one, per_replica);
         rows.push_back(row);
         std::printf("  measured %s: %.2f ms per step\n", cfg.strategy.devices.c_str(), row.step_s * 1e3);

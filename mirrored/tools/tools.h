@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,12 +13,17 @@
 namespace mirrored {
 
 class ReplicaThreads;
+class Watchdog;
 
 // Shared by the tools: a result file written atomically (nothing when path
 // is empty); 4096 -> "4K"; the mean time of one crossing of the replica barrier with every
 void write_json(const std::string& path, const nlohmann::json& j);
 std::string human_bytes(size_t b);
 double barrier_latency_us(ReplicaThreads& threads);
+// The hang detector of a command that runs training steps (bench-step, scale): a GPU that stops
+// answering ends it with exit 5 after timeout_s (the config's strategy.step_timeout_s) without
+// progress; none when 0. Starts in the phase "start-up".
+std::unique_ptr<Watchdog> steps_watchdog(double timeout_s);
 
 // `mirrored devices`: GPUs, peer-access matrix, links, versions; or the CPU when there is none.
 int print_devices();
