@@ -26,6 +26,11 @@ struct Dataset {
     int channels() const { return shape.empty() ? 1 : shape.back(); }
 };
 
+// A 64-bit hash of what a data set holds (shape, classes, every feature's bits, every label):
+// another file, an edited label or another normalisation changes it. Several GB/s, so cheap to
+// take at every start; checkpoints record the training set's, and a resume compares.
+uint64_t fingerprint(const Dataset& d);
+
 // Sizes a data set's features to n floats; a new buffer asks for 2 MiB pages before its first
 // touch (data/readers.cpp says why).
 void resize_features(std::vector<float>& features, size_t n);

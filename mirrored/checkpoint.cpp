@@ -339,6 +339,7 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
         {"cross_device_ops", d.cross_device_ops},
         {"global_batch", std::to_string(d.global_batch)},
         {"train_samples", std::to_string(d.train_samples)},
+        {"train_data_fingerprint", hex64(d.train_data)},
         {"loss_scale", exact(d.loss_scale[0]) + "," + exact(d.loss_scale[1])},
         {"software", d.software},
     };
@@ -375,6 +376,7 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
     if (d.replicas < 1) throw CheckpointError(path + ": metadata 'replicas' is 0");
     if (p.meta.count("global_batch")) d.global_batch = meta_int(p, path, "global_batch", int64_t(1) << 31);
     if (p.meta.count("train_samples")) d.train_samples = meta_int(p, path, "train_samples");
+    if (p.meta.count("train_data_fingerprint")) d.train_data = meta_u64(p, path, "train_data_fingerprint", 16);
     d.devices = meta_of(p, path, "devices");
     if (p.meta.count("blas_kernel")) d.blas_kernel = meta_of(p, path, "blas_kernel");
     if (p.meta.count("cross_device_ops")) d.cross_device_ops = meta_of(p, path, "cross_device_ops");

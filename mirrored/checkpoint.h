@@ -36,6 +36,7 @@ struct CheckpointData {
     int64_t global_batch = 0;   // what the loader position counts in (0: not recorded)
     std::array<float, 2> loss_scale{1.0f, 0.0f};  // fp16: scale and good steps in a row
     int64_t train_samples = 0;  // the training set's size then (0: not recorded)
+    uint64_t train_data = 0;    // fingerprint() of the training set then (0: not recorded)
     std::string software;       // mirrored/software.h's JSON object of the writer (empty: not recorded)
 };
 

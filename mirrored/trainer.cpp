@@ -297,6 +297,7 @@ public:
         : watchdog_(make_watchdog(config)), s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
         out_dir_ = cfg_.run.output_dir;
         ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
+        train_data_ = fingerprint(s_->data->train);
         tty_ = ::isatty(1) && !nodes;  // mpirun hands its processes a pseudo-terminal even when its own output is a file
     }
 
@@ -342,6 +343,7 @@ private:
     bool tty_ = false;
     int64_t total_steps_ = 0, step_ = 0;
     std::optional<int64_t> resumed_from_;
+    uint64_t train_data_ = 0;  // fingerprint() of the training set
     Metrics last_train_, last_eval_;
     int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
     double wall_start_ = 0, train_time_ = 0, interval_start_ = 0, interval_wait_ = 0;
@@ -593,6 +595,13 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
         throw CheckpointError(path + ": written for a training set of " + std::to_string(ckpt.train_samples) +
                               " samples, this one has " + std::to_string(s_->data->train.count()) +
                               ": the data changed; set checkpoint.resume: never to start afresh");
+    // the same size, other contents (a regenerated file, a corrected label, another normalisation):
+    // the loader can go on, but on other data than the checkpoint's run saw
+    if (ckpt.train_data != 0 && ckpt.train_data != train_data_)
+        std::fprintf(stderr, "warning: %s was trained on other training data than this run's (the same %zu samples, "
+                     "other contents: fingerprint %s, now %s): training continues from it on this data; set "
+                     "checkpoint.resume: never to start afresh\n", path.c_str(), s_->data->train.count(),
+                     hex64(ckpt.train_data).c_str(), hex64(train_data_).c_str());
     if (ckpt.loader.batch >= s_->train_loader->batches_per_epoch())
         throw CheckpointError(path + ": its loader position (batch " + std::to_string(ckpt.loader.batch) +
                               ") is outside an epoch of " + std::to_string(s_->train_loader->batches_per_epoch()) +
@@ -756,6 +765,7 @@ void Run::save_checkpoint(int64_t step) {
     d.global_batch = cfg_.train.global_batch_size;
     d.loss_scale = st.loss_scale_state();
     d.train_samples = int64_t(s_->data->train.count());
+    d.train_data = train_data_;
     d.software = software_json();
     if (watchdog_) watchdog_->phase("a checkpoint write", step);
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);

@@ -318,6 +318,25 @@ TEST_CASE("a hung GPU: the watchdog ends train (the rerun resumes exactly), eval
     CHECK(!fs::exists(d / "scaling/scaling.json"));
 }
 
+TEST_CASE("a resume on other training data of the same size warns, naming both fingerprints; the same data does not") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", out}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "20"}}) == kExitInterrupted);
+    const std::string newest = list_checkpoints(out + "/checkpoints").front();
+    const std::string recorded = read_safetensors(newest, false).metadata["train_data_fingerprint"];
+    CHECK(recorded.size() == 16);
+    std::string err;
+    REQUIRE(run_cli({"train", cfg, "--output", out}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "30"}}, -1, &err) ==
+            kExitInterrupted);
+    CHECK(err.find("other training data") == std::string::npos);  // the same data: silent
+    // the same 600 samples, normalised otherwise: other features, so another run
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "data.normalize=none"}, {}, -1, &err) == kExitOk);
+    CAPTURE(err);
+    CHECK(err.find("was trained on other training data than this run's (the same 600 samples, other contents: "
+                   "fingerprint " + recorded + ", now ") != std::string::npos);
+    CHECK(err.find("set checkpoint.resume: never to start afresh") != std::string::npos);
+}
+
 TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {
     TempDir d;
     const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
