@@ -796,6 +796,7 @@ void Run::write_summary(const std::string& status) {
         {"device_type", device_type_name(st.device_type())},
         {"cross_device_ops", st.cross_device_ops_name()},
         {"parameters", s_->model->param_count()},
+        {"train_data_fingerprint", hex64(train_data_)},  // which data: runs on the same data compare
         {"precision", precision_name(cfg_.train.precision)},
         {"blas", blas_description()},
         {"software", json::parse(software_json())},

@@ -335,6 +335,10 @@ TEST_CASE("a resume on other training data of the same size warns, naming both f
     CHECK(err.find("was trained on other training data than this run's (the same 600 samples, other contents: "
                    "fingerprint " + recorded + ", now ") != std::string::npos);
     CHECK(err.find("set checkpoint.resume: never to start afresh") != std::string::npos);
+    // the run's summary says which data it ended on
+    const json summary = read_json(out + "/summary.json");
+    CHECK(summary["train_data_fingerprint"].get<std::string>().size() == 16);
+    CHECK(summary["train_data_fingerprint"] != recorded);
 }
 
 TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {
