@@ -123,20 +123,57 @@ int bench_loader(const LoaderBenchOptions& o) {
     return kExitOk;
 }
 
-int bench_gemm(const GemmBenchOptions& o) {
-    std::unique_ptr<Device> d;
-    if (o.device == "cpu") {
+namespace {
+
+// The device of --device: cpu (one BLAS thread) or one GPU.
+std::unique_ptr<Device> gemm_device(const std::string& spec) {
+    if (spec == "cpu") {
         cpu_set_blas_threads(1);
-        d = make_cpu_device(0);
-    } else {
-        const DeviceList dl = parse_devices(o.device);
-        if (dl.type != DeviceType::cuda || dl.ordinals.size() != 1)
-            throw ConfigError("--device: expected cpu or one GPU such as cuda:0, got '" + o.device + "'");
-        d = make_cuda_device(dl.ordinals[0]);
+        return make_cpu_device(0);
     }
+    const DeviceList dl = parse_devices(spec);
+    if (dl.type != DeviceType::cuda || dl.ordinals.size() != 1)
+        throw ConfigError("--device: expected cpu or one GPU such as cuda:0, got '" + spec + "'");
+    return make_cuda_device(dl.ordinals[0]);
+}
+
+// Seconds per GEMM of shape g, in batches of ten until `seconds` have passed: inputs in the
+// device's precision (filled in f32, then converted), output f32.
+double time_gemm(Device& d, const GemmShape& g, double seconds) {
+    const DType type = d.value_dtype();
+    const size_t na = size_t(g.m) * size_t(g.k), nb = size_t(g.k) * size_t(g.n), nc = size_t(g.m) * size_t(g.n);
+    DeviceBuffer<float> a32(d, na), b32(d, nb), c(d, nc);
+    DeviceBuffer<unsigned char> a(d, d.act_bytes(na)), b(d, d.act_bytes(nb));
+    const Stream s = d.compute_stream();
+    d.fill(s, na, 0.5f, a32.data());
+    d.fill(s, nb, 0.25f, b32.data());
+    d.convert(s, na, a32.data(), DType::f32, a.data(), type);
+    d.convert(s, nb, b32.data(), DType::f32, b.data(), type);
+    const int lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n;
+    auto once = [&] {
+        d.gemm(s, g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n,
+               GemmTypes{type, type, DType::f32});
+    };
+    once();
+    d.synchronize();
+    int iters = 0;
+    const double start = now_s();
+    double elapsed = 0;
+    do {
+        for (int i = 0; i < 10; ++i) once();
+        d.synchronize();
+        iters += 10;
+        elapsed = now_s() - start;
+    } while (elapsed < seconds);
+    return elapsed / iters;
+}
+
+}  // namespace
+
+int bench_gemm(const GemmBenchOptions& o) {
+    const std::unique_ptr<Device> d = gemm_device(o.device);
     const Precision precision = o.tf32 ? Precision::tf32 : o.precision;
     d->set_precision(precision);
-    const DType t = d->value_dtype();
     std::printf("GEMM in %s on %s (%s)\n\n", precision_name(precision), d->name().c_str(),
                 d->type() == DeviceType::cpu ? (cpu_model_name() + ", one BLAS thread").c_str() : d->description().c_str());
     std::printf("%8s %8s %8s %4s %12s %10s\n", "m", "n", "k", "ops", "time (us)", "GFLOP/s");
@@ -146,32 +183,8 @@ int bench_gemm(const GemmBenchOptions& o) {
     json rows = json::array();
     double total_s = 0, total_flop = 0;
     for (const GemmShape& g : shapes) {
-        const size_t na = size_t(g.m) * size_t(g.k), nb = size_t(g.k) * size_t(g.n), nc = size_t(g.m) * size_t(g.n);
-        // inputs in the precision's type (filled in f32, then converted), output f32
-        DeviceBuffer<float> a32(*d, na), b32(*d, nb), c(*d, nc);
-        DeviceBuffer<unsigned char> a(*d, d->act_bytes(na)), b(*d, d->act_bytes(nb));
-        const Stream s = d->compute_stream();
-        d->fill(s, na, 0.5f, a32.data());
-        d->fill(s, nb, 0.25f, b32.data());
-        d->convert(s, na, a32.data(), DType::f32, a.data(), t);
-        d->convert(s, nb, b32.data(), DType::f32, b.data(), t);
-        const int lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n;
-        auto once = [&] {
-            d->gemm(s, g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n,
-                    GemmTypes{t, t, DType::f32});
-        };
-        once();
-        d->synchronize();
-        int iters = 0;
-        const double start = now_s();
-        double elapsed = 0;
-        do {
-            for (int i = 0; i < 10; ++i) once();
-            d->synchronize();
-            iters += 10;
-            elapsed = now_s() - start;
-        } while (elapsed < o.seconds);
-        const double flop = 2.0 * g.m * double(g.n) * g.k, t = elapsed / iters, gflops = flop / t / 1e9;
+        const double t = time_gemm(*d, g, o.seconds);
+        const double flop = 2.0 * g.m * double(g.n) * g.k, gflops = flop / t / 1e9;
         const std::string ops = std::string(g.trans_a ? "t" : "n") + (g.trans_b ? "t" : "n");
         std::printf("%8d %8d %8d %4s %12.1f %10.1f\n", g.m, g.n, g.k, ops.c_str(), t * 1e6, gflops);
         rows.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"ops", ops}, {"time_us", t * 1e6}, {"gflops", gflops}});
