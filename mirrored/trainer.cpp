@@ -1049,7 +1049,7 @@ EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoi
     // process that waits forever
     const auto watchdog = config.strategy.step_timeout_s > 0
         ? std::make_unique<Watchdog>(config.strategy.step_timeout_s, "start-up (loading data, building the replicas)",
-                                     "the evaluation wrote nothing: run it again")
+                                     "the evaluation did not finish: run it again")
         : nullptr;
     auto s = make_session(config, nullptr, false);
     const CheckpointData d = read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));

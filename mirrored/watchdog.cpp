@@ -23,7 +23,7 @@ int64_t now_ns() {
 
 Watchdog::Watchdog(double timeout_s, const char* phase, const char* on_hang, const char* setting)
     : timeout_s_(timeout_s), last_tick_ns_(now_ns()), phase_(phase), on_hang_(on_hang), setting_(setting),
-      thread_(start_thread("the watchdog thread (strategy.step_timeout_s)", [this] { watch(); })) {}
+      thread_(start_thread(std::string("the watchdog thread (") + setting + ")", [this] { watch(); })) {}
 
 Watchdog::~Watchdog() {
     {
