@@ -277,6 +277,29 @@ TEST_CASE("scale: a table, scaling.json with every field, a verdict; on simulate
     }
 }
 
+TEST_CASE("plan --profile: what a profile holds is checked - types, ranges, the one-replica point - never an internal error") {
+    auto per_sample = [](const std::string& text) { return profile_seconds_per_sample(text, "p.json"); };
+    CHECK(per_sample(R"({"results": [{"replicas": 2, "step_ms": 5, "global_batch": 512},
+                                      {"replicas": 1, "step_ms": 10, "global_batch": 256}]})") == doctest::Approx(10e-3 / 256));
+    const std::vector<std::pair<std::string, std::string>> bad{
+        {"nul", "p.json is not JSON"},
+        {"[1, 2]", "p.json has no results"},
+        {R"({"results": {"replicas": 1}})", "p.json has no results"},
+        {R"({"results": [{"replicas": "1"}]})", "p.json: results[0].replicas is string, expected a number"},
+        {R"({"results": [7, {"replicas": 1, "step_ms": [1], "global_batch": 2}]})", "results[1].step_ms is array"},
+        {R"({"results": [{"replicas": 1, "step_ms": 10, "global_batch": null}]})", "results[0].global_batch is null"},
+        {R"({"results": [{"replicas": 1, "step_ms": 1e308, "global_batch": 1}]})", "step_ms 1e+308 and global_batch 1 are not a measurement"},
+        {R"({"results": [{"replicas": 1, "step_ms": -3, "global_batch": 8}]})", "not a measurement"},
+        {R"({"results": [{"replicas": 1, "step_ms": 3, "global_batch": 1e12}]})", "not a measurement"},
+        {R"({"results": [{"replicas": 1, "step_ms": 3, "global_batch": 2.5}]})", "not a measurement"},
+        {R"({"results": [{"replicas": 1.5, "step_ms": 3, "global_batch": 2}]})", "no one-replica point"},
+    };
+    for (const auto& [text, says] : bad) {
+        CAPTURE(text);
+        CHECK_THROWS_WITH_AS(per_sample(text), doctest::Contains(says.c_str()), ConfigError);
+    }
+}
+
 TEST_CASE("scale and plan: bad input is exit 2 with what was expected") {
     TempDir d;
     const std::string cfg = d.write("t.yaml", kSynthetic);
@@ -294,6 +317,8 @@ TEST_CASE("scale and plan: bad input is exit 2 with what was expected") {
         {{"plan", cfg, "--gpus", "2,x"}, "positive integers"},
         {{"plan", cfg, "--tflops", "-3"}, "finite and >= 0"},
         {{"plan", cfg, "--profile", d / "missing.json"}, "cannot read"},
+        {{"plan", cfg, "--profile", d.write("typed.json", R"({"results": [{"replicas": "1"}]})")},
+         "results[0].replicas is string, expected a number"},
         {{"plan", cfg, "--nodes", "2", "--network", "wifi"}, "known: eth-100"},
         {{"plan", cfg, "--nodes", "0"}, "--nodes"},
         {{"plan", cfg, "--network-gbs", "-1"}, "finite and >= 0"},

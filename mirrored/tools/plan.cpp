@@ -132,27 +132,15 @@ LocalStep measure_local(const Config& base, const std::vector<int>& shape, int c
     return out;
 }
 
-// A profile measured on the target GPU: scaling.json (`scale`) or bench-step's JSON; the
-// one-replica point gives the compute time per sample.
-double profile_seconds_per_sample(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw ConfigError("--profile: cannot read '" + path + "'");
-    json j;
+// A profile measured on the target GPU, read whole (at most 64 MiB: a results file is kilobytes).
+double read_profile(const std::string& path) {
+    std::string text;
     try {
-        j = json::parse(in);
-    } catch (const std::exception& e) {
-        throw ConfigError("--profile: " + path + " is not JSON (" + e.what() + ")");
+        text = read_regular_file(path, uint64_t(64) << 20);
+    } catch (const InputError& e) {
+        throw ConfigError(std::string("--profile: cannot read ") + e.what());
     }
-    if (!j.contains("results") || !j["results"].is_array())
-        throw ConfigError("--profile: " + path + " has no results (expected scaling.json from `mirrored scale` or "
-                          "bench-step --json)");
-    for (const auto& r : j["results"]) {
-        if (!r.is_object() || r.value("replicas", 0) != 1) continue;
-        const double step_ms = r.value("step_ms", 0.0);
-        const int rows = r.value("global_batch", 0);
-        if (step_ms > 0 && rows > 0) return step_ms / 1e3 / rows;
-    }
-    throw ConfigError("--profile: " + path + " has no one-replica point with step_ms and global_batch");
+    return profile_seconds_per_sample(text, path);
 }
 
 // The hardware the plan is for: the named GPU, link and network, with any figure overridden.
@@ -219,7 +207,7 @@ ComputeModel compute_model(const PlanOptions& o, const Config& base, const Model
                            const Target& t, int rows) {
     ComputeModel m;
     if (!o.profile.empty()) {
-        m.seconds_per_sample = profile_seconds_per_sample(o.profile);
+        m.seconds_per_sample = read_profile(o.profile);
         m.source = "measured on the target (" + o.profile + "), scaled by the batch";
         return m;
     }

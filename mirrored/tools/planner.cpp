@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <functional>
+#include <cmath>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "kernels/backends.h"
 #include "kernels/buffer.h"
@@ -132,6 +135,42 @@ LinkModel measure_link(const std::string& devices, const std::string& op, DType 
     const double bandwidth_time = std::max(t_large - 2.0 * (n - 1) * link.step_latency_s, t_large * 0.5);
     link.bus_bytes_per_s = 2.0 * (n - 1) / n * double(large) * wire_scale / bandwidth_time;
     return link;
+}
+
+double profile_seconds_per_sample(const std::string& json_text, const std::string& source) {
+    using json = nlohmann::json;
+    const std::string where = "--profile: " + source;
+    json j;
+    try {
+        j = json::parse(json_text);
+    } catch (const std::exception& e) {
+        throw ConfigError(where + " is not JSON (" + e.what() + ")");
+    }
+    if (!j.is_object() || !j.contains("results") || !j["results"].is_array())
+        throw ConfigError(where + " has no results (expected scaling.json from `mirrored scale` or bench-step --json)");
+    const json& results = j["results"];
+    for (size_t i = 0; i < results.size(); ++i) {
+        const json& r = results[i];
+        auto number = [&](const char* key) -> std::optional<double> {
+            const auto it = r.find(key);
+            if (it == r.end()) return std::nullopt;
+            if (!it->is_number())
+                throw ConfigError(where + ": results[" + std::to_string(i) + "]." + key + " is " + it->type_name() +
+                                  ", expected a number");
+            return it->get<double>();
+        };
+        if (!r.is_object() || number("replicas") != 1.0) continue;
+        const auto step_ms = number("step_ms"), rows = number("global_batch");
+        if (!step_ms || !rows) continue;
+        // a step from a microsecond to a day, a batch of whole samples below 2^31
+        if (!(*step_ms >= 1e-3 && *step_ms <= 86400e3) || !(*rows >= 1 && *rows < 2147483648.0) ||
+            *rows != std::floor(*rows))
+            throw ConfigError(where + ": results[" + std::to_string(i) + "]: step_ms " + decimal_text(*step_ms) +
+                              " and global_batch " + decimal_text(*rows) +
+                              " are not a measurement (expected a step of 0.001 ms to a day, a whole batch of 1 to 2^31-1)");
+        return *step_ms / 1e3 / *rows;
+    }
+    throw ConfigError(where + " has no one-replica point with step_ms and global_batch");
 }
 
 }  // namespace mirrored

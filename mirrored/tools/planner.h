@@ -80,4 +80,10 @@ LinkModel measure_link(const std::string& devices, const std::string& op, DType 
 // The measured time of one all-reduce of `bytes` (median of a few) on a device list.
 double measure_allreduce_seconds(const std::string& devices, const std::string& op, DType wire, size_t bytes);
 
+// The compute time per sample of a profile measured on the target GPU: scaling.json (`scale`)
+// or bench-step --json, as text; its one-replica point (step_ms over global_batch). `source`
+// names it in errors. Anything else - not JSON, fields of the wrong type, a time or batch that
+// is no measurement (not finite, <= 0, absurdly large) - is a ConfigError saying what.
+double profile_seconds_per_sample(const std::string& json_text, const std::string& source);
+
 }  // namespace mirrored
