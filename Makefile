@@ -213,15 +213,18 @@ test-cuda-emu-asan:
 
 # Fuzz targets for every parser of untrusted input (tests/fuzz/targets.h): the library built by
 # clang with coverage and AddressSanitizer + UndefinedBehaviorSanitizer, one binary per target.
-# The parsers sit below the trainer and the tools, so those are not compiled for it (a minute of CI).
-FUZZ_TARGETS := idx cifar10 csv config safetensors devices
+# The parsers sit below the trainer and the tools (but the planner, which reads --profile), so
+# those are not compiled for it (a minute of CI).
+FUZZ_TARGETS := idx cifar10 csv config safetensors devices profile
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_LIB := $(BUILD)/libmirrored_parsers.a
 fuzz:
 	$(MAKE) -j$(shell nproc) BUILD=build-fuzz CUDA_HOME=/nonexistent WITH_MPI=0 CXX=clang++ \
 	  CXXFLAGS_EXTRA="-fsanitize=fuzzer-no-link $(FUZZ_SAN) -O1" $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)
 
-$(FUZZ_LIB): $(filter-out $(OBJ)/mirrored/tools/% $(OBJ)/mirrored/trainer.o,$(LIB_OBJ))
+FUZZ_TOOLS := $(OBJ)/mirrored/tools/planner.o $(OBJ)/mirrored/tools/allreduce_rig.o
+FUZZ_LEFT_OUT := $(filter-out $(FUZZ_TOOLS),$(filter $(OBJ)/mirrored/tools/%,$(LIB_OBJ))) $(OBJ)/mirrored/trainer.o
+$(FUZZ_LIB): $(filter-out $(FUZZ_LEFT_OUT),$(LIB_OBJ))
 	@rm -f $@
 	ar rcs $@ $^
 

@@ -77,4 +77,9 @@ put("safetensors", "truncated", c[: len(c) // 2])
 for i, spec in enumerate(["auto", "cpu", "cpu:4", "cuda", "cuda:all", "cuda:0,1,3", "cuda:0,0,0,0", "sim:0,1", "sim:0,0,0",
                           "cpu:0", "sim:,", "cuda:99"]):
     put("devices", "spec%02d" % i, bytes([i % 5]) + spec.encode())
+# profile: plan --profile's JSON, a one-replica point, scale's shape, and wrong types
+put("profile", "one_replica.json", '{"results": [{"replicas": 1, "global_batch": 256, "step_ms": 10.0}]}')
+put("profile", "scaling.json", '{"benchmark": "scale", "results": [{"replicas": 2, "global_batch": 512, "step_ms": 5.5}, '
+    '{"replicas": 1, "global_batch": 256, "step_ms": 3.25, "samples_per_sec": 78000}]}')
+put("profile", "typed.json", '{"results": [{"replicas": "1", "step_ms": [1]}]}')
 print("seeds written under", os.path.join(here, "corpus"))

@@ -1,5 +1,6 @@
 #include "tests/fuzz/targets.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "mirrored/config.h"
 #include "mirrored/model.h"
 #include "mirrored/strategy.h"
+#include "mirrored/tools/planner.h"
 
 namespace mirrored::fuzz {
 
@@ -108,6 +110,13 @@ void devices(const uint8_t* data, size_t size) {
     st.devices = st.state == CudaStatus::State::ok ? 1 + data[0] % 8 : 0;
     st.reason = "fuzz";
     tolerate([&] { (void)parse_devices(std::string(reinterpret_cast<const char*>(data + 1), size - 1), st).describe(); });
+}
+
+void profile(const uint8_t* data, size_t size) {
+    tolerate([&] {
+        const double s = profile_seconds_per_sample(std::string(reinterpret_cast<const char*>(data), size), "p.json");
+        if (!(s > 0 && std::isfinite(s))) __builtin_trap();  // what the planner divides by
+    });
 }
 
 }  // namespace mirrored::fuzz

@@ -25,6 +25,8 @@ void config(const uint8_t* data, size_t size);
 void safetensors(const uint8_t* data, size_t size);
 // A device spec such as cuda:0,0 or sim:1, under each CUDA availability.
 void devices(const uint8_t* data, size_t size);
+// A profile for `plan --profile` (scaling.json or bench-step --json).
+void profile(const uint8_t* data, size_t size);
 
 struct Named {
     const char* name;
@@ -32,6 +34,7 @@ struct Named {
 };
 // Every target, by the name its corpus folder and `make fuzz` binary carry.
 inline constexpr Named kTargets[] = {{"idx", idx},       {"cifar10", cifar10},         {"csv", csv},
-                                     {"config", config}, {"safetensors", safetensors}, {"devices", devices}};
+                                     {"config", config}, {"safetensors", safetensors}, {"devices", devices},
+                                     {"profile", profile}};
 
 }  // namespace mirrored::fuzz
