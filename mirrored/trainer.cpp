@@ -286,9 +286,8 @@ Config with_resume_hints(Config c) {
 // strategy.step_timeout_s: the watchdog of a run, from its start (data, replicas, NCCL, the first
 // collectives) to its end; none when 0.
 std::unique_ptr<Watchdog> make_watchdog(const Config& c) {
-    if (c.strategy.step_timeout_s <= 0) return nullptr;
-    return std::make_unique<Watchdog>(c.strategy.step_timeout_s,
-                                      "start-up (loading data, building the replicas, NCCL and peer access, the first copies)");
+    return step_timeout_watchdog(c.strategy.step_timeout_s,
+                                 "start-up (loading data, building the replicas, NCCL and peer access, the first copies)");
 }
 
 class Run {
@@ -1047,10 +1046,8 @@ void write_npy(const std::string& path, const std::vector<size_t>& shape, const 
 EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint, const EvalDump& dump) {
     // a GPU that stops answering ends the evaluation as it ends a training run (exit 5), not in a
     // process that waits forever
-    const auto watchdog = config.strategy.step_timeout_s > 0
-        ? std::make_unique<Watchdog>(config.strategy.step_timeout_s, "start-up (loading data, building the replicas)",
-                                     "the evaluation did not finish: run it again")
-        : nullptr;
+    const auto watchdog = step_timeout_watchdog(config.strategy.step_timeout_s, "start-up (loading data, building the replicas)",
+                                                "the evaluation did not finish: run it again");
     auto s = make_session(config, nullptr, false);
     const CheckpointData d = read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));
     if (watchdog) watchdog->phase("loading the checkpoint onto the replicas", 0);

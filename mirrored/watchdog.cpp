@@ -44,6 +44,11 @@ void Watchdog::phase(const char* what, int64_t step) {
     tick(step);
 }
 
+std::unique_ptr<Watchdog> step_timeout_watchdog(double timeout_s, const char* phase, const char* on_hang) {
+    if (timeout_s <= 0) return nullptr;
+    return std::make_unique<Watchdog>(timeout_s, phase, on_hang);
+}
+
 void Watchdog::checkpointed(int64_t step) { checkpoint_step_.store(step, std::memory_order_relaxed); }
 
 void Watchdog::watch() {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -42,5 +43,8 @@ private:
     bool stopping_ = false;
     std::thread thread_;
 };
+
+// A watchdog of strategy.step_timeout_s, or none when it is 0 (off).
+std::unique_ptr<Watchdog> step_timeout_watchdog(double timeout_s, const char* phase, const char* on_hang = nullptr);
 
 }  // namespace mirrored

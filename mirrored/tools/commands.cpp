@@ -217,7 +217,7 @@ int ToolCommands::run() {
         ab_.min_bytes = parse_bytes(min_bytes_, "--min-bytes");
         ab_.max_bytes = parse_bytes(max_bytes_, "--max-bytes");
         if (ba_->count("--duration")) ab_.duration_s = parse_duration(duration_, "--duration");
-        ab_.timeout_s = parse_duration(timeout_, "--timeout");
+        if (ba_->count("--timeout")) ab_.timeout_s = parse_duration(timeout_, "--timeout");
         return bench_allreduce(ab_);
     }
     if (bg_->parsed()) {

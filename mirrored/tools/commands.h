@@ -34,7 +34,7 @@ private:
     ConvLayoutBenchOptions cl_;
     ScaleOptions sc_;
     PlanOptions pl_;
-    std::string lb_threads_ = "1,2", min_bytes_ = "4K", max_bytes_ = "64M", duration_, timeout_ = "120s", sb_devices_,
+    std::string lb_threads_ = "1,2", min_bytes_ = "4K", max_bytes_ = "64M", duration_, timeout_, sb_devices_,
                 gb_sizes_ = "128,512,1024,2048", gb_shapes_, gb_precision_ = "fp32", sc_replicas_, pl_gpus_ = "1,2,4,8";
     CLI::App *bl_, *ba_, *bs_, *bg_, *bc_, *sc_cmd_, *pl_cmd_;
 };

@@ -36,9 +36,8 @@ void write_json(const std::string& path, const json& j) {
 }
 
 std::unique_ptr<Watchdog> steps_watchdog(double timeout_s) {
-    if (timeout_s <= 0) return nullptr;
-    return std::make_unique<Watchdog>(timeout_s, "start-up (loading data, building the replicas)",
-                                      "nothing was written: run it again");
+    return step_timeout_watchdog(timeout_s, "start-up (loading data, building the replicas)",
+                                 "nothing was written: run it again");
 }
 
 std::string human_bytes(size_t b) {
