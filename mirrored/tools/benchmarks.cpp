@@ -26,6 +26,7 @@
 #include "mirrored/replica_threads.h"
 #include "mirrored/step_profile.h"
 #include "mirrored/strategy.h"
+#include "mirrored/tools/timed_steps.h"
 #include "mirrored/trainer.h"
 #include "mirrored/watchdog.h"
 
@@ -286,45 +287,23 @@ struct StepMeasurement {
     json profile;  // --layers
 };
 
-// o.warmup steps, then o.steps timed (the last one sampled for the time split), then the layer profile.
+// o.warmup steps, then o.steps timed as one span (the last one sampled for the time split), then
+// the layer profile.
 StepMeasurement measure_steps(const Config& cfg, const std::shared_ptr<const Datasets>& data, const StepBenchOptions& o,
                               Watchdog* watchdog) {
-    if (watchdog) watchdog->phase("start-up (building the replicas)", 0);
-    auto s = make_session(cfg, data, true);
-    MirroredStrategy& st = *s->strategy;
-    Loader& loader = *s->train_loader;
-    st.init_and_broadcast();
-    loader.start({});
-    const float lr = float(cfg.optimizer.lr);
-    if (watchdog) watchdog->phase("the steps", 0);
-    for (int i = 0; i < o.warmup; ++i) {
-        st.train_step(st.next_batch(loader), i, lr, cfg.run.seed, false);
-        if (watchdog) watchdog->tick(0);
-    }
-    st.synchronize();
+    auto s = start_timed_session(cfg, data, watchdog);
+    const TimedSteps t = time_steps(*s, o.warmup, o.steps, o.steps, watchdog);
     StepMeasurement m;
-    st.collect_timing(m.split, 0);  // drop warm-up host timings
-    m.split = {};
-    const double wait0 = loader.wait_seconds();
-    const HostWork work0 = st.host_work().all;
-    const double start = now_s();
-    for (int i = 0; i < o.steps; ++i) {
-        st.train_step(st.next_batch(loader), o.warmup + i, lr, cfg.run.seed, i == o.steps - 1);
-        if (watchdog) watchdog->tick(0);
-    }
-    st.synchronize();
-    const double elapsed = now_s() - start;
-    m.replicas = st.replicas();
-    m.host_calls = double((st.host_work().all - work0).total()) / double(o.steps * m.replicas);  // a captured step's replays: a few
-    st.collect_timing(m.split, o.steps);
-    m.split.data_wait_s = loader.wait_seconds() - wait0;
+    m.replicas = s->strategy->replicas();
+    m.host_calls = double(t.host_work.total()) / double(o.steps * m.replicas);  // a captured step's replays: a few
+    m.split = t.split;
     if (watchdog) watchdog->phase("the layer profile", 0);
-    if (o.layer_steps > 0) m.profile = profile_layers(*s, o.layer_steps, o.warmup + o.steps);
-    loader.stop();
-    m.samples_per_s = double(o.steps) * cfg.train.global_batch_size / elapsed;
-    m.step_ms = 1e3 * elapsed / o.steps;
+    if (o.layer_steps > 0) m.profile = profile_layers(*s, o.layer_steps, t.steps_run);
+    s->train_loader->stop();
+    m.samples_per_s = double(o.steps) * cfg.train.global_batch_size / t.elapsed_s;
+    m.step_ms = 1e3 * t.elapsed_s / o.steps;
     m.gflops = m.samples_per_s * s->model->train_flops_per_sample() / 1e9;
-    m.cuda_graph = st.cuda_graph();
+    m.cuda_graph = s->strategy->cuda_graph();
     return m;
 }
 

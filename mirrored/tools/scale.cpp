@@ -20,6 +20,7 @@
 #include "mirrored/config.h"
 #include "mirrored/strategy.h"
 #include "mirrored/tools/planner.h"
+#include "mirrored/tools/timed_steps.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/trainer.h"
 #include "mirrored/util.h"
@@ -132,49 +133,19 @@ double median(std::vector<double> v) {
 
 // Warm-up, then `steps` in groups of five, each group timed to a device synchronisation.
 Row measure(const Config& cfg, std::shared_ptr<const Datasets> data, int steps, int warmup, Watchdog* watchdog) {
-    if (watchdog) watchdog->phase("start-up (building the replicas)", 0);
-    auto s = make_session(cfg, std::move(data), true);
-    MirroredStrategy& st = *s->strategy;
-    Loader& loader = *s->train_loader;
-    st.init_and_broadcast();
-    loader.start({});
-    const float lr = float(cfg.optimizer.lr);
-    int64_t step = 0;
-    if (watchdog) watchdog->phase("the steps", 0);
-    for (int i = 0; i < warmup; ++i) {
-        st.train_step(st.next_batch(loader), step++, lr, cfg.run.seed, false);
-        if (watchdog) watchdog->tick(0);
-    }
-    st.synchronize();
-    TimeSplit split;
-    st.collect_timing(split, 0);
-    split = {};
-    const double wait0 = loader.wait_seconds();
-    std::vector<double> per_step;
-    constexpr int kGroup = 5;
-    for (int done = 0; done < steps; done += kGroup) {
-        const int k = std::min(kGroup, steps - done);
-        const double t0 = now_s();
-        for (int i = 0; i < k; ++i) {
-            st.train_step(st.next_batch(loader), step++, lr, cfg.run.seed, i == k - 1);
-            if (watchdog) watchdog->tick(0);
-        }
-        st.synchronize();
-        per_step.push_back((now_s() - t0) / k);
-    }
-    st.collect_timing(split, steps);
-    split.data_wait_s = loader.wait_seconds() - wait0;
-    loader.stop();
+    auto s = start_timed_session(cfg, std::move(data), watchdog);
+    const TimedSteps t = time_steps(*s, warmup, steps, 5, watchdog);
+    s->train_loader->stop();
     Row row;
-    row.replicas = st.replicas();
+    row.replicas = s->strategy->replicas();
     row.global_batch = cfg.train.global_batch_size;
     row.devices = cfg.strategy.devices;
-    row.ops = st.cross_device_ops_name();
-    row.step_s = median(per_step);
-    row.step_min_s = *std::min_element(per_step.begin(), per_step.end());
-    row.step_max_s = *std::max_element(per_step.begin(), per_step.end());
+    row.ops = s->strategy->cross_device_ops_name();
+    row.step_s = median(t.step_s);
+    row.step_min_s = *std::min_element(t.step_s.begin(), t.step_s.end());
+    row.step_max_s = *std::max_element(t.step_s.begin(), t.step_s.end());
     row.samples_per_s = row.global_batch / row.step_s;
-    row.split = split;
+    row.split = t.split;
     return row;
 }
 

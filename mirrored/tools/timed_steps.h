@@ -1,0 +1,35 @@
+// The step loop the benchmarks time (bench-step, scale): one session, warm-up steps, then timed
+// steps with the real loader, the real all-reduce and the update.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/device.h"
+#include "mirrored/strategy.h"
+#include "mirrored/trainer.h"
+
+namespace mirrored {
+
+class Watchdog;
+
+struct TimedSteps {
+    std::vector<double> step_s;  // seconds per step of each group, timed to a device synchronisation
+    double elapsed_s = 0;        // all the timed steps
+    TimeSplit split;             // where the time went, from each group's last step (the one sampled)
+    HostWork host_work;          // what the host issued in the timed steps, all replicas together
+    int64_t steps_run = 0;       // warm-up and timed: the number of the next step
+};
+
+// A session ready to be timed: replicas initialised and identical, the train loader started.
+// watchdog (may be null) watches the start-up.
+std::unique_ptr<Session> start_timed_session(const Config& cfg, std::shared_ptr<const Datasets> data,
+                                             Watchdog* watchdog);
+
+// `warmup` steps, then `steps` in groups of `group` (the last group may be shorter), each group
+// timed to a device synchronisation and its last step sampled for the time split; every step
+// ticks the watchdog. The loader keeps running (a layer profile may follow).
+TimedSteps time_steps(Session& s, int warmup, int steps, int group, Watchdog* watchdog);
+
+}  // namespace mirrored
