@@ -16,6 +16,7 @@
 #include "mirrored/strategy.h"
 #include "mirrored/tools/hardware.h"
 #include "mirrored/tools/planner.h"
+#include "mirrored/tools/timed_steps.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/trainer.h"
 #include "mirrored/util.h"
@@ -61,6 +62,7 @@ Config local_config(const Config& base, const std::vector<int>& shape, int class
     c.model.input_shape = shape;
     c.strategy.devices = devices;
     c.train.global_batch_size = rows;
+    c.optimizer.lr = 0.01;  // the steps' rate; a few steps at it stay finite on any such model
     return c;
 }
 
@@ -100,33 +102,17 @@ LocalStep measure_local(const Config& base, const std::vector<int>& shape, int c
     out.device = cuda_device_count() > 0 ? "cuda:0" : "cpu:1";
     {
         const Config c = local_config(base, shape, classes, rows, kWarmup + kSteps, out.device);
-        auto s = make_session(c, nullptr, true);
-        MirroredStrategy& st = *s->strategy;
-        st.init_and_broadcast();
-        s->train_loader->start({});
-        for (int i = 0; i < kWarmup; ++i) st.train_step(st.next_batch(*s->train_loader), i, 0.01f, c.run.seed, false);
-        st.synchronize();
-        const double t0 = now_s();
-        for (int i = 0; i < kSteps; ++i) st.train_step(st.next_batch(*s->train_loader), kWarmup + i, 0.01f, c.run.seed, false);
-        st.synchronize();
-        out.seconds = (now_s() - t0) / kSteps;
+        auto s = start_timed_session(c, nullptr, nullptr);
+        out.seconds = time_steps(*s, kWarmup, kSteps, kSteps, nullptr, false).elapsed_s / kSteps;
         s->train_loader->stop();
-        auto d = make_device(st.device_type(), 0);
+        auto d = make_device(s->strategy->device_type(), 0);
         d->set_precision(base.train.precision);
         out.gemm_flops = gemm_ceiling(*d);
     }
-    {  // the kernels a step launches, as the simulated GPU counts them
+    {  // the kernels a step launches, as the simulated GPU counts them (one replica)
         const Config c = local_config(base, shape, classes, rows, 3, "sim:0");
-        auto s = make_session(c, nullptr, true);
-        MirroredStrategy& st = *s->strategy;
-        st.init_and_broadcast();
-        s->train_loader->start({});
-        st.train_step(st.next_batch(*s->train_loader), 0, 0.01f, c.run.seed, false);
-        st.synchronize();
-        const StepWork before = st.host_work();
-        st.train_step(st.next_batch(*s->train_loader), 1, 0.01f, c.run.seed, false);
-        st.synchronize();
-        out.launches = (st.host_work().device - before.device).launches;
+        auto s = start_timed_session(c, nullptr, nullptr);
+        out.launches = time_steps(*s, 1, 1, 1, nullptr, false).host_work.launches;
         s->train_loader->stop();
     }
     return out;

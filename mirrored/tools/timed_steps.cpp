@@ -18,7 +18,7 @@ std::unique_ptr<Session> start_timed_session(const Config& cfg, std::shared_ptr<
     return s;
 }
 
-TimedSteps time_steps(Session& s, int warmup, int steps, int group, Watchdog* watchdog) {
+TimedSteps time_steps(Session& s, int warmup, int steps, int group, Watchdog* watchdog, bool sample) {
     MirroredStrategy& st = *s.strategy;
     Loader& loader = *s.train_loader;
     const float lr = float(s.cfg.optimizer.lr);
@@ -40,13 +40,13 @@ TimedSteps time_steps(Session& s, int warmup, int steps, int group, Watchdog* wa
     for (int done = 0; done < steps; done += group) {
         const int k = std::min(group, steps - done);
         const double t0 = now_s();
-        for (int i = 0; i < k; ++i) step(i == k - 1);
+        for (int i = 0; i < k; ++i) step(sample && i == k - 1);
         st.synchronize();
         t.step_s.push_back((now_s() - t0) / k);
     }
     t.elapsed_s = now_s() - start;
     t.host_work = st.host_work().all - work0;
-    st.collect_timing(t.split, steps);
+    if (sample) st.collect_timing(t.split, steps);
     t.split.data_wait_s = loader.wait_seconds() - wait0;
     return t;
 }

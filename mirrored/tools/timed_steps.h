@@ -28,8 +28,9 @@ std::unique_ptr<Session> start_timed_session(const Config& cfg, std::shared_ptr<
                                              Watchdog* watchdog);
 
 // `warmup` steps, then `steps` in groups of `group` (the last group may be shorter), each group
-// timed to a device synchronisation and its last step sampled for the time split; every step
-// ticks the watchdog. The loader keeps running (a layer profile may follow).
-TimedSteps time_steps(Session& s, int warmup, int steps, int group, Watchdog* watchdog);
+// timed to a device synchronisation; every step ticks the watchdog. sample: each group's last
+// step is sampled for the time split (on a GPU that is an uncaptured step with timing events).
+// The loader keeps running (a layer profile may follow).
+TimedSteps time_steps(Session& s, int warmup, int steps, int group, Watchdog* watchdog, bool sample = true);
 
 }  // namespace mirrored
