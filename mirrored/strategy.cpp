@@ -445,55 +445,83 @@ StepWork MirroredStrategy::host_work() const {
     return {replicas_[0]->device->host_work(), all, threads_->barrier().arrivals() / uint64_t(replicas_.size())};
 }
 
+// The replica's parameters (unless shared and r > 0), gradients, optimizer state, activations.
+void MirroredStrategy::allocate_model_state(Replica& R, const OptimizerConfig& opt, int micro_rows) {
+    Device& d = *R.device;
+    const size_t flat = model_.flat_size();
+    const bool holds_params = !shared_ || R.index == 0;  // shared: replica 0 holds the one copy
+    if (holds_params) R.params = DeviceBuffer<float>(d, flat);
+    R.grads = DeviceBuffer<float>(d, flat);
+    if (low_precision_ && holds_params) R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
+    if (holds_params) R.optimizer = std::make_unique<Optimizer>(d, opt, model_.trainable_size());
+    R.acts = model_.make_activations(d, micro_rows);
+}
+
+// The double-buffered input and label buffers and their events.
+void MirroredStrategy::allocate_inputs(Replica& R, int shard_rows) {
+    Device& d = *R.device;
+    const size_t features = size_t(model_.input_features());
+    for (int b = 0; b < 2; ++b) {
+        R.inputs[b] = DeviceBuffer<float>(d, size_t(shard_rows) * features);
+        R.labels[b] = DeviceBuffer<int32_t>(d, size_t(shard_rows));
+        R.input_ready[b] = d.event_create();
+        R.input_free[b] = d.event_create();
+    }
+    if (low_precision_) R.inputs_act = DeviceBuffer<unsigned char>(d, d.act_bytes(size_t(shard_rows) * features));
+}
+
+// What a step reads and writes besides the model: metrics, gradient statistics, the loss scale,
+// batch statistics, checksums and their pinned host copies.
+void MirroredStrategy::allocate_step_state(Replica& R) {
+    Device& d = *R.device;
+    R.train_metrics = DeviceBuffer<double>(d, kMetricSlots);
+    R.eval_metrics = DeviceBuffer<double>(d, kMetricSlots);
+    R.grad_stats = DeviceBuffer<float>(d, 2);
+    if (shared_) R.grad_total = DeviceBuffer<float>(d, 2);
+    R.loss_scale = DeviceBuffer<float>(d, 2);
+    R.loss_scale_host = HostBuffer<float>(d, 2);
+    R.loss_scale_host[0] = kInitialLossScale;
+    R.loss_scale_host[1] = 0.0f;
+    d.copy_to_device(d.compute_stream(), R.loss_scale.data(), R.loss_scale_host.data(), 2 * sizeof(float));
+    if (model_.stats_floats() > 0) R.stats = DeviceBuffer<float>(d, model_.stats_floats());
+    R.stats_ready = d.event_create();
+    R.stats_done = d.event_create();
+    R.checksums = DeviceBuffer<uint64_t>(d, model_.tensors().size() + 1);
+    R.metrics_host = HostBuffer<double>(d, kMetricSlots);
+    R.eval_host = HostBuffer<double>(d, kMetricSlots);
+    R.checksums_host = HostBuffer<uint64_t>(d, model_.tensors().size() + 1);
+}
+
+// The events a step orders its streams and replicas with, its timing events, and the captured
+// step's per-step values (cuda_graph).
+void MirroredStrategy::create_step_events(Replica& R) {
+    Device& d = *R.device;
+    R.bucket_ready = d.event_create();
+    R.reduced = d.event_create();
+    R.metrics_copied = d.event_create();
+    for (Event* e : {&R.t_begin, &R.t_backward, &R.t_reduced, &R.t_end}) *e = d.event_create(true);
+    if (cfg_.cuda_graph && devices_.asynchronous()) {
+        for (auto& v : R.step_values) v = DeviceBuffer<StepValues>(d, 1);
+        R.step_ready = d.event_create();
+        R.graph_done = d.event_create();
+    }
+}
+
+// Allocation order is the device calls' order, which the simulated device's fault tests count.
 void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, const OptimizerConfig& opt) {
     auto R = std::make_unique<Replica>();
     R->index = r;
-    const size_t flat = model_.flat_size(), features = size_t(model_.input_features());
     try {
         R->device = make_device(devices_.type, devices_.type == DeviceType::cpu ? r : devices_.ordinals[r]);
         Device& d = *R->device;
         d.set_precision(cfg_.precision);
         d.set_fused_epilogues(cfg_.fused_epilogues);
-        const bool holds_params = !shared_ || r == 0;  // shared: replica 0 holds the one copy
-        if (holds_params) R->params = DeviceBuffer<float>(d, flat);
-        R->grads = DeviceBuffer<float>(d, flat);
-        if (low_precision_ && holds_params) R->weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
-        if (holds_params) R->optimizer = std::make_unique<Optimizer>(d, opt, model_.trainable_size());
-        R->acts = model_.make_activations(d, micro_rows);
-        for (int b = 0; b < 2; ++b) {
-            R->inputs[b] = DeviceBuffer<float>(d, size_t(shard_rows) * features);
-            R->labels[b] = DeviceBuffer<int32_t>(d, size_t(shard_rows));
-            R->input_ready[b] = d.event_create();
-            R->input_free[b] = d.event_create();
-        }
-        if (low_precision_) R->inputs_act = DeviceBuffer<unsigned char>(d, d.act_bytes(size_t(shard_rows) * features));
-        R->train_metrics = DeviceBuffer<double>(d, kMetricSlots);
-        R->eval_metrics = DeviceBuffer<double>(d, kMetricSlots);
-        R->grad_stats = DeviceBuffer<float>(d, 2);
-        if (shared_) R->grad_total = DeviceBuffer<float>(d, 2);
-        R->loss_scale = DeviceBuffer<float>(d, 2);
-        R->loss_scale_host = HostBuffer<float>(d, 2);
-        R->loss_scale_host[0] = kInitialLossScale;
-        R->loss_scale_host[1] = 0.0f;
-        d.copy_to_device(d.compute_stream(), R->loss_scale.data(), R->loss_scale_host.data(), 2 * sizeof(float));
-        if (model_.stats_floats() > 0) R->stats = DeviceBuffer<float>(d, model_.stats_floats());
-        R->stats_ready = d.event_create();
-        R->stats_done = d.event_create();
-        R->checksums = DeviceBuffer<uint64_t>(d, model_.tensors().size() + 1);
-        R->metrics_host = HostBuffer<double>(d, kMetricSlots);
-        R->eval_host = HostBuffer<double>(d, kMetricSlots);
-        R->checksums_host = HostBuffer<uint64_t>(d, model_.tensors().size() + 1);
-        R->bucket_ready = d.event_create();
-        R->reduced = d.event_create();
-        R->metrics_copied = d.event_create();
-        for (Event* e : {&R->t_begin, &R->t_backward, &R->t_reduced, &R->t_end}) *e = d.event_create(true);
-        if (cfg_.cuda_graph && devices_.asynchronous()) {
-            for (auto& v : R->step_values) v = DeviceBuffer<StepValues>(d, 1);
-            R->step_ready = d.event_create();
-            R->graph_done = d.event_create();
-        }
+        allocate_model_state(*R, opt, micro_rows);
+        allocate_inputs(*R, shard_rows);
+        allocate_step_state(*R);
+        create_step_events(*R);
         const Stream s = d.compute_stream();
-        d.fill(s, flat, 0.0f, R->grads.data());  // alignment gaps stay zero forever
+        d.fill(s, model_.flat_size(), 0.0f, R->grads.data());  // alignment gaps stay zero forever
         zero_metrics(d, s, R->train_metrics.data());
         d.synchronize();
     } catch (const DeviceError& e) {

@@ -268,6 +268,10 @@ public:
 
 private:
     void build_replica(int r, int max_shard_rows, int max_micro_rows, const OptimizerConfig& opt);
+    void allocate_model_state(Replica& R, const OptimizerConfig& opt, int max_micro_rows);
+    void allocate_inputs(Replica& R, int max_shard_rows);
+    void allocate_step_state(Replica& R);
+    void create_step_events(Replica& R);
     // values: also copies the step's values into the buffer's step_values (cuda_graph).
     int stage_input(Replica& R, const Batch& batch, const Shard& shard, const StepValues* values = nullptr);
     // Replica r's shard of the global batch (rows of the job's batch) and where it lies in this
