@@ -8,7 +8,6 @@ namespace {
 
 std::string percent(double share) { return std::to_string(int(100 * share)) + "%"; }
 
-
 }  // namespace
 
 std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& l) {
@@ -33,6 +32,19 @@ std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& l) {
                                              (input_bound ? "; data loading is also slow" : "")});
     }
     return found;
+}
+
+std::vector<Bottleneck> SustainedBottlenecks::update(const IntervalLoad& load) {
+    std::map<std::string, int> streak;
+    std::vector<Bottleneck> sustained;
+    for (Bottleneck& b : find_bottlenecks(load)) {
+        const auto it = streak_.find(b.kind);
+        const int n = (it == streak_.end() ? 0 : it->second) + 1;
+        streak[b.kind] = n;
+        if (n >= intervals_) sustained.push_back(std::move(b));
+    }
+    streak_ = std::move(streak);  // a kind not found this interval starts over
+    return sustained;
 }
 
 }  // namespace mirrored

@@ -2,6 +2,7 @@
 // the input pipeline, an all-reduce not hidden behind backward, or GPUs waiting for the host.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,20 @@ struct Bottleneck {
 // The thresholds: more than 10% of the time waiting for data, more than 30% in exposed
 // communication, GPUs idle more than 30% of a step.
 std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& load);
+
+// What the trainer alerts on: a bottleneck found in `intervals` log intervals in a row. One slow
+// interval - a VM's noisy neighbour, a checkpoint's disk flush, a share that hovers at its
+// threshold - is not something a setting fixes.
+class SustainedBottlenecks {
+public:
+    explicit SustainedBottlenecks(int intervals = 2) : intervals_(intervals) {}
+    // This interval's findings that were also found in the intervals - 1 before it; the message
+    // is this interval's.
+    std::vector<Bottleneck> update(const IntervalLoad& load);
+
+private:
+    int intervals_;
+    std::map<std::string, int> streak_;  // kind -> intervals in a row it was found, up to now
+};
 
 }  // namespace mirrored

@@ -352,6 +352,7 @@ private:
     double samples_per_sec_ = 0;
     TimeSplit split_, interval_split_;
     std::map<std::string, double> last_alert_;
+    SustainedBottlenecks bottlenecks_;  // alerts need two log intervals in a row
     bool pending_log_ = false;
     // The first log interval of a process holds its start-up (the loader filling its queue, first
     // allocations, graph capture): its time split says nothing about the steady state, so it
@@ -680,7 +681,7 @@ void Run::alert_bottlenecks(double f_data, double f_comm, double interval) {
     load.loader_threads = s_->train_loader->threads();
     load.prefetch = cfg_.data.prefetch;
     load.bucket_mb = cfg_.strategy.bucket_mb;
-    for (const Bottleneck& b : find_bottlenecks(load)) alert(b.kind, b.message);
+    for (const Bottleneck& b : bottlenecks_.update(load)) alert(b.kind, b.message);
 }
 
 void Run::log_train(int64_t step, float lr) {

@@ -470,6 +470,30 @@ TEST_CASE("alerts: input-bound over 10% data wait, communication-bound over 30%,
     CHECK(found[2].message.find("; data loading is also slow") != std::string::npos);
 }
 
+TEST_CASE("alerts need a bottleneck in two log intervals in a row: a single slow interval stays quiet") {
+    IntervalLoad calm;
+    calm.loader_threads = 2;
+    calm.prefetch = 4;
+    IntervalLoad input = calm, comm = calm;
+    input.data_share = 0.4;
+    comm.comm_share = 0.5;
+    IntervalLoad both = input;
+    both.comm_share = 0.5;
+    SustainedBottlenecks alerts;
+    CHECK(alerts.update(input).empty());  // first interval: pending
+    CHECK(alerts.update(calm).empty());   // gone again: starts over
+    CHECK(alerts.update(input).empty());
+    auto found = alerts.update(both);  // input-bound twice in a row; communication once
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].kind == "input-bound");
+    found = alerts.update(comm);  // communication twice; input-bound not this time
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].kind == "communication-bound");
+    CHECK(alerts.update(input).empty());
+    SustainedBottlenecks at_once(1);
+    CHECK(at_once.update(input).size() == 1);
+}
+
 TEST_CASE("a diverging run stops with exit code 6 and writes no non-finite checkpoint") {
     Scratch s;
     const std::string cfg = s.config();
