@@ -295,7 +295,7 @@ StepMeasurement measure_steps(const Config& cfg, const std::shared_ptr<const Dat
     const TimedSteps t = time_steps(*s, o.warmup, o.steps, o.steps, watchdog);
     StepMeasurement m;
     m.replicas = s->strategy->replicas();
-    m.host_calls = double(t.host_work.total()) / double(o.steps * m.replicas);  // a captured step's replays: a few
+    m.host_calls = double(t.host_work.total()) / (double(o.steps) * m.replicas);  // a captured step's replays: a few
     m.split = t.split;
     if (watchdog) watchdog->phase("the layer profile", 0);
     if (o.layer_steps > 0) m.profile = profile_layers(*s, o.layer_steps, t.steps_run);
