@@ -471,7 +471,8 @@ void MirroredStrategy::allocate_inputs(Replica& R, int shard_rows) {
 }
 
 // What a step reads and writes besides the model: metrics, gradient statistics, the loss scale,
-// batch statistics, checksums and their pinned host copies.
+// batch statistics (with the two events that order their exchange), checksums and their pinned
+// host copies.
 void MirroredStrategy::allocate_step_state(Replica& R) {
     Device& d = *R.device;
     R.train_metrics = DeviceBuffer<double>(d, kMetricSlots);

@@ -1,5 +1,5 @@
-// The step loop the benchmarks time (bench-step, scale): one session, warm-up steps, then timed
-// steps with the real loader, the real all-reduce and the update.
+// The step loop the benchmarks time (bench-step, scale, plan's local step): one session, warm-up
+// steps, then timed steps with the real loader, the real all-reduce and the update.
 #pragma once
 
 #include <cstdint>
