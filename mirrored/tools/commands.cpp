@@ -156,6 +156,7 @@ void ToolCommands::add_bench_gemm(CLI::App& app) {
     bg_->add_flag("--tf32", gb_.tf32, "TF32 tensor cores (CUDA); the same as --precision tf32");
     bg_->add_option("--precision", gb_precision_, "fp32, tf32, bf16 or fp16 inputs (f32 accumulation and output)")
         ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
+    bg_->add_option("--seconds", gb_.seconds, "time each shape for this long (default 1)")->check(CLI::Range(0.01, 60.0));
     bg_->add_option("--json", gb_.json_path, "also write the results here");
 }
 
