@@ -491,11 +491,14 @@ TEST_CASE("cpu gemm A^T B computed as its transpose: accumulation and leading di
 
 // Products through kernels generated for their shape (kernels/cpu/jit_gemm.h): each layout they
 // take, beta 0 and 1, leading dimensions padded and the padding untouched, sizes that are not a
-// multiple of the vector width, and products cut into several row panels.
+// multiple of the vector width, and products cut into several row panels - whichever of them the
+// rules of this CPU's vector width give to the kernels.
 TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, leading dimensions padded") {
-    if (jit_gemm_description().empty()) {
+    const std::string jit = jit_gemm_description();
+    if (jit.empty()) {
         CHECK_FALSE(jit_gemm_takes(false, true, 64, 512, 784, false));
-        mark_skipped("no JIT GEMM kernels in this build or on this CPU (libxsmm, AVX-512)");
+        CHECK_FALSE(jit_gemm_any_shape(false, false, 8, 8, 8, nullptr, 8, nullptr, 8, false, nullptr, 8));
+        mark_skipped("no JIT GEMM kernels in this build or on this CPU (libxsmm, AVX2 or AVX-512)");
         return;
     }
     struct Shape {
@@ -507,14 +510,14 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
     for (const Shape s : {Shape{false, true, 64, 300, 40, false}, Shape{false, true, 37, 300, 784, false},
                           Shape{false, true, 128, 70, 1100, false}, Shape{true, false, 45, 67, 64, false},
                           Shape{true, false, 20, 300, 1024, true}, Shape{true, false, 256, 784, 63, true},
-                          Shape{false, false, 64, 300, 1024, false}, Shape{false, false, 50, 33, 17, true}}) {
+                          Shape{false, false, 64, 300, 1024, false}, Shape{false, false, 50, 33, 17, true},
+                          Shape{false, false, 3, 1024, 5, true}, Shape{false, true, 1, 27, 9, false}}) {
         CAPTURE(s.ta);
         CAPTURE(s.tb);
         CAPTURE(s.m);
         CAPTURE(s.n);
         CAPTURE(s.k);
         CAPTURE(s.accumulate);
-        REQUIRE(jit_gemm_takes(s.ta, s.tb, s.m, s.n, s.k, s.accumulate));
         GemmCase g{s.ta, s.tb, s.m, s.n, s.k, 1.0f, s.accumulate ? 1.0f : 0.0f, rng.normal(size_t(s.m) * s.k),
                    rng.normal(size_t(s.k) * s.n), rng.normal(size_t(s.m) * s.n)};
         // A stored [m,k] or [k,m], B [k,n] or [n,k], C [m,n]: each row padded with NaN (42 in C).
@@ -523,16 +526,41 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
         const int lda = a_cols + 3, ldb = b_cols + 5, ldc = s.n + 7;
         const std::vector<float> a = padded(g.a, a_rows, a_cols, lda, NAN), b = padded(g.b, b_rows, b_cols, ldb, NAN);
         std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
-        CHECK(jit_gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(), ldc));
+        // where the rules give the shape to the kernels, jit_gemm runs it; otherwise it refuses
+        // and leaves C alone
+        const bool taken = jit_gemm_takes(s.ta, s.tb, s.m, s.n, s.k, s.accumulate);
+        CHECK(jit_gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(), ldc) == taken);
+        if (!taken) {
+            CHECK(c == padded(g.c0, s.m, s.n, ldc, 42.0f));
+            REQUIRE(jit_gemm_any_shape(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate,
+                                       c.data(), ldc));
+        }
         bool padding_kept = false;
         const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
         CHECK(padding_kept);
         CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
     }
-    // The default MLP's products (a replica's 64 rows through 784-512-256) are among those taken.
-    CHECK(jit_gemm_takes(false, true, 64, 512, 784, false));
-    CHECK(jit_gemm_takes(true, false, 512, 784, 64, false));
-    CHECK(jit_gemm_takes(false, false, 64, 512, 256, false));
+    // B transposed with C added: the kernels cannot (the product is transposed into C)
+    CHECK_FALSE(jit_gemm_takes(false, true, 64, 512, 784, true));
+    CHECK_FALSE(jit_gemm_any_shape(false, true, 8, 8, 8, nullptr, 8, nullptr, 8, true, nullptr, 8));
+    // The rules measured for each vector width (docs/PERFORMANCE.md). On AVX-512 they take the
+    // default MLP's products (a replica's 64 rows through 784-512-256); on AVX2 the parts that do
+    // not depend on the cache sizes: a 64-row forward's transposed rows (200 KB) are more than
+    // any L1 holds; B's rows 4 KiB apart, and result widths off the 8-float vector, stay with
+    // OpenBLAS; up to 16 rows of A B, or 32 of A B^T, go to the kernels.
+    CAPTURE(jit);
+    if (!jit.ends_with(", hsw")) {
+        CHECK(jit_gemm_takes(false, true, 64, 512, 784, false));  // forward
+        CHECK(jit_gemm_takes(true, false, 512, 784, 64, false));  // weight gradient
+        CHECK(jit_gemm_takes(false, false, 64, 512, 256, false));  // input gradient
+    } else {
+        CHECK_FALSE(jit_gemm_takes(false, true, 64, 512, 784, false));
+        CHECK_FALSE(jit_gemm_takes(false, false, 64, 1024, 64, false));
+        CHECK_FALSE(jit_gemm_takes(false, false, 8, 1024, 64, false));
+        CHECK_FALSE(jit_gemm_takes(false, false, 64, 27, 64, false));
+        CHECK(jit_gemm_takes(false, false, 16, 1000, 784, false));
+        CHECK(jit_gemm_takes(false, true, 32, 1024, 784, false));
+    }
 }
 
 TEST_CASE("cpu bias_act_forward and act_backward match double reference") {

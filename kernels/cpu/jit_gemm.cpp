@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -23,16 +24,28 @@ namespace {
 
 using Kernel = libxsmm_smmfunction;
 
-bool enabled() {
-    static const bool on = [] {
+// Which products the kernels take: none; those measured to win on AVX-512 or on AVX2 (each its
+// own rules, below); or every one they can multiply (MIRRORED_JIT_GEMM=all, on any target from
+// AVX2: for measuring rules on a new kind of CPU with bench-gemm, not for training).
+enum class JitMode { off, avx2_rules, avx512_rules, all };
+
+JitMode jit_mode() {
+    static const JitMode mode = [] {
         const char* e = std::getenv("MIRRORED_JIT_GEMM");
-        if (e && std::strcmp(e, "0") == 0) return false;
+        const bool all = e && std::strcmp(e, "all") == 0;
+        if (e && std::strcmp(e, "0") == 0) return JitMode::off;
+        if (e && !all && *e)
+            std::fprintf(stderr, "warning: MIRRORED_JIT_GEMM=%s is neither 0 nor all; using the default\n", e);
         libxsmm_init();
-        // Measured on AVX-512 only; elsewhere OpenBLAS's own kernels are the known quantity.
-        return libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CORE;
+        const int arch = libxsmm_get_target_archid();
+        if (arch < LIBXSMM_X86_AVX2) return JitMode::off;
+        if (all) return JitMode::all;
+        return arch >= LIBXSMM_X86_AVX512_CORE ? JitMode::avx512_rules : JitMode::avx2_rules;
     }();
-    return on;
+    return mode;
 }
+
+bool enabled() { return jit_mode() != JitMode::off; }
 
 // A kernel's shape: column-major C[m,n] (+)= A[m,k] B[k,n] with these leading dimensions;
 // trans_b: B is given as B^T[n,k] (ldb its leading dimension).
@@ -69,12 +82,21 @@ Kernel kernel_for(int M, int N, int K, int lda, int ldb, int ldc, bool accumulat
 // columns. A is cut into row panels of at most half the L2 cache (a multiple of 16 rows, one
 // AVX-512 register), each multiplied with the whole of B. Every element still sums over K in the
 // kernel's one order, so the panels do not change the result.
+long cache_bytes(int name, long otherwise) {
+    const long s = sysconf(name);
+    return s > 0 ? s : otherwise;
+}
+long l1_bytes() {
+    static const long l1 = cache_bytes(_SC_LEVEL1_DCACHE_SIZE, 32L * 1024);
+    return l1;
+}
+long l2_bytes() {
+    static const long l2 = cache_bytes(_SC_LEVEL2_CACHE_SIZE, 256L * 1024);
+    return l2;
+}
+
 int panel_rows(int M, int K) {
-    static const long l2 = [] {
-        const long s = sysconf(_SC_LEVEL2_CACHE_SIZE);
-        return s > 0 ? s : 256L * 1024;
-    }();
-    const long rows = (l2 / 2) / (long(K) * long(sizeof(float))) / 16 * 16;
+    const long rows = (l2_bytes() / 2) / (long(K) * long(sizeof(float))) / 16 * 16;
     return int(std::clamp<long>(rows, 16, M));
 }
 
@@ -179,7 +201,8 @@ bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int fi
 // The input gradient's kernels run along the input channels (their m): with fewer than one
 // AVX-512 vector of them (a first layer's 1-3) the columns' products are faster (bench-step
 // --layers: the ResNet's first convolution's backward 1.1 -> 2.8 ms). The weight gradient turns
-// its product around for them instead (below).
+// its product around for them instead (below). Kept at 16 on AVX2, where the CNN's convolutions
+// (1, 32 and 64 channels) all ran faster through these kernels than through the columns.
 constexpr int kMinGradChannels = 16;
 
 bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, int filters, float* dw) {
@@ -284,21 +307,60 @@ std::string jit_gemm_description() {
     return "libxsmm " + std::to_string(LIBXSMM_VERSION_MAJOR) + "." + std::to_string(LIBXSMM_VERSION_MINOR) + ", " + arch;
 }
 
+namespace {
+
 // Where the kernels won, measured shape by shape against OpenBLAS on one AVX-512 core
 // (docs/PERFORMANCE.md): A B almost everywhere (nothing to transpose); A^T B while A, transposed
 // into the scratch, stays small; A B^T (A and the result transposed) for 8 to 128 rows and a wide
 // result - gemv-like single rows, narrow results and many rows are OpenBLAS's.
-bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate) {
-    if (!enabled() || (ta && tb) || m < 8 || n <= 0 || k <= 0) return false;
+bool avx512_takes(bool ta, bool tb, int m, int n, int k) {
+    if (m < 8) return false;
     if (ta) return double(m) * double(k) <= 128.0 * 1024;
-    // B transposed: the result is transposed back, so there is no C to add to
-    if (tb) return !accumulate && m <= kCpuTransposedGemmMaxRows && n >= (m >= 64 ? 64 : 256);
+    if (tb) return m <= kCpuTransposedGemmMaxRows && n >= (m >= 64 ? 64 : 256);
     return true;
+}
+
+// The same on one AVX2 core (Zen 3; docs/PERFORMANCE.md), where the kernels have 16 vector
+// registers of 8 floats instead of 32 of 16 and win less often. A B and A^T B run along the
+// result's n columns: n must be a multiple of 8 (27 columns ran at half OpenBLAS's rate), and
+// not of 1024 - B's rows 4 KiB apart (its leading dimension is n in every product mirrored asks
+// for) fall into the same L1 sets, and the kernels, which read B in place, ran at 0.4x-0.7x. From
+// 16 rows on they re-read B for every few rows of A, which pays while B[k, n] stays within half
+// the L2 cache (there 512 KiB: 64 Ki floats). A B^T runs along A's m rows, re-read for every few
+// columns of B: up to 32 rows always, up to 128 while A stays within the L1 cache (there 32 KiB:
+// 8 Ki floats). Elsewhere OpenBLAS's packed panels were as fast or faster.
+bool avx2_takes(bool ta, bool tb, int m, int n, int k) {
+    if (m < 8) return false;
+    const double a_bytes = double(m) * double(k) * sizeof(float), b_bytes = double(n) * double(k) * sizeof(float);
+    if (tb) return m <= 32 || (m <= kCpuTransposedGemmMaxRows && a_bytes <= double(l1_bytes()));
+    if (n % 8 != 0 || n % 1024 == 0) return false;
+    if (ta && a_bytes > 512.0 * 1024) return false;  // A transposed into the scratch, as on AVX-512
+    return m <= 16 || b_bytes <= double(l2_bytes()) / 2;
+}
+
+}  // namespace
+
+bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate) {
+    // (with B transposed the product is transposed into C afterwards: nothing to add to)
+    if (!enabled() || (ta && tb) || (tb && accumulate) || m <= 0 || n <= 0 || k <= 0) return false;
+    switch (jit_mode()) {
+        case JitMode::all: return true;
+        case JitMode::avx512_rules: return avx512_takes(ta, tb, m, n, k);
+        case JitMode::avx2_rules: return avx2_takes(ta, tb, m, n, k);
+        case JitMode::off: break;
+    }
+    return false;
 }
 
 bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
               bool accumulate, float* c, int ldc) {
-    if (!jit_gemm_takes(ta, tb, m, n, k, accumulate)) return false;
+    return jit_gemm_takes(ta, tb, m, n, k, accumulate) &&
+           jit_gemm_any_shape(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+                        bool accumulate, float* c, int ldc) {
+    if (!enabled() || (ta && tb) || (tb && accumulate) || m <= 0 || n <= 0 || k <= 0) return false;
     thread_local std::vector<float> operand, product;
     // Row-major X[r,c] is column-major X^T[c,r] with the same leading dimension; in those terms
     // C^T[n,m] = op(B)^T[n,k] op(A)^T[k,m].
@@ -323,6 +385,7 @@ bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, co
 std::string jit_gemm_description() { return ""; }
 bool jit_gemm_takes(bool, bool, int, int, int, bool) { return false; }
 bool jit_gemm(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
+bool jit_gemm_any_shape(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
 bool jit_conv_forward(const Window2d&, const float*, const float*, int, float*) { return false; }
 bool jit_conv_weight_grad(const Window2d&, const float*, const float*, int, float*) { return false; }
 bool jit_conv_input_grad(const Window2d&, const float*, const float*, int, float*) { return false; }

@@ -10,7 +10,9 @@
 // always the small one, a replica's rows, never the weights.
 //
 // Built in where libxsmm's headers are (Makefile: WITH_XSMM), used on CPUs where it generates
-// AVX-512 code; MIRRORED_JIT_GEMM=0 turns it off. Everything else goes to OpenBLAS.
+// AVX-512 or AVX2 code, each with the rules measured for it; MIRRORED_JIT_GEMM=0 turns it off,
+// MIRRORED_JIT_GEMM=all sends it every product it can multiply (to measure rules on a new CPU
+// with bench-gemm). Everything else goes to OpenBLAS.
 #pragma once
 
 #include <string>
@@ -19,7 +21,8 @@ namespace mirrored {
 
 struct Window2d;
 
-// "libxsmm 1.17, cpx" (its target, here Cooper Lake's AVX-512) where the JIT kernels are in use; empty where they are not.
+// "libxsmm 1.17, cpx" (its target, here Cooper Lake's AVX-512; "hsw" on AVX2) where the JIT
+// kernels are in use; empty where they are not.
 std::string jit_gemm_description();
 
 // Whether jit_gemm takes this row-major product (C[m,n] = op(A) op(B), alpha 1, beta 0 or 1).
@@ -29,6 +32,11 @@ bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate);
 // jit_gemm_takes says no.
 bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
               bool accumulate, float* c, int ldc);
+// The same for any shape the kernels can multiply, whether or not the rules give it to them (the
+// kernels' own test); false, touching nothing, where there are no kernels or B is transposed
+// with accumulate.
+bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+                        bool accumulate, float* c, int ldc);
 
 // A convolution's forward product without im2col columns (Device::conv_forward): y[n*oh*ow, F] =
 // the windows of x (NHWC) times wt[kh, kw, c, F]. Each output row of an image is one
