@@ -47,6 +47,11 @@ JitMode jit_mode() {
 
 bool enabled() { return jit_mode() != JitMode::off; }
 
+bool avx512_target() {
+    static const bool avx512 = libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CORE;
+    return avx512;
+}
+
 // A kernel's shape: column-major C[m,n] (+)= A[m,k] B[k,n] with these leading dimensions;
 // trans_b: B is given as B^T[n,k] (ldb its leading dimension).
 struct KernelShape {
@@ -307,6 +312,8 @@ std::string jit_gemm_description() {
     return "libxsmm " + std::to_string(LIBXSMM_VERSION_MAJOR) + "." + std::to_string(LIBXSMM_VERSION_MINOR) + ", " + arch;
 }
 
+int jit_gemm_vector_floats() { return enabled() ? (avx512_target() ? 16 : 8) : 0; }
+
 namespace {
 
 // Where the kernels won, measured shape by shape against OpenBLAS on one AVX-512 core
@@ -383,6 +390,7 @@ bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, i
 #else  // built without libxsmm
 
 std::string jit_gemm_description() { return ""; }
+int jit_gemm_vector_floats() { return 0; }
 bool jit_gemm_takes(bool, bool, int, int, int, bool) { return false; }
 bool jit_gemm(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
 bool jit_gemm_any_shape(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }

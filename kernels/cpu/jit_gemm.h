@@ -25,6 +25,10 @@ struct Window2d;
 // kernels are in use; empty where they are not.
 std::string jit_gemm_description();
 
+// The kernels' vector width in floats, which says whose rules are in use: 16 (AVX-512), 8 (AVX2),
+// 0 where there are no kernels.
+int jit_gemm_vector_floats();
+
 // Whether jit_gemm takes this row-major product (C[m,n] = op(A) op(B), alpha 1, beta 0 or 1).
 bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate);
 
