@@ -29,6 +29,17 @@ using Kernel = libxsmm_smmfunction;
 // AVX2: for measuring rules on a new kind of CPU with bench-gemm, not for training).
 enum class JitMode { off, avx2_rules, avx512_rules, all };
 
+// The code libxsmm generates here (LIBXSMM_X86_*), asked once; initialises libxsmm.
+int target_arch() {
+    static const int arch = [] {
+        libxsmm_init();
+        return libxsmm_get_target_archid();
+    }();
+    return arch;
+}
+
+bool avx512_target() { return target_arch() >= LIBXSMM_X86_AVX512_CORE; }
+
 JitMode jit_mode() {
     static const JitMode mode = [] {
         const char* e = std::getenv("MIRRORED_JIT_GEMM");
@@ -36,20 +47,19 @@ JitMode jit_mode() {
         if (e && std::strcmp(e, "0") == 0) return JitMode::off;
         if (e && !all && *e)
             std::fprintf(stderr, "warning: MIRRORED_JIT_GEMM=%s is neither 0 nor all; using the default\n", e);
-        libxsmm_init();
-        const int arch = libxsmm_get_target_archid();
-        if (arch < LIBXSMM_X86_AVX2) return JitMode::off;
+        if (target_arch() < LIBXSMM_X86_AVX2) return JitMode::off;
         if (all) return JitMode::all;
-        return arch >= LIBXSMM_X86_AVX512_CORE ? JitMode::avx512_rules : JitMode::avx2_rules;
+        return avx512_target() ? JitMode::avx512_rules : JitMode::avx2_rules;
     }();
     return mode;
 }
 
 bool enabled() { return jit_mode() != JitMode::off; }
 
-bool avx512_target() {
-    static const bool avx512 = libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CORE;
-    return avx512;
+// Whether the kernels multiply this layout at all, rules aside: not both operands transposed,
+// and with B transposed not onto C (the product is transposed into C afterwards).
+bool kernels_multiply(bool ta, bool tb, int m, int n, int k, bool accumulate) {
+    return enabled() && !(ta && tb) && !(tb && accumulate) && m > 0 && n > 0 && k > 0;
 }
 
 // A kernel's shape: column-major C[m,n] (+)= A[m,k] B[k,n] with these leading dimensions;
@@ -83,10 +93,7 @@ Kernel kernel_for(int M, int N, int K, int lda, int ldb, int ldc, bool accumulat
     return cached_kernel<Kernel>(KernelShape{M, N, K, lda, ldb, ldc, accumulate}, libxsmm_smmdispatch);
 }
 
-// The kernels do not block for the cache: they stream B and C once and re-read A for every few
-// columns. A is cut into row panels of at most half the L2 cache (a multiple of 16 rows, one
-// AVX-512 register), each multiplied with the whole of B. Every element still sums over K in the
-// kernel's one order, so the panels do not change the result.
+// This core's data caches, from the system (or typical sizes where it does not say).
 long cache_bytes(int name, long otherwise) {
     const long s = sysconf(name);
     return s > 0 ? s : otherwise;
@@ -100,6 +107,10 @@ long l2_bytes() {
     return l2;
 }
 
+// The kernels do not block for the cache: they stream B and C once and re-read A for every few
+// columns. A is cut into row panels of at most half the L2 cache (a multiple of 16 rows, one
+// AVX-512 register), each multiplied with the whole of B. Every element still sums over K in the
+// kernel's one order, so the panels do not change the result.
 int panel_rows(int M, int K) {
     const long rows = (l2_bytes() / 2) / (long(K) * long(sizeof(float))) / 16 * 16;
     return int(std::clamp<long>(rows, 16, M));
@@ -348,8 +359,7 @@ bool avx2_takes(bool ta, bool tb, int m, int n, int k) {
 }  // namespace
 
 bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate) {
-    // (with B transposed the product is transposed into C afterwards: nothing to add to)
-    if (!enabled() || (ta && tb) || (tb && accumulate) || m <= 0 || n <= 0 || k <= 0) return false;
+    if (!kernels_multiply(ta, tb, m, n, k, accumulate)) return false;
     switch (jit_mode()) {
         case JitMode::all: return true;
         case JitMode::avx512_rules: return avx512_takes(ta, tb, m, n, k);
@@ -367,7 +377,7 @@ bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, co
 
 bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                         bool accumulate, float* c, int ldc) {
-    if (!enabled() || (ta && tb) || (tb && accumulate) || m <= 0 || n <= 0 || k <= 0) return false;
+    if (!kernels_multiply(ta, tb, m, n, k, accumulate)) return false;
     thread_local std::vector<float> operand, product;
     // Row-major X[r,c] is column-major X^T[c,r] with the same leading dimension; in those terms
     // C^T[n,m] = op(B)^T[n,k] op(A)^T[k,m].
