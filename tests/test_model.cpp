@@ -318,8 +318,10 @@ TEST_CASE("cpu convolutions with pixel-major columns, image blocks: the gradient
     auto sim = make_sim_device(0);
     CHECK(sim->column_block_bytes() == 0);
     Harness c(*pixel_major, big, 3, 44), g(*sim, big, 3, 44);
-    CHECK(rel_error(c.backprop(), g.backprop()) < 1e-5);
-    CHECK(rel_error(c.backprop(nullptr, true), g.backprop(nullptr, true)) < 1e-5);
+    // Sums over three images' 484 pixels in other orders: about 1e-5 on 1% of seeds (1.3e-5 seen);
+    // fp32's bound for 1452 terms is 1452 x 2^-24 = 8.7e-5.
+    CHECK(rel_error(c.backprop(), g.backprop()) < 1e-4);
+    CHECK(rel_error(c.backprop(nullptr, true), g.backprop(nullptr, true)) < 1e-4);
     // The scratch holds a block's columns: one image's on the CPU, the batch's on the GPUs' path;
     // what is allocated is what the memory plan says.
     CHECK(c.acts.bytes() == big.activation_bytes(3, sizeof(float), kCpuColumnBlockBytes));
