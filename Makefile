@@ -58,7 +58,7 @@ ifeq ($(CUDA_EMU),1)
   # compiled as C++ by $(CXX) against a CPU implementation of the CUDA runtime, cuBLAS and cuBLASLt
   # and NCCL (headers from $(CUDA_HOME), no CUDA library linked; without nccl.h, no nccl op).
   EMU_CU := kernels/cuda/cuda_device.cu kernels/cuda/cuda_kernels.cu kernels/cuda/fused_gemm.cu
-  BACKEND_CPP += tests/cuda_emu/fibers.cpp tests/cuda_emu/runtime.cpp
+  BACKEND_CPP += tests/cuda_emu/fibers.cpp tests/cuda_emu/runtime.cpp tests/cuda_emu/queue.cpp
   BACKEND_TEST_CPP += tests/cuda_emu/test_emulator.cpp
   LIB_CU :=
   CUDA_LIBS :=
@@ -191,7 +191,8 @@ test-tsan:
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/mirrored_tests
 
 # The CUDA backend's own source on emulated GPUs (tests/cuda_emu/README.md): every test that skips
-# without a GPU runs the backend's kernels, cuBLAS, cuBLASLt and graph calls on the CPU.
+# without a GPU runs the backend's kernels, cuBLAS, cuBLASLt and graph calls on the CPU, on eager
+# streams and again (but the emulator's own tests) on asynchronous ones that reorder the work.
 # EMU_TESTS: doctest filters, by default the GPU tests (suite "cuda") and the emulator's own
 # ("emulator"); EMU_TESTS= runs every test. The host objects are $(BUILD)'s own (HOST_BUILD).
 EMU_TESTS ?= -ts=cuda,emulator
@@ -202,14 +203,14 @@ test-cuda-emu:
 	  tests/*.cpp tests/*.h tests/fuzz || { echo "test-cuda-emu: the files above see CUDA: $(BUILD)'s objects cannot be shared"; exit 2; }
 	$(MAKE) -j$(shell nproc) host-objects
 	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 HOST_BUILD=$(BUILD) build-emu/mirrored_tests build-emu/mirrored
-	build-emu/mirrored_tests $(EMU_TESTS)
+	tests/cuda_emu/run_suites.sh build-emu/mirrored_tests $(EMU_TESTS)
 
 # The same under AddressSanitizer (build-emu-asan/): a kernel, copy or GEMM reaching past its
 # allocation (device allocations are exact-size host blocks) is reported where it happens.
 test-cuda-emu-asan:
 	$(MAKE) -j$(shell nproc) BUILD=build-emu-asan CUDA_EMU=1 WITH_MPI=0 CXXFLAGS_EXTRA="-fsanitize=address -fno-omit-frame-pointer -O1" \
 	  LDFLAGS_EXTRA="-fsanitize=address" build-emu-asan/mirrored_tests build-emu-asan/mirrored
-	ASAN_OPTIONS=detect_leaks=0 build-emu-asan/mirrored_tests $(EMU_TESTS)
+	ASAN_OPTIONS=detect_leaks=0 tests/cuda_emu/run_suites.sh build-emu-asan/mirrored_tests $(EMU_TESTS)
 
 # Fuzz targets for every parser of untrusted input (tests/fuzz/targets.h): the library built by
 # clang with coverage and AddressSanitizer + UndefinedBehaviorSanitizer, one binary per target.

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -28,5 +29,27 @@ void store(void* p, cudaDataType t, size_t i, float v);
 float rounded(float v, cudaDataType t);  // v as t would hold it
 int stream_gpu(cudaStream_t s);  // the GPU a stream belongs to (the current one for the default stream)
 int gpus();                      // how many emulated GPUs there are
+void set_current_device(int device);  // cudaSetDevice for the calling thread, unchecked
+
+// Asynchronous streams (queue.cpp). Eager (the default): work runs when it is issued. Otherwise
+// (MIRRORED_CUDA_EMU_ASYNC=newest|random[:SEED]) it is queued after what it depends on and an
+// executor thread runs it later, choosing among the ready items the newest or one at random.
+enum class QueueOrder { eager, newest, random };
+QueueOrder queue_order();
+// For the emulator's tests: another order (after every queued item is done, clearing a sticky
+// fault); lazy: run items only while a host thread waits for some, so that everything issued
+// before the wait is reordered.
+void queue_set_order(QueueOrder order, bool lazy);
+// Queues `work` for GPU `device` after the items `deps`; its id.
+uint64_t queue_issue(int device, std::function<void()> work, std::vector<uint64_t> deps);
+// into becomes the items of into and from not done yet, each once (a stream's or event's frontier).
+void queue_join(std::vector<uint64_t>& into, const std::vector<uint64_t>& from);
+bool queue_done(const std::vector<uint64_t>& ids);
+void queue_wait(const std::vector<uint64_t>& ids);
+void queue_wait_all();
+bool on_queue_executor();  // the calling thread is the executor (running an item)
+// The first error of work run by the executor: sticky, as a GPU's faults are; cudaSuccess if none.
+void queue_set_sticky(cudaError_t e);
+cudaError_t queue_sticky();
 
 }  // namespace emu

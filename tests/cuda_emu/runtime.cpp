@@ -2,9 +2,14 @@
 // implemented on the CPU with the libraries' documented semantics and argument rules, so that the
 // backend's own source (kernels/cuda/*.cu, compiled as C++) runs in the test suite without a GPU.
 //
-// Work runs when it is issued, on the issuing thread: a stream that finishes everything at once
-// is a legal CUDA stream, and with it every event is complete once recorded. What is checked,
-// because a real GPU would fail or misbehave there:
+// Streams are eager by default: work runs when it is issued, on the issuing thread - a stream that
+// finishes everything at once is a legal CUDA stream, and with it every event is complete once
+// recorded. With MIRRORED_CUDA_EMU_ASYNC (queue.cpp) they are asynchronous: work waits in a queue
+// for the stream's earlier work and the events the stream waited on, and an executor thread runs
+// it later, out of issue order where the dependencies allow; queries answer cudaErrorNotReady
+// until it has run, waits wait for it, cudaFree and work on the legacy default stream wait for
+// everything, a copy with pageable host memory is done when it returns, and a fault found when a
+// kernel runs is sticky. What is checked, because a real GPU would fail or misbehave there:
 // - memory: device allocations are host memory filled with NaN bytes; copies, memsets, cuBLAS
 //   operands and every pointer argument of a kernel launch must lie in memory the current GPU
 //   may use (its own, a peer's after cudaDeviceEnablePeerAccess, pinned host memory); a copy's
@@ -17,13 +22,15 @@
 // - stream capture: work issued to a capturing stream, or to a stream that joined the capture by
 //   waiting on an event recorded in it, becomes a node of the graph (kernel arguments and GEMM
 //   scalars copied then) with the stream's dependencies, and a replay runs the nodes in issue
-//   order (a valid order: a node is issued after what it depends on). As the CUDA Programming
+//   order on eager streams, in any order the graph's edges allow on asynchronous ones (an edge the
+//   capture missed shows there). As the CUDA Programming
 //   Guide prohibits: synchronising or querying a capturing stream or a captured event, waiting in
 //   a capture on an event recorded outside it (without cudaEventWaitExternal), merging two
 //   captures, a copy from or to pageable host memory, and ending a capture some stream that
 //   joined it has not joined back.
 // NCCL is emulated in nccl.cpp on top of submit_collective and device_memory_of.
-// Not emulated: timing, concurrency on the GPU (races between streams cannot show).
+// Not emulated: timing, and work running concurrently (asynchronous streams run one item at a
+// time, reordered: a race between streams shows as a wrong order, not as interleaved writes).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -38,6 +45,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -64,6 +72,7 @@ struct CUstream_st {
     int device = 0;
     emu::Capture* capture = nullptr;  // the capture this stream's work goes into
     std::vector<int> frontier;        // the capture's nodes the stream's next work depends on
+    std::vector<uint64_t> queued;     // asynchronous streams: the queue's items its next work follows
 };
 struct CUevent_st {
     int device = 0;
@@ -72,12 +81,15 @@ struct CUevent_st {
     double ms = 0;
     emu::Capture* capture = nullptr;  // last recorded in this capture
     std::vector<int> frontier;
+    std::vector<uint64_t> queued;           // asynchronous streams: the items the last record stands for
+    std::shared_ptr<double> completed_ms;   // asynchronous streams: when it completed (a timing event)
 };
 struct CUgraph_st {
     emu::Capture* capture;
 };
 struct CUgraphExec_st {
     std::vector<emu::Node> nodes;
+    std::vector<std::vector<int>> deps;  // per node: the nodes it waits for
 };
 struct cublasContext {
     int device = 0;
@@ -128,6 +140,11 @@ cudaError_t fail(cudaError_t e, const std::string& why) {
     std::fprintf(stderr, "emulated GPU %d: %s\n", t_device, why.c_str());
     return result(e);
 }
+
+bool asynchronous() { return queue_order() != QueueOrder::eager; }
+
+// What a call that waits or queries returns once its work is done: a fault of earlier work, if any.
+cudaError_t after_wait() { return asynchronous() ? result(queue_sticky()) : cudaSuccess; }
 
 // The allocation holding [p, p + bytes), or null. Caller holds g_mutex.
 const Alloc* find(const void* p, size_t bytes) {
@@ -190,7 +207,12 @@ double now_ms() {
 
 }  // namespace
 
-void record_launch_error(cudaError_t e, const std::string& why) { fail(e, "kernel launch: " + why); }
+void record_launch_error(cudaError_t e, const std::string& why) {
+    fail(e, "kernel launch: " + why);
+    if (on_queue_executor()) queue_set_sticky(e);  // a fault found when the queue ran the kernel
+}
+
+void set_current_device(int device) { t_device = device; }
 
 bool check_launch_stream(cudaStream_t s) { return stream_on_current(s, "a kernel launch") == cudaSuccess; }
 
@@ -206,7 +228,12 @@ void submit(cudaStream_t s, std::function<void()> work) {
             s->frontier = {int(c.nodes.size()) - 1};
             return;
         }
+        if (s && asynchronous()) {
+            s->queued = {queue_issue(s->device, std::move(work), s->queued)};
+            return;
+        }
     }
+    if (asynchronous()) queue_wait_all();  // the legacy default stream follows all earlier work
     work();
 }
 
@@ -232,6 +259,13 @@ std::string submit_collective(const std::vector<cudaStream_t>& streams, std::fun
             c->nodes.push_back({streams[0]->device, std::move(work)});
             c->deps.push_back(deps);
             for (cudaStream_t s : streams) s->frontier = {int(c->nodes.size()) - 1};
+            return {};
+        }
+        if (asynchronous()) {  // likewise one queued item after every rank's work
+            std::vector<uint64_t> deps;
+            for (cudaStream_t s : streams) queue_join(deps, s->queued);
+            const uint64_t id = queue_issue(stream_device(streams[0]), std::move(work), deps);
+            for (cudaStream_t s : streams) s->queued = {id};
             return {};
         }
     }
@@ -329,11 +363,15 @@ cudaError_t cudaDeviceGetP2PAttribute(int* value, cudaDeviceP2PAttr, int, int) {
     *value = 0;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+    if (emu::asynchronous()) emu::queue_wait_all();  // every GPU's work, not just the current one's: legal, simpler
+    return emu::after_wait();
+}
 
 cudaError_t cudaGetLastError() {
     const cudaError_t e = emu::t_last_error;
     emu::t_last_error = cudaSuccess;
+    if (e == cudaSuccess && emu::asynchronous()) return emu::queue_sticky();  // sticky: not cleared
     return e;
 }
 const char* cudaGetErrorString(cudaError_t e) {
@@ -376,6 +414,7 @@ cudaError_t allocate(void** p, size_t bytes, int device) {
 
 cudaError_t release(void* p, bool pinned) {
     if (!p) return cudaSuccess;
+    if (emu::asynchronous()) emu::queue_wait_all();  // cudaFree synchronises: no queued work may use p
     std::lock_guard<std::mutex> lock(emu::g_mutex);
     auto it = emu::g_allocs.find(reinterpret_cast<uintptr_t>(p));
     if (it == emu::g_allocs.end() || (it->second.device < 0) != pinned)
@@ -418,12 +457,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     } else if (emu::is_device_memory(src)) {
         return fail(cudaErrorInvalidValue, "cudaMemcpyAsync host-to-device from device memory");
     }
-    if (kind != cudaMemcpyDeviceToDevice && emu::capturing(s)) {
+    bool pageable = false;
+    if (kind != cudaMemcpyDeviceToDevice) {
         std::lock_guard<std::mutex> lock(emu::g_mutex);
-        if (!emu::find(kind == cudaMemcpyHostToDevice ? src : dst, bytes))
-            return fail(cudaErrorStreamCaptureUnsupported, "a copy from or to pageable host memory in a capture");
+        pageable = !emu::find(kind == cudaMemcpyHostToDevice ? src : dst, bytes);
     }
+    if (pageable && emu::capturing(s))
+        return fail(cudaErrorStreamCaptureUnsupported, "a copy from or to pageable host memory in a capture");
     emu::submit(s, [=] { std::memmove(dst, src, bytes); });
+    // With pageable host memory the call returns once the host side is read (staged) or written:
+    // the copy is done when it returns.
+    if (pageable && emu::asynchronous()) return cudaStreamSynchronize(s);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device, size_t bytes,
@@ -457,12 +501,24 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     delete s;
     return cudaSuccess;
 }
+namespace {
+std::vector<uint64_t> queued_on(cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(emu::g_capture_mutex);
+    return s ? s->queued : std::vector<uint64_t>{};
+}
+}  // namespace
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (emu::capturing(s)) return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize of a capturing stream");
-    return cudaSuccess;
+    if (emu::asynchronous()) {
+        if (s) emu::queue_wait(queued_on(s));
+        else emu::queue_wait_all();
+    }
+    return emu::after_wait();
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
     if (emu::capturing(s)) return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamQuery of a capturing stream");
+    if (const cudaError_t e = emu::after_wait()) return e;
+    if (emu::asynchronous() && s && !emu::queue_done(queued_on(s))) return result(cudaErrorNotReady);
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
@@ -472,7 +528,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
     if (!c) {
         if (s->capture)
             return fail(cudaErrorStreamCaptureIsolation, "a capturing stream waits on an event recorded outside the capture");
-        return cudaSuccess;  // the work it stands for is done: streams finish work when it is issued
+        // Eager streams: the work it stands for is done. Asynchronous: s's next work follows it.
+        if (emu::asynchronous()) emu::queue_join(s->queued, e->queued);
+        return cudaSuccess;
     }
     if (s->capture && s->capture != c)
         return fail(cudaErrorStreamCaptureIsolation, "a stream of one capture waits on an event of another");
@@ -516,7 +574,22 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     e->capture = nullptr;
     e->frontier.clear();
     e->recorded = true;
-    e->ms = emu::now_ms();
+    if (!emu::asynchronous()) {
+        e->ms = emu::now_ms();
+        return cudaSuccess;
+    }
+    if (!s) {  // the legacy default stream: after everything issued so far
+        emu::queue_wait_all();
+        e->queued.clear();
+        e->completed_ms = std::make_shared<double>(emu::now_ms());
+        return cudaSuccess;
+    }
+    if (e->timing) {  // an item of its own that notes when the stream reached it
+        auto completed = std::make_shared<double>(0.0);
+        s->queued = {emu::queue_issue(s->device, [completed] { *completed = emu::now_ms(); }, s->queued)};
+        e->completed_ms = completed;
+    }
+    e->queued = s->queued;
     return cudaSuccess;
 }
 namespace {
@@ -526,13 +599,33 @@ cudaError_t event_done(cudaEvent_t e, const char* call) {
     if (e->capture && !e->capture->ended) return fail(cudaErrorCapturedEvent, std::string(call) + " of a captured event");
     return cudaSuccess;
 }
+std::vector<uint64_t> queued_for(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(emu::g_capture_mutex);
+    return e->queued;
+}
 }  // namespace
-cudaError_t cudaEventQuery(cudaEvent_t e) { return event_done(e, "cudaEventQuery"); }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return event_done(e, "cudaEventSynchronize"); }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (const cudaError_t err = event_done(e, "cudaEventQuery")) return err;
+    if (const cudaError_t err = emu::after_wait()) return err;
+    if (emu::asynchronous() && !emu::queue_done(queued_for(e))) return result(cudaErrorNotReady);
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (const cudaError_t err = event_done(e, "cudaEventSynchronize")) return err;
+    if (emu::asynchronous()) emu::queue_wait(queued_for(e));
+    return emu::after_wait();
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     if (!a || !b || !a->timing || !b->timing) return result(cudaErrorInvalidResourceHandle);
     if (!a->recorded || !b->recorded) return result(cudaErrorInvalidResourceHandle);
-    *ms = float(b->ms - a->ms);
+    if (!emu::asynchronous()) {
+        *ms = float(b->ms - a->ms);
+        return cudaSuccess;
+    }
+    if (!emu::queue_done(queued_for(a)) || !emu::queue_done(queued_for(b))) return result(cudaErrorNotReady);
+    std::lock_guard<std::mutex> lock(emu::g_capture_mutex);
+    if (!a->completed_ms || !b->completed_ms) return result(cudaErrorInvalidResourceHandle);
+    *ms = float(*b->completed_ms - *a->completed_ms);
     return cudaSuccess;
 }
 
@@ -580,7 +673,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
     return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
-    *exec = new CUgraphExec_st{graph->capture->nodes};
+    *exec = new CUgraphExec_st{graph->capture->nodes, graph->capture->deps};
     return cudaSuccess;
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) {
@@ -593,6 +686,22 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) {
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t s) {
     if (const cudaError_t e = stream_on_current(s, "cudaGraphLaunch")) return e;
+    if (emu::asynchronous() && s && !emu::capturing(s)) {
+        // Every node an item of the queue with the graph's own edges (those without any after the
+        // launch stream's earlier work): a replay runs in any order the edges allow, so an edge the
+        // capture missed shows.
+        std::lock_guard<std::mutex> lock(emu::g_capture_mutex);
+        std::vector<uint64_t> ids(g->nodes.size());
+        for (size_t i = 0; i < g->nodes.size(); ++i) {
+            std::vector<uint64_t> deps;
+            for (int d : g->deps[i]) deps.push_back(ids[size_t(d)]);
+            if (deps.empty()) deps = s->queued;
+            ids[i] = emu::queue_issue(g->nodes[i].device, g->nodes[i].work, deps);
+        }
+        if (!ids.empty()) s->queued = ids;
+        emu::queue_join(s->queued, {});
+        return cudaSuccess;
+    }
     emu::submit(s, [g] {
         const int saved = emu::t_device;
         for (const emu::Node& n : g->nodes) {

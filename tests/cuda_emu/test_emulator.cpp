@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "tests/cuda_emu/emu_state.h"
 #include "tests/cuda_emu/kernel_emu.h"
 
 namespace {
@@ -252,6 +253,105 @@ TEST_CASE("emulated GPU: stream capture records, replays, and refuses what CUDA 
     for (cudaEvent_t e : {fork, join, outside}) cudaEventDestroy(e);
     cudaFreeHost(pinned);
     cudaFree(d);
+}
+
+namespace {
+
+// Asynchronous streams in the lazy newest-first order for one test: nothing runs until a host
+// thread waits, then the newest ready item first, so everything issued before a wait is reordered
+// as far as the dependencies allow.
+struct NewestFirst {
+    emu::QueueOrder saved = emu::queue_order();
+    NewestFirst() { emu::queue_set_order(emu::QueueOrder::newest, true); }
+    ~NewestFirst() { emu::queue_set_order(saved, false); }
+};
+
+float* pinned_floats(size_t n, float value) {
+    void* p = nullptr;
+    REQUIRE(cudaHostAlloc(&p, n * sizeof(float), cudaHostAllocPortable) == cudaSuccess);
+    std::fill_n(static_cast<float*>(p), n, value);
+    return static_cast<float*>(p);
+}
+
+}  // namespace
+
+TEST_CASE("emulated GPU: asynchronous streams run work out of issue order, so a missing wait or read shows" *
+          doctest::test_suite("emulator")) {
+    NewestFirst order;
+    Gpu g, side;
+    float *x = g.alloc(32), *y = g.alloc(32);
+    float* in = pinned_floats(32, 1.0f);
+    float* out = pinned_floats(32, 0.0f);
+    cudaEvent_t written;
+    REQUIRE(cudaEventCreateWithFlags(&written, cudaEventDisableTiming) == cudaSuccess);
+
+    SUBCASE("a stream reading what another writes, without an event between them, reads it unwritten") {
+        REQUIRE(cudaMemcpyAsync(x, in, 32 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+        EMU_LAUNCH(copy_one, 1, 32, side.s)(x, y);
+        CHECK(cudaStreamQuery(side.s) == cudaErrorNotReady);  // issued, not run
+        cudaGetLastError();
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        for (float v : read(y, 32, side.s)) CHECK(std::isnan(v));  // x's fresh NaN, not 1
+    }
+    SUBCASE("with the event, it reads what was written") {
+        REQUIRE(cudaMemcpyAsync(x, in, 32 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+        REQUIRE(cudaEventRecord(written, g.s) == cudaSuccess);
+        REQUIRE(cudaStreamWaitEvent(side.s, written, 0) == cudaSuccess);
+        EMU_LAUNCH(copy_one, 1, 32, side.s)(x, y);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        for (float v : read(y, 32, side.s)) CHECK(v == 1.0f);
+    }
+    SUBCASE("the host sees a copy into pinned memory only after waiting for its stream") {
+        REQUIRE(cudaMemcpyAsync(x, in, 32 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+        REQUIRE(cudaMemcpyAsync(out, x, 32 * sizeof(float), cudaMemcpyDeviceToHost, g.s) == cudaSuccess);
+        CHECK(out[0] == 0.0f);
+        REQUIRE(cudaEventRecord(written, g.s) == cudaSuccess);
+        CHECK(cudaEventQuery(written) == cudaErrorNotReady);
+        cudaGetLastError();
+        REQUIRE(cudaEventSynchronize(written) == cudaSuccess);
+        CHECK(out[0] == 1.0f);
+        CHECK(out[31] == 1.0f);
+    }
+    SUBCASE("a graph's replay follows its edges, not the order of capture") {
+        // y = x and x *= 2 on two joined streams with no edge between them: captured in the order
+        // twice, copy; replayed newest first, the copy reads x before it is doubled
+        REQUIRE(cudaMemcpyAsync(x, in, 32 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+        REQUIRE(cudaStreamSynchronize(g.s) == cudaSuccess);
+        cudaEvent_t fork, join;
+        REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+        REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+        REQUIRE(cudaStreamBeginCapture(g.s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+        REQUIRE(cudaEventRecord(fork, g.s) == cudaSuccess);
+        REQUIRE(cudaStreamWaitEvent(side.s, fork, 0) == cudaSuccess);
+        EMU_LAUNCH(twice, 1, 32, side.s)(x);
+        EMU_LAUNCH(copy_one, 1, 32, g.s)(x, y);
+        REQUIRE(cudaEventRecord(join, side.s) == cudaSuccess);
+        REQUIRE(cudaStreamWaitEvent(g.s, join, 0) == cudaSuccess);
+        cudaGraph_t graph = nullptr;
+        REQUIRE(cudaStreamEndCapture(g.s, &graph) == cudaSuccess);
+        cudaGraphExec_t exec = nullptr;
+        REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+        REQUIRE(cudaGraphLaunch(exec, g.s) == cudaSuccess);
+        CHECK(read(y, 32, g.s)[0] == 1.0f);
+        CHECK(read(x, 32, g.s)[0] == 2.0f);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaEventDestroy(fork);
+        cudaEventDestroy(join);
+    }
+    SUBCASE("a fault found when the kernel runs is reported by the next wait, and stays") {
+        EMU_LAUNCH(divergent_barrier, 1, 64, g.s)(x);
+        CHECK(cudaGetLastError() == cudaSuccess);  // the launch itself was valid
+        CHECK(cudaStreamSynchronize(g.s) == cudaErrorLaunchFailure);
+        CHECK(cudaStreamQuery(side.s) == cudaErrorLaunchFailure);
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    }
+    cudaEventDestroy(written);
+    cudaFreeHost(in);
+    cudaFreeHost(out);
+    cudaFree(x);
+    cudaFree(y);
 }
 
 #if MIRRORED_NCCL
