@@ -209,13 +209,8 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
                                    int global_batch, int accumulation_steps, Nodes* nodes)
     : cfg_(cfg), model_(model), nodes_(nodes), devices_(parse_devices(cfg.devices)), accumulation_(accumulation_steps) {
     const int n = int(devices_.ordinals.size());
-    const int all = n * (nodes_ ? nodes_->count() : 1);
-    if (accumulation_ < 1) throw ConfigError("train.grad_accumulation_steps", "expected a positive integer");
-    if (global_batch % (all * accumulation_) != 0)
-        throw ConfigError("train.global_batch_size", "" + std::to_string(global_batch) + " does not divide into " +
-                          std::to_string(all) + " replicas x " + std::to_string(accumulation_) +
-                          " accumulation steps; use a multiple of " + std::to_string(all * accumulation_));
-    if (cfg_.bucket_mb < 0) throw ConfigError("strategy.bucket_mb", "expected a number >= 0");
+    const int all = n * node_count();  // all_replicas() once the replicas are built
+    check_batch(global_batch, all);
     // CPU replicas (and the simulated GPUs' streams, which compute with the CPU reference) are
     // the parallelism: one BLAS thread each.
     if (devices_.type != DeviceType::cuda) cpu_set_blas_threads(1);
@@ -233,57 +228,72 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
     std::vector<Device*> devs;
-    std::vector<float*> grads;
-    for (auto& R : replicas_) {
-        devs.push_back(R->device.get());
-        grads.push_back(R->grads.data());
-    }
-    const bool exact = cfg_.allreduce_dtype == DType::f32;  // else the state region (running statistics) needs its own f32 ops
-    const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
+    for (auto& R : replicas_) devs.push_back(R->device.get());
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
     for (auto& R : replicas_) grad_ptrs_.push_back(R->grads.data());
     for (int r = 0; r < n; ++r) all_indices_.push_back(r);
     if (shared_) joins_ = std::make_unique<ReplicaSync>(devs, threads_->barrier(), ReplicaSync::On::compute);
     // Shared parameters: the gradients need no op (each replica sums its slice where it lies);
     // the statistics of synchronised batchnorm still do.
-    if (!shared_) {
-        if (cfg_.cross_device_ops == "auto") {
-            std::vector<std::pair<size_t, size_t>> ranges;
-            for (const Bucket& b : buckets_)
-                if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
-            // Multi-node: node 0 chooses for every node (the same op sums in the same order as on one node).
-            OpsChoice choice;
-            if (!nodes_ || nodes_->leader())
-                choice = choose_cross_device_ops(devs, grads, ops_elements, ranges, *threads_, cfg_.allreduce_dtype,
-                                                 cfg_.resume_cross_device_ops);
-            if (nodes_) {
-                choice.name = nodes_->broadcast(choice.name, "the choice of the cross-device op");
-                if (!nodes_->leader()) choice.how = "node 0's choice";
-            }
-            cfg_.cross_device_ops = choice.name;
-            ops_choice_ = "auto, " + choice.how;
-        }
-        ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, ops_elements, threads_->barrier(),
-                                     cfg_.allreduce_dtype);
-        if (model_.has_state() && !exact)
-            state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, model_.flat_size(), threads_->barrier());
-    }
-    if (model_.stats_floats() > 0) {  // synchronised batch normalisation sums over its own buffers
-        std::vector<float*> stats;
-        for (auto& R : replicas_) stats.push_back(R->stats.data());
-        stats_ops_ = make_cross_device_ops(shared_ ? "ring" : cfg_.cross_device_ops, devs, stats, model_.stats_floats(),
-                                           threads_->barrier());
-        for (int r = 0; r < n; ++r) replicas_[r]->sync = make_stats_sync(r);
-    }
+    if (!shared_) make_gradient_ops(devs);
+    if (model_.stats_floats() > 0) make_stats_ops(devs);
     for (const auto& t : model_.tensors())
         if (!t.trainable) state_.push_back(&t);
     join_nodes();
-    if (cfg_.cuda_graph) {
-        if (!devices_.asynchronous()) graph_note_ = "CPU replicas run each op as it is issued: there is nothing to capture";
-        else if (devices_.type == DeviceType::sim && cfg_.cross_device_ops == "nccl")
-            graph_note_ = "the simulated NCCL cannot be captured; use ring or direct";
-        else graphs_on_ = true;
+    choose_graphs();
+}
+
+void MirroredStrategy::check_batch(int global_batch, int all) const {
+    if (accumulation_ < 1) throw ConfigError("train.grad_accumulation_steps", "expected a positive integer");
+    if (global_batch % (all * accumulation_) != 0)
+        throw ConfigError("train.global_batch_size", "" + std::to_string(global_batch) + " does not divide into " +
+                          std::to_string(all) + " replicas x " + std::to_string(accumulation_) +
+                          " accumulation steps; use a multiple of " + std::to_string(all * accumulation_));
+    if (cfg_.bucket_mb < 0) throw ConfigError("strategy.bucket_mb", "expected a number >= 0");
+}
+
+void MirroredStrategy::make_gradient_ops(const std::vector<Device*>& devs) {
+    std::vector<float*> grads;
+    for (auto& R : replicas_) grads.push_back(R->grads.data());
+    const bool exact = cfg_.allreduce_dtype == DType::f32;  // else the state region (running statistics) needs its own f32 ops
+    const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
+    if (cfg_.cross_device_ops == "auto") {
+        std::vector<std::pair<size_t, size_t>> ranges;
+        for (const Bucket& b : buckets_)
+            if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
+        // Multi-node: node 0 chooses for every node (the same op sums in the same order as on one node).
+        OpsChoice choice;
+        if (!nodes_ || nodes_->leader())
+            choice = choose_cross_device_ops(devs, grads, ops_elements, ranges, *threads_, cfg_.allreduce_dtype,
+                                             cfg_.resume_cross_device_ops);
+        if (nodes_) {
+            choice.name = nodes_->broadcast(choice.name, "the choice of the cross-device op");
+            if (!nodes_->leader()) choice.how = "node 0's choice";
+        }
+        cfg_.cross_device_ops = choice.name;
+        ops_choice_ = "auto, " + choice.how;
     }
+    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, ops_elements, threads_->barrier(),
+                                 cfg_.allreduce_dtype);
+    if (model_.has_state() && !exact)
+        state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, model_.flat_size(), threads_->barrier());
+}
+
+// Synchronised batch normalisation sums over its own buffers.
+void MirroredStrategy::make_stats_ops(const std::vector<Device*>& devs) {
+    std::vector<float*> stats;
+    for (auto& R : replicas_) stats.push_back(R->stats.data());
+    stats_ops_ = make_cross_device_ops(shared_ ? "ring" : cfg_.cross_device_ops, devs, stats, model_.stats_floats(),
+                                       threads_->barrier());
+    for (int r = 0; r < int(replicas_.size()); ++r) replicas_[r]->sync = make_stats_sync(r);
+}
+
+void MirroredStrategy::choose_graphs() {
+    if (!cfg_.cuda_graph) return;
+    if (!devices_.asynchronous()) graph_note_ = "CPU replicas run each op as it is issued: there is nothing to capture";
+    else if (devices_.type == DeviceType::sim && cfg_.cross_device_ops == "nccl")
+        graph_note_ = "the simulated NCCL cannot be captured; use ring or direct";
+    else graphs_on_ = true;
     if (graphs_on_) graph_fork_ = replicas_[0]->device->event_create();
 }
 

@@ -267,6 +267,13 @@ public:
     void test_inject_overflow(int r) { inject_overflow_ = r; }
 
 private:
+    // The global batch against all replicas of the job, the accumulation steps and the buckets'
+    // size: ConfigError if they do not fit.
+    void check_batch(int global_batch, int all) const;
+    // The cross-device ops of the gradients (ops_, state_ops_), chosen by measurement for "auto".
+    void make_gradient_ops(const std::vector<Device*>& devs);
+    void make_stats_ops(const std::vector<Device*>& devs);
+    void choose_graphs();  // strategy.cuda_graph: on, or why not (graph_note_)
     void build_replica(int r, int max_shard_rows, int max_micro_rows, const OptimizerConfig& opt);
     void allocate_model_state(Replica& R, const OptimizerConfig& opt, int max_micro_rows);
     void allocate_inputs(Replica& R, int max_shard_rows);
