@@ -34,8 +34,31 @@ inline const char* cublas_status_string(cublasStatus_t s) {
             ::mirrored::cuda_fail(#stmt, cudaGetErrorString(err_), __FILE__, __LINE__, (device)); \
     } while (0)
 
+// A result kept in a variable (looked at before it is checked), reported as the call it came from.
+#define CUDA_CHECK_AS(device, call, err)                                                  \
+    do {                                                                                  \
+        const cudaError_t e_ = (err);                                                     \
+        if (e_ != cudaSuccess) ::mirrored::cuda_fail((call), cudaGetErrorString(e_), __FILE__, __LINE__, (device)); \
+    } while (0)
+
 // After every <<<>>> launch: catches bad launch configurations at once.
 #define CUDA_LAUNCH_CHECK(device) CUDA_CHECK(device, cudaGetLastError())
+
+// A query (cudaEventQuery, cudaStreamQuery): true when the work is done, false when not yet (that
+// answer cleared from the last error); any other answer - a GPU's fault surfacing - throws, naming
+// the query.
+#define CUDA_QUERY(device, stmt) ::mirrored::cuda_query((stmt), #stmt, __FILE__, __LINE__, (device))
+
+namespace mirrored {
+inline bool cuda_query(cudaError_t e, const char* stmt, const char* file, int line, int device) {
+    if (e == cudaErrorNotReady) {
+        cudaGetLastError();
+        return false;
+    }
+    if (e != cudaSuccess) cuda_fail(stmt, cudaGetErrorString(e), file, line, device);
+    return true;
+}
+}  // namespace mirrored
 
 #define CUBLAS_CHECK(device, stmt)                                                         \
     do {                                                                                   \

@@ -107,7 +107,7 @@ public:
             throw DeviceError(name() + ": out of memory allocating " + mib(bytes) + " (" +
                               mib(free_b) + " free of " + mib(total_b) + ")");
         }
-        CUDA_CHECK(ordinal(), e);
+        CUDA_CHECK_AS(ordinal(), "cudaMalloc(&p, bytes)", e);
         note_alloc(p, bytes);
         return p;
     }
@@ -132,7 +132,7 @@ public:
             cudaGetLastError();
             throw DeviceError(name() + ": out of pinned host memory allocating " + mib(bytes));
         }
-        CUDA_CHECK(ordinal(), e);
+        CUDA_CHECK_AS(ordinal(), "cudaHostAlloc(&p, bytes, cudaHostAllocPortable)", e);
         return p;
     }
     void free_host_bytes(void* p) noexcept override { cudaFreeHost(p); }
@@ -174,15 +174,7 @@ public:
         ++work_.stream_waits;
         CUDA_CHECK(ordinal(), cudaStreamWaitEvent(stream(s), event(e), 0));
     }
-    bool event_query(Event e) override {
-        const cudaError_t err = cudaEventQuery(event(e));
-        if (err == cudaErrorNotReady) {
-            cudaGetLastError();
-            return false;
-        }
-        CUDA_CHECK(ordinal(), err);
-        return true;
-    }
+    bool event_query(Event e) override { return CUDA_QUERY(ordinal(), cudaEventQuery(event(e))); }
     void event_synchronize(Event e) override {
         ++work_.host_syncs;
         CUDA_CHECK(ordinal(), cudaEventSynchronize(event(e)));
@@ -197,15 +189,8 @@ public:
     bool query_idle() override {
         use();
         bool idle = true;
-        for (cudaStream_t st : {stream(compute_), stream(comm_), stream(copy_), staging_stream_}) {
-            const cudaError_t e = cudaStreamQuery(st);
-            if (e == cudaErrorNotReady) {
-                cudaGetLastError();
-                idle = false;
-                continue;
-            }
-            CUDA_CHECK(ordinal(), e);  // a sticky error surfaces here
-        }
+        for (cudaStream_t st : {stream(compute_), stream(comm_), stream(copy_), staging_stream_})
+            idle = CUDA_QUERY(ordinal(), cudaStreamQuery(st)) && idle;  // a sticky error surfaces here
         return idle;
     }
     void abandon() noexcept override { abandoned_ = true; }
@@ -239,7 +224,7 @@ public:
         cudaGraphExec_t exec = nullptr;
         const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
         cudaGraphDestroy(graph);
-        CUDA_CHECK(ordinal(), err);
+        CUDA_CHECK_AS(ordinal(), "cudaGraphInstantiate(&exec, graph, 0)", err);
         return Graph{exec};
     }
     void graph_launch(Graph g, Stream s) override {
