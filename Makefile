@@ -193,13 +193,14 @@ test-tsan:
 # The CUDA backend's own source on emulated GPUs (tests/cuda_emu/README.md): every test that skips
 # without a GPU runs the backend's kernels, cuBLAS, cuBLASLt and graph calls on the CPU, on eager
 # streams and again (but the emulator's own tests) on asynchronous ones that reorder the work.
-# EMU_TESTS: doctest filters, by default the GPU tests (suite "cuda") and the emulator's own
-# ("emulator"); EMU_TESTS= runs every test. The host objects are $(BUILD)'s own (HOST_BUILD).
-EMU_TESTS ?= -ts=cuda,emulator
+# EMU_TESTS: doctest filters, by default the GPU tests (suite "cuda"), those that need the
+# emulator's knobs ("emulated") and the emulator's own ("emulator"); EMU_TESTS= runs every test.
+# The host objects are $(BUILD)'s own (HOST_BUILD).
+EMU_TESTS ?= -ts=cuda,emulated,emulator
 test-cuda-emu:
 	@test -f $(CUDA_HOME)/include/cuda_runtime.h || \
 	  { echo "test-cuda-emu: no CUDA toolkit headers under $(CUDA_HOME) (set CUDA_HOME)"; exit 2; }
-	@! grep -rlE 'MIRRORED_(CUDA|NCCL)|#include <(cuda|cublas|nccl)' kernels/*.* kernels/cpu kernels/sim data mirrored \
+	@! grep -rlE 'MIRRORED_(CUDA|NCCL)\b|#include <(cuda|cublas|nccl)' kernels/*.* kernels/cpu kernels/sim data mirrored \
 	  tests/*.cpp tests/*.h tests/fuzz || { echo "test-cuda-emu: the files above see CUDA: $(BUILD)'s objects cannot be shared"; exit 2; }
 	$(MAKE) -j$(shell nproc) host-objects
 	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 HOST_BUILD=$(BUILD) build-emu/mirrored_tests build-emu/mirrored

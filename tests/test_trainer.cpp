@@ -697,6 +697,56 @@ TEST_CASE("a device failure: exit 5 with the first error named, no hang, the las
     }
 }
 
+// The same on the CUDA backend's own code, on emulated GPUs (make test-cuda-emu), whose knob
+// MIRRORED_CUDA_EMU_FAULT makes the K-th kernel run on a GPU meet an illegal address: on eager
+// streams the launch's own check reports it, on asynchronous ones a later call on that GPU, as on
+// a real one. Uncaptured and replayed from graphs, ring and direct (NCCL where built). A real GPU
+// has no such knob: there the case says it skipped (suite "emulated").
+TEST_CASE("cuda: a GPU fault: exit 5 naming the GPU and the call, no hang, the last checkpoint kept; the rerun "
+          "resumes exactly" * doctest::test_suite("emulated")) {
+    SKIP_WITHOUT_CUDA();
+    if (make_cuda_device(0)->description().rfind("emulated GPU", 0) != 0) {
+        mark_skipped("MIRRORED_CUDA_EMU_FAULT belongs to the emulated GPU (make test-cuda-emu), not a real one");
+        return;
+    }
+    const bool two = cuda_device_count() >= 2;
+    const std::string devices = two ? "cuda:0,1" : "cuda:0,0";
+    Scratch s;
+    const std::string cfg = s.config();
+    const std::string ref = s.out("ref");
+    REQUIRE(train_in_process(cfg, ref, {"strategy.devices=" + devices}) == kExitOk);
+    struct Case {
+        const char* op;
+        bool graphs;
+    };
+    std::vector<Case> cases{{"ring", false}, {"ring", true}, {"direct", false}};
+    if (two && nccl_compiled()) cases.push_back({"nccl", true});
+    for (const Case& c : cases) {
+        CAPTURE(c.op);
+        CAPTURE(c.graphs);
+        const std::string out = s.out(std::string("failed-") + c.op + (c.graphs ? "-graphs" : ""));
+        const std::vector<std::string> args{"train", cfg, "--output", out, "--devices", devices,
+                                            "--set", std::string("strategy.cross_device_ops=") + c.op,
+                                            "--set", std::string("strategy.cuda_graph=") + (c.graphs ? "true" : "false")};
+        std::string err;
+        const auto t0 = std::chrono::steady_clock::now();
+        const int rc = run_cli(args, {{"MIRRORED_CUDA_EMU_FAULT", two ? "1:1500" : "0:3000"}}, -1, &err);
+        CAPTURE(err);
+        CHECK(rc == kExitDevice);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+        CHECK(err.find(two ? "error: cuda:1: " : "error: cuda:0: ") != std::string::npos);  // the failed GPU, first
+        CHECK(err.find("failed: an illegal memory access was encountered (kernels/cuda/") != std::string::npos);
+        CHECK(err.find("internal") == std::string::npos);
+        const auto ckpts = list_checkpoints(out + "/checkpoints");
+        REQUIRE(!ckpts.empty());
+        CHECK_NOTHROW(read_safetensors(ckpts.front(), true));  // intact
+        // the GPU is replaced: the run resumes from that checkpoint and ends as if nothing had happened
+        CHECK(run_cli(args) == kExitOk);
+        CHECK(summary(out)["resumed_from_step"].get<int64_t>() > 0);
+        expect_same_run(ref, out);
+    }
+}
+
 namespace {
 
 // A CNN with batchnorm (per replica and synchronised), dropout and a residual block, trained in

@@ -36,9 +36,8 @@ void set_current_device(int device);  // cudaSetDevice for the calling thread, u
 // executor thread runs it later, choosing among the ready items the newest or one at random.
 enum class QueueOrder { eager, newest, random };
 QueueOrder queue_order();
-// For the emulator's tests: another order (after every queued item is done, clearing a sticky
-// fault); lazy: run items only while a host thread waits for some, so that everything issued
-// before the wait is reordered.
+// For the emulator's tests: another order (after every queued item is done); lazy: run items only
+// while a host thread waits for some, so that everything issued before the wait is reordered.
 void queue_set_order(QueueOrder order, bool lazy);
 // Queues `work` for GPU `device` after the items `deps`; its id.
 uint64_t queue_issue(int device, std::function<void()> work, std::vector<uint64_t> deps);
@@ -48,8 +47,16 @@ bool queue_done(const std::vector<uint64_t>& ids);
 void queue_wait(const std::vector<uint64_t>& ids);
 void queue_wait_all();
 bool on_queue_executor();  // the calling thread is the executor (running an item)
-// The first error of work run by the executor: sticky, as a GPU's faults are; cudaSuccess if none.
-void queue_set_sticky(cudaError_t e);
-cudaError_t queue_sticky();
+
+// A GPU's fault (runtime.cpp): the first error of a kernel found when it ran, or injected by
+// MIRRORED_CUDA_EMU_FAULT=G:K (the K-th kernel run on GPU G meets an illegal address). Sticky, as
+// on a GPU: every later wait, query, launch or copy on that GPU returns it, and its kernels no
+// longer run. cudaSuccess while the GPU is healthy.
+void set_fault(int device, cudaError_t e);
+cudaError_t fault_of(int device);
+void clear_faults();  // for the emulator's tests: every GPU healthy again
+// Called by each kernel as it runs on the current GPU: true when it must not run (the GPU has
+// failed, or the injected fault is this kernel).
+bool kernel_faults();
 
 }  // namespace emu

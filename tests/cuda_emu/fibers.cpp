@@ -256,6 +256,7 @@ bool begin_launch(const LaunchConfig& c) {
 }
 
 void run_launch(const LaunchConfig& c, void (*thread_body)(void*), void* arg) {
+    if (kernel_faults()) return;  // a failed GPU runs no kernel
     std::lock_guard<std::mutex> lock(g_launch_mutex);
     if (!g_stacks) {
         void* m = ::mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

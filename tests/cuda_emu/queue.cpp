@@ -46,7 +46,6 @@ struct Queue {
     bool lazy = false;  // run only while a host thread waits
     std::mt19937_64 random{12345};
     std::chrono::steady_clock::time_point last_issue{};
-    cudaError_t sticky = cudaSuccess;
     std::once_flag started;
     std::thread executor;
 
@@ -141,7 +140,6 @@ void queue_set_order(QueueOrder order, bool lazy) {
     std::lock_guard<std::mutex> lock(q.mutex);
     q.order = order;
     q.lazy = lazy;
-    q.sticky = cudaSuccess;  // a test's fault ends with its test
 }
 
 uint64_t queue_issue(int device, std::function<void()> work, std::vector<uint64_t> deps) {
@@ -193,18 +191,6 @@ void queue_wait_all() {
     q.wake.notify_one();
     q.finished.wait(lock, [&] { return q.items.empty(); });
     --q.waiters;
-}
-
-void queue_set_sticky(cudaError_t e) {
-    Queue& q = queue();
-    std::lock_guard<std::mutex> lock(q.mutex);
-    if (q.sticky == cudaSuccess) q.sticky = e;
-}
-
-cudaError_t queue_sticky() {
-    Queue& q = queue();
-    std::lock_guard<std::mutex> lock(q.mutex);
-    return q.sticky;
 }
 
 }  // namespace emu

@@ -8,8 +8,10 @@
 // for the stream's earlier work and the events the stream waited on, and an executor thread runs
 // it later, out of issue order where the dependencies allow; queries answer cudaErrorNotReady
 // until it has run, waits wait for it, cudaFree and work on the legacy default stream wait for
-// everything, a copy with pageable host memory is done when it returns, and a fault found when a
-// kernel runs is sticky. What is checked, because a real GPU would fail or misbehave there:
+// everything, a copy with pageable host memory is done when it returns. A fault found when a
+// kernel runs (or injected, MIRRORED_CUDA_EMU_FAULT) is sticky for its GPU, as on a GPU: every
+// later call on it returns the error. What is checked, because a real GPU would fail or misbehave
+// there:
 // - memory: device allocations are host memory filled with NaN bytes; copies, memsets, cuBLAS
 //   operands and every pointer argument of a kernel launch must lie in memory the current GPU
 //   may use (its own, a peer's after cudaDeviceEnablePeerAccess, pinned host memory); a copy's
@@ -38,6 +40,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -143,8 +146,11 @@ cudaError_t fail(cudaError_t e, const std::string& why) {
 
 bool asynchronous() { return queue_order() != QueueOrder::eager; }
 
-// What a call that waits or queries returns once its work is done: a fault of earlier work, if any.
-cudaError_t after_wait() { return asynchronous() ? result(queue_sticky()) : cudaSuccess; }
+std::atomic<int> g_fault[kMaxGpus] = {};  // cudaError_t per GPU: sticky
+std::atomic<uint64_t> g_kernels_run[kMaxGpus] = {};
+
+// What a call that waits or queries returns once its work is done: the GPU's fault, if any.
+cudaError_t after_wait(int device = t_device) { return result(fault_of(device)); }
 
 // The allocation holding [p, p + bytes), or null. Caller holds g_mutex.
 const Alloc* find(const void* p, size_t bytes) {
@@ -195,9 +201,10 @@ int stream_device(cudaStream_t s) { return s ? s->device : t_device; }
 
 // Work must go to a stream of the current device (the legacy default stream is the current one's).
 cudaError_t stream_on_current(cudaStream_t s, const char* call) {
-    if (stream_device(s) == t_device) return cudaSuccess;
-    return fail(cudaErrorInvalidResourceHandle, std::string(call) + " on a stream of GPU " +
-                                                    std::to_string(stream_device(s)));
+    if (stream_device(s) != t_device)
+        return fail(cudaErrorInvalidResourceHandle, std::string(call) + " on a stream of GPU " +
+                                                        std::to_string(stream_device(s)));
+    return result(fault_of(t_device));  // a failed GPU takes no more work
 }
 
 double now_ms() {
@@ -209,7 +216,36 @@ double now_ms() {
 
 void record_launch_error(cudaError_t e, const std::string& why) {
     fail(e, "kernel launch: " + why);
-    if (on_queue_executor()) queue_set_sticky(e);  // a fault found when the queue ran the kernel
+    if (on_queue_executor()) set_fault(t_device, e);  // found when the queue ran the kernel: sticky
+}
+
+void set_fault(int device, cudaError_t e) {
+    int healthy = cudaSuccess;
+    g_fault[device].compare_exchange_strong(healthy, int(e));
+}
+cudaError_t fault_of(int device) { return cudaError_t(g_fault[device].load()); }
+void clear_faults() {
+    for (auto& f : g_fault) f = cudaSuccess;
+}
+
+bool kernel_faults() {
+    static const auto injected = [] {  // MIRRORED_CUDA_EMU_FAULT=G:K
+        std::pair<int, unsigned long long> at{-1, 0};
+        if (const char* v = std::getenv("MIRRORED_CUDA_EMU_FAULT"))
+            if (std::sscanf(v, "%d:%llu", &at.first, &at.second) != 2 || at.first < 0 || at.first >= kMaxGpus) {
+                std::fprintf(stderr, "emulated GPU: MIRRORED_CUDA_EMU_FAULT=%s is not GPU:KERNEL\n", v);
+                std::exit(2);
+            }
+        return at;
+    }();
+    const int d = t_device;
+    if (fault_of(d) != cudaSuccess) return true;
+    const uint64_t k = ++g_kernels_run[d];
+    if (d != injected.first || k != injected.second) return false;
+    std::fprintf(stderr, "emulated GPU %d: kernel %llu meets an illegal address (MIRRORED_CUDA_EMU_FAULT)\n", d,
+                 static_cast<unsigned long long>(k));
+    set_fault(d, cudaErrorIllegalAddress);
+    return true;
 }
 
 void set_current_device(int device) { t_device = device; }
@@ -371,7 +407,7 @@ cudaError_t cudaDeviceSynchronize() {
 cudaError_t cudaGetLastError() {
     const cudaError_t e = emu::t_last_error;
     emu::t_last_error = cudaSuccess;
-    if (e == cudaSuccess && emu::asynchronous()) return emu::queue_sticky();  // sticky: not cleared
+    if (e == cudaSuccess) return emu::fault_of(emu::t_device);  // sticky: not cleared
     return e;
 }
 const char* cudaGetErrorString(cudaError_t e) {
@@ -513,11 +549,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
         if (s) emu::queue_wait(queued_on(s));
         else emu::queue_wait_all();
     }
-    return emu::after_wait();
+    return emu::after_wait(emu::stream_device(s));
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
     if (emu::capturing(s)) return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamQuery of a capturing stream");
-    if (const cudaError_t e = emu::after_wait()) return e;
+    if (const cudaError_t e = emu::after_wait(emu::stream_device(s))) return e;
     if (emu::asynchronous() && s && !emu::queue_done(queued_on(s))) return result(cudaErrorNotReady);
     return cudaSuccess;
 }
@@ -606,14 +642,14 @@ std::vector<uint64_t> queued_for(cudaEvent_t e) {
 }  // namespace
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (const cudaError_t err = event_done(e, "cudaEventQuery")) return err;
-    if (const cudaError_t err = emu::after_wait()) return err;
+    if (const cudaError_t err = emu::after_wait(e->device)) return err;
     if (emu::asynchronous() && !emu::queue_done(queued_for(e))) return result(cudaErrorNotReady);
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (const cudaError_t err = event_done(e, "cudaEventSynchronize")) return err;
     if (emu::asynchronous()) emu::queue_wait(queued_for(e));
-    return emu::after_wait();
+    return emu::after_wait(e->device);
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     if (!a || !b || !a->timing || !b->timing) return result(cudaErrorInvalidResourceHandle);

@@ -263,7 +263,10 @@ namespace {
 struct NewestFirst {
     emu::QueueOrder saved = emu::queue_order();
     NewestFirst() { emu::queue_set_order(emu::QueueOrder::newest, true); }
-    ~NewestFirst() { emu::queue_set_order(saved, false); }
+    ~NewestFirst() {
+        emu::queue_set_order(saved, false);
+        emu::clear_faults();  // a subcase's
+    }
 };
 
 float* pinned_floats(size_t n, float value) {
