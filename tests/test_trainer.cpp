@@ -666,6 +666,33 @@ TEST_CASE("cuda: SIGKILL at an arbitrary moment, then resume, is bit-identical t
     kill_resume_graphs(cuda_device_count() >= 2 ? "cuda:0,1" : "cuda:0,0", {}, 20);
 }
 
+namespace {
+
+// A run that fails on a device (`env` makes it fail): exit 5 within a minute, its error saying
+// each of `said` (the failed device, the error, where), never "internal"; its checkpoints intact;
+// the rerun without the failure (the GPU replaced) resumes from one and ends as the uninterrupted
+// run `ref` did.
+void expect_device_failure(const std::string& ref, const std::string& out, const std::vector<std::string>& args,
+                           const std::vector<std::pair<std::string, std::string>>& env,
+                           const std::vector<std::string>& said) {
+    std::string err;
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = run_cli(args, env, -1, &err);
+    CAPTURE(err);
+    CHECK(rc == kExitDevice);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+    for (const std::string& part : said) CHECK(err.find(part) != std::string::npos);
+    CHECK(err.find("internal") == std::string::npos);
+    const auto ckpts = list_checkpoints(out + "/checkpoints");
+    REQUIRE(!ckpts.empty());
+    CHECK_NOTHROW(read_safetensors(ckpts.front(), true));
+    CHECK(run_cli(args) == kExitOk);
+    CHECK(summary(out)["resumed_from_step"].get<int64_t>() > 0);
+    expect_same_run(ref, out);
+}
+
+}  // namespace
+
 TEST_CASE("a device failure: exit 5 with the first error named, no hang, the last checkpoint kept; the rerun resumes exactly") {
     Scratch s;
     const std::string cfg = s.config();
@@ -674,26 +701,11 @@ TEST_CASE("a device failure: exit 5 with the first error named, no hang, the las
     for (const char* op : {"ring", "nccl"}) {
         CAPTURE(op);
         const std::string out = s.out(std::string("failed-") + op);
-        std::string err;
-        const auto t0 = std::chrono::steady_clock::now();
-        const int rc = run_cli({"train", cfg, "--output", out, "--devices", "sim:0,1", "--set",
-                                std::string("strategy.cross_device_ops=") + op},
-                               {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}}, -1, &err);
-        CHECK(rc == kExitDevice);
-        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
-        CHECK(err.find("error: sim:1: ") != std::string::npos);  // the failed device, first
-        CHECK(err.find("illegal memory access") != std::string::npos);
-        CHECK(err.find("sim_device.cpp:") != std::string::npos);
-        CHECK(err.find("internal") == std::string::npos);
-        const auto ckpts = list_checkpoints(out + "/checkpoints");
-        REQUIRE(!ckpts.empty());
-        CHECK_NOTHROW(read_safetensors(ckpts.front(), true));  // intact
-        // the GPU is replaced (no fault now): the run resumes from that checkpoint and ends as if
-        // nothing had happened
-        CHECK(run_cli({"train", cfg, "--output", out, "--devices", "sim:0,1", "--set",
-                       std::string("strategy.cross_device_ops=") + op}) == kExitOk);
-        CHECK(summary(out)["resumed_from_step"].get<int64_t>() > 0);
-        expect_same_run(ref, out);
+        expect_device_failure(ref, out,
+                              {"train", cfg, "--output", out, "--devices", "sim:0,1", "--set",
+                               std::string("strategy.cross_device_ops=") + op},
+                              {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}},
+                              {"error: sim:1: ", "illegal memory access", "sim_device.cpp:"});  // the failed device, first
     }
 }
 
@@ -725,25 +737,13 @@ TEST_CASE("cuda: a GPU fault: exit 5 naming the GPU and the call, no hang, the l
         CAPTURE(c.op);
         CAPTURE(c.graphs);
         const std::string out = s.out(std::string("failed-") + c.op + (c.graphs ? "-graphs" : ""));
-        const std::vector<std::string> args{"train", cfg, "--output", out, "--devices", devices,
-                                            "--set", std::string("strategy.cross_device_ops=") + c.op,
-                                            "--set", std::string("strategy.cuda_graph=") + (c.graphs ? "true" : "false")};
-        std::string err;
-        const auto t0 = std::chrono::steady_clock::now();
-        const int rc = run_cli(args, {{"MIRRORED_CUDA_EMU_FAULT", two ? "1:1500" : "0:3000"}}, -1, &err);
-        CAPTURE(err);
-        CHECK(rc == kExitDevice);
-        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
-        CHECK(err.find(two ? "error: cuda:1: " : "error: cuda:0: ") != std::string::npos);  // the failed GPU, first
-        CHECK(err.find("failed: an illegal memory access was encountered (kernels/cuda/") != std::string::npos);
-        CHECK(err.find("internal") == std::string::npos);
-        const auto ckpts = list_checkpoints(out + "/checkpoints");
-        REQUIRE(!ckpts.empty());
-        CHECK_NOTHROW(read_safetensors(ckpts.front(), true));  // intact
-        // the GPU is replaced: the run resumes from that checkpoint and ends as if nothing had happened
-        CHECK(run_cli(args) == kExitOk);
-        CHECK(summary(out)["resumed_from_step"].get<int64_t>() > 0);
-        expect_same_run(ref, out);
+        expect_device_failure(ref, out,
+                              {"train", cfg, "--output", out, "--devices", devices, "--set",
+                               std::string("strategy.cross_device_ops=") + c.op, "--set",
+                               std::string("strategy.cuda_graph=") + (c.graphs ? "true" : "false")},
+                              {{"MIRRORED_CUDA_EMU_FAULT", two ? "1:1500" : "0:3000"}},
+                              {two ? "error: cuda:1: " : "error: cuda:0: ",
+                               "failed: an illegal memory access was encountered (kernels/cuda/"});
     }
 }
 
