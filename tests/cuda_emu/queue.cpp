@@ -29,7 +29,6 @@ struct Item {
     int device;
     std::function<void()> work;
     std::vector<uint64_t> deps;
-    bool running = false;
 };
 
 // How long the executor lets issued work pile up before it runs any while no host thread waits:
@@ -70,16 +69,21 @@ struct Queue {
         });
     }
 
-    bool ready(const Item& item) const {
-        for (uint64_t d : item.deps)
-            if (items.count(d)) return false;
+    // Whether every item of ids has finished (items holds the unfinished ones). Caller holds mutex.
+    bool done(const std::vector<uint64_t>& ids) const {
+        for (uint64_t id : ids)
+            if (items.count(id)) return false;
         return true;
     }
-    // The item to run next, or items.end(): among the ready ones, per the order.
+    void drop_done(std::vector<uint64_t>& ids) const {
+        std::erase_if(ids, [&](uint64_t id) { return !items.count(id); });
+    }
+    // The item to run next, or items.end(): among the ready ones, per the order. Called only by
+    // the executor between items, so none is running.
     std::map<uint64_t, Item>::iterator pick() {
         std::vector<std::map<uint64_t, Item>::iterator> ready_items;
         for (auto it = items.rbegin(); it != items.rend(); ++it)
-            if (!it->second.running && ready(it->second)) {
+            if (done(it->second.deps)) {
                 if (order != QueueOrder::random) return std::prev(it.base());
                 ready_items.push_back(std::prev(it.base()));
             }
@@ -101,12 +105,8 @@ struct Queue {
                 else wake.wait_until(lock, last_issue + kQuiet);
                 continue;
             }
+            // Never end(): the oldest unfinished item is ready (its dependencies are older, so finished).
             auto it = pick();
-            if (it == items.end()) {  // everything ready is running: cannot happen with one executor
-                wake.wait(lock);
-                continue;
-            }
-            it->second.running = true;
             std::function<void()> work = std::move(it->second.work);
             const int device = it->second.device;
             lock.unlock();
@@ -116,6 +116,15 @@ struct Queue {
             items.erase(it);
             finished.notify_all();
         }
+    }
+    // Blocks the calling host thread until finished_now() holds; the executor runs meanwhile.
+    template <class F>
+    void wait_for(F finished_now) {
+        std::unique_lock<std::mutex> lock(mutex);
+        ++waiters;
+        wake.notify_one();
+        finished.wait(lock, finished_now);
+        --waiters;
     }
 };
 
@@ -147,7 +156,7 @@ uint64_t queue_issue(int device, std::function<void()> work, std::vector<uint64_
     q.start();
     std::lock_guard<std::mutex> lock(q.mutex);
     const uint64_t id = q.next_id++;
-    std::erase_if(deps, [&](uint64_t d) { return !q.items.count(d); });  // done already
+    q.drop_done(deps);
     q.items.emplace(id, Item{device, std::move(work), std::move(deps)});
     q.last_issue = std::chrono::steady_clock::now();
     q.wake.notify_one();
@@ -160,37 +169,23 @@ void queue_join(std::vector<uint64_t>& into, const std::vector<uint64_t>& from) 
     into.insert(into.end(), from.begin(), from.end());
     std::sort(into.begin(), into.end());
     into.erase(std::unique(into.begin(), into.end()), into.end());
-    std::erase_if(into, [&](uint64_t d) { return !q.items.count(d); });  // done already
+    q.drop_done(into);
 }
 
 bool queue_done(const std::vector<uint64_t>& ids) {
     Queue& q = queue();
     std::lock_guard<std::mutex> lock(q.mutex);
-    for (uint64_t id : ids)
-        if (q.items.count(id)) return false;
-    return true;
+    return q.done(ids);
 }
 
 void queue_wait(const std::vector<uint64_t>& ids) {
     Queue& q = queue();
-    std::unique_lock<std::mutex> lock(q.mutex);
-    ++q.waiters;
-    q.wake.notify_one();
-    q.finished.wait(lock, [&] {
-        for (uint64_t id : ids)
-            if (q.items.count(id)) return false;
-        return true;
-    });
-    --q.waiters;
+    q.wait_for([&] { return q.done(ids); });
 }
 
 void queue_wait_all() {
     Queue& q = queue();
-    std::unique_lock<std::mutex> lock(q.mutex);
-    ++q.waiters;
-    q.wake.notify_one();
-    q.finished.wait(lock, [&] { return q.items.empty(); });
-    --q.waiters;
+    q.wait_for([&] { return q.items.empty(); });
 }
 
 }  // namespace emu
