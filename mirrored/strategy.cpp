@@ -253,8 +253,6 @@ void MirroredStrategy::check_batch(int global_batch, int all) const {
 }
 
 void MirroredStrategy::make_gradient_ops(const std::vector<Device*>& devs) {
-    std::vector<float*> grads;
-    for (auto& R : replicas_) grads.push_back(R->grads.data());
     const bool exact = cfg_.allreduce_dtype == DType::f32;  // else the state region (running statistics) needs its own f32 ops
     const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
     if (cfg_.cross_device_ops == "auto") {
@@ -264,7 +262,7 @@ void MirroredStrategy::make_gradient_ops(const std::vector<Device*>& devs) {
         // Multi-node: node 0 chooses for every node (the same op sums in the same order as on one node).
         OpsChoice choice;
         if (!nodes_ || nodes_->leader())
-            choice = choose_cross_device_ops(devs, grads, ops_elements, ranges, *threads_, cfg_.allreduce_dtype,
+            choice = choose_cross_device_ops(devs, grad_ptrs_, ops_elements, ranges, *threads_, cfg_.allreduce_dtype,
                                              cfg_.resume_cross_device_ops);
         if (nodes_) {
             choice.name = nodes_->broadcast(choice.name, "the choice of the cross-device op");
@@ -273,10 +271,10 @@ void MirroredStrategy::make_gradient_ops(const std::vector<Device*>& devs) {
         cfg_.cross_device_ops = choice.name;
         ops_choice_ = "auto, " + choice.how;
     }
-    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, ops_elements, threads_->barrier(),
+    ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grad_ptrs_, ops_elements, threads_->barrier(),
                                  cfg_.allreduce_dtype);
     if (model_.has_state() && !exact)
-        state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grads, model_.flat_size(), threads_->barrier());
+        state_ops_ = make_cross_device_ops(cfg_.cross_device_ops, devs, grad_ptrs_, model_.flat_size(), threads_->barrier());
 }
 
 // Synchronised batch normalisation sums over its own buffers.

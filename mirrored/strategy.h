@@ -270,7 +270,8 @@ private:
     // The global batch against all replicas of the job, the accumulation steps and the buckets'
     // size: ConfigError if they do not fit.
     void check_batch(int global_batch, int all) const;
-    // The cross-device ops of the gradients (ops_, state_ops_), chosen by measurement for "auto".
+    // The cross-device ops of the gradients (ops_, state_ops_) over grad_ptrs_, chosen by
+    // measurement for "auto".
     void make_gradient_ops(const std::vector<Device*>& devs);
     void make_stats_ops(const std::vector<Device*>& devs);
     void choose_graphs();  // strategy.cuda_graph: on, or why not (graph_note_)
@@ -360,7 +361,7 @@ private:
     std::vector<std::pair<int, int>> graph_warm_;  // shapes that have run once, uncaptured
     std::vector<StepShape> graph_shapes_;          // per replica, this step's
     Event graph_fork_;                             // replica 0's: the other replicas join the capture
-    std::vector<float*> grad_ptrs_;  // every replica's gradients (shared parameters)
+    std::vector<float*> grad_ptrs_;  // every replica's gradients (the gradient ops; shared parameters' sums)
     std::unique_ptr<ReplicaSync> joins_;  // shared parameters: on the compute streams
     std::vector<int> all_indices_;        // 0 .. replicas - 1
     bool low_precision_ = false;  // bf16/fp16 activations: weight copies and input conversion
