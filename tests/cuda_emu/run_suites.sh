@@ -6,32 +6,30 @@
 # "N passed, N failed[, N skipped]" over both runs; exit 1 when either failed.
 # Usage: run_suites.sh TEST_BINARY [DOCTEST_FILTERS...]
 set -uo pipefail
+source "$(dirname "$0")/../../scripts/test_summary.sh"
 binary=$1
 shift
 passed=0 failed=0 skipped=0
 
 run() {  # run LABEL COMMAND...: adds the command's summary line to the totals
-    local label=$1 log status line
+    local label=$1 log status
     shift
     log=$(mktemp)
     echo "== $label"
     "$@" 2>&1 | tee "$log"
     status=${PIPESTATUS[0]}
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
-    rm -f "$log"
-    if [[ -z "$line" ]]; then
+    if ! summary_counts "$log"; then
+        rm -f "$log"
         echo "$label: no summary (exit status $status)"
         failed=$((failed + 1))
         return
     fi
-    local p f s
-    p=$(sed -E 's/^([0-9]+) passed.*/\1/' <<<"$line")
-    f=$(sed -E 's/^[0-9]+ passed, ([0-9]+) failed.*/\1/' <<<"$line")
-    s=$(sed -nE 's/.*, ([0-9]+) skipped.*/\1/p' <<<"$line")
+    rm -f "$log"
+    local f=$summary_failed
     [[ $status -ne 0 && $f -eq 0 ]] && f=1
-    passed=$((passed + p))
+    passed=$((passed + summary_passed))
     failed=$((failed + f))
-    skipped=$((skipped + ${s:-0}))
+    skipped=$((skipped + summary_skipped))
 }
 
 order=${MIRRORED_CUDA_EMU_ASYNC:-newest}
