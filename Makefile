@@ -2,6 +2,7 @@
 #   make          build build/mirrored (CLI) and build/mirrored_tests
 #   make train    install what is missing, build, train configs/fashion_mnist_mlp.yaml
 #   make test     build and run every test; ends with "N passed, N failed[, N skipped]"
+#   make test-timing  the tests that time this machine (suite "timing"; not in make test)
 #   make test-tsan  the tests once more under ThreadSanitizer (CPU-only build in build-tsan/)
 #   make test-cuda-emu  the GPU tests on emulated GPUs: the CUDA backend run on the CPU (build-emu/)
 #   make fuzz     libFuzzer targets (clang, ASan + UBSan) in build-fuzz/; scripts/fuzz.sh runs one
@@ -118,7 +119,7 @@ LIB_OBJ := $(HOST_OBJ) $(BACKEND_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu
 TEST_OBJ := $(HOST_TEST_OBJ) $(BACKEND_TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all host-objects train test test-tsan test-cuda-emu test-cuda-emu-asan fuzz clean install-deps bench
+.PHONY: all host-objects train test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz clean install-deps
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 host-objects: $(HOST_OBJ) $(HOST_TEST_OBJ) $(MAIN_OBJ)
 
@@ -180,15 +181,20 @@ train: $(BUILD)/mirrored
 	  || scripts/install_deps.sh
 	$(BUILD)/mirrored train $(CONFIG) $(ARGS)
 
+# make test asserts nothing about speed, so it passes on a busy machine; the tests that time the
+# machine (suite "timing": the planner's predictions against measurements) run on their own.
 test: $(BUILD)/mirrored_tests $(BUILD)/mirrored
-	$(BUILD)/mirrored_tests
+	$(BUILD)/mirrored_tests -tse=timing
+
+test-timing: $(BUILD)/mirrored_tests $(BUILD)/mirrored
+	$(BUILD)/mirrored_tests -ts=timing
 
 # ThreadSanitizer over the whole suite, CPU-only (the CUDA runtime is opaque to it): the CPU and
 # simulated-GPU replicas, the loader and the trainer's threads. Its own build folder.
 test-tsan:
 	$(MAKE) -j$(shell nproc) BUILD=build-tsan CUDA_HOME=/nonexistent WITH_MPI=0 CXXFLAGS_EXTRA="-fsanitize=thread -O1" \
 	  LDFLAGS_EXTRA="-fsanitize=thread" build-tsan/mirrored_tests build-tsan/mirrored
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/mirrored_tests
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/mirrored_tests -tse=timing
 
 # The CUDA backend's own source on emulated GPUs (tests/cuda_emu/README.md): every test that skips
 # without a GPU runs the backend's kernels, cuBLAS, cuBLASLt and graph calls on the CPU, on eager

@@ -292,12 +292,12 @@ std::unique_ptr<Watchdog> make_watchdog(const Config& c) {
 
 class Run {
 public:
-    Run(const Config& config, Nodes* nodes)
-        : watchdog_(make_watchdog(config)), s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
+    Run(const Config& config, Nodes* nodes, std::FILE* progress)
+        : out_(progress), watchdog_(make_watchdog(config)), s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
         out_dir_ = cfg_.run.output_dir;
         ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
         train_data_ = fingerprint(s_->data->train);
-        tty_ = ::isatty(1) && !nodes;  // mpirun hands its processes a pseudo-terminal even when its own output is a file
+        tty_ = ::isatty(::fileno(out_)) && !nodes;  // mpirun hands its processes a pseudo-terminal even when its own output is a file
     }
 
     int run();
@@ -331,6 +331,7 @@ private:
     void open_metrics(std::ios::openmode mode);
     void status_line(const std::string& line, bool final_line);
 
+    std::FILE* out_;  // progress: the header, status lines, notes (alerts and warnings go to stderr)
     std::unique_ptr<Watchdog> watchdog_;  // first: it watches the session's building too
     std::unique_ptr<Session> s_;
     Config& cfg_;
@@ -376,9 +377,9 @@ json completed_summary(const std::string& out_dir) {
 }
 
 void Run::status_line(const std::string& line, bool final_line) {
-    if (tty_) std::printf("\r\033[K%s%s", line.c_str(), final_line ? "\n" : "");
-    else std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
+    if (tty_) std::fprintf(out_, "\r\033[K%s%s", line.c_str(), final_line ? "\n" : "");
+    else std::fprintf(out_, "%s\n", line.c_str());
+    std::fflush(out_);
 }
 
 void Run::open_metrics(std::ios::openmode mode) {
@@ -405,7 +406,7 @@ void Run::alert(const std::string& kind, const std::string& text) {
     auto it = last_alert_.find(kind);
     if (it != last_alert_.end() && t - it->second < 300.0) return;  // at most every 5 minutes
     last_alert_[kind] = t;
-    if (tty_) std::printf("\r\033[K");
+    if (tty_) std::fprintf(out_, "\r\033[K");
     std::fprintf(stderr, "alert: %s: %s\n", kind.c_str(), text.c_str());
     emit({{"type", "alert"}, {"step", step_}, {"kind", kind}, {"message", text}});
 }
@@ -420,63 +421,63 @@ void Run::print_header() {
                                     "the exchange of the nodes' devices")
                : std::vector<std::string>{};
     const std::string where = nodes_ ? std::to_string(nodes_->count()) + " nodes x " : std::string();
-    std::printf("mirrored: run '%s' on %s%d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n", cfg_.run.name.c_str(),
+    std::fprintf(out_, "mirrored: run '%s' on %s%d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n", cfg_.run.name.c_str(),
                 where.c_str(), st.replicas(), kind, st.devices().describe().c_str(), st.cross_device_ops_name(), st.buckets().size());
     if (nodes_) {
-        std::printf("  %d replicas in all over %s; node k's replica r is replica k x %d + r; gradients summed in the "
+        std::fprintf(out_, "  %d replicas in all over %s; node k's replica r is replica k x %d + r; gradients summed in the "
                     "node, then between the nodes\n", st.all_replicas(), Nodes::library().c_str(), st.replicas());
-        for (size_t k = 0; k < nodes.size(); ++k) std::printf("  node %zu: %s\n", k, nodes[k].c_str());
+        for (size_t k = 0; k < nodes.size(); ++k) std::fprintf(out_, "  node %zu: %s\n", k, nodes[k].c_str());
     }
-    std::printf("  software: %s\n", software_line().c_str());
+    std::fprintf(out_, "  software: %s\n", software_line().c_str());
     print_strategy_choices(st);
     if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
-        std::printf("  no GPU: %s\n", cuda_unavailable_reason().c_str());
+        std::fprintf(out_, "  no GPU: %s\n", cuda_unavailable_reason().c_str());
     if (type == DeviceType::sim)
-        std::printf("  simulated GPUs test the asynchronous host logic; their speed says nothing about a GPU's\n");
+        std::fprintf(out_, "  simulated GPUs test the asynchronous host logic; their speed says nothing about a GPU's\n");
     for (int r = 0; r < st.replicas(); ++r)
         if (r == 0 || type != DeviceType::cpu)
-            std::printf("  replica %d: %s\n", r, st.replica(r).device->description().c_str());
+            std::fprintf(out_, "  replica %d: %s\n", r, st.replica(r).device->description().c_str());
     const std::string topo = st.topology_report();
-    if (!topo.empty()) std::printf("  %s", topo.c_str());
-    std::printf("  data: %s, %zu train / %zu test samples of %s, %d classes; global batch %d (%d per replica%s), %lld steps per epoch\n",
+    if (!topo.empty()) std::fprintf(out_, "  %s", topo.c_str());
+    std::fprintf(out_, "  data: %s, %zu train / %zu test samples of %s, %d classes; global batch %d (%d per replica%s), %lld steps per epoch\n",
                 cfg_.data.dataset.c_str(), s_->data->train.count(), s_->data->test.count(),
                 shape_str(s_->data->train.shape).c_str(), s_->data->train.classes, cfg_.train.global_batch_size,
                 cfg_.train.global_batch_size / st.all_replicas(),
                 cfg_.train.grad_accumulation_steps > 1 ? (", " + std::to_string(cfg_.train.grad_accumulation_steps) + " micro-batches").c_str() : "",
                 static_cast<long long>(s_->train_loader->batches_per_epoch()));
-    std::printf("  model:\n%s", s_->model->summary().c_str());
+    std::fprintf(out_, "  model:\n%s", s_->model->summary().c_str());
     const Device& d0 = *st.replica(0).device;
-    std::printf("  precision %s, gradients all-reduced in %s; memory per replica: planned %s; allocated %s (measured)%s\n",
+    std::fprintf(out_, "  precision %s, gradients all-reduced in %s; memory per replica: planned %s; allocated %s (measured)%s\n",
                 precision_name(cfg_.train.precision), dtype_name(cfg_.strategy.allreduce_dtype),
                 st.memory_plan().describe().c_str(), format_bytes(d0.allocated_bytes()).c_str(),
                 d0.type() == DeviceType::cuda ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
-    std::printf("  output: %s; checkpoints %s, the newest %d kept\n", out_dir_.c_str(), checkpoint_policy(cfg_.checkpoint).c_str(),
+    std::fprintf(out_, "  output: %s; checkpoints %s, the newest %d kept\n", out_dir_.c_str(), checkpoint_policy(cfg_.checkpoint).c_str(),
                 cfg_.checkpoint.keep);
-    std::fflush(stdout);
+    std::fflush(out_);
 }
 
 // How the strategy runs: the ops `auto` chose, shared parameters, captured steps - each when it
 // applies, and why not when the config asked for it and it does not.
 void Run::print_strategy_choices(const MirroredStrategy& st) const {
     if (!st.cross_device_ops_choice().empty())
-        std::printf("  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
+        std::fprintf(out_, "  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
     if (st.shared_parameters())
-        std::printf("  shared parameters: the %s keep one parameter copy; each sums its slice of the gradients over "
+        std::fprintf(out_, "  shared parameters: the %s keep one parameter copy; each sums its slice of the gradients over "
                     "the replicas and updates that slice\n",
                     st.device_type() == DeviceType::cpu ? "CPU replicas" : "replicas on one GPU");
     else if (cfg_.strategy.shared_parameters && st.replicas() > 1)
-        std::printf("  shared parameters apply to replicas in one memory (CPU replicas, or replicas sharing one GPU on "
+        std::fprintf(out_, "  shared parameters apply to replicas in one memory (CPU replicas, or replicas sharing one GPU on "
                     "one node): each of these replicas keeps its own copy\n");
     if (st.cuda_graph())
-        std::printf("  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
+        std::fprintf(out_, "  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
                     "a GPU)\n");
     if (st.cuda_graph() && st.device_type() == DeviceType::cuda && std::string(st.cross_device_ops_name()) == "nccl")
-        std::printf("  cuda_graph with nccl: NCCL documents that capturing several GPUs of one process can deadlock "
+        std::fprintf(out_, "  cuda_graph with nccl: NCCL documents that capturing several GPUs of one process can deadlock "
                     "in a graph launch; the watchdog stops a run that hangs, and the ring needs no NCCL\n");
     else if (!st.cuda_graph_note().empty())
-        std::printf("  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
+        std::fprintf(out_, "  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
     if (cfg_.strategy.fused_epilogues)
-        std::printf("  fused_epilogues: %s\n",
+        std::fprintf(out_, "  fused_epilogues: %s\n",
                     st.device_type() == DeviceType::cuda ? "dense layers' bias and ReLU in the GEMMs (cuBLASLt; not yet "
                                                            "measured on a GPU)"
                     : st.device_type() == DeviceType::sim ? "the fused cases are counted as one launch, as on CUDA"
@@ -536,7 +537,7 @@ std::optional<CheckpointData> Run::find_checkpoint(std::string& used) {
     for (const auto& path : candidates) {
         try {
             CheckpointData d = read_checkpoint(path, *s_->model, hash, summary);
-            std::printf("  resuming from %s (step %lld)\n", path.c_str(), static_cast<long long>(d.step));
+            std::fprintf(out_, "  resuming from %s (step %lld)\n", path.c_str(), static_cast<long long>(d.step));
             used = path;
             return d;
         } catch (const ForeignCheckpointError&) {
@@ -554,7 +555,7 @@ void Run::start_fresh() {
     std::vector<std::string> old = list_checkpoints(ckpt_dir_);
     for (const char* f : {"metrics.jsonl", "summary.json", "config.yaml"}) old.push_back((fs::path(out_dir_) / f).string());
     const std::string aside = leader_ ? move_aside(out_dir_, old) : std::string();
-    if (!aside.empty()) std::printf("  starting fresh; the earlier run's files moved to %s\n", aside.c_str());
+    if (!aside.empty()) std::fprintf(out_, "  starting fresh; the earlier run's files moved to %s\n", aside.c_str());
     s_->strategy->init_and_broadcast();
     s_->train_loader->start({0, 0});
     step_ = 0;
@@ -576,7 +577,7 @@ void Run::set_aside_later_checkpoints(int64_t step) {
     std::error_code ec;
     for (const char* f : {"metrics.jsonl", "summary.json"})
         if (fs::exists(fs::path(out_dir_) / f, ec)) fs::copy_file(fs::path(out_dir_) / f, fs::path(aside) / f, ec);
-    std::printf("  note: %zu checkpoint(s) of later steps than %lld moved to %s with the metrics up to them "
+    std::fprintf(out_, "  note: %zu checkpoint(s) of later steps than %lld moved to %s with the metrics up to them "
                 "(unusable, or of another timeline)\n", later.size(), static_cast<long long>(step), aside.c_str());
 }
 
@@ -607,18 +608,18 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
                               ") is outside an epoch of " + std::to_string(s_->train_loader->batches_per_epoch()) +
                               " batches: the data or data.drop_last changed since it was written");
     if (ckpt.replicas != st.all_replicas())
-        std::printf("  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
+        std::fprintf(out_, "  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
                     "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.all_replicas());
     if (const std::string gemm = gemm_library(st, cfg_); !ckpt.blas_kernel.empty() && ckpt.blas_kernel != gemm)
-        std::printf("  note: the checkpoint was written with GEMMs by %s, this run uses %s: training continues "
+        std::fprintf(out_, "  note: the checkpoint was written with GEMMs by %s, this run uses %s: training continues "
                     "correctly, but not bit-identically to an uninterrupted run%s\n", ckpt.blas_kernel.c_str(),
                     gemm.c_str(), blas_kernel_hint(ckpt.blas_kernel, gemm).c_str());
     if (const std::string writer = written_by(ckpt); !writer.empty() && writer != mirrored_version())
-        std::printf("  note: the checkpoint was written by mirrored %s, this is %s: training continues; if the two "
+        std::fprintf(out_, "  note: the checkpoint was written by mirrored %s, this is %s: training continues; if the two "
                     "compute differently, not bit-identically to an uninterrupted run\n", writer.c_str(),
                     mirrored_version().c_str());
     if (st.all_replicas() > 1 && !ckpt.cross_device_ops.empty() && ckpt.cross_device_ops != st.cross_device_ops_name())
-        std::printf("  note: the checkpoint was written with cross-device ops %s, this run uses %s: training "
+        std::fprintf(out_, "  note: the checkpoint was written with cross-device ops %s, this run uses %s: training "
                     "continues correctly, but not bit-identically to an uninterrupted run\n",
                     ckpt.cross_device_ops.c_str(), st.cross_device_ops_name());
     set_aside_later_checkpoints(ckpt.step);
@@ -823,7 +824,7 @@ int Run::run() {
     if (nodes_) writable = nodes_->broadcast(writable ? "write" : "show", "the run folder check") == "write";
     if (!writable) {
         if (leader_)
-            std::printf("the run in %s is complete (the folder cannot be written, so it is only shown):\n%s\n",
+            std::fprintf(out_, "the run in %s is complete (the folder cannot be written, so it is only shown):\n%s\n",
                         out_dir_.c_str(), completed_summary(out_dir_).dump(2, ' ', false, json::error_handler_t::replace).c_str());
         return kExitOk;
     }
@@ -841,7 +842,7 @@ int Run::run() {
     s_->train_loader->stop();
     write_summary(exit_code_ == kExitOk ? "completed" : "interrupted");
     if (exit_code_ == kExitOk) {
-        std::printf("done: %lld steps, test accuracy %.4f, test loss %.4f, %.0f samples/s, %s; results in %s\n",
+        std::fprintf(out_, "done: %lld steps, test accuracy %.4f, test loss %.4f, %.0f samples/s, %s; results in %s\n",
                     static_cast<long long>(step_), last_eval_.accuracy(), last_eval_.loss(),
                     train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
                     out_dir_.c_str());
@@ -854,17 +855,17 @@ int Run::run() {
 // its final checkpoint and its summary, the summary is written now from the recorded metrics
 // (evaluating only if the final evaluation never made it to metrics.jsonl).
 int Run::finish_complete_run() {
-    std::printf("the run is already complete (step %lld of %lld); set checkpoint.resume: never to train it again\n",
+    std::fprintf(out_, "the run is already complete (step %lld of %lld); set checkpoint.resume: never to train it again\n",
                 static_cast<long long>(step_), static_cast<long long>(total_steps_));
     const json done = completed_summary(out_dir_);
     if (done.is_object() && done.contains("steps") && done["steps"].is_number_integer() &&
         done["steps"].get<int64_t>() == step_) {
-        std::printf("%s\n", done.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+        std::fprintf(out_, "%s\n", done.dump(2, ' ', false, json::error_handler_t::replace).c_str());
         return kExitOk;
     }
     if (last_eval_step_ != step_) evaluate(step_, double(step_) / double(s_->train_loader->batches_per_epoch()));
     write_summary("completed");
-    std::printf("wrote the missing %s/summary.json\n", out_dir_.c_str());
+    std::fprintf(out_, "wrote the missing %s/summary.json\n", out_dir_.c_str());
     return kExitOk;
 }
 
@@ -940,8 +941,8 @@ void Run::train_loop() {
         const AfterStep next = after_step(loader);
         pause_for(next, loop_start);
         if (next.stop) {
-            if (tty_) std::printf("\n");
-            std::printf("interrupted: checkpoint written at step %lld; run again to resume\n", static_cast<long long>(step_));
+            if (tty_) std::fprintf(out_, "\n");
+            std::fprintf(out_, "interrupted: checkpoint written at step %lld; run again to resume\n", static_cast<long long>(step_));
             exit_code_ = kExitInterrupted;
             break;
         }
@@ -998,7 +999,7 @@ void check_same_software(Nodes& nodes) {
 
 }  // namespace
 
-int run_training(const Config& config, Nodes* nodes) {
+int run_training(const Config& config, Nodes* nodes, std::FILE* progress) {
     g_signals = 0;
     if (nodes) {
         std::snprintf(g_node_stopped, sizeof g_node_stopped,
@@ -1017,7 +1018,7 @@ int run_training(const Config& config, Nodes* nodes) {
             }
         }
     }
-    Run run(config, nodes);
+    Run run(config, nodes, progress);
     return run.run();
 }
 

@@ -2,6 +2,7 @@
 // checkpoints, exact resume and signal handling. Exit codes are those of kernels/error.h.
 #pragma once
 
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -39,8 +40,8 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
 // node 0 alone writes the run folder - config.yaml, metrics.jsonl, summary.json, checkpoints -
 // and prints; every node reads the checkpoint it resumes from (a shared file system). Every
 // decision that ends or pauses training (a signal, an evaluation, a checkpoint) is agreed by
-// all nodes at the same step.
-int run_training(const Config& config, Nodes* nodes = nullptr);
+// all nodes at the same step. progress: where the header and the status lines go.
+int run_training(const Config& config, Nodes* nodes = nullptr, std::FILE* progress = stdout);
 
 struct EvalResult {
     double loss = 0, accuracy = 0;

@@ -194,12 +194,10 @@ TEST_CASE("InputFile::read_rest: a raw file over the bound is refused before a b
     {
         InputFile in(big);
         std::vector<unsigned char> out;
-        const auto t0 = std::chrono::steady_clock::now();
         CHECK_THROWS_WITH_AS(in.read_rest(out, size_t(1) << 20, "the CSV file"),
                              doctest::Contains("big.csv: the CSV file is 3.0 GiB, more than the 1.0 MiB it may take"),
                              InputError);
-        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));  // nothing was read
-        CHECK(out.capacity() < (size_t(1) << 20));
+        CHECK(out.capacity() < (size_t(1) << 20));  // refused before anything was read into it
     }
     // within the bound: all of it, in its exact size (what at_end had peeked included)
     std::vector<unsigned char> bytes(100000);
