@@ -46,7 +46,7 @@ XSMM_CFLAGS = $(if $(filter 1,$(WITH_XSMM)),$(shell pkg-config --cflags libxsmm)
 XSMM_LIBS = $(if $(filter 1,$(WITH_XSMM)),$(shell pkg-config --libs libxsmm))
 LDLIBS = $(XSMM_LIBS) $(PKG_LIBS) $(MPI_LIBS) -pthread -ldl
 
-LIB_CPP := $(wildcard kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp mirrored/layers/*.cpp \
+LIB_CPP := $(wildcard base/*.cpp kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp mirrored/layers/*.cpp \
                      mirrored/tools/*.cpp)
 LIB_CPP := $(filter-out mirrored/main.cpp kernels/cuda_stub.cpp,$(LIB_CPP))
 TEST_CPP := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
@@ -206,7 +206,7 @@ EMU_TESTS ?= -ts=cuda,emulated,emulator
 test-cuda-emu:
 	@test -f $(CUDA_HOME)/include/cuda_runtime.h || \
 	  { echo "test-cuda-emu: no CUDA toolkit headers under $(CUDA_HOME) (set CUDA_HOME)"; exit 2; }
-	@! grep -rlE 'MIRRORED_(CUDA|NCCL)\b|#include <(cuda|cublas|nccl)' kernels/*.* kernels/cpu kernels/sim data mirrored \
+	@! grep -rlE 'MIRRORED_(CUDA|NCCL)\b|#include <(cuda|cublas|nccl)' base kernels/*.* kernels/cpu kernels/sim data mirrored \
 	  tests/*.cpp tests/*.h tests/fuzz || { echo "test-cuda-emu: the files above see CUDA: $(BUILD)'s objects cannot be shared"; exit 2; }
 	$(MAKE) -j$(shell nproc) host-objects
 	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 HOST_BUILD=$(BUILD) build-emu/mirrored_tests build-emu/mirrored
@@ -221,8 +221,8 @@ test-cuda-emu-asan:
 
 # Fuzz targets for every parser of untrusted input (tests/fuzz/targets.h): the library built by
 # clang with coverage and AddressSanitizer + UndefinedBehaviorSanitizer, one binary per target.
-# The parsers sit below the trainer and the tools (but the planner, which reads --profile), so
-# those are not compiled for it (a minute of CI).
+# The parsers (the planner's --profile reader among them) sit below the trainer and the commands
+# of mirrored/tools/, so those are not compiled for it (a minute of CI).
 FUZZ_TARGETS := idx cifar10 csv config safetensors devices profile
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_LIB := $(BUILD)/libmirrored_parsers.a
@@ -230,8 +230,7 @@ fuzz:
 	$(MAKE) -j$(shell nproc) BUILD=build-fuzz CUDA_HOME=/nonexistent WITH_MPI=0 CXX=clang++ \
 	  CXXFLAGS_EXTRA="-fsanitize=fuzzer-no-link $(FUZZ_SAN) -O1" $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)
 
-FUZZ_TOOLS := $(OBJ)/mirrored/tools/planner.o $(OBJ)/mirrored/tools/allreduce_rig.o
-FUZZ_LEFT_OUT := $(filter-out $(FUZZ_TOOLS),$(filter $(OBJ)/mirrored/tools/%,$(LIB_OBJ))) $(OBJ)/mirrored/trainer.o
+FUZZ_LEFT_OUT := $(filter $(OBJ)/mirrored/tools/%,$(LIB_OBJ)) $(OBJ)/mirrored/trainer.o
 $(FUZZ_LIB): $(filter-out $(FUZZ_LEFT_OUT),$(LIB_OBJ))
 	@rm -f $@
 	ar rcs $@ $^

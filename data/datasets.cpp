@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "data/io.h"
-#include "kernels/error.h"
+#include "base/io.h"
+#include "base/error.h"
 
 namespace mirrored {
 

@@ -7,9 +7,9 @@
 #include <numeric>
 #include <string>
 
-#include "kernels/error.h"
-#include "kernels/philox.h"
-#include "kernels/threads.h"
+#include "base/error.h"
+#include "base/philox.h"
+#include "base/threads.h"
 
 namespace mirrored {
 

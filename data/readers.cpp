@@ -16,9 +16,9 @@
 #include <thread>
 
 #include "data/dataset.h"
-#include "data/io.h"
-#include "kernels/error.h"
-#include "kernels/philox.h"
+#include "base/io.h"
+#include "base/error.h"
+#include "base/philox.h"
 
 namespace mirrored {
 

@@ -2,7 +2,7 @@
 // that the backend was not compiled in.
 #include "kernels/backends.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/nccl.h"
 
 namespace mirrored {

@@ -4,7 +4,7 @@
 
 #include "kernels/backends.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 
 namespace mirrored {
 

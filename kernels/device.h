@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/host_device.h"
+#include "base/host_device.h"
 
 
 namespace mirrored {

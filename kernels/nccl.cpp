@@ -4,7 +4,7 @@
 #include <set>
 #include <string>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 namespace mirrored {
 

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "kernels/device.h"
-#include "kernels/philox.h"
+#include "base/philox.h"
 
 namespace mirrored {
 

@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
-#include "data/io.h"
-#include "kernels/error.h"
+#include "base/io.h"
+#include "base/error.h"
 #include "mirrored/util.h"
 
 namespace mirrored {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "data/io.h"
+#include "base/io.h"
 #include "data/loader.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/model.h"
 
 namespace mirrored {

@@ -13,8 +13,8 @@
 #include <sstream>
 #include <type_traits>
 
-#include "data/io.h"
-#include "kernels/error.h"
+#include "base/io.h"
+#include "base/error.h"
 #include "mirrored/util.h"
 
 namespace mirrored {

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "kernels/error.h"
-#include "kernels/machine_cache.h"
+#include "base/error.h"
+#include "base/machine_cache.h"
 
 namespace mirrored {
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/blas.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/nodes.h"

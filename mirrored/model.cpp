@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 namespace mirrored {
 

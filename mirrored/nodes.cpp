@@ -13,8 +13,8 @@
 #include <mutex>
 #include <thread>
 
-#include "kernels/error.h"
-#include "kernels/threads.h"
+#include "base/error.h"
+#include "base/threads.h"
 
 #if MIRRORED_MPI
 #define OMPI_SKIP_MPICXX 1  // the C API only (Open MPI's deprecated C++ bindings warn)

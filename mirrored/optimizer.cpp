@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/op_math.h"
 
 namespace mirrored {

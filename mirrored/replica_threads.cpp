@@ -6,7 +6,7 @@
 #include <chrono>
 #include <string>
 
-#include "kernels/threads.h"
+#include "base/threads.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -9,7 +9,7 @@
 #include <ctime>
 #include <filesystem>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 namespace mirrored {
 

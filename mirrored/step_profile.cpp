@@ -1,6 +1,6 @@
 #include "mirrored/step_profile.h"
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/util.h"
 
 namespace mirrored {

@@ -10,8 +10,8 @@
 #include <sstream>
 #include <thread>
 
-#include "data/io.h"
-#include "kernels/error.h"
+#include "base/io.h"
+#include "base/error.h"
 #include "mirrored/step_profile.h"
 #include "mirrored/util.h"
 

@@ -21,10 +21,11 @@
 #include "data/loader.h"
 #include "kernels/buffer.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
+#include "mirrored/replica_sync.h"
 #include "mirrored/replica_threads.h"
 
 namespace mirrored {

@@ -18,14 +18,14 @@
 #include <sstream>
 
 #include "kernels/cpu/blas.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/util.h"
 #include "mirrored/bottlenecks.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/run_dir.h"
 #include "mirrored/software.h"
 #include "mirrored/watchdog.h"
-#include "data/io.h"
+#include "base/io.h"
 #include "mirrored/strategy.h"
 
 namespace mirrored {

@@ -1,5 +1,5 @@
 // The trainer: one configured run from data to summary, with live progress, evaluation,
-// checkpoints, exact resume and signal handling. Exit codes are those of kernels/error.h.
+// checkpoints, exact resume and signal handling. Exit codes are those of base/error.h.
 #pragma once
 
 #include <cstdio>

@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <cstddef>
 
-#include "kernels/error.h"
-#include "kernels/threads.h"
+#include "base/error.h"
+#include "base/threads.h"
 
 namespace mirrored {
 

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/config.h"
 #include "tests/helpers.h"
 

@@ -15,9 +15,9 @@
 #include <set>
 
 #include "data/datasets.h"
-#include "data/io.h"
+#include "base/io.h"
 #include "data/loader.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
 

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <functional>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/trainer.h"

@@ -3,7 +3,7 @@
 // The strategy's use of graphs is tested in test_strategy.cpp.
 #include <doctest/doctest.h>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/sim/sim.h"
 #include "tests/helpers.h"
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
 #include "tests/helpers.h"

@@ -17,7 +17,7 @@
 
 #include "kernels/cpu/blas.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/nodes.h"
 #include "mirrored/software.h"

@@ -24,7 +24,7 @@
 #include "kernels/cpu/jit_gemm.h"
 #include "kernels/cuda/column_plan.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/op_math.h"
 #include "tests/helpers.h"
 

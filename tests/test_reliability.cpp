@@ -9,7 +9,7 @@
 #include <set>
 
 #include "kernels/cpu/blas.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/software.h"
 #include "tests/cli.h"

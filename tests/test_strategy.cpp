@@ -7,7 +7,7 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/strategy.h"

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/sim/sim.h"
 #include "kernels/cpu/blas.h"
 #include "mirrored/tools/hardware.h"
-#include "mirrored/tools/planner.h"
+#include "mirrored/planner.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
 #include "tests/layers.h"

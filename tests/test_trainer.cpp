@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/bottlenecks.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"

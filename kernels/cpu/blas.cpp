@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "kernels/cpu/jit_gemm.h"
-#include "kernels/machine_cache.h"
+#include "base/machine_cache.h"
 
 extern "C" char* openblas_get_corename(void);
 extern "C" char* openblas_get_config(void);

@@ -17,7 +17,7 @@
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/op_math.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);

@@ -21,7 +21,7 @@
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/fused_gemm.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/op_math.h"
 #include "kernels/peer_staging.h"
 

@@ -13,7 +13,7 @@
 #include "kernels/cuda/column_plan.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/op_math.h"
 
 namespace mirrored::cuda {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/nccl.h"
 
 #define NCCL_CHECK(device, stmt)                                                                 \

@@ -1,6 +1,6 @@
 // Linked instead of kernels/cuda/nccl_group.cu when the build found no NCCL (it is not part of
 // the CUDA toolkit): the nccl op explains how to get it; the ring needs nothing of it.
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/nccl.h"
 
 namespace mirrored {

@@ -20,7 +20,7 @@
 
 #include "kernels/backends.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/nccl.h"
 #include "kernels/op_math.h"
 #include "kernels/peer_staging.h"

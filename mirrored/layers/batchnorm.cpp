@@ -8,7 +8,7 @@
 // adds its batch statistics, weighted 1 / (replicas x micro-batches), to the state region of the
 // gradient buffer; the gradient all-reduce sums them and every replica applies the same
 // exponential average after the step (mirrored/strategy.cpp).
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/util.h"

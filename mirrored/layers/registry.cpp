@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/layers/layer.h"
 
 namespace mirrored {

@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/op_math.h"
-#include "mirrored/tools/allreduce_rig.h"
+#include "mirrored/allreduce_rig.h"
 #include "kernels/cpu/blas.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 namespace mirrored {
 

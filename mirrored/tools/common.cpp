@@ -14,7 +14,7 @@
 #include "data/loader.h"
 #include "kernels/buffer.h"
 #include "kernels/device.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/nccl.h"
 #include "mirrored/util.h"
 #include "mirrored/checkpoint.h"

@@ -11,7 +11,7 @@
 
 #include "kernels/backends.h"
 #include "kernels/buffer.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "kernels/cpu/blas.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"

@@ -2,7 +2,7 @@
 // gives each source. TFLOP/s are dense (the datasheets' "with sparsity" figures halved).
 #include "mirrored/tools/hardware.h"
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 namespace mirrored {
 

@@ -1,5 +1,5 @@
 // `mirrored plan CONFIG --gpus 2,4,8 --gpu h200 --link nvlink4`: does the model fit, how long a
-// step takes and what more GPUs buy, for GPUs not at hand (mirrored/tools/planner.h is the model).
+// step takes and what more GPUs buy, for GPUs not at hand (mirrored/planner.h is the model).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -7,15 +7,15 @@
 #include <nlohmann/json.hpp>
 
 #include "data/datasets.h"
-#include "data/io.h"
+#include "base/io.h"
 #include "data/loader.h"
 #include "kernels/backends.h"
 #include "kernels/buffer.h"
-#include "kernels/error.h"
+#include "base/error.h"
 #include "mirrored/config.h"
 #include "mirrored/strategy.h"
 #include "mirrored/tools/hardware.h"
-#include "mirrored/tools/planner.h"
+#include "mirrored/planner.h"
 #include "mirrored/tools/timed_steps.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/trainer.h"

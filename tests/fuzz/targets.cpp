@@ -5,13 +5,13 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "data/io.h"
-#include "kernels/error.h"
+#include "base/io.h"
+#include "base/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/model.h"
 #include "mirrored/strategy.h"
-#include "mirrored/tools/planner.h"
+#include "mirrored/planner.h"
 
 namespace mirrored::fuzz {
 

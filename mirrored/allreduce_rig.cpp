@@ -1,4 +1,4 @@
-#include "mirrored/tools/allreduce_rig.h"
+#include "mirrored/allreduce_rig.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "kernels/machine_cache.h"
+#include "base/machine_cache.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "data/io.h"
+#include "base/io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

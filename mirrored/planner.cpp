@@ -1,4 +1,4 @@
-#include "mirrored/tools/planner.h"
+#include "mirrored/planner.h"
 
 #include <algorithm>
 #include <functional>
@@ -9,8 +9,8 @@
 
 #include "kernels/backends.h"
 #include "kernels/buffer.h"
-#include "kernels/error.h"
-#include "mirrored/tools/allreduce_rig.h"
+#include "base/error.h"
+#include "mirrored/allreduce_rig.h"
 #include "mirrored/util.h"
 
 namespace mirrored {

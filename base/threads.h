@@ -8,7 +8,7 @@
 #include <thread>
 #include <utility>
 
-#include "kernels/error.h"
+#include "base/error.h"
 
 namespace mirrored {
 
