@@ -187,7 +187,7 @@ public:
         throw ConfigError(location(path, lookup(root_, split_path(path), 0)) + ": " + path + ": " + what);
     }
 
-    bool has(const std::string& path) {
+    bool has(const std::string& path) override {
         YAML::Node n = at(path);
         return n.IsDefined() && !n.IsNull();
     }
@@ -201,6 +201,12 @@ public:
     }
 
     std::string text(const std::string& path, const std::string& def) override { return str(path, def); }
+    std::string nonempty_text(const std::string& path, const std::string& def) override { return nonempty_str(path, def); }
+    std::vector<std::string> text_list(const std::string& path) override { return str_list(path); }
+    std::vector<int> integer_list(const std::string& path, const std::vector<int>& def, int lo, int hi) override {
+        return int_list(path, def, lo, hi);
+    }
+    std::vector<double> number_list(const std::string& path) override { return numbers_as<double>(path); }
 
     std::string str(const std::string& path, const std::string& def) {
         YAML::Node n = at(path);
@@ -237,6 +243,9 @@ public:
     double number(const std::string& path, double def, double lo, double hi) override {
         return number(path, def, lo, hi, false);
     }
+    double number_above(const std::string& path, double def, double lo, double hi) override {
+        return number(path, def, lo, hi, true);
+    }
     double number(const std::string& path, double def, double lo, double hi, bool lo_open) {
         YAML::Node n = at(path);
         if (absent(path, n)) return def;
@@ -267,7 +276,7 @@ public:
     // Numbers read as T (float: what the data pipeline computes in; double: the optimizer's
     // hyperparameters, which stay what the user wrote).
     template <class T>
-    std::vector<T> number_list(const std::string& path) {
+    std::vector<T> numbers_as(const std::string& path) {
         YAML::Node n = at(path);
         if (absent(path, n)) return {};
         if (!n.IsSequence() || n.size() == 0) fail(path, "expected a non-empty list of numbers, got " + describe(n));
@@ -471,8 +480,8 @@ void read_normalize(Reader& r, DataConfig& d) {
         return;
     }
     d.normalize = DataConfig::Normalize::given;
-    d.normalization.mean = r.number_list<float>("data.normalize.mean");
-    d.normalization.std = r.number_list<float>("data.normalize.std");
+    d.normalization.mean = r.numbers_as<float>("data.normalize.mean");
+    d.normalization.std = r.numbers_as<float>("data.normalize.std");
     if (d.normalization.mean.empty() || d.normalization.std.empty())
         r.fail("data.normalize", "expected auto, none, or {mean: [...], std: [...]} with one value per channel");
     for (size_t i = 0; i < d.normalization.std.size(); ++i)
@@ -526,7 +535,7 @@ void read_optimizer(Reader& r, OptimizerConfig& o) {
         if (o.nesterov && o.momentum == 0) r.fail("optimizer.nesterov", "needs optimizer.momentum > 0");
     } else {
         o.momentum = 0;
-        const auto betas = r.number_list<double>("optimizer.betas");
+        const auto betas = r.numbers_as<double>("optimizer.betas");
         if (!betas.empty()) {
             if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1)
                 r.fail("optimizer.betas", "expected two numbers in [0, 1), e.g. [0.9, 0.999]");
@@ -690,7 +699,7 @@ void emit_layers(YAML::Emitter& e, const std::vector<LayerSpec>& layers) {
         const bool nested = !l.layers.empty();
         if (!nested) e << YAML::Flow;
         e << YAML::BeginMap << YAML::Key << "type" << YAML::Value << l.type;
-        for (const auto& [k, v] : layer_kind(l.type).fields(l)) e << YAML::Key << k << YAML::Value << v;
+        for (const auto& [k, v] : l.fields()) e << YAML::Key << k << YAML::Value << v;
         if (nested) {
             e << YAML::Key << "layers" << YAML::Value;
             emit_layers(e, l.layers);

@@ -33,7 +33,7 @@ namespace {
 
 int count_sync_batchnorm(const std::vector<LayerSpec>& layers) {
     int n = 0;
-    for (const LayerSpec& l : layers) n += (l.type == "batchnorm" && l.sync) + count_sync_batchnorm(l.layers);
+    for (const LayerSpec& l : layers) n += (l.type == "batchnorm" && l.field("sync") == "true") + count_sync_batchnorm(l.layers);
     return n;
 }
 

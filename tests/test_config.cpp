@@ -56,9 +56,9 @@ TEST_CASE("config: a good file loads with defaults filled in") {
     CHECK(load_config(write_config("lt.yaml", kGood), {"data.loader_threads=3"}).data.loader_threads == 3);
     CHECK(load_config(write_config("lt.yaml", kGood), {"data.loader_threads=auto"}).data.loader_threads == 0);
     CHECK(c.model.layers.size() == 3);
-    CHECK(c.model.layers[0].activation == Activation::gelu);
-    CHECK(c.model.layers[0].init == InitKind::he_uniform);
-    CHECK(c.model.layers[2].init == InitKind::glorot_uniform);
+    CHECK(c.model.layers[0].field("activation") == "gelu");
+    CHECK(c.model.layers[0].field("init") == "he_uniform");
+    CHECK(c.model.layers[2].field("init") == "glorot_uniform");
     CHECK(c.optimizer.type == OptimizerConfig::Type::adamw);
     CHECK(c.optimizer.beta2 == doctest::Approx(0.99));
     CHECK(c.train.log_every_steps == 100);
@@ -97,7 +97,7 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
 TEST_CASE("config: --set reaches any key and list items; its errors say --set") {
     const std::string path = write_config("good.yaml", kGood);
     const Config c = load_config(path, {"model.layers.0.units=64", "run.seed=9", "data.input_shape=[3, 4]"});
-    CHECK(c.model.layers[0].units == 64);
+    CHECK(c.model.layers[0].field("units") == "64");
     CHECK(c.run.seed == 9);
     CHECK(c.data.input_shape == std::vector<int>{3, 4});
     expect_error(kGood, {"model.layers.0.units=abc"}, "--set model.layers.0.units=abc: model.layers.0.units: expected an integer");
@@ -262,7 +262,7 @@ strategy: {bucket_mb: 0.1}
     CHECK(b.optimizer.lr == a.optimizer.lr);
     CHECK(b.optimizer.beta2 == a.optimizer.beta2);
     CHECK(b.optimizer.beta2 == 0.95);  // the double the user wrote, not a float's 0.949999988
-    CHECK(b.model.layers[4].rate == a.model.layers[4].rate);  // %g's six digits would have lost it
+    CHECK(b.model.layers[4] == a.model.layers[4]);  // %g's six digits would have lost it
     CHECK(b.data.normalization.std == a.data.normalization.std);
     CHECK(config_to_yaml(b) == printed);
     // Checkpoints record the model's hash and a resume compares it: for values that %g printed
@@ -296,4 +296,27 @@ TEST_CASE("config: every shipped config loads and its model builds") {
     CHECK(configs >= 5);
     MESSAGE(configs << " configs loaded, " << built << " models built");
     CHECK(built >= 3);  // the CNN and ResNet-20 give their shape; synthetic data has one
+}
+
+// The registry pattern every pluggable kind follows, seen through the layer types: a name in one
+// list, an unknown one named with the known ones, each type's own keys read by its own reader
+// whether they come from a config or from code.
+TEST_CASE("registries: unknown names list the known ones; make_layer_spec reads a type's keys as the config does") {
+    CHECK_THROWS_WITH_AS(layer_kinds().get("dense2", "model.layers.0.type"),
+                         "model.layers.0.type: unknown layer type 'dense2' (known: dense, dropout, flatten, conv2d, "
+                         "maxpool2d, avgpool2d, global_avgpool, batchnorm, layernorm, residual)",
+                         ConfigError);
+    const LayerSpec a = make_layer_spec("dense", {{"units", "3"}, {"activation", "relu"}});
+    CHECK(a.field("units") == "3");
+    CHECK(a.field("init") == "he_uniform");  // the reader's default for a ReLU layer
+    CHECK(a == make_layer_spec("dense", {{"units", "3"}, {"activation", "relu"}, {"bias", "true"}}));
+    CHECK(!(a == make_layer_spec("dense", {{"units", "4"}, {"activation", "relu"}})));
+    CHECK(!(a == make_layer_spec("dropout")));
+    CHECK_THROWS_WITH_AS(make_layer_spec("dense", {{"units", "3"}, {"rate", "0.5"}}), "dense.rate: unknown key",
+                         ConfigError);
+    CHECK_THROWS_WITH_AS(make_layer_spec("dense"), "dense.units: required for a dense layer: a positive integer",
+                         ConfigError);
+    // the same keys through the config reader: the same spec
+    const Config c = load_config_text("model: {layers: [{type: dense, units: 3, activation: relu}]}\n", "k.yaml", {});
+    CHECK(c.model.layers[0] == a);
 }

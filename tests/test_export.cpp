@@ -38,6 +38,19 @@ double act(Activation a, double z) {
     return z;
 }
 
+// A layer's keys as its config gives them (LayerSpec::fields): what a PyTorch user would read.
+int int_key(const LayerSpec& s, const char* key) { return std::stoi(s.field(key)); }
+double number_key(const LayerSpec& s, const char* key) { return std::stod(s.field(key)); }
+bool bool_key(const LayerSpec& s, const char* key) { return s.field(key) == "true"; }
+Activation activation_key(const LayerSpec& s) {
+    const std::string a = s.field("activation");
+    return a == "relu" ? Activation::relu : a == "gelu" ? Activation::gelu : Activation::none;
+}
+int padding_key(const LayerSpec& s) {  // same | valid | N
+    const std::string p = s.field("padding");
+    return p == "same" ? (int_key(s, "kernel_size") - 1) / 2 : p == "valid" ? 0 : std::stoi(p);
+}
+
 class Reference {
 public:
     explicit Reference(const SafetensorsFile& f) : f_(f) {}
@@ -56,12 +69,13 @@ public:
 
     Nchw layer(const LayerSpec& s, const std::string& name, const Nchw& x) const {
         if (s.type == "dense") return linear(s, name, x);
-        if (s.type == "conv2d") return conv(name, x, s.stride, s.same ? (s.kernel - 1) / 2 : s.padding, s.bias, s.activation);
+        if (s.type == "conv2d")
+            return conv(name, x, int_key(s, "stride"), padding_key(s), bool_key(s, "bias"), activation_key(s));
         if (s.type == "maxpool2d" || s.type == "avgpool2d") return pool(s, x);
         if (s.type == "global_avgpool") return global_pool(x);
         if (s.type == "flatten") return flatten(x);
-        if (s.type == "batchnorm") return batchnorm(name, x, s.epsilon, s.activation);
-        if (s.type == "layernorm") return layernorm(name, x, s.epsilon);
+        if (s.type == "batchnorm") return batchnorm(name, x, float(number_key(s, "epsilon")), activation_key(s));
+        if (s.type == "layernorm") return layernorm(name, x, float(number_key(s, "epsilon")));
         if (s.type == "dropout") return x;
         if (s.type == "residual") return residual(s, name, x);
         FAIL("no reference for " << s.type);
@@ -76,9 +90,9 @@ private:
         Nchw y{x.n, out, 1, 1, false, std::vector<double>(size_t(x.n) * out)};
         for (int b = 0; b < x.n; ++b)
             for (int o = 0; o < out; ++o) {
-                double z = s.bias ? w(name + ".bias")[size_t(o)] : 0.0;
+                double z = bool_key(s, "bias") ? w(name + ".bias")[size_t(o)] : 0.0;
                 for (int i = 0; i < in; ++i) z += double(W[size_t(o) * in + i]) * x.v[size_t(b) * in + i];
-                y.v[size_t(b) * out + o] = act(s.activation, z);
+                y.v[size_t(b) * out + o] = act(activation_key(s), z);
             }
         return y;
     }
@@ -108,7 +122,7 @@ private:
     }
 
     static Nchw pool(const LayerSpec& s, const Nchw& x) {
-        const int k = s.kernel, st = s.stride, pad = s.same ? (k - 1) / 2 : s.padding;
+        const int k = int_key(s, "kernel_size"), st = int_key(s, "stride"), pad = padding_key(s);
         const int oh = (x.h + 2 * pad - k) / st + 1, ow = (x.w + 2 * pad - k) / st + 1;
         Nchw y{x.n, x.c, oh, ow, true, std::vector<double>(size_t(x.n) * x.c * oh * ow)};
         for (int b = 0; b < x.n; ++b)
@@ -183,12 +197,12 @@ private:
     Nchw residual(const LayerSpec& s, const std::string& name, const Nchw& x) const {
         Nchw f = sequence(s.layers, name + ".layers", x);
         Nchw sc = x;
-        if (s.shortcut == "conv1x1") {
+        if (s.field("shortcut") == "conv1x1") {
             sc = conv(name + ".shortcut.0", x, x.h / f.h, 0, false, Activation::none);
             sc = batchnorm(name + ".shortcut.1", sc, 1e-5f, Activation::none);
         }
         REQUIRE(f.v.size() == sc.v.size());
-        for (size_t i = 0; i < f.v.size(); ++i) f.v[i] = act(s.activation, f.v[i] + sc.v[i]);
+        for (size_t i = 0; i < f.v.size(); ++i) f.v[i] = act(activation_key(s), f.v[i] + sc.v[i]);
         return f;
     }
 

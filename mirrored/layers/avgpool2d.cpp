@@ -5,19 +5,13 @@ namespace mirrored {
 
 namespace {
 
-class AvgPool2d final : public Pool {
+class AvgPool2d final : public WindowPool {
 public:
-    explicit AvgPool2d(const LayerSpec& s) : Pool(s, PoolKind::average) {}
-    void declare(Builder& b) override {
-        const int pad = spec_.same ? (spec_.kernel - 1) / 2 : spec_.padding;
-        declare_window(b, spec_.kernel, spec_.kernel, spec_.stride, pad, false);
-    }
+    explicit AvgPool2d(const LayerSpec& s) : WindowPool(s, PoolKind::average) {}
 };
 
 }  // namespace
 
-extern const LayerKind kAvgPool2dKind{"avgpool2d", read_pool, pool_fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                          return std::make_unique<AvgPool2d>(s);
-                                      }};
+extern const LayerKind kAvgPool2dKind{"avgpool2d", read_pool, create_layer<AvgPool2d>};
 
 }  // namespace mirrored

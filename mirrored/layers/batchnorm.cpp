@@ -17,9 +17,22 @@ namespace mirrored {
 
 namespace {
 
+struct BatchNormOptions final : OptionsOf<BatchNormOptions> {
+    float momentum = 0.1f, epsilon = 1e-5f;
+    bool sync = false;  // statistics over the global batch
+    Activation activation = Activation::none;
+    Fields fields() const override {
+        return {{"momentum", decimal_text(momentum)},
+                {"epsilon", decimal_text(epsilon)},
+                {"sync", sync ? "true" : "false"},
+                {"activation", activation_name(activation)}};
+    }
+    bool operator==(const BatchNormOptions&) const = default;
+};
+
 class BatchNorm final : public Layer {
 public:
-    using Layer::Layer;
+    explicit BatchNorm(const LayerSpec& s) : Layer(s), o_(spec_.get<BatchNormOptions>()) {}
 
     void declare(Builder& b) override {
         const int c = in_.c;
@@ -27,17 +40,17 @@ public:
         ones.kind = InitKind::ones;
         gamma_ = b.param(name_ + ".weight", {c}, ones);
         beta_ = b.param(name_ + ".bias", {c}, InitArgs{});
-        run_mean_ = b.state(name_ + ".running_mean", {c}, 0.0f, spec_.momentum);
-        run_var_ = b.state(name_ + ".running_var", {c}, 1.0f, spec_.momentum);
+        run_mean_ = b.state(name_ + ".running_mean", {c}, 0.0f, o_.momentum);
+        run_var_ = b.state(name_ + ".running_var", {c}, 1.0f, o_.momentum);
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, in_.size());
         // GELU's derivative needs the pre-activation; ReLU's reads the output (as dense layers do)
-        if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, in_.size());
+        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, in_.size());
         mean_ = b.f32_buffer(slot_, 0, size_t(c));
         invstd_ = b.f32_buffer(slot_, 0, size_t(c));
         sum_ = b.f32_buffer(slot_, 0, size_t(c));
         sums_ = b.f32_buffer(slot_, 0, 2 * size_t(c));
-        if (spec_.sync) b.stats(2 * size_t(c));
+        if (o_.sync) b.stats(2 * size_t(c));
     }
     void place(const std::vector<TensorRef>& refs) override {
         gamma_off_ = refs[size_t(gamma_)].offset;
@@ -53,25 +66,25 @@ public:
         float* mean = p.acts->f32(slot_, mean_);
         float* invstd = p.acts->f32(slot_, invstd_);
         if (p.training) batch_statistics(p, x, rows, mean, invstd);
-        else d.rsqrt_eps(p.stream, c, p.params + run_var_off_, spec_.epsilon, invstd);
+        else d.rsqrt_eps(p.stream, c, p.params + run_var_off_, o_.epsilon, invstd);
         const float* m = p.training ? mean : p.params + run_mean_off_;
         void* y = p.acts->act(slot_, out_buf_);
         const float *gamma = p.params + gamma_off_, *beta = p.params + beta_off_;
         if (z_buf_ < 0) {
-            d.channel_affine_act(p.stream, spec_.activation, rows, c, x, m, invstd, gamma, beta, y);
+            d.channel_affine_act(p.stream, o_.activation, rows, c, x, m, invstd, gamma, beta, y);
             return y;
         }
         void* z = p.acts->act(slot_, z_buf_);
         d.channel_affine(p.stream, rows, c, x, m, invstd, gamma, beta, z);
-        d.bias_act_forward(p.stream, spec_.activation, rows, c, nullptr, z, y);
+        d.bias_act_forward(p.stream, o_.activation, rows, c, nullptr, z, y);
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const int c = in_.c, rows = p.rows * in_.h * in_.w;
         Device& d = *p.dev;
-        if (spec_.activation != Activation::none)
-            d.act_backward(p.stream, spec_.activation, size_t(rows) * c, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_),
+        if (o_.activation != Activation::none)
+            d.act_backward(p.stream, o_.activation, size_t(rows) * c, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_),
                            dy, dy);
         const float* mean = p.acts->f32(slot_, mean_);
         const float* invstd = p.acts->f32(slot_, invstd_);
@@ -89,7 +102,7 @@ public:
         }
         if (!dx) return;
         double count = double(rows);
-        if (spec_.sync) {  // the input gradient needs the sums over the global batch
+        if (o_.sync) {  // the input gradient needs the sums over the global batch
             d.copy_on_device(p.stream, p.sync->buffer(), sums, 2 * size_t(c) * sizeof(float));
             p.sync->all_reduce(2 * size_t(c));
             sums = p.sync->buffer();
@@ -99,7 +112,7 @@ public:
     }
 
     bool has_params() const override { return true; }
-    std::string detail() const override { return std::string(spec_.sync ? "sync " : "") + activation_name(spec_.activation); }
+    std::string detail() const override { return std::string(o_.sync ? "sync " : "") + activation_name(o_.activation); }
 
 private:
     // Two passes (mean, then squares about it): exact enough in f32 whatever the data's offset.
@@ -108,8 +121,8 @@ private:
         Device& d = *p.dev;
         float* sum = p.acts->f32(slot_, sum_);
         float* sq = p.acts->f32(slot_, sums_);
-        BnStats a{c, double(rows), spec_.epsilon, p.stats_weight};
-        if (spec_.sync) {
+        BnStats a{c, double(rows), o_.epsilon, p.stats_weight};
+        if (o_.sync) {
             a.count = double(p.global_rows) * in_.h * in_.w;
             float* buf = p.sync->buffer();
             d.channel_sums(p.stream, rows, c, x, nullptr, false, buf);
@@ -128,26 +141,23 @@ private:
         d.bn_finalize(p.stream, a, sum, sq, mean, invstd, p.grads + run_mean_off_, p.grads + run_var_off_);
     }
 
+    const BatchNormOptions& o_;
     int gamma_ = -1, beta_ = -1, run_mean_ = -1, run_var_ = -1;
     size_t gamma_off_ = 0, beta_off_ = 0, run_mean_off_ = 0, run_var_off_ = 0;
     int slot_ = -1, out_buf_ = -1, z_buf_ = -1, mean_ = -1, invstd_ = -1, sum_ = -1, sums_ = -1;
 };
 
-void read(SpecReader& r, const std::string& p, LayerSpec& s) {
-    s.momentum = float(r.number(p + ".momentum", 0.1, 0.0, 1.0));
-    s.epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0));
-    s.sync = r.boolean(p + ".sync", false);
-    s.activation = read_activation(r, p + ".activation");
-}
-
-std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    return {{"momentum", decimal_text(s.momentum)}, {"epsilon", decimal_text(s.epsilon)}, {"sync", s.sync ? "true" : "false"}, {"activation", activation_name(s.activation)}};
+OptionsPtr read(SpecReader& r, const std::string& p) {
+    auto o = std::make_shared<BatchNormOptions>();
+    o->momentum = float(r.number(p + ".momentum", 0.1, 0.0, 1.0));
+    o->epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0));
+    o->sync = r.boolean(p + ".sync", false);
+    o->activation = read_activation(r, p + ".activation");
+    return o;
 }
 
 }  // namespace
 
-extern const LayerKind kBatchNormKind{"batchnorm", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                          return std::make_unique<BatchNorm>(s);
-                                      }};
+extern const LayerKind kBatchNormKind{"batchnorm", read, create_layer<BatchNorm>};
 
 }  // namespace mirrored

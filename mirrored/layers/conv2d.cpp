@@ -20,30 +20,48 @@ namespace mirrored {
 
 namespace {
 
+struct Conv2dOptions final : OptionsOf<Conv2dOptions> {
+    int filters = 0;
+    WindowKeys window;
+    Activation activation = Activation::none;
+    InitKind init = InitKind::he_uniform;
+    bool bias = true;
+    Fields fields() const override {
+        return {{"filters", std::to_string(filters)},
+                {"kernel_size", std::to_string(window.kernel)},
+                {"stride", std::to_string(window.stride)},
+                {"padding", window.padding_text()},
+                {"activation", activation_name(activation)},
+                {"init", init_kind_name(init)},
+                {"bias", bias ? "true" : "false"}};
+    }
+    bool operator==(const Conv2dOptions&) const = default;
+};
+
 class Conv2d final : public Layer {
 public:
-    using Layer::Layer;
+    explicit Conv2d(const LayerSpec& s) : Layer(s), o_(spec_.get<Conv2dOptions>()) {}
 
     void declare(Builder& b) override {
         if (!in_.image) fail("conv2d needs an image input [height, width, channels], got " + in_.str());
-        const int k = spec_.kernel, pad = spec_.same ? (k - 1) / 2 : spec_.padding;
-        g_ = Window2d{0, in_.h, in_.w, in_.c, k, k, spec_.stride, spec_.stride, pad, pad};
+        const int k = o_.window.kernel, pad = o_.window.pad();
+        g_ = Window2d{0, in_.h, in_.w, in_.c, k, k, o_.window.stride, o_.window.stride, pad, pad};
         if (in_.h + 2 * pad < k || in_.w + 2 * pad < k)
             fail("a " + std::to_string(k) + "x" + std::to_string(k) + " kernel does not fit the input " + in_.str() +
                  " with padding " + std::to_string(pad));
-        direct_ = k == 1 && spec_.stride == 1 && pad == 0;
-        const int K = in_.c * k * k, F = spec_.filters;
+        direct_ = k == 1 && o_.window.stride == 1 && pad == 0;
+        const int K = in_.c * k * k, F = o_.filters;
         InitArgs wi;
-        wi.kind = spec_.init;
+        wi.kind = o_.init;
         wi.fan_in = K;          // PyTorch's fans for a conv: in x kh x kw, out x kh x kw
         wi.fan_out = F * k * k;
         w_ = b.param(name_ + ".weight", {F, in_.c, k, k}, wi);
-        if (spec_.bias) b_ = b.param(name_ + ".bias", {F}, InitArgs{});
+        if (o_.bias) b_ = b.param(name_ + ".bias", {F}, InitArgs{});
         out_ = Shape::picture(g_.oh(), g_.ow(), F);
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, out_.size());
         // As dense: GELU's derivative needs the pre-activation, ReLU's reads the output.
-        if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
+        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
         if (!direct_) {
             b.scratch(column_elements());  // a block of images' columns, or their gradient
             permuted_ = b.f32_buffer(slot_, 0, size_t(F) * K);  // the weights or their gradient, pixel-major
@@ -125,8 +143,8 @@ public:
         if (pixel_major(p)) {  // z[M, F] = cols[M, K] . Wt[K, F] + b, y = act(z)
             const float* wt = permute_weights(p);
             if (p.dev->conv_forward(p.stream, batch_window(p), x, wt, F, z, p.types(p.vt))) {  // no columns
-                if (bias || spec_.activation != Activation::none)
-                    p.dev->bias_act_forward(p.stream, spec_.activation, p.rows * out_.h * out_.w, F, bias, z, y);
+                if (bias || o_.activation != Activation::none)
+                    p.dev->bias_act_forward(p.stream, o_.activation, p.rows * out_.h * out_.w, F, bias, z, y);
                 return y;
             }
             for_each_block(p, [&](const Block& b) {
@@ -134,14 +152,14 @@ public:
                 void *zb = at(p, z, out_at(b)), *yb = at(p, y, out_at(b));
                 p.dev->gemm(p.stream, false, false, rows, F, K, 1.0f, columns(p, x, b), K, wt, F, 0.0f, zb, F,
                             p.types(p.vt));
-                if (bias || spec_.activation != Activation::none)
-                    p.dev->bias_act_forward(p.stream, spec_.activation, rows, F, bias, zb, yb);
+                if (bias || o_.activation != Activation::none)
+                    p.dev->bias_act_forward(p.stream, o_.activation, rows, F, bias, zb, yb);
             });
             return y;
         }
         // z[M, F] = cols[M, K] . W[F, K]^T + b, y = act(z): a dense layer over the columns
         for_each_block(p, [&](const Block& b) {
-            p.dev->dense_forward(p.stream, spec_.activation, b.count * out_.h * out_.w, F, K, columns(p, x, b),
+            p.dev->dense_forward(p.stream, o_.activation, b.count * out_.h * out_.w, F, K, columns(p, x, b),
                                  p.weight(w_off_), bias, at(p, z, out_at(b)), at(p, y, out_at(b)), p.types(p.vt));
         });
         return y;
@@ -149,9 +167,9 @@ public:
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const int M = p.rows * out_.h * out_.w, F = out_.c, K = in_.c * g_.kh * g_.kw;
-        if (spec_.activation != Activation::none) {
+        if (o_.activation != Activation::none) {
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
-            p.dev->act_backward(p.stream, spec_.activation, size_t(M) * F, z, dy, dy);
+            p.dev->act_backward(p.stream, o_.activation, size_t(M) * F, z, dy, dy);
         }
         float* db = b_ >= 0 ? p.grads + b_off_ : nullptr;
         const bool permuted = pixel_major(p);
@@ -211,41 +229,32 @@ public:
     double forward_flops() const override { return 2.0 * out_.h * out_.w * out_.c * in_.c * g_.kh * g_.kw; }
     std::string detail() const override {
         return std::to_string(g_.kh) + "x" + std::to_string(g_.kw) + "/" + std::to_string(g_.sh) + " " +
-               activation_name(spec_.activation);
+               activation_name(o_.activation);
     }
 
 private:
+    const Conv2dOptions& o_;
     Window2d g_;
     bool direct_ = false;
     int w_ = -1, b_ = -1, slot_ = -1, out_buf_ = -1, z_buf_ = -1, permuted_ = -1, permuted_grad_ = -1, transposed_ = -1;
     size_t w_off_ = 0, b_off_ = 0;
 };
 
-void read(SpecReader& r, const std::string& p, LayerSpec& s) {
-    s.filters = int(r.integer(p + ".filters", 0, 1, 1 << 16));
-    if (s.filters == 0) r.fail(p + ".filters", "required for a conv2d layer: a positive integer");
-    s.kernel = int(r.integer(p + ".kernel_size", 3, 1, 15));
-    s.stride = int(r.integer(p + ".stride", 1, 1, 15));
-    read_padding(r, p + ".padding", s);
-    s.activation = read_activation(r, p + ".activation");
-    s.init = read_init(r, p + ".init", s.activation);
-    s.bias = r.boolean(p + ".bias", true);
-}
-
-std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    return {{"filters", std::to_string(s.filters)},
-            {"kernel_size", std::to_string(s.kernel)},
-            {"stride", std::to_string(s.stride)},
-            {"padding", padding_text(s)},
-            {"activation", activation_name(s.activation)},
-            {"init", init_kind_name(s.init)},
-            {"bias", s.bias ? "true" : "false"}};
+OptionsPtr read(SpecReader& r, const std::string& p) {
+    auto o = std::make_shared<Conv2dOptions>();
+    o->filters = int(r.integer(p + ".filters", 0, 1, 1 << 16));
+    if (o->filters == 0) r.fail(p + ".filters", "required for a conv2d layer: a positive integer");
+    o->window.kernel = int(r.integer(p + ".kernel_size", 3, 1, 15));
+    o->window.stride = int(r.integer(p + ".stride", 1, 1, 15));
+    read_padding(r, p + ".padding", o->window);
+    o->activation = read_activation(r, p + ".activation");
+    o->init = read_init(r, p + ".init", o->activation);
+    o->bias = r.boolean(p + ".bias", true);
+    return o;
 }
 
 }  // namespace
 
-extern const LayerKind kConv2dKind{"conv2d", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                       return std::make_unique<Conv2d>(s);
-                                   }};
+extern const LayerKind kConv2dKind{"conv2d", read, create_layer<Conv2d>};
 
 }  // namespace mirrored

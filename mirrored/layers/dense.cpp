@@ -6,24 +6,38 @@ namespace mirrored {
 
 namespace {
 
+struct DenseOptions final : OptionsOf<DenseOptions> {
+    int units = 0;
+    Activation activation = Activation::none;
+    InitKind init = InitKind::he_uniform;
+    bool bias = true;
+    Fields fields() const override {
+        return {{"units", std::to_string(units)},
+                {"activation", activation_name(activation)},
+                {"init", init_kind_name(init)},
+                {"bias", bias ? "true" : "false"}};
+    }
+    bool operator==(const DenseOptions&) const = default;
+};
+
 class Dense final : public Layer {
 public:
-    using Layer::Layer;
+    explicit Dense(const LayerSpec& s) : Layer(s), o_(spec_.get<DenseOptions>()) {}
 
     void declare(Builder& b) override {
         if (in_.image) fail("dense needs a vector input, got an image " + in_.str() + "; add {type: flatten} before it");
-        const int units = spec_.units, inputs = in_.c;
+        const int units = o_.units, inputs = in_.c;
         InitArgs wi;
-        wi.kind = spec_.init;
+        wi.kind = o_.init;
         wi.fan_in = inputs;
         wi.fan_out = units;
         w_ = b.param(name_ + ".weight", {units, inputs}, wi);
-        if (spec_.bias) b_ = b.param(name_ + ".bias", {units}, InitArgs{});
+        if (o_.bias) b_ = b.param(name_ + ".bias", {units}, InitArgs{});
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, size_t(units));
         // GELU's derivative needs the pre-activation; ReLU's reads the output instead (y > 0
         // exactly when z > 0), so a ReLU layer keeps one buffer and writes it once.
-        if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, size_t(units));
+        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, size_t(units));
         out_ = Shape::vector(units);
     }
     void place(const std::vector<TensorRef>& refs) override {
@@ -37,16 +51,16 @@ public:
         void* y = p.acts->act(slot_, out_buf_);
         void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
         // z[rows, units] = x[rows, inputs] . W[units, inputs]^T + b, y = act(z)
-        p.dev->dense_forward(p.stream, spec_.activation, p.rows, units, inputs, x, p.weight(w_off_),
+        p.dev->dense_forward(p.stream, o_.activation, p.rows, units, inputs, x, p.weight(w_off_),
                              b_ >= 0 ? p.params + b_off_ : nullptr, z, y, p.types(p.vt));
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const int units = out_.c, inputs = in_.c;
-        if (spec_.activation != Activation::none) {
+        if (o_.activation != Activation::none) {
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
-            p.dev->act_backward(p.stream, spec_.activation, size_t(p.rows) * units, z, dy, dy);
+            p.dev->act_backward(p.stream, o_.activation, size_t(p.rows) * units, z, dy, dy);
         }
         // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
         p.dev->dense_weight_grad(p.stream, p.rows, units, inputs, dy, p.acts->input(slot_), p.grads + w_off_,
@@ -59,32 +73,26 @@ public:
 
     bool has_params() const override { return true; }
     double forward_flops() const override { return 2.0 * in_.c * out_.c; }
-    std::string detail() const override { return activation_name(spec_.activation); }
+    std::string detail() const override { return activation_name(o_.activation); }
 
 private:
+    const DenseOptions& o_;
     int w_ = -1, b_ = -1, slot_ = -1, out_buf_ = -1, z_buf_ = -1;
     size_t w_off_ = 0, b_off_ = 0;
 };
 
-void read(SpecReader& r, const std::string& p, LayerSpec& s) {
-    s.units = int(r.integer(p + ".units", 0, 1, 1 << 24));
-    if (s.units == 0) r.fail(p + ".units", "required for a dense layer: a positive integer");
-    s.activation = read_activation(r, p + ".activation");
-    s.init = read_init(r, p + ".init", s.activation);
-    s.bias = r.boolean(p + ".bias", true);
-}
-
-std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    return {{"units", std::to_string(s.units)},
-            {"activation", activation_name(s.activation)},
-            {"init", init_kind_name(s.init)},
-            {"bias", s.bias ? "true" : "false"}};
+OptionsPtr read(SpecReader& r, const std::string& p) {
+    auto o = std::make_shared<DenseOptions>();
+    o->units = int(r.integer(p + ".units", 0, 1, 1 << 24));
+    if (o->units == 0) r.fail(p + ".units", "required for a dense layer: a positive integer");
+    o->activation = read_activation(r, p + ".activation");
+    o->init = read_init(r, p + ".init", o->activation);
+    o->bias = r.boolean(p + ".bias", true);
+    return o;
 }
 
 }  // namespace
 
-extern const LayerKind kDenseKind{"dense", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                      return std::make_unique<Dense>(s);
-                                  }};
+extern const LayerKind kDenseKind{"dense", read, create_layer<Dense>};
 
 }  // namespace mirrored

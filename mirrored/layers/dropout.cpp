@@ -9,18 +9,24 @@ namespace mirrored {
 
 namespace {
 
+struct DropoutOptions final : OptionsOf<DropoutOptions> {
+    float rate = 0.5f;
+    Fields fields() const override { return {{"rate", decimal_text(rate)}}; }
+    bool operator==(const DropoutOptions&) const = default;
+};
+
 class Dropout final : public Layer {
 public:
-    using Layer::Layer;
+    explicit Dropout(const LayerSpec& s) : Layer(s), rate_(spec_.get<DropoutOptions>().rate) {}
 
     void declare(Builder& b) override {
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, in_.size());
     }
 
-    bool active(const Pass& p) const { return p.training && spec_.rate > 0.0f; }
+    bool active(const Pass& p) const { return p.training && rate_ > 0.0f; }
     DropoutArgs args(const Pass& p) const {
-        return DropoutArgs{spec_.rate, p.seed, uint32_t(slot_), p.step, p.row_offset, p.values};
+        return DropoutArgs{rate_, p.seed, uint32_t(slot_), p.step, p.row_offset, p.values};
     }
 
     const void* forward(Pass& p, const void* x) const override {
@@ -38,24 +44,23 @@ public:
 
     std::string detail() const override {
         char r[32];
-        std::snprintf(r, sizeof r, "rate %.2f", spec_.rate);
+        std::snprintf(r, sizeof r, "rate %.2f", rate_);
         return r;
     }
 
 private:
+    float rate_;
     int slot_ = -1, out_buf_ = -1;
 };
 
-void read(SpecReader& r, const std::string& p, LayerSpec& s) { s.rate = float(r.number(p + ".rate", 0.5, 0.0, 0.999)); }
-
-std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    return {{"rate", decimal_text(s.rate)}};
+OptionsPtr read(SpecReader& r, const std::string& p) {
+    auto o = std::make_shared<DropoutOptions>();
+    o->rate = float(r.number(p + ".rate", 0.5, 0.0, 0.999));
+    return o;
 }
 
 }  // namespace
 
-extern const LayerKind kDropoutKind{"dropout", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                        return std::make_unique<Dropout>(s);
-                                    }};
+extern const LayerKind kDropoutKind{"dropout", read, create_layer<Dropout>};
 
 }  // namespace mirrored

@@ -39,13 +39,8 @@ private:
     int slot_ = -1, out_buf_ = -1;
 };
 
-void read(SpecReader&, const std::string&, LayerSpec&) {}
-std::vector<std::pair<std::string, std::string>> fields(const LayerSpec&) { return {}; }
-
 }  // namespace
 
-extern const LayerKind kFlattenKind{"flatten", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                        return std::make_unique<Flatten>(s);
-                                    }};
+extern const LayerKind kFlattenKind{"flatten", read_no_options, create_layer<Flatten>};
 
 }  // namespace mirrored

@@ -13,13 +13,8 @@ public:
     std::string detail() const override { return ""; }
 };
 
-void read(SpecReader&, const std::string&, LayerSpec&) {}
-std::vector<std::pair<std::string, std::string>> fields(const LayerSpec&) { return {}; }
-
 }  // namespace
 
-extern const LayerKind kGlobalAvgPoolKind{"global_avgpool", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                              return std::make_unique<GlobalAvgPool>(s);
-                                          }};
+extern const LayerKind kGlobalAvgPoolKind{"global_avgpool", read_no_options, create_layer<GlobalAvgPool>};
 
 }  // namespace mirrored

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/registry.h"
+#include "base/spec_reader.h"
 #include "kernels/device.h"
 
 namespace mirrored {
@@ -31,66 +33,58 @@ struct Shape {
     static Shape picture(int h, int w, int c) { return Shape{h, w, c, true}; }
 };
 
-// One entry of model.layers: the union of every layer type's keys (each type reads and uses
-// its own), and the sub-layers of a container (residual).
+// One entry of model.layers: its type, the type's own keys (its LayerKind reads them), and the
+// layers of a container (residual).
 struct LayerSpec {
     std::string type = "dense";
-    int units = 0;                             // dense
-    Activation activation = Activation::none;  // dense, conv2d, batchnorm, residual
-    InitKind init = InitKind::he_uniform;      // dense, conv2d weights
-    bool bias = true;                          // dense, conv2d
-    float rate = 0.5f;                         // dropout
-    int filters = 0;                           // conv2d
-    int kernel = 3, stride = 1;                // conv2d, pools
-    int padding = 0;                           // conv2d, pools: zeros on each side ...
-    bool same = false;                         // ... or (kernel - 1) / 2 ("same")
-    float momentum = 0.1f, epsilon = 1e-5f;    // batchnorm (momentum), batchnorm and layernorm (epsilon)
-    bool sync = false;                         // batchnorm: statistics over the global batch
-    std::string shortcut;                      // residual: "" (identity) or "conv1x1"
-    std::vector<LayerSpec> layers;             // residual
-    bool operator==(const LayerSpec&) const = default;
-};
+    OptionsPtr options;
+    std::vector<LayerSpec> layers;
 
-// Reads configuration keys by full path; implemented by the config reader, which knows where
-// each key came from for its error messages.
-class SpecReader {
-public:
-    virtual ~SpecReader() = default;
-    virtual int64_t integer(const std::string& path, int64_t def, int64_t lo, int64_t hi) = 0;
-    virtual double number(const std::string& path, double def, double lo, double hi) = 0;
-    virtual bool boolean(const std::string& path, bool def) = 0;
-    virtual std::string choice(const std::string& path, const std::string& def,
-                               const std::vector<std::string>& allowed) = 0;
-    virtual std::string text(const std::string& path, const std::string& def) = 0;  // any scalar
-    virtual size_t list_size(const std::string& path) = 0;
-    virtual void expect_map(const std::string& path) = 0;
-    [[noreturn]] virtual void fail(const std::string& path, const std::string& what) = 0;
+    template <typename T>
+    const T& get() const { return options_as<T>(options); }
+    Fields fields() const { return options ? options->fields() : Fields{}; }
+    std::string field(const std::string& key) const;  // a key's value as the config writes it ("" if none)
+    bool operator==(const LayerSpec& o) const {
+        return type == o.type && same_options(options, o.options) && layers == o.layers;
+    }
 };
 
 class Layer;
 class Builder;
 
-// A layer type: its name, how its keys are read, written back (key, YAML value) and built.
+// A layer type: its name, how its own keys are read (written back by the Options they make), and
+// how it is built. A container's `layers` are read by read_layer_list before its own keys.
 struct LayerKind {
     const char* name;
-    void (*read)(SpecReader& r, const std::string& path, LayerSpec& s);
-    std::vector<std::pair<std::string, std::string>> (*fields)(const LayerSpec& s);
+    OptionsPtr (*read)(SpecReader& r, const std::string& path);
     std::unique_ptr<Layer> (*create)(const LayerSpec& s);
+    bool container = false;
 };
-const std::vector<const LayerKind*>& layer_kinds();
-const LayerKind& layer_kind(const std::string& type);  // throws ConfigError listing the known ones
-std::string layer_kind_names();                        // "dense, dropout, ..."
+template <typename L>
+std::unique_ptr<Layer> create_layer(const LayerSpec& s) { return std::make_unique<L>(s); }
+const Registry<LayerKind>& layer_kinds();  // layers/registry.cpp lists every type
 // Reads the list of layers at `path` (model.layers, or a residual block's layers).
 std::vector<LayerSpec> read_layer_list(SpecReader& r, const std::string& path);
+// A layer's spec from its keys as a config would give them (`{units: 10}` as {{"units", "10"}}),
+// read by its type's reader: how code and tests make a layer without a config file.
+LayerSpec make_layer_spec(const std::string& type, const Fields& keys = {}, std::vector<LayerSpec> layers = {});
 // "conv2d filters=32 kernel=3 ..." with sub-layers in brackets: what the checkpoint hash covers.
 std::string layer_spec_summary(const LayerSpec& s);
 
 // Shared helpers for the layer types' readers.
 Activation read_activation(SpecReader& r, const std::string& path);
 InitKind read_init(SpecReader& r, const std::string& path, Activation act);
-// padding: same | valid | N; fills s.padding and s.same.
-void read_padding(SpecReader& r, const std::string& path, LayerSpec& s);
-std::string padding_text(const LayerSpec& s);
+// A window's keys, shared by conv2d and the pools: kernel_size, stride, padding.
+struct WindowKeys {
+    int kernel = 3, stride = 1;
+    int padding = 0;    // zeros on each side ...
+    bool same = false;  // ... or (kernel - 1) / 2 ("same")
+    int pad() const { return same ? (kernel - 1) / 2 : padding; }
+    std::string padding_text() const { return same ? "same" : padding == 0 ? "valid" : std::to_string(padding); }
+    bool operator==(const WindowKeys&) const = default;
+};
+// padding: same | valid | N, into w.padding and w.same (w.kernel read before).
+void read_padding(SpecReader& r, const std::string& path, WindowKeys& w);
 
 class Activations;
 class StatsSync;

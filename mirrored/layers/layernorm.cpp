@@ -8,9 +8,15 @@ namespace mirrored {
 
 namespace {
 
+struct LayerNormOptions final : OptionsOf<LayerNormOptions> {
+    float epsilon = 1e-5f;
+    Fields fields() const override { return {{"epsilon", decimal_text(epsilon)}}; }
+    bool operator==(const LayerNormOptions&) const = default;
+};
+
 class LayerNorm final : public Layer {
 public:
-    using Layer::Layer;
+    explicit LayerNorm(const LayerSpec& s) : Layer(s), epsilon_(spec_.get<LayerNormOptions>().epsilon) {}
 
     void declare(Builder& b) override {
         InitArgs ones;
@@ -31,7 +37,7 @@ public:
     const void* forward(Pass& p, const void* x) const override {
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
-        p.dev->layernorm_forward(p.stream, p.rows * in_.h * in_.w, in_.c, spec_.epsilon, x, p.params + gamma_off_,
+        p.dev->layernorm_forward(p.stream, p.rows * in_.h * in_.w, in_.c, epsilon_, x, p.params + gamma_off_,
                                  p.params + beta_off_, y, p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_));
         return y;
     }
@@ -45,20 +51,19 @@ public:
     bool has_params() const override { return true; }
 
 private:
+    float epsilon_;
     int gamma_ = -1, beta_ = -1, slot_ = -1, out_buf_ = -1, mean_ = -1, rstd_ = -1;
     size_t gamma_off_ = 0, beta_off_ = 0;
 };
 
-void read(SpecReader& r, const std::string& p, LayerSpec& s) { s.epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0)); }
-
-std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    return {{"epsilon", decimal_text(s.epsilon)}};
+OptionsPtr read(SpecReader& r, const std::string& p) {
+    auto o = std::make_shared<LayerNormOptions>();
+    o->epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0));
+    return o;
 }
 
 }  // namespace
 
-extern const LayerKind kLayerNormKind{"layernorm", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                          return std::make_unique<LayerNorm>(s);
-                                      }};
+extern const LayerKind kLayerNormKind{"layernorm", read, create_layer<LayerNorm>};
 
 }  // namespace mirrored

@@ -48,8 +48,26 @@ protected:
     int slot_ = -1, out_buf_ = -1;
 };
 
-// kernel_size (default 2), stride (default: the kernel size), padding.
-void read_pool(SpecReader& r, const std::string& p, LayerSpec& s);
-std::vector<std::pair<std::string, std::string>> pool_fields(const LayerSpec& s);
+// A pooling window's keys: kernel_size (default 2), stride (default: the kernel size), padding.
+struct PoolOptions final : OptionsOf<PoolOptions> {
+    WindowKeys window;
+    Fields fields() const override {
+        return {{"kernel_size", std::to_string(window.kernel)},
+                {"stride", std::to_string(window.stride)},
+                {"padding", window.padding_text()}};
+    }
+    bool operator==(const PoolOptions&) const = default;
+};
+OptionsPtr read_pool(SpecReader& r, const std::string& p);
+
+// maxpool2d and avgpool2d: the window of their keys.
+class WindowPool : public Pool {
+public:
+    WindowPool(const LayerSpec& spec, PoolKind kind) : Pool(spec, kind) {}
+    void declare(Builder& b) override {
+        const WindowKeys& w = spec_.get<PoolOptions>().window;
+        declare_window(b, w.kernel, w.kernel, w.stride, w.pad(), false);
+    }
+};
 
 }  // namespace mirrored

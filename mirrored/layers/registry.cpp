@@ -12,46 +12,51 @@ namespace mirrored {
 extern const LayerKind kDenseKind, kDropoutKind, kFlattenKind, kConv2dKind, kMaxPool2dKind, kAvgPool2dKind,
     kGlobalAvgPoolKind, kBatchNormKind, kLayerNormKind, kResidualKind;
 
-const std::vector<const LayerKind*>& layer_kinds() {
-    static const std::vector<const LayerKind*> kinds = {
-        &kDenseKind,    &kDropoutKind,     &kFlattenKind,   &kConv2dKind,    &kMaxPool2dKind,
-        &kAvgPool2dKind, &kGlobalAvgPoolKind, &kBatchNormKind, &kLayerNormKind, &kResidualKind,
-    };
+const Registry<LayerKind>& layer_kinds() {
+    static const Registry<LayerKind> kinds("layer type", {
+        &kDenseKind, &kDropoutKind, &kFlattenKind, &kConv2dKind, &kMaxPool2dKind, &kAvgPool2dKind,
+        &kGlobalAvgPoolKind, &kBatchNormKind, &kLayerNormKind, &kResidualKind,
+    });
     return kinds;
-}
-
-std::string layer_kind_names() {
-    std::string s;
-    for (const LayerKind* k : layer_kinds()) s += (s.empty() ? "" : ", ") + std::string(k->name);
-    return s;
-}
-
-const LayerKind& layer_kind(const std::string& type) {
-    for (const LayerKind* k : layer_kinds())
-        if (type == k->name) return *k;
-    throw ConfigError("unknown layer type '" + type + "' (known: " + layer_kind_names() + ")");
 }
 
 std::vector<LayerSpec> read_layer_list(SpecReader& r, const std::string& path) {
     const size_t n = r.list_size(path);
     if (n == 0) r.fail(path, "expected a list of layers, e.g. [{type: flatten}, {type: dense, units: 10}]");
     std::vector<LayerSpec> out;
-    std::vector<std::string> names;
-    for (const LayerKind* k : layer_kinds()) names.push_back(k->name);
     for (size_t i = 0; i < n; ++i) {
         const std::string p = path + "." + std::to_string(i);
         r.expect_map(p);
         LayerSpec s;
-        s.type = r.choice(p + ".type", "", names);
-        layer_kind(s.type).read(r, p, s);
+        s.type = r.choice(p + ".type", "", layer_kinds().names());
+        const LayerKind& kind = layer_kinds().get(s.type);
+        if (kind.container) s.layers = read_layer_list(r, p + ".layers");
+        s.options = kind.read(r, p);
         out.push_back(std::move(s));
     }
     return out;
 }
 
+LayerSpec make_layer_spec(const std::string& type, const Fields& keys, std::vector<LayerSpec> layers) {
+    const LayerKind& kind = layer_kinds().get(type);
+    FieldsReader r(type, keys);
+    LayerSpec s;
+    s.type = type;
+    s.layers = std::move(layers);
+    s.options = kind.read(r, type);
+    r.finish();
+    return s;
+}
+
+std::string LayerSpec::field(const std::string& key) const {
+    for (const auto& [k, v] : fields())
+        if (k == key) return v;
+    return "";
+}
+
 std::string layer_spec_summary(const LayerSpec& s) {
     std::string out = s.type;
-    for (const auto& [k, v] : layer_kind(s.type).fields(s)) out += " " + k + "=" + v;
+    for (const auto& [k, v] : s.fields()) out += " " + k + "=" + v;
     if (!s.layers.empty()) {
         out += " [";
         for (size_t i = 0; i < s.layers.size(); ++i) out += (i ? " | " : "") + layer_spec_summary(s.layers[i]);
@@ -74,7 +79,7 @@ InitKind read_init(SpecReader& r, const std::string& path, Activation act) {
     return InitKind::he_uniform;
 }
 
-void read_padding(SpecReader& r, const std::string& path, LayerSpec& s) {
+void read_padding(SpecReader& r, const std::string& path, WindowKeys& s) {
     const std::string v = r.text(path, "valid");
     s.same = false;
     s.padding = 0;
@@ -88,8 +93,6 @@ void read_padding(SpecReader& r, const std::string& path, LayerSpec& s) {
     if (s.same && s.kernel % 2 == 0)
         r.fail(path, "same needs an odd kernel_size (it pads (kernel - 1) / 2 on every side); give a number instead");
 }
-
-std::string padding_text(const LayerSpec& s) { return s.same ? "same" : s.padding == 0 ? "valid" : std::to_string(s.padding); }
 
 std::string Shape::str() const {
     if (!image) return "[" + std::to_string(c) + "]";

@@ -9,26 +9,31 @@ namespace mirrored {
 
 namespace {
 
+struct ResidualOptions final : OptionsOf<ResidualOptions> {
+    bool projection = false;  // shortcut: conv1x1, else identity
+    Activation activation = Activation::none;
+    Fields fields() const override {
+        return {{"shortcut", projection ? "conv1x1" : "identity"}, {"activation", activation_name(activation)}};
+    }
+    bool operator==(const ResidualOptions&) const = default;
+};
+
 class Residual final : public Layer {
 public:
-    explicit Residual(const LayerSpec& s) : Layer(s), branch_(s.layers) {}
+    explicit Residual(const LayerSpec& s) : Layer(s), o_(spec_.get<ResidualOptions>()), branch_(s.layers) {}
 
     void declare(Builder& b) override {
         out_ = branch_.build(b, name_ + ".layers", key_ + ".layers", in_, false);
-        if (spec_.shortcut == "conv1x1") {
+        if (o_.projection) {
             if (!out_.image || !in_.image) fail("shortcut: conv1x1 needs image input and output");
             if (in_.h % out_.h || in_.w % out_.w || in_.h / out_.h != in_.w / out_.w)
                 fail("shortcut: conv1x1 cannot map " + in_.str() + " to " + out_.str() + " with one stride");
-            LayerSpec conv;
-            conv.type = "conv2d";
-            conv.filters = out_.c;
-            conv.kernel = 1;
-            conv.stride = in_.h / out_.h;
-            conv.bias = false;
-            conv.init = InitKind::he_uniform;
-            LayerSpec bn;
-            bn.type = "batchnorm";
-            bn.sync = sync_of(spec_);
+            const LayerSpec conv = make_layer_spec("conv2d", {{"filters", std::to_string(out_.c)},
+                                                              {"kernel_size", "1"},
+                                                              {"stride", std::to_string(in_.h / out_.h)},
+                                                              {"bias", "false"},
+                                                              {"init", "he_uniform"}});
+            const LayerSpec bn = make_layer_spec("batchnorm", {{"sync", sync_of(spec_) ? "true" : "false"}});
             shortcut_ = std::make_unique<Sequential>(std::vector<LayerSpec>{conv, bn});
             const Shape s = shortcut_->build(b, name_ + ".shortcut", key_ + ".shortcut", in_, false);
             if (!(s == out_)) fail("the shortcut's output " + s.str() + " differs from the block's " + out_.str());
@@ -39,7 +44,7 @@ public:
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, out_.size());
         // GELU's derivative needs the pre-activation; ReLU's reads the output (as dense layers do)
-        if (spec_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
+        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
         g1_ = b.act_buffer(slot_, out_.size());
         if (shortcut_) g2_ = b.act_buffer(slot_, in_.size());
     }
@@ -53,19 +58,19 @@ public:
         const void* s = shortcut_ ? shortcut_->forward(p, x) : x;
         void* y = p.acts->act(slot_, out_buf_);
         if (z_buf_ < 0) {
-            p.dev->add_act(p.stream, spec_.activation, p.rows, int(out_.size()), f, s, y);
+            p.dev->add_act(p.stream, o_.activation, p.rows, int(out_.size()), f, s, y);
             return y;
         }
         void* z = p.acts->act(slot_, z_buf_);
         p.dev->add_act(p.stream, Activation::none, p.rows, int(out_.size()), f, s, z);
-        p.dev->bias_act_forward(p.stream, spec_.activation, p.rows, int(out_.size()), nullptr, z, y);
+        p.dev->bias_act_forward(p.stream, o_.activation, p.rows, int(out_.size()), nullptr, z, y);
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const size_t n = size_t(p.rows) * out_.size();
-        if (spec_.activation != Activation::none)
-            p.dev->act_backward(p.stream, spec_.activation, n, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy, dy);
+        if (o_.activation != Activation::none)
+            p.dev->act_backward(p.stream, o_.activation, n, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy, dy);
         void* g1 = p.acts->act(slot_, g1_);  // the branch overwrites its copy; dy stays for the shortcut
         p.dev->copy_on_device(p.stream, g1, dy, p.dev->act_bytes(n));
         branch_.backward(p, g1, dx);
@@ -88,37 +93,33 @@ public:
     }
     std::string detail() const override {
         return std::to_string(branch_.layers().size()) + " layers" + (shortcut_ ? " + conv1x1 shortcut" : "") + " " +
-               activation_name(spec_.activation);
+               activation_name(o_.activation);
     }
 
 private:
     // The shortcut's batchnorm synchronises when the block's own ones do.
     static bool sync_of(const LayerSpec& s) {
         for (const LayerSpec& l : s.layers)
-            if (l.type == "batchnorm" && l.sync) return true;
+            if (l.type == "batchnorm" && l.field("sync") == "true") return true;
         return false;
     }
 
+    const ResidualOptions& o_;
     Sequential branch_;
     std::unique_ptr<Sequential> shortcut_;
     int slot_ = -1, z_buf_ = -1, out_buf_ = -1, g1_ = -1, g2_ = -1;
 };
 
-void read(SpecReader& r, const std::string& p, LayerSpec& s) {
-    s.layers = read_layer_list(r, p + ".layers");
-    s.shortcut = r.choice(p + ".shortcut", "identity", {"identity", "conv1x1"});
-    if (s.shortcut == "identity") s.shortcut.clear();
-    s.activation = read_activation(r, p + ".activation");
-}
-
-std::vector<std::pair<std::string, std::string>> fields(const LayerSpec& s) {
-    return {{"shortcut", s.shortcut.empty() ? "identity" : s.shortcut}, {"activation", activation_name(s.activation)}};
+// The block's `layers` are read before, by read_layer_list (a container).
+OptionsPtr read(SpecReader& r, const std::string& p) {
+    auto o = std::make_shared<ResidualOptions>();
+    o->projection = r.choice(p + ".shortcut", "identity", {"identity", "conv1x1"}) == "conv1x1";
+    o->activation = read_activation(r, p + ".activation");
+    return o;
 }
 
 }  // namespace
 
-extern const LayerKind kResidualKind{"residual", read, fields, [](const LayerSpec& s) -> std::unique_ptr<Layer> {
-                                         return std::make_unique<Residual>(s);
-                                     }};
+extern const LayerKind kResidualKind{"residual", read, create_layer<Residual>, /*container=*/true};
 
 }  // namespace mirrored

@@ -7,7 +7,7 @@
 namespace mirrored {
 
 Sequential::Sequential(const std::vector<LayerSpec>& specs) {
-    for (const LayerSpec& s : specs) layers_.push_back(layer_kind(s.type).create(s));
+    for (const LayerSpec& s : specs) layers_.push_back(layer_kinds().get(s.type).create(s));
 }
 
 Shape Sequential::build(Builder& b, const std::string& name, const std::string& key, const Shape& in, bool top) {

@@ -93,13 +93,7 @@ void safetensors(const uint8_t* data, size_t size) {
     tolerate([&] { (void)read_safetensors(InputFile("export.safetensors", data, size, false), false); });
     tolerate([&] { (void)read_safetensors(InputFile("ckpt.safetensors", data, size, false), true); });
     (void)peek_checkpoint_metadata(InputFile("ckpt.safetensors", data, size, false));  // never throws
-    static const Model model({4}, {[] {
-                                 LayerSpec l;
-                                 l.type = "dense";
-                                 l.units = 3;
-                                 return l;
-                             }()},
-                             1);
+    static const Model model({4}, {make_layer_spec("dense", {{"units", "3"}})}, 1);
     tolerate([&] { (void)read_checkpoint(InputFile("ckpt.safetensors", data, size, false), model, 0, "fuzz"); });
 }
 
