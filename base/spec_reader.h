@@ -81,11 +81,15 @@ inline bool same_options(const OptionsPtr& a, const OptionsPtr& b) {
 
 // The options an entry read, as its own type (a programming error, not a user's, if it is not).
 template <typename T>
-const T& options_as(const OptionsPtr& p) {
-    const auto* t = dynamic_cast<const T*>(p.get());
+const T& options_as(const Options* p) {
+    const auto* t = dynamic_cast<const T*>(p);
     if (!t) throw Error(kExitFailure, std::string("options of the wrong kind: expected ") + typeid(T).name());
     return *t;
 }
+template <typename T>
+const T& options_as(const OptionsPtr& p) { return options_as<T>(p.get()); }
+template <typename T>
+const T& options_as(const Options& o) { return options_as<T>(&o); }
 
 // A SpecReader over (key, value text) pairs under `prefix` ("prefix.key"): scalars as YAML writes
 // them, lists in flow form ("[1, 2]"). Every pair must be read: finish() throws for one that was not.

@@ -526,24 +526,10 @@ void read_model(Reader& r, ModelConfig& m) {
 }
 
 void read_optimizer(Reader& r, OptimizerConfig& o) {
-    const std::string type = r.choice("optimizer.type", "sgd", {"sgd", "adamw"});
-    o.type = type == "adamw" ? OptimizerConfig::Type::adamw : OptimizerConfig::Type::sgd;
-    o.lr = r.number("optimizer.lr", o.type == OptimizerConfig::Type::sgd ? 0.05 : 1e-3, 0.0, 1e6, true);
-    if (o.type == OptimizerConfig::Type::sgd) {
-        o.momentum = r.number("optimizer.momentum", 0.9, 0.0, 0.9999);
-        o.nesterov = r.boolean("optimizer.nesterov", false);
-        if (o.nesterov && o.momentum == 0) r.fail("optimizer.nesterov", "needs optimizer.momentum > 0");
-    } else {
-        o.momentum = 0;
-        const auto betas = r.numbers_as<double>("optimizer.betas");
-        if (!betas.empty()) {
-            if (betas.size() != 2 || betas[0] < 0 || betas[0] >= 1 || betas[1] < 0 || betas[1] >= 1)
-                r.fail("optimizer.betas", "expected two numbers in [0, 1), e.g. [0.9, 0.999]");
-            o.beta1 = betas[0];
-            o.beta2 = betas[1];
-        }
-        o.eps = r.number("optimizer.eps", 1e-8, 0.0, 1.0, true);
-    }
+    o.type = r.choice("optimizer.type", "sgd", optimizer_kinds().names());
+    const OptimizerKind& kind = optimizer_kinds().get(o.type);
+    o.lr = r.number("optimizer.lr", kind.default_lr, 0.0, 1e6, true);
+    o.options = kind.read(r, "optimizer");
     o.weight_decay = r.number("optimizer.weight_decay", 0.0, 0.0, 10.0);
     o.grad_clip_norm = r.number("optimizer.grad_clip_norm", 0.0, 0.0, 1e9);
     o.scale_lr_with_replicas = r.boolean("optimizer.scale_lr_with_replicas", false);
@@ -669,6 +655,11 @@ public:
         e_ << YAML::EndMap;
         return *this;
     }
+    // An entry's own keys (Options::fields), each value YAML text.
+    ConfigEmitter& fields(const Fields& fs) {
+        for (const auto& [k, v] : fs) e_ << YAML::Key << k << YAML::Value << YAML::Load(v);
+        return *this;
+    }
     YAML::Emitter& raw() { return e_; }
 
 private:
@@ -776,10 +767,7 @@ const char* schedule_name(ScheduleConfig::Type t) {
 }
 
 void emit_optimizer(ConfigEmitter& e, const OptimizerConfig& o) {
-    const bool sgd = o.type == OptimizerConfig::Type::sgd;
-    e.begin("optimizer").put("type", sgd ? "sgd" : "adamw").put("lr", o.lr);
-    if (sgd) e.put("momentum", o.momentum).put("nesterov", o.nesterov);
-    else e.put("betas", std::vector<double>{o.beta1, o.beta2}).put("eps", o.eps);
+    e.begin("optimizer").put("type", o.type).put("lr", o.lr).fields(optimizer_options(o)->fields());
     e.put("weight_decay", o.weight_decay).put("grad_clip_norm", o.grad_clip_norm);
     e.put("scale_lr_with_replicas", o.scale_lr_with_replicas);
     const ScheduleConfig& s = o.schedule;
@@ -823,7 +811,7 @@ std::string model_config_summary(const Config& c) {
     s << "input";
     for (int d : c.model.input_shape) s << " " << d;
     for (const LayerSpec& l : c.model.layers) s << " | " << layer_spec_summary(l);
-    s << " | optimizer " << (c.optimizer.type == OptimizerConfig::Type::adamw ? "adamw" : c.optimizer.momentum != 0 ? "sgd+momentum" : "sgd");
+    s << " | optimizer " << optimizer_description(c.optimizer);
     return s.str();
 }
 

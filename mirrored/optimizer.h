@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "base/registry.h"
+#include "base/spec_reader.h"
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 
@@ -23,26 +26,34 @@ struct ScheduleConfig {
     bool operator==(const ScheduleConfig&) const = default;
 };
 
+// optimizer: the type's own keys (sgd: momentum, nesterov; adamw: betas, eps) in `options`, read
+// by its OptimizerKind; what every type shares beside it.
 struct OptimizerConfig {
-    enum class Type { sgd, adamw };
-    Type type = Type::sgd;
+    std::string type = "sgd";
+    OptionsPtr options;  // null: the type's defaults
     double lr = 0.05;
-    double momentum = 0.9;
-    bool nesterov = false;
-    double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
     double weight_decay = 0.0;
     double grad_clip_norm = 0.0;  // 0: off
     bool scale_lr_with_replicas = false;
     ScheduleConfig schedule;
-    bool operator==(const OptimizerConfig&) const = default;
+    bool operator==(const OptimizerConfig& o) const {
+        return type == o.type && same_options(options, o.options) && lr == o.lr && weight_decay == o.weight_decay &&
+               grad_clip_norm == o.grad_clip_norm && scale_lr_with_replicas == o.scale_lr_with_replicas &&
+               schedule == o.schedule;
+    }
 };
 
 // Learning rate for optimizer step `step` (0-based) of `total_steps`.
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps, int replicas);
 
+// One update rule over the flat parameter buffer: its state buffers share the parameters' layout.
 class Optimizer {
 public:
-    Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n);
+    Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) : dev_(dev), cfg_(cfg), n_(n) {}
+    virtual ~Optimizer() = default;
+    Optimizer(const Optimizer&) = delete;
+    Optimizer& operator=(const Optimizer&) = delete;
+
     // params -= update(grads) over the n trainable values; step is 0-based. grad_stats (device,
     // Device::sum_squares' output) is needed when clipping or skipping; loss_scale (device) divides
     // the gradients; skip_nonfinite leaves everything unchanged when a gradient overflowed.
@@ -55,32 +66,67 @@ public:
     // The same over [begin, end) only, issued on `on` (a device that can reach this optimizer's
     // memory): replicas that share one parameter copy each update their slice, concurrently.
     // params and grads point at element 0.
-    void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
-                     float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
-                     const StepValues* values = nullptr);
+    virtual void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end,
+                             int64_t step, float lr, const float* grad_stats, const float* loss_scale,
+                             bool skip_nonfinite, const StepValues* values = nullptr) = 0;
     // The same over [begin, end) with the gradients of the replicas sharing this parameter copy
     // summed as Device::sum_into sums them (grads[into]'s first), inside the update's own pass
     // (Device::summed_sgd_update): what clipping or loss scaling would need, the norm of the sum
     // before the update, is not there, so neither may be on. grads point at element 0.
-    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
-                            size_t begin, size_t end, int64_t step, float lr, const StepValues* values = nullptr);
+    virtual void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
+                                    size_t begin, size_t end, int64_t step, float lr,
+                                    const StepValues* values = nullptr) = 0;
     // The values of 0-based step `step` at learning rate lr, as the update computes them.
-    StepValues step_values(int64_t step, float lr) const;
+    virtual StepValues step_values(int64_t step, float lr) const {
+        StepValues v;
+        v.lr = lr;
+        v.step = uint32_t(step);
+        return v;
+    }
     // Named state buffers (same layout as the parameters), for checkpoints.
-    std::vector<std::pair<std::string, DeviceBuffer<float>*>> state();
+    virtual std::vector<std::pair<std::string, DeviceBuffer<float>*>> state() = 0;
     const OptimizerConfig& config() const { return cfg_; }
 
-private:
-    SgdArgs sgd_args(float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
-                     const StepValues* values) const;
-    AdamWArgs adamw_args(int64_t step, float lr, const float* grad_stats, const float* loss_scale,
-                         bool skip_nonfinite, const StepValues* values) const;
+protected:
+    // The fields every update's arguments share: clipping, loss scaling, overflow skipping and
+    // the step's device-side values.
+    template <typename Args>
+    Args with_step_inputs(Args a, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
+                          const StepValues* values) const {
+        a.clip_norm = float(cfg_.grad_clip_norm);
+        a.grad_stats = grad_stats;
+        a.loss_scale = loss_scale;
+        a.skip_nonfinite = skip_nonfinite;
+        a.values = values;
+        return a;
+    }
     void check_range(size_t begin, size_t end) const;
+    // A zeroed state buffer of n floats.
+    DeviceBuffer<float> zeroed_state() const;
 
     Device& dev_;
     OptimizerConfig cfg_;
     size_t n_;
-    DeviceBuffer<float> m_, v_;
 };
+
+// An optimizer type: its name, its default learning rate, how its own keys are read, how many
+// state buffers of the parameters' size it keeps (the memory plan), the short description the
+// checkpoint's model hash covers, and how it is made.
+struct OptimizerKind {
+    const char* name;
+    double default_lr;
+    OptionsPtr (*read)(SpecReader& r, const std::string& path);
+    int (*state_buffers)(const Options& o);
+    std::string (*describe)(const Options& o);
+    std::unique_ptr<Optimizer> (*create)(Device& dev, const OptimizerConfig& cfg, size_t n);
+};
+const Registry<OptimizerKind>& optimizer_kinds();  // optimizer.cpp lists every type
+// cfg.options, or the type's defaults when there are none.
+OptionsPtr optimizer_options(const OptimizerConfig& cfg);
+std::unique_ptr<Optimizer> make_optimizer(Device& dev, const OptimizerConfig& cfg, size_t n);
+int optimizer_state_buffers(const OptimizerConfig& cfg);
+std::string optimizer_description(const OptimizerConfig& cfg);  // "adamw", "sgd+momentum", "sgd"
+// An optimizer config from code (type and its own keys through its reader; the rest as given).
+OptimizerConfig make_optimizer_config(const std::string& type, const Fields& keys = {});
 
 }  // namespace mirrored

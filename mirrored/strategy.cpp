@@ -160,8 +160,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     const Precision precision = strategy.precision;
     const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
     m.params = m.grads = flat;
-    const int states = (opt.type == OptimizerConfig::Type::adamw ? 2 : 0) + (opt.type == OptimizerConfig::Type::sgd && opt.momentum != 0 ? 1 : 0);
-    m.optimizer = trainable * uint64_t(states);
+    m.optimizer = trainable * uint64_t(optimizer_state_buffers(opt));
     const bool low = precision_dtype(precision) != DType::f32;
     const size_t act_elem = low && type == DeviceType::cuda ? 2 : 4;  // CPU and sim emulate in f32
     const size_t column_block = type == DeviceType::cpu ? kCpuColumnBlockBytes : 0;  // Device::column_block_bytes
@@ -461,7 +460,7 @@ void MirroredStrategy::allocate_model_state(Replica& R, const OptimizerConfig& o
     if (holds_params) R.params = DeviceBuffer<float>(d, flat);
     R.grads = DeviceBuffer<float>(d, flat);
     if (low_precision_ && holds_params) R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
-    if (holds_params) R.optimizer = std::make_unique<Optimizer>(d, opt, model_.trainable_size());
+    if (holds_params) R.optimizer = make_optimizer(d, opt, model_.trainable_size());
     R.acts = model_.make_activations(d, micro_rows);
 }
 

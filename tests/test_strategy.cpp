@@ -141,13 +141,13 @@ Dataset small_problem(uint64_t seed = SyntheticOptions{}.seed) {
 // returns replica 0's parameters. op "shared": strategy.shared_parameters (the gradients need no
 // op). graph: strategy.cuda_graph. fused: strategy.fused_epilogues.
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
-                  OptimizerConfig::Type opt_type = OptimizerConfig::Type::sgd, double clip = 0.0,
+                  const std::string& opt_type = "sgd", double clip = 0.0,
                   const std::string& op = "ring", bool graph = false, bool fused = false) {
     const Dataset ds = small_problem(7);
     const Model model({12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
     OptimizerConfig oc;
     oc.type = opt_type;
-    oc.lr = opt_type == OptimizerConfig::Type::sgd ? 0.1 : 0.01;
+    oc.lr = opt_type == "sgd" ? 0.1 : 0.01;
     oc.weight_decay = 1e-3;
     oc.grad_clip_norm = clip;
     StrategyConfig sc;
@@ -442,25 +442,24 @@ TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 
     const TrainResult one = train("cpu:1", 6, 0.0);
     for (const char* devices : {"cpu:2", "cpu:3", "cpu:4"}) {
         CAPTURE(devices);
-        const TrainResult shared = train(devices, 6, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "shared");
+        const TrainResult shared = train(devices, 6, 0.0005, 1, "sgd", 0.0, "shared");
         CHECK(shared.ops == std::string("shared"));
         CHECK(rel_error(shared.params, one.params) < 1e-5);
         CHECK(shared.metrics.count == one.metrics.count);
         for (uint64_t c : shared.checksums) CHECK(c == shared.checksums[0]);
     }
     // two replicas: a + b in either order, the update elementwise: the ring's bits exactly
-    CHECK(train("cpu:2", 6, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "shared").params == train("cpu:2", 6, 0.0005).params);
+    CHECK(train("cpu:2", 6, 0.0005, 1, "sgd", 0.0, "shared").params == train("cpu:2", 6, 0.0005).params);
     // AdamW with clipping (the norm summed over the slices) and accumulation
-    const TrainResult adam_one = train("cpu:1", 6, 0.0, 2, OptimizerConfig::Type::adamw, 0.5);
+    const TrainResult adam_one = train("cpu:1", 6, 0.0, 2, "adamw", 0.5);
     for (const char* devices : {"cpu:2", "cpu:3"}) {
         CAPTURE(devices);
-        const TrainResult adam = train(devices, 6, 0.0, 2, OptimizerConfig::Type::adamw, 0.5, "shared");
+        const TrainResult adam = train(devices, 6, 0.0, 2, "adamw", 0.5, "shared");
         CHECK(rel_error(adam.params, adam_one.params) < 1e-5);
     }
     // the memory plan counts the one copy in shares
     const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
-    OptimizerConfig oc;
-    oc.momentum = 0.9;
+    OptimizerConfig oc;  // sgd, momentum 0.9
     StrategyConfig sc;
     const MemoryPlan own = plan_memory(model, oc, sc, DeviceType::cpu, 4, 6, 6);
     CHECK_FALSE(parameters_shared(sc, parse_devices("cpu:4")));
@@ -479,22 +478,22 @@ TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 
 
 TEST_CASE("shared parameters on one simulated GPU: equal to CPU replicas bit for bit, to one replica within 1e-5; with graphs too") {
     SimScope sim(30);
-    const TrainResult one = train("cpu:1", 8, 0.0, 2, OptimizerConfig::Type::adamw, 0.5);
+    const TrainResult one = train("cpu:1", 8, 0.0, 2, "adamw", 0.5);
     for (const char* devices : {"sim:0,0", "sim:0,0,0,0"}) {
         CAPTURE(devices);
         const std::string cpu = "cpu:" + std::to_string(parse_devices(devices).ordinals.size());
-        const TrainResult shared = train(devices, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared");
+        const TrainResult shared = train(devices, 8, 0.0005, 2, "adamw", 0.5, "shared");
         CHECK(shared.ops == std::string("shared"));
         CHECK(rel_error(shared.params, one.params) < 1e-5);
         // the same ops in the same order per element: the CPU replicas' bits exactly
-        CHECK(shared.params == train(cpu, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared").params);
-        const TrainResult graph = train(devices, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared", true);
+        CHECK(shared.params == train(cpu, 8, 0.0005, 2, "adamw", 0.5, "shared").params);
+        const TrainResult graph = train(devices, 8, 0.0005, 2, "adamw", 0.5, "shared", true);
         CHECK(graph.graph_launches == 6);
         CHECK(graph.params == shared.params);
         for (uint64_t c : graph.checksums) CHECK(c == graph.checksums[0]);
     }
     // distinct GPUs keep their copies (the ring runs)
-    CHECK(train("sim:0,1", 2, 0.0, 1, OptimizerConfig::Type::sgd, 0.0, "shared").ops == std::string("ring"));
+    CHECK(train("sim:0,1", 2, 0.0, 1, "sgd", 0.0, "shared").ops == std::string("ring"));
     // synchronised batchnorm and fp16 loss scaling by slices on one GPU: as on CPU replicas (their
     // convolutions in the GPU's column order, for the same bits)
     const CnnResult cpu_cnn = [] {
@@ -667,19 +666,19 @@ TEST_CASE("simulated GPUs with random delays: one replica equals the CPU run bit
 
 TEST_CASE("simulated GPUs: direct, nccl and reduce_to_one train like the ring; accumulation and AdamW with clipping") {
     SimScope sim(30);
-    const TrainResult one = train("cpu:1", 5, 0.0, 1, OptimizerConfig::Type::adamw, 0.5);
+    const TrainResult one = train("cpu:1", 5, 0.0, 1, "adamw", 0.5);
     for (const char* devices : {"sim:0,1,2", "sim:0,0,0"})
         for (const char* op : {"ring", "direct", "nccl", "reduce_to_one"}) {
             if (std::string(devices) == "sim:0,0,0" && std::string(op) == "nccl") continue;  // one rank per GPU
             CAPTURE(devices);
             CAPTURE(op);
-            const TrainResult many = train(devices, 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, op);
+            const TrainResult many = train(devices, 5, 0.0005, 2, "adamw", 0.5, op);
             CHECK(rel_error(many.params, one.params) < 1e-5);
             for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
         }
     // direct sums every element in replica order on every backend: sim equals CPU bit for bit
-    const TrainResult sim3 = train("sim:0,0,0", 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "direct");
-    const TrainResult cpu3 = train("cpu:3", 5, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "direct");
+    const TrainResult sim3 = train("sim:0,0,0", 5, 0.0005, 2, "adamw", 0.5, "direct");
+    const TrainResult cpu3 = train("cpu:3", 5, 0.0005, 2, "adamw", 0.5, "direct");
     CHECK(sim3.params == cpu3.params);
 }
 
@@ -691,25 +690,25 @@ TEST_CASE("cross_device_ops auto: times what the devices can run, caches the cho
     ::setenv("MIRRORED_CACHE_DIR", cache.path().c_str(), 1);
     for (const char* devices : {"cpu:3", "sim:0,0,0", "sim:0,1,2"}) {
         CAPTURE(devices);
-        const TrainResult first = train(devices, 4, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "auto");
+        const TrainResult first = train(devices, 4, 0.0005, 1, "sgd", 0.0, "auto");
         CHECK(first.ops_choice.find("auto, measured: ring ") == 0);
         CHECK(first.ops_choice.find("direct ") != std::string::npos);  // every replica can load every buffer
         const bool gpus = std::string(devices) == "sim:0,1,2";
         CHECK((first.ops_choice.find("nccl ") != std::string::npos) == gpus);  // one rank per GPU only
-        const TrainResult again = train(devices, 4, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "auto");
+        const TrainResult again = train(devices, 4, 0.0005, 1, "sgd", 0.0, "auto");
         CHECK(again.ops == first.ops);
         CHECK(again.ops_choice.find("auto, cached: ") == 0);
         // measuring leaves nothing behind: the run equals one that named the op
-        const TrainResult named = train(devices, 4, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, first.ops);
+        const TrainResult named = train(devices, 4, 0.0005, 1, "sgd", 0.0, first.ops);
         CHECK(named.ops_choice.empty());
         CHECK(first.params == named.params);
     }
     // another bucket layout is another measurement
-    CHECK(train("cpu:3", 1, 0.0, 1, OptimizerConfig::Type::sgd, 0.0, "auto").ops_choice.find("measured") != std::string::npos);
+    CHECK(train("cpu:3", 1, 0.0, 1, "sgd", 0.0, "auto").ops_choice.find("measured") != std::string::npos);
     // distinct GPUs without peer access: direct is not a candidate
     sim_reset();
     sim_set_peer_access(false);
-    const TrainResult staged = train("sim:0,1", 2, 0.0, 1, OptimizerConfig::Type::sgd, 0.0, "auto");
+    const TrainResult staged = train("sim:0,1", 2, 0.0, 1, "sgd", 0.0, "auto");
     CHECK(staged.ops_choice.find("direct") == std::string::npos);
     CHECK(staged.ops != "direct");
     if (old) ::setenv("MIRRORED_CACHE_DIR", saved.c_str(), 1);
@@ -751,8 +750,8 @@ TEST_CASE("cross_device_ops auto, resuming: the checkpoint's op is kept when the
 }
 
 TEST_CASE("gradient accumulation and AdamW with clipping: N replicas still match one") {
-    const TrainResult one = train("cpu:1", 5, 0.0, 1, OptimizerConfig::Type::adamw, 0.5);
-    const TrainResult acc = train("cpu:2", 5, 0.0005, 3, OptimizerConfig::Type::adamw, 0.5);
+    const TrainResult one = train("cpu:1", 5, 0.0, 1, "adamw", 0.5);
+    const TrainResult acc = train("cpu:2", 5, 0.0005, 3, "adamw", 0.5);
     CHECK(rel_error(acc.params, one.params) < 1e-5);
 }
 
@@ -902,15 +901,15 @@ TEST_CASE("cuda_graph (sim): replayed steps equal uncaptured steps bit for bit o
         const char* op;
         double bucket_mb;
         int accumulation;
-        OptimizerConfig::Type opt;
+        std::string opt;
         double clip;
     };
     const Case cases[] = {
-        {"sim:0", "ring", 0.0, 1, OptimizerConfig::Type::sgd, 0.0},
-        {"sim:0,1", "ring", 0.0005, 1, OptimizerConfig::Type::sgd, 0.0},
-        {"sim:0,1,2", "ring", 0.0005, 2, OptimizerConfig::Type::adamw, 0.5},
-        {"sim:0,0,0,0", "direct", 0.0005, 1, OptimizerConfig::Type::adamw, 0.0},
-        {"sim:0,1", "reduce_to_one", 0.0, 2, OptimizerConfig::Type::sgd, 0.5},
+        {"sim:0", "ring", 0.0, 1, "sgd", 0.0},
+        {"sim:0,1", "ring", 0.0005, 1, "sgd", 0.0},
+        {"sim:0,1,2", "ring", 0.0005, 2, "adamw", 0.5},
+        {"sim:0,0,0,0", "direct", 0.0005, 1, "adamw", 0.0},
+        {"sim:0,1", "reduce_to_one", 0.0, 2, "sgd", 0.5},
     };
     for (const Case& c : cases) {
         CAPTURE(c.devices);
@@ -929,8 +928,8 @@ TEST_CASE("cuda_graph (sim): replayed steps equal uncaptured steps bit for bit o
     sim_reset();
     sim_set_delays(30);
     sim_set_peer_access(false);
-    const TrainResult plain = train("sim:0,1,2", 12, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "ring", false);
-    const TrainResult graph = train("sim:0,1,2", 12, 0.0005, 1, OptimizerConfig::Type::sgd, 0.0, "ring", true);
+    const TrainResult plain = train("sim:0,1,2", 12, 0.0005, 1, "sgd", 0.0, "ring", false);
+    const TrainResult graph = train("sim:0,1,2", 12, 0.0005, 1, "sgd", 0.0, "ring", true);
     CHECK(graph.graph_launches == 10);
     CHECK(graph.params == plain.params);
 }
@@ -995,9 +994,9 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
         CHECK((plain.all - fused.all).total() == plain.all.launches - fused.all.launches);  // nothing else changes
         // dropout and GELU (not fused) in the model, accumulation (the second micro-batch's weight
         // gradients accumulate: not fused), AdamW with clipping; with and without graphs
-        const TrainResult want = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring");
-        const TrainResult got = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring", false, true);
-        const TrainResult graph = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring", true, true);
+        const TrainResult want = train(devices, 12, 0.0005, 2, "adamw", 0.5, "ring");
+        const TrainResult got = train(devices, 12, 0.0005, 2, "adamw", 0.5, "ring", false, true);
+        const TrainResult graph = train(devices, 12, 0.0005, 2, "adamw", 0.5, "ring", true, true);
         CHECK(got.params == want.params);
         CHECK(got.metrics.loss_sum == want.metrics.loss_sum);
         CHECK(graph.graph_launches == 10);
@@ -1169,13 +1168,13 @@ TEST_CASE("cuda: N replicas on GPU 0 match one replica, and match the CPU run" *
 
 TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without graphs" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
-    const TrainResult one = train("cuda:0", 8, 0.0, 2, OptimizerConfig::Type::adamw, 0.5);
+    const TrainResult one = train("cuda:0", 8, 0.0, 2, "adamw", 0.5);
     for (const char* devices : {"cuda:0,0", "cuda:0,0,0,0"}) {
         CAPTURE(devices);
-        const TrainResult shared = train(devices, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared");
+        const TrainResult shared = train(devices, 8, 0.0005, 2, "adamw", 0.5, "shared");
         CHECK(shared.ops == std::string("shared"));
         CHECK(rel_error(shared.params, one.params) < 1e-5);
-        const TrainResult graph = train(devices, 8, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "shared", true);
+        const TrainResult graph = train(devices, 8, 0.0005, 2, "adamw", 0.5, "shared", true);
         CHECK(graph.params == shared.params);
     }
 }
@@ -1189,8 +1188,8 @@ TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays ex
     for (const auto& [devices, op] : cases) {
         CAPTURE(devices);
         CAPTURE(op);
-        const TrainResult plain = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, op, false);
-        const TrainResult graph = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, op, true);
+        const TrainResult plain = train(devices, 12, 0.0005, 2, "adamw", 0.5, op, false);
+        const TrainResult graph = train(devices, 12, 0.0005, 2, "adamw", 0.5, op, true);
         CHECK(graph.graph_launches == 10);
         CHECK(graph.params == plain.params);  // the same kernels, in an order the captured edges allow
         for (uint64_t c : graph.checksums) CHECK(c == graph.checksums[0]);
@@ -1202,9 +1201,9 @@ TEST_CASE("cuda: fused epilogues train like the unfused ops on 1 and N replicas,
     SKIP_WITHOUT_CUDA();
     for (const char* devices : {"cuda:0", "cuda:0,0,0"}) {
         CAPTURE(devices);
-        const TrainResult plain = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring");
-        const TrainResult fused = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring", false, true);
-        const TrainResult graph = train(devices, 12, 0.0005, 2, OptimizerConfig::Type::adamw, 0.5, "ring", true, true);
+        const TrainResult plain = train(devices, 12, 0.0005, 2, "adamw", 0.5, "ring");
+        const TrainResult fused = train(devices, 12, 0.0005, 2, "adamw", 0.5, "ring", false, true);
+        const TrainResult graph = train(devices, 12, 0.0005, 2, "adamw", 0.5, "ring", true, true);
         CHECK(rel_error(fused.params, plain.params) < 1e-5);
         for (uint64_t c : fused.checksums) CHECK(c == fused.checksums[0]);
         CHECK(graph.graph_launches == 10);
