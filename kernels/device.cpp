@@ -1,5 +1,5 @@
-// Backend-neutral entry points of the op interface: names, the device factory, peer access and
-// the peer-transport knob.
+// Backend-neutral entry points of the op interface: names, the default ops, allocation
+// accounting and the peer-transport knob.
 #include <atomic>
 
 #include "kernels/backends.h"
@@ -131,20 +131,6 @@ void Device::note_free(void* p) noexcept {
     if (it == sizes_.end()) return;
     allocated_.fetch_sub(int64_t(it->second));
     sizes_.erase(it);
-}
-
-std::unique_ptr<Device> make_device(DeviceType type, int ordinal) {
-    switch (type) {
-    case DeviceType::cuda: return make_cuda_device(ordinal);
-    case DeviceType::sim: return make_sim_device(ordinal);
-    default: return make_cpu_device(ordinal);
-    }
-}
-
-std::vector<StagedPair> enable_peer_access(DeviceType type, const std::vector<int>& ordinals) {
-    if (type == DeviceType::cuda) return cuda_enable_peer_access(ordinals);
-    if (type == DeviceType::sim) return sim_enable_peer_access(ordinals);
-    return {};
 }
 
 void set_peer_transport(PeerTransport t) { g_transport = t; }

@@ -2,8 +2,10 @@
 // Three implementations: kernels/cpu (the reference: OpenBLAS + plain loops), kernels/cuda
 // (cuBLAS + own kernels), and kernels/sim (a simulated GPU: CUDA's stream, event, copy and
 // callback semantics on CPU threads, computing with the CPU reference - so the asynchronous host
-// logic the CUDA path depends on is tested without a GPU). The model, strategy and trainer see
-// only this header, so they never know which kind of device they run on.
+// logic the CUDA path depends on is tested without a GPU), registered as backends by name with
+// their devices-spec parser (kernels/backends.cpp). Code above kernels/ sees only the headers at
+// this folder's top (this one, buffer.h, nccl.h, blas.h, op_math.h) and asks a backend's
+// DeviceTraits what differs between kinds of device, never its type.
 //
 // Conventions
 // - Matrices are row-major. gemm computes C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.
@@ -211,6 +213,8 @@ struct HostWork {
     }
 };
 
+struct DeviceTraits;
+
 class Device {
 public:
     virtual ~Device() = default;
@@ -218,6 +222,7 @@ public:
     Device& operator=(const Device&) = delete;
 
     DeviceType type() const { return type_; }
+    const DeviceTraits& traits() const;  // its backend's
     // Streams are real queues that run behind the host (CUDA, sim); on CPU they are the caller.
     bool asynchronous() const { return type_ != DeviceType::cpu; }
     int ordinal() const { return ordinal_; }  // GPU ordinal (CUDA, sim); replica index on CPU
@@ -520,8 +525,6 @@ std::unique_ptr<Device> make_cpu_device(int index);
 std::unique_ptr<Device> make_cuda_device(int ordinal);
 // A replica on simulated GPU `ordinal` (kernels/sim/sim.h has its knobs).
 std::unique_ptr<Device> make_sim_device(int ordinal);
-// One of the above by type: `ordinal` is the GPU (CUDA, sim) or the replica index (CPU).
-std::unique_ptr<Device> make_device(DeviceType type, int ordinal);
 
 // Whether the CUDA backend can run here, and if not, why.
 struct CudaStatus {
@@ -573,9 +576,69 @@ struct StagedPair {
     int from = 0, to = 0;
     std::string why;
 };
-// Enables peer access between every pair of distinct listed GPUs (CUDA or sim) that supports
-// it; returns the pairs left on the staged path.
-std::vector<StagedPair> enable_peer_access(DeviceType type, const std::vector<int>& ordinals);
+
+// ---- backends: the kinds of device, registered by name (kernels/backends.cpp) ----------------
+// What the code above kernels/ may know of a kind of device: asked of its backend (before any
+// device exists, as the memory plan is) or of a device, never by comparing device types.
+struct DeviceTraits {
+    const char* display;          // "CPU", "CUDA", "simulated-GPU": the start-up line's word
+    bool asynchronous;            // streams run behind the host (GPUs, simulated GPUs)
+    bool gpu;                     // a GPU: its memory is not the host's, and cuBLAS decides the bits
+    bool one_memory;              // every replica in one memory (CPU), so they may share parameters
+    bool replicas_alike;          // every replica is the same device: describe one
+    bool shares_ordinals;         // several replicas may name one device (cuda:0,0), sharing its memory
+    bool nccl;                    // the nccl op runs on distinct devices of this kind, in this build
+    bool nccl_capturable;         // its NCCL calls may be captured into a graph
+    bool nccl_between_nodes;      // multi-node sums go through NCCL (else MPI, on the host)
+    bool stores_16bit;            // bf16/fp16 activations stored in 16 bits (else f32, rounded)
+    bool stable_description;      // description() names hardware, not measured figures (cache keys)
+    int loader_threads;           // data.loader_threads: auto
+    size_t column_block_bytes;    // Device::column_block_bytes of its devices
+    const char* fused_epilogues;  // what strategy.fused_epilogues does here
+    const char* note;             // a line for the start-up header ("" for none)
+};
+
+// What a device's workspaces are sized by (the memory plan): rows of a micro-batch, the widest
+// activation or input row, whether cuBLASLt epilogues are on.
+struct WorkspaceNeeds {
+    int micro_rows = 0;
+    uint64_t widest = 0;
+    bool fused_epilogues = false;
+};
+
+struct Backend {
+    const char* name;  // the devices spec's prefix: "cpu", "cuda", "sim"
+    DeviceType type;
+    DeviceTraits traits;
+    // The ordinals of a devices spec: `tail` is what follows "name:" (null for the bare name).
+    // ConfigError for a malformed spec, DeviceError for devices this machine does not have.
+    std::vector<int> (*parse)(const std::string& spec, const std::string* tail, const CudaStatus& cuda);
+    // A replica's device: the GPU `ordinal` (several replicas may share one), or CPU replica `ordinal`.
+    std::unique_ptr<Device> (*make)(int ordinal);
+    // Enables peer access between every pair of distinct listed devices that supports it;
+    // returns the pairs left on the staged path.
+    std::vector<StagedPair> (*enable_peer_access)(const std::vector<int>& ordinals);
+    uint64_t (*workspace_bytes)(const WorkspaceNeeds& needs);  // per replica, all scratch included
+    // The library whose rounding a result depends on ("blas-kernel ...", "cuBLAS").
+    std::string (*gemm_library)(bool fused_epilogues);
+};
+const std::vector<const Backend*>& backends();  // cpu, cuda, sim
+const Backend& backend_of(DeviceType t);
+// The backend named by a spec's prefix, or null.
+const Backend* find_backend(const std::string& name);
+
+// strategy.devices: "auto" (every GPU, else one CPU replica per core), "cuda", "cuda:all",
+// "cuda:0,1,3", "cuda:0,0,0,0" (four replicas sharing GPU 0), "cpu" (one per core), "cpu:N", and
+// simulated GPUs for tests and debugging: "sim:0,1" (two), "sim:0,0,0,0" (four sharing one).
+// `auto` fails (DeviceError) where a driver is present but CUDA cannot start: silently training on
+// the CPU would hide a broken installation.
+struct DeviceList {
+    const Backend* backend = nullptr;
+    std::vector<int> ordinals;  // GPU ordinals (CUDA, sim); 0..N-1 for CPU replicas
+    const DeviceTraits& traits() const { return backend->traits; }
+    std::string describe() const;  // "cuda:0,cuda:1"
+};
+DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda = cuda_status());
 
 // The wire types reduce_from_peer accepts (f32, bf16); a DeviceError naming d otherwise.
 void check_wire_dtype(const Device& d, DType t);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "kernels/backends.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -10,12 +9,12 @@ namespace mirrored {
 AllReduceRig::AllReduceRig(const std::string& devices, const std::string& op, DType wire, size_t max_floats)
     : list(parse_devices(devices)) {
     const int n = int(list.ordinals.size());
-    if (list.type != DeviceType::cuda) cpu_set_blas_threads(1);
-    staged = enable_peer_access(list.type, list.ordinals);
+    if (!list.traits().gpu) cpu_set_blas_threads(1);
+    staged = list.backend->enable_peer_access(list.ordinals);
     std::vector<Device*> dp;
     std::vector<float*> bp;
     for (int r = 0; r < n; ++r) {
-        devs.push_back(make_device(list.type, list.type == DeviceType::cpu ? r : list.ordinals[size_t(r)]));
+        devs.push_back(list.backend->make(list.ordinals[size_t(r)]));
         bufs.emplace_back(*devs.back(), max_floats);
         dp.push_back(devs.back().get());
         bp.push_back(bufs.back().data());

@@ -276,7 +276,7 @@ void CrossDeviceOps::join_nodes(Nodes* nodes, ReplicaBarrier& barrier) {
         throw ConfigError("strategy.allreduce_dtype", "bf16 gradients are not exchanged between nodes yet; use fp32");
     for (int r = 0; r < replicas(); ++r) {
         Device& d = *devices_[size_t(r)];
-        if (d.type() == DeviceType::cuda) {  // node 0 makes each channel's id; the channels in order on every node
+        if (d.traits().nccl_between_nodes) {  // node 0 makes each channel's id; the channels in order on every node
             const std::string id = nodes->broadcast(nodes->leader() ? nccl_unique_id() : std::string(),
                                                     "the exchange of NCCL ids");
             links_.push_back(std::make_unique<NcclNodeLink>(make_nccl_node_comm(id, nodes->rank(), nodes->count(), d)));
@@ -311,7 +311,7 @@ std::vector<std::string> auto_candidates(const std::vector<Device*>& devices) {
     std::vector<std::string> c{"ring"};
     // nccl: one rank per GPU, CUDA built with NCCL, or the simulated GPUs' rendezvous
     bool all_load = devices.size() <= size_t(PeerBuffers::kMax),
-         distinct_gpus = devices[0]->type() == DeviceType::sim || (devices[0]->type() == DeviceType::cuda && nccl_compiled());
+         distinct_gpus = devices[0]->traits().nccl;
     for (size_t a = 0; a < devices.size(); ++a)
         for (size_t b = 0; b < devices.size(); ++b) {
             all_load = all_load && devices[a]->can_load_from(*devices[b]);
@@ -361,7 +361,7 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     std::string key = std::string(host) + "|" + dtype_name(wire) + "|" + std::to_string(elements);
-    for (const Device* d : devices) key += "|" + d->name() + (d->type() == DeviceType::cpu ? "" : " " + d->description());
+    for (const Device* d : devices) key += "|" + d->name() + (d->traits().stable_description ? " " + d->description() : "");
     uint64_t h = 1469598103934665603ull;  // FNV-1a of the ranges: many buckets make a long list
     for (const auto& [begin, count] : ranges)
         for (uint64_t v : {uint64_t(begin), uint64_t(count)}) h = (h ^ v) * 1099511628211ull;

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "base/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"

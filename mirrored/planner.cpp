@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "kernels/backends.h"
 #include "kernels/buffer.h"
 #include "base/error.h"
 #include "mirrored/allreduce_rig.h"
@@ -89,7 +88,7 @@ StepPrediction predict_step(const Topology& topo, double compute_s, const CommPl
 MemoryPlan gpu_memory_plan(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, int replicas,
                            int rows, int accumulation) {
     const int micro = (rows + accumulation - 1) / accumulation;
-    return plan_memory(model, opt, strategy, DeviceType::cuda, replicas, rows, micro);
+    return plan_memory(model, opt, strategy, *find_backend("cuda"), replicas, rows, micro);
 }
 
 int largest_fitting_rows(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, int replicas,

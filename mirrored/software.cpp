@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "kernels/device.h"
 #include "mirrored/nodes.h"
 

@@ -7,7 +7,7 @@ namespace mirrored {
 
 StepProfile::StepProfile(Device& d, int layers, int micro_batches)
     : dev_(d), layers_(layers), capacity_(5 + size_t(micro_batches) * (2 * size_t(layers) + 1) + size_t(layers)),
-      clock_(d.type() == DeviceType::cpu) {
+      clock_(!d.traits().asynchronous) {
     totals_.forward.assign(size_t(layers), 0.0);
     totals_.backward.assign(size_t(layers), 0.0);
     labels_.reserve(capacity_);

@@ -19,23 +19,6 @@ namespace mirrored {
 
 namespace {
 
-// "0,1,3" -> {0, 1, 3}; `example` is a valid spec of the same kind, for the error message.
-std::vector<int> parse_int_list(const std::string& list, const std::string& spec, const std::string& example) {
-    std::vector<int> out;
-    size_t start = 0;
-    while (start <= list.size()) {
-        const size_t comma = std::min(list.find(',', start), list.size());
-        const std::string item = list.substr(start, comma - start);
-        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
-            throw ConfigError("strategy.devices", "'" + spec + "': expected device numbers like " + example);
-        if (item.size() > 6)
-            throw ConfigError("strategy.devices", "'" + spec + "': device number " + item + " is out of range");
-        out.push_back(std::stoi(item));
-        start = comma + 1;
-    }
-    return out;
-}
-
 // The metric accumulators are doubles; zero bits are 0.0.
 void zero_metrics(Device& d, Stream s, double* m) { d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(m)); }
 
@@ -55,66 +38,6 @@ void backoff(int round) {
 }
 
 }  // namespace
-
-std::string DeviceList::describe() const {
-    std::string s;
-    for (size_t i = 0; i < ordinals.size(); ++i)
-        s += (i ? "," : "") + std::string(device_type_name(type)) + ":" + std::to_string(ordinals[i]);
-    return s;
-}
-
-DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda) {
-    DeviceList d;
-    const int cores = std::max(1u, std::thread::hardware_concurrency());
-    const bool gpus_ok = cuda.state == CudaStatus::State::ok;
-    auto need_gpus = [&] {
-        if (!gpus_ok) throw DeviceError("strategy.devices: '" + spec + "' asks for GPUs, but " + cuda.reason);
-    };
-    auto cpus = [&](int n) {
-        d.type = DeviceType::cpu;
-        for (int i = 0; i < n; ++i) d.ordinals.push_back(i);
-    };
-    auto all_gpus = [&] {
-        need_gpus();
-        d.type = DeviceType::cuda;
-        for (int i = 0; i < cuda.devices; ++i) d.ordinals.push_back(i);
-    };
-    if (spec == "auto") {
-        if (cuda.state == CudaStatus::State::unusable)
-            throw DeviceError("strategy.devices: auto: GPUs are present but unusable: " + cuda.reason +
-                              " (--devices cpu trains on the CPU instead)");
-        if (gpus_ok) all_gpus();
-        else cpus(cores);
-    } else if (spec == "cuda" || spec == "cuda:all") {
-        all_gpus();
-    } else if (spec == "cpu") {
-        cpus(cores);
-    } else if (spec.rfind("cpu:", 0) == 0) {
-        const auto n = parse_int_list(spec.substr(4), spec, "cpu:4");
-        if (n.size() != 1 || n[0] < 1 || n[0] > 1024)
-            throw ConfigError("strategy.devices", "'" + spec + "': expected cpu:N with N replicas, 1 to 1024");
-        cpus(n[0]);
-    } else if (spec.rfind("cuda:", 0) == 0) {
-        d.type = DeviceType::cuda;
-        d.ordinals = parse_int_list(spec.substr(5), spec, "cuda:0,1,3");
-        need_gpus();
-        for (int o : d.ordinals)
-            if (o >= cuda.devices)
-                throw DeviceError("strategy.devices: '" + spec + "': there is no cuda:" + std::to_string(o) + " (" +
-                                  std::to_string(cuda.devices) + " GPU(s) visible)");
-    } else if (spec.rfind("sim:", 0) == 0) {
-        d.type = DeviceType::sim;
-        d.ordinals = parse_int_list(spec.substr(4), spec, "sim:0,1 or sim:0,0,0,0");
-        for (int o : d.ordinals)
-            if (o >= 64) throw ConfigError("strategy.devices", "'" + spec + "': simulated GPUs are numbered 0 to 63");
-    } else {
-        throw ConfigError("strategy.devices", "'" + spec +
-                          "': expected auto, cuda, cuda:all, cuda:0,1,..., cpu, cpu:N or sim:0,1,...");
-    }
-    if (d.ordinals.size() > 1024)
-        throw ConfigError("strategy.devices", "'" + spec + "': at most 1024 replicas");
-    return d;
-}
 
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
     std::vector<const TensorInfo*> t;
@@ -150,21 +73,20 @@ std::string MemoryPlan::describe() const {
 bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices, bool several_nodes) {
     const auto& o = devices.ordinals;
     if (!strategy.shared_parameters || o.size() < 2) return false;
-    if (devices.type == DeviceType::cpu) return true;
+    if (devices.traits().one_memory) return true;
     return !several_nodes && std::all_of(o.begin(), o.end(), [&](int g) { return g == o[0]; });
 }
 
-MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, DeviceType type,
-                       int replicas, int shard_rows, int micro_rows, bool shared) {
+MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
+                       const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared) {
     MemoryPlan m;
-    const Precision precision = strategy.precision;
+    const DeviceTraits& traits = backend.traits;
     const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
     m.params = m.grads = flat;
     m.optimizer = trainable * uint64_t(optimizer_state_buffers(opt));
-    const bool low = precision_dtype(precision) != DType::f32;
-    const size_t act_elem = low && type == DeviceType::cuda ? 2 : 4;  // CPU and sim emulate in f32
-    const size_t column_block = type == DeviceType::cpu ? kCpuColumnBlockBytes : 0;  // Device::column_block_bytes
-    m.activations = model.activation_bytes(micro_rows, act_elem, column_block);
+    const bool low = precision_dtype(strategy.precision) != DType::f32;
+    const size_t act_elem = low && traits.stores_16bit ? 2 : 4;  // CPU and sim round to 16 bits in f32
+    m.activations = model.activation_bytes(micro_rows, act_elem, traits.column_block_bytes);
     m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t)) +
                (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
     m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
@@ -172,20 +94,8 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
         for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
             *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
-    // cuBLAS workspace (and cuBLASLt's for fused epilogues on CUDA), scratch and peer staging on
-    // GPUs (real or simulated); on CPUs the per-thread scratches of kernels/cpu, each grown to its
-    // largest use: three of up to 128 rows by the widest layer (a transposed operand and two
-    // products), the JIT kernels' transposed operand of at most 128 Ki floats and a small
-    // transposed product (64 KiB), and a convolution's padded image or output gradient (one
-    // image) and a few-channel weight gradient's turned-around product (counted together as four
-    // of the widest rows); and a transposed operand of a block of convolution columns
-    const int gemm_rows = std::min(micro_rows, kCpuTransposedGemmMaxRows);
     const uint64_t widest = std::max<uint64_t>(model.largest_activation_per_row(), uint64_t(model.input_features()));
-    const uint64_t lt_workspace = type == DeviceType::cuda && strategy.fused_epilogues ? uint64_t(32) << 20 : 0;
-    m.workspace = type == DeviceType::cpu
-                      ? (3 * uint64_t(gemm_rows) + 4) * widest * sizeof(float) + (uint64_t(512 + 64) << 10) +
-                            column_block
-                      : (uint64_t(32) << 20) + lt_workspace + (uint64_t(4) << 20) + (uint64_t(8) << 20);
+    m.workspace = backend.workspace_bytes({micro_rows, widest, strategy.fused_epilogues});
     return m;
 }
 
@@ -212,17 +122,17 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     check_batch(global_batch, all);
     // CPU replicas (and the simulated GPUs' streams, which compute with the CPU reference) are
     // the parallelism: one BLAS thread each.
-    if (devices_.type != DeviceType::cuda) cpu_set_blas_threads(1);
-    staged_pairs_ = enable_peer_access(devices_.type, devices_.ordinals);
+    if (!devices_.traits().gpu) cpu_set_blas_threads(1);
+    staged_pairs_ = devices_.backend->enable_peer_access(devices_.ordinals);
     const int shard_rows = (global_batch + all - 1) / all;
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
     low_precision_ = precision_dtype(cfg_.precision) != DType::f32;
     loss_scaling_ = cfg_.precision == Precision::fp16;
     shared_ = parameters_shared(cfg_, devices_, nodes_ != nullptr);
-    if (shared_ && devices_.asynchronous() && n > PeerBuffers::kMax)
+    if (shared_ && devices_.traits().asynchronous && n > PeerBuffers::kMax)
         throw ConfigError("strategy.shared_parameters", "at most " + std::to_string(PeerBuffers::kMax) +
                                                             " replicas of one GPU share one parameter copy; set it false");
-    plan_ = plan_memory(model_, opt, cfg_, devices_.type, n, shard_rows, micro_rows, shared_);
+    plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
@@ -287,9 +197,10 @@ void MirroredStrategy::make_stats_ops(const std::vector<Device*>& devs) {
 
 void MirroredStrategy::choose_graphs() {
     if (!cfg_.cuda_graph) return;
-    if (!devices_.asynchronous()) graph_note_ = "CPU replicas run each op as it is issued: there is nothing to capture";
-    else if (devices_.type == DeviceType::sim && cfg_.cross_device_ops == "nccl")
-        graph_note_ = "the simulated NCCL cannot be captured; use ring or direct";
+    if (!devices_.traits().asynchronous)
+        graph_note_ = "CPU replicas run each op as it is issued: there is nothing to capture";
+    else if (!devices_.traits().nccl_capturable && cfg_.cross_device_ops == "nccl")
+        graph_note_ = std::string("NCCL on ") + devices_.traits().display + " replicas cannot be captured; use ring or direct";
     else graphs_on_ = true;
     if (graphs_on_) graph_fork_ = replicas_[0]->device->event_create();
 }
@@ -298,7 +209,7 @@ void MirroredStrategy::choose_graphs() {
 // and the shards follow from it); then every cross-device op becomes hierarchical.
 void MirroredStrategy::join_nodes() {
     if (!nodes_) return;
-    const std::string mine = std::to_string(replicas()) + " " + device_type_name(devices_.type) + " replica(s)";
+    const std::string mine = std::to_string(replicas()) + " " + devices_.backend->name + " replica(s)";
     const auto all = nodes_->all_gather(mine, "the start-up exchange of replica counts");
     for (size_t k = 0; k < all.size(); ++k)
         if (all[k] != all[0])
@@ -378,7 +289,7 @@ const void* MirroredStrategy::stage_for_compute(Replica& R, int buf, size_t rows
 // GPUs: the replicas on each GPU must fit its free memory (an allocation failure later would be
 // clear too, but this says why before anything is built). Host memory is the session's check.
 void MirroredStrategy::check_device_memory() const {
-    if (devices_.type != DeviceType::cuda) return;
+    if (!devices_.traits().gpu) return;
     std::map<int, int> per_gpu;
     for (int o : devices_.ordinals) ++per_gpu[o];
     for (auto [ordinal, count] : per_gpu) {
@@ -508,7 +419,7 @@ void MirroredStrategy::create_step_events(Replica& R) {
     R.reduced = d.event_create();
     R.metrics_copied = d.event_create();
     for (Event* e : {&R.t_begin, &R.t_backward, &R.t_reduced, &R.t_end}) *e = d.event_create(true);
-    if (cfg_.cuda_graph && devices_.asynchronous()) {
+    if (cfg_.cuda_graph && devices_.traits().asynchronous) {
         for (auto& v : R.step_values) v = DeviceBuffer<StepValues>(d, 1);
         R.step_ready = d.event_create();
         R.graph_done = d.event_create();
@@ -520,7 +431,7 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
     auto R = std::make_unique<Replica>();
     R->index = r;
     try {
-        R->device = make_device(devices_.type, devices_.type == DeviceType::cpu ? r : devices_.ordinals[r]);
+        R->device = devices_.backend->make(devices_.ordinals[size_t(r)]);
         Device& d = *R->device;
         d.set_precision(cfg_.precision);
         d.set_fused_epilogues(cfg_.fused_epilogues);
@@ -546,18 +457,18 @@ void MirroredStrategy::build_replica(int r, int shard_rows, int micro_rows, cons
 
 std::string MirroredStrategy::topology_report() const {
     std::string s;
-    const std::string kind = device_type_name(devices_.type);
+    const std::string kind = devices_.backend->name;
     for (const StagedPair& p : staged_pairs_)
         s += kind + ":" + std::to_string(p.from) + " -> " + kind + ":" + std::to_string(p.to) +
              ": staged peer copies (" + p.why + "), slower than direct peer loads\n";
     std::set<int> distinct(devices_.ordinals.begin(), devices_.ordinals.end());
-    if (devices_.type != DeviceType::cpu && distinct.size() < devices_.ordinals.size())
+    if (devices_.traits().shares_ordinals && distinct.size() < devices_.ordinals.size())
         s += "several replicas share a GPU (logical devices): they exchange data within its memory\n";
     return s;
 }
 
 HostAllocator MirroredStrategy::host_allocator() {
-    if (!devices_.asynchronous()) return HostAllocator::aligned();
+    if (!devices_.traits().asynchronous) return HostAllocator::aligned();
     Device* d = replicas_[0]->device.get();  // portable pinned memory serves every GPU
     return {[d](size_t bytes) { return d->alloc_host_bytes(bytes); }, [d](void* p) { d->free_host_bytes(p); }};
 }
@@ -617,7 +528,7 @@ int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& s
         d.copy_to_device(cs, R.inputs[buf].data(), batch.features + size_t(shard.begin) * features,
                          size_t(shard.rows) * features * sizeof(float));
     } else {  // CPU replicas gather their rows from the data set themselves (gathers_input())
-        if (devices_.asynchronous()) throw Error(kExitFailure, "strategy: a batch without features for a GPU replica");
+        if (devices_.traits().asynchronous) throw Error(kExitFailure, "strategy: a batch without features for a GPU replica");
         batch.owner->gather(batch, shard.begin, shard.rows, R.inputs[buf].data());
     }
     d.copy_to_device(cs, R.labels[buf].data(), batch.labels + shard.begin, size_t(shard.rows) * sizeof(int32_t));
@@ -637,7 +548,7 @@ void MirroredStrategy::train_step(const Batch& batch, int64_t step, float lr, ui
     guarded([&] {
         // Stays set until collect_timing() reads the events: the trainer reads a log step's
         // numbers only after it has issued the next step.
-        if (sample_timing && devices_.asynchronous()) timing_sampled_ = true;
+        if (sample_timing && devices_.traits().asynchronous) timing_sampled_ = true;
         // Sampled steps and a test's overflow run uncaptured: the graph holds neither.
         const bool replay =
             graphs_on_ && !sample_timing && !profile_ && inject_overflow_ < 0 && graph_step(batch, step, lr, seed);
@@ -655,7 +566,7 @@ int MirroredStrategy::global_micro_rows(int global_rows, int m) const {
 void MirroredStrategy::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed,
                                     bool sample_timing) {
     const StepShape shape = stage_step(r, batch, nullptr);
-    replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && devices_.asynchronous(), nullptr);
+    replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && devices_.traits().asynchronous, nullptr);
 }
 
 // Everything read from the batch is read before staging: once every replica has released it,
@@ -742,7 +653,7 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
     }
     if (timing) d.event_record(R.t_end, cs);
     profile_mark(R, cs, StepProfile::kEnd);
-    if (devices_.type == DeviceType::cpu) {
+    if (!devices_.traits().asynchronous) {  // the host's clock is the device's
         R.comm_s += comm;
         R.compute_s += now_s() - t0 - comm;
     }
@@ -917,7 +828,7 @@ void MirroredStrategy::shared_update(Replica& R, int64_t step, float lr, const S
 
 void MirroredStrategy::collect_timing(TimeSplit& split, int64_t steps) {
     Replica& R = *replicas_[0];
-    if (!devices_.asynchronous()) {
+    if (!devices_.traits().asynchronous) {
         split.compute_s += R.compute_s;
         split.comm_s += R.comm_s;
         R.compute_s = R.comm_s = 0;

@@ -32,20 +32,6 @@ namespace mirrored {
 
 class StepProfile;  // mirrored/step_profile.h
 
-// ---- devices ----------------------------------------------------------------------------
-// "auto" (every GPU, else one CPU replica per core), "cuda", "cuda:all", "cuda:0,1,3",
-// "cuda:0,0,0,0" (four replicas sharing GPU 0), "cpu" (one per core), "cpu:N", and simulated
-// GPUs for tests and debugging: "sim:0,1" (two), "sim:0,0,0,0" (four sharing one).
-// `auto` fails (DeviceError) where a driver is present but CUDA cannot start: silently training on
-// the CPU would hide a broken installation.
-struct DeviceList {
-    DeviceType type = DeviceType::cpu;
-    std::vector<int> ordinals;  // GPU ordinals (CUDA, sim); 0..N-1 for CPU replicas
-    std::string describe() const;  // "cuda:0,cuda:1"
-    bool asynchronous() const { return type != DeviceType::cpu; }  // GPUs, real or simulated
-};
-DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda = cuda_status());
-
 struct StrategyConfig {
     std::string devices = "auto";
     std::string cross_device_ops = "ring";  // or "auto": measured at start-up
@@ -119,8 +105,8 @@ struct MemoryPlan {
 // replicas of one GPU (one node).
 bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices, bool several_nodes = false);
 // shared: parameters_shared() for the devices (one copy, counted in shares).
-MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, DeviceType type,
-                       int replicas, int shard_rows, int micro_rows, bool shared = false);
+MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
+                       const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared = false);
 
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
@@ -181,7 +167,8 @@ public:
     int node_count() const { return nodes_ ? nodes_->count() : 1; }
     int node_rank() const { return nodes_ ? nodes_->rank() : 0; }
     Nodes* nodes() const { return nodes_; }
-    DeviceType device_type() const { return devices_.type; }
+    const DeviceTraits& device_traits() const { return devices_.traits(); }
+    const Backend& backend() const { return *devices_.backend; }
     bool failed() const { return failed_; }
     const DeviceList& devices() const { return devices_; }
     const char* cross_device_ops_name() const { return shared_ ? "shared" : ops_->name(); }
@@ -205,7 +192,7 @@ public:
     HostAllocator host_allocator();
     // CPU replicas copy their own rows from the data set into their input buffers (the loader's
     // gather_by_consumers): one copy instead of two, on the replica's own core.
-    bool gathers_input() const { return !devices_.asynchronous(); }
+    bool gathers_input() const { return !devices_.traits().asynchronous; }
 
     // The loader's next batch. While it waits (its slots are freed by the devices' release
     // callbacks) it checks every device, so a failed one surfaces instead of a hang.

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "base/error.h"
 #include "mirrored/util.h"
 #include "mirrored/bottlenecks.h"
@@ -121,14 +121,6 @@ Session::~Session() {
 
 namespace {
 
-// data.loader_threads: auto. GPU replicas leave the cores to the loader. CPU replicas occupy
-// every core and gather their own rows, so the loader only draws sample indices, on the trainer's
-// thread: a loader thread would take turns with the replicas (measured on 2 cores: 9.5% more
-// samples/s than one loader thread copying whole batches). The data is in memory.
-int default_loader_threads(DeviceType replicas) {
-    return replicas == DeviceType::cuda ? 2 : replicas == DeviceType::cpu ? 0 : 1;
-}
-
 // Host memory: CPU and simulated replicas keep their whole model state in it, and every run keeps
 // the loaders' slots there. Checked before anything is allocated, so that a run that cannot fit
 // ends with the numbers, not with the kernel's OOM killer: exit 2 when it needs more than the
@@ -139,12 +131,12 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     const int shard = (cfg.train.global_batch_size + n - 1) / n;
     const int micro = (shard + cfg.train.grad_accumulation_steps - 1) / cfg.train.grad_accumulation_steps;
     const MemoryPlan plan =
-        plan_memory(model, cfg.optimizer, cfg.strategy, devices.type, n, shard, micro, parameters_shared(cfg.strategy, devices));
-    const uint64_t replicas = devices.type == DeviceType::cuda ? 0 : plan.total() * uint64_t(n);
+        plan_memory(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro, parameters_shared(cfg.strategy, devices));
+    const uint64_t replicas = devices.traits().gpu ? 0 : plan.total() * uint64_t(n);
     // Train and test loaders; CPU replicas gather their own rows (MirroredStrategy::gathers_input,
     // the same rule), so their slots hold only sample indices and labels.
     const uint64_t row_bytes =
-        (devices.asynchronous() ? train.feature_size() * sizeof(float) : sizeof(uint32_t)) + sizeof(int32_t);
+        (devices.traits().asynchronous ? train.feature_size() * sizeof(float) : sizeof(uint32_t)) + sizeof(int32_t);
     const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) * row_bytes;
     const uint64_t need = replicas + slots;
     const uint64_t total = total_host_memory(), avail = available_host_memory();
@@ -186,7 +178,7 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     const int n = s->strategy->replicas();
     LoaderOptions lo;
     lo.global_batch = cfg.train.global_batch_size;
-    lo.threads = cfg.data.loader_threads > 0 ? cfg.data.loader_threads : default_loader_threads(s->strategy->device_type());
+    lo.threads = cfg.data.loader_threads > 0 ? cfg.data.loader_threads : s->strategy->device_traits().loader_threads;
     lo.prefetch = cfg.data.prefetch;
     lo.seed = cfg.run.seed;
     lo.consumers = n;
@@ -224,8 +216,7 @@ namespace {
 // The GEMM library a checkpoint's rounding depends on: the BLAS kernel for CPU replicas (and the
 // simulated GPUs, which run the CPU reference); on CUDA, whether cuBLASLt's fused epilogues ran.
 std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
-    if (st.device_type() != DeviceType::cuda) return blas_kernel();
-    return cfg.strategy.fused_epilogues ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS";
+    return st.backend().gemm_library(cfg.strategy.fused_epilogues);
 }
 
 // How to resume on the checkpoint's BLAS kernel, when only the OpenBLAS kernel differs (the
@@ -413,8 +404,8 @@ void Run::alert(const std::string& kind, const std::string& text) {
 
 void Run::print_header() {
     MirroredStrategy& st = *s_->strategy;
-    const DeviceType type = st.device_type();
-    const char* kind = type == DeviceType::cuda ? "CUDA" : type == DeviceType::sim ? "simulated-GPU" : "CPU";
+    const DeviceTraits& traits = st.device_traits();
+    const char* kind = traits.display;
     // Every node's devices: collected on every node, printed by node 0.
     const std::vector<std::string> nodes =
         nodes_ ? nodes_->all_gather(nodes_->host() + ": " + st.devices().describe() + ", " + st.replica(0).device->description(),
@@ -430,12 +421,11 @@ void Run::print_header() {
     }
     std::fprintf(out_, "  software: %s\n", software_line().c_str());
     print_strategy_choices(st);
-    if (type != DeviceType::cuda && cuda_status().state != CudaStatus::State::ok)
+    if (!traits.gpu && cuda_status().state != CudaStatus::State::ok)
         std::fprintf(out_, "  no GPU: %s\n", cuda_unavailable_reason().c_str());
-    if (type == DeviceType::sim)
-        std::fprintf(out_, "  simulated GPUs test the asynchronous host logic; their speed says nothing about a GPU's\n");
+    if (*traits.note) std::fprintf(out_, "  %s\n", traits.note);
     for (int r = 0; r < st.replicas(); ++r)
-        if (r == 0 || type != DeviceType::cpu)
+        if (r == 0 || !traits.replicas_alike)
             std::fprintf(out_, "  replica %d: %s\n", r, st.replica(r).device->description().c_str());
     const std::string topo = st.topology_report();
     if (!topo.empty()) std::fprintf(out_, "  %s", topo.c_str());
@@ -450,7 +440,7 @@ void Run::print_header() {
     std::fprintf(out_, "  precision %s, gradients all-reduced in %s; memory per replica: planned %s; allocated %s (measured)%s\n",
                 precision_name(cfg_.train.precision), dtype_name(cfg_.strategy.allreduce_dtype),
                 st.memory_plan().describe().c_str(), format_bytes(d0.allocated_bytes()).c_str(),
-                d0.type() == DeviceType::cuda ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
+                traits.gpu ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
     std::fprintf(out_, "  output: %s; checkpoints %s, the newest %d kept\n", out_dir_.c_str(), checkpoint_policy(cfg_.checkpoint).c_str(),
                 cfg_.checkpoint.keep);
     std::fflush(out_);
@@ -464,24 +454,20 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
     if (st.shared_parameters())
         std::fprintf(out_, "  shared parameters: the %s keep one parameter copy; each sums its slice of the gradients over "
                     "the replicas and updates that slice\n",
-                    st.device_type() == DeviceType::cpu ? "CPU replicas" : "replicas on one GPU");
+                    st.device_traits().one_memory ? "CPU replicas" : "replicas on one GPU");
     else if (cfg_.strategy.shared_parameters && st.replicas() > 1)
         std::fprintf(out_, "  shared parameters apply to replicas in one memory (CPU replicas, or replicas sharing one GPU on "
                     "one node): each of these replicas keeps its own copy\n");
     if (st.cuda_graph())
         std::fprintf(out_, "  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
                     "a GPU)\n");
-    if (st.cuda_graph() && st.device_type() == DeviceType::cuda && std::string(st.cross_device_ops_name()) == "nccl")
+    if (st.cuda_graph() && st.device_traits().gpu && std::string(st.cross_device_ops_name()) == "nccl")
         std::fprintf(out_, "  cuda_graph with nccl: NCCL documents that capturing several GPUs of one process can deadlock "
                     "in a graph launch; the watchdog stops a run that hangs, and the ring needs no NCCL\n");
     else if (!st.cuda_graph_note().empty())
         std::fprintf(out_, "  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
     if (cfg_.strategy.fused_epilogues)
-        std::fprintf(out_, "  fused_epilogues: %s\n",
-                    st.device_type() == DeviceType::cuda ? "dense layers' bias and ReLU in the GEMMs (cuBLASLt; not yet "
-                                                           "measured on a GPU)"
-                    : st.device_type() == DeviceType::sim ? "the fused cases are counted as one launch, as on CUDA"
-                                                          : "ignored: CPU replicas run the ops unfused");
+        std::fprintf(out_, "  fused_epilogues: %s\n", st.device_traits().fused_epilogues);
 }
 
 bool Run::prepare_output() {
@@ -794,7 +780,7 @@ void Run::write_summary(const std::string& status) {
         {"replicas", st.all_replicas()},
         {"nodes", st.node_count()},
         {"devices", st.devices().describe()},
-        {"device_type", device_type_name(st.device_type())},
+        {"device_type", st.backend().name},
         {"cross_device_ops", st.cross_device_ops_name()},
         {"parameters", s_->model->param_count()},
         {"train_data_fingerprint", hex64(train_data_)},  // which data: runs on the same data compare

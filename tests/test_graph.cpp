@@ -16,7 +16,7 @@ struct SimGraphScope {
     explicit SimGraphScope(int delay_us) {
         sim_reset();
         sim_set_delays(delay_us);
-        enable_peer_access(DeviceType::sim, {0, 1});
+        backend_of(DeviceType::sim).enable_peer_access({0, 1});
     }
     ~SimGraphScope() { sim_reset(); }
 };

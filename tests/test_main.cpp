@@ -7,7 +7,7 @@
 #include <mutex>
 #include <string>
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "kernels/device.h"
 #include "tests/helpers.h"
 

@@ -332,7 +332,7 @@ TEST_CASE("cpu convolutions with pixel-major columns, image blocks: the gradient
 TEST_CASE("a small CNN overfits a fixed batch on the CPU backend and on a simulated GPU (SGD and AdamW)") {
     for (DeviceType t : {DeviceType::cpu, DeviceType::sim}) {
         CAPTURE(device_type_name(t));
-        auto d = make_device(t, 0);
+        auto d = backend_of(t).make(0);
         overfit(*d, "sgd");
         overfit(*d, "adamw");
     }

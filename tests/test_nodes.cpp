@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "kernels/device.h"
 #include "base/error.h"
 #include "mirrored/checkpoint.h"

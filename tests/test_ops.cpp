@@ -642,7 +642,7 @@ TEST_CASE("cpu softmax_xent matches double reference: gradient, loss sum, correc
 TEST_CASE("metric accumulators count exactly beyond 2^24 samples (cpu, sim)") {
     for (DeviceType type : {DeviceType::cpu, DeviceType::sim}) {
         CAPTURE(device_type_name(type));
-        auto d = make_device(type, 0);
+        auto d = backend_of(type).make(0);
         Rng rng(12);
         XentCase x = make_xent(rng);
         x.rows = 3;

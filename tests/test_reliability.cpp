@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "base/error.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/software.h"

@@ -33,11 +33,11 @@ struct AllReduceFixture {
                      DType wire_type = DType::f32)
         : capacity(max_len + 10), wire(wire_type) {
         const int n = int(ordinals.size());
-        enable_peer_access(type, ordinals);
+        backend_of(type).enable_peer_access(ordinals);
         std::vector<Device*> dp;
         std::vector<float*> bp;
         for (int r = 0; r < n; ++r) {
-            devs.push_back(make_device(type, type == DeviceType::cpu ? r : ordinals[r]));
+            devs.push_back(backend_of(type).make(type == DeviceType::cpu ? r : ordinals[r]));
             bufs.emplace_back(*devs.back(), capacity);
             dp.push_back(devs.back().get());
             bp.push_back(bufs.back().data());
@@ -255,11 +255,11 @@ std::string steps_until_error(MirroredStrategy& st, Loader& loader, int from, in
 
 TEST_CASE("device specs: auto, cpu:N, sim lists, and clear errors for malformed ones") {
     CHECK(parse_devices("cpu:3").ordinals == std::vector<int>{0, 1, 2});
-    CHECK(parse_devices("cpu:3").type == DeviceType::cpu);
+    CHECK(parse_devices("cpu:3").backend->type == DeviceType::cpu);
     CHECK(parse_devices("cpu:3").describe() == "cpu:0,cpu:1,cpu:2");
     CHECK(!parse_devices("auto").ordinals.empty());
     CHECK(parse_devices("sim:0,0,1").ordinals == std::vector<int>{0, 0, 1});
-    CHECK(parse_devices("sim:0,0,1").type == DeviceType::sim);
+    CHECK(parse_devices("sim:0,0,1").backend->type == DeviceType::sim);
     CHECK(parse_devices("sim:2").describe() == "sim:2");
     CHECK_THROWS_WITH_AS(parse_devices("gpu:0"), doctest::Contains("strategy.devices"), ConfigError);
     CHECK_THROWS_WITH_AS(parse_devices("cpu:0"), doctest::Contains("cpu:N"), ConfigError);
@@ -270,7 +270,7 @@ TEST_CASE("device specs: auto, cpu:N, sim lists, and clear errors for malformed 
     CHECK_THROWS_WITH_AS(parse_devices(""), doctest::Contains("expected auto"), ConfigError);
     if (!have_cuda()) {
         CHECK_THROWS_AS(parse_devices("cuda:0"), DeviceError);
-        CHECK(parse_devices("auto").type == DeviceType::cpu);
+        CHECK(parse_devices("auto").backend->type == DeviceType::cpu);
     } else {
         CHECK(parse_devices("cuda:0,0,0,0").ordinals == std::vector<int>{0, 0, 0, 0});
         CHECK_THROWS_AS(parse_devices("cuda:99"), DeviceError);
@@ -283,14 +283,14 @@ TEST_CASE("device specs: a driver that cannot run this build fails auto and cuda
     broken.reason = "the NVIDIA driver supports CUDA 12.2, but this build needs CUDA 13.0: install a newer NVIDIA driver";
     CHECK_THROWS_WITH_AS(parse_devices("auto", broken), doctest::Contains("install a newer NVIDIA driver"), DeviceError);
     CHECK_THROWS_WITH_AS(parse_devices("cuda:0", broken), doctest::Contains("asks for GPUs"), DeviceError);
-    CHECK(parse_devices("cpu:2", broken).type == DeviceType::cpu);  // an explicit CPU run still works
+    CHECK(parse_devices("cpu:2", broken).backend->type == DeviceType::cpu);  // an explicit CPU run still works
     CudaStatus none;
     none.state = CudaStatus::State::no_driver;
     none.reason = "no NVIDIA driver is loaded";
-    CHECK(parse_devices("auto", none).type == DeviceType::cpu);
+    CHECK(parse_devices("auto", none).backend->type == DeviceType::cpu);
     CudaStatus cpu_build;
     CHECK(cpu_build.state == CudaStatus::State::not_compiled);
-    CHECK(parse_devices("auto", cpu_build).type == DeviceType::cpu);
+    CHECK(parse_devices("auto", cpu_build).backend->type == DeviceType::cpu);
     CudaStatus two;
     two.state = CudaStatus::State::ok;
     two.devices = 2;
@@ -461,10 +461,10 @@ TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 
     const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
     OptimizerConfig oc;  // sgd, momentum 0.9
     StrategyConfig sc;
-    const MemoryPlan own = plan_memory(model, oc, sc, DeviceType::cpu, 4, 6, 6);
+    const MemoryPlan own = plan_memory(model, oc, sc, backend_of(DeviceType::cpu), 4, 6, 6);
     CHECK_FALSE(parameters_shared(sc, parse_devices("cpu:4")));
     sc.shared_parameters = true;
-    const MemoryPlan part = plan_memory(model, oc, sc, DeviceType::cpu, 4, 6, 6, parameters_shared(sc, parse_devices("cpu:4")));
+    const MemoryPlan part = plan_memory(model, oc, sc, backend_of(DeviceType::cpu), 4, 6, 6, parameters_shared(sc, parse_devices("cpu:4")));
     CHECK(part.params == (own.params + 3) / 4);
     CHECK(part.optimizer == (own.optimizer + 3) / 4);
     CHECK(part.grads == own.grads);
@@ -564,7 +564,7 @@ TEST_CASE("sim all-reduce with random stream delays: ring, reduce_to_one, nccl; 
 
 TEST_CASE("sim: without peer access distinct GPUs take the staged path, and the topology report says why") {
     SimScope sim(20, /*peer_access=*/false);
-    const auto staged = enable_peer_access(DeviceType::sim, {0, 1, 2});
+    const auto staged = backend_of(DeviceType::sim).enable_peer_access({0, 1, 2});
     CHECK(staged.size() == 6);
     Rng rng(79);
     AllReduceFixture f("ring", DeviceType::sim, {0, 1, 2}, size_t(3) << 20);
@@ -1005,11 +1005,11 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
     // the memory plan counts cuBLASLt's own workspace on CUDA only
     const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
     StrategyConfig sc;
-    const MemoryPlan cuda = plan_memory(model, OptimizerConfig{}, sc, DeviceType::cuda, 1, 8, 8);
-    const MemoryPlan simulated = plan_memory(model, OptimizerConfig{}, sc, DeviceType::sim, 1, 8, 8);
+    const MemoryPlan cuda = plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::cuda), 1, 8, 8);
+    const MemoryPlan simulated = plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::sim), 1, 8, 8);
     sc.fused_epilogues = true;
-    CHECK(plan_memory(model, OptimizerConfig{}, sc, DeviceType::cuda, 1, 8, 8).workspace == cuda.workspace + (32u << 20));
-    CHECK(plan_memory(model, OptimizerConfig{}, sc, DeviceType::sim, 1, 8, 8).workspace == simulated.workspace);
+    CHECK(plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::cuda), 1, 8, 8).workspace == cuda.workspace + (32u << 20));
+    CHECK(plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::sim), 1, 8, 8).workspace == simulated.workspace);
     // On CPUs the scratches are per thread and reused layer after layer: the workspace follows the
     // widest layer and the rows, not the depth (it had counted twice the activations: 529 MiB
     // planned for ResNet-20 where a few MiB were used).
@@ -1017,10 +1017,10 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
     const Model deep({12}, {dense(256, Activation::relu), dense(256, Activation::relu), dense(256, Activation::relu),
                             dense(5, Activation::none)},
                      3);
-    const uint64_t ws = plan_memory(shallow, OptimizerConfig{}, sc, DeviceType::cpu, 1, 64, 64).workspace;
-    CHECK(plan_memory(deep, OptimizerConfig{}, sc, DeviceType::cpu, 1, 64, 64).workspace == ws);
+    const uint64_t ws = plan_memory(shallow, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 64, 64).workspace;
+    CHECK(plan_memory(deep, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 64, 64).workspace == ws);
     CHECK(ws >= 3 * 64 * 256 * sizeof(float));  // a transposed operand and two products of 64 rows
-    CHECK(plan_memory(shallow, OptimizerConfig{}, sc, DeviceType::cpu, 1, 32, 32).workspace < ws);
+    CHECK(plan_memory(shallow, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 32, 32).workspace < ws);
 }
 
 TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simulated NCCL; a fault in a replay surfaces") {
@@ -1040,7 +1040,7 @@ TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simula
     {
         MirroredStrategy st(sc, model, OptimizerConfig{}, 24, 1);
         CHECK_FALSE(st.cuda_graph());
-        CHECK(st.cuda_graph_note().find("simulated NCCL") != std::string::npos);
+        CHECK(st.cuda_graph_note() == "NCCL on simulated-GPU replicas cannot be captured; use ring or direct");
     }
     sc.cross_device_ops = "ring";
     auto st = std::make_unique<MirroredStrategy>(sc, model, OptimizerConfig{}, 24, 1);
@@ -1126,7 +1126,7 @@ TEST_CASE("cuda all-reduce across distinct GPUs: direct peer loads and staged co
     }
     std::vector<int> all;
     for (int g = 0; g < gpus; ++g) all.push_back(g);
-    const auto staged = enable_peer_access(DeviceType::cuda, all);
+    const auto staged = backend_of(DeviceType::cuda).enable_peer_access(all);
     for (const auto& p : staged) MESSAGE("cuda:" << p.from << " -> cuda:" << p.to << " staged: " << p.why);
     Rng rng(81);
     for (PeerTransport t : {PeerTransport::direct, PeerTransport::staged}) {

@@ -11,7 +11,7 @@
 
 #include "base/error.h"
 #include "kernels/sim/sim.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "mirrored/tools/hardware.h"
 #include "mirrored/planner.h"
 #include "tests/cli.h"

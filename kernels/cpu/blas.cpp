@@ -1,4 +1,4 @@
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 
 #include <cblas.h>
 #include <fcntl.h>

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/cpu/jit_gemm.h"

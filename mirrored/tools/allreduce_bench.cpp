@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
-#include "kernels/op_math.h"
 #include "mirrored/allreduce_rig.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
+#include "kernels/op_math.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"
 #include "mirrored/watchdog.h"
@@ -50,11 +50,11 @@ void print_header(const AllReduceBenchOptions& o, AllReduceRig& rig, DType wire)
     const int n = rig.replicas();
     std::printf("all-reduce %s (%s on the wire) over %d replica(s) [%s] (%s)%s\n", rig.ops->name(), o.dtype.c_str(), n,
                 rig.list.describe().c_str(),
-                rig.list.asynchronous() ? rig.devs[0]->description().c_str() : cpu_model_name().c_str(),
-                rig.list.asynchronous() ? (", peer transport " + o.transport).c_str() : "");
+                rig.list.traits().asynchronous ? rig.devs[0]->description().c_str() : cpu_model_name().c_str(),
+                rig.list.traits().asynchronous ? (", peer transport " + o.transport).c_str() : "");
     for (const StagedPair& p : rig.staged)
-        std::printf("  %s:%d -> %s:%d: staged peer copies (%s)\n", device_type_name(rig.list.type), p.from,
-                    device_type_name(rig.list.type), p.to, p.why.c_str());
+        std::printf("  %s:%d -> %s:%d: staged peer copies (%s)\n", rig.list.backend->name, p.from,
+                    rig.list.backend->name, p.to, p.why.c_str());
     std::printf("algbw = bytes / time; busbw = algbw * 2(n-1)/n, as nccl-tests define them%s\n",
                 wire == DType::bf16 ? " (bytes: the f32 gradients; the wire carries half)" : "");
 }
@@ -173,7 +173,7 @@ int table(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<s
     }
     write_json(o.json_path, {{"benchmark", "allreduce"}, {"op", rig.ops->name()}, {"devices", rig.list.describe()},
                              {"transport", o.transport}, {"dtype", o.dtype}, {"barrier_us", barrier_us}, {"replicas", n},
-                             {"device", rig.list.type == DeviceType::cuda ? rig.devs[0]->description() : cpu_model_name()},
+                             {"device", rig.list.traits().gpu ? rig.devs[0]->description() : cpu_model_name()},
                              {"results", rows}});
     if (!all_ok) throw DeviceError("bench-allreduce: a result was wrong (marked WRONG above)");
     return kExitOk;

@@ -2,7 +2,7 @@
 // numbers as JSON; none of them is a test (docs/PERFORMANCE.md records what they measured).
 #include "mirrored/tools/tools.h"
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 
 #include <algorithm>
 #include <chrono>
@@ -133,9 +133,9 @@ std::unique_ptr<Device> gemm_device(const std::string& spec) {
         return make_cpu_device(0);
     }
     const DeviceList dl = parse_devices(spec);
-    if (dl.type != DeviceType::cuda || dl.ordinals.size() != 1)
+    if (!dl.traits().gpu || dl.ordinals.size() != 1)
         throw ConfigError("--device: expected cpu or one GPU such as cuda:0, got '" + spec + "'");
-    return make_cuda_device(dl.ordinals[0]);
+    return dl.backend->make(dl.ordinals[0]);
 }
 
 // Seconds per GEMM of shape g, in batches of ten until `seconds` have passed: inputs in the
@@ -176,7 +176,7 @@ int bench_gemm(const GemmBenchOptions& o) {
     const Precision precision = o.tf32 ? Precision::tf32 : o.precision;
     d->set_precision(precision);
     std::printf("GEMM in %s on %s (%s)\n\n", precision_name(precision), d->name().c_str(),
-                d->type() == DeviceType::cpu ? (cpu_model_name() + ", one BLAS thread").c_str() : d->description().c_str());
+                d->traits().gpu ? d->description().c_str() : (cpu_model_name() + ", one BLAS thread").c_str());
     std::printf("%8s %8s %8s %4s %12s %10s\n", "m", "n", "k", "ops", "time (us)", "GFLOP/s");
     std::vector<GemmShape> shapes = o.shapes;
     if (shapes.empty())
@@ -194,7 +194,7 @@ int bench_gemm(const GemmBenchOptions& o) {
     }
     if (shapes.size() > 1)
         std::printf("%35s %12.1f %10.1f  (all, one after another)\n", "", total_s * 1e6, total_flop / total_s / 1e9);
-    write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->type() == DeviceType::cpu ? cpu_model_name() : d->description()},
+    write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->traits().gpu ? d->description() : cpu_model_name()},
                              {"blas", blas_description()},
                              {"precision", precision_name(precision)}, {"results", rows}});
     return kExitOk;
@@ -232,7 +232,7 @@ json profile_layers(Session& s, int steps, int64_t first_step) {
                           {"forward_gflops", rate(flops[i].forward, t.forward[i])},
                           {"backward_gflops", rate(flops[i].backward, t.backward[i])}});
     return {{"steps", t.steps},
-            {"clock", st.device_type() == DeviceType::cpu ? "host clock" : "device time between events"},
+            {"clock", st.device_traits().asynchronous ? "device time between events" : "host clock"},
             {"layers", layers},
             {"phases_us", {{"input", t.input * per}, {"loss", t.loss * per}, {"reduce", t.reduce * per},
                            {"update", t.update * per}}},
@@ -265,11 +265,10 @@ void print_profile(const json& p) {
 std::vector<std::string> default_device_lists() {
     const DeviceList all = parse_devices("auto");
     const int n = int(all.ordinals.size());
-    const char* kind = all.type == DeviceType::cuda ? "cuda:" : "cpu:";
     std::vector<std::string> lists;
-    for (int k = 1; k <= n; k *= 2) {
-        std::string spec = kind;
-        if (all.type == DeviceType::cuda)
+    for (int k = 1; k <= n; k *= 2) {  // the first k of auto's devices: GPUs 0..k-1, or k CPU replicas
+        std::string spec = std::string(all.backend->name) + ":";
+        if (all.traits().gpu)
             for (int i = 0; i < k; ++i) spec += (i ? "," : "") + std::to_string(i);
         else spec += std::to_string(k);
         lists.push_back(spec);

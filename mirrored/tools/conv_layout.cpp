@@ -9,10 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "kernels/backends.h"
 #include "kernels/buffer.h"
 #include "base/error.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"
 

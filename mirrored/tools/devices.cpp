@@ -1,7 +1,7 @@
 // `mirrored devices`: GPUs, peer access, links and versions, or the CPU when there is none.
 #include "mirrored/tools/tools.h"
 
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 
 #include <algorithm>
 #include <chrono>

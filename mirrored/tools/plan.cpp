@@ -9,7 +9,6 @@
 #include "data/datasets.h"
 #include "base/io.h"
 #include "data/loader.h"
-#include "kernels/backends.h"
 #include "kernels/buffer.h"
 #include "base/error.h"
 #include "mirrored/config.h"
@@ -74,7 +73,7 @@ struct LocalStep {
 };
 
 double gemm_ceiling(Device& d) {
-    const int n = d.type() == DeviceType::cuda ? 4096 : 1024;
+    const int n = d.traits().gpu ? 4096 : 1024;
     const size_t count = size_t(n) * n;
     const DType t = d.value_dtype();
     DeviceBuffer<unsigned char> a(d, d.act_bytes(count)), b(d, d.act_bytes(count));
@@ -105,7 +104,7 @@ LocalStep measure_local(const Config& base, const std::vector<int>& shape, int c
         auto s = start_timed_session(c, nullptr, nullptr);
         out.seconds = time_steps(*s, kWarmup, kSteps, kSteps, nullptr, false).elapsed_s / kSteps;
         s->train_loader->stop();
-        auto d = make_device(s->strategy->device_type(), 0);
+        auto d = s->strategy->backend().make(0);
         d->set_precision(base.train.precision);
         out.gemm_flops = gemm_ceiling(*d);
     }

@@ -14,8 +14,7 @@
 
 #include "data/datasets.h"
 #include "data/loader.h"
-#include "kernels/backends.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/blas.h"
 #include "base/error.h"
 #include "mirrored/config.h"
 #include "mirrored/strategy.h"

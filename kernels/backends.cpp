@@ -1,0 +1,201 @@
+// The kinds of device, registered by name with their devices-spec parser and their traits: the
+// one place that knows how a CPU replica, a GPU and a simulated GPU differ for the code above
+// kernels/ (which asks DeviceTraits instead of comparing types).
+#include <algorithm>
+#include <thread>
+
+#include "base/error.h"
+#include "kernels/backends.h"
+#include "kernels/blas.h"
+#include "kernels/device.h"
+#include "kernels/nccl.h"
+
+namespace mirrored {
+
+namespace {
+
+// "0,1,3" -> {0, 1, 3}; `example` is a valid spec of the same kind, for the error message.
+std::vector<int> parse_int_list(const std::string& list, const std::string& spec, const std::string& example) {
+    std::vector<int> out;
+    size_t start = 0;
+    while (start <= list.size()) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        const std::string item = list.substr(start, comma - start);
+        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos)
+            throw ConfigError("strategy.devices", "'" + spec + "': expected device numbers like " + example);
+        if (item.size() > 6)
+            throw ConfigError("strategy.devices", "'" + spec + "': device number " + item + " is out of range");
+        out.push_back(std::stoi(item));
+        start = comma + 1;
+    }
+    return out;
+}
+
+std::vector<int> first_n(int n) {
+    std::vector<int> v;
+    for (int i = 0; i < n; ++i) v.push_back(i);
+    return v;
+}
+
+// "cpu" (one replica per core) or "cpu:N".
+std::vector<int> parse_cpu(const std::string& spec, const std::string* tail, const CudaStatus&) {
+    if (!tail) return first_n(int(std::max(1u, std::thread::hardware_concurrency())));
+    const auto n = parse_int_list(*tail, spec, "cpu:4");
+    if (n.size() != 1 || n[0] < 1 || n[0] > 1024)
+        throw ConfigError("strategy.devices", "'" + spec + "': expected cpu:N with N replicas, 1 to 1024");
+    return first_n(n[0]);
+}
+
+void need_gpus(const std::string& spec, const CudaStatus& cuda) {
+    if (cuda.state != CudaStatus::State::ok)
+        throw DeviceError("strategy.devices: '" + spec + "' asks for GPUs, but " + cuda.reason);
+}
+
+// "cuda", "cuda:all" (every visible GPU) or "cuda:0,1,3" (repeats share a GPU).
+std::vector<int> parse_cuda(const std::string& spec, const std::string* tail, const CudaStatus& cuda) {
+    if (!tail || *tail == "all") {
+        need_gpus(spec, cuda);
+        return first_n(cuda.devices);
+    }
+    std::vector<int> o = parse_int_list(*tail, spec, "cuda:0,1,3");
+    need_gpus(spec, cuda);
+    for (int g : o)
+        if (g >= cuda.devices)
+            throw DeviceError("strategy.devices: '" + spec + "': there is no cuda:" + std::to_string(g) + " (" +
+                              std::to_string(cuda.devices) + " GPU(s) visible)");
+    return o;
+}
+
+[[noreturn]] void unknown_spec(const std::string& spec) {
+    throw ConfigError("strategy.devices",
+                      "'" + spec + "': expected auto, cuda, cuda:all, cuda:0,1,..., cpu, cpu:N or sim:0,1,...");
+}
+
+// "sim:0,1" (two simulated GPUs) or "sim:0,0,0,0" (four replicas sharing one).
+std::vector<int> parse_sim(const std::string& spec, const std::string* tail, const CudaStatus&) {
+    if (!tail) unknown_spec(spec);
+    std::vector<int> o = parse_int_list(*tail, spec, "sim:0,1 or sim:0,0,0,0");
+    for (int g : o)
+        if (g >= 64) throw ConfigError("strategy.devices", "'" + spec + "': simulated GPUs are numbered 0 to 63");
+    return o;
+}
+
+std::vector<StagedPair> no_peers(const std::vector<int>&) { return {}; }
+
+// The CPU backend's per-thread scratches, each grown to its largest use: three of up to 128 rows
+// by the widest layer (a transposed operand and two products), the JIT kernels' transposed operand
+// of at most 128 Ki floats and a small transposed product (64 KiB), and a convolution's padded
+// image or output gradient (one image) and a few-channel weight gradient's turned-around product
+// (counted together as four of the widest rows); and a transposed operand of a block of
+// convolution columns.
+uint64_t cpu_workspace(const WorkspaceNeeds& n) {
+    const int gemm_rows = std::min(n.micro_rows, kCpuTransposedGemmMaxRows);
+    return (3 * uint64_t(gemm_rows) + 4) * n.widest * sizeof(float) + (uint64_t(512 + 64) << 10) + kCpuColumnBlockBytes;
+}
+// GPUs (real or simulated): cuBLAS's workspace (and cuBLASLt's for fused epilogues on CUDA), the
+// scratch and the peer-staging buffers.
+uint64_t gpu_workspace(const WorkspaceNeeds& n) {
+    const uint64_t lt = n.fused_epilogues ? uint64_t(32) << 20 : 0;
+    return (uint64_t(32) << 20) + lt + (uint64_t(4) << 20) + (uint64_t(8) << 20);
+}
+uint64_t sim_workspace(const WorkspaceNeeds& n) { return gpu_workspace({n.micro_rows, n.widest, false}); }
+
+// CPU replicas and the simulated GPUs (which compute with the CPU reference): the BLAS kernel.
+std::string cpu_library(bool) { return blas_kernel(); }
+std::string cuda_library(bool fused) { return fused ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS"; }
+
+// data.loader_threads: auto. GPU replicas leave the cores to the loader. CPU replicas occupy every
+// core and gather their own rows, so the loader only draws sample indices, on the trainer's
+// thread: a loader thread would take turns with the replicas (measured on 2 cores: 9.5% more
+// samples/s than one loader thread copying whole batches).
+const Backend kCpuBackend{
+    .name = "cpu",
+    .type = DeviceType::cpu,
+    .traits = {.display = "CPU", .asynchronous = false, .gpu = false, .one_memory = true, .replicas_alike = true,
+               .shares_ordinals = false, .nccl = false, .nccl_capturable = false, .nccl_between_nodes = false,
+               .stores_16bit = false, .stable_description = false, .loader_threads = 0,
+               .column_block_bytes = kCpuColumnBlockBytes,
+               .fused_epilogues = "ignored: CPU replicas run the ops unfused", .note = ""},
+    .parse = parse_cpu,
+    .make = make_cpu_device,
+    .enable_peer_access = no_peers,
+    .workspace_bytes = cpu_workspace,
+    .gemm_library = cpu_library};
+
+const Backend kCudaBackend{
+    .name = "cuda",
+    .type = DeviceType::cuda,
+    .traits = {.display = "CUDA", .asynchronous = true, .gpu = true, .one_memory = false, .replicas_alike = false,
+               .shares_ordinals = true, .nccl = nccl_compiled(), .nccl_capturable = true, .nccl_between_nodes = true,
+               .stores_16bit = true, .stable_description = true, .loader_threads = 2, .column_block_bytes = 0,
+               .fused_epilogues = "dense layers' bias and ReLU in the GEMMs (cuBLASLt; not yet measured on a GPU)",
+               .note = ""},
+    .parse = parse_cuda,
+    .make = make_cuda_device,
+    .enable_peer_access = cuda_enable_peer_access,
+    .workspace_bytes = gpu_workspace,
+    .gemm_library = cuda_library};
+
+// Simulated GPUs run the CPU reference on threads that behave like streams; their NCCL is a
+// rendezvous of those threads, which a graph cannot capture.
+const Backend kSimBackend{
+    .name = "sim",
+    .type = DeviceType::sim,
+    .traits = {.display = "simulated-GPU", .asynchronous = true, .gpu = false, .one_memory = false,
+               .replicas_alike = false, .shares_ordinals = true, .nccl = true, .nccl_capturable = false,
+               .nccl_between_nodes = false, .stores_16bit = false, .stable_description = true, .loader_threads = 1,
+               .column_block_bytes = 0, .fused_epilogues = "the fused cases are counted as one launch, as on CUDA",
+               .note = "simulated GPUs test the asynchronous host logic; their speed says nothing about a GPU's"},
+    .parse = parse_sim,
+    .make = make_sim_device,
+    .enable_peer_access = sim_enable_peer_access,
+    .workspace_bytes = sim_workspace,
+    .gemm_library = cpu_library};
+
+}  // namespace
+
+const std::vector<const Backend*>& backends() {
+    static const std::vector<const Backend*> all{&kCpuBackend, &kCudaBackend, &kSimBackend};
+    return all;
+}
+
+const Backend& backend_of(DeviceType t) {
+    for (const Backend* b : backends())
+        if (b->type == t) return *b;
+    return kCpuBackend;
+}
+
+const Backend* find_backend(const std::string& name) {
+    for (const Backend* b : backends())
+        if (name == b->name) return b;
+    return nullptr;
+}
+
+const DeviceTraits& Device::traits() const { return backend_of(type_).traits; }
+
+std::string DeviceList::describe() const {
+    std::string s;
+    for (size_t i = 0; i < ordinals.size(); ++i) s += (i ? "," : "") + std::string(backend->name) + ":" + std::to_string(ordinals[i]);
+    return s;
+}
+
+DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda) {
+    DeviceList d;
+    if (spec == "auto") {
+        if (cuda.state == CudaStatus::State::unusable)
+            throw DeviceError("strategy.devices: auto: GPUs are present but unusable: " + cuda.reason +
+                              " (--devices cpu trains on the CPU instead)");
+        d.backend = cuda.state == CudaStatus::State::ok ? &kCudaBackend : &kCpuBackend;
+        d.ordinals = d.backend->parse(spec, nullptr, cuda);
+    } else {
+        const size_t colon = spec.find(':');
+        const std::string tail = colon == std::string::npos ? "" : spec.substr(colon + 1);
+        d.backend = find_backend(spec.substr(0, colon));
+        if (!d.backend) unknown_spec(spec);
+        d.ordinals = d.backend->parse(spec, colon == std::string::npos ? nullptr : &tail, cuda);
+    }
+    if (d.ordinals.size() > 1024) throw ConfigError("strategy.devices", "'" + spec + "': at most 1024 replicas");
+    return d;
+}
+
+}  // namespace mirrored
