@@ -423,7 +423,9 @@ void read_run(Reader& r, Config& c) {
 
 void read_strategy(Reader& r, Config& c) {
     c.strategy.devices = r.nonempty_str("strategy.devices", "auto");
-    c.strategy.cross_device_ops = r.choice("strategy.cross_device_ops", "ring", {"ring", "direct", "nccl", "reduce_to_one", "auto"});
+    std::vector<std::string> ops = cross_device_ops_kinds().names();
+    ops.push_back("auto");  // measured at start-up among the ops these devices run
+    c.strategy.cross_device_ops = r.choice("strategy.cross_device_ops", "ring", ops);
     c.strategy.bucket_mb = r.number("strategy.bucket_mb", 4.0, 0.0, 1e6);
     c.strategy.verify_every_steps = int(r.integer("strategy.verify_every_steps", 0, 0, 1 << 30));
     const std::string wire = r.choice("strategy.allreduce_dtype", "fp32", {"fp32", "bf16"});

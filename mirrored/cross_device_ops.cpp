@@ -75,155 +75,6 @@ private:
     std::unique_ptr<NcclNodeComm> comm_;
 };
 
-// Chunk k of `count` elements split n ways, in multiples of 16 bytes (vector loads); trailing
-// chunks may be empty when count is small.
-struct Chunks {
-    size_t count, size;
-    Chunks(size_t c, int n, DType t) : count(c) {
-        const size_t align = 16 / dtype_size(t);
-        size = ((c + size_t(n) - 1) / size_t(n) + align - 1) / align * align;
-    }
-    size_t begin(int k) const { return std::min(count, size * size_t(k)); }
-    size_t length(int k) const { return std::min(count, size * size_t(k + 1)) - begin(k); }
-};
-
-class RingAllReduce final : public CrossDeviceOps {
-public:
-    RingAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
-        : CrossDeviceOps(std::move(d), std::move(b), elements, wire), sync_(devices_, barrier) {}
-    const char* name() const override { return "ring"; }
-
-    void run(int r, size_t offset, size_t count) override {
-        const int n = replicas();
-        if (n == 1 || count == 0) return;
-        const int prev = (r + n - 1) % n, next = (r + 1) % n;
-        const int neighbours[2] = {prev, next};
-        Device& me = *devices_[r];
-        const Device& from = *devices_[prev];
-        const DType t = wire_dtype();
-        const size_t elem = dtype_size(t);
-        const Chunks c(count, n, t);
-        auto mod = [n](int k) { return ((k % n) + n) % n; };
-        // Reduce-scatter: at step s, add the previous replica's partial sum of chunk r-s-1 into
-        // ours. After n-1 steps replica r holds the full sum of chunk r+1.
-        for (int s = 0; s < n - 1; ++s) {
-            sync_.wait_for(r, neighbours);
-            const int k = mod(r - s - 1);
-            me.reduce_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), from, data(prev, offset + c.begin(k)), t,
-                                c.length(k));
-        }
-        // All-gather: at step s, copy the finished chunk r-s from the previous replica.
-        for (int s = 0; s < n - 1; ++s) {
-            sync_.wait_for(r, neighbours);
-            const int k = mod(r - s);
-            me.copy_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), from, data(prev, offset + c.begin(k)),
-                              c.length(k) * elem);
-        }
-        // Nobody may overwrite its buffer while the next replica still copies from it.
-        sync_.wait_for(r, neighbours);
-    }
-
-private:
-    ReplicaSync sync_;
-};
-
-class ReduceToOne final : public CrossDeviceOps {
-public:
-    ReduceToOne(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
-        : CrossDeviceOps(std::move(d), std::move(b), elements, wire), sync_(devices_, barrier) {
-        for (int r = 0; r < replicas(); ++r) all_.push_back(r);
-    }
-    const char* name() const override { return "reduce_to_one"; }
-
-    void run(int r, size_t offset, size_t count) override {
-        const int n = replicas();
-        if (n == 1 || count == 0) return;
-        const std::vector<int> root{0};
-        const std::vector<int>& peers = r == 0 ? all_ : root;
-        Device& me = *devices_[r];
-        const DType t = wire_dtype();
-        sync_.wait_for(r, peers);  // every replica's data is ready
-        if (r == 0)
-            for (int p = 1; p < n; ++p) me.reduce_from_peer(me.comm_stream(), data(0, offset), *devices_[p], data(p, offset), t, count);
-        sync_.wait_for(r, peers);  // the sum is ready on replica 0
-        if (r != 0) me.copy_from_peer(me.comm_stream(), data(r, offset), *devices_[0], data(0, offset), count * dtype_size(t));
-        sync_.wait_for(r, peers);  // replica 0 keeps its buffer until every copy is done
-    }
-
-private:
-    ReplicaSync sync_;
-    std::vector<int> all_;
-};
-
-// Every replica sums its slice (chunk r) over all replicas' buffers in one op and writes the sum
-// into every buffer: one launch and two joins per bucket instead of the ring's 2(N-1) dependent
-// steps. Needs every buffer loadable from every replica: replicas sharing a GPU (where a ring
-// would move each byte through the same memory 2(N-1) times), CPU replicas, or GPUs with peer
-// access (NVSwitch). Each element is summed in replica order 0, 1, ..., whichever replica sums it.
-class DirectAllReduce final : public CrossDeviceOps {
-public:
-    DirectAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
-        : CrossDeviceOps(std::move(d), std::move(b), elements, wire), sync_(devices_, barrier) {
-        if (replicas() > PeerBuffers::kMax)
-            throw ConfigError("strategy.cross_device_ops",
-                              "direct sums at most " + std::to_string(PeerBuffers::kMax) + " replicas; use ring");
-        for (int r = 0; r < replicas(); ++r) {
-            all_.push_back(r);
-            for (int p = 0; p < replicas(); ++p)
-                if (!devices_[r]->can_load_from(*devices_[p]))
-                    throw ConfigError("strategy.cross_device_ops",
-                                      "direct needs every replica to load every other's memory, but " +
-                                          devices_[r]->name() + " cannot load " + devices_[p]->name() +
-                                          "'s (no peer access); use ring or nccl");
-            buffers_.ptr[r] = data(r, 0);
-        }
-        buffers_.count = replicas();
-    }
-    const char* name() const override { return "direct"; }
-
-    void run(int r, size_t offset, size_t count) override {
-        const int n = replicas();
-        if (n == 1 || count == 0) return;
-        Device& me = *devices_[r];
-        const Chunks c(count, n, wire_dtype());
-        sync_.wait_for(r, all_);  // every replica's data is ready
-        me.sum_to_all(me.comm_stream(), buffers_, offset + c.begin(r), c.length(r), wire_dtype());
-        sync_.wait_for(r, all_);  // every slice is summed into every buffer
-    }
-
-private:
-    ReplicaSync sync_;
-    std::vector<int> all_;
-    PeerBuffers buffers_;
-};
-
-class NcclAllReduce final : public CrossDeviceOps {
-public:
-    NcclAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
-        : CrossDeviceOps(d, std::move(b), elements, wire), group_(make_nccl_group(d)), barrier_(barrier),
-          views_(d.size()) {}
-    const char* name() const override { return "nccl"; }
-    void abort() noexcept override {
-        CrossDeviceOps::abort();
-        group_->abort();
-    }
-
-    void run(int r, size_t offset, size_t count) override {
-        if (replicas() == 1 || count == 0) return;
-        barrier_.arrive_and_wait();  // every comm stream already waits for its data
-        if (r == 0) {
-            for (int i = 0; i < replicas(); ++i) views_[size_t(i)] = data(i, offset);
-            group_->all_reduce_sum(views_, wire_dtype(), count);
-        }
-        barrier_.arrive_and_wait();  // enqueued on every stream before anyone records after it
-    }
-
-private:
-    std::unique_ptr<NcclGroup> group_;
-    ReplicaBarrier& barrier_;
-    std::vector<void*> views_;
-};
-
 }  // namespace
 
 CrossDeviceOps::CrossDeviceOps(std::vector<Device*> devices, std::vector<float*> buffers, size_t elements, DType wire)
@@ -307,18 +158,11 @@ void CrossDeviceOps::across_nodes(int r, size_t offset, size_t count) {
 
 namespace {
 
+// The ops `auto` times for these devices, in the registry's order.
 std::vector<std::string> auto_candidates(const std::vector<Device*>& devices) {
-    std::vector<std::string> c{"ring"};
-    // nccl: one rank per GPU, CUDA built with NCCL, or the simulated GPUs' rendezvous
-    bool all_load = devices.size() <= size_t(PeerBuffers::kMax),
-         distinct_gpus = devices[0]->traits().nccl;
-    for (size_t a = 0; a < devices.size(); ++a)
-        for (size_t b = 0; b < devices.size(); ++b) {
-            all_load = all_load && devices[a]->can_load_from(*devices[b]);
-            if (a != b && devices[a]->ordinal() == devices[b]->ordinal()) distinct_gpus = false;
-        }
-    if (all_load) c.push_back("direct");
-    if (distinct_gpus) c.push_back("nccl");
+    std::vector<std::string> c;
+    for (const CrossDeviceOpsKind* k : cross_device_ops_kinds().entries())
+        if (k->candidate(devices)) c.push_back(k->name);
     return c;
 }
 
@@ -397,7 +241,13 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
     return best;
 }
 
-const char* cross_device_ops_names() { return "ring, direct, nccl, reduce_to_one"; }
+extern const CrossDeviceOpsKind kRingKind, kDirectKind, kNcclKind, kReduceToOneKind;
+
+const Registry<CrossDeviceOpsKind>& cross_device_ops_kinds() {
+    static const Registry<CrossDeviceOpsKind> kinds("cross-device op", {&kRingKind, &kDirectKind, &kNcclKind,
+                                                                         &kReduceToOneKind});
+    return kinds;
+}
 
 std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, std::vector<Device*> devices,
                                                       std::vector<float*> buffers, size_t elements,
@@ -406,15 +256,9 @@ std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, s
         throw Error(kExitFailure, "cross-device ops need one buffer per replica");
     if (barrier.size() != int(devices.size()))
         throw Error(kExitFailure, "cross-device ops: barrier size differs from replica count");
-    if (kind == "ring")
-        return std::make_unique<RingAllReduce>(std::move(devices), std::move(buffers), elements, wire, barrier);
-    if (kind == "direct")
-        return std::make_unique<DirectAllReduce>(std::move(devices), std::move(buffers), elements, wire, barrier);
-    if (kind == "reduce_to_one")
-        return std::make_unique<ReduceToOne>(std::move(devices), std::move(buffers), elements, wire, barrier);
-    if (kind == "nccl")
-        return std::make_unique<NcclAllReduce>(std::move(devices), std::move(buffers), elements, wire, barrier);
-    throw ConfigError("strategy.cross_device_ops", "unknown '" + kind + "' (known: " + cross_device_ops_names() + ")");
+    return cross_device_ops_kinds()
+        .get(kind, "strategy.cross_device_ops")
+        .create(std::move(devices), std::move(buffers), elements, wire, barrier);
 }
 
 }  // namespace mirrored

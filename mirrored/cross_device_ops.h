@@ -1,11 +1,6 @@
-// Cross-device ops: in-place sum of one flat buffer per replica, over any sub-range.
-//
-//   ring           reduce-scatter then all-gather, N-1 steps each, over peer copies (the default)
-//   direct         every replica sums its slice over all buffers and writes it to all: one op per
-//                  bucket, for replicas sharing a GPU, CPU replicas, or GPUs with all-to-all peer access
-//   nccl           ncclAllReduce, grouped over the replicas (CUDA, one replica per GPU)
-//   reduce_to_one  gather to replica 0, reduce, broadcast: TensorFlow's ReductionToOneDevice,
-//                  kept as the baseline the others must beat
+// Cross-device ops: in-place sum of one flat buffer per replica, over any sub-range. Each op
+// lives in its own file in mirrored/allreduce/ (ring, direct, nccl, reduce_to_one) and registers
+// a CrossDeviceOpsKind; cross_device_ops_kinds() lists them.
 //
 // all_reduce(r, ...) is called by every replica's own thread, the same calls in the same order.
 // Work goes on the replicas' comm streams: the caller makes the comm stream wait for the data
@@ -21,12 +16,14 @@
 // so every later call throws rather than pair the wrong events.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "base/registry.h"
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 #include "kernels/nccl.h"
@@ -37,6 +34,18 @@
 namespace mirrored {
 
 class NodeLink;
+
+// Chunk k of `count` elements split n ways, in multiples of 16 bytes (vector loads); trailing
+// chunks may be empty when count is small.
+struct Chunks {
+    size_t count, size;
+    Chunks(size_t c, int n, DType t) : count(c) {
+        const size_t align = 16 / dtype_size(t);
+        size = ((c + size_t(n) - 1) / size_t(n) + align - 1) / align * align;
+    }
+    size_t begin(int k) const { return std::min(count, size * size_t(k)); }
+    size_t length(int k) const { return std::min(count, size * size_t(k + 1)) - begin(k); }
+};
 
 class CrossDeviceOps {
 public:
@@ -97,10 +106,22 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
                                   size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges,
                                   ReplicaThreads& threads, DType wire, const std::string& keep = {});
 
-// Known names, for error messages: "ring, direct, nccl, reduce_to_one".
-const char* cross_device_ops_names();
-// devices[r], buffers[r]: replica r's device and buffer of `elements` floats. barrier: the replica
-// threads' barrier. wire: the type on the links (f32 or bf16).
+// An op: its name (strategy.cross_device_ops), a line for --help, whether `auto` may time it for
+// these devices (it runs them), and how it is made: devices[r], buffers[r] are replica r's device
+// and buffer of `elements` floats; barrier the replica threads'; wire the type on the links.
+struct CrossDeviceOpsKind {
+    const char* name;
+    const char* summary;
+    bool (*candidate)(const std::vector<Device*>& devices);
+    std::unique_ptr<CrossDeviceOps> (*create)(std::vector<Device*> devices, std::vector<float*> buffers,
+                                              size_t elements, DType wire, ReplicaBarrier& barrier);
+};
+template <typename Op>
+std::unique_ptr<CrossDeviceOps> create_cross_device_ops(std::vector<Device*> devices, std::vector<float*> buffers,
+                                                        size_t elements, DType wire, ReplicaBarrier& barrier) {
+    return std::make_unique<Op>(std::move(devices), std::move(buffers), elements, wire, barrier);
+}
+const Registry<CrossDeviceOpsKind>& cross_device_ops_kinds();  // cross_device_ops.cpp lists every op
 std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, std::vector<Device*> devices,
                                                       std::vector<float*> buffers, size_t elements,
                                                       ReplicaBarrier& barrier, DType wire = DType::f32);

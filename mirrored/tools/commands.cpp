@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "base/error.h"
+#include "mirrored/cross_device_ops.h"
 
 namespace mirrored {
 
@@ -120,7 +121,7 @@ void ToolCommands::add_bench_loader(CLI::App& app) {
 void ToolCommands::add_bench_allreduce(CLI::App& app) {
     ba_ = app.add_subcommand("bench-allreduce", "time, algbw and busbw of the all-reduce per size");
     ba_->add_option("--devices", ab_.devices, "replicas: auto, cuda:0,1, cuda:0,0,0,0, cpu:4");
-    ba_->add_option("--op", ab_.op, "ring, direct, nccl or reduce_to_one");
+    ba_->add_option("--op", ab_.op, cross_device_ops_kinds().names_text(" | "));
     ba_->add_option("--min-bytes", min_bytes_, "smallest size (4K)");
     ba_->add_option("--max-bytes", max_bytes_, "largest size (64M)");
     ba_->add_option("--iters", ab_.iters, "iterations per size (default: by size)")->check(CLI::Range(1, 1000000));
