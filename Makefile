@@ -46,7 +46,7 @@ XSMM_CFLAGS = $(if $(filter 1,$(WITH_XSMM)),$(shell pkg-config --cflags libxsmm)
 XSMM_LIBS = $(if $(filter 1,$(WITH_XSMM)),$(shell pkg-config --libs libxsmm))
 LDLIBS = $(XSMM_LIBS) $(PKG_LIBS) $(MPI_LIBS) -pthread -ldl
 
-LIB_CPP := $(wildcard base/*.cpp kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp mirrored/*.cpp mirrored/*/*.cpp)
+LIB_CPP := $(wildcard base/*.cpp kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp data/*/*.cpp mirrored/*.cpp mirrored/*/*.cpp)
 LIB_CPP := $(filter-out mirrored/main.cpp kernels/cuda_stub.cpp,$(LIB_CPP))
 TEST_CPP := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 # The backend's own sources (beside LIB_CU / EMU_CU), set below: the CUDA stubs, or the emulator.

@@ -13,7 +13,45 @@ std::string trimmed(const std::string& s) {
     return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
+bool plain(const std::string& s) {
+    if (s.empty()) return false;
+    for (char c : s)
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+              c == '.' || c == '/' || c == '+'))
+            return false;
+    return true;
+}
+
+// An item of a flow list as yaml_list writes it: quotes removed, \" and \\ unescaped.
+std::string unquoted(const std::string& s) {
+    if (s.size() < 2 || s.front() != '"' || s.back() != '"') return s;
+    std::string out;
+    for (size_t i = 1; i + 1 < s.size(); ++i) {
+        if (s[i] == '\\' && i + 2 < s.size()) ++i;
+        out += s[i];
+    }
+    return out;
+}
+
 }  // namespace
+
+std::string yaml_list(const std::vector<std::string>& items) {
+    std::string s = "[";
+    for (const std::string& item : items) {
+        if (s.size() > 1) s += ", ";
+        if (plain(item)) {
+            s += item;
+            continue;
+        }
+        s += '"';
+        for (char c : item) {
+            if (c == '"' || c == '\\') s += '\\';
+            s += c;
+        }
+        s += '"';
+    }
+    return s + "]";
+}
 
 const std::string* FieldsReader::value(const std::string& path) {
     const std::string key = path.rfind(prefix_ + ".", 0) == 0 ? path.substr(prefix_.size() + 1) : path;
@@ -88,13 +126,19 @@ std::vector<std::string> FieldsReader::items(const std::string& path) {
     if (s.size() < 2 || s.front() != '[' || s.back() != ']') return {s};
     s = s.substr(1, s.size() - 2);
     std::vector<std::string> out;
-    size_t start = 0;
-    while (start <= s.size()) {
-        const size_t comma = std::min(s.find(',', start), s.size());
-        const std::string item = trimmed(s.substr(start, comma - start));
-        if (item.empty()) fail(path, "expected a list like [a, b], got '" + *v + "'");
-        out.push_back(item);
-        start = comma + 1;
+    std::string item;
+    bool quoted = false;
+    for (size_t i = 0; i <= s.size(); ++i) {  // commas inside quotes belong to the item
+        if (i == s.size() || (s[i] == ',' && !quoted)) {
+            const std::string t = trimmed(item);
+            if (t.empty()) fail(path, "expected a list like [a, b], got '" + *v + "'");
+            out.push_back(unquoted(t));
+            item.clear();
+            continue;
+        }
+        if (s[i] == '\\' && quoted && i + 1 < s.size()) item += s[i++];
+        else if (s[i] == '"') quoted = !quoted;
+        item += s[i];
     }
     return out;
 }

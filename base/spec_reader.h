@@ -43,8 +43,11 @@ public:
     [[noreturn]] virtual void fail(const std::string& path, const std::string& what) = 0;
 };
 
-// (key, YAML value) pairs in the order a config lists them.
+// (key, value) pairs in the order a config lists them: a scalar's text; a list in YAML's flow form
+// (yaml_list); a key of a nested mapping dotted ("train.file" for train: {file: ...}).
 using Fields = std::vector<std::pair<std::string, std::string>>;
+// ["a", "b"] as a Fields value: items plain where YAML reads them back as written, else quoted.
+std::string yaml_list(const std::vector<std::string>& items);
 
 // One entry's keys. fields() writes them back (--print-config, summaries, checkpoints' model
 // description); equals() compares two configurations.

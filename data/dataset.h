@@ -12,16 +12,21 @@ namespace mirrored {
 // Samples are stored flat, already scaled (u8 images to [0,1]) and, after normalize(), already
 // normalised, so the loader only copies. The channel axis is the last axis of `shape`
 // (HWC images; for tabular data every feature is a channel).
+// A sample's label is a class index (`labels`, for classifiers) or `target_size` floats (`targets`,
+// for regression and multi-label losses): which one, the loss decides (LabelKind).
 struct Dataset {
     std::string name;
     std::string labels_source;     // the file the labels came from (for error messages)
     std::vector<int> shape;        // per sample, e.g. {28, 28, 1}
     int classes = 0;
     std::vector<float> features;   // [count, feature_size]
-    std::vector<int32_t> labels;   // [count], each in [0, classes)
+    std::vector<int32_t> labels;   // [count], each in [0, classes); empty when there are targets
+    int target_size = 0;           // floats per sample's target; 0: class labels
+    std::vector<float> targets;    // [count, target_size]
     std::vector<float> pad_value;  // per channel: what a raw 0 became after normalisation
 
-    size_t count() const { return labels.size(); }
+    size_t count() const { return target_size ? targets.size() / size_t(target_size) : labels.size(); }
+    bool has_targets() const { return target_size > 0; }
     size_t feature_size() const;
     int channels() const { return shape.empty() ? 1 : shape.back(); }
 };
@@ -53,7 +58,10 @@ Dataset read_cifar10(const std::vector<std::string>& paths);
 void read_cifar10_batch(InputFile& in, Dataset& ds);  // appends one batch file's records
 
 struct CsvOptions {
-    std::string label_column;  // a header name, or a 0-based index; empty: "label", else last
+    // Header names or 0-based indexes; empty: "label", else the last column. One column of class
+    // indexes, or with `targets` one or more columns of float targets.
+    std::vector<std::string> label_columns;
+    bool targets = false;
     enum class Header { auto_detect, yes, no } header = Header::auto_detect;
     char delimiter = ',';
     bool operator==(const CsvOptions&) const = default;

@@ -6,26 +6,16 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "base/registry.h"
+#include "base/spec_reader.h"
 #include "data/loader.h"
 
 namespace mirrored {
 
 struct DataConfig {
-    std::string dataset = "idx";  // idx | cifar10 | csv | synthetic
+    std::string dataset = "idx";  // the format (data/formats/): idx | cifar10 | csv | synthetic
+    OptionsPtr format;            // the format's own keys (its files, ...); null: its defaults
     std::string root = "/usr/share/datasets/fashion-mnist";
-    struct Split {
-        std::string images, labels;       // idx
-        std::vector<std::string> files;   // cifar10
-        std::string file;                 // csv
-        bool operator==(const Split&) const = default;
-    };
-    Split train{"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", {}, {}};
-    Split test{"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", {}, {}};
-    CsvOptions csv;
-    // synthetic
-    std::vector<int> input_shape{784};
-    int classes = 10;
-    size_t train_samples = 60000, test_samples = 10000;
     // preprocessing
     enum class Normalize { auto_compute, none, given } normalize = Normalize::auto_compute;
     Normalization normalization;  // when given
@@ -34,7 +24,13 @@ struct DataConfig {
     int loader_threads = 0;  // 0: auto (1 with CPU replicas, which take every core; 2 with GPUs)
     int prefetch = 4;
     bool drop_last = true;
-    bool operator==(const DataConfig&) const = default;
+    // Not a key: the loss reads float targets, so label columns hold targets, not class indexes.
+    bool targets = false;
+    bool operator==(const DataConfig& o) const {
+        return dataset == o.dataset && same_options(format, o.format) && root == o.root && normalize == o.normalize &&
+               normalization == o.normalization && augment == o.augment && loader_threads == o.loader_threads &&
+               prefetch == o.prefetch && drop_last == o.drop_last && targets == o.targets;
+    }
 };
 
 struct Datasets {
@@ -49,5 +45,32 @@ std::string resolve_data_path(const DataConfig& c, const std::string& base_dir, 
 std::string effective_data_root(const DataConfig& c, const std::string& base_dir);
 
 Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_t seed);
+
+// What a format's loader is given besides its own keys.
+struct DataSource {
+    const DataConfig& config;
+    std::string base_dir;  // the config file's folder: a relative root is taken from there
+    uint64_t seed;
+    // `file` resolved against the data root; a missing one is a DataError saying where the root
+    // came from (data.root or MIRRORED_DATA_DIR).
+    std::string path(const std::string& file) const;
+};
+
+// A data format: its name (data.dataset), its root when data.root is not given, a hint for a
+// missing file under that default root, how its own keys are read (under `data`; targets: the loss
+// reads float targets), and how both splits are read (not yet normalised: load_datasets does
+// that). Each lives in data/formats/.
+struct DataFormat {
+    const char* name;
+    const char* default_root;
+    const char* missing_hint;
+    OptionsPtr (*read)(SpecReader& r, const std::string& path, bool targets);
+    Datasets (*load)(const Options& o, const DataSource& src);
+};
+const Registry<DataFormat>& data_formats();  // datasets.cpp lists every format
+// c.format, or its format's defaults when there are none.
+OptionsPtr data_format_options(const DataConfig& c);
+// A data config from code: the format and its own keys through its reader ({"train.file", "a.csv"}).
+DataConfig make_data_config(const std::string& format, const Fields& keys = {}, bool targets = false);
 
 }  // namespace mirrored

@@ -57,7 +57,10 @@ Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator al
             s.batch.samples = static_cast<uint32_t*>(alloc_.alloc(g * sizeof(uint32_t)));
         else
             s.batch.features = static_cast<float*>(alloc_.alloc(g * ds_.feature_size() * sizeof(float)));
-        s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * sizeof(int32_t)));
+        if (ds_.has_targets())
+            s.batch.targets = static_cast<float*>(alloc_.alloc(g * size_t(ds_.target_size) * sizeof(float)));
+        else
+            s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * sizeof(int32_t)));
         s.batch.slot = static_cast<int>(i);
         s.batch.owner = this;
     }
@@ -68,7 +71,8 @@ Loader::~Loader() {
     for (Slot& s : slots_) {
         if (s.batch.features) alloc_.free(s.batch.features);
         if (s.batch.samples) alloc_.free(s.batch.samples);
-        alloc_.free(s.batch.labels);
+        if (s.batch.labels) alloc_.free(s.batch.labels);
+        if (s.batch.targets) alloc_.free(s.batch.targets);
     }
 }
 
@@ -248,7 +252,11 @@ void Loader::fill(Slot& slot, int64_t seq) {
     const size_t first = static_cast<size_t>(pos.batch) * static_cast<size_t>(opt_.global_batch) + size_t(part.begin);
     for (int r = 0; r < b.rows; ++r) {
         const uint32_t idx = (*order)[first + static_cast<size_t>(r)];
-        b.labels[r] = ds_.labels[idx];
+        if (b.targets)
+            std::memcpy(b.targets + size_t(r) * size_t(ds_.target_size), &ds_.targets[size_t(idx) * size_t(ds_.target_size)],
+                        size_t(ds_.target_size) * sizeof(float));
+        else
+            b.labels[r] = ds_.labels[idx];
         if (opt_.gather_by_consumers) b.samples[r] = idx;
         else copy_sample(idx, b.epoch, b.features + size_t(r) * fs);
     }

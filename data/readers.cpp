@@ -101,6 +101,11 @@ uint64_t fingerprint(const Dataset& d) {
     hash_bytes(d.shape.data(), d.shape.size() * sizeof(int), lane);
     hash_bytes(d.features.data(), d.features.size() * sizeof(float), lane);
     hash_bytes(d.labels.data(), d.labels.size() * sizeof(int32_t), lane);
+    if (d.has_targets()) {  // class-labelled data hashes as it always has (checkpoints record it)
+        const int64_t size = d.target_size;
+        hash_bytes(&size, sizeof size, lane);
+        hash_bytes(d.targets.data(), d.targets.size() * sizeof(float), lane);
+    }
     uint64_t h = 0;
     for (uint64_t v : lane) h = (h ^ v) * 0x9E3779B97F4A7C15ull ^ ((h ^ v) >> 29);
     return h;
@@ -360,14 +365,10 @@ bool all_numbers(const std::vector<std::string_view>& fields) {
     return std::all_of(fields.begin(), fields.end(), [&](std::string_view f) { return parse_float(f, v); });
 }
 
-// The label's column: label_column by index or header name; unset, the header's "label", else the last.
-size_t find_label_column(const std::vector<std::string>& header, size_t columns, const CsvOptions& opt,
-                         const std::string& path) {
-    const std::string& want = opt.label_column;
-    if (want.empty()) {
-        auto it = std::find(header.begin(), header.end(), "label");
-        return it != header.end() ? size_t(it - header.begin()) : columns - 1;
-    }
+// One label column by index or header name.
+size_t find_column(const std::string& want, const std::vector<std::string>& header, size_t columns,
+                   const std::string& path) {
+    if (want.empty()) throw DataError(path + ": a label column's name is empty");
     if (std::all_of(want.begin(), want.end(), ::isdigit)) {
         const size_t col = want.size() > 9 ? columns : std::stoul(want);
         if (col >= columns)
@@ -381,21 +382,47 @@ size_t find_label_column(const std::vector<std::string>& header, size_t columns,
     return size_t(it - header.begin());
 }
 
-// One data row's features and label onto the dataset (line `line_no` of `path`, for errors).
-void append_row(const std::vector<std::string_view>& fields, size_t label_col, const std::vector<std::string>& header,
-                const std::string& path, size_t line_no, Dataset& ds) {
+// The label columns: label_columns by index or header name; unset, the header's "label", else the
+// last. Each once, and at least one column left for the features.
+std::vector<size_t> find_label_columns(const std::vector<std::string>& header, size_t columns, const CsvOptions& opt,
+                                       const std::string& path) {
+    if (opt.label_columns.empty()) {
+        auto it = std::find(header.begin(), header.end(), "label");
+        return {it != header.end() ? size_t(it - header.begin()) : columns - 1};
+    }
+    std::vector<size_t> cols;
+    for (const std::string& want : opt.label_columns) {
+        const size_t c = find_column(want, header, columns, path);
+        if (std::find(cols.begin(), cols.end(), c) != cols.end())
+            throw DataError(path + ": label column '" + want + "' is named twice");
+        cols.push_back(c);
+    }
+    if (cols.size() >= columns)
+        throw DataError(path + ": every one of the " + std::to_string(columns) + " columns is a label column: no features left");
+    return cols;
+}
+
+// One data row's features and label (class index, or targets in label_cols' order) onto the
+// dataset (line `line_no` of `path`, for errors).
+void append_row(const std::vector<std::string_view>& fields, const std::vector<size_t>& label_cols, bool targets,
+                const std::vector<std::string>& header, const std::string& path, size_t line_no, Dataset& ds) {
     const auto where = [&] { return path + ":" + std::to_string(line_no) + ": "; };
+    const size_t first_target = ds.targets.size();
+    if (targets) ds.targets.resize(first_target + label_cols.size());
     for (size_t c = 0; c < fields.size(); ++c) {
         float v;
         if (!parse_float(fields[c], v))
             throw DataError(where() + "column " + std::to_string(c + 1) + (header.empty() ? "" : " (" + shown(header[c]) + ")") +
                             ": '" + shown(fields[c]) + "' is not a finite number");
-        if (c == label_col) {
+        const auto label = std::find(label_cols.begin(), label_cols.end(), c);
+        if (label == label_cols.end()) {
+            ds.features.push_back(v);
+        } else if (targets) {
+            ds.targets[first_target + size_t(label - label_cols.begin())] = v;
+        } else {
             if (v < 0 || v != std::floor(v) || v > 1e6)
                 throw DataError(where() + "label '" + shown(fields[c]) + "' is not a non-negative integer");
             ds.labels.push_back(int32_t(v));
-        } else {
-            ds.features.push_back(v);
         }
     }
 }
@@ -412,7 +439,8 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
     ds.name = path;
     ds.labels_source = path;
     std::vector<std::string> header;
-    size_t columns = 0, label_col = 0, line_no = 0, pos = 0;
+    std::vector<size_t> label_cols;
+    size_t columns = 0, line_no = 0, pos = 0;
     bool first = true, sized = false;
     std::vector<std::string_view> fields;
     auto where = [&](size_t line) { return path + ":" + std::to_string(line) + ": "; };
@@ -439,18 +467,23 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
                                    (opt.header == CsvOptions::Header::auto_detect && !all_numbers(fields));
             if (is_header)
                 for (auto f : fields) header.emplace_back(f);
-            label_col = find_label_column(header, columns, opt, path);
+            label_cols = find_label_columns(header, columns, opt, path);
+            if (label_cols.size() > 1 && !opt.targets)
+                throw DataError(path + ": several label columns are float targets, but the loss takes one class index "
+                                       "per sample (model.loss: mse or binary_cross_entropy reads targets)");
             if (is_header) continue;
         }
         if (fields.size() != columns)
             throw DataError(where(line_no) + "expected " + std::to_string(columns) + " columns, found " + std::to_string(fields.size()));
-        if (ds.labels.size() >= kMaxSamples) throw DataError(where(line_no) + "more than 2^31 - 1 rows");
-        append_row(fields, label_col, header, path, line_no, ds);
+        if (ds.features.size() / (columns - label_cols.size()) >= kMaxSamples)
+            throw DataError(where(line_no) + "more than 2^31 - 1 rows");
+        append_row(fields, label_cols, opt.targets, header, path, line_no, ds);
     }
-    if (ds.labels.empty()) throw DataError(path + ": no data rows");
+    if (ds.features.empty()) throw DataError(path + ": no data rows");
     if (!sized) prefer_huge_pages(ds.features);  // grown row by row in small pages
-    ds.shape = {int(columns - 1)};
-    ds.classes = check_labels(ds.labels, 1 << 20, path);
+    ds.shape = {int(columns - label_cols.size())};
+    if (opt.targets) ds.target_size = int(label_cols.size());
+    else ds.classes = check_labels(ds.labels, 1 << 20, path);
     return ds;
 }
 

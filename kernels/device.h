@@ -43,6 +43,12 @@ struct Graph { void* handle = nullptr; };  // an instantiated capture (cudaGraph
 
 enum class Activation { none, relu, gelu };
 
+// The losses of Device::target_loss: logits against a float target per output.
+enum class TargetLoss {
+    mse,  // (z - t)^2: torch.nn.MSELoss
+    bce,  // binary cross-entropy of sigmoid(z): torch.nn.BCEWithLogitsLoss
+};
+
 // Element types of device buffers. f32 for parameters, gradients and optimizer state; activations
 // may be bf16 or f16 (Device::act_dtype).
 enum class DType : uint8_t { f32, bf16, f16 };
@@ -334,6 +340,14 @@ public:
     virtual void softmax_xent(Stream s, int rows, int classes, const void* logits,
                               const int32_t* labels, float grad_scale, const float* loss_scale,
                               void* dlogits, double* metrics) = 0;
+    // A loss of logits[rows, n] against float targets[rows, n], element by element (mse: (z - t)^2,
+    // gradient 2 (z - t); bce: max(z, 0) - z t + log(1 + exp(-|z|)), gradient sigmoid(z) - t). A
+    // row's loss is the mean over its n outputs, so that the sum over rows divided by the rows is
+    // PyTorch's mean over every element; dlogits = gradient / n * grad_scale * (*loss_scale)
+    // (skipped when null). metrics[kMetricLossSum] += row losses, [kMetricCorrect] += for bce the
+    // share of a row's outputs where (z > 0) == (t > 0.5) (0 for mse), [kMetricCount] += rows.
+    virtual void target_loss(Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
+                             float grad_scale, const float* loss_scale, void* dlogits, double* metrics) = 0;
     virtual void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols,
                                  const void* x, void* y) = 0;
     virtual void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols,

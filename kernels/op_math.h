@@ -154,6 +154,24 @@ MIRRORED_HD float round_to(DType t, float x) {
     return t == DType::bf16 ? round_bf16(x) : t == DType::f16 ? round_f16(x) : x;
 }
 
+// ---- a loss against float targets (Device::target_loss), one element: its loss, the gradient of
+// that loss by z, and whether its prediction is right (bce: z > 0 exactly when t > 0.5).
+struct TargetLossTerm {
+    float loss, grad;
+    bool correct;
+};
+MIRRORED_HD TargetLossTerm target_loss_term(TargetLoss kind, float z, float t) {
+    if (kind == TargetLoss::mse) {
+        const float d = z - t;
+        return {d * d, 2.0f * d, false};
+    }
+    // log(1 + exp(-|z|)) and the sigmoid without overflow for either sign of z
+    const float e = expf(-fabsf(z));
+    const float loss = fmaxf(z, 0.0f) - z * t + log1pf(e);
+    const float sigmoid = z >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    return {loss, sigmoid - t, (z > 0.0f) == (t > 0.5f)};
+}
+
 // ---- the optimizer's view of the gradients: grad_stats = [squared norm of the unscaled
 // gradients, non-finite count] (Device::sum_squares), read on the device.
 // Every gradient is multiplied by 1 / loss_scale and by the clipping factor min(1, clip / norm).

@@ -440,39 +440,6 @@ void read_strategy(Reader& r, Config& c) {
                                  "the run with 'mpirun -np NODES -H host1,host2 mirrored train CONFIG'");
 }
 
-// data.train and data.test: each split's files, by the dataset's format.
-void read_data_files(Reader& r, DataConfig& d) {
-    for (const char* split : {"train", "test"}) {
-        const std::string p = std::string("data.") + split;
-        r.expect_map(p);
-        const bool train = split[1] == 'r';
-        DataConfig::Split& s = train ? d.train : d.test;
-        if (d.dataset == "idx") {
-            s.images = r.nonempty_str(p + ".images", s.images);
-            s.labels = r.nonempty_str(p + ".labels", s.labels);
-        } else if (d.dataset == "cifar10") {
-            s.files = r.str_list(p + ".files");
-            if (s.files.empty())
-                s.files = train ? std::vector<std::string>{"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
-                                                           "data_batch_4.bin", "data_batch_5.bin"}
-                                : std::vector<std::string>{"test_batch.bin"};
-        } else if (d.dataset == "csv") {
-            s.file = r.str(p + ".file", "");
-            if (s.file.empty()) r.fail(p + ".file", "required for dataset csv: the CSV file's path");
-        }
-    }
-}
-
-void read_csv_options(Reader& r, CsvOptions& c) {
-    r.expect_map("data.csv");
-    c.label_column = r.str("data.csv.label_column", "");
-    const std::string h = r.choice("data.csv.header", "auto", {"auto", "true", "false"});
-    c.header = h == "auto" ? CsvOptions::Header::auto_detect : h == "true" ? CsvOptions::Header::yes : CsvOptions::Header::no;
-    const std::string delim = r.str("data.csv.delimiter", ",");
-    if (delim.size() != 1) r.fail("data.csv.delimiter", "expected one character");
-    c.delimiter = delim[0];
-}
-
 // data.normalize: auto, none, or the per-channel {mean, std}.
 void read_normalize(Reader& r, DataConfig& d) {
     YAML::Node n = r.at("data.normalize");
@@ -501,17 +468,14 @@ int read_loader_threads(Reader& r) {
     return int(r.integer("data.loader_threads", 0, 1, 256));
 }
 
-void read_data(Reader& r, DataConfig& d) {
-    d.dataset = r.choice("data.dataset", "idx", {"idx", "cifar10", "csv", "synthetic"});
-    d.root = r.nonempty_str("data.root", d.dataset == "idx" ? "/usr/share/datasets/fashion-mnist" : ".");
-    read_data_files(r, d);
-    if (d.dataset == "csv") read_csv_options(r, d.csv);
-    if (d.dataset == "synthetic") {
-        d.input_shape = r.int_list("data.input_shape", {784}, 1, 1 << 20);
-        d.classes = int(r.integer("data.classes", 10, 2, 1 << 20));
-        d.train_samples = size_t(r.integer("data.train_samples", 60000, 1, int64_t(1) << 32));
-        d.test_samples = size_t(r.integer("data.test_samples", 10000, 1, int64_t(1) << 32));
-    }
+// data: the format and its own keys (DataFormat::read), then what every format shares. targets:
+// the loss reads float targets.
+void read_data(Reader& r, DataConfig& d, bool targets) {
+    d.dataset = r.choice("data.dataset", "idx", data_formats().names());
+    const DataFormat& format = data_formats().get(d.dataset);
+    d.root = r.nonempty_str("data.root", format.default_root);
+    d.targets = targets;
+    d.format = format.read(r, "data", targets);
     read_normalize(r, d);
     r.expect_map("data.augment");
     d.augment.crop_padding = int(r.integer("data.augment.random_crop_padding", 0, 0, 64));
@@ -521,9 +485,17 @@ void read_data(Reader& r, DataConfig& d) {
     d.drop_last = r.boolean("data.drop_last", true);
 }
 
+// model.loss: NAME, or {type: NAME, ...its own keys} for a kind that has keys.
+void read_loss(Reader& r, LossConfig& l) {
+    const YAML::Node n = r.at("model.loss");
+    const bool keyed = n.IsDefined() && n.IsMap();
+    l.type = r.choice(keyed ? "model.loss.type" : "model.loss", "softmax_cross_entropy", loss_kinds().names());
+    l.options = loss_kinds().get(l.type).read(r, "model.loss");
+}
+
 void read_model(Reader& r, ModelConfig& m) {
     m.input_shape = r.int_list("model.input_shape", {}, 1, 1 << 24);
-    m.loss = r.choice("model.loss", "softmax_cross_entropy", {"softmax_cross_entropy"});
+    read_loss(r, m.loss);
     m.layers = read_layer_list(r, "model.layers");
 }
 
@@ -615,8 +587,8 @@ Config load_config_text(const std::string& text, const std::string& path, const 
         r.expect_map(section);
     read_run(r, c);
     read_strategy(r, c);
-    read_data(r, c.data);
-    read_model(r, c.model);
+    read_model(r, c.model);  // before the data: the loss says what its label columns hold
+    read_data(r, c.data, loss_kind(c.model.loss).labels == LabelKind::targets);
     read_optimizer(r, c.optimizer);
     read_train(r, c);
     read_checkpoint(r, c.checkpoint);
@@ -657,9 +629,28 @@ public:
         e_ << YAML::EndMap;
         return *this;
     }
-    // An entry's own keys (Options::fields), each value YAML text.
+    // An entry's own keys (Options::fields): a list's flow text as a list, other values as text
+    // (plain where YAML allows), consecutive "map.key"s as a block mapping `map`.
     ConfigEmitter& fields(const Fields& fs) {
-        for (const auto& [k, v] : fs) e_ << YAML::Key << k << YAML::Value << YAML::Load(v);
+        std::string open;  // the mapping being written
+        for (const auto& [key, v] : fs) {
+            const size_t dot = key.find('.');
+            const std::string map = dot == std::string::npos ? "" : key.substr(0, dot);
+            if (map != open) {
+                if (!open.empty()) e_ << YAML::EndMap;
+                if (!map.empty()) e_ << YAML::Key << map << YAML::Value << YAML::BeginMap;
+                open = map;
+            }
+            e_ << YAML::Key << key.substr(dot == std::string::npos ? 0 : dot + 1) << YAML::Value;
+            if (!v.empty() && v.front() == '[') {
+                YAML::Node list = YAML::Load(v);
+                list.SetStyle(YAML::EmitterStyle::Flow);
+                e_ << list;
+            } else {
+                e_ << v;
+            }
+        }
+        if (!open.empty()) e_ << YAML::EndMap;
         return *this;
     }
     YAML::Emitter& raw() { return e_; }
@@ -714,31 +705,8 @@ void emit_strategy(ConfigEmitter& e, const StrategyConfig& s) {
     e.put("fused_epilogues", s.fused_epilogues).end();
 }
 
-// The files of a split, by the dataset's format; CSV's parsing options.
-void emit_data_files(ConfigEmitter& e, const DataConfig& d) {
-    for (int i = 0; i < 2; ++i) {
-        const DataConfig::Split& s = i == 0 ? d.train : d.test;
-        e.begin(i == 0 ? "train" : "test");
-        if (d.dataset == "idx") e.put("images", s.images).put("labels", s.labels);
-        else if (d.dataset == "cifar10") e.put("files", s.files);
-        else if (d.dataset == "csv") e.put("file", s.file);
-        e.end();
-    }
-    if (d.dataset == "csv") {
-        const CsvOptions& c = d.csv;
-        e.begin("csv").put("label_column", c.label_column);
-        e.put("header", c.header == CsvOptions::Header::auto_detect ? "auto" : c.header == CsvOptions::Header::yes ? "true" : "false");
-        e.put("delimiter", std::string(1, c.delimiter)).end();
-    }
-}
-
 void emit_data(ConfigEmitter& e, const DataConfig& d) {
-    e.begin("data").put("dataset", d.dataset).put("root", d.root);
-    emit_data_files(e, d);
-    if (d.dataset == "synthetic") {
-        e.put("input_shape", d.input_shape).put("classes", d.classes);
-        e.put("train_samples", d.train_samples).put("test_samples", d.test_samples);
-    }
+    e.begin("data").put("dataset", d.dataset).put("root", d.root).fields(data_format_options(d)->fields());
     if (d.normalize == DataConfig::Normalize::given)
         e.begin("normalize").put("mean", d.normalization.mean).put("std", d.normalization.std).end();
     else
@@ -755,7 +723,10 @@ void emit_model(ConfigEmitter& e, const ModelConfig& m) {
     if (!m.input_shape.empty()) e.put("input_shape", m.input_shape);
     e.raw() << YAML::Key << "layers" << YAML::Value;
     emit_layers(e.raw(), m.layers);
-    e.put("loss", m.loss).end();
+    const Fields keys = m.loss.options ? m.loss.options->fields() : Fields{};
+    if (keys.empty()) e.put("loss", m.loss.type);
+    else e.begin("loss", /*flow=*/true).put("type", m.loss.type).fields(keys).end();
+    e.end();
 }
 
 const char* schedule_name(ScheduleConfig::Type t) {
@@ -814,6 +785,7 @@ std::string model_config_summary(const Config& c) {
     for (int d : c.model.input_shape) s << " " << d;
     for (const LayerSpec& l : c.model.layers) s << " | " << layer_spec_summary(l);
     s << " | optimizer " << optimizer_description(c.optimizer);
+    if (c.model.loss.type != "softmax_cross_entropy") s << " | loss " << c.model.loss.type;  // as before for classifiers
     return s.str();
 }
 

@@ -14,6 +14,7 @@
 
 #include "data/datasets.h"
 #include "mirrored/layers/layer.h"
+#include "mirrored/loss.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
 #include "mirrored/strategy.h"
@@ -30,7 +31,7 @@ struct RunConfig {
 struct ModelConfig {
     std::vector<int> input_shape;  // empty: the dataset's sample shape
     std::vector<LayerSpec> layers;
-    std::string loss = "softmax_cross_entropy";
+    LossConfig loss;
     bool operator==(const ModelConfig&) const = default;
 };
 

@@ -78,7 +78,8 @@ bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices
 }
 
 MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
-                       const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared) {
+                       const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared,
+                       size_t label_bytes) {
     MemoryPlan m;
     const DeviceTraits& traits = backend.traits;
     const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
@@ -87,7 +88,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     const bool low = precision_dtype(strategy.precision) != DType::f32;
     const size_t act_elem = low && traits.stores_16bit ? 2 : 4;  // CPU and sim round to 16 bits in f32
     m.activations = model.activation_bytes(micro_rows, act_elem, traits.column_block_bytes);
-    m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + sizeof(int32_t)) +
+    m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + label_bytes) +
                (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
     m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
     if (shared && replicas > 1)  // one copy, counted in shares
@@ -115,8 +116,9 @@ Replica::~Replica() {
 }
 
 MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
-                                   int global_batch, int accumulation_steps, Nodes* nodes)
-    : cfg_(cfg), model_(model), nodes_(nodes), devices_(parse_devices(cfg.devices)), accumulation_(accumulation_steps) {
+                                   int global_batch, int accumulation_steps, Nodes* nodes, const LossConfig& loss)
+    : cfg_(cfg), model_(model), loss_(make_loss(loss)), label_bytes_(label_bytes(loss, model.output_features())),
+      nodes_(nodes), devices_(parse_devices(cfg.devices)), accumulation_(accumulation_steps) {
     const int n = int(devices_.ordinals.size());
     const int all = n * node_count();  // all_replicas() once the replicas are built
     check_batch(global_batch, all);
@@ -132,7 +134,7 @@ MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model
     if (shared_ && devices_.traits().asynchronous && n > PeerBuffers::kMax)
         throw ConfigError("strategy.shared_parameters", "at most " + std::to_string(PeerBuffers::kMax) +
                                                             " replicas of one GPU share one parameter copy; set it false");
-    plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_);
+    plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
@@ -381,7 +383,7 @@ void MirroredStrategy::allocate_inputs(Replica& R, int shard_rows) {
     const size_t features = size_t(model_.input_features());
     for (int b = 0; b < 2; ++b) {
         R.inputs[b] = DeviceBuffer<float>(d, size_t(shard_rows) * features);
-        R.labels[b] = DeviceBuffer<int32_t>(d, size_t(shard_rows));
+        R.labels[b] = DeviceBuffer<unsigned char>(d, size_t(shard_rows) * label_bytes_);
         R.input_ready[b] = d.event_create();
         R.input_free[b] = d.event_create();
     }
@@ -531,7 +533,9 @@ int MirroredStrategy::stage_input(Replica& R, const Batch& batch, const Shard& s
         if (devices_.traits().asynchronous) throw Error(kExitFailure, "strategy: a batch without features for a GPU replica");
         batch.owner->gather(batch, shard.begin, shard.rows, R.inputs[buf].data());
     }
-    d.copy_to_device(cs, R.labels[buf].data(), batch.labels + shard.begin, size_t(shard.rows) * sizeof(int32_t));
+    const void* labels = batch.targets ? static_cast<const void*>(batch.targets) : batch.labels;
+    d.copy_to_device(cs, R.labels[buf].data(), static_cast<const char*>(labels) + size_t(shard.begin) * label_bytes_,
+                     size_t(shard.rows) * label_bytes_);
     if (values) d.copy_to_device(cs, R.step_values[buf].data(), values, sizeof(StepValues));  // pageable: a snapshot
     d.event_record(R.input_ready[buf], cs);
     // The slot's Batch outlives the callback (the slot is not refilled before every replica has
@@ -626,8 +630,9 @@ void MirroredStrategy::replica_compute(int r, const StepShape& shape, int64_t st
         if (r == 0) p.probe = profile_;
         const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
         void* dlogits = model_.dlogits_buffer(R.acts);
-        d.softmax_xent(cs, micro.rows, model_.output_features(), logits, R.labels[buf].data() + micro.begin, grad_scale,
-                       loss_scale, dlogits, R.train_metrics.data());
+        loss_->apply(d, cs, micro.rows, model_.output_features(), logits,
+                     R.labels[buf].data() + size_t(micro.begin) * label_bytes_, grad_scale, loss_scale, dlogits,
+                     R.train_metrics.data());
         if (inject_overflow_ == r && micro.rows > 0) {  // a test's overflow: backward spreads it to every gradient
             d.fill(cs, 1, INFINITY, R.grad_stats.data());
             d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
@@ -958,8 +963,9 @@ Metrics MirroredStrategy::evaluate(Loader& loader) {
                     const Shard micro = shard_of(shard.rows, accumulation_, mi);
                     Pass p = make_pass(R, d.compute_stream(), micro.rows, 0, 0, 0, 0, false);
                     const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
-                    d.softmax_xent(d.compute_stream(), micro.rows, model_.output_features(), logits,
-                                   R.labels[buf].data() + micro.begin, 0.0f, nullptr, nullptr, R.eval_metrics.data());
+                    loss_->apply(d, d.compute_stream(), micro.rows, model_.output_features(), logits,
+                                 R.labels[buf].data() + size_t(micro.begin) * label_bytes_, 0.0f, nullptr, nullptr,
+                                 R.eval_metrics.data());
                 }
                 d.event_record(R.input_free[buf], d.compute_stream());
             });

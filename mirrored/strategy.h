@@ -23,6 +23,7 @@
 #include "kernels/device.h"
 #include "base/error.h"
 #include "mirrored/cross_device_ops.h"
+#include "mirrored/loss.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
 #include "mirrored/replica_sync.h"
@@ -105,8 +106,10 @@ struct MemoryPlan {
 // replicas of one GPU (one node).
 bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices, bool several_nodes = false);
 // shared: parameters_shared() for the devices (one copy, counted in shares).
+// label_bytes: one sample's label on the device (loss.h's label_bytes).
 MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
-                       const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared = false);
+                       const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared = false,
+                       size_t label_bytes = sizeof(int32_t));
 
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
@@ -124,7 +127,7 @@ struct Replica {
     Activations acts;                           // [max micro-batch rows, ...]
     DeviceBuffer<float> inputs[2];              // [shard rows, features], double-buffered
     DeviceBuffer<unsigned char> inputs_act;     // [shard rows, features] in the activation type (bf16, fp16)
-    DeviceBuffer<int32_t> labels[2];            // [shard rows]
+    DeviceBuffer<unsigned char> labels[2];      // [shard rows] class indexes or [shard rows, outputs] targets
     DeviceBuffer<double> train_metrics, eval_metrics;  // [kMetricSlots]
     DeviceBuffer<float> grad_stats;             // [2]: squared norm, non-finite count
     DeviceBuffer<float> grad_total;             // [2]: shared parameters: grad_stats of every slice, summed
@@ -158,7 +161,7 @@ public:
     // nodes: the other nodes of a multi-node run (nullptr: this node alone). Every node builds
     // the same number of replicas; node k's replica r is the job's replica k x replicas() + r.
     MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
-                     int global_batch, int accumulation_steps, Nodes* nodes = nullptr);
+                     int global_batch, int accumulation_steps, Nodes* nodes = nullptr, const LossConfig& loss = {});
     ~MirroredStrategy();
 
     int replicas() const { return int(replicas_.size()); }  // on this node
@@ -320,6 +323,8 @@ private:
     void wait_until(const std::function<bool()>& done);  // polls done(), checking every device
     StrategyConfig cfg_;
     const Model& model_;
+    std::unique_ptr<Loss> loss_;
+    size_t label_bytes_ = sizeof(int32_t);  // one sample's label on the device
     Nodes* nodes_ = nullptr;
     DeviceList devices_;
     int accumulation_ = 1;

@@ -130,13 +130,14 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     const int n = int(devices.ordinals.size());
     const int shard = (cfg.train.global_batch_size + n - 1) / n;
     const int micro = (shard + cfg.train.grad_accumulation_steps - 1) / cfg.train.grad_accumulation_steps;
-    const MemoryPlan plan =
-        plan_memory(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro, parameters_shared(cfg.strategy, devices));
+    const size_t labels = label_bytes(cfg.model.loss, model.output_features());
+    const MemoryPlan plan = plan_memory(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
+                                        parameters_shared(cfg.strategy, devices), labels);
     const uint64_t replicas = devices.traits().gpu ? 0 : plan.total() * uint64_t(n);
     // Train and test loaders; CPU replicas gather their own rows (MirroredStrategy::gathers_input,
     // the same rule), so their slots hold only sample indices and labels.
     const uint64_t row_bytes =
-        (devices.traits().asynchronous ? train.feature_size() * sizeof(float) : sizeof(uint32_t)) + sizeof(int32_t);
+        (devices.traits().asynchronous ? train.feature_size() * sizeof(float) : sizeof(uint32_t)) + labels;
     const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) * row_bytes;
     const uint64_t need = replicas + slots;
     const uint64_t total = total_host_memory(), avail = available_host_memory();
@@ -151,6 +152,24 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
                           " available: close other programs, or use a smaller model or batch");
 }
 
+// The labels the loss reads are the ones the data has: class indexes, or float targets as many as
+// the model's outputs.
+void check_labels_for_loss(const Config& cfg, const Model& model, const Dataset& train) {
+    const LossKind& loss = loss_kind(cfg.model.loss);
+    if (loss.labels == LabelKind::classes && train.has_targets())
+        cfg.fail("model.loss", std::string(loss.name) + " takes a class index per sample, but " + train.labels_source +
+                                   " has float targets");
+    if (loss.labels == LabelKind::targets && !train.has_targets())
+        cfg.fail("model.loss", std::string(loss.name) + " takes float targets per sample, but " + train.labels_source +
+                                   " has class indexes (data.dataset csv reads targets from data.csv.label_column)");
+    if (loss.labels == LabelKind::targets && model.output_features() != train.target_size) {
+        const size_t last = cfg.model.layers.size() - 1;
+        cfg.fail("model.layers." + std::to_string(last) + (cfg.model.layers[last].type == "dense" ? ".units" : ""),
+                 "the model has " + std::to_string(model.output_features()) + " outputs, but " + train.labels_source +
+                     " has " + std::to_string(train.target_size) + " target(s) per sample: they must match");
+    }
+}
+
 std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<const Datasets> data,
                                        bool with_train_loader, Nodes* nodes) {
     auto s = std::make_unique<Session>();
@@ -161,7 +180,8 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     check_model_against_data(cfg, *s->data);
     s->model = std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed);
     const Dataset& train = s->data->train;
-    if (s->model->output_features() < train.classes) {
+    check_labels_for_loss(cfg, *s->model, train);
+    if (!train.has_targets() && s->model->output_features() < train.classes) {
         size_t last = cfg.model.layers.size() - 1;
         while (last > 0 && cfg.model.layers[last].type != "dense") --last;
         size_t record = 0;
@@ -174,7 +194,7 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     }
     check_host_memory(cfg, *s->model, train);
     s->strategy = std::make_unique<MirroredStrategy>(cfg.strategy, *s->model, cfg.optimizer, cfg.train.global_batch_size,
-                                                     cfg.train.grad_accumulation_steps, nodes);
+                                                     cfg.train.grad_accumulation_steps, nodes, cfg.model.loss);
     const int n = s->strategy->replicas();
     LoaderOptions lo;
     lo.global_batch = cfg.train.global_batch_size;
@@ -321,6 +341,8 @@ private:
     void emit(const json& record);
     void open_metrics(std::ios::openmode mode);
     void status_line(const std::string& line, bool final_line);
+    // A metric's accuracy for the records, or null for a loss that has none (mse).
+    json accuracy(const Metrics& m) const { return has_accuracy_ ? json(m.accuracy()) : json(nullptr); }
 
     std::FILE* out_;  // progress: the header, status lines, notes (alerts and warnings go to stderr)
     std::unique_ptr<Watchdog> watchdog_;  // first: it watches the session's building too
@@ -354,6 +376,7 @@ private:
     int64_t pending_step_ = 0;
     float pending_lr_ = 0;
     int exit_code_ = kExitOk;
+    const bool has_accuracy_ = loss_kind(cfg_.model.loss).accuracy;
 };
 
 // A run folder's summary.json, when it says the run completed (else null).
@@ -637,10 +660,12 @@ void Run::recover_metrics(int64_t up_to_step) {
                 kept += line + "\n";
                 const std::string type = j.at("type").get<std::string>();
                 if (type == "train") {
-                    last_train_ = {j.at("loss").get<double>(), j.at("accuracy").get<double>(), 1.0};
+                    const json acc = j.value("accuracy", json(nullptr));  // null for a loss without one
+                    last_train_ = {j.at("loss").get<double>(), acc.is_null() ? 0.0 : acc.get<double>(), 1.0};
                 } else if (type == "eval") {
                     const double n = j.at("samples").get<double>();
-                    last_eval_ = {j.at("test_loss").get<double>() * n, j.at("test_accuracy").get<double>() * n, n};
+                    const json acc = j.value("test_accuracy", json(nullptr));
+                    last_eval_ = {j.at("test_loss").get<double>() * n, acc.is_null() ? 0.0 : acc.get<double>() * n, n};
                     last_eval_step_ = step;
                 }
             } catch (const json::exception&) {
@@ -692,17 +717,19 @@ void Run::log_train(int64_t step, float lr) {
     const double f_comm = busy > 0 ? interval_split_.comm_s / busy : 0;
     const double f_compute = busy > 0 ? interval_split_.compute_s / busy : 0;
     json record = {{"type", "train"}, {"step", step}, {"epoch", double(step) / bpe}, {"loss", loss},
-                   {"accuracy", last_train_.accuracy()}, {"lr", lr}, {"samples_per_sec", sps},
+                   {"accuracy", accuracy(last_train_)}, {"lr", lr}, {"samples_per_sec", sps},
                    {"time_split", {{"data_wait", f_data}, {"compute", f_compute}, {"comm", f_comm}}}};
     if (cfg_.train.precision == Precision::fp16) record["loss_scale"] = st.loss_scale();
     emit(record);
     const double eta = (total_steps_ - step) * cfg_.train.global_batch_size / std::max(sps, 1e-9);
+    char acc[32] = "";
+    if (has_accuracy_) std::snprintf(acc, sizeof acc, "  acc %.3f", last_train_.accuracy());
     char line[256];
     std::snprintf(line, sizeof line,
-                  "epoch %lld/%.0f  step %lld/%lld  loss %.4f  acc %.3f  lr %.3g  %.0f samples/s  ETA %s  "
+                  "epoch %lld/%.0f  step %lld/%lld  loss %.4f%s  lr %.3g  %.0f samples/s  ETA %s  "
                   "[data %.0f%% compute %.0f%% comm %.0f%%]",
                   static_cast<long long>((step - 1) / (int64_t)bpe) + 1, std::ceil(total_steps_ / bpe),
-                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, last_train_.accuracy(),
+                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, acc,
                   double(lr), sps, duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
     status_line(line, false);
     if (!first_interval_) alert_bottlenecks(f_data, f_comm, interval);
@@ -720,10 +747,12 @@ void Run::evaluate(int64_t step, double epoch) {
     last_eval_ = s_->strategy->evaluate(*s_->test_loader);
     last_eval_step_ = step;
     emit({{"type", "eval"}, {"step", step}, {"epoch", epoch}, {"test_loss", last_eval_.loss()},
-          {"test_accuracy", last_eval_.accuracy()}, {"samples", last_eval_.count}});
+          {"test_accuracy", accuracy(last_eval_)}, {"samples", last_eval_.count}});
+    char acc[40] = "";
+    if (has_accuracy_) std::snprintf(acc, sizeof acc, "  test accuracy %.4f", last_eval_.accuracy());
     char line[160];
-    std::snprintf(line, sizeof line, "eval  epoch %.2f  step %lld  test loss %.4f  test accuracy %.4f  (%.1fs)", epoch,
-                  static_cast<long long>(step), last_eval_.loss(), last_eval_.accuracy(), now_s() - t0);
+    std::snprintf(line, sizeof line, "eval  epoch %.2f  step %lld  test loss %.4f%s  (%.1fs)", epoch,
+                  static_cast<long long>(step), last_eval_.loss(), acc, now_s() - t0);
     status_line(line, true);
 }
 
@@ -770,10 +799,10 @@ void Run::write_summary(const std::string& status) {
     json j = {
         {"status", status},
         {"name", cfg_.run.name},
-        {"test_accuracy", last_eval_step_ >= 0 ? json(last_eval_.accuracy()) : json(nullptr)},
+        {"test_accuracy", last_eval_step_ >= 0 ? accuracy(last_eval_) : json(nullptr)},
         {"test_loss", last_eval_step_ >= 0 ? json(last_eval_.loss()) : json(nullptr)},
         {"train_loss", last_train_.count > 0 ? json(last_train_.loss()) : json(nullptr)},
-        {"train_accuracy", last_train_.count > 0 ? json(last_train_.accuracy()) : json(nullptr)},
+        {"train_accuracy", last_train_.count > 0 ? accuracy(last_train_) : json(nullptr)},
         {"epochs", double(step_) / bpe},
         {"steps", step_},
         {"global_batch_size", cfg_.train.global_batch_size},
@@ -828,8 +857,10 @@ int Run::run() {
     s_->train_loader->stop();
     write_summary(exit_code_ == kExitOk ? "completed" : "interrupted");
     if (exit_code_ == kExitOk) {
-        std::fprintf(out_, "done: %lld steps, test accuracy %.4f, test loss %.4f, %.0f samples/s, %s; results in %s\n",
-                    static_cast<long long>(step_), last_eval_.accuracy(), last_eval_.loss(),
+        char acc[40] = "";
+        if (has_accuracy_) std::snprintf(acc, sizeof acc, "test accuracy %.4f, ", last_eval_.accuracy());
+        std::fprintf(out_, "done: %lld steps, %stest loss %.4f, %.0f samples/s, %s; results in %s\n",
+                    static_cast<long long>(step_), acc, last_eval_.loss(),
                     train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
                     out_dir_.c_str());
     }

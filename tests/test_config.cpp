@@ -99,7 +99,7 @@ TEST_CASE("config: --set reaches any key and list items; its errors say --set") 
     const Config c = load_config(path, {"model.layers.0.units=64", "run.seed=9", "data.input_shape=[3, 4]"});
     CHECK(c.model.layers[0].field("units") == "64");
     CHECK(c.run.seed == 9);
-    CHECK(c.data.input_shape == std::vector<int>{3, 4});
+    CHECK(data_format_options(c.data)->fields()[0] == std::pair<std::string, std::string>{"input_shape", "[3, 4]"});
     expect_error(kGood, {"model.layers.0.units=abc"}, "--set model.layers.0.units=abc: model.layers.0.units: expected an integer");
     expect_error(kGood, {"model.layers.7.units=3"}, "'7' is not an index of the 3-element list");
     expect_error(kGood, {"train.epochz=3"}, "--set train.epochz=3: train.epochz: unknown key");
@@ -274,8 +274,8 @@ strategy: {bucket_mb: 0.1}
 }
 
 // Every file in configs/ (found by a glob, so a new one is covered without a line here): it loads,
-// and its model builds for its input - the shape the config gives, else the shape of its data
-// where the data is on this machine.
+// prints back as itself, and its model builds for its input - the shape the config gives, else the
+// shape of its data where the data is on this machine.
 TEST_CASE("config: every shipped config loads and its model builds") {
     int configs = 0, built = 0;
     for (const auto& e : fs::directory_iterator("configs")) {
@@ -285,15 +285,17 @@ TEST_CASE("config: every shipped config loads and its model builds") {
         ++configs;
         Config c;
         REQUIRE_NOTHROW(c = load_config(f, {}));
+        // --print-config's text loads back as the same configuration
+        const std::string printed = config_to_yaml(c);
+        CHECK(config_to_yaml(load_config_text(printed, f, {})) == printed);
         std::vector<int> shape = c.model.input_shape;
-        if (shape.empty() && c.data.dataset == "synthetic") shape = c.data.input_shape;
-        if (shape.empty() && fs::exists(effective_data_root(c.data, c.base_dir)))
+        if (shape.empty() && (c.data.dataset == "synthetic" || fs::exists(effective_data_root(c.data, c.base_dir))))
             shape = load_datasets(c.data, c.base_dir, c.run.seed).train.shape;
         if (shape.empty()) continue;  // its data is not on this machine
         CHECK_NOTHROW(Model(shape, c.model.layers, c.run.seed));
         ++built;
     }
-    CHECK(configs >= 5);
+    CHECK(configs >= 7);
     MESSAGE(configs << " configs loaded, " << built << " models built");
     CHECK(built >= 3);  // the CNN and ResNet-20 give their shape; synthetic data has one
 }

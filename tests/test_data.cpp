@@ -236,10 +236,9 @@ TEST_CASE("data: a test label outside the training labels' classes is a data err
     auto bad = idx_labels(6, 3);
     bad[8 + 4] = 200;  // record 4
     write_bytes(d / "tlab", bad);
-    DataConfig c;
+    DataConfig c = make_data_config(
+        "idx", {{"train.images", "img"}, {"train.labels", "lab"}, {"test.images", "img"}, {"test.labels", "tlab"}});
     c.root = d.path().string();
-    c.train = {"img", "lab", {}, {}};
-    c.test = {"img", "tlab", {}, {}};
     const std::string want = (d / "tlab") + ": label 200 of record 4 is not among the classes";
     CHECK_THROWS_WITH_AS(load_datasets(c, "", 1), doctest::Contains(want.c_str()), DataError);
 }
@@ -247,7 +246,7 @@ TEST_CASE("data: a test label outside the training labels' classes is a data err
 TEST_CASE("csv: a UTF-8 byte-order mark is not part of the first field") {
     TempDir d;
     d.write("bom.csv", "\xEF\xBB\xBFlabel,x1,x2\n1,0.5,1\n0,1.5,2\n");
-    Dataset ds = read_csv(d / "bom.csv", CsvOptions{"label"});
+    Dataset ds = read_csv(d / "bom.csv", CsvOptions{{"label"}});
     CHECK(ds.labels == std::vector<int32_t>{1, 0});
     ds = read_csv(d / "bom.csv", CsvOptions{});  // found by its name, not taken from the last column
     CHECK(ds.labels == std::vector<int32_t>{1, 0});
@@ -258,13 +257,10 @@ TEST_CASE("csv: a UTF-8 byte-order mark is not part of the first field") {
 }
 
 TEST_CASE("synthetic: sizes that overflow or exceed memory are a configuration error before allocation") {
-    DataConfig c;
-    c.dataset = "synthetic";
-    c.input_shape = {1 << 20, 1 << 20, 1 << 20};
-    CHECK_THROWS_WITH_AS(load_datasets(c, "", 1), doctest::Contains("data.input_shape"), ConfigError);
-    c.input_shape = {784};
-    c.train_samples = uint64_t(1) << 32;
-    CHECK_THROWS_WITH_AS(load_datasets(c, "", 1), doctest::Contains("are available"), ConfigError);
+    const DataConfig huge = make_data_config("synthetic", {{"input_shape", "[1048576, 1048576, 1048576]"}});
+    CHECK_THROWS_WITH_AS(load_datasets(huge, "", 1), doctest::Contains("data.input_shape"), ConfigError);
+    const DataConfig many = make_data_config("synthetic", {{"train_samples", std::to_string(uint64_t(1) << 32)}});
+    CHECK_THROWS_WITH_AS(load_datasets(many, "", 1), doctest::Contains("are available"), ConfigError);
 }
 
 TEST_CASE("cifar10: reads records as HWC, rejects truncated files and bad labels") {
@@ -303,14 +299,14 @@ TEST_CASE("cifar10: reads records as HWC, rejects truncated files and bad labels
 TEST_CASE("csv: header detection, label by name or index, errors name the line") {
     TempDir d;
     d.write("a.csv", "x1, x2 ,kind\n0.5,1,2\n\n-1e-3,2.5,0\n3,4,1\n");
-    Dataset ds = read_csv(d / "a.csv", CsvOptions{"kind"});
+    Dataset ds = read_csv(d / "a.csv", CsvOptions{{"kind"}});
     CHECK(ds.count() == 3);
     CHECK(ds.shape == std::vector<int>{2});
     CHECK(ds.labels == std::vector<int32_t>{2, 0, 1});
     CHECK(ds.features[2] == doctest::Approx(-1e-3));
     CHECK(ds.classes == 3);
     d.write("b.csv", "1,0.5,0\n0,1.5,2\n");
-    ds = read_csv(d / "b.csv", CsvOptions{"0"});
+    ds = read_csv(d / "b.csv", CsvOptions{{"0"}});
     CHECK(ds.labels == std::vector<int32_t>{1, 0});
     CHECK(ds.features == std::vector<float>{0.5f, 0.0f, 1.5f, 2.0f});
     ds = read_csv(d / "b.csv", CsvOptions{});  // no header: the last column
@@ -326,7 +322,40 @@ TEST_CASE("csv: header detection, label by name or index, errors name the line")
     CHECK_THROWS_WITH_AS(read_csv(d / "neg.csv", {}), doctest::Contains("not a non-negative integer"), DataError);
     d.write("empty.csv", "a,label\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "empty.csv", {}), doctest::Contains("no data rows"), DataError);
-    CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{"nope"}), doctest::Contains("no column named 'nope'"), DataError);
+    CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{{"nope"}}), doctest::Contains("no column named 'nope'"), DataError);
+}
+
+TEST_CASE("csv: float targets from one or several label columns, for regression and multi-label losses") {
+    TempDir d;
+    d.write("t.csv", "x1,price,x2,tag\n0.5,10.25,1,1\n-1,-3.5,2,0\n");
+    CsvOptions o;
+    o.targets = true;
+    o.label_columns = {"price"};
+    Dataset ds = read_csv(d / "t.csv", o);
+    CHECK(ds.count() == 2);
+    CHECK(ds.target_size == 1);
+    CHECK(ds.labels.empty());
+    CHECK(ds.targets == std::vector<float>{10.25f, -3.5f});
+    CHECK(ds.shape == std::vector<int>{3});
+    CHECK(ds.features == std::vector<float>{0.5f, 1, 1, -1, 2, 0});
+    o.label_columns = {"tag", "1"};  // by name and by index, in the order given
+    ds = read_csv(d / "t.csv", o);
+    CHECK(ds.target_size == 2);
+    CHECK(ds.targets == std::vector<float>{1, 10.25f, 0, -3.5f});
+    CHECK(ds.features == std::vector<float>{0.5f, 1, -1, 2});
+    o.label_columns = {};  // the last column, as for class labels
+    CHECK(read_csv(d / "t.csv", o).targets == std::vector<float>{1, 0});
+    // a fingerprint sees the targets; class-labelled data is hashed as before they existed
+    Dataset other = ds;
+    other.targets[3] = -3.25f;
+    CHECK(fingerprint(other) != fingerprint(ds));
+    o.label_columns = {"tag", "tag"};
+    CHECK_THROWS_WITH_AS(read_csv(d / "t.csv", o), doctest::Contains("label column 'tag' is named twice"), DataError);
+    o.label_columns = {"x1", "price", "x2", "tag"};
+    CHECK_THROWS_WITH_AS(read_csv(d / "t.csv", o), doctest::Contains("no features left"), DataError);
+    o.targets = false;
+    o.label_columns = {"tag", "price"};
+    CHECK_THROWS_WITH_AS(read_csv(d / "t.csv", o), doctest::Contains("several label columns are float targets"), DataError);
 }
 
 // The readers size their buffers with resize_features (CIFAR-10 grows one batch file at a time):
@@ -349,20 +378,17 @@ TEST_CASE("resize_features keeps the values it has and zero-fills the rest, acro
 }
 
 TEST_CASE("load_datasets: a data set large enough for huge pages keeps every value (the page hint changes no contents)") {
-    DataConfig c;
-    c.dataset = "synthetic";
-    c.input_shape = {784};
-    c.classes = 10;
-    c.train_samples = 3000;  // 9.4 MB: several whole 2 MiB pages
-    c.test_samples = 700;
+    // 3000 samples of 784: 9.4 MB, several whole 2 MiB pages
+    DataConfig c = make_data_config("synthetic", {{"input_shape", "[784]"}, {"classes", "10"},
+                                                  {"train_samples", "3000"}, {"test_samples", "700"}});
     const Datasets d = load_datasets(c, "", 5);
     SyntheticOptions o;
-    o.shape = c.input_shape;
-    o.classes = c.classes;
+    o.shape = {784};
+    o.classes = 10;
     o.seed = 5;
-    o.samples = c.train_samples;
+    o.samples = 3000;
     Dataset want = make_synthetic(o);
-    o.samples = c.test_samples;
+    o.samples = 700;
     o.split = 1;
     Dataset want_test = make_synthetic(o);
     if (c.normalize != DataConfig::Normalize::none) {
@@ -775,7 +801,7 @@ TEST_CASE("loader: without workers, next_for() fills on the caller's thread and 
 
 TEST_CASE("Fashion-MNIST files, when installed: 60000/10000 samples, 28x28, 10 classes") {
     const DataConfig c;  // the defaults name the Fashion-MNIST files
-    const std::string probe = resolve_data_path(c, "", c.train.images);
+    const std::string probe = resolve_data_path(c, "", data_format_options(c)->fields()[0].second);  // train.images
     if (!fs::exists(probe)) {
         mark_skipped(probe + " not installed (package dataset-fashion-mnist, or set MIRRORED_DATA_DIR)");
         return;

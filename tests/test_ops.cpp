@@ -9,6 +9,7 @@
 //   dense_forward,          1e-5 * sqrt(k)      fused (cuBLASLt): 1e-5 * sqrt(k), TF32 5e-3 * sqrt(k);
 //   dense_weight_grad                           bf16 against the unfused CUDA ops: y 2e-2, dW 1e-5 * sqrt(k)
 //   softmax_xent            1e-5                1e-5 (argmax count: exact)
+//   target_loss (mse, bce)  1e-5                1e-5 (bce's correct share: 1e-6)
 //   dropout, init uniform, checksum, fill, copy/reduce_from_peer: exact
 //   init normal             -                   1e-6
 //   sum_squares, sgd, adamw 1e-5                1e-5
@@ -272,6 +273,66 @@ std::vector<double> ref_xent(const XentCase& x) {
         correct += arg == y;
         for (int j = 0; j < x.classes; ++j)
             out[size_t(i) * x.classes + j] = (std::exp(z[j] - mx) / sum - (j == y)) * x.scale;
+    }
+    out.push_back(1.0 + loss);
+    out.push_back(2.0 + correct);
+    out.push_back(3.0 + x.rows);
+    return out;
+}
+
+// Logits against float targets (Device::target_loss): targets in [0, 1] for bce (a share of 1s
+// and 0s among them, as multi-label data has), any for mse.
+struct TargetCase {
+    TargetLoss kind;
+    int rows, n;
+    float scale;
+    std::vector<float> logits, targets;
+};
+TargetCase make_target_case(Rng& rng, TargetLoss kind) {
+    TargetCase x{kind, rng.integer(1, 200), rng.integer(1, 70), 1.0f / 37.0f, {}, {}};
+    x.logits = rng.normal(size_t(x.rows) * x.n, 3.0f);
+    x.targets = kind == TargetLoss::bce ? rng.uniform(x.logits.size(), 0.0f, 1.0f) : rng.normal(x.logits.size(), 2.0f);
+    if (kind == TargetLoss::bce)
+        for (size_t i = 0; i < x.targets.size(); i += 3) x.targets[i] = x.targets[i] < 0.5f ? 0.0f : 1.0f;
+    return x;
+}
+// dlogits followed by the 3 metric slots (accumulated onto 1, 2, 3)
+std::vector<float> run_target_loss(Device& d, const TargetCase& x, const std::vector<float>* logits = nullptr) {
+    auto z = upload(d, logits ? *logits : x.logits);
+    auto t = upload(d, x.targets);
+    auto dl = poisoned(d, x.logits.size());
+    auto metrics = upload(d, std::vector<double>{1.0, 2.0, 3.0, 0.0});
+    d.target_loss(d.compute_stream(), x.kind, x.rows, x.n, z.data(), t.data(), x.scale, nullptr, dl.data(),
+                  metrics.data());
+    auto out = download(d, dl);
+    auto m = download(d, metrics);
+    for (int i = 0; i < 3; ++i) out.push_back(float(m[i]));
+    return out;
+}
+std::vector<double> ref_target_loss(const TargetCase& x) {
+    std::vector<double> out(x.logits.size());
+    double loss = 0, correct = 0;
+    for (int i = 0; i < x.rows; ++i) {
+        double row = 0, right = 0;
+        for (int j = 0; j < x.n; ++j) {
+            const size_t k = size_t(i) * x.n + j;
+            const double z = x.logits[k], t = x.targets[k];
+            double l, g;
+            if (x.kind == TargetLoss::mse) {
+                l = (z - t) * (z - t);
+                g = 2 * (z - t);
+            } else {
+                // -(t log p + (1 - t) log(1 - p)) for p = sigmoid(z), written without log(0)
+                const double p = 1 / (1 + std::exp(-z));
+                l = std::max(z, 0.0) - z * t + std::log1p(std::exp(-std::fabs(z)));
+                g = p - t;
+                right += (z > 0) == (t > 0.5);
+            }
+            row += l;
+            out[k] = g / x.n * x.scale;
+        }
+        loss += row / x.n;
+        correct += right / x.n;
     }
     out.push_back(1.0 + loss);
     out.push_back(2.0 + correct);
@@ -636,6 +697,46 @@ TEST_CASE("cpu softmax_xent matches double reference: gradient, loss sum, correc
         CHECK(std::fabs(got[n] - want[n]) / std::fabs(want[n]) < 1e-5);
         CHECK(got[n + 1] == want[n + 1]);
         CHECK(got[n + 2] == want[n + 2]);
+    }
+}
+
+TEST_CASE("cpu target_loss (mse, bce) matches double reference; its gradient matches finite differences") {
+    Rng rng(41);
+    auto d = make_cpu_device(0);
+    for (TargetLoss kind : {TargetLoss::mse, TargetLoss::bce})
+        for (int rep = 0; rep < 3; ++rep) {
+            CAPTURE(int(kind));
+            TargetCase x = make_target_case(rng, kind);
+            if (kind == TargetLoss::bce && rep == 2)  // logits far out: no overflow, no log(0)
+                for (size_t i = 0; i < x.logits.size(); ++i) x.logits[i] = (i % 2 ? 1 : -1) * 90.0f;
+            const auto got = run_target_loss(*d, x);
+            const auto want = ref_target_loss(x);
+            const size_t n = x.logits.size();
+            CHECK(rel_error(std::vector<float>(got.begin(), got.begin() + n),
+                            std::vector<double>(want.begin(), want.begin() + n)) < 1e-5);
+            CHECK(std::fabs(got[n] - want[n]) / std::fabs(want[n]) < 1e-5);
+            CHECK(std::fabs(got[n + 1] - want[n + 1]) < 1e-6 * x.rows + 1e-6);
+            CHECK(got[n + 2] == want[n + 2]);
+        }
+    // finite differences of the mean loss (metrics, scaled as the gradient is) against dlogits
+    for (TargetLoss kind : {TargetLoss::mse, TargetLoss::bce}) {
+        CAPTURE(int(kind));
+        TargetCase x = make_target_case(rng, kind);
+        x.rows = 4;
+        x.n = 5;
+        x.logits.resize(20);
+        x.targets.resize(20);
+        x.scale = 1.0f / float(x.rows);  // the gradient of the loss summed over rows / rows
+        const auto grad = run_target_loss(*d, x);
+        for (size_t k = 0; k < 20; k += 3) {
+            std::vector<float> up = x.logits, down = x.logits;
+            const float h = 1e-2f;
+            up[k] += h;
+            down[k] -= h;
+            const double lu = (run_target_loss(*d, x, &up)[20] - 1.0) / x.rows;
+            const double ld = (run_target_loss(*d, x, &down)[20] - 1.0) / x.rows;
+            CHECK(std::fabs((lu - ld) / (2 * h) - grad[k]) < 2e-3 * std::max(1.0, std::fabs(double(grad[k]))));
+        }
     }
 }
 
@@ -1004,6 +1105,32 @@ TEST_CASE("cuda softmax_xent matches cpu, argmax count exactly" * doctest::test_
             CHECK(g[n + 1] == c[n + 1]);
             CHECK(g[n + 2] == c[n + 2]);
         }
+    });
+}
+
+TEST_CASE("cuda target_loss (mse, bce) matches cpu" * doctest::test_suite("cuda")) {
+    SKIP_WITHOUT_CUDA();
+    Rng rng(141);
+    for_cpu_and_cuda([&](Device& cpu, Device& gpu) {
+        for (TargetLoss kind : {TargetLoss::mse, TargetLoss::bce})
+            for (int rep = 0; rep < 3; ++rep) {
+                CAPTURE(int(kind));
+                TargetCase x = make_target_case(rng, kind);
+                if (rep == 2) {  // more outputs than a warp has lanes
+                    x.n = 300;
+                    x = make_target_case(rng, kind);
+                    x.n = 300;
+                    x.logits = rng.normal(size_t(x.rows) * x.n, 3.0f);
+                    x.targets = rng.uniform(x.logits.size(), 0.0f, 1.0f);
+                }
+                const auto g = run_target_loss(gpu, x), c = run_target_loss(cpu, x);
+                const size_t n = x.logits.size();
+                CHECK(rel_error(std::vector<float>(g.begin(), g.begin() + n), std::vector<float>(c.begin(), c.begin() + n)) <
+                      1e-5);
+                CHECK(std::fabs(g[n] - c[n]) / std::fabs(c[n]) < 1e-5);
+                CHECK(std::fabs(g[n + 1] - c[n + 1]) < 1e-6 * x.rows + 1e-6);
+                CHECK(g[n + 2] == c[n + 2]);
+            }
     });
 }
 

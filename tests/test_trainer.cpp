@@ -568,6 +568,80 @@ TEST_CASE("the shipped CSV example trains to high accuracy") {
     CHECK(summary(out)["test_accuracy"].get<double>() > 0.9);
 }
 
+// Losses on float targets: regression by mean squared error and multi-label classification by
+// binary cross-entropy, from the shipped CSV examples. Each learns; N replicas train as one
+// replica does on the same global batch (within rounding); simulated GPUs, which order their
+// work as GPUs do, give the CPU replicas' bits; a SIGTERM and a resume continue exactly.
+TEST_CASE("losses on targets: mse and binary_cross_entropy learn from CSV columns; replicas agree; exact resume") {
+    Scratch s;
+    struct Case {
+        const char* config;
+        double bound;  // on the final test loss: the targets' noise variance is 0.0025 (mse)
+    };
+    for (const Case c : {Case{"configs/csv_regression.yaml", 0.02}, Case{"configs/csv_multilabel.yaml", 0.15}}) {
+        CAPTURE(c.config);
+        const std::string tag = std::string(c.config).substr(12, 8);  // "regressi", "multilab"
+        const std::string one = s.out(tag + "1"), two = s.out(tag + "2"), sim = s.out(tag + "sim");
+        const std::vector<std::string> few{"--set", "train.epochs=12", "--set", "checkpoint.resume=never"};
+        auto train = [&](const std::string& out, const std::string& devices) {
+            std::vector<std::string> args{"train", c.config, "--output", out, "--devices", devices};
+            args.insert(args.end(), few.begin(), few.end());
+            return run_cli(args);
+        };
+        REQUIRE(train(one, "cpu:1") == kExitOk);
+        REQUIRE(train(two, "cpu:2") == kExitOk);
+        REQUIRE(train(sim, "sim:0,1") == kExitOk);
+        const json a = summary(one), b = summary(two);
+        CHECK(a["test_loss"].get<double>() < c.bound);
+        std::vector<json> m;  // the train records
+        for (const json& r : metrics(one))
+            if (r["type"] == "train") m.push_back(r);
+        REQUIRE(m.size() >= 2);
+        CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>() / 3);
+        CHECK(std::fabs(a["test_loss"].get<double>() - b["test_loss"].get<double>()) < 1e-3 * a["test_loss"].get<double>() + 1e-6);
+        expect_same_run(two, sim);
+        if (std::string(c.config).find("regression") != std::string::npos) {
+            CHECK(a["test_accuracy"].is_null());  // mse has no accuracy
+            CHECK(m.front()["accuracy"].is_null());
+        } else {
+            CHECK(a["test_accuracy"].get<double>() > 0.9);
+        }
+        // stopped after step 200 with a checkpoint, resumed: the uninterrupted run's bits
+        const std::string resumed = s.out(tag + "resumed");
+        std::vector<std::string> args{"train", c.config, "--output", resumed, "--devices", "cpu:2", "--set",
+                                      "train.epochs=12", "--set", "checkpoint.every_steps=100"};
+        CHECK(run_cli(args, {{"MIRRORED_TEST_STOP_AFTER_STEP", "200"}}) == kExitInterrupted);
+        CHECK(run_cli(args) == kExitOk);
+        CHECK(summary(resumed)["resumed_from_step"] == 200);
+        expect_same_run(two, resumed);
+    }
+}
+
+TEST_CASE("losses on targets: the labels the loss reads must be the data's, as many targets as outputs") {
+    Scratch s;
+    std::string err;
+    // a classifier's loss on target columns, and a target loss on class labels
+    CHECK(run_cli({"train", "configs/csv_regression.yaml", "--output", s.out("a"), "--set", "model.loss=softmax_cross_entropy"},
+                  {}, -1, &err) == kExitUsage);
+    CHECK(err.find("data.csv.label_column: several label columns are float targets, but the loss takes one class "
+                   "index per sample") != std::string::npos);
+    CHECK(run_cli({"train", "configs/csv_example.yaml", "--output", s.out("b"), "--set", "model.loss=mse"}, {}, -1, &err) ==
+          kExitUsage);
+    CHECK(err.find("has 1 target(s) per sample: they must match") != std::string::npos);  // the label column, as a target
+    CHECK(run_cli({"train", "configs/synthetic_mlp.yaml", "--output", s.out("c"), "--set", "model.loss=mse"}, {}, -1,
+                  &err) == kExitUsage);
+    CHECK(err.find("model.loss: mse takes float targets per sample, but synthetic data has class indexes") !=
+          std::string::npos);
+    CHECK(run_cli({"train", "configs/csv_regression.yaml", "--output", s.out("d"), "--set", "model.layers.2.units=3"}, {},
+                  -1, &err) == kExitUsage);
+    CHECK(err.find("model.layers.2.units: the model has 3 outputs, but") != std::string::npos);
+    CHECK(err.find("has 2 target(s) per sample: they must match") != std::string::npos);
+    CHECK(run_cli({"train", "configs/csv_regression.yaml", "--output", s.out("e"), "--set", "model.loss=huber"}, {}, -1,
+                  &err) == kExitUsage);
+    CHECK(err.find("model.loss: expected one of softmax_cross_entropy, mse, binary_cross_entropy, got 'huber'") !=
+          std::string::npos);
+}
+
 TEST_CASE("CIFAR-10 files with augmentation train end to end") {
     // 3 classes of 32x32 RGB images whose brightest channel is the label, as CIFAR-10 batches
     Scratch s;

@@ -333,6 +333,30 @@ public:
         metrics[kMetricCount] += double(rows);
     }
 
+    void target_loss(Stream, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
+                     float grad_scale, const float* loss_scale, void* dlogits, double* metrics) override {
+        const DType t = value_dtype();
+        const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f) / float(n);
+        double loss_sum = 0.0, correct = 0.0;
+        for (int i = 0; i < rows; ++i) {
+            const float* z = F(logits) + size_t(i) * n;
+            const float* y = targets + size_t(i) * n;
+            float* d = dlogits ? F(dlogits) + size_t(i) * n : nullptr;
+            float row_loss = 0.0f, row_correct = 0.0f;
+            for (int j = 0; j < n; ++j) {
+                const TargetLossTerm e = target_loss_term(kind, z[j], y[j]);
+                row_loss += e.loss;
+                row_correct += e.correct ? 1.0f : 0.0f;
+                if (d) d[j] = round_to(t, e.grad * gs);
+            }
+            loss_sum += double(row_loss / float(n));
+            correct += double(row_correct / float(n));
+        }
+        metrics[kMetricLossSum] += loss_sum;
+        metrics[kMetricCorrect] += correct;
+        metrics[kMetricCount] += double(rows);
+    }
+
     void dropout_forward(Stream, const DropoutArgs& a, int rows, int cols, const void* x, void* y) override {
         const DType t = value_dtype();
         const float keep_scale = 1.0f / (1.0f - a.rate);

@@ -381,6 +381,16 @@ public:
         cuda::softmax_xent(stream(s), ordinal(), act_dtype(), rows, classes, logits, labels, grad_scale, loss_scale,
                            dlogits, metrics, scratch_);
     }
+    void target_loss(Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
+                     float grad_scale, const float* loss_scale, void* dlogits, double* metrics) override {
+        use();
+        work_.launches += 2;
+        if (cuda::scratch_floats_needed(rows) > cuda::kScratchFloats)
+            throw DeviceError(name() + ": target_loss over " + std::to_string(rows) +
+                              " rows exceeds the scratch sized at start-up");
+        cuda::target_loss(stream(s), ordinal(), act_dtype(), kind, rows, n, logits, targets, grad_scale, loss_scale,
+                          dlogits, metrics, scratch_);
+    }
     void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a) override {
         use();
         ++work_.launches;

@@ -278,6 +278,45 @@ void softmax_xent(cudaStream_t s, int dev, DType t, int rows, int classes, const
     CUDA_LAUNCH_CHECK(dev);
 }
 
+// ---- losses against float targets: one warp per row, then the same deterministic sum ---------
+
+template <typename T>
+__global__ void target_loss_kernel(TargetLoss kind, int rows, int n, const T* logits, const float* targets,
+                                   float grad_scale, const float* loss_scale, T* dlogits, float* row_loss,
+                                   float* row_correct) {
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;  // whole warps leave together: rows are warp-aligned
+    const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f) / float(n);  // as the CPU computes it
+    const size_t base = size_t(row) * n;
+    float loss = 0.0f, correct = 0.0f;
+    for (int j = lane; j < n; j += 32) {
+        const TargetLossTerm e = target_loss_term(kind, ld(logits, base + j), targets[base + j]);
+        loss += e.loss;
+        correct += e.correct ? 1.0f : 0.0f;
+        if (dlogits) st(dlogits, base + j, e.grad * gs);
+    }
+    loss = warp_sum(loss);
+    correct = warp_sum(correct);
+    if (lane == 0) {
+        row_loss[row] = loss / float(n);
+        row_correct[row] = correct / float(n);
+    }
+}
+
+void target_loss(cudaStream_t s, int dev, DType t, TargetLoss kind, int rows, int n, const void* logits,
+                 const float* targets, float grad_scale, const float* loss_scale, void* dlogits, double* metrics,
+                 float* scratch) {
+    if (rows <= 0) return;
+    constexpr int kRowsPerBlock = kThreads / 32;
+    DISPATCH(t, target_loss_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
+                    kind, rows, n, as<T>(logits), targets, grad_scale, loss_scale, static_cast<T*>(dlogits), scratch,
+                    scratch + rows));
+    CUDA_LAUNCH_CHECK(dev);
+    metrics_accumulate_kernel<<<1, kThreads, 0, s>>>(rows, scratch, scratch + rows, metrics);
+    CUDA_LAUNCH_CHECK(dev);
+}
+
 // ---- dropout, conversion, residual add ----------------------------------------------------
 
 template <typename T>

@@ -27,6 +27,10 @@ int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* 
 // scratch: 2 * rows floats
 void softmax_xent(cudaStream_t s, int dev, DType t, int rows, int classes, const void* logits, const int32_t* labels,
                   float grad_scale, const float* loss_scale, void* dlogits, double* metrics, float* scratch);
+// scratch: 2 * rows floats
+void target_loss(cudaStream_t s, int dev, DType t, TargetLoss kind, int rows, int n, const void* logits,
+                 const float* targets, float grad_scale, const float* loss_scale, void* dlogits, double* metrics,
+                 float* scratch);
 void dropout(cudaStream_t s, int dev, DType t, const DropoutArgs& a, int rows, int cols, const void* x, void* y);
 void convert(cudaStream_t s, int dev, size_t n, const void* x, DType xt, void* y, DType yt);
 void add(cudaStream_t s, int dev, DType t, size_t n, const void* x, void* y);

@@ -609,6 +609,9 @@ public:
     SIM_OP(softmax_xent, (Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
                           const float* loss_scale, void* dlogits, double* metrics),
            softmax_xent(Stream{}, rows, classes, logits, labels, grad_scale, loss_scale, dlogits, metrics))
+    SIM_OP(target_loss, (Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
+                         float grad_scale, const float* loss_scale, void* dlogits, double* metrics),
+           target_loss(Stream{}, kind, rows, n, logits, targets, grad_scale, loss_scale, dlogits, metrics))
     SIM_OP(dropout_forward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y),
            dropout_forward(Stream{}, a, rows, cols, x, y))
     SIM_OP(dropout_backward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx),

@@ -51,13 +51,14 @@ std::vector<int> input_shape(const Config& cfg) {
 Config local_config(const Config& base, const std::vector<int>& shape, int classes, int rows, int steps,
                     const std::string& devices) {
     Config c = base;
-    c.data = DataConfig{};
-    c.data.dataset = "synthetic";
-    c.data.input_shape = shape;
-    c.data.classes = classes;
-    c.data.train_samples = size_t(rows) * size_t(steps + 2);
-    c.data.test_samples = size_t(rows);
+    std::vector<std::string> dims;
+    for (int d : shape) dims.push_back(std::to_string(d));
+    c.data = make_data_config("synthetic", {{"input_shape", yaml_list(dims)},
+                                            {"classes", std::to_string(classes)},
+                                            {"train_samples", std::to_string(size_t(rows) * size_t(steps + 2))},
+                                            {"test_samples", std::to_string(rows)}});
     c.data.normalize = DataConfig::Normalize::none;
+    c.model.loss = LossConfig{};  // synthetic data has classes; the loss is a sliver of a step's time
     c.model.input_shape = shape;
     c.strategy.devices = devices;
     c.train.global_batch_size = rows;

@@ -53,9 +53,10 @@ void csv(const uint8_t* data, size_t size) {
     CsvOptions o;
     const uint8_t k = data[0];
     o.header = k % 3 == 0 ? CsvOptions::Header::auto_detect : k % 3 == 1 ? CsvOptions::Header::yes : CsvOptions::Header::no;
-    const char* labels[] = {"", "label", "0", "2", "x1"};
-    o.label_column = labels[(k / 3) % 5];
-    o.delimiter = (k / 15) % 2 ? ';' : ',';
+    const std::vector<std::string> labels[] = {{}, {"label"}, {"0"}, {"2"}, {"x1"}, {"0", "x1"}};
+    o.label_columns = labels[(k / 3) % 6];
+    o.delimiter = (k / 18) % 2 ? ';' : ',';
+    o.targets = (k / 36) % 2;
     tolerate([&] {
         InputFile in("data.csv", data + 1, size - 1);
         const Dataset ds = read_csv(in, o);

@@ -1,0 +1,72 @@
+// synthetic: Gaussian inputs labelled by a fixed random linear teacher, made in memory from the
+// config alone (no files): learnable, not noise. For tests, benchmarks and a first run.
+#include "base/io.h"
+#include "data/datasets.h"
+
+namespace mirrored {
+
+namespace {
+
+struct SyntheticConfig final : OptionsOf<SyntheticConfig> {
+    std::vector<int> input_shape{784};
+    int classes = 10;
+    size_t train_samples = 60000, test_samples = 10000;
+    Fields fields() const override {
+        std::vector<std::string> shape;
+        for (int d : input_shape) shape.push_back(std::to_string(d));
+        return {{"input_shape", yaml_list(shape)},
+                {"classes", std::to_string(classes)},
+                {"train_samples", std::to_string(train_samples)},
+                {"test_samples", std::to_string(test_samples)}};
+    }
+    bool operator==(const SyntheticConfig&) const = default;
+};
+
+OptionsPtr read(SpecReader& r, const std::string& p, bool) {
+    auto o = std::make_shared<SyntheticConfig>();
+    o->input_shape = r.integer_list(p + ".input_shape", o->input_shape, 1, 1 << 20);
+    o->classes = int(r.integer(p + ".classes", 10, 2, 1 << 20));
+    o->train_samples = size_t(r.integer(p + ".train_samples", 60000, 1, int64_t(1) << 32));
+    o->test_samples = size_t(r.integer(p + ".test_samples", 10000, 1, int64_t(1) << 32));
+    return o;
+}
+
+// Made in memory from the config alone: sizes that overflow or do not fit are refused before
+// anything is allocated.
+void check_size(const SyntheticConfig& c) {
+    uint64_t features = 1;
+    for (int d : c.input_shape)
+        if (d <= 0 || !checked_mul(features, uint64_t(d), features) || features > (uint64_t(1) << 26))
+            throw ConfigError("data.input_shape", "more than 2^26 features per sample is implausibly large");
+    uint64_t bytes = 0, test = 0, teacher = 0;
+    const uint64_t avail = available_host_memory();
+    if (!checked_mul(c.train_samples, features * 4 + 4, bytes) || !checked_mul(c.test_samples, features * 4 + 4, test) ||
+        !checked_mul(uint64_t(c.classes), features * 4, teacher) || !checked_add(bytes, test, bytes) ||
+        !checked_add(bytes, teacher, bytes) || (avail && bytes > avail))
+        throw ConfigError("data.train_samples", std::to_string(c.train_samples) + " + " + std::to_string(c.test_samples) +
+                                                    " samples of " + std::to_string(features) + " features need " +
+                                                    (bytes ? format_bytes(bytes) : std::string("more memory than exists")) +
+                                                    ", " + format_bytes(avail) + " are available");
+}
+
+Datasets load(const Options& options, const DataSource& src) {
+    const auto& c = options_as<SyntheticConfig>(options);
+    check_size(c);
+    SyntheticOptions o;
+    o.shape = c.input_shape;
+    o.classes = c.classes;
+    o.seed = src.seed;
+    o.samples = c.train_samples;
+    Datasets out;
+    out.train = make_synthetic(o);
+    o.samples = c.test_samples;
+    o.split = 1;
+    out.test = make_synthetic(o);
+    return out;
+}
+
+}  // namespace
+
+extern const DataFormat kSyntheticFormat{"synthetic", ".", "", read, load};
+
+}  // namespace mirrored
