@@ -15,6 +15,8 @@
 
 #include "base/io.h"
 #include "base/error.h"
+#include "mirrored/cross_device_ops.h"
+#include "mirrored/optimizer.h"
 #include "mirrored/util.h"
 
 namespace mirrored {

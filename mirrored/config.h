@@ -15,9 +15,8 @@
 #include "data/datasets.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/loss.h"
-#include "mirrored/model.h"
-#include "mirrored/optimizer.h"
-#include "mirrored/strategy.h"
+#include "mirrored/optimizer_config.h"
+#include "mirrored/strategy_config.h"
 
 namespace mirrored {
 

@@ -10,38 +10,11 @@
 
 #include "base/registry.h"
 #include "base/spec_reader.h"
+#include "mirrored/optimizer_config.h"
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 
 namespace mirrored {
-
-struct ScheduleConfig {
-    enum class Type { constant, step, multistep, cosine };
-    Type type = Type::constant;
-    int64_t warmup_steps = 0;  // linear from lr/warmup to lr
-    int64_t step_size = 1000;  // step: multiply by gamma every step_size steps
-    std::vector<int64_t> milestones;  // multistep: multiply by gamma at each of these steps
-    double gamma = 0.1;
-    double min_lr_ratio = 0.0;  // cosine: final lr = lr * min_lr_ratio
-    bool operator==(const ScheduleConfig&) const = default;
-};
-
-// optimizer: the type's own keys (sgd: momentum, nesterov; adamw: betas, eps) in `options`, read
-// by its OptimizerKind; what every type shares beside it.
-struct OptimizerConfig {
-    std::string type = "sgd";
-    OptionsPtr options;  // null: the type's defaults
-    double lr = 0.05;
-    double weight_decay = 0.0;
-    double grad_clip_norm = 0.0;  // 0: off
-    bool scale_lr_with_replicas = false;
-    ScheduleConfig schedule;
-    bool operator==(const OptimizerConfig& o) const {
-        return type == o.type && same_options(options, o.options) && lr == o.lr && weight_decay == o.weight_decay &&
-               grad_clip_norm == o.grad_clip_norm && scale_lr_with_replicas == o.scale_lr_with_replicas &&
-               schedule == o.schedule;
-    }
-};
 
 // Learning rate for optimizer step `step` (0-based) of `total_steps`.
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps, int replicas);

@@ -7,6 +7,8 @@
 
 #include "base/error.h"
 #include "mirrored/config.h"
+#include "mirrored/model.h"
+#include "mirrored/optimizer.h"
 #include "tests/helpers.h"
 
 using namespace mirrored;

@@ -1,0 +1,532 @@
+#include "mirrored/training_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "mirrored/step_profile.h"
+#include "mirrored/util.h"
+
+namespace mirrored {
+
+namespace {
+
+// The metric accumulators are doubles; zero bits are 0.0.
+void zero_metrics(Device& d, Stream s, double* m) { d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(m)); }
+
+// Multi-node: metrics are sums over every node's replicas.
+void sum_over_nodes(Metrics& m, Nodes* nodes, const char* what) {
+    if (!nodes) return;
+    double v[3] = {m.loss_sum, m.correct, m.count};
+    nodes->sum(v, 3, what);
+    m.loss_sum = v[0];
+    m.correct = v[1];
+    m.count = v[2];
+}
+
+}  // namespace
+
+std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
+    std::vector<const TensorInfo*> t;
+    for (const auto& x : model.tensors())
+        if (x.trainable) t.push_back(&x);
+    std::sort(t.begin(), t.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+    std::vector<Bucket> out;
+    const size_t trainable = model.trainable_size();
+    if (bucket_mb <= 0) {
+        out.push_back(Bucket{0, trainable, t.front()->layer});
+    } else {
+        const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
+        size_t end = trainable;
+        for (int i = int(t.size()) - 1; i >= 0; --i)
+            if (end - t[size_t(i)]->offset >= limit || i == 0) {
+                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->layer});
+                end = t[size_t(i)]->offset;
+            }
+        out.back().begin = 0;  // covers any alignment gap before the first tensor
+    }
+    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1});
+    return out;
+}
+
+// A replica's view of the cross-replica statistics sum: its comm stream runs the all-reduce
+// between events, so compute waits only for that (CPU: the call itself is the sum).
+class TrainingStep::ReplicaStatsSync final : public StatsSync {
+public:
+    ReplicaStatsSync(TrainingStep& st, int r) : st_(st), r_(r) {}
+    float* buffer() override { return st_.set_.replica(r_).stats.data(); }
+    size_t capacity() const override { return st_.set_.replica(r_).stats.size(); }
+    void all_reduce(size_t n) override {
+        Replica& R = st_.set_.replica(r_);
+        Device& d = *R.device;
+        d.event_record(R.stats_ready, d.compute_stream());
+        d.stream_wait_event(d.comm_stream(), R.stats_ready);
+        st_.stats_ops_->all_reduce(r_, 0, n);
+        d.event_record(R.stats_done, d.comm_stream());
+        d.stream_wait_event(d.compute_stream(), R.stats_done);
+    }
+
+private:
+    TrainingStep& st_;
+    int r_;
+};
+
+TrainingStep::TrainingStep(ReplicaSet& set, const LossConfig& loss)
+    : set_(set), model_(set.model()), loss_(make_loss(loss)) {
+    const std::vector<Device*> devs = set_.device_list();
+    buckets_ = make_buckets(model_, set_.config().bucket_mb);
+    for (int r = 0; r < set_.replicas(); ++r) all_indices_.push_back(r);
+    if (set_.shared()) joins_ = std::make_unique<ReplicaSync>(devs, set_.threads().barrier(), ReplicaSync::On::compute);
+    // Shared parameters: the gradients need no op (each replica sums its slice where it lies);
+    // the statistics of synchronised batchnorm still do.
+    if (!set_.shared()) make_gradient_ops(devs);
+    if (model_.stats_floats() > 0) make_stats_ops(devs);
+    for (const auto& t : model_.tensors())
+        if (!t.trainable) state_.push_back(&t);
+    set_.on_failure([this] { abort_ops(); });
+    join_nodes();
+    choose_graphs();
+}
+
+TrainingStep::~TrainingStep() {
+    set_.forget_failure_hooks();
+    destroy_graphs();
+    ops_.reset();
+    state_ops_.reset();
+    stats_ops_.reset();
+    joins_.reset();
+}
+
+void TrainingStep::abort_ops() noexcept {
+    for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get()})
+        if (ops) ops->abort();
+}
+
+void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
+    const bool exact = set_.config().allreduce_dtype == DType::f32;  // else the state region (running statistics) needs its own f32 ops
+    const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
+    if (set_.config().cross_device_ops == "auto") {
+        std::vector<std::pair<size_t, size_t>> ranges;
+        for (const Bucket& b : buckets_)
+            if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
+        // Multi-node: node 0 chooses for every node (the same op sums in the same order as on one node).
+        OpsChoice choice;
+        if (!set_.nodes() || set_.nodes()->leader())
+            choice = choose_cross_device_ops(devs, set_.grad_ptrs(), ops_elements, ranges, set_.threads(), set_.config().allreduce_dtype,
+                                             set_.config().resume_cross_device_ops);
+        if (set_.nodes()) {
+            choice.name = set_.nodes()->broadcast(choice.name, "the choice of the cross-device op");
+            if (!set_.nodes()->leader()) choice.how = "node 0's choice";
+        }
+        set_.config().cross_device_ops = choice.name;
+        ops_choice_ = "auto, " + choice.how;
+    }
+    ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), ops_elements, set_.threads().barrier(),
+                                 set_.config().allreduce_dtype);
+    if (model_.has_state() && !exact)
+        state_ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), model_.flat_size(), set_.threads().barrier());
+}
+
+// Synchronised batch normalisation sums over its own buffers.
+void TrainingStep::make_stats_ops(const std::vector<Device*>& devs) {
+    std::vector<float*> stats;
+    for (int r = 0; r < set_.replicas(); ++r) stats.push_back(set_.replica(r).stats.data());
+    stats_ops_ = make_cross_device_ops(set_.shared() ? "ring" : set_.config().cross_device_ops, devs, stats, model_.stats_floats(),
+                                       set_.threads().barrier());
+    for (int r = 0; r < set_.replicas(); ++r) set_.replica(r).sync = std::make_unique<ReplicaStatsSync>(*this, r);
+}
+
+void TrainingStep::choose_graphs() {
+    if (!set_.config().cuda_graph) return;
+    if (!set_.traits().asynchronous)
+        graph_note_ = "CPU replicas run each op as it is issued: there is nothing to capture";
+    else if (!set_.traits().nccl_capturable && set_.config().cross_device_ops == "nccl")
+        graph_note_ = std::string("NCCL on ") + set_.traits().display + " replicas cannot be captured; use ring or direct";
+    else graphs_on_ = true;
+    if (graphs_on_) graph_fork_ = set_.replica(0).device->event_create();
+}
+
+// Multi-node: every node must drive as many replicas of the same kind (the job's replica index
+// and the shards follow from it); then every cross-device op becomes hierarchical.
+void TrainingStep::join_nodes() {
+    if (!set_.nodes()) return;
+    const std::string mine = std::to_string(set_.replicas()) + " " + set_.devices().backend->name + " replica(s)";
+    const auto all = set_.nodes()->all_gather(mine, "the start-up exchange of replica counts");
+    for (size_t k = 0; k < all.size(); ++k)
+        if (all[k] != all[0])
+            throw ConfigError("strategy.devices", "every node must drive the same replicas: node 0 has " + all[0] +
+                              ", node " + std::to_string(k) + " has " + all[k] +
+                              " (name them explicitly, e.g. cpu:2, rather than auto)");
+    set_.nodes()->open_channels(set_.replicas(), model_.flat_size());
+    for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get()})
+        if (ops) ops->join_nodes(set_.nodes(), set_.threads().barrier());
+}
+
+void TrainingStep::profile_mark(const Replica& R, Stream s, int label) {
+    if (profile_ && R.index == 0) profile_->mark(*R.device, s, label);
+}
+
+void TrainingStep::train_step(const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing) {
+    set_.guarded([&] {
+        // Stays set until collect_timing() reads the events: the trainer reads a log step's
+        // numbers only after it has issued the next step.
+        if (sample_timing && set_.traits().asynchronous) timing_sampled_ = true;
+        // Sampled steps and a test's overflow run uncaptured: the graph holds neither.
+        const bool replay =
+            graphs_on_ && !sample_timing && !profile_ && inject_overflow_ < 0 && graph_step(batch, step, lr, seed);
+        if (!replay) set_.threads().run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
+        inject_overflow_ = -1;
+    });
+}
+
+void TrainingStep::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed,
+                                    bool sample_timing) {
+    const StepShape shape = stage_step(r, batch, nullptr);
+    replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && set_.traits().asynchronous, nullptr);
+}
+
+// Everything read from the batch is read before staging: once every replica has released it,
+// the loader refills the slot.
+TrainingStep::StepShape TrainingStep::stage_step(int r, const Batch& batch, const StepValues* values) {
+    StepShape shape;
+    shape.global_rows = batch.global_rows;
+    shape.shard = set_.global_shard(batch, r);
+    shape.buf = set_.stage_input(set_.replica(r), batch, ReplicaSet::local_shard(batch, shape.shard), values);
+    return shape;
+}
+
+void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, float lr, uint64_t seed,
+                                       bool timing, const StepValues* values) {
+    Replica& R = set_.replica(r);
+    Device& d = *R.device;
+    const int n = set_.all_replicas();  // in the job: gradients are summed over every node's replicas
+    const double t0 = now_s();
+    double comm = 0;
+    const int global_rows = shape.global_rows, buf = shape.buf;
+    const Shard shard = shape.shard;
+    const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
+    if (timing) d.event_record(R.t_begin, cs);
+    profile_mark(R, cs, StepProfile::kBegin);
+    const char* input = static_cast<const char*>(set_.stage_for_compute(R, buf, size_t(shard.rows)));
+    const size_t row_bytes = set_.input_row_bytes(R);
+    const size_t trainable = model_.trainable_size(), flat = model_.flat_size();
+    if (model_.has_state()) d.fill(cs, flat - trainable, 0.0f, R.grads.data() + trainable);  // this step's statistics
+    profile_mark(R, cs, StepProfile::kInput);
+
+    auto reduce = [&](const Bucket& b) {
+        const double c0 = now_s();
+        d.event_record(R.bucket_ready, cs);
+        d.stream_wait_event(comm_s, R.bucket_ready);
+        (b.begin >= trainable && state_ops_ ? *state_ops_ : *ops_).all_reduce(r, b.begin, b.end - b.begin);
+        comm += now_s() - c0;
+    };
+    const bool overlap = set_.config().bucket_mb > 0 && n > 1 && !set_.shared();
+    const auto on_layer_done = [&](int layer) {
+        bool reduced = false;
+        for (const Bucket& b : buckets_)
+            if (b.ready_after_layer == layer) {
+                reduce(b);
+                reduced = true;
+            }
+        // CPU replicas reduce right here: their time is the reduction's, not the next layer's
+        if (reduced) profile_mark(R, cs, StepProfile::kReduced);
+    };
+    const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
+    const float grad_scale = 1.0f / float(global_rows);
+    for (int m = 0; m < set_.accumulation(); ++m) {
+        const Shard micro = shard_of(shard.rows, set_.accumulation(), m);
+        Pass p = set_.make_pass(R, cs, micro.rows, set_.global_micro_rows(global_rows, m), int64_t(shard.begin + micro.begin),
+                           seed, uint32_t(step), true, values);
+        p.accumulate = m > 0;
+        p.stats_weight = 1.0f / float(set_.all_replicas() * set_.accumulation());
+        if (r == 0) p.probe = profile_;
+        const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
+        void* dlogits = model_.dlogits_buffer(R.acts);
+        loss_->apply(d, cs, micro.rows, model_.output_features(), logits,
+                     set_.labels_at(R, buf, micro.begin), grad_scale, loss_scale, dlogits,
+                     R.train_metrics.data());
+        if (inject_overflow_ == r && micro.rows > 0) {  // a test's overflow: backward spreads it to every gradient
+            d.fill(cs, 1, INFINITY, R.grad_stats.data());
+            d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
+        }
+        profile_mark(R, cs, StepProfile::kLoss);
+        const bool last = m == set_.accumulation() - 1;
+        model_.backward(p, dlogits, last && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
+    }
+    if (!values) d.event_record(R.input_free[buf], cs);  // a graph's inputs are freed after its launch
+    if (timing) d.event_record(R.t_backward, cs);
+    if (set_.shared()) {
+        shared_update(R, step, lr, values, timing, comm);
+    } else {
+        if (n > 1) {
+            for (const Bucket& b : buckets_)  // without overlap every bucket, else the statistics
+                if (!overlap || b.ready_after_layer < 0) reduce(b);
+            d.event_record(R.reduced, comm_s);
+            d.stream_wait_event(cs, R.reduced);
+        }
+        if (timing) d.event_record(R.t_reduced, cs);
+        profile_mark(R, cs, StepProfile::kReduced);
+        apply_update(R, step, lr, values);
+    }
+    if (timing) d.event_record(R.t_end, cs);
+    profile_mark(R, cs, StepProfile::kEnd);
+    if (!set_.traits().asynchronous) {  // the host's clock is the device's
+        R.comm_s += comm;
+        R.compute_s += now_s() - t0 - comm;
+    }
+}
+
+// The update from the summed gradients, on the compute stream: gradient statistics when clipping
+// or loss scaling needs them, the optimizer (skipped by an fp16 overflow), the loss scale, the
+// running statistics, and the 16-bit weight copy.
+void TrainingStep::apply_update(Replica& R, int64_t step, float lr, const StepValues* values) {
+    Device& d = *R.device;
+    const Stream cs = d.compute_stream();
+    const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
+    const bool stats = R.optimizer->config().grad_clip_norm > 0 || set_.loss_scaling();
+    if (stats) d.sum_squares(cs, model_.trainable_size(), R.grads.data(), loss_scale, R.grad_stats.data());
+    R.optimizer->apply(cs, R.params.data(), R.grads.data(), step, lr, stats ? R.grad_stats.data() : nullptr, loss_scale,
+                       set_.loss_scaling(), values);
+    if (set_.loss_scaling()) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
+    for (const TensorInfo* t : state_)
+        d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
+    set_.refresh_weights(R, cs);
+}
+
+// ---- cuda_graph: a step from one launch -------------------------------------------------------
+// Per step the host stages each replica's shard and step values (copies, events and the loader's
+// release callback: a fixed number per replica), makes replica 0's compute stream wait for every
+// replica's, launches the step's graph there, and makes every compute stream wait for its end.
+// The graph holds every replica's forward, backward, bucketed all-reduce (the ring's cross-device
+// event joins become edges) and update: no replica thread, barrier or per-bucket call on the host.
+bool TrainingStep::graph_step(const Batch& batch, int64_t step, float lr, uint64_t seed) {
+    const int buf = set_.replica(0).next_buffer;  // every replica stages into the same buffer index
+    const int rows = batch.global_rows;  // read before staging: once released, the loader refills the batch
+    const std::pair<int, int> key{buf, rows};
+    auto found = std::find_if(graphs_.begin(), graphs_.end(), [&](const StepGraph& g) { return g.buf == buf && g.global_rows == rows; });
+    if (found == graphs_.end()) {
+        if (std::find(graph_warm_.begin(), graph_warm_.end(), key) == graph_warm_.end()) {
+            if (graph_warm_.size() < 2 * kMaxGraphs) graph_warm_.push_back(key);
+            return false;  // a shape's first step runs uncaptured: libraries initialise outside the capture
+        }
+        if (graphs_.size() >= kMaxGraphs) return false;
+    }
+    Replica& R0 = set_.replica(0);
+    Device& d0 = *R0.device;
+    const Stream cs0 = d0.compute_stream();
+    // Every optimizer has the same configuration: one step's values serve every replica.
+    const StepValues values = R0.optimizer->step_values(step, lr);
+    std::vector<StepShape>& shapes = graph_shapes_;  // sized once: nothing is allocated per step
+    shapes.resize(size_t(set_.replicas()));
+    for (int r = 0; r < set_.replicas(); ++r) {
+        shapes[size_t(r)] = stage_step(r, batch, &values);
+        if (r > 0) {  // the launch follows replica r's earlier work (staging, metrics) too
+            Device& d = *set_.replica(r).device;
+            d.event_record(set_.replica(r).step_ready, d.compute_stream());
+            d0.stream_wait_event(cs0, set_.replica(r).step_ready);
+        }
+    }
+    if (found == graphs_.end()) {
+        try {
+            graphs_.push_back({buf, rows, capture_step(shapes, step, lr, seed)});
+        } catch (const DeviceError& e) {  // the path that has not run on every GPU: say how to avoid it
+            throw DeviceError(std::string("strategy.cuda_graph: capturing step ") + std::to_string(step) + " failed: " +
+                              e.what() + "; rerun with --set strategy.cuda_graph=false to resume without graphs");
+        }
+        found = graphs_.end() - 1;
+    }
+    d0.graph_launch(found->graph, cs0);
+    d0.event_record(R0.graph_done, cs0);
+    for (int r = 0; r < set_.replicas(); ++r) {
+        Replica& R = set_.replica(r);
+        Device& d = *R.device;
+        if (r > 0) d.stream_wait_event(d.compute_stream(), R0.graph_done);
+        d.event_record(R.input_free[shapes[size_t(r)].buf], d.compute_stream());
+    }
+    return true;
+}
+
+// One capture on replica 0's compute stream: the other replicas' compute streams join it by the
+// fork event, their comm streams by the bucket events, and all join back before it ends. The
+// replica threads issue the work as in an uncaptured step (their barriers order the capture,
+// not the replays).
+Graph TrainingStep::capture_step(const std::vector<StepShape>& shapes, int64_t step, float lr, uint64_t seed) {
+    Device& d0 = *set_.replica(0).device;
+    const Stream cs0 = d0.compute_stream();
+    d0.capture_begin(cs0);
+    d0.event_record(graph_fork_, cs0);
+    for (int r = 1; r < set_.replicas(); ++r) {
+        Device& d = *set_.replica(r).device;
+        d.stream_wait_event(d.compute_stream(), graph_fork_);
+    }
+    set_.threads().run([&](int r) {
+        Replica& R = set_.replica(r);
+        const StepShape& shape = shapes[size_t(r)];
+        replica_compute(r, shape, step, lr, seed, false, R.step_values[size_t(shape.buf)].data());
+    });
+    for (int r = 1; r < set_.replicas(); ++r) {  // graph_done of the others: their part's end
+        Replica& R = set_.replica(r);
+        R.device->event_record(R.graph_done, R.device->compute_stream());
+        d0.stream_wait_event(cs0, R.graph_done);
+    }
+    return d0.capture_end(cs0);
+}
+
+void TrainingStep::destroy_graphs() noexcept {
+    if (set_.replicas() == 0) return;
+    Device& d0 = *set_.replica(0).device;
+    for (const StepGraph& g : graphs_) d0.graph_destroy(g.graph);
+    graphs_.clear();
+    if (graph_fork_.handle) d0.event_destroy(graph_fork_);
+    graph_fork_ = {};
+}
+
+// Replica r's slice of the flat buffer: equal parts in whole 64-byte lines (no two replicas write
+// one cache line); trailing slices may be empty.
+Shard TrainingStep::slice(int r) const {
+    constexpr size_t kLine = 16;  // floats
+    const size_t flat = model_.flat_size(), n = size_t(set_.replicas());
+    const size_t size = ((flat + n - 1) / n + kLine - 1) / kLine * kLine;
+    const size_t begin = std::min(flat, size * size_t(r)), end = std::min(flat, begin + size);
+    return {int(begin), int(end - begin)};
+}
+
+// Shared parameters (CPU replicas): every replica's gradients are complete -> replica r sums its
+// slice over all replicas (in replica order, into its own buffer: the others read only their own
+// slices) and, in a multi-node run, over the nodes -> the gradient statistics, per slice, added in
+// replica order -> the optimizer, the running statistics and the 16-bit copy on r's slice of the
+// one parameter copy -> nobody computes with the parameters before every slice is updated. With
+// no statistics and one node the optimizer sums the trainable part itself, as it reads it.
+void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing,
+                                     double& comm) {
+    Device& d = *R.device;
+    const Stream cs = d.compute_stream();
+    Replica& H = set_.replica(0);
+    const Shard sl = slice(R.index);
+    const size_t begin = size_t(sl.begin), end = begin + size_t(sl.rows), trainable = model_.trainable_size();
+    const size_t tb = std::min(begin, trainable), te = std::min(end, trainable);  // the trainable part
+    const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
+    const bool stats = H.optimizer->config().grad_clip_norm > 0 || set_.loss_scaling();
+    // Without statistics or other nodes nothing needs the trainable sum before the update: the
+    // update sums as it goes (apply_summed_range), and only the running statistics are summed here.
+    const bool sum_in_update = !stats && !set_.nodes();
+    const size_t sum_from = sum_in_update ? std::max(begin, trainable) : begin;
+    const double c0 = now_s();
+    join_replicas(R);
+    if (end > sum_from) {
+        d.sum_into(cs, set_.grad_ptrs().data(), set_.replicas(), R.index, sum_from, end - sum_from);
+        if (set_.nodes()) set_.nodes()->sum_channel(R.index, R.grads.data() + begin, end - begin);
+    }
+    comm += now_s() - c0;
+    if (stats) {
+        d.sum_squares(cs, te - tb, R.grads.data() + tb, loss_scale, R.grad_stats.data());
+        join_replicas(R);
+        d.copy_from_peer(cs, R.grad_total.data(), *H.device, H.grad_stats.data(), 2 * sizeof(float));
+        for (int q = 1; q < set_.replicas(); ++q)
+            d.reduce_from_peer(cs, R.grad_total.data(), *set_.replica(q).device, set_.replica(q).grad_stats.data(), DType::f32, 2);
+    }
+    if (timing) d.event_record(R.t_reduced, cs);  // the sums are this path's communication
+    profile_mark(R, cs, StepProfile::kReduced);
+    if (te > tb && sum_in_update)
+        H.optimizer->apply_summed_range(d, cs, H.params.data(), set_.grad_ptrs().data(), set_.replicas(), R.index, tb, te, step, lr,
+                                        values);
+    else if (te > tb)
+        H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data(), tb, te, step, lr,
+                                 stats ? R.grad_total.data() : nullptr, loss_scale, set_.loss_scaling(), values);
+    if (set_.loss_scaling()) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_total.data(), set_.config().loss_scale_growth_interval);
+    for (const TensorInfo* t : state_) {  // running statistics: the part of each in this slice
+        const size_t lo = std::max(begin, t->offset), hi = std::min(end, t->offset + t->count);
+        if (hi > lo) d.ema_update(cs, hi - lo, t->momentum, R.grads.data() + lo, H.params.data() + lo);
+    }
+    if (set_.low_precision() && te > tb)
+        d.convert(cs, te - tb, H.params.data() + tb, DType::f32, H.weights.data() + d.act_bytes(tb), d.value_dtype());
+    join_replicas(R);
+}
+
+void TrainingStep::collect_timing(TimeSplit& split, int64_t steps) {
+    Replica& R = set_.replica(0);
+    if (!set_.traits().asynchronous) {
+        split.compute_s += R.compute_s;
+        split.comm_s += R.comm_s;
+        R.compute_s = R.comm_s = 0;
+        return;
+    }
+    if (!timing_sampled_ || steps <= 0) return;
+    Device& d = *R.device;
+    set_.guarded([&] { set_.wait_until([&] { return d.event_query(R.t_end); }); });
+    const double backward = d.event_elapsed_ms(R.t_begin, R.t_backward) * 1e-3;
+    const double exposed = d.event_elapsed_ms(R.t_backward, R.t_reduced) * 1e-3;
+    const double update = d.event_elapsed_ms(R.t_reduced, R.t_end) * 1e-3;
+    split.compute_s += (backward + update) * double(steps);
+    split.comm_s += exposed * double(steps);
+    split.device_step_s = backward + exposed + update;
+    timing_sampled_ = false;
+}
+
+Metrics TrainingStep::evaluate(Loader& loader) {
+    Metrics m;
+    set_.guarded([&] {
+        for (int r = 0; r < set_.replicas(); ++r) {
+            Replica& R = set_.replica(r);
+            zero_metrics(*R.device, R.device->compute_stream(), R.eval_metrics.data());
+        }
+        loader.start({0, 0});
+        for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
+            const Batch& batch = set_.next_batch(loader);
+            set_.threads().run([&](int r) {
+                Replica& R = set_.replica(r);
+                Device& d = *R.device;
+                const Shard shard = set_.global_shard(batch, r);
+                const int buf = set_.stage_input(R, batch, ReplicaSet::local_shard(batch, shard));
+                const char* input = static_cast<const char*>(set_.stage_for_compute(R, buf, size_t(shard.rows)));
+                const size_t row_bytes = set_.input_row_bytes(R);
+                for (int mi = 0; mi < set_.accumulation(); ++mi) {
+                    const Shard micro = shard_of(shard.rows, set_.accumulation(), mi);
+                    Pass p = set_.make_pass(R, d.compute_stream(), micro.rows, 0, 0, 0, 0, false);
+                    const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
+                    loss_->apply(d, d.compute_stream(), micro.rows, model_.output_features(), logits,
+                                 set_.labels_at(R, buf, micro.begin), 0.0f, nullptr, nullptr,
+                                 R.eval_metrics.data());
+                }
+                d.event_record(R.input_free[buf], d.compute_stream());
+            });
+        }
+        set_.synchronize();
+        loader.stop();  // waits for every release callback
+        for (int r = 0; r < set_.replicas(); ++r) {
+            Replica& R = set_.replica(r);
+            Device& d = *R.device;
+            d.copy_to_host(d.compute_stream(), R.eval_host.data(), R.eval_metrics.data(), kMetricSlots * sizeof(double));
+            d.stream_synchronize(d.compute_stream());
+            m.add(R.eval_host.data());
+        }
+    });
+    sum_over_nodes(m, set_.nodes(), "the sum of the evaluation metrics");
+    return m;
+}
+
+std::vector<float> TrainingStep::predict(const float* x, size_t rows) {
+    set_.synchronize();
+    return set_.guarded([&] {
+        Replica& R = set_.replica(0);
+        Device& d = *R.device;
+        const size_t features = size_t(model_.input_features()), classes = size_t(model_.output_features());
+        const size_t chunk = std::min<size_t>(size_t(R.acts.max_rows()), R.inputs[0].size() / std::max<size_t>(features, 1));
+        std::vector<float> out(rows * classes), logits32(chunk * classes);
+        DeviceBuffer<float> staged(d, chunk * classes);
+        for (size_t done = 0; done < rows; done += chunk) {
+            const int n = int(std::min(chunk, rows - done));
+            d.copy_to_device(d.compute_stream(), R.inputs[0].data(), x + done * features, size_t(n) * features * sizeof(float));
+            const void* input = set_.stage_for_compute(R, 0, size_t(n));
+            Pass p = set_.make_pass(R, d.compute_stream(), n, n, 0, 0, 0, false);
+            const void* logits = model_.forward(p, input);
+            d.convert(d.compute_stream(), size_t(n) * classes, logits, d.value_dtype(), staged.data(), DType::f32);
+            d.copy_to_host(d.compute_stream(), out.data() + done * classes, staged.data(), size_t(n) * classes * sizeof(float));
+            d.synchronize();
+        }
+        return out;
+    });
+}
+
+
+}  // namespace mirrored
