@@ -22,7 +22,9 @@
 #include "mirrored/util.h"
 #include "mirrored/bottlenecks.h"
 #include "mirrored/checkpoint.h"
+#include "mirrored/resume.h"
 #include "mirrored/run_dir.h"
+#include "mirrored/run_log.h"
 #include "mirrored/software.h"
 #include "mirrored/watchdog.h"
 #include "base/io.h"
@@ -233,27 +235,6 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
 
 namespace {
 
-// The GEMM library a checkpoint's rounding depends on: the BLAS kernel for CPU replicas (and the
-// simulated GPUs, which run the CPU reference); on CUDA, whether cuBLASLt's fused epilogues ran.
-std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
-    return st.backend().gemm_library(cfg.strategy.fused_epilogues);
-}
-
-// How to resume on the checkpoint's BLAS kernel, when only the OpenBLAS kernel differs (the
-// measured choice can differ from the one made where the checkpoint was written: another
-// machine, or a lost cache and a close second): "; to resume bit-identically, rerun with ...".
-std::string blas_kernel_hint(const std::string& written, const std::string& now) {
-    const auto split = [](const std::string& k) {
-        const size_t plus = k.find(" + ");
-        return std::pair{k.substr(0, plus), plus == std::string::npos ? std::string() : k.substr(plus)};
-    };
-    const auto [core, jit] = split(written);
-    const auto [now_core, now_jit] = split(now);
-    const bool plain = !core.empty() && std::all_of(core.begin(), core.end(), [](char c) { return std::isalnum(uint8_t(c)); });
-    if (!plain || core == now_core || jit != now_jit) return "";
-    return "; to resume bit-identically, rerun with OPENBLAS_CORETYPE=" + core + " MIRRORED_BLAS_AUTO=0";
-}
-
 // "every 1000 steps and every 30 min": when checkpoints are written (the last step and a stop too).
 std::string checkpoint_policy(const CheckpointConfig& k) {
     std::vector<std::string> when;
@@ -265,33 +246,11 @@ std::string checkpoint_policy(const CheckpointConfig& k) {
     return s.empty() ? "at the end and on a stop only" : s;
 }
 
-// The mirrored build that wrote a checkpoint ("" where it did not record one).
-std::string written_by(const CheckpointData& ckpt) {
-    const json j = json::parse(ckpt.software, nullptr, false);
-    return j.is_object() && j.contains("mirrored") && j["mirrored"].is_string() ? j["mirrored"].get<std::string>() : "";
-}
-
 // A finite-parameters check before anything is saved: a NaN must never overwrite good state.
 bool all_finite(const std::vector<float>& v) {
     for (float x : v)
         if (!std::isfinite(x)) return false;
     return true;
-}
-
-// cross_device_ops: auto, resuming: the op the checkpoint to resume from was written with, read
-// from its header before anything is built, so that the strategy keeps it - a measurement could
-// pick another op, which sums in another order, and the resume would not be bit-identical.
-Config with_resume_hints(Config c) {
-    if (c.strategy.cross_device_ops != "auto" || c.checkpoint.resume == "never") return c;
-    std::string path = c.checkpoint.resume;
-    if (path == "auto") {  // the newest; the lock is not held yet, so no temporary is touched
-        const auto found = list_checkpoints((fs::path(c.run.output_dir) / "checkpoints").string(), nullptr, false);
-        if (found.empty()) return c;
-        path = found.front();
-    }
-    const auto meta = peek_checkpoint_metadata(path);
-    if (const auto it = meta.find("cross_device_ops"); it != meta.end()) c.strategy.resume_cross_device_ops = it->second;
-    return c;
 }
 
 // strategy.step_timeout_s: the watchdog of a run, from its start (data, replicas, NCCL, the first
@@ -304,11 +263,17 @@ std::unique_ptr<Watchdog> make_watchdog(const Config& c) {
 class Run {
 public:
     Run(const Config& config, Nodes* nodes, std::FILE* progress)
-        : out_(progress), watchdog_(make_watchdog(config)), s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes), leader_(!nodes || nodes->leader()) {
+        : out_(progress), watchdog_(make_watchdog(config)),
+          s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes),
+          leader_(!nodes || nodes->leader()),
+          // mpirun hands its processes a pseudo-terminal even when its own output is a file
+          log_(progress, leader_, ::isatty(::fileno(progress)) && !nodes) {
         out_dir_ = cfg_.run.output_dir;
         ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
         train_data_ = fingerprint(s_->data->train);
-        tty_ = ::isatty(::fileno(out_)) && !nodes;  // mpirun hands its processes a pseudo-terminal even when its own output is a file
+        log_.set_context([this] {
+            return last_ckpt_step_ >= 0 ? "the last checkpoint is at step " + std::to_string(last_ckpt_step_) : std::string();
+        });
     }
 
     int run();
@@ -318,11 +283,8 @@ private:
     void print_strategy_choices(const MirroredStrategy& st) const;
     bool prepare_output();  // false: a finished run in a folder this process cannot write
     void resume_or_init();
-    std::optional<CheckpointData> find_checkpoint(std::string& used);
     void start_fresh();
     void resume_from(const CheckpointData& ckpt, const std::string& path);
-    void set_aside_later_checkpoints(int64_t step);
-    void recover_metrics(int64_t up_to_step);
     int finish_complete_run();
     void train_loop();
     struct AfterStep {
@@ -337,10 +299,9 @@ private:
     void evaluate(int64_t step, double epoch);
     void save_checkpoint(int64_t step);
     void write_summary(const std::string& status);
-    void alert(const std::string& kind, const std::string& text);
-    void emit(const json& record);
-    void open_metrics(std::ios::openmode mode);
-    void status_line(const std::string& line, bool final_line);
+    void alert(const std::string& kind, const std::string& text) { log_.alert(kind, text, step_); }
+    void emit(const json& record) { log_.emit(record); }
+    void status_line(const std::string& line, bool final_line) { log_.status_line(line, final_line); }
     // A metric's accuracy for the records, or null for a loss that has none (mse).
     json accuracy(const Metrics& m) const { return has_accuracy_ ? json(m.accuracy()) : json(nullptr); }
 
@@ -350,10 +311,9 @@ private:
     Config& cfg_;
     Nodes* nodes_;
     const bool leader_;  // writes the run folder: the only node, or node 0 of several
+    RunLog log_;
     RunDirLock lock_;
     std::string out_dir_, ckpt_dir_;
-    std::ofstream metrics_;
-    bool tty_ = false;
     int64_t total_steps_ = 0, step_ = 0;
     std::optional<int64_t> resumed_from_;
     uint64_t train_data_ = 0;  // fingerprint() of the training set
@@ -365,7 +325,6 @@ private:
     int64_t interval_steps_ = 0, samples_done_ = 0;
     double samples_per_sec_ = 0;
     TimeSplit split_, interval_split_;
-    std::map<std::string, double> last_alert_;
     SustainedBottlenecks bottlenecks_;  // alerts need two log intervals in a row
     bool pending_log_ = false;
     // The first log interval of a process holds its start-up (the loader filling its queue, first
@@ -378,52 +337,6 @@ private:
     int exit_code_ = kExitOk;
     const bool has_accuracy_ = loss_kind(cfg_.model.loss).accuracy;
 };
-
-// A run folder's summary.json, when it says the run completed (else null).
-json completed_summary(const std::string& out_dir) {
-    try {
-        const std::string text = read_regular_file((fs::path(out_dir) / "summary.json").string(), 64 << 20);
-        json j = json::parse(text);
-        if (j.is_object() && j.value("status", "") == "completed") return j;
-    } catch (const std::exception&) {
-    }
-    return nullptr;
-}
-
-void Run::status_line(const std::string& line, bool final_line) {
-    if (tty_) std::fprintf(out_, "\r\033[K%s%s", line.c_str(), final_line ? "\n" : "");
-    else std::fprintf(out_, "%s\n", line.c_str());
-    std::fflush(out_);
-}
-
-void Run::open_metrics(std::ios::openmode mode) {
-    if (!leader_) return;
-    const fs::path path = fs::path(out_dir_) / "metrics.jsonl";
-    metrics_.open(path, mode);
-    if (!metrics_.is_open()) throw CheckpointError(path.string() + ": cannot open for writing: " + std::strerror(errno));
-}
-
-void Run::emit(const json& record) {
-    if (!leader_) return;
-    errno = 0;
-    metrics_ << record.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-    metrics_.flush();
-    if (!metrics_)  // never lose metrics silently (a full disk, a removed folder)
-        throw CheckpointError((fs::path(out_dir_) / "metrics.jsonl").string() + ": cannot write" +
-                              (errno ? std::string(": ") + std::strerror(errno) : std::string()) +
-                              (last_ckpt_step_ >= 0 ? "; the last checkpoint is at step " + std::to_string(last_ckpt_step_) : ""));
-}
-
-void Run::alert(const std::string& kind, const std::string& text) {
-    if (!leader_) return;
-    const double t = now_s();
-    auto it = last_alert_.find(kind);
-    if (it != last_alert_.end() && t - it->second < 300.0) return;  // at most every 5 minutes
-    last_alert_[kind] = t;
-    if (tty_) std::fprintf(out_, "\r\033[K");
-    std::fprintf(stderr, "alert: %s: %s\n", kind.c_str(), text.c_str());
-    emit({{"type", "alert"}, {"step", step_}, {"kind", kind}, {"message", text}});
-}
 
 void Run::print_header() {
     MirroredStrategy& st = *s_->strategy;
@@ -510,7 +423,8 @@ bool Run::prepare_output() {
 
 void Run::resume_or_init() {
     std::string used;
-    std::optional<CheckpointData> ckpt = leader_ ? find_checkpoint(used) : std::nullopt;
+    std::optional<CheckpointData> ckpt =
+        leader_ ? find_checkpoint(cfg_, *s_->model, ckpt_dir_, out_, used) : std::nullopt;
     if (nodes_) {  // node 0 chooses; every node reads that checkpoint from its own view of the folder
         const bool named = cfg_.checkpoint.resume != "auto";
         std::string chosen = ckpt ? (named ? used : fs::path(used).filename().string()) : std::string();
@@ -528,37 +442,6 @@ void Run::resume_or_init() {
     else start_fresh();
 }
 
-// The newest usable checkpoint (checkpoint.resume: auto), the one named, or none (never). A
-// corrupt one is skipped for the previous one; one of another model is an error.
-std::optional<CheckpointData> Run::find_checkpoint(std::string& used) {
-    const uint64_t hash = model_config_hash(cfg_);
-    const std::string summary = model_config_summary(cfg_);
-    std::vector<std::string> candidates;
-    const bool explicit_path = cfg_.checkpoint.resume != "auto" && cfg_.checkpoint.resume != "never";
-    if (cfg_.checkpoint.resume == "auto") {
-        std::vector<std::string> ignored;
-        candidates = list_checkpoints(ckpt_dir_, &ignored);
-        for (const std::string& path : ignored)
-            std::fprintf(stderr, "warning: ignoring %s: not a regular file, so not one the trainer wrote (name it in "
-                         "checkpoint.resume to resume from it)\n", path.c_str());
-    }
-    else if (explicit_path) candidates = {cfg_.checkpoint.resume};
-    for (const auto& path : candidates) {
-        try {
-            CheckpointData d = read_checkpoint(path, *s_->model, hash, summary);
-            std::fprintf(out_, "  resuming from %s (step %lld)\n", path.c_str(), static_cast<long long>(d.step));
-            used = path;
-            return d;
-        } catch (const ForeignCheckpointError&) {
-            throw;
-        } catch (const CheckpointError& e) {
-            if (explicit_path) throw;
-            std::fprintf(stderr, "warning: skipping unusable checkpoint: %s\n", e.what());
-        }
-    }
-    return std::nullopt;
-}
-
 // A fresh start never deletes an earlier run's results: they move aside.
 void Run::start_fresh() {
     std::vector<std::string> old = list_checkpoints(ckpt_dir_);
@@ -568,70 +451,16 @@ void Run::start_fresh() {
     s_->strategy->init_and_broadcast();
     s_->train_loader->start({0, 0});
     step_ = 0;
-    open_metrics(std::ios::trunc);
-}
-
-// Checkpoints of later steps than the one resumed from are not this run's past: one auto-resume
-// skipped as unusable, or another timeline's (a resume from an older, named checkpoint). They
-// move aside, as a fresh start's files do, so that pruning never weighs them against this run's
-// own and a later auto-resume never returns to them.
-void Run::set_aside_later_checkpoints(int64_t step) {
-    if (!leader_) return;  // node 0 alone writes the run folder
-    std::vector<std::string> later;
-    for (const std::string& path : list_checkpoints(ckpt_dir_))
-        if (checkpoint_step(path) > step) later.push_back(path);
-    const std::string aside = move_aside(out_dir_, later);
-    if (aside.empty()) return;
-    // the metrics and summary of those steps go with them (this run keeps its lines up to `step`)
-    std::error_code ec;
-    for (const char* f : {"metrics.jsonl", "summary.json"})
-        if (fs::exists(fs::path(out_dir_) / f, ec)) fs::copy_file(fs::path(out_dir_) / f, fs::path(aside) / f, ec);
-    std::fprintf(out_, "  note: %zu checkpoint(s) of later steps than %lld moved to %s with the metrics up to them "
-                "(unusable, or of another timeline)\n", later.size(), static_cast<long long>(step), aside.c_str());
+    log_.open_metrics(out_dir_, std::ios::trunc);
 }
 
 void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     MirroredStrategy& st = *s_->strategy;
-    if (ckpt.seed != cfg_.run.seed)
-        throw ForeignCheckpointError(path + ": written with run.seed " + std::to_string(ckpt.seed) + ", this run uses " +
-                                     std::to_string(cfg_.run.seed));
-    // The loader position counts global batches of the data the checkpoint saw: another batch
-    // size or another training set cannot continue it.
-    if (ckpt.global_batch != 0 && ckpt.global_batch != cfg_.train.global_batch_size)
-        throw CheckpointError(path + ": written with train.global_batch_size " + std::to_string(ckpt.global_batch) +
-                              ", this run uses " + std::to_string(cfg_.train.global_batch_size) +
-                              ": resume with the same batch size, or set checkpoint.resume: never to start afresh");
-    if (ckpt.train_samples != 0 && ckpt.train_samples != int64_t(s_->data->train.count()))
-        throw CheckpointError(path + ": written for a training set of " + std::to_string(ckpt.train_samples) +
-                              " samples, this one has " + std::to_string(s_->data->train.count()) +
-                              ": the data changed; set checkpoint.resume: never to start afresh");
-    // the same size, other contents (a regenerated file, a corrected label, another normalisation):
-    // the loader can go on, but on other data than the checkpoint's run saw
-    if (ckpt.train_data != 0 && ckpt.train_data != train_data_)
-        std::fprintf(stderr, "warning: %s was trained on other training data than this run's (the same %zu samples, "
-                     "other contents: fingerprint %s, now %s): training continues from it on this data; set "
-                     "checkpoint.resume: never to start afresh\n", path.c_str(), s_->data->train.count(),
-                     hex64(ckpt.train_data).c_str(), hex64(train_data_).c_str());
-    if (ckpt.loader.batch >= s_->train_loader->batches_per_epoch())
-        throw CheckpointError(path + ": its loader position (batch " + std::to_string(ckpt.loader.batch) +
-                              ") is outside an epoch of " + std::to_string(s_->train_loader->batches_per_epoch()) +
-                              " batches: the data or data.drop_last changed since it was written");
-    if (ckpt.replicas != st.all_replicas())
-        std::fprintf(out_, "  note: the checkpoint was written by %d replica(s), this run has %d: training continues "
-                    "correctly, but not bit-identically to an uninterrupted run\n", ckpt.replicas, st.all_replicas());
-    if (const std::string gemm = gemm_library(st, cfg_); !ckpt.blas_kernel.empty() && ckpt.blas_kernel != gemm)
-        std::fprintf(out_, "  note: the checkpoint was written with GEMMs by %s, this run uses %s: training continues "
-                    "correctly, but not bit-identically to an uninterrupted run%s\n", ckpt.blas_kernel.c_str(),
-                    gemm.c_str(), blas_kernel_hint(ckpt.blas_kernel, gemm).c_str());
-    if (const std::string writer = written_by(ckpt); !writer.empty() && writer != mirrored_version())
-        std::fprintf(out_, "  note: the checkpoint was written by mirrored %s, this is %s: training continues; if the two "
-                    "compute differently, not bit-identically to an uninterrupted run\n", writer.c_str(),
-                    mirrored_version().c_str());
-    if (st.all_replicas() > 1 && !ckpt.cross_device_ops.empty() && ckpt.cross_device_ops != st.cross_device_ops_name())
-        std::fprintf(out_, "  note: the checkpoint was written with cross-device ops %s, this run uses %s: training "
-                    "continues correctly, but not bit-identically to an uninterrupted run\n",
-                    ckpt.cross_device_ops.c_str(), st.cross_device_ops_name());
-    set_aside_later_checkpoints(ckpt.step);
+    check_checkpoint_fits(ckpt, path, cfg_, s_->data->train.count(), train_data_, s_->train_loader->batches_per_epoch());
+    for (const std::string& note : resume_notes(ckpt, st, cfg_)) std::fprintf(out_, "  note: %s\n", note.c_str());
+    if (leader_)  // node 0 alone writes the run folder
+        if (const std::string moved = set_aside_later_checkpoints(out_dir_, ckpt_dir_, ckpt.step); !moved.empty())
+            std::fprintf(out_, "  note: %s\n", moved.c_str());
     st.upload_state(ckpt.params, ckpt.optimizer);
     st.restore_loss_scale(ckpt.loss_scale);
     st.restore_train_metrics(ckpt.train_metrics);
@@ -640,40 +469,11 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     resumed_from_ = ckpt.step;
     last_ckpt_step_ = ckpt.step;
     if (watchdog_) watchdog_->checkpointed(ckpt.step);  // a hang from here on names it, not "none yet"
-    recover_metrics(ckpt.step);
-    open_metrics(std::ios::app);
-}
-
-// Keeps the metrics of the steps the checkpoint covers (later lines are replayed by training
-// again) and takes the last train and eval records back, so a summary written without further
-// training still has them.
-void Run::recover_metrics(int64_t up_to_step) {
-    const fs::path metrics_path = fs::path(out_dir_) / "metrics.jsonl";
-    std::string kept;
-    if (std::ifstream in(metrics_path); in) {
-        std::string line;
-        while (std::getline(in, line)) {
-            try {
-                const json j = json::parse(line);
-                const int64_t step = j.at("step").get<int64_t>();
-                if (step > up_to_step) continue;
-                kept += line + "\n";
-                const std::string type = j.at("type").get<std::string>();
-                if (type == "train") {
-                    const json acc = j.value("accuracy", json(nullptr));  // null for a loss without one
-                    last_train_ = {j.at("loss").get<double>(), acc.is_null() ? 0.0 : acc.get<double>(), 1.0};
-                } else if (type == "eval") {
-                    const double n = j.at("samples").get<double>();
-                    const json acc = j.value("test_accuracy", json(nullptr));
-                    last_eval_ = {j.at("test_loss").get<double>() * n, acc.is_null() ? 0.0 : acc.get<double>() * n, n};
-                    last_eval_step_ = step;
-                }
-            } catch (const json::exception&) {
-                // a line cut short by the crash, or not ours
-            }
-        }
-    }
-    if (leader_) write_file_atomic(metrics_path.string(), kept);
+    const RecoveredMetrics recovered = recover_metrics(out_dir_, ckpt.step, leader_);
+    last_train_ = recovered.train;
+    last_eval_ = recovered.eval;
+    last_eval_step_ = recovered.eval_step;
+    log_.open_metrics(out_dir_, std::ios::app);
 }
 
 void Run::check_loss_finite(double loss, int64_t step, float lr) const {
@@ -958,7 +758,7 @@ void Run::train_loop() {
         const AfterStep next = after_step(loader);
         pause_for(next, loop_start);
         if (next.stop) {
-            if (tty_) std::fprintf(out_, "\n");
+            if (log_.tty()) std::fprintf(out_, "\n");
             std::fprintf(out_, "interrupted: checkpoint written at step %lld; run again to resume\n", static_cast<long long>(step_));
             exit_code_ = kExitInterrupted;
             break;
