@@ -8,13 +8,13 @@ namespace mirrored {
 
 enum ExitCode {
     kExitOk = 0,
-    kExitFailure = 1,      // a bug: an internal invariant broke
-    kExitUsage = 2,        // bad command line or configuration
-    kExitData = 3,         // missing, truncated or corrupt data files
-    kExitCheckpoint = 4,   // unusable or foreign checkpoint
-    kExitDevice = 5,       // CUDA / NCCL / out of memory / replica divergence / threads refused
-    kExitDiverged = 6,     // training diverged: non-finite loss or parameters
-    kExitInterrupted = 130 // SIGINT/SIGTERM, after a checkpoint was written
+    kExitFailure = 1,       // a bug: an internal invariant broke
+    kExitUsage = 2,         // bad command line or configuration
+    kExitData = 3,          // missing, truncated or corrupt data files
+    kExitCheckpoint = 4,    // unusable or foreign checkpoint
+    kExitDevice = 5,        // CUDA / NCCL / out of memory / replica divergence / threads refused
+    kExitDiverged = 6,      // training diverged: non-finite loss or parameters
+    kExitInterrupted = 130  // SIGINT/SIGTERM, after a checkpoint was written
 };
 
 class Error : public std::runtime_error {

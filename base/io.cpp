@@ -166,7 +166,8 @@ size_t InputFile::read(void* dst, size_t n) {
             fail(path_, "truncated compressed data (the gzip stream ends early)");
         }
         if (rc != Z_OK && rc != Z_BUF_ERROR)
-            fail(path_, std::string("corrupt compressed data (") + (g.z.msg ? g.z.msg : "zlib error " + std::to_string(rc)) + ")");
+            fail(path_, std::string("corrupt compressed data (") +
+                            (g.z.msg ? g.z.msg : "zlib error " + std::to_string(rc)) + ")");
     }
     return done;
 }
@@ -215,7 +216,8 @@ void InputFile::read_rest(std::vector<unsigned char>& out, size_t limit, const s
         const size_t r = read(out.data() + start, chunk);
         out.resize(start + r);
         if (out.size() > limit)
-            fail(path_, what_for + " is larger than " + format_bytes(limit) + " (the memory available or the format's bound)");
+            fail(path_,
+                 what_for + " is larger than " + format_bytes(limit) + " (the memory available or the format's bound)");
         if (r == 0) return;
     }
 }

@@ -68,7 +68,7 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes);
 // Host memory this process may still allocate: MemAvailable, lowered by a cgroup limit (v2
 // memory.max or v1 limit_in_bytes) when one is set. 0 if unknown.
 uint64_t available_host_memory();
-uint64_t total_host_memory();  // MemTotal, or the cgroup limit if lower (0 if unknown)
+uint64_t total_host_memory();              // MemTotal, or the cgroup limit if lower (0 if unknown)
 std::string format_bytes(uint64_t bytes);  // "3.2 GiB"
 
 // Overflow-checked size arithmetic on untrusted numbers: false on overflow.

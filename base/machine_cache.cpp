@@ -32,7 +32,8 @@ std::optional<std::string> cache_lookup(const std::string& file, const std::stri
     std::string line;
     while (std::getline(in, line)) {
         const size_t tab = line.find('\t');
-        if (tab != std::string::npos && line.compare(0, tab, key) == 0 && tab == key.size()) return line.substr(tab + 1);
+        if (tab != std::string::npos && line.compare(0, tab, key) == 0 && tab == key.size())
+            return line.substr(tab + 1);
     }
     return std::nullopt;
 }
@@ -75,7 +76,9 @@ void rewrite(const std::string& file, const std::string& key, const std::optiona
 
 }  // namespace
 
-void cache_store(const std::string& file, const std::string& key, const std::string& value) { rewrite(file, key, value); }
+void cache_store(const std::string& file, const std::string& key, const std::string& value) {
+    rewrite(file, key, value);
+}
 
 void cache_erase(const std::string& file, const std::string& key) { rewrite(file, key, std::nullopt); }
 

@@ -14,8 +14,7 @@ struct Philox4 {
     uint32_t v[4];
 };
 
-MIRRORED_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                               uint32_t k1) {
+MIRRORED_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
     const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
     for (int round = 0; round < 10; ++round) {
         if (round > 0) {
@@ -36,9 +35,8 @@ MIRRORED_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c
 
 // 64-bit counter + two 32-bit stream words, keyed by a 64-bit seed.
 MIRRORED_HD Philox4 philox(uint64_t seed, uint64_t counter, uint32_t stream_a, uint32_t stream_b) {
-    return philox4x32(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
-                      stream_a, stream_b, static_cast<uint32_t>(seed),
-                      static_cast<uint32_t>(seed >> 32));
+    return philox4x32(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), stream_a, stream_b,
+                      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
 // [0, 1) with 24 random bits: exact in float, identical on every device.
@@ -47,7 +45,7 @@ MIRRORED_HD float uniform01(uint32_t x) { return static_cast<float>(x >> 8) * (1
 // Standard normal by Box-Muller in double precision, rounded to float.
 MIRRORED_HD float normal_from(uint32_t a, uint32_t b) {
     const double u1 = (static_cast<double>(a >> 8) + 1.0) * (1.0 / 16777216.0);  // (0, 1]
-    const double u2 = static_cast<double>(b >> 8) * (1.0 / 16777216.0);           // [0, 1)
+    const double u2 = static_cast<double>(b >> 8) * (1.0 / 16777216.0);          // [0, 1)
     return static_cast<float>(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 

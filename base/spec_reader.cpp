@@ -98,7 +98,8 @@ bool FieldsReader::boolean(const std::string& path, bool def) {
     fail(path, "expected true or false, got '" + *v + "'");
 }
 
-std::string FieldsReader::choice(const std::string& path, const std::string& def, const std::vector<std::string>& allowed) {
+std::string FieldsReader::choice(const std::string& path, const std::string& def,
+                                 const std::vector<std::string>& allowed) {
     const std::string v = text(path, def);
     std::string list;
     for (const auto& a : allowed) {

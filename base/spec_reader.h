@@ -90,9 +90,13 @@ const T& options_as(const Options* p) {
     return *t;
 }
 template <typename T>
-const T& options_as(const OptionsPtr& p) { return options_as<T>(p.get()); }
+const T& options_as(const OptionsPtr& p) {
+    return options_as<T>(p.get());
+}
 template <typename T>
-const T& options_as(const Options& o) { return options_as<T>(&o); }
+const T& options_as(const Options& o) {
+    return options_as<T>(&o);
+}
 
 // A SpecReader over (key, value text) pairs under `prefix` ("prefix.key"): scalars as YAML writes
 // them, lists in flow form ("[1, 2]"). Every pair must be read: finish() throws for one that was not.
@@ -104,7 +108,8 @@ public:
     double number(const std::string& path, double def, double lo, double hi) override;
     double number_above(const std::string& path, double def, double lo, double hi) override;
     bool boolean(const std::string& path, bool def) override;
-    std::string choice(const std::string& path, const std::string& def, const std::vector<std::string>& allowed) override;
+    std::string choice(const std::string& path, const std::string& def,
+                       const std::vector<std::string>& allowed) override;
     std::string text(const std::string& path, const std::string& def) override;
     std::string nonempty_text(const std::string& path, const std::string& def) override;
     std::vector<std::string> text_list(const std::string& path) override;

@@ -16,8 +16,8 @@ namespace mirrored {
 // for regression and multi-label losses): which one, the loss decides (LabelKind).
 struct Dataset {
     std::string name;
-    std::string labels_source;     // the file the labels came from (for error messages)
-    std::vector<int> shape;        // per sample, e.g. {28, 28, 1}
+    std::string labels_source;  // the file the labels came from (for error messages)
+    std::vector<int> shape;     // per sample, e.g. {28, 28, 1}
     int classes = 0;
     std::vector<float> features;   // [count, feature_size]
     std::vector<int32_t> labels;   // [count], each in [0, classes); empty when there are targets

@@ -27,10 +27,10 @@ std::string DataSource::path(const std::string& file) const {
     if (!std::filesystem::exists(p)) {
         const std::string root = effective_data_root(config, base_dir);
         const DataFormat& format = data_formats().get(config.dataset, "data.dataset");
-        throw DataError(p + ": no such file (data root " + root + ", from " +
-                        (std::getenv("MIRRORED_DATA_DIR") ? "MIRRORED_DATA_DIR" : "data.root") + ")" +
-                        (root == format.default_root && *format.missing_hint ? std::string("; ") + format.missing_hint
-                                                                             : ""));
+        throw DataError(
+            p + ": no such file (data root " + root + ", from " +
+            (std::getenv("MIRRORED_DATA_DIR") ? "MIRRORED_DATA_DIR" : "data.root") + ")" +
+            (root == format.default_root && *format.missing_hint ? std::string("; ") + format.missing_hint : ""));
     }
     return p;
 }
@@ -38,7 +38,8 @@ std::string DataSource::path(const std::string& file) const {
 extern const DataFormat kIdxFormat, kCifar10Format, kCsvFormat, kSyntheticFormat;
 
 const Registry<DataFormat>& data_formats() {
-    static const Registry<DataFormat> formats("dataset", {&kIdxFormat, &kCifar10Format, &kCsvFormat, &kSyntheticFormat});
+    static const Registry<DataFormat> formats("dataset",
+                                              {&kIdxFormat, &kCifar10Format, &kCsvFormat, &kSyntheticFormat});
     return formats;
 }
 
@@ -81,12 +82,13 @@ void check_test_labels(const Datasets& d) {
 }  // namespace
 
 Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_t seed) {
-    Datasets out = data_formats().get(c.dataset, "data.dataset").load(*data_format_options(c), DataSource{c, base_dir, seed});
+    Datasets out =
+        data_formats().get(c.dataset, "data.dataset").load(*data_format_options(c), DataSource{c, base_dir, seed});
     check_test_labels(out);
     out.test.classes = out.train.classes;
     if (c.normalize != DataConfig::Normalize::none) {
-        out.normalization = c.normalize == DataConfig::Normalize::given ? c.normalization
-                                                                         : compute_normalization(out.train);
+        out.normalization =
+            c.normalize == DataConfig::Normalize::given ? c.normalization : compute_normalization(out.train);
         normalize(out.train, out.normalization);
         normalize(out.test, out.normalization);
     }

@@ -49,18 +49,16 @@ Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator al
     batches_per_epoch_ = static_cast<int64_t>(opt_.drop_last ? n / g : (n + g - 1) / g);
     if (batches_per_epoch_ == 0)
         throw ConfigError("train.global_batch_size", "" + std::to_string(g) + " is larger than the " +
-                          std::to_string(n) + " samples of " + ds_.name + " (set data.drop_last: false or use a smaller batch)");
+                                                         std::to_string(n) + " samples of " + ds_.name +
+                                                         " (set data.drop_last: false or use a smaller batch)");
     slots_.resize(static_cast<size_t>(opt_.prefetch));
     for (size_t i = 0; i < slots_.size(); ++i) {
         Slot& s = slots_[i];
-        if (opt_.gather_by_consumers)
-            s.batch.samples = static_cast<uint32_t*>(alloc_.alloc(g * sizeof(uint32_t)));
-        else
-            s.batch.features = static_cast<float*>(alloc_.alloc(g * ds_.feature_size() * sizeof(float)));
+        if (opt_.gather_by_consumers) s.batch.samples = static_cast<uint32_t*>(alloc_.alloc(g * sizeof(uint32_t)));
+        else s.batch.features = static_cast<float*>(alloc_.alloc(g * ds_.feature_size() * sizeof(float)));
         if (ds_.has_targets())
             s.batch.targets = static_cast<float*>(alloc_.alloc(g * size_t(ds_.target_size) * sizeof(float)));
-        else
-            s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * sizeof(int32_t)));
+        else s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * sizeof(int32_t)));
         s.batch.slot = static_cast<int>(i);
         s.batch.owner = this;
     }
@@ -113,9 +111,9 @@ void Loader::start(LoaderPosition pos) {
     workers_.reserve(size_t(std::max(opt_.threads, 0)));
     try {
         for (int t = 0; t < opt_.threads; ++t)
-            workers_.push_back(start_thread("loader thread " + std::to_string(t + 1) + " of " +
-                                                std::to_string(opt_.threads),
-                                            [this] { worker(); }));
+            workers_.push_back(
+                start_thread("loader thread " + std::to_string(t + 1) + " of " + std::to_string(opt_.threads),
+                             [this] { worker(); }));
     } catch (...) {
         stop_workers();  // those already started
         throw;
@@ -253,10 +251,9 @@ void Loader::fill(Slot& slot, int64_t seq) {
     for (int r = 0; r < b.rows; ++r) {
         const uint32_t idx = (*order)[first + static_cast<size_t>(r)];
         if (b.targets)
-            std::memcpy(b.targets + size_t(r) * size_t(ds_.target_size), &ds_.targets[size_t(idx) * size_t(ds_.target_size)],
-                        size_t(ds_.target_size) * sizeof(float));
-        else
-            b.labels[r] = ds_.labels[idx];
+            std::memcpy(b.targets + size_t(r) * size_t(ds_.target_size),
+                        &ds_.targets[size_t(idx) * size_t(ds_.target_size)], size_t(ds_.target_size) * sizeof(float));
+        else b.labels[r] = ds_.labels[idx];
         if (opt_.gather_by_consumers) b.samples[r] = idx;
         else copy_sample(idx, b.epoch, b.features + size_t(r) * fs);
     }

@@ -33,7 +33,7 @@
 namespace mirrored {
 
 struct AugmentOptions {
-    int crop_padding = 0;      // random crop of the original size from the image padded by this
+    int crop_padding = 0;  // random crop of the original size from the image padded by this
     bool horizontal_flip = false;
     bool enabled() const { return crop_padding > 0 || horizontal_flip; }
     bool operator==(const AugmentOptions&) const = default;
@@ -43,10 +43,10 @@ struct LoaderOptions {
     int global_batch = 128;
     int threads = 2;
     int prefetch = 4;
-    bool drop_last = true;     // false: the last batch of an epoch may be smaller
+    bool drop_last = true;  // false: the last batch of an epoch may be smaller
     bool shuffle = true;
     uint64_t seed = 1;
-    int consumers = 1;         // releases needed before a slot is reused
+    int consumers = 1;                 // releases needed before a slot is reused
     bool gather_by_consumers = false;  // slots hold sample indices; consumers gather() features
     // Multi-node: the process loads only its node's part of every global batch - the shards of
     // replicas [first_replica, first_replica + consumers) of all_replicas. 0: the whole batch.
@@ -63,15 +63,15 @@ struct LoaderPosition {
 };
 
 struct Batch {
-    int64_t epoch = 0, index = 0;  // index within the epoch
-    int rows = 0;                  // rows held: the global batch, or this node's part of it
-    int global_rows = 0;           // rows of the global batch
-    int first_row = 0;             // global row of features[0]
-    float* features = nullptr;     // [rows, feature_size]; nullptr when consumers gather()
-    int32_t* labels = nullptr;     // [rows] class indexes; nullptr when the data set has targets
-    float* targets = nullptr;      // [rows, target_size] when it has
-    uint32_t* samples = nullptr;   // [rows] data set index of each row (gather_by_consumers only)
-    int slot = -1;                 // the loader's ring slot (for release)
+    int64_t epoch = 0, index = 0;   // index within the epoch
+    int rows = 0;                   // rows held: the global batch, or this node's part of it
+    int global_rows = 0;            // rows of the global batch
+    int first_row = 0;              // global row of features[0]
+    float* features = nullptr;      // [rows, feature_size]; nullptr when consumers gather()
+    int32_t* labels = nullptr;      // [rows] class indexes; nullptr when the data set has targets
+    float* targets = nullptr;       // [rows, target_size] when it has
+    uint32_t* samples = nullptr;    // [rows] data set index of each row (gather_by_consumers only)
+    int slot = -1;                  // the loader's ring slot (for release)
     class Loader* owner = nullptr;  // so a bare Batch* can be released (CUDA host callbacks)
 };
 
@@ -122,7 +122,7 @@ public:
     // out and not yet released (augmented as a worker would) to dst, [rows, feature_size].
     // Thread-safe: replicas gather their shards at once.
     void gather(const Batch& b, int begin, int rows, float* dst) const;
-    LoaderPosition position() const;  // of the batch next() will return
+    LoaderPosition position() const;                                // of the batch next() will return
     double wait_seconds() const { return wait_ns_.load() * 1e-9; }  // time next() spent blocked
     void reset_wait() { wait_ns_ = 0; }
     // Joins every worker, then waits until every batch handed out has been released by all its
@@ -156,8 +156,8 @@ private:
     int64_t batches_per_epoch_ = 0;
     std::vector<Slot> slots_;
     LoaderPosition start_;
-    int64_t next_fill_ = 0;     // next sequence number a worker claims
-    int64_t next_take_ = 0;     // next sequence number the consumer takes
+    int64_t next_fill_ = 0;  // next sequence number a worker claims
+    int64_t next_take_ = 0;  // next sequence number the consumer takes
     std::map<int64_t, std::shared_ptr<const std::vector<uint32_t>>> orders_;
     mutable std::mutex mu_;
     std::condition_variable filled_cv_, freed_cv_;

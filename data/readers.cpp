@@ -244,8 +244,8 @@ Dataset read_idx(InputFile& images, InputFile& labels) {
                             " pixels are implausibly large");
         const auto ldims = read_idx_header(labels, 1, "labels", label_bytes);
         if (ldims[0] != dims[0])
-            throw DataError(labels.path() + ": " + std::to_string(ldims[0]) + " labels, but " + images.path() + " has " +
-                            std::to_string(dims[0]) + " images");
+            throw DataError(labels.path() + ": " + std::to_string(ldims[0]) + " labels, but " + images.path() +
+                            " has " + std::to_string(dims[0]) + " images");
         const auto px = read_idx_payload(images, image_bytes, dims[0], "images");
         const auto lb = read_idx_payload(labels, label_bytes, ldims[0], "labels");
         Dataset ds;
@@ -372,7 +372,8 @@ size_t find_column(const std::string& want, const std::vector<std::string>& head
     if (std::all_of(want.begin(), want.end(), ::isdigit)) {
         const size_t col = want.size() > 9 ? columns : std::stoul(want);
         if (col >= columns)
-            throw DataError(path + ": label column index " + want + " is out of range (" + std::to_string(columns) + " columns)");
+            throw DataError(path + ": label column index " + want + " is out of range (" + std::to_string(columns) +
+                            " columns)");
         return col;
     }
     auto it = std::find(header.begin(), header.end(), want);
@@ -398,7 +399,8 @@ std::vector<size_t> find_label_columns(const std::vector<std::string>& header, s
         cols.push_back(c);
     }
     if (cols.size() >= columns)
-        throw DataError(path + ": every one of the " + std::to_string(columns) + " columns is a label column: no features left");
+        throw DataError(path + ": every one of the " + std::to_string(columns) +
+                        " columns is a label column: no features left");
     return cols;
 }
 
@@ -412,8 +414,9 @@ void append_row(const std::vector<std::string_view>& fields, const std::vector<s
     for (size_t c = 0; c < fields.size(); ++c) {
         float v;
         if (!parse_float(fields[c], v))
-            throw DataError(where() + "column " + std::to_string(c + 1) + (header.empty() ? "" : " (" + shown(header[c]) + ")") +
-                            ": '" + shown(fields[c]) + "' is not a finite number");
+            throw DataError(where() + "column " + std::to_string(c + 1) +
+                            (header.empty() ? "" : " (" + shown(header[c]) + ")") + ": '" + shown(fields[c]) +
+                            "' is not a finite number");
         const auto label = std::find(label_cols.begin(), label_cols.end(), c);
         if (label == label_cols.end()) {
             ds.features.push_back(v);
@@ -432,7 +435,8 @@ void append_row(const std::vector<std::string_view>& fields, const std::vector<s
 Dataset read_csv(InputFile& in, const CsvOptions& opt) {
     const std::string& path = in.path();
     std::vector<unsigned char> bytes;
-    as_data_error([&] { in.read_rest(bytes, size_t(std::min<uint64_t>(memory_bound() / 2, SIZE_MAX)), "the CSV file"); });
+    as_data_error(
+        [&] { in.read_rest(bytes, size_t(std::min<uint64_t>(memory_bound() / 2, SIZE_MAX)), "the CSV file"); });
     std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a UTF-8 byte-order mark (Excel writes one)
     Dataset ds;
@@ -458,8 +462,11 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
         if (first) {  // the first line fixes the columns, and may be a header
             first = false;
             columns = fields.size();
-            if (columns < 2) throw DataError(where(line_no) + "expected at least 2 columns (features and a label), found " + std::to_string(columns));
-            if (columns - 1 > kMaxFeatures) throw DataError(where(line_no) + std::to_string(columns) + " columns is implausibly many");
+            if (columns < 2)
+                throw DataError(where(line_no) + "expected at least 2 columns (features and a label), found " +
+                                std::to_string(columns));
+            if (columns - 1 > kMaxFeatures)
+                throw DataError(where(line_no) + std::to_string(columns) + " columns is implausibly many");
             // at most one row per line from this one on
             const std::string_view rest = text.substr(line_start);
             sized = reserve_samples(ds, uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1, columns - 1);
@@ -469,12 +476,14 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
                 for (auto f : fields) header.emplace_back(f);
             label_cols = find_label_columns(header, columns, opt, path);
             if (label_cols.size() > 1 && !opt.targets)
-                throw DataError(path + ": several label columns are float targets, but the loss takes one class index "
-                                       "per sample (model.loss: mse or binary_cross_entropy reads targets)");
+                throw DataError(path +
+                                ": several label columns are float targets, but the loss takes one class index "
+                                "per sample (model.loss: mse or binary_cross_entropy reads targets)");
             if (is_header) continue;
         }
         if (fields.size() != columns)
-            throw DataError(where(line_no) + "expected " + std::to_string(columns) + " columns, found " + std::to_string(fields.size()));
+            throw DataError(where(line_no) + "expected " + std::to_string(columns) + " columns, found " +
+                            std::to_string(fields.size()));
         if (ds.features.size() / (columns - label_cols.size()) >= kMaxSamples)
             throw DataError(where(line_no) + "more than 2^31 - 1 rows");
         append_row(fields, label_cols, opt.targets, header, path, line_no, ds);
@@ -532,7 +541,8 @@ Dataset make_synthetic(const SyntheticOptions& o) {
     // Samples in contiguous ranges, one per thread: a benchmark's data is ready in a fraction of
     // the time on a many-core GPU host, and the same bits whatever the thread count.
     const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-    const size_t threads = std::min<size_t>({o.threads > 0 ? size_t(o.threads) : hw, 64, std::max<size_t>(1, o.samples / 256)});
+    const size_t threads =
+        std::min<size_t>({o.threads > 0 ? size_t(o.threads) : hw, 64, std::max<size_t>(1, o.samples / 256)});
     const auto range = [&](size_t t) { make(o.samples * t / threads, o.samples * (t + 1) / threads); };
     std::vector<std::thread> pool;
     pool.reserve(threads);
@@ -578,8 +588,9 @@ Normalization compute_normalization(const Dataset& train) {
 void normalize(Dataset& ds, const Normalization& n) {
     const int ch = ds.channels();
     if (int(n.mean.size()) != ch || int(n.std.size()) != ch)
-        throw ConfigError("data.normalize", "mean and std need " + std::to_string(ch) + " values (one per channel), got " +
-                          std::to_string(n.mean.size()) + " and " + std::to_string(n.std.size()));
+        throw ConfigError("data.normalize", "mean and std need " + std::to_string(ch) +
+                                                " values (one per channel), got " + std::to_string(n.mean.size()) +
+                                                " and " + std::to_string(n.std.size()));
     std::vector<float> inv(ch);
     for (int c = 0; c < ch; ++c) {
         if (!(n.std[c] > 0)) throw ConfigError("data.normalize.std", "values must be positive");

@@ -108,26 +108,45 @@ std::string cuda_library(bool fused) { return fused ? "cuBLAS, cuBLASLt epilogue
 // core and gather their own rows, so the loader only draws sample indices, on the trainer's
 // thread: a loader thread would take turns with the replicas (measured on 2 cores: 9.5% more
 // samples/s than one loader thread copying whole batches).
-const Backend kCpuBackend{
-    .name = "cpu",
-    .type = DeviceType::cpu,
-    .traits = {.display = "CPU", .asynchronous = false, .gpu = false, .one_memory = true, .replicas_alike = true,
-               .shares_ordinals = false, .nccl = false, .nccl_capturable = false, .nccl_between_nodes = false,
-               .stores_16bit = false, .stable_description = false, .loader_threads = 0,
-               .column_block_bytes = kCpuColumnBlockBytes,
-               .fused_epilogues = "ignored: CPU replicas run the ops unfused", .note = ""},
-    .parse = parse_cpu,
-    .make = make_cpu_device,
-    .enable_peer_access = no_peers,
-    .workspace_bytes = cpu_workspace,
-    .gemm_library = cpu_library};
+const Backend kCpuBackend{.name = "cpu",
+                          .type = DeviceType::cpu,
+                          .traits = {.display = "CPU",
+                                     .asynchronous = false,
+                                     .gpu = false,
+                                     .one_memory = true,
+                                     .replicas_alike = true,
+                                     .shares_ordinals = false,
+                                     .nccl = false,
+                                     .nccl_capturable = false,
+                                     .nccl_between_nodes = false,
+                                     .stores_16bit = false,
+                                     .stable_description = false,
+                                     .loader_threads = 0,
+                                     .column_block_bytes = kCpuColumnBlockBytes,
+                                     .fused_epilogues = "ignored: CPU replicas run the ops unfused",
+                                     .note = ""},
+                          .parse = parse_cpu,
+                          .make = make_cpu_device,
+                          .enable_peer_access = no_peers,
+                          .workspace_bytes = cpu_workspace,
+                          .gemm_library = cpu_library};
 
 const Backend kCudaBackend{
     .name = "cuda",
     .type = DeviceType::cuda,
-    .traits = {.display = "CUDA", .asynchronous = true, .gpu = true, .one_memory = false, .replicas_alike = false,
-               .shares_ordinals = true, .nccl = nccl_compiled(), .nccl_capturable = true, .nccl_between_nodes = true,
-               .stores_16bit = true, .stable_description = true, .loader_threads = 2, .column_block_bytes = 0,
+    .traits = {.display = "CUDA",
+               .asynchronous = true,
+               .gpu = true,
+               .one_memory = false,
+               .replicas_alike = false,
+               .shares_ordinals = true,
+               .nccl = nccl_compiled(),
+               .nccl_capturable = true,
+               .nccl_between_nodes = true,
+               .stores_16bit = true,
+               .stable_description = true,
+               .loader_threads = 2,
+               .column_block_bytes = 0,
                .fused_epilogues = "dense layers' bias and ReLU in the GEMMs (cuBLASLt; not yet measured on a GPU)",
                .note = ""},
     .parse = parse_cuda,
@@ -141,10 +160,20 @@ const Backend kCudaBackend{
 const Backend kSimBackend{
     .name = "sim",
     .type = DeviceType::sim,
-    .traits = {.display = "simulated-GPU", .asynchronous = true, .gpu = false, .one_memory = false,
-               .replicas_alike = false, .shares_ordinals = true, .nccl = true, .nccl_capturable = false,
-               .nccl_between_nodes = false, .stores_16bit = false, .stable_description = true, .loader_threads = 1,
-               .column_block_bytes = 0, .fused_epilogues = "the fused cases are counted as one launch, as on CUDA",
+    .traits = {.display = "simulated-GPU",
+               .asynchronous = true,
+               .gpu = false,
+               .one_memory = false,
+               .replicas_alike = false,
+               .shares_ordinals = true,
+               .nccl = true,
+               .nccl_capturable = false,
+               .nccl_between_nodes = false,
+               .stores_16bit = false,
+               .stable_description = true,
+               .loader_threads = 1,
+               .column_block_bytes = 0,
+               .fused_epilogues = "the fused cases are counted as one launch, as on CUDA",
                .note = "simulated GPUs test the asynchronous host logic; their speed says nothing about a GPU's"},
     .parse = parse_sim,
     .make = make_sim_device,
@@ -172,10 +201,12 @@ const Backend* find_backend(const std::string& name) {
 }
 
 const DeviceTraits& Device::traits() const { return backend_of(type_).traits; }
+bool Device::asynchronous() const { return traits().asynchronous; }
 
 std::string DeviceList::describe() const {
     std::string s;
-    for (size_t i = 0; i < ordinals.size(); ++i) s += (i ? "," : "") + std::string(backend->name) + ":" + std::to_string(ordinals[i]);
+    for (size_t i = 0; i < ordinals.size(); ++i)
+        s += (i ? "," : "") + std::string(backend->name) + ":" + std::to_string(ordinals[i]);
     return s;
 }
 

@@ -11,7 +11,8 @@
 //      and every result checked against a double-precision reference), keeps the fastest
 //      correct one, caches the choice per machine, and re-executes the process with
 //      OPENBLAS_CORETYPE set to it. Nothing happens when the loaded kernel is already the best
-//      candidate, when the user set OPENBLAS_CORETYPE, or with MIRRORED_BLAS_AUTO=0.
+//      candidate or with MIRRORED_BLAS_AUTO=0; an OPENBLAS_CORETYPE in the environment (machine
+//      images set one) is only where the choice starts.
 //   2. After the re-exec the kernel is checked once more against the reference on start-up; a
 //      wrong result re-executes once more without the override.
 #pragma once

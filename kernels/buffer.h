@@ -15,7 +15,9 @@ class OwnedBuffer {
 public:
     OwnedBuffer() = default;
     OwnedBuffer(Device& dev, size_t count) : dev_(&dev), count_(count) {
-        if (count) ptr_ = static_cast<T*>(kHost ? dev.alloc_host_bytes(count * sizeof(T)) : dev.alloc_bytes(count * sizeof(T)));
+        if (count)
+            ptr_ =
+                static_cast<T*>(kHost ? dev.alloc_host_bytes(count * sizeof(T)) : dev.alloc_bytes(count * sizeof(T)));
     }
     ~OwnedBuffer() { reset(); }
     OwnedBuffer(const OwnedBuffer&) = delete;

@@ -24,17 +24,23 @@ std::string nccl_version_text(int v) {
 
 const char* device_type_name(DeviceType t) {
     switch (t) {
-    case DeviceType::cuda: return "cuda";
-    case DeviceType::sim: return "sim";
-    default: return "cpu";
+        case DeviceType::cuda:
+            return "cuda";
+        case DeviceType::sim:
+            return "sim";
+        default:
+            return "cpu";
     }
 }
 
 const char* dtype_name(DType t) {
     switch (t) {
-    case DType::bf16: return "bf16";
-    case DType::f16: return "fp16";
-    default: return "fp32";
+        case DType::bf16:
+            return "bf16";
+        case DType::f16:
+            return "fp16";
+        default:
+            return "fp32";
     }
 }
 
@@ -45,29 +51,42 @@ void check_wire_dtype(const Device& d, DType t) {
 
 const char* precision_name(Precision p) {
     switch (p) {
-    case Precision::tf32: return "tf32";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-    default: return "fp32";
+        case Precision::tf32:
+            return "tf32";
+        case Precision::bf16:
+            return "bf16";
+        case Precision::fp16:
+            return "fp16";
+        default:
+            return "fp32";
     }
 }
 
 const char* activation_name(Activation a) {
     switch (a) {
-    case Activation::relu: return "relu";
-    case Activation::gelu: return "gelu";
-    default: return "none";
+        case Activation::relu:
+            return "relu";
+        case Activation::gelu:
+            return "gelu";
+        default:
+            return "none";
     }
 }
 
 const char* init_kind_name(InitKind k) {
     switch (k) {
-    case InitKind::he_uniform: return "he_uniform";
-    case InitKind::he_normal: return "he_normal";
-    case InitKind::glorot_uniform: return "glorot_uniform";
-    case InitKind::glorot_normal: return "glorot_normal";
-    case InitKind::ones: return "ones";
-    default: return "zeros";
+        case InitKind::he_uniform:
+            return "he_uniform";
+        case InitKind::he_normal:
+            return "he_normal";
+        case InitKind::glorot_uniform:
+            return "glorot_uniform";
+        case InitKind::glorot_normal:
+            return "glorot_normal";
+        case InitKind::ones:
+            return "ones";
+        default:
+            return "zeros";
     }
 }
 
@@ -121,8 +140,7 @@ void Device::note_alloc(void* p, size_t bytes) {
         sizes_[p] = bytes;
     }
     const int64_t now = allocated_.fetch_add(int64_t(bytes)) + int64_t(bytes);
-    for (int64_t peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {
-    }
+    for (int64_t peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {}
 }
 
 void Device::note_free(void* p) noexcept {

@@ -30,16 +30,21 @@
 
 #include "base/host_device.h"
 
-
 namespace mirrored {
 
 enum class DeviceType { cpu, cuda, sim };
 const char* device_type_name(DeviceType t);  // "cpu", "cuda", "sim"
 
 // Opaque handles: cudaStream_t / cudaEvent_t on CUDA, unused on CPU.
-struct Stream { void* handle = nullptr; };
-struct Event { void* handle = nullptr; };
-struct Graph { void* handle = nullptr; };  // an instantiated capture (cudaGraphExec_t on CUDA)
+struct Stream {
+    void* handle = nullptr;
+};
+struct Event {
+    void* handle = nullptr;
+};
+struct Graph {
+    void* handle = nullptr;
+};  // an instantiated capture (cudaGraphExec_t on CUDA)
 
 enum class Activation { none, relu, gelu };
 
@@ -197,12 +202,12 @@ enum MetricSlot { kMetricLossSum = 0, kMetricCorrect = 1, kMetricCount = 2, kMet
 
 // Calls the host made on a device since it was created: what a step costs the host.
 struct HostWork {
-    uint64_t launches = 0;       // kernels and library calls (GEMM)
-    uint64_t copies = 0;         // memory copies
+    uint64_t launches = 0;  // kernels and library calls (GEMM)
+    uint64_t copies = 0;    // memory copies
     uint64_t event_records = 0;
-    uint64_t stream_waits = 0;   // cross-stream waits on events
-    uint64_t host_syncs = 0;     // host waits for a device (synchronize, event/stream sync)
-    uint64_t callbacks = 0;      // host functions enqueued on a stream
+    uint64_t stream_waits = 0;    // cross-stream waits on events
+    uint64_t host_syncs = 0;      // host waits for a device (synchronize, event/stream sync)
+    uint64_t callbacks = 0;       // host functions enqueued on a stream
     uint64_t graph_launches = 0;  // captured graphs replayed
     HostWork& operator+=(const HostWork& o) {
         launches += o.launches, copies += o.copies, event_records += o.event_records, stream_waits += o.stream_waits;
@@ -210,8 +215,12 @@ struct HostWork {
         return *this;
     }
     HostWork operator-(const HostWork& o) const {
-        return {launches - o.launches,       copies - o.copies,         event_records - o.event_records,
-                stream_waits - o.stream_waits, host_syncs - o.host_syncs, callbacks - o.callbacks,
+        return {launches - o.launches,
+                copies - o.copies,
+                event_records - o.event_records,
+                stream_waits - o.stream_waits,
+                host_syncs - o.host_syncs,
+                callbacks - o.callbacks,
                 graph_launches - o.graph_launches};
     }
     uint64_t total() const {
@@ -230,13 +239,13 @@ public:
     DeviceType type() const { return type_; }
     const DeviceTraits& traits() const;  // its backend's
     // Streams are real queues that run behind the host (CUDA, sim); on CPU they are the caller.
-    bool asynchronous() const { return type_ != DeviceType::cpu; }
-    int ordinal() const { return ordinal_; }  // GPU ordinal (CUDA, sim); replica index on CPU
+    bool asynchronous() const;  // traits().asynchronous
+    int ordinal() const { return ordinal_; }           // GPU ordinal (CUDA, sim); replica index on CPU
     const std::string& name() const { return name_; }  // "cuda:0", "cpu:1"
-    virtual std::string description() const = 0;      // model name, memory
+    virtual std::string description() const = 0;       // model name, memory
 
     // ---- memory -----------------------------------------------------------------------
-    virtual void* alloc_bytes(size_t bytes) = 0;     // throws DeviceError naming the device and size
+    virtual void* alloc_bytes(size_t bytes) = 0;  // throws DeviceError naming the device and size
     virtual void free_bytes(void* p) noexcept = 0;
     virtual void* alloc_host_bytes(size_t bytes) = 0;  // pinned where the device benefits
     virtual void free_host_bytes(void* p) noexcept = 0;
@@ -301,18 +310,15 @@ public:
     // ---- dense-network ops (activation arguments are void*: act_dtype() elements) --------
     // C = alpha op(A) op(B) + beta C with each operand's type (activations, the weights' compute
     // copy, or f32 gradients), accumulating in f32.
-    virtual void gemm(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                      const void* a, int lda, const void* b, int ldb, float beta, void* c, int ldc,
-                      GemmTypes types = {}) = 0;
+    virtual void gemm(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
+                      const void* b, int ldb, float beta, void* c, int ldc, GemmTypes types = {}) = 0;
     // z[rows,cols] += bias[cols] (bias may be null); out = act(z) (out may equal z)
-    virtual void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias,
-                                  void* z, void* out) = 0;
+    virtual void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, void* z,
+                                  void* out) = 0;
     // dz = dout * act'(z); dz may alias dout. ReLU may be given its output as z (the same sign test).
-    virtual void act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout,
-                              void* dz) = 0;
+    virtual void act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz) = 0;
     // db[cols] (+)= column sums of dz[rows,cols]
-    virtual void bias_grad(Stream s, int rows, int cols, const void* dz, float* db,
-                           bool accumulate) = 0;
+    virtual void bias_grad(Stream s, int rows, int cols, const void* dz, float* db, bool accumulate) = 0;
     // A dense layer's products with their elementwise work, which a backend may fuse into the
     // GEMM (CUDA: cuBLASLt epilogues, when set_fused_epilogues(true) and cuBLASLt has an
     // algorithm for the case); the reference - and every other case - is the ops above:
@@ -320,10 +326,10 @@ public:
     //                      bias_act_forward(z += bias, y = act(z)) unless there is neither
     //   dense_weight_grad: dw[units,inputs] (+)= dz^T x, then bias_grad(db) when db is given
     // types are the GEMM's: {x, w, z} forward, {dz, x, dw} for the weight gradient.
-    virtual void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x,
-                               const void* w, const float* bias, void* z, void* y, GemmTypes types);
-    virtual void dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x,
-                                   float* dw, float* db, bool accumulate, GemmTypes types);
+    virtual void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
+                               const float* bias, void* z, void* y, GemmTypes types);
+    virtual void dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
+                                   float* db, bool accumulate, GemmTypes types);
     // Off by default: the fused products have not yet run on a GPU (strategy.fused_epilogues).
     virtual void set_fused_epilogues(bool on) { fused_epilogues_ = on; }
     bool fused_epilogues() const { return fused_epilogues_; }
@@ -337,9 +343,8 @@ public:
     // dlogits = (softmax - onehot) * grad_scale * (*loss_scale) (skipped when dlogits is null;
     // loss_scale, device memory, may be null); metrics[kMetricLossSum] += sum of per-row losses,
     // [kMetricCorrect] += correct argmax, [kMetricCount] += rows.
-    virtual void softmax_xent(Stream s, int rows, int classes, const void* logits,
-                              const int32_t* labels, float grad_scale, const float* loss_scale,
-                              void* dlogits, double* metrics) = 0;
+    virtual void softmax_xent(Stream s, int rows, int classes, const void* logits, const int32_t* labels,
+                              float grad_scale, const float* loss_scale, void* dlogits, double* metrics) = 0;
     // A loss of logits[rows, n] against float targets[rows, n], element by element (mse: (z - t)^2,
     // gradient 2 (z - t); bce: max(z, 0) - z t + log(1 + exp(-|z|)), gradient sigmoid(z) - t). A
     // row's loss is the mean over its n outputs, so that the sum over rows divided by the rows is
@@ -348,10 +353,8 @@ public:
     // share of a row's outputs where (z > 0) == (t > 0.5) (0 for mse), [kMetricCount] += rows.
     virtual void target_loss(Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
                              float grad_scale, const float* loss_scale, void* dlogits, double* metrics) = 0;
-    virtual void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols,
-                                 const void* x, void* y) = 0;
-    virtual void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols,
-                                  const void* dy, void* dx) = 0;
+    virtual void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y) = 0;
+    virtual void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx) = 0;
     // y = x converted (and rounded) from one type to another; x and y may be the same buffer
     // when the types are.
     virtual void convert(Stream s, size_t n, const void* x, DType xt, void* y, DType yt) = 0;
@@ -389,11 +392,9 @@ public:
     // y[n,oh,ow,c] over the windows of g. Max: padding is -inf and the first maximum of a window
     // takes its gradient. Average: padding counts as zeros in the mean (PyTorch's default).
     virtual void pool_forward(Stream s, PoolKind kind, const Window2d& g, const void* x, void* y) = 0;
-    virtual void pool_backward(Stream s, PoolKind kind, const Window2d& g, const void* x,
-                               const void* dy, void* dx) = 0;
+    virtual void pool_backward(Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx) = 0;
     // [n,h,w,c] <-> [n,c,h,w]: flatten in PyTorch's order, so exported dense weights fit.
-    virtual void nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y,
-                              bool inverse) = 0;
+    virtual void nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse) = 0;
     // Whether convolutions should use pixel-major columns (Window2d::pixel_major) and weights
     // permuted to match: on the CPU a column row is then whole pixels copied, not a transpose.
     // The conv layer permutes with nhwc_to_nchw, so a device saying yes stores activations as f32.
@@ -412,39 +413,36 @@ public:
 
     // ---- normalisation ops (per channel over rows of [rows, c]) -----------------------------
     // out[c] = sum over rows of (x - shift[c]) (shift may be null), squared when `squares`.
-    virtual void channel_sums(Stream s, int rows, int c, const void* x, const float* shift,
-                              bool squares, float* out) = 0;
+    virtual void channel_sums(Stream s, int rows, int c, const void* x, const float* shift, bool squares,
+                              float* out) = 0;
     // Batch statistics from sums over a.count values: mean = sum / count and, when sqsum is
     // given (squares about that mean), invstd = 1 / sqrt(sqsum / count + eps); the running
     // statistics' contributions (may be null) += a.weight * mean and a.weight * unbiased var.
-    virtual void bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum,
-                             float* mean, float* invstd, float* run_mean, float* run_var) = 0;
+    virtual void bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean,
+                             float* invstd, float* run_mean, float* run_var) = 0;
     // invstd = 1 / sqrt(var + eps) (evaluation with running statistics)
     virtual void rsqrt_eps(Stream s, int c, const float* var, float eps, float* invstd) = 0;
     // y = gamma * (x - mean) * invstd + beta, per channel
-    virtual void channel_affine(Stream s, int rows, int c, const void* x, const float* mean,
-                                const float* invstd, const float* gamma, const float* beta,
-                                void* y) = 0;
+    virtual void channel_affine(Stream s, int rows, int c, const void* x, const float* mean, const float* invstd,
+                                const float* gamma, const float* beta, void* y) = 0;
     // y = act(that): channel_affine, then bias_act_forward in place, which a backend may make
     // one pass (the CPU does for ReLU, in f32).
     virtual void channel_affine_act(Stream s, Activation act, int rows, int c, const void* x, const float* mean,
                                     const float* invstd, const float* gamma, const float* beta, void* y);
     // out[0..c) = sum dy, out[c..2c) = sum dy * (x - mean) * invstd
-    virtual void bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x,
-                                  const float* mean, const float* invstd, float* out) = 0;
+    virtual void bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                                  const float* invstd, float* out) = 0;
     // dx = gamma * invstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count)
-    virtual void bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x,
-                                const float* mean, const float* invstd, const float* gamma,
-                                const float* sums, double count, void* dx) = 0;
+    virtual void bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                                const float* invstd, const float* gamma, const float* sums, double count, void* dx) = 0;
     // Layer normalisation over the c values of each row: y = gamma * xhat + beta; mean and rstd
     // per row are kept for backward.
-    virtual void layernorm_forward(Stream s, int rows, int c, float eps, const void* x,
-                                   const float* gamma, const float* beta, void* y, float* mean,
-                                   float* rstd) = 0;
+    virtual void layernorm_forward(Stream s, int rows, int c, float eps, const void* x, const float* gamma,
+                                   const float* beta, void* y, float* mean, float* rstd) = 0;
     // dx (may be null: not needed), and dgamma/dbeta (+)= their column sums
-    virtual void layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x,
-                                    const float* mean, const float* rstd, const float* gamma,
-                                    void* dx, float* dgamma, float* dbeta, bool accumulate) = 0;
+    virtual void layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
+                                    const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
+                                    bool accumulate) = 0;
     // running = (1 - momentum) * running + momentum * batch (running statistics)
     virtual void ema_update(Stream s, size_t n, float momentum, const float* batch, float* running) = 0;
 
@@ -454,17 +452,14 @@ public:
     virtual void axpy(Stream s, size_t n, float alpha, const float* x, float* y) = 0;  // y += a*x
     // out[0] = sum of (x / loss_scale)^2 (loss_scale: device, may be null for 1), out[1] = the
     // number of non-finite x: the gradient norm and the overflow test of loss scaling in one pass.
-    virtual void sum_squares(Stream s, size_t n, const float* x, const float* loss_scale,
-                             float* out) = 0;
+    virtual void sum_squares(Stream s, size_t n, const float* x, const float* loss_scale, float* out) = 0;
     virtual void init_params(Stream s, const InitArgs& a, size_t n, float* out) = 0;
-    virtual void sgd_update(Stream s, size_t n, float* param, const float* grad, float* momentum,
-                            const SgdArgs& a) = 0;
-    virtual void adamw_update(Stream s, size_t n, float* param, const float* grad, float* m,
-                              float* v, const AdamWArgs& a) = 0;
+    virtual void sgd_update(Stream s, size_t n, float* param, const float* grad, float* momentum, const SgdArgs& a) = 0;
+    virtual void adamw_update(Stream s, size_t n, float* param, const float* grad, float* m, float* v,
+                              const AdamWArgs& a) = 0;
     // Dynamic loss scaling: state = [scale, good steps]. An overflow (grad_stats[1] > 0) halves
     // the scale and restarts the count; growth_interval good steps in a row double it.
-    virtual void loss_scale_update(Stream s, float* state, const float* grad_stats,
-                                   int growth_interval) = 0;
+    virtual void loss_scale_update(Stream s, float* state, const float* grad_stats, int growth_interval) = 0;
     // Order-independent 64-bit fingerprint of the bits of x[0..n), written to *out (device).
     virtual void checksum(Stream s, size_t n, const float* x, uint64_t* out) = 0;
 
@@ -472,10 +467,8 @@ public:
     // dst[0..n) += src[0..n), where src lives on peer, elementwise in type t: f32, or bf16 (the
     // all-reduce's wire format, strategy.allreduce_dtype) held in 16-bit storage on every backend,
     // added in f32 and rounded once to nearest even. Bit-identical on every device type.
-    virtual void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t,
-                                  size_t n) = 0;
-    virtual void copy_from_peer(Stream s, void* dst, const Device& peer, const void* src,
-                                size_t bytes) = 0;
+    virtual void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) = 0;
+    virtual void copy_from_peer(Stream s, void* dst, const Device& peer, const void* src, size_t bytes) = 0;
     // The direct all-reduce's part for one slice: for i in [0, n), the sum over k = 0, 1, ... in
     // that order of buffers.ptr[k][offset + i] - elements of type t (f32, or bf16 summed in f32
     // and rounded once) - written back into every buffer. Every buffer must be loadable from
@@ -511,8 +504,7 @@ public:
     virtual uint64_t memory_in_use() const { return allocated_bytes(); }
 
 protected:
-    Device(DeviceType type, int ordinal, std::string name)
-        : type_(type), ordinal_(ordinal), name_(std::move(name)) {}
+    Device(DeviceType type, int ordinal, std::string name) : type_(type), ordinal_(ordinal), name_(std::move(name)) {}
     Stream compute_, comm_, copy_;
     HostWork work_;  // implementations count what the host issues
     Precision precision_ = Precision::fp32;
@@ -552,9 +544,9 @@ struct CudaStatus {
     int devices = 0;
     std::string reason;  // what is wrong and what to install ("" when ok)
 };
-CudaStatus cuda_status();             // probed once
-bool cuda_compiled();                 // was the CUDA backend built in?
-int cuda_device_count();              // 0 unless cuda_status().state is ok
+CudaStatus cuda_status();               // probed once
+bool cuda_compiled();                   // was the CUDA backend built in?
+int cuda_device_count();                // 0 unless cuda_status().state is ok
 std::string cuda_unavailable_reason();  // cuda_status().reason
 
 struct CudaDeviceInfo {
@@ -566,9 +558,9 @@ struct CudaDeviceInfo {
 };
 struct CudaTopology {
     std::vector<CudaDeviceInfo> devices;
-    std::vector<std::vector<int>> peer_access;        // [i][j] cudaDeviceCanAccessPeer
-    std::vector<std::vector<int>> perf_rank;          // [i][j] CUDA's P2P performance rank, -1 unknown
-    std::vector<std::vector<std::string>> link;       // [i][j] "NVLink", "PCIe, one switch", ...
+    std::vector<std::vector<int>> peer_access;   // [i][j] cudaDeviceCanAccessPeer
+    std::vector<std::vector<int>> perf_rank;     // [i][j] CUDA's P2P performance rank, -1 unknown
+    std::vector<std::vector<std::string>> link;  // [i][j] "NVLink", "PCIe, one switch", ...
 };
 CudaTopology cuda_topology();
 // The CUDA libraries this build runs on, each 0 where there is none (no driver, not compiled in).

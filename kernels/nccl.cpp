@@ -15,10 +15,11 @@ std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>& devices) 
     for (Device* d : devices) {
         if (d->type() != type || type == DeviceType::cpu)
             throw ConfigError("strategy.cross_device_ops", "nccl needs GPU replicas, got " + d->name() +
-                              " (use ring or reduce_to_one for CPU replicas)");
+                                                               " (use ring or reduce_to_one for CPU replicas)");
         if (!seen.insert(d->ordinal()).second)
-            throw ConfigError("strategy.cross_device_ops", "nccl cannot place two replicas on " + d->name() +
-                              " (NCCL allows one rank per GPU); use ring for a device list that repeats a GPU");
+            throw ConfigError("strategy.cross_device_ops",
+                              "nccl cannot place two replicas on " + d->name() +
+                                  " (NCCL allows one rank per GPU); use ring for a device list that repeats a GPU");
     }
     if (type == DeviceType::sim) return make_sim_nccl_group(devices);
     return make_cuda_nccl_group(devices);

@@ -13,21 +13,26 @@ namespace mirrored {
 
 MIRRORED_HD float act_forward(Activation act, float z) {
     switch (act) {
-    case Activation::relu: return z > 0.0f ? z : 0.0f;
-    case Activation::gelu: return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
-    default: return z;
+        case Activation::relu:
+            return z > 0.0f ? z : 0.0f;
+        case Activation::gelu:
+            return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f));
+        default:
+            return z;
     }
 }
 
 MIRRORED_HD float act_derivative(Activation act, float z) {
     switch (act) {
-    case Activation::relu: return z > 0.0f ? 1.0f : 0.0f;
-    case Activation::gelu: {
-        const float cdf = 0.5f * (1.0f + erff(z * 0.70710678118654752f));
-        const float pdf = 0.39894228040143268f * expf(-0.5f * z * z);
-        return cdf + z * pdf;
-    }
-    default: return 1.0f;
+        case Activation::relu:
+            return z > 0.0f ? 1.0f : 0.0f;
+        case Activation::gelu: {
+            const float cdf = 0.5f * (1.0f + erff(z * 0.70710678118654752f));
+            const float pdf = 0.39894228040143268f * expf(-0.5f * z * z);
+            return cdf + z * pdf;
+        }
+        default:
+            return 1.0f;
     }
 }
 
@@ -35,9 +40,12 @@ MIRRORED_HD float act_derivative(Activation act, float z) {
 // threshold_backward): a unit that is off passes 0 whatever dout is, and the select vectorises.
 MIRRORED_HD float act_backward_value(Activation act, float z, float dout) {
     switch (act) {
-    case Activation::relu: return z > 0.0f ? dout : 0.0f;
-    case Activation::gelu: return dout * act_derivative(act, z);
-    default: return dout;
+        case Activation::relu:
+            return z > 0.0f ? dout : 0.0f;
+        case Activation::gelu:
+            return dout * act_derivative(act, z);
+        default:
+            return dout;
     }
 }
 
@@ -140,10 +148,10 @@ inline void host_sum_to_all(const PeerBuffers& b, size_t offset, size_t n, DType
 
 MIRRORED_HD float round_f16(float x) {
     const uint32_t b = float_bits(x), sign = b & 0x80000000u, a = b & 0x7FFFFFFFu;
-    if (a >= 0x7F800000u) return x;                        // inf, NaN
+    if (a >= 0x7F800000u) return x;                               // inf, NaN
     if (a >= 0x477FF000u) return bits_float(sign | 0x7F800000u);  // >= 65520 rounds to inf
-    if (a < 0x33000000u) return bits_float(sign);          // < 2^-25 rounds to zero
-    if (a < 0x38800000u) {                                 // subnormal half: a multiple of 2^-24
+    if (a < 0x33000000u) return bits_float(sign);                 // < 2^-25 rounds to zero
+    if (a < 0x38800000u) {                                        // subnormal half: a multiple of 2^-24
         const float q = rintf(bits_float(a) * 16777216.0f) * (1.0f / 16777216.0f);
         return bits_float(sign | float_bits(q));
     }
@@ -205,21 +213,23 @@ MIRRORED_HD float sgd_lr(const SgdArgs& a) { return a.values ? a.values->lr : a.
 // host in double so both backends receive the same float.
 inline float init_scale(const InitArgs& a) {
     switch (a.kind) {
-    case InitKind::he_uniform: return static_cast<float>(std::sqrt(6.0 / a.fan_in));
-    case InitKind::he_normal: return static_cast<float>(std::sqrt(2.0 / a.fan_in));
-    case InitKind::glorot_uniform: return static_cast<float>(std::sqrt(6.0 / (a.fan_in + a.fan_out)));
-    case InitKind::glorot_normal: return static_cast<float>(std::sqrt(2.0 / (a.fan_in + a.fan_out)));
-    default: return 0.0f;
+        case InitKind::he_uniform:
+            return static_cast<float>(std::sqrt(6.0 / a.fan_in));
+        case InitKind::he_normal:
+            return static_cast<float>(std::sqrt(2.0 / a.fan_in));
+        case InitKind::glorot_uniform:
+            return static_cast<float>(std::sqrt(6.0 / (a.fan_in + a.fan_out)));
+        case InitKind::glorot_normal:
+            return static_cast<float>(std::sqrt(2.0 / (a.fan_in + a.fan_out)));
+        default:
+            return 0.0f;
     }
 }
 
-MIRRORED_HD bool init_is_normal(InitKind k) {
-    return k == InitKind::he_normal || k == InitKind::glorot_normal;
-}
+MIRRORED_HD bool init_is_normal(InitKind k) { return k == InitKind::he_normal || k == InitKind::glorot_normal; }
 
 // Element i of an initialised tensor.
-MIRRORED_HD float init_value(InitKind kind, uint64_t seed, uint32_t tensor_id, float scale,
-                             uint64_t i) {
+MIRRORED_HD float init_value(InitKind kind, uint64_t seed, uint32_t tensor_id, float scale, uint64_t i) {
     if (kind == InitKind::zeros) return 0.0f;
     if (kind == InitKind::ones) return 1.0f;
     if (init_is_normal(kind)) {
@@ -232,10 +242,9 @@ MIRRORED_HD float init_value(InitKind kind, uint64_t seed, uint32_t tensor_id, f
 }
 
 // Dropout keep decision of element (global_row, col) of a [*, cols] activation.
-MIRRORED_HD bool dropout_keep(uint64_t seed, uint32_t layer_id, uint32_t step, int64_t global_row,
-                              int cols, int col, float rate) {
-    const uint64_t e = static_cast<uint64_t>(global_row) * static_cast<uint64_t>(cols) +
-                       static_cast<uint64_t>(col);
+MIRRORED_HD bool dropout_keep(uint64_t seed, uint32_t layer_id, uint32_t step, int64_t global_row, int cols, int col,
+                              float rate) {
+    const uint64_t e = static_cast<uint64_t>(global_row) * static_cast<uint64_t>(cols) + static_cast<uint64_t>(col);
     const Philox4 r = philox(seed, e / 4, kStreamDropout | (layer_id << 8), step);
     return uniform01(r.v[e % 4]) >= rate;
 }
@@ -259,7 +268,9 @@ MIRRORED_HD float bn_mean(float sum, double count) { return float(double(sum) / 
 MIRRORED_HD float bn_var(float sqsum, double count) { return float(double(sqsum) / count); }
 MIRRORED_HD float bn_invstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
 // The running variance is the unbiased estimate (PyTorch's choice).
-MIRRORED_HD float bn_unbiased(float var, double count) { return count > 1 ? float(double(var) * count / (count - 1)) : var; }
+MIRRORED_HD float bn_unbiased(float var, double count) {
+    return count > 1 ? float(double(var) * count / (count - 1)) : var;
+}
 
 // bn_finalize for one channel: the batch mean, and with squared sums the inverse standard
 // deviation and the running statistics' weighted contributions.
@@ -273,7 +284,9 @@ MIRRORED_HD void bn_finalize_channel(const BnStats& a, int ch, const float* sum,
     if (run_mean) run_mean[ch] += a.weight * m;
     if (run_var) run_var[ch] += a.weight * bn_unbiased(var, a.count);
 }
-MIRRORED_HD float ema(float running, float batch, float momentum) { return (1.0f - momentum) * running + momentum * batch; }
+MIRRORED_HD float ema(float running, float batch, float momentum) {
+    return (1.0f - momentum) * running + momentum * batch;
+}
 
 // Dynamic loss scaling, state = [scale, good steps in a row] (PyTorch GradScaler's rule).
 MIRRORED_HD void loss_scale_step(float* state, const float* grad_stats, int growth_interval) {

@@ -24,7 +24,8 @@ AllReduceRig::AllReduceRig(const std::string& devices, const std::string& op, DT
 }
 
 void AllReduceRig::zero() {
-    for (size_t r = 0; r < devs.size(); ++r) devs[r]->fill(devs[r]->compute_stream(), bufs[r].size(), 0.0f, bufs[r].data());
+    for (size_t r = 0; r < devs.size(); ++r)
+        devs[r]->fill(devs[r]->compute_stream(), bufs[r].size(), 0.0f, bufs[r].data());
     for (auto& d : devs) d->synchronize();
 }
 
@@ -43,8 +44,8 @@ double AllReduceRig::median_seconds(size_t floats, int max_iters, int rounds, do
     // as many iterations as fit the budget (a slow link, or a sanitizer's build, does fewer), from 3
     const int probe = std::min(3, max_iters);
     const double per_iter = run(floats, probe) / probe;
-    const int iters = per_iter > 0 ? int(std::clamp(round_budget_s / per_iter, double(probe), double(max_iters)))
-                                   : max_iters;
+    const int iters =
+        per_iter > 0 ? int(std::clamp(round_budget_s / per_iter, double(probe), double(max_iters))) : max_iters;
     std::vector<double> t;
     for (int k = 0; k < std::max(rounds, 1); ++k) t.push_back(run(floats, iters) / iters);
     std::sort(t.begin(), t.end());

@@ -14,13 +14,16 @@ std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& l) {
     std::vector<Bottleneck> found;
     const bool input_bound = l.data_share > 0.10;
     if (input_bound)
-        found.push_back({"input-bound", percent(l.data_share) + " of step time waits for data: raise data.loader_threads (now " +
+        found.push_back({"input-bound", percent(l.data_share) +
+                                            " of step time waits for data: raise data.loader_threads (now " +
                                             std::to_string(l.loader_threads) + ") or data.prefetch (now " +
                                             std::to_string(l.prefetch) + ")"});
     if (l.comm_share > 0.30)
-        found.push_back({"communication-bound", percent(l.comm_share) + " of step time is communication not hidden behind "
-                                                "compute: use a larger per-replica batch or tune strategy.bucket_mb (now " +
-                                                decimal_text(l.bucket_mb) + ")"});
+        found.push_back(
+            {"communication-bound", percent(l.comm_share) +
+                                        " of step time is communication not hidden behind "
+                                        "compute: use a larger per-replica batch or tune strategy.bucket_mb (now " +
+                                        decimal_text(l.bucket_mb) + ")"});
     // The GPUs idle when a step takes longer on the clock than on the device: the host cannot
     // issue work fast enough (launch-bound), or waits for data.
     if (l.device_step_s > 0 && l.wall_step_s > 0) {
@@ -28,7 +31,8 @@ std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& l) {
         if (idle > 0.30)
             found.push_back({"gpu-idle", percent(idle) + " of each step the GPUs wait for the host (" +
                                              number_str(1e6 * l.device_step_s) + " us of device work per " +
-                                             number_str(1e6 * l.wall_step_s) + " us step): a larger per-replica batch amortises launches" +
+                                             number_str(1e6 * l.wall_step_s) +
+                                             " us step): a larger per-replica batch amortises launches" +
                                              (input_bound ? "; data loading is also slow" : "")});
     }
     return found;

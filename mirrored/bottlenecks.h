@@ -10,8 +10,8 @@ namespace mirrored {
 
 struct IntervalLoad {
     double data_share = 0, comm_share = 0;  // of the replicas' busy time (data wait + compute + comm)
-    double device_step_s = 0;  // one sampled step's device time (GPUs, real or simulated; 0 on CPUs)
-    double wall_step_s = 0;    // the interval's wall time per step
+    double device_step_s = 0;               // one sampled step's device time (GPUs, real or simulated; 0 on CPUs)
+    double wall_step_s = 0;                 // the interval's wall time per step
     // what the advice names: the settings to change and their values now
     int loader_threads = 0, prefetch = 0;
     double bucket_mb = 0;

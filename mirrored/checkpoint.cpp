@@ -121,7 +121,8 @@ struct SafetensorsBuilder {
         const size_t begin = data.size();
         data.resize(begin + count * sizeof(T));
         if (count) std::memcpy(data.data() + begin, values, count * sizeof(T));
-        header[name] = {{"dtype", sizeof(T) == 8 ? "I64" : "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+        header[name] = {
+            {"dtype", sizeof(T) == 8 ? "I64" : "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
     }
     std::string serialize(std::map<std::string, std::string> meta, bool checksum) {
         if (checksum) {
@@ -141,7 +142,7 @@ struct SafetensorsBuilder {
 
 // A tensor's entry in a safetensors header, validated.
 struct TensorEntry {
-    std::string dtype;          // "F32" or "I64"
+    std::string dtype;  // "F32" or "I64"
     std::vector<int> shape;
     uint64_t begin = 0, end = 0;  // byte offsets into the data section
 };
@@ -175,7 +176,8 @@ uint64_t parse_header(Parsed& p, const std::string& path) {
         if (name == "__metadata__") {
             if (!it->is_object()) throw CheckpointError(path + ": corrupt header: __metadata__ is not an object");
             for (auto m = it->begin(); m != it->end(); ++m) {
-                if (!m->is_string()) throw CheckpointError(path + ": corrupt header: metadata " + m.key() + " is not a string");
+                if (!m->is_string())
+                    throw CheckpointError(path + ": corrupt header: metadata " + m.key() + " is not a string");
                 p.meta[m.key()] = m->get<std::string>();
             }
             continue;
@@ -189,11 +191,13 @@ uint64_t parse_header(Parsed& p, const std::string& path) {
         if (!t["dtype"].is_string()) throw bad("dtype is not a string");
         TensorEntry e;
         e.dtype = t["dtype"].get<std::string>();
-        if (dtype_size(e.dtype) == 0) throw CheckpointError(path + ": tensor " + name + " is " + t["dtype"].dump() + ", expected F32");
+        if (dtype_size(e.dtype) == 0)
+            throw CheckpointError(path + ": tensor " + name + " is " + t["dtype"].dump() + ", expected F32");
         if (!t["shape"].is_array() || t["shape"].size() > 8) throw bad("shape is not a list of at most 8 dimensions");
         uint64_t count = 1;
         for (const json& d : t["shape"]) {
-            if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT32_MAX)) throw bad("a dimension is not an integer in [0, 2^31)");
+            if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT32_MAX))
+                throw bad("a dimension is not an integer in [0, 2^31)");
             e.shape.push_back(int(d.get<uint64_t>()));
             if (!checked_mul(count, d.get<uint64_t>(), count)) throw bad("the shape's size overflows");
         }
@@ -229,8 +233,10 @@ std::pair<uint64_t, uint64_t> read_header(InputFile& in, Parsed& p) {
     if (got < 8) throw CheckpointError(path + ": truncated (" + std::to_string(got) + " bytes)");
     uint64_t n = 0;
     for (int i = 0; i < 8; ++i) n |= uint64_t(head[size_t(i)]) << (8 * i);
-    if (n > in.file_size() - 8) throw CheckpointError(path + ": truncated: the header claims " + std::to_string(n) + " bytes");
-    if (n > kMaxHeaderBytes) throw CheckpointError(path + ": corrupt: a header of " + format_bytes(n) + " is larger than the format allows");
+    if (n > in.file_size() - 8)
+        throw CheckpointError(path + ": truncated: the header claims " + std::to_string(n) + " bytes");
+    if (n > kMaxHeaderBytes)
+        throw CheckpointError(path + ": corrupt: a header of " + format_bytes(n) + " is larger than the format allows");
     head.clear();
     in.read_exact(head, size_t(n), "the header");
     try {
@@ -249,11 +255,15 @@ Parsed parse(InputFile& in) {
     const std::string& path = in.path();
     try {
         const auto [have, data] = read_header(in, p);
-        if (have < data) throw CheckpointError(path + ": truncated: " + std::to_string(have) + " of " + std::to_string(data) + " data bytes");
-        if (have > data) throw CheckpointError(path + ": " + std::to_string(have - data) + " unexpected bytes after the tensors");
+        if (have < data)
+            throw CheckpointError(path + ": truncated: " + std::to_string(have) + " of " + std::to_string(data) +
+                                  " data bytes");
+        if (have > data)
+            throw CheckpointError(path + ": " + std::to_string(have - data) + " unexpected bytes after the tensors");
         const uint64_t avail = available_host_memory();
         if (avail && data > avail)
-            throw CheckpointError(path + ": " + format_bytes(data) + " of tensors do not fit the " + format_bytes(avail) + " of memory available");
+            throw CheckpointError(path + ": " + format_bytes(data) + " of tensors do not fit the " +
+                                  format_bytes(avail) + " of memory available");
         in.read_exact(p.data, size_t(data), "the tensors");
     } catch (const InputError& e) {
         throw CheckpointError(e.what());
@@ -295,7 +305,8 @@ int64_t meta_int(const Parsed& p, const std::string& path, const std::string& ke
     const long long v = std::strtoll(s.c_str(), &end, 10);
     if (s.empty() || *end || errno || s.front() == '-' || s.front() == '+' || s.front() == ' ')
         throw CheckpointError(path + ": metadata '" + key + "' is not a non-negative integer");
-    if (v > max) throw CheckpointError(path + ": metadata '" + key + "' is " + s + ", more than " + std::to_string(max));
+    if (v > max)
+        throw CheckpointError(path + ": metadata '" + key + "' is " + s + ", more than " + std::to_string(max));
     return v;
 }
 
@@ -367,8 +378,9 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
     d.model_hash = meta_u64(p, path, "model_hash", 16);
     d.model_summary = meta_of(p, path, "model");
     if (d.model_hash != expected_hash)
-        throw ForeignCheckpointError(path + ": written for a different model or optimizer and cannot be resumed here.\n  checkpoint: " +
-                              d.model_summary + "\n  this run:   " + expected_summary);
+        throw ForeignCheckpointError(
+            path + ": written for a different model or optimizer and cannot be resumed here.\n  checkpoint: " +
+            d.model_summary + "\n  this run:   " + expected_summary);
     d.step = meta_int(p, path, "step");
     d.loader = {meta_int(p, path, "loader_epoch"), meta_int(p, path, "loader_batch")};
     d.seed = meta_u64(p, path, "seed", 10);
@@ -404,7 +416,8 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
             const std::string name = prefix + t.name;
             auto it = p.tensors.find(name);
             if (it == p.tensors.end()) throw CheckpointError(path + ": tensor " + name + " is missing");
-            if (it->second.shape != t.shape) throw CheckpointError(path + ": tensor " + name + " has another shape than the model's");
+            if (it->second.shape != t.shape)
+                throw CheckpointError(path + ": tensor " + name + " has another shape than the model's");
             const auto v = tensor_values(p, path, name);
             std::copy(v.begin(), v.end(), flat.begin() + long(t.offset));
         }

@@ -20,24 +20,24 @@
 namespace mirrored {
 
 struct CheckpointData {
-    int64_t step = 0;              // optimizer steps completed
-    LoaderPosition loader;         // the next batch the loader delivers
-    uint64_t seed = 0;             // the run seed: with step and epoch it fixes every random draw
+    int64_t step = 0;                                  // optimizer steps completed
+    LoaderPosition loader;                             // the next batch the loader delivers
+    uint64_t seed = 0;                                 // the run seed: with step and epoch it fixes every random draw
     std::vector<std::array<double, 3>> train_metrics;  // per replica: loss sum, correct, count since last log
-    std::vector<float> params;     // flat, the model's layout
+    std::vector<float> params;                         // flat, the model's layout
     std::vector<std::pair<std::string, std::vector<float>>> optimizer;  // flat, same layout
     uint64_t model_hash = 0;
     std::string model_summary;
     std::string config_yaml;
     int replicas = 0;
     std::string devices;
-    std::string blas_kernel;  // the GEMMs: another kernel sums in another order (empty: unknown)
-    std::string cross_device_ops;  // another op may sum in another order (empty: unknown)
-    int64_t global_batch = 0;   // what the loader position counts in (0: not recorded)
+    std::string blas_kernel;                      // the GEMMs: another kernel sums in another order (empty: unknown)
+    std::string cross_device_ops;                 // another op may sum in another order (empty: unknown)
+    int64_t global_batch = 0;                     // what the loader position counts in (0: not recorded)
     std::array<float, 2> loss_scale{1.0f, 0.0f};  // fp16: scale and good steps in a row
-    int64_t train_samples = 0;  // the training set's size then (0: not recorded)
-    uint64_t train_data = 0;    // fingerprint() of the training set then (0: not recorded)
-    std::string software;       // mirrored/software.h's JSON object of the writer (empty: not recorded)
+    int64_t train_samples = 0;                    // the training set's size then (0: not recorded)
+    uint64_t train_data = 0;                      // fingerprint() of the training set then (0: not recorded)
+    std::string software;  // mirrored/software.h's JSON object of the writer (empty: not recorded)
 };
 
 // Writes path atomically. Tensors are cut out of the flat buffers with the model's layout.

@@ -105,12 +105,15 @@ bool valid_key_path(const std::string& key) {
 // aliases expanded) are bounded.
 void check_node(const YAML::Node& n, const std::string& name, const std::string& path, int depth, size_t& values) {
     auto where = [&](const YAML::Node& at) {  // a --set value has no line of its own
-        return at.Mark().line >= 0 && name.rfind("--set ", 0) != 0 ? name + ":" + std::to_string(at.Mark().line + 1) : name;
+        return at.Mark().line >= 0 && name.rfind("--set ", 0) != 0 ? name + ":" + std::to_string(at.Mark().line + 1)
+                                                                   : name;
     };
-    if (depth > kMaxDepth) throw ConfigError(where(n) + ": " + path + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
+    if (depth > kMaxDepth)
+        throw ConfigError(where(n) + ": " + path + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
     if (++values > kMaxValues)
         throw ConfigError(where(n) + ": " + (path.empty() ? "(document)" : path) + ": the document holds more than " +
-                          std::to_string(kMaxValues) + " values with its aliases expanded (a configuration has hundreds)");
+                          std::to_string(kMaxValues) +
+                          " values with its aliases expanded (a configuration has hundreds)");
     auto check_text = [&](const YAML::Node& at, const std::string& s, const std::string& key) {
         if (!valid_utf8(s)) throw ConfigError(where(at) + ": " + key + ": '" + printable(s) + "' is not valid UTF-8");
         for (unsigned char ch : s)
@@ -203,7 +206,9 @@ public:
     }
 
     std::string text(const std::string& path, const std::string& def) override { return str(path, def); }
-    std::string nonempty_text(const std::string& path, const std::string& def) override { return nonempty_str(path, def); }
+    std::string nonempty_text(const std::string& path, const std::string& def) override {
+        return nonempty_str(path, def);
+    }
     std::vector<std::string> text_list(const std::string& path) override { return str_list(path); }
     std::vector<int> integer_list(const std::string& path, const std::vector<int>& def, int lo, int hi) override {
         return int_list(path, def, lo, hi);
@@ -223,7 +228,8 @@ public:
         return v;
     }
 
-    std::string choice(const std::string& path, const std::string& def, const std::vector<std::string>& allowed) override {
+    std::string choice(const std::string& path, const std::string& def,
+                       const std::vector<std::string>& allowed) override {
         const std::string v = str(path, def);
         for (const auto& a : allowed)
             if (v == a) return v;
@@ -252,8 +258,10 @@ public:
         YAML::Node n = at(path);
         if (absent(path, n)) return def;
         double v = 0;
-        if (!n.IsScalar() || !parse_double(n.Scalar(), v)) fail(path, "expected a number" + nrange(lo, hi, lo_open) + ", got " + describe(n));
-        if (!(lo_open ? v > lo : v >= lo) || v > hi) fail(path, "expected a number" + nrange(lo, hi, lo_open) + ", got " + n.Scalar());
+        if (!n.IsScalar() || !parse_double(n.Scalar(), v))
+            fail(path, "expected a number" + nrange(lo, hi, lo_open) + ", got " + describe(n));
+        if (!(lo_open ? v > lo : v >= lo) || v > hi)
+            fail(path, "expected a number" + nrange(lo, hi, lo_open) + ", got " + n.Scalar());
         return v;
     }
 
@@ -347,7 +355,8 @@ private:
                     std::string known;
                     for (const auto& v : visited_) {
                         const std::string pre = path.empty() ? "" : path + ".";
-                        if (v.rfind(pre, 0) == 0 && v.size() > pre.size() && v.find('.', pre.size()) == std::string::npos)
+                        if (v.rfind(pre, 0) == 0 && v.size() > pre.size() &&
+                            v.find('.', pre.size()) == std::string::npos)
                             known += (known.empty() ? "" : ", ") + v.substr(pre.size());
                     }
                     throw ConfigError(location(child, it->first) + ": " + child + ": unknown key" +
@@ -398,7 +407,8 @@ void apply_set(YAML::Node root, const std::string& assignment) {
             cur.reset(next);
         } else {
             if (cur.IsDefined() && !cur.IsNull() && !cur.IsMap())
-                throw ConfigError("--set " + assignment + ": " + key + ": '" + parts[i] + "' is inside a value that is not a mapping");
+                throw ConfigError("--set " + assignment + ": " + key + ": '" + parts[i] +
+                                  "' is inside a value that is not a mapping");
             YAML::Node next = cur[parts[i]];
             if (last) next = value;
             cur.reset(next);
@@ -438,8 +448,9 @@ void read_strategy(Reader& r, Config& c) {
     c.strategy.cuda_graph = r.boolean("strategy.cuda_graph", false);
     c.strategy.fused_epilogues = r.boolean("strategy.fused_epilogues", false);
     if (r.has("strategy.nodes"))
-        r.fail("strategy.nodes", "the nodes are discovered from mpirun, never configured: remove the key and start "
-                                 "the run with 'mpirun -np NODES -H host1,host2 mirrored train CONFIG'");
+        r.fail("strategy.nodes",
+               "the nodes are discovered from mpirun, never configured: remove the key and start "
+               "the run with 'mpirun -np NODES -H host1,host2 mirrored train CONFIG'");
 }
 
 // data.normalize: auto, none, or the per-channel {mean, std}.
@@ -456,7 +467,8 @@ void read_normalize(Reader& r, DataConfig& d) {
     if (d.normalization.mean.empty() || d.normalization.std.empty())
         r.fail("data.normalize", "expected auto, none, or {mean: [...], std: [...]} with one value per channel");
     for (size_t i = 0; i < d.normalization.std.size(); ++i)
-        if (!(d.normalization.std[i] > 0)) r.fail("data.normalize.std." + std::to_string(i), "expected a positive number");
+        if (!(d.normalization.std[i] > 0))
+            r.fail("data.normalize.std." + std::to_string(i), "expected a positive number");
 }
 
 // data.loader_threads: auto (0, settled by make_session from the replicas: CPU replicas take every
@@ -522,7 +534,8 @@ void read_optimizer(Reader& r, OptimizerConfig& o) {
     }
     if (o.schedule.type == ScheduleConfig::Type::multistep) {
         for (int v : r.int_list("optimizer.schedule.milestones", {}, 1, INT32_MAX)) o.schedule.milestones.push_back(v);
-        if (o.schedule.milestones.empty()) r.fail("optimizer.schedule.milestones", "required for multistep: a list of steps");
+        if (o.schedule.milestones.empty())
+            r.fail("optimizer.schedule.milestones", "required for multistep: a list of steps");
         if (!std::is_sorted(o.schedule.milestones.begin(), o.schedule.milestones.end()))
             r.fail("optimizer.schedule.milestones", "expected increasing steps");
         o.schedule.gamma = r.number("optimizer.schedule.gamma", 0.1, 0.0, 1.0, true);
@@ -539,7 +552,10 @@ void read_train(Reader& r, Config& c) {
     t.global_batch_size = int(r.integer("train.global_batch_size", 128, 1, 1 << 24));
     t.grad_accumulation_steps = int(r.integer("train.grad_accumulation_steps", 1, 1, 1 << 16));
     const std::string prec = r.choice("train.precision", "fp32", {"fp32", "tf32", "bf16", "fp16"});
-    t.precision = prec == "tf32" ? Precision::tf32 : prec == "bf16" ? Precision::bf16 : prec == "fp16" ? Precision::fp16 : Precision::fp32;
+    t.precision = prec == "tf32"   ? Precision::tf32
+                  : prec == "bf16" ? Precision::bf16
+                  : prec == "fp16" ? Precision::fp16
+                                   : Precision::fp32;
     t.loss_scale_growth_interval = int(r.integer("train.loss_scale_growth_interval", 2000, 1, 1 << 24));
     t.eval_every_epochs = r.integer("train.eval_every_epochs", 1, 0, int64_t(1) << 30);
     t.log_every_steps = r.integer("train.log_every_steps", 100, 1, int64_t(1) << 30);
@@ -664,10 +680,8 @@ private:
     void emit(const std::string& v) { e_ << v; }
     void emit(bool v) { e_ << v; }
     template <class T>
-        requires std::is_integral_v<T>
-    void emit(T v) {
-        e_ << v;
-    }
+    requires std::is_integral_v<T>
+    void emit(T v) { e_ << v; }
     template <class T>
     void emit(const std::vector<T>& v) {
         e_ << YAML::Flow << YAML::BeginSeq;
@@ -700,7 +714,10 @@ void emit_run(ConfigEmitter& e, const RunConfig& r) {
 }
 
 void emit_strategy(ConfigEmitter& e, const StrategyConfig& s) {
-    e.begin("strategy").put("devices", s.devices).put("cross_device_ops", s.cross_device_ops).put("bucket_mb", s.bucket_mb);
+    e.begin("strategy")
+        .put("devices", s.devices)
+        .put("cross_device_ops", s.cross_device_ops)
+        .put("bucket_mb", s.bucket_mb);
     e.put("allreduce_dtype", dtype_name(s.allreduce_dtype)).put("verify_every_steps", s.verify_every_steps);
     e.put("collective_timeout_s", s.collective_timeout_s).put("step_timeout_s", s.step_timeout_s);
     e.put("shared_parameters", s.shared_parameters).put("cuda_graph", s.cuda_graph);
@@ -711,8 +728,7 @@ void emit_data(ConfigEmitter& e, const DataConfig& d) {
     e.begin("data").put("dataset", d.dataset).put("root", d.root).fields(data_format_options(d)->fields());
     if (d.normalize == DataConfig::Normalize::given)
         e.begin("normalize").put("mean", d.normalization.mean).put("std", d.normalization.std).end();
-    else
-        e.put("normalize", d.normalize == DataConfig::Normalize::none ? "none" : "auto");
+    else e.put("normalize", d.normalize == DataConfig::Normalize::none ? "none" : "auto");
     e.begin("augment", /*flow=*/true).put("random_crop_padding", d.augment.crop_padding);
     e.put("horizontal_flip", d.augment.horizontal_flip).end();
     if (d.loader_threads == 0) e.put("loader_threads", "auto");
@@ -733,10 +749,14 @@ void emit_model(ConfigEmitter& e, const ModelConfig& m) {
 
 const char* schedule_name(ScheduleConfig::Type t) {
     switch (t) {
-    case ScheduleConfig::Type::cosine: return "cosine";
-    case ScheduleConfig::Type::step: return "step";
-    case ScheduleConfig::Type::multistep: return "multistep";
-    case ScheduleConfig::Type::constant: break;
+        case ScheduleConfig::Type::cosine:
+            return "cosine";
+        case ScheduleConfig::Type::step:
+            return "step";
+        case ScheduleConfig::Type::multistep:
+            return "multistep";
+        case ScheduleConfig::Type::constant:
+            break;
     }
     return "constant";
 }
@@ -787,7 +807,8 @@ std::string model_config_summary(const Config& c) {
     for (int d : c.model.input_shape) s << " " << d;
     for (const LayerSpec& l : c.model.layers) s << " | " << layer_spec_summary(l);
     s << " | optimizer " << optimizer_description(c.optimizer);
-    if (c.model.loss.type != "softmax_cross_entropy") s << " | loss " << c.model.loss.type;  // as before for classifiers
+    if (c.model.loss.type != "softmax_cross_entropy")
+        s << " | loss " << c.model.loss.type;  // as before for classifiers
     return s.str();
 }
 

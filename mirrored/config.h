@@ -40,7 +40,7 @@ struct TrainConfig {
     int global_batch_size = 128;
     int grad_accumulation_steps = 1;
     Precision precision = Precision::fp32;  // fp32 | tf32 | bf16 | fp16
-    int loss_scale_growth_interval = 2000;   // fp16: good steps before the loss scale doubles
+    int loss_scale_growth_interval = 2000;  // fp16: good steps before the loss scale doubles
     int64_t eval_every_epochs = 1;
     int64_t log_every_steps = 100;
     bool operator==(const TrainConfig&) const = default;
@@ -64,8 +64,8 @@ struct Config {
     TrainConfig train;
     CheckpointConfig checkpoint;
 
-    std::string file;      // the YAML file
-    std::string base_dir;  // its folder: relative data.root is resolved against it
+    std::string file;                          // the YAML file
+    std::string base_dir;                      // its folder: relative data.root is resolved against it
     std::map<std::string, std::string> where;  // key path -> "file:line" or "--set ..."
 
     // A ConfigError for a check that needs more than the file (e.g. the data's shape).

@@ -68,7 +68,9 @@ private:
 class NcclNodeLink final : public NodeLink {
 public:
     explicit NcclNodeLink(std::unique_ptr<NcclNodeComm> comm) : comm_(std::move(comm)) {}
-    void all_reduce(Device& d, float* data, size_t count) override { comm_->all_reduce_sum(d.comm_stream(), data, count); }
+    void all_reduce(Device& d, float* data, size_t count) override {
+        comm_->all_reduce_sum(d.comm_stream(), data, count);
+    }
     void abort() noexcept override { comm_->abort(); }
 
 private:
@@ -80,7 +82,8 @@ private:
 CrossDeviceOps::CrossDeviceOps(std::vector<Device*> devices, std::vector<float*> buffers, size_t elements, DType wire)
     : devices_(std::move(devices)), buffers_(std::move(buffers)), elements_(elements), wire_(wire) {
     if (wire_ != DType::f32 && wire_ != DType::bf16)
-        throw ConfigError("strategy.allreduce_dtype", std::string("unsupported '") + dtype_name(wire_) + "' (known: fp32, bf16)");
+        throw ConfigError("strategy.allreduce_dtype",
+                          std::string("unsupported '") + dtype_name(wire_) + "' (known: fp32, bf16)");
     for (size_t r = 0; r < devices_.size(); ++r) {
         if (wire_ == DType::f32 || devices_.size() == 1) {  // one replica: nothing to send
             views_.push_back(buffers_[r]);
@@ -128,8 +131,8 @@ void CrossDeviceOps::join_nodes(Nodes* nodes, ReplicaBarrier& barrier) {
     for (int r = 0; r < replicas(); ++r) {
         Device& d = *devices_[size_t(r)];
         if (d.traits().nccl_between_nodes) {  // node 0 makes each channel's id; the channels in order on every node
-            const std::string id = nodes->broadcast(nodes->leader() ? nccl_unique_id() : std::string(),
-                                                    "the exchange of NCCL ids");
+            const std::string id =
+                nodes->broadcast(nodes->leader() ? nccl_unique_id() : std::string(), "the exchange of NCCL ids");
             links_.push_back(std::make_unique<NcclNodeLink>(make_nccl_node_comm(id, nodes->rank(), nodes->count(), d)));
         } else {
             links_.push_back(std::make_unique<HostNodeLink>(*nodes, r));
@@ -146,7 +149,8 @@ void CrossDeviceOps::across_nodes(int r, size_t offset, size_t count) {
     const int n = replicas();
     const Chunks c(count, n, wire_);
     Device& me = *devices_[size_t(r)];
-    if (c.length(r) > 0) links_[size_t(r)]->all_reduce(me, static_cast<float*>(data(r, offset + c.begin(r))), c.length(r));
+    if (c.length(r) > 0)
+        links_[size_t(r)]->all_reduce(me, static_cast<float*>(data(r, offset + c.begin(r))), c.length(r));
     if (n == 1) return;
     node_sync_->wait_for(r, all_);  // every replica's slice holds the sum over the nodes
     for (int q = 0; q < n; ++q)
@@ -169,7 +173,8 @@ std::vector<std::string> auto_candidates(const std::vector<Device*>& devices) {
 // Seconds for one all-reduce of every range, every replica on its own thread: the median of up
 // to 7 runs after a warm-up (NCCL sets up on its first call), at most about a second in all.
 double time_ops(const std::string& kind, const std::vector<Device*>& devices, const std::vector<float*>& buffers,
-                size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges, ReplicaThreads& threads, DType wire) {
+                size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges, ReplicaThreads& threads,
+                DType wire) {
     auto ops = make_cross_device_ops(kind, devices, buffers, elements, threads.barrier(), wire);
     auto once = [&] {
         const auto t0 = std::chrono::steady_clock::now();
@@ -198,20 +203,24 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
     if (devices.size() < 2) return {"ring", "one replica: nothing to reduce"};
     const std::vector<std::string> candidates = auto_candidates(devices);
     const bool can_keep = std::find(candidates.begin(), candidates.end(), keep) != candidates.end();
-    if (can_keep) return {keep, "the op of the checkpoint resumed from, which these devices run (its sums in its order)"};
+    if (can_keep)
+        return {keep, "the op of the checkpoint resumed from, which these devices run (its sums in its order)"};
     // The key: what the time depends on - the machine (a home directory may be shared), the
     // devices (GPU models; a CPU replica's description carries measured figures, so its name),
     // the bucket layout and the wire type.
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     std::string key = std::string(host) + "|" + dtype_name(wire) + "|" + std::to_string(elements);
-    for (const Device* d : devices) key += "|" + d->name() + (d->traits().stable_description ? " " + d->description() : "");
+    for (const Device* d : devices)
+        key += "|" + d->name() + (d->traits().stable_description ? " " + d->description() : "");
     uint64_t h = 1469598103934665603ull;  // FNV-1a of the ranges: many buckets make a long list
     for (const auto& [begin, count] : ranges)
         for (uint64_t v : {uint64_t(begin), uint64_t(count)}) h = (h ^ v) * 1099511628211ull;
     key += "|" + std::to_string(ranges.size()) + " ranges " + std::to_string(h);
     // a checkpoint's op auto cannot choose here (other devices, or set by name): the resume notes it
-    const std::string unkept = keep.empty() || keep == "shared" ? "" : "the checkpoint's " + keep + " is not among the ops auto chooses from here; ";
+    const std::string unkept = keep.empty() || keep == "shared"
+                                   ? ""
+                                   : "the checkpoint's " + keep + " is not among the ops auto chooses from here; ";
     if (const auto cached = cache_lookup("cross-device-ops.txt", key)) {
         const size_t sp = cached->find(' ');
         const std::string name = cached->substr(0, sp);
@@ -244,8 +253,8 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
 extern const CrossDeviceOpsKind kRingKind, kDirectKind, kNcclKind, kReduceToOneKind;
 
 const Registry<CrossDeviceOpsKind>& cross_device_ops_kinds() {
-    static const Registry<CrossDeviceOpsKind> kinds("cross-device op", {&kRingKind, &kDirectKind, &kNcclKind,
-                                                                         &kReduceToOneKind});
+    static const Registry<CrossDeviceOpsKind> kinds("cross-device op",
+                                                    {&kRingKind, &kDirectKind, &kNcclKind, &kReduceToOneKind});
     return kinds;
 }
 

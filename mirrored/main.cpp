@@ -62,7 +62,8 @@ bool same_file(const std::string& a, const std::string& b) {
 void check_output_file(const std::string& option, const std::string& path,
                        const std::vector<std::pair<std::string, std::string>>& others) {
     std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) throw ConfigError(option + " " + path + ": is a directory; name a file");
+    if (std::filesystem::is_directory(path, ec))
+        throw ConfigError(option + " " + path + ": is a directory; name a file");
     for (const auto& [what, other_path] : others)
         if (!other_path.empty() && same_file(path, other_path))
             throw ConfigError(option + " " + path + ": is " + what + "; choose another file");
@@ -81,9 +82,11 @@ struct ModelCommands {
         train = app.add_subcommand("train", "train a model from a YAML config");
         train->add_option("config", config, "YAML configuration file")->required();
         train->add_option("--set", sets, "override any key: --set model.layers.1.units=256 (repeatable)");
-        train->add_option("--devices", devices, "shorthand for --set strategy.devices=SPEC (auto, cuda:0,1, cuda:0,0, cpu:4)");
+        train->add_option("--devices", devices,
+                          "shorthand for --set strategy.devices=SPEC (auto, cuda:0,1, cuda:0,0, cpu:4)");
         train->add_option("--output", output, "shorthand for --set run.output_dir=DIR");
-        train->add_flag("--print-config", print_config, "print the resolved configuration (defaults included) and exit");
+        train->add_flag("--print-config", print_config,
+                        "print the resolved configuration (defaults included) and exit");
 
         eval = app.add_subcommand("eval", "test-set loss and accuracy of a checkpoint");
         eval->add_option("config", config, "the run's YAML configuration")->required();
@@ -138,8 +141,8 @@ private:
             check_output_file("--dump-logits", dump.logits, taken);
         }
         const EvalResult r = evaluate_checkpoint(cfg, checkpoint, dump);
-        std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n", checkpoint.c_str(),
-                    static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
+        std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n",
+                    checkpoint.c_str(), static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
         return kExitOk;
     }
 
@@ -156,8 +159,10 @@ private:
         const std::string suffix = ".running_mean";
         for (const auto& [name, t] : weights.tensors)
             if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-                weights.int_tensors[name.substr(0, name.size() - suffix.size()) + ".num_batches_tracked"] = {{}, {steps}};
-        weights.metadata = {{"format", "pt"}, {"source", checkpoint}, {"step", f.metadata["step"]}, {"model", f.metadata["model"]}};
+                weights.int_tensors[name.substr(0, name.size() - suffix.size()) + ".num_batches_tracked"] = {{},
+                                                                                                             {steps}};
+        weights.metadata = {
+            {"format", "pt"}, {"source", checkpoint}, {"step", f.metadata["step"]}, {"model", f.metadata["model"]}};
         write_safetensors(out, weights);
         std::printf("wrote %zu tensors to %s\n", weights.tensors.size() + weights.int_tensors.size(), out.c_str());
         return kExitOk;
@@ -205,7 +210,8 @@ int main(int argc, char** argv) {
     CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};
     app.require_subcommand(1);
     app.set_help_all_flag("--help-all", "help for every command");
-    app.set_version_flag("--version", version_text, "this build and the libraries it runs on (what every node of a job must share)");
+    app.set_version_flag("--version", version_text,
+                         "this build and the libraries it runs on (what every node of a job must share)");
     ModelCommands model(app);
     ToolCommands tools(app);
     if (!known_command(app, argc, argv)) return kExitUsage;

@@ -69,8 +69,9 @@ Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64
     out_ = top_->build(*layout_, "layers", "model.layers", in_, true);
     if (out_.image)
         throw ConfigError("model.layers." + std::to_string(specs_.size() - 1),
-                          "the model ends with an image " + out_.str() + "; end with a vector of class scores "
-                          "(flatten or global_avgpool, then dense)");
+                          "the model ends with an image " + out_.str() +
+                              "; end with a vector of class scores "
+                              "(flatten or global_avgpool, then dense)");
     dlogits_slot_ = layout_->new_slot();
     layout_->act_buffer(dlogits_slot_, out_.size());
     const std::vector<TensorRef> refs = lay_out(*layout_, tensors_, trainable_size_, flat_size_, param_count_);
@@ -100,13 +101,13 @@ std::string Model::summary() const {
     };
     std::function<void(const Layer&, int)> one = [&](const Layer& l, int depth) {
         std::snprintf(line, sizeof line, "  %*s%-*s %-14s %13s -> %-13s %-22s %10zu params\n", 2 * depth, "",
-                      18 - 2 * depth, l.name().c_str(), l.spec().type.c_str(), l.in().str().c_str(), l.out().str().c_str(),
-                      l.detail().c_str(), params_of(l.name()));
+                      18 - 2 * depth, l.name().c_str(), l.spec().type.c_str(), l.in().str().c_str(),
+                      l.out().str().c_str(), l.detail().c_str(), params_of(l.name()));
         s += line;
     };
     for (const auto& l : top_->layers()) one(*l, 0);
-    std::snprintf(line, sizeof line, "  total %zu parameters (%.2f MiB fp32)%s\n", param_count_, param_count_ * 4.0 / 1048576.0,
-                  has_state() ? ", plus running statistics" : "");
+    std::snprintf(line, sizeof line, "  total %zu parameters (%.2f MiB fp32)%s\n", param_count_,
+                  param_count_ * 4.0 / 1048576.0, has_state() ? ", plus running statistics" : "");
     s += line;
     return s;
 }

@@ -26,15 +26,15 @@ const char* layer_type_name(const LayerSpec& s);
 
 // One named tensor in the flat buffers: parameters, gradients and optimizer state share it.
 struct TensorInfo {
-    std::string name;          // "layers.1.weight": the name PyTorch gives the module's state
-    std::vector<int> shape;    // PyTorch's layout: [out, in] linear, [out, in, kh, kw] conv
-    size_t offset = 0;         // floats from the start of the buffer (aligned to kTensorAlign)
+    std::string name;        // "layers.1.weight": the name PyTorch gives the module's state
+    std::vector<int> shape;  // PyTorch's layout: [out, in] linear, [out, in, kh, kw] conv
+    size_t offset = 0;       // floats from the start of the buffer (aligned to kTensorAlign)
     size_t count = 0;
-    int layer = 0;             // the top-level layer it belongs to
+    int layer = 0;  // the top-level layer it belongs to
     InitArgs init;
-    bool trainable = true;     // false: mirrored state (running statistics)
-    float fill = 0.0f;         // state: initial value
-    float momentum = 0.0f;     // state: the exponential average's step
+    bool trainable = true;  // false: mirrored state (running statistics)
+    float fill = 0.0f;      // state: initial value
+    float momentum = 0.0f;  // state: the exponential average's step
 };
 
 // Everything one forward/backward call needs besides buffers (see Pass in mirrored/layers).
@@ -56,7 +56,7 @@ public:
     int output_features() const { return int(out_.size()); }
     size_t flat_size() const { return flat_size_; }            // buffer length, gaps included
     size_t trainable_size() const { return trainable_size_; }  // the trainable prefix
-    size_t param_count() const { return param_count_; }       // trainable values
+    size_t param_count() const { return param_count_; }        // trainable values
     bool has_state() const { return trainable_size_ < flat_size_; }
     size_t stats_floats() const;  // cross-replica statistics buffer (synchronised batchnorm)
     const TensorInfo* find(const std::string& name) const;

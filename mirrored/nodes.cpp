@@ -48,7 +48,8 @@ std::string host_name() {
 }
 
 int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
 }
 
 void check_mpi(int rc, const char* call) {
@@ -76,7 +77,7 @@ struct Nodes::Impl {
     };
     struct Channel {
         MPI_Comm comm = MPI_COMM_NULL;
-        std::vector<float> scratch;     // this node's part of a reduce-scatter
+        std::vector<float> scratch;  // this node's part of a reduce-scatter
         std::vector<int> counts, displs;
     };
     MPI_Comm main = MPI_COMM_NULL;
@@ -131,8 +132,9 @@ std::unique_ptr<Nodes> Nodes::join(int* argc, char*** argv) {
         throw DeviceError("MPI_Init_thread failed: cannot join the other nodes of this mpirun job");
     if (provided < MPI_THREAD_MULTIPLE) {
         MPI_Finalize();
-        throw DeviceError("this MPI library does not support MPI_THREAD_MULTIPLE (the replica threads each "
-                          "exchange gradients): use Open MPI from the distribution (libopenmpi-dev)");
+        throw DeviceError(
+            "this MPI library does not support MPI_THREAD_MULTIPLE (the replica threads each "
+            "exchange gradients): use Open MPI from the distribution (libopenmpi-dev)");
     }
     std::unique_ptr<Nodes> n(new Nodes());
     n->impl_ = std::make_unique<Impl>();
@@ -201,7 +203,8 @@ std::vector<std::string> Nodes::all_gather(const std::string& mine, const char* 
         total += size_t(lens[size_t(i)]);
     }
     std::string all(total, '\0');
-    MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, impl_->main));
+    MPI_CHECK(
+        MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, impl_->main));
     std::vector<std::string> out;
     for (int i = 0; i < count_; ++i) out.push_back(all.substr(size_t(displs[size_t(i)]), size_t(lens[size_t(i)])));
     return out;
@@ -281,8 +284,9 @@ bool Nodes::available() { return false; }
 
 std::unique_ptr<Nodes> Nodes::join(int*, char***) {
     if (launched_processes() <= 1) return nullptr;
-    throw DeviceError("started by mpirun with several processes, but this build has no MPI: install "
-                      "libopenmpi-dev (scripts/install_deps.sh does) and rebuild");
+    throw DeviceError(
+        "started by mpirun with several processes, but this build has no MPI: install "
+        "libopenmpi-dev (scripts/install_deps.sh does) and rebuild");
 }
 
 Nodes::~Nodes() = default;

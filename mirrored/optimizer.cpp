@@ -12,21 +12,22 @@ double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps
     const ScheduleConfig& s = c.schedule;
     if (s.warmup_steps > 0 && step < s.warmup_steps) return base * double(step + 1) / double(s.warmup_steps);
     switch (s.type) {
-    case ScheduleConfig::Type::step:
-        return base * std::pow(s.gamma, double((step - s.warmup_steps) / std::max<int64_t>(s.step_size, 1)));
-    case ScheduleConfig::Type::multistep: {
-        double lr = base;
-        for (int64_t m : s.milestones)
-            if (step >= m) lr *= s.gamma;
-        return lr;
-    }
-    case ScheduleConfig::Type::cosine: {
-        const double span = double(std::max<int64_t>(total_steps - s.warmup_steps, 1));
-        const double t = std::clamp(double(step - s.warmup_steps) / span, 0.0, 1.0);
-        const double floor = base * s.min_lr_ratio;
-        return floor + (base - floor) * 0.5 * (1.0 + std::cos(M_PI * t));
-    }
-    default: return base;
+        case ScheduleConfig::Type::step:
+            return base * std::pow(s.gamma, double((step - s.warmup_steps) / std::max<int64_t>(s.step_size, 1)));
+        case ScheduleConfig::Type::multistep: {
+            double lr = base;
+            for (int64_t m : s.milestones)
+                if (step >= m) lr *= s.gamma;
+            return lr;
+        }
+        case ScheduleConfig::Type::cosine: {
+            const double span = double(std::max<int64_t>(total_steps - s.warmup_steps, 1));
+            const double t = std::clamp(double(step - s.warmup_steps) / span, 0.0, 1.0);
+            const double floor = base * s.min_lr_ratio;
+            return floor + (base - floor) * 0.5 * (1.0 + std::cos(M_PI * t));
+        }
+        default:
+            return base;
     }
 }
 

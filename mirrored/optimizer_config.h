@@ -13,8 +13,8 @@ namespace mirrored {
 struct ScheduleConfig {
     enum class Type { constant, step, multistep, cosine };
     Type type = Type::constant;
-    int64_t warmup_steps = 0;  // linear from lr/warmup to lr
-    int64_t step_size = 1000;  // step: multiply by gamma every step_size steps
+    int64_t warmup_steps = 0;         // linear from lr/warmup to lr
+    int64_t step_size = 1000;         // step: multiply by gamma every step_size steps
     std::vector<int64_t> milestones;  // multistep: multiply by gamma at each of these steps
     double gamma = 0.1;
     double min_lr_ratio = 0.0;  // cosine: final lr = lr * min_lr_ratio

@@ -24,7 +24,8 @@ double allreduce_seconds(const Topology& t, double bytes) {
     if (t.nodes <= 1 || bytes <= 0) return in_node;
     const int n = t.per_node;
     const double between = ring_allreduce_seconds(t.nodes, bytes, t.net);  // every GPU's slice; the n share the network
-    const double gather = n > 1 ? double(n - 1) / n * bytes / t.local.bus_bytes_per_s + (n - 1) * t.local.step_latency_s : 0.0;
+    const double gather =
+        n > 1 ? double(n - 1) / n * bytes / t.local.bus_bytes_per_s + (n - 1) * t.local.step_latency_s : 0.0;
     return in_node + between + gather;
 }
 
@@ -32,7 +33,8 @@ namespace {
 
 int count_sync_batchnorm(const std::vector<LayerSpec>& layers) {
     int n = 0;
-    for (const LayerSpec& l : layers) n += (l.type == "batchnorm" && l.field("sync") == "true") + count_sync_batchnorm(l.layers);
+    for (const LayerSpec& l : layers)
+        n += (l.type == "batchnorm" && l.field("sync") == "true") + count_sync_batchnorm(l.layers);
     return n;
 }
 
@@ -56,7 +58,8 @@ CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
         const bool state = b.ready_after_layer < 0;
         BucketTiming t;
         t.bytes = double(b.end - b.begin) * (state ? 4.0 : grad_elem);
-        t.ready = state || size_t(b.ready_after_layer) >= done_after.size() ? 1.0 : done_after[size_t(b.ready_after_layer)];
+        t.ready =
+            state || size_t(b.ready_after_layer) >= done_after.size() ? 1.0 : done_after[size_t(b.ready_after_layer)];
         c.wire_bytes += t.bytes;
         c.buckets.push_back(t);
     }
@@ -164,9 +167,10 @@ double profile_seconds_per_sample(const std::string& json_text, const std::strin
         // a step from a microsecond to a day, a batch of whole samples below 2^31
         if (!(*step_ms >= 1e-3 && *step_ms <= 86400e3) || !(*rows >= 1 && *rows < 2147483648.0) ||
             *rows != std::floor(*rows))
-            throw ConfigError(where + ": results[" + std::to_string(i) + "]: step_ms " + decimal_text(*step_ms) +
-                              " and global_batch " + decimal_text(*rows) +
-                              " are not a measurement (expected a step of 0.001 ms to a day, a whole batch of 1 to 2^31-1)");
+            throw ConfigError(
+                where + ": results[" + std::to_string(i) + "]: step_ms " + decimal_text(*step_ms) +
+                " and global_batch " + decimal_text(*rows) +
+                " are not a measurement (expected a step of 0.001 ms to a day, a whole batch of 1 to 2^31-1)");
         return *step_ms / 1e3 / *rows;
     }
     throw ConfigError(where + " has no one-replica point with step_ms and global_batch");

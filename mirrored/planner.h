@@ -48,9 +48,9 @@ struct BucketTiming {
 
 struct CommPlan {
     std::vector<BucketTiming> buckets;
-    double wire_bytes = 0;          // per step, all buckets
-    int blocking_allreduces = 0;    // synchronised batchnorm: two per layer per step
-    double blocking_bytes = 0;      // each
+    double wire_bytes = 0;            // per step, all buckets
+    int blocking_allreduces = 0;      // synchronised batchnorm: two per layer per step
+    double blocking_bytes = 0;        // each
     double backward_share = 2.0 / 3;  // of a step's compute, by FLOPs
 };
 CommPlan comm_plan(const Model& model, const StrategyConfig& strategy);

@@ -13,15 +13,28 @@ namespace mirrored {
 
 namespace {
 
-// The metric accumulators are doubles; zero bits are 0.0.
-void zero_metrics(Device& d, Stream s, double* m) { d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(m)); }
-
 void backoff(int round) {
     if (round < 64) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 20 * (round - 63))));
 }
 
 }  // namespace
+
+// All-zero bits are 0.0: the doubles are cleared as twice as many floats, by the fill every
+// backend has.
+void ReplicaSet::zero_metrics(Device& d, Stream s, double* metrics) {
+    // cppcheck-suppress invalidPointerCast
+    d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics));
+}
+
+void ReplicaSet::sum_over_nodes(Metrics& m, const char* what) const {
+    if (!nodes_) return;
+    double v[3] = {m.loss_sum, m.correct, m.count};
+    nodes_->sum(v, 3, what);
+    m.loss_sum = v[0];
+    m.correct = v[1];
+    m.count = v[2];
+}
 
 std::string MemoryPlan::describe() const {
     return "parameters " + format_bytes(params) + ", gradients " + format_bytes(grads) + ", optimizer state " +
@@ -70,16 +83,19 @@ Replica::~Replica() {
             device->abandon();
         }
     }
-    for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced,
-                    metrics_copied, stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, step_ready,
-                    graph_done})
+    for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced, metrics_copied,
+                    stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, step_ready, graph_done})
         if (e.handle) device->event_destroy(e);
 }
 
 ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt, int global_batch,
                        int accumulation_steps, Nodes* nodes, size_t label_bytes)
-    : cfg_(cfg), model_(model), nodes_(nodes), devices_(parse_devices(cfg.devices)),
-      accumulation_(accumulation_steps), label_bytes_(label_bytes) {
+    : cfg_(cfg),
+      model_(model),
+      nodes_(nodes),
+      devices_(parse_devices(cfg.devices)),
+      accumulation_(accumulation_steps),
+      label_bytes_(label_bytes) {
     const int n = int(devices_.ordinals.size());
     const int all = n * node_count();  // all_replicas() once the replicas are built
     check_batch(global_batch, all);
@@ -93,8 +109,9 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
     loss_scaling_ = cfg_.precision == Precision::fp16;
     shared_ = parameters_shared(cfg_, devices_, nodes_ != nullptr);
     if (shared_ && devices_.traits().asynchronous && n > PeerBuffers::kMax)
-        throw ConfigError("strategy.shared_parameters", "at most " + std::to_string(PeerBuffers::kMax) +
-                                                            " replicas of one GPU share one parameter copy; set it false");
+        throw ConfigError("strategy.shared_parameters",
+                          "at most " + std::to_string(PeerBuffers::kMax) +
+                              " replicas of one GPU share one parameter copy; set it false");
     plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
@@ -116,9 +133,10 @@ std::vector<Device*> ReplicaSet::device_list() const {
 void ReplicaSet::check_batch(int global_batch, int all) const {
     if (accumulation_ < 1) throw ConfigError("train.grad_accumulation_steps", "expected a positive integer");
     if (global_batch % (all * accumulation_) != 0)
-        throw ConfigError("train.global_batch_size", "" + std::to_string(global_batch) + " does not divide into " +
-                          std::to_string(all) + " replicas x " + std::to_string(accumulation_) +
-                          " accumulation steps; use a multiple of " + std::to_string(all * accumulation_));
+        throw ConfigError("train.global_batch_size",
+                          "" + std::to_string(global_batch) + " does not divide into " + std::to_string(all) +
+                              " replicas x " + std::to_string(accumulation_) +
+                              " accumulation steps; use a multiple of " + std::to_string(all * accumulation_));
     if (cfg_.bucket_mb < 0) throw ConfigError("strategy.bucket_mb", "expected a number >= 0");
 }
 
@@ -146,7 +164,8 @@ void ReplicaSet::allocate_model_state(Replica& R, const OptimizerConfig& opt, in
     const bool holds_params = !shared_ || R.index == 0;  // shared: replica 0 holds the one copy
     if (holds_params) R.params = DeviceBuffer<float>(d, flat);
     R.grads = DeviceBuffer<float>(d, flat);
-    if (low_precision_ && holds_params) R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
+    if (low_precision_ && holds_params)
+        R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
     if (holds_params) R.optimizer = make_optimizer(d, opt, model_.trainable_size());
     R.acts = model_.make_activations(d, micro_rows);
 }
@@ -224,7 +243,8 @@ void ReplicaSet::build_replica(int r, int shard_rows, int micro_rows, const Opti
         throw DeviceError("replica " + std::to_string(r) + ": " + what +
                           (what.find("out of memory") != std::string::npos
                                ? ". Each replica holds the whole model plus activations for " +
-                                     std::to_string(micro_rows) + " rows: try a smaller per-replica batch "
+                                     std::to_string(micro_rows) +
+                                     " rows: try a smaller per-replica batch "
                                      "(train.global_batch_size) or more train.grad_accumulation_steps"
                                : ""));
     }
@@ -316,7 +336,8 @@ int ReplicaSet::stage_input(Replica& R, const Batch& batch, const Shard& shard, 
         d.copy_to_device(cs, R.inputs[buf].data(), batch.features + size_t(shard.begin) * features,
                          size_t(shard.rows) * features * sizeof(float));
     } else {  // CPU replicas gather their rows from the data set themselves (gathers_input())
-        if (devices_.traits().asynchronous) throw Error(kExitFailure, "strategy: a batch without features for a GPU replica");
+        if (devices_.traits().asynchronous)
+            throw Error(kExitFailure, "strategy: a batch without features for a GPU replica");
         batch.owner->gather(batch, shard.begin, shard.rows, R.inputs[buf].data());
     }
     const void* labels = batch.targets ? static_cast<const void*>(batch.targets) : batch.labels;
@@ -326,10 +347,13 @@ int ReplicaSet::stage_input(Replica& R, const Batch& batch, const Shard& shard, 
     d.event_record(R.input_ready[buf], cs);
     // The slot's Batch outlives the callback (the slot is not refilled before every replica has
     // released it), so it is the callback's only argument; the host may be steps ahead by then.
-    d.host_callback(cs, [](void* p) {
-        const auto* b = static_cast<const Batch*>(p);
-        b->owner->release(*b);
-    }, const_cast<Batch*>(&batch));
+    d.host_callback(
+        cs,
+        [](void* p) {
+            const auto* b = static_cast<const Batch*>(p);
+            b->owner->release(*b);
+        },
+        const_cast<Batch*>(&batch));
     d.stream_wait_event(d.compute_stream(), R.input_ready[buf]);
     return buf;
 }
@@ -345,7 +369,7 @@ const void* ReplicaSet::stage_for_compute(Replica& R, int buf, size_t rows) {
 }
 
 Pass ReplicaSet::make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed,
-                                 uint32_t step, bool training, const StepValues* values) {
+                           uint32_t step, bool training, const StepValues* values) {
     Pass p;
     p.dev = R.device.get();
     p.stream = s;
@@ -368,7 +392,8 @@ Pass ReplicaSet::make_pass(Replica& R, Stream s, int rows, int global_rows, int6
 
 void ReplicaSet::refresh_weights(Replica& R, Stream s) {
     if (low_precision_)
-        R.device->convert(s, model_.trainable_size(), R.params.data(), DType::f32, R.weights.data(), R.device->value_dtype());
+        R.device->convert(s, model_.trainable_size(), R.params.data(), DType::f32, R.weights.data(),
+                          R.device->value_dtype());
 }
 
 size_t ReplicaSet::input_row_bytes(const Replica& R) const {
@@ -377,7 +402,8 @@ size_t ReplicaSet::input_row_bytes(const Replica& R) const {
 
 int ReplicaSet::global_micro_rows(int global_rows, int m) const {
     int rows = 0;
-    for (int g = 0; g < all_replicas(); ++g) rows += shard_of(shard_of(global_rows, all_replicas(), g).rows, accumulation_, m).rows;
+    for (int g = 0; g < all_replicas(); ++g)
+        rows += shard_of(shard_of(global_rows, all_replicas(), g).rows, accumulation_, m).rows;
     return rows;
 }
 

@@ -70,26 +70,26 @@ struct StepWork {
 struct Replica {
     int index = 0;
     std::unique_ptr<Device> device;
-    DeviceBuffer<float> params, grads;          // [flat_size], identical layouts
-    DeviceBuffer<unsigned char> weights;        // [trainable] compute copy in the activation type (bf16, fp16)
-    std::unique_ptr<Optimizer> optimizer;       // state in the trainable layout
-    Activations acts;                           // [max micro-batch rows, ...]
-    DeviceBuffer<float> inputs[2];              // [shard rows, features], double-buffered
-    DeviceBuffer<unsigned char> inputs_act;     // [shard rows, features] in the activation type (bf16, fp16)
-    DeviceBuffer<unsigned char> labels[2];      // [shard rows] class indexes or [shard rows, outputs] targets
+    DeviceBuffer<float> params, grads;                 // [flat_size], identical layouts
+    DeviceBuffer<unsigned char> weights;               // [trainable] compute copy in the activation type (bf16, fp16)
+    std::unique_ptr<Optimizer> optimizer;              // state in the trainable layout
+    Activations acts;                                  // [max micro-batch rows, ...]
+    DeviceBuffer<float> inputs[2];                     // [shard rows, features], double-buffered
+    DeviceBuffer<unsigned char> inputs_act;            // [shard rows, features] in the activation type (bf16, fp16)
+    DeviceBuffer<unsigned char> labels[2];             // [shard rows] class indexes or [shard rows, outputs] targets
     DeviceBuffer<double> train_metrics, eval_metrics;  // [kMetricSlots]
-    DeviceBuffer<float> grad_stats;             // [2]: squared norm, non-finite count
-    DeviceBuffer<float> grad_total;             // [2]: shared parameters: grad_stats of every slice, summed
-    DeviceBuffer<float> loss_scale;             // [2]: scale, good steps in a row (fp16)
-    DeviceBuffer<float> stats;                  // synchronised batch statistics (model.stats_floats())
+    DeviceBuffer<float> grad_stats;                    // [2]: squared norm, non-finite count
+    DeviceBuffer<float> grad_total;                    // [2]: shared parameters: grad_stats of every slice, summed
+    DeviceBuffer<float> loss_scale;                    // [2]: scale, good steps in a row (fp16)
+    DeviceBuffer<float> stats;                         // synchronised batch statistics (model.stats_floats())
     std::unique_ptr<StatsSync> sync;
-    DeviceBuffer<uint64_t> checksums;           // [tensors + 1]: per tensor, then whole buffer
+    DeviceBuffer<uint64_t> checksums;            // [tensors + 1]: per tensor, then whole buffer
     HostBuffer<double> metrics_host, eval_host;  // [kMetricSlots], pinned
-    HostBuffer<float> loss_scale_host;          // [2], copied with the metrics
+    HostBuffer<float> loss_scale_host;           // [2], copied with the metrics
     HostBuffer<uint64_t> checksums_host;
     Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied, stats_ready, stats_done;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
-    DeviceBuffer<StepValues> step_values[2];    // cuda_graph: this step's values, with inputs[b]
+    DeviceBuffer<StepValues> step_values[2];      // cuda_graph: this step's values, with inputs[b]
     // cuda_graph: step_ready - staged, the launch may start; graph_done - replica 0: the launched
     // graph has ended; the others: their part has ended (the join inside the capture)
     Event step_ready, graph_done;
@@ -128,7 +128,7 @@ public:
     const DeviceList& devices() const { return devices_; }
     const DeviceTraits& traits() const { return devices_.traits(); }
     int accumulation() const { return accumulation_; }
-    bool shared() const { return shared_; }               // one parameter copy (shared_parameters)
+    bool shared() const { return shared_; }                // one parameter copy (shared_parameters)
     bool low_precision() const { return low_precision_; }  // bf16/fp16 activations and weight copies
     bool loss_scaling() const { return loss_scaling_; }    // fp16
     size_t label_bytes() const { return label_bytes_; }
@@ -180,7 +180,9 @@ public:
     Shard global_shard(const Batch& batch, int r) const {
         return shard_of(batch.global_rows, all_replicas(), first_replica() + r);
     }
-    static Shard local_shard(const Batch& batch, const Shard& global) { return {global.begin - batch.first_row, global.rows}; }
+    static Shard local_shard(const Batch& batch, const Shard& global) {
+        return {global.begin - batch.first_row, global.rows};
+    }
     // The shard's rows and labels into R's next input buffer on its copy stream; returns the
     // buffer. values: also copies the step's values into the buffer's step_values (cuda_graph).
     int stage_input(Replica& R, const Batch& batch, const Shard& shard, const StepValues* values = nullptr);
@@ -196,6 +198,10 @@ public:
     void refresh_weights(Replica& R, Stream s);
     // Rows of micro-batch m summed over every replica's shard (synchronised statistics).
     int global_micro_rows(int global_rows, int m) const;
+    // A replica's [kMetricSlots] accumulators cleared, on s.
+    static void zero_metrics(Device& d, Stream s, double* metrics);
+    // Multi-node: metrics summed over every node's replicas (a collective; `what` names it).
+    void sum_over_nodes(Metrics& m, const char* what) const;
 
 private:
     // The global batch against all replicas of the job and the accumulation steps: ConfigError

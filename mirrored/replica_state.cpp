@@ -7,23 +7,6 @@
 
 namespace mirrored {
 
-namespace {
-
-// The metric accumulators are doubles; zero bits are 0.0.
-void zero_metrics(Device& d, Stream s, double* m) { d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(m)); }
-
-// Multi-node: metrics are sums over every node's replicas.
-void sum_over_nodes(Metrics& m, Nodes* nodes, const char* what) {
-    if (!nodes) return;
-    double v[3] = {m.loss_sum, m.correct, m.count};
-    nodes->sum(v, 3, what);
-    m.loss_sum = v[0];
-    m.correct = v[1];
-    m.count = v[2];
-}
-
-}  // namespace
-
 void ReplicaState::init_and_broadcast() {
     set_.guarded([&] {
         Replica& R0 = set_.replica(0);
@@ -57,9 +40,10 @@ void ReplicaState::request_train_metrics() {
             Device& d = *R.device;
             const Stream s = d.compute_stream();
             d.copy_to_host(s, R.metrics_host.data(), R.train_metrics.data(), kMetricSlots * sizeof(double));
-            if (set_.loss_scaling()) d.copy_to_host(s, R.loss_scale_host.data(), R.loss_scale.data(), 2 * sizeof(float));
+            if (set_.loss_scaling())
+                d.copy_to_host(s, R.loss_scale_host.data(), R.loss_scale.data(), 2 * sizeof(float));
             d.event_record(R.metrics_copied, s);
-            zero_metrics(d, s, R.train_metrics.data());
+            ReplicaSet::zero_metrics(d, s, R.train_metrics.data());
         }
     });
 }
@@ -76,7 +60,7 @@ Metrics ReplicaState::take_train_metrics() {
     set_.guarded([&] { set_.wait_until([&] { return train_metrics_ready(); }); });
     Metrics m;
     for (auto& R : set_.members()) m.add(R->metrics_host.data());
-    sum_over_nodes(m, set_.nodes(), "the sum of the training metrics");
+    set_.sum_over_nodes(m, "the sum of the training metrics");
     return m;
 }
 
@@ -111,9 +95,11 @@ std::vector<std::array<double, 3>> ReplicaState::peek_train_metrics() {
         std::vector<std::array<double, 3>> out;
         for (auto& R : set_.members()) {
             Device& d = *R->device;
-            d.copy_to_host(d.compute_stream(), R->metrics_host.data(), R->train_metrics.data(), kMetricSlots * sizeof(double));
+            d.copy_to_host(d.compute_stream(), R->metrics_host.data(), R->train_metrics.data(),
+                           kMetricSlots * sizeof(double));
             d.stream_synchronize(d.compute_stream());
-            out.push_back({R->metrics_host[kMetricLossSum], R->metrics_host[kMetricCorrect], R->metrics_host[kMetricCount]});
+            out.push_back(
+                {R->metrics_host[kMetricLossSum], R->metrics_host[kMetricCorrect], R->metrics_host[kMetricCount]});
         }
         if (!set_.nodes()) return out;
         std::vector<uint64_t> bits;  // doubles travel as their bits: nothing is added
@@ -138,7 +124,8 @@ void ReplicaState::restore_train_metrics(const std::vector<std::array<double, 3>
             Device& d = *set_.replica(r).device;
             const double v[kMetricSlots] = {per[r][0], per[r][1], per[r][2], 0.0};
             std::memcpy(set_.replica(r).metrics_host.data(), v, sizeof v);
-            d.copy_to_device(d.compute_stream(), set_.replica(r).train_metrics.data(), set_.replica(r).metrics_host.data(), sizeof v);
+            d.copy_to_device(d.compute_stream(), set_.replica(r).train_metrics.data(),
+                             set_.replica(r).metrics_host.data(), sizeof v);
             d.stream_synchronize(d.compute_stream());
         }
     });
@@ -150,7 +137,8 @@ uint64_t ReplicaState::checksum(int r) {
         Replica& R = set_.replica(r);
         Device& d = *R.device;
         const size_t last = set_.model().tensors().size();
-        d.checksum(d.compute_stream(), set_.model().flat_size(), set_.holder(R).params.data(), R.checksums.data() + last);
+        d.checksum(d.compute_stream(), set_.model().flat_size(), set_.holder(R).params.data(),
+                   R.checksums.data() + last);
         d.copy_to_host(d.compute_stream(), R.checksums_host.data() + last, R.checksums.data() + last, sizeof(uint64_t));
         d.stream_synchronize(d.compute_stream());
         return R.checksums_host[last];
@@ -184,7 +172,8 @@ void ReplicaState::verify_replicas() {
                                   set_.replica(r).device->name() + ") differs from replica 0 (" +
                                   set_.replica(0).device->name() + ")");
     if (!set_.nodes()) return;
-    std::vector<uint64_t> mine(set_.replica(0).checksums_host.data(), set_.replica(0).checksums_host.data() + tensors.size());
+    std::vector<uint64_t> mine(set_.replica(0).checksums_host.data(),
+                               set_.replica(0).checksums_host.data() + tensors.size());
     const std::vector<uint64_t> all = set_.nodes()->all_gather(mine, "the replica verification");
     for (int k = 1; k < set_.node_count(); ++k)
         for (size_t t = 0; t < tensors.size(); ++t)
@@ -220,9 +209,10 @@ std::vector<std::pair<std::string, std::vector<float>>> ReplicaState::download_o
 }
 
 void ReplicaState::upload_state(const std::vector<float>& params,
-                                    const std::vector<std::pair<std::string, std::vector<float>>>& state) {
+                                const std::vector<std::pair<std::string, std::vector<float>>>& state) {
     // Everything is checked before anything is copied.
-    if (params.size() != set_.replica(0).params.size()) throw CheckpointError("checkpoint parameters do not fit the model");
+    if (params.size() != set_.replica(0).params.size())
+        throw CheckpointError("checkpoint parameters do not fit the model");
     auto mine = set_.replica(0).optimizer->state();
     if (mine.size() != state.size()) throw CheckpointError("checkpoint optimizer state does not fit the optimizer");
     for (size_t i = 0; i < mine.size(); ++i)

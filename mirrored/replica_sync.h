@@ -21,7 +21,11 @@ class ReplicaSync {
 public:
     enum class On { comm, compute };
     ReplicaSync(std::vector<Device*> devices, ReplicaBarrier& barrier, On on = On::comm)
-        : devices_(std::move(devices)), barrier_(barrier), events_(devices_.size()), turn_(devices_.size(), 0), on_(on) {
+        : devices_(std::move(devices)),
+          barrier_(barrier),
+          events_(devices_.size()),
+          turn_(devices_.size(), 0),
+          on_(on) {
         async_ = !devices_.empty() && devices_[0]->asynchronous();
         if (async_)
             for (size_t r = 0; r < devices_.size(); ++r)

@@ -65,7 +65,7 @@ public:
 
 private:
     void loop(int r);
-    void stop();  // ends and joins the replica threads
+    void stop();                                              // ends and joins the replica threads
     void run_one(const std::function<void(int)>& fn, int r);  // records the first failure
     const int n_;
     std::vector<std::thread> threads_;  // replicas 1..n-1

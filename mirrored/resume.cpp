@@ -27,7 +27,8 @@ std::string blas_kernel_hint(const std::string& written, const std::string& now)
     };
     const auto [core, jit] = split(written);
     const auto [now_core, now_jit] = split(now);
-    const bool plain = !core.empty() && std::all_of(core.begin(), core.end(), [](char c) { return std::isalnum(uint8_t(c)); });
+    const bool plain =
+        !core.empty() && std::all_of(core.begin(), core.end(), [](char c) { return std::isalnum(uint8_t(c)); });
     if (!plain || core == now_core || jit != now_jit) return "";
     return "; to resume bit-identically, rerun with OPENBLAS_CORETYPE=" + core + " MIRRORED_BLAS_AUTO=0";
 }
@@ -56,7 +57,8 @@ Config with_resume_hints(Config c) {
         path = found.front();
     }
     const auto meta = peek_checkpoint_metadata(path);
-    if (const auto it = meta.find("cross_device_ops"); it != meta.end()) c.strategy.resume_cross_device_ops = it->second;
+    if (const auto it = meta.find("cross_device_ops"); it != meta.end())
+        c.strategy.resume_cross_device_ops = it->second;
     return c;
 }
 
@@ -70,10 +72,11 @@ std::optional<CheckpointData> find_checkpoint(const Config& cfg, const Model& mo
         std::vector<std::string> ignored;
         candidates = list_checkpoints(ckpt_dir, &ignored);
         for (const std::string& path : ignored)
-            std::fprintf(stderr, "warning: ignoring %s: not a regular file, so not one the trainer wrote (name it in "
-                         "checkpoint.resume to resume from it)\n", path.c_str());
-    }
-    else if (explicit_path) candidates = {cfg.checkpoint.resume};
+            std::fprintf(stderr,
+                         "warning: ignoring %s: not a regular file, so not one the trainer wrote (name it in "
+                         "checkpoint.resume to resume from it)\n",
+                         path.c_str());
+    } else if (explicit_path) candidates = {cfg.checkpoint.resume};
     for (const auto& path : candidates) {
         try {
             CheckpointData d = read_checkpoint(path, model, hash, summary);
@@ -90,11 +93,11 @@ std::optional<CheckpointData> find_checkpoint(const Config& cfg, const Model& mo
     return std::nullopt;
 }
 
-void check_checkpoint_fits(const CheckpointData& ckpt, const std::string& path, const Config& cfg,
-                           size_t train_samples, uint64_t train_data, int64_t batches_per_epoch) {
+void check_checkpoint_fits(const CheckpointData& ckpt, const std::string& path, const Config& cfg, size_t train_samples,
+                           uint64_t train_data, int64_t batches_per_epoch) {
     if (ckpt.seed != cfg.run.seed)
-        throw ForeignCheckpointError(path + ": written with run.seed " + std::to_string(ckpt.seed) + ", this run uses " +
-                                     std::to_string(cfg.run.seed));
+        throw ForeignCheckpointError(path + ": written with run.seed " + std::to_string(ckpt.seed) +
+                                     ", this run uses " + std::to_string(cfg.run.seed));
     // The loader position counts global batches of the data the checkpoint saw: another batch
     // size or another training set cannot continue it.
     if (ckpt.global_batch != 0 && ckpt.global_batch != cfg.train.global_batch_size)
@@ -108,10 +111,11 @@ void check_checkpoint_fits(const CheckpointData& ckpt, const std::string& path, 
     // the same size, other contents (a regenerated file, a corrected label, another normalisation):
     // the loader can go on, but on other data than the checkpoint's run saw
     if (ckpt.train_data != 0 && ckpt.train_data != train_data)
-        std::fprintf(stderr, "warning: %s was trained on other training data than this run's (the same %zu samples, "
+        std::fprintf(stderr,
+                     "warning: %s was trained on other training data than this run's (the same %zu samples, "
                      "other contents: fingerprint %s, now %s): training continues from it on this data; set "
-                     "checkpoint.resume: never to start afresh\n", path.c_str(), train_samples,
-                     hex64(ckpt.train_data).c_str(), hex64(train_data).c_str());
+                     "checkpoint.resume: never to start afresh\n",
+                     path.c_str(), train_samples, hex64(ckpt.train_data).c_str(), hex64(train_data).c_str());
     if (ckpt.loader.batch >= batches_per_epoch)
         throw CheckpointError(path + ": its loader position (batch " + std::to_string(ckpt.loader.batch) +
                               ") is outside an epoch of " + std::to_string(batches_per_epoch) +
@@ -122,17 +126,18 @@ std::vector<std::string> resume_notes(const CheckpointData& ckpt, const Mirrored
     std::vector<std::string> notes;
     const std::string tail = ": training continues correctly, but not bit-identically to an uninterrupted run";
     if (ckpt.replicas != st.all_replicas())
-        notes.push_back("the checkpoint was written by " + std::to_string(ckpt.replicas) + " replica(s), this run has " +
-                        std::to_string(st.all_replicas()) + tail);
+        notes.push_back("the checkpoint was written by " + std::to_string(ckpt.replicas) +
+                        " replica(s), this run has " + std::to_string(st.all_replicas()) + tail);
     if (const std::string gemm = gemm_library(st, cfg); !ckpt.blas_kernel.empty() && ckpt.blas_kernel != gemm)
-        notes.push_back("the checkpoint was written with GEMMs by " + ckpt.blas_kernel + ", this run uses " + gemm + tail +
-                        blas_kernel_hint(ckpt.blas_kernel, gemm));
+        notes.push_back("the checkpoint was written with GEMMs by " + ckpt.blas_kernel + ", this run uses " + gemm +
+                        tail + blas_kernel_hint(ckpt.blas_kernel, gemm));
     if (const std::string writer = written_by(ckpt); !writer.empty() && writer != mirrored_version())
-        notes.push_back("the checkpoint was written by mirrored " + writer + ", this is " + mirrored_version() +
-                        ": training continues; if the two compute differently, not bit-identically to an uninterrupted run");
+        notes.push_back(
+            "the checkpoint was written by mirrored " + writer + ", this is " + mirrored_version() +
+            ": training continues; if the two compute differently, not bit-identically to an uninterrupted run");
     if (st.all_replicas() > 1 && !ckpt.cross_device_ops.empty() && ckpt.cross_device_ops != st.cross_device_ops_name())
-        notes.push_back("the checkpoint was written with cross-device ops " + ckpt.cross_device_ops + ", this run uses " +
-                        st.cross_device_ops_name() + tail);
+        notes.push_back("the checkpoint was written with cross-device ops " + ckpt.cross_device_ops +
+                        ", this run uses " + st.cross_device_ops_name() + tail);
     return notes;
 }
 

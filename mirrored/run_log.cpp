@@ -33,7 +33,8 @@ void RunLog::emit(const json& record) {
     metrics_.flush();
     if (!metrics_) {  // never lose metrics silently (a full disk, a removed folder)
         const std::string context = context_ ? context_() : std::string();
-        throw CheckpointError(path_ + ": cannot write" + (errno ? std::string(": ") + std::strerror(errno) : std::string()) +
+        throw CheckpointError(path_ + ": cannot write" +
+                              (errno ? std::string(": ") + std::strerror(errno) : std::string()) +
                               (context.empty() ? "" : "; " + context));
     }
 }
@@ -54,8 +55,7 @@ json completed_summary(const std::string& out_dir) {
         const std::string text = read_regular_file((fs::path(out_dir) / "summary.json").string(), 64 << 20);
         json j = json::parse(text);
         if (j.is_object() && j.value("status", "") == "completed") return j;
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     return nullptr;
 }
 

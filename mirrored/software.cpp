@@ -75,7 +75,8 @@ std::string software_json() {
 
 std::string software_fingerprint() {
     std::string s;
-    for (const SoftwareEntry& e : software()) s += e.name + "\t" + e.value + "\t" + (e.nodes_must_match ? "1" : "0") + "\n";
+    for (const SoftwareEntry& e : software())
+        s += e.name + "\t" + e.value + "\t" + (e.nodes_must_match ? "1" : "0") + "\n";
     return s;
 }
 
@@ -103,16 +104,17 @@ SoftwareComparison compare_software(const std::vector<std::string>& fingerprints
             for (const SoftwareEntry& x : other)
                 if (x.name == e.name) o = &x;
             if (o && o->value == e.value) continue;
-            const std::string what = node + " runs " + e.name + " " + (o ? o->value : "(not reported)") +
-                                     " where node 0 runs " + e.value;
+            const std::string what =
+                node + " runs " + e.name + " " + (o ? o->value : "(not reported)") + " where node 0 runs " + e.value;
             if (e.nodes_must_match) differences.push_back(what);
             else c.notes.push_back(what);
         }
     }
     for (size_t i = 0; i < differences.size(); ++i) c.refusal += (i ? "; " : "") + differences[i];
     if (!c.refusal.empty())
-        c.refusal += ": every node must run the same mirrored build, CUDA runtime, NCCL and MPI (mirrored --version "
-                     "on each shows them)";
+        c.refusal +=
+            ": every node must run the same mirrored build, CUDA runtime, NCCL and MPI (mirrored --version "
+            "on each shows them)";
     return c;
 }
 

@@ -6,7 +6,9 @@
 namespace mirrored {
 
 StepProfile::StepProfile(Device& d, int layers, int micro_batches)
-    : dev_(d), layers_(layers), capacity_(5 + size_t(micro_batches) * (2 * size_t(layers) + 1) + size_t(layers)),
+    : dev_(d),
+      layers_(layers),
+      capacity_(5 + size_t(micro_batches) * (2 * size_t(layers) + 1) + size_t(layers)),
       clock_(!d.traits().asynchronous) {
     totals_.forward.assign(size_t(layers), 0.0);
     totals_.backward.assign(size_t(layers), 0.0);
@@ -37,7 +39,9 @@ void StepProfile::collect() {
     if (labels_.size() < 2 || labels_.front() != kBegin || labels_.back() != kEnd)
         throw Error(kExitFailure, "step profile: the step was not marked from begin to end");
     if (!clock_) dev_.event_synchronize(events_[labels_.size() - 1]);
-    auto at = [&](size_t i) { return clock_ ? times_[i] : 1e-3 * double(dev_.event_elapsed_ms(events_[0], events_[i])); };
+    auto at = [&](size_t i) {
+        return clock_ ? times_[i] : 1e-3 * double(dev_.event_elapsed_ms(events_[0], events_[i]));
+    };
     for (size_t i = 1; i < labels_.size(); ++i) {
         const double t = at(i) - at(i - 1);
         const int label = labels_[i];

@@ -29,7 +29,7 @@ public:
     // ends it.
     void collect();
 
-    struct Totals {  // seconds, summed over the collected steps
+    struct Totals {                             // seconds, summed over the collected steps
         std::vector<double> forward, backward;  // per top-level layer
         double input = 0, loss = 0, reduce = 0, update = 0, step = 0;
         int steps = 0;

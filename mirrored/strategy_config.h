@@ -14,13 +14,13 @@ struct StrategyConfig {
     // auto, resuming: the op the checkpoint was written with (not a config key; the trainer reads
     // it). Kept when these devices can run it: a resume then sums in the order of the run it continues.
     std::string resume_cross_device_ops;
-    double bucket_mb = 4.0;       // 0: one all-reduce after backward
-    int verify_every_steps = 0;   // 0: off
+    double bucket_mb = 4.0;                 // 0: one all-reduce after backward
+    int verify_every_steps = 0;             // 0: off
     Precision precision = Precision::fp32;  // train.precision, applied to every device
     int loss_scale_growth_interval = 2000;  // fp16
     DType allreduce_dtype = DType::f32;     // gradients on the links: f32 or bf16
     double collective_timeout_s = 600;      // multi-node: a collective waiting longer aborts the job
-    double step_timeout_s = 1800;           // no step (evaluation, checkpoint) finished for this long: a hang, exit 5; 0: off
+    double step_timeout_s = 1800;  // no step (evaluation, checkpoint) finished for this long: a hang, exit 5; 0: off
     // Replicas in one memory - CPU replicas, or replicas sharing one GPU (cuda:0,0,0,0) on one
     // node - keep one parameter copy (and optimizer state) that every replica reads; after
     // backward each replica sums its slice of the gradients over all replicas and updates that

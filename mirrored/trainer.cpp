@@ -143,12 +143,13 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) * row_bytes;
     const uint64_t need = replicas + slots;
     const uint64_t total = total_host_memory(), avail = available_host_memory();
-    const std::string what = (replicas ? std::to_string(n) + " replica(s) x " + format_bytes(plan.total()) + " (" +
-                                             plan.describe() + ") + " : std::string()) +
-                             "loader slots " + format_bytes(slots) + " = " + format_bytes(need);
+    const std::string what =
+        (replicas ? std::to_string(n) + " replica(s) x " + format_bytes(plan.total()) + " (" + plan.describe() + ") + "
+                  : std::string()) +
+        "loader slots " + format_bytes(slots) + " = " + format_bytes(need);
     if (total && need > total)
-        cfg.fail(replicas ? "model.layers" : "data.prefetch",
-                 "the run needs more host memory than this machine has: " + what + ", " + format_bytes(total) + " in all");
+        cfg.fail(replicas ? "model.layers" : "data.prefetch", "the run needs more host memory than this machine has: " +
+                                                                  what + ", " + format_bytes(total) + " in all");
     if (avail && need > avail)
         throw DeviceError("not enough free host memory: " + what + ", " + format_bytes(avail) +
                           " available: close other programs, or use a smaller model or batch");
@@ -177,8 +178,8 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     auto s = std::make_unique<Session>();
     s->cfg = config;
     Config& cfg = s->cfg;
-    s->data = data ? std::move(data)
-                   : std::make_shared<const Datasets>(load_datasets(cfg.data, cfg.base_dir, cfg.run.seed));
+    s->data =
+        data ? std::move(data) : std::make_shared<const Datasets>(load_datasets(cfg.data, cfg.base_dir, cfg.run.seed));
     check_model_against_data(cfg, *s->data);
     s->model = std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed);
     const Dataset& train = s->data->train;
@@ -195,8 +196,9 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
                      " classes: fix the model's last layer or the labels");
     }
     check_host_memory(cfg, *s->model, train);
-    s->strategy = std::make_unique<MirroredStrategy>(cfg.strategy, *s->model, cfg.optimizer, cfg.train.global_batch_size,
-                                                     cfg.train.grad_accumulation_steps, nodes, cfg.model.loss);
+    s->strategy =
+        std::make_unique<MirroredStrategy>(cfg.strategy, *s->model, cfg.optimizer, cfg.train.global_batch_size,
+                                           cfg.train.grad_accumulation_steps, nodes, cfg.model.loss);
     const int n = s->strategy->replicas();
     LoaderOptions lo;
     lo.global_batch = cfg.train.global_batch_size;
@@ -256,15 +258,19 @@ bool all_finite(const std::vector<float>& v) {
 // strategy.step_timeout_s: the watchdog of a run, from its start (data, replicas, NCCL, the first
 // collectives) to its end; none when 0.
 std::unique_ptr<Watchdog> make_watchdog(const Config& c) {
-    return step_timeout_watchdog(c.strategy.step_timeout_s,
-                                 "start-up (loading data, building the replicas, NCCL and peer access, the first copies)");
+    return step_timeout_watchdog(
+        c.strategy.step_timeout_s,
+        "start-up (loading data, building the replicas, NCCL and peer access, the first copies)");
 }
 
 class Run {
 public:
     Run(const Config& config, Nodes* nodes, std::FILE* progress)
-        : out_(progress), watchdog_(make_watchdog(config)),
-          s_(make_session(with_resume_hints(config), nullptr, true, nodes)), cfg_(s_->cfg), nodes_(nodes),
+        : out_(progress),
+          watchdog_(make_watchdog(config)),
+          s_(make_session(with_resume_hints(config), nullptr, true, nodes)),
+          cfg_(s_->cfg),
+          nodes_(nodes),
           leader_(!nodes || nodes->leader()),
           // mpirun hands its processes a pseudo-terminal even when its own output is a file
           log_(progress, leader_, ::isatty(::fileno(progress)) && !nodes) {
@@ -272,7 +278,8 @@ public:
         ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
         train_data_ = fingerprint(s_->data->train);
         log_.set_context([this] {
-            return last_ckpt_step_ >= 0 ? "the last checkpoint is at step " + std::to_string(last_ckpt_step_) : std::string();
+            return last_ckpt_step_ >= 0 ? "the last checkpoint is at step " + std::to_string(last_ckpt_step_)
+                                        : std::string();
         });
     }
 
@@ -320,7 +327,7 @@ private:
     Metrics last_train_, last_eval_;
     int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
     double wall_start_ = 0, train_time_ = 0, interval_start_ = 0, interval_wait_ = 0;
-    double last_ckpt_time_ = 0;  // checkpoint.every_minutes counts from here
+    double last_ckpt_time_ = 0;     // checkpoint.every_minutes counts from here
     double interval_excluded_ = 0;  // evaluation and checkpoint time inside a log interval
     int64_t interval_steps_ = 0, samples_done_ = 0;
     double samples_per_sec_ = 0;
@@ -343,16 +350,19 @@ void Run::print_header() {
     const DeviceTraits& traits = st.device_traits();
     const char* kind = traits.display;
     // Every node's devices: collected on every node, printed by node 0.
-    const std::vector<std::string> nodes =
-        nodes_ ? nodes_->all_gather(nodes_->host() + ": " + st.devices().describe() + ", " + st.replica(0).device->description(),
-                                    "the exchange of the nodes' devices")
-               : std::vector<std::string>{};
+    const std::vector<std::string> nodes = nodes_ ? nodes_->all_gather(nodes_->host() + ": " + st.devices().describe() +
+                                                                           ", " + st.replica(0).device->description(),
+                                                                       "the exchange of the nodes' devices")
+                                                  : std::vector<std::string>{};
     const std::string where = nodes_ ? std::to_string(nodes_->count()) + " nodes x " : std::string();
-    std::fprintf(out_, "mirrored: run '%s' on %s%d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n", cfg_.run.name.c_str(),
-                where.c_str(), st.replicas(), kind, st.devices().describe().c_str(), st.cross_device_ops_name(), st.buckets().size());
+    std::fprintf(out_, "mirrored: run '%s' on %s%d %s replica(s) [%s], cross-device ops %s, %zu bucket(s)\n",
+                 cfg_.run.name.c_str(), where.c_str(), st.replicas(), kind, st.devices().describe().c_str(),
+                 st.cross_device_ops_name(), st.buckets().size());
     if (nodes_) {
-        std::fprintf(out_, "  %d replicas in all over %s; node k's replica r is replica k x %d + r; gradients summed in the "
-                    "node, then between the nodes\n", st.all_replicas(), Nodes::library().c_str(), st.replicas());
+        std::fprintf(out_,
+                     "  %d replicas in all over %s; node k's replica r is replica k x %d + r; gradients summed in the "
+                     "node, then between the nodes\n",
+                     st.all_replicas(), Nodes::library().c_str(), st.replicas());
         for (size_t k = 0; k < nodes.size(); ++k) std::fprintf(out_, "  node %zu: %s\n", k, nodes[k].c_str());
     }
     std::fprintf(out_, "  software: %s\n", software_line().c_str());
@@ -365,20 +375,26 @@ void Run::print_header() {
             std::fprintf(out_, "  replica %d: %s\n", r, st.replica(r).device->description().c_str());
     const std::string topo = st.topology_report();
     if (!topo.empty()) std::fprintf(out_, "  %s", topo.c_str());
-    std::fprintf(out_, "  data: %s, %zu train / %zu test samples of %s, %d classes; global batch %d (%d per replica%s), %lld steps per epoch\n",
-                cfg_.data.dataset.c_str(), s_->data->train.count(), s_->data->test.count(),
-                shape_str(s_->data->train.shape).c_str(), s_->data->train.classes, cfg_.train.global_batch_size,
-                cfg_.train.global_batch_size / st.all_replicas(),
-                cfg_.train.grad_accumulation_steps > 1 ? (", " + std::to_string(cfg_.train.grad_accumulation_steps) + " micro-batches").c_str() : "",
-                static_cast<long long>(s_->train_loader->batches_per_epoch()));
+    std::fprintf(out_,
+                 "  data: %s, %zu train / %zu test samples of %s, %d classes; global batch %d (%d per replica%s), %lld "
+                 "steps per epoch\n",
+                 cfg_.data.dataset.c_str(), s_->data->train.count(), s_->data->test.count(),
+                 shape_str(s_->data->train.shape).c_str(), s_->data->train.classes, cfg_.train.global_batch_size,
+                 cfg_.train.global_batch_size / st.all_replicas(),
+                 cfg_.train.grad_accumulation_steps > 1
+                     ? (", " + std::to_string(cfg_.train.grad_accumulation_steps) + " micro-batches").c_str()
+                     : "",
+                 static_cast<long long>(s_->train_loader->batches_per_epoch()));
     std::fprintf(out_, "  model:\n%s", s_->model->summary().c_str());
     const Device& d0 = *st.replica(0).device;
-    std::fprintf(out_, "  precision %s, gradients all-reduced in %s; memory per replica: planned %s; allocated %s (measured)%s\n",
-                precision_name(cfg_.train.precision), dtype_name(cfg_.strategy.allreduce_dtype),
-                st.memory_plan().describe().c_str(), format_bytes(d0.allocated_bytes()).c_str(),
-                traits.gpu ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
-    std::fprintf(out_, "  output: %s; checkpoints %s, the newest %d kept\n", out_dir_.c_str(), checkpoint_policy(cfg_.checkpoint).c_str(),
-                cfg_.checkpoint.keep);
+    std::fprintf(
+        out_,
+        "  precision %s, gradients all-reduced in %s; memory per replica: planned %s; allocated %s (measured)%s\n",
+        precision_name(cfg_.train.precision), dtype_name(cfg_.strategy.allreduce_dtype),
+        st.memory_plan().describe().c_str(), format_bytes(d0.allocated_bytes()).c_str(),
+        traits.gpu ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
+    std::fprintf(out_, "  output: %s; checkpoints %s, the newest %d kept\n", out_dir_.c_str(),
+                 checkpoint_policy(cfg_.checkpoint).c_str(), cfg_.checkpoint.keep);
     std::fflush(out_);
 }
 
@@ -388,18 +404,23 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
     if (!st.cross_device_ops_choice().empty())
         std::fprintf(out_, "  cross-device ops: %s\n", st.cross_device_ops_choice().c_str());
     if (st.shared_parameters())
-        std::fprintf(out_, "  shared parameters: the %s keep one parameter copy; each sums its slice of the gradients over "
-                    "the replicas and updates that slice\n",
-                    st.device_traits().one_memory ? "CPU replicas" : "replicas on one GPU");
+        std::fprintf(out_,
+                     "  shared parameters: the %s keep one parameter copy; each sums its slice of the gradients over "
+                     "the replicas and updates that slice\n",
+                     st.device_traits().one_memory ? "CPU replicas" : "replicas on one GPU");
     else if (cfg_.strategy.shared_parameters && st.replicas() > 1)
-        std::fprintf(out_, "  shared parameters apply to replicas in one memory (CPU replicas, or replicas sharing one GPU on "
-                    "one node): each of these replicas keeps its own copy\n");
+        std::fprintf(
+            out_,
+            "  shared parameters apply to replicas in one memory (CPU replicas, or replicas sharing one GPU on "
+            "one node): each of these replicas keeps its own copy\n");
     if (st.cuda_graph())
-        std::fprintf(out_, "  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
-                    "a GPU)\n");
+        std::fprintf(out_,
+                     "  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
+                     "a GPU)\n");
     if (st.cuda_graph() && st.device_traits().gpu && std::string(st.cross_device_ops_name()) == "nccl")
-        std::fprintf(out_, "  cuda_graph with nccl: NCCL documents that capturing several GPUs of one process can deadlock "
-                    "in a graph launch; the watchdog stops a run that hangs, and the ring needs no NCCL\n");
+        std::fprintf(out_,
+                     "  cuda_graph with nccl: NCCL documents that capturing several GPUs of one process can deadlock "
+                     "in a graph launch; the watchdog stops a run that hangs, and the ring needs no NCCL\n");
     else if (!st.cuda_graph_note().empty())
         std::fprintf(out_, "  cuda_graph is off: %s\n", st.cuda_graph_note().c_str());
     if (cfg_.strategy.fused_epilogues)
@@ -416,7 +437,8 @@ bool Run::prepare_output() {
                                         "); wait for it to finish or choose another --output");
     if (lock == RunDirLock::Result::read_only) {
         if (!completed_summary(out_dir_).is_null()) return false;  // nothing to write: show it
-        cfg_.fail("run.output_dir", "cannot write to " + out_dir_ + (ec ? ": " + ec.message() : std::string(" (read-only)")));
+        cfg_.fail("run.output_dir",
+                  "cannot write to " + out_dir_ + (ec ? ": " + ec.message() : std::string(" (read-only)")));
     }
     return true;
 }
@@ -433,7 +455,8 @@ void Run::resume_or_init() {
             used = named ? chosen : (fs::path(ckpt_dir_) / chosen).string();
             std::error_code ec;
             if (!fs::exists(used, ec))
-                throw CheckpointError(used + ": this node cannot see the checkpoint node 0 resumes from: the run "
+                throw CheckpointError(used +
+                                      ": this node cannot see the checkpoint node 0 resumes from: the run "
                                       "folder must be on a file system every node shares, at the same path");
             ckpt = read_checkpoint(used, *s_->model, model_config_hash(cfg_), model_config_summary(cfg_));
         }
@@ -445,7 +468,8 @@ void Run::resume_or_init() {
 // A fresh start never deletes an earlier run's results: they move aside.
 void Run::start_fresh() {
     std::vector<std::string> old = list_checkpoints(ckpt_dir_);
-    for (const char* f : {"metrics.jsonl", "summary.json", "config.yaml"}) old.push_back((fs::path(out_dir_) / f).string());
+    for (const char* f : {"metrics.jsonl", "summary.json", "config.yaml"})
+        old.push_back((fs::path(out_dir_) / f).string());
     const std::string aside = leader_ ? move_aside(out_dir_, old) : std::string();
     if (!aside.empty()) std::fprintf(out_, "  starting fresh; the earlier run's files moved to %s\n", aside.c_str());
     s_->strategy->init_and_broadcast();
@@ -456,7 +480,8 @@ void Run::start_fresh() {
 
 void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     MirroredStrategy& st = *s_->strategy;
-    check_checkpoint_fits(ckpt, path, cfg_, s_->data->train.count(), train_data_, s_->train_loader->batches_per_epoch());
+    check_checkpoint_fits(ckpt, path, cfg_, s_->data->train.count(), train_data_,
+                          s_->train_loader->batches_per_epoch());
     for (const std::string& note : resume_notes(ckpt, st, cfg_)) std::fprintf(out_, "  note: %s\n", note.c_str());
     if (leader_)  // node 0 alone writes the run folder
         if (const std::string moved = set_aside_later_checkpoints(out_dir_, ckpt_dir_, ckpt.step); !moved.empty())
@@ -478,10 +503,11 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
 
 void Run::check_loss_finite(double loss, int64_t step, float lr) const {
     if (std::isfinite(loss)) return;
-    throw Error(kExitDiverged, "training diverged: the loss is " + std::to_string(loss) + " at step " +
-                                   std::to_string(step) + " (lr " + std::to_string(lr) +
-                                   "); lower optimizer.lr or set optimizer.grad_clip_norm" +
-                                   (last_ckpt_step_ >= 0 ? "; the last checkpoint is at step " + std::to_string(last_ckpt_step_) : ""));
+    throw Error(
+        kExitDiverged,
+        "training diverged: the loss is " + std::to_string(loss) + " at step " + std::to_string(step) + " (lr " +
+            std::to_string(lr) + "); lower optimizer.lr or set optimizer.grad_clip_norm" +
+            (last_ckpt_step_ >= 0 ? "; the last checkpoint is at step " + std::to_string(last_ckpt_step_) : ""));
 }
 
 void Run::alert_bottlenecks(double f_data, double f_comm, double interval) {
@@ -516,8 +542,13 @@ void Run::log_train(int64_t step, float lr) {
     const double f_data = busy > 0 ? interval_split_.data_wait_s / busy : 0;
     const double f_comm = busy > 0 ? interval_split_.comm_s / busy : 0;
     const double f_compute = busy > 0 ? interval_split_.compute_s / busy : 0;
-    json record = {{"type", "train"}, {"step", step}, {"epoch", double(step) / bpe}, {"loss", loss},
-                   {"accuracy", accuracy(last_train_)}, {"lr", lr}, {"samples_per_sec", sps},
+    json record = {{"type", "train"},
+                   {"step", step},
+                   {"epoch", double(step) / bpe},
+                   {"loss", loss},
+                   {"accuracy", accuracy(last_train_)},
+                   {"lr", lr},
+                   {"samples_per_sec", sps},
                    {"time_split", {{"data_wait", f_data}, {"compute", f_compute}, {"comm", f_comm}}}};
     if (cfg_.train.precision == Precision::fp16) record["loss_scale"] = st.loss_scale();
     emit(record);
@@ -529,8 +560,8 @@ void Run::log_train(int64_t step, float lr) {
                   "epoch %lld/%.0f  step %lld/%lld  loss %.4f%s  lr %.3g  %.0f samples/s  ETA %s  "
                   "[data %.0f%% compute %.0f%% comm %.0f%%]",
                   static_cast<long long>((step - 1) / (int64_t)bpe) + 1, std::ceil(total_steps_ / bpe),
-                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, acc,
-                  double(lr), sps, duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
+                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, acc, double(lr), sps,
+                  duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
     status_line(line, false);
     if (!first_interval_) alert_bottlenecks(f_data, f_comm, interval);
     first_interval_ = false;
@@ -546,8 +577,12 @@ void Run::evaluate(int64_t step, double epoch) {
     const double t0 = now_s();
     last_eval_ = s_->strategy->evaluate(*s_->test_loader);
     last_eval_step_ = step;
-    emit({{"type", "eval"}, {"step", step}, {"epoch", epoch}, {"test_loss", last_eval_.loss()},
-          {"test_accuracy", accuracy(last_eval_)}, {"samples", last_eval_.count}});
+    emit({{"type", "eval"},
+          {"step", step},
+          {"epoch", epoch},
+          {"test_loss", last_eval_.loss()},
+          {"test_accuracy", accuracy(last_eval_)},
+          {"samples", last_eval_.count}});
     char acc[40] = "";
     if (has_accuracy_) std::snprintf(acc, sizeof acc, "  test accuracy %.4f", last_eval_.accuracy());
     char line[160];
@@ -567,7 +602,9 @@ void Run::save_checkpoint(int64_t step) {
     if (!all_finite(d.params))
         throw Error(kExitDiverged, "training diverged: parameters are not finite at step " + std::to_string(step) +
                                        "; no checkpoint was written" +
-                                       (last_ckpt_step_ >= 0 ? " (the last good one is at step " + std::to_string(last_ckpt_step_) + ")" : ""));
+                                       (last_ckpt_step_ >= 0
+                                            ? " (the last good one is at step " + std::to_string(last_ckpt_step_) + ")"
+                                            : ""));
     last_ckpt_step_ = step;
     if (!leader_) return;  // node 0 writes; its replicas are every node's (verified)
     d.optimizer = st.download_optimizer_state();
@@ -624,7 +661,8 @@ void Run::write_summary(const std::string& status) {
         {"samples_per_sec", train_time_ > 0 ? double(samples_done_) / train_time_ : 0.0},
         {"wall_time_s", now_s() - wall_start_},
         {"train_time_s", train_time_},
-        {"time_split", {{"data_wait_s", split_.data_wait_s}, {"compute_s", split_.compute_s}, {"comm_s", split_.comm_s}}},
+        {"time_split",
+         {{"data_wait_s", split_.data_wait_s}, {"compute_s", split_.compute_s}, {"comm_s", split_.comm_s}}},
         {"replica_checksums", checks},
         {"resumed_from_step", resumed_from_ ? json(*resumed_from_) : json(nullptr)},
         {"last_checkpoint_step", last_ckpt_step_ >= 0 ? json(last_ckpt_step_) : json(nullptr)},
@@ -640,7 +678,8 @@ int Run::run() {
     if (!writable) {
         if (leader_)
             std::fprintf(out_, "the run in %s is complete (the folder cannot be written, so it is only shown):\n%s\n",
-                        out_dir_.c_str(), completed_summary(out_dir_).dump(2, ' ', false, json::error_handler_t::replace).c_str());
+                         out_dir_.c_str(),
+                         completed_summary(out_dir_).dump(2, ' ', false, json::error_handler_t::replace).c_str());
         return kExitOk;
     }
     print_header();
@@ -660,20 +699,20 @@ int Run::run() {
         char acc[40] = "";
         if (has_accuracy_) std::snprintf(acc, sizeof acc, "test accuracy %.4f, ", last_eval_.accuracy());
         std::fprintf(out_, "done: %lld steps, %stest loss %.4f, %.0f samples/s, %s; results in %s\n",
-                    static_cast<long long>(step_), acc, last_eval_.loss(),
-                    train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
-                    out_dir_.c_str());
+                     static_cast<long long>(step_), acc, last_eval_.loss(),
+                     train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
+                     out_dir_.c_str());
     }
     return exit_code_;
 }
-
 
 // Resumed a finished run: nothing to train. Its summary is shown; if the run was killed between
 // its final checkpoint and its summary, the summary is written now from the recorded metrics
 // (evaluating only if the final evaluation never made it to metrics.jsonl).
 int Run::finish_complete_run() {
-    std::fprintf(out_, "the run is already complete (step %lld of %lld); set checkpoint.resume: never to train it again\n",
-                static_cast<long long>(step_), static_cast<long long>(total_steps_));
+    std::fprintf(out_,
+                 "the run is already complete (step %lld of %lld); set checkpoint.resume: never to train it again\n",
+                 static_cast<long long>(step_), static_cast<long long>(total_steps_));
     const json done = completed_summary(out_dir_);
     if (done.is_object() && done.contains("steps") && done["steps"].is_number_integer() &&
         done["steps"].get<int64_t>() == step_) {
@@ -702,10 +741,12 @@ Run::AfterStep Run::after_step(const Loader& loader) {
         next.stop = flags[0] > 0;
         time_due = flags[1] > 0;
     }
-    next.eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
-    next.checkpoint = (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
-                      (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||
-                      time_due || last || next.stop;
+    next.eval =
+        (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
+    next.checkpoint =
+        (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
+        (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||
+        time_due || last || next.stop;
     return next;
 }
 
@@ -759,7 +800,8 @@ void Run::train_loop() {
         pause_for(next, loop_start);
         if (next.stop) {
             if (log_.tty()) std::fprintf(out_, "\n");
-            std::fprintf(out_, "interrupted: checkpoint written at step %lld; run again to resume\n", static_cast<long long>(step_));
+            std::fprintf(out_, "interrupted: checkpoint written at step %lld; run again to resume\n",
+                         static_cast<long long>(step_));
             exit_code_ = kExitInterrupted;
             break;
         }
@@ -807,7 +849,8 @@ void check_same_config(const Config& config, Nodes& nodes) {
 // ranks of different versions hang or fail in the first collective); other differences (the
 // BLAS kernel, cuBLAS) cost only bit-identity with a one-node run, and node 0 says so.
 void check_same_software(Nodes& nodes) {
-    const SoftwareComparison c = compare_software(nodes.all_gather(software_fingerprint(), "the exchange of the software versions"));
+    const SoftwareComparison c =
+        compare_software(nodes.all_gather(software_fingerprint(), "the exchange of the software versions"));
     if (!c.refusal.empty()) throw ConfigError(c.refusal);
     if (nodes.leader())
         for (const std::string& note : c.notes)
@@ -821,7 +864,8 @@ int run_training(const Config& config, Nodes* nodes, std::FILE* progress) {
     if (nodes) {
         std::snprintf(g_node_stopped, sizeof g_node_stopped,
                       "\nerror: node %d (%.64s): stopped by mpirun (another node failed, or the job was interrupted); "
-                      "rerun the job to resume from the last checkpoint\n", nodes->rank(), nodes->host().c_str());
+                      "rerun the job to resume from the last checkpoint\n",
+                      nodes->rank(), nodes->host().c_str());
         nodes->set_timeout(config.strategy.collective_timeout_s);
         check_same_software(*nodes);
         check_same_config(config, *nodes);
@@ -865,10 +909,12 @@ void write_npy(const std::string& path, const std::vector<size_t>& shape, const 
 EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint, const EvalDump& dump) {
     // a GPU that stops answering ends the evaluation as it ends a training run (exit 5), not in a
     // process that waits forever
-    const auto watchdog = step_timeout_watchdog(config.strategy.step_timeout_s, "start-up (loading data, building the replicas)",
-                                                "the evaluation did not finish: run it again");
+    const auto watchdog =
+        step_timeout_watchdog(config.strategy.step_timeout_s, "start-up (loading data, building the replicas)",
+                              "the evaluation did not finish: run it again");
     auto s = make_session(config, nullptr, false);
-    const CheckpointData d = read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));
+    const CheckpointData d =
+        read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));
     if (watchdog) watchdog->phase("loading the checkpoint onto the replicas", 0);
     s->strategy->upload_state(d.params, d.optimizer);
     if (watchdog) watchdog->phase("the evaluation", 0);

@@ -9,23 +9,6 @@
 
 namespace mirrored {
 
-namespace {
-
-// The metric accumulators are doubles; zero bits are 0.0.
-void zero_metrics(Device& d, Stream s, double* m) { d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(m)); }
-
-// Multi-node: metrics are sums over every node's replicas.
-void sum_over_nodes(Metrics& m, Nodes* nodes, const char* what) {
-    if (!nodes) return;
-    double v[3] = {m.loss_sum, m.correct, m.count};
-    nodes->sum(v, 3, what);
-    m.loss_sum = v[0];
-    m.correct = v[1];
-    m.count = v[2];
-}
-
-}  // namespace
-
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
     std::vector<const TensorInfo*> t;
     for (const auto& x : model.tensors())
@@ -103,7 +86,8 @@ void TrainingStep::abort_ops() noexcept {
 }
 
 void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
-    const bool exact = set_.config().allreduce_dtype == DType::f32;  // else the state region (running statistics) needs its own f32 ops
+    const bool exact = set_.config().allreduce_dtype ==
+                       DType::f32;  // else the state region (running statistics) needs its own f32 ops
     const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
     if (set_.config().cross_device_ops == "auto") {
         std::vector<std::pair<size_t, size_t>> ranges;
@@ -112,8 +96,8 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
         // Multi-node: node 0 chooses for every node (the same op sums in the same order as on one node).
         OpsChoice choice;
         if (!set_.nodes() || set_.nodes()->leader())
-            choice = choose_cross_device_ops(devs, set_.grad_ptrs(), ops_elements, ranges, set_.threads(), set_.config().allreduce_dtype,
-                                             set_.config().resume_cross_device_ops);
+            choice = choose_cross_device_ops(devs, set_.grad_ptrs(), ops_elements, ranges, set_.threads(),
+                                             set_.config().allreduce_dtype, set_.config().resume_cross_device_ops);
         if (set_.nodes()) {
             choice.name = set_.nodes()->broadcast(choice.name, "the choice of the cross-device op");
             if (!set_.nodes()->leader()) choice.how = "node 0's choice";
@@ -121,18 +105,19 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
         set_.config().cross_device_ops = choice.name;
         ops_choice_ = "auto, " + choice.how;
     }
-    ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), ops_elements, set_.threads().barrier(),
-                                 set_.config().allreduce_dtype);
+    ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), ops_elements,
+                                 set_.threads().barrier(), set_.config().allreduce_dtype);
     if (model_.has_state() && !exact)
-        state_ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), model_.flat_size(), set_.threads().barrier());
+        state_ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), model_.flat_size(),
+                                           set_.threads().barrier());
 }
 
 // Synchronised batch normalisation sums over its own buffers.
 void TrainingStep::make_stats_ops(const std::vector<Device*>& devs) {
     std::vector<float*> stats;
     for (int r = 0; r < set_.replicas(); ++r) stats.push_back(set_.replica(r).stats.data());
-    stats_ops_ = make_cross_device_ops(set_.shared() ? "ring" : set_.config().cross_device_ops, devs, stats, model_.stats_floats(),
-                                       set_.threads().barrier());
+    stats_ops_ = make_cross_device_ops(set_.shared() ? "ring" : set_.config().cross_device_ops, devs, stats,
+                                       model_.stats_floats(), set_.threads().barrier());
     for (int r = 0; r < set_.replicas(); ++r) set_.replica(r).sync = std::make_unique<ReplicaStatsSync>(*this, r);
 }
 
@@ -141,7 +126,8 @@ void TrainingStep::choose_graphs() {
     if (!set_.traits().asynchronous)
         graph_note_ = "CPU replicas run each op as it is issued: there is nothing to capture";
     else if (!set_.traits().nccl_capturable && set_.config().cross_device_ops == "nccl")
-        graph_note_ = std::string("NCCL on ") + set_.traits().display + " replicas cannot be captured; use ring or direct";
+        graph_note_ =
+            std::string("NCCL on ") + set_.traits().display + " replicas cannot be captured; use ring or direct";
     else graphs_on_ = true;
     if (graphs_on_) graph_fork_ = set_.replica(0).device->event_create();
 }
@@ -155,8 +141,8 @@ void TrainingStep::join_nodes() {
     for (size_t k = 0; k < all.size(); ++k)
         if (all[k] != all[0])
             throw ConfigError("strategy.devices", "every node must drive the same replicas: node 0 has " + all[0] +
-                              ", node " + std::to_string(k) + " has " + all[k] +
-                              " (name them explicitly, e.g. cpu:2, rather than auto)");
+                                                      ", node " + std::to_string(k) + " has " + all[k] +
+                                                      " (name them explicitly, e.g. cpu:2, rather than auto)");
     set_.nodes()->open_channels(set_.replicas(), model_.flat_size());
     for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get()})
         if (ops) ops->join_nodes(set_.nodes(), set_.threads().barrier());
@@ -179,8 +165,7 @@ void TrainingStep::train_step(const Batch& batch, int64_t step, float lr, uint64
     });
 }
 
-void TrainingStep::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed,
-                                    bool sample_timing) {
+void TrainingStep::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing) {
     const StepShape shape = stage_step(r, batch, nullptr);
     replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && set_.traits().asynchronous, nullptr);
 }
@@ -195,8 +180,8 @@ TrainingStep::StepShape TrainingStep::stage_step(int r, const Batch& batch, cons
     return shape;
 }
 
-void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, float lr, uint64_t seed,
-                                       bool timing, const StepValues* values) {
+void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, float lr, uint64_t seed, bool timing,
+                                   const StepValues* values) {
     Replica& R = set_.replica(r);
     Device& d = *R.device;
     const int n = set_.all_replicas();  // in the job: gradients are summed over every node's replicas
@@ -235,16 +220,15 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     const float grad_scale = 1.0f / float(global_rows);
     for (int m = 0; m < set_.accumulation(); ++m) {
         const Shard micro = shard_of(shard.rows, set_.accumulation(), m);
-        Pass p = set_.make_pass(R, cs, micro.rows, set_.global_micro_rows(global_rows, m), int64_t(shard.begin + micro.begin),
-                           seed, uint32_t(step), true, values);
+        Pass p = set_.make_pass(R, cs, micro.rows, set_.global_micro_rows(global_rows, m),
+                                int64_t(shard.begin + micro.begin), seed, uint32_t(step), true, values);
         p.accumulate = m > 0;
         p.stats_weight = 1.0f / float(set_.all_replicas() * set_.accumulation());
         if (r == 0) p.probe = profile_;
         const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
         void* dlogits = model_.dlogits_buffer(R.acts);
-        loss_->apply(d, cs, micro.rows, model_.output_features(), logits,
-                     set_.labels_at(R, buf, micro.begin), grad_scale, loss_scale, dlogits,
-                     R.train_metrics.data());
+        loss_->apply(d, cs, micro.rows, model_.output_features(), logits, set_.labels_at(R, buf, micro.begin),
+                     grad_scale, loss_scale, dlogits, R.train_metrics.data());
         if (inject_overflow_ == r && micro.rows > 0) {  // a test's overflow: backward spreads it to every gradient
             d.fill(cs, 1, INFINITY, R.grad_stats.data());
             d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
@@ -287,7 +271,8 @@ void TrainingStep::apply_update(Replica& R, int64_t step, float lr, const StepVa
     if (stats) d.sum_squares(cs, model_.trainable_size(), R.grads.data(), loss_scale, R.grad_stats.data());
     R.optimizer->apply(cs, R.params.data(), R.grads.data(), step, lr, stats ? R.grad_stats.data() : nullptr, loss_scale,
                        set_.loss_scaling(), values);
-    if (set_.loss_scaling()) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
+    if (set_.loss_scaling())
+        d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_)
         d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
     set_.refresh_weights(R, cs);
@@ -301,9 +286,10 @@ void TrainingStep::apply_update(Replica& R, int64_t step, float lr, const StepVa
 // event joins become edges) and update: no replica thread, barrier or per-bucket call on the host.
 bool TrainingStep::graph_step(const Batch& batch, int64_t step, float lr, uint64_t seed) {
     const int buf = set_.replica(0).next_buffer;  // every replica stages into the same buffer index
-    const int rows = batch.global_rows;  // read before staging: once released, the loader refills the batch
+    const int rows = batch.global_rows;           // read before staging: once released, the loader refills the batch
     const std::pair<int, int> key{buf, rows};
-    auto found = std::find_if(graphs_.begin(), graphs_.end(), [&](const StepGraph& g) { return g.buf == buf && g.global_rows == rows; });
+    auto found = std::find_if(graphs_.begin(), graphs_.end(),
+                              [&](const StepGraph& g) { return g.buf == buf && g.global_rows == rows; });
     if (found == graphs_.end()) {
         if (std::find(graph_warm_.begin(), graph_warm_.end(), key) == graph_warm_.end()) {
             if (graph_warm_.size() < 2 * kMaxGraphs) graph_warm_.push_back(key);
@@ -335,6 +321,7 @@ bool TrainingStep::graph_step(const Batch& batch, int64_t step, float lr, uint64
         }
         found = graphs_.end() - 1;
     }
+    // cppcheck-suppress derefInvalidIteratorRedundantCheck ; a new shape's graph was just pushed
     d0.graph_launch(found->graph, cs0);
     d0.event_record(R0.graph_done, cs0);
     for (int r = 0; r < set_.replicas(); ++r) {
@@ -391,14 +378,14 @@ Shard TrainingStep::slice(int r) const {
     return {int(begin), int(end - begin)};
 }
 
-// Shared parameters (CPU replicas): every replica's gradients are complete -> replica r sums its
+// Shared parameters (CPU replicas, or replicas of one GPU): every replica's gradients are complete -> replica r sums its
 // slice over all replicas (in replica order, into its own buffer: the others read only their own
 // slices) and, in a multi-node run, over the nodes -> the gradient statistics, per slice, added in
 // replica order -> the optimizer, the running statistics and the 16-bit copy on r's slice of the
 // one parameter copy -> nobody computes with the parameters before every slice is updated. With
 // no statistics and one node the optimizer sums the trainable part itself, as it reads it.
 void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing,
-                                     double& comm) {
+                                 double& comm) {
     Device& d = *R.device;
     const Stream cs = d.compute_stream();
     Replica& H = set_.replica(0);
@@ -423,17 +410,19 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
         join_replicas(R);
         d.copy_from_peer(cs, R.grad_total.data(), *H.device, H.grad_stats.data(), 2 * sizeof(float));
         for (int q = 1; q < set_.replicas(); ++q)
-            d.reduce_from_peer(cs, R.grad_total.data(), *set_.replica(q).device, set_.replica(q).grad_stats.data(), DType::f32, 2);
+            d.reduce_from_peer(cs, R.grad_total.data(), *set_.replica(q).device, set_.replica(q).grad_stats.data(),
+                               DType::f32, 2);
     }
     if (timing) d.event_record(R.t_reduced, cs);  // the sums are this path's communication
     profile_mark(R, cs, StepProfile::kReduced);
     if (te > tb && sum_in_update)
-        H.optimizer->apply_summed_range(d, cs, H.params.data(), set_.grad_ptrs().data(), set_.replicas(), R.index, tb, te, step, lr,
-                                        values);
+        H.optimizer->apply_summed_range(d, cs, H.params.data(), set_.grad_ptrs().data(), set_.replicas(), R.index, tb,
+                                        te, step, lr, values);
     else if (te > tb)
         H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data(), tb, te, step, lr,
                                  stats ? R.grad_total.data() : nullptr, loss_scale, set_.loss_scaling(), values);
-    if (set_.loss_scaling()) d.loss_scale_update(cs, R.loss_scale.data(), R.grad_total.data(), set_.config().loss_scale_growth_interval);
+    if (set_.loss_scaling())
+        d.loss_scale_update(cs, R.loss_scale.data(), R.grad_total.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_) {  // running statistics: the part of each in this slice
         const size_t lo = std::max(begin, t->offset), hi = std::min(end, t->offset + t->count);
         if (hi > lo) d.ema_update(cs, hi - lo, t->momentum, R.grads.data() + lo, H.params.data() + lo);
@@ -468,7 +457,7 @@ Metrics TrainingStep::evaluate(Loader& loader) {
     set_.guarded([&] {
         for (int r = 0; r < set_.replicas(); ++r) {
             Replica& R = set_.replica(r);
-            zero_metrics(*R.device, R.device->compute_stream(), R.eval_metrics.data());
+            ReplicaSet::zero_metrics(*R.device, R.device->compute_stream(), R.eval_metrics.data());
         }
         loader.start({0, 0});
         for (int64_t b = 0; b < loader.batches_per_epoch(); ++b) {
@@ -485,8 +474,7 @@ Metrics TrainingStep::evaluate(Loader& loader) {
                     Pass p = set_.make_pass(R, d.compute_stream(), micro.rows, 0, 0, 0, 0, false);
                     const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
                     loss_->apply(d, d.compute_stream(), micro.rows, model_.output_features(), logits,
-                                 set_.labels_at(R, buf, micro.begin), 0.0f, nullptr, nullptr,
-                                 R.eval_metrics.data());
+                                 set_.labels_at(R, buf, micro.begin), 0.0f, nullptr, nullptr, R.eval_metrics.data());
                 }
                 d.event_record(R.input_free[buf], d.compute_stream());
             });
@@ -496,12 +484,13 @@ Metrics TrainingStep::evaluate(Loader& loader) {
         for (int r = 0; r < set_.replicas(); ++r) {
             Replica& R = set_.replica(r);
             Device& d = *R.device;
-            d.copy_to_host(d.compute_stream(), R.eval_host.data(), R.eval_metrics.data(), kMetricSlots * sizeof(double));
+            d.copy_to_host(d.compute_stream(), R.eval_host.data(), R.eval_metrics.data(),
+                           kMetricSlots * sizeof(double));
             d.stream_synchronize(d.compute_stream());
             m.add(R.eval_host.data());
         }
     });
-    sum_over_nodes(m, set_.nodes(), "the sum of the evaluation metrics");
+    set_.sum_over_nodes(m, "the sum of the evaluation metrics");
     return m;
 }
 
@@ -511,22 +500,24 @@ std::vector<float> TrainingStep::predict(const float* x, size_t rows) {
         Replica& R = set_.replica(0);
         Device& d = *R.device;
         const size_t features = size_t(model_.input_features()), classes = size_t(model_.output_features());
-        const size_t chunk = std::min<size_t>(size_t(R.acts.max_rows()), R.inputs[0].size() / std::max<size_t>(features, 1));
+        const size_t chunk =
+            std::min<size_t>(size_t(R.acts.max_rows()), R.inputs[0].size() / std::max<size_t>(features, 1));
         std::vector<float> out(rows * classes), logits32(chunk * classes);
         DeviceBuffer<float> staged(d, chunk * classes);
         for (size_t done = 0; done < rows; done += chunk) {
             const int n = int(std::min(chunk, rows - done));
-            d.copy_to_device(d.compute_stream(), R.inputs[0].data(), x + done * features, size_t(n) * features * sizeof(float));
+            d.copy_to_device(d.compute_stream(), R.inputs[0].data(), x + done * features,
+                             size_t(n) * features * sizeof(float));
             const void* input = set_.stage_for_compute(R, 0, size_t(n));
             Pass p = set_.make_pass(R, d.compute_stream(), n, n, 0, 0, 0, false);
             const void* logits = model_.forward(p, input);
             d.convert(d.compute_stream(), size_t(n) * classes, logits, d.value_dtype(), staged.data(), DType::f32);
-            d.copy_to_host(d.compute_stream(), out.data() + done * classes, staged.data(), size_t(n) * classes * sizeof(float));
+            d.copy_to_host(d.compute_stream(), out.data() + done * classes, staged.data(),
+                           size_t(n) * classes * sizeof(float));
             d.synchronize();
         }
         return out;
     });
 }
-
 
 }  // namespace mirrored

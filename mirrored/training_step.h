@@ -105,8 +105,8 @@ private:
     std::unique_ptr<CrossDeviceOps> state_ops_;  // the state region in f32 when ops_ is not
     std::unique_ptr<CrossDeviceOps> stats_ops_;  // synchronised batch statistics
     std::string ops_choice_;
-    std::unique_ptr<ReplicaSync> joins_;  // shared parameters: on the compute streams
-    std::vector<int> all_indices_;        // 0 .. replicas - 1
+    std::unique_ptr<ReplicaSync> joins_;    // shared parameters: on the compute streams
+    std::vector<int> all_indices_;          // 0 .. replicas - 1
     std::vector<const TensorInfo*> state_;  // running statistics: updated after every step
     bool timing_sampled_ = false;
     // cuda_graph: one graph per step shape (input buffer, rows), captured on a shape's second step

@@ -22,7 +22,11 @@ int64_t now_ns() {
 }  // namespace
 
 Watchdog::Watchdog(double timeout_s, const char* phase, const char* on_hang, const char* setting)
-    : timeout_s_(timeout_s), last_tick_ns_(now_ns()), phase_(phase), on_hang_(on_hang), setting_(setting),
+    : timeout_s_(timeout_s),
+      last_tick_ns_(now_ns()),
+      phase_(phase),
+      on_hang_(on_hang),
+      setting_(setting),
       thread_(start_thread(std::string("the watchdog thread (") + setting + ")", [this] { watch(); })) {}
 
 Watchdog::~Watchdog() {
@@ -61,9 +65,13 @@ void Watchdog::watch() {
         const long long step = step_.load(), ckpt = checkpoint_step_.load();
         char resume[160];
         if (on_hang_) std::snprintf(resume, sizeof resume, "%s", on_hang_);
-        else if (ckpt >= 0) std::snprintf(resume, sizeof resume, "the last checkpoint is at step %lld: run again to resume from it", ckpt);
-        else std::snprintf(resume, sizeof resume, "no checkpoint was written yet in this run: run again (it resumes "
-                           "from an earlier run's newest checkpoint, if there is one)");
+        else if (ckpt >= 0)
+            std::snprintf(resume, sizeof resume, "the last checkpoint is at step %lld: run again to resume from it",
+                          ckpt);
+        else
+            std::snprintf(resume, sizeof resume,
+                          "no checkpoint was written yet in this run: run again (it resumes "
+                          "from an earlier run's newest checkpoint, if there is one)");
         // One write(2), no stdio lock (a stuck thread might hold one); the host threads are stuck,
         // so the process ends from here.
         char after[48] = "";

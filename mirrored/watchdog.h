@@ -26,9 +26,9 @@ public:
     Watchdog(const Watchdog&) = delete;
     Watchdog& operator=(const Watchdog&) = delete;
 
-    void tick(int64_t step);                      // progress: a step finished
-    void phase(const char* what, int64_t step);   // progress: `what` begins (each phase has the whole timeout)
-    void checkpointed(int64_t step);              // a checkpoint of `step` is on disk
+    void tick(int64_t step);                     // progress: a step finished
+    void phase(const char* what, int64_t step);  // progress: `what` begins (each phase has the whole timeout)
+    void checkpointed(int64_t step);             // a checkpoint of `step` is on disk
 
 private:
     void watch();

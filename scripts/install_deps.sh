@@ -4,6 +4,7 @@
 # here: it comes from NVIDIA's packages or the machine image; without it the build is CPU-only.
 #   scripts/install_deps.sh           install what is missing
 #   scripts/install_deps.sh --fuzz    also clang and its sanitizer/libFuzzer runtime (make fuzz)
+#   scripts/install_deps.sh --lint    also clang-format and cppcheck (make format, make lint)
 #   scripts/install_deps.sh --check   list what is missing; exit 1 if anything is
 set -euo pipefail
 
@@ -28,6 +29,7 @@ if [[ $(uname -m) == x86_64 ]]; then optional+=(libxsmm-dev); fi
 
 for arg in "$@"; do
   [[ $arg == --fuzz ]] && packages+=(clang libclang-rt-dev)
+  [[ $arg == --lint ]] && packages+=(clang-format cppcheck)
 done
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

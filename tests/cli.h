@@ -25,9 +25,7 @@ namespace mirrored::test {
 
 namespace fs = std::filesystem;
 
-inline std::string cli() {
-    return (fs::read_symlink("/proc/self/exe").parent_path() / "mirrored").string();
-}
+inline std::string cli() { return (fs::read_symlink("/proc/self/exe").parent_path() / "mirrored").string(); }
 
 // Where a child's standard output goes.
 enum class Stdout {
@@ -95,8 +93,9 @@ inline void apply_thread_limit(const void* arg) {
 }
 
 // The CLI (build/mirrored beside the test binary).
-inline pid_t spawn_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env,
-                       const std::string& err_path, Stdout out = Stdout::discard, const std::string& out_path = "") {
+inline pid_t spawn_cli(const std::vector<std::string>& args,
+                       const std::vector<std::pair<std::string, std::string>>& env, const std::string& err_path,
+                       Stdout out = Stdout::discard, const std::string& out_path = "") {
     return spawn_program(cli(), args, env, err_path, out, out_path);
 }
 
@@ -125,10 +124,11 @@ inline int wait_status_within(pid_t pid, double deadline_s) {
 }
 
 // Runs the CLI; returns its exit status (128 + signal when killed).
-inline int run_cli(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& env = {},
-                   double kill_after_s = -1, std::string* stderr_text = nullptr, Stdout out = Stdout::discard,
-                   const std::string& out_path = "") {
-    const std::string err_path = (fs::temp_directory_path() / ("mirrored_cli_err_" + std::to_string(::getpid()))).string();
+inline int run_cli(const std::vector<std::string>& args,
+                   const std::vector<std::pair<std::string, std::string>>& env = {}, double kill_after_s = -1,
+                   std::string* stderr_text = nullptr, Stdout out = Stdout::discard, const std::string& out_path = "") {
+    const std::string err_path =
+        (fs::temp_directory_path() / ("mirrored_cli_err_" + std::to_string(::getpid()))).string();
     const pid_t pid = spawn_cli(args, env, err_path, out, out_path);
     if (kill_after_s >= 0) {
         std::this_thread::sleep_for(std::chrono::duration<double>(kill_after_s));

@@ -57,12 +57,12 @@ inline uint64_t base_seed() {
 inline bool have_cuda() { return cuda_device_count() > 0; }
 
 // Skips the current test case (reported as skipped, not passed) when no GPU is visible.
-#define SKIP_WITHOUT_CUDA()                                                                  \
-    do {                                                                                     \
-        if (!::mirrored::test::have_cuda()) {                                                \
+#define SKIP_WITHOUT_CUDA()                                                                                   \
+    do {                                                                                                      \
+        if (!::mirrored::test::have_cuda()) {                                                                 \
             ::mirrored::test::mark_skipped("no CUDA device (" + ::mirrored::cuda_unavailable_reason() + ")"); \
-            return;                                                                          \
-        }                                                                                    \
+            return;                                                                                           \
+        }                                                                                                     \
     } while (0)
 
 class Rng {

@@ -9,9 +9,9 @@
 namespace mirrored::test {
 
 inline LayerSpec dense(int units, Activation act, bool bias = true) {
-    return make_layer_spec("dense", {{"units", std::to_string(units)},
-                                     {"activation", activation_name(act)},
-                                     {"bias", bias ? "true" : "false"}});
+    return make_layer_spec(
+        "dense",
+        {{"units", std::to_string(units)}, {"activation", activation_name(act)}, {"bias", bias ? "true" : "false"}});
 }
 inline LayerSpec dropout(float rate) { return make_layer_spec("dropout", {{"rate", std::to_string(rate)}}); }
 inline LayerSpec flatten() { return make_layer_spec("flatten"); }
@@ -38,16 +38,18 @@ inline LayerSpec maxpool_pad(int kernel, int stride, int padding, const std::str
                                   {"padding", std::to_string(padding)}});
 }
 inline LayerSpec maxpool(int kernel) { return maxpool_pad(kernel, kernel, 0); }
-inline LayerSpec avgpool(int kernel, int stride, int padding) { return maxpool_pad(kernel, stride, padding, "avgpool2d"); }
+inline LayerSpec avgpool(int kernel, int stride, int padding) {
+    return maxpool_pad(kernel, stride, padding, "avgpool2d");
+}
 inline LayerSpec global_avgpool() { return make_layer_spec("global_avgpool"); }
 inline LayerSpec batchnorm(bool sync, Activation act) {
     return make_layer_spec("batchnorm", {{"sync", sync ? "true" : "false"}, {"activation", activation_name(act)}});
 }
 inline LayerSpec layernorm() { return make_layer_spec("layernorm"); }
 inline LayerSpec residual(std::vector<LayerSpec> layers, const std::string& shortcut, Activation act) {
-    return make_layer_spec("residual",
-                           {{"shortcut", shortcut.empty() ? "identity" : shortcut}, {"activation", activation_name(act)}},
-                           std::move(layers));
+    return make_layer_spec(
+        "residual", {{"shortcut", shortcut.empty() ? "identity" : shortcut}, {"activation", activation_name(act)}},
+        std::move(layers));
 }
 
 }  // namespace mirrored::test

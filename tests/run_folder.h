@@ -11,7 +11,9 @@
 
 namespace mirrored::test {
 
-inline nlohmann::json summary(const std::string& out) { return nlohmann::json::parse(std::ifstream(out + "/summary.json")); }
+inline nlohmann::json summary(const std::string& out) {
+    return nlohmann::json::parse(std::ifstream(out + "/summary.json"));
+}
 
 inline std::vector<nlohmann::json> metrics(const std::string& out) {
     std::vector<nlohmann::json> v;

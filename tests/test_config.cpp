@@ -49,8 +49,9 @@ TEST_CASE("config: a good file loads with defaults filled in") {
     CHECK(c.strategy.cross_device_ops == "ring");
     CHECK(c.strategy.allreduce_dtype == DType::f32);
     // train.* keys the strategy applies reach it
-    const Config p = load_config(write_config("prec.yaml", kGood),
-                                 {"train.precision=fp16", "train.loss_scale_growth_interval=7", "strategy.allreduce_dtype=bf16"});
+    const Config p =
+        load_config(write_config("prec.yaml", kGood),
+                    {"train.precision=fp16", "train.loss_scale_growth_interval=7", "strategy.allreduce_dtype=bf16"});
     CHECK(p.strategy.precision == Precision::fp16);
     CHECK(p.strategy.loss_scale_growth_interval == 7);
     CHECK(p.strategy.allreduce_dtype == DType::bf16);
@@ -70,7 +71,9 @@ TEST_CASE("config: a good file loads with defaults filled in") {
 TEST_CASE("config: unknown keys are rejected with file, line and the known keys") {
     std::string t = kGood;
     t += "checkpoint: {every_step: 5}\n";
-    expect_error(t, {}, "e.yaml:11: checkpoint.every_step: unknown key (known here: every_epochs, every_minutes, every_steps, keep, resume)");
+    expect_error(t, {},
+                 "e.yaml:11: checkpoint.every_step: unknown key (known here: every_epochs, every_minutes, every_steps, "
+                 "keep, resume)");
     expect_error(std::string(kGood) + "extra: 1\n", {}, "e.yaml:11: extra: unknown key");
     std::string layer = kGood;
     layer.replace(layer.find("{type: dropout, rate: 0.2}"), 26, "{type: dropout, units: 3}");
@@ -81,11 +84,15 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     std::string t = kGood;
     expect_error(t + "checkpoint: {keep: many}\n", {}, "checkpoint.keep: expected an integer in [1, 1000], got 'many'");
     expect_error(t + "checkpoint: {keep: 0}\n", {}, "checkpoint.keep: expected an integer in [1, 1000], got 0");
-    expect_error(t, {"optimizer.lr=-1"}, "--set optimizer.lr=-1: optimizer.lr: expected a number in (0, 1e+06], got -1");
-    expect_error(t, {"strategy.cross_device_ops=tree"}, "expected one of ring, direct, nccl, reduce_to_one, auto, got 'tree'");
+    expect_error(t, {"optimizer.lr=-1"},
+                 "--set optimizer.lr=-1: optimizer.lr: expected a number in (0, 1e+06], got -1");
+    expect_error(t, {"strategy.cross_device_ops=tree"},
+                 "expected one of ring, direct, nccl, reduce_to_one, auto, got 'tree'");
     expect_error(t, {"data.loader_threads=0"}, "data.loader_threads: expected an integer in [1, 256], got 0");
-    expect_error(t, {"data.loader_threads=lots"}, "data.loader_threads: expected auto or an integer in [1, 256], got 'lots'");
-    expect_error(t, {"strategy.allreduce_dtype=fp16"}, "strategy.allreduce_dtype: expected one of fp32, bf16, got 'fp16'");
+    expect_error(t, {"data.loader_threads=lots"},
+                 "data.loader_threads: expected auto or an integer in [1, 256], got 'lots'");
+    expect_error(t, {"strategy.allreduce_dtype=fp16"},
+                 "strategy.allreduce_dtype: expected one of fp32, bf16, got 'fp16'");
     expect_error(t, {"train.precision=fp8"}, "train.precision: expected one of fp32, tf32, bf16, fp16");
     expect_error(t, {"model.layers=5"}, "model.layers: expected a list");
     expect_error(t, {"data.augment.horizontal_flip=maybe"}, "expected true or false");
@@ -102,7 +109,8 @@ TEST_CASE("config: --set reaches any key and list items; its errors say --set") 
     CHECK(c.model.layers[0].field("units") == "64");
     CHECK(c.run.seed == 9);
     CHECK(data_format_options(c.data)->fields()[0] == std::pair<std::string, std::string>{"input_shape", "[3, 4]"});
-    expect_error(kGood, {"model.layers.0.units=abc"}, "--set model.layers.0.units=abc: model.layers.0.units: expected an integer");
+    expect_error(kGood, {"model.layers.0.units=abc"},
+                 "--set model.layers.0.units=abc: model.layers.0.units: expected an integer");
     expect_error(kGood, {"model.layers.7.units=3"}, "'7' is not an index of the 3-element list");
     expect_error(kGood, {"train.epochz=3"}, "--set train.epochz=3: train.epochz: unknown key");
     expect_error(kGood, {"noequals"}, "expected key.path=value");
@@ -110,12 +118,14 @@ TEST_CASE("config: --set reaches any key and list items; its errors say --set") 
 }
 
 TEST_CASE("config: unreadable files and YAML syntax errors") {
-    CHECK_THROWS_WITH_AS(load_config("/nonexistent/x.yaml", {}), doctest::Contains("/nonexistent/x.yaml: cannot open"), ConfigError);
+    CHECK_THROWS_WITH_AS(load_config("/nonexistent/x.yaml", {}), doctest::Contains("/nonexistent/x.yaml: cannot open"),
+                         ConfigError);
     expect_error("run: {name: [unclosed\n", {}, "invalid YAML");
     const test::TempDir d;
     fs::create_directories(d.path() / "dir.yaml");
     CHECK_THROWS_WITH_AS(load_config(d / "dir.yaml", {}), doctest::Contains("dir.yaml: is a directory"), ConfigError);
-    CHECK_THROWS_WITH_AS(load_config("/dev/zero", {}), doctest::Contains("/dev/zero: is a character device"), ConfigError);
+    CHECK_THROWS_WITH_AS(load_config("/dev/zero", {}), doctest::Contains("/dev/zero: is a character device"),
+                         ConfigError);
 }
 
 TEST_CASE("config: hostile and careless input is refused with the place and the reason") {
@@ -147,11 +157,13 @@ TEST_CASE("config: hostile and careless input is refused with the place and the 
         for (int k = 1; k < 9; ++k) laughs += ", " + prev;
         laughs += "]\n";
     }
-    expect_error(laughs + "run: {name: *a12}\n", {}, "the document holds more than 100000 values with its aliases expanded");
+    expect_error(laughs + "run: {name: *a12}\n", {},
+                 "the document holds more than 100000 values with its aliases expanded");
     std::string wide = "run.name=[x";
     for (int i = 0; i < 100000; ++i) wide += ",x";
     expect_error(t, {wide + "]"}, "...: run.name.99999: the document holds more than 100000 values");
-    CHECK_NOTHROW(load_config(write_config("utf8.yaml", std::string(kGood) + "checkpoint: {resume: auto}\n"), {"run.name=caf\xc3\xa9"}));
+    CHECK_NOTHROW(load_config(write_config("utf8.yaml", std::string(kGood) + "checkpoint: {resume: auto}\n"),
+                              {"run.name=caf\xc3\xa9"}));
 }
 
 TEST_CASE("config: the printed configuration loads back to the same configuration") {
@@ -165,7 +177,8 @@ TEST_CASE("config: the printed configuration loads back to the same configuratio
     CHECK(printed.find("grad_clip_norm: 2.5") != std::string::npos);
 }
 
-TEST_CASE("config: every key set away from its default survives printing and reloading (the run folder's config.yaml)") {
+TEST_CASE(
+    "config: every key set away from its default survives printing and reloading (the run folder's config.yaml)") {
     // Between them these set every key the reader knows to a value other than its default; a key
     // the printer left out would reload as its default and fail the comparison of its section.
     const std::string common = R"(run: {name: every_key, seed: 77, output_dir: /tmp/somewhere/else}
@@ -176,7 +189,8 @@ train: {epochs: 3, steps: 41, global_batch_size: 24, grad_accumulation_steps: 2,
 checkpoint: {every_steps: 13, every_epochs: 2, every_minutes: 2.5, keep: 7, resume: never}
 )";
     const std::vector<std::string> variants = {
-        common + R"(data: {dataset: synthetic, root: /data/x, input_shape: [8, 8, 3], classes: 5, train_samples: 96, test_samples: 12,
+        common +
+            R"(data: {dataset: synthetic, root: /data/x, input_shape: [8, 8, 3], classes: 5, train_samples: 96, test_samples: 12,
        normalize: {mean: [0.1, 0.2, 0.3], std: [0.5, 0.6, 0.7]}, augment: {random_crop_padding: 2, horizontal_flip: true},
        loader_threads: 3, prefetch: 9, drop_last: false}
 model:
@@ -206,16 +220,19 @@ model: {input_shape: [4], layers: [{type: dense, units: 3}]}
 optimizer: {type: adamw, lr: 0.002, betas: [0.8, 0.9], eps: 1e-06, weight_decay: 0.1,
             schedule: {type: cosine, warmup_steps: 3, min_lr_ratio: 0.05}}
 )",
-        common + R"(data: {dataset: idx, root: /data/z, train: {images: ti.gz, labels: tl.gz}, test: {images: si.gz, labels: sl.gz}}
+        common +
+            R"(data: {dataset: idx, root: /data/z, train: {images: ti.gz, labels: tl.gz}, test: {images: si.gz, labels: sl.gz}}
 model: {input_shape: [28, 28, 1], layers: [{type: flatten}, {type: dense, units: 3}]}
 optimizer: {type: sgd, lr: 0.1, momentum: 0, schedule: {type: step, step_size: 5, gamma: 0.5}}
 )",
-        common + R"(data: {dataset: cifar10, root: /data/c, train: {files: [one.bin, two.bin]}, test: {files: three.bin}}
+        common +
+            R"(data: {dataset: cifar10, root: /data/c, train: {files: [one.bin, two.bin]}, test: {files: three.bin}}
 model: {input_shape: [32, 32, 3], layers: [{type: global_avgpool}, {type: dense, units: 10}]}
 optimizer: {type: sgd, lr: 0.1, schedule: {type: constant}}
 )",
     };
-    const Config defaults = load_config(write_config("defaults.yaml", "model: {layers: [{type: dense, units: 2}]}\n"), {});
+    const Config defaults =
+        load_config(write_config("defaults.yaml", "model: {layers: [{type: dense, units: 2}]}\n"), {});
     for (size_t v = 0; v < variants.size(); ++v) {
         CAPTURE(v);
         const Config a = load_config(write_config("every.yaml", variants[v]), {});
@@ -240,7 +257,8 @@ optimizer: {type: sgd, lr: 0.1, schedule: {type: constant}}
 }
 
 TEST_CASE("config: printed numbers read as written, and read back to the same values") {
-    const char* text = R"(data: {dataset: synthetic, input_shape: [4, 4, 1], classes: 3, train_samples: 100, test_samples: 20,
+    const char* text =
+        R"(data: {dataset: synthetic, input_shape: [4, 4, 1], classes: 3, train_samples: 100, test_samples: 20,
        normalize: {mean: [0.1307], std: [0.3081]}}
 model:
   layers:
@@ -256,14 +274,15 @@ strategy: {bucket_mb: 0.1}
     const Config a = load_config(write_config("numbers.yaml", text), {});
     const std::string printed = config_to_yaml(a);
     CAPTURE(printed);
-    for (const char* want : {"lr: 0.1\n", "betas: [0.8, 0.95]", "weight_decay: 0.0005", "gamma: 0.3}", "bucket_mb: 0.1\n",
-                             "mean: [0.1307]", "std: [0.3081]", "rate: 0.1234567", "momentum: 0.1,", "epsilon: 0.0001,",
-                             "epsilon: 1e-05}"})
+    for (const char* want : {"lr: 0.1\n", "betas: [0.8, 0.95]", "weight_decay: 0.0005", "gamma: 0.3}",
+                             "bucket_mb: 0.1\n", "mean: [0.1307]", "std: [0.3081]", "rate: 0.1234567", "momentum: 0.1,",
+                             "epsilon: 0.0001,", "epsilon: 1e-05}"})
         CHECK(printed.find(want) != std::string::npos);
     const Config b = load_config(write_config("numbers-printed.yaml", printed), {});
     CHECK(b.optimizer.lr == a.optimizer.lr);
     CHECK(b.optimizer == a.optimizer);
-    CHECK(b.optimizer.options->fields()[0].second == "[0.8, 0.95]");  // the double the user wrote, not a float's 0.949999988
+    CHECK(b.optimizer.options->fields()[0].second ==
+          "[0.8, 0.95]");                           // the double the user wrote, not a float's 0.949999988
     CHECK(b.model.layers[4] == a.model.layers[4]);  // %g's six digits would have lost it
     CHECK(b.data.normalization.std == a.data.normalization.std);
     CHECK(config_to_yaml(b) == printed);

@@ -151,7 +151,8 @@ TEST_CASE("idx: dimensions that overflow, exceed int or promise more than memory
         return b;
     };
     write_bytes(d / "wrap", header(16, 1u << 30, 1u << 30));  // 16 * 2^60 wraps a 64-bit product
-    CHECK_THROWS_WITH_AS(read_idx(d / "wrap", d / "lab"), doctest::Contains("more data than fits in memory"), DataError);
+    CHECK_THROWS_WITH_AS(read_idx(d / "wrap", d / "lab"), doctest::Contains("more data than fits in memory"),
+                         DataError);
     write_bytes(d / "neg", header(16, 0x80000000u, 1));  // >= 2^31 would become a negative int
     CHECK_THROWS_WITH_AS(read_idx(d / "neg", d / "lab"), doctest::Contains("more than 2^31 - 1"), DataError);
     write_bytes(d / "huge", header(1, 1u << 16, 1u << 16));
@@ -160,14 +161,17 @@ TEST_CASE("idx: dimensions that overflow, exceed int or promise more than memory
     CHECK_THROWS_AS(read_idx(d / "lie", d / "lab"), DataError);
 }
 
-TEST_CASE("data files: FIFOs, devices and directories are refused without blocking; gzip trailing garbage is an error") {
+TEST_CASE(
+    "data files: FIFOs, devices and directories are refused without blocking; gzip trailing garbage is an error") {
     TempDir d;
     write_bytes(d / "lab", idx_labels(6));
     const std::string fifo = d / "fifo";
     REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-    CHECK_THROWS_WITH_AS(read_idx(fifo, d / "lab"), doctest::Contains("is a FIFO (named pipe), expected a regular file"), DataError);
+    CHECK_THROWS_WITH_AS(read_idx(fifo, d / "lab"),
+                         doctest::Contains("is a FIFO (named pipe), expected a regular file"), DataError);
     CHECK_THROWS_WITH_AS(read_csv(fifo, {}), doctest::Contains("FIFO"), DataError);
-    CHECK_THROWS_WITH_AS(read_idx("/dev/zero", d / "lab"), doctest::Contains("/dev/zero: is a character device"), DataError);
+    CHECK_THROWS_WITH_AS(read_idx("/dev/zero", d / "lab"), doctest::Contains("/dev/zero: is a character device"),
+                         DataError);
     CHECK_THROWS_WITH_AS(read_cifar10({d.path().string()}), doctest::Contains("is a directory"), DataError);
     // gzip: a second member is fine (concatenated .gz files are valid), garbage after it is not
     const auto img = idx_images(6, 4, 4);
@@ -183,10 +187,13 @@ TEST_CASE("data files: FIFOs, devices and directories are refused without blocki
     auto garbage = two;
     for (unsigned char c : std::string("trailing garbage")) garbage.push_back(c);
     write_bytes(d / "garbage.gz", garbage);
-    CHECK_THROWS_WITH_AS(read_idx(d / "garbage.gz", d / "lab"), doctest::Contains("16 unexpected bytes after the compressed data"), DataError);
+    CHECK_THROWS_WITH_AS(read_idx(d / "garbage.gz", d / "lab"),
+                         doctest::Contains("16 unexpected bytes after the compressed data"), DataError);
 }
 
-TEST_CASE("InputFile::read_rest: a raw file over the bound is refused before a byte is read; gzip is bounded as it inflates") {
+TEST_CASE(
+    "InputFile::read_rest: a raw file over the bound is refused before a byte is read; gzip is bounded as it "
+    "inflates") {
     TempDir d;
     const std::string big = d / "big.csv";
     { std::ofstream(big) << "x,y\n"; }
@@ -215,14 +222,15 @@ TEST_CASE("InputFile::read_rest: a raw file over the bound is refused before a b
     {
         InputFile in(d / "raw");
         std::vector<unsigned char> out;
-        CHECK_THROWS_WITH_AS(in.read_rest(out, bytes.size() - 1, "the rest"), doctest::Contains("is 97.7 KiB, more than"),
-                             InputError);
+        CHECK_THROWS_WITH_AS(in.read_rest(out, bytes.size() - 1, "the rest"),
+                             doctest::Contains("is 97.7 KiB, more than"), InputError);
     }
     // compressed: the size is known only by inflating, and the bound stops it there
     write_gz(d / "raw.gz", bytes);
     InputFile gz(d / "raw.gz");
     std::vector<unsigned char> out;
-    CHECK_THROWS_WITH_AS(gz.read_rest(out, 1000, "the rest"), doctest::Contains("is larger than 1000 bytes"), InputError);
+    CHECK_THROWS_WITH_AS(gz.read_rest(out, 1000, "the rest"), doctest::Contains("is larger than 1000 bytes"),
+                         InputError);
     InputFile whole(d / "raw.gz");
     out.clear();
     whole.read_rest(out, bytes.size(), "the rest");
@@ -250,7 +258,9 @@ TEST_CASE("csv: a UTF-8 byte-order mark is not part of the first field") {
     CHECK(ds.labels == std::vector<int32_t>{1, 0});
     ds = read_csv(d / "bom.csv", CsvOptions{});  // found by its name, not taken from the last column
     CHECK(ds.labels == std::vector<int32_t>{1, 0});
-    d.write("bom2.csv", "\xEF\xBB\xBF" "1,0.5,1\n0,1.5,2\n");  // no header: the first row is data
+    d.write("bom2.csv",
+            "\xEF\xBB\xBF"
+            "1,0.5,1\n0,1.5,2\n");  // no header: the first row is data
     CHECK(read_csv(d / "bom2.csv", CsvOptions{}).count() == 2);
     d.write("nul.csv", std::string("a,label\n1,0\n\0\x01,1\n", 16));
     CHECK_THROWS_WITH_AS(read_csv(d / "nul.csv", {}), doctest::Contains("nul.csv:3: a NUL byte"), DataError);
@@ -313,16 +323,19 @@ TEST_CASE("csv: header detection, label by name or index, errors name the line")
     CHECK(ds.labels == std::vector<int32_t>{0, 2});
 
     d.write("cols.csv", "a,b,label\n1,2,0\n1,2\n");
-    CHECK_THROWS_WITH_AS(read_csv(d / "cols.csv", {}), doctest::Contains("cols.csv:3: expected 3 columns, found 2"), DataError);
+    CHECK_THROWS_WITH_AS(read_csv(d / "cols.csv", {}), doctest::Contains("cols.csv:3: expected 3 columns, found 2"),
+                         DataError);
     d.write("nan.csv", "a,b,label\n1,2,0\n1,abc,1\n");
-    CHECK_THROWS_WITH_AS(read_csv(d / "nan.csv", {}), doctest::Contains("nan.csv:3: column 2 (b): 'abc' is not a finite number"), DataError);
+    CHECK_THROWS_WITH_AS(read_csv(d / "nan.csv", {}),
+                         doctest::Contains("nan.csv:3: column 2 (b): 'abc' is not a finite number"), DataError);
     d.write("lab.csv", "a,label\n1,0.5\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "lab.csv", {}), doctest::Contains("lab.csv:2: label '0.5'"), DataError);
     d.write("neg.csv", "a,label\n1,-1\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "neg.csv", {}), doctest::Contains("not a non-negative integer"), DataError);
     d.write("empty.csv", "a,label\n");
     CHECK_THROWS_WITH_AS(read_csv(d / "empty.csv", {}), doctest::Contains("no data rows"), DataError);
-    CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{{"nope"}}), doctest::Contains("no column named 'nope'"), DataError);
+    CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{{"nope"}}), doctest::Contains("no column named 'nope'"),
+                         DataError);
 }
 
 TEST_CASE("csv: float targets from one or several label columns, for regression and multi-label losses") {
@@ -355,7 +368,8 @@ TEST_CASE("csv: float targets from one or several label columns, for regression 
     CHECK_THROWS_WITH_AS(read_csv(d / "t.csv", o), doctest::Contains("no features left"), DataError);
     o.targets = false;
     o.label_columns = {"tag", "price"};
-    CHECK_THROWS_WITH_AS(read_csv(d / "t.csv", o), doctest::Contains("several label columns are float targets"), DataError);
+    CHECK_THROWS_WITH_AS(read_csv(d / "t.csv", o), doctest::Contains("several label columns are float targets"),
+                         DataError);
 }
 
 // The readers size their buffers with resize_features (CIFAR-10 grows one batch file at a time):
@@ -377,10 +391,11 @@ TEST_CASE("resize_features keeps the values it has and zero-fills the rest, acro
     }
 }
 
-TEST_CASE("load_datasets: a data set large enough for huge pages keeps every value (the page hint changes no contents)") {
+TEST_CASE(
+    "load_datasets: a data set large enough for huge pages keeps every value (the page hint changes no contents)") {
     // 3000 samples of 784: 9.4 MB, several whole 2 MiB pages
-    DataConfig c = make_data_config("synthetic", {{"input_shape", "[784]"}, {"classes", "10"},
-                                                  {"train_samples", "3000"}, {"test_samples", "700"}});
+    DataConfig c = make_data_config(
+        "synthetic", {{"input_shape", "[784]"}, {"classes", "10"}, {"train_samples", "3000"}, {"test_samples", "700"}});
     const Datasets d = load_datasets(c, "", 5);
     SyntheticOptions o;
     o.shape = {784};
@@ -401,7 +416,9 @@ TEST_CASE("load_datasets: a data set large enough for huge pages keeps every val
     CHECK(d.train.labels == want.labels);
 }
 
-TEST_CASE("synthetic: deterministic by seed and for any thread count (every thread refused too), every class present, train and test share the rule") {
+TEST_CASE(
+    "synthetic: deterministic by seed and for any thread count (every thread refused too), every class present, train "
+    "and test share the rule") {
     SyntheticOptions o;
     o.shape = {20};
     o.classes = 5;
@@ -486,7 +503,8 @@ TEST_CASE("normalisation: per-channel mean 0 and std 1 on the training set; pad 
     normalize(ds, n);
     for (int c = 0; c < 3; ++c) {
         double s = 0, sq = 0;
-        for (size_t i = c; i < ds.features.size(); i += 3) s += ds.features[i], sq += double(ds.features[i]) * ds.features[i];
+        for (size_t i = c; i < ds.features.size(); i += 3)
+            s += ds.features[i], sq += double(ds.features[i]) * ds.features[i];
         CHECK(s / 200 == doctest::Approx(0).epsilon(1e-5));
         CHECK(sq / 200 == doctest::Approx(1).epsilon(1e-4));
         CHECK(ds.pad_value[c] == doctest::Approx(-n.mean[c] / n.std[c]));
@@ -703,7 +721,9 @@ TEST_CASE("augmentation: deterministic per (seed, epoch, sample); crop and flip 
     }
 }
 
-TEST_CASE("loader: consumers gathering their own rows get what a worker's copy holds (threads 0 and 2, augmented, node parts)") {
+TEST_CASE(
+    "loader: consumers gathering their own rows get what a worker's copy holds (threads 0 and 2, augmented, node "
+    "parts)") {
     Dataset ds;  // images, so that augmentation applies; sample i's pixels start at i * 1000
     ds.name = "images";
     ds.shape = {4, 5, 2};
@@ -761,18 +781,20 @@ TEST_CASE("loader: consumers gathering their own rows get what a worker's copy h
                 CHECK(gathered.position() == copied.position());
                 std::vector<float> out(40);
                 const Batch& b = gathered.next();
-                CHECK_THROWS_AS(gathered.gather(b, b.rows, 1, out.data()), Error);   // past the end
+                CHECK_THROWS_AS(gathered.gather(b, b.rows, 1, out.data()), Error);  // past the end
                 CHECK_THROWS_AS(gathered.gather(b, -1, 1, out.data()), Error);
                 const Batch& c = copied.next();
                 CHECK_THROWS_AS(copied.gather(c, 0, 1, out.data()), Error);  // not gathering
-                for (int k = 0; k < 2; ++k) {  // stop() waits for every release
+                for (int k = 0; k < 2; ++k) {                                // stop() waits for every release
                     gathered.release(b);
                     copied.release(c);
                 }
             }
 }
 
-TEST_CASE("loader: without workers, next_for() fills on the caller's thread and gives up at the timeout while a slot is still held") {
+TEST_CASE(
+    "loader: without workers, next_for() fills on the caller's thread and gives up at the timeout while a slot is "
+    "still held") {
     const Dataset ds = indexed(100);
     LoaderOptions o;
     o.global_batch = 10;

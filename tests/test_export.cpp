@@ -171,7 +171,8 @@ private:
                 for (int yy = 0; yy < x.h; ++yy)
                     for (int xx = 0; xx < x.w; ++xx) {
                         double& v = x.at(b, c, yy, xx);
-                        v = act(a, (v - rm[size_t(c)]) / std::sqrt(double(rv[size_t(c)]) + eps) * g[size_t(c)] + beta[size_t(c)]);
+                        v = act(a, (v - rm[size_t(c)]) / std::sqrt(double(rv[size_t(c)]) + eps) * g[size_t(c)] +
+                                       beta[size_t(c)]);
                     }
         return x;
     }
@@ -189,7 +190,8 @@ private:
                     for (int c = 0; c < x.c; ++c) var += std::pow(x.at(b, c, yy, xx) - m, 2);
                     var /= x.c;
                     for (int c = 0; c < x.c; ++c)
-                        x.at(b, c, yy, xx) = (x.at(b, c, yy, xx) - m) / std::sqrt(var + eps) * g[size_t(c)] + beta[size_t(c)];
+                        x.at(b, c, yy, xx) =
+                            (x.at(b, c, yy, xx) - m) / std::sqrt(var + eps) * g[size_t(c)] + beta[size_t(c)];
                 }
         return x;
     }

@@ -44,7 +44,9 @@ struct TwoGpuWork {
 
 }  // namespace
 
-TEST_CASE("sim graphs: work captured across two GPUs runs only when launched, and N launches equal N issued runs bit for bit") {
+TEST_CASE(
+    "sim graphs: work captured across two GPUs runs only when launched, and N launches equal N issued runs bit for "
+    "bit") {
     SimGraphScope scope(30);
     Rng rng(71);
     const size_t n = 4099;
@@ -111,7 +113,9 @@ TEST_CASE("sim graphs: a launch runs after the launch stream's earlier work and 
     a->graph_destroy(g);
 }
 
-TEST_CASE("sim graphs: CUDA's capture rules - isolation, unjoined streams, pageable copies, host syncs - throw and name the rule") {
+TEST_CASE(
+    "sim graphs: CUDA's capture rules - isolation, unjoined streams, pageable copies, host syncs - throw and name the "
+    "rule") {
     SimGraphScope scope(0);
     auto a = make_sim_device(0), b = make_sim_device(1);
     const Stream s = a->compute_stream();
@@ -122,7 +126,8 @@ TEST_CASE("sim graphs: CUDA's capture rules - isolation, unjoined streams, pagea
         const Event outside = b->event_create();
         b->event_record(outside, b->compute_stream());
         a->capture_begin(s);
-        CHECK_THROWS_WITH_AS(a->stream_wait_event(s, outside), doctest::Contains("recorded outside the capture"), DeviceError);
+        CHECK_THROWS_WITH_AS(a->stream_wait_event(s, outside), doctest::Contains("recorded outside the capture"),
+                             DeviceError);
         CHECK_THROWS_WITH_AS(a->capture_end(s), doctest::Contains("invalidated"), DeviceError);
         b->event_destroy(outside);
     }
@@ -134,14 +139,16 @@ TEST_CASE("sim graphs: CUDA's capture rules - isolation, unjoined streams, pagea
         b->fill(b->compute_stream(), 16, 2.0f, y.data());
         CHECK_THROWS_WITH_AS(a->capture_end(s), doctest::Contains("not joined back"), DeviceError);
         // the capture has ended: the event may not be waited on until recorded again
-        CHECK_THROWS_WITH_AS(b->stream_wait_event(b->copy_stream(), fork), doctest::Contains("record it again"), DeviceError);
+        CHECK_THROWS_WITH_AS(b->stream_wait_event(b->copy_stream(), fork), doctest::Contains("record it again"),
+                             DeviceError);
         a->event_record(fork, s);
         b->stream_wait_event(b->copy_stream(), fork);
         a->event_destroy(fork);
     }
     SUBCASE("copies from pageable memory and host synchronisation on a captured stream") {
         a->capture_begin(s);
-        CHECK_THROWS_WITH_AS(a->copy_to_device(s, x.data(), host.data(), 64), doctest::Contains("pageable"), DeviceError);
+        CHECK_THROWS_WITH_AS(a->copy_to_device(s, x.data(), host.data(), 64), doctest::Contains("pageable"),
+                             DeviceError);
         CHECK_THROWS_WITH_AS(a->capture_end(s), doctest::Contains("invalidated"), DeviceError);
         a->capture_begin(s);
         CHECK_THROWS_WITH_AS(a->stream_synchronize(s), doctest::Contains("being captured"), DeviceError);

@@ -31,8 +31,13 @@ struct Harness {
     std::vector<int32_t> yh;
 
     Harness(Device& dev, const Model& model, int r, uint64_t salt)
-        : d(dev), m(model), rows(r), params(dev, model.flat_size()), grads(dev, model.flat_size()),
-          metrics(dev, kMetricSlots), acts(model.make_activations(dev, r)) {
+        : d(dev),
+          m(model),
+          rows(r),
+          params(dev, model.flat_size()),
+          grads(dev, model.flat_size()),
+          metrics(dev, kMetricSlots),
+          acts(model.make_activations(dev, r)) {
         Rng rng(salt);
         xh = rng.uniform(size_t(rows) * m.input_features(), -1.0f, 1.0f);
         yh = rng.labels(rows, m.output_features());
@@ -139,8 +144,8 @@ void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t 
             double central = 0, fine = 0;
             const bool ok = agrees(k, g, 1e-3, central) || agrees(k, g, 2.5e-4, fine);
             if (!ok && ++failures <= 5)
-                MESSAGE(t.name << "[" << i << "]: backprop " << g << " vs finite differences " << central << " (eps 1e-3), "
-                               << fine << " (eps 2.5e-4)");
+                MESSAGE(t.name << "[" << i << "]: backprop " << g << " vs finite differences " << central
+                               << " (eps 1e-3), " << fine << " (eps 2.5e-4)");
             ++checked;
         }
     }
@@ -153,8 +158,9 @@ void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t 
 void overfit(Device& d, const std::string& type) {
     Rng rng(77);
     const int rows = 32, classes = 4;
-    Model m({6, 6, 1}, {conv(4, 3, 1, true, Activation::relu), maxpool(2), flatten(), dense(64, Activation::gelu),
-                        dense(classes, Activation::none)},
+    Model m({6, 6, 1},
+            {conv(4, 3, 1, true, Activation::relu), maxpool(2), flatten(), dense(64, Activation::gelu),
+             dense(classes, Activation::none)},
             5);
     Harness h(d, m, rows, 78);
     OptimizerConfig oc;
@@ -190,12 +196,14 @@ TEST_CASE("model layout: PyTorch names and shapes, aligned offsets, trainable te
     CHECK(m.input_features() == 784);
     CHECK(m.output_features() == 10);
 
-    Model c({8, 8, 3}, {conv(16, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
-                        residual({conv(16, 3, 1, true, Activation::none), batchnorm(false, Activation::none)}, "", Activation::relu),
-                        residual({conv(32, 3, 2, true, Activation::none), batchnorm(false, Activation::none)}, "conv1x1",
-                                 Activation::relu),
-                        global_avgpool(), dense(10, Activation::none)},
-            2);
+    Model c(
+        {8, 8, 3},
+        {conv(16, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
+         residual({conv(16, 3, 1, true, Activation::none), batchnorm(false, Activation::none)}, "", Activation::relu),
+         residual({conv(32, 3, 2, true, Activation::none), batchnorm(false, Activation::none)}, "conv1x1",
+                  Activation::relu),
+         global_avgpool(), dense(10, Activation::none)},
+        2);
     CHECK(c.find("layers.0.weight")->shape == std::vector<int>{16, 3, 3, 3});  // [out, in, kh, kw]
     CHECK(c.find("layers.1.running_var")->trainable == false);
     CHECK(c.find("layers.2.layers.0.weight")->shape == std::vector<int>{16, 16, 3, 3});
@@ -213,10 +221,12 @@ TEST_CASE("the model rejects impossible layer lists with the key that is wrong")
                          doctest::Contains("model.layers.0: dense needs a vector input"), ConfigError);
     CHECK_THROWS_WITH_AS(Model({4}, {conv(3, 3, 1, true, Activation::none), dense(2, Activation::none)}, 1),
                          doctest::Contains("model.layers.0: conv2d needs an image input"), ConfigError);
-    CHECK_THROWS_WITH_AS(Model({4, 4, 1}, {conv(3, 5, 1, false, Activation::none), flatten(), dense(2, Activation::none)}, 1),
-                         doctest::Contains("model.layers.0: a 5x5 kernel does not fit"), ConfigError);
-    CHECK_THROWS_WITH_AS(Model({8, 8, 2}, {residual({conv(4, 3, 1, true, Activation::none)}, "", Activation::relu), flatten(),
-                                           dense(2, Activation::none)},
+    CHECK_THROWS_WITH_AS(
+        Model({4, 4, 1}, {conv(3, 5, 1, false, Activation::none), flatten(), dense(2, Activation::none)}, 1),
+        doctest::Contains("model.layers.0: a 5x5 kernel does not fit"), ConfigError);
+    CHECK_THROWS_WITH_AS(Model({8, 8, 2},
+                               {residual({conv(4, 3, 1, true, Activation::none)}, "", Activation::relu), flatten(),
+                                dense(2, Activation::none)},
                                1),
                          doctest::Contains("add shortcut: conv1x1"), ConfigError);
     CHECK_THROWS_WITH_AS(Model({8, 8, 2}, {conv(4, 3, 1, true, Activation::none)}, 1),
@@ -226,8 +236,11 @@ TEST_CASE("the model rejects impossible layer lists with the key that is wrong")
 
 TEST_CASE("gradients match finite differences: dense, dropout, flatten (NCHW order), loss") {
     auto d = make_cpu_device(0);
-    check_gradients(*d, Model({2, 3, 2}, {flatten(), dense(9, Activation::relu), dropout(0.25f),
-                                          dense(7, Activation::gelu), dense(5, Activation::none)}, 11),
+    check_gradients(*d,
+                    Model({2, 3, 2},
+                          {flatten(), dense(9, Activation::relu), dropout(0.25f), dense(7, Activation::gelu),
+                           dense(5, Activation::none)},
+                          11),
                     6, 1);
     check_gradients(*d, Model({6}, {dense(5, Activation::gelu, false), dense(4, Activation::none, false)}, 12), 5, 2);
 }
@@ -235,46 +248,55 @@ TEST_CASE("gradients match finite differences: dense, dropout, flatten (NCHW ord
 TEST_CASE("gradients match finite differences: conv2d (padding, stride, 1x1), pools, batchnorm, layernorm") {
     auto d = make_cpu_device(0);
     // same padding, max pool, valid conv, batchnorm with relu, padded average pool, global pool, layernorm
-    check_gradients(*d, Model({6, 6, 2}, {conv(3, 3, 1, true, Activation::relu), maxpool(2),
-                                          conv(4, 2, 1, false, Activation::none), batchnorm(false, Activation::relu),
-                                          avgpool(2, 1, 1), global_avgpool(), layernorm(), dense(3, Activation::none)},
-                              21),
+    check_gradients(*d,
+                    Model({6, 6, 2},
+                          {conv(3, 3, 1, true, Activation::relu), maxpool(2), conv(4, 2, 1, false, Activation::none),
+                           batchnorm(false, Activation::relu), avgpool(2, 1, 1), global_avgpool(), layernorm(),
+                           dense(3, Activation::none)},
+                          21),
                     5, 3);
     // stride 2 with explicit padding, a direct 1x1 convolution, overlapping padded max windows, gelu
-    check_gradients(*d, Model({7, 7, 3}, {conv_pad(4, 3, 2, 2, Activation::gelu), conv(5, 1, 1, false, Activation::none),
-                                          maxpool_pad(3, 2, 1), flatten(), layernorm(), dense(4, Activation::none)},
-                              22),
+    check_gradients(*d,
+                    Model({7, 7, 3},
+                          {conv_pad(4, 3, 2, 2, Activation::gelu), conv(5, 1, 1, false, Activation::none),
+                           maxpool_pad(3, 2, 1), flatten(), layernorm(), dense(4, Activation::none)},
+                          22),
                     4, 4);
 }
 
 TEST_CASE("gradients match finite differences: residual blocks, identity and projection shortcuts") {
     auto d = make_cpu_device(0);
-    check_gradients(*d, Model({4, 4, 3}, {conv(4, 3, 1, true, Activation::relu),
-                                          residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
-                                                    conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
-                                                   "", Activation::relu),
-                                          residual({conv(6, 3, 2, true, Activation::none), batchnorm(false, Activation::relu),
-                                                    conv(6, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
-                                                   "conv1x1", Activation::relu),
-                                          global_avgpool(), dense(3, Activation::none)},
-                              31),
+    check_gradients(*d,
+                    Model({4, 4, 3},
+                          {conv(4, 3, 1, true, Activation::relu),
+                           residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
+                                     conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
+                                    "", Activation::relu),
+                           residual({conv(6, 3, 2, true, Activation::none), batchnorm(false, Activation::relu),
+                                     conv(6, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
+                                    "conv1x1", Activation::relu),
+                           global_avgpool(), dense(3, Activation::none)},
+                          31),
                     4, 5, 20);
     // GELU keeps its pre-activation (batchnorm's and the join's); a join without activation
-    check_gradients(*d, Model({4, 4, 3}, {conv(4, 3, 1, true, Activation::none),
-                                          residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::gelu),
-                                                    conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
-                                                   "", Activation::gelu),
-                                          residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::relu)}, "",
-                                                   Activation::none),
-                                          global_avgpool(), dense(3, Activation::none)},
-                              32),
+    check_gradients(*d,
+                    Model({4, 4, 3},
+                          {conv(4, 3, 1, true, Activation::none),
+                           residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::gelu),
+                                     conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
+                                    "", Activation::gelu),
+                           residual({conv(4, 3, 1, true, Activation::none), batchnorm(false, Activation::relu)}, "",
+                                    Activation::none),
+                           global_avgpool(), dense(3, Activation::none)},
+                          32),
                     4, 5, 20);
 }
 
 TEST_CASE("gradient accumulation adds backward passes; batchnorm's running statistics accumulate too") {
     auto d = make_cpu_device(0);
-    Model m({4, 4, 2}, {conv(3, 3, 1, true, Activation::relu), batchnorm(false, Activation::none), flatten(),
-                        dense(3, Activation::none)},
+    Model m({4, 4, 2},
+            {conv(3, 3, 1, true, Activation::relu), batchnorm(false, Activation::none), flatten(),
+             dense(3, Activation::none)},
             4);
     Harness h(*d, m, 5, 3);
     const auto once = h.backprop();
@@ -289,9 +311,10 @@ TEST_CASE("gradient accumulation adds backward passes; batchnorm's running stati
 // The same gradients either way, but for the order of the products' sums; micro-batches
 // accumulate through the permutation and the blocks too.
 TEST_CASE("cpu convolutions with pixel-major columns, image blocks: the gradients of the GPU's column order") {
-    const Model m({7, 7, 3}, {conv(4, 3, 1, true, Activation::relu), conv_pad(5, 3, 2, 1, Activation::none),
-                              batchnorm(false, Activation::relu), conv(6, 1, 1, false, Activation::none),
-                              conv(3, 2, 1, false, Activation::gelu, false), flatten(), dense(3, Activation::none)},
+    const Model m({7, 7, 3},
+                  {conv(4, 3, 1, true, Activation::relu), conv_pad(5, 3, 2, 1, Activation::none),
+                   batchnorm(false, Activation::relu), conv(6, 1, 1, false, Activation::none),
+                   conv(3, 2, 1, false, Activation::gelu, false), flatten(), dense(3, Activation::none)},
                   41);
     auto pixel_major = make_cpu_device(0);
     std::unique_ptr<Device> channel_major;
@@ -309,8 +332,9 @@ TEST_CASE("cpu convolutions with pixel-major columns, image blocks: the gradient
 
     // Images whose columns outgrow the CPU's block (Device::column_block_bytes): the CPU makes and
     // multiplies them image by image, the simulated GPU (the GPUs' path) all at once.
-    const Model big({24, 24, 24}, {conv(8, 3, 1, true, Activation::relu), conv_pad(6, 3, 2, 1, Activation::none, false),
-                                   global_avgpool(), dense(3, Activation::none)},
+    const Model big({24, 24, 24},
+                    {conv(8, 3, 1, true, Activation::relu), conv_pad(6, 3, 2, 1, Activation::none, false),
+                     global_avgpool(), dense(3, Activation::none)},
                     43);
     const size_t per_image = size_t(24) * 24 * 24 * 9 * sizeof(float);
     CHECK(2 * per_image > pixel_major->column_block_bytes());  // one image per block: three blocks
@@ -345,17 +369,21 @@ TEST_CASE("a small CNN overfits a fixed batch on the CUDA backend (SGD and AdamW
     overfit(*d, "adamw");
 }
 
-TEST_CASE("CUDA forward/backward of whole models (MLP, CNN with batchnorm and a residual block) match CPU, fused epilogues too"
-          * doctest::test_suite("cuda")) {
+TEST_CASE(
+    "CUDA forward/backward of whole models (MLP, CNN with batchnorm and a residual block) match CPU, fused epilogues "
+    "too" *
+    doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
-    const Model mlp({3, 5, 2}, {flatten(), dense(33, Activation::gelu), dropout(0.2f), dense(17, Activation::relu),
-                                dense(6, Activation::none)},
+    const Model mlp({3, 5, 2},
+                    {flatten(), dense(33, Activation::gelu), dropout(0.2f), dense(17, Activation::relu),
+                     dense(6, Activation::none)},
                     8);
-    const Model cnn({8, 8, 3}, {conv(8, 3, 1, true, Activation::relu), maxpool(2),
-                                residual({conv(8, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
-                                          conv(8, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
-                                         "", Activation::relu),
-                                layernorm(), global_avgpool(), dense(6, Activation::none)},
+    const Model cnn({8, 8, 3},
+                    {conv(8, 3, 1, true, Activation::relu), maxpool(2),
+                     residual({conv(8, 3, 1, true, Activation::none), batchnorm(false, Activation::relu),
+                               conv(8, 3, 1, true, Activation::none), batchnorm(false, Activation::none)},
+                              "", Activation::relu),
+                     layernorm(), global_avgpool(), dense(6, Activation::none)},
                     9);
     for (const Model* m : {&mlp, &cnn}) {
         std::vector<std::vector<float>> grads, params;

@@ -145,7 +145,6 @@ bool process_running(const std::string& text) {
     return false;
 }
 
-
 // The parameters of a run's newest checkpoint, tensor by tensor in name order.
 std::vector<float> final_params(const std::string& out) {
     const auto files = list_checkpoints(out + "/checkpoints");
@@ -204,14 +203,14 @@ TEST_CASE("cross_device_ops auto across nodes: node 0's choice is every node's, 
     }
     fs::create_directories(b);
     std::ofstream(b + "/cross-device-ops.txt") << rewritten;
-    const std::vector<std::string> args{"train", cfg, "--devices", "cpu:3", "--output", t / "auto", "--set",
-                                        "strategy.cross_device_ops=auto"};
+    const std::vector<std::string> args{"train",    cfg,        "--devices", "cpu:3",
+                                        "--output", t / "auto", "--set",     "strategy.cross_device_ops=auto"};
     const Job j = mpirun({{args, {{"MIRRORED_CACHE_DIR", a}}}, {args, {{"MIRRORED_CACHE_DIR", b}}}});
     REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
     CHECK(j.out.find("cross-device ops: auto, cached: ") != std::string::npos);
     CHECK(summary(t / "auto")["cross_device_ops"] == x);
-    const Job named = mpirun(2, {"train", cfg, "--devices", "cpu:3", "--output", t / "named", "--set",
-                                 "strategy.cross_device_ops=" + x});
+    const Job named = mpirun(
+        2, {"train", cfg, "--devices", "cpu:3", "--output", t / "named", "--set", "strategy.cross_device_ops=" + x});
     REQUIRE_MESSAGE(named.rc == kExitOk, named.err);
     expect_same_run(t / "auto", t / "named");
 }
@@ -220,12 +219,15 @@ TEST_CASE("checkpoint.every_minutes across nodes: node 0's clock decides for eve
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
-    const Job j = mpirun(2, {"train", cfg, "--output", t / "two", "--set", "train.epochs=10", "--set",
-                             "checkpoint.every_steps=0", "--set", "checkpoint.every_minutes=0.00001", "--set",
-                             "checkpoint.keep=1000"}, 60);
+    const Job j =
+        mpirun(2,
+               {"train", cfg, "--output", t / "two", "--set", "train.epochs=10", "--set", "checkpoint.every_steps=0",
+                "--set", "checkpoint.every_minutes=0.00001", "--set", "checkpoint.keep=1000"},
+               60);
     REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
     CHECK(list_checkpoints(t / "two/checkpoints").size() >= 3);
-    REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / "one", "--set", "train.epochs=10"}) == kExitOk);
+    REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / "one", "--set", "train.epochs=10"}) ==
+            kExitOk);
     expect_same_run(t / "two", t / "one");
 }
 
@@ -239,7 +241,9 @@ TEST_CASE("synchronised batchnorm with accumulation across 2 nodes equals 1 node
     expect_same_run(t / "two", t / "one");
 }
 
-TEST_CASE("fp16 loss scaling across 2 nodes equals 1 node x 2; a job stopped on 2 nodes resumes on 1 node x 2 bit-identically") {
+TEST_CASE(
+    "fp16 loss scaling across 2 nodes equals 1 node x 2; a job stopped on 2 nodes resumes on 1 node x 2 "
+    "bit-identically") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("fp16.yaml", kFp16);
@@ -259,15 +263,19 @@ TEST_CASE("fp16 loss scaling across 2 nodes equals 1 node x 2; a job stopped on 
     expect_same_run(t / "two", t / "moved");
 }
 
-TEST_CASE("simulated GPUs across 2 nodes, random stream delays: 2 x sim:0 == sim:0,1 and 2 x sim:0,0 == 2 x cpu:2 bit for bit, graphs too") {
+TEST_CASE(
+    "simulated GPUs across 2 nodes, random stream delays: 2 x sim:0 == sim:0,1 and 2 x sim:0,0 == 2 x cpu:2 bit for "
+    "bit, graphs too") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
     const std::vector<std::pair<std::string, std::string>> delays{{"MIRRORED_SIM_DELAY_US", "30"}};
     auto on_nodes = [&](const std::string& devices, const std::string& out, bool delayed, bool graph = false) {
-        const std::vector<std::string> args{"train",  cfg, "--devices", devices, "--output", out, "--set",
-                                            std::string("strategy.cuda_graph=") + (graph ? "true" : "false")};
-        const Job j = mpirun({{args, delayed ? delays : decltype(delays){}}, {args, delayed ? delays : decltype(delays){}}});
+        const std::vector<std::string> args{
+            "train",    cfg, "--devices", devices,
+            "--output", out, "--set",     std::string("strategy.cuda_graph=") + (graph ? "true" : "false")};
+        const Job j =
+            mpirun({{args, delayed ? delays : decltype(delays){}}, {args, delayed ? delays : decltype(delays){}}});
         CHECK_MESSAGE(j.rc == kExitOk, j.err);
     };
     on_nodes("sim:0", t / "sim2x1", true);
@@ -286,7 +294,9 @@ TEST_CASE("simulated GPUs across 2 nodes, random stream delays: 2 x sim:0 == sim
     expect_same_run(t / "graph2x2", t / "cpu2x2");
 }
 
-TEST_CASE("3 nodes x 1 and 2 nodes x 2 replicas (own or shared parameters) match one replica on the same global batch (relative error < 1e-4)") {
+TEST_CASE(
+    "3 nodes x 1 and 2 nodes x 2 replicas (own or shared parameters) match one replica on the same global batch "
+    "(relative error < 1e-4)") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
@@ -354,7 +364,8 @@ TEST_CASE("a killed node ends the job within seconds, no hang; restarting the jo
     expect_same_run(t / "ref", t / "run");
 }
 
-TEST_CASE("mpirun itself killed at an arbitrary moment: no node process is left, and the rerun resumes bit-identically") {
+TEST_CASE(
+    "mpirun itself killed at an arbitrary moment: no node process is left, and the rerun resumes bit-identically") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     std::string text = kRun;
@@ -385,7 +396,8 @@ TEST_CASE("a hung node: the others stop after strategy.collective_timeout_s with
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
-    const std::vector<std::string> args{"train", cfg, "--output", t / "run", "--set", "strategy.collective_timeout_s=2"};
+    const std::vector<std::string> args{"train",   cfg,     "--output",
+                                        t / "run", "--set", "strategy.collective_timeout_s=2"};
     const Job hung = mpirun({{args, {}}, {args, {{"MIRRORED_TEST_NODE_FAULT", "1:40:hang"}}}}, 60);
     CHECK(hung.rc == kExitDevice);
     CHECK(hung.seconds < 30);
@@ -393,7 +405,8 @@ TEST_CASE("a hung node: the others stop after strategy.collective_timeout_s with
     CHECK(hung.err.find("collective_timeout_s") != std::string::npos);
 }
 
-TEST_CASE("nodes whose configurations differ are refused (exit 2, the differing line); strategy.nodes is never configured") {
+TEST_CASE(
+    "nodes whose configurations differ are refused (exit 2, the differing line); strategy.nodes is never configured") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
@@ -409,7 +422,9 @@ TEST_CASE("nodes whose configurations differ are refused (exit 2, the differing 
     CHECK(err.find("discovered from mpirun") != std::string::npos);
 }
 
-TEST_CASE("nodes on other software: another mirrored build, CUDA runtime, NCCL or MPI refuses the job; another BLAS kernel is a note") {
+TEST_CASE(
+    "nodes on other software: another mirrored build, CUDA runtime, NCCL or MPI refuses the job; another BLAS kernel "
+    "is a note") {
     const std::string mine = software_fingerprint();
     CHECK(compare_software({mine, mine, mine}).refusal.empty());
     CHECK(compare_software({mine, mine, mine}).notes.empty());

@@ -36,17 +36,22 @@ namespace {
 
 double ref_act(Activation a, double z) {
     switch (a) {
-    case Activation::relu: return z > 0 ? z : 0;
-    case Activation::gelu: return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
-    default: return z;
+        case Activation::relu:
+            return z > 0 ? z : 0;
+        case Activation::gelu:
+            return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+        default:
+            return z;
     }
 }
 double ref_act_grad(Activation a, double z) {
     switch (a) {
-    case Activation::relu: return z > 0 ? 1 : 0;
-    case Activation::gelu:
-        return 0.5 * (1 + std::erf(z / std::sqrt(2.0))) + z * std::exp(-0.5 * z * z) / std::sqrt(2 * M_PI);
-    default: return 1;
+        case Activation::relu:
+            return z > 0 ? 1 : 0;
+        case Activation::gelu:
+            return 0.5 * (1 + std::erf(z / std::sqrt(2.0))) + z * std::exp(-0.5 * z * z) / std::sqrt(2 * M_PI);
+        default:
+            return 1;
     }
 }
 
@@ -192,8 +197,8 @@ DenseOut run_dense(Device& d, const DenseCase& c, Activation act, bool bias, boo
     auto db = accumulate ? upload(d, c.db0) : poisoned(d, c.db0.size());
     DenseOut out;
     const uint64_t l0 = d.host_work().launches;
-    d.dense_forward(s, act, c.rows, c.units, c.inputs, x.data(), w.data(), bias ? b.data() : nullptr, y.data(), y.data(),
-                    {t, t, t});
+    d.dense_forward(s, act, c.rows, c.units, c.inputs, x.data(), w.data(), bias ? b.data() : nullptr, y.data(),
+                    y.data(), {t, t, t});
     const uint64_t l1 = d.host_work().launches;
     d.dense_weight_grad(s, c.rows, c.units, c.inputs, dz.data(), x.data(), dw.data(), bias ? db.data() : nullptr,
                         accumulate, {t, t, DType::f32});
@@ -215,7 +220,8 @@ DenseOut ref_dense(const DenseCase& c, Activation act, bool bias, bool accumulat
     for (int i = 0; i < c.rows; ++i)
         for (int j = 0; j < c.units; ++j) {
             double z = bias ? c.bias[size_t(j)] : 0.0;
-            for (int k = 0; k < c.inputs; ++k) z += double(c.x[size_t(i) * c.inputs + k]) * c.w[size_t(j) * c.inputs + k];
+            for (int k = 0; k < c.inputs; ++k)
+                z += double(c.x[size_t(i) * c.inputs + k]) * c.w[size_t(j) * c.inputs + k];
             r.y.push_back(float(ref_act(act, z)));
         }
     for (int j = 0; j < c.units; ++j)
@@ -417,8 +423,8 @@ std::vector<double> ref_adamw(const OptCase& o, const AdamWArgs& a) {
     return p;
 }
 
-std::vector<float> run_dropout(Device& d, const DropoutArgs& a, int rows, int cols,
-                               const std::vector<float>& x, bool backward) {
+std::vector<float> run_dropout(Device& d, const DropoutArgs& a, int rows, int cols, const std::vector<float>& x,
+                               bool backward) {
     auto xb = upload(d, x);
     auto y = poisoned(d, x.size());
     if (backward) d.dropout_backward(d.compute_stream(), a, rows, cols, xb.data(), y.data());
@@ -504,17 +510,21 @@ TEST_CASE("cpu gemm matches double reference for every transpose combination") {
 TEST_CASE("cpu gemm with few rows and a transposed B matches double reference, leading dimensions padded") {
     Rng rng(7);
     auto d = make_cpu_device(0);
-    struct Shape { int m, n, k; };
-    for (const Shape s : {Shape{64, 300, 40}, Shape{128, 129, 64}, Shape{1, 700, 800}, Shape{16, 64, 64},
-                          Shape{200, 300, 40}}) {
+    struct Shape {
+        int m, n, k;
+    };
+    for (const Shape s :
+         {Shape{64, 300, 40}, Shape{128, 129, 64}, Shape{1, 700, 800}, Shape{16, 64, 64}, Shape{200, 300, 40}}) {
         CAPTURE(s.m);
         CAPTURE(s.n);
         CAPTURE(s.k);
         const int lda = s.k + 3, ldb = s.k + 5, ldc = s.n + 7;
-        GemmCase g{false, true, s.m, s.n, s.k, 1.5f, 0.0f, rng.normal(size_t(s.m) * s.k), rng.normal(size_t(s.n) * s.k), {}};
+        GemmCase g{false, true, s.m, s.n, s.k, 1.5f, 0.0f, rng.normal(size_t(s.m) * s.k), rng.normal(size_t(s.n) * s.k),
+                   {}};
         const std::vector<float> a = padded(g.a, s.m, s.k, lda, NAN), b = padded(g.b, s.n, s.k, ldb, NAN);
         std::vector<float> c = padded(std::vector<float>(size_t(s.m) * s.n, NAN), s.m, s.n, ldc, 42.0f);
-        d->gemm(d->compute_stream(), false, true, s.m, s.n, s.k, g.alpha, a.data(), lda, b.data(), ldb, 0.0f, c.data(), ldc);
+        d->gemm(d->compute_stream(), false, true, s.m, s.n, s.k, g.alpha, a.data(), lda, b.data(), ldb, 0.0f, c.data(),
+                ldc);
         bool padding_kept = false;
         const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
         CHECK(padding_kept);
@@ -528,7 +538,9 @@ TEST_CASE("cpu gemm with few rows and a transposed B matches double reference, l
 TEST_CASE("cpu gemm A^T B computed as its transpose: accumulation and leading dimensions") {
     Rng rng(8);
     auto d = make_cpu_device(0);
-    struct Shape { int m, n, k; };
+    struct Shape {
+        int m, n, k;
+    };
     for (const Shape s : {Shape{32, 9, 14112}, Shape{40, 17, 5000}, Shape{512, 31, 520}}) {
         for (const float beta : {0.0f, 1.0f}) {
             CAPTURE(s.m);
@@ -536,7 +548,15 @@ TEST_CASE("cpu gemm A^T B computed as its transpose: accumulation and leading di
             CAPTURE(s.k);
             CAPTURE(beta);
             const int lda = s.m + 3, ldb = s.n + 5, ldc = s.n + 7;
-            GemmCase g{true, false, s.m, s.n, s.k, 1.0f, beta, rng.normal(size_t(s.k) * s.m), rng.normal(size_t(s.k) * s.n),
+            GemmCase g{true,
+                       false,
+                       s.m,
+                       s.n,
+                       s.k,
+                       1.0f,
+                       beta,
+                       rng.normal(size_t(s.k) * s.m),
+                       rng.normal(size_t(s.k) * s.n),
                        rng.normal(size_t(s.m) * s.n)};
             const std::vector<float> a = padded(g.a, s.k, s.m, lda, NAN), b = padded(g.b, s.k, s.n, ldb, NAN);
             std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
@@ -580,8 +600,16 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
         CAPTURE(s.n);
         CAPTURE(s.k);
         CAPTURE(s.accumulate);
-        GemmCase g{s.ta, s.tb, s.m, s.n, s.k, 1.0f, s.accumulate ? 1.0f : 0.0f, rng.normal(size_t(s.m) * s.k),
-                   rng.normal(size_t(s.k) * s.n), rng.normal(size_t(s.m) * s.n)};
+        GemmCase g{s.ta,
+                   s.tb,
+                   s.m,
+                   s.n,
+                   s.k,
+                   1.0f,
+                   s.accumulate ? 1.0f : 0.0f,
+                   rng.normal(size_t(s.m) * s.k),
+                   rng.normal(size_t(s.k) * s.n),
+                   rng.normal(size_t(s.m) * s.n)};
         // A stored [m,k] or [k,m], B [k,n] or [n,k], C [m,n]: each row padded with NaN (42 in C).
         const int a_rows = s.ta ? s.k : s.m, a_cols = s.ta ? s.m : s.k, b_rows = s.tb ? s.n : s.k,
                   b_cols = s.tb ? s.k : s.n;
@@ -594,8 +622,8 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
         CHECK(jit_gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(), ldc) == taken);
         if (!taken) {
             CHECK(c == padded(g.c0, s.m, s.n, ldc, 42.0f));
-            REQUIRE(jit_gemm_any_shape(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate,
-                                       c.data(), ldc));
+            REQUIRE(jit_gemm_any_shape(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(),
+                                       ldc));
         }
         bool padding_kept = false;
         const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
@@ -613,8 +641,8 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
     CAPTURE(jit);
     REQUIRE((jit_gemm_vector_floats() == 8 || jit_gemm_vector_floats() == 16));
     if (jit_gemm_vector_floats() == 16) {
-        CHECK(jit_gemm_takes(false, true, 64, 512, 784, false));  // forward
-        CHECK(jit_gemm_takes(true, false, 512, 784, 64, false));  // weight gradient
+        CHECK(jit_gemm_takes(false, true, 64, 512, 784, false));   // forward
+        CHECK(jit_gemm_takes(true, false, 512, 784, 64, false));   // weight gradient
         CHECK(jit_gemm_takes(false, false, 64, 512, 256, false));  // input gradient
     } else {
         CHECK_FALSE(jit_gemm_takes(false, true, 64, 512, 784, false));
@@ -754,8 +782,8 @@ TEST_CASE("metric accumulators count exactly beyond 2^24 samples (cpu, sim)") {
         auto labels = upload(*d, x.labels);
         auto metrics = upload(*d, std::vector<double>{0.0, start, start, 0.0});
         for (int i = 0; i < 5; ++i)
-            d->softmax_xent(d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), 0.0f, nullptr, nullptr,
-                            metrics.data());
+            d->softmax_xent(d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), 0.0f, nullptr,
+                            nullptr, metrics.data());
         const auto m = download(*d, metrics);
         CHECK(m[kMetricCount] == start + 5 * x.rows);
         CHECK(m[kMetricCorrect] >= start);
@@ -838,8 +866,8 @@ TEST_CASE("cpu dropout: keep rate, scaling, backward mask, and shard invariance"
 TEST_CASE("cpu init_params: bounds and moments of every initialiser, deterministic by seed") {
     auto d = make_cpu_device(0);
     const size_t n = 200000;
-    for (InitKind k : {InitKind::he_uniform, InitKind::he_normal, InitKind::glorot_uniform,
-                       InitKind::glorot_normal, InitKind::zeros}) {
+    for (InitKind k : {InitKind::he_uniform, InitKind::he_normal, InitKind::glorot_uniform, InitKind::glorot_normal,
+                       InitKind::zeros}) {
         CAPTURE(init_kind_name(k));
         InitArgs a{k, base_seed(), 3, 400, 100};
         const auto v = run_init(*d, a, n);
@@ -1001,9 +1029,9 @@ TEST_CASE("column_plan: row chunks cover every row once, fit the scratch and fil
     const auto blocks = [](int rows, int cols) {
         return column_plan(rows, cols, kScratch).chunks * ((cols + kColumnTile - 1) / kColumnTile);
     };
-    CHECK(blocks(2048, 1024) >= 256);    // the MLP's bias gradient at batch 2048 (32 blocks in one pass)
-    CHECK(blocks(131072, 16) >= 512);    // 16 channels over 128 x 32 x 32 rows (1 block in one pass)
-    CHECK(blocks(256, 1024) == 32);      // batch 256: one pass, no second launch
+    CHECK(blocks(2048, 1024) >= 256);                 // the MLP's bias gradient at batch 2048 (32 blocks in one pass)
+    CHECK(blocks(131072, 16) >= 512);                 // 16 channels over 128 x 32 x 32 rows (1 block in one pass)
+    CHECK(blocks(256, 1024) == 32);                   // batch 256: one pass, no second launch
     CHECK(column_plan(131072, 16, 100).chunks == 3);  // a small scratch bounds the chunks
 }
 
@@ -1018,8 +1046,7 @@ TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu" * doctest::
             CHECK(rel_error(run_bias_act(gpu, e, act, false), run_bias_act(cpu, e, act, false)) < 1e-6);
             CHECK(rel_error(run_act_backward(gpu, e, act), run_act_backward(cpu, e, act)) < 1e-5);
         }
-        for (bool acc : {false, true})
-            CHECK(rel_error(run_bias_grad(gpu, e, acc), run_bias_grad(cpu, e, acc)) < 1e-5);
+        for (bool acc : {false, true}) CHECK(rel_error(run_bias_grad(gpu, e, acc), run_bias_grad(cpu, e, acc)) < 1e-5);
         // many rows: one pass up to 512 rows, then row chunks and a second kernel (column_plan.h)
         for (const auto& [rows, cols] : {std::pair{512, 37}, {513, 37}, {4099, 37}, {2048, 1030}, {70001, 3}}) {
             CAPTURE(rows);
@@ -1041,8 +1068,8 @@ TEST_CASE("cuda bias_act_forward, act_backward, bias_grad match cpu" * doctest::
 // cuBLASLt epilogues: fp32 and TF32 against the CPU; bf16 against the unfused CUDA ops on the
 // same stored inputs (the fused product rounds y once, the unfused twice: 2e-2). Where a case is
 // fusable and its sizes are multiples of 8, the fused product must have been taken (one launch).
-TEST_CASE("cuda dense ops with cuBLASLt epilogues (strategy.fused_epilogues) match cpu; one launch where fused"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda dense ops with cuBLASLt epilogues (strategy.fused_epilogues) match cpu; one launch where fused" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(105);
     auto cpu = make_cpu_device(0);
@@ -1100,7 +1127,8 @@ TEST_CASE("cuda softmax_xent matches cpu, argmax count exactly" * doctest::test_
             }
             const auto g = run_xent(gpu, x), c = run_xent(cpu, x);
             const size_t n = x.logits.size();
-            CHECK(rel_error(std::vector<float>(g.begin(), g.begin() + n), std::vector<float>(c.begin(), c.begin() + n)) < 1e-5);
+            CHECK(rel_error(std::vector<float>(g.begin(), g.begin() + n),
+                            std::vector<float>(c.begin(), c.begin() + n)) < 1e-5);
             CHECK(std::fabs(g[n] - c[n]) / std::fabs(c[n]) < 1e-5);
             CHECK(g[n + 1] == c[n + 1]);
             CHECK(g[n + 2] == c[n + 2]);
@@ -1125,8 +1153,8 @@ TEST_CASE("cuda target_loss (mse, bce) matches cpu" * doctest::test_suite("cuda"
                 }
                 const auto g = run_target_loss(gpu, x), c = run_target_loss(cpu, x);
                 const size_t n = x.logits.size();
-                CHECK(rel_error(std::vector<float>(g.begin(), g.begin() + n), std::vector<float>(c.begin(), c.begin() + n)) <
-                      1e-5);
+                CHECK(rel_error(std::vector<float>(g.begin(), g.begin() + n),
+                                std::vector<float>(c.begin(), c.begin() + n)) < 1e-5);
                 CHECK(std::fabs(g[n] - c[n]) / std::fabs(c[n]) < 1e-5);
                 CHECK(std::fabs(g[n + 1] - c[n + 1]) < 1e-6 * x.rows + 1e-6);
                 CHECK(g[n + 2] == c[n + 2]);
@@ -1163,7 +1191,8 @@ TEST_CASE("cuda flat ops, sgd and adamw match cpu" * doctest::test_suite("cuda")
         CHECK(rel_error(run_flat_ops(gpu, x, y), run_flat_ops(cpu, x, y)) < 1e-5);
         // sum_squares alone around its grid's limits (a block per 256 elements, at most 256 blocks):
         // the sum, then the count of non-finite values
-        for (size_t len : {size_t(1), size_t(255), size_t(257), size_t(65535), size_t(65536), size_t(65537), size_t(300001)}) {
+        for (size_t len :
+             {size_t(1), size_t(255), size_t(257), size_t(65535), size_t(65536), size_t(65537), size_t(300001)}) {
             CAPTURE(len);
             std::vector<float> v = rng.normal(len);
             auto sums = [&](Device& d) {
@@ -1216,8 +1245,8 @@ TEST_CASE("cuda reduce_from_peer and copy_from_peer are exact (two replicas on G
     }
 }
 
-TEST_CASE("cuda bf16 wire format matches the bit-level reference (two replicas on GPU 0)"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda bf16 wire format matches the bit-level reference (two replicas on GPU 0)" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     Rng rng(107);
     auto a = make_cuda_device(0), b = make_cuda_device(0);

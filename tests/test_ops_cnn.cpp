@@ -292,7 +292,7 @@ TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' pro
         Window2d g = random_window(rng);
         g.pixel_major = true;
         if (rep % 2) g.c = rng.integer(16, 40);  // the gradients' kernels want a vector of channels
-        if (rep % 5 == 3) g.ph = g.pw = g.kh;  // whole window rows in the padding
+        if (rep % 5 == 3) g.ph = g.pw = g.kh;    // whole window rows in the padding
         g.pw = std::min(g.pw, g.kw);
         if (rep == 23) {  // 32 x 32 outputs, as ResNet-20's first stage (rows of 4 KiB)
             g.n = 1;
@@ -435,7 +435,8 @@ TEST_CASE("cpu nhwc_to_nchw permutes to PyTorch's flatten order and back") {
     d->nhwc_to_nchw(d->compute_stream(), n, h, w, c, xb.data(), y.data(), false);
     d->nhwc_to_nchw(d->compute_stream(), n, h, w, c, y.data(), back.data(), true);
     const auto yh = download(*d, y);
-    CHECK(yh[size_t(1) * c * h * w + 2 * h * w + 1 * w + 3] == x[((size_t(1) * h + 1) * w + 3) * c + 2]);  // [b=1][c=2][y=1][x=3]
+    CHECK(yh[size_t(1) * c * h * w + 2 * h * w + 1 * w + 3] ==
+          x[((size_t(1) * h + 1) * w + 3) * c + 2]);  // [b=1][c=2][y=1][x=3]
     CHECK(download(*d, back) == x);
 }
 

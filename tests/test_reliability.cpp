@@ -59,21 +59,26 @@ std::vector<std::string> previous_dirs(const std::string& out) {
 
 }  // namespace
 
-TEST_CASE("two trainers on one run folder: the second is refused (exit 2, naming the holder); a killed holder leaves no stale lock") {
+TEST_CASE(
+    "two trainers on one run folder: the second is refused (exit 2, naming the holder); a killed holder leaves no "
+    "stale lock") {
     TempDir d;
     std::string text = kRun;
     text.replace(text.find("epochs: 4"), 9, "epochs: 400");
     const std::string cfg = d.write("c.yaml", text), out = d / "run";
     const pid_t first = spawn_cli({"train", cfg, "--output", out}, {}, "/dev/null");
-    for (int i = 0; i < 400 && !fs::exists(out + "/metrics.jsonl"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 400 && !fs::exists(out + "/metrics.jsonl"); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::string err;
     CHECK(run_cli({"train", cfg, "--output", out}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("is in use by another mirrored run (pid " + std::to_string(first) + ")") != std::string::npos);
     CHECK(err.find("--set run.output_dir=" + out + ": run.output_dir:") != std::string::npos);  // where it came from
-    CHECK(run_cli({"train", cfg, "--output", out, "--set", "checkpoint.resume=never"}) == kExitUsage);  // no moving aside either
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "checkpoint.resume=never"}) ==
+          kExitUsage);  // no moving aside either
     ::kill(first, SIGKILL);
     wait_status(first);
-    CHECK(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1", "--set", "checkpoint.resume=never"}) == kExitOk);
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1", "--set", "checkpoint.resume=never"}) ==
+          kExitOk);
 }
 
 // Every thread the trainer starts (replicas, loader, synthetic data) may be refused by the system.
@@ -94,8 +99,9 @@ TEST_CASE("too few threads allowed (ulimit -u): exit 5 naming the thread that co
         fs::permissions(bin, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                                  fs::perms::others_read | fs::perms::others_exec);
         const std::string cfg = d.write("c.yaml", kRun), err_path = d / "err.txt";
-        const pid_t pid = spawn_program(bin, {"train", cfg, "--output", d / "run", "--set", "strategy.devices=cpu:4",
-                                              "--set", "data.loader_threads=6", "--set", "train.global_batch_size=32"},
+        const pid_t pid = spawn_program(bin,
+                                        {"train", cfg, "--output", d / "run", "--set", "strategy.devices=cpu:4",
+                                         "--set", "data.loader_threads=6", "--set", "train.global_batch_size=32"},
                                         {}, err_path, Stdout::discard, "", apply_thread_limit, &*l);
         CHECK(wait_status_within(pid, 120) == kExitDevice);
         std::ifstream in(err_path);
@@ -139,7 +145,9 @@ TEST_CASE("stdout closed or a broken pipe: the run completes, metrics.jsonl hold
     }
 }
 
-TEST_CASE("killed between the final checkpoint and summary.json: the rerun writes the summary once, from the recorded metrics") {
+TEST_CASE(
+    "killed between the final checkpoint and summary.json: the rerun writes the summary once, from the recorded "
+    "metrics") {
     TempDir d;
     const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
     REQUIRE(run_cli({"train", cfg, "--output", out}) == kExitOk);
@@ -164,8 +172,8 @@ TEST_CASE("a FIFO as a data file or named like a checkpoint never blocks; a sign
     const std::string fifo = d / "train.csv";
     REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
     const std::string csv = d.write("c.yaml", "run: {name: f}\ndata: {dataset: csv, root: " + d.path().string() +
-                                                   ", train: {file: train.csv}, test: {file: train.csv}}\n"
-                                                   "model: {layers: [{type: dense, units: 2}]}\n");
+                                                  ", train: {file: train.csv}, test: {file: train.csv}}\n"
+                                                  "model: {layers: [{type: dense, units: 2}]}\n");
     std::string err;
     CHECK(run_cli({"train", csv, "--output", d / "out"}, {}, -1, &err) == kExitData);
     CHECK(err.find("train.csv: is a FIFO (named pipe), expected a regular file") != std::string::npos);
@@ -193,7 +201,9 @@ TEST_CASE("a FIFO as a data file or named like a checkpoint never blocks; a sign
     CHECK(text.find("mirrored: run") == std::string::npos);
 }
 
-TEST_CASE("versions: --version names this build and its libraries; summaries and checkpoints record them; a resume from another build says so") {
+TEST_CASE(
+    "versions: --version names this build and its libraries; summaries and checkpoints record them; a resume from "
+    "another build says so") {
     TempDir d;
     const std::string text = d / "version.txt";
     REQUIRE(run_cli({"--version"}, {}, -1, nullptr, Stdout::file, text) == kExitOk);
@@ -218,8 +228,8 @@ TEST_CASE("versions: --version names this build and its libraries; summaries and
     REQUIRE(run_cli({"train", cfg, "--output", out}, {}, -1, nullptr, Stdout::file, log) == kExitOk);
     const std::string printed(std::istreambuf_iterator<char>(std::ifstream(log).rdbuf()), {});
     CHECK(printed.find("  software: mirrored " + mirrored_version() + " (") != std::string::npos);
-    CHECK(printed.find("note: the checkpoint was written by mirrored 0123456789ab-older, this is " + mirrored_version()) !=
-          std::string::npos);
+    CHECK(printed.find("note: the checkpoint was written by mirrored 0123456789ab-older, this is " +
+                       mirrored_version()) != std::string::npos);
 }
 
 TEST_CASE("a resume on another BLAS kernel says how to resume on the checkpoint's, and doing so is exact") {
@@ -235,10 +245,11 @@ TEST_CASE("a resume on another BLAS kernel says how to resume on the checkpoint'
     auto env = haswell;
     env.emplace_back("MIRRORED_TEST_STOP_AFTER_STEP", "20");
     REQUIRE(run_cli({"train", cfg, "--output", out}, env) == kExitInterrupted);
-    const std::string written = read_safetensors(list_checkpoints(out + "/checkpoints").front(), true).metadata["blas_kernel"];
+    const std::string written =
+        read_safetensors(list_checkpoints(out + "/checkpoints").front(), true).metadata["blas_kernel"];
     REQUIRE(written.rfind("Haswell", 0) == 0);
     const std::string now = blas_kernel();  // this process's kernel: a resume without the variables gets it
-    if (now.rfind("Haswell", 0) != 0) {  // on a copy of the stopped run: resumed on this kernel, it says what to do
+    if (now.rfind("Haswell", 0) != 0) {     // on a copy of the stopped run: resumed on this kernel, it says what to do
         const std::string other = d / "other", log = d / "resume.txt";
         fs::copy(out, other, fs::copy_options::recursive);
         REQUIRE(run_cli({"train", cfg, "--output", other}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "21"}}, -1, nullptr,
@@ -252,7 +263,9 @@ TEST_CASE("a resume on another BLAS kernel says how to resume on the checkpoint'
     expect_same_run(ref, out);
 }
 
-TEST_CASE("a hung GPU: the watchdog ends train (the rerun resumes exactly), eval, bench-step and scale with exit 5 within strategy.step_timeout_s") {
+TEST_CASE(
+    "a hung GPU: the watchdog ends train (the rerun resumes exactly), eval, bench-step and scale with exit 5 within "
+    "strategy.step_timeout_s") {
     TempDir d;
     std::string text = kRun;
     text.replace(text.find("cpu:2"), 5, "sim:0,1");
@@ -262,7 +275,8 @@ TEST_CASE("a hung GPU: the watchdog ends train (the rerun resumes exactly), eval
     const std::vector<std::pair<std::string, std::string>> hang{{"MIRRORED_SIM_HANG", "1:600"}};
     std::string err;
     const auto t0 = std::chrono::steady_clock::now();
-    CHECK(run_cli({"train", cfg, "--output", out, "--set", "strategy.step_timeout_s=3"}, hang, -1, &err) == kExitDevice);
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "strategy.step_timeout_s=3"}, hang, -1, &err) ==
+          kExitDevice);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK(took < 30);
     CHECK(err.find("no progress for 3 s in training, after step ") != std::string::npos);
@@ -293,8 +307,8 @@ TEST_CASE("a hung GPU: the watchdog ends train (the rerun resumes exactly), eval
     // eval is watched too: before, a GPU hanging during it left a process that never ended
     const std::string ckpt = list_checkpoints(ref + "/checkpoints").front();
     std::string eval_err;
-    CHECK(run_cli({"eval", cfg, "--checkpoint", ckpt, "--set", "strategy.step_timeout_s=3"}, {{"MIRRORED_SIM_HANG", "1:12"}},
-                  -1, &eval_err) == kExitDevice);
+    CHECK(run_cli({"eval", cfg, "--checkpoint", ckpt, "--set", "strategy.step_timeout_s=3"},
+                  {{"MIRRORED_SIM_HANG", "1:12"}}, -1, &eval_err) == kExitDevice);
     CHECK(eval_err.find("no progress for 3 s in the evaluation (strategy.step_timeout_s)") != std::string::npos);
     CHECK(eval_err.find("the evaluation did not finish: run it again") != std::string::npos);
     CHECK(run_cli({"eval", cfg, "--checkpoint", ckpt}) == kExitOk);
@@ -326,7 +340,8 @@ TEST_CASE("a resume on other training data of the same size warns, naming both f
     CHECK(run_cli({"train", cfg, "--output", out, "--set", "data.normalize=none"}, {}, -1, &err) == kExitOk);
     CAPTURE(err);
     CHECK(err.find("was trained on other training data than this run's (the same 600 samples, other contents: "
-                   "fingerprint " + recorded + ", now ") != std::string::npos);
+                   "fingerprint " +
+                   recorded + ", now ") != std::string::npos);
     CHECK(err.find("set checkpoint.resume: never to start afresh") != std::string::npos);
     // the run's summary says which data it ended on
     const json summary = read_json(out + "/summary.json");
@@ -334,7 +349,8 @@ TEST_CASE("a resume on other training data of the same size warns, naming both f
     CHECK(summary["train_data_fingerprint"] != recorded);
 }
 
-TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {
+TEST_CASE(
+    "crafted checkpoints: wrong types, overlaps, absurd metadata are checkpoint errors, and auto-resume falls back") {
     TempDir d;
     const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
     REQUIRE(run_cli({"train", cfg, "--output", out}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "30"}}) == kExitInterrupted);
@@ -357,7 +373,8 @@ TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are check
     for (const char* name : {"neg", "huge", "str", "metrics"}) {
         CAPTURE(name);
         std::string err;
-        CHECK(run_cli({"eval", cfg, "--checkpoint", d / (std::string(name) + ".safetensors")}, {}, -1, &err) == kExitCheckpoint);
+        CHECK(run_cli({"eval", cfg, "--checkpoint", d / (std::string(name) + ".safetensors")}, {}, -1, &err) ==
+              kExitCheckpoint);
         CHECK(err.find("metadata") != std::string::npos);
     }
     // a header with a string where an offset belongs, and one whose tensors overlap
@@ -377,7 +394,8 @@ TEST_CASE("crafted checkpoints: wrong types, overlaps, absurd metadata are check
         o.write(bytes.data() + 8 + n, std::streamsize(bytes.size() - 8 - n));
     };
     rewrite_header(ckpts[0], d / "type.safetensors", [](json& h) { h["layers.0.bias"]["data_offsets"][0] = "0"; });
-    rewrite_header(ckpts[0], d / "overlap.safetensors", [](json& h) { h["layers.0.bias"]["data_offsets"] = h["layers.0.weight"]["data_offsets"]; });
+    rewrite_header(ckpts[0], d / "overlap.safetensors",
+                   [](json& h) { h["layers.0.bias"]["data_offsets"] = h["layers.0.weight"]["data_offsets"]; });
     std::string err;
     CHECK(run_cli({"eval", cfg, "--checkpoint", d / "type.safetensors"}, {}, -1, &err) == kExitCheckpoint);
     CHECK(err.find("data_offsets is not two non-negative integers") != std::string::npos);
@@ -395,15 +413,18 @@ TEST_CASE("resuming with another global batch says why; errors found after readi
     const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
     REQUIRE(run_cli({"train", cfg, "--output", out}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "15"}}) == kExitInterrupted);
     std::string err;
-    CHECK(run_cli({"train", cfg, "--output", out, "--set", "train.global_batch_size=60"}, {}, -1, &err) == kExitCheckpoint);
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "train.global_batch_size=60"}, {}, -1, &err) ==
+          kExitCheckpoint);
     CHECK(err.find("written with train.global_batch_size 30, this run uses 60") != std::string::npos);
-    CHECK(run_cli({"train", cfg, "--output", d / "x", "--set", "train.global_batch_size=31"}, {}, -1, &err) == kExitUsage);
-    CHECK(err.find("--set train.global_batch_size=31: train.global_batch_size: 31 does not divide") != std::string::npos);
+    CHECK(run_cli({"train", cfg, "--output", d / "x", "--set", "train.global_batch_size=31"}, {}, -1, &err) ==
+          kExitUsage);
+    CHECK(err.find("--set train.global_batch_size=31: train.global_batch_size: 31 does not divide") !=
+          std::string::npos);
     CHECK(run_cli({"train", cfg, "--output", d / "x", "--devices", "sim:99"}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("--set strategy.devices=sim:99: strategy.devices:") != std::string::npos);
     CHECK(run_cli({"train", cfg, "--output", d / "x", "--set", "model.layers.1.units=2"}, {}, -1, &err) == kExitUsage);
-    CHECK(err.find("--set model.layers.1.units=2: model.layers.1.units: the model has 2 outputs, but synthetic data has label 2") !=
-          std::string::npos);
+    CHECK(err.find("--set model.layers.1.units=2: model.layers.1.units: the model has 2 outputs, but synthetic data "
+                   "has label 2") != std::string::npos);
 }
 
 TEST_CASE("careless command lines get exit 2 and what is expected, never 'internal'") {
@@ -423,11 +444,13 @@ TEST_CASE("careless command lines get exit 2 and what is expected, never 'intern
         {{"train", cfg, "--devices", "cpu:100000"}, "cpu:N with N replicas, 1 to 1024"},
         {{"train", cfg, "--set", "data.input_shape=[1048576, 1048576, 1048576]"}, "data.input_shape"},
         {{"train", cfg, "--set", std::string("run.name=bad\xff")}, "is not valid UTF-8"},
-        {{"train", cfg, "--output", "/proc/mirrored-cannot-write"}, "run.output_dir: cannot write to /proc/mirrored-cannot-write"},
+        {{"train", cfg, "--output", "/proc/mirrored-cannot-write"},
+         "run.output_dir: cannot write to /proc/mirrored-cannot-write"},
         {{"train", cfg, "--set", "data.input_shape=[1000]", "--set", "model.layers.0.units=16000000"},
          "more host memory than this machine has"},
         {{"bench-step", cfg, "--per-replica-batch", "0"}, "--per-replica-batch: Value 0 not in range"},
-        {{"bench-loader", "--config", cfg, "--batch", "100000"}, "--batch 100000: larger than the 600 training samples"},
+        {{"bench-loader", "--config", cfg, "--batch", "100000"},
+         "--batch 100000: larger than the 600 training samples"},
         {{"bench-allreduce", "--devices", "cpu:2", "--min-bytes", "0.5"}, "a whole number of floats"},
         {{"bench-loader", "--threads", "99999999999"}, "expected a list of positive integers"},
     };
@@ -440,7 +463,9 @@ TEST_CASE("careless command lines get exit 2 and what is expected, never 'intern
     }
 }
 
-TEST_CASE("export or eval dumps onto the checkpoint or the config are refused; a finished run on a read-only mount is still shown") {
+TEST_CASE(
+    "export or eval dumps onto the checkpoint or the config are refused; a finished run on a read-only mount is still "
+    "shown") {
     TempDir d;
     const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
     REQUIRE(run_cli({"train", cfg, "--output", out}) == kExitOk);
@@ -454,16 +479,18 @@ TEST_CASE("export or eval dumps onto the checkpoint or the config are refused; a
     // eval's dumps: refused before anything is evaluated, onto the checkpoint (through another
     // spelling of its path), the config, each other or a directory; nothing is replaced
     const std::string x = d / "x.npy", cfg_text = kRun;
-    const std::string ckpt_other = (fs::path(ckpt).parent_path() / ".." / "checkpoints" / fs::path(ckpt).filename()).string();
+    const std::string ckpt_other =
+        (fs::path(ckpt).parent_path() / ".." / "checkpoints" / fs::path(ckpt).filename()).string();
     struct Case {
         std::vector<std::string> dump;
         std::string want;
     };
-    for (const Case& c : {Case{{"--dump-inputs", ckpt_other}, "--dump-inputs " + ckpt_other + ": is the checkpoint itself"},
-                          Case{{"--dump-logits", ckpt}, "is the checkpoint itself"},
-                          Case{{"--dump-logits", cfg}, "is the configuration file"},
-                          Case{{"--dump-inputs", x, "--dump-logits", x}, "--dump-logits " + x + ": is the file --dump-inputs writes"},
-                          Case{{"--dump-inputs", d.path().string()}, "is a directory; name a file"}}) {
+    for (const Case& c :
+         {Case{{"--dump-inputs", ckpt_other}, "--dump-inputs " + ckpt_other + ": is the checkpoint itself"},
+          Case{{"--dump-logits", ckpt}, "is the checkpoint itself"},
+          Case{{"--dump-logits", cfg}, "is the configuration file"},
+          Case{{"--dump-inputs", x, "--dump-logits", x}, "--dump-logits " + x + ": is the file --dump-inputs writes"},
+          Case{{"--dump-inputs", d.path().string()}, "is a directory; name a file"}}) {
         CAPTURE(c.want);
         std::vector<std::string> args{"eval", cfg, "--checkpoint", ckpt};
         args.insert(args.end(), c.dump.begin(), c.dump.end());
@@ -476,9 +503,9 @@ TEST_CASE("export or eval dumps onto the checkpoint or the config are refused; a
     CHECK(!fs::exists(x));
     // read-only: a bind mount remounted read-only in a private mount namespace (needs root)
     const std::string log = d / "ro.log";
-    const std::string script = "mount --bind '" + out + "' '" + out + "' && mount -o remount,ro,bind '" + out + "' && touch '" +
-                               out + "/probe' 2>/dev/null; test ! -e '" + out + "/probe' && '" + cli() + "' train '" + cfg +
-                               "' --output '" + out + "' > '" + log + "' 2>&1";
+    const std::string script = "mount --bind '" + out + "' '" + out + "' && mount -o remount,ro,bind '" + out +
+                               "' && touch '" + out + "/probe' 2>/dev/null; test ! -e '" + out + "/probe' && '" +
+                               cli() + "' train '" + cfg + "' --output '" + out + "' > '" + log + "' 2>&1";
     const int rc = std::system(("unshare -m sh -c \"" + script + "\"").c_str());
     if (!fs::exists(log)) {
         mark_skipped("cannot make a read-only mount here (unshare -m needs root and CAP_SYS_ADMIN)");
@@ -497,11 +524,11 @@ TEST_CASE("disk full: the failing write is named (exit 4), no partial file is le
     const std::string cfg = d.write("c.yaml", text), out = d / "full", log = d / "full.log";
     fs::create_directories(out);
     // a 1 MiB tmpfs in a private mount namespace: room for three checkpoints, not four
-    const std::string script = d.write("full.sh", "mount -t tmpfs -o size=1m tmpfs '" + out + "' || exit 0\n'" + cli() +
-                                                      "' train '" + cfg + "' --output '" + out + "' > /dev/null 2> '" + log +
-                                                      "'\necho \"exit $?\" >> '" + log + "'\nls -a '" + out +
-                                                      "/checkpoints' >> '" + log + "'\ncp '" + out + "'/checkpoints/step-* '" +
-                                                      d.path().string() + "/'\n");
+    const std::string script =
+        d.write("full.sh", "mount -t tmpfs -o size=1m tmpfs '" + out + "' || exit 0\n'" + cli() + "' train '" + cfg +
+                               "' --output '" + out + "' > /dev/null 2> '" + log + "'\necho \"exit $?\" >> '" + log +
+                               "'\nls -a '" + out + "/checkpoints' >> '" + log + "'\ncp '" + out +
+                               "'/checkpoints/step-* '" + d.path().string() + "/'\n");
     std::system(("unshare -m sh '" + script + "'").c_str());
     std::ifstream in(log);
     if (!in) {

@@ -141,10 +141,11 @@ Dataset small_problem(uint64_t seed = SyntheticOptions{}.seed) {
 // returns replica 0's parameters. op "shared": strategy.shared_parameters (the gradients need no
 // op). graph: strategy.cuda_graph. fused: strategy.fused_epilogues.
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
-                  const std::string& opt_type = "sgd", double clip = 0.0,
-                  const std::string& op = "ring", bool graph = false, bool fused = false) {
+                  const std::string& opt_type = "sgd", double clip = 0.0, const std::string& op = "ring",
+                  bool graph = false, bool fused = false) {
     const Dataset ds = small_problem(7);
-    const Model model({12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
+    const Model model(
+        {12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
     OptimizerConfig oc;
     oc.type = opt_type;
     oc.lr = opt_type == "sgd" ? 0.1 : 0.01;
@@ -199,11 +200,12 @@ CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision 
     so.samples = 360;
     so.seed = 8;
     const Dataset ds = make_synthetic(so);
-    const Model model({6, 6, 2}, {conv(4, 3, 1, true, Activation::none), batchnorm(sync, Activation::relu), maxpool(2),
-                                  residual({conv(4, 3, 1, true, Activation::none), batchnorm(sync, Activation::none)}, "",
-                                           Activation::relu),
-                                  flatten(), dense(3, Activation::none)},
-                      4);
+    const Model model(
+        {6, 6, 2},
+        {conv(4, 3, 1, true, Activation::none), batchnorm(sync, Activation::relu), maxpool(2),
+         residual({conv(4, 3, 1, true, Activation::none), batchnorm(sync, Activation::none)}, "", Activation::relu),
+         flatten(), dense(3, Activation::none)},
+        4);
     OptimizerConfig oc;
     oc.lr = 0.05;
     StrategyConfig sc;
@@ -280,8 +282,10 @@ TEST_CASE("device specs: auto, cpu:N, sim lists, and clear errors for malformed 
 TEST_CASE("device specs: a driver that cannot run this build fails auto and cuda with exit 5; no driver means CPU") {
     CudaStatus broken;
     broken.state = CudaStatus::State::unusable;
-    broken.reason = "the NVIDIA driver supports CUDA 12.2, but this build needs CUDA 13.0: install a newer NVIDIA driver";
-    CHECK_THROWS_WITH_AS(parse_devices("auto", broken), doctest::Contains("install a newer NVIDIA driver"), DeviceError);
+    broken.reason =
+        "the NVIDIA driver supports CUDA 12.2, but this build needs CUDA 13.0: install a newer NVIDIA driver";
+    CHECK_THROWS_WITH_AS(parse_devices("auto", broken), doctest::Contains("install a newer NVIDIA driver"),
+                         DeviceError);
     CHECK_THROWS_WITH_AS(parse_devices("cuda:0", broken), doctest::Contains("asks for GPUs"), DeviceError);
     CHECK(parse_devices("cpu:2", broken).backend->type == DeviceType::cpu);  // an explicit CPU run still works
     CudaStatus none;
@@ -392,9 +396,9 @@ void check_summed_update(Device& d) {
                         auto p = upload(d, p0), m = upload(d, m0), v = upload(d, v0);
                         float* mom = opt == Opt::sgd_plain ? nullptr : m.data();
                         if (fused && opt == Opt::adamw)
-                            d.summed_adamw_update(s, ptrs.data(), count, into, offset, n, p.data(), m.data(), v.data(), aa);
-                        else if (fused)
-                            d.summed_sgd_update(s, ptrs.data(), count, into, offset, n, p.data(), mom, sa);
+                            d.summed_adamw_update(s, ptrs.data(), count, into, offset, n, p.data(), m.data(), v.data(),
+                                                  aa);
+                        else if (fused) d.summed_sgd_update(s, ptrs.data(), count, into, offset, n, p.data(), mom, sa);
                         else {
                             d.sum_into(s, ptrs.data(), count, into, offset, n);
                             const float* sum = ptrs[size_t(into)] + offset;
@@ -421,7 +425,9 @@ void check_summed_update(Device& d) {
 
 }  // namespace
 
-TEST_CASE("sum_into (cpu, sim): in place into one buffer, its own value first, then the others in order; nothing else written") {
+TEST_CASE(
+    "sum_into (cpu, sim): in place into one buffer, its own value first, then the others in order; nothing else "
+    "written") {
     SimScope sim(30);
     check_sum_into(*make_cpu_device(0));
     check_sum_into(*make_sim_device(0));
@@ -438,7 +444,8 @@ TEST_CASE("cuda sum_into equals the CPU's order bit for bit" * doctest::test_sui
     check_sum_into(*make_cuda_device(0));
 }
 
-TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 2 equals the ring bit for bit; one copy") {
+TEST_CASE(
+    "shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 2 equals the ring bit for bit; one copy") {
     const TrainResult one = train("cpu:1", 6, 0.0);
     for (const char* devices : {"cpu:2", "cpu:3", "cpu:4"}) {
         CAPTURE(devices);
@@ -464,7 +471,8 @@ TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 
     const MemoryPlan own = plan_memory(model, oc, sc, backend_of(DeviceType::cpu), 4, 6, 6);
     CHECK_FALSE(parameters_shared(sc, parse_devices("cpu:4")));
     sc.shared_parameters = true;
-    const MemoryPlan part = plan_memory(model, oc, sc, backend_of(DeviceType::cpu), 4, 6, 6, parameters_shared(sc, parse_devices("cpu:4")));
+    const MemoryPlan part =
+        plan_memory(model, oc, sc, backend_of(DeviceType::cpu), 4, 6, 6, parameters_shared(sc, parse_devices("cpu:4")));
     CHECK(part.params == (own.params + 3) / 4);
     CHECK(part.optimizer == (own.optimizer + 3) / 4);
     CHECK(part.grads == own.grads);
@@ -476,7 +484,9 @@ TEST_CASE("shared parameters (CPU replicas): N = 2, 3, 4 match one replica; N = 
     CHECK(parameters_shared(sc, parse_devices("cpu:2"), true));  // CPU replicas sum between nodes on the host
 }
 
-TEST_CASE("shared parameters on one simulated GPU: equal to CPU replicas bit for bit, to one replica within 1e-5; with graphs too") {
+TEST_CASE(
+    "shared parameters on one simulated GPU: equal to CPU replicas bit for bit, to one replica within 1e-5; with "
+    "graphs too") {
     SimScope sim(30);
     const TrainResult one = train("cpu:1", 8, 0.0, 2, "adamw", 0.5);
     for (const char* devices : {"sim:0,0", "sim:0,0,0,0"}) {
@@ -504,7 +514,8 @@ TEST_CASE("shared parameters on one simulated GPU: equal to CPU replicas bit for
         return train_cnn("cpu:3", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true);
     }();
     const CnnResult sim_cnn = train_cnn("sim:0,0,0", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true);
-    const CnnResult sim_graph = train_cnn("sim:0,0,0", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true, true);
+    const CnnResult sim_graph =
+        train_cnn("sim:0,0,0", 6, true, Precision::fp16, -1, 1, nullptr, DType::f32, true, true);
     CHECK(sim_cnn.params == cpu_cnn.params);
     CHECK(sim_graph.params == cpu_cnn.params);
 }
@@ -545,13 +556,13 @@ TEST_CASE("sim all-reduce with a bf16 wire: ring (direct and staged), reduce_to_
 
 TEST_CASE("sim all-reduce with random stream delays: ring, reduce_to_one, nccl; shared, direct and staged") {
     SimScope sim(30);
-    all_reduce_matrix("ring", DeviceType::sim, 5, true);           // replicas sharing one GPU
+    all_reduce_matrix("ring", DeviceType::sim, 5, true);  // replicas sharing one GPU
     all_reduce_matrix("reduce_to_one", DeviceType::sim, 4, true);
-    all_reduce_matrix("ring", DeviceType::sim, 5, false);          // distinct GPUs, direct peer loads
-    all_reduce_matrix("nccl", DeviceType::sim, 4, false);          // the rendezvous
-    all_reduce_matrix("direct", DeviceType::sim, 6, true);         // one op per replica and bucket
-    all_reduce_matrix("direct", DeviceType::sim, 4, false);        // peer loads and stores
-    set_peer_transport(PeerTransport::staged);                     // forced staging, peer access on
+    all_reduce_matrix("ring", DeviceType::sim, 5, false);    // distinct GPUs, direct peer loads
+    all_reduce_matrix("nccl", DeviceType::sim, 4, false);    // the rendezvous
+    all_reduce_matrix("direct", DeviceType::sim, 6, true);   // one op per replica and bucket
+    all_reduce_matrix("direct", DeviceType::sim, 4, false);  // peer loads and stores
+    set_peer_transport(PeerTransport::staged);               // forced staging, peer access on
     Rng rng(78);
     for (int n : {2, 3}) {
         std::vector<int> ord;
@@ -578,14 +589,16 @@ TEST_CASE("sim: without peer access distinct GPUs take the staged path, and the 
     StrategyConfig sc;
     sc.devices = "sim:0,1";
     MirroredStrategy st(sc, model, OptimizerConfig{}, 6, 1);
-    CHECK(st.topology_report().find("sim:0 -> sim:1: staged peer copies (peer access unsupported") != std::string::npos);
+    CHECK(st.topology_report().find("sim:0 -> sim:1: staged peer copies (peer access unsupported") !=
+          std::string::npos);
     // direct needs every replica to load every other's memory, and says so rather than stage
     CHECK_THROWS_WITH_AS(AllReduceFixture("direct", DeviceType::sim, {0, 1}, 16),
                          doctest::Contains("sim:0 cannot load sim:1's (no peer access)"), ConfigError);
     CHECK_NOTHROW(AllReduceFixture("direct", DeviceType::sim, {1, 1}, 16));  // one GPU always can
 }
 
-TEST_CASE("replica threads: each job runs once on every replica, back to back; a failure is rethrown and frees the others") {
+TEST_CASE(
+    "replica threads: each job runs once on every replica, back to back; a failure is rethrown and frees the others") {
     for (int n : {1, 2, 3, 8}) {  // 2 spins between jobs on this machine's 2 cores; 8 sleeps at once
         CAPTURE(n);
         ReplicaThreads threads(n);
@@ -608,7 +621,8 @@ TEST_CASE("replica threads: each job runs once on every replica, back to back; a
         CHECK_THROWS_WITH(threads.run([&](int r) {
             if (r == n - 1) throw std::runtime_error("replica failed");
             threads.barrier().arrive_and_wait();
-        }), "replica failed");
+        }),
+                          "replica failed");
         std::atomic<int> after{0};
         threads.run([&](int) {
             threads.barrier().arrive_and_wait();
@@ -658,7 +672,8 @@ TEST_CASE("simulated GPUs with random delays: one replica equals the CPU run bit
             CAPTURE(mb);
             const TrainResult many = train(devices, 6, mb);
             CHECK(rel_error(many.params, one.params) < 1e-5);
-            CHECK(many.params == train(std::string("cpu:") + std::to_string(parse_devices(devices).ordinals.size()), 6, mb).params);
+            CHECK(many.params ==
+                  train(std::string("cpu:") + std::to_string(parse_devices(devices).ordinals.size()), 6, mb).params);
             CHECK(many.metrics.count == one.metrics.count);
             for (uint64_t c : many.checksums) CHECK(c == many.checksums[0]);
         }
@@ -715,7 +730,8 @@ TEST_CASE("cross_device_ops auto: times what the devices can run, caches the cho
     else ::unsetenv("MIRRORED_CACHE_DIR");
 }
 
-TEST_CASE("cross_device_ops auto, resuming: the checkpoint's op is kept when the devices run it, else measured and said") {
+TEST_CASE(
+    "cross_device_ops auto, resuming: the checkpoint's op is kept when the devices run it, else measured and said") {
     TempDir cache;
     const char* old = std::getenv("MIRRORED_CACHE_DIR");
     const std::string saved = old ? old : "";
@@ -788,7 +804,9 @@ TEST_CASE("global batch must divide into replicas x accumulation steps") {
     CHECK_THROWS_AS(MirroredStrategy(sc, model, OptimizerConfig{}, 12, 5), ConfigError);
 }
 
-TEST_CASE("sim: a sticky device fault mid-training surfaces as its own error, never a hang; the strategy refuses further use") {
+TEST_CASE(
+    "sim: a sticky device fault mid-training surfaces as its own error, never a hang; the strategy refuses further "
+    "use") {
     SimScope sim(20);
     for (const char* op : {"ring", "nccl"}) {
         CAPTURE(op);
@@ -878,10 +896,10 @@ TEST_CASE("sim: the host work a training step issues is counted and bounded") {
         // One bucket: the ring crosses 2(n-1)+1 barriers per step, each with one event record and
         // two waits on the comm stream; staging is 2 copies, 1 callback, 2 records, 3 waits.
         CHECK(m.barriers == uint64_t(2 * (n - 1) + 1));
-        CHECK(w.copies / steps == 2 + uint64_t(n - 1));            // inputs, labels, the all-gather copies
+        CHECK(w.copies / steps == 2 + uint64_t(n - 1));  // inputs, labels, the all-gather copies
         CHECK(w.callbacks / steps == 1);
         CHECK(w.event_records / steps == uint64_t(2 + 2 + 2 * (n - 1) + 1));
-        CHECK(w.host_syncs == 0);                                   // nothing in a step waits for a device
+        CHECK(w.host_syncs == 0);  // nothing in a step waits for a device
         CHECK(w.launches / steps < 40);
     }
     // direct: two joins per bucket whatever the replica count, one sum op per replica, no copies
@@ -918,7 +936,7 @@ TEST_CASE("cuda_graph (sim): replayed steps equal uncaptured steps bit for bit o
         const TrainResult plain = train(c.devices, 12, c.bucket_mb, c.accumulation, c.opt, c.clip, c.op, false);
         const TrainResult graph = train(c.devices, 12, c.bucket_mb, c.accumulation, c.opt, c.clip, c.op, true);
         CHECK(plain.graph_launches == 0);
-        CHECK(graph.graph_launches == 10);  // one launch per step for all replicas, after 2 warm-up steps
+        CHECK(graph.graph_launches == 10);    // one launch per step for all replicas, after 2 warm-up steps
         CHECK(graph.params == plain.params);  // dropout, learning rate and AdamW's step from device memory
         CHECK(graph.metrics.loss_sum == plain.metrics.loss_sum);
         CHECK(graph.metrics.count == plain.metrics.count);
@@ -944,13 +962,15 @@ TEST_CASE("cuda_graph (sim): synchronised batchnorm and fp16 loss scaling with a
         CHECK(graph.loss_scale == plain.loss_scale);
         // a test's overflow runs that step uncaptured; the replays around it still match
         const CnnResult hit = train_cnn(devices, 9, true, Precision::fp16, 6, 1);
-        const CnnResult hit_graph = train_cnn(devices, 9, true, Precision::fp16, 6, 1, nullptr, DType::f32, false, true);
+        const CnnResult hit_graph =
+            train_cnn(devices, 9, true, Precision::fp16, 6, 1, nullptr, DType::f32, false, true);
         CHECK(hit_graph.params == hit.params);
         CHECK(hit_graph.loss_scale == MirroredStrategy::kInitialLossScale / 2);
     }
 }
 
-TEST_CASE("cuda_graph (sim): host calls per step are a few per replica, whatever the buckets and replicas; no barriers") {
+TEST_CASE(
+    "cuda_graph (sim): host calls per step are a few per replica, whatever the buckets and replicas; no barriers") {
     SimScope sim(0);
     const int steps = 6;
     std::vector<double> per_replica;
@@ -1008,14 +1028,17 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
     const MemoryPlan cuda = plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::cuda), 1, 8, 8);
     const MemoryPlan simulated = plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::sim), 1, 8, 8);
     sc.fused_epilogues = true;
-    CHECK(plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::cuda), 1, 8, 8).workspace == cuda.workspace + (32u << 20));
-    CHECK(plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::sim), 1, 8, 8).workspace == simulated.workspace);
+    CHECK(plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::cuda), 1, 8, 8).workspace ==
+          cuda.workspace + (32u << 20));
+    CHECK(plan_memory(model, OptimizerConfig{}, sc, backend_of(DeviceType::sim), 1, 8, 8).workspace ==
+          simulated.workspace);
     // On CPUs the scratches are per thread and reused layer after layer: the workspace follows the
     // widest layer and the rows, not the depth (it had counted twice the activations: 529 MiB
     // planned for ResNet-20 where a few MiB were used).
     const Model shallow({12}, {dense(256, Activation::relu), dense(5, Activation::none)}, 3);
-    const Model deep({12}, {dense(256, Activation::relu), dense(256, Activation::relu), dense(256, Activation::relu),
-                            dense(5, Activation::none)},
+    const Model deep({12},
+                     {dense(256, Activation::relu), dense(256, Activation::relu), dense(256, Activation::relu),
+                      dense(5, Activation::none)},
                      3);
     const uint64_t ws = plan_memory(shallow, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 64, 64).workspace;
     CHECK(plan_memory(deep, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 64, 64).workspace == ws);
@@ -1023,7 +1046,8 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
     CHECK(plan_memory(shallow, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 32, 32).workspace < ws);
 }
 
-TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simulated NCCL; a fault in a replay surfaces") {
+TEST_CASE(
+    "cuda_graph: ignored with a reason on CPU replicas and with the simulated NCCL; a fault in a replay surfaces") {
     SimScope sim(10);
     const Dataset ds = small_problem();
     const Model model({12}, {dense(16, Activation::relu), dense(5, Activation::none)}, 3);
@@ -1081,8 +1105,8 @@ TEST_CASE("cuda_graph: ignored with a reason on CPU replicas and with the simula
     st.reset();
 }
 
-TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing GPU 0 (N = 1..8)"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing GPU 0 (N = 1..8)" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     all_reduce_matrix("ring", DeviceType::cuda, 8, true);
     all_reduce_matrix("direct", DeviceType::cuda, 8, true);
@@ -1090,8 +1114,8 @@ TEST_CASE("cuda all-reduce: ring, direct and reduce_to_one on replicas sharing G
     all_reduce_matrix("reduce_to_one", DeviceType::cuda, 4, true);
 }
 
-TEST_CASE("cuda all-reduce with a bf16 wire matches the bound and is bit-identical (GPU 0, direct and staged)"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda all-reduce with a bf16 wire matches the bound and is bit-identical (GPU 0, direct and staged)" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     all_reduce_matrix("ring", DeviceType::cuda, 4, true, DType::bf16);
     all_reduce_matrix("reduce_to_one", DeviceType::cuda, 3, true, DType::bf16);
@@ -1102,22 +1126,23 @@ TEST_CASE("cuda all-reduce with a bf16 wire matches the bound and is bit-identic
     set_peer_transport(PeerTransport::automatic);
 }
 
-TEST_CASE("cuda all-reduce through staged peer copies (copy and add pipelined) is exact too"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda all-reduce through staged peer copies (copy and add pipelined) is exact too" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     set_peer_transport(PeerTransport::staged);
     Rng rng(77);
     for (int n : {2, 3}) {
         AllReduceFixture f("ring", DeviceType::cuda, std::vector<int>(size_t(n), 0), size_t(3) << 20);
-        for (size_t len : {size_t(1), size_t(1009), size_t(3) << 20}) f.check(len, rng);  // the last spans several slices
+        for (size_t len : {size_t(1), size_t(1009), size_t(3) << 20})
+            f.check(len, rng);  // the last spans several slices
     }
     AllReduceFixture f("reduce_to_one", DeviceType::cuda, {0, 0, 0}, size_t(5) << 20);
     f.check(size_t(5) << 20, rng);
     set_peer_transport(PeerTransport::automatic);
 }
 
-TEST_CASE("cuda all-reduce across distinct GPUs: direct peer loads and staged copies, ring, reduce_to_one, nccl"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda all-reduce across distinct GPUs: direct peer loads and staged copies, ring, reduce_to_one, nccl" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     const int gpus = cuda_device_count();
     if (gpus < 2) {
@@ -1179,10 +1204,11 @@ TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without 
     }
 }
 
-TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays exactly like uncaptured steps"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays exactly like uncaptured steps" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
-    std::vector<std::pair<std::string, std::string>> cases{{"cuda:0", "ring"}, {"cuda:0,0,0,0", "ring"}, {"cuda:0,0,0,0", "direct"}};
+    std::vector<std::pair<std::string, std::string>> cases{
+        {"cuda:0", "ring"}, {"cuda:0,0,0,0", "ring"}, {"cuda:0,0,0,0", "direct"}};
     if (cuda_device_count() >= 2) cases.push_back({"cuda:0,1", "ring"});  // events across devices in one capture
     if (cuda_device_count() >= 2 && nccl_compiled()) cases.push_back({"cuda:0,1", "nccl"});  // NCCL in the capture
     for (const auto& [devices, op] : cases) {
@@ -1196,8 +1222,8 @@ TEST_CASE("cuda_graph on CUDA: one multi-replica graph per step shape replays ex
     }
 }
 
-TEST_CASE("cuda: fused epilogues train like the unfused ops on 1 and N replicas, and replay exactly from graphs"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda: fused epilogues train like the unfused ops on 1 and N replicas, and replay exactly from graphs" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     for (const char* devices : {"cuda:0", "cuda:0,0,0"}) {
         CAPTURE(devices);
@@ -1227,7 +1253,7 @@ TEST_CASE("per-replica batchnorm (the default): replicas stay identical, but dif
     const CnnResult one = train_cnn("cpu:1", 6, false);
     const CnnResult two = train_cnn("cpu:2", 6, false);
     for (uint64_t c : two.checksums) CHECK(c == two.checksums[0]);  // mirrored: the same update everywhere
-    CHECK(rel_error(two.params, one.params) > 1e-4);                  // each replica normalised by its own shard
+    CHECK(rel_error(two.params, one.params) > 1e-4);                // each replica normalised by its own shard
     CHECK(two.metrics.count == one.metrics.count);
 }
 
@@ -1252,7 +1278,8 @@ TEST_CASE("fp16 loss scaling: an overflow in one replica skips the step on every
     }
 }
 
-TEST_CASE("bf16 and fp16 on CPU replicas emulate the GPU's storage: training works, results differ from fp32 slightly") {
+TEST_CASE(
+    "bf16 and fp16 on CPU replicas emulate the GPU's storage: training works, results differ from fp32 slightly") {
     const CnnResult f32 = train_cnn("cpu:2", 6, true);
     for (Precision p : {Precision::bf16, Precision::fp16}) {
         CAPTURE(precision_name(p));
@@ -1273,17 +1300,19 @@ TEST_CASE("allreduce_dtype bf16: replicas stay identical, close to the f32 wire;
             const CnnResult f32 = train_cnn(devices, 6, sync);
             const CnnResult bf = train_cnn(devices, 6, sync, Precision::fp32, -1, 1, nullptr, DType::bf16);
             for (uint64_t c : bf.checksums) CHECK(c == bf.checksums[0]);
-            CHECK(rel_error(bf.params, f32.params) > 0.0);   // the gradients were rounded
+            CHECK(rel_error(bf.params, f32.params) > 0.0);  // the gradients were rounded
             CHECK(rel_error(bf.params, f32.params) < 0.02);
             CHECK(bf.metrics.loss_sum == doctest::Approx(f32.metrics.loss_sum).epsilon(0.02));
         }
     // After one step the running statistics come from the same initial weights: exact in both runs
     // (reduced in f32), while the trainable parameters already differ.
-    const CnnResult a = train_cnn("cpu:3", 1, false), b = train_cnn("cpu:3", 1, false, Precision::fp32, -1, 1, nullptr, DType::bf16);
+    const CnnResult a = train_cnn("cpu:3", 1, false),
+                    b = train_cnn("cpu:3", 1, false, Precision::fp32, -1, 1, nullptr, DType::bf16);
     REQUIRE(a.trainable < a.params.size());
     CHECK(std::equal(a.params.begin() + long(a.trainable), a.params.end(), b.params.begin() + long(b.trainable)));
     CHECK(!std::equal(a.params.begin(), a.params.begin() + long(a.trainable), b.params.begin()));
     // one replica sends nothing: the wire type changes nothing
-    const CnnResult one = train_cnn("cpu:1", 4, true), one_bf = train_cnn("cpu:1", 4, true, Precision::fp32, -1, 1, nullptr, DType::bf16);
+    const CnnResult one = train_cnn("cpu:1", 4, true),
+                    one_bf = train_cnn("cpu:1", 4, true, Precision::fp32, -1, 1, nullptr, DType::bf16);
     CHECK(one.params == one_bf.params);
 }

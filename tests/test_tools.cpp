@@ -61,7 +61,8 @@ TEST_CASE("planner: the ring formula and the overlap of buckets with backward, o
     // blocking all-reduces (synchronised batchnorm) are exposed whole
     comm.blocking_allreduces = 4;
     comm.blocking_bytes = 1024;
-    CHECK(predict_step(2, 0.1, comm, link).exposed_s == doctest::Approx(t1 + 4 * ring_allreduce_seconds(2, 1024, link)));
+    CHECK(predict_step(2, 0.1, comm, link).exposed_s ==
+          doctest::Approx(t1 + 4 * ring_allreduce_seconds(2, 1024, link)));
 }
 
 TEST_CASE("planner: the hierarchical all-reduce of K nodes x n GPUs, on hand-built cases") {
@@ -71,7 +72,8 @@ TEST_CASE("planner: the hierarchical all-reduce of K nodes x n GPUs, on hand-bui
     CHECK(allreduce_seconds(Topology{8, 1, local, net}, S) == ring_allreduce_seconds(8, S, local));
     CHECK(allreduce_seconds(Topology{1, 4, local, net}, S) == doctest::Approx(2.0 * 3 / 4 * S / 1e10 + 6 * 5e-6));
     // 4 nodes x 8: the node's ring, every GPU's 1/8 slice between the nodes over the shared network, the node's gather
-    const double want = ring_allreduce_seconds(8, S, local) + 2.0 * 3 / 4 * S / 1e10 + 6 * 5e-6 + 7.0 / 8 * S / 1e11 + 7e-6;
+    const double want =
+        ring_allreduce_seconds(8, S, local) + 2.0 * 3 / 4 * S / 1e10 + 6 * 5e-6 + 7.0 / 8 * S / 1e11 + 7e-6;
     CHECK(allreduce_seconds(Topology{8, 4, local, net}, S) == doctest::Approx(want));
     // the step: buckets queue behind backward as on one node
     CommPlan comm;
@@ -83,8 +85,9 @@ TEST_CASE("planner: the hierarchical all-reduce of K nodes x n GPUs, on hand-bui
 }
 
 TEST_CASE("planner: the model's buckets, bytes on the wire and memory fit") {
-    const Model model({8, 8, 2}, {conv(4, 3, 1, true, Activation::relu), batchnorm(true, Activation::none), flatten(),
-                                  dense(32, Activation::relu), dense(5, Activation::none)},
+    const Model model({8, 8, 2},
+                      {conv(4, 3, 1, true, Activation::relu), batchnorm(true, Activation::none), flatten(),
+                       dense(32, Activation::relu), dense(5, Activation::none)},
                       1);
     StrategyConfig s;
     s.bucket_mb = 0.0005;
@@ -102,7 +105,8 @@ TEST_CASE("planner: the model's buckets, bytes on the wire and memory fit") {
     CHECK(f32.blocking_allreduces == 2);  // one synchronised batchnorm: forward and backward
     s.allreduce_dtype = DType::bf16;      // gradients in half the bytes, running statistics still f32
     const CommPlan bf = comm_plan(model, s);
-    CHECK(bf.wire_bytes == doctest::Approx(double(model.trainable_size()) * 2 + double(model.flat_size() - model.trainable_size()) * 4));
+    CHECK(bf.wire_bytes ==
+          doctest::Approx(double(model.trainable_size()) * 2 + double(model.flat_size() - model.trainable_size()) * 4));
     OptimizerConfig opt;
     const uint64_t cap = gpu_memory_plan(model, opt, s, 2, 1000, 1).total();
     const int rows = largest_fitting_rows(model, opt, s, 2, 1, cap);
@@ -174,7 +178,8 @@ TEST_CASE("planner validated on CPU replicas: all-reduce within 50%, step time w
     double best = 1e9;
     for (int attempt = 0; attempt < 3 && best > 0.40; ++attempt) {
         const std::string out = d / ("scale" + std::to_string(attempt));
-        REQUIRE(run_cli({"scale", cfg, "--kind", "cpu", "--replicas", "1,2", "--steps", "20", "--out", out}) == kExitOk);
+        REQUIRE(run_cli({"scale", cfg, "--kind", "cpu", "--replicas", "1,2", "--steps", "20", "--out", out}) ==
+                kExitOk);
         const json r = read_json(out + "/scaling.json")["results"][1];
         const double measured = r["step_ms"], predicted = r["predicted"]["step_ms"];
         MESSAGE("2 replicas: predicted " << predicted << " ms, measured " << measured << " ms");
@@ -198,8 +203,8 @@ TEST_CASE("bench-step --layers: each top-level layer's forward and backward, the
     for (const Case& c : cases) {
         CAPTURE(c.devices);
         const std::string json_path = d / "step.json", stdout_path = d / "step.txt";
-        std::vector<std::string> args{"bench-step", cfg, "--devices", c.devices, "--steps", "4", "--warmup", "3",
-                                      "--layers", "3", "--json", json_path};
+        std::vector<std::string> args{"bench-step", cfg, "--devices", c.devices, "--steps", "4",
+                                      "--warmup",   "3", "--layers",  "3",       "--json",  json_path};
         for (const std::string& set : c.sets) args.insert(args.end(), {"--set", set});
         std::string err;
         const int rc = run_cli(args, {}, -1, &err, Stdout::file, stdout_path);
@@ -264,8 +269,8 @@ TEST_CASE("scale: a table, scaling.json with every field, a verdict; on simulate
         CAPTURE(kind);
         const std::string out = d / (std::string("shared-") + kind), stdout_path = out + ".txt";
         std::string err;
-        const int rc = run_cli({"scale", cfg, "--kind", kind, "--replicas", "1,2", "--steps", "5", "--warmup", "1", "--set",
-                                "strategy.shared_parameters=true", "--out", out},
+        const int rc = run_cli({"scale", cfg, "--kind", kind, "--replicas", "1,2", "--steps", "5", "--warmup", "1",
+                                "--set", "strategy.shared_parameters=true", "--out", out},
                                {}, -1, &err, Stdout::file, stdout_path);
         CAPTURE(err);
         REQUIRE(rc == kExitOk);
@@ -279,10 +284,13 @@ TEST_CASE("scale: a table, scaling.json with every field, a verdict; on simulate
     }
 }
 
-TEST_CASE("plan --profile: what a profile holds is checked - types, ranges, the one-replica point - never an internal error") {
+TEST_CASE(
+    "plan --profile: what a profile holds is checked - types, ranges, the one-replica point - never an internal "
+    "error") {
     auto per_sample = [](const std::string& text) { return profile_seconds_per_sample(text, "p.json"); };
     CHECK(per_sample(R"({"results": [{"replicas": 2, "step_ms": 5, "global_batch": 512},
-                                      {"replicas": 1, "step_ms": 10, "global_batch": 256}]})") == doctest::Approx(10e-3 / 256));
+                                      {"replicas": 1, "step_ms": 10, "global_batch": 256}]})") ==
+          doctest::Approx(10e-3 / 256));
     const std::vector<std::pair<std::string, std::string>> bad{
         {"nul", "p.json is not JSON"},
         {"[1, 2]", "p.json has no results"},
@@ -290,7 +298,8 @@ TEST_CASE("plan --profile: what a profile holds is checked - types, ranges, the 
         {R"({"results": [{"replicas": "1"}]})", "p.json: results[0].replicas is string, expected a number"},
         {R"({"results": [7, {"replicas": 1, "step_ms": [1], "global_batch": 2}]})", "results[1].step_ms is array"},
         {R"({"results": [{"replicas": 1, "step_ms": 10, "global_batch": null}]})", "results[0].global_batch is null"},
-        {R"({"results": [{"replicas": 1, "step_ms": 1e308, "global_batch": 1}]})", "step_ms 1e+308 and global_batch 1 are not a measurement"},
+        {R"({"results": [{"replicas": 1, "step_ms": 1e308, "global_batch": 1}]})",
+         "step_ms 1e+308 and global_batch 1 are not a measurement"},
         {R"({"results": [{"replicas": 1, "step_ms": -3, "global_batch": 8}]})", "not a measurement"},
         {R"({"results": [{"replicas": 1, "step_ms": 3, "global_batch": 1e12}]})", "not a measurement"},
         {R"({"results": [{"replicas": 1, "step_ms": 3, "global_batch": 2.5}]})", "not a measurement"},
@@ -362,7 +371,9 @@ TEST_CASE("bench-gemm --shapes: a replica's own GEMM shapes and transposes, each
     for (const auto& r : rows) CHECK(r["gflops"].get<double>() > 0);
 }
 
-TEST_CASE("plan: memory per GPU, fit and the largest batch that fits, ZeRO-1, speedup; JSON; a profile replaces the compute") {
+TEST_CASE(
+    "plan: memory per GPU, fit and the largest batch that fits, ZeRO-1, speedup; JSON; a profile replaces the "
+    "compute") {
     TempDir d;
     const std::string cfg = d.write("t.yaml", kSynthetic);
     const std::string out = d / "plan.json";
@@ -383,14 +394,15 @@ TEST_CASE("plan: memory per GPU, fit and the largest batch that fits, ZeRO-1, sp
     CHECK(j["results"][0]["fits"] == false);
     CHECK(j["results"][0]["largest_per_gpu_batch"].get<int>() < 256);
     // a profile measured elsewhere: 10 ms for 256 samples on one replica
-    const std::string profile = d.write("p.json", R"({"results": [{"replicas": 1, "global_batch": 256, "step_ms": 10.0}]})");
+    const std::string profile =
+        d.write("p.json", R"({"results": [{"replicas": 1, "global_batch": 256, "step_ms": 10.0}]})");
     REQUIRE(run_cli({"plan", cfg, "--gpus", "1,2", "--profile", profile, "--json", out}) == kExitOk);
     j = read_json(out);
     CHECK(j["results"][0]["compute_ms"].get<double>() == doctest::Approx(10.0));
     CHECK(j["results"][1]["step_ms"].get<double>() >= 10.0);
     // nodes: 2 x 8 GPUs over a slow network, against 8 on one node
-    REQUIRE(run_cli({"plan", cfg, "--gpus", "8", "--nodes", "2", "--network", "eth-100", "--profile", profile, "--json", out}) ==
-            kExitOk);
+    REQUIRE(run_cli({"plan", cfg, "--gpus", "8", "--nodes", "2", "--network", "eth-100", "--profile", profile, "--json",
+                     out}) == kExitOk);
     j = read_json(out);
     CHECK(j["nodes"] == 2);
     CHECK(j["network"]["name"] == "eth-100");
@@ -402,8 +414,8 @@ TEST_CASE("plan: memory per GPU, fit and the largest batch that fits, ZeRO-1, sp
 
 TEST_CASE("stress test: every result verified; a corrupting link fails with exit 5 naming the replica pair") {
     std::string err;
-    CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1,2", "--max-bytes", "64K", "--duration", "1s"}, {}, -1, &err) ==
-          kExitOk);
+    CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1,2", "--max-bytes", "64K", "--duration", "1s"}, {}, -1,
+                  &err) == kExitOk);
     // the 40th copy simulated GPU 1 makes from a peer flips a bit: replica 1 receives from replica 0
     CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1,2", "--max-bytes", "64K", "--duration", "5s"},
                   {{"MIRRORED_SIM_CORRUPT", "1:40"}}, -1, &err) == kExitDevice);
@@ -411,16 +423,18 @@ TEST_CASE("stress test: every result verified; a corrupting link fails with exit
     CHECK(err.find("suspect the link from replica 0 (sim:0) to replica 1") != std::string::npos);
     CAPTURE(err);
     // the plain table verifies too
-    CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1", "--max-bytes", "64K"}, {{"MIRRORED_SIM_CORRUPT", "0:1"}}, -1,
-                  &err) == kExitDevice);
+    CHECK(run_cli({"bench-allreduce", "--devices", "sim:0,1", "--max-bytes", "64K"}, {{"MIRRORED_SIM_CORRUPT", "0:1"}},
+                  -1, &err) == kExitDevice);
     // a link that stops answering (simulated GPU 1's 200th launch never finishes): exit 5 within
     // --timeout, in the stress test and in the table, not a process that waits forever
     for (const bool stress : {true, false}) {
-        std::vector<std::string> args{"bench-allreduce", "--devices", "sim:0,1", "--max-bytes", "64K", "--timeout", "2s"};
+        std::vector<std::string> args{"bench-allreduce", "--devices", "sim:0,1", "--max-bytes", "64K",
+                                      "--timeout",       "2s"};
         if (stress) args.insert(args.end(), {"--duration", "60s"});
         CHECK(run_cli(args, {{"MIRRORED_SIM_HANG", "1:200"}}, -1, &err) == kExitDevice);  // not 0 after 60 s
-        CHECK(err.find(stress ? "no progress for 2 s in the stress test (--timeout)" : "no progress for 2 s in the all-reduce "
-                       "table (--timeout)") != std::string::npos);
+        CHECK(err.find(stress ? "no progress for 2 s in the stress test (--timeout)"
+                              : "no progress for 2 s in the all-reduce "
+                                "table (--timeout)") != std::string::npos);
         CHECK(err.find("check the links") != std::string::npos);
     }
 }
@@ -453,7 +467,9 @@ TEST_CASE("BLAS kernel: a process started by one that chose its kernel runs that
     // must not choose again (where the first choice was below the CPU's best class, a second,
     // noisy measurement started from it picked another kernel, and the runs rounded differently).
     TempDir d;
-    auto blas_line = [&](const std::vector<std::pair<std::string, std::string>>& env) { return devices_blas_line(d, env); };
+    auto blas_line = [&](const std::vector<std::pair<std::string, std::string>>& env) {
+        return devices_blas_line(d, env);
+    };
     const std::string empty_cache = d / "empty-cache";
     const std::string own = blas_kernel();
     const std::string inherited = blas_line({{"MIRRORED_CACHE_DIR", empty_cache}});
@@ -464,7 +480,8 @@ TEST_CASE("BLAS kernel: a process started by one that chose its kernel runs that
         return;
     }
     // Haswell, below the best class on AVX-512 CPUs, as the parent's choice: kept, not re-measured
-    const std::string kept = blas_line({{"OPENBLAS_CORETYPE", "Haswell"}, {"MIRRORED_CACHE_DIR", empty_cache},
+    const std::string kept = blas_line({{"OPENBLAS_CORETYPE", "Haswell"},
+                                        {"MIRRORED_CACHE_DIR", empty_cache},
                                         {"MIRRORED_BLAS_INHERITED", "Haswell|50.0|Prescott|16.0"}});
     CAPTURE(kept);
     CHECK(kept.find("kernel Haswell (chosen by mirrored by measurement: 50 GFLOP/s against 16 for Prescott") !=
@@ -472,7 +489,8 @@ TEST_CASE("BLAS kernel: a process started by one that chose its kernel runs that
     CHECK(kept.find("by the process that started this one") != std::string::npos);
     CHECK(!std::filesystem::exists(empty_cache + "/blas-kernel.txt"));  // nothing was measured
     // a marker for another kernel than the one OpenBLAS runs (OPENBLAS_CORETYPE changed since) is ignored
-    const std::string stale = blas_line({{"OPENBLAS_CORETYPE", "Prescott"}, {"MIRRORED_CACHE_DIR", empty_cache},
+    const std::string stale = blas_line({{"OPENBLAS_CORETYPE", "Prescott"},
+                                         {"MIRRORED_CACHE_DIR", empty_cache},
                                          {"MIRRORED_BLAS_INHERITED", "Haswell|50.0|Prescott|16.0"}});
     CAPTURE(stale);
     CHECK(kernel_named(stale) != "Prescott");
@@ -533,7 +551,9 @@ TEST_CASE("BLAS kernel: a cached choice this CPU cannot run, or one that fails o
 TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replaced by the fastest correct one") {
     CHECK(blas_probe_gflops() > 0);  // this process's kernel passes the reference check
     TempDir d;
-    auto devices = [&](const std::vector<std::pair<std::string, std::string>>& env) { return devices_blas_line(d, env); };
+    auto devices = [&](const std::vector<std::pair<std::string, std::string>>& env) {
+        return devices_blas_line(d, env);
+    };
     const std::string cache = d / "cache";
     // the generic Prescott kernel, as OpenBLAS falls back to on CPUs it does not know
     const std::vector<std::pair<std::string, std::string>> generic{{"OPENBLAS_CORETYPE", "Prescott"},
@@ -550,8 +570,8 @@ TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replac
         // chose it) keeps it: it finds the same cached answer, it does not measure again from there.
         const std::string core = kernel_named(chosen);
         REQUIRE(!core.empty());
-        const std::string on_chosen = devices({{"OPENBLAS_CORETYPE", core}, {"MIRRORED_CACHE_DIR", cache},
-                                               {"MIRRORED_BLAS_INHERITED", ""}});
+        const std::string on_chosen =
+            devices({{"OPENBLAS_CORETYPE", core}, {"MIRRORED_CACHE_DIR", cache}, {"MIRRORED_BLAS_INHERITED", ""}});
         CAPTURE(on_chosen);
         CHECK(kernel_named(on_chosen) == core);
     } else {

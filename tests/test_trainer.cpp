@@ -70,12 +70,13 @@ int train_in_process(const std::string& config, const std::string& out, std::vec
     return run_training(load_config(config, sets), nullptr, progress_output());
 }
 
-double now_seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // A moment inside a run that took `duration` seconds end to end (start-up included): 30-80% in,
 // so that the kill lands mid-training however fast this machine is.
 double kill_point(double duration, test::Rng& rng) { return duration * (0.3 + 0.01 * rng.integer(0, 50)); }
-
 
 }  // namespace
 
@@ -102,7 +103,8 @@ TEST_CASE("a short real training run on CPU replicas: the loss falls, outputs ar
     CHECK(sum["resumed_from_step"].is_null());
     CHECK(sum["replica_checksums"].size() == 2);
     CHECK(sum["replica_checksums"][0] == sum["replica_checksums"][1]);
-    for (const char* k : {"train_loss", "epochs", "global_batch_size", "devices", "samples_per_sec", "wall_time_s", "time_split"})
+    for (const char* k :
+         {"train_loss", "epochs", "global_batch_size", "devices", "samples_per_sec", "wall_time_s", "time_split"})
         CHECK(sum.contains(k));
     CHECK(fs::exists(out + "/config.yaml"));
     CHECK(list_checkpoints(out + "/checkpoints").size() == 2);  // keep: 2
@@ -166,7 +168,8 @@ std::string read_text(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("cross_device_ops auto keeps the op a checkpoint was written with: the resume stays exact; another op is said") {
+TEST_CASE(
+    "cross_device_ops auto keeps the op a checkpoint was written with: the resume stays exact; another op is said") {
     Scratch s;
     const std::string cfg = s.config();
     const std::string cache = s.out("cache");
@@ -177,8 +180,8 @@ TEST_CASE("cross_device_ops auto keeps the op a checkpoint was written with: the
         return sets;
     };
     auto cli = [&](const std::string& out, const std::string& op, const std::string& stop, const std::string& log) {
-        std::vector<std::string> args{"train", cfg, "--output", out, "--set", four[0], "--set",
-                                      "strategy.cross_device_ops=" + op};
+        std::vector<std::string> args{"train", cfg,     "--output", out,
+                                      "--set", four[0], "--set",    "strategy.cross_device_ops=" + op};
         std::vector<std::pair<std::string, std::string>> env{{"MIRRORED_CACHE_DIR", cache}};
         if (!stop.empty()) env.emplace_back("MIRRORED_TEST_STOP_AFTER_STEP", stop);
         return run_cli(args, env, -1, nullptr, Stdout::file, log);
@@ -275,20 +278,20 @@ TEST_CASE("a corrupt or truncated newest checkpoint is skipped for the previous 
     }
     const auto ckpts = list_checkpoints(out + "/checkpoints");
     REQUIRE(ckpts.size() == 2);  // steps 30 and 28
-    {  // flip one byte in the newest one's tensor data
+    {                            // flip one byte in the newest one's tensor data
         std::fstream f(ckpts[0], std::ios::in | std::ios::out | std::ios::binary);
         f.seekp(-20, std::ios::end);
         f.put('\x55');
     }
     const Config c = load_config(cfg, {"run.output_dir=" + out});
     auto session = make_session(c, nullptr, false);
-    CHECK_THROWS_WITH_AS(read_checkpoint(ckpts[0], *session->model, model_config_hash(session->cfg),
-                                         model_config_summary(session->cfg)),
-                         doctest::Contains("checksum mismatch"), CheckpointError);
+    CHECK_THROWS_WITH_AS(
+        read_checkpoint(ckpts[0], *session->model, model_config_hash(session->cfg), model_config_summary(session->cfg)),
+        doctest::Contains("checksum mismatch"), CheckpointError);
     fs::resize_file(ckpts[1], fs::file_size(ckpts[1]) - 100);
-    CHECK_THROWS_WITH_AS(read_checkpoint(ckpts[1], *session->model, model_config_hash(session->cfg),
-                                         model_config_summary(session->cfg)),
-                         doctest::Contains("truncated"), CheckpointError);
+    CHECK_THROWS_WITH_AS(
+        read_checkpoint(ckpts[1], *session->model, model_config_hash(session->cfg), model_config_summary(session->cfg)),
+        doctest::Contains("truncated"), CheckpointError);
     // both unusable: the run starts over, and the earlier files are moved aside, not deleted
     CHECK(train_in_process(cfg, out) == kExitOk);
     CHECK(summary(out)["resumed_from_step"].is_null());
@@ -308,7 +311,9 @@ TEST_CASE("a corrupt or truncated newest checkpoint is skipped for the previous 
     CHECK(summary(out2)["resumed_from_step"] == 28);
 }
 
-TEST_CASE("pruning weighs only this run's past: a later, unusable or foreign entry is moved aside or left alone, never counted") {
+TEST_CASE(
+    "pruning weighs only this run's past: a later, unusable or foreign entry is moved aside or left alone, never "
+    "counted") {
     Scratch s;
     const std::string cfg = s.config();
     const std::string out = s.out("run"), dir = out + "/checkpoints";
@@ -354,7 +359,8 @@ TEST_CASE("pruning weighs only this run's past: a later, unusable or foreign ent
     CHECK(checkpoint_step(own[1]) == 182);
     CHECK(checkpoint_step("step-0000000042.safetensors") == 42);
     CHECK(checkpoint_step("step-12345678901234.safetensors") == 12345678901234);
-    for (const char* bad : {"step-.safetensors", "step-12a.safetensors", "step-1.safetensors.tmp", "epoch-1.safetensors"})
+    for (const char* bad :
+         {"step-.safetensors", "step-12a.safetensors", "step-1.safetensors.tmp", "epoch-1.safetensors"})
         CHECK(checkpoint_step(bad) == -1);
 }
 
@@ -367,7 +373,8 @@ TEST_CASE("a checkpoint of another model is refused with exit code 4 and the rea
         REQUIRE(train_in_process(cfg, out) == kExitInterrupted);
     }
     std::string err;
-    CHECK(run_cli({"train", cfg, "--output", out, "--set", "model.layers.0.units=16"}, {}, -1, &err) == kExitCheckpoint);
+    CHECK(run_cli({"train", cfg, "--output", out, "--set", "model.layers.0.units=16"}, {}, -1, &err) ==
+          kExitCheckpoint);
     CHECK(err.find("different model") != std::string::npos);
     CHECK(err.find("dense units=32 activation=relu") != std::string::npos);
     CHECK(err.find("dense units=16 activation=relu") != std::string::npos);
@@ -417,18 +424,24 @@ TEST_CASE("CLI exit codes: 0, 2 usage/config, 3 data, 4 checkpoint, 5 device, 13
     CHECK(err.rfind("error: --set train.global_batch_size=0: train.global_batch_size:", 0) == 0);
     CHECK(run_cli({"train", cfg, "--set", "train.global_batch_size=33"}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("does not divide into 2 replicas") != std::string::npos);
-    const std::string idx = "run: {name: x}\ndata: {dataset: idx, root: /nonexistent}\nmodel: {layers: [{type: flatten}, {type: dense, units: 10}]}\n";
+    const std::string idx =
+        "run: {name: x}\ndata: {dataset: idx, root: /nonexistent}\nmodel: {layers: [{type: flatten}, {type: dense, "
+        "units: 10}]}\n";
     CHECK(run_cli({"train", s.config(idx, "idx.yaml"), "--output", s.out("data")}, {}, -1, &err) == kExitData);
-    CHECK(err.find("/nonexistent/train-images-idx3-ubyte.gz: no such file (data root /nonexistent") != std::string::npos);
+    CHECK(err.find("/nonexistent/train-images-idx3-ubyte.gz: no such file (data root /nonexistent") !=
+          std::string::npos);
     CHECK(run_cli({"eval", cfg, "--checkpoint", s.out("missing.safetensors")}, {}, -1, &err) == kExitCheckpoint);
     if (!test::have_cuda()) CHECK(run_cli({"train", cfg, "--devices", "cuda:0"}, {}, -1, &err) == kExitDevice);
-    CHECK(run_cli({"train", cfg, "--output", s.out("int")}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "4"}}) == kExitInterrupted);
+    CHECK(run_cli({"train", cfg, "--output", s.out("int")}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "4"}}) ==
+          kExitInterrupted);
     CHECK(run_cli({"train", cfg, "--output", s.out("int")}) == kExitOk);
     CHECK(run_cli({"train", cfg, "--print-config"}) == kExitOk);
     CHECK(run_cli({"train", "--help"}) == kExitOk);
 }
 
-TEST_CASE("alerts: input-bound over 10% data wait, communication-bound over 30%, gpu-idle over 30%, each naming what to change") {
+TEST_CASE(
+    "alerts: input-bound over 10% data wait, communication-bound over 30%, gpu-idle over 30%, each naming what to "
+    "change") {
     IntervalLoad calm;
     calm.data_share = 0.10;  // at the thresholds (and GPUs 25% idle): quiet
     calm.comm_share = 0.30;
@@ -448,7 +461,8 @@ TEST_CASE("alerts: input-bound over 10% data wait, communication-bound over 30%,
     auto found = find_bottlenecks(input);
     REQUIRE(found.size() == 1);
     CHECK(found[0].kind == "input-bound");
-    CHECK(found[0].message == "25% of step time waits for data: raise data.loader_threads (now 3) or data.prefetch (now 4)");
+    CHECK(found[0].message ==
+          "25% of step time waits for data: raise data.loader_threads (now 3) or data.prefetch (now 4)");
 
     IntervalLoad comm = calm;
     comm.comm_share = 0.45;
@@ -463,7 +477,8 @@ TEST_CASE("alerts: input-bound over 10% data wait, communication-bound over 30%,
     found = find_bottlenecks(idle);
     REQUIRE(found.size() == 1);
     CHECK(found[0].kind == "gpu-idle");
-    CHECK(found[0].message.find("75% of each step the GPUs wait for the host (250 us of device work per 1000 us step)") == 0);
+    CHECK(found[0].message.find(
+              "75% of each step the GPUs wait for the host (250 us of device work per 1000 us step)") == 0);
     CHECK(found[0].message.find("data loading") == std::string::npos);
 
     IntervalLoad all = idle;  // slow data also idles the GPUs: all three, the idle one says why
@@ -506,7 +521,8 @@ TEST_CASE("a diverging run stops with exit code 6 and writes no non-finite check
     const std::string cfg = s.config();
     std::string err;
     const int rc = run_cli({"train", cfg, "--output", s.out("nan"), "--set", "optimizer.lr=1e5", "--set",
-                            "optimizer.grad_clip_norm=0", "--set", "checkpoint.every_steps=0"}, {}, -1, &err);
+                            "optimizer.grad_clip_norm=0", "--set", "checkpoint.every_steps=0"},
+                           {}, -1, &err);
     CHECK(rc == kExitDiverged);
     CHECK(err.find("training diverged") != std::string::npos);
     CHECK(list_checkpoints(s.out("nan") + "/checkpoints").empty());
@@ -522,10 +538,11 @@ TEST_CASE("SIGINT, SIGTERM and SIGHUP finish the step, write a checkpoint and ex
         // the signals as a terminal leaves them (this test's own runner may have been started with
         // SIGHUP ignored, which the trainer would rightly keep)
         const std::string stdout_path = out + ".stdout";
-        const pid_t pid = spawn_program(cli(), {"train", cfg, "--output", out}, {}, "/dev/null", Stdout::file, stdout_path,
-                                        [](const void*) { ::signal(SIGHUP, SIG_DFL); });
+        const pid_t pid = spawn_program(cli(), {"train", cfg, "--output", out}, {}, "/dev/null", Stdout::file,
+                                        stdout_path, [](const void*) { ::signal(SIGHUP, SIG_DFL); });
         // wait until training is under way (the first metrics line), then signal
-        for (int i = 0; i < 400 && !(fs::exists(out + "/metrics.jsonl") && fs::file_size(out + "/metrics.jsonl") > 0); ++i)
+        for (int i = 0; i < 400 && !(fs::exists(out + "/metrics.jsonl") && fs::file_size(out + "/metrics.jsonl") > 0);
+             ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(25));
         ::kill(pid, sig);
         CHECK(wait_status_within(pid, 60) == kExitInterrupted);
@@ -537,7 +554,8 @@ TEST_CASE("SIGINT, SIGTERM and SIGHUP finish the step, write a checkpoint and ex
         CHECK(ckpts.front() == checkpoint_path(out + "/checkpoints", sum["steps"].get<int64_t>()));
         std::ifstream printed(stdout_path);
         const std::string text((std::istreambuf_iterator<char>(printed)), {});
-        const std::string said = "interrupted: checkpoint written at step " + std::to_string(sum["steps"].get<int64_t>()) +
+        const std::string said = "interrupted: checkpoint written at step " +
+                                 std::to_string(sum["steps"].get<int64_t>()) +
                                  "; run again to resume\n";  // the run's last line, whole
         CHECK(text.size() >= said.size());
         CHECK(text.substr(text.size() - std::min(text.size(), said.size())) == said);
@@ -598,7 +616,8 @@ TEST_CASE("losses on targets: mse and binary_cross_entropy learn from CSV column
             if (r["type"] == "train") m.push_back(r);
         REQUIRE(m.size() >= 2);
         CHECK(m.back()["loss"].get<double>() < m.front()["loss"].get<double>() / 3);
-        CHECK(std::fabs(a["test_loss"].get<double>() - b["test_loss"].get<double>()) < 1e-3 * a["test_loss"].get<double>() + 1e-6);
+        CHECK(std::fabs(a["test_loss"].get<double>() - b["test_loss"].get<double>()) <
+              1e-3 * a["test_loss"].get<double>() + 1e-6);
         expect_same_run(two, sim);
         if (std::string(c.config).find("regression") != std::string::npos) {
             CHECK(a["test_accuracy"].is_null());  // mse has no accuracy
@@ -608,8 +627,8 @@ TEST_CASE("losses on targets: mse and binary_cross_entropy learn from CSV column
         }
         // stopped after step 200 with a checkpoint, resumed: the uninterrupted run's bits
         const std::string resumed = s.out(tag + "resumed");
-        std::vector<std::string> args{"train", c.config, "--output", resumed, "--devices", "cpu:2", "--set",
-                                      "train.epochs=12", "--set", "checkpoint.every_steps=100"};
+        std::vector<std::string> args{"train", c.config, "--output",        resumed, "--devices",
+                                      "cpu:2", "--set",  "train.epochs=12", "--set", "checkpoint.every_steps=100"};
         CHECK(run_cli(args, {{"MIRRORED_TEST_STOP_AFTER_STEP", "200"}}) == kExitInterrupted);
         CHECK(run_cli(args) == kExitOk);
         CHECK(summary(resumed)["resumed_from_step"] == 200);
@@ -621,19 +640,21 @@ TEST_CASE("losses on targets: the labels the loss reads must be the data's, as m
     Scratch s;
     std::string err;
     // a classifier's loss on target columns, and a target loss on class labels
-    CHECK(run_cli({"train", "configs/csv_regression.yaml", "--output", s.out("a"), "--set", "model.loss=softmax_cross_entropy"},
+    CHECK(run_cli({"train", "configs/csv_regression.yaml", "--output", s.out("a"), "--set",
+                   "model.loss=softmax_cross_entropy"},
                   {}, -1, &err) == kExitUsage);
     CHECK(err.find("data.csv.label_column: several label columns are float targets, but the loss takes one class "
                    "index per sample") != std::string::npos);
-    CHECK(run_cli({"train", "configs/csv_example.yaml", "--output", s.out("b"), "--set", "model.loss=mse"}, {}, -1, &err) ==
-          kExitUsage);
-    CHECK(err.find("has 1 target(s) per sample: they must match") != std::string::npos);  // the label column, as a target
+    CHECK(run_cli({"train", "configs/csv_example.yaml", "--output", s.out("b"), "--set", "model.loss=mse"}, {}, -1,
+                  &err) == kExitUsage);
+    CHECK(err.find("has 1 target(s) per sample: they must match") !=
+          std::string::npos);  // the label column, as a target
     CHECK(run_cli({"train", "configs/synthetic_mlp.yaml", "--output", s.out("c"), "--set", "model.loss=mse"}, {}, -1,
                   &err) == kExitUsage);
     CHECK(err.find("model.loss: mse takes float targets per sample, but synthetic data has class indexes") !=
           std::string::npos);
-    CHECK(run_cli({"train", "configs/csv_regression.yaml", "--output", s.out("d"), "--set", "model.layers.2.units=3"}, {},
-                  -1, &err) == kExitUsage);
+    CHECK(run_cli({"train", "configs/csv_regression.yaml", "--output", s.out("d"), "--set", "model.layers.2.units=3"},
+                  {}, -1, &err) == kExitUsage);
     CHECK(err.find("model.layers.2.units: the model has 3 outputs, but") != std::string::npos);
     CHECK(err.find("has 2 target(s) per sample: they must match") != std::string::npos);
     CHECK(run_cli({"train", "configs/csv_regression.yaml", "--output", s.out("e"), "--set", "model.loss=huber"}, {}, -1,
@@ -655,7 +676,8 @@ TEST_CASE("CIFAR-10 files with augmentation train end to end") {
                 for (int p = 0; p < 1024; ++p)
                     b.push_back(static_cast<unsigned char>((c == label ? 120 : 40) + rng.integer(0, 100)));
         }
-        std::ofstream(s.out(name), std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+        std::ofstream(s.out(name), std::ios::binary)
+            .write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
     };
     write_batch("data_batch_1.bin", 300);
     write_batch("data_batch_2.bin", 300);
@@ -663,11 +685,13 @@ TEST_CASE("CIFAR-10 files with augmentation train end to end") {
     const std::string cfg = s.config(
         "run: {name: cifar, seed: 4}\n"
         "strategy: {devices: \"cpu:2\"}\n"
-        "data: {dataset: cifar10, root: " + s.path().string() + ", train: {files: [data_batch_1.bin, data_batch_2.bin]},\n"
-        "       augment: {random_crop_padding: 4, horizontal_flip: true}}\n"
-        "model: {layers: [{type: flatten}, {type: dense, units: 32, activation: relu}, {type: dense, units: 10}]}\n"
-        "optimizer: {type: adamw, lr: 0.003}\n"
-        "train: {epochs: 4, global_batch_size: 40, log_every_steps: 10}\n",
+        "data: {dataset: cifar10, root: " +
+            s.path().string() +
+            ", train: {files: [data_batch_1.bin, data_batch_2.bin]},\n"
+            "       augment: {random_crop_padding: 4, horizontal_flip: true}}\n"
+            "model: {layers: [{type: flatten}, {type: dense, units: 32, activation: relu}, {type: dense, units: 10}]}\n"
+            "optimizer: {type: adamw, lr: 0.003}\n"
+            "train: {epochs: 4, global_batch_size: 40, log_every_steps: 10}\n",
         "cifar.yaml");
     const std::string out = s.out("cifar-run");
     CHECK(train_in_process(cfg, out) == kExitOk);
@@ -684,18 +708,20 @@ TEST_CASE("simulated GPUs with random delays train bit-identically to CPU replic
     sim_reset();
     sim_set_delays(30);
     for (const char* devices : {"sim:0,1", "sim:0,0"})
-    for (const char* graph : {"false", "true"}) {  // uncaptured, and steps replayed from graphs
-        CAPTURE(devices);
-        CAPTURE(graph);
-        const std::string out = s.out(std::string("sim") + devices[6] + graph);
-        CHECK(train_in_process(cfg, out, {std::string("strategy.devices=") + devices,
-                                          std::string("strategy.cuda_graph=") + graph}) == kExitOk);
-        expect_same_run(ref, out);
-        CHECK(summary(out)["device_type"] == "sim");
-        const auto a = list_checkpoints(ref + "/checkpoints"), b = list_checkpoints(out + "/checkpoints");
-        REQUIRE(a.size() == b.size());
-        for (size_t i = 0; i < a.size(); ++i) CHECK(read_safetensors(a[i], true).tensors == read_safetensors(b[i], true).tensors);
-    }
+        for (const char* graph : {"false", "true"}) {  // uncaptured, and steps replayed from graphs
+            CAPTURE(devices);
+            CAPTURE(graph);
+            const std::string out = s.out(std::string("sim") + devices[6] + graph);
+            CHECK(train_in_process(cfg, out,
+                                   {std::string("strategy.devices=") + devices,
+                                    std::string("strategy.cuda_graph=") + graph}) == kExitOk);
+            expect_same_run(ref, out);
+            CHECK(summary(out)["device_type"] == "sim");
+            const auto a = list_checkpoints(ref + "/checkpoints"), b = list_checkpoints(out + "/checkpoints");
+            REQUIRE(a.size() == b.size());
+            for (size_t i = 0; i < a.size(); ++i)
+                CHECK(read_safetensors(a[i], true).tensors == read_safetensors(b[i], true).tensors);
+        }
     sim_reset();
 }
 
@@ -735,14 +761,16 @@ void kill_resume_graphs(const std::string& devices, const std::vector<std::pair<
 
 }  // namespace
 
-TEST_CASE("simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs too)") {
+TEST_CASE(
+    "simulated GPUs: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs "
+    "too)") {
     kill_resume_graphs("sim:0,1", {{"MIRRORED_SIM_DELAY_US", "20"}}, 20);
 }
 
 // The CLI end to end on the CUDA backend: pinned loader slots, copies, evaluation, checkpoints
 // read back from GPU memory, captured steps. 20 epochs, as on the simulated GPU.
-TEST_CASE("cuda: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs too)"
-          * doctest::test_suite("cuda")) {
+TEST_CASE("cuda: SIGKILL at an arbitrary moment, then resume, is bit-identical to an uninterrupted run (graphs too)" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     kill_resume_graphs(cuda_device_count() >= 2 ? "cuda:0,1" : "cuda:0,0", {}, 20);
 }
@@ -773,7 +801,9 @@ void expect_device_failure(const std::string& ref, const std::string& out, const
 
 }  // namespace
 
-TEST_CASE("a device failure: exit 5 with the first error named, no hang, the last checkpoint kept; the rerun resumes exactly") {
+TEST_CASE(
+    "a device failure: exit 5 with the first error named, no hang, the last checkpoint kept; the rerun resumes "
+    "exactly") {
     Scratch s;
     const std::string cfg = s.config();
     const std::string ref = s.out("ref");
@@ -781,11 +811,12 @@ TEST_CASE("a device failure: exit 5 with the first error named, no hang, the las
     for (const char* op : {"ring", "nccl"}) {
         CAPTURE(op);
         const std::string out = s.out(std::string("failed-") + op);
-        expect_device_failure(ref, out,
-                              {"train", cfg, "--output", out, "--devices", "sim:0,1", "--set",
-                               std::string("strategy.cross_device_ops=") + op},
-                              {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}},
-                              {"error: sim:1: ", "illegal memory access", "sim_device.cpp:"});  // the failed device, first
+        expect_device_failure(
+            ref, out,
+            {"train", cfg, "--output", out, "--devices", "sim:0,1", "--set",
+             std::string("strategy.cross_device_ops=") + op},
+            {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}},
+            {"error: sim:1: ", "illegal memory access", "sim_device.cpp:"});  // the failed device, first
     }
 }
 
@@ -794,8 +825,10 @@ TEST_CASE("a device failure: exit 5 with the first error named, no hang, the las
 // streams the launch's own check reports it, on asynchronous ones a later call on that GPU, as on
 // a real one. Uncaptured and replayed from graphs, ring and direct (NCCL where built). A real GPU
 // has no such knob: there the case says it skipped (suite "emulated").
-TEST_CASE("cuda: a GPU fault: exit 5 naming the GPU and the call, no hang, the last checkpoint kept; the rerun "
-          "resumes exactly" * doctest::test_suite("emulated")) {
+TEST_CASE(
+    "cuda: a GPU fault: exit 5 naming the GPU and the call, no hang, the last checkpoint kept; the rerun "
+    "resumes exactly" *
+    doctest::test_suite("emulated")) {
     SKIP_WITHOUT_CUDA();
     if (make_cuda_device(0)->description().rfind("emulated GPU", 0) != 0) {
         mark_skipped("MIRRORED_CUDA_EMU_FAULT belongs to the emulated GPU (make test-cuda-emu), not a real one");
@@ -902,17 +935,19 @@ TEST_CASE("configs/cifar10_resnet20.yaml: ResNet-20 (0.27M parameters) trains on
             b.push_back(static_cast<unsigned char>(label));
             for (int c = 0; c < 3; ++c)
                 for (int p = 0; p < 1024; ++p)
-                    b.push_back(static_cast<unsigned char>((label % 3 == c ? 100 + 10 * (label / 3) : 30) + rng.integer(0, 60)));
+                    b.push_back(static_cast<unsigned char>((label % 3 == c ? 100 + 10 * (label / 3) : 30) +
+                                                           rng.integer(0, 60)));
         }
-        std::ofstream(s.out(name), std::ios::binary).write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+        std::ofstream(s.out(name), std::ios::binary)
+            .write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
     };
     for (int k = 1; k <= 5; ++k) write_batch("data_batch_" + std::to_string(k) + ".bin", 40);
     write_batch("test_batch.bin", 40);
     const std::string out = s.out("resnet");
     std::string err;
-    const int rc = run_cli({"train", "configs/cifar10_resnet20.yaml", "--output", out, "--set", "data.root=" + s.path().string(),
-                            "--set", "strategy.devices=cpu:2", "--set", "train.steps=5", "--set", "train.global_batch_size=40",
-                            "--set", "train.log_every_steps=1"},
+    const int rc = run_cli({"train", "configs/cifar10_resnet20.yaml", "--output", out, "--set",
+                            "data.root=" + s.path().string(), "--set", "strategy.devices=cpu:2", "--set",
+                            "train.steps=5", "--set", "train.global_batch_size=40", "--set", "train.log_every_steps=1"},
                            {}, -1, &err);
     CAPTURE(err);
     REQUIRE(rc == kExitOk);

@@ -15,9 +15,9 @@ struct CsvFormatOptions final : OptionsOf<CsvFormatOptions> {
                                                                            : "false";
         return {{"train.file", train},
                 {"test.file", test},
-                {"csv.label_column", csv.label_columns.size() > 1    ? yaml_list(csv.label_columns)
-                                     : csv.label_columns.empty() ? std::string()
-                                                                 : csv.label_columns[0]},
+                {"csv.label_column", csv.label_columns.size() > 1 ? yaml_list(csv.label_columns)
+                                     : csv.label_columns.empty()  ? std::string()
+                                                                  : csv.label_columns[0]},
                 {"csv.header", header},
                 {"csv.delimiter", std::string(1, csv.delimiter)}};
     }
@@ -36,10 +36,13 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool targets) {
     c.label_columns = r.text_list(p + ".csv.label_column");  // "" (as --print-config writes the default): unset
     if (c.label_columns.size() == 1 && c.label_columns[0].empty()) c.label_columns.clear();
     if (c.label_columns.size() > 1 && !targets)
-        r.fail(p + ".csv.label_column", "several label columns are float targets, but the loss takes one class index "
-                                        "per sample (model.loss: mse and binary_cross_entropy read targets)");
+        r.fail(p + ".csv.label_column",
+               "several label columns are float targets, but the loss takes one class index "
+               "per sample (model.loss: mse and binary_cross_entropy read targets)");
     const std::string h = r.choice(p + ".csv.header", "auto", {"auto", "true", "false"});
-    c.header = h == "auto" ? CsvOptions::Header::auto_detect : h == "true" ? CsvOptions::Header::yes : CsvOptions::Header::no;
+    c.header = h == "auto"   ? CsvOptions::Header::auto_detect
+               : h == "true" ? CsvOptions::Header::yes
+                             : CsvOptions::Header::no;
     const std::string delim = r.text(p + ".csv.delimiter", ",");
     if (delim.size() != 1) r.fail(p + ".csv.delimiter", "expected one character");
     c.delimiter = delim[0];

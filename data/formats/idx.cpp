@@ -10,8 +10,10 @@ struct IdxOptions final : OptionsOf<IdxOptions> {
     std::string train_images = "train-images-idx3-ubyte.gz", train_labels = "train-labels-idx1-ubyte.gz";
     std::string test_images = "t10k-images-idx3-ubyte.gz", test_labels = "t10k-labels-idx1-ubyte.gz";
     Fields fields() const override {
-        return {{"train.images", train_images}, {"train.labels", train_labels},
-                {"test.images", test_images}, {"test.labels", test_labels}};
+        return {{"train.images", train_images},
+                {"train.labels", train_labels},
+                {"test.images", test_images},
+                {"test.labels", test_labels}};
     }
     bool operator==(const IdxOptions&) const = default;
 };

@@ -40,13 +40,15 @@ void check_size(const SyntheticConfig& c) {
             throw ConfigError("data.input_shape", "more than 2^26 features per sample is implausibly large");
     uint64_t bytes = 0, test = 0, teacher = 0;
     const uint64_t avail = available_host_memory();
-    if (!checked_mul(c.train_samples, features * 4 + 4, bytes) || !checked_mul(c.test_samples, features * 4 + 4, test) ||
+    if (!checked_mul(c.train_samples, features * 4 + 4, bytes) ||
+        !checked_mul(c.test_samples, features * 4 + 4, test) ||
         !checked_mul(uint64_t(c.classes), features * 4, teacher) || !checked_add(bytes, test, bytes) ||
         !checked_add(bytes, teacher, bytes) || (avail && bytes > avail))
-        throw ConfigError("data.train_samples", std::to_string(c.train_samples) + " + " + std::to_string(c.test_samples) +
-                                                    " samples of " + std::to_string(features) + " features need " +
-                                                    (bytes ? format_bytes(bytes) : std::string("more memory than exists")) +
-                                                    ", " + format_bytes(avail) + " are available");
+        throw ConfigError("data.train_samples",
+                          std::to_string(c.train_samples) + " + " + std::to_string(c.test_samples) + " samples of " +
+                              std::to_string(features) + " features need " +
+                              (bytes ? format_bytes(bytes) : std::string("more memory than exists")) + ", " +
+                              format_bytes(avail) + " are available");
 }
 
 Datasets load(const Options& options, const DataSource& src) {

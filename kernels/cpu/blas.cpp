@@ -29,7 +29,6 @@ namespace mirrored {
 
 namespace {
 
-
 constexpr const char* kProbeVar = "MIRRORED_BLAS_PROBE";    // this process is a probe child
 constexpr const char* kChosenVar = "MIRRORED_BLAS_CHOSEN";  // set on our re-exec: "core|gflops|own|own_gflops"
 // The same marker, kept for the processes a re-executed one starts (the tests' CLI runs, `scale`'s
@@ -214,8 +213,10 @@ bool parse_marker(const std::string& text, Choice& c) {
 
 std::string how_chosen(const Choice& c) {
     char how[256];
-    std::snprintf(how, sizeof how, "chosen by mirrored by measurement: %.0f GFLOP/s against %.0f for %s, the kernel it "
-                  "started with", c.gflops, c.own_gflops, c.own.c_str());
+    std::snprintf(how, sizeof how,
+                  "chosen by mirrored by measurement: %.0f GFLOP/s against %.0f for %s, the kernel it "
+                  "started with",
+                  c.gflops, c.own_gflops, c.own.c_str());
     return how;
 }
 
@@ -229,7 +230,8 @@ bool read_cache(const std::string& key, Choice& c) {
 }
 
 void write_cache(const std::string& key, const Choice& c) {
-    cache_store("blas-kernel.txt", key, c.core + " " + std::to_string(c.gflops) + " " + c.own + " " + std::to_string(c.own_gflops));
+    cache_store("blas-kernel.txt", key,
+                c.core + " " + std::to_string(c.gflops) + " " + c.own + " " + std::to_string(c.own_gflops));
 }
 
 [[noreturn]] void reexec(char** argv, const Choice& c) {
@@ -239,8 +241,8 @@ void write_cache(const std::string& key, const Choice& c) {
     ::setenv(kChosenVar, marker, 1);
     ::setenv(kInheritedVar, marker, 1);
     ::execv("/proc/self/exe", argv);
-    std::fprintf(stderr, "mirrored: could not re-execute with BLAS kernel %s (%s); continuing with %s\n", c.core.c_str(),
-                 std::strerror(errno), c.own.c_str());
+    std::fprintf(stderr, "mirrored: could not re-execute with BLAS kernel %s (%s); continuing with %s\n",
+                 c.core.c_str(), std::strerror(errno), c.own.c_str());
     std::fflush(stderr);
     ::_exit(1);  // unreachable in practice; never continue half-configured
 }

@@ -263,7 +263,7 @@ CNN_INLINE void route_to_max_of_4(int c, const float* __restrict a, const float*
                                   const float* __restrict d, const float* __restrict e, const float* __restrict grad,
                                   float* __restrict da, float* __restrict db, float* __restrict dd,
                                   float* __restrict de) {
-    for (int ch = 0; ch < c; ++ch) {  // as track_max, then store_where
+    for (int ch = 0; ch < c; ++ch) {    // as track_max, then store_where
         const bool t1 = b[ch] > a[ch];  // a later position takes over from the best so far
         const float m1 = t1 ? b[ch] : a[ch];
         const bool t2 = d[ch] > m1;
@@ -368,8 +368,8 @@ void pool_forward(PoolKind kind, const Window2d& g, const float* x, float* y) {
 
 void pool_backward(PoolKind kind, const Window2d& g, const float* x, const float* dy, float* dx, CnnScratch& s) {
     s.reserve(g);
-    const bool tiles = g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0 && g.oh() * g.kh == g.h &&
-                       g.ow() * g.kw == g.w;
+    const bool tiles =
+        g.sh == g.kh && g.sw == g.kw && g.ph == 0 && g.pw == 0 && g.oh() * g.kh == g.h && g.ow() * g.kw == g.w;
     if (kind == PoolKind::max && tiled_2x2(g)) return max_pool_2x2_backward(g, x, dy, dx);
     if (!tiles) std::fill(dx, dx + size_t(g.n) * g.h * g.w * g.c, 0.0f);
     pool_backward_loop(kind == PoolKind::max, tiles, g, x, dy, dx, s.best_value.data(), s.best_position.data());
@@ -390,8 +390,8 @@ void channel_sums(int rows, int c, const float* x, const float* shift, bool squa
 
 template <bool kRelu>
 CNN_INLINE void affine_rows(int rows, int c, const float* x, const float* __restrict mean,
-                            const float* __restrict invstd, const float* __restrict gamma,
-                            const float* __restrict beta, float* y) {
+                            const float* __restrict invstd, const float* __restrict gamma, const float* __restrict beta,
+                            float* y) {
     for (int r = 0; r < rows; ++r) {
         const float* xr = x + size_t(r) * c;
         float* yr = y + size_t(r) * c;

@@ -37,8 +37,8 @@ void channel_sums(int rows, int c, const float* x, const float* shift, bool squa
 void channel_affine(int rows, int c, const float* x, const float* mean, const float* invstd, const float* gamma,
                     const float* beta, float* y);
 // The same, then max(., 0) in the same pass.
-void channel_affine_relu(int rows, int c, const float* x, const float* mean, const float* invstd,
-                         const float* gamma, const float* beta, float* y);
+void channel_affine_relu(int rows, int c, const float* x, const float* mean, const float* invstd, const float* gamma,
+                         const float* beta, float* y);
 // y = a + b, then max(., 0) with relu, in one pass; y may be a, not b.
 void add_join(size_t n, const float* a, const float* b, bool relu, float* y);
 // out[0, c) = sum of dy, out[c, 2c) = sum of dy * xhat, in f64.

@@ -34,7 +34,8 @@ inline float* F(void* p) { return static_cast<float*>(p); }
 // The optimizers' passes over the flat buffers, one branch-free loop per variant (the buffers
 // never overlap, so they vectorise), built for each vector width (loop_clones.h), as are the
 // shared-parameter sums.
-CPU_LOOP_CLONES void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float f, const SgdArgs& a) {
+CPU_LOOP_CLONES void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float f,
+                              const SgdArgs& a) {
     const float wd = a.weight_decay, mom = a.momentum, lr = sgd_lr(a);
     if (mom == 0.0f) {
         for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * f + wd * p[i]);
@@ -58,15 +59,16 @@ struct AdamWStep {
 };
 
 AdamWStep adamw_step(const AdamWArgs& a) {
-    const auto [bc1, bc2_sqrt] = a.values ? AdamWCorrections{a.values->adamw_bc1, a.values->adamw_bc2_sqrt}
-                                          : adamw_corrections(a);
+    const auto [bc1, bc2_sqrt] =
+        a.values ? AdamWCorrections{a.values->adamw_bc1, a.values->adamw_bc2_sqrt} : adamw_corrections(a);
     const float lr = a.values ? a.values->lr : a.lr;
     return {lr / bc1, 1.0f - lr * a.weight_decay, a.beta1, a.beta2, a.eps, bc2_sqrt};
 }
 
-CPU_LOOP_CLONES void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
-                float f, const AdamWStep& st) {
-    const float step_size = st.step_size, decay = st.decay, b1 = st.b1, b2 = st.b2, eps = st.eps, bc2_sqrt = st.bc2_sqrt;
+CPU_LOOP_CLONES void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
+                                float* __restrict v, float f, const AdamWStep& st) {
+    const float step_size = st.step_size, decay = st.decay, b1 = st.b1, b2 = st.b2, eps = st.eps,
+                bc2_sqrt = st.bc2_sqrt;
     for (size_t i = 0; i < n; ++i) {
         const float gi = g[i] * f;
         const float mi = b1 * m[i] + (1.0f - b1) * gi;
@@ -123,8 +125,8 @@ bool by_transposed_product(int m, int n, int k) {
     return m <= kCpuTransposedGemmMaxRows && m < n && double(m) * n * k >= double(1 << 19);
 }
 
-void sgemm_nt_transposed(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
-                         float* c, int ldc) {
+void sgemm_nt_transposed(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float* c,
+                         int ldc) {
     thread_local std::vector<float> product;  // grows once per thread: no allocation per step
     const size_t cells = size_t(m) * size_t(n);
     if (product.size() < cells) product.resize(cells);
@@ -189,8 +191,8 @@ public:
     explicit CpuDevice(int index) : Device(DeviceType::cpu, index, "cpu:" + std::to_string(index)) {}
 
     std::string description() const override {
-        return "CPU replica " + std::to_string(ordinal()) + " (" +
-               std::to_string(std::thread::hardware_concurrency()) + " hardware threads; " + blas_description() + ")";
+        return "CPU replica " + std::to_string(ordinal()) + " (" + std::to_string(std::thread::hardware_concurrency()) +
+               " hardware threads; " + blas_description() + ")";
     }
 
     void* alloc_bytes(size_t bytes) override {
@@ -230,13 +232,14 @@ public:
     void set_precision(Precision p) override { precision_ = p; }
     DType act_dtype() const override { return DType::f32; }  // values rounded to value_dtype()
 
-    void gemm(Stream, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda,
-              const void* b, int ldb, float beta, void* cv, int ldc, GemmTypes types) override {
+    void gemm(Stream, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
+              int ldb, float beta, void* cv, int ldc, GemmTypes types) override {
         if (m <= 0 || n <= 0) return;
         float* c = F(cv);
         if (k <= 0) {
             for (int i = 0; i < m; ++i)
-                for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[size_t(i) * ldc + j];
+                for (int j = 0; j < n; ++j)
+                    c[size_t(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[size_t(i) * ldc + j];
         } else if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f) &&
                    jit_gemm(ta, tb, m, n, k, F(a), lda, F(b), ldb, beta == 1.0f, c, ldc)) {
             // a kernel generated for this shape (kernels/cpu/jit_gemm.h)
@@ -246,16 +249,15 @@ public:
         } else if (!ta && tb && beta == 0.0f && by_transposed_product(m, n, k)) {
             sgemm_nt_transposed(m, n, k, alpha, F(a), lda, F(b), ldb, c, ldc);
         } else {
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
-                        alpha, F(a), lda, F(b), ldb, beta, c, ldc);
+            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                        F(a), lda, F(b), ldb, beta, c, ldc);
         }
         if (types.c != DType::f32)
             for (int i = 0; i < m; ++i)
                 for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] = round_to(types.c, c[size_t(i) * ldc + j]);
     }
 
-    void bias_act_forward(Stream, Activation act, int rows, int cols, const float* bias, void* zv,
-                          void* ov) override {
+    void bias_act_forward(Stream, Activation act, int rows, int cols, const float* bias, void* zv, void* ov) override {
         float* z = F(zv);
         float* o = F(ov);
         with_act_and_type(act, value_dtype(), [&](auto A, auto T) {
@@ -264,7 +266,8 @@ public:
                 float* orow = o + size_t(i) * cols;
                 if (orow == zr) {  // in place (ReLU): one loop over one pointer, which vectorises
                     if (bias)
-                        for (int j = 0; j < cols; ++j) zr[j] = round_to(T, act_forward(A, round_to(T, zr[j] + bias[j])));
+                        for (int j = 0; j < cols; ++j)
+                            zr[j] = round_to(T, act_forward(A, round_to(T, zr[j] + bias[j])));
                     else
                         for (int j = 0; j < cols; ++j) zr[j] = round_to(T, act_forward(A, round_to(T, zr[j])));
                     continue;
@@ -305,8 +308,8 @@ public:
         for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + s[j] : s[j];
     }
 
-    void softmax_xent(Stream, int rows, int classes, const void* logits, const int32_t* labels,
-                      float grad_scale, const float* loss_scale, void* dlogits, double* metrics) override {
+    void softmax_xent(Stream, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
+                      const float* loss_scale, void* dlogits, double* metrics) override {
         const DType t = value_dtype();
         const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f);
         double loss_sum = 0.0, correct = 0.0;
@@ -319,6 +322,8 @@ public:
             float sum = 0.0f;
             for (int j = 0; j < classes; ++j) sum += std::exp(z[j] - mx);
             const int y = labels[i];
+            // classes >= 1, so the argmax's own term makes sum >= 1
+            // cppcheck-suppress invalidFunctionArg
             loss_sum += double(std::log(sum) + mx - z[y]);
             correct += arg == y ? 1.0 : 0.0;
             if (dlogits) {
@@ -473,14 +478,14 @@ public:
         cpu::bn_backward_sums(rows, c, F(dy), F(x), mean, invstd, out, cnn_);
     }
 
-    void bn_backward_dx(Stream, int rows, int c, const void* dy, const void* x, const float* mean,
-                        const float* invstd, const float* gamma, const float* sums, double count, void* dx) override {
+    void bn_backward_dx(Stream, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
+                        const float* gamma, const float* sums, double count, void* dx) override {
         cpu::bn_backward_dx(rows, c, F(dy), F(x), mean, invstd, gamma, sums, float(1.0 / count), F(dx));
         round_stored(F(dx), size_t(rows) * c);
     }
 
-    void layernorm_forward(Stream, int rows, int c, float eps, const void* xv, const float* gamma,
-                           const float* beta, void* yv, float* mean, float* rstd) override {
+    void layernorm_forward(Stream, int rows, int c, float eps, const void* xv, const float* gamma, const float* beta,
+                           void* yv, float* mean, float* rstd) override {
         const DType t = value_dtype();
         const float* x = F(xv);
         float* y = F(yv);
@@ -494,7 +499,8 @@ public:
             const float rs = bn_invstd(float(q / c), eps);
             mean[r] = m;
             rstd[r] = rs;
-            for (int ch = 0; ch < c; ++ch) y[size_t(r) * c + ch] = round_to(t, gamma[ch] * ((xr[ch] - m) * rs) + beta[ch]);
+            for (int ch = 0; ch < c; ++ch)
+                y[size_t(r) * c + ch] = round_to(t, gamma[ch] * ((xr[ch] - m) * rs) + beta[ch]);
         }
     }
 
@@ -563,8 +569,7 @@ public:
         sgd_loop(n, p, g, m, grad_factor(a.clip_norm, a.grad_stats, a.loss_scale), a);
     }
 
-    void adamw_update(Stream, size_t n, float* p, const float* g, float* m, float* v,
-                      const AdamWArgs& a) override {
+    void adamw_update(Stream, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a) override {
         if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
         adamw_loop(n, p, g, m, v, grad_factor(a.clip_norm, a.grad_stats, a.loss_scale), adamw_step(a));
     }

@@ -117,7 +117,8 @@ int panel_rows(int M, int K) {
 }
 
 // Column-major C[M,N] (+)= A[M,K] B[K,N] by row panels of A and C; false where a kernel is missing.
-bool multiply(int M, int N, int K, const float* A, int lda, const float* B, int ldb, bool accumulate, float* C, int ldc) {
+bool multiply(int M, int N, int K, const float* A, int lda, const float* B, int ldb, bool accumulate, float* C,
+              int ldc) {
     const int rows = panel_rows(M, K);
     const Kernel full = kernel_for(rows, N, K, lda, ldb, ldc, accumulate);
     const Kernel last = M % rows ? kernel_for(M % rows, N, K, lda, ldb, ldc, accumulate) : full;
@@ -320,7 +321,8 @@ bool jit_conv_input_grad(const Window2d& g, const float* dz, const float* w, int
 std::string jit_gemm_description() {
     if (!enabled()) return "";
     std::string arch = libxsmm_get_target_arch();
-    return "libxsmm " + std::to_string(LIBXSMM_VERSION_MAJOR) + "." + std::to_string(LIBXSMM_VERSION_MINOR) + ", " + arch;
+    return "libxsmm " + std::to_string(LIBXSMM_VERSION_MAJOR) + "." + std::to_string(LIBXSMM_VERSION_MINOR) + ", " +
+           arch;
 }
 
 int jit_gemm_vector_floats() { return enabled() ? (avx512_target() ? 16 : 8) : 0; }
@@ -361,16 +363,20 @@ bool avx2_takes(bool ta, bool tb, int m, int n, int k) {
 bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate) {
     if (!kernels_multiply(ta, tb, m, n, k, accumulate)) return false;
     switch (jit_mode()) {
-        case JitMode::all: return true;
-        case JitMode::avx512_rules: return avx512_takes(ta, tb, m, n, k);
-        case JitMode::avx2_rules: return avx2_takes(ta, tb, m, n, k);
-        case JitMode::off: break;
+        case JitMode::all:
+            return true;
+        case JitMode::avx512_rules:
+            return avx512_takes(ta, tb, m, n, k);
+        case JitMode::avx2_rules:
+            return avx2_takes(ta, tb, m, n, k);
+        case JitMode::off:
+            break;
     }
     return false;
 }
 
-bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
-              bool accumulate, float* c, int ldc) {
+bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
+              float* c, int ldc) {
     return jit_gemm_takes(ta, tb, m, n, k, accumulate) &&
            jit_gemm_any_shape(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
@@ -403,7 +409,9 @@ std::string jit_gemm_description() { return ""; }
 int jit_gemm_vector_floats() { return 0; }
 bool jit_gemm_takes(bool, bool, int, int, int, bool) { return false; }
 bool jit_gemm(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
-bool jit_gemm_any_shape(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
+bool jit_gemm_any_shape(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {
+    return false;
+}
 bool jit_conv_forward(const Window2d&, const float*, const float*, int, float*) { return false; }
 bool jit_conv_weight_grad(const Window2d&, const float*, const float*, int, float*) { return false; }
 bool jit_conv_input_grad(const Window2d&, const float*, const float*, int, float*) { return false; }

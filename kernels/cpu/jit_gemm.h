@@ -34,8 +34,8 @@ bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate);
 
 // Row-major C[m,n] = op(A) op(B), plus C when accumulate; false, touching nothing, where
 // jit_gemm_takes says no.
-bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
-              bool accumulate, float* c, int ldc);
+bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
+              float* c, int ldc);
 // The same for any shape the kernels can multiply, whether or not the rules give it to them (the
 // kernels' own test); false, touching nothing, where there are no kernels or B is transposed
 // with accumulate.

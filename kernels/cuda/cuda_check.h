@@ -13,31 +13,39 @@ namespace mirrored {
 
 inline const char* cublas_status_string(cublasStatus_t s) {
     switch (s) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "cuBLAS error";
+        case CUBLAS_STATUS_NOT_INITIALIZED:
+            return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED:
+            return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE:
+            return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_ARCH_MISMATCH:
+            return "CUBLAS_STATUS_ARCH_MISMATCH";
+        case CUBLAS_STATUS_MAPPING_ERROR:
+            return "CUBLAS_STATUS_MAPPING_ERROR";
+        case CUBLAS_STATUS_EXECUTION_FAILED:
+            return "CUBLAS_STATUS_EXECUTION_FAILED";
+        case CUBLAS_STATUS_INTERNAL_ERROR:
+            return "CUBLAS_STATUS_INTERNAL_ERROR";
+        case CUBLAS_STATUS_NOT_SUPPORTED:
+            return "CUBLAS_STATUS_NOT_SUPPORTED";
+        default:
+            return "cuBLAS error";
     }
 }
 
 }  // namespace mirrored
 
-#define CUDA_CHECK(device, stmt)                                                          \
-    do {                                                                                  \
-        const cudaError_t err_ = (stmt);                                                  \
-        if (err_ != cudaSuccess)                                                          \
-            ::mirrored::cuda_fail(#stmt, cudaGetErrorString(err_), __FILE__, __LINE__, (device)); \
+#define CUDA_CHECK(device, stmt)                                                                                       \
+    do {                                                                                                               \
+        const cudaError_t err_ = (stmt);                                                                               \
+        if (err_ != cudaSuccess) ::mirrored::cuda_fail(#stmt, cudaGetErrorString(err_), __FILE__, __LINE__, (device)); \
     } while (0)
 
 // A result kept in a variable (looked at before it is checked), reported as the call it came from.
-#define CUDA_CHECK_AS(device, call, err)                                                  \
-    do {                                                                                  \
-        const cudaError_t e_ = (err);                                                     \
+#define CUDA_CHECK_AS(device, call, err)                                                                            \
+    do {                                                                                                            \
+        const cudaError_t e_ = (err);                                                                               \
         if (e_ != cudaSuccess) ::mirrored::cuda_fail((call), cudaGetErrorString(e_), __FILE__, __LINE__, (device)); \
     } while (0)
 
@@ -60,10 +68,9 @@ inline bool cuda_query(cudaError_t e, const char* stmt, const char* file, int li
 }
 }  // namespace mirrored
 
-#define CUBLAS_CHECK(device, stmt)                                                         \
-    do {                                                                                   \
-        const cublasStatus_t st_ = (stmt);                                                 \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                  \
-            ::mirrored::cuda_fail(#stmt, ::mirrored::cublas_status_string(st_), __FILE__, __LINE__, \
-                                  (device));                                               \
+#define CUBLAS_CHECK(device, stmt)                                                                             \
+    do {                                                                                                       \
+        const cublasStatus_t st_ = (stmt);                                                                     \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                                      \
+            ::mirrored::cuda_fail(#stmt, ::mirrored::cublas_status_string(st_), __FILE__, __LINE__, (device)); \
     } while (0)

@@ -28,8 +28,8 @@
 namespace mirrored {
 
 [[noreturn]] void cuda_fail(const char* stmt, const char* what, const char* file, int line, int device) {
-    throw DeviceError(std::string("cuda:") + std::to_string(device) + ": " + stmt + " failed: " + what +
-                      " (" + file + ":" + std::to_string(line) + ")");
+    throw DeviceError(std::string("cuda:") + std::to_string(device) + ": " + stmt + " failed: " + what + " (" + file +
+                      ":" + std::to_string(line) + ")");
 }
 
 namespace {
@@ -53,8 +53,7 @@ public:
     explicit CudaDevice(int ordinal) : Device(DeviceType::cuda, ordinal, "cuda:" + std::to_string(ordinal)) {
         const int n = cuda_device_count();
         if (ordinal < 0 || ordinal >= n)
-            throw DeviceError("cuda:" + std::to_string(ordinal) + ": no such GPU (" +
-                              std::to_string(n) + " visible)");
+            throw DeviceError("cuda:" + std::to_string(ordinal) + ": no such GPU (" + std::to_string(n) + " visible)");
         use();
         CUDA_CHECK(ordinal, cudaGetDeviceProperties(&props_, ordinal));
         if (props_.major < kMinComputeMajor)
@@ -92,8 +91,8 @@ public:
     }
 
     std::string description() const override {
-        return std::string(props_.name) + ", " + mib(props_.totalGlobalMem) + ", sm_" +
-               std::to_string(props_.major) + std::to_string(props_.minor);
+        return std::string(props_.name) + ", " + mib(props_.totalGlobalMem) + ", sm_" + std::to_string(props_.major) +
+               std::to_string(props_.minor);
     }
 
     void* alloc_bytes(size_t bytes) override {
@@ -104,8 +103,8 @@ public:
             cudaGetLastError();  // clear the sticky-free error state
             size_t free_b = 0, total_b = 0;
             cudaMemGetInfo(&free_b, &total_b);
-            throw DeviceError(name() + ": out of memory allocating " + mib(bytes) + " (" +
-                              mib(free_b) + " free of " + mib(total_b) + ")");
+            throw DeviceError(name() + ": out of memory allocating " + mib(bytes) + " (" + mib(free_b) + " free of " +
+                              mib(total_b) + ")");
         }
         CUDA_CHECK_AS(ordinal(), "cudaMalloc(&p, bytes)", e);
         note_alloc(p, bytes);
@@ -247,7 +246,8 @@ public:
         use();
         ++work_.launches;
         if (k <= 0) {  // cuBLAS leaves C untouched for k == 0; define it as beta * C
-            if (ldc != n || t.c != DType::f32) throw DeviceError(name() + ": gemm with k == 0 needs an f32 C with ldc == n");
+            if (ldc != n || t.c != DType::f32)
+                throw DeviceError(name() + ": gemm with k == 0 needs an f32 C with ldc == n");
             if (beta == 0.0f) cuda::fill(stream(s), ordinal(), size_t(m) * n, 0.0f, static_cast<float*>(c));
             else cuda::scale(stream(s), ordinal(), size_t(m) * n, beta, static_cast<float*>(c));
             return;
@@ -257,9 +257,9 @@ public:
         const cublasComputeType_t compute =
             all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-        CUBLAS_CHECK(ordinal(), cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
-                                             &alpha, b, cuda_data_type(t.b), ldb, a, cuda_data_type(t.a), lda, &beta, c,
-                                             cuda_data_type(t.c), ldc, compute, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(ordinal(), cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n,
+                                             m, k, &alpha, b, cuda_data_type(t.b), ldb, a, cuda_data_type(t.a), lda,
+                                             &beta, c, cuda_data_type(t.c), ldc, compute, CUBLAS_GEMM_DEFAULT));
     }
 
     // The fused products get their own cuBLASLt handle and workspace (allocated here, before any
@@ -322,24 +322,25 @@ public:
     CUDA_OP(nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse), 1,
             nhwc_to_nchw(stream(s), ordinal(), act_dtype(), n, h, w, c, x, y, inverse))
     CUDA_OP(bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
-                        float* run_mean, float* run_var), 1,
-            bn_finalize(stream(s), ordinal(), a, sum, sqsum, mean, invstd, run_mean, run_var))
+                        float* run_mean, float* run_var),
+            1, bn_finalize(stream(s), ordinal(), a, sum, sqsum, mean, invstd, run_mean, run_var))
     CUDA_OP(rsqrt_eps(Stream s, int c, const float* var, float eps, float* invstd), 1,
             rsqrt_eps(stream(s), ordinal(), c, var, eps, invstd))
     CUDA_OP(channel_affine(Stream s, int rows, int c, const void* x, const float* mean, const float* invstd,
-                           const float* gamma, const float* beta, void* y), 1,
-            channel_affine(stream(s), ordinal(), act_dtype(), rows, c, x, mean, invstd, gamma, beta, y))
+                           const float* gamma, const float* beta, void* y),
+            1, channel_affine(stream(s), ordinal(), act_dtype(), rows, c, x, mean, invstd, gamma, beta, y))
     CUDA_OP(bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                           const float* invstd, const float* gamma, const float* sums, double count, void* dx), 1,
-            bn_backward_dx(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
+                           const float* invstd, const float* gamma, const float* sums, double count, void* dx),
+            1, bn_backward_dx(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
     CUDA_OP(layernorm_forward(Stream s, int rows, int c, float eps, const void* x, const float* gamma,
-                              const float* beta, void* y, float* mean, float* rstd), 1,
-            layernorm_forward(stream(s), ordinal(), act_dtype(), rows, c, eps, x, gamma, beta, y, mean, rstd))
+                              const float* beta, void* y, float* mean, float* rstd),
+            1, layernorm_forward(stream(s), ordinal(), act_dtype(), rows, c, eps, x, gamma, beta, y, mean, rstd))
     CUDA_OP(ema_update(Stream s, size_t n, float momentum, const float* batch, float* running), 1,
             ema_update(stream(s), ordinal(), n, momentum, batch, running))
     CUDA_OP(fill(Stream s, size_t n, float value, float* x), 1, fill(stream(s), ordinal(), n, value, x))
     CUDA_OP(scale(Stream s, size_t n, float alpha, float* x), 1, scale(stream(s), ordinal(), n, alpha, x))
-    CUDA_OP(axpy(Stream s, size_t n, float alpha, const float* x, float* y), 1, axpy(stream(s), ordinal(), n, alpha, x, y))
+    CUDA_OP(axpy(Stream s, size_t n, float alpha, const float* x, float* y), 1,
+            axpy(stream(s), ordinal(), n, alpha, x, y))
     CUDA_OP(sum_squares(Stream s, size_t n, const float* x, const float* loss_scale, float* out), 2,
             sum_squares(stream(s), ordinal(), n, x, loss_scale, out, scratch_))
     CUDA_OP(init_params(Stream s, const InitArgs& a, size_t n, float* out), 1,
@@ -353,9 +354,9 @@ public:
 
     // The column reductions: one or two kernels, as the shape decides (column_plan.h).
 #define CUDA_COLUMN_OP(signature, call) \
-    void signature override {          \
-        use();                         \
-        work_.launches += cuda::call;  \
+    void signature override {           \
+        use();                          \
+        work_.launches += cuda::call;   \
     }
     CUDA_COLUMN_OP(bias_grad(Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
                    bias_grad(stream(s), ordinal(), act_dtype(), rows, cols, dz, db, accumulate, scratch_))
@@ -367,8 +368,8 @@ public:
     CUDA_COLUMN_OP(layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
                                       const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
                                       bool accumulate),
-                   layernorm_backward(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, rstd, gamma, dx,
-                                      dgamma, dbeta, accumulate, scratch_))
+                   layernorm_backward(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, rstd, gamma, dx, dgamma,
+                                      dbeta, accumulate, scratch_))
 #undef CUDA_COLUMN_OP
 
     void softmax_xent(Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
@@ -413,10 +414,8 @@ public:
         // One kernel loads the peer's memory and adds (always for a local add: staging's own).
         if (&peer == this || (can_load && transport != PeerTransport::staged)) {
             ++work_.launches;
-            if (t == DType::bf16)
-                cuda::add(stream(s), ordinal(), DType::bf16, n, src, dst);
-            else
-                cuda::add_inplace(stream(s), ordinal(), n, static_cast<const float*>(src), static_cast<float*>(dst));
+            if (t == DType::bf16) cuda::add(stream(s), ordinal(), DType::bf16, n, src, dst);
+            else cuda::add_inplace(stream(s), ordinal(), n, static_cast<const float*>(src), static_cast<float*>(dst));
             return;
         }
         staging_->reduce(s, dst, peer, src, t, n);
@@ -504,7 +503,8 @@ struct Nvml {
         init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
         by_bus_id = reinterpret_cast<int (*)(const char*, Handle*)>(dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2"));
         p2p_status = reinterpret_cast<int (*)(Handle, Handle, int, int*)>(dlsym(lib, "nvmlDeviceGetP2PStatus"));
-        common_ancestor = reinterpret_cast<int (*)(Handle, Handle, int*)>(dlsym(lib, "nvmlDeviceGetTopologyCommonAncestor"));
+        common_ancestor =
+            reinterpret_cast<int (*)(Handle, Handle, int*)>(dlsym(lib, "nvmlDeviceGetTopologyCommonAncestor"));
         ok = init && by_bus_id && p2p_status && common_ancestor && init() == 0;
     }
 };
@@ -523,13 +523,20 @@ std::string link_name(const Nvml& nvml, int a, int b) {
     int level = -1;
     if (nvml.common_ancestor(ha, hb, &level) != 0) return "PCIe";
     switch (level) {
-    case 0: return "same board";
-    case 10: return "PCIe, one switch";
-    case 20: return "PCIe, several switches";
-    case 30: return "PCIe, host bridge";
-    case 40: return "PCIe, across host bridges";
-    case 50: return "PCIe + CPU interconnect (SMP)";
-    default: return "PCIe";
+        case 0:
+            return "same board";
+        case 10:
+            return "PCIe, one switch";
+        case 20:
+            return "PCIe, several switches";
+        case 30:
+            return "PCIe, host bridge";
+        case 40:
+            return "PCIe, across host bridges";
+        case 50:
+            return "PCIe + CPU interconnect (SMP)";
+        default:
+            return "PCIe";
     }
 }
 
@@ -556,7 +563,8 @@ CudaStatus probe_cuda() {
     } else if (e == cudaErrorInsufficientDriver) {
         st.state = CudaStatus::State::unusable;
         st.reason = "the NVIDIA driver supports CUDA " + cuda_version_text(driver) + ", but this build needs CUDA " +
-                    cuda_version_text(runtime) + ": install a newer NVIDIA driver (580 or newer for CUDA 13.0), "
+                    cuda_version_text(runtime) +
+                    ": install a newer NVIDIA driver (580 or newer for CUDA 13.0), "
                     "or rebuild with the CUDA toolkit the driver supports";
     } else {
         st.state = CudaStatus::State::unusable;
@@ -631,8 +639,7 @@ CudaTopology cuda_topology() {
             int rank = -1;
             if (cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, i, j) == cudaSuccess)
                 t.perf_rank[i][j] = rank;
-            else
-                cudaGetLastError();
+            else cudaGetLastError();
             t.link[i][j] = link_name(nvml, i, j);
         }
     return t;

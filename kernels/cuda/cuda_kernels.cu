@@ -39,26 +39,30 @@ __device__ __forceinline__ void st(__nv_bfloat16* p, size_t i, float v) { p[i] =
 __device__ __forceinline__ void st(__half* p, size_t i, float v) { p[i] = __float2half_rn(v); }
 
 // Runs the body with T the storage type of `t`.
-#define DISPATCH(t, ...)                          \
-    switch (t) {                                  \
-    case DType::f32: {                            \
-        using T = float;                          \
-        __VA_ARGS__;                              \
-    } break;                                      \
-    case DType::bf16: {                           \
-        using T = __nv_bfloat16;                  \
-        __VA_ARGS__;                              \
-    } break;                                      \
-    default: {                                    \
-        using T = __half;                         \
-        __VA_ARGS__;                              \
-    } break;                                      \
+#define DISPATCH(t, ...)             \
+    switch (t) {                     \
+        case DType::f32: {           \
+            using T = float;         \
+            __VA_ARGS__;             \
+        } break;                     \
+        case DType::bf16: {          \
+            using T = __nv_bfloat16; \
+            __VA_ARGS__;             \
+        } break;                     \
+        default: {                   \
+            using T = __half;        \
+            __VA_ARGS__;             \
+        } break;                     \
     }
 
 template <typename T>
-const T* as(const void* p) { return static_cast<const T*>(p); }
+const T* as(const void* p) {
+    return static_cast<const T*>(p);
+}
 template <typename T>
-T* as(void* p) { return static_cast<T*>(p); }
+T* as(void* p) {
+    return static_cast<T*>(p);
+}
 
 // Fixed-order tree sum of one value per thread over a 256-thread block; result in thread 0.
 __device__ float block_sum_256(float v, float* shared) {
@@ -172,8 +176,8 @@ __global__ void bias_act_forward_kernel(Activation act, int rows, int cols, cons
     }
 }
 
-void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias,
-                      void* z, void* out) {
+void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias, void* z,
+                      void* out) {
     if (rows <= 0 || cols <= 0) return;
     DISPATCH(t, bias_act_forward_kernel<<<grid_for(size_t(rows) * cols), kThreads, 0, s>>>(act, rows, cols, bias,
                                                                                            as<T>(z), as<T>(out)));
@@ -185,7 +189,8 @@ __global__ void act_backward_kernel(Activation act, size_t n, const T* z, const 
     GRID_LOOP(i, n) st(dz, i, act_backward_value(act, ld(z, i), ld(dout, i)));
 }
 
-void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout, void* dz) {
+void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout,
+                  void* dz) {
     if (n == 0) return;
     DISPATCH(t, act_backward_kernel<<<grid_for(n), kThreads, 0, s>>>(act, n, as<T>(z), as<T>(dout), as<T>(dz)));
     CUDA_LAUNCH_CHECK(dev);
@@ -202,8 +207,8 @@ struct ColumnOf {
 
 int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate,
               float* scratch) {
-    DISPATCH(t, return column_reduce(s, dev, rows, cols, ColumnOf<T>{as<T>(dz), cols}, scratch, db, nullptr,
-                                     accumulate));
+    DISPATCH(t,
+             return column_reduce(s, dev, rows, cols, ColumnOf<T>{as<T>(dz), cols}, scratch, db, nullptr, accumulate));
     return 0;
 }
 
@@ -325,8 +330,9 @@ __global__ void dropout_kernel(DropoutArgs a, int rows, int cols, const T* x, T*
     const uint32_t step = dropout_step(a);
     GRID_LOOP(i, size_t(rows) * cols) {
         const int row = static_cast<int>(i / cols), col = static_cast<int>(i % cols);
-        st(y, i, dropout_keep(a.seed, a.layer_id, step, a.row_offset + row, cols, col, a.rate) ? ld(x, i) * keep_scale
-                                                                                                : 0.0f);
+        st(y, i,
+           dropout_keep(a.seed, a.layer_id, step, a.row_offset + row, cols, col, a.rate) ? ld(x, i) * keep_scale
+                                                                                         : 0.0f);
     }
 }
 
@@ -440,7 +446,8 @@ __global__ void pool_forward_kernel(PoolKind kind, Window2d g, const T* x, T* y)
             continue;
         }
         float acc = 0.0f;
-        g.for_each_input(oy, ox, [&](int iy, int ix, int, int) { acc += ld(x, ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c); });
+        g.for_each_input(
+            oy, ox, [&](int iy, int ix, int, int) { acc += ld(x, ((size_t(n) * g.h + iy) * g.w + ix) * g.c + c); });
         st(y, i, acc * inv);
     }
 }
@@ -526,7 +533,8 @@ __global__ void bn_finalize_kernel(BnStats a, const float* sum, const float* sqs
 void bn_finalize(cudaStream_t s, int dev, const BnStats& a, const float* sum, const float* sqsum, float* mean,
                  float* invstd, float* run_mean, float* run_var) {
     if (a.channels <= 0) return;
-    bn_finalize_kernel<<<grid_for(size_t(a.channels)), kThreads, 0, s>>>(a, sum, sqsum, mean, invstd, run_mean, run_var);
+    bn_finalize_kernel<<<grid_for(size_t(a.channels)), kThreads, 0, s>>>(a, sum, sqsum, mean, invstd, run_mean,
+                                                                         run_var);
     CUDA_LAUNCH_CHECK(dev);
 }
 
@@ -553,7 +561,7 @@ void channel_affine(cudaStream_t s, int dev, DType t, int rows, int c, const voi
                     const float* invstd, const float* gamma, const float* beta, void* y) {
     if (rows <= 0 || c <= 0) return;
     DISPATCH(t, channel_affine_kernel<<<grid_for(size_t(rows) * c), kThreads, 0, s>>>(rows, c, as<T>(x), mean, invstd,
-                                                                                       gamma, beta, as<T>(y)));
+                                                                                      gamma, beta, as<T>(y)));
     CUDA_LAUNCH_CHECK(dev);
 }
 
@@ -659,13 +667,13 @@ struct LnParamGrads {
         const size_t e = size_t(r) * c + ch;
         const float d = ld(dy, e);
         a += d * ((ld(x, e) - mean[r]) * rstd[r]);  // dgamma
-        b += d;                                      // dbeta
+        b += d;                                     // dbeta
     }
 };
 
 int layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
-                       const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma,
-                       float* dbeta, bool accumulate, float* scratch) {
+                       const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
+                       bool accumulate, float* scratch) {
     if (rows <= 0 || c <= 0) return 0;
     constexpr int kRowsPerBlock = kThreads / 32;
     DISPATCH(t, {
@@ -695,8 +703,7 @@ void ema_update(cudaStream_t s, int dev, size_t n, float momentum, const float* 
 // ---- flat-buffer ops --------------------------------------------------------------------
 
 __global__ void fill_kernel(size_t n, float value, float* x) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x)
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         x[i] = value;
 }
 
@@ -707,8 +714,7 @@ void fill(cudaStream_t s, int dev, size_t n, float value, float* x) {
 }
 
 __global__ void scale_kernel(size_t n, float alpha, float* x) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x)
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         x[i] *= alpha;
 }
 
@@ -719,8 +725,7 @@ void scale(cudaStream_t s, int dev, size_t n, float alpha, float* x) {
 }
 
 __global__ void axpy_kernel(size_t n, float alpha, const float* x, float* y) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x)
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         y[i] += alpha * x[i];
 }
 
@@ -766,7 +771,8 @@ __global__ void sum_partials_kernel(int blocks, const float* partial, float* out
     }
 }
 
-void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float* loss_scale, float* out, float* scratch) {
+void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float* loss_scale, float* out,
+                 float* scratch) {
     const int blocks = int(std::min<unsigned>(grid_for(n), kReduceBlocks));
     sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(n, x, loss_scale, scratch);
     CUDA_LAUNCH_CHECK(dev);
@@ -774,10 +780,8 @@ void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float*
     CUDA_LAUNCH_CHECK(dev);
 }
 
-__global__ void init_params_kernel(InitKind kind, uint64_t seed, uint32_t tensor_id, float sc,
-                                   size_t n, float* out) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x)
+__global__ void init_params_kernel(InitKind kind, uint64_t seed, uint32_t tensor_id, float sc, size_t n, float* out) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         out[i] = init_value(kind, seed, tensor_id, sc, i);
 }
 
@@ -851,8 +855,7 @@ void loss_scale_update(cudaStream_t s, int dev, float* state, const float* grad_
 
 __global__ void checksum_kernel(size_t n, const float* x, unsigned long long* out) {
     unsigned long long s = 0;
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x)
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         s += checksum_term(__float_as_uint(x[i]), i);
     for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
     if (threadIdx.x % 32 == 0) atomicAdd(out, s);
@@ -904,8 +907,7 @@ void sum_into(cudaStream_t s, int dev, const PeerBuffers& b, int into, size_t of
 // ---- the all-reduce's reduce step: dst += src, src possibly on a peer GPU -----------------
 
 __global__ void add_inplace_vec4_kernel(size_t n4, const float4* src, float4* dst) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4;
-         i += size_t(gridDim.x) * blockDim.x) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
         const float4 a = src[i];
         float4 b = dst[i];
         b.x += a.x;
@@ -917,20 +919,18 @@ __global__ void add_inplace_vec4_kernel(size_t n4, const float4* src, float4* ds
 }
 
 __global__ void add_inplace_kernel(size_t n, const float* src, float* dst) {
-    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-         i += size_t(gridDim.x) * blockDim.x)
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         dst[i] += src[i];
 }
 
 void add_inplace(cudaStream_t s, int dev, size_t n, const float* src, float* dst) {
     if (n == 0) return;
-    const bool aligned = (reinterpret_cast<uintptr_t>(src) % 16 == 0) &&
-                         (reinterpret_cast<uintptr_t>(dst) % 16 == 0);
+    const bool aligned = (reinterpret_cast<uintptr_t>(src) % 16 == 0) && (reinterpret_cast<uintptr_t>(dst) % 16 == 0);
     size_t done = 0;
     if (aligned && n >= 4) {
         const size_t n4 = n / 4;
-        add_inplace_vec4_kernel<<<grid_for(n4), kThreads, 0, s>>>(
-            n4, reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(dst));
+        add_inplace_vec4_kernel<<<grid_for(n4), kThreads, 0, s>>>(n4, reinterpret_cast<const float4*>(src),
+                                                                  reinterpret_cast<float4*>(dst));
         CUDA_LAUNCH_CHECK(dev);
         done = n4 * 4;
     }

@@ -17,9 +17,10 @@ size_t scratch_floats_needed(int max_rows);
 constexpr size_t kScratchFloats = size_t(1) << 20;  // 4 MiB a device, sized once: rows up to 512k per op
 constexpr int kReduceBlocks = 256;  // most blocks of the two-pass reductions (a grid fixed by n: determinism)
 
-void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias,
-                      void* z, void* out);
-void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout, void* dz);
+void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias, void* z,
+                      void* out);
+void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout,
+                  void* dz);
 // The column reductions (bias_grad, channel_sums, bn_backward_sums, layernorm_backward) return the
 // kernels they launched and may use kScratchFloats of scratch for partial sums (column_plan.h).
 int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate,
@@ -56,19 +57,20 @@ void bn_backward_dx(cudaStream_t s, int dev, DType t, int rows, int c, const voi
 void layernorm_forward(cudaStream_t s, int dev, DType t, int rows, int c, float eps, const void* x, const float* gamma,
                        const float* beta, void* y, float* mean, float* rstd);
 int layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
-                       const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma,
-                       float* dbeta, bool accumulate, float* scratch);
+                       const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
+                       bool accumulate, float* scratch);
 void ema_update(cudaStream_t s, int dev, size_t n, float momentum, const float* batch, float* running);
 
 void fill(cudaStream_t s, int dev, size_t n, float value, float* x);
 void scale(cudaStream_t s, int dev, size_t n, float alpha, float* x);
 void axpy(cudaStream_t s, int dev, size_t n, float alpha, const float* x, float* y);
 // scratch: 2 * kReduceBlocks floats; out: [sum of (x / loss_scale)^2, non-finite count]
-void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float* loss_scale, float* out, float* scratch);
+void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float* loss_scale, float* out,
+                 float* scratch);
 void init_params(cudaStream_t s, int dev, const InitArgs& a, float scale, size_t n, float* out);
 void sgd_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, const SgdArgs& a);
-void adamw_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, float* v,
-                  const AdamWArgs& a, float bias_correction1, float bias_correction2_sqrt);
+void adamw_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a,
+                  float bias_correction1, float bias_correction2_sqrt);
 void loss_scale_update(cudaStream_t s, int dev, float* state, const float* grad_stats, int growth_interval);
 void checksum(cudaStream_t s, int dev, size_t n, const float* x, uint64_t* out);
 // Device::sum_to_all: every buffer on this GPU or a peer with access enabled.

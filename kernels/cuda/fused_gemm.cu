@@ -69,18 +69,24 @@ FusedGemm::~FusedGemm() {
 bool FusedGemm::forward(cudaStream_t s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
                         const float* bias, void* y, GemmTypes t, bool tf32) {
     if (rows <= 0 || units <= 0 || inputs <= 0 || !Device::fusable_dense_forward(act, bias != nullptr)) return false;
-    const cublasLtEpilogue_t epilogue = act == Activation::relu ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
-                                                                : CUBLASLT_EPILOGUE_BIAS;
-    const Key key{kForward, int(epilogue), units, rows, inputs, int(t.b), int(t.a), int(t.c), tf32,
-                  alignment(w), alignment(x), alignment(y), alignment(bias)};
+    const cublasLtEpilogue_t epilogue = act == Activation::relu
+                                            ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
+                                            : CUBLASLT_EPILOGUE_BIAS;
+    const Key key{kForward, int(epilogue), units,        rows,         inputs,       int(t.b),       int(t.a),
+                  int(t.c), tf32,          alignment(w), alignment(x), alignment(y), alignment(bias)};
     return run(s, key, true, w, inputs, x, inputs, y, units, bias);
 }
 
 bool FusedGemm::weight_grad(cudaStream_t s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
                             float* db, GemmTypes t, bool tf32) {
     if (rows <= 0 || units <= 0 || inputs <= 0 || !db) return false;
-    const Key key{kWeightGrad, int(CUBLASLT_EPILOGUE_BGRADB), inputs, units, rows, int(t.b), int(t.a), int(t.c), tf32,
-                  alignment(x), alignment(dz), alignment(dw), alignment(db)};
+    const Key key{kWeightGrad,   int(CUBLASLT_EPILOGUE_BGRADB),
+                  inputs,        units,
+                  rows,          int(t.b),
+                  int(t.a),      int(t.c),
+                  tf32,          alignment(x),
+                  alignment(dz), alignment(dw),
+                  alignment(db)};
     return run(s, key, false, x, inputs, dz, units, dw, inputs, db);
 }
 
@@ -116,10 +122,10 @@ FusedGemm::Plan* FusedGemm::plan(const Key& key, bool trans_a, int lda, int ldb,
         set_desc(ordinal_, p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     }
     // Stored shapes: op(A) is [m, k], op(B) is [k, n], D is [m, n].
-    CUBLAS_CHECK(ordinal_, cublasLtMatrixLayoutCreate(&p->a, cuda_data_type(DType(ta)), trans_a ? k : m,
-                                                      trans_a ? m : k, lda));
-    CUBLAS_CHECK(ordinal_, cublasLtMatrixLayoutCreate(&p->b, cuda_data_type(DType(tb)), trans_a ? k : n,
-                                                      trans_a ? n : k, ldb));
+    CUBLAS_CHECK(ordinal_,
+                 cublasLtMatrixLayoutCreate(&p->a, cuda_data_type(DType(ta)), trans_a ? k : m, trans_a ? m : k, lda));
+    CUBLAS_CHECK(ordinal_,
+                 cublasLtMatrixLayoutCreate(&p->b, cuda_data_type(DType(tb)), trans_a ? k : n, trans_a ? n : k, ldb));
     CUBLAS_CHECK(ordinal_, cublasLtMatrixLayoutCreate(&p->d, cuda_data_type(DType(td)), m, n, ldd));
 
     cublasLtMatmulPreference_t pref = nullptr;

@@ -10,11 +10,10 @@
 #include "base/error.h"
 #include "kernels/nccl.h"
 
-#define NCCL_CHECK(device, stmt)                                                                 \
-    do {                                                                                         \
-        const ncclResult_t r_ = (stmt);                                                          \
-        if (r_ != ncclSuccess)                                                                   \
-            ::mirrored::cuda_fail(#stmt, ncclGetErrorString(r_), __FILE__, __LINE__, (device));  \
+#define NCCL_CHECK(device, stmt)                                                                                   \
+    do {                                                                                                           \
+        const ncclResult_t r_ = (stmt);                                                                            \
+        if (r_ != ncclSuccess) ::mirrored::cuda_fail(#stmt, ncclGetErrorString(r_), __FILE__, __LINE__, (device)); \
     } while (0)
 
 namespace mirrored {
@@ -77,8 +76,9 @@ public:
     NcclNodeCommImpl(const std::string& id, int rank, int ranks, Device& device) : device_(device) {
         ncclUniqueId uid;
         if (id.size() != sizeof uid.internal)
-            throw DeviceError("nccl: the communicator id from node 0 has " + std::to_string(id.size()) + " bytes, not " +
-                              std::to_string(sizeof uid.internal) + " (another NCCL version on that node?)");
+            throw DeviceError("nccl: the communicator id from node 0 has " + std::to_string(id.size()) +
+                              " bytes, not " + std::to_string(sizeof uid.internal) +
+                              " (another NCCL version on that node?)");
         std::memcpy(uid.internal, id.data(), sizeof uid.internal);
         CUDA_CHECK(device.ordinal(), cudaSetDevice(device.ordinal()));
         NCCL_CHECK(device.ordinal(), ncclCommInitRank(&comm_, ranks, uid, rank));
@@ -91,8 +91,8 @@ public:
     void all_reduce_sum(Stream s, float* data, size_t count) override {
         if (!comm_) throw DeviceError("nccl: the communicator between the nodes was aborted after a failure");
         if (count == 0) return;
-        NCCL_CHECK(device_.ordinal(), ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_,
-                                                    static_cast<cudaStream_t>(s.handle)));
+        NCCL_CHECK(device_.ordinal(),
+                   ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm_, static_cast<cudaStream_t>(s.handle)));
     }
     void abort() noexcept override {
         if (comm_) ncclCommAbort(comm_);

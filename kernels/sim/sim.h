@@ -36,8 +36,8 @@ namespace mirrored {
 //                             (a bad link, for the stress test)
 void sim_set_delays(int max_us);
 void sim_set_peer_access(bool available);
-void sim_inject_fault(int ordinal, uint64_t launch);  // sticky, seen asynchronously
-void sim_inject_api_error(int ordinal, uint64_t call);  // the call-th host call throws once, not sticky
+void sim_inject_fault(int ordinal, uint64_t launch);     // sticky, seen asynchronously
+void sim_inject_api_error(int ordinal, uint64_t call);   // the call-th host call throws once, not sticky
 void sim_inject_corruption(int ordinal, uint64_t copy);  // the copy-th peer copy from now flips a bit
 // Clears faults, sticky errors, enabled peer access and counters of every simulated GPU; restores
 // the environment's settings. For tests, between cases.

@@ -50,11 +50,11 @@ using MarkerPtr = std::shared_ptr<Marker>;
 
 struct GpuState {  // per simulated GPU, guarded by g_mu
     uint64_t launches = 0, fault_at = 0;
-    uint64_t hang_at = 0;  // a hung kernel: the hang_at-th launch never finishes
+    uint64_t hang_at = 0;                      // a hung kernel: the hang_at-th launch never finishes
     uint64_t peer_copies = 0, corrupt_at = 0;  // a bad link: the corrupt_at-th copy from a peer flips a bit
     uint64_t api_calls = 0, api_error_at = 0;
-    std::string sticky;             // the first fault: every later host call fails with it
-    bool peer[kMaxSimGpus] = {};    // peer[b]: kernels here may load memory of GPU b
+    std::string sticky;           // the first fault: every later host call fails with it
+    bool peer[kMaxSimGpus] = {};  // peer[b]: kernels here may load memory of GPU b
 };
 
 struct World {
@@ -74,7 +74,8 @@ World& world() {
             const char* f = std::getenv(name);
             int gpu = -1;
             unsigned long long at = 0;
-            if (f && std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus) x->gpus[gpu].*at_field = at;
+            if (f && std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus)
+                x->gpus[gpu].*at_field = at;
         };
         knob("MIRRORED_SIM_FAULT", &GpuState::fault_at);
         knob("MIRRORED_SIM_HANG", &GpuState::hang_at);
@@ -123,8 +124,8 @@ class SimStream;
 // record a fresh marker. Guarded by g_mu.
 struct CaptureNode {
     enum class Kind { task, record, wait } kind = Kind::task;
-    int stream = 0;  // index into Capture::streams
-    Task task;       // kind task
+    int stream = 0;   // index into Capture::streams
+    Task task;        // kind task
     int record = -1;  // record: its number; wait: the record it waits for
 };
 struct Capture {
@@ -134,9 +135,7 @@ struct Capture {
     int records = 0;
     bool ended = false;
     std::string invalid;  // why the capture failed: capture_end reports it
-    int index_of(SimStream* st) const {
-        return int(std::find(streams.begin(), streams.end(), st) - streams.begin());
-    }
+    int index_of(SimStream* st) const { return int(std::find(streams.begin(), streams.end(), st) - streams.begin()); }
 };
 using CapturePtr = std::shared_ptr<Capture>;
 
@@ -220,7 +219,8 @@ public:
                               std::to_string(g.api_calls) + ") (" + __FILE__ + ":" + std::to_string(line) + ")");
         }
         if (!g.sticky.empty())
-            throw DeviceError(name() + ": " + what + " failed: " + g.sticky + " (" + __FILE__ + ":" + std::to_string(line) + ")");
+            throw DeviceError(name() + ": " + what + " failed: " + g.sticky + " (" + __FILE__ + ":" +
+                              std::to_string(line) + ")");
     }
 #define SIM_API(what) api(what, __LINE__)
 
@@ -311,7 +311,8 @@ public:
     void* alloc_host_bytes(size_t bytes) override {
         SIM_API("alloc_host_bytes");
         void* p = alloc_poisoned(bytes);
-        if (!p) throw DeviceError(name() + ": out of pinned host memory allocating " + std::to_string(bytes) + " bytes");
+        if (!p)
+            throw DeviceError(name() + ": out of pinned host memory allocating " + std::to_string(bytes) + " bytes");
         std::lock_guard<std::mutex> lock(g_mu);
         world().pinned_mem[reinterpret_cast<uintptr_t>(p)] = bytes;
         return p;
@@ -369,8 +370,8 @@ public:
     // ---- streams and events ----------------------------------------------------------------
     struct SimEvent {
         bool timing = false;
-        MarkerPtr latest;  // guarded by g_mu
-        CapturePtr captured;   // last recorded inside this capture (then latest is null)
+        MarkerPtr latest;     // guarded by g_mu
+        CapturePtr captured;  // last recorded inside this capture (then latest is null)
         int captured_record = -1;
     };
     static SimEvent& ev(Event e) { return *static_cast<SimEvent*>(e.handle); }
@@ -394,7 +395,8 @@ public:
                 E.latest = nullptr;
                 E.captured = st.capture;
                 E.captured_record = st.capture->records++;
-                st.capture->nodes.push_back({CaptureNode::Kind::record, st.capture->index_of(&st), {}, E.captured_record});
+                st.capture->nodes.push_back(
+                    {CaptureNode::Kind::record, st.capture->index_of(&st), {}, E.captured_record});
                 return;
             }
             E.latest = m;
@@ -412,8 +414,10 @@ public:
             SimEvent& E = ev(e);
             if (E.captured) {
                 if (E.captured->ended)
-                    throw DeviceError(name() + ": stream_wait_event: the event was last recorded inside a stream capture that has "
-                                      "ended; record it again outside before waiting on it");
+                    throw DeviceError(
+                        name() +
+                        ": stream_wait_event: the event was last recorded inside a stream capture that has "
+                        "ended; record it again outside before waiting on it");
                 if (st.capture && st.capture != E.captured) {
                     st.capture->invalid = "a stream of this capture waited on an event of another capture";
                     throw DeviceError(name() + ": stream_wait_event: " + st.capture->invalid);
@@ -422,10 +426,11 @@ public:
                     st.capture = E.captured;
                     st.capture->streams.push_back(&st);
                 }
-                st.capture->nodes.push_back({CaptureNode::Kind::wait, st.capture->index_of(&st), {}, E.captured_record});
+                st.capture->nodes.push_back(
+                    {CaptureNode::Kind::wait, st.capture->index_of(&st), {}, E.captured_record});
                 return;
             }
-            m = E.latest;  // the record that is the latest now, as CUDA captures it
+            m = E.latest;           // the record that is the latest now, as CUDA captures it
             if (m && st.capture) {  // CUDA: cudaErrorStreamCaptureIsolation
                 st.capture->invalid = "a captured stream waited on an event recorded outside the capture";
                 throw DeviceError(name() + ": stream_wait_event: " + st.capture->invalid);
@@ -437,7 +442,8 @@ public:
     bool event_query(Event e) override {
         SIM_API("event_query");
         std::lock_guard<std::mutex> lock(g_mu);
-        if (ev(e).captured) throw DeviceError(name() + ": event_query: the event was last recorded inside a stream capture");
+        if (ev(e).captured)
+            throw DeviceError(name() + ": event_query: the event was last recorded inside a stream capture");
         return !ev(e).latest || ev(e).latest->done;
     }
     void event_synchronize(Event e) override {
@@ -472,9 +478,7 @@ public:
     void abandon() noexcept override {
         abandoned_ = true;
         for (auto& s : streams_) s->discard();
-        {
-            std::lock_guard<std::mutex> lock(g_mu);
-        }
+        { std::lock_guard<std::mutex> lock(g_mu); }
         g_cv.notify_all();
     }
     float event_elapsed_ms(Event a, Event b) override {
@@ -520,13 +524,15 @@ public:
             for (SimStream* x : cap->streams) x->capture = nullptr;
             cap->ended = true;
         }
-        if (!cap->invalid.empty()) throw DeviceError(name() + ": capture_end: the capture was invalidated: " + cap->invalid);
+        if (!cap->invalid.empty())
+            throw DeviceError(name() + ": capture_end: the capture was invalidated: " + cap->invalid);
         if (const int k = unjoined(*cap); k >= 0)
             throw DeviceError(name() + ": capture_end: a stream of " + cap->streams[size_t(k)]->device().name() +
                               " joined the capture and was not joined back (CUDA: cudaErrorStreamCaptureUnjoined)");
         auto g = std::make_unique<SimGraph>();
         for (SimStream* x : cap->streams)
-            g->streams.push_back(std::make_unique<SimStream>(x->device(), reinterpret_cast<uintptr_t>(x) + g->streams.size()));
+            g->streams.push_back(
+                std::make_unique<SimStream>(x->device(), reinterpret_cast<uintptr_t>(x) + g->streams.size()));
         g->nodes = std::move(cap->nodes);
         g->records = cap->records;
         return Graph{g.release()};
@@ -546,14 +552,16 @@ public:
         for (const CaptureNode& n : G.nodes) {
             SimStream& st = *G.streams[size_t(n.stream)];
             switch (n.kind) {
-            case CaptureNode::Kind::task: st.push(n.task); break;
-            case CaptureNode::Kind::record:
-                st.push(Task{Task::Kind::other, "event_record", [m = records[size_t(n.record)]] { complete(m); }});
-                break;
-            case CaptureNode::Kind::wait:
-                st.push(Task{Task::Kind::other, "stream_wait_event",
-                             [d = &st.device(), m = records[size_t(n.record)]] { d->wait_marker(m); }});
-                break;
+                case CaptureNode::Kind::task:
+                    st.push(n.task);
+                    break;
+                case CaptureNode::Kind::record:
+                    st.push(Task{Task::Kind::other, "event_record", [m = records[size_t(n.record)]] { complete(m); }});
+                    break;
+                case CaptureNode::Kind::wait:
+                    st.push(Task{Task::Kind::other, "stream_wait_event",
+                                 [d = &st.device(), m = records[size_t(n.record)]] { d->wait_marker(m); }});
+                    break;
             }
         }
         std::vector<MarkerPtr> ends;
@@ -574,13 +582,14 @@ public:
     DType act_dtype() const override { return DType::f32; }  // the CPU reference's storage
 
     // ---- ops: the CPU reference, run on the stream's thread ---------------------------------
-#define SIM_OP(name, args, call)                    \
-    void name args override {                       \
-        SIM_API(#name);                             \
+#define SIM_OP(name, args, call)                     \
+    void name args override {                        \
+        SIM_API(#name);                              \
         launch(s, #name, [=, this] { cpu_->call; }); \
     }
-    SIM_OP(gemm, (Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b, int ldb,
-                  float beta, void* c, int ldc, GemmTypes t),
+    SIM_OP(gemm,
+           (Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
+            int ldb, float beta, void* c, int ldc, GemmTypes t),
            gemm(Stream{}, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, t))
     SIM_OP(bias_act_forward, (Stream s, Activation act, int rows, int cols, const float* bias, void* z, void* out),
            bias_act_forward(Stream{}, act, rows, cols, bias, z, out))
@@ -606,17 +615,20 @@ public:
            act_backward(Stream{}, act, n, z, dout, dz))
     SIM_OP(bias_grad, (Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
            bias_grad(Stream{}, rows, cols, dz, db, accumulate))
-    SIM_OP(softmax_xent, (Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
-                          const float* loss_scale, void* dlogits, double* metrics),
+    SIM_OP(softmax_xent,
+           (Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
+            const float* loss_scale, void* dlogits, double* metrics),
            softmax_xent(Stream{}, rows, classes, logits, labels, grad_scale, loss_scale, dlogits, metrics))
-    SIM_OP(target_loss, (Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
-                         float grad_scale, const float* loss_scale, void* dlogits, double* metrics),
+    SIM_OP(target_loss,
+           (Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets, float grad_scale,
+            const float* loss_scale, void* dlogits, double* metrics),
            target_loss(Stream{}, kind, rows, n, logits, targets, grad_scale, loss_scale, dlogits, metrics))
     SIM_OP(dropout_forward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y),
            dropout_forward(Stream{}, a, rows, cols, x, y))
     SIM_OP(dropout_backward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx),
            dropout_backward(Stream{}, a, rows, cols, dy, dx))
-    SIM_OP(convert, (Stream s, size_t n, const void* x, DType xt, void* y, DType yt), convert(Stream{}, n, x, xt, y, yt))
+    SIM_OP(convert, (Stream s, size_t n, const void* x, DType xt, void* y, DType yt),
+           convert(Stream{}, n, x, xt, y, yt))
     SIM_OP(add, (Stream s, size_t n, const void* x, void* y), add(Stream{}, n, x, y))
     SIM_OP(im2col, (Stream s, const Window2d& g, const void* x, void* col), im2col(Stream{}, g, x, col))
     SIM_OP(col2im, (Stream s, const Window2d& g, const void* dcol, void* dx), col2im(Stream{}, g, dcol, dx))
@@ -628,24 +640,31 @@ public:
            nhwc_to_nchw(Stream{}, n, h, w, c, x, y, inverse))
     SIM_OP(channel_sums, (Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out),
            channel_sums(Stream{}, rows, c, x, shift, squares, out))
-    SIM_OP(bn_finalize, (Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
-                         float* run_mean, float* run_var),
+    SIM_OP(bn_finalize,
+           (Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
+            float* run_mean, float* run_var),
            bn_finalize(Stream{}, a, sum, sqsum, mean, invstd, run_mean, run_var))
-    SIM_OP(rsqrt_eps, (Stream s, int c, const float* var, float eps, float* invstd), rsqrt_eps(Stream{}, c, var, eps, invstd))
-    SIM_OP(channel_affine, (Stream s, int rows, int c, const void* x, const float* mean, const float* invstd,
-                            const float* gamma, const float* beta, void* y),
+    SIM_OP(rsqrt_eps, (Stream s, int c, const float* var, float eps, float* invstd),
+           rsqrt_eps(Stream{}, c, var, eps, invstd))
+    SIM_OP(channel_affine,
+           (Stream s, int rows, int c, const void* x, const float* mean, const float* invstd, const float* gamma,
+            const float* beta, void* y),
            channel_affine(Stream{}, rows, c, x, mean, invstd, gamma, beta, y))
-    SIM_OP(bn_backward_sums, (Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                              const float* invstd, float* out),
+    SIM_OP(bn_backward_sums,
+           (Stream s, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
+            float* out),
            bn_backward_sums(Stream{}, rows, c, dy, x, mean, invstd, out))
-    SIM_OP(bn_backward_dx, (Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                            const float* invstd, const float* gamma, const float* sums, double count, void* dx),
+    SIM_OP(bn_backward_dx,
+           (Stream s, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
+            const float* gamma, const float* sums, double count, void* dx),
            bn_backward_dx(Stream{}, rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
-    SIM_OP(layernorm_forward, (Stream s, int rows, int c, float eps, const void* x, const float* gamma, const float* beta,
-                               void* y, float* mean, float* rstd),
+    SIM_OP(layernorm_forward,
+           (Stream s, int rows, int c, float eps, const void* x, const float* gamma, const float* beta, void* y,
+            float* mean, float* rstd),
            layernorm_forward(Stream{}, rows, c, eps, x, gamma, beta, y, mean, rstd))
-    SIM_OP(layernorm_backward, (Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                                const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta, bool accumulate),
+    SIM_OP(layernorm_backward,
+           (Stream s, int rows, int c, const void* dy, const void* x, const float* mean, const float* rstd,
+            const float* gamma, void* dx, float* dgamma, float* dbeta, bool accumulate),
            layernorm_backward(Stream{}, rows, c, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, accumulate))
     SIM_OP(ema_update, (Stream s, size_t n, float momentum, const float* batch, float* running),
            ema_update(Stream{}, n, momentum, batch, running))
@@ -743,7 +762,8 @@ private:
             if (i < 0 || seen[size_t(i)]) continue;
             seen[size_t(i)] = 1;
             todo.push_back(prev[size_t(i)]);
-            if (c.nodes[size_t(i)].kind == CaptureNode::Kind::wait) todo.push_back(record_at[size_t(c.nodes[size_t(i)].record)]);
+            if (c.nodes[size_t(i)].kind == CaptureNode::Kind::wait)
+                todo.push_back(record_at[size_t(c.nodes[size_t(i)].record)]);
         }
         for (size_t k = 1; k < c.streams.size(); ++k)
             if (last[k] < 0 || !seen[size_t(last[k])]) return int(k);
@@ -759,7 +779,7 @@ private:
         for (auto& s : streams_) s->drain();
     }
 
-    std::unique_ptr<Device> cpu_;  // computes every op
+    std::unique_ptr<Device> cpu_;                      // computes every op
     std::vector<std::unique_ptr<SimStream>> streams_;  // compute, comm, copy, staging
     std::unique_ptr<PeerStaging> staging_;
 };
@@ -885,9 +905,11 @@ std::vector<StagedPair> sim_enable_peer_access(const std::vector<int>& ordinals)
             }
             w.gpus[a].peer[b] = true;
         }
-    std::sort(staged.begin(), staged.end(), [](auto& x, auto& y) { return std::pair(x.from, x.to) < std::pair(y.from, y.to); });
-    staged.erase(std::unique(staged.begin(), staged.end(), [](auto& x, auto& y) { return x.from == y.from && x.to == y.to; }),
-                 staged.end());
+    std::sort(staged.begin(), staged.end(),
+              [](auto& x, auto& y) { return std::pair(x.from, x.to) < std::pair(y.from, y.to); });
+    staged.erase(
+        std::unique(staged.begin(), staged.end(), [](auto& x, auto& y) { return x.from == y.from && x.to == y.to; }),
+        staged.end());
     return staged;
 }
 

@@ -18,7 +18,9 @@ bool one_per_gpu(const std::vector<Device*>& devices) {
 class NcclAllReduce final : public CrossDeviceOps {
 public:
     NcclAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
-        : CrossDeviceOps(d, std::move(b), elements, wire), group_(make_nccl_group(d)), barrier_(barrier),
+        : CrossDeviceOps(d, std::move(b), elements, wire),
+          group_(make_nccl_group(d)),
+          barrier_(barrier),
           views_(d.size()) {}
     const char* name() const override { return "nccl"; }
     void abort() noexcept override {

@@ -23,9 +23,11 @@ public:
         const DType t = wire_dtype();
         sync_.wait_for(r, peers);  // every replica's data is ready
         if (r == 0)
-            for (int p = 1; p < n; ++p) me.reduce_from_peer(me.comm_stream(), data(0, offset), *devices_[p], data(p, offset), t, count);
+            for (int p = 1; p < n; ++p)
+                me.reduce_from_peer(me.comm_stream(), data(0, offset), *devices_[p], data(p, offset), t, count);
         sync_.wait_for(r, peers);  // the sum is ready on replica 0
-        if (r != 0) me.copy_from_peer(me.comm_stream(), data(r, offset), *devices_[0], data(0, offset), count * dtype_size(t));
+        if (r != 0)
+            me.copy_from_peer(me.comm_stream(), data(r, offset), *devices_[0], data(0, offset), count * dtype_size(t));
         sync_.wait_for(r, peers);  // replica 0 keeps its buffer until every copy is done
     }
 

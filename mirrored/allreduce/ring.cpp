@@ -28,8 +28,8 @@ public:
         for (int s = 0; s < n - 1; ++s) {
             sync_.wait_for(r, neighbours);
             const int k = mod(r - s - 1);
-            me.reduce_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), from, data(prev, offset + c.begin(k)), t,
-                                c.length(k));
+            me.reduce_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), from, data(prev, offset + c.begin(k)),
+                                t, c.length(k));
         }
         // All-gather: at step s, copy the finished chunk r-s from the previous replica.
         for (int s = 0; s < n - 1; ++s) {

@@ -7,7 +7,7 @@
 // equal one replica on the global batch. The running statistics are mirrored state: each replica
 // adds its batch statistics, weighted 1 / (replicas x micro-batches), to the state region of the
 // gradient buffer; the gradient all-reduce sums them and every replica applies the same
-// exponential average after the step (mirrored/strategy.cpp).
+// exponential average after the step (mirrored/training_step.cpp).
 #include "base/error.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
@@ -84,8 +84,8 @@ public:
         const int c = in_.c, rows = p.rows * in_.h * in_.w;
         Device& d = *p.dev;
         if (o_.activation != Activation::none)
-            d.act_backward(p.stream, o_.activation, size_t(rows) * c, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_),
-                           dy, dy);
+            d.act_backward(p.stream, o_.activation, size_t(rows) * c,
+                           p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy, dy);
         const float* mean = p.acts->f32(slot_, mean_);
         const float* invstd = p.acts->f32(slot_, invstd_);
         float* sums = p.acts->f32(slot_, sums_);
@@ -108,7 +108,8 @@ public:
             sums = p.sync->buffer();
             count = double(p.global_rows) * in_.h * in_.w;
         }
-        d.bn_backward_dx(p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, p.params + gamma_off_, sums, count, dx);
+        d.bn_backward_dx(p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, p.params + gamma_off_, sums, count,
+                         dx);
     }
 
     bool has_params() const override { return true; }

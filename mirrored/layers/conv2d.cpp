@@ -53,7 +53,7 @@ public:
         const int K = in_.c * k * k, F = o_.filters;
         InitArgs wi;
         wi.kind = o_.init;
-        wi.fan_in = K;          // PyTorch's fans for a conv: in x kh x kw, out x kh x kw
+        wi.fan_in = K;  // PyTorch's fans for a conv: in x kh x kw, out x kh x kw
         wi.fan_out = F * k * k;
         w_ = b.param(name_ + ".weight", {F, in_.c, k, k}, wi);
         if (o_.bias) b_ = b.param(name_ + ".bias", {F}, InitArgs{});
@@ -63,7 +63,7 @@ public:
         // As dense: GELU's derivative needs the pre-activation, ReLU's reads the output.
         if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
         if (!direct_) {
-            b.scratch(column_elements());  // a block of images' columns, or their gradient
+            b.scratch(column_elements());                       // a block of images' columns, or their gradient
             permuted_ = b.f32_buffer(slot_, 0, size_t(F) * K);  // the weights or their gradient, pixel-major
             permuted_grad_ = b.f32_buffer(slot_, 0, size_t(F) * K);
             transposed_ = b.f32_buffer(slot_, 0, size_t(F) * K);  // [K, F]: the forward product's
@@ -187,27 +187,28 @@ public:
             dw_done = p.dev->conv_weight_grad(p.stream, g, p.acts->input(slot_), dy, F, dw);
             if (dx) dx_done = p.dev->conv_input_grad(p.stream, g, dy, static_cast<const float*>(w), F, dx);
         }
-        if (!dw_done || !dx_done) for_each_block(p, [&](const Block& b) {
-            const int rows = b.count * out_.h * out_.w;
-            const void* dz = at(p, dy, out_at(b));
-            const bool accumulate = b.first > 0 || (!permuted && p.accumulate);
-            if (!dw_done)
-                p.dev->dense_weight_grad(p.stream, rows, F, K, dz, columns(p, p.acts->input(slot_), b), dw,
-                                         permuted || !one_block ? nullptr : db, accumulate, p.types(DType::f32));
-            if (dx_done) return;
-            if (direct_) {  // dx[M, C] = dz[M, F] . W[F, C]
-                p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, at(p, dx, in_at(b)), K,
-                            p.types(p.vt));
-                return;
-            }
-            // dcols[M, K] = dz[M, F] . W[F, K], into the scratch (the block's columns are done)
-            void* dcols = p.acts->scratch();
-            p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, dcols, K, p.types(p.vt));
-            Window2d g = g_;
-            g.n = b.count;
-            g.pixel_major = permuted;
-            p.dev->col2im(p.stream, g, dcols, at(p, dx, in_at(b)));
-        });
+        if (!dw_done || !dx_done)
+            for_each_block(p, [&](const Block& b) {
+                const int rows = b.count * out_.h * out_.w;
+                const void* dz = at(p, dy, out_at(b));
+                const bool accumulate = b.first > 0 || (!permuted && p.accumulate);
+                if (!dw_done)
+                    p.dev->dense_weight_grad(p.stream, rows, F, K, dz, columns(p, p.acts->input(slot_), b), dw,
+                                             permuted || !one_block ? nullptr : db, accumulate, p.types(DType::f32));
+                if (dx_done) return;
+                if (direct_) {  // dx[M, C] = dz[M, F] . W[F, C]
+                    p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, at(p, dx, in_at(b)), K,
+                                p.types(p.vt));
+                    return;
+                }
+                // dcols[M, K] = dz[M, F] . W[F, K], into the scratch (the block's columns are done)
+                void* dcols = p.acts->scratch();
+                p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, dcols, K, p.types(p.vt));
+                Window2d g = g_;
+                g.n = b.count;
+                g.pixel_major = permuted;
+                p.dev->col2im(p.stream, g, dcols, at(p, dx, in_at(b)));
+            });
         if (permuted) unpermute_weight_grad(p);
     }
 

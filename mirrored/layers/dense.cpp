@@ -25,7 +25,8 @@ public:
     explicit Dense(const LayerSpec& s) : Layer(s), o_(spec_.get<DenseOptions>()) {}
 
     void declare(Builder& b) override {
-        if (in_.image) fail("dense needs a vector input, got an image " + in_.str() + "; add {type: flatten} before it");
+        if (in_.image)
+            fail("dense needs a vector input, got an image " + in_.str() + "; add {type: flatten} before it");
         const int units = o_.units, inputs = in_.c;
         InitArgs wi;
         wi.kind = o_.init;
@@ -67,8 +68,8 @@ public:
                                  b_ >= 0 ? p.grads + b_off_ : nullptr, p.accumulate, p.types(DType::f32));
         // dx[rows, inputs] = dz[rows, units] . W[units, inputs]
         if (dx)
-            p.dev->gemm(p.stream, false, false, p.rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f, dx,
-                        inputs, p.types(p.vt));
+            p.dev->gemm(p.stream, false, false, p.rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f,
+                        dx, inputs, p.types(p.vt));
     }
 
     bool has_params() const override { return true; }

@@ -41,7 +41,9 @@ struct LayerSpec {
     std::vector<LayerSpec> layers;
 
     template <typename T>
-    const T& get() const { return options_as<T>(options); }
+    const T& get() const {
+        return options_as<T>(options);
+    }
     Fields fields() const { return options ? options->fields() : Fields{}; }
     std::string field(const std::string& key) const;  // a key's value as the config writes it ("" if none)
     bool operator==(const LayerSpec& o) const {
@@ -61,7 +63,9 @@ struct LayerKind {
     bool container = false;
 };
 template <typename L>
-std::unique_ptr<Layer> create_layer(const LayerSpec& s) { return std::make_unique<L>(s); }
+std::unique_ptr<Layer> create_layer(const LayerSpec& s) {
+    return std::make_unique<L>(s);
+}
 const Registry<LayerKind>& layer_kinds();  // layers/registry.cpp lists every type
 // Reads the list of layers at `path` (model.layers, or a residual block's layers).
 std::vector<LayerSpec> read_layer_list(SpecReader& r, const std::string& path);
@@ -103,22 +107,22 @@ public:
 struct Pass {
     Device* dev = nullptr;
     Stream stream;
-    int rows = 0;              // samples in this (micro-)batch on this replica
-    int global_rows = 0;       // in the micro-batch over every replica (synchronised statistics)
-    int64_t row_offset = 0;    // their offset in the global batch (dropout masks)
+    int rows = 0;            // samples in this (micro-)batch on this replica
+    int global_rows = 0;     // in the micro-batch over every replica (synchronised statistics)
+    int64_t row_offset = 0;  // their offset in the global batch (dropout masks)
     uint64_t seed = 0;
-    uint32_t step = 0;         // global micro-step (dropout masks)
+    uint32_t step = 0;                   // global micro-step (dropout masks)
     const StepValues* values = nullptr;  // device: the step from here (a captured step)
     bool training = true;
-    const float* params = nullptr;   // f32 master parameters (flat)
-    const void* weights = nullptr;   // their compute copy in the activation type (= params for f32)
-    float* grads = nullptr;          // f32 gradients (flat); the state region gets statistics
-    bool accumulate = false;         // add to grads (gradient accumulation) instead of writing
+    const float* params = nullptr;  // f32 master parameters (flat)
+    const void* weights = nullptr;  // their compute copy in the activation type (= params for f32)
+    float* grads = nullptr;         // f32 gradients (flat); the state region gets statistics
+    bool accumulate = false;        // add to grads (gradient accumulation) instead of writing
     Activations* acts = nullptr;
-    StatsSync* sync = nullptr;       // cross-replica sums for synchronised batch statistics
-    float stats_weight = 1.0f;       // 1 / (replicas x micro-batches): running-statistics weight
-    DType vt = DType::f32;           // the activations' value type (Device::value_dtype)
-    LayerProbe* probe = nullptr;     // profiling: the top-level layers mark their ends
+    StatsSync* sync = nullptr;    // cross-replica sums for synchronised batch statistics
+    float stats_weight = 1.0f;    // 1 / (replicas x micro-batches): running-statistics weight
+    DType vt = DType::f32;        // the activations' value type (Device::value_dtype)
+    LayerProbe* probe = nullptr;  // profiling: the top-level layers mark their ends
 
     // The compute copy of a tensor's weights (its offset in the activation type's elements).
     const void* weight(size_t offset) const {
@@ -152,9 +156,9 @@ public:
         int top_layer = 0;
     };
     struct Buffer {
-        bool act = true;         // activation type, else f32
-        size_t per_row = 0;      // elements per sample
-        size_t fixed = 0;        // plus this many elements
+        bool act = true;     // activation type, else f32
+        size_t per_row = 0;  // elements per sample
+        size_t fixed = 0;    // plus this many elements
     };
     struct Slot {
         std::vector<Buffer> buffers;
@@ -164,7 +168,7 @@ public:
     // A trainable tensor (returns its index) and a mirrored, untrained state tensor.
     int param(const std::string& name, std::vector<int> shape, InitArgs init);
     int state(const std::string& name, std::vector<int> shape, float fill, float momentum);
-    int new_slot();                                        // per-replica storage of one layer
+    int new_slot();                                              // per-replica storage of one layer
     int act_buffer(int slot, size_t per_row, size_t fixed = 0);  // in the activation type
     int f32_buffer(int slot, size_t per_row, size_t fixed = 0);
     // Scratch shared by every layer in turn, per row (image) of the layer using it: sized for

@@ -14,9 +14,17 @@ extern const LayerKind kDenseKind, kDropoutKind, kFlattenKind, kConv2dKind, kMax
 
 const Registry<LayerKind>& layer_kinds() {
     static const Registry<LayerKind> kinds("layer type", {
-        &kDenseKind, &kDropoutKind, &kFlattenKind, &kConv2dKind, &kMaxPool2dKind, &kAvgPool2dKind,
-        &kGlobalAvgPoolKind, &kBatchNormKind, &kLayerNormKind, &kResidualKind,
-    });
+                                                             &kDenseKind,
+                                                             &kDropoutKind,
+                                                             &kFlattenKind,
+                                                             &kConv2dKind,
+                                                             &kMaxPool2dKind,
+                                                             &kAvgPool2dKind,
+                                                             &kGlobalAvgPoolKind,
+                                                             &kBatchNormKind,
+                                                             &kLayerNormKind,
+                                                             &kResidualKind,
+                                                         });
     return kinds;
 }
 

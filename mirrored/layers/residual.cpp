@@ -70,7 +70,8 @@ public:
     void backward(Pass& p, void* dy, void* dx) const override {
         const size_t n = size_t(p.rows) * out_.size();
         if (o_.activation != Activation::none)
-            p.dev->act_backward(p.stream, o_.activation, n, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy, dy);
+            p.dev->act_backward(p.stream, o_.activation, n, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy,
+                                dy);
         void* g1 = p.acts->act(slot_, g1_);  // the branch overwrites its copy; dy stays for the shortcut
         p.dev->copy_on_device(p.stream, g1, dy, p.dev->act_bytes(n));
         branch_.backward(p, g1, dx);

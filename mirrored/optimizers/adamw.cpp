@@ -31,8 +31,8 @@ public:
         on.adamw_update(s, end - begin, params + begin, grads + begin, m_.data() + begin, v_.data() + begin,
                         args(step, lr, grad_stats, loss_scale, skip_nonfinite, values));
     }
-    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
-                            size_t begin, size_t end, int64_t step, float lr, const StepValues* values) override {
+    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into, size_t begin,
+                            size_t end, int64_t step, float lr, const StepValues* values) override {
         check_range(begin, end);
         on.summed_adamw_update(s, grads, count, into, begin, end - begin, params + begin, m_.data() + begin,
                                v_.data() + begin, args(step, lr, nullptr, nullptr, false, values));
@@ -81,7 +81,11 @@ OptionsPtr read(SpecReader& r, const std::string& p) {
 }  // namespace
 
 extern const OptimizerKind kAdamWKind{
-    "adamw", 1e-3, read, [](const Options&) { return 2; }, [](const Options&) { return std::string("adamw"); },
+    "adamw",
+    1e-3,
+    read,
+    [](const Options&) { return 2; },
+    [](const Options&) { return std::string("adamw"); },
     [](Device& dev, const OptimizerConfig& cfg, size_t n) -> std::unique_ptr<Optimizer> {
         return std::make_unique<AdamW>(dev, cfg, n);
     }};

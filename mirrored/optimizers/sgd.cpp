@@ -30,8 +30,8 @@ public:
         on.sgd_update(s, end - begin, params + begin, grads + begin, momentum(begin),
                       args(lr, grad_stats, loss_scale, skip_nonfinite, values));
     }
-    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
-                            size_t begin, size_t end, int64_t, float lr, const StepValues* values) override {
+    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into, size_t begin,
+                            size_t end, int64_t, float lr, const StepValues* values) override {
         check_range(begin, end);
         on.summed_sgd_update(s, grads, count, into, begin, end - begin, params + begin, momentum(begin),
                              args(lr, nullptr, nullptr, false, values));
@@ -68,7 +68,9 @@ OptionsPtr read(SpecReader& r, const std::string& p) {
 }  // namespace
 
 extern const OptimizerKind kSgdKind{
-    "sgd", 0.05, read,
+    "sgd",
+    0.05,
+    read,
     [](const Options& o) { return options_as<SgdOptions>(o).momentum != 0.0 ? 1 : 0; },
     [](const Options& o) { return std::string(options_as<SgdOptions>(o).momentum != 0.0 ? "sgd+momentum" : "sgd"); },
     [](Device& dev, const OptimizerConfig& cfg, size_t n) -> std::unique_ptr<Optimizer> {

@@ -132,8 +132,8 @@ std::string describe_wrong(AllReduceRig& rig, const std::vector<int>& bad, int p
     d.synchronize();
     size_t at = 0;
     while (at < floats && got[at] == pattern_sum(p, n, at)) ++at;
-    std::string text = std::to_string(bad.size()) + " of " + std::to_string(n) + " replicas ended with a wrong sum; replica " +
-                       std::to_string(culprit) + " (" + d.name() + ")";
+    std::string text = std::to_string(bad.size()) + " of " + std::to_string(n) +
+                       " replicas ended with a wrong sum; replica " + std::to_string(culprit) + " (" + d.name() + ")";
     if (at < floats)
         text += " has " + std::to_string(got[at]) + " at element " + std::to_string(at) + ", expected " +
                 std::to_string(pattern_sum(p, n, at));
@@ -146,8 +146,9 @@ int table(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<s
     const double barrier_us = barrier_latency_us(*rig.threads);
     std::printf("replica barrier: %.2f us per crossing (%d threads, %s)\n\n", barrier_us, n,
                 rig.threads->barrier().spin_ns() > 0 ? "bounded spin, then sleep"
-                                                    : "sleeps at once: more replica threads than cores");
-    std::printf("%10s %12s %6s %12s %12s %12s  %s\n", "bytes", "floats", "iters", "time (us)", "algbw GB/s", "busbw GB/s", "check");
+                                                     : "sleeps at once: more replica threads than cores");
+    std::printf("%10s %12s %6s %12s %12s %12s  %s\n", "bytes", "floats", "iters", "time (us)", "algbw GB/s",
+                "busbw GB/s", "check");
     Patterns patterns(rig, sizes.back() / sizeof(float));
     Verifier verify(rig);
     json rows = json::array();
@@ -161,18 +162,29 @@ int table(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<s
         const bool ok = verify.wrong(rig, count, Verifier::expected(0, n, count)).empty();
         all_ok = all_ok && ok;
         rig.zero();
-        const int iters = o.iters > 0 ? o.iters : int(std::clamp<double>(2e9 / double(bytes) / std::max(n, 1), 5, 1000));
+        const int iters =
+            o.iters > 0 ? o.iters : int(std::clamp<double>(2e9 / double(bytes) / std::max(n, 1), 5, 1000));
         rig.run(count, 3);
         const double t = rig.run(count, iters) / iters;
         const double algbw = double(count * sizeof(float)) / t / 1e9;
         const double busbw = n > 1 ? algbw * 2.0 * (n - 1) / n : 0.0;
-        std::printf("%10s %12zu %6d %12.1f %12.2f %12.2f  %s\n", human_bytes(count * sizeof(float)).c_str(), count, iters,
-                    t * 1e6, algbw, busbw, ok ? "ok" : "WRONG");
-        rows.push_back({{"bytes", count * sizeof(float)}, {"count", count}, {"iters", iters}, {"time_us", t * 1e6},
-                        {"algbw_gbs", algbw}, {"busbw_gbs", busbw}, {"correct", ok}});
+        std::printf("%10s %12zu %6d %12.1f %12.2f %12.2f  %s\n", human_bytes(count * sizeof(float)).c_str(), count,
+                    iters, t * 1e6, algbw, busbw, ok ? "ok" : "WRONG");
+        rows.push_back({{"bytes", count * sizeof(float)},
+                        {"count", count},
+                        {"iters", iters},
+                        {"time_us", t * 1e6},
+                        {"algbw_gbs", algbw},
+                        {"busbw_gbs", busbw},
+                        {"correct", ok}});
     }
-    write_json(o.json_path, {{"benchmark", "allreduce"}, {"op", rig.ops->name()}, {"devices", rig.list.describe()},
-                             {"transport", o.transport}, {"dtype", o.dtype}, {"barrier_us", barrier_us}, {"replicas", n},
+    write_json(o.json_path, {{"benchmark", "allreduce"},
+                             {"op", rig.ops->name()},
+                             {"devices", rig.list.describe()},
+                             {"transport", o.transport},
+                             {"dtype", o.dtype},
+                             {"barrier_us", barrier_us},
+                             {"replicas", n},
                              {"device", rig.list.traits().gpu ? rig.devs[0]->description() : cpu_model_name()},
                              {"results", rows}});
     if (!all_ok) throw DeviceError("bench-allreduce: a result was wrong (marked WRONG above)");
@@ -229,9 +241,8 @@ StressSamples stress_loop(const AllReduceBenchOptions& o, AllReduceRig& rig, con
         const std::vector<int> bad = verify.wrong(rig, count, want[p][k]);
         if (!bad.empty()) {
             std::printf("\n");
-            throw DeviceError("stress test: all-reduce " + std::to_string(iter + 1) + " of " +
-                              human_bytes(sizes[k]) + " after " + std::to_string(int(now)) + " s: " +
-                              describe_wrong(rig, bad, p, count));
+            throw DeviceError("stress test: all-reduce " + std::to_string(iter + 1) + " of " + human_bytes(sizes[k]) +
+                              " after " + std::to_string(int(now)) + " s: " + describe_wrong(rig, bad, p, count));
         }
         ++s.verified;
         watchdog.tick(0);
@@ -244,8 +255,8 @@ StressSamples stress_loop(const AllReduceBenchOptions& o, AllReduceRig& rig, con
 
 int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<size_t>& sizes, Watchdog& watchdog) {
     if (rig.replicas() < 2) throw ConfigError("--duration: the stress test needs at least 2 replicas (--devices)");
-    std::printf("stress test for %.0f s over %zu size(s), %s to %s; every result verified\n\n", o.duration_s, sizes.size(),
-                human_bytes(sizes.front()).c_str(), human_bytes(sizes.back()).c_str());
+    std::printf("stress test for %.0f s over %zu size(s), %s to %s; every result verified\n\n", o.duration_s,
+                sizes.size(), human_bytes(sizes.front()).c_str(), human_bytes(sizes.back()).c_str());
     watchdog.phase("the stress test", 0);
     const StressSamples s = stress_loop(o, rig, sizes, watchdog);
     std::printf("\n%10s %8s %12s %12s %12s %12s %12s\n", "bytes", "count", "min GB/s", "median GB/s", "max GB/s",
@@ -262,8 +273,11 @@ int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<
             slow.push_back(human_bytes(sizes[k]) + ": " + std::to_string(int(100 - 100 * last / first)) + "% slower");
         json wj = json::array();
         for (const auto& win : s.windows[k]) wj.push_back(percentile(win, 0.5) / 1e9);
-        rows.push_back({{"bytes", sizes[k]}, {"count", all.size()}, {"busbw_min_gbs", percentile(all, 0) / 1e9},
-                        {"busbw_median_gbs", percentile(all, 0.5) / 1e9}, {"busbw_max_gbs", percentile(all, 1) / 1e9},
+        rows.push_back({{"bytes", sizes[k]},
+                        {"count", all.size()},
+                        {"busbw_min_gbs", percentile(all, 0) / 1e9},
+                        {"busbw_median_gbs", percentile(all, 0.5) / 1e9},
+                        {"busbw_max_gbs", percentile(all, 1) / 1e9},
                         {"busbw_median_per_window_gbs", wj}});
     }
     std::printf("\n%llu all-reduces, every result correct. ", static_cast<unsigned long long>(s.verified));
@@ -273,9 +287,14 @@ int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<
         for (const auto& sl : slow) std::printf(" %s;", sl.c_str());
         std::printf(" check the GPUs' clocks and temperatures (nvidia-smi -q -d PERFORMANCE).\n");
     }
-    write_json(o.json_path, {{"benchmark", "allreduce_stress"}, {"op", rig.ops->name()}, {"devices", rig.list.describe()},
-                             {"dtype", o.dtype}, {"duration_s", o.duration_s}, {"verified", s.verified},
-                             {"slowdown", slow}, {"results", rows}});
+    write_json(o.json_path, {{"benchmark", "allreduce_stress"},
+                             {"op", rig.ops->name()},
+                             {"devices", rig.list.describe()},
+                             {"dtype", o.dtype},
+                             {"duration_s", o.duration_s},
+                             {"verified", s.verified},
+                             {"slowdown", slow},
+                             {"results", rows}});
     return kExitOk;
 }
 

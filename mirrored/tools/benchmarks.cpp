@@ -117,9 +117,12 @@ int bench_loader(const LoaderBenchOptions& o) {
             rows.push_back({{"threads", threads}, {"augment", augment}, {"samples_per_sec", sps}, {"mb_per_sec", mbs}});
         }
     }
-    write_json(o.json_path, {{"benchmark", "loader"}, {"dataset", ds.name}, {"global_batch", o.batch},
+    write_json(o.json_path, {{"benchmark", "loader"},
+                             {"dataset", ds.name},
+                             {"global_batch", o.batch},
                              {"memcpy_ceiling_samples_per_sec", ceiling_sps},
-                             {"cpu", cpu_model_name()}, {"hardware_threads", std::thread::hardware_concurrency()},
+                             {"cpu", cpu_model_name()},
+                             {"hardware_threads", std::thread::hardware_concurrency()},
                              {"results", rows}});
     return kExitOk;
 }
@@ -194,9 +197,11 @@ int bench_gemm(const GemmBenchOptions& o) {
     }
     if (shapes.size() > 1)
         std::printf("%35s %12.1f %10.1f  (all, one after another)\n", "", total_s * 1e6, total_flop / total_s / 1e9);
-    write_json(o.json_path, {{"benchmark", "gemm"}, {"device", d->traits().gpu ? d->description() : cpu_model_name()},
+    write_json(o.json_path, {{"benchmark", "gemm"},
+                             {"device", d->traits().gpu ? d->description() : cpu_model_name()},
                              {"blas", blas_description()},
-                             {"precision", precision_name(precision)}, {"results", rows}});
+                             {"precision", precision_name(precision)},
+                             {"results", rows}});
     return kExitOk;
 }
 
@@ -228,15 +233,18 @@ json profile_layers(Session& s, int steps, int64_t first_step) {
     const auto flops = model.layer_flops();
     json layers = json::array();
     for (size_t i = 0; i < names.size(); ++i)
-        layers.push_back({{"layer", names[i]}, {"forward_us", t.forward[i] * per}, {"backward_us", t.backward[i] * per},
+        layers.push_back({{"layer", names[i]},
+                          {"forward_us", t.forward[i] * per},
+                          {"backward_us", t.backward[i] * per},
                           {"forward_gflops", rate(flops[i].forward, t.forward[i])},
                           {"backward_gflops", rate(flops[i].backward, t.backward[i])}});
-    return {{"steps", t.steps},
-            {"clock", st.device_traits().asynchronous ? "device time between events" : "host clock"},
-            {"layers", layers},
-            {"phases_us", {{"input", t.input * per}, {"loss", t.loss * per}, {"reduce", t.reduce * per},
-                           {"update", t.update * per}}},
-            {"step_us", t.step * per}};
+    return {
+        {"steps", t.steps},
+        {"clock", st.device_traits().asynchronous ? "device time between events" : "host clock"},
+        {"layers", layers},
+        {"phases_us",
+         {{"input", t.input * per}, {"loss", t.loss * per}, {"reduce", t.reduce * per}, {"update", t.update * per}}},
+        {"step_us", t.step * per}};
 }
 
 void print_profile(const json& p) {
@@ -316,8 +324,8 @@ int bench_step(const StepBenchOptions& o) {
     auto data = std::make_shared<const Datasets>(load_datasets(base.data, base.base_dir, base.run.seed));
     std::printf("config %s: %s, global batch %d; data ready in %.1fs\n\n", o.config.c_str(),
                 model_config_summary(base).c_str(), base.train.global_batch_size, now_s() - t0);
-    std::printf("%-28s %8s %12s %12s %9s %10s %9s %8s %8s %8s %11s\n", "devices", "replicas", "samples/s", "per replica",
-                "speedup", "efficiency", "GFLOP/s", "data%", "compute%", "comm%", "host calls");
+    std::printf("%-28s %8s %12s %12s %9s %10s %9s %8s %8s %8s %11s\n", "devices", "replicas", "samples/s",
+                "per replica", "speedup", "efficiency", "GFLOP/s", "data%", "compute%", "comm%", "host calls");
     json rows = json::array();
     double base_sps = 0;
     int base_n = 0;
@@ -338,26 +346,41 @@ int bench_step(const StepBenchOptions& o) {
         const double busy = std::max(split.data_wait_s + split.compute_s + split.comm_s, 1e-12);
         std::printf("%-28s %8d %12.0f %12.0f %8.2fx %9.0f%% %9.1f %8.1f %8.1f %8.1f %11.1f\n", spec.c_str(), n,
                     m.samples_per_s, m.samples_per_s / n, speedup, 100 * efficiency, m.gflops,
-                    100 * split.data_wait_s / busy, 100 * split.compute_s / busy, 100 * split.comm_s / busy, m.host_calls);
-        rows.push_back({{"devices", spec}, {"replicas", n}, {"global_batch", cfg.train.global_batch_size},
-                        {"samples_per_sec", m.samples_per_s}, {"step_ms", m.step_ms}, {"host_calls_per_replica_step", m.host_calls},
-                        {"cuda_graph", m.cuda_graph}, {"fused_epilogues", cfg.strategy.fused_epilogues},
-                        {"gflops", m.gflops},
-                        {"speedup", speedup}, {"efficiency", efficiency},
-                        {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}}});
+                    100 * split.data_wait_s / busy, 100 * split.compute_s / busy, 100 * split.comm_s / busy,
+                    m.host_calls);
+        rows.push_back(
+            {{"devices", spec},
+             {"replicas", n},
+             {"global_batch", cfg.train.global_batch_size},
+             {"samples_per_sec", m.samples_per_s},
+             {"step_ms", m.step_ms},
+             {"host_calls_per_replica_step", m.host_calls},
+             {"cuda_graph", m.cuda_graph},
+             {"fused_epilogues", cfg.strategy.fused_epilogues},
+             {"gflops", m.gflops},
+             {"speedup", speedup},
+             {"efficiency", efficiency},
+             {"time_split",
+              {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}}});
         if (!m.profile.is_null()) {
             print_profile(m.profile);
             rows.back()["profile"] = m.profile;
         }
     }
     if (o.per_replica_batch > 0)
-        std::printf("\nspeedup and efficiency are relative to the first row; %d samples per replica per step (weak scaling)\n",
-                    o.per_replica_batch);
+        std::printf(
+            "\nspeedup and efficiency are relative to the first row; %d samples per replica per step (weak scaling)\n",
+            o.per_replica_batch);
     else
-        std::printf("\nspeedup and efficiency are relative to the first row; the global batch is fixed (strong scaling):\n"
-                    "--per-replica-batch B scales it with the replicas instead\n");
-    write_json(o.json_path, {{"benchmark", "step"}, {"config", o.config}, {"global_batch", base.train.global_batch_size},
-                             {"model", model_config_summary(base)}, {"cpu", cpu_model_name()}, {"blas", blas_description()},
+        std::printf(
+            "\nspeedup and efficiency are relative to the first row; the global batch is fixed (strong scaling):\n"
+            "--per-replica-batch B scales it with the replicas instead\n");
+    write_json(o.json_path, {{"benchmark", "step"},
+                             {"config", o.config},
+                             {"global_batch", base.train.global_batch_size},
+                             {"model", model_config_summary(base)},
+                             {"cpu", cpu_model_name()},
+                             {"blas", blas_description()},
                              {"results", rows}});
     return kExitOk;
 }

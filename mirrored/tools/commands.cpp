@@ -28,7 +28,8 @@ std::vector<int> parse_list(const std::string& s, const char* flag) {
     for_each_item(s, [&](const std::string& item) {
         if (item.empty() || item.size() > 6 || item.find_first_not_of("0123456789") != std::string::npos ||
             std::stoi(item) == 0)
-            throw ConfigError(std::string(flag) + ": expected a list of positive integers below 1000000 like 1,2,4, got '" + s + "'");
+            throw ConfigError(std::string(flag) +
+                              ": expected a list of positive integers below 1000000 like 1,2,4, got '" + s + "'");
         out.push_back(std::stoi(item));
     });
     return out;
@@ -42,13 +43,15 @@ std::vector<GemmShape> parse_shapes(const std::string& s, const char* flag) {
         GemmShape g;
         char ops[3] = {'n', 't', 0};
         int used = 0;
-        const bool ok = (std::sscanf(item.c_str(), "%6dx%6dx%6d%n", &g.m, &g.n, &g.k, &used) == 3 &&
-                         size_t(used) == item.size()) ||
-                        (std::sscanf(item.c_str(), "%6dx%6dx%6d:%2[nt]%n", &g.m, &g.n, &g.k, ops, &used) == 4 &&
-                         size_t(used) == item.size() && ops[1] != 0);
+        const bool ok =
+            (std::sscanf(item.c_str(), "%6dx%6dx%6d%n", &g.m, &g.n, &g.k, &used) == 3 && size_t(used) == item.size()) ||
+            (std::sscanf(item.c_str(), "%6dx%6dx%6d:%2[nt]%n", &g.m, &g.n, &g.k, ops, &used) == 4 &&
+             size_t(used) == item.size() && ops[1] != 0);
         if (!ok || g.m <= 0 || g.n <= 0 || g.k <= 0)
-            throw ConfigError(std::string(flag) + ": expected shapes like 64x512x784:nt,512x784x64:tn (m x n x k, then "
-                              "op(A) op(B): n as stored, t transposed), got '" + s + "'");
+            throw ConfigError(std::string(flag) +
+                              ": expected shapes like 64x512x784:nt,512x784x64:tn (m x n x k, then "
+                              "op(A) op(B): n as stored, t transposed), got '" +
+                              s + "'");
         g.trans_a = ops[0] == 't';
         g.trans_b = ops[1] == 't';
         out.push_back(g);
@@ -65,11 +68,14 @@ size_t parse_bytes(const std::string& s, const char* flag) {
     if (unit == "K" || unit == "KiB" || unit == "k") mult = 1024;
     else if (unit == "M" || unit == "MiB") mult = 1 << 20;
     else if (unit == "G" || unit == "GiB") mult = double(1 << 30);
-    else if (!unit.empty() && unit != "B") throw ConfigError(std::string(flag) + ": expected a size like 4K, 64M or 1G, got '" + s + "'");
+    else if (!unit.empty() && unit != "B")
+        throw ConfigError(std::string(flag) + ": expected a size like 4K, 64M or 1G, got '" + s + "'");
     const double bytes = v * mult;
     if (end == s.c_str() || !(bytes >= 4) || bytes > double(uint64_t(64) << 30) || bytes != std::floor(bytes) ||
         std::fmod(bytes, 4.0) != 0)
-        throw ConfigError(std::string(flag) + ": expected a whole number of floats (a multiple of 4 bytes) from 4 bytes to 64G, got '" + s + "'");
+        throw ConfigError(std::string(flag) +
+                          ": expected a whole number of floats (a multiple of 4 bytes) from 4 bytes to 64G, got '" + s +
+                          "'");
     return size_t(bytes);
 }
 
@@ -125,11 +131,14 @@ void ToolCommands::add_bench_allreduce(CLI::App& app) {
     ba_->add_option("--min-bytes", min_bytes_, "smallest size (4K)");
     ba_->add_option("--max-bytes", max_bytes_, "largest size (64M)");
     ba_->add_option("--iters", ab_.iters, "iterations per size (default: by size)")->check(CLI::Range(1, 1000000));
-    ba_->add_option("--transport", ab_.transport, "CUDA peer reads: auto, direct (kernel loads peer memory), staged (copy, then add)");
+    ba_->add_option("--transport", ab_.transport,
+                    "CUDA peer reads: auto, direct (kernel loads peer memory), staged (copy, then add)");
     ba_->add_option("--dtype", ab_.dtype, "gradients on the wire: fp32 or bf16 (half the bytes, sums in f32)");
-    ba_->add_option("--duration", duration_, "stress test: all-reduce over the sizes for this long (60s, 5m), "
+    ba_->add_option("--duration", duration_,
+                    "stress test: all-reduce over the sizes for this long (60s, 5m), "
                     "verifying every result; a wrong sum exits 5 naming the replica pair");
-    ba_->add_option("--timeout", timeout_, "a hang detector: when no all-reduce finishes for this long (a hung "
+    ba_->add_option("--timeout", timeout_,
+                    "a hang detector: when no all-reduce finishes for this long (a hung "
                     "kernel, a failing link, NCCL waiting), the command stops with exit 5 (default 120s)");
     ba_->add_option("--json", ab_.json_path, "also write the table here");
 }
@@ -143,7 +152,8 @@ void ToolCommands::add_bench_step(CLI::App& app) {
     bs_->add_option("--warmup", sb_.warmup, "untimed steps first")->check(CLI::Range(0, 1000000));
     bs_->add_option("--per-replica-batch", sb_.per_replica_batch, "global batch = this x replicas (weak scaling)")
         ->check(CLI::Range(1, 1 << 24));
-    bs_->add_option("--layers", sb_.layer_steps, "then profile this many more steps layer by layer (replica 0, "
+    bs_->add_option("--layers", sb_.layer_steps,
+                    "then profile this many more steps layer by layer (replica 0, "
                     "uncaptured, each waited for): where a step's time goes")
         ->check(CLI::Range(0, 100000));
     bs_->add_option("--json", sb_.json_path, "also write the results here");
@@ -157,31 +167,37 @@ void ToolCommands::add_bench_gemm(CLI::App& app) {
     bg_->add_flag("--tf32", gb_.tf32, "TF32 tensor cores (CUDA); the same as --precision tf32");
     bg_->add_option("--precision", gb_precision_, "fp32, tf32, bf16 or fp16 inputs (f32 accumulation and output)")
         ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
-    bg_->add_option("--seconds", gb_.seconds, "time each shape for this long (default 1)")->check(CLI::Range(0.01, 60.0));
+    bg_->add_option("--seconds", gb_.seconds, "time each shape for this long (default 1)")
+        ->check(CLI::Range(0.01, 60.0));
     bg_->add_option("--json", gb_.json_path, "also write the results here");
 }
 
 void ToolCommands::add_bench_conv_layout(CLI::App& app) {
-    bc_ = app.add_subcommand("bench-conv-layout", "a convolution's forward + backward with NHWC vs NCHW activations (CPU)");
+    bc_ = app.add_subcommand("bench-conv-layout",
+                             "a convolution's forward + backward with NHWC vs NCHW activations (CPU)");
     bc_->add_option("--batch", cl_.batch, "images per replica")->check(CLI::Range(1, 4096));
     bc_->add_option("--reps", cl_.reps, "timed repetitions (the median is reported)")->check(CLI::Range(1, 1000));
     bc_->add_option("--json", cl_.json_path, "also write the results here");
 }
 
 void ToolCommands::add_scale(CLI::App& app) {
-    sc_cmd_ = app.add_subcommand("scale", "the scaling test: the same step at 1, 2, 4, 8 replicas; speedup, efficiency, "
-                                          "where the time goes; scaling.json and scaling.png");
+    sc_cmd_ = app.add_subcommand("scale",
+                                 "the scaling test: the same step at 1, 2, 4, 8 replicas; speedup, efficiency, "
+                                 "where the time goes; scaling.json and scaling.png");
     sc_cmd_->add_option("config", sc_.config, "YAML config")->required();
     sc_cmd_->add_option("--set", sc_.sets, "override a key (repeatable)");
     sc_cmd_->add_option("--replicas", sc_replicas_, "replica counts, e.g. 1,2,4,8 (default: those the kind provides)");
-    sc_cmd_->add_option("--kind", sc_.kind, "cuda (one per GPU), cuda-shared (all on GPU 0), cpu or sim "
-                                            "(default: cuda with GPUs, else cpu)");
-    sc_cmd_->add_option("--mode", sc_.mode, "weak (fixed per-replica batch, the default) or strong (fixed global batch)");
+    sc_cmd_->add_option("--kind", sc_.kind,
+                        "cuda (one per GPU), cuda-shared (all on GPU 0), cpu or sim "
+                        "(default: cuda with GPUs, else cpu)");
+    sc_cmd_->add_option("--mode", sc_.mode,
+                        "weak (fixed per-replica batch, the default) or strong (fixed global batch)");
     sc_cmd_->add_option("--per-replica-batch", sc_.per_replica_batch, "weak scaling's batch per replica")
         ->check(CLI::Range(1, 1 << 24));
     sc_cmd_->add_option("--steps", sc_.steps, "timed steps per point")->check(CLI::Range(1, 1000000));
     sc_cmd_->add_option("--warmup", sc_.warmup, "untimed steps first")->check(CLI::Range(0, 1000000));
-    sc_cmd_->add_option("--out", sc_.out_dir, "folder for scaling.json and scaling.png (default <run.output_dir>/scaling)");
+    sc_cmd_->add_option("--out", sc_.out_dir,
+                        "folder for scaling.json and scaling.png (default <run.output_dir>/scaling)");
 }
 
 void ToolCommands::add_plan(CLI::App& app) {
@@ -190,12 +206,14 @@ void ToolCommands::add_plan(CLI::App& app) {
     pl_cmd_->add_option("--set", pl_.sets, "override a key (repeatable)");
     pl_cmd_->add_option("--gpus", pl_gpus_, "GPU counts, e.g. 2,4,8");
     pl_cmd_->add_option("--gpu", pl_.gpu, "h200, h100, h100-pcie, a100-80g, a100-40g, l40s, rtx4090 (docs/SCALING.md)");
-    pl_cmd_->add_option("--link", pl_.link, "nvlink4, nvlink3, pcie5, pcie4, pcie3, pcie5-host, pcie4-host "
-                                            "(default: the GPU's usual one)");
+    pl_cmd_->add_option("--link", pl_.link,
+                        "nvlink4, nvlink3, pcie5, pcie4, pcie3, pcie5-host, pcie4-host "
+                        "(default: the GPU's usual one)");
     pl_cmd_->add_option("--mode", pl_.mode, "weak (fixed per-GPU batch, the default) or strong");
     pl_cmd_->add_option("--per-replica-batch", pl_.per_replica_batch, "weak scaling's batch per GPU")
         ->check(CLI::Range(1, 1 << 24));
-    pl_cmd_->add_option("--profile", pl_.profile, "compute time measured on the target GPU: scaling.json or bench-step JSON");
+    pl_cmd_->add_option("--profile", pl_.profile,
+                        "compute time measured on the target GPU: scaling.json or bench-step JSON");
     pl_cmd_->add_option("--memory-gb", pl_.memory_gb, "override the GPU's memory");
     pl_cmd_->add_option("--tflops", pl_.tflops, "override the GPU's peak TFLOP/s in the run's precision");
     pl_cmd_->add_option("--bus-gbs", pl_.bus_gbs, "override the link's all-reduce bus bandwidth, GB/s");
@@ -203,10 +221,12 @@ void ToolCommands::add_plan(CLI::App& app) {
     pl_cmd_->add_option("--launch-us", pl_.launch_us, "host cost of one kernel launch, us");
     pl_cmd_->add_option("--nodes", pl_.nodes, "nodes of --gpus GPUs each (multi-node: hierarchical all-reduce)")
         ->check(CLI::Range(1, 4096));
-    pl_cmd_->add_option("--network", pl_.network, "between the nodes: eth-100, eth-200, eth-400, ib-hdr, ib-ndr, "
-                                                  "ib-ndr-x8 (docs/SCALING.md)");
+    pl_cmd_->add_option("--network", pl_.network,
+                        "between the nodes: eth-100, eth-200, eth-400, ib-hdr, ib-ndr, "
+                        "ib-ndr-x8 (docs/SCALING.md)");
     pl_cmd_->add_option("--network-gbs", pl_.network_gbs, "override the node's network bandwidth, GB/s");
-    pl_cmd_->add_option("--network-latency-us", pl_.network_latency_us, "override the network's latency per ring step, us");
+    pl_cmd_->add_option("--network-latency-us", pl_.network_latency_us,
+                        "override the network's latency per ring step, us");
     pl_cmd_->add_option("--json", pl_.json_path, "also write the plan here");
 }
 
@@ -225,8 +245,10 @@ int ToolCommands::run() {
     if (bg_->parsed()) {
         gb_.sizes = parse_list(gb_sizes_, "--sizes");
         if (!gb_shapes_.empty()) gb_.shapes = parse_shapes(gb_shapes_, "--shapes");
-        gb_.precision = gb_precision_ == "tf32" ? Precision::tf32 : gb_precision_ == "bf16" ? Precision::bf16
-                        : gb_precision_ == "fp16" ? Precision::fp16 : Precision::fp32;
+        gb_.precision = gb_precision_ == "tf32"   ? Precision::tf32
+                        : gb_precision_ == "bf16" ? Precision::bf16
+                        : gb_precision_ == "fp16" ? Precision::fp16
+                                                  : Precision::fp32;
         return bench_gemm(gb_);
     }
     if (bc_->parsed()) return bench_conv_layout(cl_);

@@ -132,9 +132,10 @@ int bench_conv_layout(const ConvLayoutBenchOptions& o) {
     cpu_set_blas_threads(1);
     auto d = make_cpu_device(0);
     const Stream s = d->compute_stream();
-    std::printf("conv forward + backward, NHWC (mirrored's layout) vs NCHW (columns [c*k*k, n*oh*ow]), batch %d,\n"
-                "on %s, one BLAS thread; median of %d\n\n",
-                o.batch, cpu_model_name().c_str(), o.reps);
+    std::printf(
+        "conv forward + backward, NHWC (mirrored's layout) vs NCHW (columns [c*k*k, n*oh*ow]), batch %d,\n"
+        "on %s, one BLAS thread; median of %d\n\n",
+        o.batch, cpu_model_name().c_str(), o.reps);
     std::printf("%-22s %10s %10s %10s %10s %8s\n", "layer", "GFLOP", "NHWC ms", "NCHW ms", "NHWC GF/s", "NCHW/NHWC");
     json rows = json::array();
     for (const auto& shape : o.shapes) {
@@ -174,7 +175,8 @@ int bench_conv_layout(const ConvLayoutBenchOptions& o) {
         std::printf("%-22s %10.3f %10.2f %10.2f %10.1f %8.2fx\n", name, gflop, a, b, gflop / a * 1e3, b / a);
         rows.push_back({{"layer", name}, {"gflop", gflop}, {"nhwc_ms", a}, {"nchw_ms", b}, {"nchw_over_nhwc", b / a}});
     }
-    write_json(o.json_path, {{"benchmark", "conv_layout"}, {"cpu", cpu_model_name()}, {"batch", o.batch}, {"results", rows}});
+    write_json(o.json_path,
+               {{"benchmark", "conv_layout"}, {"cpu", cpu_model_name()}, {"batch", o.batch}, {"results", rows}});
     return kExitOk;
 }
 

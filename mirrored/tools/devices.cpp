@@ -33,26 +33,26 @@ using json = nlohmann::json;
 
 int print_devices() {
     const int n = cuda_device_count();
-    std::printf("CPU: %s, %u hardware threads\nBLAS: %s\n", cpu_model_name().c_str(), std::thread::hardware_concurrency(),
-                blas_description().c_str());
+    std::printf("CPU: %s, %u hardware threads\nBLAS: %s\n", cpu_model_name().c_str(),
+                std::thread::hardware_concurrency(), blas_description().c_str());
     if (Nodes::available())
         std::printf("nodes: %s; several machines: mpirun -np NODES -H host1,host2 mirrored train CONFIG\n",
                     Nodes::library().c_str());
-    else
-        std::printf("nodes: this build has no MPI (libopenmpi-dev): one machine only\n");
+    else std::printf("nodes: this build has no MPI (libopenmpi-dev): one machine only\n");
     const CudaTopology t = cuda_topology();
     const CudaStatus status = cuda_status();
     if (cuda_compiled()) {
         const CudaVersions v = cuda_versions();
-        const std::string nccl = nccl_compiled() ? "NCCL " + nccl_version_text(v.nccl)
-                                                 : std::string("no NCCL (the nccl op is unavailable)");
+        const std::string nccl =
+            nccl_compiled() ? "NCCL " + nccl_version_text(v.nccl) : std::string("no NCCL (the nccl op is unavailable)");
         std::printf("built with CUDA runtime %s, %s; driver %s\n", cuda_version_text(v.runtime).c_str(), nccl.c_str(),
                     v.driver ? ("for CUDA " + cuda_version_text(v.driver)).c_str() : "none");
     } else {
         std::printf("this is a CPU-only build (nvcc was not found at build time): it cannot use GPUs\n");
         if (std::ifstream("/proc/driver/nvidia/version"))
-            std::printf("an NVIDIA driver is loaded: install the CUDA toolkit (nvcc in /usr/local/cuda or CUDA_HOME) "
-                        "and rebuild (make clean all) to train on the GPUs\n");
+            std::printf(
+                "an NVIDIA driver is loaded: install the CUDA toolkit (nvcc in /usr/local/cuda or CUDA_HOME) "
+                "and rebuild (make clean all) to train on the GPUs\n");
     }
     if (n == 0) {
         std::printf("GPUs: none (%s)\n", status.reason.c_str());
@@ -65,8 +65,8 @@ int print_devices() {
         return kExitOk;
     }
     for (const auto& d : t.devices)
-        std::printf("cuda:%d  %s  %.1f GiB  sm_%d%d  %d SMs\n", d.ordinal, d.name.c_str(), d.total_memory / 1073741824.0,
-                    d.cc_major, d.cc_minor, d.multiprocessors);
+        std::printf("cuda:%d  %s  %.1f GiB  sm_%d%d  %d SMs\n", d.ordinal, d.name.c_str(),
+                    d.total_memory / 1073741824.0, d.cc_major, d.cc_minor, d.multiprocessors);
     if (n > 1) {
         std::printf("\npeer access (row reads column; P2P performance rank, lower is faster)\n       ");
         for (int j = 0; j < n; ++j) std::printf(" cuda:%-3d", j);

@@ -8,10 +8,14 @@ namespace mirrored {
 
 double GpuSpec::tflops(Precision p) const {
     switch (p) {
-    case Precision::tf32: return tflops_tf32;
-    case Precision::bf16: return tflops_bf16;
-    case Precision::fp16: return tflops_fp16;
-    default: return tflops_fp32;
+        case Precision::tf32:
+            return tflops_tf32;
+        case Precision::bf16:
+            return tflops_bf16;
+        case Precision::fp16:
+            return tflops_fp16;
+        default:
+            return tflops_fp32;
     }
 }
 

@@ -16,14 +16,14 @@ struct GpuSpec {
     // Peak dense (no sparsity) tensor throughput, TFLOP/s: fp32 (CUDA cores), tf32, bf16 and
     // fp16 with fp32 accumulation.
     double tflops_fp32 = 0, tflops_tf32 = 0, tflops_bf16 = 0, tflops_fp16 = 0;
-    double memory_tbs = 0;    // memory bandwidth, TB/s
-    std::string link;         // the link it usually comes with (the --link default)
+    double memory_tbs = 0;  // memory bandwidth, TB/s
+    std::string link;       // the link it usually comes with (the --link default)
     std::string source;
     double tflops(Precision p) const;
 };
 
 struct LinkSpec {
-    std::string name;         // the --link name, e.g. nvlink4
+    std::string name;  // the --link name, e.g. nvlink4
     std::string description;
     // What a ring all-reduce achieves per GPU as bus bandwidth (nccl-tests' busbw), GB/s, and
     // the latency of one ring step, us.
@@ -35,7 +35,7 @@ struct LinkSpec {
 // Between nodes: what one node's network (all its NICs together) gives the all-reduce between
 // the nodes, GB/s, and the latency of one ring step, us.
 struct NetworkSpec {
-    std::string name;         // the --network name, e.g. ib-ndr
+    std::string name;  // the --network name, e.g. ib-ndr
     std::string description;
     double node_gbs = 0;
     double latency_us = 0;

@@ -67,9 +67,9 @@ Config local_config(const Config& base, const std::vector<int>& shape, int class
 }
 
 struct LocalStep {
-    double seconds = 0;       // one step at `rows`
-    double gemm_flops = 0;    // this device's GEMM ceiling, FLOP/s
-    uint64_t launches = 0;    // per step, counted on a simulated GPU
+    double seconds = 0;     // one step at `rows`
+    double gemm_flops = 0;  // this device's GEMM ceiling, FLOP/s
+    uint64_t launches = 0;  // per step, counted on a simulated GPU
     std::string device;
 };
 
@@ -83,7 +83,9 @@ double gemm_ceiling(Device& d) {
     d.fill(s, count, 0.5f, f.data());
     d.convert(s, count, f.data(), DType::f32, a.data(), t);
     d.convert(s, count, f.data(), DType::f32, b.data(), t);
-    auto once = [&] { d.gemm(s, false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n, GemmTypes{t, t, DType::f32}); };
+    auto once = [&] {
+        d.gemm(s, false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n, GemmTypes{t, t, DType::f32});
+    };
     once();
     d.synchronize();
     int iters = 0;
@@ -105,7 +107,8 @@ LocalStep measure_local(const Config& base, const std::vector<int>& shape, int c
         auto s = start_timed_session(c, nullptr, nullptr);
         out.seconds = time_steps(*s, kWarmup, kSteps, kSteps, nullptr, false).elapsed_s / kSteps;
         s->train_loader->stop();
-        auto d = s->strategy->backend().make(0);
+        auto d = s->strategy->backend().make(0);  // a device or an exception, never null
+        // cppcheck-suppress nullPointer
         d->set_precision(base.train.precision);
         out.gemm_flops = gemm_ceiling(*d);
     }
@@ -170,9 +173,11 @@ void print_header(const PlanOptions& o, const Config& base, const Model& model, 
     std::printf("  link %s: %s; bus bandwidth %.1f GB/s, %.1f us per ring step [%s]\n", t.link.name.c_str(),
                 t.link.description.c_str(), t.link.bus_gbs, t.link.latency_us, t.link.source.c_str());
     if (o.nodes > 1)
-        std::printf("  %d nodes over %s: %s; %.1f GB/s per node, %.1f us per ring step [%s]; gradients summed in the "
-                    "node, each GPU's slice between the nodes, then gathered in the node\n", o.nodes, t.net.name.c_str(),
-                    t.net.description.c_str(), t.net.node_gbs, t.net.latency_us, t.net.source.c_str());
+        std::printf(
+            "  %d nodes over %s: %s; %.1f GB/s per node, %.1f us per ring step [%s]; gradients summed in the "
+            "node, each GPU's slice between the nodes, then gathered in the node\n",
+            o.nodes, t.net.name.c_str(), t.net.description.c_str(), t.net.node_gbs, t.net.latency_us,
+            t.net.source.c_str());
 }
 
 // The compute time of one replica's step on the target: from a profile measured there, else
@@ -227,9 +232,15 @@ struct PlanRow {
                 {"gpus_per_node", n},
                 {"per_gpu_batch", rows},
                 {"memory_bytes", mem.total()},
-                {"memory", {{"parameters", mem.params}, {"gradients", mem.grads}, {"optimizer", mem.optimizer},
-                            {"activations", mem.activations}, {"inputs", mem.inputs},
-                            {"weight_copy", mem.weight_copy}, {"wire", mem.wire}, {"workspace", mem.workspace}}},
+                {"memory",
+                 {{"parameters", mem.params},
+                  {"gradients", mem.grads},
+                  {"optimizer", mem.optimizer},
+                  {"activations", mem.activations},
+                  {"inputs", mem.inputs},
+                  {"weight_copy", mem.weight_copy},
+                  {"wire", mem.wire},
+                  {"workspace", mem.workspace}}},
                 {"fits", fits},
                 {"largest_per_gpu_batch", largest},
                 {"zero1_saving_bytes", zero1},
@@ -250,9 +261,9 @@ struct PlanRow {
     }
     void print() const {
         std::printf("%7s %9d %10s %5s %10d %12s %10.3f %10.3f %10.3f %12.0f %7.2fx %5.0f%%\n", label.c_str(), rows,
-                    format_bytes(mem.total()).c_str(), fits ? "yes" : "NO", largest, format_bytes(uint64_t(zero1)).c_str(),
-                    step.compute_s * 1e3, step.allreduce_s * 1e3, step.exposed_s * 1e3, samples_per_sec, speedup,
-                    100 * efficiency);
+                    format_bytes(mem.total()).c_str(), fits ? "yes" : "NO", largest,
+                    format_bytes(uint64_t(zero1)).c_str(), step.compute_s * 1e3, step.allreduce_s * 1e3,
+                    step.exposed_s * 1e3, samples_per_sec, speedup, 100 * efficiency);
     }
 };
 
@@ -313,8 +324,10 @@ void print_verdict(const std::vector<std::string>& notes, int stops_at, int most
     std::printf("\n");
     for (const auto& n : notes) std::printf("%s\n", n.c_str());
     if (stops_at)
-        std::printf("adding GPUs stops paying at %d: per-GPU efficiency falls below %.0f%% (the all-reduce is no longer "
-                    "hidden behind backward)\n", stops_at, 100 * kStopPaying);
+        std::printf(
+            "adding GPUs stops paying at %d: per-GPU efficiency falls below %.0f%% (the all-reduce is no longer "
+            "hidden behind backward)\n",
+            stops_at, 100 * kStopPaying);
     else
         std::printf("every count keeps per-GPU efficiency above %.0f%%: more GPUs keep paying up to %d\n",
                     100 * kStopPaying, most_gpus);
@@ -325,9 +338,11 @@ json plan_json(const PlanOptions& o, const Target& target, const ComputeModel& c
     return {{"benchmark", "plan"},
             {"config", o.config},
             {"gpu", {{"name", target.gpu.name}, {"memory_gb", target.gpu.memory_gib}, {"tflops", target.peak / 1e12}}},
-            {"link", {{"name", target.link.name}, {"bus_gbs", target.link.bus_gbs}, {"latency_us", target.link.latency_us}}},
+            {"link",
+             {{"name", target.link.name}, {"bus_gbs", target.link.bus_gbs}, {"latency_us", target.link.latency_us}}},
             {"nodes", o.nodes},
-            {"network", o.nodes > 1 ? json{{"name", target.net.name}, {"node_gbs", target.net.node_gbs},
+            {"network", o.nodes > 1 ? json{{"name", target.net.name},
+                                           {"node_gbs", target.net.node_gbs},
                                            {"latency_us", target.net.latency_us}}
                                     : json(nullptr)},
             {"mode", o.mode},
@@ -357,7 +372,9 @@ int plan(const PlanOptions& o) {
     std::printf("  all-reduce: %.2f MB of gradients per step (%s) in %zu bucket(s)%s\n\n", comm.wire_bytes / 1e6,
                 dtype_name(strategy.allreduce_dtype), comm.buckets.size(),
                 comm.blocking_allreduces ? (", plus " + std::to_string(comm.blocking_allreduces) +
-                                            " small blocking ones (synchronised batchnorm)").c_str() : "");
+                                            " small blocking ones (synchronised batchnorm)")
+                                               .c_str()
+                                         : "");
     const PlanInputs in{base,
                         model,
                         strategy,
@@ -373,9 +390,9 @@ int plan(const PlanOptions& o) {
     const double first_sps =
         first_n * batches.rows(first_n) /
         predict_step(Topology{first_n, 1, in.link, in.network}, compute.seconds(batches.rows(first_n)), comm).step_s;
-    std::printf("%7s %9s %10s %5s %10s %12s %10s %10s %10s %12s %8s %6s\n", o.nodes > 1 ? "nodesxN" : "GPUs", "batch/GPU",
-                "memory", "fits", "max batch", "ZeRO-1 saves", "compute ms", "allred. ms", "exposed ms", "samples/s",
-                "speedup", "eff.");
+    std::printf("%7s %9s %10s %5s %10s %12s %10s %10s %10s %12s %8s %6s\n", o.nodes > 1 ? "nodesxN" : "GPUs",
+                "batch/GPU", "memory", "fits", "max batch", "ZeRO-1 saves", "compute ms", "allred. ms", "exposed ms",
+                "samples/s", "speedup", "eff.");
     json rows = json::array();
     int stops_at = 0;
     std::vector<std::string> notes;

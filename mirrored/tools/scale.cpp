@@ -33,7 +33,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Kind {
-    std::string name;  // cuda, cuda-shared, cpu, sim
+    std::string name;   // cuda, cuda-shared, cpu, sim
     int available = 0;  // replicas it can provide
     std::string meaning;
 };
@@ -44,18 +44,22 @@ Kind resolve_kind(const std::string& asked, int most) {
     std::string k = asked;
     if (k.empty()) k = gpus == 0 ? "cpu" : gpus >= most ? "cuda" : "cuda-shared";
     if (k == "cuda") {
-        if (gpus == 0) throw DeviceError("--kind cuda: no GPU is visible (" + cuda_unavailable_reason() + "; use --kind cpu)");
+        if (gpus == 0)
+            throw DeviceError("--kind cuda: no GPU is visible (" + cuda_unavailable_reason() + "; use --kind cpu)");
         return {k, gpus, "one replica per GPU: the speedup includes the links between them"};
     }
     if (k == "cuda-shared") {
         if (gpus == 0)
-            throw DeviceError("--kind cuda-shared: no GPU is visible (" + cuda_unavailable_reason() + "; use --kind cpu)");
-        return {k, 8, "every replica on GPU 0: they divide one GPU's compute, so the speedup is not what more GPUs "
-                      "would give; the numbers show the all-reduce's and the host's overhead per replica"};
+            throw DeviceError("--kind cuda-shared: no GPU is visible (" + cuda_unavailable_reason() +
+                              "; use --kind cpu)");
+        return {k, 8,
+                "every replica on GPU 0: they divide one GPU's compute, so the speedup is not what more GPUs "
+                "would give; the numbers show the all-reduce's and the host's overhead per replica"};
     }
     if (k == "cpu")
-        return {k, cores, "CPU replicas share this machine's cores, memory bandwidth and caches; GPUs scale "
-                          "differently - `mirrored plan` predicts them"};
+        return {k, cores,
+                "CPU replicas share this machine's cores, memory bandwidth and caches; GPUs scale "
+                "differently - `mirrored plan` predicts them"};
     if (k == "sim") return {k, 8, "simulated GPUs (CPU threads with CUDA's semantics): for testing, not for speed"};
     throw ConfigError("--kind: expected cuda, cuda-shared, cpu or sim, got '" + asked + "'");
 }
@@ -93,29 +97,31 @@ void Row::print() const {
     const double busy = std::max(split.data_wait_s + split.compute_s + split.comm_s, 1e-12);
     char range[64];
     std::snprintf(range, sizeof range, "%.2f [%.2f, %.2f]", step_s * 1e3, step_min_s * 1e3, step_max_s * 1e3);
-    std::printf("%8d %8d %22s %11.0f %7.2fx %5.0f%% %6.1f %6.1f %6.1f %9.2f %8s %12s %9s\n", replicas, global_batch, range,
-                samples_per_s, speedup, 100 * efficiency, 100 * split.data_wait_s / busy, 100 * split.compute_s / busy,
-                100 * split.comm_s / busy, wire_bytes / 1e6, replicas > 1 ? format("%.2fG", busbw / 1e9).c_str() : "-",
+    std::printf("%8d %8d %22s %11.0f %7.2fx %5.0f%% %6.1f %6.1f %6.1f %9.2f %8s %12s %9s\n", replicas, global_batch,
+                range, samples_per_s, speedup, 100 * efficiency, 100 * split.data_wait_s / busy,
+                100 * split.compute_s / busy, 100 * split.comm_s / busy, wire_bytes / 1e6,
+                replicas > 1 ? format("%.2fG", busbw / 1e9).c_str() : "-",
                 predicted ? format("%.2f", prediction.step_s * 1e3).c_str() : "-",
                 predicted ? format("%.2fx", predicted_speedup).c_str() : "-");
 }
 
 json Row::to_json() const {
-    json j = {{"replicas", replicas},
-              {"devices", devices},
-              {"global_batch", global_batch},
-              {"per_replica_batch", global_batch / replicas},
-              {"step_ms", step_s * 1e3},
-              {"step_ms_min", step_min_s * 1e3},
-              {"step_ms_max", step_max_s * 1e3},
-              {"samples_per_sec", samples_per_s},
-              {"speedup", speedup},
-              {"efficiency", efficiency},
-              {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}},
-              {"allreduce_bytes_per_step", wire_bytes},
-              {"allreduce_ms", allreduce_s * 1e3},
-              {"busbw_gbs", busbw / 1e9},
-              {"cross_device_ops", ops}};
+    json j = {
+        {"replicas", replicas},
+        {"devices", devices},
+        {"global_batch", global_batch},
+        {"per_replica_batch", global_batch / replicas},
+        {"step_ms", step_s * 1e3},
+        {"step_ms_min", step_min_s * 1e3},
+        {"step_ms_max", step_max_s * 1e3},
+        {"samples_per_sec", samples_per_s},
+        {"speedup", speedup},
+        {"efficiency", efficiency},
+        {"time_split", {{"data_wait_s", split.data_wait_s}, {"compute_s", split.compute_s}, {"comm_s", split.comm_s}}},
+        {"allreduce_bytes_per_step", wire_bytes},
+        {"allreduce_ms", allreduce_s * 1e3},
+        {"busbw_gbs", busbw / 1e9},
+        {"cross_device_ops", ops}};
     if (predicted)
         j["predicted"] = {{"step_ms", prediction.step_s * 1e3},
                           {"compute_ms", prediction.compute_s * 1e3},
@@ -156,7 +162,8 @@ std::string verdict(const Row& a, const Row& b) {
                   100.0 * (b.speedup / a.speedup) / (double(b.replicas) / a.replicas));
     std::string out = s;
     if (data >= 0.10) {
-        std::snprintf(s, sizeof s, "input-bound: %.0f%% of the step waits for data (data.loader_threads, data.prefetch)",
+        std::snprintf(s, sizeof s,
+                      "input-bound: %.0f%% of the step waits for data (data.loader_threads, data.prefetch)",
                       100 * data);
     } else if (comm >= 0.25) {
         std::snprintf(s, sizeof s, "communication-bound: the all-reduce of %.1f MB takes %.0f%% of the step",
@@ -193,8 +200,9 @@ void plot(const std::string& json_path, const std::string& png_path) {
     const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
     if (rc == 0) std::printf("wrote %s\n", png_path.c_str());
     else if (rc == 3)
-        std::printf("no plot: python3-matplotlib is not installed (scripts/install_deps.sh installs it); "
-                    "the table and scaling.json are complete\n");
+        std::printf(
+            "no plot: python3-matplotlib is not installed (scripts/install_deps.sh installs it); "
+            "the table and scaling.json are complete\n");
     else if (rc == 127) std::printf("no plot: python3 is not installed; the table and scaling.json are complete\n");
     else std::printf("no plot: %s failed (exit %d)\n", script.c_str(), rc);
 }
@@ -210,8 +218,9 @@ std::vector<int> replica_counts(const ScaleOptions& o, const Kind& kind) {
         if (n > kind.available)
             throw ConfigError("--replicas " + std::to_string(n) + ": --kind " + kind.name + " provides at most " +
                               std::to_string(kind.available) +
-                              (kind.name == "cpu" ? " on this machine (one replica per core)"
-                               : kind.name == "cuda" ? " (one per GPU; --kind cuda-shared puts them all on GPU 0)" : ""));
+                              (kind.name == "cpu"    ? " on this machine (one replica per core)"
+                               : kind.name == "cuda" ? " (one per GPU; --kind cuda-shared puts them all on GPU 0)"
+                                                     : ""));
     }
     std::sort(counts.begin(), counts.end());
     counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
@@ -230,7 +239,8 @@ void add_comm_and_prediction(Row& row, const Config& cfg, const Model& model, do
     const std::string link_op = row.ops == "shared" ? "direct" : row.ops;
     const size_t grad_bytes = size_t(model.trainable_size()) * 4;
     if (n > 1) {
-        row.allreduce_s = measure_allreduce_seconds(cfg.strategy.devices, link_op, cfg.strategy.allreduce_dtype, grad_bytes);
+        row.allreduce_s =
+            measure_allreduce_seconds(cfg.strategy.devices, link_op, cfg.strategy.allreduce_dtype, grad_bytes);
         row.busbw = 2.0 * (n - 1) / n * double(model.trainable_size()) * dtype_size(cfg.strategy.allreduce_dtype) /
                     row.allreduce_s;
     }
@@ -257,7 +267,8 @@ int per_replica_batch(const ScaleOptions& o, const Config& base, const std::vect
 void print_intro(const ScaleOptions& o, const Config& base, const Kind& kind, int per_replica) {
     std::printf("scaling %s: %s\n", o.config.c_str(), model_config_summary(base).c_str());
     std::printf("kind %s: %s\n", kind.name.c_str(), kind.meaning.c_str());
-    if (o.mode == "weak") std::printf("weak scaling: %d samples per replica, the global batch grows with the replicas\n", per_replica);
+    if (o.mode == "weak")
+        std::printf("weak scaling: %d samples per replica, the global batch grows with the replicas\n", per_replica);
     else std::printf("strong scaling: a global batch of %d, split over the replicas\n", base.train.global_batch_size);
     std::printf("%d timed steps after %d of warm-up per point; step time is the median of groups of 5 [min, max]\n\n",
                 o.steps, o.warmup);
@@ -288,8 +299,8 @@ std::vector<Row> measure_points(const ScaleOptions& o, const Config& base, const
         r.speedup = r.samples_per_s / first.samples_per_s;
         r.efficiency = r.speedup / (double(r.replicas) / first.replicas);
         if (r.predicted && first.predicted)
-            r.predicted_speedup = (double(r.global_batch) / r.prediction.step_s) /
-                                  (double(first.global_batch) / first.prediction.step_s);
+            r.predicted_speedup =
+                (double(r.global_batch) / r.prediction.step_s) / (double(first.global_batch) / first.prediction.step_s);
     }
     return rows;
 }
@@ -297,11 +308,13 @@ std::vector<Row> measure_points(const ScaleOptions& o, const Config& base, const
 // The table, what the shared-parameter rows mean, and a verdict for each step up in replicas.
 void print_results(const std::vector<Row>& rows) {
     std::printf("\n%8s %8s %22s %11s %8s %6s %6s %6s %6s %9s %8s %12s %9s\n", "replicas", "batch", "step ms [min, max]",
-                "samples/s", "speedup", "eff.", "data%", "comp%", "comm%", "MB/step", "busbw", "predicted ms", "pred. x");
+                "samples/s", "speedup", "eff.", "data%", "comp%", "comm%", "MB/step", "busbw", "predicted ms",
+                "pred. x");
     for (const Row& r : rows) r.print();
     if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.ops == "shared"; }))
-        std::printf("shared parameters: no all-reduce runs (each replica sums its slice in place); busbw and the "
-                    "prediction use the direct op's per-slice sum, written to every replica, as an upper bound\n");
+        std::printf(
+            "shared parameters: no all-reduce runs (each replica sums its slice in place); busbw and the "
+            "prediction use the direct op's per-slice sum, written to every replica, as an upper bound\n");
     std::printf("\n");
     for (size_t i = 1; i < rows.size(); ++i) std::printf("%s\n", verdict(rows[i - 1], rows[i]).c_str());
     if (!rows.front().predicted) std::printf("(no predictions: they need a 1-replica point for the compute time)\n");
@@ -314,7 +327,8 @@ int scale(const ScaleOptions& o) {
         throw ConfigError("--mode: expected weak or strong, got '" + o.mode + "'");
     if (o.steps < 1) throw ConfigError("--steps: expected a positive number of steps");
     const Config base = load_config(o.config, o.sets);
-    const Kind kind = resolve_kind(o.kind, o.replicas.empty() ? 8 : *std::max_element(o.replicas.begin(), o.replicas.end()));
+    const Kind kind =
+        resolve_kind(o.kind, o.replicas.empty() ? 8 : *std::max_element(o.replicas.begin(), o.replicas.end()));
     const std::vector<int> counts = replica_counts(o, kind);
     const int per_replica = per_replica_batch(o, base, counts);
     const std::string out_dir = o.out_dir.empty() ? (fs::path(base.run.output_dir) / "scaling").string() : o.out_dir;

@@ -29,10 +29,10 @@ std::unique_ptr<Watchdog> steps_watchdog(double timeout_s);
 int print_devices();
 
 struct LoaderBenchOptions {
-    std::string config;          // a YAML config whose data section is used; empty: Fashion-MNIST
+    std::string config;  // a YAML config whose data section is used; empty: Fashion-MNIST
     std::vector<int> threads{1, 2};
     int batch = 512;
-    double seconds = 2.0;        // per measurement
+    double seconds = 2.0;  // per measurement
     std::string json_path;
 };
 int bench_loader(const LoaderBenchOptions& o);
@@ -41,7 +41,7 @@ struct AllReduceBenchOptions {
     std::string devices = "auto";
     std::string op = "ring";
     size_t min_bytes = 4096, max_bytes = size_t(64) << 20;
-    int iters = 0;               // 0: chosen per size
+    int iters = 0;                   // 0: chosen per size
     std::string transport = "auto";  // CUDA peer reads: auto, direct (peer loads), staged (copy + add)
     std::string dtype = "fp32";      // the wire type: fp32 or bf16 (sizes stay f32 gradient bytes)
     double duration_s = 0;           // > 0: the stress test - cycle through the sizes this long
@@ -68,10 +68,10 @@ struct GemmShape {
     bool trans_a = false, trans_b = true;
 };
 struct GemmBenchOptions {
-    std::string device = "cpu";  // cpu (one BLAS thread, as a replica uses) or cuda:N
+    std::string device = "cpu";                    // cpu (one BLAS thread, as a replica uses) or cuda:N
     std::vector<int> sizes{128, 512, 1024, 2048};  // square m = n = k (A B^T, as a dense layer's forward)
     std::vector<GemmShape> shapes;                 // --shapes: instead of the squares
-    bool tf32 = false;  // shorthand for precision tf32
+    bool tf32 = false;                             // shorthand for precision tf32
     Precision precision = Precision::fp32;
     double seconds = 1.0;
     std::string json_path;
@@ -98,13 +98,13 @@ struct PlanOptions {
     std::vector<int> gpus{1, 2, 4, 8};
     std::string gpu = "h100", link;  // link empty: the GPU's usual one
     std::string mode = "weak";
-    int per_replica_batch = 0;       // 0: as `scale` picks it
-    std::string profile;             // scaling.json or bench-step JSON measured on the target GPU
+    int per_replica_batch = 0;  // 0: as `scale` picks it
+    std::string profile;        // scaling.json or bench-step JSON measured on the target GPU
     // overrides of the table's figures (0: the table's)
     double memory_gb = 0, tflops = 0, bus_gbs = 0, latency_us = 0;
-    double launch_us = 4.0;          // host cost of one kernel launch (H200: 4.0 us, measured)
-    int nodes = 1;                   // --gpus counts GPUs per node
-    std::string network = "ib-ndr";  // between the nodes
+    double launch_us = 4.0;                          // host cost of one kernel launch (H200: 4.0 us, measured)
+    int nodes = 1;                                   // --gpus counts GPUs per node
+    std::string network = "ib-ndr";                  // between the nodes
     double network_gbs = 0, network_latency_us = 0;  // overrides
     std::string json_path;
 };
@@ -118,7 +118,8 @@ struct ConvLayoutBenchOptions {
     int batch = 64;
     int reps = 9;
     // the Fashion-MNIST CNN's two convolutions and one of each ResNet-20 stage
-    std::vector<ConvShape> shapes{{28, 28, 1, 3, 32}, {14, 14, 32, 3, 64}, {32, 32, 16, 3, 16}, {16, 16, 32, 3, 32}, {8, 8, 64, 3, 64}};
+    std::vector<ConvShape> shapes{
+        {28, 28, 1, 3, 32}, {14, 14, 32, 3, 64}, {32, 32, 16, 3, 16}, {16, 16, 32, 3, 32}, {8, 8, 64, 3, 64}};
     std::string json_path;
 };
 // One convolution's forward + backward with NHWC activations (mirrored's) against NCHW, on CPU.

@@ -27,9 +27,9 @@ std::string device_memory_of(const void* p, size_t bytes, int device, const char
 float load(const void* p, cudaDataType t, size_t i);
 void store(void* p, cudaDataType t, size_t i, float v);
 float rounded(float v, cudaDataType t);  // v as t would hold it
-int stream_gpu(cudaStream_t s);  // the GPU a stream belongs to (the current one for the default stream)
-int gpus();                      // how many emulated GPUs there are
-void set_current_device(int device);  // cudaSetDevice for the calling thread, unchecked
+int stream_gpu(cudaStream_t s);          // the GPU a stream belongs to (the current one for the default stream)
+int gpus();                              // how many emulated GPUs there are
+void set_current_device(int device);     // cudaSetDevice for the calling thread, unchecked
 
 // Asynchronous streams (queue.cpp). Eager (the default): work runs when it is issued. Otherwise
 // (MIRRORED_CUDA_EMU_ASYNC=newest|random[:SEED]) it is queued after what it depends on and an

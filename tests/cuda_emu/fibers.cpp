@@ -140,9 +140,12 @@ void* fresh_stack(int i) {
 bool ready(const Block& b, const Fiber& f) {
     if (f.done) return false;
     switch (f.wait) {
-    case Wait::none: return true;
-    case Wait::barrier: return b.barrier_gen > f.wait_gen;
-    case Wait::warp: return b.warps[size_t(f.linear / 32)].gen > f.wait_gen;
+        case Wait::none:
+            return true;
+        case Wait::barrier:
+            return b.barrier_gen > f.wait_gen;
+        case Wait::warp:
+            return b.warps[size_t(f.linear / 32)].gen > f.wait_gen;
     }
     return false;
 }
@@ -151,7 +154,8 @@ void run_block(Block& b) {
     for (int i = 0; i < b.threads; ++i) {
         Fiber& f = b.fibers[size_t(i)];
         f = Fiber{};
-        f.idx = uint3{unsigned(i) % b.block.x, unsigned(i) / b.block.x % b.block.y, unsigned(i) / (b.block.x * b.block.y)};
+        f.idx =
+            uint3{unsigned(i) % b.block.x, unsigned(i) / b.block.x % b.block.y, unsigned(i) / (b.block.x * b.block.y)};
         f.linear = i;
         f.sp = fresh_stack(i);
     }
@@ -259,7 +263,8 @@ void run_launch(const LaunchConfig& c, void (*thread_body)(void*), void* arg) {
     if (kernel_faults()) return;  // a failed GPU runs no kernel
     std::lock_guard<std::mutex> lock(g_launch_mutex);
     if (!g_stacks) {
-        void* m = ::mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void* m =
+            ::mmap(nullptr, kStackBytes * kMaxThreads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
             std::fprintf(stderr, "emulated GPU: no memory for fiber stacks\n");
             std::abort();

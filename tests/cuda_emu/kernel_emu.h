@@ -106,10 +106,13 @@ void launch(const LaunchConfig& c, K kernel, A... args) {
     if (!ok) return;
     // The arguments are copied at launch, as a captured kernel node's parameters are.
     submit(c.stream, [c, bound = std::tuple<K, A...>(kernel, args...)]() mutable {
-        run_launch(c, [](void* p) {
-            auto& b = *static_cast<std::tuple<K, A...>*>(p);
-            std::apply([](K k, A... a) { k(a...); }, b);
-        }, &bound);
+        run_launch(
+            c,
+            [](void* p) {
+                auto& b = *static_cast<std::tuple<K, A...>*>(p);
+                std::apply([](K k, A... a) { k(a...); }, b);
+            },
+            &bound);
     });
 }
 
@@ -122,10 +125,14 @@ struct Launch {
         LaunchConfig config;
         K kernel;
         template <class... A>
-        void operator()(A... args) const { launch(config, kernel, args...); }
+        void operator()(A... args) const {
+            launch(config, kernel, args...);
+        }
     };
     template <class K>
-    Bound<K> operator%(K kernel) const { return {config, kernel}; }
+    Bound<K> operator%(K kernel) const {
+        return {config, kernel};
+    }
 };
 
 }  // namespace emu
@@ -152,6 +159,10 @@ inline float __uint_as_float(unsigned u) {
 
 // Device code's min and max of any two arithmetic types (CUDA's overloads).
 template <class A, class B>
-inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
+inline std::common_type_t<A, B> min(A a, B b) {
+    return a < b ? a : b;
+}
 template <class A, class B>
-inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
+inline std::common_type_t<A, B> max(A a, B b) {
+    return a < b ? b : a;
+}

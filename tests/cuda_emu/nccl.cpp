@@ -65,10 +65,13 @@ bool live(ncclComm* c) {
 
 size_t type_bytes(ncclDataType_t t) {
     switch (t) {
-    case ncclFloat32: return 4;
-    case ncclBfloat16:
-    case ncclFloat16: return 2;
-    default: return 0;  // not emulated
+        case ncclFloat32:
+            return 4;
+        case ncclBfloat16:
+        case ncclFloat16:
+            return 2;
+        default:
+            return 0;  // not emulated
     }
 }
 
@@ -97,8 +100,9 @@ ncclResult_t issue(std::vector<Call> ranks) {
     const Call& a = ranks[0];
     for (const Call& c : ranks)
         if (c.count != a.count || c.type != a.type || c.op != a.op)
-            return fail(ncclInvalidUsage, "the ranks of one all-reduce differ in count, type or operation (NCCL would "
-                                          "hang or combine mismatched data)");
+            return fail(ncclInvalidUsage,
+                        "the ranks of one all-reduce differ in count, type or operation (NCCL would "
+                        "hang or combine mismatched data)");
     std::vector<cudaStream_t> streams;
     for (const Call& c : ranks) streams.push_back(c.stream);
     const std::string why = emu::submit_collective(streams, [ranks] { reduce(ranks); });
@@ -144,15 +148,24 @@ ncclResult_t ncclGetVersion(int* version) {
 
 const char* ncclGetErrorString(ncclResult_t r) {
     switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
-    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
-    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
-    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+        case ncclSuccess:
+            return "no error";
+        case ncclUnhandledCudaError:
+            return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+        case ncclSystemError:
+            return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+        case ncclInternalError:
+            return "internal error - please report this issue to the NCCL developers";
+        case ncclInvalidArgument:
+            return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+        case ncclInvalidUsage:
+            return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+        case ncclRemoteError:
+            return "remote process exited or there was a network error";
+        case ncclInProgress:
+            return "NCCL operation in progress";
+        default:
+            return "unknown result code";
     }
 }
 const char* ncclGetLastError(ncclComm_t) { return t_last_error.c_str(); }

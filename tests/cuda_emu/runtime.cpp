@@ -84,8 +84,8 @@ struct CUevent_st {
     double ms = 0;
     emu::Capture* capture = nullptr;  // last recorded in this capture
     std::vector<int> frontier;
-    std::vector<uint64_t> queued;           // asynchronous streams: the items the last record stands for
-    std::shared_ptr<double> completed_ms;   // asynchronous streams: when it completed (a timing event)
+    std::vector<uint64_t> queued;          // asynchronous streams: the items the last record stands for
+    std::shared_ptr<double> completed_ms;  // asynchronous streams: when it completed (a timing event)
 };
 struct CUgraph_st {
     emu::Capture* capture;
@@ -166,8 +166,9 @@ const Alloc* find(const void* p, size_t bytes) {
 // none. Caller holds g_mutex.
 std::string outside_allocations(const void* p, size_t bytes, const char* what) {
     char buf[160];
-    std::snprintf(buf, sizeof buf, find(p, 1) ? "%s %p (%zu bytes) reaches past the end of its allocation"
-                                              : "%s %p (%zu bytes) is not inside any allocation of the emulated GPUs",
+    std::snprintf(buf, sizeof buf,
+                  find(p, 1) ? "%s %p (%zu bytes) reaches past the end of its allocation"
+                             : "%s %p (%zu bytes) is not inside any allocation of the emulated GPUs",
                   what, p, bytes);
     return buf;
 }
@@ -202,8 +203,8 @@ int stream_device(cudaStream_t s) { return s ? s->device : t_device; }
 // Work must go to a stream of the current device (the legacy default stream is the current one's).
 cudaError_t stream_on_current(cudaStream_t s, const char* call) {
     if (stream_device(s) != t_device)
-        return fail(cudaErrorInvalidResourceHandle, std::string(call) + " on a stream of GPU " +
-                                                        std::to_string(stream_device(s)));
+        return fail(cudaErrorInvalidResourceHandle,
+                    std::string(call) + " on a stream of GPU " + std::to_string(stream_device(s)));
     return result(fault_of(t_device));  // a failed GPU takes no more work
 }
 
@@ -316,7 +317,8 @@ std::string device_memory_of(const void* p, size_t bytes, int device, const char
     if (!a) return outside_allocations(p, bytes, what);
     char buf[200];
     std::snprintf(buf, sizeof buf, "%s %p is %s, not memory of the communicator's GPU %d", what, p,
-                  a->device < 0 ? "pinned host memory" : ("memory of GPU " + std::to_string(a->device)).c_str(), device);
+                  a->device < 0 ? "pinned host memory" : ("memory of GPU " + std::to_string(a->device)).c_str(),
+                  device);
     return buf;
 }
 
@@ -412,23 +414,40 @@ cudaError_t cudaGetLastError() {
 }
 const char* cudaGetErrorString(cudaError_t e) {
     switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorPeerAccessAlreadyEnabled: return "peer access is already enabled";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
-    case cudaErrorStreamCaptureUnjoined: return "capture was not joined";
-    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
-    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
-    default: return "emulated GPU error";
+        case cudaSuccess:
+            return "no error";
+        case cudaErrorInvalidValue:
+            return "invalid argument";
+        case cudaErrorMemoryAllocation:
+            return "out of memory";
+        case cudaErrorInvalidConfiguration:
+            return "invalid configuration argument";
+        case cudaErrorInvalidDevice:
+            return "invalid device ordinal";
+        case cudaErrorInvalidResourceHandle:
+            return "invalid resource handle";
+        case cudaErrorIllegalAddress:
+            return "an illegal memory access was encountered";
+        case cudaErrorLaunchFailure:
+            return "unspecified launch failure";
+        case cudaErrorNotReady:
+            return "device not ready";
+        case cudaErrorPeerAccessAlreadyEnabled:
+            return "peer access is already enabled";
+        case cudaErrorStreamCaptureUnsupported:
+            return "operation not permitted when stream is capturing";
+        case cudaErrorNoDevice:
+            return "no CUDA-capable device is detected";
+        case cudaErrorIllegalState:
+            return "the operation cannot be performed in the present state";
+        case cudaErrorStreamCaptureUnjoined:
+            return "capture was not joined";
+        case cudaErrorStreamCaptureIsolation:
+            return "dependency created on uncaptured work in another stream";
+        case cudaErrorCapturedEvent:
+            return "operation not permitted on an event last recorded in a capturing stream";
+        default:
+            return "emulated GPU error";
     }
 }
 
@@ -544,7 +563,8 @@ std::vector<uint64_t> queued_on(cudaStream_t s) {
 }
 }  // namespace
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    if (emu::capturing(s)) return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize of a capturing stream");
+    if (emu::capturing(s))
+        return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize of a capturing stream");
     if (emu::asynchronous()) {
         if (s) emu::queue_wait(queued_on(s));
         else emu::queue_wait_all();
@@ -563,7 +583,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
     emu::Capture* c = e->capture && !e->capture->ended ? e->capture : nullptr;
     if (!c) {
         if (s->capture)
-            return fail(cudaErrorStreamCaptureIsolation, "a capturing stream waits on an event recorded outside the capture");
+            return fail(cudaErrorStreamCaptureIsolation,
+                        "a capturing stream waits on an event recorded outside the capture");
         // Eager streams: the work it stands for is done. Asynchronous: s's next work follows it.
         if (emu::asynchronous()) emu::queue_join(s->queued, e->queued);
         return cudaSuccess;
@@ -622,7 +643,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     }
     if (e->timing) {  // an item of its own that notes when the stream reached it
         auto completed = std::make_shared<double>(0.0);
-        s->queued = {emu::queue_issue(s->device, [completed] { *completed = emu::now_ms(); }, s->queued)};
+        s->queued = {emu::queue_issue(
+            s->device, [completed] { *completed = emu::now_ms(); }, s->queued)};
         e->completed_ms = completed;
     }
     e->queued = s->queued;
@@ -632,7 +654,8 @@ namespace {
 cudaError_t event_done(cudaEvent_t e, const char* call) {
     if (!e) return result(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::mutex> lock(emu::g_capture_mutex);
-    if (e->capture && !e->capture->ended) return fail(cudaErrorCapturedEvent, std::string(call) + " of a captured event");
+    if (e->capture && !e->capture->ended)
+        return fail(cudaErrorCapturedEvent, std::string(call) + " of a captured event");
     return cudaSuccess;
 }
 std::vector<uint64_t> queued_for(cudaEvent_t e) {
@@ -685,7 +708,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
     std::lock_guard<std::mutex> lock(emu::g_capture_mutex);
     emu::Capture* c = s ? s->capture : nullptr;
-    if (!c || c->origin != s) return fail(cudaErrorIllegalState, "cudaStreamEndCapture of a stream that began no capture");
+    if (!c || c->origin != s)
+        return fail(cudaErrorIllegalState, "cudaStreamEndCapture of a stream that began no capture");
     // Every joined stream's work must be an ancestor of the origin's last work.
     std::set<int> ancestors;
     std::vector<int> todo = s->frontier;
@@ -761,23 +785,34 @@ bool known_type(cudaDataType t) { return t == CUDA_R_32F || t == CUDA_R_16BF || 
 namespace emu {
 float load(const void* p, cudaDataType t, size_t i) {
     switch (t) {
-    case CUDA_R_16BF: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case CUDA_R_16F: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+        case CUDA_R_16BF:
+            return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+        case CUDA_R_16F:
+            return __half2float(static_cast<const __half*>(p)[i]);
+        default:
+            return static_cast<const float*>(p)[i];
     }
 }
 void store(void* p, cudaDataType t, size_t i, float v) {
     switch (t) {
-    case CUDA_R_16BF: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    case CUDA_R_16F: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    default: static_cast<float*>(p)[i] = v;
+        case CUDA_R_16BF:
+            static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+            break;
+        case CUDA_R_16F:
+            static_cast<__half*>(p)[i] = __float2half_rn(v);
+            break;
+        default:
+            static_cast<float*>(p)[i] = v;
     }
 }
 float rounded(float v, cudaDataType t) {
     switch (t) {
-    case CUDA_R_16BF: return __bfloat162float(__float2bfloat16_rn(v));
-    case CUDA_R_16F: return __half2float(__float2half_rn(v));
-    default: return v;
+        case CUDA_R_16BF:
+            return __bfloat162float(__float2bfloat16_rn(v));
+        case CUDA_R_16F:
+            return __half2float(__float2half_rn(v));
+        default:
+            return v;
     }
 }
 }  // namespace emu
@@ -883,14 +918,16 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (h->device != emu::t_device)
         return blas_fail(CUBLAS_STATUS_EXECUTION_FAILED, "cublasGemmEx: a handle of GPU " + std::to_string(h->device) +
-                                                             " used with GPU " + std::to_string(emu::t_device) + " current");
+                                                             " used with GPU " + std::to_string(emu::t_device) +
+                                                             " current");
     const bool a_t = ta == CUBLAS_OP_T, b_t = tb == CUBLAS_OP_T;
     if ((ta != CUBLAS_OP_N && !a_t) || (tb != CUBLAS_OP_N && !b_t) || m < 0 || n < 0 || k < 0 ||
         lda < std::max(1, a_t ? k : m) || ldb < std::max(1, b_t ? n : k) || ldc < std::max(1, m))
         return blas_fail(CUBLAS_STATUS_INVALID_VALUE, "cublasGemmEx: a dimension or leading dimension out of range");
     if (!known_type(at) || at != bt || !(ct == at || ct == CUDA_R_32F))
         return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmEx: an unsupported combination of types");
-    if (compute != CUBLAS_COMPUTE_32F && !(compute == CUBLAS_COMPUTE_32F_FAST_TF32 && at == CUDA_R_32F && ct == CUDA_R_32F))
+    if (compute != CUBLAS_COMPUTE_32F &&
+        !(compute == CUBLAS_COMPUTE_32F_FAST_TF32 && at == CUDA_R_32F && ct == CUDA_R_32F))
         return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmEx: an unsupported compute type for these types");
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     std::string why = operand_ok(A, a_t ? k : m, a_t ? m : k, lda, at, "cublasGemmEx A");
@@ -900,9 +937,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     const bool tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     const Operand oa{A, at, lda, a_t, tf32}, ob{B, bt, ldb, b_t, tf32};
     const float alpha_v = *static_cast<const float*>(alpha), beta_v = *static_cast<const float*>(beta);
-    emu::submit(h->stream, [=] {
-        product(m, n, k, alpha_v, oa, ob, beta_v, C, ct, ldc, C, ct, ldc, nullptr, false);
-    });
+    emu::submit(h->stream, [=] { product(m, n, k, alpha_v, oa, ob, beta_v, C, ct, ldc, C, ct, ldc, nullptr, false); });
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -938,15 +973,17 @@ std::string lt_problem(const LtDesc& d, const LtLayout& a, const LtLayout& b, co
     if (d.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && (a.type != CUDA_R_32F || o.type != CUDA_R_32F))
         return "TF32 compute with 16-bit operands";
     switch (d.epilogue) {
-    case CUBLASLT_EPILOGUE_DEFAULT:
-    case CUBLASLT_EPILOGUE_RELU: break;
-    case CUBLASLT_EPILOGUE_BIAS:
-    case CUBLASLT_EPILOGUE_RELU_BIAS:
-    case CUBLASLT_EPILOGUE_BGRADB:
-        if (d.bias_type != -1 && d.bias_type != CUDA_R_32F && d.bias_type != int32_t(o.type))
-            return "a bias type other than f32 or D's";
-        break;
-    default: return "an epilogue the emulator does not implement";
+        case CUBLASLT_EPILOGUE_DEFAULT:
+        case CUBLASLT_EPILOGUE_RELU:
+            break;
+        case CUBLASLT_EPILOGUE_BIAS:
+        case CUBLASLT_EPILOGUE_RELU_BIAS:
+        case CUBLASLT_EPILOGUE_BGRADB:
+            if (d.bias_type != -1 && d.bias_type != CUDA_R_32F && d.bias_type != int32_t(o.type))
+                return "a bias type other than f32 or D's";
+            break;
+        default:
+            return "an epilogue the emulator does not implement";
     }
     return {};
 }
@@ -982,12 +1019,18 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
         return CUBLAS_STATUS_SUCCESS;
     };
     switch (attr) {
-    case CUBLASLT_MATMUL_DESC_TRANSA: return take(x.trans_a);
-    case CUBLASLT_MATMUL_DESC_TRANSB: return take(x.trans_b);
-    case CUBLASLT_MATMUL_DESC_EPILOGUE: return take(x.epilogue);
-    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return take(x.bias);
-    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return take(x.bias_type);
-    default: return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulDescSetAttribute: an attribute not emulated");
+        case CUBLASLT_MATMUL_DESC_TRANSA:
+            return take(x.trans_a);
+        case CUBLASLT_MATMUL_DESC_TRANSB:
+            return take(x.trans_b);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE:
+            return take(x.epilogue);
+        case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+            return take(x.bias);
+        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+            return take(x.bias_type);
+        default:
+            return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmulDescSetAttribute: an attribute not emulated");
     }
 }
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType type, uint64_t rows, uint64_t cols,
@@ -1051,7 +1094,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t dd, const
     }
     if (!why.empty()) return blas_fail(CUBLAS_STATUS_EXECUTION_FAILED, why);
     const bool tf32 = d.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-    const Operand oa{A, a.type, a.ld, d.trans_a == CUBLAS_OP_T, tf32}, ob{B, b.type, b.ld, d.trans_b == CUBLAS_OP_T, tf32};
+    const Operand oa{A, a.type, a.ld, d.trans_a == CUBLAS_OP_T, tf32},
+        ob{B, b.type, b.ld, d.trans_b == CUBLAS_OP_T, tf32};
     const bool add_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
     const bool relu = d.epilogue == CUBLASLT_EPILOGUE_RELU || d.epilogue == CUBLASLT_EPILOGUE_RELU_BIAS;
     const float alpha_v = *static_cast<const float*>(alpha);

@@ -120,7 +120,8 @@ TEST_CASE("emulated GPU: barriers and shuffles give correct code its result" * d
     cudaFree(dout);
 }
 
-TEST_CASE("emulated GPU: races, divergent barriers and shuffles, and block order fail" * doctest::test_suite("emulator")) {
+TEST_CASE("emulated GPU: races, divergent barriers and shuffles, and block order fail" *
+          doctest::test_suite("emulator")) {
     Gpu g;
     float* d = g.alloc(64);
     EMU_LAUNCH(neighbour_race, 1, 64, g.s)(d);
@@ -203,7 +204,8 @@ TEST_CASE("emulated GPU: cuBLAS's argument rules and its column-major product" *
     cudaFree(dc);
 }
 
-TEST_CASE("emulated GPU: stream capture records, replays, and refuses what CUDA refuses" * doctest::test_suite("emulator")) {
+TEST_CASE("emulated GPU: stream capture records, replays, and refuses what CUDA refuses" *
+          doctest::test_suite("emulator")) {
     Gpu g, side;
     float* d = g.alloc(32);
     std::vector<float> ones(32, 1.0f);
@@ -360,8 +362,8 @@ TEST_CASE("emulated GPU: asynchronous streams run work out of issue order, so a 
 #if MIRRORED_NCCL
 #include <nccl.h>
 
-TEST_CASE("emulated NCCL: grouped all-reduce over two GPUs, captured too; refuses what would hang or misuse memory"
-          * doctest::test_suite("emulator")) {
+TEST_CASE("emulated NCCL: grouped all-reduce over two GPUs, captured too; refuses what would hang or misuse memory" *
+          doctest::test_suite("emulator")) {
     int gpus = 0;
     REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
     REQUIRE(gpus >= 2);
@@ -397,13 +399,13 @@ TEST_CASE("emulated NCCL: grouped all-reduce over two GPUs, captured too; refuse
     CHECK(s0 == std::vector<float>{11, 22, 33, 44, 55, 66, 77, 88});
 
     CHECK(both(8, 7) == ncclInvalidUsage);  // the ranks disagree on the count
-    ncclGroupStart();  // one rank of two issued: NCCL would wait for the other forever
+    ncclGroupStart();                       // one rank of two issued: NCCL would wait for the other forever
     ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g0.s);
     CHECK(ncclGroupEnd() == ncclInvalidUsage);
-    CHECK(ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidUsage);  // no group
-    CHECK(ncclAllReduce(x1, x1, 8, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);  // GPU 1's buffer
-    CHECK(ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g1.s) == ncclInvalidArgument);  // GPU 1's stream
-    CHECK(ncclAllReduce(x0, x0, 9, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);  // past the buffer
+    CHECK(ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidUsage);         // no group
+    CHECK(ncclAllReduce(x1, x1, 8, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);      // GPU 1's buffer
+    CHECK(ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g1.s) == ncclInvalidArgument);      // GPU 1's stream
+    CHECK(ncclAllReduce(x0, x0, 9, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);      // past the buffer
     CHECK(ncclAllReduce(x0, x0 + 1, 4, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);  // overlapping
 
     // captured: GPU 1's stream joins GPU 0's capture; the all-reduce becomes a node of the graph

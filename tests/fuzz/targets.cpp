@@ -22,8 +22,7 @@ template <typename F>
 void tolerate(F&& f) {
     try {
         f();
-    } catch (const Error&) {
-    }
+    } catch (const Error&) {}
 }
 
 }  // namespace
@@ -52,7 +51,9 @@ void csv(const uint8_t* data, size_t size) {
     if (size < 1) return;
     CsvOptions o;
     const uint8_t k = data[0];
-    o.header = k % 3 == 0 ? CsvOptions::Header::auto_detect : k % 3 == 1 ? CsvOptions::Header::yes : CsvOptions::Header::no;
+    o.header = k % 3 == 0   ? CsvOptions::Header::auto_detect
+               : k % 3 == 1 ? CsvOptions::Header::yes
+                            : CsvOptions::Header::no;
     const std::vector<std::string> labels[] = {{}, {"label"}, {"0"}, {"2"}, {"x1"}, {"0", "x1"}};
     o.label_columns = labels[(k / 3) % 6];
     o.delimiter = (k / 18) % 2 ? ';' : ',';
@@ -104,7 +105,8 @@ void devices(const uint8_t* data, size_t size) {
     st.state = CudaStatus::State(data[0] % 5);
     st.devices = st.state == CudaStatus::State::ok ? 1 + data[0] % 8 : 0;
     st.reason = "fuzz";
-    tolerate([&] { (void)parse_devices(std::string(reinterpret_cast<const char*>(data + 1), size - 1), st).describe(); });
+    tolerate(
+        [&] { (void)parse_devices(std::string(reinterpret_cast<const char*>(data + 1), size - 1), st).describe(); });
 }
 
 void profile(const uint8_t* data, size_t size) {

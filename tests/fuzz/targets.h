@@ -33,8 +33,8 @@ struct Named {
     Target fn;
 };
 // Every target, by the name its corpus folder and `make fuzz` binary carry.
-inline constexpr Named kTargets[] = {{"idx", idx},       {"cifar10", cifar10},         {"csv", csv},
-                                     {"config", config}, {"safetensors", safetensors}, {"devices", devices},
+inline constexpr Named kTargets[] = {{"idx", idx},        {"cifar10", cifar10},         {"csv", csv},
+                                     {"config", config},  {"safetensors", safetensors}, {"devices", devices},
                                      {"profile", profile}};
 
 }  // namespace mirrored::fuzz
