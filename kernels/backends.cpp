@@ -183,22 +183,18 @@ const Backend kSimBackend{
 
 }  // namespace
 
-const std::vector<const Backend*>& backends() {
-    static const std::vector<const Backend*> all{&kCpuBackend, &kCudaBackend, &kSimBackend};
+const Registry<Backend>& backends() {
+    static const Registry<Backend> all("backend", {&kCpuBackend, &kCudaBackend, &kSimBackend});
     return all;
 }
 
 const Backend& backend_of(DeviceType t) {
-    for (const Backend* b : backends())
+    for (const Backend* b : backends().entries())
         if (b->type == t) return *b;
     return kCpuBackend;
 }
 
-const Backend* find_backend(const std::string& name) {
-    for (const Backend* b : backends())
-        if (name == b->name) return b;
-    return nullptr;
-}
+const Backend* find_backend(const std::string& name) { return backends().find(name); }
 
 const DeviceTraits& Device::traits() const { return backend_of(type_).traits; }
 bool Device::asynchronous() const { return traits().asynchronous; }

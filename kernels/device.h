@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "base/host_device.h"
+#include "base/registry.h"
 
 namespace mirrored {
 
@@ -239,7 +240,7 @@ public:
     DeviceType type() const { return type_; }
     const DeviceTraits& traits() const;  // its backend's
     // Streams are real queues that run behind the host (CUDA, sim); on CPU they are the caller.
-    bool asynchronous() const;  // traits().asynchronous
+    bool asynchronous() const;                         // traits().asynchronous
     int ordinal() const { return ordinal_; }           // GPU ordinal (CUDA, sim); replica index on CPU
     const std::string& name() const { return name_; }  // "cuda:0", "cpu:1"
     virtual std::string description() const = 0;       // model name, memory
@@ -628,7 +629,7 @@ struct Backend {
     // The library whose rounding a result depends on ("blas-kernel ...", "cuBLAS").
     std::string (*gemm_library)(bool fused_epilogues);
 };
-const std::vector<const Backend*>& backends();  // cpu, cuda, sim
+const Registry<Backend>& backends();  // cpu, cuda, sim: kernels/backends.cpp lists them
 const Backend& backend_of(DeviceType t);
 // The backend named by a spec's prefix, or null.
 const Backend* find_backend(const std::string& name);

@@ -13,11 +13,6 @@ namespace mirrored {
 
 class StepProfile final : public LayerProbe {
 public:
-    // The strategy's marks around the layers' (LayerProbe): a step is begin, input, [layer
-    // forwards, loss, layer backwards] per micro-batch, reduced, end; and reduced after a layer
-    // whose gradient buckets it reduces during backward (CPU replicas do so on their thread).
-    enum Phase : int { kBegin = -1, kInput = -2, kLoss = -3, kReduced = -4, kEnd = -5 };
-
     // layers: the model's top-level layers; micro_batches: forward/backward passes per step.
     StepProfile(Device& d, int layers, int micro_batches);
     ~StepProfile() override;

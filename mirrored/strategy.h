@@ -88,7 +88,7 @@ public:
     const std::string& cuda_graph_note() const { return step_->cuda_graph_note(); }
     // Profiling (bench-step --layers): while set, replica 0's steps mark their layers and phases
     // in `profile` (StepProfile, on replica 0's device) and run uncaptured; null turns it off.
-    void set_profile(StepProfile* profile) { step_->set_profile(profile); }
+    void set_profile(LayerProbe* profile) { step_->set_profile(profile); }
     // Test hook: in the next step, replica r's gradients overflow (an inf is written into them
     // after backward, before the all-reduce), as an fp16 overflow in one replica would.
     void test_inject_overflow(int r) { step_->test_inject_overflow(r); }

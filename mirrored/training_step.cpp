@@ -4,7 +4,6 @@
 #include <cmath>
 #include <functional>
 
-#include "mirrored/step_profile.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -191,12 +190,12 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     const Shard shard = shape.shard;
     const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
     if (timing) d.event_record(R.t_begin, cs);
-    profile_mark(R, cs, StepProfile::kBegin);
+    profile_mark(R, cs, LayerProbe::kBegin);
     const char* input = static_cast<const char*>(set_.stage_for_compute(R, buf, size_t(shard.rows)));
     const size_t row_bytes = set_.input_row_bytes(R);
     const size_t trainable = model_.trainable_size(), flat = model_.flat_size();
     if (model_.has_state()) d.fill(cs, flat - trainable, 0.0f, R.grads.data() + trainable);  // this step's statistics
-    profile_mark(R, cs, StepProfile::kInput);
+    profile_mark(R, cs, LayerProbe::kInput);
 
     auto reduce = [&](const Bucket& b) {
         const double c0 = now_s();
@@ -214,7 +213,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
                 reduced = true;
             }
         // CPU replicas reduce right here: their time is the reduction's, not the next layer's
-        if (reduced) profile_mark(R, cs, StepProfile::kReduced);
+        if (reduced) profile_mark(R, cs, LayerProbe::kReduced);
     };
     const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
     const float grad_scale = 1.0f / float(global_rows);
@@ -233,7 +232,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
             d.fill(cs, 1, INFINITY, R.grad_stats.data());
             d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
         }
-        profile_mark(R, cs, StepProfile::kLoss);
+        profile_mark(R, cs, LayerProbe::kLoss);
         const bool last = m == set_.accumulation() - 1;
         model_.backward(p, dlogits, last && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
     }
@@ -249,11 +248,11 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
             d.stream_wait_event(cs, R.reduced);
         }
         if (timing) d.event_record(R.t_reduced, cs);
-        profile_mark(R, cs, StepProfile::kReduced);
+        profile_mark(R, cs, LayerProbe::kReduced);
         apply_update(R, step, lr, values);
     }
     if (timing) d.event_record(R.t_end, cs);
-    profile_mark(R, cs, StepProfile::kEnd);
+    profile_mark(R, cs, LayerProbe::kEnd);
     if (!set_.traits().asynchronous) {  // the host's clock is the device's
         R.comm_s += comm;
         R.compute_s += now_s() - t0 - comm;
@@ -414,7 +413,7 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
                                DType::f32, 2);
     }
     if (timing) d.event_record(R.t_reduced, cs);  // the sums are this path's communication
-    profile_mark(R, cs, StepProfile::kReduced);
+    profile_mark(R, cs, LayerProbe::kReduced);
     if (te > tb && sum_in_update)
         H.optimizer->apply_summed_range(d, cs, H.params.data(), set_.grad_ptrs().data(), set_.replicas(), R.index, tb,
                                         te, step, lr, values);

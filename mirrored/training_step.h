@@ -20,8 +20,6 @@
 
 namespace mirrored {
 
-class StepProfile;  // mirrored/step_profile.h
-
 // A contiguous range of the flat gradient buffer, reduced as one unit.
 struct Bucket {
     size_t begin = 0, end = 0;  // floats
@@ -55,7 +53,7 @@ public:
     const std::vector<Bucket>& buckets() const { return buckets_; }
     bool cuda_graph() const { return graphs_on_; }
     const std::string& cuda_graph_note() const { return graph_note_; }
-    void set_profile(StepProfile* profile) { profile_ = profile; }
+    void set_profile(LayerProbe* profile) { profile_ = profile; }
     void test_inject_overflow(int r) { inject_overflow_ = r; }
 
 private:
@@ -123,7 +121,7 @@ private:
     std::vector<StepShape> graph_shapes_;          // per replica, this step's
     Event graph_fork_;                             // replica 0's: the other replicas join the capture
     int inject_overflow_ = -1;
-    StepProfile* profile_ = nullptr;
+    LayerProbe* profile_ = nullptr;  // bench-step --layers: replica 0's steps marked
 };
 
 }  // namespace mirrored

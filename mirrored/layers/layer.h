@@ -95,10 +95,13 @@ class StatsSync;
 
 // Profiling (bench-step --layers): marked on the pass's stream after each top-level layer's
 // forward (label: the layer's index) and backward (label: layers + index), so that the time
-// between marks is the layer's - an event on GPUs, the clock on CPUs. The strategy marks a step's
-// other phases with negative labels of its own.
+// between marks is the layer's - an event on GPUs, the clock on CPUs. The training step marks its
+// other phases with the negative labels of StepPhase: a step is begin, input, [layer forwards,
+// loss, layer backwards] per micro-batch, reduced, end; and reduced after a layer whose gradient
+// buckets it reduces during backward (CPU replicas do so on their thread).
 class LayerProbe {
 public:
+    enum StepPhase : int { kBegin = -1, kInput = -2, kLoss = -3, kReduced = -4, kEnd = -5 };
     virtual ~LayerProbe() = default;
     virtual void mark(Device& d, Stream s, int label) = 0;
 };

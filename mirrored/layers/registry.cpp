@@ -13,18 +13,10 @@ extern const LayerKind kDenseKind, kDropoutKind, kFlattenKind, kConv2dKind, kMax
     kGlobalAvgPoolKind, kBatchNormKind, kLayerNormKind, kResidualKind;
 
 const Registry<LayerKind>& layer_kinds() {
-    static const Registry<LayerKind> kinds("layer type", {
-                                                             &kDenseKind,
-                                                             &kDropoutKind,
-                                                             &kFlattenKind,
-                                                             &kConv2dKind,
-                                                             &kMaxPool2dKind,
-                                                             &kAvgPool2dKind,
-                                                             &kGlobalAvgPoolKind,
-                                                             &kBatchNormKind,
-                                                             &kLayerNormKind,
-                                                             &kResidualKind,
-                                                         });
+    // one entry per type, in the order --help and error messages list them
+    static const Registry<LayerKind> kinds(
+        "layer type", {&kDenseKind, &kDropoutKind, &kFlattenKind, &kConv2dKind, &kMaxPool2dKind, &kAvgPool2dKind,
+                       &kGlobalAvgPoolKind, &kBatchNormKind, &kLayerNormKind, &kResidualKind});
     return kinds;
 }
 
