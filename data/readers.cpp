@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cerrno>
 #include <charconv>
+#include <limits>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -326,24 +327,47 @@ std::string_view trim(std::string_view s) {
     return s;
 }
 
+// A field as spreadsheets quote it ("label", "0.5") without its quotes.
+std::string_view unquote(std::string_view f) {
+    return f.size() >= 2 && f.front() == '"' && f.back() == '"' ? f.substr(1, f.size() - 2) : f;
+}
+
 // The fields of a line into `out` (reused from line to line: no allocation per row).
 void split(std::string_view line, char delim, std::vector<std::string_view>& out) {
     out.clear();
     size_t start = 0;
     for (;;) {
         const size_t pos = line.find(delim, start);
-        out.push_back(trim(line.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start)));
+        out.push_back(
+            unquote(trim(line.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start))));
         if (pos == std::string_view::npos) break;
         start = pos + 1;
     }
 }
 
-bool parse_float(std::string_view s, float& v) {
-    if (s.empty()) return false;
+// A number in float range; one too small for a float (1e-50) is 0, as a float cannot say better.
+enum class Parsed { ok, not_a_number, too_large };
+Parsed parse_number(std::string_view s, float& v) {
+    if (s.empty()) return Parsed::not_a_number;
     if (s.front() == '+') s.remove_prefix(1);
-    const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-    return r.ec == std::errc() && r.ptr == s.data() + s.size() && std::isfinite(v);
+    double d = 0;
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), d);
+    if (r.ptr != s.data() + s.size() || (r.ec != std::errc() && r.ec != std::errc::result_out_of_range))
+        return Parsed::not_a_number;
+    if (r.ec == std::errc::result_out_of_range) {  // beyond a double: tiny (to 0) or huge, by its exponent
+        const size_t e = s.find_first_of("eE");
+        if (e != std::string_view::npos && e + 1 < s.size() && s[e + 1] == '-') {
+            v = 0.0f;
+            return Parsed::ok;
+        }
+        return Parsed::too_large;
+    }
+    if (!std::isfinite(d)) return Parsed::not_a_number;  // "nan", "inf"
+    if (std::fabs(d) > double(std::numeric_limits<float>::max())) return Parsed::too_large;
+    v = float(d);
+    return Parsed::ok;
 }
+bool parse_float(std::string_view s, float& v) { return parse_number(s, v) == Parsed::ok; }
 
 // Printable form of a field for an error message: control bytes escaped, long fields cut.
 std::string shown(std::string_view f) {
@@ -413,18 +437,23 @@ void append_row(const std::vector<std::string_view>& fields, const std::vector<s
     if (targets) ds.targets.resize(first_target + label_cols.size());
     for (size_t c = 0; c < fields.size(); ++c) {
         float v;
-        if (!parse_float(fields[c], v))
-            throw DataError(where() + "column " + std::to_string(c + 1) +
-                            (header.empty() ? "" : " (" + shown(header[c]) + ")") + ": '" + shown(fields[c]) +
-                            "' is not a finite number");
+        if (const Parsed p = parse_number(fields[c], v); p != Parsed::ok)
+            throw DataError(
+                where() + "column " + std::to_string(c + 1) + (header.empty() ? "" : " (" + shown(header[c]) + ")") +
+                ": '" + shown(fields[c]) +
+                (p == Parsed::too_large ? "' is beyond a 32-bit float's range (3.4e38)" : "' is not a finite number"));
         const auto label = std::find(label_cols.begin(), label_cols.end(), c);
         if (label == label_cols.end()) {
             ds.features.push_back(v);
         } else if (targets) {
             ds.targets[first_target + size_t(label - label_cols.begin())] = v;
         } else {
-            if (v < 0 || v != std::floor(v) || v > 1e6)
+            if (v < 0 || v != std::floor(v))
                 throw DataError(where() + "label '" + shown(fields[c]) + "' is not a non-negative integer");
+            if (v >= float(1 << 20))  // check_labels' bound on classes
+                throw DataError(where() + "label '" + shown(fields[c]) +
+                                "' is out of range: class indexes go from 0 "
+                                "to at most 1048575");
             ds.labels.push_back(int32_t(v));
         }
     }
@@ -448,8 +477,11 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
     bool first = true, sized = false;
     std::vector<std::string_view> fields;
     auto where = [&](size_t line) { return path + ":" + std::to_string(line) + ": "; };
+    // Lines end in \n or \r\n; files from old Mac programs end them in \r alone
+    const char eol =
+        text.find('\n') == std::string_view::npos && text.find('\r') != std::string_view::npos ? '\r' : '\n';
     while (pos < text.size()) {
-        size_t end = text.find('\n', pos);
+        size_t end = text.find(eol, pos);
         if (end == std::string_view::npos) end = text.size();
         const size_t line_start = pos;
         const std::string_view line = trim(text.substr(pos, end - pos));
@@ -469,7 +501,7 @@ Dataset read_csv(InputFile& in, const CsvOptions& opt) {
                 throw DataError(where(line_no) + std::to_string(columns) + " columns is implausibly many");
             // at most one row per line from this one on
             const std::string_view rest = text.substr(line_start);
-            sized = reserve_samples(ds, uint64_t(std::count(rest.begin(), rest.end(), '\n')) + 1, columns - 1);
+            sized = reserve_samples(ds, uint64_t(std::count(rest.begin(), rest.end(), eol)) + 1, columns - 1);
             const bool is_header = opt.header == CsvOptions::Header::yes ||
                                    (opt.header == CsvOptions::Header::auto_detect && !all_numbers(fields));
             if (is_header)

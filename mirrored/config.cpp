@@ -1,6 +1,7 @@
 // The one place every configuration key is read: its type, range and default.
 #include "mirrored/config.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -577,6 +578,9 @@ YAML::Node parse_document(const std::string& text, const std::string& name) {
     YAML::Node root;
     try {
         root = YAML::Load(text);
+    } catch (const YAML::DeepRecursion& e) {
+        throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": nested more than " +
+                          std::to_string(e.depth()) + " levels deep: a configuration nests a few levels");
     } catch (const YAML::ParserException& e) {
         throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
     } catch (const YAML::Exception& e) {

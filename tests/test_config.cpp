@@ -121,6 +121,14 @@ TEST_CASE("config: unreadable files and YAML syntax errors") {
     CHECK_THROWS_WITH_AS(load_config("/nonexistent/x.yaml", {}), doctest::Contains("/nonexistent/x.yaml: cannot open"),
                          ConfigError);
     expect_error("run: {name: [unclosed\n", {}, "invalid YAML");
+    // nesting beyond the YAML parser's depth guard: said so, with the line
+    expect_error("run: {name: x}\nmodel: " + std::string(5000, '[') + std::string(5000, ']') + "\n", {},
+                 "e.yaml:2: nested more than");
+    // an empty list of CIFAR-10 files is not the default list
+    std::string cifar = kGood;
+    cifar.replace(cifar.find("data: {"), cifar.find("\nmodel:") - cifar.find("data: {"),
+                  "data: {dataset: cifar10, train: {files: []}}");
+    expect_error(cifar, {}, "data.train.files: expected at least one batch file");
     const test::TempDir d;
     fs::create_directories(d.path() / "dir.yaml");
     CHECK_THROWS_WITH_AS(load_config(d / "dir.yaml", {}), doctest::Contains("dir.yaml: is a directory"), ConfigError);

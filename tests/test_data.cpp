@@ -336,6 +336,25 @@ TEST_CASE("csv: header detection, label by name or index, errors name the line")
     CHECK_THROWS_WITH_AS(read_csv(d / "empty.csv", {}), doctest::Contains("no data rows"), DataError);
     CHECK_THROWS_WITH_AS(read_csv(d / "a.csv", CsvOptions{{"nope"}}), doctest::Contains("no column named 'nope'"),
                          DataError);
+    // a spreadsheet's quotes: the header names "label", and quoted numbers are numbers
+    d.write("quoted.csv", "\"label\",\"x\"\n\"1\",\"0.5\"\n0,1.5\n");
+    ds = read_csv(d / "quoted.csv", {});
+    CHECK(ds.labels == std::vector<int32_t>{1, 0});
+    CHECK(ds.features == std::vector<float>{0.5f, 1.5f});
+    // lines ended by \r alone (old Mac programs)
+    d.write("cr.csv", "a,label\r1,0\r2,1\r");
+    ds = read_csv(d / "cr.csv", {});
+    CHECK(ds.labels == std::vector<int32_t>{0, 1});
+    // a class index too large to be one, said so; a float too small for a float is 0, too large refused
+    d.write("big.csv", "a,label\n1,4294967296\n");
+    CHECK_THROWS_WITH_AS(read_csv(d / "big.csv", {}),
+                         doctest::Contains("big.csv:2: label '4294967296' is out of range"), DataError);
+    d.write("tiny.csv", "a,label\n1e-50,0\n-2e-400,1\n");
+    ds = read_csv(d / "tiny.csv", {});
+    CHECK(ds.features == std::vector<float>{0.0f, 0.0f});
+    d.write("huge.csv", "a,label\n1e39,0\n");
+    CHECK_THROWS_WITH_AS(read_csv(d / "huge.csv", {}), doctest::Contains("'1e39' is beyond a 32-bit float's range"),
+                         DataError);
 }
 
 TEST_CASE("csv: float targets from one or several label columns, for regression and multi-label losses") {

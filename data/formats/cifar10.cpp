@@ -18,8 +18,10 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
     auto o = std::make_shared<Cifar10Options>();
     for (auto [split, files] : {std::pair{".train", &o->train}, std::pair{".test", &o->test}}) {
         r.expect_map(p + split);
-        std::vector<std::string> given = r.text_list(p + split + ".files");
+        const std::string key = p + split + ".files";
+        std::vector<std::string> given = r.text_list(key);
         if (!given.empty()) *files = std::move(given);
+        else if (r.has(key)) r.fail(key, "expected at least one batch file (leave the key out for the default list)");
     }
     return o;
 }
