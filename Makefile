@@ -119,7 +119,7 @@ LIB_OBJ := $(HOST_OBJ) $(BACKEND_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu
 TEST_OBJ := $(HOST_TEST_OBJ) $(BACKEND_TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all host-objects train test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz format lint clean install-deps
+.PHONY: all host-objects train test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz fuzz-targets format lint clean install-deps
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 host-objects: $(HOST_OBJ) $(HOST_TEST_OBJ) $(MAIN_OBJ)
 
@@ -223,9 +223,12 @@ test-cuda-emu-asan:
 # clang with coverage and AddressSanitizer + UndefinedBehaviorSanitizer, one binary per target.
 # The parsers (the planner's --profile reader among them) sit below the trainer and the commands
 # of mirrored/tools/, so those are not compiled for it (a minute of CI).
-FUZZ_TARGETS := idx cifar10 csv config safetensors devices profile
+FUZZ_TARGETS := $(shell grep -oE '\{"[a-z0-9]+", [a-z0-9]+\}' tests/fuzz/targets.h | cut -d'"' -f2)
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_LIB := $(BUILD)/libmirrored_parsers.a
+fuzz-targets:
+	@echo $(FUZZ_TARGETS)
+
 fuzz:
 	$(MAKE) -j$(shell nproc) BUILD=build-fuzz CUDA_HOME=/nonexistent WITH_MPI=0 CXX=clang++ \
 	  CXXFLAGS_EXTRA="-fsanitize=fuzzer-no-link $(FUZZ_SAN) -O1" $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 
 namespace mirrored {
 
@@ -253,6 +254,61 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
     return s;
 }
 
+namespace {
+
+uint64_t meminfo(const char* key) {
+    std::ifstream in("/proc/meminfo");
+    std::string name, unit;
+    uint64_t kb = 0;
+    while (in >> name >> kb >> unit)
+        if (name == key) return kb * 1024;
+    return 0;
+}
+
+}  // namespace
+
+CgroupMemory cgroup_memory(const std::string& proc_cgroup, const std::string& mount) {
+    CgroupMemory best;
+    // One hierarchy: the group at `path` under `root` and each parent, reading limit_file.
+    auto walk = [&](const std::string& root, std::string path, const char* limit_file, const char* used_file) {
+        while (true) {
+            const std::string dir = root + (path == "/" ? "" : path);
+            uint64_t limit = read_number((dir + "/" + limit_file).c_str());
+            if (limit >= (uint64_t(1) << 60)) limit = 0;  // v1 reports "unlimited" as a huge number
+            if (limit > 0 && (best.limit == 0 || limit < best.limit)) {
+                best.limit = limit;
+                best.used = read_number((dir + "/" + used_file).c_str());
+                best.file = dir + "/" + limit_file;
+            }
+            if (path.empty() || path == "/") return;
+            const size_t slash = path.find_last_of('/');
+            path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+        }
+    };
+    std::istringstream lines(proc_cgroup);
+    std::string line;
+    while (std::getline(lines, line)) {  // "id:controllers:path"
+        const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+        if (b == std::string::npos) continue;
+        const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",", path = line.substr(b + 1);
+        if (path.empty() || path[0] != '/' || path.find("/..") != std::string::npos) continue;
+        if (line.compare(0, a, "0") == 0 && controllers == ",,") {  // v2, alone or beside v1 (hybrid)
+            walk(mount, path, "memory.max", "memory.current");
+            walk(mount + "/unified", path, "memory.max", "memory.current");
+        } else if (controllers.find(",memory,") != std::string::npos) {
+            walk(mount + "/memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes");
+        }
+    }
+    return best;
+}
+
+CgroupMemory process_cgroup_memory() {
+    std::ifstream in("/proc/self/cgroup");
+    std::stringstream text;
+    text << in.rdbuf();
+    return cgroup_memory(text.str());
+}
+
 uint64_t available_host_memory() {
     // Read at most every 100 ms: callers ask per file, and /proc and cgroup reads are not free.
     static std::mutex mu;
@@ -261,27 +317,10 @@ uint64_t available_host_memory() {
     std::lock_guard<std::mutex> lock(mu);
     const auto now = std::chrono::steady_clock::now();
     if (cached != 0 && now - when < std::chrono::milliseconds(100)) return cached;
-    uint64_t avail = 0;
-    {
-        std::ifstream in("/proc/meminfo");
-        std::string key;
-        uint64_t kb = 0;
-        std::string unit;
-        while (in >> key >> kb >> unit)
-            if (key == "MemAvailable:") {
-                avail = kb * 1024;
-                break;
-            }
-    }
-    // cgroup v2, then v1: a container's limit may be far below the machine's memory.
-    uint64_t limit = read_number("/sys/fs/cgroup/memory.max"), used = read_number("/sys/fs/cgroup/memory.current");
-    if (limit == 0) {
-        limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-        used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
-        if (limit >= (uint64_t(1) << 60)) limit = 0;  // v1 reports "unlimited" as a huge number
-    }
-    if (limit > 0) {
-        const uint64_t room = limit > used ? limit - used : 0;
+    uint64_t avail = meminfo("MemAvailable:");
+    const CgroupMemory cg = process_cgroup_memory();
+    if (cg.limit > 0) {
+        const uint64_t room = cg.limit > cg.used ? cg.limit - cg.used : 0;
         avail = avail == 0 ? room : std::min(avail, room);
     }
     cached = avail;
@@ -289,24 +328,7 @@ uint64_t available_host_memory() {
     return avail;
 }
 
-uint64_t total_host_memory() {
-    uint64_t total = 0;
-    std::ifstream in("/proc/meminfo");
-    std::string key, unit;
-    uint64_t kb = 0;
-    while (in >> key >> kb >> unit)
-        if (key == "MemTotal:") {
-            total = kb * 1024;
-            break;
-        }
-    uint64_t limit = read_number("/sys/fs/cgroup/memory.max");
-    if (limit == 0) {
-        limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-        if (limit >= (uint64_t(1) << 60)) limit = 0;
-    }
-    if (limit > 0) total = total == 0 ? limit : std::min(total, limit);
-    return total;
-}
+uint64_t machine_memory() { return meminfo("MemTotal:"); }
 
 std::string format_bytes(uint64_t bytes) {
     char b[48];

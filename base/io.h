@@ -65,10 +65,21 @@ private:
 // file is not regular, unreadable, or larger.
 std::string read_regular_file(const std::string& path, uint64_t max_bytes);
 
-// Host memory this process may still allocate: MemAvailable, lowered by a cgroup limit (v2
-// memory.max or v1 limit_in_bytes) when one is set. 0 if unknown.
+// The tightest memory limit among the cgroups this process is in: each group on its path, from
+// its own up to the root, in cgroup v2 (memory.max) and v1 (memory.limit_in_bytes), as a
+// container, a Slurm job or `systemd-run -p MemoryMax=` sets one. proc_cgroup is the text of
+// /proc/self/cgroup, mount the cgroup file system's root. limit 0: none.
+struct CgroupMemory {
+    uint64_t limit = 0, used = 0;  // bytes; used: by that group and its children now
+    std::string file;              // the file the limit was read from
+};
+CgroupMemory cgroup_memory(const std::string& proc_cgroup, const std::string& mount = "/sys/fs/cgroup");
+CgroupMemory process_cgroup_memory();  // this process's, read now
+
+// Host memory this process may still allocate: MemAvailable, lowered by a cgroup limit when one
+// is set. 0 if unknown.
 uint64_t available_host_memory();
-uint64_t total_host_memory();              // MemTotal, or the cgroup limit if lower (0 if unknown)
+uint64_t machine_memory();                 // MemTotal (0 if unknown)
 std::string format_bytes(uint64_t bytes);  // "3.2 GiB"
 
 // Overflow-checked size arithmetic on untrusted numbers: false on overflow.

@@ -1,11 +1,13 @@
 #include "base/machine_cache.h"
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <vector>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "base/output.h"
 
 namespace mirrored {
 
@@ -23,14 +25,31 @@ fs::path cache_path(const std::string& file) {
 // Keys and values are single lines without tabs: anything else would corrupt the file.
 bool storable(const std::string& s) { return s.find_first_of("\t\n\r") == std::string::npos; }
 
+// The cache file's lines: only a regular file is read (a FIFO or a device planted at its path
+// would block or never end), at most 1 MiB; none when there is no such file.
+std::vector<std::string> cache_lines(const fs::path& f) {
+    std::string text;
+    try {
+        text = read_regular_file(f.string(), uint64_t(1) << 20);
+    } catch (const InputError&) {
+        return {};
+    }
+    std::vector<std::string> lines;
+    size_t start = 0;
+    while (start < text.size()) {
+        const size_t end = std::min(text.find('\n', start), text.size());
+        lines.push_back(text.substr(start, end - start));
+        start = end + 1;
+    }
+    return lines;
+}
+
 }  // namespace
 
 std::optional<std::string> cache_lookup(const std::string& file, const std::string& key) {
     const fs::path f = cache_path(file);
     if (f.empty() || !storable(key)) return std::nullopt;
-    std::ifstream in(f);
-    std::string line;
-    while (std::getline(in, line)) {
+    for (const std::string& line : cache_lines(f)) {
         const size_t tab = line.find('\t');
         if (tab != std::string::npos && line.compare(0, tab, key) == 0 && tab == key.size())
             return line.substr(tab + 1);
@@ -40,38 +59,31 @@ std::optional<std::string> cache_lookup(const std::string& file, const std::stri
 
 namespace {
 
-// Writes the file again without key's line, and with `value` under key when given. Atomic:
-// written aside, then renamed.
+// Writes the file again without key's line, and with `value` under key when given, atomically
+// (base/output.h: a new temporary, never through a planted link). A cache that cannot be written
+// only costs a measurement: failures are dropped.
 void rewrite(const std::string& file, const std::string& key, const std::optional<std::string>& value) {
     const fs::path f = cache_path(file);
     if (f.empty() || !storable(key) || (value && !storable(*value))) return;
     std::vector<std::string> keep;
     bool found = false;
-    {
-        std::ifstream in(f);
-        std::string line;
-        while (std::getline(in, line) && keep.size() < 1000) {
-            const size_t tab = line.find('\t');
-            if (tab == std::string::npos) continue;
-            if (tab == key.size() && line.compare(0, tab, key) == 0) found = true;
-            else keep.push_back(line);
-        }
+    for (const std::string& line : cache_lines(f)) {
+        if (keep.size() >= 1000) break;
+        const size_t tab = line.find('\t');
+        if (tab == std::string::npos) continue;
+        if (tab == key.size() && line.compare(0, tab, key) == 0) found = true;
+        else keep.push_back(line);
     }
     if (!value && !found) return;
     std::error_code ec;
     fs::create_directories(f.parent_path(), ec);
-    const fs::path tmp = f.string() + ".tmp" + std::to_string(::getpid());
-    {
-        std::ofstream out(tmp);
-        for (const auto& line : keep) out << line << '\n';
-        if (value) out << key << '\t' << *value << '\n';
-        if (!out) {
-            fs::remove(tmp, ec);
-            return;
-        }
-    }
-    fs::rename(tmp, f, ec);
-    if (ec) fs::remove(tmp, ec);
+    std::string text;
+    for (const auto& line : keep) text += line + '\n';
+    if (value) text += key + '\t' + *value + '\n';
+    try {
+        if (fs::symlink_status(f, ec).type() == fs::file_type::regular || !fs::exists(fs::symlink_status(f, ec)))
+            write_file_atomic(f.string(), text);  // never in place of a link, FIFO or device
+    } catch (const Error&) {}
 }
 
 }  // namespace

@@ -15,14 +15,21 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
+#include "base/env.h"
 #include "base/io.h"
 #include "base/error.h"
+#include "base/output.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+int64_t checkpoint_kill_hook() {
+    static const int64_t step = env_integer("MIRRORED_TEST_KILL_DURING_CHECKPOINT", -1, 0, int64_t(1) << 62);
+    return step;
+}
 
 namespace {
 
@@ -51,64 +58,24 @@ uint32_t content_crc(const unsigned char* data, size_t n, const std::map<std::st
     return uint32_t(crc);
 }
 
-void fsync_dir(const fs::path& dir) {
-    const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        ::fsync(fd);
-        ::close(fd);
-    }
-}
-
 // Test hook: kill this process half-way through writing the checkpoint of this step, to prove
 // that a crash during a write never costs a good checkpoint.
-bool kill_requested(int64_t step) {
-    const char* s = std::getenv("MIRRORED_TEST_KILL_DURING_CHECKPOINT");
-    return s && *s && std::strtoll(s, nullptr, 10) == step;
-}
+bool kill_requested(int64_t step) { return step >= 0 && checkpoint_kill_hook() == step; }
 
-// Errors name the file being written, not its temporary: that is the file the user asked for.
-constexpr const char* kNothingReplaced = " (any earlier file of that name is untouched; the partial write was removed)";
-
-void write_all(int fd, const std::string& path, const std::string& tmp, const char* p, size_t n) {
-    while (n > 0) {
-        const ssize_t w = ::write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            const std::string err = std::strerror(errno);
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            throw CheckpointError(path + ": write failed: " + err + kNothingReplaced);
-        }
-        p += w;
-        n -= size_t(w);
-    }
-}
-
+// The header and data of a safetensors file into `path` atomically; kill_step: the test hook's
+// step (a kill half-way through the data), -1 for none.
 void write_atomic(const std::string& path, const std::string& header, const std::vector<unsigned char>& data,
                   int64_t kill_step) {
-    const fs::path p(path);
-    const std::string tmp = (p.parent_path() / ("." + p.filename().string() + ".tmp")).string();
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) throw CheckpointError(path + ": cannot create its temporary " + tmp + ": " + std::strerror(errno));
-    write_all(fd, path, tmp, header.data(), header.size());
-    if (kill_requested(kill_step)) {
-        write_all(fd, path, tmp, reinterpret_cast<const char*>(data.data()), data.size() / 2);
-        ::fsync(fd);
-        std::raise(SIGKILL);
-    }
-    write_all(fd, path, tmp, reinterpret_cast<const char*>(data.data()), data.size());
-    const int synced = ::fsync(fd) == 0 ? 0 : errno;
-    const int closed = ::close(fd) == 0 ? 0 : errno;
-    if (synced || closed) {
-        ::unlink(tmp.c_str());
-        throw CheckpointError(path + ": write failed: " + std::strerror(synced ? synced : closed) + kNothingReplaced);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        const std::string err = std::strerror(errno);
-        ::unlink(tmp.c_str());
-        throw CheckpointError(path + ": rename failed: " + err);
-    }
-    fsync_dir(p.parent_path());
+    write_file_atomic(path, [&](int fd, const std::string& tmp) {
+        write_all(fd, path, tmp, header.data(), header.size());
+        const char* bytes = reinterpret_cast<const char*>(data.data());
+        if (kill_requested(kill_step)) {
+            write_all(fd, path, tmp, bytes, data.size() / 2);
+            ::fsync(fd);
+            std::raise(SIGKILL);
+        }
+        write_all(fd, path, tmp, bytes, data.size());
+    });
 }
 
 // Builds a safetensors file: 8-byte little-endian header length, JSON header padded with
@@ -328,7 +295,14 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
     return (fs::path(dir) / name).string();
 }
 
-void write_checkpoint(const std::string& path, const Model& model, const CheckpointData& d) {
+namespace {
+
+struct CheckpointBytes {
+    std::string header;
+    std::vector<unsigned char> data;
+};
+
+CheckpointBytes build_checkpoint(const Model& model, const CheckpointData& d) {
     SafetensorsBuilder b;
     for (const auto& t : model.tensors()) b.add(t.name, t.shape, d.params.data() + t.offset, t.count);
     for (const auto& [state, flat] : d.optimizer)
@@ -360,14 +334,55 @@ void write_checkpoint(const std::string& path, const Model& model, const Checkpo
     std::string states;
     for (const auto& [state, flat] : d.optimizer) states += (states.empty() ? "" : ",") + state;
     meta["optimizer_state"] = states;
-    const std::string header = b.serialize(meta, true);
-    write_atomic(path, header, b.data, d.step);
+    std::string header = b.serialize(meta, true);
+    return {std::move(header), std::move(b.data)};
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& path, const Model& model, const CheckpointData& d) {
+    const CheckpointBytes c = build_checkpoint(model, d);
+    write_atomic(path, c.header, c.data, d.step);
+}
+
+std::string checkpoint_bytes(const Model& model, const CheckpointData& d) {
+    CheckpointBytes c = build_checkpoint(model, d);
+    c.header.append(reinterpret_cast<const char*>(c.data.data()), c.data.size());
+    return std::move(c.header);
 }
 
 CheckpointData read_checkpoint(const std::string& path, const Model& model, uint64_t expected_hash,
                                const std::string& expected_summary) {
     return read_checkpoint(open_input(path), model, expected_hash, expected_summary);
 }
+
+namespace {
+
+// Training never saves a NaN or an infinity (a diverged run stops before its checkpoint): one in a
+// checkpoint with a valid checksum was put there by hand, and resuming it would diverge at once.
+void check_finite(const CheckpointData& d, const Model& model, const std::string& path) {
+    auto first_bad = [](const std::vector<float>& v) {
+        for (size_t i = 0; i < v.size(); ++i)
+            if (!std::isfinite(v[i])) return i;
+        return v.size();
+    };
+    auto name_at = [&](size_t i, const std::string& prefix) {
+        for (const auto& t : model.tensors())
+            if (i >= t.offset && i < t.offset + t.count)
+                return prefix + t.name + " element " + std::to_string(i - t.offset);
+        return prefix + "element " + std::to_string(i);
+    };
+    auto refuse = [&](const std::string& where) {
+        throw CheckpointError(path + ": " + where +
+                              " is not finite (NaN or infinite): training cannot continue "
+                              "from it; resume from an earlier checkpoint");
+    };
+    if (const size_t i = first_bad(d.params); i < d.params.size()) refuse(name_at(i, ""));
+    for (const auto& [state, values] : d.optimizer)
+        if (const size_t i = first_bad(values); i < values.size()) refuse(name_at(i, "optimizer." + state + "."));
+}
+
+}  // namespace
 
 CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expected_hash,
                                const std::string& expected_summary) {
@@ -444,14 +459,26 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
         d.optimizer.emplace_back(state, gather("optimizer." + state + ".", true));
         start = comma + 1;
     }
+    check_finite(d, model, path);
+    // an epoch is at least one step: a loader further on than the steps taken is not a checkpoint
+    // this program wrote
+    if (d.loader.epoch > d.step)
+        throw CheckpointError(path + ": its loader is at epoch " + std::to_string(d.loader.epoch) + " after " +
+                              std::to_string(d.step) + " steps, which no run reaches");
     return d;
 }
 
-void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum) {
+std::string safetensors_bytes(const SafetensorsFile& file, bool with_checksum) {
     SafetensorsBuilder b;
     for (const auto& [name, t] : file.tensors) b.add(name, t.first, t.second.data(), t.second.size());
     for (const auto& [name, t] : file.int_tensors) b.add(name, t.first, t.second.data(), t.second.size());
-    write_atomic(path, b.serialize(file.metadata, with_checksum), b.data, -1);
+    std::string out = b.serialize(file.metadata, with_checksum);
+    out.append(reinterpret_cast<const char*>(b.data.data()), b.data.size());
+    return out;
+}
+
+void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum) {
+    write_file_atomic(path, safetensors_bytes(file, with_checksum));
 }
 
 SafetensorsFile read_safetensors(const std::string& path, bool verify_checksum) {
@@ -535,11 +562,6 @@ void prune_checkpoints(const std::string& dir, int keep, int64_t upto) {
         if (checkpoint_step(path) > upto) continue;  // not this run's past: never removed here
         if (++kept > std::max(keep, 1)) fs::remove(path, ec);
     }
-}
-
-void write_file_atomic(const std::string& path, const std::string& contents) {
-    const std::vector<unsigned char> data(contents.begin(), contents.end());
-    write_atomic(path, "", data, -1);
 }
 
 }  // namespace mirrored

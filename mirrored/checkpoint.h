@@ -42,6 +42,7 @@ struct CheckpointData {
 
 // Writes path atomically. Tensors are cut out of the flat buffers with the model's layout.
 void write_checkpoint(const std::string& path, const Model& model, const CheckpointData& data);
+std::string checkpoint_bytes(const Model& model, const CheckpointData& data);  // the same file's bytes
 // Reads and fully validates (size, header, checksum). With a model, also checks the hash and
 // scatters tensors into flat buffers; a foreign model is a CheckpointError saying why.
 CheckpointData read_checkpoint(const std::string& path, const Model& model, uint64_t expected_hash,
@@ -65,7 +66,13 @@ struct SafetensorsFile {
 SafetensorsFile read_safetensors(const std::string& path, bool verify_checksum);
 SafetensorsFile read_safetensors(InputFile&& in, bool verify_checksum);  // from memory too (fuzzing)
 // with_checksum: adds the mirrored checksum over the tensors and metadata (as checkpoints carry).
+// The test hook MIRRORED_TEST_KILL_DURING_CHECKPOINT: the step whose checkpoint write kills the
+// process half-way (-1: none). Read once; the trainer reads it before training, so that a bad
+// value is an error then (exit 2), not at the first checkpoint.
+int64_t checkpoint_kill_hook();
 void write_safetensors(const std::string& path, const SafetensorsFile& file, bool with_checksum = false);
+// The same file's bytes, for a writer that decides where they go (export's --out).
+std::string safetensors_bytes(const SafetensorsFile& file, bool with_checksum = false);
 
 // Checkpoint files of a run folder, newest (highest step) first; removes stale temporaries. Only
 // regular files named as checkpoint_path names them: a directory, a symbolic link or a device
@@ -83,8 +90,5 @@ int64_t checkpoint_step(const std::string& path);
 // Removes all but the `keep` newest checkpoints up to step `upto` (the one just written); any
 // of a later step is left alone.
 void prune_checkpoints(const std::string& dir, int keep, int64_t upto);
-
-// Atomic small-file write (config.yaml, summary.json, rewritten metrics.jsonl).
-void write_file_atomic(const std::string& path, const std::string& contents);
 
 }  // namespace mirrored

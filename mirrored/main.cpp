@@ -15,12 +15,15 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/blas.h"
 #include "base/error.h"
+#include "base/output.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
+#include "mirrored/model.h"
 #include "mirrored/nodes.h"
 #include "mirrored/software.h"
 #include "mirrored/tools/commands.h"
@@ -49,29 +52,10 @@ void end_status_line() {
     std::fflush(stdout);
 }
 
-bool same_file(const std::string& a, const std::string& b) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
-    const fs::path ca = fs::weakly_canonical(a, ec), cb = fs::weakly_canonical(b, ec);
-    return !ec && ca == cb;
-}
-
-// A file an option writes: not a directory, and none of the files the command reads or writes
-// otherwise (`eval --dump-inputs` onto the checkpoint would replace it). others: (what it is, path).
-void check_output_file(const std::string& option, const std::string& path,
-                       const std::vector<std::pair<std::string, std::string>>& others) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
-        throw ConfigError(option + " " + path + ": is a directory; name a file");
-    for (const auto& [what, other_path] : others)
-        if (!other_path.empty() && same_file(path, other_path))
-            throw ConfigError(option + " " + path + ": is " + what + "; choose another file");
-}
-
 // The commands that run or read a model: train, eval, export, devices.
 struct ModelCommands {
     std::string config, checkpoint, out, devices, output;
+    bool force = false;
     std::vector<std::string> sets;
     bool print_config = false;
     EvalDump dump;
@@ -96,10 +80,12 @@ struct ModelCommands {
         eval->add_option("--dump-inputs", dump.inputs, "write the test samples (normalised, NHWC) to this .npy file");
         eval->add_option("--dump-logits", dump.logits, "write the model's logits for them to this .npy file");
         eval->add_option("--limit", dump.limit, "dump only the first N test samples")->check(CLI::Range(1, 100000000));
+        eval->add_flag("--force", dump.force, "let --dump-* replace a checkpoint or a file of a run folder");
 
         exp = app.add_subcommand("export", "write a checkpoint's weights as a plain safetensors file");
         exp->add_option("checkpoint", checkpoint, "checkpoint file")->required();
         exp->add_option("--out", out, "output .safetensors file")->required();
+        exp->add_flag("--force", force, "let --out replace a checkpoint or a file of a run folder");
 
         devices_cmd = app.add_subcommand("devices", "list GPUs, peer access, links and versions (or the CPU)");
     }
@@ -113,6 +99,19 @@ struct ModelCommands {
     }
 
 private:
+    // A node that printed its configuration and left would leave the others waiting for it: every
+    // node of a job prints (node 0 alone writes it out) or every node trains.
+    void agree_on_print_config(Nodes& n) const {
+        const std::vector<std::string> all =
+            n.all_gather(print_config ? "1" : "0", "the exchange of the command lines");
+        for (size_t k = 1; k < all.size(); ++k)
+            if (all[k] != all[0])
+                throw ConfigError("--print-config: node " + std::to_string(k) + " was started " +
+                                  (all[k] == "1" ? "with" : "without") + " it, node 0 " +
+                                  (all[0] == "1" ? "with" : "without") +
+                                  ": start every node of the job with the same command line");
+    }
+
     int train_or_eval() {
         if (train->count("--devices") + eval->count("--devices") > 0) {
             if (devices.empty()) throw ConfigError("--devices: expected a device list such as auto, cpu:2 or cuda:0,1");
@@ -123,22 +122,22 @@ private:
             sets.push_back("run.output_dir=" + output);
         }
         const Config cfg = load_config(config, sets);
+        if (train->parsed()) {
+            nodes = Nodes::join(nullptr, nullptr);
+            if (nodes) agree_on_print_config(*nodes);
+        }
         if (print_config) {
-            std::cout << config_to_yaml(cfg);
+            if (!nodes || nodes->leader()) std::cout << config_to_yaml(cfg);
             return kExitOk;
         }
-        if (train->parsed()) {
-            install_signal_handlers();
-            nodes = Nodes::join(nullptr, nullptr);
-            return run_training(cfg, nodes.get());
-        }
-        const std::vector<std::pair<std::string, std::string>> read = {{"the checkpoint itself", checkpoint},
+        if (train->parsed()) return run_training(cfg, nodes.get());
+        const std::vector<std::pair<std::string, std::string>> read = {{"the checkpoint", checkpoint},
                                                                        {"the configuration file", config}};
-        if (!dump.inputs.empty()) check_output_file("--dump-inputs", dump.inputs, read);
+        if (!dump.inputs.empty()) check_output({"--dump-inputs", dump.inputs, dump.force, read});
         if (!dump.logits.empty()) {
             auto taken = read;
             taken.push_back({"the file --dump-inputs writes", dump.inputs});
-            check_output_file("--dump-logits", dump.logits, taken);
+            check_output({"--dump-logits", dump.logits, dump.force, taken});
         }
         const EvalResult r = evaluate_checkpoint(cfg, checkpoint, dump);
         std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n",
@@ -146,10 +145,28 @@ private:
         return kExitOk;
     }
 
+    // Every tensor of the model the checkpoint describes (its embedded config), of the model's
+    // shape and finite, as a resume would check: an export is not a way around those checks.
+    void check_complete(const SafetensorsFile& f) const {
+        const auto it = f.metadata.find("config");
+        if (it == f.metadata.end())
+            throw CheckpointError(checkpoint + ": no embedded config: not a mirrored checkpoint");
+        Config c;
+        try {
+            c = load_config_text(it->second, checkpoint, {});
+        } catch (const ConfigError& e) {
+            throw CheckpointError(checkpoint + ": its embedded config does not load: " + e.what());
+        }
+        const Model model(c.model.input_shape, c.model.layers, c.run.seed);
+        (void)read_checkpoint(checkpoint, model, model_config_hash(c), model_config_summary(c));
+    }
+
     // The weights without the optimizer state, under PyTorch's names.
     int export_weights() {
-        check_output_file("--out", out, {{"the checkpoint itself", checkpoint}});
+        const OutputTarget target{"--out", out, force, {{"the checkpoint", checkpoint}}};
+        check_output(target);
         SafetensorsFile f = read_safetensors(checkpoint, true);
+        check_complete(f);
         SafetensorsFile weights;
         for (auto& [name, t] : f.tensors)
             if (name.rfind("optimizer.", 0) != 0) weights.tensors[name] = std::move(t);
@@ -163,7 +180,7 @@ private:
                                                                                                              {steps}};
         weights.metadata = {
             {"format", "pt"}, {"source", checkpoint}, {"step", f.metadata["step"]}, {"model", f.metadata["model"]}};
-        write_safetensors(out, weights);
+        write_output(target, safetensors_bytes(weights));
         std::printf("wrote %zu tensors to %s\n", weights.tensors.size() + weights.int_tensors.size(), out.c_str());
         return kExitOk;
     }
@@ -205,6 +222,9 @@ int report_error(const Error& e, Nodes* nodes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    // A training run interrupted at any point ends with exit 130, also while it starts (choosing
+    // the BLAS kernel, reading the config): before training there is nothing to save.
+    if (argc > 1 && std::string_view(argv[1]) == "train") install_signal_handlers();
     choose_blas_kernel(argv);  // may re-execute the process with a faster BLAS kernel: first, before any thread
     protect_standard_streams();
     CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};

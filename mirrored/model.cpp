@@ -155,6 +155,8 @@ void Model::init_params(Device& dev, Stream s, float* params) const {
     }
 }
 
+void Model::check_batch(int rows, int global_rows) const { top_->check_batch(rows, global_rows); }
+
 const void* Model::forward(Pass& p, const void* x) const {
     if (p.rows > p.acts->max_rows())
         throw Error(kExitFailure, "forward: " + std::to_string(p.rows) + " rows exceed the " +

@@ -82,6 +82,9 @@ public:
 
     // Returns the logits [rows, output_features()] (memory owned by p.acts).
     const void* forward(Pass& p, const void* x) const;
+    // ConfigError at the first layer that cannot train on `rows` samples per replica
+    // (`global_rows` in the job): see Layer::check_batch.
+    void check_batch(int rows, int global_rows) const;
     // Uses the inputs recorded by the last forward(); consumes dlogits. Writes (or, with
     // p.accumulate, adds) parameter gradients; calls on_layer_done(layer) once a top-level
     // layer's gradients are enqueued, so a caller can start reducing them while earlier layers

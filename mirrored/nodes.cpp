@@ -8,6 +8,7 @@
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -26,13 +27,23 @@ namespace mirrored {
 namespace {
 
 // How mpirun (Open MPI), or a PMI launcher (MPICH's hydra, Slurm's srun), tells its processes
-// how many they are. Unset: not launched as part of a job.
-int launched_processes() {
+// how many they are. Unset: not launched as part of a job (processes 1).
+struct Launch {
+    int processes = 1;
+    const char* variable = "";
+};
+Launch launched() {
     for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
         const char* v = std::getenv(var);
-        if (v && *v) return std::max(1, std::atoi(v));
+        if (!v || !*v) continue;
+        char* end = nullptr;
+        errno = 0;
+        const long n = std::strtol(v, &end, 10);
+        if (errno || *end || n < 1 || n > (1 << 20))
+            throw ConfigError(std::string(var) + "=" + v + ": expected the number of processes of the job (1 or more)");
+        return {int(n), var};
     }
-    return 1;
+    return {};
 }
 
 }  // namespace
@@ -126,7 +137,7 @@ struct Nodes::Impl {
 bool Nodes::available() { return true; }
 
 std::unique_ptr<Nodes> Nodes::join(int* argc, char*** argv) {
-    if (launched_processes() <= 1) return nullptr;
+    if (launched().processes <= 1) return nullptr;
     int provided = 0;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
         throw DeviceError("MPI_Init_thread failed: cannot join the other nodes of this mpirun job");
@@ -283,10 +294,17 @@ struct Nodes::Impl {};
 bool Nodes::available() { return false; }
 
 std::unique_ptr<Nodes> Nodes::join(int*, char***) {
-    if (launched_processes() <= 1) return nullptr;
-    throw DeviceError(
-        "started by mpirun with several processes, but this build has no MPI: install "
-        "libopenmpi-dev (scripts/install_deps.sh does) and rebuild");
+    // `sbatch -n 4` runs a plain command once with SLURM_NTASKS=4; srun or mpirun start it several
+    // times. Without MPI this process cannot tell which, nor join the others: it trains alone.
+    const Launch l = launched();
+    if (l.processes > 1)
+        std::fprintf(stderr,
+                     "warning: %s=%d: started as one of %d processes of a job, but this build has no MPI, so it "
+                     "cannot join the others: it trains alone, on this node's devices, as a run of its own (a second "
+                     "process on the same run folder is refused). To train across nodes, install libopenmpi-dev "
+                     "(scripts/install_deps.sh does), rebuild, and start the job with mpirun or srun\n",
+                     l.variable, l.processes, l.processes);
+    return nullptr;
 }
 
 Nodes::~Nodes() = default;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/io.h"
+#include "base/output.h"
 #include "mirrored/run_dir.h"
 #include "mirrored/software.h"
 #include "mirrored/util.h"
@@ -94,7 +95,7 @@ std::optional<CheckpointData> find_checkpoint(const Config& cfg, const Model& mo
 }
 
 void check_checkpoint_fits(const CheckpointData& ckpt, const std::string& path, const Config& cfg, size_t train_samples,
-                           uint64_t train_data, int64_t batches_per_epoch) {
+                           uint64_t train_data, int64_t batches_per_epoch, int64_t total_steps) {
     if (ckpt.seed != cfg.run.seed)
         throw ForeignCheckpointError(path + ": written with run.seed " + std::to_string(ckpt.seed) +
                                      ", this run uses " + std::to_string(cfg.run.seed));
@@ -116,6 +117,11 @@ void check_checkpoint_fits(const CheckpointData& ckpt, const std::string& path, 
                      "other contents: fingerprint %s, now %s): training continues from it on this data; set "
                      "checkpoint.resume: never to start afresh\n",
                      path.c_str(), train_samples, hex64(ckpt.train_data).c_str(), hex64(train_data).c_str());
+    if (ckpt.step > total_steps)
+        throw CheckpointError(path + ": written at step " + std::to_string(ckpt.step) + ", beyond this run's " +
+                              std::to_string(total_steps) +
+                              " steps (train.epochs, train.steps): it is not a step of "
+                              "this run; train longer, or set checkpoint.resume: never to start afresh");
     if (ckpt.loader.batch >= batches_per_epoch)
         throw CheckpointError(path + ": its loader position (batch " + std::to_string(ckpt.loader.batch) +
                               ") is outside an epoch of " + std::to_string(batches_per_epoch) +

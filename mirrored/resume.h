@@ -27,10 +27,10 @@ std::optional<CheckpointData> find_checkpoint(const Config& cfg, const Model& mo
                                               std::FILE* out, std::string& used);
 
 // Throws when this run cannot continue the checkpoint at `path`: another seed, batch size or
-// training-set size, or a loader position outside an epoch. Other data of the same size only
-// warns (train_data: this run's training-set fingerprint).
+// training-set size, a loader position outside an epoch, or a step beyond the run's total_steps.
+// Other data of the same size only warns (train_data: this run's training-set fingerprint).
 void check_checkpoint_fits(const CheckpointData& ckpt, const std::string& path, const Config& cfg, size_t train_samples,
-                           uint64_t train_data, int64_t batches_per_epoch);
+                           uint64_t train_data, int64_t batches_per_epoch, int64_t total_steps);
 
 // What makes this run continue correctly but not bit-identically: other replica counts, GEMM
 // library, mirrored version or cross-device op than the checkpoint's. One note each.

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "kernels/blas.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "mirrored/util.h"
 #include "mirrored/bottlenecks.h"
@@ -28,6 +29,7 @@
 #include "mirrored/software.h"
 #include "mirrored/watchdog.h"
 #include "base/io.h"
+#include "base/output.h"
 #include "mirrored/strategy.h"
 
 namespace mirrored {
@@ -63,10 +65,7 @@ void on_signal(int sig) {
 }
 
 // Test hook: behave as if SIGINT arrived during this step (exercises the interrupt path exactly).
-int64_t stop_after_step() {
-    const char* s = std::getenv("MIRRORED_TEST_STOP_AFTER_STEP");
-    return s && *s ? std::strtoll(s, nullptr, 10) : -1;
-}
+int64_t stop_after_step() { return env_integer("MIRRORED_TEST_STOP_AFTER_STEP", -1, 0, int64_t(1) << 62); }
 
 // Test hook for multi-node runs: MIRRORED_TEST_NODE_FAULT=<node>:<step>:kill|hang makes that
 // node die (SIGKILL) or stop answering after that step, as a crashed or hung machine would.
@@ -126,7 +125,7 @@ namespace {
 // Host memory: CPU and simulated replicas keep their whole model state in it, and every run keeps
 // the loaders' slots there. Checked before anything is allocated, so that a run that cannot fit
 // ends with the numbers, not with the kernel's OOM killer: exit 2 when it needs more than the
-// machine has at all, exit 5 when it needs more than is free now.
+// machine has at all, exit 5 when it needs more than its cgroup allows or than is free now.
 void check_host_memory(const Config& cfg, const Model& model, const Dataset& train) {
     const DeviceList devices = parse_devices(cfg.strategy.devices);
     const int n = int(devices.ordinals.size());
@@ -142,7 +141,8 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
         (devices.traits().asynchronous ? train.feature_size() * sizeof(float) : sizeof(uint32_t)) + labels;
     const uint64_t slots = 2 * uint64_t(cfg.data.prefetch) * uint64_t(cfg.train.global_batch_size) * row_bytes;
     const uint64_t need = replicas + slots;
-    const uint64_t total = total_host_memory(), avail = available_host_memory();
+    const uint64_t total = machine_memory(), avail = available_host_memory();
+    const CgroupMemory cg = process_cgroup_memory();
     const std::string what =
         (replicas ? std::to_string(n) + " replica(s) x " + format_bytes(plan.total()) + " (" + plan.describe() + ") + "
                   : std::string()) +
@@ -150,9 +150,41 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     if (total && need > total)
         cfg.fail(replicas ? "model.layers" : "data.prefetch", "the run needs more host memory than this machine has: " +
                                                                   what + ", " + format_bytes(total) + " in all");
+    if (cg.limit && need > cg.limit)
+        throw DeviceError("the run needs more host memory than this process may use: " + what +
+                          ", but its cgroup allows " + format_bytes(cg.limit) + " (" + cg.file +
+                          "): raise the container's or the job's memory limit, or use a smaller model or batch");
     if (avail && need > avail)
         throw DeviceError("not enough free host memory: " + what + ", " + format_bytes(avail) +
                           " available: close other programs, or use a smaller model or batch");
+}
+
+// Layers that learn from batch statistics need at least two values per channel in every
+// micro-batch a replica trains on: the full global batch and, without data.drop_last, an epoch's
+// last partial one, split over all replicas and accumulation steps as the step splits them.
+void check_batch_statistics(const Config& cfg, const Model& model, int all_replicas, size_t train_count) {
+    const int global = cfg.train.global_batch_size, acc = cfg.train.grad_accumulation_steps;
+    std::vector<int> batches{global};
+    const int last = int(train_count % size_t(global));
+    if (!cfg.data.drop_last && last > 0) batches.push_back(last);
+    for (const int rows : batches) {
+        for (int m = 0; m < acc; ++m) {
+            int fewest = 0, in_job = 0;  // the smallest non-empty micro-batch of a replica; the job's
+            for (int r = 0; r < all_replicas; ++r) {
+                const int micro = shard_of(shard_of(rows, all_replicas, r).rows, acc, m).rows;
+                in_job += micro;
+                if (micro > 0 && (fewest == 0 || micro < fewest)) fewest = micro;
+            }
+            try {
+                model.check_batch(fewest, in_job);
+            } catch (const ConfigError& e) {
+                if (rows == global) throw;
+                throw ConfigError(e.key(), e.detail() + " (in the last batch of an epoch: " + std::to_string(rows) +
+                                               " of " + std::to_string(train_count) +
+                                               " samples; data.drop_last: true leaves it out)");
+            }
+        }
+    }
 }
 
 // The labels the loss reads are the ones the data has: class indexes, or float targets as many as
@@ -212,6 +244,7 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
         lo.first_replica = s->strategy->first_replica();
     }
     if (with_train_loader) {
+        check_batch_statistics(cfg, *s->model, s->strategy->all_replicas(), train.count());
         lo.drop_last = cfg.data.drop_last;
         lo.augment = cfg.data.augment;
         s->train_loader = std::make_unique<Loader>(s->data->train, lo, s->strategy->host_allocator());
@@ -436,6 +469,9 @@ bool Run::prepare_output() {
         cfg_.fail("run.output_dir", out_dir_ + " is in use by another mirrored run (" + holder +
                                         "); wait for it to finish or choose another --output");
     if (lock == RunDirLock::Result::read_only) {
+        if (cfg_.checkpoint.resume == "never")
+            throw CheckpointError(out_dir_ + ": cannot start afresh as checkpoint.resume: never asks: the folder is " +
+                                  (ec ? ec.message() : std::string("read-only")) + "; choose another --output");
         if (!completed_summary(out_dir_).is_null()) return false;  // nothing to write: show it
         cfg_.fail("run.output_dir",
                   "cannot write to " + out_dir_ + (ec ? ": " + ec.message() : std::string(" (read-only)")));
@@ -480,8 +516,8 @@ void Run::start_fresh() {
 
 void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     MirroredStrategy& st = *s_->strategy;
-    check_checkpoint_fits(ckpt, path, cfg_, s_->data->train.count(), train_data_,
-                          s_->train_loader->batches_per_epoch());
+    check_checkpoint_fits(ckpt, path, cfg_, s_->data->train.count(), train_data_, s_->train_loader->batches_per_epoch(),
+                          total_steps_);
     for (const std::string& note : resume_notes(ckpt, st, cfg_)) std::fprintf(out_, "  note: %s\n", note.c_str());
     if (leader_)  // node 0 alone writes the run folder
         if (const std::string moved = set_aside_later_checkpoints(out_dir_, ckpt_dir_, ckpt.step); !moved.empty())
@@ -683,10 +719,10 @@ int Run::run() {
         return kExitOk;
     }
     print_header();
-    resume_or_init();
-    if (leader_) write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
     const int64_t bpe = s_->train_loader->batches_per_epoch();
     total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps : cfg_.train.epochs * bpe;
+    resume_or_init();
+    if (leader_) write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
     if (step_ >= total_steps_) return finish_complete_run();
     g_training = true;  // from here a signal finishes the step and writes a checkpoint
     train_loop();
@@ -826,12 +862,11 @@ void install_signal_handlers() {
 
 namespace {
 
-// Every node must train the same run: the configurations must match, apart from where each
-// node sees the run folder. A mismatch is named by its first differing line.
+// Every node must train the same run: the configurations must match, the run folder too (node 0
+// writes it; the others read the checkpoint to resume from in it, so it must be one folder on a
+// file system every node shares). A mismatch is named by its first differing line.
 void check_same_config(const Config& config, Nodes& nodes) {
-    Config c = config;
-    c.run.output_dir.clear();
-    const std::string mine = config_to_yaml(c);
+    const std::string mine = config_to_yaml(config);
     const std::vector<std::string> all = nodes.all_gather(mine, "the exchange of the configurations");
     for (size_t k = 1; k < all.size(); ++k) {
         if (all[k] == all[0]) continue;
@@ -841,7 +876,7 @@ void check_same_config(const Config& config, Nodes& nodes) {
             if (!la.empty() && la[0] != ' ') section = la.substr(0, la.find(':'));
         throw ConfigError("node " + std::to_string(k) + "'s configuration differs from node 0's" +
                           (section.empty() ? std::string() : " in " + section) + ": '" + lb + "' instead of '" + la +
-                          "': start every node with the same config and --set options");
+                          "': start every node with the same config, --set and --output options");
     }
 }
 
@@ -861,6 +896,8 @@ void check_same_software(Nodes& nodes) {
 
 int run_training(const Config& config, Nodes* nodes, std::FILE* progress) {
     g_signals = 0;
+    (void)stop_after_step();  // the test hooks: a bad value fails now, not in the middle of the run
+    (void)checkpoint_kill_hook();
     if (nodes) {
         std::snprintf(g_node_stopped, sizeof g_node_stopped,
                       "\nerror: node %d (%.64s): stopped by mpirun (another node failed, or the job was interrupted); "
@@ -885,8 +922,8 @@ int run_training(const Config& config, Nodes* nodes, std::FILE* progress) {
 
 namespace {
 
-// A float32 array in NumPy's .npy format (version 1.0), written atomically.
-void write_npy(const std::string& path, const std::vector<size_t>& shape, const float* data) {
+// A float32 array in NumPy's .npy format (version 1.0), where the user named it (base/output.h).
+void write_npy(const OutputTarget& target, const std::vector<size_t>& shape, const float* data) {
     std::string dims;
     size_t count = 1;
     for (size_t d : shape) {
@@ -901,7 +938,7 @@ void write_npy(const std::string& path, const std::vector<size_t>& shape, const 
     out += char(header.size() >> 8);
     out += header;
     out.append(reinterpret_cast<const char*>(data), count * sizeof(float));
-    write_file_atomic(path, out);
+    write_output(target, out);
 }
 
 }  // namespace
@@ -925,10 +962,13 @@ EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoi
         const size_t n = dump.limit ? std::min(dump.limit, test.count()) : test.count();
         std::vector<size_t> shape{n};
         for (int dim : test.shape) shape.push_back(size_t(dim));
-        if (!dump.inputs.empty()) write_npy(dump.inputs, shape, test.features.data());
+        if (!dump.inputs.empty())
+            write_npy({"--dump-inputs", dump.inputs, dump.force, {{"the checkpoint", checkpoint}}}, shape,
+                      test.features.data());
         if (!dump.logits.empty()) {
             const auto logits = s->strategy->predict(test.features.data(), n);
-            write_npy(dump.logits, {n, size_t(s->model->output_features())}, logits.data());
+            write_npy({"--dump-logits", dump.logits, dump.force, {{"the checkpoint", checkpoint}}},
+                      {n, size_t(s->model->output_features())}, logits.data());
         }
     }
     return {m.loss(), m.accuracy(), size_t(m.count), d.step};

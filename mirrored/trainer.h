@@ -53,6 +53,7 @@ struct EvalResult {
 struct EvalDump {
     std::string inputs, logits;  // .npy paths ("" = not written)
     size_t limit = 0;            // 0: every test sample
+    bool force = false;          // may replace a checkpoint or a run folder's file (base/output.h)
 };
 EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint, const EvalDump& dump = {});
 

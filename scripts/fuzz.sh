@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 targets=${1:?usage: scripts/fuzz.sh TARGET|all SECONDS [RUNS]}
 seconds=${2:?usage: scripts/fuzz.sh TARGET|all SECONDS [RUNS]}
 runs=${3:--1}
-[[ $targets == all ]] && targets="idx cifar10 csv config safetensors devices profile"
+[[ $targets == all ]] && targets=$(make -s fuzz-targets)  # tests/fuzz/targets.h lists them
 command -v clang++ >/dev/null || scripts/install_deps.sh --fuzz || exit 1
 make -s fuzz >/dev/null || { echo "fuzz: the build failed (make fuzz)"; exit 1; }
 for t in $targets; do

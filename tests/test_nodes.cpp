@@ -99,8 +99,11 @@ struct Job {
 // mpirun with `nodes` processes of `mirrored <args>`; or, with `per_node`, one process per entry
 // (MPMD: each its own arguments and environment).
 struct NodeSpec {
+    NodeSpec(std::vector<std::string> a, std::vector<std::pair<std::string, std::string>> e, std::string w = "")
+        : args(std::move(a)), env(std::move(e)), wdir(std::move(w)) {}
     std::vector<std::string> args;
     std::vector<std::pair<std::string, std::string>> env;
+    std::string wdir;  // its working folder, if not the test's
 };
 // kill_after_s >= 0: SIGKILL to mpirun itself after that long (a lost launcher, a killed job).
 Job mpirun(const std::vector<NodeSpec>& per_node, double deadline_s = 120, double kill_after_s = -1) {
@@ -109,6 +112,7 @@ Job mpirun(const std::vector<NodeSpec>& per_node, double deadline_s = 120, doubl
         if (k) a.push_back(":");
         a.insert(a.end(), {"-np", "1"});
         for (const auto& [name, value] : per_node[k].env) a.insert(a.end(), {"-x", name + "=" + value});
+        if (!per_node[k].wdir.empty()) a.insert(a.end(), {"-wdir", per_node[k].wdir});
         a.push_back(cli());
         a.insert(a.end(), per_node[k].args.begin(), per_node[k].args.end());
     }
@@ -129,7 +133,7 @@ Job mpirun(const std::vector<NodeSpec>& per_node, double deadline_s = 120, doubl
     return j;
 }
 Job mpirun(int nodes, const std::vector<std::string>& args, double deadline_s = 120, double kill_after_s = -1) {
-    return mpirun(std::vector<NodeSpec>(size_t(nodes), NodeSpec{args, {}}), deadline_s, kill_after_s);
+    return mpirun(std::vector<NodeSpec>(size_t(nodes), NodeSpec{args, {}, ""}), deadline_s, kill_after_s);
 }
 
 // Whether any process still has `text` as one of its arguments (read from /proc).
@@ -484,13 +488,58 @@ TEST_CASE("a node that cannot see the checkpoint node 0 resumes from fails the j
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
-    const std::vector<std::string> args{"train", cfg, "--output", t / "run"};
-    REQUIRE(mpirun({{args, {{"MIRRORED_TEST_STOP_AFTER_STEP", "14"}}}, {args, {}}}).rc == kExitInterrupted);
-    // Node 1 sees the run folder elsewhere (as a node without the shared file system would).
-    const Job j = mpirun({{args, {}}, {{"train", cfg, "--output", t / "elsewhere"}, {}}});
+    // one relative --output, each node in its own working folder: node 1 sees "run" elsewhere,
+    // as a node without the shared file system would
+    fs::create_directories(t / "a");
+    fs::create_directories(t / "b");
+    const std::vector<std::string> args{"train", cfg, "--output", "run"};
+    REQUIRE(mpirun({{args, {{"MIRRORED_TEST_STOP_AFTER_STEP", "14"}}, t / "a"}, {args, {}, t / "a"}}).rc ==
+            kExitInterrupted);
+    const Job j = mpirun({{args, {}, t / "a"}, {args, {}, t / "b"}});
     CHECK(j.rc == kExitCheckpoint);
-    CHECK(j.err.find((t / "elsewhere/checkpoints/step-0000000014.safetensors") +
-                     ": this node cannot see the checkpoint node 0 resumes from") != std::string::npos);
+    CHECK(j.err.find("run/checkpoints/step-0000000014.safetensors: this node cannot see the checkpoint node 0 "
+                     "resumes from") != std::string::npos);
+}
+
+TEST_CASE("nodes started with another --output or only some with --print-config: every node ends at once, exit 2") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const std::vector<std::string> args{"train", cfg, "--output", t / "run"};
+    Job j = mpirun({{args, {}, ""}, {{"train", cfg, "--output", t / "elsewhere"}, {}, ""}}, 60);
+    CHECK(j.rc == kExitUsage);
+    CHECK(j.err.find("node 1's configuration differs from node 0's in run: '  output_dir: " + (t / "elsewhere")) !=
+          std::string::npos);
+    CHECK(!fs::exists(t / "elsewhere/checkpoints"));
+    std::vector<std::string> print = args;
+    print.push_back("--print-config");
+    j = mpirun({{print, {}, ""}, {args, {}, ""}}, 60);
+    CHECK(j.rc == kExitUsage);
+    CHECK(j.err.find("--print-config: node 1 was started without it, node 0 with") != std::string::npos);
+    CHECK(!fs::exists(t / "run/checkpoints"));
+    // every node printing: node 0 alone writes the configuration out
+    j = mpirun(2, print, 60);
+    CHECK(j.rc == kExitOk);
+    size_t n = 0;
+    for (size_t at = j.out.find("output_dir:"); at != std::string::npos; at = j.out.find("output_dir:", at + 1)) ++n;
+    CHECK(n == 1);
+}
+
+TEST_CASE("a launcher's process count without mpirun: the process trains alone; a build without MPI says so") {
+    // `sbatch -n 4` runs a plain command once with SLURM_NTASKS=4: MPI starts as a singleton; a
+    // build without MPI cannot join anyone and says what that means
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    std::string err;
+    CHECK(run_cli({"train", cfg, "--output", t / "run", "--set", "train.epochs=1"}, {{"SLURM_NTASKS", "4"}}, -1,
+                  &err) == kExitOk);
+    CHECK(fs::exists(t / "run/summary.json"));
+    if (!Nodes::available()) {
+        CHECK(err.find("warning: SLURM_NTASKS=4: started as one of 4 processes") != std::string::npos);
+        CHECK(err.find("it trains alone") != std::string::npos);
+    }
+    CHECK(run_cli({"train", cfg, "--output", t / "bad"}, {{"PMI_SIZE", "four"}}, -1, &err) == kExitUsage);
+    CHECK(err.find("PMI_SIZE=four: expected the number of processes") != std::string::npos);
 }
 
 TEST_CASE("without mpirun nothing joins: Nodes::join returns no nodes") {

@@ -4,12 +4,15 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "kernels/blas.h"
 #include "base/error.h"
+#include "base/io.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/software.h"
 #include "tests/cli.h"
@@ -473,7 +476,7 @@ TEST_CASE(
     const auto before = fs::file_size(ckpt);
     std::string err;
     CHECK(run_cli({"export", ckpt, "--out", ckpt}, {}, -1, &err) == kExitUsage);
-    CHECK(err.find("is the checkpoint itself") != std::string::npos);
+    CHECK(err.find("is the checkpoint, which this command reads") != std::string::npos);
     CHECK(fs::file_size(ckpt) == before);
     CHECK_NOTHROW(read_safetensors(ckpt, true));
     // eval's dumps: refused before anything is evaluated, onto the checkpoint (through another
@@ -486,8 +489,9 @@ TEST_CASE(
         std::string want;
     };
     for (const Case& c :
-         {Case{{"--dump-inputs", ckpt_other}, "--dump-inputs " + ckpt_other + ": is the checkpoint itself"},
-          Case{{"--dump-logits", ckpt}, "is the checkpoint itself"},
+         {Case{{"--dump-inputs", ckpt_other},
+               "--dump-inputs " + ckpt_other + ": is the checkpoint, which this command reads"},
+          Case{{"--dump-logits", ckpt}, "is the checkpoint, which this command reads"},
           Case{{"--dump-logits", cfg}, "is the configuration file"},
           Case{{"--dump-inputs", x, "--dump-logits", x}, "--dump-logits " + x + ": is the file --dump-inputs writes"},
           Case{{"--dump-inputs", d.path().string()}, "is a directory; name a file"}}) {
@@ -502,19 +506,25 @@ TEST_CASE(
     CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(cfg).rdbuf()), {}) == cfg_text);
     CHECK(!fs::exists(x));
     // read-only: a bind mount remounted read-only in a private mount namespace (needs root)
-    const std::string log = d / "ro.log";
+    // (and with checkpoint.resume: never, which cannot start afresh there: exit 4)
+    const std::string log = d / "ro.log", never_log = d / "never.log";
     const std::string script = "mount --bind '" + out + "' '" + out + "' && mount -o remount,ro,bind '" + out +
                                "' && touch '" + out + "/probe' 2>/dev/null; test ! -e '" + out + "/probe' && '" +
-                               cli() + "' train '" + cfg + "' --output '" + out + "' > '" + log + "' 2>&1";
+                               cli() + "' train '" + cfg + "' --output '" + out + "' > '" + log + "' 2>&1; '" + cli() +
+                               "' train '" + cfg + "' --output '" + out + "' --set checkpoint.resume=never > '" +
+                               never_log + "' 2>&1; echo \\$? >> '" + never_log + "'";
     const int rc = std::system(("unshare -m sh -c \"" + script + "\"").c_str());
     if (!fs::exists(log)) {
         mark_skipped("cannot make a read-only mount here (unshare -m needs root and CAP_SYS_ADMIN)");
         return;
     }
-    CHECK(WEXITSTATUS(rc) == kExitOk);
+    CHECK(WEXITSTATUS(rc) == 0);
     const std::string text(std::istreambuf_iterator<char>(std::ifstream(log).rdbuf()), {});
     CHECK(text.find("is complete (the folder cannot be written") != std::string::npos);
     CHECK(text.find("\"status\": \"completed\"") != std::string::npos);
+    const std::string never(std::istreambuf_iterator<char>(std::ifstream(never_log).rdbuf()), {});
+    CHECK(never.find("cannot start afresh as checkpoint.resume: never asks") != std::string::npos);
+    CHECK(never.find("\n4\n") != std::string::npos);
 }
 
 TEST_CASE("disk full: the failing write is named (exit 4), no partial file is left, earlier checkpoints stay good") {
@@ -552,4 +562,266 @@ TEST_CASE("disk full: the failing write is named (exit 4), no partial file is le
             ++good;
         }
     CHECK(good >= 2);
+}
+
+TEST_CASE("batch statistics over one value per channel are refused, naming the layer; sync or a larger batch pass") {
+    TempDir d;
+    const std::string cfg = d.write("bn.yaml", R"(run: {name: bn, seed: 3}
+strategy: {devices: "cpu:4"}
+data: {dataset: synthetic, input_shape: [8], classes: 3, train_samples: 64, test_samples: 16}
+model:
+  layers:
+    - {type: dense, units: 8}
+    - {type: batchnorm, activation: relu}
+    - {type: dense, units: 3}
+optimizer: {type: sgd, lr: 0.05}
+train: {epochs: 1, global_batch_size: 4, log_every_steps: 100}
+checkpoint: {every_steps: 0}
+)");
+    std::string err;
+    // one sample per replica
+    CHECK(run_cli({"train", cfg, "--output", d / "a"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("model.layers.1") != std::string::npos);
+    CHECK(err.find("1 value per channel") != std::string::npos);
+    CHECK(err.find("sync: true") != std::string::npos);
+    CHECK(!fs::exists(d / "a/checkpoints"));
+    // one sample per micro-batch: 2 replicas x 2 accumulation steps
+    CHECK(run_cli({"train", cfg, "--output", d / "b", "--set", "strategy.devices=cpu:2", "--set",
+                   "train.grad_accumulation_steps=2"},
+                  {}, -1, &err) == kExitUsage);
+    CHECK(err.find("model.layers.1") != std::string::npos);
+    // the last partial batch of an epoch: 66 samples in batches of 8 over 4 replicas leave 2,
+    // one per replica on two of them
+    CHECK(run_cli({"train", cfg, "--output", d / "c", "--set", "train.global_batch_size=8", "--set",
+                   "data.train_samples=66", "--set", "data.drop_last=false"},
+                  {}, -1, &err) == kExitUsage);
+    CHECK(err.find("last batch of an epoch: 2 of 66") != std::string::npos);
+    // statistics over the whole job, or two samples a replica, train
+    CHECK(run_cli({"train", cfg, "--output", d / "e", "--set", "model.layers.1.sync=true"}) == kExitOk);
+    CHECK(run_cli({"train", cfg, "--output", d / "f", "--set", "train.global_batch_size=8"}) == kExitOk);
+    // a convolution's batchnorm counts every pixel: one image of 2x2 has 4 values per channel
+    const std::string conv = d.write("conv.yaml", R"(run: {name: bnc, seed: 3}
+strategy: {devices: "cpu:2"}
+data: {dataset: synthetic, input_shape: [2, 2, 1], classes: 3, train_samples: 16, test_samples: 4}
+model:
+  layers:
+    - {type: conv2d, filters: 2, kernel_size: 1}
+    - {type: batchnorm, activation: relu}
+    - {type: flatten}
+    - {type: dense, units: 3}
+optimizer: {type: sgd, lr: 0.05}
+train: {epochs: 1, global_batch_size: 2, log_every_steps: 100}
+checkpoint: {every_steps: 0}
+)");
+    CHECK(run_cli({"train", conv, "--output", d / "g"}, {}, -1, &err) == kExitOk);
+}
+
+TEST_CASE("the memory limit is the tightest cgroup on the process's path, v2, v1 and hybrid") {
+    TempDir d;
+    const std::string root = d / "cg";
+    auto put = [&](const std::string& rel, const std::string& text) {
+        fs::create_directories(fs::path(root + rel).parent_path());
+        std::ofstream(root + rel) << text << "\n";
+    };
+    // v2: a limit on the parent of the process's group, none on its own, a looser one at the root
+    put("/memory.max", "max");
+    put("/user.slice/memory.max", "8589934592");
+    put("/user.slice/memory.current", "1073741824");
+    put("/user.slice/run-1.scope/memory.max", "max");
+    put("/user.slice/run-1.scope/memory.current", "1048576");
+    CgroupMemory m = cgroup_memory("0::/user.slice/run-1.scope\n", root);
+    CHECK(m.limit == 8589934592ull);
+    CHECK(m.used == 1073741824ull);
+    CHECK(m.file == root + "/user.slice/memory.max");
+    // a tighter limit deeper down wins
+    put("/user.slice/run-1.scope/memory.max", "2147483648");
+    m = cgroup_memory("0::/user.slice/run-1.scope\n", root);
+    CHECK(m.limit == 2147483648ull);
+    CHECK(m.used == 1048576ull);
+    // v1: the memory controller's hierarchy; "unlimited" is a huge number
+    put("/memory/memory.limit_in_bytes", "9223372036854771712");
+    put("/memory/job/memory.limit_in_bytes", "4294967296");
+    put("/memory/job/memory.usage_in_bytes", "100");
+    put("/memory/job/task/memory.limit_in_bytes", "9223372036854771712");
+    m = cgroup_memory("4:memory:/job/task\n3:cpu,cpuacct:/job\n", root);
+    CHECK(m.limit == 4294967296ull);
+    CHECK(m.used == 100);
+    CHECK(m.file == root + "/memory/job/memory.limit_in_bytes");
+    // hybrid: v1 memory beside an empty v2 under unified/; a controller list naming memory among others
+    put("/unified/job/task/memory.max", "3221225472");
+    m = cgroup_memory("0::/job/task\n7:cpuset,memory:/job/task\n", root);
+    CHECK(m.limit == 3221225472ull);
+    // none set, a path that is not there, garbage
+    CHECK(cgroup_memory("0::/nowhere\n", d / "empty").limit == 0);
+    CHECK(cgroup_memory("garbage\n::\n0::relative\n0::/../../etc\n", root).limit == 0);
+}
+
+// Checkpoints rewritten by hand with a valid checksum: what the checksum cannot catch, the loader
+// must. Each case fails on every path that reads the file (resume, eval, export).
+TEST_CASE(
+    "crafted checkpoints with a valid checksum: non-finite values, impossible steps and epochs, missing tensors") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    REQUIRE(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1"}) == kExitOk);
+    const std::string good = list_checkpoints(out + "/checkpoints").front();  // the newest: step 20
+    struct Case {
+        std::string name;
+        std::function<void(SafetensorsFile&)> craft;
+        std::string want;
+    };
+    const std::vector<Case> cases{
+        {"nan", [](SafetensorsFile& f) { f.tensors.at("layers.0.weight").second[5] = NAN; },
+         "layers.0.weight element 5 is not finite"},
+        {"inf", [](SafetensorsFile& f) { f.tensors.at("layers.1.bias").second[0] = -INFINITY; },
+         "layers.1.bias element 0 is not finite"},
+        {"step", [](SafetensorsFile& f) { f.metadata["step"] = "1000"; }, "beyond this run's"},
+        {"epoch", [](SafetensorsFile& f) { f.metadata["loader_epoch"] = "999999999"; }, "which no run reaches"},
+        {"missing", [](SafetensorsFile& f) { f.tensors.erase("layers.1.weight"); }, "layers.1.weight"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.name);
+        // a run folder whose newest checkpoint is the crafted one
+        const std::string run = d / ("run-" + c.name);
+        fs::copy(out, run, fs::copy_options::recursive);
+        fs::remove(run + "/summary.json");
+        SafetensorsFile f = read_safetensors(good, true);
+        c.craft(f);
+        const std::string crafted = run + "/checkpoints/" + fs::path(good).filename().string();
+        write_safetensors(crafted, f, true);
+        CHECK_NOTHROW(read_safetensors(crafted, true));  // the checksum holds
+        // eval and export read every tensor as a resume does (a step count is theirs to report)
+        std::string err;
+        const int want_rc = c.name == "step" ? kExitOk : kExitCheckpoint;
+        CHECK(run_cli({"eval", cfg, "--checkpoint", crafted}, {}, -1, &err) == want_rc);
+        if (want_rc != kExitOk) CHECK(err.find(c.want) != std::string::npos);
+        const std::string exported = d / ("w-" + c.name + ".safetensors");
+        CHECK(run_cli({"export", crafted, "--out", exported}, {}, -1, &err) == want_rc);
+        CHECK(fs::exists(exported) == (want_rc == kExitOk));
+        // resume, named: refused; found by auto-resume: skipped for the one before it, saying why
+        CHECK(
+            run_cli({"train", cfg, "--output", run, "--set", "train.epochs=2", "--set", "checkpoint.resume=" + crafted},
+                    {}, -1, &err) == kExitCheckpoint);
+        CHECK(err.find(c.want) != std::string::npos);
+        const std::string log = d / "resume.log";
+        const int rc =
+            run_cli({"train", cfg, "--output", run, "--set", "train.epochs=2"}, {}, -1, &err, Stdout::file, log);
+        CHECK(err.find(c.want) != std::string::npos);
+        CHECK(err.find("last good") == std::string::npos);
+        if (c.name == "step") {  // a checkpoint of a longer run: this run is not its continuation
+            CHECK(rc == kExitCheckpoint);
+        } else {
+            CHECK(rc == kExitOk);
+            CHECK(err.find("skipping unusable checkpoint: " + crafted) != std::string::npos);
+            const std::string text{std::istreambuf_iterator<char>(std::ifstream(log).rdbuf()), {}};
+            CHECK(text.find("resuming from " + run + "/checkpoints/step-0000000010.safetensors") != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("careless environment variables and options: range-checked, refused with exit 2, never a hang or a kill") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun);
+    std::string err;
+    // a delay of a day per simulated stream operation; test hooks with values no test gives
+    CHECK(run_cli({"train", cfg, "--output", d / "a", "--devices", "sim:0,1"},
+                  {{"MIRRORED_SIM_DELAY_US", "99999999999"}}, -1, &err) == kExitUsage);
+    CHECK(err.find("MIRRORED_SIM_DELAY_US=99999999999: expected an integer from 0 to 1000000") != std::string::npos);
+    CHECK(run_cli({"train", cfg, "--output", d / "b"}, {{"MIRRORED_TEST_KILL_DURING_CHECKPOINT", "-1"}}, -1, &err) ==
+          kExitUsage);
+    CHECK(err.find("MIRRORED_TEST_KILL_DURING_CHECKPOINT=-1: expected an integer from 0") != std::string::npos);
+    CHECK(!fs::exists(d / "b/checkpoints"));
+    CHECK(run_cli({"train", cfg, "--output", d / "c"}, {{"MIRRORED_TEST_STOP_AFTER_STEP", "ten"}}, -1, &err) ==
+          kExitUsage);
+    // the BLAS probe's variable is its parent's to set: from a user it changes nothing
+    CHECK(run_cli({"train", cfg, "--output", d / "p", "--set", "train.epochs=1"}, {{"MIRRORED_BLAS_PROBE", "1"}}) ==
+          kExitOk);
+    CHECK(fs::exists(d / "p/summary.json"));
+    // options that would be silently ignored
+    CHECK(run_cli({"scale", cfg, "--replicas", ""}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("--replicas: expected a list of positive integers") != std::string::npos);
+    for (const char* flag : {"--memory-gb", "--tflops", "--network-gbs", "--bus-gbs"}) {
+        CAPTURE(flag);
+        CHECK(run_cli({"plan", cfg, "--gpus", "2", flag, "0"}, {}, -1, &err) == kExitUsage);
+        CHECK(err.find("expected a number above 0, got '0'") != std::string::npos);
+    }
+    const std::string plan_out = d / "plan.txt";
+    CHECK(run_cli({"plan", cfg, "--gpus", "2"}, {}, -1, &err, Stdout::file, plan_out) == kExitOk);
+    CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(plan_out).rdbuf()), {})
+              .find("GPU h100 (the default: --gpu names yours)") != std::string::npos);
+    // scale --out onto a file: exit 2 before anything is measured
+    const std::string file = d.write("taken", "x");
+    CHECK(run_cli({"scale", cfg, "--out", file}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("--out " + file + ": is a file") != std::string::npos);
+    CHECK(run_cli({"export", "any.safetensors", "--out", ""}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("--out: expected a file name") != std::string::npos);
+}
+
+TEST_CASE("SIGINT as soon as a training process can take it ends it with exit 130, not by the signal") {
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun);
+    for (int round = 0; round < 3; ++round) {
+        const pid_t pid = spawn_cli({"train", cfg, "--output", d / ("r" + std::to_string(round))}, {}, "/dev/null");
+        // the moment the process catches SIGINT (SigCgt in /proc) once it runs mirrored (a forked
+        // child catches it with the test's handler until it execs): main's first step
+        bool caught = false;
+        std::error_code ec;
+        const fs::path exe = fs::canonical(cli());
+        for (int i = 0; i < 20000 && !caught; ++i) {
+            if (fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec) != exe) {
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+                continue;
+            }
+            std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+            std::string line;
+            while (std::getline(in, line))
+                if (line.rfind("SigCgt:", 0) == 0)
+                    caught = (std::stoull(line.substr(7), nullptr, 16) >> (SIGINT - 1)) & 1;
+            if (!caught) std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+        REQUIRE(caught);
+        ::kill(pid, SIGINT);
+        CHECK(wait_status(pid) == kExitInterrupted);
+    }
+}
+
+TEST_CASE("a BLAS kernel cache entry that is tampered with is measured again; one that is used is said to be") {
+    TempDir d;
+    const std::string cache = d / "cache", out = d / "devices.txt";
+    // Haswell's kernel on a CPU that may run a faster one: the choice is measured (or taken from
+    // the cache); a CPU without a faster class keeps its kernel and has nothing to cache
+    const std::vector<std::pair<std::string, std::string>> env{
+        {"MIRRORED_CACHE_DIR", cache}, {"OPENBLAS_CORETYPE", "Haswell"}, {"MIRRORED_BLAS_INHERITED", ""}};
+    auto blas_line = [&] {
+        REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
+        std::ifstream in(out);
+        std::string line;
+        while (std::getline(in, line))
+            if (line.rfind("BLAS:", 0) == 0) return line;
+        return std::string();
+    };
+    const std::string first = blas_line();
+    if (!fs::exists(cache + "/blas-kernel.txt")) {
+        mark_skipped("this CPU runs no faster kernel class than Haswell's: nothing is measured or cached");
+        return;
+    }
+    CHECK(first.find("chosen by mirrored by measurement:") != std::string::npos);
+    CHECK(blas_line().find("on an earlier start (from the machine cache") != std::string::npos);
+    // NaN, then another starting kernel: measured again, and the entry written anew
+    for (const char* bad : {"nan", "Zen"}) {
+        CAPTURE(bad);
+        std::string text(std::istreambuf_iterator<char>(std::ifstream(cache + "/blas-kernel.txt").rdbuf()), {});
+        const size_t tab = text.find('\t');
+        REQUIRE(tab != std::string::npos);
+        std::istringstream fields(text.substr(tab + 1));
+        std::string core, gflops, own, own_gflops;
+        fields >> core >> gflops >> own >> own_gflops;
+        const std::string entry = std::string(bad) == "nan" ? core + " nan " + own + " " + own_gflops
+                                                            : core + " " + gflops + " Zen " + own_gflops;
+        std::ofstream(cache + "/blas-kernel.txt") << text.substr(0, tab + 1) << entry << "\n";
+        const std::string line = blas_line();
+        CHECK(line.find("earlier start") == std::string::npos);
+        const std::string now(std::istreambuf_iterator<char>(std::ifstream(cache + "/blas-kernel.txt").rdbuf()), {});
+        CHECK(now.find(" nan ") == std::string::npos);
+        CHECK(now.find(" Zen ") == std::string::npos);
+    }
 }

@@ -326,13 +326,13 @@ TEST_CASE("scale and plan: bad input is exit 2 with what was expected") {
         {{"plan", cfg, "--gpu", "v100"}, "known: h200"},
         {{"plan", cfg, "--link", "carrier-pigeon"}, "known: nvlink4"},
         {{"plan", cfg, "--gpus", "2,x"}, "positive integers"},
-        {{"plan", cfg, "--tflops", "-3"}, "finite and >= 0"},
+        {{"plan", cfg, "--tflops", "-3"}, "--tflops: expected a number above 0, got '-3'"},
         {{"plan", cfg, "--profile", d / "missing.json"}, "cannot read"},
         {{"plan", cfg, "--profile", d.write("typed.json", R"({"results": [{"replicas": "1"}]})")},
          "results[0].replicas is string, expected a number"},
         {{"plan", cfg, "--nodes", "2", "--network", "wifi"}, "known: eth-100"},
         {{"plan", cfg, "--nodes", "0"}, "--nodes"},
-        {{"plan", cfg, "--network-gbs", "-1"}, "finite and >= 0"},
+        {{"plan", cfg, "--network-gbs", "-1"}, "--network-gbs: expected a number above 0, got '-1'"},
         {{"bench-allreduce", "--devices", "cpu:2", "--duration", "0"}, "positive duration"},
         {{"bench-gemm", "--shapes", "64x512"}, "expected shapes like 64x512x784:nt"},
         {{"bench-gemm", "--shapes", "64x512x784:xt"}, "expected shapes like"},
@@ -565,7 +565,11 @@ TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replac
         CHECK(chosen.find("kernel Prescott") == std::string::npos);
         CHECK(chosen.find("chosen by mirrored by measurement") != std::string::npos);
         CHECK(std::filesystem::exists(cache + "/blas-kernel.txt"));
-        CHECK(devices(generic) == chosen);  // the second start reuses the cached choice
+        // the second start reuses the cached choice, and says so
+        const std::string again = devices(generic);
+        CHECK(kernel_named(again) == kernel_named(chosen));
+        CHECK(again.find("chosen by mirrored by measurement on an earlier start (from the machine cache") !=
+              std::string::npos);
         // A process started on the chosen kernel (OPENBLAS_CORETYPE inherited from the one that
         // chose it) keeps it: it finds the same cached answer, it does not measure again from there.
         const std::string core = kernel_named(chosen);

@@ -137,6 +137,7 @@ struct Choice {
     double gflops = 0;
     std::string own;
     double own_gflops = 0;
+    bool cached = false;  // read from the machine cache, measured by an earlier start
 };
 
 // A child process of this binary measuring one kernel; < 0 when it failed, crashed (an
@@ -155,7 +156,7 @@ double probe(const std::string& core) {
         if (null >= 0) ::dup2(null, 2);
         ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
         ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
-        ::setenv(kProbeVar, "1", 1);
+        ::setenv(kProbeVar, std::to_string(::getppid()).c_str(), 1);  // the parent that reads the answer
         ::unsetenv(kChosenVar);
         ::execl("/proc/self/exe", "mirrored-blas-probe", static_cast<char*>(nullptr));
         ::_exit(127);
@@ -202,30 +203,41 @@ std::string cache_key() {
     return key;
 }
 
-// "core|gflops|own|own_gflops", as reexec writes it.
+// "core|gflops|own|own_gflops[|cached]", as reexec writes it (a process of an older build leaves
+// out whether the choice came from the cache).
 bool parse_marker(const std::string& text, Choice& c) {
     char core[64] = {}, own[64] = {};
-    if (std::sscanf(text.c_str(), "%63[^|]|%lf|%63[^|]|%lf", core, &c.gflops, own, &c.own_gflops) != 4) return false;
+    int cached = 0;
+    if (std::sscanf(text.c_str(), "%63[^|]|%lf|%63[^|]|%lf|%d", core, &c.gflops, own, &c.own_gflops, &cached) < 4)
+        return false;
     c.core = core;
     c.own = own;
+    c.cached = cached != 0;
     return true;
 }
 
 std::string how_chosen(const Choice& c) {
-    char how[256];
+    char how[320];
     std::snprintf(how, sizeof how,
-                  "chosen by mirrored by measurement: %.0f GFLOP/s against %.0f for %s, the kernel it "
+                  "chosen by mirrored by measurement%s: %.0f GFLOP/s against %.0f for %s, the kernel it "
                   "started with",
-                  c.gflops, c.own_gflops, c.own.c_str());
+                  c.cached ? " on an earlier start (from the machine cache, blas-kernel.txt)" : "", c.gflops,
+                  c.own_gflops, c.own.c_str());
     return how;
 }
 
-bool read_cache(const std::string& key, Choice& c) {
+// An entry as write_cache wrote it, measured from this process's kernel: anything else (edited,
+// truncated, a NaN, another start's kernel) is not used, and is replaced by a new measurement.
+bool read_cache(const std::string& key, const std::string& own, Choice& c) {
     const auto v = cache_lookup("blas-kernel.txt", key);
-    char core[64] = {}, own[64] = {};
-    if (!v || std::sscanf(v->c_str(), "%63s %lf %63s %lf", core, &c.gflops, own, &c.own_gflops) != 4) return false;
+    char core[64] = {}, from[64] = {}, rest = 0;
+    if (!v || std::sscanf(v->c_str(), "%63s %lf %63s %lf %c", core, &c.gflops, from, &c.own_gflops, &rest) != 4)
+        return false;
+    const auto plausible = [](double g) { return std::isfinite(g) && g > 0 && g < 1e7; };
+    if (from != own || !plausible(c.gflops) || !plausible(c.own_gflops) || c.gflops < c.own_gflops) return false;
     c.core = core;
     c.own = own;
+    c.cached = true;
     return true;
 }
 
@@ -236,7 +248,8 @@ void write_cache(const std::string& key, const Choice& c) {
 
 [[noreturn]] void reexec(char** argv, const Choice& c) {
     char marker[256];
-    std::snprintf(marker, sizeof marker, "%s|%.1f|%s|%.1f", c.core.c_str(), c.gflops, c.own.c_str(), c.own_gflops);
+    std::snprintf(marker, sizeof marker, "%s|%.1f|%s|%.1f|%d", c.core.c_str(), c.gflops, c.own.c_str(), c.own_gflops,
+                  c.cached ? 1 : 0);
     ::setenv("OPENBLAS_CORETYPE", c.core.c_str(), 1);
     ::setenv(kChosenVar, marker, 1);
     ::setenv(kInheritedVar, marker, 1);
@@ -313,12 +326,18 @@ Choice measure_kernels(const std::string& own, int level) {
 }  // namespace
 
 void choose_blas_kernel(char** argv) {
-    if (std::getenv(kProbeVar)) {  // a probe child: measure, report, leave
+    // A probe child: started by its parent as "mirrored-blas-probe" with the parent's pid in
+    // kProbeVar, it measures, reports and leaves. The variable anywhere else (a user's
+    // environment, a child of a probe's parent) is not an instruction: dropped.
+    if (const char* probe_of = std::getenv(kProbeVar); probe_of && argv && argv[0] &&
+                                                       std::string(argv[0]) == "mirrored-blas-probe" && !argv[1] &&
+                                                       std::string(probe_of) == std::to_string(::getppid())) {
         const double g = blas_probe_gflops();
         std::printf("%s %.3f\n", core_name().c_str(), g);
         std::fflush(stdout);
         ::_exit(g > 0 ? 0 : 1);
     }
+    ::unsetenv(kProbeVar);
     const std::string own = core_name();
     g_choice.core = own;
     if (const char* chosen = std::getenv(kChosenVar)) return settle_chosen_kernel(argv, own, chosen);
@@ -339,12 +358,14 @@ void choose_blas_kernel(char** argv) {
         const auto all = candidates(level);
         return core == own || std::find(all.begin(), all.end(), core) != all.end();
     };
-    if (!read_cache(key, c) || !runnable(c.core)) {
+    if (!read_cache(key, own, c) || !runnable(c.core)) {
         c = measure_kernels(own, level);
         write_cache(key, c);
     }
     if (c.core != own && c.gflops > 0) reexec(argv, c);
-    g_how += ", measured the fastest of the kernels this CPU runs";
+    g_how += c.cached ? ", the fastest of the kernels this CPU runs as measured on an earlier start (from the "
+                        "machine cache, blas-kernel.txt)"
+                      : ", measured the fastest of the kernels this CPU runs";
 }
 
 std::string cpu_model_name() {

@@ -20,6 +20,7 @@
 
 #include "kernels/backends.h"
 #include "kernels/device.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "kernels/nccl.h"
 #include "kernels/op_math.h"
@@ -57,6 +58,10 @@ struct GpuState {  // per simulated GPU, guarded by g_mu
     bool peer[kMaxSimGpus] = {};  // peer[b]: kernels here may load memory of GPU b
 };
 
+// A random delay per stream operation of up to this much (MIRRORED_SIM_DELAY_US): a second
+// already reorders any step; more would only look like a hang.
+constexpr int64_t kMaxSimDelayUs = 1000000;
+
 struct World {
     GpuState gpus[kMaxSimGpus];
     std::atomic<int> max_delay_us{0};
@@ -67,7 +72,7 @@ struct World {
 World& world() {
     static World* w = [] {
         auto* x = new World;  // never destroyed: stream threads may outlive static destructors
-        if (const char* d = std::getenv("MIRRORED_SIM_DELAY_US")) x->max_delay_us = std::max(0, std::atoi(d));
+        x->max_delay_us = int(env_integer("MIRRORED_SIM_DELAY_US", 0, 0, kMaxSimDelayUs));
         if (const char* p = std::getenv("MIRRORED_SIM_NO_PEER")) x->peer_access = !(*p && *p != '0');
         // "G:K" knobs: the K-th event of their kind on simulated GPU G
         const auto knob = [x](const char* name, uint64_t GpuState::*at_field) {
@@ -946,7 +951,7 @@ void sim_reset() {
     for (GpuState& g : w.gpus) g = GpuState{};
     w.max_delay_us = 0;
     w.peer_access = true;
-    if (const char* d = std::getenv("MIRRORED_SIM_DELAY_US")) w.max_delay_us = std::max(0, std::atoi(d));
+    w.max_delay_us = int(env_integer("MIRRORED_SIM_DELAY_US", 0, 0, kMaxSimDelayUs));
     if (const char* p = std::getenv("MIRRORED_SIM_NO_PEER")) w.peer_access = !(*p && *p != '0');
 }
 

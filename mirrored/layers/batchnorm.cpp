@@ -52,6 +52,18 @@ public:
         sums_ = b.f32_buffer(slot_, 0, 2 * size_t(c));
         if (o_.sync) b.stats(2 * size_t(c));
     }
+    // One value per channel has variance 0: the layer outputs its bias whatever the input
+    // (PyTorch refuses it too). Counted per replica, or over the job when synchronised.
+    void check_batch(int rows, int global_rows) const override {
+        const int64_t per_image = int64_t(in_.h) * in_.w;
+        const int64_t values = (o_.sync ? int64_t(global_rows) : int64_t(rows)) * per_image;
+        if (rows == 0 || values >= 2) return;
+        // values < 2 leaves one sample of one pixel: rows (or global_rows) is 1
+        fail("batch statistics over 1 value per channel: " + std::string(o_.sync ? "the whole job" : "a replica") +
+             " trains on 1 sample at a time, so the variance is 0 and the layer learns nothing: raise "
+             "train.global_batch_size or use fewer replicas or accumulation steps" +
+             (o_.sync ? "" : ", or set sync: true to count the statistics over every replica"));
+    }
     void place(const std::vector<TensorRef>& refs) override {
         gamma_off_ = refs[size_t(gamma_)].offset;
         beta_off_ = refs[size_t(beta_)].offset;

@@ -231,6 +231,9 @@ public:
     // input goes, or null when nothing before needs it. Parameter gradients go into p.grads.
     virtual void backward(Pass& p, void* dy, void* dx) const = 0;
     virtual bool has_params() const { return false; }
+    // Refuses (ConfigError at its key) training on `rows` samples per replica, `global_rows` in
+    // the whole job, when the layer cannot learn from so few (batch statistics over one value).
+    virtual void check_batch(int rows, int global_rows) const { (void)rows, (void)global_rows; }
     virtual double forward_flops() const { return 0; }  // GEMM multiply-adds x 2, per sample
     virtual std::string detail() const { return ""; }   // for the model summary
 

@@ -48,6 +48,10 @@ public:
         g1_ = b.act_buffer(slot_, out_.size());
         if (shortcut_) g2_ = b.act_buffer(slot_, in_.size());
     }
+    void check_batch(int rows, int global_rows) const override {
+        branch_.check_batch(rows, global_rows);
+        if (shortcut_) shortcut_->check_batch(rows, global_rows);
+    }
     void place(const std::vector<TensorRef>& refs) override {
         branch_.place(refs);
         if (shortcut_) shortcut_->place(refs);

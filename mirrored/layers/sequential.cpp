@@ -38,6 +38,10 @@ void Sequential::place(const std::vector<TensorRef>& refs) {
 
 bool Sequential::has_params() const { return first_param_ < int(layers_.size()); }
 
+void Sequential::check_batch(int rows, int global_rows) const {
+    for (auto& l : layers_) l->check_batch(rows, global_rows);
+}
+
 const void* Sequential::forward(Pass& p, const void* x) const {
     LayerProbe* probe = top_ ? p.probe : nullptr;
     for (size_t i = 0; i < layers_.size(); ++i) {

@@ -25,6 +25,7 @@ public:
 
     const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
     bool has_params() const;
+    void check_batch(int rows, int global_rows) const;
 
 private:
     std::vector<std::unique_ptr<Layer>> layers_;

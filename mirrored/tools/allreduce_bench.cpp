@@ -178,15 +178,15 @@ int table(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<s
                         {"busbw_gbs", busbw},
                         {"correct", ok}});
     }
-    write_json(o.json_path, {{"benchmark", "allreduce"},
-                             {"op", rig.ops->name()},
-                             {"devices", rig.list.describe()},
-                             {"transport", o.transport},
-                             {"dtype", o.dtype},
-                             {"barrier_us", barrier_us},
-                             {"replicas", n},
-                             {"device", rig.list.traits().gpu ? rig.devs[0]->description() : cpu_model_name()},
-                             {"results", rows}});
+    write_json(o.json, {{"benchmark", "allreduce"},
+                        {"op", rig.ops->name()},
+                        {"devices", rig.list.describe()},
+                        {"transport", o.transport},
+                        {"dtype", o.dtype},
+                        {"barrier_us", barrier_us},
+                        {"replicas", n},
+                        {"device", rig.list.traits().gpu ? rig.devs[0]->description() : cpu_model_name()},
+                        {"results", rows}});
     if (!all_ok) throw DeviceError("bench-allreduce: a result was wrong (marked WRONG above)");
     return kExitOk;
 }
@@ -287,14 +287,14 @@ int stress(const AllReduceBenchOptions& o, AllReduceRig& rig, const std::vector<
         for (const auto& sl : slow) std::printf(" %s;", sl.c_str());
         std::printf(" check the GPUs' clocks and temperatures (nvidia-smi -q -d PERFORMANCE).\n");
     }
-    write_json(o.json_path, {{"benchmark", "allreduce_stress"},
-                             {"op", rig.ops->name()},
-                             {"devices", rig.list.describe()},
-                             {"dtype", o.dtype},
-                             {"duration_s", o.duration_s},
-                             {"verified", s.verified},
-                             {"slowdown", slow},
-                             {"results", rows}});
+    write_json(o.json, {{"benchmark", "allreduce_stress"},
+                        {"op", rig.ops->name()},
+                        {"devices", rig.list.describe()},
+                        {"dtype", o.dtype},
+                        {"duration_s", o.duration_s},
+                        {"verified", s.verified},
+                        {"slowdown", slow},
+                        {"results", rows}});
     return kExitOk;
 }
 

@@ -117,13 +117,13 @@ int bench_loader(const LoaderBenchOptions& o) {
             rows.push_back({{"threads", threads}, {"augment", augment}, {"samples_per_sec", sps}, {"mb_per_sec", mbs}});
         }
     }
-    write_json(o.json_path, {{"benchmark", "loader"},
-                             {"dataset", ds.name},
-                             {"global_batch", o.batch},
-                             {"memcpy_ceiling_samples_per_sec", ceiling_sps},
-                             {"cpu", cpu_model_name()},
-                             {"hardware_threads", std::thread::hardware_concurrency()},
-                             {"results", rows}});
+    write_json(o.json, {{"benchmark", "loader"},
+                        {"dataset", ds.name},
+                        {"global_batch", o.batch},
+                        {"memcpy_ceiling_samples_per_sec", ceiling_sps},
+                        {"cpu", cpu_model_name()},
+                        {"hardware_threads", std::thread::hardware_concurrency()},
+                        {"results", rows}});
     return kExitOk;
 }
 
@@ -197,11 +197,11 @@ int bench_gemm(const GemmBenchOptions& o) {
     }
     if (shapes.size() > 1)
         std::printf("%35s %12.1f %10.1f  (all, one after another)\n", "", total_s * 1e6, total_flop / total_s / 1e9);
-    write_json(o.json_path, {{"benchmark", "gemm"},
-                             {"device", d->traits().gpu ? d->description() : cpu_model_name()},
-                             {"blas", blas_description()},
-                             {"precision", precision_name(precision)},
-                             {"results", rows}});
+    write_json(o.json, {{"benchmark", "gemm"},
+                        {"device", d->traits().gpu ? d->description() : cpu_model_name()},
+                        {"blas", blas_description()},
+                        {"precision", precision_name(precision)},
+                        {"results", rows}});
     return kExitOk;
 }
 
@@ -375,13 +375,13 @@ int bench_step(const StepBenchOptions& o) {
         std::printf(
             "\nspeedup and efficiency are relative to the first row; the global batch is fixed (strong scaling):\n"
             "--per-replica-batch B scales it with the replicas instead\n");
-    write_json(o.json_path, {{"benchmark", "step"},
-                             {"config", o.config},
-                             {"global_batch", base.train.global_batch_size},
-                             {"model", model_config_summary(base)},
-                             {"cpu", cpu_model_name()},
-                             {"blas", blas_description()},
-                             {"results", rows}});
+    write_json(o.json, {{"benchmark", "step"},
+                        {"config", o.config},
+                        {"global_batch", base.train.global_batch_size},
+                        {"model", model_config_summary(base)},
+                        {"cpu", cpu_model_name()},
+                        {"blas", blas_description()},
+                        {"results", rows}});
     return kExitOk;
 }
 

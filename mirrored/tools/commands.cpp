@@ -23,6 +23,16 @@ void for_each_item(const std::string& s, Fn fn) {
 }
 
 // "1,2,4" -> {1, 2, 4}: positive integers of at most 6 digits.
+// A figure that overrides a GPU's, link's or network's: 0 would mean nothing, not a default.
+const CLI::Validator kAboveZero(
+    [](std::string& v) {
+        char* end = nullptr;
+        const double d = std::strtod(v.c_str(), &end);
+        return end != v.c_str() && !*end && std::isfinite(d) && d > 0 ? std::string()
+                                                                      : "expected a number above 0, got '" + v + "'";
+    },
+    "NUMBER > 0");
+
 std::vector<int> parse_list(const std::string& s, const char* flag) {
     std::vector<int> out;
     for_each_item(s, [&](const std::string& item) {
@@ -32,6 +42,8 @@ std::vector<int> parse_list(const std::string& s, const char* flag) {
                               ": expected a list of positive integers below 1000000 like 1,2,4, got '" + s + "'");
         out.push_back(std::stoi(item));
     });
+    if (out.empty())
+        throw ConfigError(std::string(flag) + ": expected a list of positive integers like 1,2,4, got '" + s + "'");
     return out;
 }
 
@@ -103,6 +115,20 @@ std::vector<std::string> split_semicolons(const std::string& s) {
     return out;
 }
 
+// --json FILE and --force, which lets it replace a checkpoint or a run folder's file.
+void add_json(CLI::App* cmd, OutputTarget& json, const char* what) {
+    cmd->add_option("--json", json.path, what);
+    cmd->add_flag("--force", json.force, "let --json replace a checkpoint or a file of a run folder");
+}
+
+// Before any work: the output the command will write is one it may write (base/output.h), and none
+// of the files it reads (inputs: what, path).
+void check_json(OutputTarget& json, std::vector<std::pair<std::string, std::string>> inputs) {
+    if (json.path.empty()) return;
+    json.inputs = std::move(inputs);
+    check_output(json);
+}
+
 }  // namespace
 
 ToolCommands::ToolCommands(CLI::App& app) {
@@ -121,7 +147,7 @@ void ToolCommands::add_bench_loader(CLI::App& app) {
     bl_->add_option("--threads", lb_threads_, "loader thread counts to measure, e.g. 1,2,4");
     bl_->add_option("--batch", lb_.batch, "global batch size")->check(CLI::Range(1, 1 << 24));
     bl_->add_option("--seconds", lb_.seconds, "seconds per measurement")->check(CLI::Range(0.01, 3600.0));
-    bl_->add_option("--json", lb_.json_path, "also write the results here");
+    add_json(bl_, lb_.json, "also write the results here");
 }
 
 void ToolCommands::add_bench_allreduce(CLI::App& app) {
@@ -140,7 +166,7 @@ void ToolCommands::add_bench_allreduce(CLI::App& app) {
     ba_->add_option("--timeout", timeout_,
                     "a hang detector: when no all-reduce finishes for this long (a hung "
                     "kernel, a failing link, NCCL waiting), the command stops with exit 5 (default 120s)");
-    ba_->add_option("--json", ab_.json_path, "also write the table here");
+    add_json(ba_, ab_.json, "also write the table here");
 }
 
 void ToolCommands::add_bench_step(CLI::App& app) {
@@ -156,7 +182,7 @@ void ToolCommands::add_bench_step(CLI::App& app) {
                     "then profile this many more steps layer by layer (replica 0, "
                     "uncaptured, each waited for): where a step's time goes")
         ->check(CLI::Range(0, 100000));
-    bs_->add_option("--json", sb_.json_path, "also write the results here");
+    add_json(bs_, sb_.json, "also write the results here");
 }
 
 void ToolCommands::add_bench_gemm(CLI::App& app) {
@@ -169,7 +195,7 @@ void ToolCommands::add_bench_gemm(CLI::App& app) {
         ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
     bg_->add_option("--seconds", gb_.seconds, "time each shape for this long (default 1)")
         ->check(CLI::Range(0.01, 60.0));
-    bg_->add_option("--json", gb_.json_path, "also write the results here");
+    add_json(bg_, gb_.json, "also write the results here");
 }
 
 void ToolCommands::add_bench_conv_layout(CLI::App& app) {
@@ -177,7 +203,7 @@ void ToolCommands::add_bench_conv_layout(CLI::App& app) {
                              "a convolution's forward + backward with NHWC vs NCHW activations (CPU)");
     bc_->add_option("--batch", cl_.batch, "images per replica")->check(CLI::Range(1, 4096));
     bc_->add_option("--reps", cl_.reps, "timed repetitions (the median is reported)")->check(CLI::Range(1, 1000));
-    bc_->add_option("--json", cl_.json_path, "also write the results here");
+    add_json(bc_, cl_.json, "also write the results here");
 }
 
 void ToolCommands::add_scale(CLI::App& app) {
@@ -205,7 +231,9 @@ void ToolCommands::add_plan(CLI::App& app) {
     pl_cmd_->add_option("config", pl_.config, "YAML config")->required();
     pl_cmd_->add_option("--set", pl_.sets, "override a key (repeatable)");
     pl_cmd_->add_option("--gpus", pl_gpus_, "GPU counts, e.g. 2,4,8");
-    pl_cmd_->add_option("--gpu", pl_.gpu, "h200, h100, h100-pcie, a100-80g, a100-40g, l40s, rtx4090 (docs/SCALING.md)");
+    pl_cmd_->add_option("--gpu", pl_.gpu,
+                        "h200, h100, h100-pcie, a100-80g, a100-40g, l40s, rtx4090 (docs/SCALING.md; default h100, "
+                        "said in the plan)");
     pl_cmd_->add_option("--link", pl_.link,
                         "nvlink4, nvlink3, pcie5, pcie4, pcie3, pcie5-host, pcie4-host "
                         "(default: the GPU's usual one)");
@@ -214,9 +242,11 @@ void ToolCommands::add_plan(CLI::App& app) {
         ->check(CLI::Range(1, 1 << 24));
     pl_cmd_->add_option("--profile", pl_.profile,
                         "compute time measured on the target GPU: scaling.json or bench-step JSON");
-    pl_cmd_->add_option("--memory-gb", pl_.memory_gb, "override the GPU's memory");
-    pl_cmd_->add_option("--tflops", pl_.tflops, "override the GPU's peak TFLOP/s in the run's precision");
-    pl_cmd_->add_option("--bus-gbs", pl_.bus_gbs, "override the link's all-reduce bus bandwidth, GB/s");
+    pl_cmd_->add_option("--memory-gb", pl_.memory_gb, "override the GPU's memory")->check(kAboveZero);
+    pl_cmd_->add_option("--tflops", pl_.tflops, "override the GPU's peak TFLOP/s in the run's precision")
+        ->check(kAboveZero);
+    pl_cmd_->add_option("--bus-gbs", pl_.bus_gbs, "override the link's all-reduce bus bandwidth, GB/s")
+        ->check(kAboveZero);
     pl_cmd_->add_option("--latency-us", pl_.latency_us, "override the link's latency per ring step, us");
     pl_cmd_->add_option("--launch-us", pl_.launch_us, "host cost of one kernel launch, us");
     pl_cmd_->add_option("--nodes", pl_.nodes, "nodes of --gpus GPUs each (multi-node: hierarchical all-reduce)")
@@ -224,15 +254,17 @@ void ToolCommands::add_plan(CLI::App& app) {
     pl_cmd_->add_option("--network", pl_.network,
                         "between the nodes: eth-100, eth-200, eth-400, ib-hdr, ib-ndr, "
                         "ib-ndr-x8 (docs/SCALING.md)");
-    pl_cmd_->add_option("--network-gbs", pl_.network_gbs, "override the node's network bandwidth, GB/s");
+    pl_cmd_->add_option("--network-gbs", pl_.network_gbs, "override the node's network bandwidth, GB/s")
+        ->check(kAboveZero);
     pl_cmd_->add_option("--network-latency-us", pl_.network_latency_us,
                         "override the network's latency per ring step, us");
-    pl_cmd_->add_option("--json", pl_.json_path, "also write the plan here");
+    add_json(pl_cmd_, pl_.json, "also write the plan here");
 }
 
 int ToolCommands::run() {
     if (bl_->parsed()) {
         lb_.threads = parse_list(lb_threads_, "--threads");
+        check_json(lb_.json, {{"the configuration file", lb_.config}});
         return bench_loader(lb_);
     }
     if (ba_->parsed()) {
@@ -240,6 +272,7 @@ int ToolCommands::run() {
         ab_.max_bytes = parse_bytes(max_bytes_, "--max-bytes");
         if (ba_->count("--duration")) ab_.duration_s = parse_duration(duration_, "--duration");
         if (ba_->count("--timeout")) ab_.timeout_s = parse_duration(timeout_, "--timeout");
+        check_json(ab_.json, {});
         return bench_allreduce(ab_);
     }
     if (bg_->parsed()) {
@@ -249,19 +282,25 @@ int ToolCommands::run() {
                         : gb_precision_ == "bf16" ? Precision::bf16
                         : gb_precision_ == "fp16" ? Precision::fp16
                                                   : Precision::fp32;
+        check_json(gb_.json, {});
         return bench_gemm(gb_);
     }
-    if (bc_->parsed()) return bench_conv_layout(cl_);
+    if (bc_->parsed()) {
+        check_json(cl_.json, {});
+        return bench_conv_layout(cl_);
+    }
     if (bs_->parsed()) {
         sb_.devices = split_semicolons(sb_devices_);
+        check_json(sb_.json, {{"the configuration file", sb_.config}});
         return bench_step(sb_);
     }
     if (sc_cmd_->parsed()) {
-        if (!sc_replicas_.empty()) sc_.replicas = parse_list(sc_replicas_, "--replicas");
+        if (sc_cmd_->count("--replicas")) sc_.replicas = parse_list(sc_replicas_, "--replicas");
         return scale(sc_);
     }
     if (pl_cmd_->parsed()) {
         pl_.gpus = parse_list(pl_gpus_, "--gpus");
+        check_json(pl_.json, {{"the configuration file", pl_.config}, {"the profile", pl_.profile}});
         return plan(pl_);
     }
     return -1;

@@ -15,6 +15,7 @@
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 #include "base/error.h"
+#include "base/output.h"
 #include "kernels/nccl.h"
 #include "mirrored/util.h"
 #include "mirrored/checkpoint.h"
@@ -29,10 +30,10 @@ namespace mirrored {
 
 using json = nlohmann::json;
 
-void write_json(const std::string& path, const json& j) {
-    if (path.empty()) return;
-    write_file_atomic(path, j.dump(2) + "\n");
-    std::printf("wrote %s\n", path.c_str());
+void write_json(const OutputTarget& target, const json& j) {
+    if (target.path.empty()) return;
+    write_output(target, j.dump(2) + "\n");
+    std::printf("wrote %s\n", target.path.c_str());
 }
 
 std::unique_ptr<Watchdog> steps_watchdog(double timeout_s) {

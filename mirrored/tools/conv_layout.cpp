@@ -175,7 +175,7 @@ int bench_conv_layout(const ConvLayoutBenchOptions& o) {
         std::printf("%-22s %10.3f %10.2f %10.2f %10.1f %8.2fx\n", name, gflop, a, b, gflop / a * 1e3, b / a);
         rows.push_back({{"layer", name}, {"gflop", gflop}, {"nhwc_ms", a}, {"nchw_ms", b}, {"nchw_over_nhwc", b / a}});
     }
-    write_json(o.json_path,
+    write_json(o.json,
                {{"benchmark", "conv_layout"}, {"cpu", cpu_model_name()}, {"batch", o.batch}, {"results", rows}});
     return kExitOk;
 }

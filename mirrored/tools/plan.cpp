@@ -152,7 +152,7 @@ void check_options(const PlanOptions& o) {
 }
 
 Target find_target(const PlanOptions& o) {
-    Target t{find_gpu(o.gpu), {}, find_network(o.network), 0};
+    Target t{find_gpu(o.gpu.empty() ? "h100" : o.gpu), {}, find_network(o.network), 0};
     t.link = find_link(o.link.empty() ? t.gpu.link : o.link);
     if (o.memory_gb > 0) t.gpu.memory_gib = o.memory_gb;
     if (o.bus_gbs > 0) t.link.bus_gbs = o.bus_gbs;
@@ -167,9 +167,9 @@ void print_header(const PlanOptions& o, const Config& base, const Model& model, 
     std::printf("plan %s: %s\n", o.config.c_str(), model_config_summary(base).c_str());
     std::printf("  %zu parameters, %.1f MFLOP per sample (forward and backward), %s\n", model.param_count(),
                 model.train_flops_per_sample() / 1e6, precision_name(precision));
-    std::printf("  GPU %s: %s, %.0f GB, %.1f dense TFLOP/s %s%s [%s]\n", t.gpu.name.c_str(), t.gpu.description.c_str(),
-                t.gpu.memory_gib, t.peak / 1e12, precision_name(precision), o.tflops > 0 ? " (--tflops)" : "",
-                t.gpu.source.c_str());
+    std::printf("  GPU %s%s: %s, %.0f GB, %.1f dense TFLOP/s %s%s [%s]\n", t.gpu.name.c_str(),
+                o.gpu.empty() ? " (the default: --gpu names yours)" : "", t.gpu.description.c_str(), t.gpu.memory_gib,
+                t.peak / 1e12, precision_name(precision), o.tflops > 0 ? " (--tflops)" : "", t.gpu.source.c_str());
     std::printf("  link %s: %s; bus bandwidth %.1f GB/s, %.1f us per ring step [%s]\n", t.link.name.c_str(),
                 t.link.description.c_str(), t.link.bus_gbs, t.link.latency_us, t.link.source.c_str());
     if (o.nodes > 1)
@@ -404,7 +404,7 @@ int plan(const PlanOptions& o) {
         rows.push_back(r.to_json(n, o.nodes));
     }
     print_verdict(notes, stops_at, batches.counts.back() * o.nodes);
-    write_json(o.json_path, plan_json(o, target, compute, stops_at, std::move(rows)));
+    write_json(o.json, plan_json(o, target, compute, stops_at, std::move(rows)));
     return kExitOk;
 }
 

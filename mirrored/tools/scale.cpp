@@ -320,6 +320,16 @@ void print_results(const std::vector<Row>& rows) {
     if (!rows.front().predicted) std::printf("(no predictions: they need a 1-replica point for the compute time)\n");
 }
 
+// --out: a folder of scaling.json and scaling.png, made when missing; a file in its place, or a
+// folder that cannot be made, is an error naming it (exit 2).
+void make_out_dir(const std::string& dir) {
+    std::error_code ec;
+    if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+        throw ConfigError("--out " + dir + ": is a file; scale writes scaling.json and scaling.png into a folder");
+    fs::create_directories(dir, ec);
+    if (ec) throw ConfigError("--out " + dir + ": cannot make the folder: " + ec.message());
+}
+
 }  // namespace
 
 int scale(const ScaleOptions& o) {
@@ -332,24 +342,25 @@ int scale(const ScaleOptions& o) {
     const std::vector<int> counts = replica_counts(o, kind);
     const int per_replica = per_replica_batch(o, base, counts);
     const std::string out_dir = o.out_dir.empty() ? (fs::path(base.run.output_dir) / "scaling").string() : o.out_dir;
+    make_out_dir(out_dir);  // before the measurement: a folder that cannot be made fails now
 
     print_intro(o, base, kind, per_replica);
     const std::vector<Row> rows = measure_points(o, base, kind, counts, per_replica);
     print_results(rows);
     json jrows = json::array();
     for (const Row& r : rows) jrows.push_back(r.to_json());
-    fs::create_directories(out_dir);
     const std::string json_path = (fs::path(out_dir) / "scaling.json").string();
-    write_json(json_path, {{"benchmark", "scale"},
-                           {"config", o.config},
-                           {"kind", kind.name},
-                           {"kind_meaning", kind.meaning},
-                           {"mode", o.mode},
-                           {"model", model_config_summary(base)},
-                           {"machine", kind.name == "cpu" || kind.name == "sim" ? cpu_model_name() : ""},
-                           {"blas", blas_description()},
-                           {"steps", o.steps},
-                           {"results", jrows}});
+    write_json({"--out", json_path, /*force=*/true, {}},
+               {{"benchmark", "scale"},
+                {"config", o.config},
+                {"kind", kind.name},
+                {"kind_meaning", kind.meaning},
+                {"mode", o.mode},
+                {"model", model_config_summary(base)},
+                {"machine", kind.name == "cpu" || kind.name == "sim" ? cpu_model_name() : ""},
+                {"blas", blas_description()},
+                {"steps", o.steps},
+                {"results", jrows}});
     plot(json_path, (fs::path(out_dir) / "scaling.png").string());
     return kExitOk;
 }

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "base/output.h"
 #include "kernels/device.h"
 
 namespace mirrored {
@@ -15,9 +16,9 @@ namespace mirrored {
 class ReplicaThreads;
 class Watchdog;
 
-// Shared by the tools: a result file written atomically (nothing when path
-// is empty); 4096 -> "4K"; the mean time of one crossing of the replica barrier with every
-void write_json(const std::string& path, const nlohmann::json& j);
+// Shared by the tools: a result file as base/output.h writes what a user names (nothing when the
+// path is empty); 4096 -> "4K"; the mean time of one crossing of the replica barrier with every
+void write_json(const OutputTarget& target, const nlohmann::json& j);
 std::string human_bytes(size_t b);
 double barrier_latency_us(ReplicaThreads& threads);
 // The hang detector of a command that runs training steps (bench-step, scale): a GPU that stops
@@ -32,8 +33,8 @@ struct LoaderBenchOptions {
     std::string config;  // a YAML config whose data section is used; empty: Fashion-MNIST
     std::vector<int> threads{1, 2};
     int batch = 512;
-    double seconds = 2.0;  // per measurement
-    std::string json_path;
+    double seconds = 2.0;                        // per measurement
+    OutputTarget json{"--json", "", false, {}};  // also written here (path empty: not)
 };
 int bench_loader(const LoaderBenchOptions& o);
 
@@ -41,12 +42,12 @@ struct AllReduceBenchOptions {
     std::string devices = "auto";
     std::string op = "ring";
     size_t min_bytes = 4096, max_bytes = size_t(64) << 20;
-    int iters = 0;                   // 0: chosen per size
-    std::string transport = "auto";  // CUDA peer reads: auto, direct (peer loads), staged (copy + add)
-    std::string dtype = "fp32";      // the wire type: fp32 or bf16 (sizes stay f32 gradient bytes)
-    double duration_s = 0;           // > 0: the stress test - cycle through the sizes this long
-    double timeout_s = 120;          // a hang detector: no all-reduce finishing for this long is exit 5
-    std::string json_path;
+    int iters = 0;                               // 0: chosen per size
+    std::string transport = "auto";              // CUDA peer reads: auto, direct (peer loads), staged (copy + add)
+    std::string dtype = "fp32";                  // the wire type: fp32 or bf16 (sizes stay f32 gradient bytes)
+    double duration_s = 0;                       // > 0: the stress test - cycle through the sizes this long
+    double timeout_s = 120;                      // a hang detector: no all-reduce finishing for this long is exit 5
+    OutputTarget json{"--json", "", false, {}};  // also written here (path empty: not)
 };
 int bench_allreduce(const AllReduceBenchOptions& o);
 
@@ -55,9 +56,9 @@ struct StepBenchOptions {
     std::vector<std::string> sets;
     std::vector<std::string> devices;  // each measured in turn, e.g. cpu:1 cpu:2
     int steps = 50, warmup = 5;
-    int per_replica_batch = 0;  // > 0: global batch = this x replicas (weak scaling)
-    int layer_steps = 0;        // > 0: then this many steps profiled layer by layer (StepProfile)
-    std::string json_path;
+    int per_replica_batch = 0;                   // > 0: global batch = this x replicas (weak scaling)
+    int layer_steps = 0;                         // > 0: then this many steps profiled layer by layer (StepProfile)
+    OutputTarget json{"--json", "", false, {}};  // also written here (path empty: not)
 };
 // Training-step throughput of a config for each device list: the scaling test.
 int bench_step(const StepBenchOptions& o);
@@ -74,7 +75,7 @@ struct GemmBenchOptions {
     bool tf32 = false;                             // shorthand for precision tf32
     Precision precision = Precision::fp32;
     double seconds = 1.0;
-    std::string json_path;
+    OutputTarget json{"--json", "", false, {}};  // also written here (path empty: not)
 };
 // The GEMM ceiling a replica's step is measured against.
 int bench_gemm(const GemmBenchOptions& o);
@@ -96,7 +97,7 @@ struct PlanOptions {
     std::string config;
     std::vector<std::string> sets;
     std::vector<int> gpus{1, 2, 4, 8};
-    std::string gpu = "h100", link;  // link empty: the GPU's usual one
+    std::string gpu, link;  // gpu empty: h100, said so in the plan; link empty: the GPU's usual one
     std::string mode = "weak";
     int per_replica_batch = 0;  // 0: as `scale` picks it
     std::string profile;        // scaling.json or bench-step JSON measured on the target GPU
@@ -106,7 +107,7 @@ struct PlanOptions {
     int nodes = 1;                                   // --gpus counts GPUs per node
     std::string network = "ib-ndr";                  // between the nodes
     double network_gbs = 0, network_latency_us = 0;  // overrides
-    std::string json_path;
+    OutputTarget json{"--json", "", false, {}};      // also written here (path empty: not)
 };
 // `mirrored plan`: memory and step time per replica for GPUs not at hand.
 int plan(const PlanOptions& o);
@@ -120,7 +121,7 @@ struct ConvLayoutBenchOptions {
     // the Fashion-MNIST CNN's two convolutions and one of each ResNet-20 stage
     std::vector<ConvShape> shapes{
         {28, 28, 1, 3, 32}, {14, 14, 32, 3, 64}, {32, 32, 16, 3, 16}, {16, 16, 32, 3, 32}, {8, 8, 64, 3, 64}};
-    std::string json_path;
+    OutputTarget json{"--json", "", false, {}};  // also written here (path empty: not)
 };
 // One convolution's forward + backward with NHWC activations (mirrored's) against NCHW, on CPU.
 int bench_conv_layout(const ConvLayoutBenchOptions& o);

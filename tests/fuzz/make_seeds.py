@@ -82,4 +82,16 @@ put("profile", "one_replica.json", '{"results": [{"replicas": 1, "global_batch":
 put("profile", "scaling.json", '{"benchmark": "scale", "results": [{"replicas": 2, "global_batch": 512, "step_ms": 5.5}, '
     '{"replicas": 1, "global_batch": 256, "step_ms": 3.25, "samples_per_sec": 78000}]}')
 put("profile", "typed.json", '{"results": [{"replicas": "1", "step_ms": [1]}]}')
+# checkpoint: 6-byte edits of a valid checkpoint (op, which, 32-bit value; tests/fuzz/targets.cpp)
+def edit(op, which, value):
+    return bytes([op, which]) + struct.pack("<I", value & 0xFFFFFFFF)
+put("checkpoint", "unchanged", b"")
+put("checkpoint", "nan", edit(0, 1, 0x7FC00000))
+put("checkpoint", "inf_step", edit(0, 2, 0x7F800000) + edit(1, 0, 1000))
+put("checkpoint", "epoch", edit(1, 1, 99999))
+put("checkpoint", "negative_batch", edit(1, 2, -3))
+put("checkpoint", "shape", edit(2, 3, 5))
+put("checkpoint", "missing", edit(3, 0, 0))
+put("checkpoint", "dtype", edit(4, 4, 0))
+put("checkpoint", "text", edit(5, 7, 0x6E616E5B))
 print("seeds written under", os.path.join(here, "corpus"))

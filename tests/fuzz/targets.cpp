@@ -1,6 +1,9 @@
 #include "tests/fuzz/targets.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -97,6 +100,90 @@ void safetensors(const uint8_t* data, size_t size) {
     (void)peek_checkpoint_metadata(InputFile("ckpt.safetensors", data, size, false));  // never throws
     static const Model model({4}, {make_layer_spec("dense", {{"units", "3"}})}, 1);
     tolerate([&] { (void)read_checkpoint(InputFile("ckpt.safetensors", data, size, false), model, 0, "fuzz"); });
+}
+
+void checkpoint(const uint8_t* data, size_t size) {
+    static const Model model({4}, {make_layer_spec("dense", {{"units", "3"}}), make_layer_spec("batchnorm", {})}, 1);
+    static const std::string base = [] {
+        CheckpointData d;
+        d.step = 10;
+        d.loader = {1, 2};
+        d.seed = 1;
+        d.params.assign(model.flat_size(), 0.5f);
+        d.optimizer = {{"exp_avg", std::vector<float>(model.trainable_size(), 0.1f)}};
+        d.model_hash = 42;
+        d.model_summary = "fuzz";
+        d.replicas = 2;
+        d.devices = "cpu:2";
+        d.train_metrics = {{0, 0, 0}, {1, 2, 3}};
+        d.global_batch = 8;
+        d.train_samples = 64;
+        return checkpoint_bytes(model, d);
+    }();
+    static const char* const keys[] = {"step",       "loader_epoch", "loader_batch",    "seed",
+                                       "replicas",   "global_batch", "train_samples",   "train_metrics",
+                                       "loss_scale", "model_hash",   "optimizer_state", "format_version"};
+    static const SafetensorsFile parsed =
+        read_safetensors(InputFile("base", reinterpret_cast<const uint8_t*>(base.data()), base.size(), false), true);
+    SafetensorsFile f = parsed;
+    // 6-byte edits: what, which (a tensor or a key), a 32-bit value
+    for (size_t i = 0; i + 6 <= size; i += 6) {
+        const uint8_t op = data[i], which = data[i + 1];
+        uint32_t v;
+        std::memcpy(&v, data + i + 2, 4);
+        auto tensor = f.tensors.empty() ? f.tensors.end() : std::next(f.tensors.begin(), which % f.tensors.size());
+        const std::string key = keys[which % std::size(keys)];
+        switch (op % 6) {
+            case 0:  // any float, NaN and infinities included
+                if (tensor != f.tensors.end() && !tensor->second.second.empty())
+                    std::memcpy(&tensor->second.second[v % tensor->second.second.size()], &v, 4);
+                break;
+            case 1:  // a number, small or far beyond any run
+                f.metadata[key] = std::to_string(int64_t(int32_t(v)) << (which % 40));
+                break;
+            case 2:  // another shape, its values resized to match
+                if (tensor != f.tensors.end()) {
+                    tensor->second.first = {int(v % 9)};
+                    tensor->second.second.resize(v % 9, 1.0f);
+                }
+                break;
+            case 3:
+                if (tensor != f.tensors.end()) f.tensors.erase(tensor);
+                break;
+            case 4:  // another dtype
+                if (tensor != f.tensors.end()) {
+                    std::vector<int64_t> ints;
+                    for (float x : tensor->second.second) ints.push_back(std::fabs(x) < 1e18f ? int64_t(x) : 0);
+                    f.int_tensors[tensor->first] = {tensor->second.first, std::move(ints)};
+                    f.tensors.erase(tensor);
+                }
+                break;
+            default:  // text from the input
+                f.metadata[key] = std::string(reinterpret_cast<const char*>(data + i + 2), 4);
+        }
+    }
+    const std::string bytes = safetensors_bytes(f, true);
+    if (size < 6) {  // no edit: the base checkpoint loads (else every input would be refused unseen)
+        (void)read_checkpoint(InputFile("ckpt", reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), false),
+                              model, 42, "fuzz");
+        return;
+    }
+    tolerate([&] {
+        const CheckpointData d = read_checkpoint(
+            InputFile("ckpt", reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), false), model, 42, "fuzz");
+        // what a resume relies on
+        auto finite = [](const std::vector<float>& v) {
+            return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+        };
+        if (!finite(d.params) || d.params.size() != model.flat_size()) __builtin_trap();
+        for (const auto& [state, values] : d.optimizer)
+            if (!finite(values) || values.size() != model.trainable_size()) __builtin_trap();
+        if (d.step < 0 || d.loader.epoch < 0 || d.loader.batch < 0 || d.loader.epoch > d.step || d.replicas < 1)
+            __builtin_trap();
+        for (const auto& m : d.train_metrics)
+            for (double x : m)
+                if (!std::isfinite(x)) __builtin_trap();
+    });
 }
 
 void devices(const uint8_t* data, size_t size) {

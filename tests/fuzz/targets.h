@@ -23,6 +23,10 @@ void csv(const uint8_t* data, size_t size);
 void config(const uint8_t* data, size_t size);
 // A safetensors file read as an export (any tensors) and as a checkpoint of a small fixed model.
 void safetensors(const uint8_t* data, size_t size);
+// A valid checkpoint of a small model edited by the input (values, shapes, dtypes, missing
+// tensors, metadata) with its checksum made right again: the loader's own checks must refuse what
+// a resume cannot continue from (non-finite values, impossible steps and epochs).
+void checkpoint(const uint8_t* data, size_t size);
 // A device spec such as cuda:0,0 or sim:1, under each CUDA availability.
 void devices(const uint8_t* data, size_t size);
 // A profile for `plan --profile` (scaling.json or bench-step --json).
@@ -33,8 +37,9 @@ struct Named {
     Target fn;
 };
 // Every target, by the name its corpus folder and `make fuzz` binary carry.
-inline constexpr Named kTargets[] = {{"idx", idx},        {"cifar10", cifar10},         {"csv", csv},
-                                     {"config", config},  {"safetensors", safetensors}, {"devices", devices},
-                                     {"profile", profile}};
+// (The Makefile and scripts/fuzz.sh read the names from this list.)
+inline constexpr Named kTargets[] = {{"idx", idx},         {"cifar10", cifar10},         {"csv", csv},
+                                     {"config", config},   {"safetensors", safetensors}, {"checkpoint", checkpoint},
+                                     {"devices", devices}, {"profile", profile}};
 
 }  // namespace mirrored::fuzz
