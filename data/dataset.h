@@ -69,6 +69,13 @@ struct CsvOptions {
 Dataset read_csv(const std::string& path, const CsvOptions& options);
 Dataset read_csv(InputFile& in, const CsvOptions& options);
 
+// NumPy .npy arrays (format versions 1-3, C order, little- or big-endian bool/int/uint/float; never
+// object arrays): features [N, F], [N, H, W] or [N, H, W, C] (uint8 scaled to [0, 1], as the image
+// formats are); labels [N] of integer classes, or with `targets` [N] or [N, K] float targets.
+// Either file may be gzip-compressed.
+Dataset read_npy(const std::string& features_path, const std::string& labels_path, bool targets);
+Dataset read_npy(InputFile& features, InputFile& labels, bool targets);
+
 struct SyntheticOptions {
     std::vector<int> shape{784};
     int classes = 10;

@@ -35,11 +35,11 @@ std::string DataSource::path(const std::string& file) const {
     return p;
 }
 
-extern const DataFormat kIdxFormat, kCifar10Format, kCsvFormat, kSyntheticFormat;
+extern const DataFormat kIdxFormat, kCifar10Format, kCsvFormat, kNpyFormat, kSyntheticFormat;
 
 const Registry<DataFormat>& data_formats() {
-    static const Registry<DataFormat> formats("dataset",
-                                              {&kIdxFormat, &kCifar10Format, &kCsvFormat, &kSyntheticFormat});
+    static const Registry<DataFormat> formats(
+        "dataset", {&kIdxFormat, &kCifar10Format, &kCsvFormat, &kNpyFormat, &kSyntheticFormat});
     return formats;
 }
 

@@ -641,4 +641,255 @@ void normalize(Dataset& ds, const Normalization& n) {
     for (int c = 0; c < ch; ++c) ds.pad_value[c] = (0.0f - n.mean[c]) * inv[c];
 }
 
+// ---- NumPy .npy -------------------------------------------------------------------------
+
+namespace {
+
+struct NpyArray {
+    char kind = 0;  // b(ool), i(nt), u(int), f(loat)
+    int itemsize = 0;
+    bool big_endian = false;
+    std::vector<uint64_t> shape;
+    uint64_t count = 1;
+    std::vector<unsigned char> bytes;
+    double at(size_t i) const;  // element i as a double
+};
+
+float half_to_float(uint16_t h) {
+    const int sign = h >> 15, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+    float v = exponent == 0    ? std::ldexp(float(mantissa), -24)
+              : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                               : std::ldexp(float(mantissa | 0x400), exponent - 25);
+    return sign ? -v : v;
+}
+
+double NpyArray::at(size_t i) const {
+    unsigned char b[8];
+    std::memcpy(b, &bytes[i * size_t(itemsize)], size_t(itemsize));
+    if (big_endian) std::reverse(b, b + itemsize);
+    auto get = [&](auto v) {
+        std::memcpy(&v, b, sizeof v);
+        return double(v);
+    };
+    switch (kind) {
+        case 'b':
+            return b[0] != 0;
+        case 'i':
+            return itemsize == 1   ? get(int8_t())
+                   : itemsize == 2 ? get(int16_t())
+                   : itemsize == 4 ? get(int32_t())
+                                   : get(int64_t());
+        case 'u':
+            return itemsize == 1   ? get(uint8_t())
+                   : itemsize == 2 ? get(uint16_t())
+                   : itemsize == 4 ? get(uint32_t())
+                                   : get(uint64_t());
+        default: {
+            if (itemsize == 2) {
+                uint16_t h;
+                std::memcpy(&h, b, 2);
+                return half_to_float(h);
+            }
+            return itemsize == 4 ? get(float()) : get(double());
+        }
+    }
+}
+
+// The header's Python dict literal, {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), },
+// read by a parser of exactly that (never evaluated).
+class NpyHeaderParser {
+public:
+    NpyHeaderParser(std::string_view text, const std::string& path) : s_(text), path_(path) {}
+    void parse(NpyArray& a) {
+        bool descr = false, order = false, shape = false;
+        expect('{');
+        while (!peek('}')) {
+            const std::string key = quoted();
+            expect(':');
+            if (key == "descr") descr = true, read_descr(a);
+            else if (key == "fortran_order") {
+                order = true;
+                if (word() != "False")
+                    fail("is in Fortran order: save it in C order (numpy.ascontiguousarray) for mirrored to read");
+            } else if (key == "shape") shape = true, read_shape(a);
+            else fail("has an unknown header key '" + key + "'");
+            if (!peek('}')) expect(',');
+        }
+        if (!descr || !order || !shape) fail("header lacks descr, fortran_order or shape");
+    }
+
+private:
+    [[noreturn]] void fail(const std::string& what) const { throw DataError(path_ + ": " + what); }
+    void space() {
+        while (!s_.empty() && (s_.front() == ' ' || s_.front() == '\n')) s_.remove_prefix(1);
+    }
+    bool peek(char c) {
+        space();
+        return !s_.empty() && s_.front() == c;
+    }
+    void expect(char c) {
+        if (!peek(c)) fail(std::string("malformed header: expected '") + c + "'");
+        s_.remove_prefix(1);
+    }
+    std::string quoted() {
+        space();
+        if (s_.empty() || (s_.front() != '\'' && s_.front() != '"')) fail("malformed header: expected a quoted name");
+        const char q = s_.front();
+        const size_t end = s_.find(q, 1);
+        if (end == std::string_view::npos || end > 64) fail("malformed header: an unterminated name");
+        std::string v(s_.substr(1, end - 1));
+        s_.remove_prefix(end + 1);
+        return v;
+    }
+    std::string word() {
+        space();
+        size_t n = 0;
+        while (n < s_.size() && n < 16 && std::isalnum(static_cast<unsigned char>(s_[n]))) ++n;
+        std::string v(s_.substr(0, n));
+        s_.remove_prefix(n);
+        return v;
+    }
+    void read_descr(NpyArray& a) {
+        if (peek('[')) fail("holds a structured array (fields): save one numeric array per file");
+        const std::string d = quoted();
+        if (d.size() >= 2 && (d[1] == 'O' || d.find('O') != std::string::npos))
+            fail("holds Python objects (dtype object), which mirrored never unpickles: save a numeric array");
+        if (d.size() != 3 || std::string("<>|=").find(d[0]) == std::string::npos ||
+            std::string("biuf").find(d[1]) == std::string::npos || d[2] < '1' || d[2] > '8')
+            fail("dtype '" + d + "' is not a bool, integer or float array");
+        a.kind = d[1];
+        a.itemsize = d[2] - '0';
+        a.big_endian = d[0] == '>';
+        const bool ok = a.kind == 'b'   ? a.itemsize == 1
+                        : a.kind == 'f' ? (a.itemsize == 2 || a.itemsize == 4 || a.itemsize == 8)
+                                        : (a.itemsize == 1 || a.itemsize == 2 || a.itemsize == 4 || a.itemsize == 8);
+        if (!ok) fail("dtype '" + d + "' is not a bool, integer or float array");
+    }
+    void read_shape(NpyArray& a) {
+        expect('(');
+        while (!peek(')')) {
+            space();
+            size_t n = 0;
+            while (n < s_.size() && std::isdigit(static_cast<unsigned char>(s_[n]))) ++n;
+            if (n == 0 || n > 10) fail("malformed header: a dimension of the shape is not a number");
+            const uint64_t dim = std::stoull(std::string(s_.substr(0, n)));
+            s_.remove_prefix(n);
+            if (dim > kMaxSamples) fail("a dimension of " + std::to_string(dim) + " is implausibly large");
+            if (a.shape.size() >= 8) fail("more than 8 dimensions");
+            a.shape.push_back(dim);
+            if (!checked_mul(a.count, dim, a.count)) fail("its shape overflows");
+            if (!peek(')')) expect(',');
+        }
+        expect(')');
+    }
+
+    std::string_view s_;
+    const std::string& path_;
+};
+
+NpyArray read_npy_array(InputFile& in, const char* what) {
+    const std::string& path = in.path();
+    std::vector<unsigned char> head;
+    in.read_exact(head, 10, "the .npy header");
+    if (std::memcmp(head.data(), "\x93NUMPY", 6) != 0) throw DataError(path + ": not a NumPy .npy file (bad magic)");
+    const int major = head[6];
+    if (major < 1 || major > 3)
+        throw DataError(path + ": .npy format version " + std::to_string(major) + " (1 to 3 are known)");
+    uint64_t header_len = uint64_t(head[8]) | (uint64_t(head[9]) << 8);
+    if (major >= 2) {
+        in.read_exact(head, 2, "the .npy header");
+        header_len |= (uint64_t(head[10]) << 16) | (uint64_t(head[11]) << 24);
+    }
+    if (header_len > (uint64_t(1) << 20))
+        throw DataError(path + ": a .npy header of " + std::to_string(header_len) + " bytes");
+    std::vector<unsigned char> text;
+    in.read_exact(text, size_t(header_len), "the .npy header");
+    NpyArray a;
+    NpyHeaderParser(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), path).parse(a);
+    uint64_t bytes = 0, floats = 0;
+    if (!checked_mul(a.count, uint64_t(a.itemsize), bytes) || !checked_mul(a.count, sizeof(float), floats) ||
+        bytes + floats > memory_bound())
+        throw DataError(path + ": " + what + " of " + std::to_string(a.count) +
+                        " values do not fit in the memory available");
+    in.read_exact(a.bytes, size_t(bytes), std::string("the ") + what + " its header promises");
+    if (!in.at_end())
+        throw DataError(path + ": more data than its header's shape holds (" + std::to_string(bytes) +
+                        " bytes): the header does not describe this file");
+    return a;
+}
+
+std::string shape_text(const std::vector<uint64_t>& shape) {
+    std::string s = "(";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+}  // namespace
+
+Dataset read_npy(InputFile& features, InputFile& labels, bool targets) {
+    return as_data_error([&] {
+        const NpyArray x = read_npy_array(features, "features");
+        if (x.shape.size() < 2 || x.shape.size() > 4)
+            throw DataError(features.path() + ": features of shape " + shape_text(x.shape) +
+                            ": expected (N, features), (N, height, width) or (N, height, width, channels)");
+        const uint64_t n = x.shape[0], per = x.count / std::max<uint64_t>(n, 1);
+        if (n == 0) throw DataError(features.path() + ": no samples (shape " + shape_text(x.shape) + ")");
+        if (per == 0 || per > kMaxFeatures)
+            throw DataError(features.path() + ": " + std::to_string(per) + " values per sample is implausible");
+        const NpyArray y = read_npy_array(labels, "labels");
+        if (y.shape.empty() || y.shape[0] != n || y.shape.size() > 2 ||
+            (!targets && y.shape.size() == 2 && y.shape[1] != 1))
+            throw DataError(labels.path() + ": labels of shape " + shape_text(y.shape) + " for " + std::to_string(n) +
+                            " samples: expected (" + std::to_string(n) + ",)" +
+                            (targets ? " or (" + std::to_string(n) + ", targets)" : ""));
+        Dataset ds;
+        ds.name = features.path();
+        ds.labels_source = labels.path();
+        if (x.shape.size() == 2) ds.shape = {int(x.shape[1])};
+        else ds.shape = {int(x.shape[1]), int(x.shape[2]), x.shape.size() == 4 ? int(x.shape[3]) : 1};
+        resize_features(ds.features, size_t(x.count));
+        const bool bytes_as_pixels = x.kind == 'u' && x.itemsize == 1;
+        for (size_t i = 0; i < ds.features.size(); ++i) {
+            const double v = x.at(i);
+            if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<float>::max()))
+                throw DataError(features.path() + ": value " + std::to_string(i % per) + " of sample " +
+                                std::to_string(i / per) + " is not a finite float");
+            ds.features[i] = bytes_as_pixels ? float(v) * (1.0f / 255.0f) : float(v);
+        }
+        if (targets) {
+            ds.target_size = y.shape.size() == 2 ? int(std::min<uint64_t>(y.shape[1], kMaxFeatures)) : 1;
+            if (ds.target_size < 1) throw DataError(labels.path() + ": no targets per sample");
+            ds.targets.resize(size_t(y.count));
+            for (size_t i = 0; i < ds.targets.size(); ++i) {
+                const double v = y.at(i);
+                if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<float>::max()))
+                    throw DataError(labels.path() + ": target " + std::to_string(i) + " is not a finite float");
+                ds.targets[i] = float(v);
+            }
+            return ds;
+        }
+        if (y.kind == 'f')
+            throw DataError(labels.path() +
+                            ": float labels, but the loss takes class indexes: save them as integers "
+                            "(or use model.loss: mse or binary_cross_entropy for float targets)");
+        ds.labels.resize(size_t(n));
+        for (size_t i = 0; i < ds.labels.size(); ++i) {
+            const double v = y.at(i);
+            if (v < 0 || v >= double(1 << 20))
+                throw DataError(labels.path() + ": label " + std::to_string(int64_t(v)) + " of sample " +
+                                std::to_string(i) + " is out of range: class indexes go from 0 to at most 1048575");
+            ds.labels[i] = int32_t(v);
+        }
+        ds.classes = check_labels(ds.labels, 1 << 20, labels.path());
+        return ds;
+    });
+}
+
+Dataset read_npy(const std::string& features_path, const std::string& labels_path, bool targets) {
+    return as_data_error([&] {
+        InputFile features(features_path), labels(labels_path);
+        return read_npy(features, labels, targets);
+    });
+}
+
 }  // namespace mirrored

@@ -98,7 +98,7 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     expect_error(t, {"data.augment.horizontal_flip=maybe"}, "expected true or false");
     expect_error(t, {"optimizer.betas=[0.9]"}, "optimizer.betas: expected two numbers");
     expect_error(t, {"model.layers.1.rate=1.5"}, "model.layers.1.rate: expected a number in [0, 0.999]");
-    expect_error(t, {"data.dataset=mnist"}, "data.dataset: expected one of idx, cifar10, csv, synthetic");
+    expect_error(t, {"data.dataset=mnist"}, "data.dataset: expected one of idx, cifar10, csv, npy, synthetic");
     expect_error("run: [1, 2]\n", {}, "run: expected a mapping");
     expect_error("model:\n  layers:\n    - {type: dense}\n", {}, "model.layers.0.units: required for a dense layer");
 }

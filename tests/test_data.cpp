@@ -9,7 +9,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -854,4 +856,105 @@ TEST_CASE("Fashion-MNIST files, when installed: 60000/10000 samples, 28x28, 10 c
     CHECK(d.train.classes == 10);
     CHECK(d.normalization.mean[0] == doctest::Approx(0.286).epsilon(0.01));
     CHECK(d.normalization.std[0] == doctest::Approx(0.353).epsilon(0.01));
+}
+
+namespace {
+
+// A .npy file as numpy.save writes it: magic, version, header length, the dict padded to 64 bytes.
+std::string npy_bytes(const std::string& descr, const std::string& shape, const std::string& data, int version = 1,
+                      const std::string& order = "False") {
+    std::string dict = "{'descr': '" + descr + "', 'fortran_order': " + order + ", 'shape': " + shape + ", }";
+    const size_t prefix = version == 1 ? 10 : 12;
+    while ((prefix + dict.size() + 1) % 64) dict += ' ';
+    dict += '\n';
+    std::string out = "\x93NUMPY";
+    out += char(version);
+    out += '\0';
+    const uint32_t n = uint32_t(dict.size());
+    for (size_t b = 0; b < (version == 1 ? 2u : 4u); ++b) out += char((n >> (8 * b)) & 0xff);
+    return out + dict + data;
+}
+template <typename T>
+std::string raw(std::initializer_list<T> v, bool big_endian = false) {
+    std::string s;
+    for (T x : v) {
+        char b[sizeof(T)];
+        std::memcpy(b, &x, sizeof(T));
+        if (big_endian) std::reverse(b, b + sizeof(T));
+        s.append(b, sizeof(T));
+    }
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("npy: features and labels of any numeric dtype, images, targets; hostile headers refused") {
+    TempDir d;
+    // float32 features (N=3, F=2), int64 labels
+    d.write("x.npy", npy_bytes("<f4", "(3, 2)", raw<float>({0.5f, 1, 2, 3, 4, -5})));
+    d.write("y.npy", npy_bytes("<i8", "(3,)", raw<int64_t>({0, 2, 1})));
+    Dataset ds = read_npy(d / "x.npy", d / "y.npy", false);
+    CHECK(ds.shape == std::vector<int>{2});
+    CHECK(ds.features == std::vector<float>{0.5f, 1, 2, 3, 4, -5});
+    CHECK(ds.labels == std::vector<int32_t>{0, 2, 1});
+    CHECK(ds.classes == 3);
+    // uint8 images (N, H, W) as pixels in [0, 1]; big-endian int32 labels; format version 2
+    d.write("img.npy", npy_bytes("|u1", "(2, 1, 2)", std::string("\x00\xff\x33\x66", 4), 2));
+    d.write("lab.npy", npy_bytes(">i4", "(2,)", raw<int32_t>({1, 0}, true)));
+    ds = read_npy(d / "img.npy", d / "lab.npy", false);
+    CHECK(ds.shape == std::vector<int>{1, 2, 1});
+    CHECK(ds.features ==
+          std::vector<float>{0.0f, 255 * (1.0f / 255.0f), 0x33 * (1.0f / 255.0f), 0x66 * (1.0f / 255.0f)});
+    CHECK(ds.labels == std::vector<int32_t>{1, 0});
+    // float64 targets (N, 2) for a regression loss; float16 features
+    d.write("h.npy", npy_bytes("<f2", "(2, 1)", raw<uint16_t>({0x3c00, 0xc000})));  // 1.0, -2.0
+    d.write("t.npy", npy_bytes("<f8", "(2, 2)", raw<double>({0.25, 1, -3, 4})));
+    ds = read_npy(d / "h.npy", d / "t.npy", true);
+    CHECK(ds.features == std::vector<float>{1.0f, -2.0f});
+    CHECK(ds.target_size == 2);
+    CHECK(ds.targets == std::vector<float>{0.25f, 1, -3, 4});
+    // through the config, as a run reads it
+    const DataConfig c = make_data_config("npy", {{"train.features", d / "x.npy"},
+                                                  {"train.labels", d / "y.npy"},
+                                                  {"test.features", d / "x.npy"},
+                                                  {"test.labels", d / "y.npy"}});
+    CHECK(load_datasets(c, "", 1).train.count() == 3);
+    // and trained on, end to end
+    const std::string cfg = d.write("npy.yaml", R"(run: {name: npy}
+strategy: {devices: "cpu:1"}
+data: {dataset: npy, train: {features: x.npy, labels: y.npy}, test: {features: x.npy, labels: y.npy}}
+model: {layers: [{type: dense, units: 3}]}
+train: {epochs: 2, global_batch_size: 3}
+)");
+    CHECK(run_cli({"train", cfg, "--output", d / "run"}) == kExitOk);
+    CHECK(fs::exists(d / "run/summary.json"));
+
+    struct Bad {
+        std::string file, want;
+    };
+    const std::string lab3 = d.write("lab3.npy", npy_bytes("<i8", "(3,)", raw<int64_t>({0, 1, 0})));
+    for (const Bad& b : {
+             Bad{npy_bytes("|O", "(3, 2)", std::string(48, '\0')), "never unpickles"},
+             Bad{npy_bytes("<f4", "(3, 2)", raw<float>({1, 2, 3, 4, 5, 6}), 1, "True"), "Fortran order"},
+             Bad{npy_bytes("<f4", "(3, 2)", raw<float>({1, 2, 3, 4, 5})), "truncated"},
+             Bad{npy_bytes("<f4", "(3, 2)", raw<float>({1, 2, 3, 4, 5, 6, 7})), "more data than its header's shape"},
+             Bad{npy_bytes("<f4", "(3, 2)", raw<float>({1, 2, NAN, 4, 5, 6})), "value 0 of sample 1 is not a finite"},
+             Bad{npy_bytes("<c8", "(3, 2)", std::string(48, '\0')), "is not a bool, integer or float array"},
+             Bad{npy_bytes("<f4", "(3,)", raw<float>({1, 2, 3})), "expected (N, features)"},
+             Bad{npy_bytes("<f4", "(4294967296, 4294967296)", ""), "implausibly large"},
+             Bad{"\x93NUMPX\x01\x01\x10\x01{}", "bad magic"},
+             Bad{npy_bytes("<f4", "(3, 2)", raw<float>({1, 2, 3, 4, 5, 6})).replace(20, 5, "xxxxx"), "header"},
+         }) {
+        CAPTURE(b.want);
+        d.write("bad.npy", b.file);
+        CHECK_THROWS_WITH_AS(read_npy(d / "bad.npy", lab3, false), doctest::Contains(b.want.c_str()), DataError);
+    }
+    // labels that do not fit the features or the loss
+    d.write("fl.npy", npy_bytes("<f4", "(3,)", raw<float>({0, 1, 0})));
+    CHECK_THROWS_WITH_AS(read_npy(d / "x.npy", d / "fl.npy", false), doctest::Contains("float labels"), DataError);
+    d.write("y2.npy", npy_bytes("<i8", "(2,)", raw<int64_t>({0, 1})));
+    CHECK_THROWS_WITH_AS(read_npy(d / "x.npy", d / "y2.npy", false), doctest::Contains("labels of shape (2,) for 3"),
+                         DataError);
+    d.write("neg.npy", npy_bytes("<i2", "(3,)", raw<int16_t>({0, -1, 0})));
+    CHECK_THROWS_WITH_AS(read_npy(d / "x.npy", d / "neg.npy", false), doctest::Contains("out of range"), DataError);
 }

@@ -82,6 +82,26 @@ put("profile", "one_replica.json", '{"results": [{"replicas": 1, "global_batch":
 put("profile", "scaling.json", '{"benchmark": "scale", "results": [{"replicas": 2, "global_batch": 512, "step_ms": 5.5}, '
     '{"replicas": 1, "global_batch": 256, "step_ms": 3.25, "samples_per_sec": 78000}]}')
 put("profile", "typed.json", '{"results": [{"replicas": "1", "step_ms": [1]}]}')
+# npy: features + labels as numpy.save writes them (dtypes, versions, targets), and near misses
+def npy(descr, shape, data, version=1, order="False"):
+    d = "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, order, shape)
+    prefix = 10 if version == 1 else 12
+    d += " " * ((64 - (prefix + len(d) + 1) % 64) % 64) + "\n"
+    length = struct.pack("<H" if version == 1 else "<I", len(d))
+    return b"\x93NUMPY" + bytes([version, 0]) + length + d.encode() + data
+def npy_pair(x, y, targets=False):
+    return struct.pack("<H", len(x) | (0x8000 if targets else 0)) + x + y
+x = npy("<f4", "(3, 2)", struct.pack("<6f", 0.5, 1, 2, 3, 4, -5))
+y = npy("<i8", "(3,)", struct.pack("<3q", 0, 2, 1))
+put("npy", "f4_i8", npy_pair(x, y))
+put("npy", "u1_images_v2", npy_pair(npy("|u1", "(2, 2, 2)", bytes(range(8)), 2), npy(">i4", "(2,)", struct.pack(">2i", 1, 0))))
+put("npy", "targets", npy_pair(npy("<f2", "(2, 1)", struct.pack("<2H", 0x3c00, 0xc000)),
+                               npy("<f8", "(2, 2)", struct.pack("<4d", 0.25, 1, -3, 4)), True))
+put("npy", "gzip", npy_pair(gzip.compress(x, mtime=0), gzip.compress(y, mtime=0)))
+put("npy", "object", npy_pair(npy("|O", "(3, 2)", bytes(48)), y))
+put("npy", "fortran", npy_pair(npy("<f4", "(3, 2)", bytes(24), 1, "True"), y))
+put("npy", "truncated", npy_pair(x[:-3], y))
+
 # checkpoint: 6-byte edits of a valid checkpoint (op, which, 32-bit value; tests/fuzz/targets.cpp)
 def edit(op, which, value):
     return bytes([op, which]) + struct.pack("<I", value & 0xFFFFFFFF)

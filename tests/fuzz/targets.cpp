@@ -40,6 +40,17 @@ void idx(const uint8_t* data, size_t size) {
     });
 }
 
+void npy(const uint8_t* data, size_t size) {
+    if (size < 2) return;
+    const size_t word = size_t(data[0]) | (size_t(data[1]) << 8);
+    const size_t split = std::min(size - 2, word & 0x7fff);
+    tolerate([&] {
+        InputFile features("x.npy", data + 2, split), labels("y.npy", data + 2 + split, size - 2 - split);
+        const Dataset ds = read_npy(features, labels, (word & 0x8000) != 0);
+        if (ds.features.size() != ds.count() * ds.feature_size()) __builtin_trap();  // a reader invariant
+    });
+}
+
 void cifar10(const uint8_t* data, size_t size) {
     tolerate([&] {
         InputFile in("batch.bin", data, size);

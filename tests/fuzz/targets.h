@@ -16,6 +16,9 @@ using Target = void (*)(const uint8_t* data, size_t size);
 void idx(const uint8_t* data, size_t size);
 // One CIFAR-10 batch file (raw or gzip).
 void cifar10(const uint8_t* data, size_t size);
+// NumPy .npy features + labels: a 2-byte little-endian split point (its top bit: float targets),
+// then the two files (raw or gzip).
+void npy(const uint8_t* data, size_t size);
 // A CSV file; the first byte picks header mode, label column and delimiter.
 void csv(const uint8_t* data, size_t size);
 // A YAML configuration, then after a NUL byte '--set' overrides, one per line; a config that
@@ -38,8 +41,14 @@ struct Named {
 };
 // Every target, by the name its corpus folder and `make fuzz` binary carry.
 // (The Makefile and scripts/fuzz.sh read the names from this list.)
-inline constexpr Named kTargets[] = {{"idx", idx},         {"cifar10", cifar10},         {"csv", csv},
-                                     {"config", config},   {"safetensors", safetensors}, {"checkpoint", checkpoint},
-                                     {"devices", devices}, {"profile", profile}};
+inline constexpr Named kTargets[] = {{"idx", idx},
+                                     {"cifar10", cifar10},
+                                     {"csv", csv},
+                                     {"npy", npy},
+                                     {"config", config},
+                                     {"safetensors", safetensors},
+                                     {"checkpoint", checkpoint},
+                                     {"devices", devices},
+                                     {"profile", profile}};
 
 }  // namespace mirrored::fuzz
