@@ -824,4 +824,15 @@ TEST_CASE("a BLAS kernel cache entry that is tampered with is measured again; on
         CHECK(now.find(" nan ") == std::string::npos);
         CHECK(now.find(" Zen ") == std::string::npos);
     }
+    // a process started on the kernel an entry chose (as the processes a re-executed one starts
+    // are) takes the entry, not a new measurement from there
+    std::string text(std::istreambuf_iterator<char>(std::ifstream(cache + "/blas-kernel.txt").rdbuf()), {});
+    const std::string key = text.substr(0, text.find('\t'));
+    std::ofstream(cache + "/blas-kernel.txt") << key << "\tHaswell 99.0 Prescott 50.0\n";
+    const std::string line = blas_line();
+    CAPTURE(line);
+    CHECK(line.find("kernel Haswell (") != std::string::npos);
+    CHECK(line.find("earlier start (from the machine cache") != std::string::npos);
+    const std::string kept(std::istreambuf_iterator<char>(std::ifstream(cache + "/blas-kernel.txt").rdbuf()), {});
+    CHECK(kept == key + "\tHaswell 99.0 Prescott 50.0\n");  // not measured again
 }

@@ -226,17 +226,19 @@ std::string how_chosen(const Choice& c) {
     return how;
 }
 
-// An entry as write_cache wrote it, measured from this process's kernel: anything else (edited,
-// truncated, a NaN, another start's kernel) is not used, and is replaced by a new measurement.
+// An entry as write_cache wrote it, for this process's kernel (the one the measurement started
+// from, or the one it chose: a process started on the choice finds the same answer): anything
+// else (edited, truncated, a NaN, another kernel's) is not used, and is measured again.
 bool read_cache(const std::string& key, const std::string& own, Choice& c) {
     const auto v = cache_lookup("blas-kernel.txt", key);
     char core[64] = {}, from[64] = {}, rest = 0;
     if (!v || std::sscanf(v->c_str(), "%63s %lf %63s %lf %c", core, &c.gflops, from, &c.own_gflops, &rest) != 4)
         return false;
     const auto plausible = [](double g) { return std::isfinite(g) && g > 0 && g < 1e7; };
-    if (from != own || !plausible(c.gflops) || !plausible(c.own_gflops) || c.gflops < c.own_gflops) return false;
+    if ((from != own && core != own) || !plausible(c.gflops) || !plausible(c.own_gflops) || c.gflops < c.own_gflops)
+        return false;
     c.core = core;
-    c.own = own;
+    c.own = from;
     c.cached = true;
     return true;
 }
