@@ -189,9 +189,14 @@ MIRRORED_HD float grad_factor(float clip_norm, const float* grad_stats, const fl
     const float norm = sqrtf(grad_stats[0]);
     return norm > clip_norm ? unscale * (clip_norm / (norm + 1e-6f)) : unscale;
 }
-// Loss scaling skips the whole step when any gradient overflowed.
+// Loss scaling skips the whole step when any gradient overflowed - or when only their squared
+// norm did (finite gradients above ~1.8e19 in all): the scale is too large either way, and the
+// clipping factor clip / inf would be 0, a step that silently changes nothing.
+MIRRORED_HD bool gradients_overflowed(const float* grad_stats) {
+    return !(grad_stats[1] == 0.0f && grad_stats[0] <= 3.4028235e38f);
+}
 MIRRORED_HD bool skip_step(bool skip_nonfinite, const float* grad_stats) {
-    return skip_nonfinite && grad_stats != nullptr && !(grad_stats[1] == 0.0f);
+    return skip_nonfinite && grad_stats != nullptr && gradients_overflowed(grad_stats);
 }
 
 // AdamW bias corrections 1 - beta1^t and sqrt(1 - beta2^t), in double on the host so both
@@ -290,7 +295,7 @@ MIRRORED_HD float ema(float running, float batch, float momentum) {
 
 // Dynamic loss scaling, state = [scale, good steps in a row] (PyTorch GradScaler's rule).
 MIRRORED_HD void loss_scale_step(float* state, const float* grad_stats, int growth_interval) {
-    if (!(grad_stats[1] == 0.0f)) {
+    if (gradients_overflowed(grad_stats)) {
         state[0] *= 0.5f;
         state[1] = 0.0f;
         return;

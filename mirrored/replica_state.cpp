@@ -73,6 +73,7 @@ std::array<float, 2> ReplicaState::loss_scale_state() {
         Replica& R = set_.replica(0);
         std::array<float, 2> s{};
         R.device->copy_to_host(R.device->compute_stream(), s.data(), R.loss_scale.data(), sizeof s);
+        R.device->stream_synchronize(R.device->compute_stream());  // the copy is asynchronous
         return s;
     });
 }

@@ -369,12 +369,12 @@ void TrainingStep::destroy_graphs() noexcept {
 
 // Replica r's slice of the flat buffer: equal parts in whole 64-byte lines (no two replicas write
 // one cache line); trailing slices may be empty.
-Shard TrainingStep::slice(int r) const {
+std::pair<size_t, size_t> TrainingStep::slice(int r) const {
     constexpr size_t kLine = 16;  // floats
     const size_t flat = model_.flat_size(), n = size_t(set_.replicas());
     const size_t size = ((flat + n - 1) / n + kLine - 1) / kLine * kLine;
     const size_t begin = std::min(flat, size * size_t(r)), end = std::min(flat, begin + size);
-    return {int(begin), int(end - begin)};
+    return {begin, end};
 }
 
 // Shared parameters (CPU replicas, or replicas of one GPU): every replica's gradients are complete -> replica r sums its
@@ -388,8 +388,8 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
     Device& d = *R.device;
     const Stream cs = d.compute_stream();
     Replica& H = set_.replica(0);
-    const Shard sl = slice(R.index);
-    const size_t begin = size_t(sl.begin), end = begin + size_t(sl.rows), trainable = model_.trainable_size();
+    const auto [begin, end] = slice(R.index);
+    const size_t trainable = model_.trainable_size();
     const size_t tb = std::min(begin, trainable), te = std::min(end, trainable);  // the trainable part
     const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
     const bool stats = H.optimizer->config().grad_clip_norm > 0 || set_.loss_scaling();

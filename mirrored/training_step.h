@@ -83,7 +83,9 @@ private:
     void apply_update(Replica& R, int64_t step, float lr, const StepValues* values);
     // Shared parameters: R sums its slice over every replica and updates it in the one copy.
     void shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);
-    Shard slice(int r) const;  // replica r's slice of the flat buffer (shared parameters)
+    // Replica r's slice [begin, end) of the flat buffer (shared parameters): in size_t, as a
+    // model may have more than 2^31 values.
+    std::pair<size_t, size_t> slice(int r) const;
     // Every replica's work so far comes before any replica's next work (shared parameters).
     void join_replicas(Replica& R) { joins_->wait_for(R.index, all_indices_); }
 

@@ -1252,3 +1252,27 @@ TEST_CASE("cuda bf16 wire format matches the bit-level reference (two replicas o
     auto a = make_cuda_device(0), b = make_cuda_device(0);
     check_bf16_wire(*a, *b, rng);
 }
+
+// Finite gradients whose squared norm overflows a float (above ~1.8e19 in all): under loss
+// scaling the step is skipped and the scale halved, as for a non-finite gradient - the clipping
+// factor would otherwise be clip / inf = 0, an update that changes nothing without a word.
+TEST_CASE("cpu loss scaling: a squared gradient norm that overflows skips the step and halves the scale") {
+    auto d = make_cpu_device(0);
+    const std::vector<float> big{3e19f, -3e19f, 1.0f};
+    auto g = upload(*d, big), p = upload(*d, std::vector<float>{1, 2, 3}), m = upload(*d, std::vector<float>{0, 0, 0});
+    DeviceBuffer<float> stats(*d, 2), state(*d, 2);
+    d->sum_squares(d->compute_stream(), big.size(), g.data(), nullptr, stats.data());
+    const auto s = download(*d, stats);
+    CHECK(std::isinf(s[0]));
+    CHECK(s[1] == 0.0f);  // every gradient is finite
+    SgdArgs a;
+    a.lr = 0.1f;
+    a.clip_norm = 1.0f;
+    a.grad_stats = stats.data();
+    a.skip_nonfinite = true;
+    d->sgd_update(d->compute_stream(), big.size(), p.data(), g.data(), m.data(), a);
+    CHECK(download(*d, p) == std::vector<float>{1, 2, 3});  // skipped
+    d->copy_to_device(d->compute_stream(), state.data(), std::vector<float>{1024.0f, 7.0f}.data(), 2 * sizeof(float));
+    d->loss_scale_update(d->compute_stream(), state.data(), stats.data(), 2000);
+    CHECK(download(*d, state) == std::vector<float>{512.0f, 0.0f});
+}

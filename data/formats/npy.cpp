@@ -44,8 +44,8 @@ Datasets load(const Options& options, const DataSource& src) {
     if (out.test.shape != out.train.shape)
         throw DataError(vx + ": the samples' shape differs from the training features' (" + tx + ")");
     if (out.test.target_size != out.train.target_size)
-        throw DataError(vy + ": " + std::to_string(out.test.target_size) + " target(s) per sample, the training labels have " +
-                        std::to_string(out.train.target_size));
+        throw DataError(vy + ": " + std::to_string(out.test.target_size) +
+                        " target(s) per sample, the training labels have " + std::to_string(out.train.target_size));
     return out;
 }
 

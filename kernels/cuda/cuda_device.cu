@@ -61,8 +61,14 @@ public:
                               std::to_string(props_.major) + "." + std::to_string(props_.minor) +
                               "; this build supports " + std::to_string(kMinComputeMajor) +
                               ".0 and newer (Ampere, Ada, Hopper, Blackwell)");
+        // The all-reduce stream runs at the highest priority the GPU offers: a bucket ready while
+        // the backward pass still queues kernels goes out first, so communication overlaps
+        // compute instead of waiting behind it.
+        int least = 0, greatest = 0;
+        CUDA_CHECK(ordinal, cudaDeviceGetStreamPriorityRange(&least, &greatest));
         cudaStream_t s[4];
-        for (auto& st : s) CUDA_CHECK(ordinal, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        for (int i = 0; i < 4; ++i)
+            CUDA_CHECK(ordinal, cudaStreamCreateWithPriority(&s[i], cudaStreamNonBlocking, i == 1 ? greatest : least));
         compute_.handle = s[0];
         comm_.handle = s[1];
         copy_.handle = s[2];

@@ -552,6 +552,16 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
     (*s)->device = emu::t_device;
     return cudaSuccess;
 }
+// Priorities order nothing here (every stream's work runs on its own fiber); the range is a GPU's.
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    *least = 0;
+    *greatest = -5;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+    if (priority > 0 || priority < -5) return cudaErrorInvalidValue;
+    return cudaStreamCreateWithFlags(s, flags);
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     delete s;
     return cudaSuccess;
