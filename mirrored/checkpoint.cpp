@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -270,7 +271,8 @@ int64_t meta_int(const Parsed& p, const std::string& path, const std::string& ke
     char* end = nullptr;
     errno = 0;
     const long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end || errno || s.front() == '-' || s.front() == '+' || s.front() == ' ')
+    // digits only: strtoll would skip any leading white space, "\n-1" included
+    if (s.empty() || *end || errno || !std::isdigit(static_cast<unsigned char>(s.front())))
         throw CheckpointError(path + ": metadata '" + key + "' is not a non-negative integer");
     if (v > max)
         throw CheckpointError(path + ": metadata '" + key + "' is " + s + ", more than " + std::to_string(max));
@@ -282,7 +284,7 @@ uint64_t meta_u64(const Parsed& p, const std::string& path, const std::string& k
     char* end = nullptr;
     errno = 0;
     const unsigned long long v = std::strtoull(s.c_str(), &end, base);
-    if (s.empty() || *end || errno || s.front() == '-' || s.front() == '+' || s.front() == ' ')
+    if (s.empty() || *end || errno || !std::isxdigit(static_cast<unsigned char>(s.front())))
         throw CheckpointError(path + ": metadata '" + key + "' is not a non-negative integer");
     return v;
 }
