@@ -143,4 +143,15 @@ inline int run_cli(const std::vector<std::string>& args,
     return rc;
 }
 
+// The "BLAS: ..." line `mirrored devices` prints in this environment (its output goes to `out`).
+inline std::string devices_blas_line(const std::string& out,
+                                     const std::vector<std::pair<std::string, std::string>>& env) {
+    REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
+    std::ifstream in(out);
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("BLAS: ", 0) == 0) return line;
+    return std::string();
+}
+
 }  // namespace mirrored::test

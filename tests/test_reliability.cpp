@@ -791,14 +791,7 @@ TEST_CASE("a BLAS kernel cache entry that is tampered with is measured again; on
     // the cache); a CPU without a faster class keeps its kernel and has nothing to cache
     const std::vector<std::pair<std::string, std::string>> env{
         {"MIRRORED_CACHE_DIR", cache}, {"OPENBLAS_CORETYPE", "Haswell"}, {"MIRRORED_BLAS_INHERITED", ""}};
-    auto blas_line = [&] {
-        REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
-        std::ifstream in(out);
-        std::string line;
-        while (std::getline(in, line))
-            if (line.rfind("BLAS:", 0) == 0) return line;
-        return std::string();
-    };
+    auto blas_line = [&] { return devices_blas_line(out, env); };
     const std::string first = blas_line();
     if (!fs::exists(cache + "/blas-kernel.txt")) {
         mark_skipped("this CPU runs no faster kernel class than Haswell's: nothing is measured or cached");

@@ -441,17 +441,6 @@ TEST_CASE("stress test: every result verified; a corrupting link fails with exit
 
 namespace {
 
-// The "BLAS: ..." line `mirrored devices` prints in this environment; files in `dir`.
-std::string devices_blas_line(const TempDir& dir, const std::vector<std::pair<std::string, std::string>>& env) {
-    const std::string out = dir / "devices.txt";
-    REQUIRE(run_cli({"devices"}, env, -1, nullptr, Stdout::file, out) == kExitOk);
-    std::ifstream in(out);
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("BLAS: ", 0) == 0) return line;
-    return std::string();
-}
-
 // "Zen" of "BLAS: OpenBLAS 0.3.21, kernel Zen (chosen ...)".
 std::string kernel_named(const std::string& blas_line) {
     const size_t at = blas_line.find("kernel ");
@@ -468,7 +457,7 @@ TEST_CASE("BLAS kernel: a process started by one that chose its kernel runs that
     // noisy measurement started from it picked another kernel, and the runs rounded differently).
     TempDir d;
     auto blas_line = [&](const std::vector<std::pair<std::string, std::string>>& env) {
-        return devices_blas_line(d, env);
+        return devices_blas_line(d / "devices.txt", env);
     };
     const std::string empty_cache = d / "empty-cache";
     const std::string own = blas_kernel();
@@ -522,7 +511,7 @@ TEST_CASE("BLAS kernel: a cached choice this CPU cannot run, or one that fails o
     const std::string cache = d / "cache", file = cache + "/blas-kernel.txt";
     const std::vector<std::pair<std::string, std::string>> generic{{"OPENBLAS_CORETYPE", "Prescott"},
                                                                    {"MIRRORED_CACHE_DIR", cache}};
-    const std::string first = devices_blas_line(d, generic);
+    const std::string first = devices_blas_line(d / "devices.txt", generic);
     CAPTURE(first);
     const std::string core = kernel_named(first);
     REQUIRE(cached_kernels(file) == std::vector<std::string>{core});
@@ -534,7 +523,7 @@ TEST_CASE("BLAS kernel: a cached choice this CPU cannot run, or one that fails o
         text.replace(text.find("\t" + core + " "), core.size() + 2, "\tNoSuchKernel ");
         std::ofstream(file) << text;
     }
-    const std::string again = devices_blas_line(d, generic);
+    const std::string again = devices_blas_line(d / "devices.txt", generic);
     CAPTURE(again);
     CHECK(again.find("chosen by mirrored by measurement") != std::string::npos);
     CHECK(cached_kernels(file) == std::vector<std::string>{kernel_named(again)});
@@ -542,7 +531,7 @@ TEST_CASE("BLAS kernel: a cached choice this CPU cannot run, or one that fails o
     // Prescott, the marker another) runs the one it started with, and drops the cached choice
     auto mismatched = generic;
     mismatched.push_back({"MIRRORED_BLAS_CHOSEN", kernel_named(again) + "|50.0|Prescott|10.0"});
-    const std::string rejected = devices_blas_line(d, mismatched);
+    const std::string rejected = devices_blas_line(d / "devices.txt", mismatched);
     CAPTURE(rejected);
     CHECK(rejected.find("failed its check on start-up") != std::string::npos);
     CHECK(cached_kernels(file).empty());
@@ -552,7 +541,7 @@ TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replac
     CHECK(blas_probe_gflops() > 0);  // this process's kernel passes the reference check
     TempDir d;
     auto devices = [&](const std::vector<std::pair<std::string, std::string>>& env) {
-        return devices_blas_line(d, env);
+        return devices_blas_line(d / "devices.txt", env);
     };
     const std::string cache = d / "cache";
     // the generic Prescott kernel, as OpenBLAS falls back to on CPUs it does not know
