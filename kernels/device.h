@@ -449,6 +449,9 @@ public:
 
     // ---- flat-buffer ops (f32) --------------------------------------------------------
     virtual void fill(Stream s, size_t n, float value, float* x) = 0;
+    // A step's values into device memory, carried by the call itself (a kernel argument on CUDA):
+    // no host memory is read after the call returns, so no pageable copy and no host wait.
+    virtual void set_step_values(Stream s, const StepValues& v, StepValues* dst) = 0;
     virtual void scale(Stream s, size_t n, float alpha, float* x) = 0;
     virtual void axpy(Stream s, size_t n, float alpha, const float* x, float* y) = 0;  // y += a*x
     // out[0] = sum of (x / loss_scale)^2 (loss_scale: device, may be null for 1), out[1] = the

@@ -343,7 +343,7 @@ int ReplicaSet::stage_input(Replica& R, const Batch& batch, const Shard& shard, 
     const void* labels = batch.targets ? static_cast<const void*>(batch.targets) : batch.labels;
     d.copy_to_device(cs, R.labels[buf].data(), static_cast<const char*>(labels) + size_t(shard.begin) * label_bytes_,
                      size_t(shard.rows) * label_bytes_);
-    if (values) d.copy_to_device(cs, R.step_values[buf].data(), values, sizeof(StepValues));  // pageable: a snapshot
+    if (values) d.set_step_values(cs, *values, R.step_values[buf].data());
     d.event_record(R.input_ready[buf], cs);
     // The slot's Batch outlives the callback (the slot is not refilled before every replica has
     // released it), so it is the callback's only argument; the host may be steps ahead by then.

@@ -19,6 +19,9 @@
 namespace mirrored::test {
 
 void mark_skipped(const std::string& reason);
+// Skips a case that can only run on another kind of machine (more GPUs, the emulated GPU): its
+// reason starts "runs elsewhere: ", which scripts/gpu_check.sh lists apart instead of failing.
+void mark_runs_elsewhere(const std::string& reason);
 
 // A fresh folder under the system temporary directory, removed with its contents at scope exit.
 class TempDir {

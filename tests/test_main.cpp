@@ -55,6 +55,8 @@ void mark_skipped(const std::string& reason) {
     g_current_reason = reason;
 }
 
+void mark_runs_elsewhere(const std::string& reason) { mark_skipped("runs elsewhere: " + reason); }
+
 }  // namespace mirrored::test
 
 int main(int argc, char** argv) {

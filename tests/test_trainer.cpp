@@ -831,7 +831,7 @@ TEST_CASE(
     doctest::test_suite("emulated")) {
     SKIP_WITHOUT_CUDA();
     if (make_cuda_device(0)->description().rfind("emulated GPU", 0) != 0) {
-        mark_skipped("MIRRORED_CUDA_EMU_FAULT belongs to the emulated GPU (make test-cuda-emu), not a real one");
+        mark_runs_elsewhere("MIRRORED_CUDA_EMU_FAULT belongs to the emulated GPU (make test-cuda-emu), not a real one");
         return;
     }
     const bool two = cuda_device_count() >= 2;
@@ -858,6 +858,35 @@ TEST_CASE(
                               {two ? "error: cuda:1: " : "error: cuda:0: ",
                                "failed: an illegal memory access was encountered (kernels/cuda/"});
     }
+}
+
+// A board that reports peer access but corrupts peer traffic (MIRRORED_CUDA_EMU_PEER_CORRUPT): the
+// start-up self-test of each link stages that pair through the host and says so, and the run trains
+// exactly as one on GPUs without peer access. Without the self-test the corrupted copies would make
+// the replicas differ.
+TEST_CASE("cuda: a peer link that corrupts data is found at start-up and staged; the run stays exact" *
+          doctest::test_suite("emulated")) {
+    SKIP_WITHOUT_CUDA();
+    if (make_cuda_device(0)->description().rfind("emulated GPU", 0) != 0) {
+        mark_runs_elsewhere("MIRRORED_CUDA_EMU_PEER_CORRUPT belongs to the emulated GPU (make test-cuda-emu)");
+        return;
+    }
+    if (cuda_device_count() < 2) {
+        mark_runs_elsewhere("needs 2 or more GPUs, " + std::to_string(cuda_device_count()) + " visible");
+        return;
+    }
+    Scratch s;
+    const std::string cfg = s.config();
+    auto train = [&](const std::string& out, const char* knob) {
+        return run_cli(
+            {"train", cfg, "--output", out, "--devices", "cuda:0,1", "--set", "strategy.shared_parameters=false"},
+            {{knob, "1"}}, -1, nullptr, Stdout::file, out + ".txt");
+    };
+    const std::string staged = s.out("no-peer"), corrupt = s.out("corrupting-peer");
+    REQUIRE(train(staged, "MIRRORED_CUDA_EMU_NO_PEER") == kExitOk);
+    REQUIRE(train(corrupt, "MIRRORED_CUDA_EMU_PEER_CORRUPT") == kExitOk);
+    CHECK(read_text(corrupt + ".txt").find("came back corrupted in the start-up self-test") != std::string::npos);
+    expect_same_run(staged, corrupt);
 }
 
 namespace {

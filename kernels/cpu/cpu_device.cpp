@@ -542,6 +542,7 @@ public:
 
     // ---- flat buffers -----------------------------------------------------------------------
     void fill(Stream, size_t n, float value, float* x) override { std::fill(x, x + n, value); }
+    void set_step_values(Stream, const StepValues& v, StepValues* dst) override { *dst = v; }
     void scale(Stream, size_t n, float alpha, float* x) override {
         for (size_t i = 0; i < n; ++i) x[i] *= alpha;
     }

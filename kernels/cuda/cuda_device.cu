@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernels/backends.h"
 #include "kernels/cuda/cuda_check.h"
@@ -344,6 +345,8 @@ public:
     CUDA_OP(ema_update(Stream s, size_t n, float momentum, const float* batch, float* running), 1,
             ema_update(stream(s), ordinal(), n, momentum, batch, running))
     CUDA_OP(fill(Stream s, size_t n, float value, float* x), 1, fill(stream(s), ordinal(), n, value, x))
+    CUDA_OP(set_step_values(Stream s, const StepValues& v, StepValues* dst), 1,
+            set_step_values(stream(s), ordinal(), v, dst))
     CUDA_OP(scale(Stream s, size_t n, float alpha, float* x), 1, scale(stream(s), ordinal(), n, alpha, x))
     CUDA_OP(axpy(Stream s, size_t n, float alpha, const float* x, float* y), 1,
             axpy(stream(s), ordinal(), n, alpha, x, y))
@@ -651,6 +654,39 @@ CudaTopology cuda_topology() {
     return t;
 }
 
+namespace {
+
+// A board may report peer access and still corrupt peer traffic (an IOMMU or PCIe ACS between the
+// GPUs): before any gradient crosses a link, 4 MiB of a known pattern cross it (GPU b's memory
+// read by GPU a, as the ring reads), and come back to be compared. Start-up only; synchronous.
+bool peer_link_corrupts(int a, int b) {
+    constexpr size_t kWords = size_t(1) << 20, kBytes = kWords * sizeof(uint32_t);
+    std::vector<uint32_t> pattern(kWords), back(kWords, 0);
+    for (size_t i = 0; i < kWords; ++i) pattern[i] = uint32_t(i * 2654435761u) ^ uint32_t(a << 24 | b << 16);
+    void *on_a = nullptr, *on_b = nullptr;
+    cudaStream_t s_a = nullptr, s_b = nullptr;
+    CUDA_CHECK(b, cudaSetDevice(b));
+    CUDA_CHECK(b, cudaMalloc(&on_b, kBytes));
+    CUDA_CHECK(b, cudaStreamCreateWithFlags(&s_b, cudaStreamNonBlocking));
+    CUDA_CHECK(b, cudaMemcpyAsync(on_b, pattern.data(), kBytes, cudaMemcpyHostToDevice, s_b));
+    CUDA_CHECK(b, cudaStreamSynchronize(s_b));
+    CUDA_CHECK(a, cudaSetDevice(a));
+    CUDA_CHECK(a, cudaMalloc(&on_a, kBytes));
+    CUDA_CHECK(a, cudaStreamCreateWithFlags(&s_a, cudaStreamNonBlocking));
+    CUDA_CHECK(a, cudaMemsetAsync(on_a, 0, kBytes, s_a));
+    CUDA_CHECK(a, cudaMemcpyPeerAsync(on_a, a, on_b, b, kBytes, s_a));
+    CUDA_CHECK(a, cudaMemcpyAsync(back.data(), on_a, kBytes, cudaMemcpyDeviceToHost, s_a));
+    CUDA_CHECK(a, cudaStreamSynchronize(s_a));
+    CUDA_CHECK(a, cudaStreamDestroy(s_a));
+    CUDA_CHECK(a, cudaFree(on_a));
+    CUDA_CHECK(b, cudaSetDevice(b));
+    CUDA_CHECK(b, cudaStreamDestroy(s_b));
+    CUDA_CHECK(b, cudaFree(on_b));
+    return back != pattern;
+}
+
+}  // namespace
+
 std::vector<StagedPair> cuda_enable_peer_access(const std::vector<int>& ordinals) {
     std::lock_guard<std::mutex> lock(g_peer_mutex);
     std::vector<int> unique(ordinals);
@@ -675,6 +711,15 @@ std::vector<StagedPair> cuda_enable_peer_access(const std::vector<int>& ordinals
                 continue;
             }
             cudaGetLastError();  // clear "already enabled"
+            if (peer_link_corrupts(a, b)) {
+                CUDA_CHECK(a, cudaSetDevice(a));
+                CUDA_CHECK(a, cudaDeviceDisablePeerAccess(b));
+                staged.push_back({a, b,
+                                  "peer copies from cuda:" + std::to_string(b) + " to cuda:" + std::to_string(a) +
+                                      " came back corrupted in the start-up self-test (an IOMMU or PCIe ACS "
+                                      "setting?); staged through the host instead"});
+                continue;
+            }
             g_peer_enabled[a][b] = true;
         }
     return staged;

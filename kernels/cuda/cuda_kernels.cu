@@ -713,6 +713,14 @@ void fill(cudaStream_t s, int dev, size_t n, float value, float* x) {
     CUDA_LAUNCH_CHECK(dev);
 }
 
+// The values are the kernel's argument, copied at launch: nothing is read from the host later.
+__global__ void set_step_values_kernel(StepValues v, StepValues* dst) { *dst = v; }
+
+void set_step_values(cudaStream_t s, int dev, const StepValues& v, StepValues* dst) {
+    set_step_values_kernel<<<1, 1, 0, s>>>(v, dst);
+    CUDA_LAUNCH_CHECK(dev);
+}
+
 __global__ void scale_kernel(size_t n, float alpha, float* x) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
         x[i] *= alpha;

@@ -62,6 +62,7 @@ int layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const 
 void ema_update(cudaStream_t s, int dev, size_t n, float momentum, const float* batch, float* running);
 
 void fill(cudaStream_t s, int dev, size_t n, float value, float* x);
+void set_step_values(cudaStream_t s, int dev, const StepValues& v, StepValues* dst);
 void scale(cudaStream_t s, int dev, size_t n, float alpha, float* x);
 void axpy(cudaStream_t s, int dev, size_t n, float alpha, const float* x, float* y);
 // scratch: 2 * kReduceBlocks floats; out: [sum of (x / loss_scale)^2, non-finite count]

@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <cstdio>
 
 #include "kernels/cuda/cuda_check.h"
 
@@ -69,6 +70,9 @@ FusedGemm::~FusedGemm() {
 bool FusedGemm::forward(cudaStream_t s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
                         const float* bias, void* y, GemmTypes t, bool tf32) {
     if (rows <= 0 || units <= 0 || inputs <= 0 || !Device::fusable_dense_forward(act, bias != nullptr)) return false;
+    // cuBLASLt reads the bias in the output's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE); ours is
+    // f32, so a 16-bit output with a bias runs unfused rather than on an undocumented combination.
+    if (bias && t.c != DType::f32) return false;
     const cublasLtEpilogue_t epilogue = act == Activation::relu
                                             ? (bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU)
                                             : CUBLASLT_EPILOGUE_BIAS;
@@ -79,7 +83,7 @@ bool FusedGemm::forward(cudaStream_t s, Activation act, int rows, int units, int
 
 bool FusedGemm::weight_grad(cudaStream_t s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
                             float* db, GemmTypes t, bool tf32) {
-    if (rows <= 0 || units <= 0 || inputs <= 0 || !db) return false;
+    if (rows <= 0 || units <= 0 || inputs <= 0 || !db || t.c != DType::f32) return false;  // db: dw's type
     const Key key{kWeightGrad,   int(CUBLASLT_EPILOGUE_BGRADB),
                   inputs,        units,
                   rows,          int(t.b),
@@ -108,7 +112,6 @@ FusedGemm::Plan* FusedGemm::plan(const Key& key, bool trans_a, int lda, int ldb,
     if (it != plans_.end()) return it->second.get();
     auto p = std::make_unique<Plan>();
     const auto [kind, epilogue, m, n, k, ta, tb, td, tf32, align_a, align_b, align_d, align_bias] = key;
-    (void)kind;
     (void)align_bias;  // the heuristic reads the bias pointer's alignment from the descriptor
     const bool all_f32 = ta == int(DType::f32) && tb == int(DType::f32) && td == int(DType::f32);
     const cublasComputeType_t compute = all_f32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -118,7 +121,7 @@ FusedGemm::Plan* FusedGemm::plan(const Key& key, bool trans_a, int lda, int ldb,
     set_desc(ordinal_, p->desc, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
     set_desc(ordinal_, p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(epilogue));
     if (bias) {
-        set_desc(ordinal_, p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(CUDA_R_32F));
+        set_desc(ordinal_, p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(cuda_data_type(DType(td))));
         set_desc(ordinal_, p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     }
     // Stored shapes: op(A) is [m, k], op(B) is [k, n], D is [m, n].
@@ -145,11 +148,16 @@ FusedGemm::Plan* FusedGemm::plan(const Key& key, bool trans_a, int lda, int ldb,
         throw;
     }
     cublasLtMatmulPreferenceDestroy(pref);
-    // No algorithm for this epilogue, type, layout or alignment (cuBLASLt says "not supported" or,
-    // for some combinations, "invalid value"): the caller runs the unfused ops. The CUDA test
-    // asserts that the MLP's fp32 and TF32 cases are fused, so a wrong descriptor cannot hide here.
+    // No algorithm for this epilogue, type, layout or alignment ("not supported"): the caller runs
+    // the unfused ops. "Invalid value" may mean the same for some combinations, or a descriptor of
+    // ours that is wrong: the unfused ops run too, but said once per shape, never silently.
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
         cuda_fail("cublasLtMatmulAlgoGetHeuristic", cublas_status_string(st), __FILE__, __LINE__, ordinal_);
+    if (st == CUBLAS_STATUS_INVALID_VALUE)
+        std::fprintf(stderr,
+                     "warning: cuda:%d: cuBLASLt refused the fused %s product m=%d n=%d k=%d (types %d %d %d, "
+                     "tf32 %d) with CUBLAS_STATUS_INVALID_VALUE; the unfused ops run instead\n",
+                     ordinal_, kind == kForward ? "forward" : "weight-gradient", m, n, k, ta, tb, td, int(tf32));
     p->ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
     if (p->ok) p->algo = result.algo;
     return plans_.emplace(key, std::move(p)).first->second.get();

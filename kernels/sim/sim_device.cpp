@@ -674,6 +674,7 @@ public:
     SIM_OP(ema_update, (Stream s, size_t n, float momentum, const float* batch, float* running),
            ema_update(Stream{}, n, momentum, batch, running))
     SIM_OP(fill, (Stream s, size_t n, float value, float* x), fill(Stream{}, n, value, x))
+    SIM_OP(set_step_values, (Stream s, const StepValues& v, StepValues* dst), set_step_values(Stream{}, v, dst))
     SIM_OP(scale, (Stream s, size_t n, float alpha, float* x), scale(Stream{}, n, alpha, x))
     SIM_OP(axpy, (Stream s, size_t n, float alpha, const float* x, float* y), axpy(Stream{}, n, alpha, x, y))
     SIM_OP(sum_squares, (Stream s, size_t n, const float* x, const float* loss_scale, float* out),

@@ -129,6 +129,12 @@ int gpu_count() {
     }();
     return n;
 }
+// MIRRORED_CUDA_EMU_PEER_CORRUPT=1: copies between GPUs with peer access enabled flip a bit, as a
+// board whose IOMMU or PCIe ACS breaks peer traffic would (the start-up self-test must catch it).
+bool peer_corrupts() {
+    const char* v = std::getenv("MIRRORED_CUDA_EMU_PEER_CORRUPT");
+    return v && std::string(v) == "1";
+}
 bool peer_possible() {
     const char* v = std::getenv("MIRRORED_CUDA_EMU_NO_PEER");
     return !(v && std::string(v) == "1");
@@ -535,7 +541,15 @@ cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int 
         if (!d || d->device != dst_device || !r || r->device != src_device)
             return fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync: a range outside the named GPUs' allocations");
     }
-    emu::submit(s, [=] { std::memmove(dst, src, bytes); });
+    bool corrupt = false;
+    if (emu::peer_corrupts() && dst_device != src_device && bytes > 0) {
+        std::lock_guard<std::mutex> lock(emu::g_mutex);
+        corrupt = emu::g_peer_enabled[dst_device][src_device] || emu::g_peer_enabled[src_device][dst_device];
+    }
+    emu::submit(s, [=] {
+        std::memmove(dst, src, bytes);
+        if (corrupt) static_cast<unsigned char*>(dst)[bytes / 2] ^= 0x40;
+    });
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
