@@ -1,292 +1,374 @@
 #!/usr/bin/env bash
-# One prepared run for a machine with a GPU, built to fit one device command (600 s; the budget
-# is GPU_CHECK_SECONDS, 570 by default) inside a 15-minute device session, and to fail loudly
-# rather than report a CPU run as a GPU one. A failed check does not end the run (a first contact
-# should bring back every measurement it can): it is listed at the end, and the exit status is 1.
-# Only a machine that cannot run the GPU path at all (no GPU, a CPU-only build) stops it early.
-# Correctness before speed:
-#   machine facts -> build (refused if CPU-only) -> every CUDA/NCCL test case on its own (a
-#   skip is a failure), then the rest of the suite -> training on cuda:0,0 (and cuda:0,1 with two
-#   GPUs) killed with SIGKILL and resumed, checksums compared with an uninterrupted run and a
-#   cuda_graph run -> with two GPUs and mpirun, two nodes over NCCL against one node ->
-#   benchmarks, as many as the budget allows -> PyTorch and JAX side by side (at most 240 s).
-# Everything goes to $OUT (the device tool's folder) or build/gpu-check. Works without network
-# and without the Fashion-MNIST package (a small generated IDX dataset stands in).
-# GPU_CHECK_DRY_RUN=1 runs it on a machine without a GPU, as a check of the script itself: the
-# GPU steps then fail as they must (exit 5, "no GPU"), but a command the CLI refuses as misused
-# (exit 2: an unknown option, a bad value) is reported, here as on a GPU - a typo must not cost a
-# GPU session. The frameworks comparison is left out.
+# The one prepared command for a machine with a GPU (no network, nothing installable, one command
+# of at most 600 s; of its output folder at most 8 files come back). It runs, in the order of what
+# they settle, each phase stopping at its share of the budget (GPU_CHECK_SECONDS, 570 by default):
+#   build (35%)        only when no binaries came along (scripts/gpu_pack.sh makes them here)
+#   preflight (10 s)   every library the binaries load (ldd; a missing one is searched for and
+#                      named), the driver, the runtime, the GPU; nothing runs without a GPU
+#   cases (35%)        each test case of the doctest suite `cuda` in its own process; a case that
+#                      can only run elsewhere says "runs elsewhere: ..." and is listed, not failed
+#   targets (20%)      the benchmarks that settle the GPU targets: the MLP at batch 256 and 2048 in
+#                      fp32/tf32/bf16, uncaptured and captured; 4 replicas sharing GPU 0 at 512
+#                      against 1 at 2048 (direct); cuBLAS GEMM rates
+#   resume (15%)       train, killed (SIGKILL) while writing the checkpoint of a known step with
+#                      checkpoints before it, resumed: bit-identical to an uninterrupted run, on the
+#                      ring and on shared parameters (and from captured graphs)
+#   rest               every other benchmark while time remains, PyTorch and JAX side by side last
+# What comes back in $OUT (3 files): summary.txt (also printed: each check, each target figure
+# beside its goal), gpu_check.json (every check and number), logs.tar.gz (every log). Generated
+# data and run folders stay in the work folder (GPU_CHECK_WORK, a fresh /tmp folder by default).
+# Every command is bounded (timeout -k), training runs also by strategy.step_timeout_s. A failed
+# check does not stop the run; the exit status is 1 when any failed, 0 when none did.
+# GPU_CHECK_DRY_RUN=1, on a machine without a GPU: the GPU steps fail as they must, and only a
+# command line the CLI refuses as misused (exit 2) fails the run - a typo must not cost a GPU session.
+# Knobs for a smaller run (tests/gpu_check_flow.sh runs the whole flow on emulated GPUs with them):
+# GPU_CHECK_BIN (folder of mirrored and mirrored_tests), GPU_CHECK_STEPS (timed steps per
+# benchmark, 300), GPU_CHECK_MLP_CONFIG, GPU_CHECK_TRAIN_CONFIG, GPU_CHECK_TRAIN_STEPS (400),
+# GPU_CHECK_CASES (a doctest -tc filter), GPU_CHECK_CASE_SECONDS (60), GPU_CHECK_BYTES (256M),
+# GPU_CHECK_GEMM_SIZES (1024,4096), GPU_CHECK_STRESS_SECONDS (30).
 #   scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-check}
-# The device tool stops a command at 600 s; the order below puts correctness before speed, and
-# the benchmarks stop starting once the budget (less the frameworks' 240 s) is spent.
 budget_s=${GPU_CHECK_SECONDS:-570}
 dry_run=${GPU_CHECK_DRY_RUN:-0}
-mkdir -p "$out"
-log="$out/check.log"
-: >"$log"
-step() { echo "=== $* (+${SECONDS}s, $(date +%T))" | tee -a "$log"; }
-fail() {  # nothing more can be learnt on this machine
-    echo "FAIL: $*" | tee -a "$log"
+steps=${GPU_CHECK_STEPS:-300}
+mlp=${GPU_CHECK_MLP_CONFIG:-configs/synthetic_mlp.yaml}
+train_cfg=${GPU_CHECK_TRAIN_CONFIG:-configs/fashion_mnist_mlp.yaml}
+train_steps=${GPU_CHECK_TRAIN_STEPS:-400}
+case_filter=${GPU_CHECK_CASES:-}
+case_s=${GPU_CHECK_CASE_SECONDS:-60}
+step_timeout_s=${GPU_CHECK_STEP_TIMEOUT:-60}
+bytes=${GPU_CHECK_BYTES:-256M}                 # all-reduce benchmarks: the largest message
+gemm_sizes=${GPU_CHECK_GEMM_SIZES:-1024,4096}
+stress_s=${GPU_CHECK_STRESS_SECONDS:-30}
+work=${GPU_CHECK_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}
+for n in budget_s steps train_steps case_s step_timeout_s stress_s; do
+    [[ ${!n} =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: $n must be a positive integer, not '${!n}'" >&2; exit 2; }
+done
+[[ $train_steps -ge 8 ]] || { echo "gpu_check.sh: GPU_CHECK_TRAIN_STEPS must be at least 8" >&2; exit 2; }
+mkdir -p "$out" "$work/logs" "$work/bench" "$work/runs"
+rm -f "$out/summary.txt" "$out/gpu_check.json" "$out/logs.tar.gz"  # this script's own files only
+logs=$work/logs
+main_log=$logs/check.log
+checks=$work/checks.tsv  # phase, check, status, start (s), seconds, detail
+: >"$main_log"
+: >"$checks"
+reserve_s=$((budget_s / 50 > 3 ? budget_s / 50 : 3))  # for the report at the end
+min_start_s=$((budget_s * 3 / 100 > 3 ? budget_s * 3 / 100 : 3))  # nothing starts with less left
+hard_end=$((budget_s - reserve_s))
+failures=0
+misused=0
+
+say() { echo "$*" | tee -a "$main_log"; }
+# phase NAME PERCENT: the next checks may run until PERCENT of the budget from now (or the end)
+phase() {
+    phase_name=$1
+    phase_end=$((SECONDS + budget_s * $2 / 100))
+    [[ $phase_end -gt $hard_end ]] && phase_end=$hard_end
+    say "=== $1 (+${SECONDS}s of ${budget_s}s, until +${phase_end}s)"
+}
+left() { echo $((phase_end - SECONDS)); }
+# record CHECK STATUS START DETAIL: one row of the report. Failing statuses: fail, timeout (a
+# command's own cap ran out: a hang), crash, refused (exit 2: a command line of this script is
+# wrong), skipped (a skip that does not say it runs elsewhere). Not failing: pass, elsewhere (a case
+# declared it runs on other machines), cut and "not run" (the budget's end), absent (this machine
+# lacks what an optional comparison needs).
+record() {
+    local detail=${4//$'\t'/ }
+    detail=${detail//$'\n'/ }
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$phase_name" "$1" "$2" "$3" "$((SECONDS - $3))" "$detail" >>"$checks"
+    echo "[$phase_name] $2: $1${detail:+ ($detail)}" >>"$main_log"
+    case $2 in
+        fail | timeout | crash | refused | skipped)
+            failures=$((failures + 1))
+            [[ $dry_run == 1 ]] || echo "FAIL [$phase_name] $1${detail:+: $detail}"
+            ;;
+    esac
+    [[ $2 == refused ]] && misused=$((misused + 1))
+    return 0
+}
+# bounded SECONDS LOG COMMAND...: the command, its output appended to LOG, stopped at SECONDS
+# (SIGTERM, then SIGKILL 5 s later); returns its exit status
+bounded() {
+    local s=$1 log=$2
+    shift 2
+    echo "\$ $* (at most ${s}s)" >>"$log"
+    timeout -k 5 "$s" "$@" >>"$log" 2>&1 </dev/null
+}
+# status_of RC: the report's word for a command's exit status
+status_of() {
+    case $1 in
+        0) echo pass ;;
+        2) echo refused ;;
+        124) echo timeout ;;
+        13[0-9] | 14[0-9] | 15[0-9]) echo crash ;;
+        *) echo fail ;;
+    esac
+}
+# try CHECK CAP LOG COMMAND...: a command as one check, bounded by CAP and the phase's time left;
+# try_expecting RC CHECK CAP LOG COMMAND...: the same for a command that must end with exit status RC
+try() { try_expecting 0 "$@"; }
+try_expecting() {
+    local want=$1 name=$2 cap=$3 log=$4 t0=$SECONDS rc l status
+    shift 4
+    l=$(left)
+    if [[ $l -lt $min_start_s ]]; then
+        record "$name" "not run" "$t0" "${l}s of the phase left"
+        return 99
+    fi
+    local limit=$((l < cap ? l : cap))
+    bounded $limit "$log" "$@"
+    rc=$?
+    status=$(status_of $rc)
+    if [[ $rc -eq $want ]]; then status=pass
+    elif [[ $((SECONDS - t0)) -ge $limit && ($rc -eq 124 || $rc -eq 137) ]]; then
+        # stopped by the clock: a hang when its own cap ran out, the budget's end otherwise
+        status=timeout
+        [[ $limit -lt $cap ]] && status=cut
+    elif [[ $status == pass || $want -ne 0 ]]; then status=fail
+    fi
+    record "$name" "$status" "$t0" "$([[ $rc -ne $want ]] && echo "exit $rc, $([[ $want -ne 0 ]] && echo "expected $want, ")$(basename "$log")")"
+    [[ $status == pass ]]
+}
+# finish: the report into $OUT, then the exit status
+finish() {
+    phase_name=report
+    python3 scripts/gpu_check_report.py --work "$work" --out "$out" --budget "$budget_s" --elapsed "$SECONDS" \
+        --dry-run "$dry_run" >>"$main_log" 2>&1 ||
+        { echo "the report could not be written (check.log)"; tail -5 "$main_log" >"$out/summary.txt"; }
+    tar -czf "$out/logs.tar.gz" -C "$work" logs 2>/dev/null
+    cat "$out/summary.txt"
+    if [[ $dry_run == 1 ]]; then  # only the script's own faults count: the GPU steps had to fail here
+        echo "dry run: $misused command line(s) refused as misused"
+        [[ $misused -eq 0 ]] && exit 0
+        exit 1
+    fi
+    [[ $failures -eq 0 ]] && exit 0
     exit 1
 }
-no_gpu() {  # fatal, except in a dry run
-    if [[ $dry_run == 1 ]]; then echo "dry run: $* (going on)" | tee -a "$log"; else fail "$*"; fi
-}
-failures=()
-check_failed() {  # recorded, listed at the end; the run goes on
-    echo "FAIL: $*" | tee -a "$log"
-    failures+=("$*")
-}
-misused=0
-note_misuse() {  # note_misuse EXIT_STATUS WHAT: exit 2 is the CLI refusing a command line of this script
-    if [[ $1 -eq 2 ]]; then
-        check_failed "refused as misused (exit 2): $2"
-        misused=$((misused + 1))
-    fi
-}
 
-step "machine"
-{
-    nvidia-smi
-    nvidia-smi topo -m
-    nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap,pcie.link.gen.max --format=csv
-    "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" --version
-    g++ --version | head -1
-    ls -l /usr/lib/x86_64-linux-gnu/libnccl* "${CUDA_HOME:-/usr/local/cuda}"/lib64/libnccl* 2>/dev/null
-    nproc
-    free -g
-} >"$out/machine.txt" 2>&1
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-[[ $gpus -ge 1 ]] || no_gpu "no GPU visible (nvidia-smi -L lists none)"
-[[ $dry_run == 1 ]] && gpus=2  # every command line of the two-GPU branches is checked too
-echo "GPUs: $gpus" | tee -a "$log"
-
-step "build"
-[[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]] || fail "no nvcc under ${CUDA_HOME:-/usr/local/cuda}: the build would be CPU-only"
-make -j"$(nproc)" all >"$out/build.log" 2>&1 || {
-    tail -40 "$out/build.log" | tee -a "$log"
-    fail "build failed"
-}
-grep -q "CPU-only" "$out/build.log" && fail "the build is CPU-only"
-build/mirrored --version 2>&1 | tee "$out/version.txt" | tee -a "$log"
-build/mirrored devices 2>&1 | tee "$out/devices.txt" | tee -a "$log"
-grep -q "^cuda:0 " "$out/devices.txt" || no_gpu "build/mirrored sees no GPU"
-
-# The CUDA/NCCL cases first, each on its own: a crash or a hang in one must not hide how the
-# others fare (per case 60 s, 240 s in all). Then the rest of the suite in one run.
-step "CUDA test cases one at a time (tests-cuda.log; the failing ones' output in tests-failed-cases.log)"
-deadline=$((SECONDS + 240))
-: >"$out/tests-cuda.log"
-cuda_cases=$(build/mirrored_tests --list-test-cases 2>/dev/null | sed -n '/^=====/,/^=====/p' | grep -v '^=====' |
-             grep -iE "cuda|nccl")
-while IFS= read -r name; do
-    [[ -z $name ]] && continue
-    left=$((deadline - SECONDS))
-    if [[ $left -le 5 ]]; then echo "NOT RUN (time): $name" >>"$out/tests-cuda.log"; continue; fi
-    # doctest splits filters at commas; a wildcard stands in for each
-    # stdin closed: mpirun, which some cases start, would read the rest of the case list
-    timeout $((left < 60 ? left : 60)) build/mirrored_tests -tc="${name//,/*}" >"$out/case.log" 2>&1 </dev/null
-    case_rc=$?
-    verdict=PASS
-    [[ $case_rc -eq 124 ]] && verdict=TIMEOUT
-    [[ $case_rc -ne 0 && $case_rc -ne 124 ]] && verdict="FAIL (exit $case_rc)"
-    [[ $case_rc -gt 128 && $case_rc -ne 124 ]] && verdict="CRASH (signal $((case_rc - 128)))"
-    # On a one-GPU machine the distinct-GPU cases may say they need two; nothing else may skip.
-    if [[ $verdict == PASS ]] && grep "^SKIPPED" "$out/case.log" | grep -qv "needs 2 or more GPUs"; then
-        verdict="SKIPPED ($(grep "^SKIPPED" "$out/case.log" | head -1 | sed 's/.*: //'))"
-    fi
-    echo "$verdict: $name" >>"$out/tests-cuda.log"
-    [[ $verdict == PASS ]] || { echo "--- $name" >>"$out/tests-failed-cases.log"; tail -n 60 "$out/case.log" >>"$out/tests-failed-cases.log"; }
-done <<<"$cuda_cases"
-rm -f "$out/case.log"
-grep -c "^PASS" "$out/tests-cuda.log" | sed 's/$/ CUDA\/NCCL case(s) passed/' | tee -a "$log"
-grep -v "^PASS" "$out/tests-cuda.log" | tee -a "$log"
-grep -qv "^PASS" "$out/tests-cuda.log" && check_failed "CUDA/NCCL cases failed, crashed, hung or were skipped (tests-cuda.log)"
-
-step "the rest of the suite (tests.log, per-test durations)"
-if [[ $dry_run == 1 ]]; then
-    echo "dry run: left out (CI runs it)" | tee -a "$log"
+# --- which binaries: those packed here (scripts/gpu_pack.sh), else built on this machine --------
+if [[ -n ${GPU_CHECK_BIN:-} ]]; then
+    bin=$GPU_CHECK_BIN
+elif [[ -x gpu-pack/bin/mirrored ]]; then
+    bin=gpu-pack/bin
+    export LD_LIBRARY_PATH=$PWD/gpu-pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    cp gpu-pack/MANIFEST "$logs/pack-manifest.txt"
+elif [[ -x build/mirrored && -x build/mirrored_tests ]]; then
+    bin=build
 else
-    timeout 240 build/mirrored_tests --duration=true -tce="*cuda*,*nccl*" >"$out/tests.log" 2>&1
+    phase build 35
+    record "packed binaries" absent "$SECONDS" "no gpu-pack/ (scripts/gpu_pack.sh): building here"
+    try "build here (make all)" 100000 "$logs/build.log" make -j"$(nproc)" all || finish
+    bin=build
+fi
+
+# --- preflight: their libraries, the driver and the GPU -----------------------------------------
+phase preflight 2
+[[ $((phase_end - SECONDS)) -lt 10 ]] && phase_end=$((SECONDS + 10))
+t0=$SECONDS
+missing=$(ldd "$bin/mirrored" "$bin/mirrored_tests" 2>&1 | awk '/not found/ {print $1}' | sort -u)
+if [[ -n $missing ]]; then  # look where the image may keep them (the CUDA toolkit, Python wheels)
+    roots=(/usr/local /usr/lib /opt)
+    mapfile -t site < <(timeout 3 python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+    names=()
+    for m in $missing; do names+=(-o -name "$m"); done
+    found=$(timeout -k 1 5 find "${roots[@]}" "${site[@]}" \( "${names[@]:1}" \) -print 2>/dev/null)
+    for d in $(xargs -rn1 dirname <<<"$found" | sort -u); do export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; done
+    ldd "$bin/mirrored" "$bin/mirrored_tests" >"$logs/ldd.txt" 2>&1
+    missing=$(awk '/not found/ {print $1}' "$logs/ldd.txt" | sort -u)
+    [[ -n $found ]] && say "found elsewhere and added to LD_LIBRARY_PATH: $(tr '\n' ' ' <<<"$found")"
+else
+    ldd "$bin/mirrored" "$bin/mirrored_tests" >"$logs/ldd.txt" 2>&1
+fi
+if [[ -n $missing ]]; then
+    record "libraries" fail "$t0" "missing: $(tr '\n' ' ' <<<"$missing")"
+    [[ $dry_run == 1 ]] || finish
+else
+    record "libraries" pass "$t0" "every library found"
+fi
+t0=$SECONDS
+if command -v nvidia-smi >/dev/null; then
+    bounded 5 "$logs/machine.txt" nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap \
+        --format=csv
+    bounded 5 "$logs/machine.txt" nvidia-smi topo -m
+else
+    echo "nvidia-smi: not on this machine" >>"$logs/machine.txt"
+fi
+{
+    echo "cores: $(nproc)"
+    free -g | head -2
+    grep PRETTY_NAME /etc/os-release
+} >>"$logs/machine.txt" 2>&1
+bounded 10 "$logs/devices.txt" "$bin/mirrored" devices
+rc=$?
+gpus=$(grep -c '^cuda:[0-9]' "$logs/devices.txt")
+gpu_line=$(grep -m1 '^cuda:0 ' "$logs/devices.txt")
+runtime_line=$(grep -m1 -i 'CUDA runtime\|CPU-only' "$logs/devices.txt")
+if [[ $rc -eq 0 && $gpus -ge 1 ]]; then
+    record "GPU" pass "$t0" "$gpus GPU(s); $gpu_line; $runtime_line"
+else
+    record "GPU" fail "$t0" "$bin/mirrored devices lists no GPU (exit $rc): $runtime_line $(grep -m1 -i 'no nvidia\|driver' "$logs/devices.txt")"
+    [[ $dry_run == 1 ]] || finish
+    gpus=2  # a dry run checks the command lines of the two-GPU branches too
+fi
+
+# --- cases: the CUDA test cases, one process each ----------------------------------------------
+phase cases 35
+bounded 20 "$logs/case-list.txt" "$bin/mirrored_tests" -ts=cuda ${case_filter:+-tc="$case_filter"} --list-test-cases
+mapfile -t cases < <(sed -n '/^=====/,/^=====/p' "$logs/case-list.txt" | grep -v '^=====')
+[[ ${#cases[@]} -gt 0 ]] || record "the suite's case list" fail "$SECONDS" "none listed (case-list.txt)"
+for name in "${cases[@]}"; do
+    t0=$SECONDS
+    l=$(left)
+    if [[ $l -lt 3 ]]; then record "$name" "not run" "$t0" "the phase's time is spent"; continue; fi
+    : >"$work/case.log"
+    # doctest splits filters at commas: a wildcard stands in for each
+    bounded $((l < case_s ? l : case_s)) "$work/case.log" "$bin/mirrored_tests" -tc="${name//,/*}"
     rc=$?
-    tail -3 "$out/tests.log" | tee -a "$log"
-    # A case skipped for want of the GPU fails the check. The image may lack what other cases
-    # need (MPI, libxsmm, the Fashion-MNIST package, root for mounts): listed, not failed.
-    skipped=$(grep "^SKIPPED" "$out/tests.log" || true)
-    gpu_skipped=$(grep -F "no CUDA device (" <<<"$skipped" || true)  # the reason tests/helpers.h gives
-    other_skipped=$(grep -vF -e "no CUDA device (" -e "needs 2 or more GPUs" <<<"$skipped" || true)
-    [[ -n "$other_skipped" ]] && { echo "skipped for what this image lacks (not a GPU matter):"; echo "$other_skipped"; } | tee -a "$log"
-    [[ -n "$gpu_skipped" ]] && { echo "$gpu_skipped" | tee -a "$log"; check_failed "tests were skipped for want of the GPU"; }
-    [[ $rc -eq 124 ]] && check_failed "the rest of the suite did not finish within 240 s"
-    [[ $rc -ne 0 && $rc -ne 124 ]] && check_failed "tests failed (exit $rc); see tests.log"
-fi
-
-data_env=()
-if [[ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz && -z "${MIRRORED_DATA_DIR:-}" ]]; then
-    python3 scripts/make_idx_dataset.py "$out/idx" >>"$log" 2>&1 || fail "could not generate the IDX dataset"
-    data_env=(MIRRORED_DATA_DIR="$out/idx")
-    echo "Fashion-MNIST not installed: training on the generated IDX dataset in $out/idx" | tee -a "$log"
-fi
-
-# Train, kill with SIGKILL mid-run, resume; the replica checksums must equal an uninterrupted run's.
-resume_check() {
-    local devices=$1 dir="$out/train-${1//[:,]/_}"
-    local args=(train configs/fashion_mnist_mlp.yaml --devices "$devices" --set train.epochs=3
-                --set checkpoint.every_steps=100)
-    local t0=$SECONDS
-    env "${data_env[@]}" timeout 120 build/mirrored "${args[@]}" --output "$dir/ref" >"$dir.ref.log" 2>&1 </dev/null ||
-        { note_misuse $? "training on $devices"; check_failed "training on $devices failed (see $dir.ref.log)"; return; }
-    local half
-    half=$(python3 -c "print(max(0.5, ($SECONDS - $t0) / 2))")  # kill about half-way through
-    env "${data_env[@]}" build/mirrored "${args[@]}" --output "$dir/killed" >"$dir.killed.log" 2>&1 &
-    local pid=$!
-    sleep "$half"
-    kill -9 $pid 2>/dev/null && echo "$devices: killed after ${half}s" | tee -a "$log"
-    wait $pid 2>/dev/null
-    env "${data_env[@]}" timeout 120 build/mirrored "${args[@]}" --output "$dir/killed" >>"$dir.killed.log" 2>&1 ||
-        { check_failed "resuming on $devices failed (see $dir.killed.log)"; return; }
-    local a b
-    a=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$dir/ref/summary.json")
-    b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$dir/killed/summary.json")
-    cp "$dir/ref/summary.json" "$out/summary-${devices//[:,]/_}.json"
-    echo "$devices: uninterrupted $a / killed+resumed $b" | tee -a "$log"
-    tail -n 2 "$dir.ref.log" | tee -a "$log"
-    [[ "$a" == "$b" ]] || check_failed "resume on $devices is not bit-identical"
-    # the same run from captured graphs must end with the same parameters
-    env "${data_env[@]}" timeout 120 build/mirrored "${args[@]}" --set strategy.cuda_graph=true --output "$dir/graph" \
-        >"$dir.graph.log" 2>&1 || { check_failed "training on $devices with cuda_graph failed (see $dir.graph.log)"; return; }
-    b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$dir/graph/summary.json")
-    echo "$devices: uncaptured $a / cuda_graph $b" | tee -a "$log"
-    tail -n 1 "$dir.graph.log" | tee -a "$log"
-    [[ "$a" == "$b" ]] || check_failed "cuda_graph on $devices is not bit-identical to uncaptured steps"
-    rm -rf "$dir"
-}
-step "train, SIGKILL, resume"
-resume_check cuda:0,0
-[[ $gpus -ge 2 ]] && resume_check cuda:0,1
-
-# Two nodes on one machine (NCCL between the processes needs a GPU each: two GPUs and mpirun):
-# 2 processes x cuda:0 (each its own GPU) must train bit-identically to one process on cuda:0,1.
-two_nodes() {
-    step "two nodes over NCCL (nodes.log)"
-    nodes_args=(train configs/fashion_mnist_mlp.yaml --set train.epochs=1 --devices cuda:0)
-    env "${data_env[@]}" timeout 180 mpirun --allow-run-as-root --oversubscribe \
-        -np 1 -x CUDA_VISIBLE_DEVICES=0 build/mirrored "${nodes_args[@]}" --output "$out/nodes2x1" : \
-        -np 1 -x CUDA_VISIBLE_DEVICES=1 build/mirrored "${nodes_args[@]}" --output "$out/nodes2x1" >"$out/nodes.log" 2>&1 </dev/null ||
-        { note_misuse $? "the two-node run"; check_failed "the two-node run failed (see nodes.log)"; return; }
-    env "${data_env[@]}" timeout 120 build/mirrored train configs/fashion_mnist_mlp.yaml --set train.epochs=1 \
-        --devices cuda:0,1 --output "$out/nodes1x2" >>"$out/nodes.log" 2>&1 || { check_failed "the one-node run failed"; return; }
-    a=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$out/nodes2x1/summary.json")
-    b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$out/nodes1x2/summary.json")
-    echo "2 nodes x cuda:0: $a / 1 node x cuda:0,1: $b" | tee -a "$log"
-    [[ "$a" == "$b" ]] || check_failed "two nodes over NCCL differ from one node with two GPUs"
-}
-if [[ $gpus -ge 2 ]] && command -v mpirun >/dev/null && ldd build/mirrored | grep -q libmpi; then two_nodes; fi
-
-step "benchmarks (bench.log, *.json)"
-bench="$out/bench.log"
-: >"$bench"
-run() {  # one benchmark, at most 120 s, none once the budget is spent (the frameworks keep their 240 s)
-    echo "\$ $*" >>"$bench"
-    local left=$((budget_s - 240 - SECONDS))
-    if [[ $left -lt 20 ]]; then
-        echo "(not run: the time budget is spent)" >>"$bench"
-        skipped_benchmarks=$((skipped_benchmarks + 1))
-        return
+    status=$(status_of $rc)
+    detail=$([[ $rc -ne 0 ]] && echo "exit $rc")
+    skip=$(grep -m1 '^SKIPPED: ' "$work/case.log" | sed 's/^SKIPPED: .*: \(runs elsewhere: \)/\1/; s/^SKIPPED: .*: //')
+    if [[ $status == pass && -n $skip ]]; then
+        if [[ $skip == "runs elsewhere: "* ]]; then status=elsewhere; else status=skipped; fi
+        detail=${skip#runs elsewhere: }
     fi
-    timeout $((left < 120 ? left : 120)) "$@" >>"$bench" 2>&1 </dev/null
-    local rc=$?
-    [[ $rc -ne 0 ]] && echo "(exit $rc)" >>"$bench"
-    note_misuse $rc "$* (bench.log)"
-    echo >>"$bench"
-}
-skipped_benchmarks=0
-run build/mirrored bench-gemm --device cuda:0 --sizes 256,1024,4096 --json "$out/gemm.json"
-run build/mirrored bench-gemm --device cuda:0 --sizes 1024,4096 --tf32 --json "$out/gemm_tf32.json"
-for t in direct staged; do
-    run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes 256M --transport $t \
-        --json "$out/allreduce_shared_$t.json"
+    record "$name" "$status" "$t0" "$detail"
+    { echo "--- $name ($status)"; grep -v '^test seed\|^\[doctest\]\|^====' "$work/case.log"; } >>"$logs/cases.log"
+    [[ $status == pass || $status == elsewhere ]] || { echo "--- $name ($status)"; tail -n 60 "$work/case.log"; } >>"$logs/cases-failed.log"
 done
-run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op reduce_to_one --max-bytes 256M
-run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op direct --max-bytes 256M --json "$out/allreduce_shared_direct.json"
-run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0,0,0,0' --steps 300 --layers 20 \
-    --set strategy.cross_device_ops=direct
+rm -f "$work/case.log"
+
+# --- targets: the benchmarks that settle the GPU targets ----------------------------------------
+# bench NAME CAP COMMAND...: a benchmark writing $work/bench/NAME.json (--json is added)
+bench() {
+    local name=$1 cap=$2
+    shift 2
+    try "$name" "$cap" "$logs/bench.log" "$@" --json "$work/bench/$name.json"
+}
+phase targets 20
+bench_sets=(--set strategy.step_timeout_s="$step_timeout_s")
+for g in true false; do  # 4 replicas sharing GPU 0 at 512 each against 1 at 2048 (direct)
+    bench "step_shared_4x512_graph_$g" 60 "$bin/mirrored" bench-step "$mlp" --devices 'cuda:0;cuda:0,0,0,0' \
+        --steps "$steps" --set train.global_batch_size=2048 --set strategy.cross_device_ops=direct \
+        --set strategy.cuda_graph=$g "${bench_sets[@]}"
+done
+for b in 256 2048; do
+    for p in fp32 tf32 bf16; do
+        for g in true false; do
+            bench "step_b${b}_${p}_graph_$g" 60 "$bin/mirrored" bench-step "$mlp" --devices cuda:0 --steps "$steps" \
+                --set train.global_batch_size=$b --set train.precision=$p --set strategy.cuda_graph=$g "${bench_sets[@]}"
+        done
+    done
+done
+for p in fp32 tf32 bf16; do
+    bench "gemm_$p" 60 "$bin/mirrored" bench-gemm --device cuda:0 --sizes "$gemm_sizes" --precision $p
+done
+
+# --- resume: SIGKILL during a known step's checkpoint, then resume ------------------------------
+phase resume 15
+data_env=()
+if grep -q 'dataset: *idx' "$train_cfg" && [[ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz &&
+    -z ${MIRRORED_DATA_DIR:-} ]]; then
+    try "generate an IDX dataset" 60 "$logs/resume.log" python3 scripts/make_idx_dataset.py "$work/data" \
+        --train 20000 --test 2000 && data_env=(MIRRORED_DATA_DIR="$work/data")
+fi
+every=$((train_steps / 4))
+kill_at=$((every * 3))
+checksums() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['replica_checksums'])" "$1/summary.json" 2>/dev/null; }
+# resume_check NAME DEVICES [--set K=V...]: uninterrupted, then killed while writing the
+# checkpoint of step kill_at (every/2*every kept) and resumed; optionally from captured graphs too
+resume_check() {
+    local name=$1 devices=$2 dir=$work/runs/$1 t0 rc
+    shift 2
+    local args=(train "$train_cfg" --devices "$devices" --set train.steps="$train_steps"
+                --set checkpoint.every_steps="$every" --set strategy.step_timeout_s="$step_timeout_s" "$@")
+    local log=$logs/resume-$name.log
+    try "$name: uninterrupted" 60 "$log" env "${data_env[@]}" "$bin/mirrored" "${args[@]}" --output "$dir/ref" || return
+    try_expecting 137 "$name: killed at step $kill_at (SIGKILL while writing its checkpoint)" 60 "$log" \
+        env "${data_env[@]}" MIRRORED_TEST_KILL_DURING_CHECKPOINT=$kill_at "$bin/mirrored" "${args[@]}" \
+        --output "$dir/killed" || return
+    try "$name: resumed" 60 "$log" env "${data_env[@]}" "$bin/mirrored" "${args[@]}" --output "$dir/killed" || return
+    t0=$SECONDS
+    local a b from
+    a=$(checksums "$dir/ref")
+    b=$(checksums "$dir/killed")
+    from=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1])).get('resumed_from_step'))" "$dir/killed/summary.json" 2>/dev/null)
+    if [[ -n $a && $a == "$b" && $from == $((kill_at - every)) ]]; then
+        record "$name: bit-identical after the resume" pass "$t0" "resumed from step $from"
+    else
+        record "$name: bit-identical after the resume" fail "$t0" "resumed from step ${from:-?} (expected $((kill_at - every))); checksums $a / $b"
+    fi
+    if [[ ${graphs:-0} == 1 ]]; then
+        try "$name: from captured graphs" 60 "$log" env "${data_env[@]}" "$bin/mirrored" "${args[@]}" \
+            --set strategy.cuda_graph=true --output "$dir/graph" || return
+        t0=$SECONDS
+        b=$(checksums "$dir/graph")
+        if [[ -n $a && $a == "$b" ]]; then record "$name: captured equals uncaptured" pass "$t0" ""
+        else record "$name: captured equals uncaptured" fail "$t0" "checksums $a / $b"; fi
+    fi
+}
+graphs=1 resume_check ring cuda:0,0 --set strategy.shared_parameters=false --set strategy.cross_device_ops=ring
+resume_check shared cuda:0,0 --set strategy.shared_parameters=true
+[[ $gpus -ge 2 ]] && graphs=1 resume_check two-gpus cuda:0,1 --set strategy.shared_parameters=false
+
+# --- rest: every other measurement while time remains -------------------------------------------
+phase rest 100
+bench step_layers 90 "$bin/mirrored" bench-step "$mlp" --devices cuda:0 --steps "$steps" --layers 20 "${bench_sets[@]}"
+for f in true false; do  # cuBLASLt epilogues: fused against unfused, where the time goes
+    bench "step_fused_${f}_layers" 90 "$bin/mirrored" bench-step "$mlp" --devices cuda:0 --steps "$steps" --layers 20 \
+        --set strategy.fused_epilogues=$f "${bench_sets[@]}"
+    bench "step_b2048_fused_${f}_graph" 60 "$bin/mirrored" bench-step "$mlp" --devices cuda:0 --steps "$steps" \
+        --set train.global_batch_size=2048 --set strategy.cuda_graph=true --set strategy.fused_epilogues=$f "${bench_sets[@]}"
+done
+for op in ring direct reduce_to_one; do
+    bench "allreduce_shared_$op" 60 "$bin/mirrored" bench-allreduce --devices cuda:0,0,0,0 --op $op --max-bytes "$bytes"
+done
+bench allreduce_shared_ring_staged 60 "$bin/mirrored" bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes "$bytes" \
+    --transport staged
+bench allreduce_shared_ring_bf16 60 "$bin/mirrored" bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes "$bytes" --dtype bf16
 if [[ $gpus -ge 2 ]]; then
     for op in ring direct nccl reduce_to_one; do
-        run build/mirrored bench-allreduce --devices cuda:all --op $op --max-bytes 256M --json "$out/allreduce_$op.json"
+        bench "allreduce_$op" 60 "$bin/mirrored" bench-allreduce --devices cuda:all --op $op --max-bytes "$bytes"
     done
-    run build/mirrored bench-allreduce --devices cuda:all --op ring --max-bytes 256M --transport staged
 fi
-run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0;cuda:0,0,0,0' --steps 300 \
-    --json "$out/step.json"
-run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32
-# strategy.cuda_graph (off by default until measured here): captured steps against uncaptured, in
-# one run each, and its host calls per replica and step (last column)
-for g in false true; do
-    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0;cuda:0,0,0,0' --steps 300 \
-        --set strategy.cuda_graph=$g --set strategy.cross_device_ops=direct --json "$out/step_graph_$g.json"
-    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32 \
-        --set strategy.cuda_graph=$g
+bench step_replicas 90 "$bin/mirrored" bench-step "$mlp" --devices 'cuda:0;cuda:0,0;cuda:0,0,0,0' --steps "$steps" "${bench_sets[@]}"
+resnet=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import bench_cpu_vs_pytorch as b; \
+print(b.resnet20_synthetic_config(sys.argv[1]))" "$work" 2>>"$main_log")
+for p in fp32 bf16; do  # the convolutions' first GPU numbers, layer by layer
+    [[ -n $resnet ]] && bench "step_resnet20_$p" 90 "$bin/mirrored" bench-step "$resnet" --devices cuda:0 \
+        --steps $((steps / 3 + 1)) --layers 10 --set train.precision=$p "${bench_sets[@]}"
 done
-# strategy.fused_epilogues (off by default until measured here): bias and ReLU in cuBLASLt's GEMMs,
-# unfused against fused, uncaptured and captured, batch 256 and 2048; --layers: where the step's
-# device time goes, layer by layer, with each layer's GEMM rate
-for f in false true; do
-    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --layers 20 \
-        --set strategy.fused_epilogues=$f --json "$out/step_fused_$f.json"
-    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.precision=tf32 \
-        --set strategy.cuda_graph=true --set strategy.fused_epilogues=$f
-    run build/mirrored bench-step configs/synthetic_mlp.yaml --devices 'cuda:0' --steps 300 --set train.global_batch_size=2048 \
-        --set strategy.cuda_graph=true --set strategy.fused_epilogues=$f
-done
-run env "${data_env[@]}" build/mirrored bench-loader --threads 1,2,4,8 --json "$out/loader.json"
-run build/mirrored bench-allreduce --devices cuda:0,0,0,0 --op ring --max-bytes 64M --dtype bf16
-run build/mirrored bench-conv-layout
-# the scaling test with the planner's prediction beside it, the links' stress test, and a plan
-# from the profile measured here
 kind=cuda-shared
 [[ $gpus -ge 2 ]] && kind=cuda
-run build/mirrored scale configs/synthetic_mlp.yaml --kind $kind --steps 100 --out "$out/scale"
-run env "${data_env[@]}" build/mirrored scale configs/fashion_mnist_cnn.yaml --kind $kind --replicas 1,2 --steps 60 \
-    --out "$out/scale_cnn"
-# ResNet-20 (configs/cifar10_resnet20.yaml on synthetic CIFAR-shaped data, as the CPU comparison
-# makes it): the convolutions' first GPU numbers, layer by layer, fp32 and bf16
-resnet=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import bench_cpu_vs_pytorch as b; \
-print(b.resnet20_synthetic_config(sys.argv[1]))" "$out")
-for p in fp32 bf16; do
-    run build/mirrored bench-step "$resnet" --devices 'cuda:0' --steps 100 --layers 10 --set train.precision=$p \
-        --json "$out/step_resnet20_$p.json"
-done
-run build/mirrored bench-allreduce --devices "$([[ $gpus -ge 2 ]] && echo cuda:all || echo cuda:0,0,0,0)" \
-    --max-bytes 64M --duration 30s --json "$out/stress.json"
-[[ -f "$out/scale/scaling.json" ]] &&  # not when the scaling test failed (that failure is reported)
-    run build/mirrored plan configs/synthetic_mlp.yaml --gpu h200 --gpus 1,2,4,8 --profile "$out/scale/scaling.json"
-tail -n 80 "$bench" >>"$log"
-[[ $skipped_benchmarks -gt 0 ]] && echo "$skipped_benchmarks benchmark(s) not run: the time budget was spent (bench.log)" | tee -a "$log"
-
-# Side by side with PyTorch (eager, CUDA graph) and JAX on this GPU; informative, time-boxed.
-step "frameworks side by side (frameworks.log)"
-left=$((budget_s - SECONDS))
-if [[ $dry_run == 1 ]]; then
-    echo "dry run: the frameworks comparison is left out" | tee -a "$log"
-elif [[ $left -ge 60 ]]; then
-    timeout $((left < 240 ? left : 240)) python3 scripts/bench_vs_frameworks.py --rounds 1 --steps 200 \
-        --json "$out/frameworks.json" >"$out/frameworks.log" 2>&1 || echo "(frameworks benchmark: exit $?)" | tee -a "$log"
-    tail -n 16 "$out/frameworks.log" >>"$log"
+try scale 120 "$logs/bench.log" "$bin/mirrored" scale "$mlp" --kind $kind --steps $((steps / 3 + 1)) --out "$work/scale"
+[[ -f $work/scale/scaling.json ]] && cp "$work/scale/scaling.json" "$work/bench/scaling.json" &&
+    try plan 30 "$logs/bench.log" "$bin/mirrored" plan "$mlp" --gpu h200 --gpus 1,2,4,8 --profile "$work/scale/scaling.json"
+bench stress 60 "$bin/mirrored" bench-allreduce --devices "$([[ $gpus -ge 2 ]] && echo cuda:all || echo cuda:0,0,0,0)" \
+    --max-bytes "$bytes" --duration "${stress_s}s"
+bench loader 60 env "${data_env[@]}" "$bin/mirrored" bench-loader --config "$train_cfg" --threads 1,2,4,8
+try "conv layouts" 60 "$logs/bench.log" "$bin/mirrored" bench-conv-layout
+if [[ $gpus -ge 2 ]] && command -v mpirun >/dev/null && ldd "$bin/mirrored" | grep -q libmpi; then
+    # two processes with a GPU each over NCCL must train as one process on cuda:0,1
+    nodes_args=(train "$train_cfg" --set train.steps="$train_steps" --devices cuda:0)
+    try "two nodes over NCCL" 120 "$logs/nodes.log" env "${data_env[@]}" mpirun --allow-run-as-root --oversubscribe \
+        -np 1 -x CUDA_VISIBLE_DEVICES=0 "$bin/mirrored" "${nodes_args[@]}" --output "$work/runs/nodes2x1" : \
+        -np 1 -x CUDA_VISIBLE_DEVICES=1 "$bin/mirrored" "${nodes_args[@]}" --output "$work/runs/nodes2x1" &&
+        try "one node, two GPUs" 60 "$logs/nodes.log" env "${data_env[@]}" "$bin/mirrored" train "$train_cfg" \
+            --set train.steps="$train_steps" --devices cuda:0,1 --output "$work/runs/nodes1x2" && {
+        t0=$SECONDS
+        a=$(checksums "$work/runs/nodes2x1")
+        b=$(checksums "$work/runs/nodes1x2")
+        if [[ -n $a && $a == "$b" ]]; then record "two nodes equal one" pass "$t0" ""
+        else record "two nodes equal one" fail "$t0" "checksums $a / $b"; fi
+    }
+fi
+# PyTorch (eager, CUDA graph) and JAX on the same MLP, informative
+if [[ $dry_run != 1 ]] && timeout 30 python3 -c "import torch" >/dev/null 2>&1; then
+    try "frameworks side by side" 240 "$logs/frameworks.log" python3 scripts/bench_vs_frameworks.py --rounds 1 \
+        --steps "$steps" --json "$work/bench/frameworks.json"
 else
-    echo "frameworks comparison not run: ${left} s of the budget left" | tee -a "$log"
+    record "frameworks side by side" absent "$SECONDS" "$([[ $dry_run == 1 ]] && echo "dry run" || echo "no PyTorch here")"
 fi
-if [[ $dry_run == 1 ]]; then  # only the script's own faults count: the GPU steps had to fail here
-    step "dry run done: $misused command line(s) refused as misused"
-    [[ $misused -eq 0 ]] || exit 1
-    exit 0
-fi
-if [[ ${#failures[@]} -gt 0 ]]; then
-    step "done: ${#failures[@]} check(s) failed"
-    printf 'FAILED: %s\n' "${failures[@]}" | tee -a "$log"
-    exit 1
-fi
-step "done: all checks passed"
+finish
