@@ -8,6 +8,7 @@
 #include "base/io.h"
 #include "base/output.h"
 #include "mirrored/run_dir.h"
+#include "mirrored/run_log.h"
 #include "mirrored/software.h"
 #include "mirrored/util.h"
 
@@ -155,7 +156,7 @@ std::string set_aside_later_checkpoints(const std::string& out_dir, const std::s
     if (aside.empty()) return "";
     // the metrics and summary of those steps go with them (this run keeps its lines up to `step`)
     std::error_code ec;
-    for (const char* f : {"metrics.jsonl", "summary.json"})
+    for (const char* f : {"metrics.jsonl", "metrics.csv", "summary.json"})
         if (fs::exists(fs::path(out_dir) / f, ec)) fs::copy_file(fs::path(out_dir) / f, fs::path(aside) / f, ec);
     return std::to_string(later.size()) + " checkpoint(s) of later steps than " + std::to_string(step) + " moved to " +
            aside + " with the metrics up to them (unusable, or of another timeline)";
@@ -164,15 +165,17 @@ std::string set_aside_later_checkpoints(const std::string& out_dir, const std::s
 RecoveredMetrics recover_metrics(const std::string& out_dir, int64_t up_to_step, bool write) {
     RecoveredMetrics r;
     const fs::path metrics_path = fs::path(out_dir) / "metrics.jsonl";
-    std::string kept;
+    std::string kept, csv = metrics_csv_header();
     if (std::ifstream in(metrics_path); in) {
         std::string line;
         while (std::getline(in, line)) {
             try {
                 const json j = json::parse(line);
                 const int64_t step = j.at("step").get<int64_t>();
+                r.last_logged_step = std::max(r.last_logged_step, step);
                 if (step > up_to_step) continue;
                 kept += line + "\n";
+                csv += metrics_csv_row(j);
                 const std::string type = j.at("type").get<std::string>();
                 if (type == "train") {
                     const json acc = j.value("accuracy", json(nullptr));  // null for a loss without one
@@ -188,7 +191,10 @@ RecoveredMetrics recover_metrics(const std::string& out_dir, int64_t up_to_step,
             }
         }
     }
-    if (write) write_file_atomic(metrics_path.string(), kept);
+    if (write) {  // metrics.csv: the same records (the run appends to both)
+        write_file_atomic(metrics_path.string(), kept);
+        write_file_atomic((fs::path(out_dir) / "metrics.csv").string(), csv);
+    }
     return r;
 }
 

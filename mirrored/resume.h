@@ -52,6 +52,7 @@ std::string set_aside_later_checkpoints(const std::string& out_dir, const std::s
 struct RecoveredMetrics {
     Metrics train, eval;
     int64_t eval_step = -1;
+    int64_t last_logged_step = -1;  // the newest record's step, dropped ones included: the steps redone
 };
 RecoveredMetrics recover_metrics(const std::string& out_dir, int64_t up_to_step, bool write);
 

@@ -19,21 +19,70 @@ void RunLog::status_line(const std::string& line, bool final_line) {
     std::fflush(out_);
 }
 
+namespace {
+
+// The columns of metrics.csv: every field of a train, eval, alert or resume record (time_split's
+// fractions flattened), in this order.
+const char* const kCsvColumns[] = {
+    "type",    "time", "step",       "epoch",     "loss",          "accuracy", "lr",   "samples_per_sec", "data_wait",
+    "compute", "comm", "loss_scale", "test_loss", "test_accuracy", "samples",  "kind", "redone_steps"};
+
+std::string csv_cell(const json& v) {
+    if (v.is_null()) return "";
+    if (v.is_string()) return v.get<std::string>();  // record types and alert kinds: no commas or quotes
+    if (v.is_number_float()) {
+        char s[40];
+        std::snprintf(s, sizeof s, "%.17g", v.get<double>());
+        return s;
+    }
+    return v.dump();
+}
+
+}  // namespace
+
+std::string metrics_csv_header() {
+    std::string line;
+    for (const char* c : kCsvColumns) line += (line.empty() ? "" : ",") + std::string(c);
+    return line + "\n";
+}
+
+std::string metrics_csv_row(const json& record) {
+    std::string line;
+    bool first = true;
+    for (const char* c : kCsvColumns) {
+        json v = record.contains(c) ? record[c] : json(nullptr);
+        if (v.is_null() && record.contains("time_split") && record["time_split"].contains(c))
+            v = record["time_split"][c];
+        line += (first ? "" : ",") + csv_cell(v);
+        first = false;
+    }
+    return line + "\n";
+}
+
 void RunLog::open_metrics(const std::string& folder, std::ios::openmode mode) {
     if (!leader_) return;
     path_ = (fs::path(folder) / "metrics.jsonl").string();
     metrics_.open(path_, mode);
     if (!metrics_.is_open()) throw CheckpointError(path_ + ": cannot open for writing: " + std::strerror(errno));
+    csv_path_ = (fs::path(folder) / "metrics.csv").string();
+    const bool fresh = mode & std::ios::trunc || !fs::exists(csv_path_);
+    csv_.open(csv_path_, fresh ? std::ios::trunc : std::ios::app);
+    if (!csv_.is_open()) throw CheckpointError(csv_path_ + ": cannot open for writing: " + std::strerror(errno));
+    if (fresh) csv_ << metrics_csv_header();
 }
 
-void RunLog::emit(const json& record) {
+void RunLog::emit(const json& given) {
     if (!leader_) return;
+    json record = given;
+    if (!record.contains("time")) record["time"] = unix_time_s();
     errno = 0;
     metrics_ << record.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     metrics_.flush();
-    if (!metrics_) {  // never lose metrics silently (a full disk, a removed folder)
+    csv_ << metrics_csv_row(record);
+    csv_.flush();
+    if (!metrics_ || !csv_) {  // never lose metrics silently (a full disk, a removed folder)
         const std::string context = context_ ? context_() : std::string();
-        throw CheckpointError(path_ + ": cannot write" +
+        throw CheckpointError((metrics_ ? csv_path_ : path_) + ": cannot write" +
                               (errno ? std::string(": ") + std::strerror(errno) : std::string()) +
                               (context.empty() ? "" : "; " + context));
     }

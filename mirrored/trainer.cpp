@@ -504,7 +504,7 @@ void Run::resume_or_init() {
 // A fresh start never deletes an earlier run's results: they move aside.
 void Run::start_fresh() {
     std::vector<std::string> old = list_checkpoints(ckpt_dir_);
-    for (const char* f : {"metrics.jsonl", "summary.json", "config.yaml"})
+    for (const char* f : {"metrics.jsonl", "metrics.csv", "summary.json", "config.yaml"})
         old.push_back((fs::path(out_dir_) / f).string());
     const std::string aside = leader_ ? move_aside(out_dir_, old) : std::string();
     if (!aside.empty()) std::fprintf(out_, "  starting fresh; the earlier run's files moved to %s\n", aside.c_str());
@@ -535,6 +535,10 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     last_eval_ = recovered.eval;
     last_eval_step_ = recovered.eval_step;
     log_.open_metrics(out_dir_, std::ios::app);
+    // the resume on the time axis, with the steps the interrupted run had logged past the checkpoint
+    emit({{"type", "resume"},
+          {"step", ckpt.step},
+          {"redone_steps", std::max<int64_t>(0, recovered.last_logged_step - ckpt.step)}});
 }
 
 void Run::check_loss_finite(double loss, int64_t step, float lr) const {
@@ -738,6 +742,8 @@ int Run::run() {
                      static_cast<long long>(step_), acc, last_eval_.loss(),
                      train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
                      out_dir_.c_str());
+        // where the curves are, not the curves: drawing them costs seconds the run need not spend
+        if (leader_) std::fprintf(out_, "curves: mirrored report %s\n", out_dir_.c_str());
     }
     return exit_code_;
 }

@@ -1,4 +1,5 @@
-// Small helpers the host code shares: a monotonic clock, fixed-width hex and numbers as text.
+// Small helpers the host code shares: a monotonic clock and the wall clock, fixed-width hex and
+// numbers as text.
 #pragma once
 
 #include <charconv>
@@ -11,6 +12,11 @@ namespace mirrored {
 
 inline double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The wall clock (seconds since 1970): what a record's time means across a crash and a resume.
+inline double unix_time_s() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 inline std::string hex64(uint64_t v) {

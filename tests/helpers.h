@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -47,6 +48,12 @@ public:
 private:
     std::filesystem::path path_;
 };
+
+// A whole file as text ("" when it cannot be read).
+inline std::string read_text(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+}
 
 // Fresh random inputs each run; MIRRORED_TEST_SEED repeats a run.
 inline uint64_t base_seed() {

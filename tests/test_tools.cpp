@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -574,4 +575,81 @@ TEST_CASE("BLAS kernel: reported, and a kernel below what the CPU runs is replac
     kept.push_back({"MIRRORED_BLAS_AUTO", "0"});
     CHECK(devices(kept).find("kernel Prescott (OPENBLAS_CORETYPE in the environment, MIRRORED_BLAS_AUTO=0)") !=
           std::string::npos);
+}
+
+// A run killed during a checkpoint and resumed: metrics.csv holds the records of metrics.jsonl,
+// each stamped with the wall clock, the resume among them; `report` draws as many points as were
+// logged, marks the resume, and writes figures and one page that embeds them.
+TEST_CASE("report: metrics.csv beside metrics.jsonl; the curves of a resumed run, every logged point drawn") {
+    TempDir d;
+    std::string text = kSynthetic;
+    text += "checkpoint: {every_steps: 4}\n";
+    const std::string cfg = d.write("t.yaml", text), run = d / "run";
+    const std::vector<std::string> args{
+        "train", cfg, "--output", run, "--set", "train.epochs=2", "--set", "train.log_every_steps=2"};
+    CHECK(run_cli(args, {{"MIRRORED_TEST_KILL_DURING_CHECKPOINT", "12"}}) == 128 + SIGKILL);
+    REQUIRE(run_cli(args, {}, -1, nullptr, Stdout::file, d / "train.txt") == kExitOk);
+    CHECK(read_text(d / "train.txt").find("curves: mirrored report " + run) != std::string::npos);
+
+    std::vector<json> records;
+    std::map<std::string, int> count;
+    for (std::ifstream in(run + "/metrics.jsonl"); in;) {
+        std::string line;
+        if (!std::getline(in, line) || line.empty()) continue;
+        records.push_back(json::parse(line));
+        CHECK(records.back().contains("time"));
+        ++count[records.back()["type"].get<std::string>()];
+    }
+    REQUIRE(count["resume"] == 1);
+    for (const json& r : records)
+        if (r["type"] == "resume") {
+            CHECK(r["step"] == 8);          // the checkpoint of step 12 was cut short: 8 is the newest
+            CHECK(r["redone_steps"] == 4);  // logged up to 12 before the kill
+        }
+    CHECK(count["train"] == 16);  // 2 epochs of 16 steps, every 2nd logged; the redone ones once
+    std::vector<std::string> rows;
+    for (std::ifstream in(run + "/metrics.csv"); in;) {
+        std::string line;
+        if (std::getline(in, line) && !line.empty()) rows.push_back(line);
+    }
+    REQUIRE(rows.size() == records.size() + 1);
+    CHECK(rows[0].rfind("type,time,step,epoch,loss,accuracy,lr,samples_per_sec,data_wait,compute,comm", 0) == 0);
+    for (size_t i = 0; i < records.size(); ++i) {
+        CAPTURE(rows[i + 1]);
+        const std::string type = records[i]["type"], step = std::to_string(records[i]["step"].get<int64_t>());
+        CHECK(rows[i + 1].rfind(type + ",", 0) == 0);
+        CHECK(rows[i + 1].find("," + step + ",") != std::string::npos);
+    }
+
+    if (std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") != 0) {
+        mark_skipped("python3-matplotlib is not installed (scripts/install_deps.sh installs it): report not drawn");
+        return;
+    }
+    std::string err;
+    REQUIRE_MESSAGE(run_cli({"report", run}, {}, -1, &err) == kExitOk, err);
+    const std::string out = run + "/report";
+    const json rep = read_json(out + "/report.json");
+    const json& plotted = rep["runs"][0]["plotted"];
+    CHECK(plotted["train_loss"] == count["train"]);
+    CHECK(plotted["train_loss_time"] == count["train"]);
+    CHECK(plotted["test_loss"] == count["eval"]);
+    CHECK(plotted["lr"] == count["train"]);
+    CHECK(plotted["samples_per_sec"] == count["train"]);
+    CHECK(plotted["resumes"] == 1);
+    CHECK(rep["table"][0]["steps redone"] == 4);
+    const std::string page = read_text(out + "/report.html");
+    for (const char* png :
+         {"loss.png", "accuracy.png", "loss_time.png", "lr.png", "throughput.png", "time_split.png"}) {
+        CAPTURE(png);
+        const std::string bytes = read_text(out + "/" + png);
+        CHECK(bytes.rfind("\x89PNG\r\n\x1a\n", 0) == 0);
+        CHECK(page.find(std::string("alt='") + png + "' src='data:image/png;base64,") != std::string::npos);
+    }
+    // two runs overlaid; a folder the report did not write is refused, an empty one used
+    CHECK(run_cli({"report", run, run, "--out", d / "two"}) == kExitOk);
+    CHECK(read_json(d / "two/report.json")["runs"].size() == 2);
+    CHECK(run_cli({"report", run, "--out", run + "/checkpoints"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("a report did not write") != std::string::npos);
+    CHECK(run_cli({"report", d / "nothing"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("no metrics.jsonl") != std::string::npos);
 }

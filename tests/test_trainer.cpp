@@ -161,13 +161,6 @@ TEST_CASE("shared parameters: stop or SIGKILL, then resume, is bit-identical; th
     expect_same_run(ref, killed);
 }
 
-namespace {
-std::string read_text(const std::string& path) {
-    std::ifstream in(path);
-    return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-}  // namespace
-
 TEST_CASE(
     "cross_device_ops auto keeps the op a checkpoint was written with: the resume stays exact; another op is said") {
     Scratch s;

@@ -139,6 +139,7 @@ ToolCommands::ToolCommands(CLI::App& app) {
     add_bench_conv_layout(app);
     add_scale(app);
     add_plan(app);
+    add_report(app);
 }
 
 void ToolCommands::add_bench_loader(CLI::App& app) {
@@ -261,6 +262,14 @@ void ToolCommands::add_plan(CLI::App& app) {
     add_json(pl_cmd_, pl_.json, "also write the plan here");
 }
 
+void ToolCommands::add_report(CLI::App& app) {
+    rp_cmd_ = app.add_subcommand("report",
+                                 "training curves of one or more runs (several overlaid): PNG figures and one HTML "
+                                 "page; works on a run still training");
+    rp_cmd_->add_option("runs", rp_.runs, "run folders, e.g. runs/fashion_mnist_mlp")->required();
+    rp_cmd_->add_option("--out", rp_.out_dir, "folder for the figures and report.html (default <first run>/report)");
+}
+
 int ToolCommands::run() {
     if (bl_->parsed()) {
         lb_.threads = parse_list(lb_threads_, "--threads");
@@ -303,6 +312,7 @@ int ToolCommands::run() {
         check_json(pl_.json, {{"the configuration file", pl_.config}, {"the profile", pl_.profile}});
         return plan(pl_);
     }
+    if (rp_cmd_->parsed()) return report(rp_);
     return -1;
 }
 

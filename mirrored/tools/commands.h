@@ -1,4 +1,4 @@
-// The tool commands on the command line (benchmarks, scale, plan): registered on the app, run
+// The tool commands on the command line (benchmarks, scale, plan, report): registered on the app, run
 // once it has parsed. mirrored/main.cpp keeps train, eval, export and devices.
 #pragma once
 
@@ -26,6 +26,7 @@ private:
     void add_bench_conv_layout(CLI::App& app);
     void add_scale(CLI::App& app);
     void add_plan(CLI::App& app);
+    void add_report(CLI::App& app);
 
     LoaderBenchOptions lb_;
     AllReduceBenchOptions ab_;
@@ -34,9 +35,10 @@ private:
     ConvLayoutBenchOptions cl_;
     ScaleOptions sc_;
     PlanOptions pl_;
+    ReportOptions rp_;
     std::string lb_threads_ = "1,2", min_bytes_ = "4K", max_bytes_ = "64M", duration_, timeout_, sb_devices_,
                 gb_sizes_ = "128,512,1024,2048", gb_shapes_, gb_precision_ = "fp32", sc_replicas_, pl_gpus_ = "1,2,4,8";
-    CLI::App *bl_, *ba_, *bs_, *bg_, *bc_, *sc_cmd_, *pl_cmd_;
+    CLI::App *bl_, *ba_, *bs_, *bg_, *bc_, *sc_cmd_, *pl_cmd_, *rp_cmd_;
 };
 
 }  // namespace mirrored

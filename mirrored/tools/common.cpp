@@ -6,9 +6,13 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "data/datasets.h"
 #include "data/loader.h"
@@ -62,6 +66,31 @@ double barrier_latency_us(ReplicaThreads& threads) {
         for (int i = 0; i < kRounds; ++i) threads.barrier().arrive_and_wait();
     });
     return (now_s() - t0) / kRounds * 1e6;
+}
+
+int run_project_script(const std::string& name, const std::vector<std::string>& args) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    const fs::path script = exe.parent_path().parent_path() / "scripts" / name;
+    if (ec || !fs::exists(script)) return kScriptMissing;
+    std::fflush(stdout);
+    // The distribution's python first: that is where python3-matplotlib installs (a python3
+    // earlier on PATH, pyenv's say, may not see it).
+    const char* python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+    std::vector<std::string> argv_text{python, script.string()};
+    argv_text.insert(argv_text.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : argv_text) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::execvp(python, argv.data());
+        std::_Exit(kNoPython);
+    }
+    int status = 0;
+    if (pid < 0 || ::waitpid(pid, &status, 0) < 0) return kNoPython;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
 }  // namespace mirrored

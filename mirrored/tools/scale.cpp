@@ -2,8 +2,6 @@
 // the real all-reduce; step time, speedup, efficiency, where the time goes, the all-reduce's bus
 // bandwidth, the planner's prediction beside each measurement, a verdict, scaling.json and
 // scaling.png.
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -176,35 +174,16 @@ std::string verdict(const Row& a, const Row& b) {
 
 // The plot, by scripts/plot_scaling.py beside the binary's build folder (matplotlib).
 void plot(const std::string& json_path, const std::string& png_path) {
-    std::error_code ec;
-    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-    const fs::path script = exe.parent_path().parent_path() / "scripts" / "plot_scaling.py";
-    if (ec || !fs::exists(script)) {
-        std::printf("no plot: %s not found\n", script.c_str());
-        return;
-    }
-    std::fflush(stdout);
-    // The distribution's python first: that is where python3-matplotlib installs (a python3
-    // earlier on PATH, pyenv's say, may not see it).
-    const char* python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-        ::execlp(python, python, script.c_str(), json_path.c_str(), png_path.c_str(), static_cast<char*>(nullptr));
-        std::_Exit(127);
-    }
-    int status = 0;
-    if (pid < 0 || ::waitpid(pid, &status, 0) < 0) {
-        std::printf("no plot: could not start python3\n");
-        return;
-    }
-    const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-    if (rc == 0) std::printf("wrote %s\n", png_path.c_str());
+    const int rc = run_project_script("plot_scaling.py", {json_path, png_path});
+    if (rc == kScriptMissing) std::printf("no plot: scripts/plot_scaling.py not found beside the build folder\n");
+    else if (rc == 0) std::printf("wrote %s\n", png_path.c_str());
     else if (rc == 3)
         std::printf(
             "no plot: python3-matplotlib is not installed (scripts/install_deps.sh installs it); "
             "the table and scaling.json are complete\n");
-    else if (rc == 127) std::printf("no plot: python3 is not installed; the table and scaling.json are complete\n");
-    else std::printf("no plot: %s failed (exit %d)\n", script.c_str(), rc);
+    else if (rc == kNoPython)
+        std::printf("no plot: python3 is not installed; the table and scaling.json are complete\n");
+    else std::printf("no plot: scripts/plot_scaling.py failed (exit %d)\n", rc);
 }
 
 // The replica counts asked for (1, 2, 4, 8 as far as the kind provides), checked, ascending.

@@ -25,6 +25,11 @@ double barrier_latency_us(ReplicaThreads& threads);
 // answering ends it with exit 5 after timeout_s (the config's strategy.step_timeout_s) without
 // progress; none when 0. Starts in the phase "start-up".
 std::unique_ptr<Watchdog> steps_watchdog(double timeout_s);
+// One of the project's Python scripts (scripts/NAME beside the binary's build folder) with `args`,
+// by the distribution's python3 (where python3-matplotlib installs): its exit status, or
+// kScriptMissing when the script is not there, kNoPython when python3 is not.
+constexpr int kScriptMissing = -1, kNoPython = 127;
+int run_project_script(const std::string& name, const std::vector<std::string>& args);
 
 // `mirrored devices`: GPUs, peer-access matrix, links, versions; or the CPU when there is none.
 int print_devices();
@@ -111,6 +116,13 @@ struct PlanOptions {
 };
 // `mirrored plan`: memory and step time per replica for GPUs not at hand.
 int plan(const PlanOptions& o);
+
+struct ReportOptions {
+    std::vector<std::string> runs;  // run folders (each with metrics.jsonl)
+    std::string out_dir;            // empty: <first run>/report
+};
+// `mirrored report`: the runs' curves as PNG figures and one HTML page (scripts/report.py).
+int report(const ReportOptions& o);
 
 struct ConvShape {
     int h, w, c, k, f;  // image h x w x c, kernel k x k ("same" padding, stride 1), f filters
