@@ -12,6 +12,12 @@
 # NCCL: nccl.h and libnccl from $(NCCL_HOME) (default $(CUDA_HOME)) or the system; without them
 # the CUDA backend is built without the nccl op (WITH_NCCL=0 forces that).
 
+# One compile job per core unless the command line sets -j (it wins over this); a `make clean ...`
+# stays serial so that clean runs before what follows it.
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+  MAKEFLAGS += -j$(shell nproc)
+endif
+
 CUDA_HOME ?= /usr/local/cuda
 BUILD     ?= build
 CONFIG    ?= configs/fashion_mnist_mlp.yaml
