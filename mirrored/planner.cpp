@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <cmath>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -174,6 +175,29 @@ double profile_seconds_per_sample(const std::string& json_text, const std::strin
         return *step_ms / 1e3 / *rows;
     }
     throw ConfigError(where + " has no one-replica point with step_ms and global_batch");
+}
+
+CostEstimate estimate_cost(const CostInputs& in) {
+    CostEstimate e;
+    const double interval = in.checkpoint_interval_s > 0 ? in.checkpoint_interval_s : in.work_s;
+    e.checkpoint_s = in.checkpoint_interval_s > 0 ? in.work_s / in.checkpoint_interval_s * in.checkpoint_write_s : 0;
+    const double kept = in.work_s + e.checkpoint_s;
+    e.wall_s = kept;
+    if (in.job_mtbf_s > 0) {
+        const double lost_share = (interval / 2 + in.restart_s) / in.job_mtbf_s;  // of each hour, redone
+        e.finishes = lost_share < 1;
+        e.wall_s = e.finishes ? kept / (1 - lost_share) : std::numeric_limits<double>::infinity();
+        e.expected_failures = e.wall_s / in.job_mtbf_s;
+        if (in.checkpoint_write_s > 0) e.young_daly_s = std::sqrt(2 * in.checkpoint_write_s * in.job_mtbf_s);
+    }
+    e.rework_s = e.wall_s - kept;
+    const double per_second = in.gpus * in.price_per_gpu_hour / 3600;
+    e.gpu_hours = e.wall_s * in.gpus / 3600;
+    e.cost = e.wall_s * per_second;
+    e.comm_cost = in.work_s * in.exposed_comm_share * per_second;
+    e.checkpoint_cost = e.checkpoint_s * per_second;
+    e.rework_cost = e.rework_s * per_second;
+    return e;
 }
 
 }  // namespace mirrored

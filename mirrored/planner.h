@@ -73,6 +73,28 @@ MemoryPlan gpu_memory_plan(const Model& model, const OptimizerConfig& opt, const
 int largest_fitting_rows(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy, int replicas,
                          int accumulation, uint64_t capacity_bytes);
 
+// The planning checklist's total cost of a run: GPU hours x price, the part of it spent waiting on
+// communication, and the expected rework after failures. First order: the job fails at 1/MTBF
+// (any GPU failing stops it), each failure loses half a checkpoint interval and a restart, and
+// each checkpoint costs its write; the expected wall time W then solves
+//   W = (work + checkpoints) + (W / MTBF) x (interval / 2 + restart).
+struct CostInputs {
+    double work_s = 0;              // the run's steps x the step time: no failures, no checkpoints
+    double exposed_comm_share = 0;  // of the step time: communication not hidden behind compute
+    int gpus = 1;
+    double price_per_gpu_hour = 0;
+    double job_mtbf_s = 0;                                                    // 0: no failures
+    double checkpoint_interval_s = 0, checkpoint_write_s = 0, restart_s = 0;  // interval 0: none
+};
+struct CostEstimate {
+    double wall_s = 0, checkpoint_s = 0, rework_s = 0;  // expected; wall = work + checkpoint + rework
+    double expected_failures = 0;
+    double gpu_hours = 0, cost = 0, comm_cost = 0, checkpoint_cost = 0, rework_cost = 0;
+    double young_daly_s = 0;  // sqrt(2 x write x MTBF): the interval that minimises the expected wall time
+    bool finishes = true;     // false: a failure comes sooner, on average, than an interval's work is kept
+};
+CostEstimate estimate_cost(const CostInputs& in);
+
 // The link between replicas of a device list, measured: alpha from a 4 KiB all-reduce, B from one
 // of `bytes` (on CPU replicas B is the memory system's - caches make it depend on the size, so
 // calibrate at the size that matters - and alpha is the replica barrier's).

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -85,16 +86,6 @@ std::string shape_str(const std::vector<int>& s) {
     std::string out = "[";
     for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
     return out + "]";
-}
-
-std::string duration_str(double s) {
-    if (!std::isfinite(s) || s < 0) return "?";
-    char b[32];
-    const long t = long(s + 0.5);
-    if (t >= 3600) std::snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    else if (t >= 60) std::snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
-    else std::snprintf(b, sizeof b, "%lds", t);
-    return b;
 }
 
 void check_model_against_data(Config& cfg, const Datasets& data) {
@@ -356,7 +347,8 @@ private:
     std::string out_dir_, ckpt_dir_;
     int64_t total_steps_ = 0, step_ = 0;
     std::optional<int64_t> resumed_from_;
-    uint64_t train_data_ = 0;  // fingerprint() of the training set
+    int64_t redone_steps_ = 0;  // steps the interrupted run had logged past the checkpoint resumed from
+    uint64_t train_data_ = 0;   // fingerprint() of the training set
     Metrics last_train_, last_eval_;
     int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
     double wall_start_ = 0, train_time_ = 0, interval_start_ = 0, interval_wait_ = 0;
@@ -536,9 +528,8 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     last_eval_step_ = recovered.eval_step;
     log_.open_metrics(out_dir_, std::ios::app);
     // the resume on the time axis, with the steps the interrupted run had logged past the checkpoint
-    emit({{"type", "resume"},
-          {"step", ckpt.step},
-          {"redone_steps", std::max<int64_t>(0, recovered.last_logged_step - ckpt.step)}});
+    redone_steps_ = std::max<int64_t>(0, recovered.last_logged_step - ckpt.step);
+    emit({{"type", "resume"}, {"step", ckpt.step}, {"redone_steps", redone_steps_}});
 }
 
 void Run::check_loss_finite(double loss, int64_t step, float lr) const {
@@ -673,6 +664,28 @@ void Run::write_summary(const std::string& status) {
     for (uint64_t c : st.all_checksums()) checks.push_back(hex64(c));  // every node's (a collective)
     if (!leader_) return;
     const double bpe = double(s_->train_loader->batches_per_epoch());
+    const double wall = now_s() - wall_start_;
+    // What this process cost in device hours: its wall time on every device (GPUs, or the cores of
+    // CPU replicas), split into the training loop's compute, data wait and exposed communication,
+    // and the rest (start-up, evaluations, checkpoints); `redone`, within compute and the loop's
+    // waits, is the steps an interrupted run had done already.
+    const DeviceList& dl = st.devices();
+    const double devices =
+        double(dl.traits().shares_ordinals ? std::set<int>(dl.ordinals.begin(), dl.ordinals.end()).size()
+                                           : dl.ordinals.size()) *
+        st.node_count();
+    const double loop_s = split_.compute_s + split_.comm_s + split_.data_wait_s;
+    const double steps_run = double(step_ - resumed_from_.value_or(0));
+    const double redone_s =
+        steps_run > 0 ? loop_s / steps_run * double(std::min<int64_t>(redone_steps_, int64_t(steps_run))) : 0;
+    const double h = devices / 3600;
+    const json device_hours = {{"devices", devices},
+                               {"total", wall * h},
+                               {"compute", split_.compute_s * h},
+                               {"data_wait", split_.data_wait_s * h},
+                               {"comm_wait", split_.comm_s * h},
+                               {"other", std::max(0.0, wall - loop_s) * h},
+                               {"redone", redone_s * h}};
     json j = {
         {"status", status},
         {"name", cfg_.run.name},
@@ -699,7 +712,8 @@ void Run::write_summary(const std::string& status) {
         {"device_memory_in_use_bytes", st.replica(0).device->memory_in_use()},
         {"allreduce_dtype", dtype_name(cfg_.strategy.allreduce_dtype)},
         {"samples_per_sec", train_time_ > 0 ? double(samples_done_) / train_time_ : 0.0},
-        {"wall_time_s", now_s() - wall_start_},
+        {"wall_time_s", wall},
+        {"device_hours", device_hours},
         {"train_time_s", train_time_},
         {"time_split",
          {{"data_wait_s", split_.data_wait_s}, {"compute_s", split_.compute_s}, {"comm_s", split_.comm_s}}},

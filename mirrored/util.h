@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -22,6 +23,17 @@ inline double unix_time_s() {
 inline std::string hex64(uint64_t v) {
     char b[20];
     std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+    return b;
+}
+
+// A duration for a person to read: "42s", "3m07s", "2h05m" ("?" when not finite or negative).
+inline std::string duration_str(double s) {
+    if (!std::isfinite(s) || s < 0) return "?";
+    char b[32];
+    const long t = long(s + 0.5);
+    if (t >= 3600) std::snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) std::snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
+    else std::snprintf(b, sizeof b, "%lds", t);
     return b;
 }
 

@@ -117,6 +117,68 @@ TEST_CASE("planner: the model's buckets, bytes on the wire and memory fit") {
     CHECK(largest_fitting_rows(model, opt, s, 2, 1, 10) == 0);
 }
 
+TEST_CASE("cost model: a hand-computed run - GPU hours x price, communication, checkpoints, rework, Young/Daly") {
+    // 10 h of steps on 8 GPUs at $2.50, 20% of each step exposed communication; a GPU fails every
+    // 100 h, so the job every 12.5 h = 45000 s; a 30 s checkpoint every 30 min, a restart 120 s.
+    CostInputs in;
+    in.work_s = 36000;
+    in.exposed_comm_share = 0.2;
+    in.gpus = 8;
+    in.price_per_gpu_hour = 2.5;
+    in.job_mtbf_s = 45000;
+    in.checkpoint_interval_s = 1800;
+    in.checkpoint_write_s = 30;
+    in.restart_s = 120;
+    const CostEstimate e = estimate_cost(in);
+    // checkpoints: 36000 / 1800 = 20 writes of 30 s = 600 s; each failure loses 1800 / 2 + 120 =
+    // 1020 s, so W = 36600 / (1 - 1020 / 45000) = 37448.84 s, 0.8322 failures, 848.84 s redone
+    CHECK(e.finishes);
+    CHECK(e.checkpoint_s == doctest::Approx(600));
+    CHECK(e.wall_s == doctest::Approx(37448.84).epsilon(1e-6));
+    CHECK(e.expected_failures == doctest::Approx(0.832196).epsilon(1e-5));
+    CHECK(e.rework_s == doctest::Approx(848.84).epsilon(1e-5));
+    // $ per second: 8 x 2.5 / 3600; GPU hours 37448.84 x 8 / 3600 = 83.220
+    CHECK(e.gpu_hours == doctest::Approx(83.2196).epsilon(1e-5));
+    CHECK(e.cost == doctest::Approx(208.049).epsilon(1e-5));
+    CHECK(e.comm_cost == doctest::Approx(40.0));  // 36000 x 0.2 x 8 / 3600 x 2.5
+    CHECK(e.checkpoint_cost == doctest::Approx(3.3333).epsilon(1e-4));
+    CHECK(e.rework_cost == doctest::Approx(4.7158).epsilon(1e-4));
+    CHECK(e.young_daly_s == doctest::Approx(1643.168).epsilon(1e-6));  // sqrt(2 x 30 x 45000)
+    // the parts add up to the whole: work, checkpoints and rework at the same rate
+    CHECK(e.cost == doctest::Approx((in.work_s + e.checkpoint_s + e.rework_s) * 8 * 2.5 / 3600));
+    // no failures: the work and the checkpoints only; failures faster than an interval: never done
+    in.job_mtbf_s = 0;
+    CHECK(estimate_cost(in).wall_s == doctest::Approx(36600));
+    CHECK(estimate_cost(in).rework_cost == 0);
+    in.job_mtbf_s = 900;
+    CHECK(!estimate_cost(in).finishes);
+}
+
+TEST_CASE("plan --price --mtbf: each count priced, the cheapest and the fastest named; bad figures are exit 2") {
+    TempDir d;
+    const std::string cfg = d.write("t.yaml", kSynthetic), json_path = d / "plan.json", out = d / "plan.txt";
+    std::string err;
+    REQUIRE_MESSAGE(run_cli({"plan", cfg, "--gpu", "h200", "--gpus", "1,2,8", "--price", "3", "--mtbf", "2000",
+                             "--json", json_path},
+                            {}, -1, &err, Stdout::file, out) == kExitOk,
+                    err);
+    const std::string text = read_text(out);
+    CHECK(text.find("cost of the run at $3.00 per GPU hour (4096 training samples, 1 epochs)") != std::string::npos);
+    CHECK((text.find("cheapest and fastest: ") != std::string::npos ||
+           (text.find("cheapest: ") != std::string::npos && text.find("fastest: ") != std::string::npos)));
+    const json costs = read_json(json_path)["costs"];
+    REQUIRE(costs.size() == 3);
+    for (const json& c : costs) {
+        CAPTURE(c.dump());
+        CHECK(c["cost_usd"].get<double>() == doctest::Approx(c["gpu_hours"].get<double>() * 3));
+        CHECK(c["gpu_hours"].get<double>() == doctest::Approx(c["wall_hours"].get<double>() * c["gpus"].get<double>()));
+        CHECK(c["young_daly_interval_s"].get<double>() > 0);
+        CHECK(c["comm_wait_usd"].get<double>() <= c["cost_usd"].get<double>());
+    }
+    CHECK(run_cli({"plan", cfg, "--price", "0"}, {}, -1, &err) == kExitUsage);
+    CHECK(run_cli({"plan", cfg, "--price", "2", "--mtbf", "-1"}, {}, -1, &err) == kExitUsage);
+}
+
 TEST_CASE("hardware table: every GPU and link has figures and a source; unknown names list the known ones") {
     for (const GpuSpec& g : gpu_specs()) {
         CAPTURE(g.name);
@@ -607,6 +669,17 @@ TEST_CASE("report: metrics.csv beside metrics.jsonl; the curves of a resumed run
             CHECK(r["redone_steps"] == 4);  // logged up to 12 before the kill
         }
     CHECK(count["train"] == 16);  // 2 epochs of 16 steps, every 2nd logged; the redone ones once
+    // what the resumed process cost in device hours (one CPU replica: one device), adding up
+    const json s = read_json(run + "/summary.json");
+    const json& h = s["device_hours"];
+    CHECK(h["devices"] == 1);
+    CHECK(h["total"].get<double>() == doctest::Approx(s["wall_time_s"].get<double>() / 3600).epsilon(0.01));
+    CHECK(h["compute"].get<double>() + h["data_wait"].get<double>() + h["comm_wait"].get<double>() +
+              h["other"].get<double>() ==
+          doctest::Approx(h["total"].get<double>()).epsilon(0.01));
+    CHECK(h["redone"].get<double>() > 0);  // 4 of the 24 steps this process ran
+    CHECK(h["redone"].get<double>() <
+          h["compute"].get<double>() + h["data_wait"].get<double>() + h["comm_wait"].get<double>());
     std::vector<std::string> rows;
     for (std::ifstream in(run + "/metrics.csv"); in;) {
         std::string line;
@@ -637,6 +710,7 @@ TEST_CASE("report: metrics.csv beside metrics.jsonl; the curves of a resumed run
     CHECK(plotted["samples_per_sec"] == count["train"]);
     CHECK(plotted["resumes"] == 1);
     CHECK(rep["table"][0]["steps redone"] == 4);
+    CHECK(rep["table"][0]["device hours"].get<double>() == doctest::Approx(h["total"].get<double>()));
     const std::string page = read_text(out + "/report.html");
     for (const char* png :
          {"loss.png", "accuracy.png", "loss_time.png", "lr.png", "throughput.png", "time_split.png"}) {

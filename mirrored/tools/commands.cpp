@@ -259,6 +259,18 @@ void ToolCommands::add_plan(CLI::App& app) {
         ->check(kAboveZero);
     pl_cmd_->add_option("--network-latency-us", pl_.network_latency_us,
                         "override the network's latency per ring step, us");
+    pl_cmd_->add_option("--price", pl_.price, "USD per GPU hour: price the whole run for each GPU count")
+        ->check(kAboveZero);
+    pl_cmd_
+        ->add_option("--mtbf", pl_.mtbf_hours,
+                     "hours between failures of one GPU (the job's: that / GPUs): the expected rework")
+        ->check(kAboveZero);
+    pl_cmd_
+        ->add_option("--checkpoint-write-s", pl_.checkpoint_write_s,
+                     "seconds one checkpoint write takes (default: its bytes at 1 GB/s)")
+        ->check(kAboveZero);
+    pl_cmd_->add_option("--restart-s", pl_.restart_s, "seconds from a failure to training again (default 120)")
+        ->check(CLI::Range(0.0, 1e7));
     add_json(pl_cmd_, pl_.json, "also write the plan here");
 }
 

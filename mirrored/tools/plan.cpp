@@ -35,6 +35,20 @@ std::string fmt(const char* f, double v) {
     return s;
 }
 
+// A span of time at any scale: "0.42 s", "37 s" up to a minute, then duration_str's "3m07s", "2h05m".
+std::string seconds_str(double s) { return s < 60 ? fmt("%.3g s", s) : duration_str(s); }
+
+// The training samples an epoch covers (--price with train.epochs): the data's own count.
+size_t epoch_samples(const Config& base) {
+    try {
+        return load_datasets(base.data, base.base_dir, base.run.seed).train.count();
+    } catch (const Error& e) {
+        throw ConfigError("--price", std::string("the run's length needs the training set's size, and the data "
+                                                 "cannot be read (") +
+                                         e.what() + "): make it readable, or set train.steps");
+    }
+}
+
 // The model's input shape: the config's, else the dataset's (which must then be readable).
 std::vector<int> input_shape(const Config& cfg) {
     if (!cfg.model.input_shape.empty()) return cfg.model.input_shape;
@@ -320,6 +334,85 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
     return r;
 }
 
+// The run's cost on each count (--price): its steps at the predicted step time, checkpoints every
+// checkpoint.every_minutes / every_steps, failures at --mtbf per GPU; the cheapest and the fastest.
+json print_costs(const PlanOptions& o, const Config& base, const Batches& batches, const std::vector<PlanRow>& rows,
+                 const std::vector<int>& counts, size_t samples) {
+    std::printf(
+        "\ncost of the run at $%.2f per GPU hour (%s)%s:\n", o.price,
+        base.train.steps > 0
+            ? (std::to_string(base.train.steps) + " steps").c_str()
+            : (std::to_string(samples) + " training samples, " + std::to_string(base.train.epochs) + " epochs").c_str(),
+        o.mtbf_hours > 0 ? fmt(", a GPU failing every %.0f h", o.mtbf_hours).c_str() : ", no failures");
+    std::printf("%7s %8s %10s %11s %10s %11s %11s %9s %11s %11s\n", "GPUs", "steps", "wall time", "GPU hours", "cost $",
+                "comm wait $", "checkpts $", "failures", "rework $", "Young/Daly");
+    json out = json::array();
+    int cheapest = -1, fastest = -1;
+    std::vector<CostEstimate> est;
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const PlanRow& r = rows[i];
+        const int gpus = counts[i] * o.nodes;
+        const double global = double(batches.weak ? r.rows * gpus : batches.global);
+        const double steps = base.train.steps > 0 ? double(base.train.steps)
+                                                  : double(base.train.epochs) * std::ceil(double(samples) / global);
+        CostInputs in;
+        in.work_s = steps * r.step.step_s;
+        in.exposed_comm_share = r.step.step_s > 0 ? r.step.exposed_s / r.step.step_s : 0;
+        in.gpus = gpus;
+        in.price_per_gpu_hour = o.price;
+        in.job_mtbf_s = o.mtbf_hours * 3600 / gpus;
+        double interval = base.checkpoint.every_minutes > 0 ? base.checkpoint.every_minutes * 60 : 0;
+        if (base.checkpoint.every_steps > 0) {
+            const double by_steps = double(base.checkpoint.every_steps) * r.step.step_s;
+            interval = interval > 0 ? std::min(interval, by_steps) : by_steps;
+        }
+        in.checkpoint_interval_s = interval;
+        in.checkpoint_write_s =
+            o.checkpoint_write_s > 0 ? o.checkpoint_write_s : double(r.mem.params + r.mem.optimizer) / 1e9;
+        in.restart_s = o.restart_s;
+        const CostEstimate e = estimate_cost(in);
+        est.push_back(e);
+        if (e.finishes && (cheapest < 0 || e.cost < est[size_t(cheapest)].cost)) cheapest = int(i);
+        if (e.finishes && (fastest < 0 || e.wall_s < est[size_t(fastest)].wall_s)) fastest = int(i);
+        std::printf("%7s %8.0f %10s %11.4g %10.4g %11.4g %11.4g %9.3g %11.4g %11s\n", r.label.c_str(), steps,
+                    e.finishes ? seconds_str(e.wall_s).c_str() : "never", e.gpu_hours, e.cost, e.comm_cost,
+                    e.checkpoint_cost, e.expected_failures, e.rework_cost,
+                    e.young_daly_s > 0 ? seconds_str(e.young_daly_s).c_str() : "-");
+        out.push_back({{"gpus", gpus},
+                       {"steps", steps},
+                       {"wall_hours", e.finishes ? json(e.wall_s / 3600) : json(nullptr)},
+                       {"gpu_hours", e.gpu_hours},
+                       {"cost_usd", e.cost},
+                       {"comm_wait_usd", e.comm_cost},
+                       {"checkpoint_usd", e.checkpoint_cost},
+                       {"rework_usd", e.rework_cost},
+                       {"expected_failures", e.expected_failures},
+                       {"checkpoint_interval_s", interval},
+                       {"checkpoint_write_s", in.checkpoint_write_s},
+                       {"young_daly_interval_s", e.young_daly_s > 0 ? json(e.young_daly_s) : json(nullptr)}});
+    }
+    std::printf("  checkpoints every %s (checkpoint.every_minutes %g, every_steps %lld)%s; a restart %.0f s\n",
+                est.empty() || out[0]["checkpoint_interval_s"].get<double>() <= 0
+                    ? "never"
+                    : seconds_str(out[0]["checkpoint_interval_s"].get<double>()).c_str(),
+                base.checkpoint.every_minutes, static_cast<long long>(base.checkpoint.every_steps),
+                o.checkpoint_write_s > 0 ? "" : ", each write its bytes at 1 GB/s (--checkpoint-write-s)", o.restart_s);
+    if (cheapest < 0) {
+        std::printf("no count finishes: failures come faster than a checkpoint interval's work\n");
+    } else if (cheapest == fastest) {
+        std::printf("cheapest and fastest: %s GPUs ($%.4g, %s)\n", rows[size_t(cheapest)].label.c_str(),
+                    est[size_t(cheapest)].cost, seconds_str(est[size_t(cheapest)].wall_s).c_str());
+    } else {
+        std::printf("cheapest: %s GPUs ($%.4g, %s); fastest: %s GPUs ($%.4g, %s): %.0f%% dearer, %.0f%% sooner\n",
+                    rows[size_t(cheapest)].label.c_str(), est[size_t(cheapest)].cost,
+                    seconds_str(est[size_t(cheapest)].wall_s).c_str(), rows[size_t(fastest)].label.c_str(),
+                    est[size_t(fastest)].cost, seconds_str(est[size_t(fastest)].wall_s).c_str(),
+                    100 * (est[size_t(fastest)].cost / est[size_t(cheapest)].cost - 1),
+                    100 * (1 - est[size_t(fastest)].wall_s / est[size_t(cheapest)].wall_s));
+    }
+    return out;
+}
+
 void print_verdict(const std::vector<std::string>& notes, int stops_at, int most_gpus) {
     std::printf("\n");
     for (const auto& n : notes) std::printf("%s\n", n.c_str());
@@ -359,6 +452,7 @@ int plan(const PlanOptions& o) {
     const Config base = load_config(o.config, o.sets);
     target.peak = (o.tflops > 0 ? o.tflops : target.gpu.tflops(base.train.precision)) * 1e12;
     const Batches batches = plan_batches(o, base);
+    const size_t samples = o.price > 0 && base.train.steps == 0 ? epoch_samples(base) : 0;
 
     const std::vector<int> shape = input_shape(base);
     const Model model(shape, base.model.layers, base.run.seed);
@@ -396,15 +490,19 @@ int plan(const PlanOptions& o) {
     json rows = json::array();
     int stops_at = 0;
     std::vector<std::string> notes;
+    std::vector<PlanRow> planned;
     for (int n : batches.counts) {
         const PlanRow r = plan_row(in, batches, n, first_sps, first_n);
         if (stops_at == 0 && r.efficiency < kStopPaying) stops_at = n * o.nodes;
         r.print();
         if (!r.fits) notes.push_back(r.does_not_fit(target.gpu.memory_gib));
         rows.push_back(r.to_json(n, o.nodes));
+        planned.push_back(r);
     }
     print_verdict(notes, stops_at, batches.counts.back() * o.nodes);
-    write_json(o.json, plan_json(o, target, compute, stops_at, std::move(rows)));
+    json j = plan_json(o, target, compute, stops_at, std::move(rows));
+    if (o.price > 0) j["costs"] = print_costs(o, base, batches, planned, batches.counts, samples);
+    write_json(o.json, j);
     return kExitOk;
 }
 

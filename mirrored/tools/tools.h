@@ -112,7 +112,10 @@ struct PlanOptions {
     int nodes = 1;                                   // --gpus counts GPUs per node
     std::string network = "ib-ndr";                  // between the nodes
     double network_gbs = 0, network_latency_us = 0;  // overrides
-    OutputTarget json{"--json", "", false, {}};      // also written here (path empty: not)
+    // the cost of the whole run (price 0: not priced): a GPU's MTBF (0: no failures), the
+    // checkpoint's write (0: its bytes at 1 GB/s) and a restart's start-up
+    double price = 0, mtbf_hours = 0, checkpoint_write_s = 0, restart_s = 120;
+    OutputTarget json{"--json", "", false, {}};  // also written here (path empty: not)
 };
 // `mirrored plan`: memory and step time per replica for GPUs not at hand.
 int plan(const PlanOptions& o);
