@@ -797,10 +797,21 @@ TEST_CASE("a BLAS kernel cache entry that is tampered with is measured again; on
         mark_skipped("this CPU runs no faster kernel class than Haswell's: nothing is measured or cached");
         return;
     }
-    CHECK(first.find("chosen by mirrored by measurement:") != std::string::npos);
+    // what the measurement found depends on the machine's load (a faster kernel must win by 5%):
+    // switched, or kept Haswell's; either is said, and either is cached
+    const std::string entry(std::istreambuf_iterator<char>(std::ifstream(cache + "/blas-kernel.txt").rdbuf()), {});
+    const bool switched = entry.find("\tHaswell ") == std::string::npos;
+    CAPTURE(entry);
+    CHECK(first.find(switched ? "chosen by mirrored by measurement:" : "measured the fastest of the kernels") !=
+          std::string::npos);
     CHECK(blas_line().find("on an earlier start (from the machine cache") != std::string::npos);
-    // NaN, then another starting kernel: measured again, and the entry written anew
-    for (const char* bad : {"nan", "Zen"}) {
+    // NaN, then (when the choice switched kernels) another starting kernel, one neither chosen nor
+    // started on: measured again, and the entry written anew. (An entry that kept Haswell's kernel
+    // serves any process started on Haswell, whatever it names as the start.)
+    const std::string other = entry.find("\tZen ") != std::string::npos ? "Prescott" : "Zen";
+    std::vector<std::string> tampers{"nan"};
+    if (switched) tampers.push_back(other);
+    for (const std::string& bad : tampers) {
         CAPTURE(bad);
         std::string text(std::istreambuf_iterator<char>(std::ifstream(cache + "/blas-kernel.txt").rdbuf()), {});
         const size_t tab = text.find('\t');
@@ -808,14 +819,14 @@ TEST_CASE("a BLAS kernel cache entry that is tampered with is measured again; on
         std::istringstream fields(text.substr(tab + 1));
         std::string core, gflops, own, own_gflops;
         fields >> core >> gflops >> own >> own_gflops;
-        const std::string entry = std::string(bad) == "nan" ? core + " nan " + own + " " + own_gflops
-                                                            : core + " " + gflops + " Zen " + own_gflops;
-        std::ofstream(cache + "/blas-kernel.txt") << text.substr(0, tab + 1) << entry << "\n";
+        const std::string tampered = bad == "nan" ? core + " nan " + own + " " + own_gflops
+                                                  : core + " " + gflops + " " + other + " " + own_gflops;
+        std::ofstream(cache + "/blas-kernel.txt") << text.substr(0, tab + 1) << tampered << "\n";
         const std::string line = blas_line();
         CHECK(line.find("earlier start") == std::string::npos);
         const std::string now(std::istreambuf_iterator<char>(std::ifstream(cache + "/blas-kernel.txt").rdbuf()), {});
         CHECK(now.find(" nan ") == std::string::npos);
-        CHECK(now.find(" Zen ") == std::string::npos);
+        CHECK(now.find(" " + other + " ") == std::string::npos);
     }
     // a process started on the kernel an entry chose (as the processes a re-executed one starts
     // are) takes the entry, not a new measurement from there
