@@ -2,6 +2,7 @@
 // one place that knows how a CPU replica, a GPU and a simulated GPU differ for the code above
 // kernels/ (which asks DeviceTraits instead of comparing types).
 #include <algorithm>
+#include <set>
 #include <thread>
 
 #include "base/error.h"
@@ -205,6 +206,8 @@ std::string DeviceList::describe() const {
         s += (i ? "," : "") + std::string(backend->name) + ":" + std::to_string(ordinals[i]);
     return s;
 }
+
+size_t DeviceList::distinct() const { return std::set<int>(ordinals.begin(), ordinals.end()).size(); }
 
 DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda) {
     DeviceList d;

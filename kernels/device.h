@@ -647,6 +647,7 @@ struct DeviceList {
     std::vector<int> ordinals;  // GPU ordinals (CUDA, sim); 0..N-1 for CPU replicas
     const DeviceTraits& traits() const { return backend->traits; }
     std::string describe() const;  // "cuda:0,cuda:1"
+    size_t distinct() const;       // devices, each counted once (cuda:0,0,0,0 is one GPU)
 };
 DeviceList parse_devices(const std::string& spec, const CudaStatus& cuda = cuda_status());
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <set>
 #include <thread>
 
 #include "base/io.h"
@@ -305,8 +304,7 @@ std::string ReplicaSet::topology_report() const {
     for (const StagedPair& p : staged_pairs_)
         s += kind + ":" + std::to_string(p.from) + " -> " + kind + ":" + std::to_string(p.to) +
              ": staged peer copies (" + p.why + "), slower than direct peer loads\n";
-    std::set<int> distinct(devices_.ordinals.begin(), devices_.ordinals.end());
-    if (devices_.traits().shares_ordinals && distinct.size() < devices_.ordinals.size())
+    if (devices_.traits().shares_ordinals && devices_.distinct() < devices_.ordinals.size())
         s += "several replicas share a GPU (logical devices): they exchange data within its memory\n";
     return s;
 }

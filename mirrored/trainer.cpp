@@ -14,7 +14,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -669,11 +668,7 @@ void Run::write_summary(const std::string& status) {
     // CPU replicas), split into the training loop's compute, data wait and exposed communication,
     // and the rest (start-up, evaluations, checkpoints); `redone`, within compute and the loop's
     // waits, is the steps an interrupted run had done already.
-    const DeviceList& dl = st.devices();
-    const double devices =
-        double(dl.traits().shares_ordinals ? std::set<int>(dl.ordinals.begin(), dl.ordinals.end()).size()
-                                           : dl.ordinals.size()) *
-        st.node_count();
+    const double devices = double(st.devices().distinct()) * st.node_count();
     const double loop_s = split_.compute_s + split_.comm_s + split_.data_wait_s;
     const double steps_run = double(step_ - resumed_from_.value_or(0));
     const double redone_s =

@@ -38,25 +38,25 @@ std::string fmt(const char* f, double v) {
 // A span of time at any scale: "0.42 s", "37 s" up to a minute, then duration_str's "3m07s", "2h05m".
 std::string seconds_str(double s) { return s < 60 ? fmt("%.3g s", s) : duration_str(s); }
 
-// The training samples an epoch covers (--price with train.epochs): the data's own count.
-size_t epoch_samples(const Config& base) {
+// What the plan needs of the training set, read at most once: the model's input shape (the
+// config's, else the data's) and, when `count` (--price over epochs), its samples.
+struct TrainSet {
+    std::vector<int> shape;
+    size_t samples = 0;
+};
+TrainSet train_set(const Config& cfg, bool count) {
+    if (!cfg.model.input_shape.empty() && !count) return {cfg.model.input_shape, 0};
     try {
-        return load_datasets(base.data, base.base_dir, base.run.seed).train.count();
+        const Datasets d = load_datasets(cfg.data, cfg.base_dir, cfg.run.seed);
+        return {cfg.model.input_shape.empty() ? d.train.shape : cfg.model.input_shape, d.train.count()};
     } catch (const Error& e) {
+        if (cfg.model.input_shape.empty())
+            throw ConfigError("model.input_shape", std::string("needed to size the model, and the data cannot "
+                                                               "tell it (") +
+                                                       e.what() + "): set model.input_shape");
         throw ConfigError("--price", std::string("the run's length needs the training set's size, and the data "
                                                  "cannot be read (") +
                                          e.what() + "): make it readable, or set train.steps");
-    }
-}
-
-// The model's input shape: the config's, else the dataset's (which must then be readable).
-std::vector<int> input_shape(const Config& cfg) {
-    if (!cfg.model.input_shape.empty()) return cfg.model.input_shape;
-    try {
-        return load_datasets(cfg.data, cfg.base_dir, cfg.run.seed).train.shape;
-    } catch (const Error& e) {
-        throw ConfigError("model.input_shape", std::string("needed to size the model, and the data cannot tell it (") +
-                                                   e.what() + "): set model.input_shape");
     }
 }
 
@@ -337,7 +337,7 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
 // The run's cost on each count (--price): its steps at the predicted step time, checkpoints every
 // checkpoint.every_minutes / every_steps, failures at --mtbf per GPU; the cheapest and the fastest.
 json print_costs(const PlanOptions& o, const Config& base, const Batches& batches, const std::vector<PlanRow>& rows,
-                 const std::vector<int>& counts, size_t samples) {
+                 size_t samples) {
     std::printf(
         "\ncost of the run at $%.2f per GPU hour (%s)%s:\n", o.price,
         base.train.steps > 0
@@ -351,7 +351,7 @@ json print_costs(const PlanOptions& o, const Config& base, const Batches& batche
     std::vector<CostEstimate> est;
     for (size_t i = 0; i < rows.size(); ++i) {
         const PlanRow& r = rows[i];
-        const int gpus = counts[i] * o.nodes;
+        const int gpus = batches.counts[i] * o.nodes;
         const double global = double(batches.weak ? r.rows * gpus : batches.global);
         const double steps = base.train.steps > 0 ? double(base.train.steps)
                                                   : double(base.train.epochs) * std::ceil(double(samples) / global);
@@ -452,9 +452,8 @@ int plan(const PlanOptions& o) {
     const Config base = load_config(o.config, o.sets);
     target.peak = (o.tflops > 0 ? o.tflops : target.gpu.tflops(base.train.precision)) * 1e12;
     const Batches batches = plan_batches(o, base);
-    const size_t samples = o.price > 0 && base.train.steps == 0 ? epoch_samples(base) : 0;
-
-    const std::vector<int> shape = input_shape(base);
+    const TrainSet data = train_set(base, o.price > 0 && base.train.steps == 0);
+    const std::vector<int>& shape = data.shape;
     const Model model(shape, base.model.layers, base.run.seed);
     StrategyConfig strategy = base.strategy;
     strategy.precision = base.train.precision;
@@ -501,7 +500,7 @@ int plan(const PlanOptions& o) {
     }
     print_verdict(notes, stops_at, batches.counts.back() * o.nodes);
     json j = plan_json(o, target, compute, stops_at, std::move(rows));
-    if (o.price > 0) j["costs"] = print_costs(o, base, batches, planned, batches.counts, samples);
+    if (o.price > 0) j["costs"] = print_costs(o, base, batches, planned, data.samples);
     write_json(o.json, j);
     return kExitOk;
 }
