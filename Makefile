@@ -1,6 +1,7 @@
 # mirrored - single-node multi-GPU data-parallel trainer.
 #   make          build build/mirrored (CLI) and build/mirrored_tests
 #   make train    install what is missing, build, train configs/fashion_mnist_mlp.yaml
+#   make train-gpt  a byte-level GPT on the Python standard library (configs/python_gpt.yaml)
 #   make test     build and run every test; ends with "N passed, N failed[, N skipped]"
 #   make test-timing  the tests that time this machine (suite "timing"; not in make test)
 #   make test-tsan  the tests once more under ThreadSanitizer (CPU-only build in build-tsan/)
@@ -125,7 +126,7 @@ LIB_OBJ := $(HOST_OBJ) $(BACKEND_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu
 TEST_OBJ := $(HOST_TEST_OBJ) $(BACKEND_TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all host-objects train test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz fuzz-targets format lint clean install-deps
+.PHONY: all host-objects train train-gpt test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz fuzz-targets format lint clean install-deps
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 host-objects: $(HOST_OBJ) $(HOST_TEST_OBJ) $(MAIN_OBJ)
 
@@ -154,8 +155,10 @@ $(OBJ)/%.o: %.cpp $(FLAGS_FILE) | $(DEPS_STEP)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 # The CPU backend's element loops: vectorised (-O3), square roots without errno, and no FMA
-# contraction, so that results do not depend on the instruction set the compiler picks.
-$(OBJ)/kernels/cpu/%.o: CXXFLAGS += -O3 -fno-math-errno -ffp-contract=off
+# contraction, so that results do not depend on the instruction set the compiler picks. Without
+# trapping maths (no code here reads the floating-point exception flags) a loop whose formula
+# selects (GELU's clamps and signs, kernels/op_math.h) vectorises too; no value changes.
+$(OBJ)/kernels/cpu/%.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
 
 $(OBJ)/mirrored/nodes.o: CXXFLAGS += $(MPI_CFLAGS)
 
@@ -186,6 +189,13 @@ train: $(BUILD)/mirrored
 	@test -n "$$MIRRORED_DATA_DIR" || test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz \
 	  || scripts/install_deps.sh
 	$(BUILD)/mirrored train $(CONFIG) $(ARGS)
+
+# A byte-level GPT on the source of Python's standard library (configs/python_gpt.yaml): the token
+# files are written once, from the distribution's python3.
+GPT_DATA := runs/data/python-stdlib
+train-gpt: $(BUILD)/mirrored
+	@test -f $(GPT_DATA)/meta.json || /usr/bin/python3 scripts/prepare_text.py --python-stdlib --out $(GPT_DATA)
+	$(BUILD)/mirrored train configs/python_gpt.yaml $(ARGS)
 
 # make test asserts nothing about speed, so it passes on a busy machine; the tests that time the
 # machine (suite "timing": the planner's predictions against measurements) run on their own.

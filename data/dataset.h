@@ -20,12 +20,16 @@ struct Dataset {
     std::vector<int> shape;     // per sample, e.g. {28, 28, 1}
     int classes = 0;
     std::vector<float> features;   // [count, feature_size]
-    std::vector<int32_t> labels;   // [count], each in [0, classes); empty when there are targets
+    std::vector<int32_t> labels;   // [count, label_size], each in [0, classes); empty when there are targets
+    int label_size = 1;            // class labels per sample: 1, or a sequence's length (next tokens)
+    bool tokens = false;           // features are token ids (data/formats/tokens.cpp): never normalised
     int target_size = 0;           // floats per sample's target; 0: class labels
     std::vector<float> targets;    // [count, target_size]
     std::vector<float> pad_value;  // per channel: what a raw 0 became after normalisation
 
-    size_t count() const { return target_size ? targets.size() / size_t(target_size) : labels.size(); }
+    size_t count() const {
+        return target_size ? targets.size() / size_t(target_size) : labels.size() / size_t(label_size);
+    }
     bool has_targets() const { return target_size > 0; }
     size_t feature_size() const;
     int channels() const { return shape.empty() ? 1 : shape.back(); }
@@ -75,6 +79,17 @@ Dataset read_csv(InputFile& in, const CsvOptions& options);
 // Either file may be gzip-compressed.
 Dataset read_npy(const std::string& features_path, const std::string& labels_path, bool targets);
 Dataset read_npy(InputFile& features, InputFile& labels, bool targets);
+
+// A language model's token file (data/formats/tokens.cpp): nanoGPT's raw little-endian uint16 (or
+// uint32) ids, or llm.c's 1024-byte header then uint16 (version 1) or uint32 (version 2) ids; cut
+// into windows of context + 1 tokens, inputs and next-token labels; every id below vocab.
+struct TokenFileOptions {
+    int context = 0;
+    int vocab = 256;
+    bool uint32 = false;  // raw files: 4-byte ids
+};
+Dataset read_tokens(const std::string& path, const TokenFileOptions& o);
+Dataset read_tokens(InputFile& in, const TokenFileOptions& o);
 
 struct SyntheticOptions {
     std::vector<int> shape{784};

@@ -35,11 +35,11 @@ std::string DataSource::path(const std::string& file) const {
     return p;
 }
 
-extern const DataFormat kIdxFormat, kCifar10Format, kCsvFormat, kNpyFormat, kSyntheticFormat;
+extern const DataFormat kIdxFormat, kCifar10Format, kCsvFormat, kNpyFormat, kSyntheticFormat, kTokensFormat;
 
 const Registry<DataFormat>& data_formats() {
     static const Registry<DataFormat> formats(
-        "dataset", {&kIdxFormat, &kCifar10Format, &kCsvFormat, &kNpyFormat, &kSyntheticFormat});
+        "dataset", {&kIdxFormat, &kCifar10Format, &kCsvFormat, &kNpyFormat, &kSyntheticFormat, &kTokensFormat});
     return formats;
 }
 
@@ -86,7 +86,7 @@ Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_
         data_formats().get(c.dataset, "data.dataset").load(*data_format_options(c), DataSource{c, base_dir, seed});
     check_test_labels(out);
     out.test.classes = out.train.classes;
-    if (c.normalize != DataConfig::Normalize::none) {
+    if (c.normalize != DataConfig::Normalize::none && !out.train.tokens) {  // ids are not values
         out.normalization =
             c.normalize == DataConfig::Normalize::given ? c.normalization : compute_normalization(out.train);
         normalize(out.train, out.normalization);

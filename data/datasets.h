@@ -13,7 +13,7 @@
 namespace mirrored {
 
 struct DataConfig {
-    std::string dataset = "idx";  // the format (data/formats/): idx | cifar10 | csv | synthetic
+    std::string dataset = "idx";  // the format (data/formats/): idx | cifar10 | csv | npy | synthetic | tokens
     OptionsPtr format;            // the format's own keys (its files, ...); null: its defaults
     std::string root = "/usr/share/datasets/fashion-mnist";
     // preprocessing

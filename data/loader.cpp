@@ -58,7 +58,7 @@ Loader::Loader(const Dataset& ds, const LoaderOptions& options, HostAllocator al
         else s.batch.features = static_cast<float*>(alloc_.alloc(g * ds_.feature_size() * sizeof(float)));
         if (ds_.has_targets())
             s.batch.targets = static_cast<float*>(alloc_.alloc(g * size_t(ds_.target_size) * sizeof(float)));
-        else s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * sizeof(int32_t)));
+        else s.batch.labels = static_cast<int32_t*>(alloc_.alloc(g * size_t(ds_.label_size) * sizeof(int32_t)));
         s.batch.slot = static_cast<int>(i);
         s.batch.owner = this;
     }
@@ -253,7 +253,10 @@ void Loader::fill(Slot& slot, int64_t seq) {
         if (b.targets)
             std::memcpy(b.targets + size_t(r) * size_t(ds_.target_size),
                         &ds_.targets[size_t(idx) * size_t(ds_.target_size)], size_t(ds_.target_size) * sizeof(float));
-        else b.labels[r] = ds_.labels[idx];
+        else if (ds_.label_size == 1) b.labels[r] = ds_.labels[idx];
+        else
+            std::memcpy(b.labels + size_t(r) * size_t(ds_.label_size),
+                        &ds_.labels[size_t(idx) * size_t(ds_.label_size)], size_t(ds_.label_size) * sizeof(int32_t));
         if (opt_.gather_by_consumers) b.samples[r] = idx;
         else copy_sample(idx, b.epoch, b.features + size_t(r) * fs);
     }

@@ -68,7 +68,7 @@ struct Batch {
     int global_rows = 0;            // rows of the global batch
     int first_row = 0;              // global row of features[0]
     float* features = nullptr;      // [rows, feature_size]; nullptr when consumers gather()
-    int32_t* labels = nullptr;      // [rows] class indexes; nullptr when the data set has targets
+    int32_t* labels = nullptr;      // [rows, label_size] class indexes; nullptr when the data set has targets
     float* targets = nullptr;       // [rows, target_size] when it has
     uint32_t* samples = nullptr;    // [rows] data set index of each row (gather_by_consumers only)
     int slot = -1;                  // the loader's ring slot (for release)

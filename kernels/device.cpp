@@ -83,6 +83,8 @@ const char* init_kind_name(InitKind k) {
             return "glorot_uniform";
         case InitKind::glorot_normal:
             return "glorot_normal";
+        case InitKind::gpt2_normal:
+            return "gpt2_normal";
         case InitKind::ones:
             return "ones";
         default:
@@ -115,6 +117,17 @@ void Device::dense_weight_grad(Stream s, int rows, int units, int inputs, const 
                                float* db, bool accumulate, GemmTypes t) {
     gemm(s, true, false, units, inputs, rows, 1.0f, dz, units, x, inputs, accumulate ? 1.0f : 0.0f, dw, inputs, t);
     if (db) bias_grad(s, rows, units, dz, db, accumulate);
+}
+
+void Device::gemm_batched(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda,
+                          int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c, int ldc,
+                          int64_t stride_c, int batches, GemmTypes t) {
+    // A 16-bit operand is stored in the activation type (f32 on devices that only round to it).
+    auto bytes = [&](DType d) { return d == DType::f32 ? int64_t(4) : int64_t(act_bytes(1)); };
+    for (int i = 0; i < batches; ++i)
+        gemm(s, ta, tb, m, n, k, alpha, static_cast<const char*>(a) + i * stride_a * bytes(t.a), lda,
+             static_cast<const char*>(b) + i * stride_b * bytes(t.b), ldb, beta,
+             static_cast<char*>(c) + i * stride_c * bytes(t.c), ldc, t);
 }
 
 void Device::add_act(Stream s, Activation act, int rows, int cols, const void* a, const void* b, void* y) {

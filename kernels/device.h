@@ -128,7 +128,8 @@ struct BnStats {
     float eps = 1e-5f;
     float weight = 1.0f;
 };
-enum class InitKind { zeros, he_uniform, he_normal, glorot_uniform, glorot_normal, ones };
+// gpt2_normal: normal with standard deviation 0.02, as GPT-2 initialises every matrix and embedding.
+enum class InitKind { zeros, he_uniform, he_normal, glorot_uniform, glorot_normal, ones, gpt2_normal };
 
 const char* activation_name(Activation a);
 const char* init_kind_name(InitKind k);
@@ -354,6 +355,27 @@ public:
     // share of a row's outputs where (z > 0) == (t > 0.5) (0 for mse), [kMetricCount] += rows.
     virtual void target_loss(Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
                              float grad_scale, const float* loss_scale, void* dlogits, double* metrics) = 0;
+    // ---- sequence-model ops (language models: per sample a sequence [t, c]) --------------------
+    // `batches` GEMMs at once: matrix i's operands start stride_a/b/c elements after matrix i-1's
+    // (cuBLAS's strided-batched products). The default issues one gemm per matrix.
+    virtual void gemm_batched(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
+                              int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c,
+                              int ldc, int64_t stride_c, int batches, GemmTypes types = {});
+    // Causal attention's softmax over `batches` [t, t] score matrices: row i of each keeps columns
+    // 0..i, probs = softmax(scale * scores) there and 0 above the diagonal. probs may be scores.
+    virtual void causal_softmax(Stream s, int batches, int t, float scale, const void* scores, void* probs) = 0;
+    // Its backward: dscores = scale * probs * (dprobs - sum over the row of probs * dprobs), 0 above
+    // the diagonal. dscores may be dprobs.
+    virtual void causal_softmax_backward(Stream s, int batches, int t, float scale, const void* probs,
+                                         const void* dprobs, void* dscores) = 0;
+    // y[i, 0..dim) = table[ids[i], 0..dim) for `tokens` ids (f32 holding integers; an id outside
+    // [0, vocab) gives a row of zeros - the data readers refuse such ids before they get here).
+    // table: the weights' compute copy (activation type).
+    virtual void embedding_forward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* table,
+                                   void* y) = 0;
+    // dtable[ids[i]] += dy[i] for i in order (deterministic: no atomics); always adds.
+    virtual void embedding_backward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* dy,
+                                    float* dtable) = 0;
     virtual void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y) = 0;
     virtual void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx) = 0;
     // y = x converted (and rounded) from one type to another; x and y may be the same buffer

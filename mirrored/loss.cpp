@@ -18,8 +18,9 @@ std::unique_ptr<Loss> make_loss(const LossConfig& c) {
     return kind.create(*kind.read(none, "model.loss"));
 }
 
-size_t label_bytes(const LossConfig& c, int outputs) {
-    return loss_kind(c).labels == LabelKind::classes ? sizeof(int32_t) : sizeof(float) * size_t(outputs);
+size_t label_bytes(const LossConfig& c, int outputs, int positions) {
+    return size_t(positions) *
+           (loss_kind(c).labels == LabelKind::classes ? sizeof(int32_t) : sizeof(float) * size_t(outputs));
 }
 
 }  // namespace mirrored

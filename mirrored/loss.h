@@ -47,7 +47,8 @@ struct LossKind {
 const Registry<LossKind>& loss_kinds();  // loss.cpp lists every kind
 const LossKind& loss_kind(const LossConfig& c);
 std::unique_ptr<Loss> make_loss(const LossConfig& c);
-// Bytes of one sample's label on the device: an int32 class index, or `outputs` floats.
-size_t label_bytes(const LossConfig& c, int outputs);
+// Bytes of one sample's label on the device: an int32 class index, or `outputs` floats, at each of
+// `positions` positions (a sequence model's tokens).
+size_t label_bytes(const LossConfig& c, int outputs, int positions = 1);
 
 }  // namespace mirrored

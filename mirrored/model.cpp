@@ -82,6 +82,8 @@ Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64
 
 Model::~Model() = default;
 
+bool Model::reads_token_ids() const { return specs_.front().type == "embedding"; }
+
 size_t Model::stats_floats() const { return layout_->stats_floats(); }
 
 const TensorInfo* Model::find(const std::string& name) const {

@@ -53,7 +53,14 @@ public:
     const Shape& input() const { return in_; }
     const Shape& output() const { return out_; }
     int input_features() const { return int(in_.size()); }
-    int output_features() const { return int(out_.size()); }
+    int output_features() const { return int(out_.size()); }  // values per sample
+    // A sequence model's loss is taken at each of output_positions() positions over
+    // output_classes() values (a classifier: 1 position of output_features() classes).
+    int output_positions() const { return out_.positions(); }
+    int output_classes() const { return out_.c; }
+    // The first layer reads token ids (an embedding): the inputs stay f32 whatever the precision,
+    // so that ids above 256 survive.
+    bool reads_token_ids() const;
     size_t flat_size() const { return flat_size_; }            // buffer length, gaps included
     size_t trainable_size() const { return trainable_size_; }  // the trainable prefix
     size_t param_count() const { return param_count_; }        // trainable values

@@ -61,8 +61,9 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     const bool low = precision_dtype(strategy.precision) != DType::f32;
     const size_t act_elem = low && traits.stores_16bit ? 2 : 4;  // CPU and sim round to 16 bits in f32
     m.activations = model.activation_bytes(micro_rows, act_elem, traits.column_block_bytes);
-    m.inputs = 2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + label_bytes) +
-               (low ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
+    m.inputs =
+        2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + label_bytes) +
+        (low && !model.reads_token_ids() ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
     m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
     if (shared && replicas > 1)  // one copy, counted in shares
         for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
@@ -105,6 +106,7 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
     const int shard_rows = (global_batch + all - 1) / all;
     const int micro_rows = (shard_rows + accumulation_ - 1) / accumulation_;
     low_precision_ = precision_dtype(cfg_.precision) != DType::f32;
+    convert_inputs_ = low_precision_ && !model_.reads_token_ids();
     loss_scaling_ = cfg_.precision == Precision::fp16;
     shared_ = parameters_shared(cfg_, devices_, nodes_ != nullptr);
     if (shared_ && devices_.traits().asynchronous && n > PeerBuffers::kMax)
@@ -179,7 +181,7 @@ void ReplicaSet::allocate_inputs(Replica& R, int shard_rows) {
         R.input_ready[b] = d.event_create();
         R.input_free[b] = d.event_create();
     }
-    if (low_precision_) R.inputs_act = DeviceBuffer<unsigned char>(d, d.act_bytes(size_t(shard_rows) * features));
+    if (convert_inputs_) R.inputs_act = DeviceBuffer<unsigned char>(d, d.act_bytes(size_t(shard_rows) * features));
 }
 
 // What a step reads and writes besides the model: metrics, gradient statistics, the loss scale,
@@ -359,7 +361,7 @@ int ReplicaSet::stage_input(Replica& R, const Batch& batch, const Shard& shard, 
 // The shard's inputs as the model reads them: the staged f32 rows, or converted to the activation
 // type (rows from the start of the shard).
 const void* ReplicaSet::stage_for_compute(Replica& R, int buf, size_t rows) {
-    if (!low_precision_) return R.inputs[buf].data();
+    if (!convert_inputs_) return R.inputs[buf].data();
     Device& d = *R.device;
     d.convert(d.compute_stream(), rows * size_t(model_.input_features()), R.inputs[buf].data(), DType::f32,
               R.inputs_act.data(), d.value_dtype());
@@ -395,7 +397,7 @@ void ReplicaSet::refresh_weights(Replica& R, Stream s) {
 }
 
 size_t ReplicaSet::input_row_bytes(const Replica& R) const {
-    return size_t(model_.input_features()) * (low_precision_ ? R.device->act_bytes(1) : sizeof(float));
+    return size_t(model_.input_features()) * (convert_inputs_ ? R.device->act_bytes(1) : sizeof(float));
 }
 
 int ReplicaSet::global_micro_rows(int global_rows, int m) const {

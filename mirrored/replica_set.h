@@ -222,6 +222,7 @@ private:
     size_t label_bytes_ = sizeof(int32_t);
     bool shared_ = false;
     bool low_precision_ = false;
+    bool convert_inputs_ = false;  // low precision, and inputs that are values (not token ids)
     bool loss_scaling_ = false;
     MemoryPlan plan_;
     std::vector<StagedPair> staged_pairs_;

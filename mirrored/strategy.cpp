@@ -7,7 +7,7 @@ namespace mirrored {
 MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
                                    int global_batch, int accumulation_steps, Nodes* nodes, const LossConfig& loss)
     : set_(std::make_unique<ReplicaSet>(cfg, model, opt, global_batch, accumulation_steps, nodes,
-                                        label_bytes(loss, model.output_features()))),
+                                        label_bytes(loss, model.output_classes(), model.output_positions()))),
       step_(std::make_unique<TrainingStep>(*set_, loss)),
       state_(std::make_unique<ReplicaState>(*set_)) {}
 

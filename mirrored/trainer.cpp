@@ -121,7 +121,7 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     const int n = int(devices.ordinals.size());
     const int shard = (cfg.train.global_batch_size + n - 1) / n;
     const int micro = (shard + cfg.train.grad_accumulation_steps - 1) / cfg.train.grad_accumulation_steps;
-    const size_t labels = label_bytes(cfg.model.loss, model.output_features());
+    const size_t labels = label_bytes(cfg.model.loss, model.output_classes(), model.output_positions());
     const MemoryPlan plan = plan_memory(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
                                         parameters_shared(cfg.strategy, devices), labels);
     const uint64_t replicas = devices.traits().gpu ? 0 : plan.total() * uint64_t(n);
@@ -206,13 +206,17 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     s->model = std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed);
     const Dataset& train = s->data->train;
     check_labels_for_loss(cfg, *s->model, train);
-    if (!train.has_targets() && s->model->output_features() < train.classes) {
+    if (!train.has_targets() && s->model->output_classes() < train.classes) {
         size_t last = cfg.model.layers.size() - 1;
         while (last > 0 && cfg.model.layers[last].type != "dense") --last;
         size_t record = 0;
-        while (train.labels[record] < s->model->output_features()) ++record;
+        while (record < train.labels.size() && train.labels[record] < s->model->output_classes()) ++record;
+        if (record == train.labels.size())  // a vocabulary larger than the model's outputs
+            cfg.fail("model.layers." + std::to_string(last) + (cfg.model.layers[last].type == "dense" ? ".units" : ""),
+                     "the model has " + std::to_string(s->model->output_classes()) + " outputs, but the data has " +
+                         std::to_string(train.classes) + " classes (data.vocab for token files)");
         cfg.fail("model.layers." + std::to_string(last) + (cfg.model.layers[last].type == "dense" ? ".units" : ""),
-                 "the model has " + std::to_string(s->model->output_features()) + " outputs, but " +
+                 "the model has " + std::to_string(s->model->output_classes()) + " outputs, but " +
                      train.labels_source + " has label " + std::to_string(train.labels[record]) + " (record " +
                      std::to_string(record) + "), so " + std::to_string(train.classes) +
                      " classes: fix the model's last layer or the labels");
@@ -367,6 +371,11 @@ private:
     float pending_lr_ = 0;
     int exit_code_ = kExitOk;
     const bool has_accuracy_ = loss_kind(cfg_.model.loss).accuracy;
+    // a language model: its loss is per token, also reported in bits (per byte for byte-level tokens)
+    const int tokens_per_sample_ = s_->model->output_positions();
+    json bits(const Metrics& m) const {
+        return tokens_per_sample_ > 1 ? json(m.loss() / std::log(2.0)) : json(nullptr);
+    }
 };
 
 void Run::print_header() {
@@ -612,9 +621,13 @@ void Run::evaluate(int64_t step, double epoch) {
           {"epoch", epoch},
           {"test_loss", last_eval_.loss()},
           {"test_accuracy", accuracy(last_eval_)},
+          {"test_bits_per_token", bits(last_eval_)},
           {"samples", last_eval_.count}});
-    char acc[40] = "";
+    char acc[80] = "";
     if (has_accuracy_) std::snprintf(acc, sizeof acc, "  test accuracy %.4f", last_eval_.accuracy());
+    if (tokens_per_sample_ > 1)
+        std::snprintf(acc + std::strlen(acc), sizeof acc - std::strlen(acc), "  (%.3f bits per token)",
+                      last_eval_.loss() / std::log(2.0));
     char line[160];
     std::snprintf(line, sizeof line, "eval  epoch %.2f  step %lld  test loss %.4f%s  (%.1fs)", epoch,
                   static_cast<long long>(step), last_eval_.loss(), acc, now_s() - t0);
@@ -686,6 +699,7 @@ void Run::write_summary(const std::string& status) {
         {"name", cfg_.run.name},
         {"test_accuracy", last_eval_step_ >= 0 ? accuracy(last_eval_) : json(nullptr)},
         {"test_loss", last_eval_step_ >= 0 ? json(last_eval_.loss()) : json(nullptr)},
+        {"test_bits_per_token", last_eval_step_ >= 0 ? bits(last_eval_) : json(nullptr)},
         {"train_loss", last_train_.count > 0 ? json(last_train_.loss()) : json(nullptr)},
         {"train_accuracy", last_train_.count > 0 ? accuracy(last_train_) : json(nullptr)},
         {"epochs", double(step_) / bpe},

@@ -216,7 +216,9 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         if (reduced) profile_mark(R, cs, LayerProbe::kReduced);
     };
     const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
-    const float grad_scale = 1.0f / float(global_rows);
+    // the mean over every sample and, in a sequence model, every position
+    const int positions = model_.output_positions();
+    const float grad_scale = 1.0f / (float(global_rows) * float(positions));
     for (int m = 0; m < set_.accumulation(); ++m) {
         const Shard micro = shard_of(shard.rows, set_.accumulation(), m);
         Pass p = set_.make_pass(R, cs, micro.rows, set_.global_micro_rows(global_rows, m),
@@ -226,8 +228,8 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         if (r == 0) p.probe = profile_;
         const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
         void* dlogits = model_.dlogits_buffer(R.acts);
-        loss_->apply(d, cs, micro.rows, model_.output_features(), logits, set_.labels_at(R, buf, micro.begin),
-                     grad_scale, loss_scale, dlogits, R.train_metrics.data());
+        loss_->apply(d, cs, micro.rows * positions, model_.output_classes(), logits,
+                     set_.labels_at(R, buf, micro.begin), grad_scale, loss_scale, dlogits, R.train_metrics.data());
         if (inject_overflow_ == r && micro.rows > 0) {  // a test's overflow: backward spreads it to every gradient
             d.fill(cs, 1, INFINITY, R.grad_stats.data());
             d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
@@ -472,8 +474,9 @@ Metrics TrainingStep::evaluate(Loader& loader) {
                     const Shard micro = shard_of(shard.rows, set_.accumulation(), mi);
                     Pass p = set_.make_pass(R, d.compute_stream(), micro.rows, 0, 0, 0, 0, false);
                     const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
-                    loss_->apply(d, d.compute_stream(), micro.rows, model_.output_features(), logits,
-                                 set_.labels_at(R, buf, micro.begin), 0.0f, nullptr, nullptr, R.eval_metrics.data());
+                    loss_->apply(d, d.compute_stream(), micro.rows * model_.output_positions(), model_.output_classes(),
+                                 logits, set_.labels_at(R, buf, micro.begin), 0.0f, nullptr, nullptr,
+                                 R.eval_metrics.data());
                 }
                 d.event_record(R.input_free[buf], d.compute_stream());
             });

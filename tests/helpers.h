@@ -16,6 +16,7 @@
 
 #include "kernels/buffer.h"
 #include "kernels/device.h"
+#include "kernels/sim/sim.h"
 
 namespace mirrored::test {
 
@@ -138,5 +139,18 @@ double rel_error(const std::vector<A>& got, const std::vector<B>& want, double f
     }
     return err / scale;
 }
+
+// Simulated GPUs with random stream delays for the scope of a test case, reset afterwards.
+struct SimScope {
+    explicit SimScope(int delay_us = 40, bool peer_access = true) {
+        sim_reset();
+        sim_set_delays(delay_us);
+        sim_set_peer_access(peer_access);
+    }
+    ~SimScope() {
+        sim_reset();
+        set_peer_transport(PeerTransport::automatic);
+    }
+};
 
 }  // namespace mirrored::test

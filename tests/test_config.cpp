@@ -98,7 +98,7 @@ TEST_CASE("config: wrong types and out-of-range values name the key and what is 
     expect_error(t, {"data.augment.horizontal_flip=maybe"}, "expected true or false");
     expect_error(t, {"optimizer.betas=[0.9]"}, "optimizer.betas: expected two numbers");
     expect_error(t, {"model.layers.1.rate=1.5"}, "model.layers.1.rate: expected a number in [0, 0.999]");
-    expect_error(t, {"data.dataset=mnist"}, "data.dataset: expected one of idx, cifar10, csv, npy, synthetic");
+    expect_error(t, {"data.dataset=mnist"}, "data.dataset: expected one of idx, cifar10, csv, npy, synthetic, tokens");
     expect_error("run: [1, 2]\n", {}, "run: expected a mapping");
     expect_error("model:\n  layers:\n    - {type: dense}\n", {}, "model.layers.0.units: required for a dense layer");
 }
@@ -335,7 +335,8 @@ TEST_CASE("config: every shipped config loads and its model builds") {
 TEST_CASE("registries: unknown names list the known ones; make_layer_spec reads a type's keys as the config does") {
     CHECK_THROWS_WITH_AS(layer_kinds().get("dense2", "model.layers.0.type"),
                          "model.layers.0.type: unknown layer type 'dense2' (known: dense, dropout, flatten, conv2d, "
-                         "maxpool2d, avgpool2d, global_avgpool, batchnorm, layernorm, residual)",
+                         "maxpool2d, avgpool2d, global_avgpool, batchnorm, layernorm, residual, embedding, "
+                         "position_embedding, attention, transformer_block, lm_head)",
                          ConfigError);
     const LayerSpec a = make_layer_spec("dense", {{"units", "3"}, {"activation", "relu"}});
     CHECK(a.field("units") == "3");

@@ -106,19 +106,6 @@ void all_reduce_matrix(const std::string& op, DeviceType type, int max_n, bool s
     }
 }
 
-// Simulated GPUs with random stream delays for the scope of a test case, reset afterwards.
-struct SimScope {
-    explicit SimScope(int delay_us = 40, bool peer_access = true) {
-        sim_reset();
-        sim_set_delays(delay_us);
-        sim_set_peer_access(peer_access);
-    }
-    ~SimScope() {
-        sim_reset();
-        set_peer_transport(PeerTransport::automatic);
-    }
-};
-
 struct TrainResult {
     std::vector<float> params;
     std::vector<uint64_t> checksums;

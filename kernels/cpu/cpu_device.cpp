@@ -478,6 +478,61 @@ public:
         cpu::bn_backward_sums(rows, c, F(dy), F(x), mean, invstd, out, cnn_);
     }
 
+    void causal_softmax(Stream, int batches, int t, float scale, const void* scores, void* probs) override {
+        const DType dt = value_dtype();
+        for (int64_t r = 0; r < int64_t(batches) * t; ++r) {
+            const int keep = int(r % t) + 1;  // row i attends to positions 0..i
+            const float* z = F(scores) + r * t;
+            float* p = F(probs) + r * t;
+            float mx = z[0];
+            for (int j = 1; j < keep; ++j) mx = std::max(mx, z[j]);
+            float sum = 0.0f;
+            for (int j = 0; j < keep; ++j) {
+                p[j] = exp_poly(scale * (z[j] - mx));
+                sum += p[j];
+            }
+            const float inv = 1.0f / sum;
+            for (int j = 0; j < keep; ++j) p[j] = round_to(dt, p[j] * inv);
+            std::fill(p + keep, p + t, 0.0f);
+        }
+    }
+
+    void causal_softmax_backward(Stream, int batches, int t, float scale, const void* probs, const void* dprobs,
+                                 void* dscores) override {
+        const DType dt = value_dtype();
+        for (int64_t r = 0; r < int64_t(batches) * t; ++r) {
+            const int keep = int(r % t) + 1;
+            const float* p = F(probs) + r * t;
+            const float* dp = F(dprobs) + r * t;
+            float* ds = F(dscores) + r * t;
+            float dot = 0.0f;
+            for (int j = 0; j < keep; ++j) dot += p[j] * dp[j];
+            for (int j = 0; j < keep; ++j) ds[j] = round_to(dt, scale * p[j] * (dp[j] - dot));
+            std::fill(ds + keep, ds + t, 0.0f);
+        }
+    }
+
+    void embedding_forward(Stream, int tokens, int vocab, int dim, const float* ids, const void* table,
+                           void* y) override {
+        for (int i = 0; i < tokens; ++i) {
+            const int id = int(ids[i]);
+            float* out = F(y) + size_t(i) * dim;
+            if (id < 0 || id >= vocab) std::fill(out, out + dim, 0.0f);
+            else std::copy_n(F(table) + size_t(id) * dim, dim, out);
+        }
+    }
+
+    void embedding_backward(Stream, int tokens, int vocab, int dim, const float* ids, const void* dy,
+                            float* dtable) override {
+        for (int i = 0; i < tokens; ++i) {
+            const int id = int(ids[i]);
+            if (id < 0 || id >= vocab) continue;
+            const float* g = F(dy) + size_t(i) * dim;
+            float* d = dtable + size_t(id) * dim;
+            for (int j = 0; j < dim; ++j) d[j] += g[j];
+        }
+    }
+
     void bn_backward_dx(Stream, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
                         const float* gamma, const float* sums, double count, void* dx) override {
         cpu::bn_backward_dx(rows, c, F(dy), F(x), mean, invstd, gamma, sums, float(1.0 / count), F(dx));

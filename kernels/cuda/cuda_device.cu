@@ -269,6 +269,29 @@ public:
                                              &beta, c, cuda_data_type(t.c), ldc, compute, CUBLAS_GEMM_DEFAULT));
     }
 
+    void gemm_batched(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda,
+                      int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c, int ldc,
+                      int64_t stride_c, int batches, GemmTypes t) override {
+        if (m <= 0 || n <= 0 || batches <= 0) return;
+        if (k <= 0) {  // gemm defines k == 0; cuBLAS would leave C untouched
+            Device::gemm_batched(s, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+                                 batches, t);
+            return;
+        }
+        use();
+        ++work_.launches;
+        if (stream(s) != cublas_stream_) bind_cublas(stream(s));
+        const bool all_f32 = t.a == DType::f32 && t.b == DType::f32 && t.c == DType::f32;
+        const cublasComputeType_t compute =
+            all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+        // Row-major as column-major transposed, as gemm does: the operands swap.
+        CUBLAS_CHECK(ordinal(),
+                     cublasGemmStridedBatchedEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                n, m, k, &alpha, b, cuda_data_type(t.b), ldb, stride_b, a,
+                                                cuda_data_type(t.a), lda, stride_a, &beta, c, cuda_data_type(t.c), ldc,
+                                                stride_c, batches, compute, CUBLAS_GEMM_DEFAULT));
+    }
+
     // The fused products get their own cuBLASLt handle and workspace (allocated here, before any
     // step): the cuBLAS handle's may be in use on another stream.
     void set_fused_epilogues(bool on) override {
@@ -326,6 +349,16 @@ public:
             pool_forward(stream(s), ordinal(), act_dtype(), kind, g, x, y))
     CUDA_OP(pool_backward(Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx), 1,
             pool_backward(stream(s), ordinal(), act_dtype(), kind, g, x, dy, dx))
+    CUDA_OP(causal_softmax(Stream s, int batches, int t, float scale, const void* scores, void* probs), 1,
+            causal_softmax(stream(s), ordinal(), act_dtype(), batches, t, scale, scores, probs))
+    CUDA_OP(causal_softmax_backward(Stream s, int batches, int t, float scale, const void* probs, const void* dprobs,
+                                    void* dscores),
+            1, causal_softmax_backward(stream(s), ordinal(), act_dtype(), batches, t, scale, probs, dprobs, dscores))
+    CUDA_OP(embedding_forward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* table, void* y),
+            1, embedding_forward(stream(s), ordinal(), act_dtype(), tokens, vocab, dim, ids, table, y))
+    CUDA_OP(embedding_backward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* dy,
+                               float* dtable),
+            1, embedding_backward(stream(s), ordinal(), act_dtype(), tokens, vocab, dim, ids, dy, dtable))
     CUDA_OP(nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse), 1,
             nhwc_to_nchw(stream(s), ordinal(), act_dtype(), n, h, w, c, x, y, inverse))
     CUDA_OP(bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,

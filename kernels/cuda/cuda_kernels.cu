@@ -948,4 +948,106 @@ void add_inplace(cudaStream_t s, int dev, size_t n, const float* src, float* dst
     }
 }
 
+// ---- sequence models: causal attention's softmax and the token embedding -----------------------
+// One warp per row of a [t, t] score matrix; row i keeps columns 0..i. The warp's butterflies fix
+// the order of the sums, so results repeat bit for bit.
+__device__ float warp_max(float v) {
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+template <typename T>
+__global__ void causal_softmax_kernel(int64_t rows, int t, float scale, const T* z, T* p) {
+    const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int keep = int(row % t) + 1;
+    const size_t base = size_t(row) * t;
+    float mx = -INFINITY;
+    for (int j = lane; j < keep; j += 32) mx = fmaxf(mx, ld(z, base + j));
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int j = lane; j < keep; j += 32) sum += exp_poly(scale * (ld(z, base + j) - mx));  // the CPU's exp
+    const float inv = 1.0f / warp_sum(sum);
+    for (int j = lane; j < t; j += 32)
+        st(p, base + j, j < keep ? exp_poly(scale * (ld(z, base + j) - mx)) * inv : 0.0f);
+}
+
+template <typename T>
+__global__ void causal_softmax_backward_kernel(int64_t rows, int t, float scale, const T* p, const T* dp, T* ds) {
+    const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int keep = int(row % t) + 1;
+    const size_t base = size_t(row) * t;
+    float dot = 0.0f;
+    for (int j = lane; j < keep; j += 32) dot += ld(p, base + j) * ld(dp, base + j);
+    dot = warp_sum(dot);
+    for (int j = lane; j < t; j += 32)
+        st(ds, base + j, j < keep ? scale * ld(p, base + j) * (ld(dp, base + j) - dot) : 0.0f);
+}
+
+unsigned warp_rows_grid(int64_t rows) {
+    constexpr int kRowsPerBlock = kThreads / 32;
+    return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+void causal_softmax(cudaStream_t s, int dev, DType dt, int batches, int t, float scale, const void* scores,
+                    void* probs) {
+    const int64_t rows = int64_t(batches) * t;
+    if (rows <= 0) return;
+    DISPATCH(dt, causal_softmax_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(rows, t, scale, as<T>(scores),
+                                                                                 as<T>(probs)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+void causal_softmax_backward(cudaStream_t s, int dev, DType dt, int batches, int t, float scale, const void* probs,
+                             const void* dprobs, void* dscores) {
+    const int64_t rows = int64_t(batches) * t;
+    if (rows <= 0) return;
+    DISPATCH(dt, causal_softmax_backward_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(
+                     rows, t, scale, as<T>(probs), as<T>(dprobs), as<T>(dscores)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+template <typename T>
+__global__ void embedding_forward_kernel(int tokens, int vocab, int dim, const float* ids, const T* table, T* y) {
+    GRID_LOOP(e, size_t(tokens) * dim) {
+        const size_t i = e / size_t(dim), j = e % size_t(dim);
+        const int id = int(ids[i]);
+        st(y, e, id >= 0 && id < vocab ? ld(table, size_t(id) * dim + j) : 0.0f);
+    }
+}
+
+// Thread (column j, slice k) adds, in token order, the rows of the tokens whose id % slices == k:
+// every gradient element has one writer and a fixed order, so no atomics and the same bits each run.
+template <typename T>
+__global__ void embedding_backward_kernel(int tokens, int vocab, int dim, const float* ids, const T* dy,
+                                          float* dtable) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int slice = blockIdx.y, slices = gridDim.y;
+    if (j >= dim) return;
+    for (int i = 0; i < tokens; ++i) {
+        const int id = int(ids[i]);
+        if (id < 0 || id >= vocab || id % slices != slice) continue;
+        dtable[size_t(id) * dim + j] += ld(dy, size_t(i) * dim + j);
+    }
+}
+
+void embedding_forward(cudaStream_t s, int dev, DType dt, int tokens, int vocab, int dim, const float* ids,
+                       const void* table, void* y) {
+    if (tokens <= 0 || dim <= 0) return;
+    DISPATCH(dt, embedding_forward_kernel<<<grid_for(size_t(tokens) * dim), kThreads, 0, s>>>(tokens, vocab, dim, ids,
+                                                                                              as<T>(table), as<T>(y)));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
+void embedding_backward(cudaStream_t s, int dev, DType dt, int tokens, int vocab, int dim, const float* ids,
+                        const void* dy, float* dtable) {
+    if (tokens <= 0 || dim <= 0) return;
+    const dim3 grid(unsigned((dim + kThreads - 1) / kThreads), unsigned(std::min(vocab, 32)));
+    DISPATCH(dt, embedding_backward_kernel<<<grid, kThreads, 0, s>>>(tokens, vocab, dim, ids, as<T>(dy), dtable));
+    CUDA_LAUNCH_CHECK(dev);
+}
+
 }  // namespace mirrored::cuda

@@ -36,6 +36,16 @@ void dropout(cudaStream_t s, int dev, DType t, const DropoutArgs& a, int rows, i
 void convert(cudaStream_t s, int dev, size_t n, const void* x, DType xt, void* y, DType yt);
 void add(cudaStream_t s, int dev, DType t, size_t n, const void* x, void* y);
 
+// Sequence models (Device's causal_softmax, embedding_forward/backward).
+void causal_softmax(cudaStream_t s, int dev, DType t, int batches, int len, float scale, const void* scores,
+                    void* probs);
+void causal_softmax_backward(cudaStream_t s, int dev, DType t, int batches, int len, float scale, const void* probs,
+                             const void* dprobs, void* dscores);
+void embedding_forward(cudaStream_t s, int dev, DType t, int tokens, int vocab, int dim, const float* ids,
+                       const void* table, void* y);
+void embedding_backward(cudaStream_t s, int dev, DType t, int tokens, int vocab, int dim, const float* ids,
+                        const void* dy, float* dtable);
+
 void im2col(cudaStream_t s, int dev, DType t, const Window2d& g, const void* x, void* col);
 void col2im(cudaStream_t s, int dev, DType t, const Window2d& g, const void* dcol, void* dx);
 void pool_forward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2d& g, const void* x, void* y);

@@ -632,6 +632,16 @@ public:
            dropout_forward(Stream{}, a, rows, cols, x, y))
     SIM_OP(dropout_backward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx),
            dropout_backward(Stream{}, a, rows, cols, dy, dx))
+    SIM_OP(causal_softmax, (Stream s, int batches, int t, float scale, const void* scores, void* probs),
+           causal_softmax(Stream{}, batches, t, scale, scores, probs))
+    SIM_OP(causal_softmax_backward,
+           (Stream s, int batches, int t, float scale, const void* probs, const void* dprobs, void* dscores),
+           causal_softmax_backward(Stream{}, batches, t, scale, probs, dprobs, dscores))
+    SIM_OP(embedding_forward, (Stream s, int tokens, int vocab, int dim, const float* ids, const void* table, void* y),
+           embedding_forward(Stream{}, tokens, vocab, dim, ids, table, y))
+    SIM_OP(embedding_backward,
+           (Stream s, int tokens, int vocab, int dim, const float* ids, const void* dy, float* dtable),
+           embedding_backward(Stream{}, tokens, vocab, dim, ids, dy, dtable))
     SIM_OP(convert, (Stream s, size_t n, const void* x, DType xt, void* y, DType yt),
            convert(Stream{}, n, x, xt, y, yt))
     SIM_OP(add, (Stream s, size_t n, const void* x, void* y), add(Stream{}, n, x, y))

@@ -1,4 +1,5 @@
-// dense: y = act(x W^T + b), as torch.nn.Linear (weight [out, in]) followed by the activation.
+// dense: y = act(x W^T + b), as torch.nn.Linear (weight [out, in]) followed by the activation;
+// on a sequence, at every position.
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -35,11 +36,11 @@ public:
         w_ = b.param(name_ + ".weight", {units, inputs}, wi);
         if (o_.bias) b_ = b.param(name_ + ".bias", {units}, InitArgs{});
         slot_ = b.new_slot();
-        out_buf_ = b.act_buffer(slot_, size_t(units));
+        out_buf_ = b.act_buffer(slot_, size_t(units) * in_.positions());
         // GELU's derivative needs the pre-activation; ReLU's reads the output instead (y > 0
         // exactly when z > 0), so a ReLU layer keeps one buffer and writes it once.
-        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, size_t(units));
-        out_ = Shape::vector(units);
+        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, size_t(units) * in_.positions());
+        out_ = Shape::sequence(in_.positions(), units);
     }
     void place(const std::vector<TensorRef>& refs) override {
         w_off_ = refs[size_t(w_)].offset;
@@ -47,33 +48,33 @@ public:
     }
 
     const void* forward(Pass& p, const void* x) const override {
-        const int units = out_.c, inputs = in_.c;
+        const int units = out_.c, inputs = in_.c, rows = p.rows * in_.positions();
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
         void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
         // z[rows, units] = x[rows, inputs] . W[units, inputs]^T + b, y = act(z)
-        p.dev->dense_forward(p.stream, o_.activation, p.rows, units, inputs, x, p.weight(w_off_),
+        p.dev->dense_forward(p.stream, o_.activation, rows, units, inputs, x, p.weight(w_off_),
                              b_ >= 0 ? p.params + b_off_ : nullptr, z, y, p.types(p.vt));
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
-        const int units = out_.c, inputs = in_.c;
+        const int units = out_.c, inputs = in_.c, rows = p.rows * in_.positions();
         if (o_.activation != Activation::none) {
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
-            p.dev->act_backward(p.stream, o_.activation, size_t(p.rows) * units, z, dy, dy);
+            p.dev->act_backward(p.stream, o_.activation, size_t(rows) * units, z, dy, dy);
         }
         // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
-        p.dev->dense_weight_grad(p.stream, p.rows, units, inputs, dy, p.acts->input(slot_), p.grads + w_off_,
+        p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), p.grads + w_off_,
                                  b_ >= 0 ? p.grads + b_off_ : nullptr, p.accumulate, p.types(DType::f32));
         // dx[rows, inputs] = dz[rows, units] . W[units, inputs]
         if (dx)
-            p.dev->gemm(p.stream, false, false, p.rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f,
+            p.dev->gemm(p.stream, false, false, rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f,
                         dx, inputs, p.types(p.vt));
     }
 
     bool has_params() const override { return true; }
-    double forward_flops() const override { return 2.0 * in_.c * out_.c; }
+    double forward_flops() const override { return 2.0 * in_.c * out_.c * in_.positions(); }
     std::string detail() const override { return activation_name(o_.activation); }
 
 private:

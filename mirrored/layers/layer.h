@@ -22,15 +22,20 @@
 
 namespace mirrored {
 
-// The shape of one sample.
+// The shape of one sample: an image [h, w, c], a sequence [w, c] (w positions of c values: a
+// language model's tokens) or a vector [c] (a sequence of one position).
 struct Shape {
     int h = 1, w = 1, c = 1;
-    bool image = false;  // [h, w, c]; otherwise a vector [c]
+    bool image = false;  // [h, w, c]; otherwise [w, c] with h = 1
     size_t size() const { return size_t(h) * size_t(w) * size_t(c); }
+    // Rows of c values a sample has for the layers that work on each position alone (dense,
+    // layernorm, the loss): a sequence's length, 1 for a vector.
+    int positions() const { return image ? 1 : h * w; }
     std::string str() const;
     bool operator==(const Shape&) const = default;
     static Shape vector(int c) { return Shape{1, 1, c, false}; }
     static Shape picture(int h, int w, int c) { return Shape{h, w, c, true}; }
+    static Shape sequence(int t, int c) { return Shape{1, t, c, false}; }
 };
 
 // One entry of model.layers: its type, the type's own keys (its LayerKind reads them), and the
@@ -157,6 +162,7 @@ public:
         float fill = 0.0f;      // state tensors start at this value ...
         float momentum = 0.0f;  // ... and move this far towards each step's statistics
         int top_layer = 0;
+        bool tied = false;  // another layer uses it too (an LM head tied to the token embedding)
     };
     struct Buffer {
         bool act = true;     // activation type, else f32
@@ -179,6 +185,10 @@ public:
     void scratch(size_t per_row) { scratch_rows_.push_back(per_row); }
     void stats(size_t floats) { stats_floats_ = std::max(stats_floats_, floats); }
     void set_top_layer(int l) { top_layer_ = l; }
+    // The token embedding's table, which an LM head may tie its weights to (-1: none yet).
+    void set_token_embedding(int tensor) { token_embedding_ = tensor; }
+    int token_embedding() const { return token_embedding_; }
+    void tie(int tensor) { tensors_[size_t(tensor)].tied = true; }
 
     const std::vector<Tensor>& tensors() const { return tensors_; }
     const std::vector<Slot>& slots() const { return slots_; }
@@ -188,6 +198,7 @@ public:
 private:
     uint64_t seed_;
     int top_layer_ = 0;
+    int token_embedding_ = -1;
     std::vector<Tensor> tensors_;
     std::vector<Slot> slots_;
     std::vector<size_t> scratch_rows_;

@@ -10,13 +10,15 @@
 namespace mirrored {
 
 extern const LayerKind kDenseKind, kDropoutKind, kFlattenKind, kConv2dKind, kMaxPool2dKind, kAvgPool2dKind,
-    kGlobalAvgPoolKind, kBatchNormKind, kLayerNormKind, kResidualKind;
+    kGlobalAvgPoolKind, kBatchNormKind, kLayerNormKind, kResidualKind, kEmbeddingKind, kPositionEmbeddingKind,
+    kAttentionKind, kTransformerBlockKind, kLmHeadKind;
 
 const Registry<LayerKind>& layer_kinds() {
     // one entry per type, in the order --help and error messages list them
     static const Registry<LayerKind> kinds(
         "layer type", {&kDenseKind, &kDropoutKind, &kFlattenKind, &kConv2dKind, &kMaxPool2dKind, &kAvgPool2dKind,
-                       &kGlobalAvgPoolKind, &kBatchNormKind, &kLayerNormKind, &kResidualKind});
+                       &kGlobalAvgPoolKind, &kBatchNormKind, &kLayerNormKind, &kResidualKind, &kEmbeddingKind,
+                       &kPositionEmbeddingKind, &kAttentionKind, &kTransformerBlockKind, &kLmHeadKind});
     return kinds;
 }
 
@@ -95,6 +97,7 @@ void read_padding(SpecReader& r, const std::string& path, WindowKeys& s) {
 }
 
 std::string Shape::str() const {
+    if (!image && w > 1) return "[" + std::to_string(w) + ", " + std::to_string(c) + "]";
     if (!image) return "[" + std::to_string(c) + "]";
     return "[" + std::to_string(h) + ", " + std::to_string(w) + ", " + std::to_string(c) + "]";
 }

@@ -140,6 +140,7 @@ ToolCommands::ToolCommands(CLI::App& app) {
     add_scale(app);
     add_plan(app);
     add_report(app);
+    add_generate(app);
 }
 
 void ToolCommands::add_bench_loader(CLI::App& app) {
@@ -282,6 +283,20 @@ void ToolCommands::add_report(CLI::App& app) {
     rp_cmd_->add_option("--out", rp_.out_dir, "folder for the figures and report.html (default <first run>/report)");
 }
 
+void ToolCommands::add_generate(CLI::App& app) {
+    gn_cmd_ = app.add_subcommand("generate", "a language model's continuation of a prompt, printed as it comes");
+    gn_cmd_->add_option("checkpoint", gn_.checkpoint, "checkpoint file of a language model")->required();
+    gn_cmd_->add_option("--prompt", gn_.prompt, "the text to continue (byte-level tokens; default a newline)");
+    gn_cmd_->add_option("--tokens", gn_.tokens, "tokens to generate (default 256)")->check(CLI::Range(1, 1 << 20));
+    gn_cmd_->add_option("--temperature", gn_.temperature, "softmax temperature; 0 takes the most likely (default 0.8)")
+        ->check(CLI::Range(0.0, 100.0));
+    gn_cmd_->add_option("--top-k", gn_.top_k, "draw from the k most likely tokens only (default: all)")
+        ->check(CLI::Range(0, 1 << 24));
+    gn_cmd_->add_option("--seed", gn_.seed, "the draws' seed: the same seed prints the same text (default 1)");
+    gn_cmd_->add_flag(
+        "--no-echo", [this](int64_t) { gn_.echo = false; }, "print only the continuation");
+}
+
 int ToolCommands::run() {
     if (bl_->parsed()) {
         lb_.threads = parse_list(lb_threads_, "--threads");
@@ -325,6 +340,7 @@ int ToolCommands::run() {
         return plan(pl_);
     }
     if (rp_cmd_->parsed()) return report(rp_);
+    if (gn_cmd_->parsed()) return generate(gn_);
     return -1;
 }
 

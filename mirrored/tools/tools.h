@@ -127,6 +127,18 @@ struct ReportOptions {
 // `mirrored report`: the runs' curves as PNG figures and one HTML page (scripts/report.py).
 int report(const ReportOptions& o);
 
+struct GenerateOptions {
+    std::string checkpoint;
+    std::string prompt;  // byte-level tokens; empty: a newline
+    int tokens = 256;
+    double temperature = 0.8;  // 0: the most likely token every time
+    int top_k = 0;             // 0: every token
+    uint64_t seed = 1;
+    bool echo = true;  // print the prompt before the continuation
+};
+// `mirrored generate`: a language model's continuation of a prompt, streamed.
+int generate(const GenerateOptions& o);
+
 struct ConvShape {
     int h, w, c, k, f;  // image h x w x c, kernel k x k ("same" padding, stride 1), f filters
 };

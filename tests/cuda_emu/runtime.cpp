@@ -965,6 +965,27 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// Each matrix as cublasGemmEx takes it, matrix i's operands stride elements after matrix i-1's.
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                          int k, const void* alpha, const void* A, cudaDataType at, int lda,
+                                          long long stride_a, const void* B, cudaDataType bt, int ldb,
+                                          long long stride_b, const void* beta, void* C, cudaDataType ct, int ldc,
+                                          long long stride_c, int batches, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t algo) {
+    if (batches < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0)
+        return blas_fail(CUBLAS_STATUS_INVALID_VALUE, "cublasGemmStridedBatchedEx: a negative count or stride");
+    if (!known_type(at) || !known_type(bt) || !known_type(ct))
+        return blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasGemmStridedBatchedEx: an unsupported type");
+    for (int i = 0; i < batches; ++i) {
+        const cublasStatus_t st =
+            cublasGemmEx(h, ta, tb, m, n, k, alpha, static_cast<const char*>(A) + i * stride_a * type_bytes(at), at,
+                         lda, static_cast<const char*>(B) + i * stride_b * type_bytes(bt), bt, ldb, beta,
+                         static_cast<char*>(C) + i * stride_c * type_bytes(ct), ct, ldc, compute, algo);
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 namespace {
 
 struct LtDesc {

@@ -1,0 +1,157 @@
+// attention: multi-head causal self-attention over a sequence [t, c] (GPT-2's CausalSelfAttention):
+// qkv = x W_attn^T + b_attn (one product for the three, [t, 3c]: q, k, v side by side, head h in
+// columns h*d .. h*d + d of each, d = c / heads); per head softmax(q k^T / sqrt(d)) over the
+// positions up to each one; the heads' outputs side by side, then y = a W_proj^T + b_proj.
+// Tensors as nanoGPT names them: c_attn.weight [3c, c], c_attn.bias, c_proj.weight [c, c], c_proj.bias.
+//
+// The unfused path: the [t, t] probabilities of every head are kept for backward, and the products
+// run as strided-batched GEMMs over the samples, one call per head.
+#include <cmath>
+
+#include "mirrored/layers/activations.h"
+#include "mirrored/layers/layer.h"
+
+namespace mirrored {
+
+namespace {
+
+struct AttentionOptions final : OptionsOf<AttentionOptions> {
+    int heads = 0;
+    Fields fields() const override { return {{"heads", std::to_string(heads)}}; }
+    bool operator==(const AttentionOptions&) const = default;
+};
+
+class Attention final : public Layer {
+public:
+    explicit Attention(const LayerSpec& s) : Layer(s), heads_(spec_.get<AttentionOptions>().heads) {}
+
+    void declare(Builder& b) override {
+        if (in_.image) fail("attention needs a sequence [t, c], got an image " + in_.str());
+        const int c = in_.c;
+        if (c % heads_) fail("heads: " + std::to_string(heads_) + " does not divide the width " + std::to_string(c));
+        InitArgs w;
+        w.kind = InitKind::gpt2_normal;
+        attn_w_ = b.param(name_ + ".c_attn.weight", {3 * c, c}, w);
+        attn_b_ = b.param(name_ + ".c_attn.bias", {3 * c}, InitArgs{});
+        proj_w_ = b.param(name_ + ".c_proj.weight", {c, c}, w);
+        proj_b_ = b.param(name_ + ".c_proj.bias", {c}, InitArgs{});
+        const size_t t = size_t(in_.positions()), probs = size_t(heads_) * t * t;
+        slot_ = b.new_slot();
+        qkv_ = b.act_buffer(slot_, 3 * t * c);
+        probs_ = b.act_buffer(slot_, probs);
+        heads_out_ = b.act_buffer(slot_, t * c);
+        proj_out_ = b.act_buffer(slot_, t * c);
+        dqkv_ = b.act_buffer(slot_, 3 * t * c);
+        dprobs_ = b.act_buffer(slot_, probs);
+        dheads_ = b.act_buffer(slot_, t * c);
+    }
+    void place(const std::vector<TensorRef>& refs) override {
+        attn_w_off_ = refs[size_t(attn_w_)].offset;
+        attn_b_off_ = refs[size_t(attn_b_)].offset;
+        proj_w_off_ = refs[size_t(proj_w_)].offset;
+        proj_b_off_ = refs[size_t(proj_b_)].offset;
+    }
+
+    const void* forward(Pass& p, const void* x) const override {
+        const int t = in_.positions(), c = in_.c, rows = p.rows * t;
+        const Buffers B = buffers(p);
+        p.acts->input(slot_) = x;
+        p.dev->dense_forward(p.stream, Activation::none, rows, 3 * c, c, x, p.weight(attn_w_off_),
+                             p.params + attn_b_off_, B.qkv, B.qkv, p.types(p.vt));
+        for (int h = 0; h < heads_; ++h)  // scores = q k^T
+            batched(p, false, true, t, t, d(), at(p, B.qkv, q(h)), 3 * c, size_t(t) * 3 * c, at(p, B.qkv, k(h)),
+                    3 * c, size_t(t) * 3 * c, at(p, B.probs, size_t(h) * t * t), t, tt());
+        p.dev->causal_softmax(p.stream, p.rows * heads_, t, scale(), B.probs, B.probs);
+        for (int h = 0; h < heads_; ++h)  // a = probs v
+            batched(p, false, false, t, d(), t, at(p, B.probs, size_t(h) * t * t), t, tt(), at(p, B.qkv, v(h)),
+                    3 * c, size_t(t) * 3 * c, at(p, B.heads, size_t(h) * d()), c, size_t(t) * c);
+        p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
+                             p.params + proj_b_off_, B.out, B.out, p.types(p.vt));
+        return B.out;
+    }
+
+    void backward(Pass& p, void* dy, void* dx) const override {
+        const int t = in_.positions(), c = in_.c, rows = p.rows * t;
+        const Buffers B = buffers(p);
+        void* dqkv = p.acts->act(slot_, dqkv_);
+        void* dprobs = p.acts->act(slot_, dprobs_);
+        void* dheads = p.acts->act(slot_, dheads_);
+        p.dev->dense_weight_grad(p.stream, rows, c, c, dy, B.heads, p.grads + proj_w_off_, p.grads + proj_b_off_,
+                                 p.accumulate, p.types(DType::f32));
+        p.dev->gemm(p.stream, false, false, rows, c, c, 1.0f, dy, c, p.weight(proj_w_off_), c, 0.0f, dheads, c,
+                    p.types(p.vt));
+        for (int h = 0; h < heads_; ++h) {
+            // dprobs = da v^T; dv = probs^T da
+            batched(p, false, true, t, t, d(), at(p, dheads, size_t(h) * d()), c, size_t(t) * c, at(p, B.qkv, v(h)),
+                    3 * c, size_t(t) * 3 * c, at(p, dprobs, size_t(h) * t * t), t, tt());
+            batched(p, true, false, t, d(), t, at(p, B.probs, size_t(h) * t * t), t, tt(),
+                    at(p, dheads, size_t(h) * d()), c, size_t(t) * c, at(p, dqkv, v(h)), 3 * c, size_t(t) * 3 * c);
+        }
+        p.dev->causal_softmax_backward(p.stream, p.rows * heads_, t, scale(), B.probs, dprobs, dprobs);
+        for (int h = 0; h < heads_; ++h) {
+            // dq = dscores k; dk = dscores^T q (the scale is in dscores)
+            batched(p, false, false, t, d(), t, at(p, dprobs, size_t(h) * t * t), t, tt(), at(p, B.qkv, k(h)), 3 * c,
+                    size_t(t) * 3 * c, at(p, dqkv, q(h)), 3 * c, size_t(t) * 3 * c);
+            batched(p, true, false, t, d(), t, at(p, dprobs, size_t(h) * t * t), t, tt(), at(p, B.qkv, q(h)), 3 * c,
+                    size_t(t) * 3 * c, at(p, dqkv, k(h)), 3 * c, size_t(t) * 3 * c);
+        }
+        p.dev->dense_weight_grad(p.stream, rows, 3 * c, c, dqkv, p.acts->input(slot_), p.grads + attn_w_off_,
+                                 p.grads + attn_b_off_, p.accumulate, p.types(DType::f32));
+        if (dx)
+            p.dev->gemm(p.stream, false, false, rows, c, 3 * c, 1.0f, dqkv, 3 * c, p.weight(attn_w_off_), c, 0.0f, dx,
+                        c, p.types(p.vt));
+    }
+
+    bool has_params() const override { return true; }
+    // the four products of the projections and the two of attention (scores, then the mix)
+    double forward_flops() const override {
+        const double t = in_.positions(), c = in_.c;
+        return 2.0 * t * c * 4.0 * c + 2.0 * 2.0 * t * t * c;
+    }
+    std::string detail() const override { return std::to_string(heads_) + " heads"; }
+
+private:
+    struct Buffers {
+        void* qkv;
+        void* probs;
+        void* heads;
+        void* out;
+    };
+    Buffers buffers(Pass& p) const {
+        return {p.acts->act(slot_, qkv_), p.acts->act(slot_, probs_), p.acts->act(slot_, heads_out_),
+                p.acts->act(slot_, proj_out_)};
+    }
+    int d() const { return in_.c / heads_; }
+    size_t q(int h) const { return size_t(h) * d(); }
+    size_t k(int h) const { return size_t(in_.c) + size_t(h) * d(); }
+    size_t v(int h) const { return 2 * size_t(in_.c) + size_t(h) * d(); }
+    size_t tt() const { return size_t(heads_) * in_.positions() * in_.positions(); }  // a sample's probabilities
+    float scale() const { return 1.0f / std::sqrt(float(d())); }
+    static void* at(const Pass& p, void* base, size_t elements) {
+        return static_cast<char*>(base) + p.dev->act_bytes(elements);
+    }
+    // One product per sample of the micro-batch, every operand an activation.
+    static void batched(Pass& p, bool ta, bool tb, int m, int n, int k, const void* a, int lda, size_t sa,
+                        const void* b, int ldb, size_t sb, void* c, int ldc, size_t sc) {
+        p.dev->gemm_batched(p.stream, ta, tb, m, n, k, 1.0f, a, lda, int64_t(sa), b, ldb, int64_t(sb), 0.0f, c, ldc,
+                            int64_t(sc), p.rows, p.types(p.vt));
+    }
+
+    int heads_;
+    int attn_w_ = -1, attn_b_ = -1, proj_w_ = -1, proj_b_ = -1;
+    size_t attn_w_off_ = 0, attn_b_off_ = 0, proj_w_off_ = 0, proj_b_off_ = 0;
+    int slot_ = -1, qkv_ = -1, probs_ = -1, heads_out_ = -1, proj_out_ = -1, dqkv_ = -1, dprobs_ = -1, dheads_ = -1;
+};
+
+OptionsPtr read(SpecReader& r, const std::string& p) {
+    auto o = std::make_shared<AttentionOptions>();
+    o->heads = int(r.integer(p + ".heads", 0, 1, 1024));
+    if (o->heads == 0) r.fail(p + ".heads", "required for attention: the number of heads, dividing the width");
+    return o;
+}
+
+}  // namespace
+
+extern const LayerKind kAttentionKind{"attention", read, create_layer<Attention>};
+
+}  // namespace mirrored

@@ -1,0 +1,132 @@
+// transformer_block: GPT-2's pre-LN block on a sequence [t, c]:
+//   h = x + drop(attn(ln_1(x))),  y = h + drop(mlp(ln_2(h))),  mlp = c_proj(gelu(c_fc(.)))
+// with the sub-layers named as nanoGPT names them (ln_1, attn.c_attn, attn.c_proj, ln_2,
+// mlp.c_fc, mlp.c_proj). The same block can be written as two residual layers of layernorm,
+// attention and dense layers; this type is the short form.
+#include "mirrored/layers/activations.h"
+#include "mirrored/layers/layer.h"
+#include "mirrored/util.h"
+
+namespace mirrored {
+
+namespace {
+
+struct BlockOptions final : OptionsOf<BlockOptions> {
+    int heads = 0;
+    int mlp_ratio = 4;
+    float dropout = 0.0f;
+    float epsilon = 1e-5f;
+    Fields fields() const override {
+        return {{"heads", std::to_string(heads)},
+                {"mlp_ratio", std::to_string(mlp_ratio)},
+                {"dropout", decimal_text(dropout)},
+                {"epsilon", decimal_text(epsilon)}};
+    }
+    bool operator==(const BlockOptions&) const = default;
+};
+
+std::unique_ptr<Layer> sub_layer(const std::string& type, const Fields& keys) {
+    const LayerSpec s = make_layer_spec(type, keys);
+    return layer_kinds().get(type).create(s);
+}
+
+class TransformerBlock final : public Layer {
+public:
+    explicit TransformerBlock(const LayerSpec& s) : Layer(s), o_(spec_.get<BlockOptions>()) {}
+
+    void declare(Builder& b) override {
+        if (in_.image) fail("transformer_block needs a sequence [t, c], got an image " + in_.str());
+        const std::string c = std::to_string(in_.c), eps = decimal_text(o_.epsilon);
+        const std::string wide = std::to_string(in_.c * o_.mlp_ratio);
+        ln_1_ = sub_layer("layernorm", {{"epsilon", eps}});
+        attn_ = sub_layer("attention", {{"heads", std::to_string(o_.heads)}});
+        ln_2_ = sub_layer("layernorm", {{"epsilon", eps}});
+        fc_ = sub_layer("dense", {{"units", wide}, {"activation", "gelu"}});
+        proj_ = sub_layer("dense", {{"units", c}});
+        ln_1_->build(b, name_ + ".ln_1", key_, in_);
+        attn_->build(b, name_ + ".attn", key_, ln_1_->out());
+        ln_2_->build(b, name_ + ".ln_2", key_, in_);
+        fc_->build(b, name_ + ".mlp.c_fc", key_, ln_2_->out());
+        proj_->build(b, name_ + ".mlp.c_proj", key_, fc_->out());
+        if (o_.dropout > 0) {
+            const std::string rate = decimal_text(o_.dropout);
+            attn_drop_ = sub_layer("dropout", {{"rate", rate}});
+            mlp_drop_ = sub_layer("dropout", {{"rate", rate}});
+            attn_drop_->build(b, name_ + ".attn_dropout", key_, in_);
+            mlp_drop_->build(b, name_ + ".mlp_dropout", key_, in_);
+        }
+        slot_ = b.new_slot();
+        const size_t n = in_.size();
+        h_ = b.act_buffer(slot_, n);
+        y_ = b.act_buffer(slot_, n);
+        g_ = b.act_buffer(slot_, n);
+        dwide_ = b.act_buffer(slot_, size_t(in_.positions()) * size_t(in_.c) * size_t(o_.mlp_ratio));
+        dnorm_ = b.act_buffer(slot_, n);
+        dh_ = b.act_buffer(slot_, n);
+    }
+    void place(const std::vector<TensorRef>& refs) override {
+        for (Layer* l : {ln_1_.get(), attn_.get(), ln_2_.get(), fc_.get(), proj_.get()}) l->place(refs);
+    }
+
+    const void* forward(Pass& p, const void* x) const override {
+        void* h = p.acts->act(slot_, h_);
+        void* y = p.acts->act(slot_, y_);
+        const void* a = attn_->forward(p, ln_1_->forward(p, x));
+        if (attn_drop_) a = attn_drop_->forward(p, a);
+        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), a, x, h);
+        const void* m = proj_->forward(p, fc_->forward(p, ln_2_->forward(p, h)));
+        if (mlp_drop_) m = mlp_drop_->forward(p, m);
+        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), m, h, y);
+        return y;
+    }
+
+    void backward(Pass& p, void* dy, void* dx) const override {
+        const size_t n = size_t(p.rows) * in_.size();
+        void* g = p.acts->act(slot_, g_);
+        void* dwide = p.acts->act(slot_, dwide_);
+        void* dnorm = p.acts->act(slot_, dnorm_);
+        void* dh = p.acts->act(slot_, dh_);
+        // the MLP branch: its layers may overwrite their output gradient, so they get a copy of dy
+        if (mlp_drop_) mlp_drop_->backward(p, dy, g);
+        else p.dev->copy_on_device(p.stream, g, dy, p.dev->act_bytes(n));
+        proj_->backward(p, g, dwide);
+        fc_->backward(p, dwide, dnorm);
+        ln_2_->backward(p, dnorm, dh);
+        p.dev->add(p.stream, n, dy, dh);  // dh = dy + the branch's
+        // the attention branch
+        if (attn_drop_) attn_drop_->backward(p, dh, g);
+        else p.dev->copy_on_device(p.stream, g, dh, p.dev->act_bytes(n));
+        attn_->backward(p, g, dnorm);
+        ln_1_->backward(p, dnorm, dx);
+        if (dx) p.dev->add(p.stream, n, dh, dx);
+    }
+
+    bool has_params() const override { return true; }
+    double forward_flops() const override {
+        return attn_->forward_flops() + fc_->forward_flops() + proj_->forward_flops();
+    }
+    std::string detail() const override {
+        return std::to_string(o_.heads) + " heads, mlp " + std::to_string(o_.mlp_ratio) + "x gelu";
+    }
+
+private:
+    const BlockOptions& o_;
+    std::unique_ptr<Layer> ln_1_, attn_, ln_2_, fc_, proj_, attn_drop_, mlp_drop_;
+    int slot_ = -1, h_ = -1, y_ = -1, g_ = -1, dwide_ = -1, dnorm_ = -1, dh_ = -1;
+};
+
+OptionsPtr read(SpecReader& r, const std::string& p) {
+    auto o = std::make_shared<BlockOptions>();
+    o->heads = int(r.integer(p + ".heads", 0, 1, 1024));
+    if (o->heads == 0) r.fail(p + ".heads", "required for a transformer_block: the attention heads");
+    o->mlp_ratio = int(r.integer(p + ".mlp_ratio", 4, 1, 64));
+    o->dropout = float(r.number(p + ".dropout", 0.0, 0.0, 0.999));
+    o->epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0));
+    return o;
+}
+
+}  // namespace
+
+extern const LayerKind kTransformerBlockKind{"transformer_block", read, create_layer<TransformerBlock>};
+
+}  // namespace mirrored

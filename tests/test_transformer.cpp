@@ -1,0 +1,650 @@
+// Language models: the sequence ops against double-precision references (causal softmax and its
+// backward by finite differences, embeddings, batched products) on every backend; the transformer
+// layers' gradients by finite differences; the block equal to its list form; token files (nanoGPT
+// and llm.c layouts, bad ones refused); a byte-level GPT trained from token files with N replicas
+// equal to one, an exact resume, and step-for-step equality with an independent PyTorch model.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "data/datasets.h"
+#include "kernels/sim/sim.h"
+#include "mirrored/checkpoint.h"
+#include "mirrored/config.h"
+#include "mirrored/model.h"
+#include "mirrored/trainer.h"
+#include "tests/cli.h"
+#include "tests/helpers.h"
+#include "tests/run_folder.h"
+
+using namespace mirrored;
+using namespace mirrored::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---- the ops ---------------------------------------------------------------------------------
+
+std::vector<double> softmax_ref(const std::vector<float>& s, int batches, int t, double scale) {
+    std::vector<double> p(s.size(), 0.0);
+    for (int64_t r = 0; r < int64_t(batches) * t; ++r) {
+        const int keep = int(r % t) + 1;
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j < keep; ++j) mx = std::max(mx, double(s[size_t(r * t + j)]));
+        for (int j = 0; j < keep; ++j) sum += std::exp(scale * (s[size_t(r * t + j)] - mx));
+        for (int j = 0; j < keep; ++j) p[size_t(r * t + j)] = std::exp(scale * (s[size_t(r * t + j)] - mx)) / sum;
+    }
+    return p;
+}
+
+void check_sequence_ops(Device& d) {
+    CAPTURE(d.name());
+    Rng rng(base_seed() + 31);
+    const Stream s = d.compute_stream();
+    // causal softmax: against the double reference, in place as the attention layer calls it
+    const int batches = 3, t = 7;
+    const float scale = 0.37f;
+    const std::vector<float> scores = rng.uniform(size_t(batches) * t * t, -4.0f, 4.0f);
+    DeviceBuffer<float> p = upload(d, scores);
+    d.causal_softmax(s, batches, t, scale, p.data(), p.data());
+    const std::vector<float> probs = download(d, p);
+    const std::vector<double> want = softmax_ref(scores, batches, t, scale);
+    CHECK(rel_error(probs, want) < 1e-6);
+    // backward: L = sum(w * probs) has dL/dscores = backward(probs, w), checked by central differences
+    const std::vector<float> w = rng.uniform(scores.size(), -1.0f, 1.0f);
+    DeviceBuffer<float> dw = upload(d, w);
+    d.causal_softmax_backward(s, batches, t, scale, p.data(), dw.data(), dw.data());
+    const std::vector<float> grad = download(d, dw);
+    std::vector<double> fd(scores.size());
+    for (size_t i = 0; i < scores.size(); ++i) {
+        std::vector<float> up = scores, down = scores;
+        const float eps = 1e-3f;
+        up[i] += eps;
+        down[i] -= eps;
+        const auto pu = softmax_ref(up, batches, t, scale), pd = softmax_ref(down, batches, t, scale);
+        double lu = 0, ld = 0;
+        for (size_t j = 0; j < w.size(); ++j) lu += w[j] * pu[j], ld += w[j] * pd[j];
+        fd[i] = (lu - ld) / (2.0 * eps);
+    }
+    CHECK(rel_error(grad, fd, 1e-4) < 1e-4);
+    for (int64_t r = 0; r < int64_t(batches) * t; ++r)  // above the diagonal: nothing, both ways
+        for (int j = int(r % t) + 1; j < t; ++j) {
+            CHECK(probs[size_t(r * t + j)] == 0.0f);
+            CHECK(grad[size_t(r * t + j)] == 0.0f);
+        }
+
+    // embeddings: rows of the table; an id out of range gives zeros; backward adds repeated ids
+    const int vocab = 11, dim = 5, tokens = 9;
+    const std::vector<float> ids = {3, 0, 10, 3, 7, 3, 11, -1, 0};
+    const std::vector<float> table = rng.uniform(size_t(vocab) * dim, -1.0f, 1.0f);
+    DeviceBuffer<float> did = upload(d, ids), dtab = upload(d, table), y = poisoned(d, size_t(tokens) * dim);
+    d.embedding_forward(s, tokens, vocab, dim, did.data(), dtab.data(), y.data());
+    const std::vector<float> got = download(d, y);
+    for (int i = 0; i < tokens; ++i)
+        for (int j = 0; j < dim; ++j) {
+            const int id = int(ids[size_t(i)]);
+            CHECK(got[size_t(i) * dim + j] == (id >= 0 && id < vocab ? table[size_t(id) * dim + j] : 0.0f));
+        }
+    const std::vector<float> dy = rng.uniform(size_t(tokens) * dim, -1.0f, 1.0f);
+    std::vector<double> dref(table.size(), 0.5);
+    DeviceBuffer<float> ddy = upload(d, dy), dtable = upload(d, std::vector<float>(table.size(), 0.5f));
+    for (int i = 0; i < tokens; ++i) {
+        const int id = int(ids[size_t(i)]);
+        if (id >= 0 && id < vocab)
+            for (int j = 0; j < dim; ++j) dref[size_t(id) * dim + j] += dy[size_t(i) * dim + j];
+    }
+    d.embedding_backward(s, tokens, vocab, dim, did.data(), ddy.data(), dtable.data());
+    CHECK(rel_error(download(d, dtable), dref) < 1e-6);
+
+    // batched products with operands inside wider rows (a head's columns of qkv), both layouts
+    for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+            CAPTURE(ta);
+            CAPTURE(tb);
+            const int m = 4, n = 3, k = 5, nb = 3, lda = 9, ldb = 8, ldc = 6;
+            const int64_t sa = 40, sb = 45, sc = 30;
+            const std::vector<float> a = rng.uniform(size_t(sa) * nb, -1.0f, 1.0f);
+            const std::vector<float> b = rng.uniform(size_t(sb) * nb, -1.0f, 1.0f);
+            std::vector<float> c0 = rng.uniform(size_t(sc) * nb, -1.0f, 1.0f);
+            std::vector<double> ref(c0.begin(), c0.end());
+            for (int q = 0; q < nb; ++q)
+                for (int i = 0; i < m; ++i)
+                    for (int j = 0; j < n; ++j) {
+                        double acc = 0;
+                        for (int l = 0; l < k; ++l)
+                            acc += double(a[size_t(q * sa + (ta ? l * lda + i : i * lda + l))]) *
+                                   b[size_t(q * sb + (tb ? j * ldb + l : l * ldb + j))];
+                        ref[size_t(q * sc + i * ldc + j)] = 0.5 * acc;
+                    }
+            DeviceBuffer<float> da = upload(d, a), db = upload(d, b), dc = upload(d, c0);
+            d.gemm_batched(s, ta, tb, m, n, k, 0.5f, da.data(), lda, sa, db.data(), ldb, sb, 0.0f, dc.data(), ldc, sc,
+                           nb);
+            CHECK(rel_error(download(d, dc), ref) < 1e-5);
+        }
+}
+
+// ---- the layers ------------------------------------------------------------------------------
+
+LayerSpec layer(const std::string& type, const Fields& keys = {}, std::vector<LayerSpec> sub = {}) {
+    return make_layer_spec(type, keys, std::move(sub));
+}
+
+std::vector<LayerSpec> gpt(int vocab, int dim, int t, int blocks, int heads, bool tie) {
+    std::vector<LayerSpec> l = {layer("embedding", {{"vocab", std::to_string(vocab)}, {"dim", std::to_string(dim)}}),
+                                layer("position_embedding", {{"max_len", std::to_string(t + 1)}})};
+    for (int b = 0; b < blocks; ++b) l.push_back(layer("transformer_block", {{"heads", std::to_string(heads)}}));
+    l.push_back(layer("layernorm"));
+    l.push_back(tie ? layer("lm_head") : layer("lm_head", {{"tie_weights", "false"}, {"units", std::to_string(vocab)}}));
+    return l;
+}
+
+// A language model on one device: random ids in, random next tokens as labels.
+struct TokenHarness {
+    Device& d;
+    const Model& m;
+    int rows, t, vocab;
+    DeviceBuffer<float> x, params, grads;
+    DeviceBuffer<int32_t> y;
+    DeviceBuffer<double> metrics;
+    Activations acts;
+    std::vector<int32_t> labels;
+
+    TokenHarness(Device& dev, const Model& model, int r, uint64_t salt)
+        : d(dev),
+          m(model),
+          rows(r),
+          t(model.output_positions()),
+          vocab(model.output_classes()),
+          params(dev, model.flat_size()),
+          grads(dev, model.flat_size()),
+          metrics(dev, kMetricSlots),
+          acts(model.make_activations(dev, r)) {
+        Rng rng(salt);
+        std::vector<float> ids(size_t(rows) * t);
+        for (float& id : ids) id = float(rng.integer(0, vocab - 1));
+        labels = rng.labels(rows * t, vocab);
+        x = upload(d, ids);
+        y = upload(d, labels);
+        m.init_params(d, d.compute_stream(), params.data());
+    }
+    Pass pass() {
+        Pass p;
+        p.dev = &d;
+        p.stream = d.compute_stream();
+        p.rows = p.global_rows = rows;
+        p.seed = base_seed();
+        p.params = params.data();
+        p.weights = params.data();
+        p.grads = grads.data();
+        p.acts = &acts;
+        p.vt = d.value_dtype();
+        return p;
+    }
+    std::vector<float> logits(const std::vector<float>& p_host) {
+        d.copy_to_device(d.compute_stream(), params.data(), p_host.data(), p_host.size() * sizeof(float));
+        Pass p = pass();
+        const void* z = m.forward(p, x.data());
+        std::vector<float> out(size_t(rows) * t * vocab);
+        d.copy_to_host(d.compute_stream(), out.data(), z, out.size() * 4);
+        d.synchronize();
+        return out;
+    }
+    // the mean cross-entropy over every position, in double
+    double loss(const std::vector<float>& p_host) {
+        const std::vector<float> z = logits(p_host);
+        double loss = 0;
+        for (int i = 0; i < rows * t; ++i) {
+            const float* r = &z[size_t(i) * vocab];
+            double mx = r[0], sum = 0;
+            for (int j = 1; j < vocab; ++j) mx = std::max(mx, double(r[j]));
+            for (int j = 0; j < vocab; ++j) sum += std::exp(r[j] - mx);
+            loss += std::log(sum) + mx - r[labels[size_t(i)]];
+        }
+        return loss / (rows * t);
+    }
+    std::vector<float> backprop() {
+        d.fill(d.compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
+        Pass p = pass();
+        const void* z = m.forward(p, x.data());
+        void* dl = m.dlogits_buffer(acts);
+        d.softmax_xent(d.compute_stream(), rows * t, vocab, z, y.data(), 1.0f / float(rows * t), nullptr, dl,
+                       metrics.data());
+        m.backward(p, dl, nullptr);
+        return download(d, grads);
+    }
+};
+
+// Backprop against finite differences at a sample of every trainable tensor's entries.
+void check_gradients(Device& d, const std::vector<LayerSpec>& layers, int t, int rows) {
+    const Model m({t}, layers, base_seed());
+    TokenHarness h(d, m, rows, base_seed() + 7);
+    Rng rng(base_seed() + 8);
+    std::vector<float> p = download(d, h.params);
+    for (const auto& info : m.tensors())  // no gamma exactly 1, no bias exactly 0
+        for (size_t i = 0; i < info.count; ++i) p[info.offset + i] += 0.05f * rng.normal(1)[0];
+    d.copy_to_device(d.compute_stream(), h.params.data(), p.data(), p.size() * 4);
+    const std::vector<float> g = h.backprop();
+    int checked = 0;
+    for (const auto& info : m.tensors()) {
+        CAPTURE(info.name);
+        for (int s = 0; s < 6; ++s) {
+            const size_t k = info.offset + size_t(rng.integer(0, int(info.count) - 1));
+            // central differences at eps and eps / 2, extrapolated (Richardson): a layernorm over
+            // small embeddings bends within a step of 1e-2, and smaller steps drown in float noise
+            auto central = [&](float eps) {
+                const float orig = p[k];
+                p[k] = orig + eps;
+                const double up = h.loss(p);
+                p[k] = orig - eps;
+                const double down = h.loss(p);
+                p[k] = orig;
+                return (up - down) / (2.0 * double(eps));
+            };
+            const double fd = (4.0 * central(2e-3f) - central(4e-3f)) / 3.0;
+            CAPTURE(g[k]);
+            CAPTURE(fd);
+            CHECK(std::abs(g[k] - fd) <= 2e-4 + 2e-2 * std::abs(fd));
+            ++checked;
+        }
+    }
+    CHECK(checked >= 6 * int(m.tensors().size()));
+}
+
+}  // namespace
+
+TEST_CASE("sequence ops against double references: causal softmax and its backward, embeddings, batched GEMMs") {
+    check_sequence_ops(*make_cpu_device(0));
+    SimScope sim(20);
+    check_sequence_ops(*make_sim_device(0));
+}
+
+TEST_CASE("cuda: sequence ops against double references" * doctest::test_suite("cuda")) {
+    SKIP_WITHOUT_CUDA();
+    check_sequence_ops(*make_cuda_device(0));
+}
+
+TEST_CASE("gradients match finite differences: embedding, position embedding, attention, block, tied/untied head") {
+    auto d = make_cpu_device(0);
+    SUBCASE("tied head, two blocks") { check_gradients(*d, gpt(13, 8, 5, 2, 2, true), 5, 3); }
+    SUBCASE("untied head, one head of the full width") { check_gradients(*d, gpt(9, 6, 4, 1, 1, false), 4, 2); }
+    SUBCASE("the block as a list: residual layers of layernorm, attention and dense") {
+        std::vector<LayerSpec> l = {layer("embedding", {{"vocab", "10"}, {"dim", "8"}}),
+                                    layer("residual", {}, {layer("layernorm"), layer("attention", {{"heads", "4"}})}),
+                                    layer("residual", {},
+                                          {layer("layernorm"), layer("dense", {{"units", "16"}, {"activation", "gelu"}}),
+                                           layer("dense", {{"units", "8"}})}),
+                                    layer("lm_head")};
+        check_gradients(*d, l, 6, 2);
+    }
+}
+
+TEST_CASE("transformer_block equals its list form: residual(layernorm, attention), residual(layernorm, mlp)") {
+    auto d = make_cpu_device(0);
+    const int t = 6, vocab = 17;
+    std::vector<LayerSpec> block = {layer("embedding", {{"vocab", "17"}, {"dim", "12"}}),
+                                    layer("transformer_block", {{"heads", "3"}}), layer("lm_head")};
+    std::vector<LayerSpec> list = {
+        block[0], layer("residual", {}, {layer("layernorm"), layer("attention", {{"heads", "3"}})}),
+        layer("residual", {},
+              {layer("layernorm"), layer("dense", {{"units", "48"}, {"activation", "gelu"}}),
+               layer("dense", {{"units", "12"}})}),
+        block[2]};
+    const Model a({t}, block, 5), b({t}, list, 5);
+    REQUIRE(a.flat_size() == b.flat_size());
+    CHECK(a.find("layers.1.attn.c_attn.weight") != nullptr);
+    CHECK(a.find("layers.1.mlp.c_fc.weight") != nullptr);
+    CHECK(b.find("layers.1.layers.1.c_attn.weight") != nullptr);
+    TokenHarness ha(*d, a, 3, 11), hb(*d, b, 3, 11);
+    const std::vector<float> pa = download(*d, ha.params), pb = download(*d, hb.params);
+    CHECK(pa == pb);  // the same tensors in the same order draw the same initial values
+    CHECK(ha.logits(pa) == hb.logits(pb));
+    const std::vector<float> ga = ha.backprop(), gb = hb.backprop();
+    for (size_t i = 0; i < a.tensors().size(); ++i) {
+        const TensorInfo &x = a.tensors()[i], &y = b.tensors()[i];
+        CAPTURE(x.name);
+        CHECK(std::vector<float>(ga.begin() + long(x.offset), ga.begin() + long(x.offset + x.count)) ==
+              std::vector<float>(gb.begin() + long(y.offset), gb.begin() + long(y.offset + y.count)));
+    }
+    CHECK(a.output_positions() == t);
+    CHECK(a.output_classes() == vocab);
+}
+
+TEST_CASE("transformer config errors name the key") {
+    auto build = [](std::vector<LayerSpec> l, std::vector<int> in) { return Model(std::move(in), std::move(l), 1); };
+    CHECK_THROWS_WITH_AS(build({layer("embedding", {{"vocab", "10"}, {"dim", "8"}}),
+                                layer("transformer_block", {{"heads", "3"}}), layer("lm_head")},
+                               {4}),
+                         doctest::Contains("does not divide the width 8"), ConfigError);
+    CHECK_THROWS_WITH_AS(build({layer("embedding", {{"vocab", "10"}, {"dim", "8"}}),
+                                layer("position_embedding", {{"max_len", "4"}}), layer("lm_head")},
+                               {5}),
+                         doctest::Contains("more than max_len 4"), ConfigError);
+    CHECK_THROWS_WITH_AS(build({layer("dense", {{"units", "8"}}), layer("lm_head")}, {4}),
+                         doctest::Contains("needs an embedding layer"), ConfigError);
+    CHECK_THROWS_WITH_AS(build({layer("embedding", {{"vocab", "10"}, {"dim", "8"}}), layer("lm_head")}, {2, 2}),
+                         doctest::Contains("embedding reads a vector of token ids"), ConfigError);
+}
+
+// ---- token files and training ----------------------------------------------------------------
+
+namespace {
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// ids as uint16 little-endian (nanoGPT's train.bin)
+std::string u16(const std::vector<uint32_t>& ids) {
+    std::string s;
+    for (uint32_t id : ids) s += char(id & 0xff), s += char(id >> 8);
+    return s;
+}
+
+std::string llmc(const std::vector<uint32_t>& ids, int version = 1) {
+    std::string h(1024, '\0');
+    const int32_t head[3] = {20240520, version, int32_t(ids.size())};
+    std::memcpy(h.data(), head, sizeof head);
+    if (version == 1) return h + u16(ids);
+    for (uint32_t id : ids) h.append(reinterpret_cast<const char*>(&id), 4);
+    return h;
+}
+
+// Text a small model can learn: lines of a tiny language with a little variation.
+std::string corpus(int lines, uint64_t seed) {
+    Rng rng(seed);
+    const char* words[] = {"def", "return", "self", "value", "if", "else", "for", "in", "range", "print"};
+    std::string s;
+    for (int i = 0; i < lines; ++i) {
+        s += std::string(words[rng.integer(0, 9)]) + " " + words[rng.integer(0, 9)] + "(x" +
+             std::to_string(rng.integer(0, 9)) + "):\n";
+    }
+    return s;
+}
+
+std::vector<uint32_t> bytes_of(const std::string& text) { return std::vector<uint32_t>(text.begin(), text.end()); }
+
+DataConfig tokens_config(const std::string& root, int context, const Fields& extra = {}) {
+    Fields keys = {{"train", "train.bin"}, {"test", "val.bin"}, {"context", std::to_string(context)}};
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    DataConfig c = make_data_config("tokens", keys);
+    c.root = root;
+    return c;
+}
+
+const char* kGpt = R"(run: {name: gpt, seed: 5}
+strategy: {devices: "cpu:1", bucket_mb: 0.01}
+data: {dataset: tokens, root: ROOT, train: train.bin, test: val.bin, context: 16, vocab: 128}
+model:
+  layers:
+    - {type: embedding, vocab: 128, dim: 32}
+    - {type: position_embedding, max_len: 16}
+    - {type: transformer_block, heads: 4, dropout: 0.1}
+    - {type: transformer_block, heads: 4}
+    - {type: layernorm}
+    - {type: lm_head}
+optimizer: {type: adamw, lr: 0.01, weight_decay: 0.01, grad_clip_norm: 1.0, schedule: {type: cosine, warmup_steps: 3}}
+train: {epochs: 0, steps: 8, global_batch_size: 12, log_every_steps: 2}
+checkpoint: {every_steps: 4, keep: 3}
+)";
+
+struct GptRun : TempDir {
+    std::string root;
+    GptRun() {
+        root = *this / "data";
+        fs::create_directories(root);
+        write_bytes(root + "/train.bin", u16(bytes_of(corpus(400, 1))));
+        write_bytes(root + "/val.bin", u16(bytes_of(corpus(60, 2))));
+    }
+    std::string config(std::string text = kGpt) const {
+        text.replace(text.find("ROOT"), 4, root);
+        return write("gpt.yaml", text);
+    }
+    int train(const std::string& out, std::vector<std::string> sets = {}) const {
+        sets.push_back("run.output_dir=" + out);
+        static std::FILE* quiet = std::fopen("/dev/null", "w");
+        return run_training(load_config(config(), sets), nullptr, std::getenv("MIRRORED_TEST_VERBOSE") ? stdout : quiet);
+    }
+    // the newest checkpoint's trainable tensors, flat in name order
+    static std::vector<float> params(const std::string& out) {
+        const auto files = list_checkpoints(out + "/checkpoints");
+        REQUIRE(!files.empty());
+        const SafetensorsFile f = read_safetensors(files.front(), true);
+        std::vector<float> v;
+        for (const auto& [name, t] : f.tensors)
+            if (name.rfind("optimizer.", 0) != 0) v.insert(v.end(), t.second.begin(), t.second.end());
+        return v;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("token files: nanoGPT's raw uint16, llm.c's header; windows of context + 1; bad files refused") {
+    TempDir dir;
+    const std::string root = dir.path();
+    const std::vector<uint32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    write_bytes(root + "/train.bin", u16(ids));
+    write_bytes(root + "/val.bin", llmc(ids));
+    Datasets d = load_datasets(tokens_config(root, 4, {{"vocab", "12"}}), "", 1);
+    CHECK(d.train.count() == 2);  // (11 - 1) / 4 windows
+    CHECK(d.train.shape == std::vector<int>{4});
+    CHECK(d.train.label_size == 4);
+    CHECK(d.train.features == std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8});  // ids, not normalised
+    CHECK(d.train.labels == std::vector<int32_t>{2, 3, 4, 5, 6, 7, 8, 9});  // each position's next token
+    CHECK(d.test.features == d.train.features);
+    CHECK(d.test.labels == d.train.labels);
+    // version 2: uint32 ids; raw uint32 with dtype
+    std::vector<uint32_t> big = ids;
+    big[5] = 70000;
+    write_bytes(root + "/val.bin", llmc(big, 2));
+    write_bytes(root + "/train.bin", std::string(reinterpret_cast<const char*>(big.data()), big.size() * 4));
+    d = load_datasets(tokens_config(root, 4, {{"vocab", "70001"}, {"dtype", "uint32"}}), "", 1);
+    CHECK(d.train.features[5] == 70000.0f);
+    CHECK(d.test.labels == d.train.labels);
+
+    auto refused = [&](const std::string& train, const std::string& what, const Fields& keys = {{"vocab", "12"}}) {
+        write_bytes(root + "/train.bin", train);
+        write_bytes(root + "/val.bin", u16(ids));
+        CHECK_THROWS_WITH_AS(load_datasets(tokens_config(root, 4, keys), "", 1),
+                             doctest::Contains((root + "/train.bin: " + what).c_str()), DataError);
+    };
+    std::vector<uint32_t> bad = ids;
+    bad[6] = 12;
+    refused(u16(bad), "token 12 at byte offset 12 is outside the vocabulary [0, 12)");
+    refused(u16({1, 2, 3, 4}), "4 tokens, shorter than one window of data.context + 1 = 5");
+    refused(llmc(ids).substr(0, 600), "an llm.c token file (magic 20240520) whose header is cut short");
+    refused(llmc(ids).substr(0, 1024 + 7), "the header says 11 tokens");
+    refused(llmc(ids, 3), "llm.c token file version 3");
+    refused(u16(ids) + "x", "23 bytes is not a whole number of 2-byte token ids");
+}
+
+TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, sim); resume is exact") {
+    GptRun g;
+    const std::string one = g / "one";
+    REQUIRE(g.train(one) == kExitOk);
+    const auto m = metrics(one);
+    const nlohmann::json s = summary(one);
+    CHECK(s["status"] == "completed");
+    CHECK(s["test_loss"].get<double>() < std::log(128.0));  // better than uniform over the vocabulary
+    CHECK(s["test_bits_per_token"].get<double>() == doctest::Approx(s["test_loss"].get<double>() / std::log(2.0)));
+    const std::vector<float> p1 = GptRun::params(one);
+    // AdamW divides by the gradients' root mean square, so the replicas' other summation order
+    // (rounding at 1e-7) moves a few parameters by up to ~1e-5 of the largest over 8 steps
+    for (const std::string devices : {"cpu:2", "cpu:3"}) {
+        CAPTURE(devices);
+        const std::string out = g / ("n" + devices);
+        REQUIRE(g.train(out, {"strategy.devices=" + devices}) == kExitOk);
+        CHECK(rel_error(GptRun::params(out), p1) < 1e-4);
+        CHECK(summary(out)["replica_checksums"].size() == std::stoul(devices.substr(4)));
+        CHECK(summary(out)["train_loss"].get<double>() ==
+              doctest::Approx(summary(one)["train_loss"].get<double>()).epsilon(1e-5));
+    }
+    {
+        SimScope sim(30);
+        const std::string out = g / "sim";
+        REQUIRE(g.train(out, {"strategy.devices=sim:0,0"}) == kExitOk);
+        CHECK(rel_error(GptRun::params(out), p1) < 1e-4);
+    }
+    // bf16 (rounded on the CPU as a GPU stores it) and accumulation train too
+    const std::string bf = g / "bf16";
+    REQUIRE(g.train(bf, {"train.precision=bf16", "train.grad_accumulation_steps=2"}) == kExitOk);
+    CHECK(summary(bf)["test_loss"].get<double>() < std::log(128.0));
+    // stop after step 5 (between checkpoints), resume: the same run bit for bit
+    const std::string stopped = g / "stopped";
+    ::setenv("MIRRORED_TEST_STOP_AFTER_STEP", "5", 1);
+    CHECK(g.train(stopped) == kExitInterrupted);
+    ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
+    CHECK(g.train(stopped) == kExitOk);
+    expect_same_run(one, stopped);
+}
+
+namespace {
+
+// Runs a program to its end (at most 10 minutes); its exit status.
+int run_program(const std::string& bin, const std::vector<std::string>& args, std::string* err = nullptr) {
+    TempDir tmp;
+    const std::string err_path = tmp / "stderr";
+    const int rc = wait_status_within(spawn_program(bin, args, {}, err_path), 600);
+    if (err) *err = read_text(err_path);
+    return rc;
+}
+
+const char* kReference = R"(run: {name: equal, seed: 9}
+strategy: {devices: "cpu:1"}
+data: {dataset: tokens, root: ROOT, train: train.bin, test: train.bin, context: 16, vocab: 128}
+model:
+  input_shape: [16]
+  layers:
+    - {type: embedding, vocab: 128, dim: 32}
+    - {type: position_embedding, max_len: 16}
+    - {type: transformer_block, heads: 4}
+    - {type: transformer_block, heads: 4}
+    - {type: layernorm}
+    - {type: lm_head}
+optimizer: {type: adamw, lr: 0.001, weight_decay: 0.0}
+train: {epochs: 0, steps: 10, global_batch_size: 4, log_every_steps: 1}
+checkpoint: {every_steps: 0, resume: never}
+)";
+
+}  // namespace
+
+TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradients, 10 AdamW losses") {
+    const std::string python = "/usr/bin/python3";
+    const std::string script = fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/gpt_reference.py";
+    if (run_program(python, {"-c", "import torch, numpy"}) != 0) {
+        mark_skipped("PyTorch is not installed (Debian and Ubuntu: python3-torch)");
+        return;
+    }
+    TempDir dir;
+    const int batch = 4, t = 16;
+    // exactly one batch of windows: every step trains on the same batch, as the reference does
+    const std::vector<uint32_t> ids = bytes_of(corpus(40, 3).substr(0, size_t(batch) * t + 1));
+    write_bytes(dir / "train.bin", u16(ids));
+    std::string text = kReference;
+    text.replace(text.find("ROOT"), 4, dir.path());
+    const Config cfg = load_config(dir.write("equal.yaml", text), {"run.output_dir=" + (dir / "run")});
+
+    // the initial weights, as the run draws them, for the reference to start from
+    auto d = make_cpu_device(0);
+    const Model m(cfg.model.input_shape, cfg.model.layers, cfg.run.seed);
+    std::vector<float> inputs(size_t(batch) * t);
+    std::vector<int32_t> labels(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = float(ids[i]), labels[i] = int32_t(ids[i + 1]);
+    TokenHarness h(*d, m, batch, 1);
+    h.x = upload(*d, inputs);
+    h.labels = labels;
+    h.y = upload(*d, labels);
+    const std::vector<float> p0 = download(*d, h.params), grads = h.backprop();
+    SafetensorsFile init;
+    for (const TensorInfo& info : m.tensors())
+        init.tensors[info.name] = {info.shape, std::vector<float>(p0.begin() + long(info.offset),
+                                                                  p0.begin() + long(info.offset + info.count))};
+    write_safetensors(dir / "init.safetensors", init);
+
+    std::string err;
+    REQUIRE_MESSAGE(run_program(python, {script, "--weights", dir / "init.safetensors", "--tokens", dir / "train.bin",
+                                         "--context", "16", "--batch", "4", "--heads", "4", "--steps", "10", "--lr",
+                                         "0.001", "--out", dir / "ref.json", "--grads-out", dir / "ref_grads.safetensors"},
+                                &err) == 0,
+                    err);
+    // step 1: every parameter's gradient
+    const SafetensorsFile ref = read_safetensors(dir / "ref_grads.safetensors", false);
+    REQUIRE(ref.tensors.size() == m.tensors().size());
+    for (const TensorInfo& info : m.tensors()) {
+        CAPTURE(info.name);
+        const std::vector<float> mine(grads.begin() + long(info.offset), grads.begin() + long(info.offset + info.count));
+        CHECK(rel_error(mine, ref.tensors.at(info.name).second) < 1e-4);
+    }
+    // 10 AdamW steps of the trainer itself
+    REQUIRE(run_training(cfg, nullptr, std::fopen("/dev/null", "w")) == kExitOk);
+    const nlohmann::json want = nlohmann::json::parse(read_text(dir / "ref.json"));
+    std::vector<double> losses;
+    for (const auto& j : metrics(dir / "run"))
+        if (j["type"] == "train") losses.push_back(j["loss"]);
+    REQUIRE(losses.size() == 10);
+    for (size_t i = 0; i < losses.size(); ++i) {
+        CAPTURE(i);
+        CHECK(losses[i] == doctest::Approx(want["losses"][i].get<double>()).epsilon(1e-4));
+    }
+    CHECK(losses.back() < losses.front());
+}
+
+TEST_CASE("generate: a checkpoint's continuation of a prompt, the same for a seed; non-models and bad prompts refused") {
+    GptRun g;
+    const std::string out = g / "run";
+    REQUIRE(g.train(out) == kExitOk);
+    const std::string ckpt = list_checkpoints(out + "/checkpoints").front();
+    auto gen = [&](std::vector<std::string> args, std::string* text, std::string* err = nullptr) {
+        args.insert(args.begin(), {"generate", ckpt});
+        const std::string path = g / "generated.txt";
+        const int rc = run_cli(args, {}, -1, err, Stdout::file, path);
+        *text = read_text(path);
+        return rc;
+    };
+    std::string a, b, c, greedy1, greedy2, err;
+    REQUIRE(gen({"--prompt", "def ", "--tokens", "40", "--seed", "3"}, &a) == kExitOk);
+    REQUIRE(gen({"--prompt", "def ", "--tokens", "40", "--seed", "3"}, &b) == kExitOk);
+    REQUIRE(gen({"--prompt", "def ", "--tokens", "40", "--seed", "4", "--no-echo"}, &c) == kExitOk);
+    CHECK(a == b);
+    CHECK(a.rfind("def ", 0) == 0);
+    CHECK(a.size() == 4 + 40 + 1);  // the prompt, one byte per token, a newline
+    CHECK(c.size() == 40 + 1);
+    REQUIRE(gen({"--prompt", "re", "--tokens", "30", "--temperature", "0", "--seed", "1"}, &greedy1) == kExitOk);
+    REQUIRE(gen({"--prompt", "re", "--tokens", "30", "--temperature", "0", "--seed", "2"}, &greedy2) == kExitOk);
+    CHECK(greedy1 == greedy2);  // no draw at temperature 0
+    for (unsigned char ch : a) CHECK(ch < 128);  // the vocabulary of the run's data
+    // a byte the model never saw in its vocabulary
+    CHECK(gen({"--prompt", "caf\xc3\xa9"}, &a, &err) == kExitUsage);
+    CHECK(err.find("--prompt: byte 195 is outside the model's vocabulary of 128") != std::string::npos);
+    // not a language model: the tiny classifier of the other tests
+    const std::string mlp = g.write("mlp.yaml", R"(run: {name: mlp, seed: 1}
+strategy: {devices: "cpu:1"}
+data: {dataset: synthetic, input_shape: [6], classes: 3, train_samples: 64, test_samples: 16}
+model: {layers: [{type: dense, units: 3}]}
+optimizer: {type: sgd, lr: 0.1}
+train: {steps: 2, global_batch_size: 8}
+checkpoint: {every_steps: 2}
+)");
+    static std::FILE* quiet = std::fopen("/dev/null", "w");
+    REQUIRE(run_training(load_config(mlp, {"run.output_dir=" + (g / "mlp")}), nullptr, quiet) == kExitOk);
+    CHECK(run_cli({"generate", list_checkpoints(g / "mlp/checkpoints").front()}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("generate needs a language model") != std::string::npos);
+}
+
+TEST_CASE("cuda: a byte-level GPT trains on GPU 0 as on the CPU; replicas sharing GPU 0 match one; bf16 learns" *
+          doctest::test_suite("cuda")) {
+    SKIP_WITHOUT_CUDA();
+    GptRun g;
+    REQUIRE(g.train(g / "cpu") == kExitOk);
+    REQUIRE(g.train(g / "gpu", {"strategy.devices=cuda:0"}) == kExitOk);
+    const std::vector<float> gpu = GptRun::params(g / "gpu");
+    CHECK(rel_error(gpu, GptRun::params(g / "cpu")) < 1e-3);  // cuBLAS's own summation order, then 8 AdamW steps
+    REQUIRE(g.train(g / "two", {"strategy.devices=cuda:0,0"}) == kExitOk);
+    CHECK(rel_error(GptRun::params(g / "two"), gpu) < 1e-4);
+    REQUIRE(g.train(g / "bf16", {"strategy.devices=cuda:0", "train.precision=bf16"}) == kExitOk);
+    CHECK(summary(g / "bf16")["test_loss"].get<double>() < std::log(128.0));
+}
