@@ -102,6 +102,23 @@ put("npy", "object", npy_pair(npy("|O", "(3, 2)", bytes(48)), y))
 put("npy", "fortran", npy_pair(npy("<f4", "(3, 2)", bytes(24), 1, "True"), y))
 put("npy", "truncated", npy_pair(x[:-3], y))
 
+# tokens: context, vocabulary, width, then a token file: raw uint16, llm.c's header (v1, v2), and
+# near misses (an id beyond the vocabulary, a cut header, an odd length)
+def tokens(context, vocab_byte, wide, body):
+    return bytes([context - 1, vocab_byte, 1 if wide else 0]) + body
+ids = list(range(1, 40))
+raw16 = struct.pack("<%dH" % len(ids), *ids)
+def llmc(ids, version=1):
+    head = struct.pack("<3i", 20240520, version, len(ids)) + bytes(1012)
+    return head + struct.pack(("<%dH" if version == 1 else "<%dI") % len(ids), *ids)
+put("tokens", "raw16", tokens(8, 1, False, raw16))
+put("tokens", "raw32", tokens(4, 1, True, struct.pack("<%dI" % len(ids), *ids)))
+put("tokens", "llmc_v1", tokens(8, 1, False, llmc(ids)))
+put("tokens", "llmc_v2", tokens(5, 1, False, llmc(ids, 2)))
+put("tokens", "beyond_vocab", tokens(8, 0, False, raw16))
+put("tokens", "cut_header", tokens(8, 1, False, llmc(ids)[:500]))
+put("tokens", "odd", tokens(8, 1, False, raw16 + b"x"))
+
 # checkpoint: 6-byte edits of a valid checkpoint (op, which, 32-bit value; tests/fuzz/targets.cpp)
 def edit(op, which, value):
     return bytes([op, which]) + struct.pack("<I", value & 0xFFFFFFFF)

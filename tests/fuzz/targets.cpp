@@ -51,6 +51,19 @@ void npy(const uint8_t* data, size_t size) {
     });
 }
 
+void tokens(const uint8_t* data, size_t size) {
+    if (size < 3) return;
+    const TokenFileOptions o{1 + data[0] % 32, 2 + int(data[1]) * 257, (data[2] & 1) != 0};
+    tolerate([&] {
+        InputFile in("train.bin", data + 3, size - 3);
+        const Dataset ds = read_tokens(in, o);
+        if (ds.features.size() != ds.count() * size_t(o.context) || ds.labels.size() != ds.features.size())
+            __builtin_trap();  // a reader invariant
+        for (int32_t id : ds.labels)
+            if (id < 0 || id >= o.vocab) __builtin_trap();
+    });
+}
+
 void cifar10(const uint8_t* data, size_t size) {
     tolerate([&] {
         InputFile in("batch.bin", data, size);

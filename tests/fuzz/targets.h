@@ -19,6 +19,9 @@ void cifar10(const uint8_t* data, size_t size);
 // NumPy .npy features + labels: a 2-byte little-endian split point (its top bit: float targets),
 // then the two files (raw or gzip).
 void npy(const uint8_t* data, size_t size);
+// A language model's token file; the first byte picks the context (1-32), the second the
+// vocabulary, the third's low bit 4-byte ids.
+void tokens(const uint8_t* data, size_t size);
 // A CSV file; the first byte picks header mode, label column and delimiter.
 void csv(const uint8_t* data, size_t size);
 // A YAML configuration, then after a NUL byte '--set' overrides, one per line; a config that
@@ -45,6 +48,7 @@ inline constexpr Named kTargets[] = {{"idx", idx},
                                      {"cifar10", cifar10},
                                      {"csv", csv},
                                      {"npy", npy},
+                                     {"tokens", tokens},
                                      {"config", config},
                                      {"safetensors", safetensors},
                                      {"checkpoint", checkpoint},
