@@ -139,7 +139,8 @@ std::vector<LayerSpec> gpt(int vocab, int dim, int t, int blocks, int heads, boo
                                 layer("position_embedding", {{"max_len", std::to_string(t + 1)}})};
     for (int b = 0; b < blocks; ++b) l.push_back(layer("transformer_block", {{"heads", std::to_string(heads)}}));
     l.push_back(layer("layernorm"));
-    l.push_back(tie ? layer("lm_head") : layer("lm_head", {{"tie_weights", "false"}, {"units", std::to_string(vocab)}}));
+    l.push_back(tie ? layer("lm_head")
+                    : layer("lm_head", {{"tie_weights", "false"}, {"units", std::to_string(vocab)}}));
     return l;
 }
 
@@ -273,12 +274,13 @@ TEST_CASE("gradients match finite differences: embedding, position embedding, at
     SUBCASE("tied head, two blocks") { check_gradients(*d, gpt(13, 8, 5, 2, 2, true), 5, 3); }
     SUBCASE("untied head, one head of the full width") { check_gradients(*d, gpt(9, 6, 4, 1, 1, false), 4, 2); }
     SUBCASE("the block as a list: residual layers of layernorm, attention and dense") {
-        std::vector<LayerSpec> l = {layer("embedding", {{"vocab", "10"}, {"dim", "8"}}),
-                                    layer("residual", {}, {layer("layernorm"), layer("attention", {{"heads", "4"}})}),
-                                    layer("residual", {},
-                                          {layer("layernorm"), layer("dense", {{"units", "16"}, {"activation", "gelu"}}),
-                                           layer("dense", {{"units", "8"}})}),
-                                    layer("lm_head")};
+        std::vector<LayerSpec> l = {
+            layer("embedding", {{"vocab", "10"}, {"dim", "8"}}),
+            layer("residual", {}, {layer("layernorm"), layer("attention", {{"heads", "4"}})}),
+            layer("residual", {},
+                  {layer("layernorm"), layer("dense", {{"units", "16"}, {"activation", "gelu"}}),
+                   layer("dense", {{"units", "8"}})}),
+            layer("lm_head")};
         check_gradients(*d, l, 6, 2);
     }
 }
@@ -288,12 +290,12 @@ TEST_CASE("transformer_block equals its list form: residual(layernorm, attention
     const int t = 6, vocab = 17;
     std::vector<LayerSpec> block = {layer("embedding", {{"vocab", "17"}, {"dim", "12"}}),
                                     layer("transformer_block", {{"heads", "3"}}), layer("lm_head")};
-    std::vector<LayerSpec> list = {
-        block[0], layer("residual", {}, {layer("layernorm"), layer("attention", {{"heads", "3"}})}),
-        layer("residual", {},
-              {layer("layernorm"), layer("dense", {{"units", "48"}, {"activation", "gelu"}}),
-               layer("dense", {{"units", "12"}})}),
-        block[2]};
+    std::vector<LayerSpec> list = {block[0],
+                                   layer("residual", {}, {layer("layernorm"), layer("attention", {{"heads", "3"}})}),
+                                   layer("residual", {},
+                                         {layer("layernorm"), layer("dense", {{"units", "48"}, {"activation", "gelu"}}),
+                                          layer("dense", {{"units", "12"}})}),
+                                   block[2]};
     const Model a({t}, block, 5), b({t}, list, 5);
     REQUIRE(a.flat_size() == b.flat_size());
     CHECK(a.find("layers.1.attn.c_attn.weight") != nullptr);
@@ -334,9 +336,7 @@ TEST_CASE("transformer config errors name the key") {
 
 namespace {
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-    std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 // ids as uint16 little-endian (nanoGPT's train.bin)
 std::string u16(const std::vector<uint32_t>& ids) {
@@ -407,7 +407,8 @@ struct GptRun : TempDir {
     int train(const std::string& out, std::vector<std::string> sets = {}) const {
         sets.push_back("run.output_dir=" + out);
         static std::FILE* quiet = std::fopen("/dev/null", "w");
-        return run_training(load_config(config(), sets), nullptr, std::getenv("MIRRORED_TEST_VERBOSE") ? stdout : quiet);
+        return run_training(load_config(config(), sets), nullptr,
+                            std::getenv("MIRRORED_TEST_VERBOSE") ? stdout : quiet);
     }
     // the newest checkpoint's trainable tensors, flat in name order
     static std::vector<float> params(const std::string& out) {
@@ -534,7 +535,8 @@ checkpoint: {every_steps: 0, resume: never}
 
 TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradients, 10 AdamW losses") {
     const std::string python = "/usr/bin/python3";
-    const std::string script = fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/gpt_reference.py";
+    const std::string script =
+        fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/gpt_reference.py";
     if (run_program(python, {"-c", "import torch, numpy"}) != 0) {
         mark_skipped("PyTorch is not installed (Debian and Ubuntu: python3-torch)");
         return;
@@ -566,9 +568,10 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
     write_safetensors(dir / "init.safetensors", init);
 
     std::string err;
-    REQUIRE_MESSAGE(run_program(python, {script, "--weights", dir / "init.safetensors", "--tokens", dir / "train.bin",
-                                         "--context", "16", "--batch", "4", "--heads", "4", "--steps", "10", "--lr",
-                                         "0.001", "--out", dir / "ref.json", "--grads-out", dir / "ref_grads.safetensors"},
+    REQUIRE_MESSAGE(run_program(python,
+                                {script, "--weights", dir / "init.safetensors", "--tokens", dir / "train.bin",
+                                 "--context", "16", "--batch", "4", "--heads", "4", "--steps", "10", "--lr", "0.001",
+                                 "--out", dir / "ref.json", "--grads-out", dir / "ref_grads.safetensors"},
                                 &err) == 0,
                     err);
     // step 1: every parameter's gradient
@@ -576,7 +579,8 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
     REQUIRE(ref.tensors.size() == m.tensors().size());
     for (const TensorInfo& info : m.tensors()) {
         CAPTURE(info.name);
-        const std::vector<float> mine(grads.begin() + long(info.offset), grads.begin() + long(info.offset + info.count));
+        const std::vector<float> mine(grads.begin() + long(info.offset),
+                                      grads.begin() + long(info.offset + info.count));
         CHECK(rel_error(mine, ref.tensors.at(info.name).second) < 1e-4);
     }
     // 10 AdamW steps of the trainer itself
@@ -593,7 +597,8 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
     CHECK(losses.back() < losses.front());
 }
 
-TEST_CASE("generate: a checkpoint's continuation of a prompt, the same for a seed; non-models and bad prompts refused") {
+TEST_CASE(
+    "generate: a checkpoint's continuation of a prompt, the same for a seed; non-models and bad prompts refused") {
     GptRun g;
     const std::string out = g / "run";
     REQUIRE(g.train(out) == kExitOk);
@@ -615,7 +620,7 @@ TEST_CASE("generate: a checkpoint's continuation of a prompt, the same for a see
     CHECK(c.size() == 40 + 1);
     REQUIRE(gen({"--prompt", "re", "--tokens", "30", "--temperature", "0", "--seed", "1"}, &greedy1) == kExitOk);
     REQUIRE(gen({"--prompt", "re", "--tokens", "30", "--temperature", "0", "--seed", "2"}, &greedy2) == kExitOk);
-    CHECK(greedy1 == greedy2);  // no draw at temperature 0
+    CHECK(greedy1 == greedy2);                   // no draw at temperature 0
     for (unsigned char ch : a) CHECK(ch < 128);  // the vocabulary of the run's data
     // a byte the model never saw in its vocabulary
     CHECK(gen({"--prompt", "caf\xc3\xa9"}, &a, &err) == kExitUsage);
@@ -633,6 +638,26 @@ checkpoint: {every_steps: 2}
     REQUIRE(run_training(load_config(mlp, {"run.output_dir=" + (g / "mlp")}), nullptr, quiet) == kExitOk);
     CHECK(run_cli({"generate", list_checkpoints(g / "mlp/checkpoints").front()}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("generate needs a language model") != std::string::npos);
+}
+
+TEST_CASE("plan and bench-step take a language model; synthetic token windows over a vocabulary") {
+    DataConfig c = make_data_config(
+        "synthetic", {{"input_shape", "[8]"}, {"vocab", "50"}, {"train_samples", "5"}, {"test_samples", "2"}});
+    const Datasets d = load_datasets(c, "", 3);
+    CHECK(d.train.count() == 5);
+    CHECK(d.train.label_size == 8);
+    CHECK(d.train.classes == 50);
+    for (size_t i = 0; i + 1 < d.train.features.size(); ++i) {
+        CHECK(d.train.features[i] >= 0.0f);
+        CHECK(d.train.features[i] < 50.0f);
+        CHECK(float(d.train.labels[i]) == d.train.features[i + 1]);  // each position's next token
+    }
+    GptRun g;
+    const std::string out = g / "plan.txt";
+    REQUIRE(run_cli({"plan", g.config(), "--gpu", "h200", "--gpus", "1,2"}, {}, -1, nullptr, Stdout::file, out) ==
+            kExitOk);
+    CHECK(read_text(out).find("GPUs batch/GPU") != std::string::npos);
+    CHECK(run_cli({"bench-step", g.config(), "--devices", "cpu:1", "--steps", "2", "--warmup", "1"}) == kExitOk);
 }
 
 TEST_CASE("cuda: a byte-level GPT trains on GPU 0 as on the CPU; replicas sharing GPU 0 match one; bf16 learns" *

@@ -1,5 +1,9 @@
 // synthetic: Gaussian inputs labelled by a fixed random linear teacher, made in memory from the
-// config alone (no files): learnable, not noise. For tests, benchmarks and a first run.
+// config alone (no files): learnable, not noise. For tests, benchmarks and a first run. With
+// `vocab`, a language model's windows instead: random token ids, each position labelled with the
+// next (what `plan` and the benchmarks time a language model on).
+#include <random>
+
 #include "base/io.h"
 #include "data/datasets.h"
 
@@ -11,13 +15,15 @@ struct SyntheticConfig final : OptionsOf<SyntheticConfig> {
     std::vector<int> input_shape{784};
     int classes = 10;
     size_t train_samples = 60000, test_samples = 10000;
+    int vocab = 0;  // > 0: token windows of input_shape [context]
     Fields fields() const override {
         std::vector<std::string> shape;
         for (int d : input_shape) shape.push_back(std::to_string(d));
         return {{"input_shape", yaml_list(shape)},
                 {"classes", std::to_string(classes)},
                 {"train_samples", std::to_string(train_samples)},
-                {"test_samples", std::to_string(test_samples)}};
+                {"test_samples", std::to_string(test_samples)},
+                {"vocab", std::to_string(vocab)}};
     }
     bool operator==(const SyntheticConfig&) const = default;
 };
@@ -28,6 +34,9 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
     o->classes = int(r.integer(p + ".classes", 10, 2, 1 << 20));
     o->train_samples = size_t(r.integer(p + ".train_samples", 60000, 1, int64_t(1) << 32));
     o->test_samples = size_t(r.integer(p + ".test_samples", 10000, 1, int64_t(1) << 32));
+    o->vocab = int(r.integer(p + ".vocab", 0, 0, 1 << 24));
+    if (o->vocab && o->input_shape.size() != 1)
+        r.fail(p + ".input_shape", "token windows (vocab) take a shape [context]");
     return o;
 }
 
@@ -51,9 +60,31 @@ void check_size(const SyntheticConfig& c) {
                               format_bytes(avail) + " are available");
 }
 
+// Windows of a random token stream, as data/formats/tokens.cpp cuts a file: position i's label is
+// the input at i + 1.
+Dataset token_windows(const SyntheticConfig& c, size_t samples, uint64_t seed) {
+    const size_t t = size_t(c.input_shape[0]), n = samples * t;
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> stream(n + 1);
+    for (int32_t& id : stream) id = int32_t(rng() % uint64_t(c.vocab));
+    Dataset ds;
+    ds.name = "synthetic tokens";
+    ds.labels_source = "synthetic tokens";
+    ds.shape = {int(t)};
+    ds.classes = c.vocab;
+    ds.label_size = int(t);
+    ds.tokens = true;
+    resize_features(ds.features, n);
+    for (size_t i = 0; i < n; ++i) ds.features[i] = float(stream[i]);
+    ds.labels.assign(stream.begin() + 1, stream.end());
+    return ds;
+}
+
 Datasets load(const Options& options, const DataSource& src) {
     const auto& c = options_as<SyntheticConfig>(options);
     check_size(c);
+    if (c.vocab)
+        return {token_windows(c, c.train_samples, src.seed), token_windows(c, c.test_samples, src.seed + 1), {}};
     SyntheticOptions o;
     o.shape = c.input_shape;
     o.classes = c.classes;

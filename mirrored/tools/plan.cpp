@@ -67,10 +67,14 @@ Config local_config(const Config& base, const std::vector<int>& shape, int class
     Config c = base;
     std::vector<std::string> dims;
     for (int d : shape) dims.push_back(std::to_string(d));
-    c.data = make_data_config("synthetic", {{"input_shape", yaml_list(dims)},
-                                            {"classes", std::to_string(classes)},
-                                            {"train_samples", std::to_string(size_t(rows) * size_t(steps + 2))},
-                                            {"test_samples", std::to_string(rows)}});
+    // a language model reads token ids: windows of random tokens over its vocabulary
+    const Model model(shape, base.model.layers, base.run.seed);
+    Fields keys = {{"input_shape", yaml_list(dims)},
+                   {"classes", std::to_string(std::max(classes, 2))},
+                   {"train_samples", std::to_string(size_t(rows) * size_t(steps + 2))},
+                   {"test_samples", std::to_string(rows)}};
+    if (model.reads_token_ids()) keys.push_back({"vocab", std::to_string(model.output_classes())});
+    c.data = make_data_config("synthetic", keys);
     c.data.normalize = DataConfig::Normalize::none;
     c.model.loss = LossConfig{};  // synthetic data has classes; the loss is a sliver of a step's time
     c.model.input_shape = shape;
@@ -216,7 +220,7 @@ ComputeModel compute_model(const PlanOptions& o, const Config& base, const Model
         m.source = "measured on the target (" + o.profile + "), scaled by the batch";
         return m;
     }
-    const LocalStep here = measure_local(base, shape, model.output_features(), rows);
+    const LocalStep here = measure_local(base, shape, model.output_classes(), rows);
     m.flops_per_sample = model.train_flops_per_sample();
     m.efficiency = std::min(1.0, m.flops_per_sample * rows / here.seconds / here.gemm_flops);
     m.peak = t.peak;
