@@ -95,8 +95,8 @@ Dataset read_tokens(InputFile& in, const TokenFileOptions& o) {
     }
     const size_t tokens = (bytes.size() - begin) / width, t = size_t(o.context);
     if (tokens < t + 1)
-        throw DataError(path + ": " + std::to_string(tokens) + " tokens, shorter than one window of data.context + 1 = " +
-                        std::to_string(t + 1));
+        throw DataError(path + ": " + std::to_string(tokens) +
+                        " tokens, shorter than one window of data.context + 1 = " + std::to_string(t + 1));
     const size_t windows = (tokens - 1) / t;
     Dataset ds;
     ds.name = path;

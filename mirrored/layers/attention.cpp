@@ -59,12 +59,12 @@ public:
         p.dev->dense_forward(p.stream, Activation::none, rows, 3 * c, c, x, p.weight(attn_w_off_),
                              p.params + attn_b_off_, B.qkv, B.qkv, p.types(p.vt));
         for (int h = 0; h < heads_; ++h)  // scores = q k^T
-            batched(p, false, true, t, t, d(), at(p, B.qkv, q(h)), 3 * c, size_t(t) * 3 * c, at(p, B.qkv, k(h)),
-                    3 * c, size_t(t) * 3 * c, at(p, B.probs, size_t(h) * t * t), t, tt());
+            batched(p, false, true, t, t, d(), at(p, B.qkv, q(h)), 3 * c, size_t(t) * 3 * c, at(p, B.qkv, k(h)), 3 * c,
+                    size_t(t) * 3 * c, at(p, B.probs, size_t(h) * t * t), t, tt());
         p.dev->causal_softmax(p.stream, p.rows * heads_, t, scale(), B.probs, B.probs);
         for (int h = 0; h < heads_; ++h)  // a = probs v
-            batched(p, false, false, t, d(), t, at(p, B.probs, size_t(h) * t * t), t, tt(), at(p, B.qkv, v(h)),
-                    3 * c, size_t(t) * 3 * c, at(p, B.heads, size_t(h) * d()), c, size_t(t) * c);
+            batched(p, false, false, t, d(), t, at(p, B.probs, size_t(h) * t * t), t, tt(), at(p, B.qkv, v(h)), 3 * c,
+                    size_t(t) * 3 * c, at(p, B.heads, size_t(h) * d()), c, size_t(t) * c);
         p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
                              p.params + proj_b_off_, B.out, B.out, p.types(p.vt));
         return B.out;

@@ -57,7 +57,8 @@ int sample(std::vector<float> logits, const GenerateOptions& o, std::mt19937_64&
     const double top = logits[size_t(order[0])];
     std::vector<double> w(static_cast<size_t>(k));
     double sum = 0;
-    for (int i = 0; i < k; ++i) sum += w[size_t(i)] = std::exp((logits[size_t(order[size_t(i)])] - top) / o.temperature);
+    for (int i = 0; i < k; ++i)
+        sum += w[size_t(i)] = std::exp((logits[size_t(order[size_t(i)])] - top) / o.temperature);
     const double u = double(rng() >> 11) * 0x1.0p-53 * sum;  // the same draw on every machine
     double acc = 0;
     for (int i = 0; i < k; ++i)
