@@ -12,6 +12,15 @@ favours PyTorch slightly).
 1e-4, batch 128) on synthetic CIFAR-shaped data for both sides (CIFAR-10 is not a package).
 For both convolutional models PyTorch runs every configuration in its default NCHW layout and in
 channels_last, oneDNN's preferred layout on CPUs; the fastest row of any kind is the peer.
+--model gpt: configs/python_gpt.yaml's byte-level GPT (4 pre-LN blocks of width 128, 4 heads, exact
+GELU, context 128, LM head tied to the embedding, no dropout; AdamW lr 0.002, betas (0.9, 0.99),
+weight decay 0.1, gradient clipping at 1.0, its warm-up and cosine schedule; global batch 32) on
+the token files of scripts/prepare_text.py --python-stdlib (runs/data/python-stdlib, written
+first when missing). PyTorch trains the model as nanoGPT writes it (masked softmax attention on a
+torch without scaled_dot_product_attention, as 1.13), on random windows of 129 tokens of train.bin
+drawn before the clock starts; mirrored's loader draws its own windows while it trains.
+torch.compile is used where the torch has it (1.13 has not). Rows are in tokens/s (steps x 32 x
+128 / seconds).
 
   mirrored   build/mirrored bench-step on cpu:1 and cpu:2 (one replica per core)
   PyTorch    one process with 1 and with 2 threads (OpenMP threads sleep when idle:
@@ -22,7 +31,10 @@ PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, read from `mi
 devices`), so the comparison is kernel for kernel; --also-env-kernel adds PyTorch on whatever
 kernel the environment gives it. Prints medians over the rounds and the ratios.
 
-    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn|resnet20] [--rounds 3] [--steps 1500] [--json out.json]
+    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn|resnet20|gpt] [--rounds 3] [--steps 1500] [--json out.json]
+
+--steps and --warmup default to 1500 and 100, for gpt to 120 and 20 (on a 2-core machine about a
+minute per row).
 
 Needs python3-torch and python3-numpy (Debian/Ubuntu packages)."""
 import argparse
@@ -39,6 +51,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION = "/usr/share/datasets/fashion-mnist"
+TOKENS = os.path.join(ROOT, "runs", "data", "python-stdlib")  # configs/python_gpt.yaml's data.root
+GPT = {"vocab": 256, "dim": 128, "context": 128, "layers": 4, "heads": 4, "batch": 32}  # configs/python_gpt.yaml
 
 
 def lr_at(step, total, base=0.05, warmup=200):
@@ -105,6 +119,104 @@ def make_torch_model(nn, kind):
     return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
 
 
+def make_gpt(torch):
+    """configs/python_gpt.yaml's GPT as nanoGPT writes it (model.py): pre-LN blocks, fused qkv,
+    causal attention (masked softmax where the torch has no scaled_dot_product_attention, as 1.13
+    has not), exact GELU, tied LM head, no dropout."""
+    nn, F = torch.nn, torch.nn.functional
+    V, C, T, L, H = GPT["vocab"], GPT["dim"], GPT["context"], GPT["layers"], GPT["heads"]
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+        def forward(self, x):
+            B, t, _ = x.size()
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (z.view(B, t, H, C // H).transpose(1, 2) for z in (q, k, v))
+            if hasattr(F, "scaled_dot_product_attention"):  # torch 2: nanoGPT's flash path
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                y = F.softmax(att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")), dim=-1) @ v
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, t, C))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(C), Attention(), nn.LayerNorm(C)
+            self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+            self.h = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(C)
+            self.lm_head = nn.Linear(C, V, bias=False)
+            self.lm_head.weight = self.wte.weight  # tied, as GPT-2's
+            for name, p in self.named_parameters():  # GPT-2's initialisation
+                if name.endswith("bias"):
+                    nn.init.zeros_(p)
+                elif p.dim() == 2:
+                    std = 0.02 / math.sqrt(2 * L) if name.endswith("c_proj.weight") or name.endswith("mlp.2.weight") else 0.02
+                    nn.init.normal_(p, 0.0, std)
+
+        def forward(self, idx, targets):
+            t = idx.size(1)
+            x = self.wte(idx) + self.wpe(torch.arange(t, dtype=torch.long))
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, V), targets.reshape(-1))
+
+    return Model()
+
+
+def gpt_worker(rank, world, threads, steps, warmup, out_path):
+    """torch_worker's GPT: every step's windows are drawn from train.bin before the clock starts."""
+    import torch
+    import numpy as np
+
+    tokens = np.fromfile(os.path.join(TOKENS, "train.bin"), dtype="<u2")
+    total, batch, T = warmup + steps, GPT["batch"], GPT["context"]
+    per = batch // world
+    starts = np.random.default_rng(0).integers(0, len(tokens) - T - 1, size=(total, batch))  # the same on every rank
+    windows = torch.from_numpy(tokens[starts[:, rank * per:(rank + 1) * per, None] + np.arange(T + 1)].astype(np.int64))
+    model = make_gpt(torch)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    if hasattr(torch, "compile"):  # torch 2: what its users would turn on
+        model = torch.compile(model)
+    # foreach: the documented faster form of the same update (1.13's default is the per-tensor loop)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.002, betas=(0.9, 0.99), weight_decay=0.1, foreach=True)
+
+    def step(i):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(i, 2000, base=0.002, warmup=100)  # the config's schedule over its 2000 steps
+        opt.zero_grad(set_to_none=True)
+        w = windows[i]
+        model(w[:, :-1], w[:, 1:]).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for i in range(warmup):
+        step(i)
+    t0 = time.perf_counter()
+    for i in range(warmup, total):
+        step(i)
+    elapsed = time.perf_counter() - t0
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"samples_per_sec": steps * batch / elapsed}, f)
+
+
 def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"):
     """One PyTorch process: `world` > 1 is DDP over gloo; writes samples/s to out_path (rank 0)."""
     import torch  # before numpy: the BLAS torch loads first is the one its GEMMs bind to
@@ -117,6 +229,8 @@ def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"
 
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    if kind == "gpt":
+        return gpt_worker(rank, world, threads, steps, warmup, out_path)
     x, y = synthetic_cifar(np) if kind.startswith("resnet20") else load_data(np)[:2]
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     X, Y = torch.from_numpy(x)[perm].contiguous(), torch.from_numpy(y)[perm].contiguous()  # shuffled once
@@ -205,10 +319,15 @@ def resnet20_synthetic_config(folder):
 def run_mirrored(devices, steps, warmup, model="mlp"):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "step.json")
-        config = (resnet20_synthetic_config(d) if model == "resnet20"
-                  else os.path.join(ROOT, "configs", "fashion_mnist_%s.yaml" % model))
+        env = dict(os.environ)
+        if model == "gpt":
+            config = os.path.join(ROOT, "configs", "python_gpt.yaml")
+            env["MIRRORED_DATA_DIR"] = TOKENS  # the files PyTorch reads, whatever the variable said
+        else:
+            config = (resnet20_synthetic_config(d) if model == "resnet20"
+                      else os.path.join(ROOT, "configs", "fashion_mnist_%s.yaml" % model))
         subprocess.run([os.path.join(ROOT, "build", "mirrored"), "bench-step", config, "--devices", devices, "--steps", str(steps),
-                        "--warmup", str(warmup), "--json", out], check=True, stdout=subprocess.DEVNULL)
+                        "--warmup", str(warmup), "--json", out], check=True, stdout=subprocess.DEVNULL, env=env)
         with open(out) as f:
             return json.load(f)["results"][0]["samples_per_sec"]
 
@@ -222,12 +341,12 @@ def mirrored_blas():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["mlp", "cnn", "resnet20"], default="mlp",
-                    help="the default run's MLP, configs/fashion_mnist_cnn.yaml's CNN, or "
-                    "configs/cifar10_resnet20.yaml's ResNet-20 on synthetic data")
+    ap.add_argument("--model", choices=["mlp", "cnn", "resnet20", "gpt"], default="mlp",
+                    help="the default run's MLP, configs/fashion_mnist_cnn.yaml's CNN, "
+                    "configs/cifar10_resnet20.yaml's ResNet-20 on synthetic data, or configs/python_gpt.yaml's GPT")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--steps", type=int, help="timed steps per row (default 1500; gpt 120)")
+    ap.add_argument("--warmup", type=int, help="untimed steps first (default 100; gpt 20)")
     ap.add_argument("--also-env-kernel", action="store_true", help="also PyTorch on the environment's BLAS kernel")
     ap.add_argument("--json", help="write the medians here")
     ap.add_argument("--peer-script", help="an external PyTorch peer with the same flags, e.g. "
@@ -235,8 +354,17 @@ def main():
     a = ap.parse_args()
     if a.peer_script and a.model != "mlp":
         ap.error("--peer-script measures the MLP only")
+    gpt = a.model == "gpt"
+    a.steps = a.steps if a.steps is not None else (120 if gpt else 1500)
+    a.warmup = a.warmup if a.warmup is not None else (20 if gpt else 100)
+    # rows in tokens/s for the language model: samples (sequences of 128 tokens) x 128
+    scale, unit = (GPT["context"], "tokens/s") if gpt else (1, "samples/s")
     scratch = tempfile.TemporaryDirectory()
-    if not os.path.exists(os.path.join(os.environ.get("MIRRORED_DATA_DIR", FASHION), "train-images-idx3-ubyte.gz")):
+    if gpt:
+        if not os.path.exists(os.path.join(TOKENS, "train.bin")):  # as `make train-gpt` writes them
+            subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_text.py"), "--python-stdlib",
+                            "--out", TOKENS], check=True, stdout=subprocess.DEVNULL)
+    elif not os.path.exists(os.path.join(os.environ.get("MIRRORED_DATA_DIR", FASHION), "train-images-idx3-ubyte.gz")):
         # no Fashion-MNIST package: the same stand-in scripts/gpu_check.sh trains on, for both sides
         subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_idx_dataset.py"), scratch.name], check=True,
                        stdout=subprocess.DEVNULL)
@@ -251,7 +379,7 @@ def main():
             ("PyTorch 1 thread", lambda: run_torch("1", a.steps, a.warmup, same, a.peer_script, m)),
             ("PyTorch 2 threads", lambda: run_torch("2", a.steps, a.warmup, same, a.peer_script, m)),
             ("PyTorch DDP gloo 2x1", lambda: run_torch("ddp", a.steps, a.warmup, same, a.peer_script, m))]
-    if m != "mlp":  # convolutions: PyTorch in channels_last too
+    if m in ("cnn", "resnet20"):  # convolutions: PyTorch in channels_last too
         rows += [("PyTorch 1 thread, channels_last", lambda: run_torch("1", a.steps, a.warmup, same, None, m + "-channels-last")),
                  ("PyTorch 2 threads, channels_last", lambda: run_torch("2", a.steps, a.warmup, same, None, m + "-channels-last")),
                  ("PyTorch DDP gloo 2x1, channels_last",
@@ -263,14 +391,15 @@ def main():
     samples = {name: [] for name, _ in rows}
     for r in range(a.rounds):  # alternating rounds: drift on a shared machine hits every row alike
         for name, fn in rows:
-            samples[name].append(fn())
-        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in samples.items()), file=sys.stderr)
+            samples[name].append(fn() * scale)
+        print(f"round {r + 1}/{a.rounds} ({unit}): " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in samples.items()),
+              file=sys.stderr)
     med = {n: statistics.median(v) for n, v in samples.items()}
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown CPU")
     print(f"machine: {cpu}, {os.cpu_count()} cores; BLAS: {blas}")
     print(f"model: {a.model}; PyTorch ({a.peer_script or 'the peer in this script'}) on OPENBLAS_CORETYPE={kernel}; "
           f"medians of {a.rounds} alternating rounds, {a.steps} steps each\n")
-    print(f"{'':42} {'samples/s':>12} {'min':>10} {'max':>10}")
+    print(f"{'':42} {unit:>12} {'min':>10} {'max':>10}")
     for n, v in samples.items():
         print(f"{n:42} {med[n]:12,.0f} {min(v):10,.0f} {max(v):10,.0f}")
     # PyTorch's best on the same kernel: any thread count, layout or DDP (the environment's
@@ -282,6 +411,7 @@ def main():
     print(f"mirrored cpu:1 / PyTorch 1 thread:          {med['mirrored cpu:1'] / max(med[n] for n in one):.2f}x")
     print(f"mirrored cpu:2 / best of PyTorch 1, 2 thr.: {med['mirrored cpu:2'] / max(med[n] for n in threads):.2f}x")
     print(f"mirrored cpu:2 / PyTorch DDP gloo 2x1:      {med['mirrored cpu:2'] / max(med[n] for n in ddp):.2f}x")
+    print(f"mirrored cpu:2 / PyTorch's best row:        {med['mirrored cpu:2'] / max(med[n] for n in threads + ddp):.2f}x")
     # Paired by round against the fastest PyTorch row of that round: a round's rows ran minutes
     # apart at most, so slow phases of a shared machine cancel more than in the ratio of medians.
     paired = [mine / max(theirs) for mine, *theirs in
@@ -296,7 +426,8 @@ def main():
               "speed changed during the run; compare the paired ratio, or rerun")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"machine": cpu, "blas": blas, "pytorch_kernel": kernel, "medians": med, "samples": samples,
+            json.dump({"machine": cpu, "blas": blas, "pytorch_kernel": kernel, "model": a.model, "unit": unit,
+                       "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds, "medians": med, "samples": samples,
                        "cpu2_over_best_torch_by_round": paired}, f, indent=2)
 
 
