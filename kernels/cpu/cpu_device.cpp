@@ -566,7 +566,10 @@ public:
         const float* dy = F(dyv);
         const float* x = F(xv);
         float* dx = F(dxv);
-        std::vector<double> dg(size_t(c), 0.0), db(size_t(c), 0.0);
+        if (layernorm_sums_.size() < 2 * size_t(c)) layernorm_sums_.resize(2 * size_t(c));  // grows once
+        double* dg = layernorm_sums_.data();
+        double* db = dg + c;
+        std::fill(dg, dg + 2 * size_t(c), 0.0);
         for (int r = 0; r < rows; ++r) {
             const float* xr = x + size_t(r) * c;
             const float* dyr = dy + size_t(r) * c;
@@ -691,8 +694,9 @@ private:
         const char* e = std::getenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
         return !(e && std::strcmp(e, "0") == 0);
     }();
-    std::vector<float> column_sums_;  // bias_grad's scratch
-    cpu::CnnScratch cnn_;             // the convolution, pooling and batchnorm passes' scratch
+    std::vector<float> column_sums_;      // bias_grad's scratch
+    std::vector<double> layernorm_sums_;  // layernorm_backward's: dgamma, dbeta
+    cpu::CnnScratch cnn_;                 // the convolution, pooling and batchnorm passes' scratch
 
     // A pass's f32 results rounded to the 16-bit storage type (the values', unless given), where
     // one is in use.
