@@ -179,6 +179,19 @@ def make_gpt(torch):
     return Model()
 
 
+def time_steps(step, warmup, steps, batch, rank, out_path):
+    """Runs step(i) for the warm-up, then times `steps` more; rank 0 writes samples/s to out_path."""
+    for i in range(warmup):
+        step(i)
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    elapsed = time.perf_counter() - t0
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"samples_per_sec": steps * batch / elapsed}, f)
+
+
 def gpt_worker(rank, world, threads, steps, warmup, out_path):
     """torch_worker's GPT: every step's windows are drawn from train.bin before the clock starts."""
     import torch
@@ -206,15 +219,7 @@ def gpt_worker(rank, world, threads, steps, warmup, out_path):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
-    for i in range(warmup):
-        step(i)
-    t0 = time.perf_counter()
-    for i in range(warmup, total):
-        step(i)
-    elapsed = time.perf_counter() - t0
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"samples_per_sec": steps * batch / elapsed}, f)
+    time_steps(step, warmup, steps, batch, rank, out_path)
 
 
 def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"):
@@ -257,15 +262,7 @@ def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"
         loss_fn(model(X[lo:lo + per]), Y[lo:lo + per]).backward()
         opt.step()
 
-    for i in range(warmup):
-        step(i)
-    t0 = time.perf_counter()
-    for i in range(warmup, total):
-        step(i)
-    elapsed = time.perf_counter() - t0
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"samples_per_sec": steps * batch / elapsed}, f)
+    time_steps(step, warmup, steps, batch, rank, out_path)
 
 
 def free_port():

@@ -8,6 +8,21 @@
 
 namespace mirrored::test {
 
+// A training pass of `rows` samples over f32 parameters (their own compute copy) on d's compute stream.
+inline Pass training_pass(Device& d, int rows, float* params, float* grads, Activations& acts, uint64_t seed) {
+    Pass p;
+    p.dev = &d;
+    p.stream = d.compute_stream();
+    p.rows = p.global_rows = rows;
+    p.seed = seed;
+    p.params = params;
+    p.weights = params;
+    p.grads = grads;
+    p.acts = &acts;
+    p.vt = d.value_dtype();
+    return p;
+}
+
 inline LayerSpec dense(int units, Activation act, bool bias = true) {
     return make_layer_spec(
         "dense",

@@ -48,20 +48,10 @@ struct Harness {
     }
 
     Pass pass(bool training = true) {
-        Pass p;
-        p.dev = &d;
-        p.stream = d.compute_stream();
-        p.rows = rows;
-        p.global_rows = rows;
+        Pass p = training_pass(d, rows, params.data(), grads.data(), acts, base_seed());
         p.row_offset = 3;
-        p.seed = base_seed();
         p.step = 9;
         p.training = training;
-        p.params = params.data();
-        p.weights = params.data();
-        p.grads = grads.data();
-        p.acts = &acts;
-        p.vt = d.value_dtype();
         return p;
     }
 

@@ -20,6 +20,7 @@
 #include "mirrored/trainer.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
+#include "tests/layers.h"
 #include "tests/run_folder.h"
 
 using namespace mirrored;
@@ -173,19 +174,7 @@ struct TokenHarness {
         y = upload(d, labels);
         m.init_params(d, d.compute_stream(), params.data());
     }
-    Pass pass() {
-        Pass p;
-        p.dev = &d;
-        p.stream = d.compute_stream();
-        p.rows = p.global_rows = rows;
-        p.seed = base_seed();
-        p.params = params.data();
-        p.weights = params.data();
-        p.grads = grads.data();
-        p.acts = &acts;
-        p.vt = d.value_dtype();
-        return p;
-    }
+    Pass pass() { return training_pass(d, rows, params.data(), grads.data(), acts, base_seed()); }
     std::vector<float> logits(const std::vector<float>& p_host) {
         d.copy_to_device(d.compute_stream(), params.data(), p_host.data(), p_host.size() * sizeof(float));
         Pass p = pass();
