@@ -1,6 +1,7 @@
 #include "base/io.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -229,6 +230,34 @@ bool InputFile::at_end() {
     if (read(&b, 1) == 0) return true;
     peeked_ = b;
     return false;
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+    uint64_t size = 0;
+    const int fd = open_regular(path, size);
+    if (size > uint64_t(SIZE_MAX)) {
+        ::close(fd);
+        fail(path, "is " + format_bytes(size) + ", more than this process can map");
+    }
+    size_ = size_t(size);
+    if (size_ > 0) {
+        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            const int e = errno;
+            ::close(fd);
+            fail(path, std::string("cannot map into memory: ") + std::strerror(e));
+        }
+        data_ = static_cast<const unsigned char*>(p);
+    }
+    ::close(fd);  // the mapping keeps the file
+}
+
+MappedFile::~MappedFile() {
+    if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+}
+
+void MappedFile::advise_sequential(bool sequential) const {
+    if (data_) ::madvise(const_cast<unsigned char*>(data_), size_, sequential ? MADV_SEQUENTIAL : MADV_RANDOM);
 }
 
 std::string read_regular_file(const std::string& path, uint64_t max_bytes) {

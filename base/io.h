@@ -61,6 +61,28 @@ private:
     int peeked_ = -1;  // a byte read ahead by at_end()
 };
 
+// A regular file mapped read-only: the kernel reads pages as they are touched and may drop them
+// again, so a file larger than memory can be read and nothing is copied into the process's heap.
+// The usual caveat of every mmap reader holds: a file truncated by another process while mapped
+// faults on access (data files are written atomically, by rename, by the project's scripts).
+class MappedFile {
+public:
+    explicit MappedFile(const std::string& path);  // InputError: missing, not regular, cannot map
+    ~MappedFile();
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    const std::string& path() const { return path_; }
+    const unsigned char* data() const { return data_; }
+    size_t size() const { return size_; }
+    // Read-ahead hint: sequential for one pass over the file, random for windows drawn anywhere.
+    void advise_sequential(bool sequential) const;
+
+private:
+    std::string path_;
+    const unsigned char* data_ = nullptr;
+    size_t size_ = 0;
+};
+
 // A whole regular file, not inflated (checkpoints, configs), at most max_bytes: InputError if the
 // file is not regular, unreadable, or larger.
 std::string read_regular_file(const std::string& path, uint64_t max_bytes);

@@ -56,6 +56,7 @@ enum PhiloxStream : uint32_t {
     kStreamShuffle = 3,
     kStreamAugment = 4,
     kStreamSynthetic = 5,
+    kStreamWindows = 6,  // where a language model's random token windows start
 };
 
 }  // namespace mirrored

@@ -4,10 +4,24 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace mirrored {
+
+// Samples read on demand instead of held in Dataset::features and labels: a token file mapped
+// into memory (data/formats/tokens.cpp) is never copied whole, so it may be larger than memory.
+// read() is called from every loader thread at once.
+class SampleSource {
+public:
+    virtual ~SampleSource() = default;
+    virtual size_t count() const = 0;
+    // Sample idx as drawn in `epoch` (a source may draw another window each epoch): its features
+    // [feature_size] and its labels [label_size]; either pointer may be null.
+    virtual void read(uint32_t idx, int64_t epoch, float* features, int32_t* labels) const = 0;
+    virtual uint64_t fingerprint() const = 0;  // of what it reads (fingerprint() below), taken when opened
+};
 
 // Samples are stored flat, already scaled (u8 images to [0,1]) and, after normalize(), already
 // normalised, so the loader only copies. The channel axis is the last axis of `shape`
@@ -26,8 +40,10 @@ struct Dataset {
     int target_size = 0;           // floats per sample's target; 0: class labels
     std::vector<float> targets;    // [count, target_size]
     std::vector<float> pad_value;  // per channel: what a raw 0 became after normalisation
+    std::shared_ptr<const SampleSource> source;  // samples read on demand; features and labels stay empty
 
     size_t count() const {
+        if (source) return source->count();
         return target_size ? targets.size() / size_t(target_size) : labels.size() / size_t(label_size);
     }
     bool has_targets() const { return target_size > 0; }
@@ -39,6 +55,22 @@ struct Dataset {
 // another file, an edited label or another normalisation changes it. Several GB/s, so cheap to
 // take at every start; checkpoints record the training set's, and a resume compares.
 uint64_t fingerprint(const Dataset& d);
+
+// The hash fingerprint() is made of, fed piece by piece (a SampleSource hashes its file with it).
+class Fingerprint {
+public:
+    void add(const void* data, size_t bytes);
+    uint64_t value() const;
+
+private:
+    uint64_t lane_[4] = {1, 2, 3, 4};
+};
+
+// Sample i's features and labels (either may be null), wherever the data set keeps them.
+void read_sample(const Dataset& d, size_t i, int64_t epoch, float* features, int32_t* labels);
+// The features of samples [0, n) in one block: the data set's own, or read from its source into
+// scratch (epoch 0).
+const float* first_features(const Dataset& d, size_t n, std::vector<float>& scratch);
 
 // Sizes a data set's features to n floats; a new buffer asks for 2 MiB pages before its first
 // touch (data/readers.cpp says why).
@@ -81,14 +113,19 @@ Dataset read_npy(const std::string& features_path, const std::string& labels_pat
 Dataset read_npy(InputFile& features, InputFile& labels, bool targets);
 
 // A language model's token file (data/formats/tokens.cpp): nanoGPT's raw little-endian uint16 (or
-// uint32) ids, or llm.c's 1024-byte header then uint16 (version 1) or uint32 (version 2) ids; cut
-// into windows of context + 1 tokens, inputs and next-token labels; every id below vocab.
+// uint32) ids, or llm.c's 1024-byte header then uint16 (version 1) or uint32 (version 2) ids; every
+// id below vocab. Samples are windows of context + 1 tokens - inputs and next-token labels - read
+// from the file mapped into memory (Dataset::source): tiled (window i starts at i * context) or,
+// with random_windows, starting anywhere, drawn from (seed, epoch, sample index).
 struct TokenFileOptions {
     int context = 0;
     int vocab = 256;
     bool uint32 = false;  // raw files: 4-byte ids
+    bool random_windows = false;
+    uint64_t seed = 1;
 };
 Dataset read_tokens(const std::string& path, const TokenFileOptions& o);
+// The same over a file read into memory (tests, fuzzing).
 Dataset read_tokens(InputFile& in, const TokenFileOptions& o);
 
 struct SyntheticOptions {

@@ -72,6 +72,9 @@ void check_test_labels(const Datasets& d) {
         return;
     }
     if (d.test.classes <= d.train.classes) return;
+    if (d.test.source)  // read on demand: its labels were checked against its own classes when opened
+        throw DataError(d.test.labels_source + ": " + std::to_string(d.test.classes) + " classes, the training data " +
+                        d.train.labels_source + " has " + std::to_string(d.train.classes));
     size_t i = 0;
     while (d.test.labels[i] < d.train.classes) ++i;
     throw DataError(d.test.labels_source + ": label " + std::to_string(d.test.labels[i]) + " of record " +

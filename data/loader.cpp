@@ -253,10 +253,7 @@ void Loader::fill(Slot& slot, int64_t seq) {
         if (b.targets)
             std::memcpy(b.targets + size_t(r) * size_t(ds_.target_size),
                         &ds_.targets[size_t(idx) * size_t(ds_.target_size)], size_t(ds_.target_size) * sizeof(float));
-        else if (ds_.label_size == 1) b.labels[r] = ds_.labels[idx];
-        else
-            std::memcpy(b.labels + size_t(r) * size_t(ds_.label_size),
-                        &ds_.labels[size_t(idx) * size_t(ds_.label_size)], size_t(ds_.label_size) * sizeof(int32_t));
+        else read_sample(ds_, idx, b.epoch, nullptr, b.labels + size_t(r) * size_t(ds_.label_size));
         if (opt_.gather_by_consumers) b.samples[r] = idx;
         else copy_sample(idx, b.epoch, b.features + size_t(r) * fs);
     }
@@ -270,12 +267,14 @@ void Loader::gather(const Batch& b, int begin, int rows, float* dst) const {
 }
 
 void Loader::copy_sample(uint32_t idx, int64_t epoch, float* dst) const {
-    const size_t fs = ds_.feature_size();
-    const float* src = &ds_.features[size_t(idx) * fs];
     const AugmentOptions& aug = opt_.augment;
-    if (!aug.enabled()) {
-        std::memcpy(dst, src, fs * sizeof(float));
-        return;
+    if (!aug.enabled()) return read_sample(ds_, idx, epoch, dst, nullptr);
+    const float* src = ds_.features.data() + size_t(idx) * ds_.feature_size();
+    if (ds_.source) {  // read where the crop can reach the whole image; one buffer per thread, kept
+        thread_local std::vector<float> image;
+        image.resize(ds_.feature_size());
+        read_sample(ds_, idx, epoch, image.data(), nullptr);
+        src = image.data();
     }
     // Crop offset and flip are a pure function of (seed, epoch, sample index).
     const int h = ds_.shape[0], w = ds_.shape[1], c = ds_.shape[2];

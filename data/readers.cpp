@@ -73,11 +73,9 @@ size_t Dataset::feature_size() const {
     return n;
 }
 
-namespace {
-
-// Hashes `bytes` into four lanes of a multiply-xor mix, 32 bytes per round: independent lanes
-// keep the multiplies from waiting on each other.
-void hash_bytes(const void* data, size_t bytes, uint64_t lane[4]) {
+// Four lanes of a multiply-xor mix, 32 bytes per round: independent lanes keep the multiplies
+// from waiting on each other.
+void Fingerprint::add(const void* data, size_t bytes) {
     constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
     const auto* p = static_cast<const unsigned char*>(data);
     size_t i = 0;
@@ -85,31 +83,49 @@ void hash_bytes(const void* data, size_t bytes, uint64_t lane[4]) {
         for (int k = 0; k < 4; ++k) {
             uint64_t w;
             std::memcpy(&w, p + i + 8 * size_t(k), 8);
-            lane[k] = (lane[k] ^ w) * kMul;
-            lane[k] ^= lane[k] >> 31;
+            lane_[k] = (lane_[k] ^ w) * kMul;
+            lane_[k] ^= lane_[k] >> 31;
         }
     uint64_t tail = bytes;  // the length too, so that a shorter buffer differs
     for (; i < bytes; ++i) tail = (tail ^ p[i]) * 0x100000001B3ull;
-    lane[0] = (lane[0] ^ tail) * kMul;
+    lane_[0] = (lane_[0] ^ tail) * kMul;
 }
 
-}  // namespace
+uint64_t Fingerprint::value() const {
+    uint64_t h = 0;
+    for (uint64_t v : lane_) h = (h ^ v) * 0x9E3779B97F4A7C15ull ^ ((h ^ v) >> 29);
+    return h;
+}
 
 uint64_t fingerprint(const Dataset& d) {
-    uint64_t lane[4] = {1, 2, 3, 4};
+    if (d.source) return d.source->fingerprint();
+    Fingerprint f;
     const std::vector<int64_t> head{int64_t(d.classes), int64_t(d.shape.size())};
-    hash_bytes(head.data(), head.size() * sizeof(int64_t), lane);
-    hash_bytes(d.shape.data(), d.shape.size() * sizeof(int), lane);
-    hash_bytes(d.features.data(), d.features.size() * sizeof(float), lane);
-    hash_bytes(d.labels.data(), d.labels.size() * sizeof(int32_t), lane);
+    f.add(head.data(), head.size() * sizeof(int64_t));
+    f.add(d.shape.data(), d.shape.size() * sizeof(int));
+    f.add(d.features.data(), d.features.size() * sizeof(float));
+    f.add(d.labels.data(), d.labels.size() * sizeof(int32_t));
     if (d.has_targets()) {  // class-labelled data hashes as it always has (checkpoints record it)
         const int64_t size = d.target_size;
-        hash_bytes(&size, sizeof size, lane);
-        hash_bytes(d.targets.data(), d.targets.size() * sizeof(float), lane);
+        f.add(&size, sizeof size);
+        f.add(d.targets.data(), d.targets.size() * sizeof(float));
     }
-    uint64_t h = 0;
-    for (uint64_t v : lane) h = (h ^ v) * 0x9E3779B97F4A7C15ull ^ ((h ^ v) >> 29);
-    return h;
+    return f.value();
+}
+
+void read_sample(const Dataset& d, size_t i, int64_t epoch, float* features, int32_t* labels) {
+    if (d.source) return d.source->read(uint32_t(i), epoch, features, labels);
+    const size_t fs = d.feature_size(), ls = size_t(d.label_size);
+    if (features) std::memcpy(features, d.features.data() + i * fs, fs * sizeof(float));
+    if (labels) std::memcpy(labels, d.labels.data() + i * ls, ls * sizeof(int32_t));
+}
+
+const float* first_features(const Dataset& d, size_t n, std::vector<float>& scratch) {
+    if (!d.source) return d.features.data();
+    const size_t fs = d.feature_size();
+    scratch.resize(n * fs);
+    for (size_t i = 0; i < n; ++i) d.source->read(uint32_t(i), 0, scratch.data() + i * fs, nullptr);
+    return scratch.data();
 }
 
 namespace {

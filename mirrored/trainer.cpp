@@ -209,7 +209,7 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     if (!train.has_targets() && s->model->output_classes() < train.classes) {
         size_t last = cfg.model.layers.size() - 1;
         while (last > 0 && cfg.model.layers[last].type != "dense") --last;
-        size_t record = 0;
+        size_t record = 0;  // a data set read on demand was checked against its vocabulary when opened
         while (record < train.labels.size() && train.labels[record] < s->model->output_classes()) ++record;
         if (record == train.labels.size())  // a vocabulary larger than the model's outputs
             cfg.fail("model.layers." + std::to_string(last) + (cfg.model.layers[last].type == "dense" ? ".units" : ""),
@@ -991,11 +991,12 @@ EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoi
         const size_t n = dump.limit ? std::min(dump.limit, test.count()) : test.count();
         std::vector<size_t> shape{n};
         for (int dim : test.shape) shape.push_back(size_t(dim));
+        std::vector<float> scratch;
+        const float* inputs = first_features(test, n, scratch);
         if (!dump.inputs.empty())
-            write_npy({"--dump-inputs", dump.inputs, dump.force, {{"the checkpoint", checkpoint}}}, shape,
-                      test.features.data());
+            write_npy({"--dump-inputs", dump.inputs, dump.force, {{"the checkpoint", checkpoint}}}, shape, inputs);
         if (!dump.logits.empty()) {
-            const auto logits = s->strategy->predict(test.features.data(), n);
+            const auto logits = s->strategy->predict(inputs, n);
             write_npy({"--dump-logits", dump.logits, dump.force, {{"the checkpoint", checkpoint}}},
                       {n, size_t(s->model->output_features())}, logits.data());
         }

@@ -357,6 +357,15 @@ std::string corpus(int lines, uint64_t seed) {
 
 std::vector<uint32_t> bytes_of(const std::string& text) { return std::vector<uint32_t>(text.begin(), text.end()); }
 
+// Every window of a token data set, epoch e: features and labels, flat.
+std::pair<std::vector<float>, std::vector<int32_t>> windows(const Dataset& d, int64_t epoch = 0) {
+    const size_t t = d.feature_size();
+    std::vector<float> x(d.count() * t);
+    std::vector<int32_t> y(d.count() * t);
+    for (size_t i = 0; i < d.count(); ++i) read_sample(d, i, epoch, x.data() + i * t, y.data() + i * t);
+    return {x, y};
+}
+
 DataConfig tokens_config(const std::string& root, int context, const Fields& extra = {}) {
     Fields keys = {{"train", "train.bin"}, {"test", "val.bin"}, {"context", std::to_string(context)}};
     keys.insert(keys.end(), extra.begin(), extra.end());
@@ -423,18 +432,24 @@ TEST_CASE("token files: nanoGPT's raw uint16, llm.c's header; windows of context
     CHECK(d.train.count() == 2);  // (11 - 1) / 4 windows
     CHECK(d.train.shape == std::vector<int>{4});
     CHECK(d.train.label_size == 4);
-    CHECK(d.train.features == std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8});  // ids, not normalised
-    CHECK(d.train.labels == std::vector<int32_t>{2, 3, 4, 5, 6, 7, 8, 9});  // each position's next token
-    CHECK(d.test.features == d.train.features);
-    CHECK(d.test.labels == d.train.labels);
+    CHECK((d.train.source && d.train.features.empty() && d.train.labels.empty()));   // mapped, not copied
+    CHECK(windows(d.train).first == std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8});     // ids, not normalised
+    CHECK(windows(d.train).second == std::vector<int32_t>{2, 3, 4, 5, 6, 7, 8, 9});  // each position's next token
+    CHECK(windows(d.test) == windows(d.train));
+    CHECK(fingerprint(d.test) == fingerprint(d.train));  // the same ids, header or not
     // version 2: uint32 ids; raw uint32 with dtype
     std::vector<uint32_t> big = ids;
     big[5] = 70000;
     write_bytes(root + "/val.bin", llmc(big, 2));
     write_bytes(root + "/train.bin", std::string(reinterpret_cast<const char*>(big.data()), big.size() * 4));
     d = load_datasets(tokens_config(root, 4, {{"vocab", "70001"}, {"dtype", "uint32"}}), "", 1);
-    CHECK(d.train.features[5] == 70000.0f);
-    CHECK(d.test.labels == d.train.labels);
+    CHECK(windows(d.train).first[5] == 70000.0f);
+    CHECK(windows(d.test) == windows(d.train));
+    // a raw file whose first id looks like gzip's magic bytes (0x8b1f) is read as it is
+    write_bytes(root + "/train.bin", u16({0x8b1f, 1, 2, 3, 4}));
+    write_bytes(root + "/val.bin", u16(ids));
+    d = load_datasets(tokens_config(root, 4, {{"vocab", "40000"}}), "", 1);
+    CHECK(windows(d.train).first == std::vector<float>{0x8b1f, 1, 2, 3});
 
     auto refused = [&](const std::string& train, const std::string& what, const Fields& keys = {{"vocab", "12"}}) {
         write_bytes(root + "/train.bin", train);
@@ -490,6 +505,53 @@ TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, 
     ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
     CHECK(g.train(stopped) == kExitOk);
     expect_same_run(one, stopped);
+}
+
+TEST_CASE("random token windows: anywhere in the file, a function of (seed, epoch, index); replicas and resume") {
+    TempDir dir;
+    const std::string root = dir.path();
+    std::vector<uint32_t> ids(1000);
+    for (uint32_t i = 0; i < ids.size(); ++i) ids[i] = i;
+    write_bytes(root + "/train.bin", u16(ids));
+    write_bytes(root + "/val.bin", u16(ids));
+    const DataConfig c = tokens_config(root, 8, {{"vocab", "1000"}, {"windows", "random"}});
+    const Datasets d = load_datasets(c, "", 7);
+    REQUIRE(d.train.count() == 124);  // as many as tiled: (1000 - 1) / 8
+    const auto e0 = windows(d.train, 0), e1 = windows(d.train, 1);
+    int untiled = 0;
+    for (size_t i = 0; i < d.train.count(); ++i) {
+        const float start = e0.first[i * 8];
+        CHECK(start >= 0.0f);
+        CHECK(start <= 1000.0f - 9.0f);  // the window and its last label inside the file
+        for (int k = 0; k < 8; ++k) {
+            CHECK(e0.first[i * 8 + size_t(k)] == start + float(k));
+            CHECK(e0.second[i * 8 + size_t(k)] == int32_t(start) + k + 1);
+        }
+        untiled += int(start) % 8 != 0;
+    }
+    CHECK(untiled > 60);                                     // about 7 in 8 start off the tiled grid
+    CHECK(e0 != e1);                                         // another epoch, other windows
+    CHECK(windows(load_datasets(c, "", 7).train, 1) == e1);  // the same seed and epoch: the same windows
+    CHECK(windows(load_datasets(c, "", 8).train, 0) != e0);  // another seed
+    CHECK(fingerprint(load_datasets(c, "", 8).train) != fingerprint(d.train));
+    CHECK(windows(d.test).first[8] == 8.0f);  // the test split stays tiled
+
+    GptRun g;
+    const std::vector<std::string> random = {"data.windows=random", "train.steps=6", "checkpoint.every_steps=3"};
+    auto with = [&](std::vector<std::string> v, const std::vector<std::string>& more) {
+        v.insert(v.end(), more.begin(), more.end());
+        return v;
+    };
+    REQUIRE(g.train(g / "one", random) == kExitOk);
+    REQUIRE(g.train(g / "two", with(random, {"strategy.devices=cpu:2"})) == kExitOk);
+    CHECK(rel_error(GptRun::params(g / "two"), GptRun::params(g / "one")) < 1e-4);
+    REQUIRE(g.train(g / "tiled", {"train.steps=6", "checkpoint.every_steps=3"}) == kExitOk);
+    CHECK(GptRun::params(g / "tiled") != GptRun::params(g / "one"));
+    ::setenv("MIRRORED_TEST_STOP_AFTER_STEP", "4", 1);
+    CHECK(g.train(g / "stopped", random) == kExitInterrupted);
+    ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
+    CHECK(g.train(g / "stopped", random) == kExitOk);
+    expect_same_run(g / "one", g / "stopped");
 }
 
 namespace {

@@ -4,13 +4,21 @@
 // raw files of vocabularies over 65,535.
 //
 // A sample is a window of context + 1 tokens: its first `context` ids are the input, the last
-// `context` the labels (each position predicts the next token). Window i starts at token
-// i * context, so the windows cover the file once and overlap by one token; the loader shuffles
-// and shards them like any samples, so N replicas train exactly as one and a resume is exact.
+// `context` the labels (each position predicts the next token). The file is mapped, not read:
+// one larger than memory trains, and only the pages the windows touch are resident.
+// `windows: tiled` (the default): window i starts at token i * context, so the windows cover the
+// file once per epoch and overlap by one token; the loader shuffles and shards them like any
+// samples. `windows: random` (nanoGPT's sampling): window i of epoch e starts anywhere, drawn from
+// Philox(seed, i, e), as many windows per epoch as tiled. Either way a window is a function of
+// (seed, epoch, index), so N replicas train exactly as one and a resume is exact. The test split
+// is always tiled: every evaluation reads the same tokens.
+#include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "base/error.h"
 #include "base/io.h"
+#include "base/philox.h"
 #include "data/datasets.h"
 
 namespace mirrored {
@@ -22,12 +30,14 @@ struct TokensOptions final : OptionsOf<TokensOptions> {
     int context = 0;
     int vocab = 256;
     bool uint32 = false;  // raw files: 4-byte ids (llm.c files say so in their header)
+    bool random_windows = false;
     Fields fields() const override {
         return {{"train", train},
                 {"test", test},
                 {"context", std::to_string(context)},
                 {"vocab", std::to_string(vocab)},
-                {"dtype", uint32 ? "uint32" : "uint16"}};
+                {"dtype", uint32 ? "uint32" : "uint16"},
+                {"windows", random_windows ? "random" : "tiled"}};
     }
     bool operator==(const TokensOptions&) const = default;
 };
@@ -41,6 +51,7 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
         r.fail(p + ".context", "required for dataset tokens: the tokens per sample, e.g. 256 (model.input_shape)");
     o->vocab = int(r.integer(p + ".vocab", 256, 2, 1 << 24));
     o->uint32 = r.choice(p + ".dtype", "uint16", {"uint16", "uint32"}) == "uint32";
+    o->random_windows = r.choice(p + ".windows", "tiled", {"tiled", "random"}) == "random";
     return o;
 }
 
@@ -53,51 +64,117 @@ uint32_t read_le(const unsigned char* p, size_t width) {
     return v;
 }
 
-}  // namespace
+// The windows of one token file, over bytes that stay where they are (a mapping, or a buffer read
+// into memory for the fuzzer); checked and hashed once when opened.
+class TokenWindows final : public SampleSource {
+public:
+    TokenWindows(const std::string& path, std::shared_ptr<const void> owner, const unsigned char* bytes, size_t size,
+                 const TokenFileOptions& o)
+        : owner_(std::move(owner)), context_(size_t(o.context)), random_(o.random_windows), seed_(o.seed) {
+        width_ = o.uint32 ? 4 : 2;
+        size_t begin = 0;
+        if (size >= 4 && int32_t(read_le(bytes, 4)) == kLlmcMagic) {
+            if (size < kLlmcHeaderBytes)
+                throw DataError(path + ": an llm.c token file (magic 20240520) whose header is cut short: " +
+                                std::to_string(size) + " of 1024 bytes");
+            const uint32_t version = read_le(bytes + 4, 4), count = read_le(bytes + 8, 4);
+            if (version != 1 && version != 2)
+                throw DataError(path + ": llm.c token file version " + std::to_string(version) +
+                                "; this reader knows 1 (uint16 ids) and 2 (uint32 ids)");
+            begin = kLlmcHeaderBytes;
+            width_ = version == 1 ? 2 : 4;
+            if ((size - begin) / width_ != count || (size - begin) % width_)
+                throw DataError(path + ": the header says " + std::to_string(count) + " tokens, the file holds " +
+                                std::to_string(size - begin) + " bytes of " + std::to_string(width_) +
+                                "-byte ids after it");
+        } else if (size % width_) {
+            throw DataError(path + ": " + std::to_string(size) + " bytes is not a whole number of " +
+                            std::to_string(width_) + "-byte token ids (data.dtype)");
+        }
+        ids_ = bytes + begin;
+        tokens_ = (size - begin) / width_;
+        if (tokens_ < context_ + 1)
+            throw DataError(path + ": " + std::to_string(tokens_) +
+                            " tokens, shorter than one window of data.context + 1 = " + std::to_string(context_ + 1));
+        windows_ = (tokens_ - 1) / context_;
+        if (windows_ > UINT32_MAX)  // the loader's sample indexes are 32-bit
+            throw DataError(path + ": " + std::to_string(windows_) + " windows of data.context = " +
+                            std::to_string(context_) + " tokens; at most 2^32 - 1: use a longer context");
+        check_and_hash(path, begin, o);
+    }
 
-Dataset read_tokens(const std::string& path, const TokenFileOptions& o) {
-    try {
-        InputFile in(path);
-        return read_tokens(in, o);
-    } catch (const InputError& e) {
-        throw DataError(e.what());
-    }
-}
+    size_t count() const override { return windows_; }
+    uint64_t fingerprint() const override { return fingerprint_; }
 
-Dataset read_tokens(InputFile& in, const TokenFileOptions& o) {
-    const std::string& path = in.path();
-    std::vector<unsigned char> bytes;
-    // what the machine has left: inputs and labels then take 4 bytes per token each on top
-    const uint64_t avail = available_host_memory();
-    try {
-        in.read_rest(bytes, size_t(std::min<uint64_t>(avail ? avail / 5 : uint64_t(1) << 40, SIZE_MAX)), "the tokens");
-    } catch (const InputError& e) {
-        throw DataError(e.what());
+    void read(uint32_t idx, int64_t epoch, float* features, int32_t* labels) const override {
+        size_t start = size_t(idx) * context_;
+        if (random_) {  // uniform over the tokens_ - context_ windows that fit
+            const Philox4 r = philox(seed_, idx, kStreamWindows, static_cast<uint32_t>(epoch));
+            const uint64_t x = (uint64_t(r.v[0]) << 32) | r.v[1];
+            start = size_t((static_cast<unsigned __int128>(x) * (tokens_ - context_)) >> 64);
+        }
+        const unsigned char* p = ids_ + start * width_;
+        if (width_ == 2) copy_window<uint16_t>(p, features, labels);
+        else copy_window<uint32_t>(p, features, labels);
     }
-    size_t begin = 0, width = o.uint32 ? 4 : 2;
-    if (bytes.size() >= 4 && int32_t(read_le(bytes.data(), 4)) == kLlmcMagic) {
-        if (bytes.size() < kLlmcHeaderBytes)
-            throw DataError(path + ": an llm.c token file (magic 20240520) whose header is cut short: " +
-                            std::to_string(bytes.size()) + " of 1024 bytes");
-        const uint32_t version = read_le(bytes.data() + 4, 4), count = read_le(bytes.data() + 8, 4);
-        if (version != 1 && version != 2)
-            throw DataError(path + ": llm.c token file version " + std::to_string(version) +
-                            "; this reader knows 1 (uint16 ids) and 2 (uint32 ids)");
-        begin = kLlmcHeaderBytes;
-        width = version == 1 ? 2 : 4;
-        if ((bytes.size() - begin) / width != count || (bytes.size() - begin) % width)
-            throw DataError(path + ": the header says " + std::to_string(count) + " tokens, the file holds " +
-                            std::to_string(bytes.size() - begin) + " bytes of " + std::to_string(width) +
-                            "-byte ids after it");
-    } else if (bytes.size() % width) {
-        throw DataError(path + ": " + std::to_string(bytes.size()) + " bytes is not a whole number of " +
-                        std::to_string(width) + "-byte token ids (data.dtype)");
+
+private:
+    template <typename Id>
+    void copy_window(const unsigned char* p, float* features, int32_t* labels) const {
+        Id w[2];  // little-endian hosts only (the project's), so ids load as they are
+        static_assert(std::endian::native == std::endian::little);
+        for (size_t i = 0; i < context_; ++i) {
+            std::memcpy(w, p + i * sizeof(Id), 2 * sizeof(Id));
+            if (features) features[i] = float(w[0]);
+            if (labels) labels[i] = int32_t(w[1]);
+        }
     }
-    const size_t tokens = (bytes.size() - begin) / width, t = size_t(o.context);
-    if (tokens < t + 1)
-        throw DataError(path + ": " + std::to_string(tokens) +
-                        " tokens, shorter than one window of data.context + 1 = " + std::to_string(t + 1));
-    const size_t windows = (tokens - 1) / t;
+
+    // Every id below the vocabulary (the first bad one named by its byte offset), and the hash of
+    // the ids with what shapes the samples: one sequential pass, a block at a time.
+    void check_and_hash(const std::string& path, size_t begin, const TokenFileOptions& o) {
+        Fingerprint f;
+        const int64_t head[5] = {o.vocab, int64_t(context_), int64_t(width_), random_ ? 1 : 0,
+                                 int64_t(random_ ? seed_ : 0)};
+        f.add(head, sizeof head);
+        constexpr size_t kBlock = size_t(1) << 16;  // ids per block
+        for (size_t first = 0; first < tokens_; first += kBlock) {
+            const size_t n = std::min(kBlock, tokens_ - first);
+            const unsigned char* p = ids_ + first * width_;
+            uint32_t top = 0;
+            if (width_ == 2) top = max_id<uint16_t>(p, n);
+            else top = max_id<uint32_t>(p, n);
+            if (top >= uint32_t(o.vocab))
+                for (size_t i = 0; i < n; ++i)
+                    if (read_le(p + i * width_, width_) >= uint32_t(o.vocab))
+                        throw DataError(path + ": token " + std::to_string(read_le(p + i * width_, width_)) +
+                                        " at byte offset " + std::to_string(begin + (first + i) * width_) +
+                                        " is outside the vocabulary [0, " + std::to_string(o.vocab) + ") (data.vocab)");
+            f.add(p, n * width_);
+        }
+        fingerprint_ = f.value();
+    }
+
+    template <typename Id>
+    static uint32_t max_id(const unsigned char* p, size_t n) {
+        Id top = 0;
+        for (size_t i = 0; i < n; ++i) {
+            Id v;
+            std::memcpy(&v, p + i * sizeof(Id), sizeof(Id));
+            top = std::max(top, v);
+        }
+        return top;
+    }
+
+    std::shared_ptr<const void> owner_;  // keeps the bytes alive
+    const unsigned char* ids_ = nullptr;
+    size_t width_ = 2, tokens_ = 0, context_ = 0, windows_ = 0;
+    bool random_ = false;
+    uint64_t seed_ = 1;
+    uint64_t fingerprint_ = 0;
+};
+
+Dataset token_dataset(const std::string& path, std::shared_ptr<const SampleSource> source, const TokenFileOptions& o) {
     Dataset ds;
     ds.name = path;
     ds.labels_source = path;
@@ -105,20 +182,35 @@ Dataset read_tokens(InputFile& in, const TokenFileOptions& o) {
     ds.classes = o.vocab;
     ds.label_size = o.context;
     ds.tokens = true;
-    resize_features(ds.features, windows * t);
-    ds.labels.resize(windows * t);
-    const unsigned char* ids = bytes.data() + begin;
-    for (size_t i = 0; i <= windows * t; ++i) {
-        const uint32_t id = read_le(ids + i * width, width);
-        if (id >= uint32_t(o.vocab))
-            throw DataError(path + ": token " + std::to_string(id) + " at byte offset " +
-                            std::to_string(begin + i * width) + " is outside the vocabulary [0, " +
-                            std::to_string(o.vocab) + ") (data.vocab)");
-        // token i is the input at position i and the label of position i - 1 (window by window)
-        if (i < windows * t) ds.features[i] = float(id);
-        if (i > 0) ds.labels[i - 1] = int32_t(id);
-    }
+    ds.source = std::move(source);
     return ds;
+}
+
+}  // namespace
+
+Dataset read_tokens(const std::string& path, const TokenFileOptions& o) {
+    std::shared_ptr<const MappedFile> map;
+    try {
+        map = std::make_shared<const MappedFile>(path);
+    } catch (const InputError& e) {
+        throw DataError(e.what());
+    }
+    map->advise_sequential(true);  // the check reads it once, front to back
+    auto windows = std::make_shared<const TokenWindows>(path, map, map->data(), map->size(), o);
+    map->advise_sequential(false);  // then windows are read anywhere
+    return token_dataset(path, std::move(windows), o);
+}
+
+Dataset read_tokens(InputFile& in, const TokenFileOptions& o) {
+    auto bytes = std::make_shared<std::vector<unsigned char>>();
+    const uint64_t avail = available_host_memory();
+    try {
+        in.read_rest(*bytes, size_t(std::min<uint64_t>(avail ? avail / 2 : uint64_t(1) << 40, SIZE_MAX)), "the tokens");
+    } catch (const InputError& e) {
+        throw DataError(e.what());
+    }
+    auto windows = std::make_shared<const TokenWindows>(in.path(), bytes, bytes->data(), bytes->size(), o);
+    return token_dataset(in.path(), std::move(windows), o);
 }
 
 namespace {
@@ -126,10 +218,11 @@ namespace {
 Datasets load(const Options& options, const DataSource& src) {
     const auto& o = options_as<TokensOptions>(options);
     if (src.config.targets) throw DataError("dataset tokens has class labels (the next tokens), not float targets");
-    const TokenFileOptions t{o.context, o.vocab, o.uint32};
+    const TokenFileOptions train{o.context, o.vocab, o.uint32, o.random_windows, src.seed};
+    const TokenFileOptions test{o.context, o.vocab, o.uint32, false, src.seed};
     Datasets out;
-    out.train = read_tokens(src.path(o.train), t);
-    out.test = read_tokens(src.path(o.test), t);
+    out.train = read_tokens(src.path(o.train), train);
+    out.test = read_tokens(src.path(o.test), test);
     return out;
 }
 

@@ -46,7 +46,10 @@ double memcpy_ceiling(const Dataset& ds, int global_batch, double seconds) {
     const double start = now_s();
     double elapsed = 0;
     do {
-        std::memcpy(dst.data(), ds.features.data() + (b % batches) * batch * per, batch * per * sizeof(float));
+        if (ds.source)  // read on demand: the ceiling is the source's own reads, in order
+            for (size_t i = 0; i < batch; ++i)
+                read_sample(ds, (b % batches) * batch + i, 0, dst.data() + i * per, nullptr);
+        else std::memcpy(dst.data(), ds.features.data() + (b % batches) * batch * per, batch * per * sizeof(float));
         samples += batch;
         ++b;
         elapsed = now_s() - start;

@@ -53,14 +53,20 @@ void npy(const uint8_t* data, size_t size) {
 
 void tokens(const uint8_t* data, size_t size) {
     if (size < 3) return;
-    const TokenFileOptions o{1 + data[0] % 32, 2 + int(data[1]) * 257, (data[2] & 1) != 0};
+    const TokenFileOptions o{1 + data[0] % 32, 2 + int(data[1]) * 257, (data[2] & 1) != 0, (data[2] & 2) != 0, data[0]};
     tolerate([&] {
         InputFile in("train.bin", data + 3, size - 3);
         const Dataset ds = read_tokens(in, o);
-        if (ds.features.size() != ds.count() * size_t(o.context) || ds.labels.size() != ds.features.size())
-            __builtin_trap();  // a reader invariant
-        for (int32_t id : ds.labels)
-            if (id < 0 || id >= o.vocab) __builtin_trap();
+        if (!ds.source || ds.count() == 0 || ds.count() * size_t(o.context) >= size) __builtin_trap();  // invariants
+        std::vector<float> x(size_t(o.context));
+        std::vector<int32_t> y(size_t(o.context));
+        for (size_t i = 0; i < ds.count(); ++i) {  // every window reads inside the file, every id in range
+            read_sample(ds, i, int64_t(i % 3), x.data(), y.data());
+            for (int k = 0; k < o.context; ++k)
+                if (y[size_t(k)] < 0 || y[size_t(k)] >= o.vocab || x[size_t(k)] < 0 || x[size_t(k)] >= float(o.vocab) ||
+                    (k > 0 && x[size_t(k)] != float(y[size_t(k) - 1])))
+                    __builtin_trap();
+        }
     });
 }
 
