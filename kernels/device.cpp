@@ -68,6 +68,8 @@ const char* activation_name(Activation a) {
             return "relu";
         case Activation::gelu:
             return "gelu";
+        case Activation::gelu_tanh:
+            return "gelu_tanh";
         default:
             return "none";
     }

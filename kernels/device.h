@@ -47,7 +47,11 @@ struct Graph {
     void* handle = nullptr;
 };  // an instantiated capture (cudaGraphExec_t on CUDA)
 
-enum class Activation { none, relu, gelu };
+// gelu: x Phi(x) with the exact normal cdf (torch.nn.GELU()); gelu_tanh: GPT-2's tanh approximation
+// (torch.nn.GELU(approximate="tanh")).
+enum class Activation { none, relu, gelu, gelu_tanh };
+// Whether a layer keeps the pre-activation for backward: ReLU's gradient reads the output itself.
+inline bool keeps_preactivation(Activation a) { return a == Activation::gelu || a == Activation::gelu_tanh; }
 
 // The losses of Device::target_loss: logits against a float target per output.
 enum class TargetLoss {

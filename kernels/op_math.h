@@ -49,12 +49,24 @@ MIRRORED_HD float gelu_cdf(float z, float e) {
     return 0.5f * (1.0f + (z < 0.0f ? -erf_a : erf_a));
 }
 
+// GPT-2's GELU, 0.5 z (1 + tanh(u)), u = sqrt(2/pi) (z + 0.044715 z^3), with tanh(u) =
+// 1 - 2 / (e^2u + 1) on exp_poly (vectorises; saturates to +-1 where exp_poly clamps). Returns
+// tanh(u) and du/dz through the pointer, for the derivative.
+MIRRORED_HD float gelu_tanh_t(float z, float* du_dz) {
+    const float k = 0.79788456080286536f, c = 0.044715f;
+    const float u = k * (z + c * z * z * z);
+    if (du_dz) *du_dz = k * (1.0f + 3.0f * c * z * z);
+    return 1.0f - 2.0f / (exp_poly(2.0f * u) + 1.0f);
+}
+
 MIRRORED_HD float act_forward(Activation act, float z) {
     switch (act) {
         case Activation::relu:
             return z > 0.0f ? z : 0.0f;
         case Activation::gelu:
             return z * gelu_cdf(z, exp_poly(-0.5f * z * z));
+        case Activation::gelu_tanh:
+            return 0.5f * z * (1.0f + gelu_tanh_t(z, nullptr));
         default:
             return z;
     }
@@ -68,6 +80,11 @@ MIRRORED_HD float act_derivative(Activation act, float z) {
             const float e = exp_poly(-0.5f * z * z);  // shared by the cdf and the pdf
             return gelu_cdf(z, e) + z * 0.39894228040143268f * e;
         }
+        case Activation::gelu_tanh: {
+            float du;
+            const float t = gelu_tanh_t(z, &du);
+            return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * du;
+        }
         default:
             return 1.0f;
     }
@@ -80,6 +97,7 @@ MIRRORED_HD float act_backward_value(Activation act, float z, float dout) {
         case Activation::relu:
             return z > 0.0f ? dout : 0.0f;
         case Activation::gelu:
+        case Activation::gelu_tanh:
             return dout * act_derivative(act, z);
         default:
             return dout;

@@ -82,7 +82,7 @@ Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64
 
 Model::~Model() = default;
 
-bool Model::reads_token_ids() const { return specs_.front().type == "embedding"; }
+bool Model::reads_token_ids() const { return layer_kinds().get(specs_.front().type).reads_token_ids; }
 
 size_t Model::stats_floats() const { return layout_->stats_floats(); }
 

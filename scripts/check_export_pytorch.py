@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-ACT = {"none": lambda x: x, "relu": F.relu, "gelu": F.gelu}
+ACT = {"none": lambda x: x, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 def read_safetensors(path):

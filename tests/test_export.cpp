@@ -35,6 +35,8 @@ struct Nchw {
 double act(Activation a, double z) {
     if (a == Activation::relu) return z > 0 ? z : 0;
     if (a == Activation::gelu) return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+    if (a == Activation::gelu_tanh)
+        return 0.5 * z * (1 + std::tanh(std::sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z)));
     return z;
 }
 
@@ -44,7 +46,10 @@ double number_key(const LayerSpec& s, const char* key) { return std::stod(s.fiel
 bool bool_key(const LayerSpec& s, const char* key) { return s.field(key) == "true"; }
 Activation activation_key(const LayerSpec& s) {
     const std::string a = s.field("activation");
-    return a == "relu" ? Activation::relu : a == "gelu" ? Activation::gelu : Activation::none;
+    return a == "relu"        ? Activation::relu
+           : a == "gelu"      ? Activation::gelu
+           : a == "gelu_tanh" ? Activation::gelu_tanh
+                              : Activation::none;
 }
 int padding_key(const LayerSpec& s) {  // same | valid | N
     const std::string p = s.field("padding");

@@ -40,6 +40,8 @@ double ref_act(Activation a, double z) {
             return z > 0 ? z : 0;
         case Activation::gelu:
             return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+        case Activation::gelu_tanh:
+            return 0.5 * z * (1 + std::tanh(std::sqrt(2 / M_PI) * (z + 0.044715 * z * z * z)));
         default:
             return z;
     }
@@ -50,12 +52,16 @@ double ref_act_grad(Activation a, double z) {
             return z > 0 ? 1 : 0;
         case Activation::gelu:
             return 0.5 * (1 + std::erf(z / std::sqrt(2.0))) + z * std::exp(-0.5 * z * z) / std::sqrt(2 * M_PI);
+        case Activation::gelu_tanh: {
+            const double k = std::sqrt(2 / M_PI), t = std::tanh(k * (z + 0.044715 * z * z * z));
+            return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k * (1 + 3 * 0.044715 * z * z);
+        }
         default:
             return 1;
     }
 }
 
-const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu};
+const Activation kActs[] = {Activation::none, Activation::relu, Activation::gelu, Activation::gelu_tanh};
 
 // ---- op runners: the same call on any device, returning host results ----------------------
 

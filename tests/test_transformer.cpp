@@ -17,6 +17,7 @@
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/model.h"
+#include "mirrored/optimizer.h"
 #include "mirrored/trainer.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
@@ -271,6 +272,13 @@ TEST_CASE("gradients match finite differences: embedding, position embedding, at
                    layer("dense", {{"units", "8"}})}),
             layer("lm_head")};
         check_gradients(*d, l, 6, 2);
+    }
+    SUBCASE("dropout on the probabilities and both branches (masks fixed per step), GPT-2's tanh GELU") {
+        const std::vector<LayerSpec> l = {
+            layer("embedding", {{"vocab", "11"}, {"dim", "8"}}),
+            layer("transformer_block", {{"heads", "2"}, {"dropout", "0.3"}, {"activation", "gelu_tanh"}}),
+            layer("attention", {{"heads", "4"}, {"dropout", "0.5"}}), layer("lm_head")};
+        check_gradients(*d, l, 5, 3);
     }
 }
 
@@ -592,6 +600,10 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
         mark_skipped("PyTorch is not installed (Debian and Ubuntu: python3-torch)");
         return;
     }
+    std::string gelu = "erf";  // the reference's name for the exact form
+    SUBCASE("exact GELU") {}
+    SUBCASE("GPT-2's tanh GELU") { gelu = "tanh"; }
+    CAPTURE(gelu);
     TempDir dir;
     const int batch = 4, t = 16;
     // exactly one batch of windows: every step trains on the same batch, as the reference does
@@ -599,6 +611,8 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
     write_bytes(dir / "train.bin", u16(ids));
     std::string text = kReference;
     text.replace(text.find("ROOT"), 4, dir.path());
+    for (size_t at; gelu == "tanh" && (at = text.find("heads: 4}")) != std::string::npos;)
+        text.replace(at, 9, "heads: 4, activation: gelu_tanh}");
     const Config cfg = load_config(dir.write("equal.yaml", text), {"run.output_dir=" + (dir / "run")});
 
     // the initial weights, as the run draws them, for the reference to start from
@@ -620,9 +634,27 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
 
     std::string err;
     REQUIRE_MESSAGE(run_program(python,
-                                {script, "--weights", dir / "init.safetensors", "--tokens", dir / "train.bin",
-                                 "--context", "16", "--batch", "4", "--heads", "4", "--steps", "10", "--lr", "0.001",
-                                 "--out", dir / "ref.json", "--grads-out", dir / "ref_grads.safetensors"},
+                                {script,
+                                 "--weights",
+                                 dir / "init.safetensors",
+                                 "--tokens",
+                                 dir / "train.bin",
+                                 "--context",
+                                 "16",
+                                 "--batch",
+                                 "4",
+                                 "--heads",
+                                 "4",
+                                 "--steps",
+                                 "10",
+                                 "--lr",
+                                 "0.001",
+                                 "--gelu",
+                                 gelu,
+                                 "--out",
+                                 dir / "ref.json",
+                                 "--grads-out",
+                                 dir / "ref_grads.safetensors"},
                                 &err) == 0,
                     err);
     // step 1: every parameter's gradient

@@ -183,6 +183,7 @@ void with_act_and_type(Activation a, DType t, Fn&& fn) {
     };
     if (a == Activation::relu) with_type(ActC<Activation::relu>{});
     else if (a == Activation::gelu) with_type(ActC<Activation::gelu>{});
+    else if (a == Activation::gelu_tanh) with_type(ActC<Activation::gelu_tanh>{});
     else with_type(ActC<Activation::none>{});
 }
 

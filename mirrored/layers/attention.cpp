@@ -4,9 +4,14 @@
 // positions up to each one; the heads' outputs side by side, then y = a W_proj^T + b_proj.
 // Tensors as nanoGPT names them: c_attn.weight [3c, c], c_attn.bias, c_proj.weight [c, c], c_proj.bias.
 //
+// `dropout` drops attention probabilities in training (nanoGPT's attn_dropout), the masks a pure
+// function of (seed, layer, step, global row) as the dropout layer's.
+//
 // The unfused path: the [t, t] probabilities of every head are kept for backward, and the products
 // run as strided-batched GEMMs over the samples, one call per head.
 #include <cmath>
+
+#include "mirrored/util.h"
 
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
@@ -17,13 +22,15 @@ namespace {
 
 struct AttentionOptions final : OptionsOf<AttentionOptions> {
     int heads = 0;
-    Fields fields() const override { return {{"heads", std::to_string(heads)}}; }
+    float dropout = 0.0f;
+    Fields fields() const override { return {{"heads", std::to_string(heads)}, {"dropout", decimal_text(dropout)}}; }
     bool operator==(const AttentionOptions&) const = default;
 };
 
 class Attention final : public Layer {
 public:
-    explicit Attention(const LayerSpec& s) : Layer(s), heads_(spec_.get<AttentionOptions>().heads) {}
+    explicit Attention(const LayerSpec& s)
+        : Layer(s), heads_(spec_.get<AttentionOptions>().heads), dropout_(spec_.get<AttentionOptions>().dropout) {}
 
     void declare(Builder& b) override {
         if (in_.image) fail("attention needs a sequence [t, c], got an image " + in_.str());
@@ -44,6 +51,7 @@ public:
         dqkv_ = b.act_buffer(slot_, 3 * t * c);
         dprobs_ = b.act_buffer(slot_, probs);
         dheads_ = b.act_buffer(slot_, t * c);
+        if (dropout_ > 0) dropped_ = b.act_buffer(slot_, probs);  // kept beside probs: backward needs both
     }
     void place(const std::vector<TensorRef>& refs) override {
         attn_w_off_ = refs[size_t(attn_w_)].offset;
@@ -62,8 +70,9 @@ public:
             batched(p, false, true, t, t, d(), at(p, B.qkv, q(h)), 3 * c, size_t(t) * 3 * c, at(p, B.qkv, k(h)), 3 * c,
                     size_t(t) * 3 * c, at(p, B.probs, size_t(h) * t * t), t, tt());
         p.dev->causal_softmax(p.stream, p.rows * heads_, t, scale(), B.probs, B.probs);
+        if (drops(p)) p.dev->dropout_forward(p.stream, dropout_args(p), p.rows, int(tt()), B.probs, B.mixed);
         for (int h = 0; h < heads_; ++h)  // a = probs v
-            batched(p, false, false, t, d(), t, at(p, B.probs, size_t(h) * t * t), t, tt(), at(p, B.qkv, v(h)), 3 * c,
+            batched(p, false, false, t, d(), t, at(p, B.mixed, size_t(h) * t * t), t, tt(), at(p, B.qkv, v(h)), 3 * c,
                     size_t(t) * 3 * c, at(p, B.heads, size_t(h) * d()), c, size_t(t) * c);
         p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
                              p.params + proj_b_off_, B.out, B.out, p.types(p.vt));
@@ -84,9 +93,11 @@ public:
             // dprobs = da v^T; dv = probs^T da
             batched(p, false, true, t, t, d(), at(p, dheads, size_t(h) * d()), c, size_t(t) * c, at(p, B.qkv, v(h)),
                     3 * c, size_t(t) * 3 * c, at(p, dprobs, size_t(h) * t * t), t, tt());
-            batched(p, true, false, t, d(), t, at(p, B.probs, size_t(h) * t * t), t, tt(),
+            batched(p, true, false, t, d(), t, at(p, B.mixed, size_t(h) * t * t), t, tt(),
                     at(p, dheads, size_t(h) * d()), c, size_t(t) * c, at(p, dqkv, v(h)), 3 * c, size_t(t) * 3 * c);
         }
+        if (drops(p))  // element-wise, so in place
+            p.dev->dropout_backward(p.stream, dropout_args(p), p.rows, int(tt()), dprobs, dprobs);
         p.dev->causal_softmax_backward(p.stream, p.rows * heads_, t, scale(), B.probs, dprobs, dprobs);
         for (int h = 0; h < heads_; ++h) {
             // dq = dscores k; dk = dscores^T q (the scale is in dscores)
@@ -108,18 +119,26 @@ public:
         const double t = in_.positions(), c = in_.c;
         return 2.0 * t * c * 4.0 * c + 2.0 * 2.0 * t * t * c;
     }
-    std::string detail() const override { return std::to_string(heads_) + " heads"; }
+    std::string detail() const override {
+        return std::to_string(heads_) + " heads" + (dropout_ > 0 ? ", dropout " + decimal_text(dropout_) : "");
+    }
 
 private:
     struct Buffers {
         void* qkv;
         void* probs;
+        void* mixed;  // the probabilities the values are mixed with: probs, or probs after dropout
         void* heads;
         void* out;
     };
     Buffers buffers(Pass& p) const {
-        return {p.acts->act(slot_, qkv_), p.acts->act(slot_, probs_), p.acts->act(slot_, heads_out_),
-                p.acts->act(slot_, proj_out_)};
+        void* probs = p.acts->act(slot_, probs_);
+        return {p.acts->act(slot_, qkv_), probs, drops(p) ? p.acts->act(slot_, dropped_) : probs,
+                p.acts->act(slot_, heads_out_), p.acts->act(slot_, proj_out_)};
+    }
+    bool drops(const Pass& p) const { return p.training && dropout_ > 0; }
+    DropoutArgs dropout_args(const Pass& p) const {
+        return DropoutArgs{dropout_, p.seed, uint32_t(slot_), p.step, p.row_offset, p.values};
     }
     int d() const { return in_.c / heads_; }
     size_t q(int h) const { return size_t(h) * d(); }
@@ -138,15 +157,18 @@ private:
     }
 
     int heads_;
+    float dropout_;
     int attn_w_ = -1, attn_b_ = -1, proj_w_ = -1, proj_b_ = -1;
     size_t attn_w_off_ = 0, attn_b_off_ = 0, proj_w_off_ = 0, proj_b_off_ = 0;
-    int slot_ = -1, qkv_ = -1, probs_ = -1, heads_out_ = -1, proj_out_ = -1, dqkv_ = -1, dprobs_ = -1, dheads_ = -1;
+    int slot_ = -1, qkv_ = -1, probs_ = -1, heads_out_ = -1, proj_out_ = -1, dqkv_ = -1, dprobs_ = -1, dheads_ = -1,
+        dropped_ = -1;
 };
 
 OptionsPtr read(SpecReader& r, const std::string& p) {
     auto o = std::make_shared<AttentionOptions>();
     o->heads = int(r.integer(p + ".heads", 0, 1, 1024));
     if (o->heads == 0) r.fail(p + ".heads", "required for attention: the number of heads, dividing the width");
+    o->dropout = float(r.number(p + ".dropout", 0.0, 0.0, 0.999));
     return o;
 }
 

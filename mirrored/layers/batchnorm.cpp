@@ -45,7 +45,7 @@ public:
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, in_.size());
         // GELU's derivative needs the pre-activation; ReLU's reads the output (as dense layers do)
-        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, in_.size());
+        if (keeps_preactivation(o_.activation)) z_buf_ = b.act_buffer(slot_, in_.size());
         mean_ = b.f32_buffer(slot_, 0, size_t(c));
         invstd_ = b.f32_buffer(slot_, 0, size_t(c));
         sum_ = b.f32_buffer(slot_, 0, size_t(c));

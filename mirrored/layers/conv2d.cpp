@@ -61,7 +61,7 @@ public:
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, out_.size());
         // As dense: GELU's derivative needs the pre-activation, ReLU's reads the output.
-        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
+        if (keeps_preactivation(o_.activation)) z_buf_ = b.act_buffer(slot_, out_.size());
         if (!direct_) {
             b.scratch(column_elements());                       // a block of images' columns, or their gradient
             permuted_ = b.f32_buffer(slot_, 0, size_t(F) * K);  // the weights or their gradient, pixel-major

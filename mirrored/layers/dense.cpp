@@ -39,7 +39,7 @@ public:
         out_buf_ = b.act_buffer(slot_, size_t(units) * in_.positions());
         // GELU's derivative needs the pre-activation; ReLU's reads the output instead (y > 0
         // exactly when z > 0), so a ReLU layer keeps one buffer and writes it once.
-        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, size_t(units) * in_.positions());
+        if (keeps_preactivation(o_.activation)) z_buf_ = b.act_buffer(slot_, size_t(units) * in_.positions());
         out_ = Shape::sequence(in_.positions(), units);
     }
     void place(const std::vector<TensorRef>& refs) override {

@@ -202,7 +202,8 @@ OptionsPtr read_head(SpecReader& r, const std::string& p) {
 
 }  // namespace
 
-extern const LayerKind kEmbeddingKind{"embedding", read_embedding, create_layer<Embedding>};
+extern const LayerKind kEmbeddingKind{"embedding", read_embedding, create_layer<Embedding>, /*container=*/false,
+                                      /*reads_token_ids=*/true};
 extern const LayerKind kPositionEmbeddingKind{"position_embedding", read_position, create_layer<PositionEmbedding>};
 extern const LayerKind kLmHeadKind{"lm_head", read_head, create_layer<LmHead>};
 

@@ -66,6 +66,8 @@ struct LayerKind {
     OptionsPtr (*read)(SpecReader& r, const std::string& path);
     std::unique_ptr<Layer> (*create)(const LayerSpec& s);
     bool container = false;
+    // As a model's first layer, reads token ids (kept f32 at every precision), not values.
+    bool reads_token_ids = false;
 };
 template <typename L>
 std::unique_ptr<Layer> create_layer(const LayerSpec& s) {

@@ -68,8 +68,11 @@ std::string layer_spec_summary(const LayerSpec& s) {
 }
 
 Activation read_activation(SpecReader& r, const std::string& path) {
-    const std::string a = r.choice(path, "none", {"none", "relu", "gelu"});
-    return a == "relu" ? Activation::relu : a == "gelu" ? Activation::gelu : Activation::none;
+    const std::string a = r.choice(path, "none", {"none", "relu", "gelu", "gelu_tanh"});
+    return a == "relu"        ? Activation::relu
+           : a == "gelu"      ? Activation::gelu
+           : a == "gelu_tanh" ? Activation::gelu_tanh
+                              : Activation::none;
 }
 
 InitKind read_init(SpecReader& r, const std::string& path, Activation act) {

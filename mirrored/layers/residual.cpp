@@ -44,7 +44,7 @@ public:
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, out_.size());
         // GELU's derivative needs the pre-activation; ReLU's reads the output (as dense layers do)
-        if (o_.activation == Activation::gelu) z_buf_ = b.act_buffer(slot_, out_.size());
+        if (keeps_preactivation(o_.activation)) z_buf_ = b.act_buffer(slot_, out_.size());
         g1_ = b.act_buffer(slot_, out_.size());
         if (shortcut_) g2_ = b.act_buffer(slot_, in_.size());
     }

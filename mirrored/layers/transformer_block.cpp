@@ -1,7 +1,9 @@
 // transformer_block: GPT-2's pre-LN block on a sequence [t, c]:
 //   h = x + drop(attn(ln_1(x))),  y = h + drop(mlp(ln_2(h))),  mlp = c_proj(gelu(c_fc(.)))
 // with the sub-layers named as nanoGPT names them (ln_1, attn.c_attn, attn.c_proj, ln_2,
-// mlp.c_fc, mlp.c_proj). The same block can be written as two residual layers of layernorm,
+// mlp.c_fc, mlp.c_proj). `dropout` is nanoGPT's: on the attention probabilities and on both
+// branches before their residual add. `activation`: gelu (exact, nanoGPT's nn.GELU()) or
+// gelu_tanh (GPT-2's). The same block can be written as two residual layers of layernorm,
 // attention and dense layers; this type is the short form.
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
@@ -16,11 +18,13 @@ struct BlockOptions final : OptionsOf<BlockOptions> {
     int mlp_ratio = 4;
     float dropout = 0.0f;
     float epsilon = 1e-5f;
+    Activation activation = Activation::gelu;
     Fields fields() const override {
         return {{"heads", std::to_string(heads)},
                 {"mlp_ratio", std::to_string(mlp_ratio)},
                 {"dropout", decimal_text(dropout)},
-                {"epsilon", decimal_text(epsilon)}};
+                {"epsilon", decimal_text(epsilon)},
+                {"activation", activation_name(activation)}};
     }
     bool operator==(const BlockOptions&) const = default;
 };
@@ -39,9 +43,9 @@ public:
         const std::string c = std::to_string(in_.c), eps = decimal_text(o_.epsilon);
         const std::string wide = std::to_string(in_.c * o_.mlp_ratio);
         ln_1_ = sub_layer("layernorm", {{"epsilon", eps}});
-        attn_ = sub_layer("attention", {{"heads", std::to_string(o_.heads)}});
+        attn_ = sub_layer("attention", {{"heads", std::to_string(o_.heads)}, {"dropout", decimal_text(o_.dropout)}});
         ln_2_ = sub_layer("layernorm", {{"epsilon", eps}});
-        fc_ = sub_layer("dense", {{"units", wide}, {"activation", "gelu"}});
+        fc_ = sub_layer("dense", {{"units", wide}, {"activation", activation_name(o_.activation)}});
         proj_ = sub_layer("dense", {{"units", c}});
         ln_1_->build(b, name_ + ".ln_1", key_, in_);
         attn_->build(b, name_ + ".attn", key_, ln_1_->out());
@@ -106,7 +110,8 @@ public:
         return attn_->forward_flops() + fc_->forward_flops() + proj_->forward_flops();
     }
     std::string detail() const override {
-        return std::to_string(o_.heads) + " heads, mlp " + std::to_string(o_.mlp_ratio) + "x gelu";
+        return std::to_string(o_.heads) + " heads, mlp " + std::to_string(o_.mlp_ratio) + "x " +
+               activation_name(o_.activation) + (o_.dropout > 0 ? ", dropout " + decimal_text(o_.dropout) : "");
     }
 
 private:
@@ -122,6 +127,8 @@ OptionsPtr read(SpecReader& r, const std::string& p) {
     o->mlp_ratio = int(r.integer(p + ".mlp_ratio", 4, 1, 64));
     o->dropout = float(r.number(p + ".dropout", 0.0, 0.0, 0.999));
     o->epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0));
+    o->activation =
+        r.choice(p + ".activation", "gelu", {"gelu", "gelu_tanh"}) == "gelu" ? Activation::gelu : Activation::gelu_tanh;
     return o;
 }
 
