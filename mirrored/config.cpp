@@ -520,6 +520,9 @@ void read_optimizer(Reader& r, OptimizerConfig& o) {
     o.lr = r.number("optimizer.lr", kind.default_lr, 0.0, 1e6, true);
     o.options = kind.read(r, "optimizer");
     o.weight_decay = r.number("optimizer.weight_decay", 0.0, 0.0, 10.0);
+    o.weight_decay_on = r.choice("optimizer.weight_decay_on", "all", {"all", "matrices"}) == "matrices"
+                            ? OptimizerConfig::DecayOn::matrices
+                            : OptimizerConfig::DecayOn::all;
     o.grad_clip_norm = r.number("optimizer.grad_clip_norm", 0.0, 0.0, 1e9);
     o.scale_lr_with_replicas = r.boolean("optimizer.scale_lr_with_replicas", false);
     r.expect_map("optimizer.schedule");
@@ -767,7 +770,9 @@ const char* schedule_name(ScheduleConfig::Type t) {
 
 void emit_optimizer(ConfigEmitter& e, const OptimizerConfig& o) {
     e.begin("optimizer").put("type", o.type).put("lr", o.lr).fields(optimizer_options(o)->fields());
-    e.put("weight_decay", o.weight_decay).put("grad_clip_norm", o.grad_clip_norm);
+    e.put("weight_decay", o.weight_decay)
+        .put("weight_decay_on", o.weight_decay_on == OptimizerConfig::DecayOn::matrices ? "matrices" : "all")
+        .put("grad_clip_norm", o.grad_clip_norm);
     e.put("scale_lr_with_replicas", o.scale_lr_with_replicas);
     const ScheduleConfig& s = o.schedule;
     e.begin("schedule", /*flow=*/true).put("type", schedule_name(s.type)).put("warmup_steps", s.warmup_steps);

@@ -84,6 +84,19 @@ Model::~Model() = default;
 
 bool Model::reads_token_ids() const { return layer_kinds().get(specs_.front().type).reads_token_ids; }
 
+std::vector<std::pair<size_t, size_t>> Model::matrix_ranges() const {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const TensorInfo& t : tensors_) {
+        if (!t.trainable || t.shape.size() < 2) continue;
+        const size_t end =
+            std::min(trainable_size_, (t.offset + t.count + kTensorAlign - 1) / kTensorAlign * kTensorAlign);
+        if (!out.empty() && out.back().second == t.offset) out.back().second = end;  // padding included
+        else out.push_back({t.offset, end});
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
 size_t Model::stats_floats() const { return layout_->stats_floats(); }
 
 const TensorInfo* Model::find(const std::string& name) const {

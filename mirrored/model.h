@@ -61,6 +61,9 @@ public:
     // The first layer reads token ids (an embedding): the inputs stay f32 whatever the precision,
     // so that ids above 256 survive.
     bool reads_token_ids() const;
+    // The flat ranges of the trainable tensors of two or more dimensions (weights, embeddings),
+    // sorted, neighbours merged: where optimizer.weight_decay_on: matrices decays.
+    std::vector<std::pair<size_t, size_t>> matrix_ranges() const;
     size_t flat_size() const { return flat_size_; }            // buffer length, gaps included
     size_t trainable_size() const { return trainable_size_; }  // the trainable prefix
     size_t param_count() const { return param_count_; }        // trainable values

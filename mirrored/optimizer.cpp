@@ -35,6 +35,47 @@ void Optimizer::check_range(size_t begin, size_t end) const {
     if (end > n_ || begin > end) throw Error(kExitFailure, "optimizer: range past the parameters");
 }
 
+void Optimizer::decay_only(std::vector<std::pair<size_t, size_t>> ranges) {
+    for (size_t i = 0; i < ranges.size(); ++i)
+        if (ranges[i].first > ranges[i].second || ranges[i].second > n_ ||
+            (i && ranges[i].first < ranges[i - 1].second))
+            throw Error(kExitFailure, "optimizer: weight-decay ranges unsorted, overlapping or past the parameters");
+    decayed_ = std::move(ranges);
+    decay_all_ = false;
+}
+
+template <typename Fn>
+void Optimizer::for_each_piece(size_t begin, size_t end, Fn&& fn) const {
+    check_range(begin, end);
+    const float wd = float(cfg_.weight_decay);
+    if (decay_all_ || wd == 0.0f) return fn(begin, end, wd);
+    size_t at = begin;
+    for (const auto& [b, e] : decayed_) {
+        if (e <= at) continue;
+        if (b >= end) break;
+        if (b > at) fn(at, b, 0.0f);
+        const size_t stop = std::min(e, end);
+        fn(std::max(b, at), stop, wd);
+        at = stop;
+    }
+    if (at < end) fn(at, end, 0.0f);
+}
+
+void Optimizer::apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end,
+                            int64_t step, float lr, const float* grad_stats, const float* loss_scale,
+                            bool skip_nonfinite, const StepValues* values) {
+    for_each_piece(begin, end, [&](size_t b, size_t e, float wd) {
+        update_range(on, s, params, grads, b, e, step, lr, wd, grad_stats, loss_scale, skip_nonfinite, values);
+    });
+}
+
+void Optimizer::apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
+                                   size_t begin, size_t end, int64_t step, float lr, const StepValues* values) {
+    for_each_piece(begin, end, [&](size_t b, size_t e, float wd) {
+        update_summed_range(on, s, params, grads, count, into, b, e, step, lr, wd, values);
+    });
+}
+
 DeviceBuffer<float> Optimizer::zeroed_state() const {
     DeviceBuffer<float> b(dev_, n_);
     dev_.fill(dev_.compute_stream(), n_, 0.0f, b.data());

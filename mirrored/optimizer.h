@@ -39,16 +39,19 @@ public:
     // The same over [begin, end) only, issued on `on` (a device that can reach this optimizer's
     // memory): replicas that share one parameter copy each update their slice, concurrently.
     // params and grads point at element 0.
-    virtual void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end,
-                             int64_t step, float lr, const float* grad_stats, const float* loss_scale,
-                             bool skip_nonfinite, const StepValues* values = nullptr) = 0;
+    void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
+                     float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
+                     const StepValues* values = nullptr);
     // The same over [begin, end) with the gradients of the replicas sharing this parameter copy
     // summed as Device::sum_into sums them (grads[into]'s first), inside the update's own pass
     // (Device::summed_sgd_update): what clipping or loss scaling would need, the norm of the sum
     // before the update, is not there, so neither may be on. grads point at element 0.
-    virtual void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
-                                    size_t begin, size_t end, int64_t step, float lr,
-                                    const StepValues* values = nullptr) = 0;
+    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into, size_t begin,
+                            size_t end, int64_t step, float lr, const StepValues* values = nullptr);
+    // Weight decay on these sorted, disjoint [begin, end) ranges only (the model's matrices);
+    // unset, on every parameter. An update then runs once per piece of decayed or undecayed
+    // parameters, each parameter still touched once.
+    void decay_only(std::vector<std::pair<size_t, size_t>> ranges);
     // The values of 0-based step `step` at learning rate lr, as the update computes them.
     virtual StepValues step_values(int64_t step, float lr) const {
         StepValues v;
@@ -61,6 +64,13 @@ public:
     const OptimizerConfig& config() const { return cfg_; }
 
 protected:
+    // One update rule over [begin, end) with this weight decay (0 or optimizer.weight_decay).
+    virtual void update_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end,
+                              int64_t step, float lr, float weight_decay, const float* grad_stats,
+                              const float* loss_scale, bool skip_nonfinite, const StepValues* values) = 0;
+    virtual void update_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
+                                     size_t begin, size_t end, int64_t step, float lr, float weight_decay,
+                                     const StepValues* values) = 0;
     // The fields every update's arguments share: clipping, loss scaling, overflow skipping and
     // the step's device-side values.
     template <typename Args>
@@ -80,6 +90,13 @@ protected:
     Device& dev_;
     OptimizerConfig cfg_;
     size_t n_;
+
+private:
+    // Calls fn(begin, end, weight decay) for each piece of [begin, end) decayed alike, in order.
+    template <typename Fn>
+    void for_each_piece(size_t begin, size_t end, Fn&& fn) const;
+    std::vector<std::pair<size_t, size_t>> decayed_;
+    bool decay_all_ = true;
 };
 
 // An optimizer type: its name, its default learning rate, how its own keys are read, how many

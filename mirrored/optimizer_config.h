@@ -28,13 +28,16 @@ struct OptimizerConfig {
     OptionsPtr options;  // null: the type's defaults
     double lr = 0.05;
     double weight_decay = 0.0;
+    // Which parameters weight_decay applies to: all, or matrices only (tensors of two or more
+    // dimensions: weights and embeddings, not biases or norms' gains - nanoGPT's and llm.c's rule).
+    enum class DecayOn { all, matrices } weight_decay_on = DecayOn::all;
     double grad_clip_norm = 0.0;  // 0: off
     bool scale_lr_with_replicas = false;
     ScheduleConfig schedule;
     bool operator==(const OptimizerConfig& o) const {
         return type == o.type && same_options(options, o.options) && lr == o.lr && weight_decay == o.weight_decay &&
-               grad_clip_norm == o.grad_clip_norm && scale_lr_with_replicas == o.scale_lr_with_replicas &&
-               schedule == o.schedule;
+               weight_decay_on == o.weight_decay_on && grad_clip_norm == o.grad_clip_norm &&
+               scale_lr_with_replicas == o.scale_lr_with_replicas && schedule == o.schedule;
     }
 };
 

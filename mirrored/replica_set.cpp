@@ -167,7 +167,10 @@ void ReplicaSet::allocate_model_state(Replica& R, const OptimizerConfig& opt, in
     R.grads = DeviceBuffer<float>(d, flat);
     if (low_precision_ && holds_params)
         R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
-    if (holds_params) R.optimizer = make_optimizer(d, opt, model_.trainable_size());
+    if (holds_params) {
+        R.optimizer = make_optimizer(d, opt, model_.trainable_size());
+        if (opt.weight_decay_on == OptimizerConfig::DecayOn::matrices) R.optimizer->decay_only(model_.matrix_ranges());
+    }
     R.acts = model_.make_activations(d, micro_rows);
 }
 

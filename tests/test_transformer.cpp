@@ -313,6 +313,50 @@ TEST_CASE("transformer_block equals its list form: residual(layernorm, attention
     CHECK(a.output_classes() == vocab);
 }
 
+TEST_CASE("weight_decay_on: matrices decays weights and embeddings only, in pieces that add up to one update") {
+    auto d = make_cpu_device(0);
+    const Model m({5}, gpt(13, 8, 5, 2, 1, false), 3);
+    const auto ranges = m.matrix_ranges();
+    for (const TensorInfo& t : m.tensors()) {  // each tensor's entries inside a range exactly when it is a matrix
+        CAPTURE(t.name);
+        bool inside = false;
+        for (const auto& [b, e] : ranges) inside |= t.offset >= b && t.offset + t.count <= e;
+        CHECK(inside == (t.shape.size() >= 2));
+    }
+    for (const char* type : {"adamw", "sgd"}) {
+        CAPTURE(type);
+        OptimizerConfig c = make_optimizer_config(type);
+        c.lr = 0.1;
+        c.weight_decay = 0.5;
+        const size_t n = m.trainable_size();
+        const std::vector<float> p0 = Rng(4).uniform(n, -1.0f, 1.0f);
+        // zero gradients: only the decay moves a parameter, by lr * wd * p
+        auto step = [&](bool matrices, std::vector<size_t> cuts) {
+            auto opt = make_optimizer(*d, c, n);
+            if (matrices) opt->decay_only(ranges);
+            DeviceBuffer<float> p = upload(*d, p0), g(*d, n);
+            d->fill(d->compute_stream(), n, 0.0f, g.data());
+            cuts.push_back(n);
+            size_t at = 0;  // slices as replicas sharing one parameter copy update them
+            for (size_t cut : cuts) {
+                opt->apply_range(*d, d->compute_stream(), p.data(), g.data(), at, cut, 0, float(c.lr), nullptr, nullptr,
+                                 false);
+                at = cut;
+            }
+            return download(*d, p);
+        };
+        const std::vector<float> all = step(false, {}), some = step(true, {}), sliced = step(true, {7, n / 2, n - 3});
+        CHECK(sliced == some);
+        for (const TensorInfo& t : m.tensors()) {
+            CAPTURE(t.name);
+            const size_t k = t.offset + t.count / 2;
+            CHECK(all[k] == doctest::Approx(p0[k] * 0.95f));
+            CHECK(some[k] == (t.shape.size() >= 2 ? all[k] : p0[k]));
+        }
+    }
+    CHECK_THROWS_AS(make_optimizer(*d, make_optimizer_config("adamw"), 10)->decay_only({{4, 8}, {6, 9}}), Error);
+}
+
 TEST_CASE("transformer config errors name the key") {
     auto build = [](std::vector<LayerSpec> l, std::vector<int> in) { return Model(std::move(in), std::move(l), 1); };
     CHECK_THROWS_WITH_AS(build({layer("embedding", {{"vocab", "10"}, {"dim", "8"}}),
@@ -602,7 +646,9 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
     }
     std::string gelu = "erf";  // the reference's name for the exact form
     SUBCASE("exact GELU") {}
-    SUBCASE("GPT-2's tanh GELU") { gelu = "tanh"; }
+    SUBCASE("GPT-2's tanh GELU, weight decay 5 on matrices only (nanoGPT's groups; 0.1 would not show)") {
+        gelu = "tanh";
+    }
     CAPTURE(gelu);
     TempDir dir;
     const int batch = 4, t = 16;
@@ -613,6 +659,8 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
     text.replace(text.find("ROOT"), 4, dir.path());
     for (size_t at; gelu == "tanh" && (at = text.find("heads: 4}")) != std::string::npos;)
         text.replace(at, 9, "heads: 4, activation: gelu_tanh}");
+    if (gelu == "tanh")
+        text.replace(text.find("weight_decay: 0.0}"), 18, "weight_decay: 5.0, weight_decay_on: matrices}");
     const Config cfg = load_config(dir.write("equal.yaml", text), {"run.output_dir=" + (dir / "run")});
 
     // the initial weights, as the run draws them, for the reference to start from
@@ -651,6 +699,9 @@ TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradi
                                  "0.001",
                                  "--gelu",
                                  gelu,
+                                 "--weight-decay",
+                                 gelu == "tanh" ? "5.0" : "0",
+                                 "--decay-matrices-only",
                                  "--out",
                                  dir / "ref.json",
                                  "--grads-out",

@@ -24,22 +24,9 @@ public:
         v_ = zeroed_state();
     }
 
-    void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
-                     float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
-                     const StepValues* values) override {
-        check_range(begin, end);
-        on.adamw_update(s, end - begin, params + begin, grads + begin, m_.data() + begin, v_.data() + begin,
-                        args(step, lr, grad_stats, loss_scale, skip_nonfinite, values));
-    }
-    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into, size_t begin,
-                            size_t end, int64_t step, float lr, const StepValues* values) override {
-        check_range(begin, end);
-        on.summed_adamw_update(s, grads, count, into, begin, end - begin, params + begin, m_.data() + begin,
-                               v_.data() + begin, args(step, lr, nullptr, nullptr, false, values));
-    }
     StepValues step_values(int64_t step, float lr) const override {
         StepValues v = Optimizer::step_values(step, lr);
-        const AdamWCorrections c = adamw_corrections(args(step, lr, nullptr, nullptr, false, nullptr));
+        const AdamWCorrections c = adamw_corrections(args(step, lr, 0.0f, nullptr, nullptr, false, nullptr));
         v.adamw_bc1 = c.bc1;
         v.adamw_bc2_sqrt = c.bc2_sqrt;
         return v;
@@ -48,15 +35,29 @@ public:
         return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}};
     }
 
+protected:
+    void update_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
+                      float lr, float weight_decay, const float* grad_stats, const float* loss_scale,
+                      bool skip_nonfinite, const StepValues* values) override {
+        on.adamw_update(s, end - begin, params + begin, grads + begin, m_.data() + begin, v_.data() + begin,
+                        args(step, lr, weight_decay, grad_stats, loss_scale, skip_nonfinite, values));
+    }
+    void update_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
+                             size_t begin, size_t end, int64_t step, float lr, float weight_decay,
+                             const StepValues* values) override {
+        on.summed_adamw_update(s, grads, count, into, begin, end - begin, params + begin, m_.data() + begin,
+                               v_.data() + begin, args(step, lr, weight_decay, nullptr, nullptr, false, values));
+    }
+
 private:
-    AdamWArgs args(int64_t step, float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
-                   const StepValues* values) const {
+    AdamWArgs args(int64_t step, float lr, float weight_decay, const float* grad_stats, const float* loss_scale,
+                   bool skip_nonfinite, const StepValues* values) const {
         AdamWArgs a;
         a.lr = lr;
         a.beta1 = float(o_.beta1);
         a.beta2 = float(o_.beta2);
         a.eps = float(o_.eps);
-        a.weight_decay = float(cfg_.weight_decay);
+        a.weight_decay = weight_decay;
         a.step = step + 1;
         return with_step_inputs(a, grad_stats, loss_scale, skip_nonfinite, values);
     }

@@ -23,33 +23,34 @@ public:
         if (o_.momentum != 0.0) m_ = zeroed_state();
     }
 
-    void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t,
-                     float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
-                     const StepValues* values) override {
-        check_range(begin, end);
-        on.sgd_update(s, end - begin, params + begin, grads + begin, momentum(begin),
-                      args(lr, grad_stats, loss_scale, skip_nonfinite, values));
-    }
-    void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into, size_t begin,
-                            size_t end, int64_t, float lr, const StepValues* values) override {
-        check_range(begin, end);
-        on.summed_sgd_update(s, grads, count, into, begin, end - begin, params + begin, momentum(begin),
-                             args(lr, nullptr, nullptr, false, values));
-    }
     std::vector<std::pair<std::string, DeviceBuffer<float>*>> state() override {
         if (!m_.size()) return {};
         return {{"momentum_buffer", &m_}};
     }
 
+protected:
+    void update_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t,
+                      float lr, float weight_decay, const float* grad_stats, const float* loss_scale,
+                      bool skip_nonfinite, const StepValues* values) override {
+        on.sgd_update(s, end - begin, params + begin, grads + begin, momentum(begin),
+                      args(lr, weight_decay, grad_stats, loss_scale, skip_nonfinite, values));
+    }
+    void update_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
+                             size_t begin, size_t end, int64_t, float lr, float weight_decay,
+                             const StepValues* values) override {
+        on.summed_sgd_update(s, grads, count, into, begin, end - begin, params + begin, momentum(begin),
+                             args(lr, weight_decay, nullptr, nullptr, false, values));
+    }
+
 private:
     float* momentum(size_t begin) { return m_.size() ? m_.data() + begin : nullptr; }
-    SgdArgs args(float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
+    SgdArgs args(float lr, float weight_decay, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
                  const StepValues* values) const {
         SgdArgs a;
         a.lr = lr;
         a.momentum = float(o_.momentum);
         a.nesterov = o_.nesterov;
-        a.weight_decay = float(cfg_.weight_decay);
+        a.weight_decay = weight_decay;
         return with_step_inputs(a, grad_stats, loss_scale, skip_nonfinite, values);
     }
 
