@@ -23,6 +23,7 @@
 #include "base/output.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
+#include "mirrored/export_names.h"
 #include "mirrored/model.h"
 #include "mirrored/nodes.h"
 #include "mirrored/software.h"
@@ -54,7 +55,7 @@ void end_status_line() {
 
 // The commands that run or read a model: train, eval, export, devices.
 struct ModelCommands {
-    std::string config, checkpoint, out, devices, output;
+    std::string config, checkpoint, out, devices, output, names = "mirrored";
     bool force = false;
     std::vector<std::string> sets;
     bool print_config = false;
@@ -86,6 +87,10 @@ struct ModelCommands {
         exp->add_option("checkpoint", checkpoint, "checkpoint file")->required();
         exp->add_option("--out", out, "output .safetensors file")->required();
         exp->add_flag("--force", force, "let --out replace a checkpoint or a file of a run folder");
+        exp->add_option("--names", names,
+                        "mirrored (PyTorch's nn.Module names of the config's layers) or nanogpt (nanoGPT's GPT: "
+                        "transformer.wte, transformer.h.N..., lm_head)")
+            ->check(CLI::IsMember({"mirrored", "nanogpt"}));
 
         devices_cmd = app.add_subcommand("devices", "list GPUs, peer access, links and versions (or the CPU)");
     }
@@ -161,7 +166,7 @@ private:
         (void)read_checkpoint(checkpoint, model, model_config_hash(c), model_config_summary(c));
     }
 
-    // The weights without the optimizer state, under PyTorch's names.
+    // The weights without the optimizer state, under PyTorch's names (or nanoGPT's).
     int export_weights() {
         const OutputTarget target{"--out", out, force, {{"the checkpoint", checkpoint}}};
         check_output(target);
@@ -170,6 +175,22 @@ private:
         SafetensorsFile weights;
         for (auto& [name, t] : f.tensors)
             if (name.rfind("optimizer.", 0) != 0) weights.tensors[name] = std::move(t);
+        if (names == "nanogpt") {
+            if (!f.metadata.count("config"))
+                throw CheckpointError(checkpoint + ": no embedded config: not a mirrored checkpoint");
+            Config c;
+            try {
+                c = load_config_text(f.metadata["config"], checkpoint, {});
+            } catch (const ConfigError& e) {
+                throw CheckpointError(checkpoint + ": its embedded config does not load: " + e.what());
+            }
+            std::vector<std::string> mine;
+            for (const auto& [name, t] : weights.tensors) mine.push_back(name);
+            SafetensorsFile renamed;
+            for (const auto& [from, to] : nanogpt_names(c.model.layers, mine))
+                renamed.tensors[to] = weights.tensors[from];
+            weights.tensors = std::move(renamed.tensors);
+        }
         // PyTorch's batchnorm also keeps how many batches updated its running statistics: one per
         // optimizer step here.
         const int64_t steps = std::strtoll(f.metadata["step"].c_str(), nullptr, 10);

@@ -774,6 +774,52 @@ checkpoint: {every_steps: 2}
     CHECK(err.find("generate needs a language model") != std::string::npos);
 }
 
+TEST_CASE("export --names nanogpt: nanoGPT's state-dict names; a nanoGPT-laid-out PyTorch GPT gives our logits") {
+    GptRun g;
+    const std::string out = g / "run";
+    REQUIRE(g.train(out) == kExitOk);
+    const std::string ckpt = list_checkpoints(out + "/checkpoints").front();
+    std::string err;
+    REQUIRE(run_cli({"export", ckpt, "--out", g / "gpt.safetensors", "--names", "nanogpt"}, {}, -1, &err) == kExitOk);
+    const SafetensorsFile f = read_safetensors(g / "gpt.safetensors", false);
+    std::vector<std::string> names;
+    for (const auto& [name, t] : f.tensors) names.push_back(name);
+    CHECK(names.size() == 2 + 2 * 12 + 2 + 1);  // wte, wpe, 12 per block, ln_f, the tied head under its own name
+    for (const char* name : {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+                             "transformer.h.1.attn.c_attn.weight", "transformer.h.1.mlp.c_proj.bias",
+                             "transformer.ln_f.bias", "lm_head.weight"})
+        CHECK_MESSAGE(f.tensors.count(name), name);
+    CHECK(f.tensors.at("lm_head.weight") == f.tensors.at("transformer.wte.weight"));
+    CHECK(f.tensors.at("transformer.h.1.attn.c_attn.weight") ==
+          read_safetensors(ckpt, true).tensors.at("layers.3.attn.c_attn.weight"));
+
+    // a model nanoGPT cannot hold is refused, naming why
+    std::string text = kGpt;
+    text.replace(text.find("{type: transformer_block, heads: 4}"), 35,
+                 "{type: transformer_block, heads: 4, activation: gelu_tanh}");
+    GptRun t;
+    REQUIRE(run_training(load_config(t.config(text), {"run.output_dir=" + (t / "run")}), nullptr,
+                         std::fopen("/dev/null", "w")) == kExitOk);
+    CHECK(run_cli({"export", list_checkpoints(t / "run/checkpoints").front(), "--out", t / "x.safetensors", "--names",
+                   "nanogpt"},
+                  {}, -1, &err) == kExitUsage);
+    CHECK(err.find("model.layers.3: activation gelu_tanh; nanoGPT's GPT is") != std::string::npos);
+    CHECK(!fs::exists(t / "x.safetensors"));
+
+    const std::string python = "/usr/bin/python3";
+    if (run_program(python, {"-c", "import torch, numpy"}) != 0) {
+        mark_skipped("PyTorch is not installed (Debian and Ubuntu: python3-torch)");
+        return;
+    }
+    REQUIRE(run_cli({"eval", g.config(), "--checkpoint", ckpt, "--dump-inputs", g / "x.npy", "--dump-logits",
+                     g / "y.npy", "--limit", "16"},
+                    {}, -1, &err) == kExitOk);
+    const std::string script =
+        fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/check_export_nanogpt.py";
+    CHECK_MESSAGE(
+        run_program(python, {script, g / "gpt.safetensors", g / "x.npy", g / "y.npy", "--heads", "4"}, &err) == 0, err);
+}
+
 TEST_CASE("plan and bench-step take a language model; synthetic token windows over a vocabulary") {
     DataConfig c = make_data_config(
         "synthetic", {{"input_shape", "[8]"}, {"vocab", "50"}, {"train_samples", "5"}, {"test_samples", "2"}});

@@ -23,7 +23,11 @@ namespace {
 struct AttentionOptions final : OptionsOf<AttentionOptions> {
     int heads = 0;
     float dropout = 0.0f;
-    Fields fields() const override { return {{"heads", std::to_string(heads)}, {"dropout", decimal_text(dropout)}}; }
+    Fields fields() const override {
+        Fields f = {{"heads", std::to_string(heads)}};
+        if (dropout > 0) f.push_back({"dropout", decimal_text(dropout)});  // so older checkpoints still match
+        return f;
+    }
     bool operator==(const AttentionOptions&) const = default;
 };
 

@@ -20,11 +20,13 @@ struct BlockOptions final : OptionsOf<BlockOptions> {
     float epsilon = 1e-5f;
     Activation activation = Activation::gelu;
     Fields fields() const override {
-        return {{"heads", std::to_string(heads)},
-                {"mlp_ratio", std::to_string(mlp_ratio)},
-                {"dropout", decimal_text(dropout)},
-                {"epsilon", decimal_text(epsilon)},
-                {"activation", activation_name(activation)}};
+        Fields f = {{"heads", std::to_string(heads)},
+                    {"mlp_ratio", std::to_string(mlp_ratio)},
+                    {"dropout", decimal_text(dropout)},
+                    {"epsilon", decimal_text(epsilon)}};
+        // only when not the default: the checkpoints of blocks written before the key still match
+        if (activation != Activation::gelu) f.push_back({"activation", activation_name(activation)});
+        return f;
     }
     bool operator==(const BlockOptions&) const = default;
 };
