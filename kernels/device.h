@@ -372,6 +372,19 @@ public:
     // the diagonal. dscores may be dprobs.
     virtual void causal_softmax_backward(Stream s, int batches, int t, float scale, const void* probs,
                                          const void* dprobs, void* dscores) = 0;
+    // Fused causal self-attention (the attention layer's `fused: true`): for each of `samples`
+    // sequences of t positions and each head, out = softmax(scale q k^T, causal) v without a
+    // [t, t] matrix in memory - an online softmax over the keys, accumulated in f32 whatever the
+    // storage type. qkv [samples, t, 3c]: head h's q in columns h*d.., k in c + h*d.., v in
+    // 2c + h*d.. (d = c / heads, at most kMaxFusedHeadWidth); out [samples, t, c], head h in columns
+    // h*d..; lse [samples, heads, t]: each row's log-sum-exp of its scaled scores, for backward.
+    static constexpr int kMaxFusedHeadWidth = 128;
+    virtual void attention_forward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
+                                   void* out, float* lse) = 0;
+    // Its backward, the probabilities recomputed from q, k and lse: dqkv [samples, t, 3c] written
+    // (not added to) from dout; delta [samples, heads, t] is workspace (rowsum(dout * out)).
+    virtual void attention_backward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
+                                    const void* out, const void* dout, const float* lse, float* delta, void* dqkv) = 0;
     // y[i, 0..dim) = table[ids[i], 0..dim) for `tokens` ids (f32 holding integers; an id outside
     // [0, vocab) gives a row of zeros - the data readers refuse such ids before they get here).
     // table: the weights' compute copy (activation type).

@@ -5,6 +5,7 @@
 // equal to one, an exact resume, and step-for-step equality with an independent PyTorch model.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -44,6 +45,56 @@ std::vector<double> softmax_ref(const std::vector<float>& s, int batches, int t,
     return p;
 }
 
+// Causal attention in double with explicit probabilities: out from qkv, and with dout the
+// gradient dqkv (the layouts of Device::attention_forward/backward).
+struct AttentionRef {
+    std::vector<double> out, dqkv;
+};
+AttentionRef attention_ref(const std::vector<float>& qkv, const std::vector<float>& dout, int samples, int t, int c,
+                           int heads, double scale) {
+    const int d = c / heads;
+    AttentionRef r{std::vector<double>(size_t(samples) * t * c, 0.0), std::vector<double>(qkv.size(), 0.0)};
+    auto at = [&](int n, int i, int col) { return (size_t(n) * t + i) * 3 * c + size_t(col); };
+    for (int n = 0; n < samples; ++n)
+        for (int h = 0; h < heads; ++h)
+            for (int i = 0; i < t; ++i) {
+                std::vector<double> p(size_t(i) + 1);
+                double mx = -1e300, sum = 0;
+                for (int j = 0; j <= i; ++j) {
+                    double s = 0;
+                    for (int e = 0; e < d; ++e) s += double(qkv[at(n, i, h * d + e)]) * qkv[at(n, j, c + h * d + e)];
+                    p[size_t(j)] = scale * s;
+                    mx = std::max(mx, p[size_t(j)]);
+                }
+                for (double& v : p) sum += (v = std::exp(v - mx));
+                for (double& v : p) v /= sum;
+                // out_i = sum_j p_ij v_j; dp_ij = dout_i . v_j; ds = p (dp - sum_j p dp)
+                std::vector<double> dp(p.size());
+                double pdp = 0;
+                for (int j = 0; j <= i; ++j) {
+                    double g = 0;
+                    for (int e = 0; e < d; ++e) {
+                        r.out[(size_t(n) * t + i) * c + size_t(h * d + e)] +=
+                            p[size_t(j)] * qkv[at(n, j, 2 * c + h * d + e)];
+                        g += double(dout[(size_t(n) * t + i) * c + size_t(h * d + e)]) *
+                             qkv[at(n, j, 2 * c + h * d + e)];
+                    }
+                    dp[size_t(j)] = g;
+                    pdp += p[size_t(j)] * g;
+                }
+                for (int j = 0; j <= i; ++j) {
+                    const double ds = scale * p[size_t(j)] * (dp[size_t(j)] - pdp);
+                    for (int e = 0; e < d; ++e) {
+                        r.dqkv[at(n, i, h * d + e)] += ds * qkv[at(n, j, c + h * d + e)];
+                        r.dqkv[at(n, j, c + h * d + e)] += ds * qkv[at(n, i, h * d + e)];
+                        r.dqkv[at(n, j, 2 * c + h * d + e)] +=
+                            p[size_t(j)] * dout[(size_t(n) * t + i) * c + size_t(h * d + e)];
+                    }
+                }
+            }
+    return r;
+}
+
 void check_sequence_ops(Device& d) {
     CAPTURE(d.name());
     Rng rng(base_seed() + 31);
@@ -79,6 +130,25 @@ void check_sequence_ops(Device& d) {
             CHECK(probs[size_t(r * t + j)] == 0.0f);
             CHECK(grad[size_t(r * t + j)] == 0.0f);
         }
+
+    // fused attention against the double reference, forward and backward, for head widths that
+    // fill 1 to 4 elements of each lane (d = 4, 40, 100, 128)
+    for (const auto& [samples, len, c, heads] :
+         std::vector<std::array<int, 4>>{{2, 7, 12, 3}, {3, 9, 80, 2}, {1, 6, 200, 2}, {1, 33, 128, 1}}) {
+        CAPTURE(c / heads);
+        const float sc = 1.0f / std::sqrt(float(c / heads));
+        const std::vector<float> qkv = rng.uniform(size_t(samples) * len * 3 * c, -1.5f, 1.5f);
+        const std::vector<float> dout = rng.uniform(size_t(samples) * len * c, -1.0f, 1.0f);
+        const AttentionRef ref = attention_ref(qkv, dout, samples, len, c, heads, sc);
+        DeviceBuffer<float> dq = upload(d, qkv), dgo = upload(d, dout), out = poisoned(d, size_t(samples) * len * c);
+        DeviceBuffer<float> lse = poisoned(d, size_t(samples) * heads * len), delta(d, size_t(samples) * heads * len);
+        DeviceBuffer<float> dqkv = poisoned(d, qkv.size());
+        d.attention_forward(s, samples, len, c, heads, sc, dq.data(), out.data(), lse.data());
+        CHECK(rel_error(download(d, out), ref.out) < 1e-5);
+        d.attention_backward(s, samples, len, c, heads, sc, dq.data(), out.data(), dgo.data(), lse.data(), delta.data(),
+                             dqkv.data());
+        CHECK(rel_error(download(d, dqkv), ref.dqkv) < 1e-5);
+    }
 
     // embeddings: rows of the table; an id out of range gives zeros; backward adds repeated ids
     const int vocab = 11, dim = 5, tokens = 9;
@@ -272,6 +342,13 @@ TEST_CASE("gradients match finite differences: embedding, position embedding, at
                    layer("dense", {{"units", "8"}})}),
             layer("lm_head")};
         check_gradients(*d, l, 6, 2);
+    }
+    SUBCASE("fused attention (the online softmax, probabilities recomputed in backward)") {
+        const std::vector<LayerSpec> l = {
+            layer("embedding", {{"vocab", "11"}, {"dim", "8"}}),
+            layer("transformer_block", {{"heads", "2"}, {"fused_attention", "true"}, {"dropout", "0.2"}}),
+            layer("attention", {{"heads", "4"}, {"fused", "true"}}), layer("lm_head")};
+        check_gradients(*d, l, 5, 3);
     }
     SUBCASE("dropout on the probabilities and both branches (masks fixed per step), GPT-2's tanh GELU") {
         const std::vector<LayerSpec> l = {
@@ -557,6 +634,63 @@ TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, 
     ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
     CHECK(g.train(stopped) == kExitOk);
     expect_same_run(one, stopped);
+}
+
+TEST_CASE("fused attention equals the unfused path: logits and gradients (cpu, sim), bf16 storage") {
+    for (bool sim : {false, true}) {
+        CAPTURE(sim);
+        SimScope scope(sim ? 20 : 0);
+        auto d = sim ? make_sim_device(0) : make_cpu_device(0);
+        auto model = [](bool fused) {
+            return std::vector<LayerSpec>{
+                layer("embedding", {{"vocab", "19"}, {"dim", "24"}}),
+                layer("position_embedding", {{"max_len", "9"}}),
+                layer("transformer_block", {{"heads", "3"}, {"fused_attention", fused ? "true" : "false"}}),
+                layer("transformer_block", {{"heads", "2"}, {"fused_attention", fused ? "true" : "false"}}),
+                layer("layernorm"),
+                layer("lm_head")};
+        };
+        const Model a({9}, model(false), 4), b({9}, model(true), 4);
+        REQUIRE(a.flat_size() == b.flat_size());
+        TokenHarness ha(*d, a, 5, 17), hb(*d, b, 5, 17);
+        const std::vector<float> p = download(*d, ha.params);
+        CHECK(rel_error(hb.logits(p), ha.logits(p)) < 1e-5);
+        const std::vector<float> gb = hb.backprop(), ga = ha.backprop();
+        for (const TensorInfo& t : a.tensors()) {
+            CAPTURE(t.name);
+            CHECK(rel_error(std::vector<float>(gb.begin() + long(t.offset), gb.begin() + long(t.offset + t.count)),
+                            std::vector<float>(ga.begin() + long(t.offset), ga.begin() + long(t.offset + t.count))) <
+                  1e-4);
+        }
+    }
+    GptRun g;
+    std::string text = kGpt;
+    for (size_t at = 0; (at = text.find("heads: 4", at)) != std::string::npos; at += 8)
+        text.replace(at, 8, "heads: 4, fused_attention: true");
+    const std::string fused = g.config(text);
+    REQUIRE(g.train(g / "unfused") == kExitOk);
+    static std::FILE* quiet = std::fopen("/dev/null", "w");
+    REQUIRE(run_training(load_config(fused, {"run.output_dir=" + (g / "fused")}), nullptr, quiet) == kExitOk);
+    REQUIRE(run_training(load_config(fused, {"run.output_dir=" + (g / "fused2"), "strategy.devices=cpu:2"}), nullptr,
+                         quiet) == kExitOk);
+    CHECK(rel_error(GptRun::params(g / "fused"), GptRun::params(g / "unfused")) < 1e-3);
+    CHECK(rel_error(GptRun::params(g / "fused2"), GptRun::params(g / "fused")) < 1e-4);
+    // bf16 activations: q, k, v and the output stored in 16 bits, everything summed in f32
+    REQUIRE(run_training(load_config(fused, {"run.output_dir=" + (g / "bf16"), "train.precision=bf16"}), nullptr,
+                         quiet) == kExitOk);
+    CHECK(summary(g / "bf16")["test_loss"].get<double>() < std::log(128.0));
+    // what the fused kernel cannot do is refused, naming the key
+    CHECK_THROWS_WITH_AS(
+        Model({4},
+              {layer("embedding", {{"vocab", "5"}, {"dim", "8"}}),
+               layer("attention", {{"heads", "2"}, {"fused", "true"}, {"dropout", "0.1"}}), layer("lm_head")},
+              1),
+        doctest::Contains("fused attention drops no probabilities"), ConfigError);
+    CHECK_THROWS_WITH_AS(Model({4},
+                               {layer("embedding", {{"vocab", "5"}, {"dim", "260"}}),
+                                layer("attention", {{"heads", "2"}, {"fused", "true"}}), layer("lm_head")},
+                               1),
+                         doctest::Contains("heads at most 128 wide; these are 130"), ConfigError);
 }
 
 TEST_CASE("random token windows: anywhere in the file, a function of (seed, epoch, index); replicas and resume") {
@@ -852,4 +986,18 @@ TEST_CASE("cuda: a byte-level GPT trains on GPU 0 as on the CPU; replicas sharin
     CHECK(rel_error(GptRun::params(g / "two"), gpu) < 1e-4);
     REQUIRE(g.train(g / "bf16", {"strategy.devices=cuda:0", "train.precision=bf16"}) == kExitOk);
     CHECK(summary(g / "bf16")["test_loss"].get<double>() < std::log(128.0));
+    // the fused attention kernels (one warp per row, online softmax) as the CPU's fused loops
+    std::string text = kGpt;
+    for (size_t at = 0; (at = text.find("heads: 4", at)) != std::string::npos; at += 8)
+        text.replace(at, 8, "heads: 4, fused_attention: true");
+    const std::string fused = g.config(text);
+    static std::FILE* quiet = std::fopen("/dev/null", "w");
+    REQUIRE(run_training(load_config(fused, {"run.output_dir=" + (g / "fcpu")}), nullptr, quiet) == kExitOk);
+    REQUIRE(run_training(load_config(fused, {"run.output_dir=" + (g / "fgpu"), "strategy.devices=cuda:0"}), nullptr,
+                         quiet) == kExitOk);
+    CHECK(rel_error(GptRun::params(g / "fgpu"), GptRun::params(g / "fcpu")) < 1e-3);
+    REQUIRE(run_training(load_config(fused, {"run.output_dir=" + (g / "fbf16"), "strategy.devices=cuda:0",
+                                             "train.precision=bf16"}),
+                         nullptr, quiet) == kExitOk);
+    CHECK(summary(g / "fbf16")["test_loss"].get<double>() < std::log(128.0));
 }

@@ -513,6 +513,81 @@ public:
         }
     }
 
+    // Row by row, keys in order (the CUDA kernels' warps sum the same terms in another order).
+    void attention_forward(Stream, int samples, int t, int c, int heads, float scale, const void* qkv, void* out,
+                           float* lse) override {
+        const DType dt = value_dtype();
+        const int d = c / heads;
+        float acc[kMaxFusedHeadWidth];
+        for (int n = 0; n < samples; ++n)
+            for (int h = 0; h < heads; ++h)
+                for (int i = 0; i < t; ++i) {
+                    const float* q = F(qkv) + (size_t(n) * t + i) * 3 * c + size_t(h) * d;
+                    float m = -INFINITY, l = 0.0f;
+                    std::fill(acc, acc + d, 0.0f);
+                    for (int j = 0; j <= i; ++j) {
+                        const float* k = F(qkv) + (size_t(n) * t + j) * 3 * c + c + size_t(h) * d;
+                        const float* v = k + c;
+                        float dot = 0.0f;
+                        for (int e = 0; e < d; ++e) dot += q[e] * k[e];
+                        const float sc = scale * dot, mn = std::max(m, sc);
+                        const float corr = exp_poly(m - mn), p = exp_poly(sc - mn);  // exp_poly(-inf) clamps to ~0
+                        l = l * corr + p;
+                        for (int e = 0; e < d; ++e) acc[e] = acc[e] * corr + p * v[e];
+                        m = mn;
+                    }
+                    float* o = F(out) + (size_t(n) * t + i) * c + size_t(h) * d;
+                    for (int e = 0; e < d; ++e) o[e] = round_to(dt, acc[e] / l);
+                    lse[(size_t(n) * heads + h) * t + i] = m + std::log(l);
+                }
+    }
+
+    void attention_backward(Stream, int samples, int t, int c, int heads, float scale, const void* qkv, const void* out,
+                            const void* dout, const float* lse, float* delta, void* dqkv) override {
+        const DType dt = value_dtype();
+        const int d = c / heads;
+        const float* x = F(qkv);
+        float* dx = F(dqkv);
+        std::fill(dx, dx + size_t(samples) * t * 3 * c, 0.0f);
+        for (int n = 0; n < samples; ++n)
+            for (int h = 0; h < heads; ++h) {
+                const size_t row0 = size_t(n) * t;
+                float* dl = delta + (size_t(n) * heads + h) * t;
+                const float* ls = lse + (size_t(n) * heads + h) * t;
+                for (int i = 0; i < t; ++i) {
+                    const float* o = F(out) + (row0 + i) * c + size_t(h) * d;
+                    const float* g = F(dout) + (row0 + i) * c + size_t(h) * d;
+                    float sum = 0.0f;
+                    for (int e = 0; e < d; ++e) sum += g[e] * o[e];
+                    dl[i] = sum;
+                }
+                // ds_ij = p_ij (dout_i . v_j - delta_i); dq_i += scale ds_ij k_j, dk_j += scale ds_ij q_i,
+                // dv_j += p_ij dout_i - sums in f32 here, rounded once at the end
+                for (int i = 0; i < t; ++i) {
+                    const float* q = x + (row0 + i) * 3 * c + size_t(h) * d;
+                    const float* g = F(dout) + (row0 + i) * c + size_t(h) * d;
+                    float* dq = dx + (row0 + i) * 3 * c + size_t(h) * d;
+                    for (int j = 0; j <= i; ++j) {
+                        const float* k = x + (row0 + j) * 3 * c + c + size_t(h) * d;
+                        const float* v = k + c;
+                        float* dk = dx + (row0 + j) * 3 * c + c + size_t(h) * d;
+                        float* dv = dk + c;
+                        float dot = 0.0f, dp = 0.0f;
+                        for (int e = 0; e < d; ++e) dot += q[e] * k[e];
+                        for (int e = 0; e < d; ++e) dp += g[e] * v[e];
+                        const float p = exp_poly(scale * dot - ls[i]);
+                        const float ds = scale * p * (dp - dl[i]);
+                        for (int e = 0; e < d; ++e) {
+                            dq[e] += ds * k[e];
+                            dk[e] += ds * q[e];
+                            dv[e] += p * g[e];
+                        }
+                    }
+                }
+            }
+        if (dt != DType::f32) round_stored(dx, size_t(samples) * t * 3 * c);
+    }
+
     void embedding_forward(Stream, int tokens, int vocab, int dim, const float* ids, const void* table,
                            void* y) override {
         for (int i = 0; i < tokens; ++i) {

@@ -354,6 +354,14 @@ public:
     CUDA_OP(causal_softmax_backward(Stream s, int batches, int t, float scale, const void* probs, const void* dprobs,
                                     void* dscores),
             1, causal_softmax_backward(stream(s), ordinal(), act_dtype(), batches, t, scale, probs, dprobs, dscores))
+    CUDA_OP(attention_forward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv, void* out,
+                              float* lse),
+            1, attention_forward(stream(s), ordinal(), act_dtype(), samples, t, c, heads, scale, qkv, out, lse))
+    CUDA_OP(attention_backward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
+                               const void* out, const void* dout, const float* lse, float* delta, void* dqkv),
+            3,
+            attention_backward(stream(s), ordinal(), act_dtype(), samples, t, c, heads, scale, qkv, out, dout, lse,
+                               delta, dqkv))
     CUDA_OP(embedding_forward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* table, void* y),
             1, embedding_forward(stream(s), ordinal(), act_dtype(), tokens, vocab, dim, ids, table, y))
     CUDA_OP(embedding_backward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* dy,

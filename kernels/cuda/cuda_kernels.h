@@ -41,6 +41,10 @@ void causal_softmax(cudaStream_t s, int dev, DType t, int batches, int len, floa
                     void* probs);
 void causal_softmax_backward(cudaStream_t s, int dev, DType t, int batches, int len, float scale, const void* probs,
                              const void* dprobs, void* dscores);
+void attention_forward(cudaStream_t s, int dev, DType t, int samples, int len, int c, int heads, float scale,
+                       const void* qkv, void* out, float* lse);
+void attention_backward(cudaStream_t s, int dev, DType t, int samples, int len, int c, int heads, float scale,
+                        const void* qkv, const void* out, const void* dout, const float* lse, float* delta, void* dqkv);
 void embedding_forward(cudaStream_t s, int dev, DType t, int tokens, int vocab, int dim, const float* ids,
                        const void* table, void* y);
 void embedding_backward(cudaStream_t s, int dev, DType t, int tokens, int vocab, int dim, const float* ids,

@@ -637,6 +637,13 @@ public:
     SIM_OP(causal_softmax_backward,
            (Stream s, int batches, int t, float scale, const void* probs, const void* dprobs, void* dscores),
            causal_softmax_backward(Stream{}, batches, t, scale, probs, dprobs, dscores))
+    SIM_OP(attention_forward,
+           (Stream s, int samples, int t, int c, int heads, float scale, const void* qkv, void* out, float* lse),
+           attention_forward(Stream{}, samples, t, c, heads, scale, qkv, out, lse))
+    SIM_OP(attention_backward,
+           (Stream s, int samples, int t, int c, int heads, float scale, const void* qkv, const void* out,
+            const void* dout, const float* lse, float* delta, void* dqkv),
+           attention_backward(Stream{}, samples, t, c, heads, scale, qkv, out, dout, lse, delta, dqkv))
     SIM_OP(embedding_forward, (Stream s, int tokens, int vocab, int dim, const float* ids, const void* table, void* y),
            embedding_forward(Stream{}, tokens, vocab, dim, ids, table, y))
     SIM_OP(embedding_backward,

@@ -7,8 +7,11 @@
 // `dropout` drops attention probabilities in training (nanoGPT's attn_dropout), the masks a pure
 // function of (seed, layer, step, global row) as the dropout layer's.
 //
-// The unfused path: the [t, t] probabilities of every head are kept for backward, and the products
-// run as strided-batched GEMMs over the samples, one call per head.
+// The unfused path (the default): the [t, t] probabilities of every head are kept for backward,
+// and the products run as strided-batched GEMMs over the samples, one call per head. `fused: true`
+// runs Device::attention_forward/backward instead: an online softmax that keeps one log-sum-exp
+// per row, not the probabilities (memory linear in t, the probabilities recomputed in backward);
+// heads at most 128 wide, no probability dropout.
 #include <cmath>
 
 #include "mirrored/util.h"
@@ -23,9 +26,12 @@ namespace {
 struct AttentionOptions final : OptionsOf<AttentionOptions> {
     int heads = 0;
     float dropout = 0.0f;
+    bool fused = false;
     Fields fields() const override {
         Fields f = {{"heads", std::to_string(heads)}};
-        if (dropout > 0) f.push_back({"dropout", decimal_text(dropout)});  // so older checkpoints still match
+        // written only when not their defaults, so older checkpoints still match
+        if (dropout > 0) f.push_back({"dropout", decimal_text(dropout)});
+        if (fused) f.push_back({"fused", "true"});
         return f;
     }
     bool operator==(const AttentionOptions&) const = default;
@@ -34,7 +40,10 @@ struct AttentionOptions final : OptionsOf<AttentionOptions> {
 class Attention final : public Layer {
 public:
     explicit Attention(const LayerSpec& s)
-        : Layer(s), heads_(spec_.get<AttentionOptions>().heads), dropout_(spec_.get<AttentionOptions>().dropout) {}
+        : Layer(s),
+          heads_(spec_.get<AttentionOptions>().heads),
+          dropout_(spec_.get<AttentionOptions>().dropout),
+          fused_(spec_.get<AttentionOptions>().fused) {}
 
     void declare(Builder& b) override {
         if (in_.image) fail("attention needs a sequence [t, c], got an image " + in_.str());
@@ -49,12 +58,21 @@ public:
         const size_t t = size_t(in_.positions()), probs = size_t(heads_) * t * t;
         slot_ = b.new_slot();
         qkv_ = b.act_buffer(slot_, 3 * t * c);
-        probs_ = b.act_buffer(slot_, probs);
         heads_out_ = b.act_buffer(slot_, t * c);
         proj_out_ = b.act_buffer(slot_, t * c);
         dqkv_ = b.act_buffer(slot_, 3 * t * c);
-        dprobs_ = b.act_buffer(slot_, probs);
         dheads_ = b.act_buffer(slot_, t * c);
+        if (fused_) {
+            if (d() > Device::kMaxFusedHeadWidth)
+                fail("fused attention takes heads at most " + std::to_string(Device::kMaxFusedHeadWidth) +
+                     " wide; these are " + std::to_string(d()) + " (more heads, or fused: false)");
+            if (dropout_ > 0) fail("fused attention drops no probabilities: dropout 0, or fused: false");
+            lse_ = b.f32_buffer(slot_, size_t(heads_) * t);
+            delta_ = b.f32_buffer(slot_, size_t(heads_) * t);
+            return;
+        }
+        probs_ = b.act_buffer(slot_, probs);
+        dprobs_ = b.act_buffer(slot_, probs);
         if (dropout_ > 0) dropped_ = b.act_buffer(slot_, probs);  // kept beside probs: backward needs both
     }
     void place(const std::vector<TensorRef>& refs) override {
@@ -70,6 +88,12 @@ public:
         p.acts->input(slot_) = x;
         p.dev->dense_forward(p.stream, Activation::none, rows, 3 * c, c, x, p.weight(attn_w_off_),
                              p.params + attn_b_off_, B.qkv, B.qkv, p.types(p.vt));
+        if (fused_) {
+            p.dev->attention_forward(p.stream, p.rows, t, c, heads_, scale(), B.qkv, B.heads, p.acts->f32(slot_, lse_));
+            p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
+                                 p.params + proj_b_off_, B.out, B.out, p.types(p.vt));
+            return B.out;
+        }
         for (int h = 0; h < heads_; ++h)  // scores = q k^T
             batched(p, false, true, t, t, d(), at(p, B.qkv, q(h)), 3 * c, size_t(t) * 3 * c, at(p, B.qkv, k(h)), 3 * c,
                     size_t(t) * 3 * c, at(p, B.probs, size_t(h) * t * t), t, tt());
@@ -87,12 +111,17 @@ public:
         const int t = in_.positions(), c = in_.c, rows = p.rows * t;
         const Buffers B = buffers(p);
         void* dqkv = p.acts->act(slot_, dqkv_);
-        void* dprobs = p.acts->act(slot_, dprobs_);
         void* dheads = p.acts->act(slot_, dheads_);
         p.dev->dense_weight_grad(p.stream, rows, c, c, dy, B.heads, p.grads + proj_w_off_, p.grads + proj_b_off_,
                                  p.accumulate, p.types(DType::f32));
         p.dev->gemm(p.stream, false, false, rows, c, c, 1.0f, dy, c, p.weight(proj_w_off_), c, 0.0f, dheads, c,
                     p.types(p.vt));
+        if (fused_) {
+            p.dev->attention_backward(p.stream, p.rows, t, c, heads_, scale(), B.qkv, B.heads, dheads,
+                                      p.acts->f32(slot_, lse_), p.acts->f32(slot_, delta_), dqkv);
+            return input_grads(p, dqkv, dx);
+        }
+        void* dprobs = p.acts->act(slot_, dprobs_);
         for (int h = 0; h < heads_; ++h) {
             // dprobs = da v^T; dv = probs^T da
             batched(p, false, true, t, t, d(), at(p, dheads, size_t(h) * d()), c, size_t(t) * c, at(p, B.qkv, v(h)),
@@ -110,11 +139,7 @@ public:
             batched(p, true, false, t, d(), t, at(p, dprobs, size_t(h) * t * t), t, tt(), at(p, B.qkv, q(h)), 3 * c,
                     size_t(t) * 3 * c, at(p, dqkv, k(h)), 3 * c, size_t(t) * 3 * c);
         }
-        p.dev->dense_weight_grad(p.stream, rows, 3 * c, c, dqkv, p.acts->input(slot_), p.grads + attn_w_off_,
-                                 p.grads + attn_b_off_, p.accumulate, p.types(DType::f32));
-        if (dx)
-            p.dev->gemm(p.stream, false, false, rows, c, 3 * c, 1.0f, dqkv, 3 * c, p.weight(attn_w_off_), c, 0.0f, dx,
-                        c, p.types(p.vt));
+        input_grads(p, dqkv, dx);
     }
 
     bool has_params() const override { return true; }
@@ -124,10 +149,21 @@ public:
         return 2.0 * t * c * 4.0 * c + 2.0 * 2.0 * t * t * c;
     }
     std::string detail() const override {
-        return std::to_string(heads_) + " heads" + (dropout_ > 0 ? ", dropout " + decimal_text(dropout_) : "");
+        return std::to_string(heads_) + " heads" + (fused_ ? ", fused" : "") +
+               (dropout_ > 0 ? ", dropout " + decimal_text(dropout_) : "");
     }
 
 private:
+    // The qkv projection's weight gradient from dqkv, and dx = dqkv W_attn.
+    void input_grads(Pass& p, const void* dqkv, void* dx) const {
+        const int c = in_.c, rows = p.rows * in_.positions();
+        p.dev->dense_weight_grad(p.stream, rows, 3 * c, c, dqkv, p.acts->input(slot_), p.grads + attn_w_off_,
+                                 p.grads + attn_b_off_, p.accumulate, p.types(DType::f32));
+        if (dx)
+            p.dev->gemm(p.stream, false, false, rows, c, 3 * c, 1.0f, dqkv, 3 * c, p.weight(attn_w_off_), c, 0.0f, dx,
+                        c, p.types(p.vt));
+    }
+
     struct Buffers {
         void* qkv;
         void* probs;
@@ -136,7 +172,7 @@ private:
         void* out;
     };
     Buffers buffers(Pass& p) const {
-        void* probs = p.acts->act(slot_, probs_);
+        void* probs = fused_ ? nullptr : p.acts->act(slot_, probs_);
         return {p.acts->act(slot_, qkv_), probs, drops(p) ? p.acts->act(slot_, dropped_) : probs,
                 p.acts->act(slot_, heads_out_), p.acts->act(slot_, proj_out_)};
     }
@@ -162,10 +198,11 @@ private:
 
     int heads_;
     float dropout_;
+    bool fused_;
     int attn_w_ = -1, attn_b_ = -1, proj_w_ = -1, proj_b_ = -1;
     size_t attn_w_off_ = 0, attn_b_off_ = 0, proj_w_off_ = 0, proj_b_off_ = 0;
     int slot_ = -1, qkv_ = -1, probs_ = -1, heads_out_ = -1, proj_out_ = -1, dqkv_ = -1, dprobs_ = -1, dheads_ = -1,
-        dropped_ = -1;
+        dropped_ = -1, lse_ = -1, delta_ = -1;
 };
 
 OptionsPtr read(SpecReader& r, const std::string& p) {
@@ -173,6 +210,7 @@ OptionsPtr read(SpecReader& r, const std::string& p) {
     o->heads = int(r.integer(p + ".heads", 0, 1, 1024));
     if (o->heads == 0) r.fail(p + ".heads", "required for attention: the number of heads, dividing the width");
     o->dropout = float(r.number(p + ".dropout", 0.0, 0.0, 0.999));
+    o->fused = r.boolean(p + ".fused", false);
     return o;
 }
 

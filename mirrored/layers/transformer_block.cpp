@@ -2,7 +2,8 @@
 //   h = x + drop(attn(ln_1(x))),  y = h + drop(mlp(ln_2(h))),  mlp = c_proj(gelu(c_fc(.)))
 // with the sub-layers named as nanoGPT names them (ln_1, attn.c_attn, attn.c_proj, ln_2,
 // mlp.c_fc, mlp.c_proj). `dropout` is nanoGPT's: on the attention probabilities and on both
-// branches before their residual add. `activation`: gelu (exact, nanoGPT's nn.GELU()) or
+// branches before their residual add (with `fused_attention`, whose kernel keeps no
+// probabilities, on the branches only). `activation`: gelu (exact, nanoGPT's nn.GELU()) or
 // gelu_tanh (GPT-2's). The same block can be written as two residual layers of layernorm,
 // attention and dense layers; this type is the short form.
 #include "mirrored/layers/activations.h"
@@ -19,6 +20,7 @@ struct BlockOptions final : OptionsOf<BlockOptions> {
     float dropout = 0.0f;
     float epsilon = 1e-5f;
     Activation activation = Activation::gelu;
+    bool fused_attention = false;
     Fields fields() const override {
         Fields f = {{"heads", std::to_string(heads)},
                     {"mlp_ratio", std::to_string(mlp_ratio)},
@@ -26,6 +28,7 @@ struct BlockOptions final : OptionsOf<BlockOptions> {
                     {"epsilon", decimal_text(epsilon)}};
         // only when not the default: the checkpoints of blocks written before the key still match
         if (activation != Activation::gelu) f.push_back({"activation", activation_name(activation)});
+        if (fused_attention) f.push_back({"fused_attention", "true"});
         return f;
     }
     bool operator==(const BlockOptions&) const = default;
@@ -45,7 +48,9 @@ public:
         const std::string c = std::to_string(in_.c), eps = decimal_text(o_.epsilon);
         const std::string wide = std::to_string(in_.c * o_.mlp_ratio);
         ln_1_ = sub_layer("layernorm", {{"epsilon", eps}});
-        attn_ = sub_layer("attention", {{"heads", std::to_string(o_.heads)}, {"dropout", decimal_text(o_.dropout)}});
+        attn_ = sub_layer("attention", {{"heads", std::to_string(o_.heads)},
+                                        {"dropout", o_.fused_attention ? "0" : decimal_text(o_.dropout)},
+                                        {"fused", o_.fused_attention ? "true" : "false"}});
         ln_2_ = sub_layer("layernorm", {{"epsilon", eps}});
         fc_ = sub_layer("dense", {{"units", wide}, {"activation", activation_name(o_.activation)}});
         proj_ = sub_layer("dense", {{"units", c}});
@@ -129,6 +134,7 @@ OptionsPtr read(SpecReader& r, const std::string& p) {
     o->mlp_ratio = int(r.integer(p + ".mlp_ratio", 4, 1, 64));
     o->dropout = float(r.number(p + ".dropout", 0.0, 0.0, 0.999));
     o->epsilon = float(r.number(p + ".epsilon", 1e-5, 1e-12, 1.0));
+    o->fused_attention = r.boolean(p + ".fused_attention", false);
     o->activation =
         r.choice(p + ".activation", "gelu", {"gelu", "gelu_tanh"}) == "gelu" ? Activation::gelu : Activation::gelu_tanh;
     return o;
