@@ -9,7 +9,8 @@
 #                      can only run elsewhere says "runs elsewhere: ..." and is listed, not failed
 #   targets (20%)      the benchmarks that settle the GPU targets: the MLP at batch 256 and 2048 in
 #                      fp32/tf32/bf16, uncaptured and captured; 4 replicas sharing GPU 0 at 512
-#                      against 1 at 2048 (direct); cuBLAS GEMM rates
+#                      against 1 at 2048 (direct); cuBLAS GEMM rates; GPT-2 small's shape in bf16,
+#                      attention unfused and fused
 #   resume (15%)       train, killed (SIGKILL) while writing the checkpoint of a known step with
 #                      checkpoints before it, resumed: bit-identical to an uninterrupted run, on the
 #                      ring and on shared parameters (and from captured graphs)
@@ -23,7 +24,7 @@
 # command line the CLI refuses as misused (exit 2) fails the run - a typo must not cost a GPU session.
 # Knobs for a smaller run (tests/gpu_check_flow.sh runs the whole flow on emulated GPUs with them):
 # GPU_CHECK_BIN (folder of mirrored and mirrored_tests), GPU_CHECK_STEPS (timed steps per
-# benchmark, 300), GPU_CHECK_MLP_CONFIG, GPU_CHECK_TRAIN_CONFIG, GPU_CHECK_TRAIN_STEPS (400),
+# benchmark, 300), GPU_CHECK_MLP_CONFIG, GPU_CHECK_GPT_CONFIG, GPU_CHECK_TRAIN_CONFIG, GPU_CHECK_TRAIN_STEPS (400),
 # GPU_CHECK_CASES (a doctest -tc filter), GPU_CHECK_CASE_SECONDS (60), GPU_CHECK_BYTES (256M),
 # GPU_CHECK_GEMM_SIZES (1024,4096), GPU_CHECK_STRESS_SECONDS (30).
 #   scripts/gpu_check.sh
@@ -34,6 +35,7 @@ budget_s=${GPU_CHECK_SECONDS:-570}
 dry_run=${GPU_CHECK_DRY_RUN:-0}
 steps=${GPU_CHECK_STEPS:-300}
 mlp=${GPU_CHECK_MLP_CONFIG:-configs/synthetic_mlp.yaml}
+gpt=${GPU_CHECK_GPT_CONFIG:-configs/gpt2_small_synthetic.yaml}
 train_cfg=${GPU_CHECK_TRAIN_CONFIG:-configs/fashion_mnist_mlp.yaml}
 train_steps=${GPU_CHECK_TRAIN_STEPS:-400}
 case_filter=${GPU_CHECK_CASES:-}
@@ -249,6 +251,15 @@ bench() {
 }
 phase targets 20
 bench_sets=(--set strategy.step_timeout_s="$step_timeout_s")
+# first, being the newest: a language model, every block's attention as cuBLAS-batched products,
+# then as the fused kernels
+gpt_blocks=$(grep -c 'type: transformer_block' "$gpt")
+for f in false true; do
+    gpt_sets=()
+    for ((k = 2; k < gpt_blocks + 2; ++k)); do gpt_sets+=(--set "model.layers.$k.fused_attention=$f"); done
+    bench "step_gpt_fused_attention_$f" 90 "$bin/mirrored" bench-step "$gpt" --devices cuda:0 \
+        --steps $((steps / 30 + 2)) --layers 2 "${gpt_sets[@]}" "${bench_sets[@]}"
+done
 for g in true false; do  # 4 replicas sharing GPU 0 at 512 each against 1 at 2048 (direct)
     bench "step_shared_4x512_graph_$g" 60 "$bin/mirrored" bench-step "$mlp" --devices 'cuda:0;cuda:0,0,0,0' \
         --steps "$steps" --set train.global_batch_size=2048 --set strategy.cross_device_ops=direct \

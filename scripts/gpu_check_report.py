@@ -154,6 +154,9 @@ def main():
         table.append(f"  batch {b:<5} " + "   ".join(cells))
     lines.append("MLP ms/step on cuda:0 (uncaptured/captured):")
     lines += table
+    gpt = [step_ms(bench, f"step_gpt_fused_attention_{f}") for f in ("false", "true")]
+    lines.append("GPT (GPU_CHECK_GPT_CONFIG, bf16) ms/step on cuda:0, attention unfused/fused: "
+                 + "/".join("-" if v is None else f"{v:.3f}" for v in gpt))
     lines.append("files: summary.txt, gpu_check.json (every number), logs.tar.gz (every log)")
     with open(os.path.join(a.out, "summary.txt"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")

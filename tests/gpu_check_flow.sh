@@ -34,6 +34,22 @@ optimizer: {type: sgd, lr: 0.02, momentum: 0.9}
 train: {epochs: 1, global_batch_size: 64, log_every_steps: 10}
 checkpoint: {every_steps: 0, keep: 3, resume: auto}
 EOF
+cat >"$tmp/tiny_gpt.yaml" <<'EOF'
+run: {name: tiny_gpt, seed: 1, output_dir: runs/tiny_gpt}
+strategy: {devices: auto}
+data: {dataset: synthetic, input_shape: [8], vocab: 32, train_samples: 256, test_samples: 16}
+model:
+  layers:
+    - {type: embedding, vocab: 32, dim: 16}
+    - {type: position_embedding, max_len: 8}
+    - {type: transformer_block, heads: 2}
+    - {type: transformer_block, heads: 2}
+    - {type: layernorm}
+    - {type: lm_head}
+optimizer: {type: adamw, lr: 0.001}
+train: {epochs: 0, steps: 10, global_batch_size: 8, precision: bf16, log_every_steps: 5}
+checkpoint: {every_steps: 0, resume: never}
+EOF
 passed=0
 failed=0
 skipped=0
@@ -43,7 +59,8 @@ flow() {
     shift 2
     mkdir -p "$tmp/$name"
     env MIRRORED_CUDA_EMU_GPUS=1 OUT="$tmp/$name/out" GPU_CHECK_WORK="$tmp/$name/work" GPU_CHECK_BIN="$emu" \
-        GPU_CHECK_MLP_CONFIG="$tmp/tiny.yaml" GPU_CHECK_TRAIN_CONFIG="$tmp/tiny.yaml" GPU_CHECK_TRAIN_STEPS=12 \
+        GPU_CHECK_MLP_CONFIG="$tmp/tiny.yaml" GPU_CHECK_GPT_CONFIG="$tmp/tiny_gpt.yaml" \
+        GPU_CHECK_TRAIN_CONFIG="$tmp/tiny.yaml" GPU_CHECK_TRAIN_STEPS=12 \
         GPU_CHECK_STEPS=3 GPU_CHECK_STEP_TIMEOUT=30 GPU_CHECK_BYTES=1M GPU_CHECK_GEMM_SIZES=64,128 \
         GPU_CHECK_STRESS_SECONDS=2 \
         GPU_CHECK_CASES="cuda gemm*,cuda flat ops*,cuda all-reduce across distinct GPUs*" "$@" \
@@ -100,7 +117,8 @@ if scenario == "clean":
     if not any(c["status"] == "elsewhere" and "distinct GPUs" in c["check"] for c in checks):
         problems.append("the distinct-GPU case was not listed as running elsewhere")
     for check in ("ring: bit-identical after the resume", "shared: bit-identical after the resume",
-                  "ring: captured equals uncaptured"):
+                  "ring: captured equals uncaptured", "step_gpt_fused_attention_false",
+                  "step_gpt_fused_attention_true"):
         if status(check) != ["pass"]:
             problems.append(f"{check}: {status(check)}")
     if not any(t["measured"] is not None for t in r["targets"]):
