@@ -209,14 +209,14 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     if (!train.has_targets() && s->model->output_classes() < train.classes) {
         size_t last = cfg.model.layers.size() - 1;
         while (last > 0 && cfg.model.layers[last].type != "dense") --last;
+        const std::string key =
+            "model.layers." + std::to_string(last) + (cfg.model.layers[last].type == "dense" ? ".units" : "");
         size_t record = 0;  // a data set read on demand was checked against its vocabulary when opened
         while (record < train.labels.size() && train.labels[record] < s->model->output_classes()) ++record;
         if (record == train.labels.size())  // a vocabulary larger than the model's outputs
-            cfg.fail("model.layers." + std::to_string(last) + (cfg.model.layers[last].type == "dense" ? ".units" : ""),
-                     "the model has " + std::to_string(s->model->output_classes()) + " outputs, but the data has " +
-                         std::to_string(train.classes) + " classes (data.vocab for token files)");
-        cfg.fail("model.layers." + std::to_string(last) + (cfg.model.layers[last].type == "dense" ? ".units" : ""),
-                 "the model has " + std::to_string(s->model->output_classes()) + " outputs, but " +
+            cfg.fail(key, "the model has " + std::to_string(s->model->output_classes()) + " outputs, but the data has " +
+                              std::to_string(train.classes) + " classes (data.vocab for token files)");
+        cfg.fail(key, "the model has " + std::to_string(s->model->output_classes()) + " outputs, but " +
                      train.labels_source + " has label " + std::to_string(train.labels[record]) + " (record " +
                      std::to_string(record) + "), so " + std::to_string(train.classes) +
                      " classes: fix the model's last layer or the labels");
@@ -625,9 +625,9 @@ void Run::evaluate(int64_t step, double epoch) {
           {"samples", last_eval_.count}});
     char acc[80] = "";
     if (has_accuracy_) std::snprintf(acc, sizeof acc, "  test accuracy %.4f", last_eval_.accuracy());
-    if (tokens_per_sample_ > 1)
+    if (const json b = bits(last_eval_); !b.is_null())
         std::snprintf(acc + std::strlen(acc), sizeof acc - std::strlen(acc), "  (%.3f bits per token)",
-                      last_eval_.loss() / std::log(2.0));
+                      b.get<double>());
     char line[160];
     std::snprintf(line, sizeof line, "eval  epoch %.2f  step %lld  test loss %.4f%s  (%.1fs)", epoch,
                   static_cast<long long>(step), last_eval_.loss(), acc, now_s() - t0);
