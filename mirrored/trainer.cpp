@@ -214,12 +214,13 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
         size_t record = 0;  // a data set read on demand was checked against its vocabulary when opened
         while (record < train.labels.size() && train.labels[record] < s->model->output_classes()) ++record;
         if (record == train.labels.size())  // a vocabulary larger than the model's outputs
-            cfg.fail(key, "the model has " + std::to_string(s->model->output_classes()) + " outputs, but the data has " +
-                              std::to_string(train.classes) + " classes (data.vocab for token files)");
+            cfg.fail(key, "the model has " + std::to_string(s->model->output_classes()) +
+                              " outputs, but the data has " + std::to_string(train.classes) +
+                              " classes (data.vocab for token files)");
         cfg.fail(key, "the model has " + std::to_string(s->model->output_classes()) + " outputs, but " +
-                     train.labels_source + " has label " + std::to_string(train.labels[record]) + " (record " +
-                     std::to_string(record) + "), so " + std::to_string(train.classes) +
-                     " classes: fix the model's last layer or the labels");
+                          train.labels_source + " has label " + std::to_string(train.labels[record]) + " (record " +
+                          std::to_string(record) + "), so " + std::to_string(train.classes) +
+                          " classes: fix the model's last layer or the labels");
     }
     check_host_memory(cfg, *s->model, train);
     s->strategy =

@@ -5,8 +5,9 @@
 #   scripts/install_deps.sh           install what is missing
 #   scripts/install_deps.sh --fuzz    also clang and its sanitizer/libFuzzer runtime (make fuzz)
 #   scripts/install_deps.sh --lint    also clang-format and cppcheck (make format, make lint)
-#   scripts/install_deps.sh --pytorch also PyTorch and NumPy: the tests and benchmarks that compare
-#                                     with PyTorch run (they say skipped without it)
+#   scripts/install_deps.sh --pytorch also PyTorch, NumPy and sentencepiece: the tests and
+#                                     benchmarks that compare with PyTorch, and BPE vocabularies
+#                                     (prepare_text.py --bpe), run (they say skipped without them)
 #   scripts/install_deps.sh --check   list what is missing; exit 1 if anything is
 set -euo pipefail
 
@@ -32,7 +33,7 @@ if [[ $(uname -m) == x86_64 ]]; then optional+=(libxsmm-dev); fi
 for arg in "$@"; do
   [[ $arg == --fuzz ]] && packages+=(clang libclang-rt-dev)
   [[ $arg == --lint ]] && packages+=(clang-format cppcheck)
-  [[ $arg == --pytorch ]] && packages+=(python3-torch python3-numpy)
+  [[ $arg == --pytorch ]] && packages+=(python3-torch python3-numpy python3-sentencepiece)
 done
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "base/error.h"
 #include "data/datasets.h"
@@ -952,6 +953,82 @@ TEST_CASE("export --names nanogpt: nanoGPT's state-dict names; a nanoGPT-laid-ou
         fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/check_export_nanogpt.py";
     CHECK_MESSAGE(
         run_program(python, {script, g / "gpt.safetensors", g / "x.npy", g / "y.npy", "--heads", "4"}, &err) == 0, err);
+}
+
+TEST_CASE("prepare_text.py: byte tokens, a BPE vocabulary (sentencepiece); a BPE model trains and generates ids") {
+    const std::string python = "/usr/bin/python3";
+    const std::string script =
+        fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/prepare_text.py";
+    TempDir dir;
+    std::vector<std::string> files;
+    for (int i = 0; i < 10; ++i) files.push_back(dir.write("text" + std::to_string(i) + ".txt", corpus(300, 10 + i)));
+    std::vector<std::string> args = {script, "--out", dir / "bytes", "--val-every", "5"};
+    args.insert(args.end(), files.begin(), files.end());
+    std::string err;
+    REQUIRE_MESSAGE(run_program(python, args, &err) == 0, err);
+    auto meta = nlohmann::json::parse(read_text(dir / "bytes/meta.json"));
+    CHECK(meta["vocab"] == 256);
+    CHECK(meta["files"]["val"] == 2);  // files 4 and 9
+    CHECK(fs::file_size(dir / "bytes/train.bin") == 2 * meta["bytes"]["train"].get<size_t>());
+
+    if (run_program(python, {"-c", "import sentencepiece"}) != 0) {
+        mark_skipped("sentencepiece is not installed (Debian and Ubuntu: python3-sentencepiece)");
+        return;
+    }
+    args[2] = dir / "bpe";
+    args.insert(args.begin() + 3, {"--bpe", "320"});
+    REQUIRE_MESSAGE(run_program(python, args, &err) == 0, err);
+    meta = nlohmann::json::parse(read_text(dir / "bpe/meta.json"));
+    CHECK(meta["vocab"] == 320);
+    CHECK(meta["tokens"]["train"].get<size_t>() < meta["bytes"]["train"].get<size_t>() / 2);  // pieces, not bytes
+    CHECK(fs::exists(dir / "bpe/tokenizer.model"));
+    // a second run replaces its own files; a folder of someone else's is refused
+    REQUIRE(run_program(python, args, &err) == 0);
+    fs::create_directories(dir / "theirs");
+    dir.write("theirs/train.bin", "x");
+    args[2] = dir / "theirs";
+    CHECK(run_program(python, args, &err) == 4);
+
+    std::string text = kGpt;
+    for (const char* from : {"vocab: 128", "vocab: 128"}) text.replace(text.find(from), 10, "vocab: 320");
+    text.replace(text.find("ROOT"), 4, dir / "bpe");
+    const std::string cfg = dir.write("bpe.yaml", text);
+    static std::FILE* quiet = std::fopen("/dev/null", "w");
+    REQUIRE(run_training(load_config(cfg, {"run.output_dir=" + (dir / "run")}), nullptr, quiet) == kExitOk);
+    CHECK(summary(dir / "run")["test_loss"].get<double>() < std::log(320.0));
+    // the prompt through the tokenizer, ids out, back through it
+    const std::string encoded = dir / "encoded.txt";
+    {
+        TempDir tmp;
+        const std::string in = tmp.write("prompt.txt", "def value");
+        REQUIRE(
+            wait_status_within(spawn_program("/bin/sh",
+                                             {"-c", python + " " + script + " --encode " +
+                                                        (dir / "bpe/tokenizer.model") + " < " + in + " > " + encoded},
+                                             {}, tmp / "err"),
+                               60) == 0);
+    }
+    std::string ids = read_text(encoded);
+    while (!ids.empty() && ids.back() == '\n') ids.pop_back();
+    REQUIRE(!ids.empty());
+    const std::string out = dir / "generated.txt";
+    REQUIRE(run_cli({"generate", list_checkpoints(dir / "run/checkpoints").front(), "--prompt-ids", ids, "--tokens",
+                     "12", "--seed", "2"},
+                    {}, -1, &err, Stdout::file, out) == kExitOk);
+    std::istringstream words(read_text(out));
+    int n = 0;
+    for (long id; words >> id; ++n) CHECK((id >= 0 && id < 320));
+    CHECK(n == int(std::count(ids.begin(), ids.end(), ' ')) + 1 + 12);  // the prompt echoed, then 12
+    CHECK(run_cli({"generate", list_checkpoints(dir / "run/checkpoints").front(), "--prompt-ids", "3 999"}, {}, -1,
+                  &err) == kExitUsage);
+    CHECK(err.find("'999' is not a token id of the model's vocabulary [0, 320)") != std::string::npos);
+    TempDir tmp;
+    CHECK(wait_status_within(spawn_program("/bin/sh",
+                                           {"-c", python + " " + script + " --decode " + (dir / "bpe/tokenizer.model") +
+                                                      " < " + out + " > " + (tmp / "text")},
+                                           {}, tmp / "err"),
+                             60) == 0);
+    CHECK(read_text(tmp / "text").rfind("def value", 0) == 0);  // the prompt decodes back as it was
 }
 
 TEST_CASE("plan and bench-step take a language model; synthetic token windows over a vocabulary") {

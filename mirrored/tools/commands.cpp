@@ -286,7 +286,13 @@ void ToolCommands::add_report(CLI::App& app) {
 void ToolCommands::add_generate(CLI::App& app) {
     gn_cmd_ = app.add_subcommand("generate", "a language model's continuation of a prompt, printed as it comes");
     gn_cmd_->add_option("checkpoint", gn_.checkpoint, "checkpoint file of a language model")->required();
-    gn_cmd_->add_option("--prompt", gn_.prompt, "the text to continue (byte-level tokens; default a newline)");
+    auto* prompt =
+        gn_cmd_->add_option("--prompt", gn_.prompt, "the text to continue (byte-level tokens; default a newline)");
+    gn_cmd_
+        ->add_option("--prompt-ids", gn_.prompt_ids,
+                     "the prompt as token ids separated by spaces, for vocabularies other than bytes "
+                     "(scripts/prepare_text.py --encode makes them)")
+        ->excludes(prompt);
     gn_cmd_->add_option("--tokens", gn_.tokens, "tokens to generate (default 256)")->check(CLI::Range(1, 1 << 20));
     gn_cmd_->add_option("--temperature", gn_.temperature, "softmax temperature; 0 takes the most likely (default 0.8)")
         ->check(CLI::Range(0.0, 100.0));

@@ -3,9 +3,11 @@
 // one CPU replica in f32. Each token is drawn from softmax(logits / temperature) over the top-k
 // scores with a generator seeded by --seed, so the same command prints the same text.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "base/error.h"
@@ -74,7 +76,20 @@ int generate(const GenerateOptions& o) {
     const Model& model = *m.model;
     const int t = model.input_features(), vocab = model.output_classes();
     std::vector<int> tokens;
-    for (unsigned char ch : o.prompt.empty() ? std::string("\n") : o.prompt) {
+    if (!o.prompt_ids.empty()) {
+        std::istringstream in(o.prompt_ids);
+        for (std::string word; in >> word;) {
+            char* end = nullptr;
+            errno = 0;
+            const long id = std::strtol(word.c_str(), &end, 10);
+            if (*end || errno || id < 0 || id >= vocab)
+                throw ConfigError("--prompt-ids: '" + word + "' is not a token id of the model's vocabulary [0, " +
+                                  std::to_string(vocab) + ")");
+            tokens.push_back(int(id));
+        }
+        if (tokens.empty()) throw ConfigError("--prompt-ids: no ids (expected ids separated by spaces)");
+    }
+    for (unsigned char ch : !tokens.empty() ? std::string() : o.prompt.empty() ? std::string("\n") : o.prompt) {
         if (ch >= vocab)
             throw ConfigError("--prompt: byte " + std::to_string(int(ch)) + " is outside the model's vocabulary of " +
                               std::to_string(vocab) + " (generate reads prompts as byte-level tokens)");
@@ -89,7 +104,9 @@ int generate(const GenerateOptions& o) {
     std::mt19937_64 rng(o.seed);
     std::vector<float> window(static_cast<size_t>(t), 0.0f), logits(static_cast<size_t>(vocab));
     const bool bytes = vocab <= 256;
-    if (o.echo) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+    if (o.echo && o.prompt_ids.empty()) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+    if (o.echo && !o.prompt_ids.empty() && !bytes)  // ids in, ids out: the prompt's first, as given
+        for (size_t i = 0; i < tokens.size(); ++i) std::printf("%d ", tokens[i]);
     for (int n = 0; n < o.tokens; ++n) {
         // the last t tokens from position 0; later positions hold zeros that causal attention
         // keeps from the positions before them

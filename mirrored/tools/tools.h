@@ -129,7 +129,8 @@ int report(const ReportOptions& o);
 
 struct GenerateOptions {
     std::string checkpoint;
-    std::string prompt;  // byte-level tokens; empty: a newline
+    std::string prompt;      // byte-level tokens; empty: a newline
+    std::string prompt_ids;  // or token ids separated by spaces (other vocabularies, e.g. BPE)
     int tokens = 256;
     double temperature = 0.8;  // 0: the most likely token every time
     int top_k = 0;             // 0: every token
