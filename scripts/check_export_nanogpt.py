@@ -14,9 +14,7 @@ Needs PyTorch and NumPy (Debian: python3-torch).
 Exit 0 when the logits agree within --tolerance (max |difference| / max |logit|), 1 otherwise.
 """
 import argparse
-import json
 import math
-import struct
 import sys
 
 import numpy as np
@@ -24,21 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        if t["dtype"] != "F32":
-            sys.exit(f"{path}: tensor {name} is {t['dtype']}, expected F32")
-        b, e = t["data_offsets"]
-        out[name] = torch.from_numpy(np.frombuffer(data[b:e], dtype=np.float32).reshape(t["shape"]).copy())
-    return out
+from torch_safetensors import read_safetensors
 
 
 class CausalSelfAttention(nn.Module):

@@ -12,8 +12,6 @@ Needs PyTorch, NumPy and PyYAML (Debian: python3-torch python3-yaml).
     build/mirrored export CK --out model.safetensors
     /usr/bin/python3 scripts/check_export_pytorch.py CONFIG model.safetensors x.npy y.npy
 """
-import json
-import struct
 import sys
 
 import numpy as np
@@ -22,22 +20,9 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
+from torch_safetensors import read_safetensors
+
 ACT = {"none": lambda x: x, "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = {"F32": np.float32, "I64": np.int64}[t["dtype"]]
-        b, e = t["data_offsets"]
-        out[name] = torch.from_numpy(np.frombuffer(data[b:e], dtype=dtype).reshape(t["shape"]).copy())
-    return out
 
 
 def padding_of(spec, kernel):
