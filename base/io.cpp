@@ -256,6 +256,10 @@ MappedFile::~MappedFile() {
     if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
 }
 
+void MappedFile::drop_resident() const {
+    if (data_) ::madvise(const_cast<unsigned char*>(data_), size_, MADV_DONTNEED);
+}
+
 void MappedFile::advise_sequential(bool sequential) const {
     if (data_) ::madvise(const_cast<unsigned char*>(data_), size_, sequential ? MADV_SEQUENTIAL : MADV_RANDOM);
 }

@@ -76,6 +76,9 @@ public:
     size_t size() const { return size_; }
     // Read-ahead hint: sequential for one pass over the file, random for windows drawn anywhere.
     void advise_sequential(bool sequential) const;
+    // Lets the pages read so far go from this process (they are read again from the file when next
+    // touched): after a pass over the whole file, so that it does not stay resident.
+    void drop_resident() const;
 
 private:
     std::string path_;

@@ -269,7 +269,7 @@ void Loader::gather(const Batch& b, int begin, int rows, float* dst) const {
 void Loader::copy_sample(uint32_t idx, int64_t epoch, float* dst) const {
     const AugmentOptions& aug = opt_.augment;
     if (!aug.enabled()) return read_sample(ds_, idx, epoch, dst, nullptr);
-    const float* src = ds_.features.data() + size_t(idx) * ds_.feature_size();
+    const float* src = ds_.source ? nullptr : ds_.features.data() + size_t(idx) * ds_.feature_size();
     if (ds_.source) {  // read where the crop can reach the whole image; one buffer per thread, kept
         thread_local std::vector<float> image;
         image.resize(ds_.feature_size());

@@ -62,6 +62,14 @@ const char* precision_name(Precision p) {
     }
 }
 
+int Device::check_fused_head_width(int c, int heads) {
+    if (heads <= 0 || c % heads || c / heads > kMaxFusedHeadWidth)
+        throw Error(kExitFailure, "fused attention: " + std::to_string(heads) + " heads over width " +
+                                      std::to_string(c) + " (heads must divide it, each at most " +
+                                      std::to_string(kMaxFusedHeadWidth) + " wide)");
+    return c / heads;
+}
+
 const char* activation_name(Activation a) {
     switch (a) {
         case Activation::relu:

@@ -379,6 +379,8 @@ public:
     // 2c + h*d.. (d = c / heads, at most kMaxFusedHeadWidth); out [samples, t, c], head h in columns
     // h*d..; lse [samples, heads, t]: each row's log-sum-exp of its scaled scores, for backward.
     static constexpr int kMaxFusedHeadWidth = 128;
+    // c / heads, or an Error when the heads do not divide c or are wider than the kernels take.
+    static int check_fused_head_width(int c, int heads);
     virtual void attention_forward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
                                    void* out, float* lse) = 0;
     // Its backward, the probabilities recomputed from q, k and lse: dqkv [samples, t, 3c] written

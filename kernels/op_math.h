@@ -83,7 +83,8 @@ MIRRORED_HD float act_derivative(Activation act, float z) {
         case Activation::gelu_tanh: {
             float du;
             const float t = gelu_tanh_t(z, &du);
-            return 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * du;
+            // saturated: the second term is 0 (z * du alone would overflow for |z| past ~1e12)
+            return t * t == 1.0f ? 0.5f * (1.0f + t) : 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * du;
         }
         default:
             return 1.0f;

@@ -12,7 +12,7 @@ namespace {
     throw ConfigError("export --names nanogpt",
                       what +
                           "; nanoGPT's GPT is embedding, position_embedding, transformer_block x N (mlp_ratio 4, "
-                          "activation gelu, epsilon 1e-5), layernorm (epsilon 1e-5), lm_head without a bias");
+                          "activation gelu, epsilon 1e-5), layernorm (epsilon 1e-5), lm_head tied to the embedding");
 }
 
 bool default_epsilon(const LayerSpec& s) { return float(std::strtod(s.field("epsilon").c_str(), nullptr)) == 1e-5f; }
@@ -40,7 +40,8 @@ std::vector<std::pair<std::string, std::string>> nanogpt_names(const std::vector
         not_nanogpt("model.layers." + std::to_string(n - 2) + ": epsilon " + layers[n - 2].field("epsilon"));
     prefixes.push_back({"layers." + std::to_string(n - 2) + ".", "transformer.ln_f."});
     prefixes.push_back({"layers." + std::to_string(n - 1) + ".", "lm_head."});
-    const bool tied = layers[n - 1].field("tie_weights") != "false";
+    if (layers[n - 1].field("tie_weights") == "false")
+        not_nanogpt("model.layers." + std::to_string(n - 1) + ": tie_weights false (nanoGPT ties lm_head to wte)");
 
     std::vector<std::pair<std::string, std::string>> out;
     for (const std::string& name : names) {
@@ -52,11 +53,8 @@ std::vector<std::pair<std::string, std::string>> nanogpt_names(const std::vector
                 break;
             }
         if (!found) throw Error(kExitFailure, "export: tensor " + name + " belongs to no layer of the model");
-        if (tied && name == "layers.0.weight") out.push_back({name, "lm_head.weight"});
+        if (name == "layers.0.weight") out.push_back({name, "lm_head.weight"});  // tied: both names
     }
-    for (const auto& [from, to] : out)
-        if (to.rfind("lm_head.", 0) == 0 && to != "lm_head.weight")
-            not_nanogpt("the head has " + from + " (nanoGPT's lm_head has a weight only)");
     return out;
 }
 

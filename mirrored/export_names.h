@@ -11,7 +11,8 @@
 namespace mirrored {
 
 // nanoGPT's GPT (model.py): a model written as embedding, position_embedding, transformer_block
-// x N (mlp_ratio 4, exact GELU, epsilon 1e-5, as nanoGPT's blocks are), layernorm, lm_head, named
+// x N (mlp_ratio 4, exact GELU, epsilon 1e-5, as nanoGPT's blocks are), layernorm, lm_head tied to
+// the embedding (nanoGPT's always is), named
 // transformer.wte, transformer.wpe, transformer.h.<i>.<sub-layer>, transformer.ln_f and
 // lm_head.weight - a tied head under both names, as nanoGPT's state_dict lists it. For each of
 // `names` (the checkpoint's), its new name(s) in order. ConfigError naming what differs otherwise.

@@ -96,9 +96,8 @@ def main(argv=None):
     block = sd["transformer.wpe.weight"].shape[0]
     layers = len({k.split(".")[2] for k in sd if k.startswith("transformer.h.")})
     model = GPT(vocab, block, C, layers, args.heads)
-    tied = torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"])
-    if not tied:  # an untied head: its own tensor
-        model.lm_head.weight = nn.Parameter(torch.empty(vocab, C))
+    if not torch.equal(sd["lm_head.weight"], sd["transformer.wte.weight"]):
+        sys.exit(f"{args.weights}: lm_head.weight differs from transformer.wte.weight; nanoGPT's GPT ties them")
     model.load_state_dict(sd, strict=True)
     model.eval()
     x = torch.from_numpy(np.load(args.inputs)).long()
@@ -108,7 +107,7 @@ def main(argv=None):
     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
     ok = err <= args.tolerance
     print(f"nanoGPT layout: {layers} blocks, {args.heads} heads, width {C}, vocabulary {vocab}, context {block}, "
-          f"{'tied' if tied else 'untied'} head; {x.shape[0]} samples: max |logit difference| / max |logit| "
+          f"tied head; {x.shape[0]} samples: max |logit difference| / max |logit| "
           f"= {err:.2e} ({'within' if ok else 'ABOVE'} {args.tolerance:g})")
     return 0 if ok else 1
 

@@ -595,6 +595,11 @@ TEST_CASE("token files: nanoGPT's raw uint16, llm.c's header; windows of context
     refused(llmc(ids).substr(0, 1024 + 7), "the header says 11 tokens");
     refused(llmc(ids, 3), "llm.c token file version 3");
     refused(u16(ids) + "x", "23 bytes is not a whole number of 2-byte token ids");
+    write_bytes(root + "/train.bin.gz", u16(ids));  // mapped files are read as they are: no gzip
+    DataConfig gz = make_data_config("tokens", {{"train", "train.bin.gz"}, {"test", "val.bin"}, {"context", "4"}});
+    gz.root = root;
+    CHECK_THROWS_WITH_AS(load_datasets(gz, "", 1),
+                         doctest::Contains("train.bin.gz: a gzip file; token files are read uncompressed"), DataError);
 }
 
 TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, sim); resume is exact") {
@@ -680,6 +685,9 @@ TEST_CASE("fused attention equals the unfused path: logits and gradients (cpu, s
     REQUIRE(run_training(load_config(fused, {"run.output_dir=" + (g / "bf16"), "train.precision=bf16"}), nullptr,
                          quiet) == kExitOk);
     CHECK(summary(g / "bf16")["test_loss"].get<double>() < std::log(128.0));
+    // the device ops check the head width themselves, before touching memory
+    CHECK_THROWS_WITH_AS(make_cpu_device(0)->attention_forward({}, 1, 2, 260, 2, 1.0f, nullptr, nullptr, nullptr),
+                         doctest::Contains("2 heads over width 260"), Error);
     // what the fused kernel cannot do is refused, naming the key
     CHECK_THROWS_WITH_AS(
         Model({4},
@@ -940,6 +948,15 @@ TEST_CASE("export --names nanogpt: nanoGPT's state-dict names; a nanoGPT-laid-ou
                   {}, -1, &err) == kExitUsage);
     CHECK(err.find("model.layers.3: activation gelu_tanh; nanoGPT's GPT is") != std::string::npos);
     CHECK(!fs::exists(t / "x.safetensors"));
+    text = kGpt;  // an untied head: nanoGPT's would take one tensor for both
+    text.replace(text.find("{type: lm_head}"), 15, "{type: lm_head, tie_weights: false, units: 128}");
+    GptRun u;
+    REQUIRE(run_training(load_config(u.config(text), {"run.output_dir=" + (u / "run")}), nullptr,
+                         std::fopen("/dev/null", "w")) == kExitOk);
+    CHECK(run_cli({"export", list_checkpoints(u / "run/checkpoints").front(), "--out", u / "x.safetensors", "--names",
+                   "nanogpt"},
+                  {}, -1, &err) == kExitUsage);
+    CHECK(err.find("tie_weights false (nanoGPT ties lm_head to wte)") != std::string::npos);
 
     const std::string python = "/usr/bin/python3";
     if (run_program(python, {"-c", "import torch, numpy"}) != 0) {

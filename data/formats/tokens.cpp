@@ -189,6 +189,8 @@ Dataset token_dataset(const std::string& path, std::shared_ptr<const SampleSourc
 }  // namespace
 
 Dataset read_tokens(const std::string& path, const TokenFileOptions& o) {
+    if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0)
+        throw DataError(path + ": a gzip file; token files are read uncompressed, memory-mapped (gunzip it first)");
     std::shared_ptr<const MappedFile> map;
     try {
         map = std::make_shared<const MappedFile>(path);
@@ -197,6 +199,7 @@ Dataset read_tokens(const std::string& path, const TokenFileOptions& o) {
     }
     map->advise_sequential(true);  // the check reads it once, front to back
     auto windows = std::make_shared<const TokenWindows>(path, map, map->data(), map->size(), o);
+    map->drop_resident();           // the check's pages need not stay
     map->advise_sequential(false);  // then windows are read anywhere
     return token_dataset(path, std::move(windows), o);
 }

@@ -517,7 +517,7 @@ public:
     void attention_forward(Stream, int samples, int t, int c, int heads, float scale, const void* qkv, void* out,
                            float* lse) override {
         const DType dt = value_dtype();
-        const int d = c / heads;
+        const int d = check_fused_head_width(c, heads);
         float acc[kMaxFusedHeadWidth];
         for (int n = 0; n < samples; ++n)
             for (int h = 0; h < heads; ++h)
@@ -545,7 +545,7 @@ public:
     void attention_backward(Stream, int samples, int t, int c, int heads, float scale, const void* qkv, const void* out,
                             const void* dout, const float* lse, float* delta, void* dqkv) override {
         const DType dt = value_dtype();
-        const int d = c / heads;
+        const int d = check_fused_head_width(c, heads);
         const float* x = F(qkv);
         float* dx = F(dqkv);
         std::fill(dx, dx + size_t(samples) * t * 3 * c, 0.0f);

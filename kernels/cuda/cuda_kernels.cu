@@ -1161,7 +1161,7 @@ void attention_forward(cudaStream_t s, int dev, DType dt, int samples, int t, in
                        const void* qkv, void* out, float* lse) {
     const int64_t rows = int64_t(samples) * heads * t;
     if (rows <= 0) return;
-    const int d = c / heads;
+    const int d = Device::check_fused_head_width(c, heads);
     WITH_ROW_ELEMENTS(d, DISPATCH(dt, attention_forward_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
                                           rows, t, c, heads, scale, as<T>(qkv), as<T>(out), lse)));
     CUDA_LAUNCH_CHECK(dev);
@@ -1172,7 +1172,7 @@ void attention_backward(cudaStream_t s, int dev, DType dt, int samples, int t, i
                         void* dqkv) {
     const int64_t rows = int64_t(samples) * heads * t;
     if (rows <= 0) return;
-    const int d = c / heads;
+    const int d = Device::check_fused_head_width(c, heads);
     WITH_ROW_ELEMENTS(d, DISPATCH(dt, attention_delta_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
                                           rows, t, c, heads, as<T>(out), as<T>(dout), delta)));
     CUDA_LAUNCH_CHECK(dev);

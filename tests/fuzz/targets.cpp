@@ -55,7 +55,7 @@ void tokens(const uint8_t* data, size_t size) {
     if (size < 3) return;
     const TokenFileOptions o{1 + data[0] % 32, 2 + int(data[1]) * 257, (data[2] & 1) != 0, (data[2] & 2) != 0, data[0]};
     tolerate([&] {
-        InputFile in("train.bin", data + 3, size - 3);
+        InputFile in("train.bin", data + 3, size - 3, /*inflate=*/false);  // as the mapped files are read
         const Dataset ds = read_tokens(in, o);
         if (!ds.source || ds.count() == 0 || ds.count() * size_t(o.context) >= size) __builtin_trap();  // invariants
         std::vector<float> x(size_t(o.context));
