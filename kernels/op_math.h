@@ -49,14 +49,21 @@ MIRRORED_HD float gelu_cdf(float z, float e) {
     return 0.5f * (1.0f + (z < 0.0f ? -erf_a : erf_a));
 }
 
-// GPT-2's GELU, 0.5 z (1 + tanh(u)), u = sqrt(2/pi) (z + 0.044715 z^3), with tanh(u) =
-// 1 - 2 / (e^2u + 1) on exp_poly (vectorises; saturates to +-1 where exp_poly clamps). Returns
-// tanh(u) and du/dz through the pointer, for the derivative.
-MIRRORED_HD float gelu_tanh_t(float z, float* du_dz) {
+// GPT-2's GELU, 0.5 z (1 + tanh(u)), u = sqrt(2/pi) (z + 0.044715 z^3), on exp_poly (vectorises).
+// With e = e^2u: 1 - tanh(u) = 2 / (e + 1) and 1 + tanh(u) = 2e / (e + 1), each without the
+// cancellation of 1 -+ tanh near +-1, and sech^2(u) their product.
+// Where exp_poly clamps (|2u| > 87) tanh(u) is +-1 in float and sech^2 is taken as 0, so that
+// z * du, large there, does not multiply exp_poly's clamped floor.
+struct GeluTanhParts {
+    float plus, sech2, du;  // 1 + tanh(u), sech^2(u), du/dz
+};
+MIRRORED_HD GeluTanhParts gelu_tanh_parts(float z) {
     const float k = 0.79788456080286536f, c = 0.044715f;
-    const float u = k * (z + c * z * z * z);
-    if (du_dz) *du_dz = k * (1.0f + 3.0f * c * z * z);
-    return 1.0f - 2.0f / (exp_poly(2.0f * u) + 1.0f);
+    const float two_u = 2.0f * k * (z + c * z * z * z);
+    const float e = exp_poly(two_u), inv = 1.0f / (e + 1.0f);
+    const float minus = 2.0f * inv, plus = 2.0f * e * inv;
+    const bool saturated = two_u > 87.0f || two_u < -87.0f;
+    return {plus, saturated ? 0.0f : minus * plus, k * (1.0f + 3.0f * c * z * z)};
 }
 
 MIRRORED_HD float act_forward(Activation act, float z) {
@@ -66,7 +73,7 @@ MIRRORED_HD float act_forward(Activation act, float z) {
         case Activation::gelu:
             return z * gelu_cdf(z, exp_poly(-0.5f * z * z));
         case Activation::gelu_tanh:
-            return 0.5f * z * (1.0f + gelu_tanh_t(z, nullptr));
+            return 0.5f * z * gelu_tanh_parts(z).plus;
         default:
             return z;
     }
@@ -81,10 +88,8 @@ MIRRORED_HD float act_derivative(Activation act, float z) {
             return gelu_cdf(z, e) + z * 0.39894228040143268f * e;
         }
         case Activation::gelu_tanh: {
-            float du;
-            const float t = gelu_tanh_t(z, &du);
-            // saturated: the second term is 0 (z * du alone would overflow for |z| past ~1e12)
-            return t * t == 1.0f ? 0.5f * (1.0f + t) : 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * du;
+            const GeluTanhParts g = gelu_tanh_parts(z);
+            return 0.5f * g.plus + (g.sech2 == 0.0f ? 0.0f : 0.5f * z * g.sech2 * g.du);
         }
         default:
             return 1.0f;
