@@ -235,6 +235,24 @@ void Loader::worker() {
 }
 
 void Loader::fill(Slot& slot, int64_t seq) {
+    const auto start = std::chrono::steady_clock::now();
+    fill_rows(slot, seq);
+    fill_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    filled_rows_ += slot.batch.rows;
+    ++filled_batches_;
+}
+
+double Loader::seconds_per_sample() const {
+    const int64_t rows = filled_rows_.load();
+    return rows > 0 ? double(fill_ns_.load()) * 1e-9 / double(rows) : 0.0;
+}
+
+double Loader::seconds_per_batch() const {
+    const int64_t batches = filled_batches_.load();
+    return batches > 0 ? double(fill_ns_.load()) * 1e-9 / double(batches) : 0.0;
+}
+
+void Loader::fill_rows(Slot& slot, int64_t seq) {
     const LoaderPosition pos = position_of(seq);
     const auto order = epoch_order(pos.epoch);
     Batch& b = slot.batch;

@@ -125,6 +125,11 @@ public:
     LoaderPosition position() const;                                // of the batch next() will return
     double wait_seconds() const { return wait_ns_.load() * 1e-9; }  // time next() spent blocked
     void reset_wait() { wait_ns_ = 0; }
+    // Seconds of one thread per sample filling batches, since start or reset_fill_time(): what a
+    // sample costs the loader (read, decode, transform; with gather_by_consumers only its label).
+    double seconds_per_sample() const;
+    double seconds_per_batch() const;  // the same per global batch (this node's part of it)
+    void reset_fill_time() { fill_ns_ = 0, filled_rows_ = 0, filled_batches_ = 0; }
     // Joins every worker, then waits until every batch handed out has been released by all its
     // consumers: a device copy still reading a slot (its release is a host callback queued behind
     // the copy) finishes before the slot's memory can go. The destructor stops too.
@@ -146,7 +151,8 @@ private:
     };
     LoaderPosition position_of(int64_t seq) const;
     void worker();
-    void fill(Slot& slot, int64_t seq);
+    void fill(Slot& slot, int64_t seq);  // fill_rows, timed
+    void fill_rows(Slot& slot, int64_t seq);
     void copy_sample(uint32_t index, int64_t epoch, float* dst) const;  // augmented when enabled
     std::shared_ptr<const std::vector<uint32_t>> epoch_order(int64_t epoch);
 
@@ -165,6 +171,7 @@ private:
     std::exception_ptr error_;
     std::vector<std::thread> workers_;
     std::atomic<int64_t> wait_ns_{0};
+    std::atomic<int64_t> fill_ns_{0}, filled_rows_{0}, filled_batches_{0};
 };
 
 }  // namespace mirrored

@@ -1,5 +1,7 @@
 #include "mirrored/bottlenecks.h"
 
+#include <cmath>
+
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -13,11 +15,19 @@ std::string percent(double share) { return std::to_string(int(100 * share)) + "%
 std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& l) {
     std::vector<Bottleneck> found;
     const bool input_bound = l.data_share > 0.10;
-    if (input_bound)
+    if (input_bound) {
+        // The threads that keep up: a batch's loader time over the step's time without the wait.
+        std::string need;
+        const double busy_step_s = l.wall_step_s * (1.0 - l.data_share);
+        if (l.loader_batch_s > 0 && busy_step_s > 0)
+            need = ": a batch takes a loader thread " + number_str(1e3 * l.loader_batch_s) + " ms, a step without " +
+                   "the wait " + number_str(1e3 * busy_step_s) + " ms, so about " +
+                   std::to_string(int(std::ceil(l.loader_batch_s / busy_step_s - 1e-9))) + " threads keep up";
         found.push_back({"input-bound", percent(l.data_share) +
                                             " of step time waits for data: raise data.loader_threads (now " +
-                                            std::to_string(l.loader_threads) + ") or data.prefetch (now " +
+                                            std::to_string(l.loader_threads) + need + ") or data.prefetch (now " +
                                             std::to_string(l.prefetch) + ")"});
+    }
     if (l.comm_share > 0.30)
         found.push_back(
             {"communication-bound", percent(l.comm_share) +

@@ -12,6 +12,7 @@ struct IntervalLoad {
     double data_share = 0, comm_share = 0;  // of the replicas' busy time (data wait + compute + comm)
     double device_step_s = 0;               // one sampled step's device time (GPUs, real or simulated; 0 on CPUs)
     double wall_step_s = 0;                 // the interval's wall time per step
+    double loader_batch_s = 0;              // one loader thread's time to fill a batch (0: not measured)
     // what the advice names: the settings to change and their values now
     int loader_threads = 0, prefetch = 0;
     double bucket_mb = 0;

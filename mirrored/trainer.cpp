@@ -557,6 +557,7 @@ void Run::alert_bottlenecks(double f_data, double f_comm, double interval) {
     load.device_step_s = interval_split_.device_step_s;
     load.wall_step_s = interval / double(std::max<int64_t>(interval_steps_, 1));
     load.loader_threads = s_->train_loader->threads();
+    if (load.loader_threads > 0) load.loader_batch_s = s_->train_loader->seconds_per_batch();
     load.prefetch = cfg_.data.prefetch;
     load.bucket_mb = cfg_.strategy.bucket_mb;
     for (const Bottleneck& b : bottlenecks_.update(load)) alert(b.kind, b.message);
@@ -608,6 +609,7 @@ void Run::log_train(int64_t step, float lr) {
     interval_start_ = t;
     interval_excluded_ = 0;
     interval_wait_ = s_->train_loader->wait_seconds();
+    s_->train_loader->reset_fill_time();
     interval_steps_ = 0;
     interval_split_ = {};
 }

@@ -166,6 +166,17 @@ TEST_CASE("plan --price --mtbf: each count priced, the cheapest and the fastest 
     CHECK(text.find("cost of the run at $3.00 per GPU hour (4096 training samples, 1 epochs)") != std::string::npos);
     CHECK((text.find("cheapest and fastest: ") != std::string::npos ||
            (text.find("cheapest: ") != std::string::npos && text.find("fastest: ") != std::string::npos)));
+    // the loader threads each count needs: its samples/s over what one thread reads, measured
+    const json loader = read_json(json_path)["loader"];
+    REQUIRE(loader.is_object());
+    const double per_thread = loader["samples_per_sec_per_thread"];
+    CHECK(per_thread > 0);
+    for (const json& r : read_json(json_path)["results"]) {
+        const std::string gpus = std::to_string(r["gpus"].get<int>());
+        CAPTURE(gpus);
+        CHECK(loader["threads_needed"][gpus] == int(std::ceil(r["samples_per_sec"].get<double>() / per_thread - 1e-9)));
+    }
+    CHECK(text.find("loader threads to feed them (one thread reads ") != std::string::npos);
     const json costs = read_json(json_path)["costs"];
     REQUIRE(costs.size() == 3);
     for (const json& c : costs) {

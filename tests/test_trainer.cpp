@@ -456,6 +456,15 @@ TEST_CASE(
     CHECK(found[0].kind == "input-bound");
     CHECK(found[0].message ==
           "25% of step time waits for data: raise data.loader_threads (now 3) or data.prefetch (now 4)");
+    // with the loader's measured cost per batch it names the threads that keep up: 30 ms of a
+    // thread per batch against 0.75 ms of step without the wait
+    input.loader_batch_s = 30e-3;
+    found = find_bottlenecks(input);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].message ==
+          "25% of step time waits for data: raise data.loader_threads (now 3: a batch takes a loader thread 30 ms, a "
+          "step without the wait 0.75 ms, so about 40 threads keep up) or data.prefetch (now 4)");
+    input.loader_batch_s = 0;
 
     IntervalLoad comm = calm;
     comm.comm_share = 0.45;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "data/datasets.h"
@@ -39,17 +40,44 @@ std::string fmt(const char* f, double v) {
 std::string seconds_str(double s) { return s < 60 ? fmt("%.3g s", s) : duration_str(s); }
 
 // What the plan needs of the training set, read at most once: the model's input shape (the
-// config's, else the data's) and, when `count` (--price over epochs), its samples.
+// config's, else the data's) and, when `count` (--price over epochs), its samples; and, where the
+// data can be read here, what one loader thread reads of it per second.
 struct TrainSet {
     std::vector<int> shape;
     size_t samples = 0;
+    std::string name;               // the data measured
+    double samples_per_thread = 0;  // 0: not measured (the data cannot be read here)
+    std::string why_not;
 };
+
+// One thread reading samples as a loader thread does (decoded, transformed) in a shuffled order,
+// for about half a second.
+double loader_rate(const Dataset& d) {
+    std::vector<float> x(d.feature_size());
+    std::vector<int32_t> labels(size_t(d.label_size));
+    size_t n = 0;
+    const double start = now_s();
+    double elapsed = 0;
+    do {
+        const size_t i = (n * 2654435761u) % d.count();
+        read_sample(d, i, 0, x.data(), d.has_targets() ? nullptr : labels.data());
+        ++n;
+        elapsed = now_s() - start;
+    } while (elapsed < 0.5 || n < 8);
+    return double(n) / elapsed;
+}
+
 TrainSet train_set(const Config& cfg, bool count) {
-    if (!cfg.model.input_shape.empty() && !count) return {cfg.model.input_shape, 0};
     try {
         const Datasets d = load_datasets(cfg.data, cfg.base_dir, cfg.run.seed);
-        return {cfg.model.input_shape.empty() ? d.train.shape : cfg.model.input_shape, d.train.count()};
+        TrainSet t;
+        t.shape = cfg.model.input_shape.empty() ? d.train.shape : cfg.model.input_shape;
+        t.samples = d.train.count();
+        t.name = d.train.name;
+        if (d.train.count() > 0) t.samples_per_thread = loader_rate(d.train);
+        return t;
     } catch (const Error& e) {
+        if (!cfg.model.input_shape.empty() && !count) return {cfg.model.input_shape, 0, "", 0, e.what()};
         if (cfg.model.input_shape.empty())
             throw ConfigError("model.input_shape", std::string("needed to size the model, and the data cannot "
                                                                "tell it (") +
@@ -417,6 +445,27 @@ json print_costs(const PlanOptions& o, const Config& base, const Batches& batche
     return out;
 }
 
+// The loader threads each GPU count needs to be fed: its samples/s over one thread's.
+json print_loader_threads(const TrainSet& data, const std::vector<int>& counts, const std::vector<PlanRow>& rows,
+                          int nodes) {
+    if (data.samples_per_thread <= 0) {
+        std::printf("loader threads: not measured (the training data cannot be read here: %s)\n", data.why_not.c_str());
+        return nullptr;
+    }
+    std::printf("loader threads to feed them (one thread reads %s samples/s of %s, measured here):",
+                fmt("%.0f", data.samples_per_thread).c_str(), data.name.c_str());
+    json needed = json::object();
+    for (size_t i = 0; i < counts.size() && i < rows.size(); ++i) {
+        // per node: each node's loader feeds its own GPUs
+        const int threads = int(std::ceil(rows[i].samples_per_sec / nodes / data.samples_per_thread - 1e-9));
+        std::printf("%s %d GPU%s: %d", i ? "," : "", counts[i] * nodes, counts[i] * nodes > 1 ? "s" : "", threads);
+        needed[std::to_string(counts[i] * nodes)] = threads;
+    }
+    std::printf(" (data.loader_threads%s; this machine has %u hardware threads)\n", nodes > 1 ? ", per node" : "",
+                std::thread::hardware_concurrency());
+    return {{"samples_per_sec_per_thread", data.samples_per_thread}, {"data", data.name}, {"threads_needed", needed}};
+}
+
 void print_verdict(const std::vector<std::string>& notes, int stops_at, int most_gpus) {
     std::printf("\n");
     for (const auto& n : notes) std::printf("%s\n", n.c_str());
@@ -503,7 +552,9 @@ int plan(const PlanOptions& o) {
         planned.push_back(r);
     }
     print_verdict(notes, stops_at, batches.counts.back() * o.nodes);
+    const json loader = print_loader_threads(data, batches.counts, planned, o.nodes);
     json j = plan_json(o, target, compute, stops_at, std::move(rows));
+    j["loader"] = loader;
     if (o.price > 0) j["costs"] = print_costs(o, base, batches, planned, data.samples);
     write_json(o.json, j);
     return kExitOk;
