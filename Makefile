@@ -2,6 +2,7 @@
 #   make          build build/mirrored (CLI) and build/mirrored_tests
 #   make train    install what is missing, build, train configs/fashion_mnist_mlp.yaml
 #   make train-gpt  a byte-level GPT on the Python standard library (configs/python_gpt.yaml)
+#   make train-images  the CNN from a folder of JPEG images (configs/fashion_mnist_images.yaml)
 #   make test     build and run every test; ends with "N passed, N failed[, N skipped]"
 #   make test-timing  the tests that time this machine (suite "timing"; not in make test)
 #   make test-tsan  the tests once more under ThreadSanitizer (CPU-only build in build-tsan/)
@@ -27,7 +28,8 @@ NVCC      := $(wildcard $(CUDA_HOME)/bin/nvcc)
 
 # --- dependencies: distribution packages only; scripts/install_deps.sh installs what is missing
 REQUIRED_HEADERS := /usr/include/yaml-cpp/yaml.h /usr/include/doctest/doctest.h /usr/include/zlib.h \
-                    /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp
+                    /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp \
+                    /usr/include/turbojpeg.h /usr/include/png.h
 CBLAS_HEADER := $(firstword $(wildcard /usr/include/cblas.h /usr/include/*/cblas.h /usr/include/*/*/cblas.h))
 MISSING_DEPS := $(filter-out $(wildcard $(REQUIRED_HEADERS)),$(REQUIRED_HEADERS)) $(if $(CBLAS_HEADER),,cblas.h)
 DEPS_STEP := $(if $(strip $(MISSING_DEPS)),install-deps,)
@@ -36,7 +38,7 @@ DEPS_STEP := $(if $(strip $(MISSING_DEPS)),install-deps,)
 # distribution ships no .pc file.
 PKG_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null) $(shell pkg-config --cflags yaml-cpp 2>/dev/null)
 PKG_LIBS   = $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas) \
-             $(or $(shell pkg-config --libs yaml-cpp 2>/dev/null),-lyaml-cpp) -lz
+             $(or $(shell pkg-config --libs yaml-cpp 2>/dev/null),-lyaml-cpp) -lz -lturbojpeg -lpng
 
 CXXFLAGS_BASE := -std=c++20 -O2 -g -Wall -Wextra -pthread -MMD -MP -I.
 CXXFLAGS_EXTRA ?=
@@ -126,7 +128,7 @@ LIB_OBJ := $(HOST_OBJ) $(BACKEND_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu
 TEST_OBJ := $(HOST_TEST_OBJ) $(BACKEND_TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all host-objects train train-gpt test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz fuzz-targets format lint clean install-deps
+.PHONY: all host-objects train train-gpt train-images test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz fuzz-targets format lint clean install-deps
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 host-objects: $(HOST_OBJ) $(HOST_TEST_OBJ) $(MAIN_OBJ)
 
@@ -159,6 +161,8 @@ $(OBJ)/%.o: %.cpp $(FLAGS_FILE) | $(DEPS_STEP)
 # trapping maths (no code here reads the floating-point exception flags) a loop whose formula
 # selects (GELU's clamps and signs, kernels/op_math.h) vectorises too; no value changes.
 $(OBJ)/kernels/cpu/%.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
+# The image loader's resampling loops (data/image_transform.cpp), likewise.
+$(OBJ)/data/image_transform.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
 
 $(OBJ)/mirrored/nodes.o: CXXFLAGS += $(MPI_CFLAGS)
 
@@ -196,6 +200,14 @@ GPT_DATA := runs/data/python-stdlib
 train-gpt: $(BUILD)/mirrored
 	@test -f $(GPT_DATA)/meta.json || /usr/bin/python3 scripts/prepare_text.py --python-stdlib --out $(GPT_DATA)
 	$(BUILD)/mirrored train configs/python_gpt.yaml $(ARGS)
+
+# The CNN from a folder of JPEG images written once from Fashion-MNIST (needs python3-pil).
+IMAGE_DATA := runs/data/fashion-mnist-images
+train-images: $(BUILD)/mirrored
+	@test -f $(IMAGE_DATA)/meta.json || { test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz \
+	  && /usr/bin/python3 -c 'import PIL' 2>/dev/null || scripts/install_deps.sh --pytorch; \
+	  /usr/bin/python3 scripts/make_image_folder.py --out $(IMAGE_DATA); }
+	$(BUILD)/mirrored train configs/fashion_mnist_images.yaml $(ARGS)
 
 # make test asserts nothing about speed, so it passes on a busy machine; the tests that time the
 # machine (suite "timing": the planner's predictions against measurements) run on their own.

@@ -56,7 +56,8 @@ enum PhiloxStream : uint32_t {
     kStreamShuffle = 3,
     kStreamAugment = 4,
     kStreamSynthetic = 5,
-    kStreamWindows = 6,  // where a language model's random token windows start
+    kStreamWindows = 6,    // where a language model's random token windows start
+    kStreamImageCrop = 7,  // an image-folder sample's random-resized crop and flip
 };
 
 }  // namespace mirrored

@@ -10,6 +10,8 @@
 
 namespace mirrored {
 
+struct Normalization;
+
 // Samples read on demand instead of held in Dataset::features and labels: a token file mapped
 // into memory (data/formats/tokens.cpp) is never copied whole, so it may be larger than memory.
 // read() is called from every loader thread at once.
@@ -21,6 +23,18 @@ public:
     // [feature_size] and its labels [label_size]; either pointer may be null.
     virtual void read(uint32_t idx, int64_t epoch, float* features, int32_t* labels) const = 0;
     virtual uint64_t fingerprint() const = 0;  // of what it reads (fingerprint() below), taken when opened
+    // The same samples normalised (normalize() below); sources of values that are not measurements
+    // (token ids) never are.
+    virtual std::shared_ptr<const SampleSource> normalized(const Normalization& n) const;
+    // Samples that could not be read and were replaced (data.on_bad_file: skip), so far.
+    virtual uint64_t bad_reads() const { return 0; }
+    // read() with the seconds of its stages added up (bench-loader's split): reading the file,
+    // decoding it, and transforming it (crop, resize, flip, normalise). A source without such
+    // stages counts its whole read() as reading.
+    struct Stages {
+        double read = 0, decode = 0, transform = 0;
+    };
+    virtual void read_timed(uint32_t idx, int64_t epoch, float* features, Stages& s) const;
 };
 
 // Samples are stored flat, already scaled (u8 images to [0,1]) and, after normalize(), already
@@ -41,6 +55,7 @@ struct Dataset {
     std::vector<float> targets;    // [count, target_size]
     std::vector<float> pad_value;  // per channel: what a raw 0 became after normalisation
     std::shared_ptr<const SampleSource> source;  // samples read on demand; features and labels stay empty
+    std::vector<std::string> skipped_files;      // "<path>: <why>", left out when opened (on_bad_file: skip)
 
     size_t count() const {
         if (source) return source->count();
@@ -144,6 +159,8 @@ struct Normalization {
     std::vector<float> mean, std;  // per channel
     bool operator==(const Normalization&) const = default;
 };
+// Over every sample, or for a data set read on demand over up to 512 samples spread evenly across
+// it (epoch 0: augmented as the first epoch is).
 Normalization compute_normalization(const Dataset& train);
 void normalize(Dataset& ds, const Normalization& n);  // in place; sets pad_value
 

@@ -35,11 +35,12 @@ std::string DataSource::path(const std::string& file) const {
     return p;
 }
 
-extern const DataFormat kIdxFormat, kCifar10Format, kCsvFormat, kNpyFormat, kSyntheticFormat, kTokensFormat;
+extern const DataFormat kIdxFormat, kCifar10Format, kCsvFormat, kNpyFormat, kSyntheticFormat, kTokensFormat,
+    kImageFolderFormat;
 
 const Registry<DataFormat>& data_formats() {
-    static const Registry<DataFormat> formats(
-        "dataset", {&kIdxFormat, &kCifar10Format, &kCsvFormat, &kNpyFormat, &kSyntheticFormat, &kTokensFormat});
+    static const Registry<DataFormat> formats("dataset", {&kIdxFormat, &kCifar10Format, &kCsvFormat, &kNpyFormat,
+                                                          &kSyntheticFormat, &kTokensFormat, &kImageFolderFormat});
     return formats;
 }
 

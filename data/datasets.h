@@ -13,8 +13,9 @@
 namespace mirrored {
 
 struct DataConfig {
-    std::string dataset = "idx";  // the format (data/formats/): idx | cifar10 | csv | npy | synthetic | tokens
-    OptionsPtr format;            // the format's own keys (its files, ...); null: its defaults
+    std::string dataset =
+        "idx";          // the format (data/formats/): idx | cifar10 | csv | npy | synthetic | tokens | image_folder
+    OptionsPtr format;  // the format's own keys (its files, ...); null: its defaults
     std::string root = "/usr/share/datasets/fashion-mnist";
     // preprocessing
     enum class Normalize { auto_compute, none, given } normalize = Normalize::auto_compute;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <limits>
 #include <cmath>
 #include <cstring>
@@ -111,6 +112,16 @@ uint64_t fingerprint(const Dataset& d) {
         f.add(d.targets.data(), d.targets.size() * sizeof(float));
     }
     return f.value();
+}
+
+std::shared_ptr<const SampleSource> SampleSource::normalized(const Normalization&) const {
+    throw DataError("this data set's samples cannot be normalised (set data.normalize: none)");
+}
+
+void SampleSource::read_timed(uint32_t idx, int64_t epoch, float* features, Stages& s) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    read(idx, epoch, features, nullptr);
+    s.read += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void read_sample(const Dataset& d, size_t i, int64_t epoch, float* features, int32_t* labels) {
@@ -609,13 +620,20 @@ Dataset make_synthetic(const SyntheticOptions& o) {
 Normalization compute_normalization(const Dataset& train) {
     const int ch = train.channels();
     std::vector<double> sum(ch, 0.0), sq(ch, 0.0);
-    const size_t n = train.features.size();
+    std::vector<float> sampled;
+    if (train.source) {
+        const size_t count = train.count(), take = std::min<size_t>(count, 512), fs = train.feature_size();
+        sampled.resize(take * fs);
+        for (size_t i = 0; i < take; ++i) read_sample(train, i * count / take, 0, sampled.data() + i * fs, nullptr);
+    }
+    const std::vector<float>& features = train.source ? sampled : train.features;
+    const size_t n = features.size();
     // One channel at a time, in index order, into locals: the same sums as one pass with a
     // modulo per element, without the division and the round trip through memory.
     for (int c = 0; c < ch; ++c) {
         double s = 0.0, q = 0.0;
         for (size_t i = size_t(c); i < n; i += size_t(ch)) {
-            const double v = train.features[i];
+            const double v = features[i];
             s += v;
             q += v * v;
         }
@@ -644,6 +662,7 @@ void normalize(Dataset& ds, const Normalization& n) {
         if (!(n.std[c] > 0)) throw ConfigError("data.normalize.std", "values must be positive");
         inv[c] = 1.0f / n.std[c];
     }
+    if (ds.source) ds.source = ds.source->normalized(n);
     float* x = ds.features.data();
     const size_t count = ds.features.size();
     if (ch == 1) {  // the common case as one loop that vectorises

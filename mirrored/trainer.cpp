@@ -603,7 +603,12 @@ void Run::log_train(int64_t step, float lr) {
                   static_cast<long long>((step - 1) / (int64_t)bpe) + 1, std::ceil(total_steps_ / bpe),
                   static_cast<long long>(step), static_cast<long long>(total_steps_), loss, acc, double(lr), sps,
                   duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
-    status_line(line, false);
+    std::string text = line;
+    // bad files left out or replaced (data.on_bad_file: skip): said on every line, not only at the end
+    const Dataset& train = s_->data->train;
+    const uint64_t bad = train.skipped_files.size() + (train.source ? train.source->bad_reads() : 0);
+    if (bad) text += "  [" + std::to_string(bad) + " bad file(s) skipped]";
+    status_line(text, false);
     if (!first_interval_) alert_bottlenecks(f_data, f_comm, interval);
     first_interval_ = false;
     interval_start_ = t;
@@ -697,6 +702,16 @@ void Run::write_summary(const std::string& status) {
                                {"comm_wait", split_.comm_s * h},
                                {"other", std::max(0.0, wall - loop_s) * h},
                                {"redone", redone_s * h}};
+    // Files left out when opened and samples that could not be read (data.on_bad_file: skip).
+    json bad = json::array();
+    uint64_t bad_reads = 0;
+    for (const Dataset* d : {&s_->data->train, &s_->data->test}) {
+        for (size_t i = 0; i < d->skipped_files.size() && bad.size() < 100; ++i) bad.push_back(d->skipped_files[i]);
+        if (d->source) bad_reads += d->source->bad_reads();
+    }
+    const json data = {{"skipped_files", s_->data->train.skipped_files.size() + s_->data->test.skipped_files.size()},
+                       {"skipped", bad},
+                       {"bad_reads", bad_reads}};
     json j = {
         {"status", status},
         {"name", cfg_.run.name},
@@ -715,6 +730,7 @@ void Run::write_summary(const std::string& status) {
         {"cross_device_ops", st.cross_device_ops_name()},
         {"parameters", s_->model->param_count()},
         {"train_data_fingerprint", hex64(train_data_)},  // which data: runs on the same data compare
+        {"data", data},
         {"precision", precision_name(cfg_.train.precision)},
         {"blas", blas_description()},
         {"software", json::parse(software_json())},

@@ -5,9 +5,10 @@
 #   scripts/install_deps.sh           install what is missing
 #   scripts/install_deps.sh --fuzz    also clang and its sanitizer/libFuzzer runtime (make fuzz)
 #   scripts/install_deps.sh --lint    also clang-format and cppcheck (make format, make lint)
-#   scripts/install_deps.sh --pytorch also PyTorch, NumPy and sentencepiece: the tests and
-#                                     benchmarks that compare with PyTorch, and BPE vocabularies
-#                                     (prepare_text.py --bpe), run (they say skipped without them)
+#   scripts/install_deps.sh --pytorch also PyTorch, torchvision, PIL, NumPy and sentencepiece: the
+#                                     tests and benchmarks that compare with PyTorch, BPE vocabularies
+#                                     (prepare_text.py --bpe) and scripts/make_image_folder.py run
+#                                     (they say skipped without them)
 #   scripts/install_deps.sh --check   list what is missing; exit 1 if anything is
 set -euo pipefail
 
@@ -17,6 +18,7 @@ packages=(
   doctest-dev          # tests
   libopenblas-dev      # CPU backend GEMM
   zlib1g-dev           # .gz datasets, checkpoint checksums
+  libturbojpeg0-dev libpng-dev  # image-folder data sets: JPEG and PNG decoding
   nlohmann-json3-dev   # metrics, summaries, safetensors headers
   libcli11-dev         # command line
   dataset-fashion-mnist  # the real Fashion-MNIST files for the default run
@@ -33,7 +35,7 @@ if [[ $(uname -m) == x86_64 ]]; then optional+=(libxsmm-dev); fi
 for arg in "$@"; do
   [[ $arg == --fuzz ]] && packages+=(clang libclang-rt-dev)
   [[ $arg == --lint ]] && packages+=(clang-format cppcheck)
-  [[ $arg == --pytorch ]] && packages+=(python3-torch python3-numpy python3-sentencepiece)
+  [[ $arg == --pytorch ]] && packages+=(python3-torch python3-numpy python3-sentencepiece python3-torchvision python3-pil)
 done
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -109,7 +109,7 @@ int bench_loader(const LoaderBenchOptions& o) {
                 ceiling_sps * bytes_per_sample / 1e6);
     std::printf("%8s %10s %14s %10s %12s\n", "threads", "augment", "samples/s", "MB/s", "of ceiling");
     json rows = json::array();
-    const bool images = ds.shape.size() == 3;
+    const bool images = ds.shape.size() == 3 && !ds.source;  // a source (an image folder) augments itself
     for (bool augment : {false, true}) {
         if (augment && !images) continue;
         for (int threads : o.threads) {
@@ -120,8 +120,32 @@ int bench_loader(const LoaderBenchOptions& o) {
             rows.push_back({{"threads", threads}, {"augment", augment}, {"samples_per_sec", sps}, {"mb_per_sec", mbs}});
         }
     }
+    json stages = nullptr;
+    if (ds.source) {  // where one thread's time goes, sample by sample in a shuffled order
+        SampleSource::Stages st;
+        std::vector<float> x(ds.feature_size());
+        size_t n = 0;
+        const double start = now_s();
+        do {
+            ds.source->read_timed(uint32_t((n * 2654435761u) % ds.count()), 0, x.data(), st);
+            ++n;
+        } while (now_s() - start < o.seconds);
+        // No copy stage: a sample is written where the batch holds it (or, with CPU replicas, into
+        // the replica's input), straight from the transform.
+        const double per = (st.read + st.decode + st.transform) / double(n);
+        std::printf(
+            "\none thread, per sample (%zu samples): read %.1f us, decode %.1f us, transform %.1f us"
+            " (written in place: no copy) = %.0f samples/s per thread\n",
+            n, 1e6 * st.read / double(n), 1e6 * st.decode / double(n), 1e6 * st.transform / double(n), 1 / per);
+        stages = {{"samples", n},
+                  {"read_us", 1e6 * st.read / double(n)},
+                  {"decode_us", 1e6 * st.decode / double(n)},
+                  {"transform_us", 1e6 * st.transform / double(n)},
+                  {"samples_per_sec_per_thread", 1 / per}};
+    }
     write_json(o.json, {{"benchmark", "loader"},
                         {"dataset", ds.name},
+                        {"stages_one_thread", stages},
                         {"global_batch", o.batch},
                         {"memcpy_ceiling_samples_per_sec", ceiling_sps},
                         {"cpu", cpu_model_name()},

@@ -8,6 +8,7 @@ import gzip
 import os
 import struct
 import sys
+import zlib
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.join(here, "..", "..")
@@ -131,4 +132,28 @@ put("checkpoint", "shape", edit(2, 3, 5))
 put("checkpoint", "missing", edit(3, 0, 0))
 put("checkpoint", "dtype", edit(4, 4, 0))
 put("checkpoint", "text", edit(5, 7, 0x6E616E5B))
+# image: one byte (low bit grey, bits 1-2 the JPEG shrink, bit 3 flip), then a PNG or JPEG file
+def png(w, h, grey=False):
+    rows = b"".join(b"\0" + bytes((x * 13 + y * 7) % 256 for x in range(w * (1 if grey else 3))) for y in range(h))
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    head = struct.pack(">IIBBBBB", w, h, 8, 0 if grey else 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+put("image", "png_rgb", b"\x00" + png(9, 7))
+put("image", "png_grey", b"\x01" + png(5, 11, True))
+put("image", "png_cut", b"\x08" + png(9, 7)[:60])
+try:
+    import io
+    from PIL import Image
+    for name, mode, flags, kw in (("jpeg_rgb", "RGB", 2, {}), ("jpeg_grey", "L", 1, {}),
+                                  ("jpeg_progressive", "RGB", 4, {"progressive": True})):
+        im = Image.new(mode, (33, 17))
+        im.putdata([((x * 7) % 256, (y * 11) % 256, 90)[: len(mode)] if mode == "RGB" else (x * y) % 256
+                    for y in range(17) for x in range(33)])
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=90, **kw)
+        put("image", name, bytes([flags]) + buf.getvalue())
+        put("image", name + "_cut", bytes([flags]) + buf.getvalue()[: len(buf.getvalue()) // 2])
+except ImportError:
+    print("PIL is not installed (python3-pil): no JPEG seeds for the image target")
 print("seeds written under", os.path.join(here, "corpus"))

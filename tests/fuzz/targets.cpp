@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/image_codec.h"
+#include "data/image_transform.h"
 #include "base/io.h"
 #include "base/error.h"
 #include "mirrored/checkpoint.h"
@@ -48,6 +50,26 @@ void npy(const uint8_t* data, size_t size) {
         InputFile features("x.npy", data + 2, split), labels("y.npy", data + 2 + split, size - 2 - split);
         const Dataset ds = read_npy(features, labels, (word & 0x8000) != 0);
         if (ds.features.size() != ds.count() * ds.feature_size()) __builtin_trap();  // a reader invariant
+    });
+}
+
+void image(const uint8_t* data, size_t size) {
+    if (size < 1) return;
+    const int channels = (data[0] & 1) ? 1 : 3, shrink = 1 << ((data[0] >> 1) & 3);
+    const uint64_t limit = uint64_t(1) << 22;
+    tolerate([&] {
+        const ImageHeader h = read_image_header(data + 1, size - 1, "image", limit);
+        Pixels p;
+        decode_image(data + 1, size - 1, "image", channels, shrink, limit, p);
+        const int step = h.type == ImageType::jpeg ? shrink : 1;
+        if (p.width != (h.width + step - 1) / step || p.height != (h.height + step - 1) / step ||
+            p.data.size() != size_t(p.width) * size_t(p.height) * size_t(channels))
+            __builtin_trap();  // the decoder's invariants
+        std::vector<float> out(size_t(8 * 8 * channels)), scratch;
+        resample(p, center_crop(p.width, p.height, 9, 8, 8), (data[0] & 8) != 0, 8, 8,
+                 PixelMap::normalized({}, {}, channels), out.data(), scratch);
+        for (float v : out)
+            if (!(v >= -1e-3f && v <= 1.001f)) __builtin_trap();  // an average of bytes / 255
     });
 }
 

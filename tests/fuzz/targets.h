@@ -22,6 +22,9 @@ void npy(const uint8_t* data, size_t size);
 // A language model's token file; the first byte picks the context (1-32), the second the
 // vocabulary, the third's low bit 4-byte ids.
 void tokens(const uint8_t* data, size_t size);
+// A JPEG or PNG file after one byte: its low bit asks for grey (else RGB), bits 1-2 the JPEG
+// shrink (1, 2, 4, 8), bit 3 a flip; decoded under a 4-megapixel limit, then resampled.
+void image(const uint8_t* data, size_t size);
 // A CSV file; the first byte picks header mode, label column and delimiter.
 void csv(const uint8_t* data, size_t size);
 // A YAML configuration, then after a NUL byte '--set' overrides, one per line; a config that
@@ -44,15 +47,9 @@ struct Named {
 };
 // Every target, by the name its corpus folder and `make fuzz` binary carry.
 // (The Makefile and scripts/fuzz.sh read the names from this list.)
-inline constexpr Named kTargets[] = {{"idx", idx},
-                                     {"cifar10", cifar10},
-                                     {"csv", csv},
-                                     {"npy", npy},
-                                     {"tokens", tokens},
-                                     {"config", config},
-                                     {"safetensors", safetensors},
-                                     {"checkpoint", checkpoint},
-                                     {"devices", devices},
-                                     {"profile", profile}};
+inline constexpr Named kTargets[] = {{"idx", idx},         {"cifar10", cifar10},         {"csv", csv},
+                                     {"npy", npy},         {"tokens", tokens},           {"image", image},
+                                     {"config", config},   {"safetensors", safetensors}, {"checkpoint", checkpoint},
+                                     {"devices", devices}, {"profile", profile}};
 
 }  // namespace mirrored::fuzz
