@@ -68,12 +68,12 @@ void axis_plan(int size, double begin, double span, int out, AxisPlan& p) {
 }
 
 // Horizontal pass of one row: bytes [span_lo, span_hi) converted once, then every output pixel's
-// K taps (fixed length: the compiler unrolls the channels).
-template <int C>
+// taps. KN > 0: the tap count known at compile time (2: any enlargement), so the loops unroll.
+template <int C, int KN>
 void horizontal(const unsigned char* row, const AxisPlan& px, int out_w, bool flip, int span_lo, int span_hi,
                 float* __restrict rowf, float* __restrict dst) {
     for (int i = span_lo * C; i < span_hi * C; ++i) rowf[i] = float(row[i]);
-    const int K = px.K;
+    const int K = KN > 0 ? KN : px.K;
     for (int x = 0; x < out_w; ++x) {
         const int src_x = flip ? out_w - 1 - x : x;
         const float* __restrict w = px.w.data() + size_t(src_x) * size_t(K);
@@ -82,6 +82,21 @@ void horizontal(const unsigned char* row, const AxisPlan& px, int out_w, bool fl
         for (int k = 0; k < K; ++k)
             for (int c = 0; c < C; ++c) acc[c] += w[k] * s[k * C + c];
         for (int c = 0; c < C; ++c) dst[x * C + c] = acc[c];
+    }
+}
+
+template <int C>
+void horizontal_any(const unsigned char* row, const AxisPlan& px, int out_w, bool flip, int span_lo, int span_hi,
+                    float* rowf, float* dst) {
+    switch (px.K) {
+        case 2:
+            return horizontal<C, 2>(row, px, out_w, flip, span_lo, span_hi, rowf, dst);
+        case 3:
+            return horizontal<C, 3>(row, px, out_w, flip, span_lo, span_hi, rowf, dst);
+        case 4:
+            return horizontal<C, 4>(row, px, out_w, flip, span_lo, span_hi, rowf, dst);
+        default:
+            return horizontal<C, 0>(row, px, out_w, flip, span_lo, span_hi, rowf, dst);
     }
 }
 
@@ -100,8 +115,8 @@ void resample_channels(const Pixels& src, const CropBox& box, bool flip, int out
     scratch.resize(size_t(y1 - y0) * row_floats);
     rowf.resize(size_t(src.width) * C);
     for (int y = y0; y < y1; ++y)
-        horizontal<C>(src.data.data() + size_t(y) * size_t(src.width) * C, px, out_w, flip, span_lo, span_hi,
-                      rowf.data(), scratch.data() + size_t(y - y0) * row_floats);
+        horizontal_any<C>(src.data.data() + size_t(y) * size_t(src.width) * C, px, out_w, flip, span_lo, span_hi,
+                          rowf.data(), scratch.data() + size_t(y - y0) * row_floats);
     // Vertical pass, then the byte-to-float map: both run along whole rows (vectorised).
     scale_row.resize(row_floats);
     shift_row.resize(row_floats);
@@ -115,6 +130,13 @@ void resample_channels(const Pixels& src, const CropBox& box, bool flip, int out
         const float* __restrict w = py.w.data() + size_t(y) * size_t(py.K);
         float* __restrict dst = out + size_t(y) * row_floats;
         const float* first = scratch.data() + size_t(py.first[size_t(y)] - y0) * row_floats;
+        if (py.K == 2) {  // any enlargement: one pass
+            const float* __restrict r0 = first;
+            const float* __restrict r1 = first + row_floats;
+            const float w0 = w[0], w1 = w[1];
+            for (size_t i = 0; i < row_floats; ++i) dst[i] = (w0 * r0[i] + w1 * r1[i]) * scale[i] + shift[i];
+            continue;
+        }
         for (size_t i = 0; i < row_floats; ++i) dst[i] = w[0] * first[i];
         for (int k = 1; k < py.K; ++k) {
             const float* __restrict r = first + size_t(k) * row_floats;
