@@ -888,6 +888,71 @@ std::string raw(std::initializer_list<T> v, bool big_endian = false) {
 
 }  // namespace
 
+namespace {
+
+// A zip archive as numpy.savez writes one: members stored (method 0) or deflated (method 8).
+struct ZipMember {
+    std::string name, data;
+    bool deflate = false;
+};
+std::string zip_bytes(const std::vector<ZipMember>& members) {
+    auto le = [](std::string& s, uint64_t v, int n) {
+        for (int i = 0; i < n; ++i) s.push_back(char((v >> (8 * i)) & 0xff));
+    };
+    std::string out, dir;
+    for (const ZipMember& m : members) {
+        std::string body = m.data;
+        if (m.deflate) {
+            z_stream z{};
+            REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+            body.assign(deflateBound(&z, uLong(m.data.size())), '\0');
+            z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(m.data.data()));
+            z.avail_in = uInt(m.data.size());
+            z.next_out = reinterpret_cast<Bytef*>(body.data());
+            z.avail_out = uInt(body.size());
+            REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+            body.resize(z.total_out);
+            deflateEnd(&z);
+        }
+        const uint32_t crc = uint32_t(crc32(0, reinterpret_cast<const Bytef*>(m.data.data()), uInt(m.data.size())));
+        const uint64_t offset = out.size();
+        for (std::string* h : {&out, &dir}) {
+            const bool central = h == &dir;
+            le(*h, central ? 0x02014b50 : 0x04034b50, 4);
+            if (central) le(*h, 20, 2);  // version made by
+            le(*h, 20, 2);               // version needed
+            le(*h, 0, 2);                // flags
+            le(*h, m.deflate ? 8 : 0, 2);
+            le(*h, 0, 4);  // time, date
+            le(*h, crc, 4);
+            le(*h, body.size(), 4);
+            le(*h, m.data.size(), 4);
+            le(*h, m.name.size(), 2);
+            le(*h, 0, 2);  // extra
+            if (central) {
+                le(*h, 0, 2);  // comment
+                le(*h, 0, 4);  // disk, internal attributes
+                le(*h, 0, 4);  // external attributes
+                le(*h, offset, 4);
+            }
+            *h += m.name;
+        }
+        out += body;
+    }
+    const uint64_t dir_offset = out.size();
+    out += dir;
+    le(out, 0x06054b50, 4);
+    le(out, 0, 4);
+    le(out, members.size(), 2);
+    le(out, members.size(), 2);
+    le(out, dir.size(), 4);
+    le(out, dir_offset, 4);
+    le(out, 0, 2);
+    return out;
+}
+
+}  // namespace
+
 TEST_CASE("npy: features and labels of any numeric dtype, images, targets; hostile headers refused") {
     TempDir d;
     // float32 features (N=3, F=2), int64 labels
@@ -957,4 +1022,82 @@ train: {epochs: 2, global_batch_size: 3}
                          DataError);
     d.write("neg.npy", npy_bytes("<i2", "(3,)", raw<int16_t>({0, -1, 0})));
     CHECK_THROWS_WITH_AS(read_npy(d / "x.npy", d / "neg.npy", false), doctest::Contains("out of range"), DataError);
+}
+
+TEST_CASE("npz: arrays of numpy.savez archives, stored or deflated; missing arrays and corrupt archives named") {
+    TempDir d;
+    const std::string x = npy_bytes("<f4", "(3, 2)", raw<float>({0.5f, 1, 2, 3, 4, -5}));
+    const std::string y = npy_bytes("<i8", "(3,)", raw<int64_t>({0, 2, 1}));
+    d.write("x.npy", x);
+    d.write("y.npy", y);
+    d.write("stored.npz", zip_bytes({{"x.npy", x}, {"y.npy", y}}));
+    d.write("deflated.npz", zip_bytes({{"x.npy", x, true}, {"y.npy", y, true}}));
+    const Dataset want = read_npy(d / "x.npy", d / "y.npy", false);
+    auto load = [&](const std::string& features, const std::string& labels) {
+        DataConfig c = make_data_config("npy", {{"train.features", features},
+                                                {"train.labels", labels},
+                                                {"test.features", features},
+                                                {"test.labels", labels}});
+        c.root = d.path().string();
+        c.normalize = DataConfig::Normalize::none;
+        return load_datasets(c, "", 1);
+    };
+    for (const char* archive : {"stored.npz", "deflated.npz"}) {
+        CAPTURE(archive);
+        const Datasets got = load(std::string(archive) + ":x", std::string(archive) + ":y");
+        CHECK(got.train.features == want.features);
+        CHECK(got.train.labels == want.labels);
+        CHECK(got.train.name == d / archive + ":x");
+    }
+    auto error = [&](const std::string& features, const std::string& labels) -> std::string {
+        try {
+            load(features, labels);
+        } catch (const DataError& e) {
+            return e.what();
+        }
+        return "(no error)";
+    };
+    CHECK(error("stored.npz", "stored.npz:y") ==
+          d / "stored.npz" + ": an .npz archive: name the array, as stored.npz:<array> (it holds: x, y)");
+    CHECK(error("stored.npz:x", "stored.npz:labels") ==
+          d / "stored.npz" + ": no array named 'labels' (it holds: x, y)");
+    std::string corrupt = zip_bytes({{"x.npy", x}, {"y.npy", y}});
+    corrupt[40] ^= 1;  // inside x.npy's data
+    d.write("crc.npz", corrupt);
+    CHECK(error("crc.npz:x", "crc.npz:y") == d / "crc.npz" + ":x: CRC-32 mismatch: the member is corrupt");
+    const std::string zip = zip_bytes({{"x.npy", x, true}, {"y.npy", y, true}});
+    d.write("cut.npz", zip.substr(0, zip.size() - 30));
+    CHECK(error("cut.npz:x", "cut.npz:y").find(d / "cut.npz" + ": not a readable .npz archive: ") == 0);
+    std::string bad_deflate = zip;
+    bad_deflate[35] ^= 0x55;  // inside x.npy's deflated stream
+    d.write("inflate.npz", bad_deflate);
+    const std::string e = error("inflate.npz:x", "inflate.npz:y");
+    CHECK((e.find(":x: corrupt deflated data") != std::string::npos ||
+           e.find(":x: CRC-32 mismatch") != std::string::npos));
+    d.write("object.npz", zip_bytes({{"x.npy", npy_bytes("|O", "(3, 2)", std::string(48, '\0'))}, {"y.npy", y}}));
+    CHECK(error("object.npz:x", "object.npz:y").find("never unpickles") != std::string::npos);
+
+    // archives numpy itself wrote
+    if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) {
+        mark_skipped("NumPy is not installed (Debian and Ubuntu: python3-numpy): its own .npz files not read");
+        return;
+    }
+    const std::string script =
+        "import numpy as np\n"
+        "x = np.arange(24, dtype=np.uint8).reshape(3, 2, 4)\n"
+        "y = np.array([2, 0, 1], dtype=np.int16)\n"
+        "np.savez('" +
+        d / "np.npz" +
+        "', images=x, labels=y)\n"
+        "np.savez_compressed('" +
+        d / "npc.npz" + "', images=x, labels=y)\n";
+    REQUIRE(std::system(("/usr/bin/python3 -c \"" + script + "\"").c_str()) == 0);
+    for (const char* archive : {"np.npz", "npc.npz"}) {
+        CAPTURE(archive);
+        const Datasets got = load(std::string(archive) + ":images", std::string(archive) + ":labels");
+        CHECK(got.train.shape == std::vector<int>{2, 4, 1});
+        REQUIRE(got.train.features.size() == 24);
+        for (size_t i = 0; i < 24; ++i) CHECK(got.train.features[i] == float(i) * (1.0f / 255.0f));
+        CHECK(got.train.labels == std::vector<int32_t>{2, 0, 1});
+    }
 }

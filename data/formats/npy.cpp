@@ -1,9 +1,15 @@
 // npy: NumPy arrays, a features file and a labels file per split (np.save), either of them
-// gzip-compressed: features (N, F), (N, H, W) or (N, H, W, C); labels (N,) of class indexes, or
-// float targets (N,) or (N, K) when the loss reads targets.
+// gzip-compressed, or arrays of an .npz archive (np.savez, np.savez_compressed) named as
+// "<file>.npz:<array>": features (N, F), (N, H, W) or (N, H, W, C); labels (N,) of class indexes,
+// or float targets (N,) or (N, K) when the loss reads targets.
+#include <memory>
 #include <tuple>
+#include <utility>
 
+#include "base/error.h"
+#include "base/io.h"
 #include "data/datasets.h"
+#include "data/npz.h"
 
 namespace mirrored {
 
@@ -27,20 +33,57 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
         r.expect_map(p + split);
         for (auto [key, file] : {std::pair{".features", features}, std::pair{".labels", labels}}) {
             *file = r.text(p + split + key, "");
-            if (file->empty()) r.fail(p + split + key, "required for dataset npy: a .npy file's path");
+            if (file->empty())
+                r.fail(p + split + key, "required for dataset npy: a .npy file's path, or <file>.npz:<array>");
         }
     }
     return o;
 }
 
+// "<file>.npz:<array>" -> the file and the array; a plain path -> itself and "".
+std::pair<std::string, std::string> split_member(const std::string& spec) {
+    const size_t at = spec.rfind(".npz:");
+    if (at == std::string::npos) return {spec, ""};
+    return {spec.substr(0, at + 4), spec.substr(at + 5)};
+}
+
+// One array: a .npy file, or an array of an .npz archive read into `bytes` (which `in` reads).
+std::unique_ptr<InputFile> open_array(const DataSource& src, const std::string& spec,
+                                      std::vector<unsigned char>& bytes) {
+    const auto [file, array] = split_member(spec);
+    const std::string path = src.path(file);
+    const bool npz = path.size() > 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
+    if (npz && array.empty()) {
+        std::string names;
+        for (const std::string& a : npz_arrays(path)) names += (names.empty() ? "" : ", ") + a;
+        throw DataError(path + ": an .npz archive: name the array, as " + file +
+                        ":<array> (it holds: " + (names.empty() ? "nothing" : names) + ")");
+    }
+    if (!npz) return std::make_unique<InputFile>(path);
+    bytes = read_npz_member(path, array);
+    return std::make_unique<InputFile>(path + ":" + array, bytes.data(), bytes.size(), /*inflate=*/false);
+}
+
+Dataset read_split(const DataSource& src, const std::string& features, const std::string& labels, bool targets) {
+    std::vector<unsigned char> xb, yb;
+    try {
+        auto x = open_array(src, features, xb);
+        auto y = open_array(src, labels, yb);
+        return read_npy(*x, *y, targets);
+    } catch (const InputError& e) {
+        throw DataError(e.what());
+    }
+}
+
 Datasets load(const Options& options, const DataSource& src) {
     const auto& o = options_as<NpyOptions>(options);
     const bool targets = src.config.targets;
-    const std::string tx = src.path(o.train_features), ty = src.path(o.train_labels);
-    const std::string vx = src.path(o.test_features), vy = src.path(o.test_labels);
     Datasets out;
-    out.train = read_npy(tx, ty, targets);
-    out.test = read_npy(vx, vy, targets);
+    out.train = read_split(src, o.train_features, o.train_labels, targets);
+    out.test = read_split(src, o.test_features, o.test_labels, targets);
+    const std::string& tx = out.train.name;
+    const std::string& vx = out.test.name;
+    const std::string& vy = out.test.labels_source;
     if (out.test.shape != out.train.shape)
         throw DataError(vx + ": the samples' shape differs from the training features' (" + tx + ")");
     if (out.test.target_size != out.train.target_size)

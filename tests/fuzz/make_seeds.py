@@ -132,6 +132,24 @@ put("checkpoint", "shape", edit(2, 3, 5))
 put("checkpoint", "missing", edit(3, 0, 0))
 put("checkpoint", "dtype", edit(4, 4, 0))
 put("checkpoint", "text", edit(5, 7, 0x6E616E5B))
+# npz: zip archives of .npy members x and y, stored and deflated, as numpy.savez writes them
+import io
+import zipfile
+def npz(members, method):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=method) as z:
+        for name, data in members:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # deterministic bytes
+            info.compress_type = method
+            z.writestr(info, data)
+    return buf.getvalue()
+npz_x = npy("<f4", "(3, 2)", struct.pack("<6f", 0.5, 1, 2, 3, 4, -5))
+npz_y = npy("<i8", "(3,)", struct.pack("<3q", 0, 2, 1))
+put("npz", "stored", npz([("x.npy", npz_x), ("y.npy", npz_y)], zipfile.ZIP_STORED))
+put("npz", "deflated", npz([("x.npy", npz_x), ("y.npy", npz_y)], zipfile.ZIP_DEFLATED))
+put("npz", "missing_y", npz([("x.npy", npz_x)], zipfile.ZIP_STORED))
+put("npz", "cut", npz([("x.npy", npz_x), ("y.npy", npz_y)], zipfile.ZIP_DEFLATED)[:-30])
+
 # image: one byte (low bit grey, bits 1-2 the JPEG shrink, bit 3 flip), then a PNG or JPEG file
 def png(w, h, grey=False):
     rows = b"".join(b"\0" + bytes((x * 13 + y * 7) % 256 for x in range(w * (1 if grey else 3))) for y in range(h))

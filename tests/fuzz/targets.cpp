@@ -9,6 +9,7 @@
 
 #include "data/dataset.h"
 #include "data/image_codec.h"
+#include "data/npz.h"
 #include "data/image_transform.h"
 #include "base/io.h"
 #include "base/error.h"
@@ -49,6 +50,22 @@ void npy(const uint8_t* data, size_t size) {
     tolerate([&] {
         InputFile features("x.npy", data + 2, split), labels("y.npy", data + 2 + split, size - 2 - split);
         const Dataset ds = read_npy(features, labels, (word & 0x8000) != 0);
+        if (ds.features.size() != ds.count() * ds.feature_size()) __builtin_trap();  // a reader invariant
+    });
+}
+
+void npz(const uint8_t* data, size_t size) {
+    const ReadAt read = [&](uint64_t offset, size_t n, unsigned char* dst) {
+        if (offset > size || n > size - offset) throw DataError("archive.npz: truncated");
+        std::memcpy(dst, data + offset, n);
+    };
+    tolerate([&] {
+        const uint64_t limit = uint64_t(1) << 24;
+        const std::vector<unsigned char> x = read_npz_member("archive.npz", size, read, "x", limit);
+        const std::vector<unsigned char> y = read_npz_member("archive.npz", size, read, "y", limit);
+        InputFile features("archive.npz:x", x.data(), x.size(), false),
+            labels("archive.npz:y", y.data(), y.size(), false);
+        const Dataset ds = read_npy(features, labels, false);
         if (ds.features.size() != ds.count() * ds.feature_size()) __builtin_trap();  // a reader invariant
     });
 }

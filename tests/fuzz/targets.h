@@ -19,6 +19,8 @@ void cifar10(const uint8_t* data, size_t size);
 // NumPy .npy features + labels: a 2-byte little-endian split point (its top bit: float targets),
 // then the two files (raw or gzip).
 void npy(const uint8_t* data, size_t size);
+// An .npz archive (a zip of .npy members) whose arrays "x" and "y" are read as features and labels.
+void npz(const uint8_t* data, size_t size);
 // A language model's token file; the first byte picks the context (1-32), the second the
 // vocabulary, the third's low bit 4-byte ids.
 void tokens(const uint8_t* data, size_t size);
@@ -47,9 +49,17 @@ struct Named {
 };
 // Every target, by the name its corpus folder and `make fuzz` binary carry.
 // (The Makefile and scripts/fuzz.sh read the names from this list.)
-inline constexpr Named kTargets[] = {{"idx", idx},         {"cifar10", cifar10},         {"csv", csv},
-                                     {"npy", npy},         {"tokens", tokens},           {"image", image},
-                                     {"config", config},   {"safetensors", safetensors}, {"checkpoint", checkpoint},
-                                     {"devices", devices}, {"profile", profile}};
+inline constexpr Named kTargets[] = {{"idx", idx},
+                                     {"cifar10", cifar10},
+                                     {"csv", csv},
+                                     {"npy", npy},
+                                     {"npz", npz},
+                                     {"tokens", tokens},
+                                     {"image", image},
+                                     {"config", config},
+                                     {"safetensors", safetensors},
+                                     {"checkpoint", checkpoint},
+                                     {"devices", devices},
+                                     {"profile", profile}};
 
 }  // namespace mirrored::fuzz
