@@ -26,6 +26,9 @@ public:
     // The same samples normalised (normalize() below); sources of values that are not measurements
     // (token ids) never are.
     virtual std::shared_ptr<const SampleSource> normalized(const Normalization& n) const;
+    // Each channel's sum and sum of squares over every sample, in sample order, when the source
+    // took them when opened (compute_normalization then uses every sample, as for data in memory).
+    virtual bool channel_sums(std::vector<double>&, std::vector<double>&) const { return false; }
     // Samples that could not be read and were replaced (data.on_bad_file: skip), so far.
     virtual uint64_t bad_reads() const { return 0; }
     // read() with the seconds of its stages added up (bench-loader's split): reading the file,
@@ -126,6 +129,10 @@ Dataset read_csv(InputFile& in, const CsvOptions& options);
 // Either file may be gzip-compressed.
 Dataset read_npy(const std::string& features_path, const std::string& labels_path, bool targets);
 Dataset read_npy(InputFile& features, InputFile& labels, bool targets);
+// The same with the features memory-mapped (an uncompressed .npy file), read sample by sample:
+// features larger than memory train. Opening checks every value and hashes the file in one pass;
+// the samples and their normalisation are bit-identical to read_npy's.
+Dataset read_npy_mapped(const std::string& features_path, InputFile& labels, bool targets);
 
 // A language model's token file (data/formats/tokens.cpp): nanoGPT's raw little-endian uint16 (or
 // uint32) ids, or llm.c's 1024-byte header then uint16 (version 1) or uint32 (version 2) ids; every

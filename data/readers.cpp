@@ -620,28 +620,33 @@ Dataset make_synthetic(const SyntheticOptions& o) {
 Normalization compute_normalization(const Dataset& train) {
     const int ch = train.channels();
     std::vector<double> sum(ch, 0.0), sq(ch, 0.0);
-    std::vector<float> sampled;
-    if (train.source) {
-        const size_t count = train.count(), take = std::min<size_t>(count, 512), fs = train.feature_size();
-        sampled.resize(take * fs);
-        for (size_t i = 0; i < take; ++i) read_sample(train, i * count / take, 0, sampled.data() + i * fs, nullptr);
-    }
-    const std::vector<float>& features = train.source ? sampled : train.features;
-    const size_t n = features.size();
-    // One channel at a time, in index order, into locals: the same sums as one pass with a
-    // modulo per element, without the division and the round trip through memory.
-    for (int c = 0; c < ch; ++c) {
-        double s = 0.0, q = 0.0;
-        for (size_t i = size_t(c); i < n; i += size_t(ch)) {
-            const double v = features[i];
-            s += v;
-            q += v * v;
+    double per = 0;                                             // values per channel
+    if (train.source && train.source->channel_sums(sum, sq)) {  // every sample, summed when opened
+        per = double(train.count() * train.feature_size() / size_t(ch));
+    } else {
+        std::vector<float> sampled;
+        if (train.source) {
+            const size_t count = train.count(), take = std::min<size_t>(count, 512), fs = train.feature_size();
+            sampled.resize(take * fs);
+            for (size_t i = 0; i < take; ++i) read_sample(train, i * count / take, 0, sampled.data() + i * fs, nullptr);
         }
-        sum[c] = s;
-        sq[c] = q;
+        const std::vector<float>& features = train.source ? sampled : train.features;
+        const size_t n = features.size();
+        // One channel at a time, in index order, into locals: the same sums as one pass with a
+        // modulo per element, without the division and the round trip through memory.
+        for (int c = 0; c < ch; ++c) {
+            double s = 0.0, q = 0.0;
+            for (size_t i = size_t(c); i < n; i += size_t(ch)) {
+                const double v = features[i];
+                s += v;
+                q += v * v;
+            }
+            sum[c] = s;
+            sq[c] = q;
+        }
+        per = double(n / ch);
     }
     Normalization out;
-    const double per = double(n / ch);
     for (int c = 0; c < ch; ++c) {
         const double mean = sum[c] / per;
         const double var = std::max(sq[c] / per - mean * mean, 0.0);
@@ -687,7 +692,8 @@ struct NpyArray {
     std::vector<uint64_t> shape;
     uint64_t count = 1;
     std::vector<unsigned char> bytes;
-    double at(size_t i) const;  // element i as a double
+    double at(size_t i) const;                   // element i as a double
+    double value(const unsigned char* p) const;  // the element at p (of this dtype) as a double
 };
 
 float half_to_float(uint16_t h) {
@@ -698,9 +704,11 @@ float half_to_float(uint16_t h) {
     return sign ? -v : v;
 }
 
-double NpyArray::at(size_t i) const {
+double NpyArray::at(size_t i) const { return value(&bytes[i * size_t(itemsize)]); }
+
+double NpyArray::value(const unsigned char* p) const {
     unsigned char b[8];
-    std::memcpy(b, &bytes[i * size_t(itemsize)], size_t(itemsize));
+    std::memcpy(b, p, size_t(itemsize));
     if (big_endian) std::reverse(b, b + itemsize);
     auto get = [&](auto v) {
         std::memcpy(&v, b, sizeof v);
@@ -822,7 +830,8 @@ private:
     const std::string& path_;
 };
 
-NpyArray read_npy_array(InputFile& in, const char* what) {
+// The header: dtype and shape; `header_bytes` is where the data starts.
+NpyArray read_npy_header(InputFile& in, size_t& header_bytes) {
     const std::string& path = in.path();
     std::vector<unsigned char> head;
     in.read_exact(head, 10, "the .npy header");
@@ -841,6 +850,14 @@ NpyArray read_npy_array(InputFile& in, const char* what) {
     in.read_exact(text, size_t(header_len), "the .npy header");
     NpyArray a;
     NpyHeaderParser(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), path).parse(a);
+    header_bytes = head.size() + size_t(header_len);
+    return a;
+}
+
+NpyArray read_npy_array(InputFile& in, const char* what) {
+    const std::string& path = in.path();
+    size_t header_bytes = 0;
+    NpyArray a = read_npy_header(in, header_bytes);
     uint64_t bytes = 0, floats = 0;
     if (!checked_mul(a.count, uint64_t(a.itemsize), bytes) || !checked_mul(a.count, sizeof(float), floats) ||
         bytes + floats > memory_bound())
@@ -861,61 +878,195 @@ std::string shape_text(const std::vector<uint64_t>& shape) {
 
 }  // namespace
 
+namespace {
+
+// The features' shape checked and turned into the data set's; the samples counted.
+uint64_t npy_feature_shape(const NpyArray& x, const std::string& path, Dataset& ds) {
+    if (x.shape.size() < 2 || x.shape.size() > 4)
+        throw DataError(path + ": features of shape " + shape_text(x.shape) +
+                        ": expected (N, features), (N, height, width) or (N, height, width, channels)");
+    const uint64_t n = x.shape[0], per = x.count / std::max<uint64_t>(n, 1);
+    if (n == 0) throw DataError(path + ": no samples (shape " + shape_text(x.shape) + ")");
+    if (per == 0 || per > kMaxFeatures)
+        throw DataError(path + ": " + std::to_string(per) + " values per sample is implausible");
+    if (n > UINT32_MAX) throw DataError(path + ": " + std::to_string(n) + " samples; at most 2^32 - 1");
+    if (x.shape.size() == 2) ds.shape = {int(x.shape[1])};
+    else ds.shape = {int(x.shape[1]), int(x.shape[2]), x.shape.size() == 4 ? int(x.shape[3]) : 1};
+    return n;
+}
+
+// A feature value as the data set holds it: u8 pixels scaled to [0, 1]; refused when not a
+// finite float.
+float npy_feature(const NpyArray& x, double v, const std::string& path, size_t i, uint64_t per) {
+    if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<float>::max()))
+        throw DataError(path + ": value " + std::to_string(i % per) + " of sample " + std::to_string(i / per) +
+                        " is not a finite float");
+    return x.kind == 'u' && x.itemsize == 1 ? float(v) * (1.0f / 255.0f) : float(v);
+}
+
+// The labels (class indexes, or with `targets` float targets) of n samples.
+void read_npy_labels(InputFile& labels, uint64_t n, bool targets, Dataset& ds) {
+    const NpyArray y = read_npy_array(labels, "labels");
+    if (y.shape.empty() || y.shape[0] != n || y.shape.size() > 2 ||
+        (!targets && y.shape.size() == 2 && y.shape[1] != 1))
+        throw DataError(labels.path() + ": labels of shape " + shape_text(y.shape) + " for " + std::to_string(n) +
+                        " samples: expected (" + std::to_string(n) + ",)" +
+                        (targets ? " or (" + std::to_string(n) + ", targets)" : ""));
+    ds.labels_source = labels.path();
+    if (targets) {
+        ds.target_size = y.shape.size() == 2 ? int(std::min<uint64_t>(y.shape[1], kMaxFeatures)) : 1;
+        if (ds.target_size < 1) throw DataError(labels.path() + ": no targets per sample");
+        ds.targets.resize(size_t(y.count));
+        for (size_t i = 0; i < ds.targets.size(); ++i) {
+            const double v = y.at(i);
+            if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<float>::max()))
+                throw DataError(labels.path() + ": target " + std::to_string(i) + " is not a finite float");
+            ds.targets[i] = float(v);
+        }
+        return;
+    }
+    if (y.kind == 'f')
+        throw DataError(labels.path() +
+                        ": float labels, but the loss takes class indexes: save them as integers "
+                        "(or use model.loss: mse or binary_cross_entropy for float targets)");
+    ds.labels.resize(size_t(n));
+    for (size_t i = 0; i < ds.labels.size(); ++i) {
+        const double v = y.at(i);
+        if (v < 0 || v >= double(1 << 20))
+            throw DataError(labels.path() + ": label " + std::to_string(int64_t(v)) + " of sample " +
+                            std::to_string(i) + " is out of range: class indexes go from 0 to at most 1048575");
+        ds.labels[i] = int32_t(v);
+    }
+    ds.classes = check_labels(ds.labels, 1 << 20, labels.path());
+}
+
+// Features read from the mapped file sample by sample (converted, normalised once normalize()
+// has run); labels in memory. Opening checks every value and hashes the file in one pass, and
+// sums each channel in the order compute_normalization() does, so that the normalisation - and
+// so every value a replica sees - is the same as with the file read into memory.
+class MappedNpy final : public SampleSource {
+public:
+    MappedNpy(std::shared_ptr<const MappedFile> map, NpyArray meta, size_t offset, const Dataset& ds)
+        : map_(std::move(map)), meta_(std::move(meta)), data_(map_->data() + offset), labels_(ds.labels) {
+        count_ = meta_.shape[0];
+        per_ = size_t(meta_.count / count_);
+        channels_ = size_t(ds.channels());
+        check_and_sum(ds);
+    }
+
+    size_t count() const override { return count_; }
+    uint64_t fingerprint() const override {
+        if (mean_.empty()) return fingerprint_;
+        Fingerprint f;
+        f.add(&fingerprint_, sizeof fingerprint_);
+        f.add(mean_.data(), mean_.size() * sizeof(float));
+        f.add(inv_.data(), inv_.size() * sizeof(float));
+        return f.value();
+    }
+    std::shared_ptr<const SampleSource> normalized(const Normalization& n) const override {
+        auto copy = std::make_shared<MappedNpy>(*this);
+        copy->mean_ = n.mean;
+        copy->inv_.clear();
+        for (float sd : n.std) copy->inv_.push_back(1.0f / sd);  // as normalize() computes it
+        return copy;
+    }
+    bool channel_sums(std::vector<double>& sum, std::vector<double>& sq) const override {
+        sum = sum_;
+        sq = sq_;
+        return true;
+    }
+
+    void read(uint32_t idx, int64_t, float* features, int32_t* labels) const override {
+        if (labels && !labels_.empty()) *labels = labels_[idx];  // float targets stay in the data set
+        if (!features) return;
+        const unsigned char* p = data_ + size_t(idx) * per_ * size_t(meta_.itemsize);
+        const bool pixels = meta_.kind == 'u' && meta_.itemsize == 1;
+        for (size_t i = 0; i < per_; ++i) {
+            const float v = float(meta_.value(p + i * size_t(meta_.itemsize)));  // checked finite when opened
+            features[i] = pixels ? v * (1.0f / 255.0f) : v;
+        }
+        if (mean_.empty()) return;
+        for (size_t i = 0; i < per_; ++i) {
+            const size_t c = i % channels_;
+            features[i] = (features[i] - mean_[c]) * inv_[c];
+        }
+    }
+
+private:
+    void check_and_sum(const Dataset& ds) {
+        Fingerprint f;
+        const int64_t head[4] = {ds.classes, int64_t(ds.shape.size()), int64_t(meta_.itemsize), meta_.kind};
+        f.add(head, sizeof head);
+        f.add(ds.shape.data(), ds.shape.size() * sizeof(int));
+        sum_.assign(channels_, 0.0);
+        sq_.assign(channels_, 0.0);
+        const size_t bytes_per_sample = per_ * size_t(meta_.itemsize);
+        std::vector<float> x(per_);
+        for (size_t s = 0; s < count_; ++s) {
+            const unsigned char* p = data_ + s * bytes_per_sample;
+            for (size_t i = 0; i < per_; ++i) {
+                x[i] =
+                    npy_feature(meta_, meta_.value(p + i * size_t(meta_.itemsize)), map_->path(), s * per_ + i, per_);
+                const double v = x[i];
+                sum_[i % channels_] += v;
+                sq_[i % channels_] += v * v;
+            }
+            f.add(p, bytes_per_sample);
+        }
+        f.add(labels_.data(), labels_.size() * sizeof(int32_t));
+        f.add(ds.targets.data(), ds.targets.size() * sizeof(float));
+        fingerprint_ = f.value();
+    }
+
+    std::shared_ptr<const MappedFile> map_;
+    NpyArray meta_;  // dtype and shape; no bytes
+    const unsigned char* data_;
+    std::vector<int32_t> labels_;  // class indexes (empty with float targets)
+    size_t count_ = 0, per_ = 0, channels_ = 1;
+    std::vector<double> sum_, sq_;
+    std::vector<float> mean_, inv_;
+    uint64_t fingerprint_ = 0;
+};
+
+}  // namespace
+
 Dataset read_npy(InputFile& features, InputFile& labels, bool targets) {
     return as_data_error([&] {
         const NpyArray x = read_npy_array(features, "features");
-        if (x.shape.size() < 2 || x.shape.size() > 4)
-            throw DataError(features.path() + ": features of shape " + shape_text(x.shape) +
-                            ": expected (N, features), (N, height, width) or (N, height, width, channels)");
-        const uint64_t n = x.shape[0], per = x.count / std::max<uint64_t>(n, 1);
-        if (n == 0) throw DataError(features.path() + ": no samples (shape " + shape_text(x.shape) + ")");
-        if (per == 0 || per > kMaxFeatures)
-            throw DataError(features.path() + ": " + std::to_string(per) + " values per sample is implausible");
-        const NpyArray y = read_npy_array(labels, "labels");
-        if (y.shape.empty() || y.shape[0] != n || y.shape.size() > 2 ||
-            (!targets && y.shape.size() == 2 && y.shape[1] != 1))
-            throw DataError(labels.path() + ": labels of shape " + shape_text(y.shape) + " for " + std::to_string(n) +
-                            " samples: expected (" + std::to_string(n) + ",)" +
-                            (targets ? " or (" + std::to_string(n) + ", targets)" : ""));
         Dataset ds;
         ds.name = features.path();
-        ds.labels_source = labels.path();
-        if (x.shape.size() == 2) ds.shape = {int(x.shape[1])};
-        else ds.shape = {int(x.shape[1]), int(x.shape[2]), x.shape.size() == 4 ? int(x.shape[3]) : 1};
+        const uint64_t n = npy_feature_shape(x, features.path(), ds);
+        const uint64_t per = x.count / n;
         resize_features(ds.features, size_t(x.count));
-        const bool bytes_as_pixels = x.kind == 'u' && x.itemsize == 1;
-        for (size_t i = 0; i < ds.features.size(); ++i) {
-            const double v = x.at(i);
-            if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<float>::max()))
-                throw DataError(features.path() + ": value " + std::to_string(i % per) + " of sample " +
-                                std::to_string(i / per) + " is not a finite float");
-            ds.features[i] = bytes_as_pixels ? float(v) * (1.0f / 255.0f) : float(v);
-        }
-        if (targets) {
-            ds.target_size = y.shape.size() == 2 ? int(std::min<uint64_t>(y.shape[1], kMaxFeatures)) : 1;
-            if (ds.target_size < 1) throw DataError(labels.path() + ": no targets per sample");
-            ds.targets.resize(size_t(y.count));
-            for (size_t i = 0; i < ds.targets.size(); ++i) {
-                const double v = y.at(i);
-                if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<float>::max()))
-                    throw DataError(labels.path() + ": target " + std::to_string(i) + " is not a finite float");
-                ds.targets[i] = float(v);
-            }
-            return ds;
-        }
-        if (y.kind == 'f')
-            throw DataError(labels.path() +
-                            ": float labels, but the loss takes class indexes: save them as integers "
-                            "(or use model.loss: mse or binary_cross_entropy for float targets)");
-        ds.labels.resize(size_t(n));
-        for (size_t i = 0; i < ds.labels.size(); ++i) {
-            const double v = y.at(i);
-            if (v < 0 || v >= double(1 << 20))
-                throw DataError(labels.path() + ": label " + std::to_string(int64_t(v)) + " of sample " +
-                                std::to_string(i) + " is out of range: class indexes go from 0 to at most 1048575");
-            ds.labels[i] = int32_t(v);
-        }
-        ds.classes = check_labels(ds.labels, 1 << 20, labels.path());
+        for (size_t i = 0; i < ds.features.size(); ++i)
+            ds.features[i] = npy_feature(x, x.at(i), features.path(), i, per);
+        read_npy_labels(labels, n, targets, ds);
+        return ds;
+    });
+}
+
+Dataset read_npy_mapped(const std::string& features_path, InputFile& labels, bool targets) {
+    return as_data_error([&] {
+        auto map = std::make_shared<const MappedFile>(features_path);
+        const size_t head = std::min<size_t>(map->size(), (size_t(1) << 20) + 12);
+        InputFile header(features_path, map->data(), head, /*inflate=*/false);
+        size_t offset = 0;
+        NpyArray x = read_npy_header(header, offset);
+        uint64_t bytes = 0;
+        if (!checked_mul(x.count, uint64_t(x.itemsize), bytes) || bytes != map->size() - offset)
+            throw DataError(features_path + ": " + std::to_string(map->size() - offset) +
+                            " bytes of data, its header's shape " + shape_text(x.shape) + " holds " +
+                            (bytes ? std::to_string(bytes) : std::string("more")) +
+                            ": the header does not describe this file");
+        Dataset ds;
+        ds.name = features_path;
+        const uint64_t n = npy_feature_shape(x, features_path, ds);
+        read_npy_labels(labels, n, targets, ds);
+        map->advise_sequential(true);
+        ds.source = std::make_shared<const MappedNpy>(map, x, offset, ds);
+        map->drop_resident();
+        map->advise_sequential(false);
+        ds.labels.clear();  // the source holds them; float targets stay here, where the loader reads them
         return ds;
     });
 }

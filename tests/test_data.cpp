@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <tuple>
 
 #include "data/datasets.h"
 #include "base/io.h"
@@ -875,7 +876,7 @@ std::string npy_bytes(const std::string& descr, const std::string& shape, const 
     return out + dict + data;
 }
 template <typename T>
-std::string raw(std::initializer_list<T> v, bool big_endian = false) {
+std::string raw(const std::vector<T>& v, bool big_endian = false) {
     std::string s;
     for (T x : v) {
         char b[sizeof(T)];
@@ -884,6 +885,10 @@ std::string raw(std::initializer_list<T> v, bool big_endian = false) {
         s.append(b, sizeof(T));
     }
     return s;
+}
+template <typename T>
+std::string raw(std::initializer_list<T> v, bool big_endian = false) {
+    return raw(std::vector<T>(v), big_endian);
 }
 
 }  // namespace
@@ -1022,6 +1027,68 @@ train: {epochs: 2, global_batch_size: 3}
                          DataError);
     d.write("neg.npy", npy_bytes("<i2", "(3,)", raw<int16_t>({0, -1, 0})));
     CHECK_THROWS_WITH_AS(read_npy(d / "x.npy", d / "neg.npy", false), doctest::Contains("out of range"), DataError);
+}
+
+TEST_CASE("npy mmap: features read from the mapped file are bit-identical to the file read into memory") {
+    TempDir d;
+    Rng rng(7);
+    // uint8 images (N, 4, 4, 3) with class labels; float32 rows (N, 5) with float targets
+    const int n = 37;
+    std::string pixels;
+    for (int i = 0; i < n * 48; ++i) pixels.push_back(char(rng.integer(0, 255)));
+    d.write("img.npy", npy_bytes("|u1", "(37, 4, 4, 3)", pixels));
+    std::vector<int64_t> classes;
+    for (int i = 0; i < n; ++i) classes.push_back(rng.integer(0, 4));
+    d.write("cls.npy", npy_bytes("<i8", "(37,)", raw<int64_t>(classes)));
+    d.write("rows.npy", npy_bytes("<f4", "(37, 5)", raw<float>(rng.normal(size_t(n) * 5))));
+    d.write("tgt.npy", npy_bytes("<f8", "(37, 2)", raw<double>(std::vector<double>(size_t(n) * 2, 0.5))));
+    auto load = [&](const std::string& x, const std::string& y, const std::string& mmap, bool targets) {
+        DataConfig c = make_data_config(
+            "npy",
+            {{"train.features", x}, {"train.labels", y}, {"test.features", x}, {"test.labels", y}, {"mmap", mmap}},
+            targets);
+        c.root = d.path().string();
+        return load_datasets(c, "", 1);
+    };
+    for (auto [x, y, targets] : {std::tuple{"img.npy", "cls.npy", false}, std::tuple{"rows.npy", "tgt.npy", true}}) {
+        CAPTURE(x);
+        const Datasets memory = load(x, y, "never", targets), mapped = load(x, y, "always", targets);
+        CHECK(!memory.train.source);
+        REQUIRE(mapped.train.source);
+        CHECK(mapped.normalization == memory.normalization);  // every sample, summed in the same order
+        REQUIRE(mapped.train.count() == memory.train.count());
+        CHECK(mapped.train.classes == memory.train.classes);
+        std::vector<float> a(memory.train.feature_size()), b(a.size());
+        for (size_t i = 0; i < memory.train.count(); ++i) {
+            int32_t la = -1, lb = -2;
+            read_sample(memory.train, i, 0, a.data(), targets ? nullptr : &la);
+            read_sample(mapped.train, i, 0, b.data(), targets ? nullptr : &lb);
+            CHECK(a == b);
+            if (!targets) CHECK(la == lb);
+        }
+        if (targets) CHECK(mapped.train.targets == memory.train.targets);
+        CHECK(fingerprint(load(x, y, "always", targets).train) == fingerprint(mapped.train));
+    }
+    // what the in-memory reader refuses, the mapped one refuses too, naming the file
+    std::vector<float> bad_rows(size_t(n) * 5, 1.0f);
+    bad_rows[5 * 3 + 2] = std::nanf("");
+    d.write("nan.npy", npy_bytes("<f4", "(37, 5)", raw<float>(bad_rows)));
+    auto error = [&](const std::string& x, const std::string& mmap) -> std::string {
+        try {
+            load(x, "cls.npy", mmap, false);
+        } catch (const DataError& e) {
+            return e.what();
+        }
+        return "(no error)";
+    };
+    CHECK(error("nan.npy", "always") == d / "nan.npy" + ": value 2 of sample 3 is not a finite float");
+    d.write("short.npy", npy_bytes("<f4", "(37, 5)", raw<float>(std::vector<float>(10, 1.0f))));
+    CHECK(error("short.npy", "always")
+              .find(d / "short.npy" + ": 40 bytes of data, its header's shape (37, 5) holds 740") == 0);
+    const std::string rows = read_text(d / "rows.npy");
+    write_gz(d / "rows.npy.gz", std::vector<unsigned char>(rows.begin(), rows.end()));
+    CHECK(error("rows.npy.gz", "always") ==
+          d / "rows.npy.gz" + ": data.mmap: always maps uncompressed .npy files; this is gzip-compressed (gunzip it)");
 }
 
 TEST_CASE("npz: arrays of numpy.savez archives, stored or deflated; missing arrays and corrupt archives named") {

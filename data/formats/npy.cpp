@@ -2,6 +2,9 @@
 // gzip-compressed, or arrays of an .npz archive (np.savez, np.savez_compressed) named as
 // "<file>.npz:<array>": features (N, F), (N, H, W) or (N, H, W, C); labels (N,) of class indexes,
 // or float targets (N,) or (N, K) when the loss reads targets.
+// `mmap`: features of an uncompressed .npy file memory-mapped and read sample by sample, so that
+// ones larger than memory train (always; auto: files over an eighth of the machine's memory, which
+// as floats could fill half of it), bit-identical to reading them into memory.
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -15,13 +18,19 @@ namespace mirrored {
 
 namespace {
 
+enum class Mmap { auto_size, always, never };
+
 struct NpyOptions final : OptionsOf<NpyOptions> {
     std::string train_features, train_labels, test_features, test_labels;
+    Mmap mmap = Mmap::auto_size;
     Fields fields() const override {
         return {{"train.features", train_features},
                 {"train.labels", train_labels},
                 {"test.features", test_features},
-                {"test.labels", test_labels}};
+                {"test.labels", test_labels},
+                {"mmap", mmap == Mmap::always  ? "always"
+                         : mmap == Mmap::never ? "never"
+                                               : "auto"}};
     }
     bool operator==(const NpyOptions&) const = default;
 };
@@ -37,6 +46,8 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
                 r.fail(p + split + key, "required for dataset npy: a .npy file's path, or <file>.npz:<array>");
         }
     }
+    const std::string m = r.choice(p + ".mmap", "auto", {"auto", "always", "never"});
+    o->mmap = m == "always" ? Mmap::always : m == "never" ? Mmap::never : Mmap::auto_size;
     return o;
 }
 
@@ -64,9 +75,35 @@ std::unique_ptr<InputFile> open_array(const DataSource& src, const std::string& 
     return std::make_unique<InputFile>(path + ":" + array, bytes.data(), bytes.size(), /*inflate=*/false);
 }
 
-Dataset read_split(const DataSource& src, const std::string& features, const std::string& labels, bool targets) {
+// Whether a split's features are mapped: an uncompressed .npy file, when asked or large.
+bool mapped(const DataSource& src, const std::string& spec, Mmap mode) {
+    if (mode == Mmap::never) return false;
+    const auto [file, array] = split_member(spec);
+    const std::string path = src.path(file);
+    const bool npz = !array.empty() || (path.size() > 4 && path.compare(path.size() - 4, 4, ".npz") == 0);
+    unsigned char magic[2] = {0, 0};
+    uint64_t size = 0;
+    if (!npz) {
+        InputFile in(path, /*inflate=*/false);
+        size = in.file_size();
+        in.read(magic, 2);
+    }
+    const bool gzip = magic[0] == 0x1f && magic[1] == 0x8b;
+    if (mode == Mmap::always && (npz || gzip))
+        throw DataError(path + ": data.mmap: always maps uncompressed .npy files; this is " +
+                        (npz ? "an .npz archive's array (read into memory)" : "gzip-compressed (gunzip it)"));
+    const uint64_t memory = machine_memory();
+    return !npz && !gzip && (mode == Mmap::always || (memory && size > memory / 8));
+}
+
+Dataset read_split(const DataSource& src, const std::string& features, const std::string& labels, bool targets,
+                   Mmap mmap) {
     std::vector<unsigned char> xb, yb;
     try {
+        if (mapped(src, features, mmap)) {
+            auto y = open_array(src, labels, yb);
+            return read_npy_mapped(src.path(features), *y, targets);
+        }
         auto x = open_array(src, features, xb);
         auto y = open_array(src, labels, yb);
         return read_npy(*x, *y, targets);
@@ -79,8 +116,8 @@ Datasets load(const Options& options, const DataSource& src) {
     const auto& o = options_as<NpyOptions>(options);
     const bool targets = src.config.targets;
     Datasets out;
-    out.train = read_split(src, o.train_features, o.train_labels, targets);
-    out.test = read_split(src, o.test_features, o.test_labels, targets);
+    out.train = read_split(src, o.train_features, o.train_labels, targets, o.mmap);
+    out.test = read_split(src, o.test_features, o.test_labels, targets, o.mmap);
     const std::string& tx = out.train.name;
     const std::string& vx = out.test.name;
     const std::string& vy = out.test.labels_source;
