@@ -123,6 +123,16 @@ struct CsvOptions {
 Dataset read_csv(const std::string& path, const CsvOptions& options);
 Dataset read_csv(InputFile& in, const CsvOptions& options);
 
+// The same with the images memory-mapped (an uncompressed file), read sample by sample, as
+// read_npy_mapped reads its features.
+Dataset read_idx_mapped(const std::string& images_path, const std::string& labels_path);
+
+// data.mmap: whether a features file is memory-mapped - an uncompressed one, when asked or when
+// it is over an eighth of the machine's memory (as floats it could fill half of it; MemTotal, so
+// every start of a run decides alike). DataError when `always` meets a gzip file.
+enum class MapFeatures { auto_size, always, never };
+bool map_features(const std::string& path, MapFeatures mode);
+
 // NumPy .npy arrays (format versions 1-3, C order, little- or big-endian bool/int/uint/float; never
 // object arrays): features [N, F], [N, H, W] or [N, H, W, C] (uint8 scaled to [0, 1], as the image
 // formats are); labels [N] of integer classes, or with `targets` [N] or [N, K] float targets.

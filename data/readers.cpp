@@ -164,7 +164,9 @@ uint32_t be32(const unsigned char* p) {
 // Reads an IDX header from `in`: checks magic, element type and rank, and returns the dimensions
 // and the payload size they promise (overflow-checked, and within the memory available once the
 // bytes become floats).
-std::vector<uint32_t> read_idx_header(InputFile& in, int want_dims, const char* what, uint64_t& payload) {
+// in_memory: the payload must fit in the memory available as floats (not so for a mapped file).
+std::vector<uint32_t> read_idx_header(InputFile& in, int want_dims, const char* what, uint64_t& payload,
+                                      bool in_memory = true) {
     const std::string& path = in.path();
     std::vector<unsigned char> b;
     b.resize(4);
@@ -199,7 +201,7 @@ std::vector<uint32_t> read_idx_header(InputFile& in, int want_dims, const char* 
                             ", more than 2^31 - 1");
         uint64_t floats = 0;
         if (!checked_mul(payload, dims.back(), payload) || !checked_mul(payload, sizeof(float), floats) ||
-            floats > memory_bound())
+            (in_memory && floats > memory_bound()))
             throw DataError(path + ": the IDX dimensions promise more data than fits in memory (" +
                             format_bytes(memory_bound()) + " available)");
     }
@@ -1069,6 +1071,66 @@ Dataset read_npy_mapped(const std::string& features_path, InputFile& labels, boo
         ds.labels.clear();  // the source holds them; float targets stay here, where the loader reads them
         return ds;
     });
+}
+
+Dataset read_idx_mapped(const std::string& images_path, const std::string& labels_path) {
+    return as_data_error([&] {
+        auto map = std::make_shared<const MappedFile>(images_path);
+        InputFile header(images_path, map->data(), std::min<size_t>(map->size(), 16), /*inflate=*/false);
+        uint64_t image_bytes = 0;
+        const auto dims = read_idx_header(header, 3, "images", image_bytes, /*in_memory=*/false);
+        if (dims[0] > kMaxSamples) throw DataError(images_path + ": more than 2^31 - 1 images");
+        if (uint64_t(dims[1]) * dims[2] > kMaxFeatures)
+            throw DataError(images_path + ": images of " + std::to_string(dims[1]) + "x" + std::to_string(dims[2]) +
+                            " pixels are implausibly large");
+        if (map->size() - 16 != image_bytes)
+            throw DataError(images_path + ": " + std::to_string(map->size() - 16) +
+                            " bytes of images, the header promises " + std::to_string(dims[0]) + " images (" +
+                            std::to_string(image_bytes) + " bytes)");
+        InputFile labels(labels_path);
+        uint64_t label_bytes = 0;
+        const auto ldims = read_idx_header(labels, 1, "labels", label_bytes);
+        if (ldims[0] != dims[0])
+            throw DataError(labels.path() + ": " + std::to_string(ldims[0]) + " labels, but " + images_path + " has " +
+                            std::to_string(dims[0]) + " images");
+        const auto lb = read_idx_payload(labels, label_bytes, ldims[0], "labels");
+        Dataset ds;
+        ds.name = images_path;
+        ds.labels_source = labels.path();
+        ds.shape = {int(dims[1]), int(dims[2]), 1};
+        ds.labels.assign(lb.begin(), lb.end());
+        ds.classes = check_labels(ds.labels, 256, labels.path());
+        NpyArray meta;  // the images as the u8 array they are
+        meta.kind = 'u';
+        meta.itemsize = 1;
+        meta.shape = {dims[0], dims[1], dims[2], 1};
+        meta.count = image_bytes;
+        map->advise_sequential(true);
+        ds.source = std::make_shared<const MappedNpy>(map, meta, 16, ds);
+        map->drop_resident();
+        map->advise_sequential(false);
+        ds.labels.clear();  // the source holds them
+        return ds;
+    });
+}
+
+bool map_features(const std::string& path, MapFeatures mode) {
+    if (mode == MapFeatures::never) return false;
+    unsigned char magic[2] = {0, 0};
+    uint64_t size = 0;
+    as_data_error([&] {
+        InputFile in(path, /*inflate=*/false);
+        size = in.file_size();
+        in.read(magic, 2);
+    });
+    if (magic[0] == 0x1f && magic[1] == 0x8b) {
+        if (mode == MapFeatures::always)
+            throw DataError(path +
+                            ": data.mmap: always maps uncompressed files; this one is gzip-compressed (gunzip it)");
+        return false;
+    }
+    const uint64_t memory = machine_memory();
+    return mode == MapFeatures::always || (memory && size > memory / 8);
 }
 
 Dataset read_npy(const std::string& features_path, const std::string& labels_path, bool targets) {

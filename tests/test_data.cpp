@@ -1029,7 +1029,7 @@ train: {epochs: 2, global_batch_size: 3}
     CHECK_THROWS_WITH_AS(read_npy(d / "x.npy", d / "neg.npy", false), doctest::Contains("out of range"), DataError);
 }
 
-TEST_CASE("npy mmap: features read from the mapped file are bit-identical to the file read into memory") {
+TEST_CASE("mmap: .npy features and IDX images read from the mapped file are bit-identical to reading them whole") {
     TempDir d;
     Rng rng(7);
     // uint8 images (N, 4, 4, 3) with class labels; float32 rows (N, 5) with float targets
@@ -1069,6 +1069,45 @@ TEST_CASE("npy mmap: features read from the mapped file are bit-identical to the
         if (targets) CHECK(mapped.train.targets == memory.train.targets);
         CHECK(fingerprint(load(x, y, "always", targets).train) == fingerprint(mapped.train));
     }
+    // IDX images, uncompressed: the same
+    write_bytes(d / "img.idx", idx_images(23, 5, 6));
+    write_bytes(d / "lab.idx", idx_labels(23));
+    auto idx = [&](const std::string& mmap) {
+        DataConfig c = make_data_config("idx", {{"train.images", d / "img.idx"},
+                                                {"train.labels", d / "lab.idx"},
+                                                {"test.images", d / "img.idx"},
+                                                {"test.labels", d / "lab.idx"},
+                                                {"mmap", mmap}});
+        return load_datasets(c, "", 1);
+    };
+    const Datasets im = idx("never"), mm = idx("always");
+    REQUIRE(mm.train.source);
+    CHECK(mm.normalization == im.normalization);
+    CHECK(mm.train.classes == im.train.classes);
+    std::vector<float> a(im.train.feature_size()), b(a.size());
+    for (size_t i = 0; i < im.train.count(); ++i) {
+        int32_t la = -1, lb = -2;
+        read_sample(im.train, i, 0, a.data(), &la);
+        read_sample(mm.train, i, 0, b.data(), &lb);
+        CHECK(a == b);
+        CHECK(la == lb);
+    }
+    auto cut = idx_images(23, 5, 6);
+    cut.pop_back();
+    write_bytes(d / "cut.idx", cut);
+    DataConfig cc = make_data_config("idx", {{"train.images", d / "cut.idx"},
+                                             {"train.labels", d / "lab.idx"},
+                                             {"test.images", d / "img.idx"},
+                                             {"test.labels", d / "lab.idx"},
+                                             {"mmap", "always"}});
+    try {
+        load_datasets(cc, "", 1);
+        FAIL("a cut IDX file mapped");
+    } catch (const DataError& e) {
+        CHECK(std::string(e.what()) ==
+              d / "cut.idx" + ": 689 bytes of images, the header promises 23 images (690 bytes)");
+    }
+
     // what the in-memory reader refuses, the mapped one refuses too, naming the file
     std::vector<float> bad_rows(size_t(n) * 5, 1.0f);
     bad_rows[5 * 3 + 2] = std::nanf("");
@@ -1088,7 +1127,7 @@ TEST_CASE("npy mmap: features read from the mapped file are bit-identical to the
     const std::string rows = read_text(d / "rows.npy");
     write_gz(d / "rows.npy.gz", std::vector<unsigned char>(rows.begin(), rows.end()));
     CHECK(error("rows.npy.gz", "always") ==
-          d / "rows.npy.gz" + ": data.mmap: always maps uncompressed .npy files; this is gzip-compressed (gunzip it)");
+          d / "rows.npy.gz" + ": data.mmap: always maps uncompressed files; this one is gzip-compressed (gunzip it)");
 }
 
 TEST_CASE("npz: arrays of numpy.savez archives, stored or deflated; missing arrays and corrupt archives named") {

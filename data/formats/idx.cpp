@@ -1,5 +1,8 @@
 // idx: MNIST / Fashion-MNIST files, an images file and a labels file per split, either of them
 // gzip-compressed. The default is Fashion-MNIST where the package dataset-fashion-mnist puts it.
+// `mmap`: uncompressed images memory-mapped and read sample by sample (data/formats/npy.cpp says
+// when), bit-identical to reading them into memory.
+#include "base/error.h"
 #include "data/datasets.h"
 
 namespace mirrored {
@@ -9,11 +12,15 @@ namespace {
 struct IdxOptions final : OptionsOf<IdxOptions> {
     std::string train_images = "train-images-idx3-ubyte.gz", train_labels = "train-labels-idx1-ubyte.gz";
     std::string test_images = "t10k-images-idx3-ubyte.gz", test_labels = "t10k-labels-idx1-ubyte.gz";
+    MapFeatures mmap = MapFeatures::auto_size;
     Fields fields() const override {
         return {{"train.images", train_images},
                 {"train.labels", train_labels},
                 {"test.images", test_images},
-                {"test.labels", test_labels}};
+                {"test.labels", test_labels},
+                {"mmap", mmap == MapFeatures::always  ? "always"
+                         : mmap == MapFeatures::never ? "never"
+                                                      : "auto"}};
     }
     bool operator==(const IdxOptions&) const = default;
 };
@@ -26,6 +33,8 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
     r.expect_map(p + ".test");
     o->test_images = r.nonempty_text(p + ".test.images", o->test_images);
     o->test_labels = r.nonempty_text(p + ".test.labels", o->test_labels);
+    const std::string m = r.choice(p + ".mmap", "auto", {"auto", "always", "never"});
+    o->mmap = m == "always" ? MapFeatures::always : m == "never" ? MapFeatures::never : MapFeatures::auto_size;
     return o;
 }
 
@@ -35,8 +44,8 @@ Datasets load(const Options& options, const DataSource& src) {
     const std::string ti = src.path(o.train_images), tl = src.path(o.train_labels);
     const std::string vi = src.path(o.test_images), vl = src.path(o.test_labels);
     Datasets out;
-    out.train = read_idx(ti, tl);
-    out.test = read_idx(vi, vl);
+    out.train = map_features(ti, o.mmap) ? read_idx_mapped(ti, tl) : read_idx(ti, tl);
+    out.test = map_features(vi, o.mmap) ? read_idx_mapped(vi, vl) : read_idx(vi, vl);
     if (out.test.shape != out.train.shape) throw DataError(vi + ": image size differs from the training images");
     return out;
 }

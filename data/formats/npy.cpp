@@ -18,19 +18,17 @@ namespace mirrored {
 
 namespace {
 
-enum class Mmap { auto_size, always, never };
-
 struct NpyOptions final : OptionsOf<NpyOptions> {
     std::string train_features, train_labels, test_features, test_labels;
-    Mmap mmap = Mmap::auto_size;
+    MapFeatures mmap = MapFeatures::auto_size;
     Fields fields() const override {
         return {{"train.features", train_features},
                 {"train.labels", train_labels},
                 {"test.features", test_features},
                 {"test.labels", test_labels},
-                {"mmap", mmap == Mmap::always  ? "always"
-                         : mmap == Mmap::never ? "never"
-                                               : "auto"}};
+                {"mmap", mmap == MapFeatures::always  ? "always"
+                         : mmap == MapFeatures::never ? "never"
+                                                      : "auto"}};
     }
     bool operator==(const NpyOptions&) const = default;
 };
@@ -47,7 +45,7 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
         }
     }
     const std::string m = r.choice(p + ".mmap", "auto", {"auto", "always", "never"});
-    o->mmap = m == "always" ? Mmap::always : m == "never" ? Mmap::never : Mmap::auto_size;
+    o->mmap = m == "always" ? MapFeatures::always : m == "never" ? MapFeatures::never : MapFeatures::auto_size;
     return o;
 }
 
@@ -76,28 +74,20 @@ std::unique_ptr<InputFile> open_array(const DataSource& src, const std::string& 
 }
 
 // Whether a split's features are mapped: an uncompressed .npy file, when asked or large.
-bool mapped(const DataSource& src, const std::string& spec, Mmap mode) {
-    if (mode == Mmap::never) return false;
+bool mapped(const DataSource& src, const std::string& spec, MapFeatures mode) {
+    if (mode == MapFeatures::never) return false;
     const auto [file, array] = split_member(spec);
     const std::string path = src.path(file);
     const bool npz = !array.empty() || (path.size() > 4 && path.compare(path.size() - 4, 4, ".npz") == 0);
-    unsigned char magic[2] = {0, 0};
-    uint64_t size = 0;
-    if (!npz) {
-        InputFile in(path, /*inflate=*/false);
-        size = in.file_size();
-        in.read(magic, 2);
-    }
-    const bool gzip = magic[0] == 0x1f && magic[1] == 0x8b;
-    if (mode == Mmap::always && (npz || gzip))
-        throw DataError(path + ": data.mmap: always maps uncompressed .npy files; this is " +
-                        (npz ? "an .npz archive's array (read into memory)" : "gzip-compressed (gunzip it)"));
-    const uint64_t memory = machine_memory();
-    return !npz && !gzip && (mode == Mmap::always || (memory && size > memory / 8));
+    if (npz && mode == MapFeatures::always)
+        throw DataError(path +
+                        ": data.mmap: always maps uncompressed .npy files; this is an .npz archive's array "
+                        "(read into memory)");
+    return !npz && map_features(path, mode);
 }
 
 Dataset read_split(const DataSource& src, const std::string& features, const std::string& labels, bool targets,
-                   Mmap mmap) {
+                   MapFeatures mmap) {
     std::vector<unsigned char> xb, yb;
     try {
         if (mapped(src, features, mmap)) {
