@@ -55,6 +55,8 @@ ImageHeader jpeg_header(const unsigned char* data, size_t size, const std::strin
         tjDecompressHeader3(h, data, static_cast<unsigned long>(size), &w, &ht, &subsamp, &colorspace) != 0)
         throw DataError(path + ": a corrupt or truncated JPEG header (" + jpeg_failed(h) + ")");
     check_pixels(path, "JPEG", uint64_t(w), uint64_t(ht), max_pixels);
+    if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)  // libjpeg-turbo 2.1 cannot turn these into RGB
+        throw DataError(path + ": a CMYK JPEG (print colours): convert it to RGB (e.g. PIL's convert('RGB'))");
     return {ImageType::jpeg, w, ht};
 }
 
@@ -94,25 +96,33 @@ void decode_png(const unsigned char* data, size_t size, const std::string& path,
     PngImage p;
     png_begin(p, data, size, path, max_pixels);
     const bool alpha = p.image.format & PNG_FORMAT_FLAG_ALPHA;
-    // With alpha, read it and drop it (compositing onto black, libpng's way, would darken edges
-    // that PIL's convert leaves as they are).
-    const int read_channels = channels + (alpha ? 1 : 0);
-    p.image.format =
-        channels == 1 ? (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY) : (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB);
+    const bool colour = p.image.format & PNG_FORMAT_FLAG_COLOR;
+    // 16-bit samples are sRGB-encoded, as PIL reads them (libpng would take them as linear light)
+    p.image.flags |= PNG_IMAGE_FLAG_16BIT_sRGB;
+    // Read colour as RGB(A) and grey as G(A): alpha is dropped, not composited onto black (which
+    // would darken edges PIL's convert leaves as they are), and grey from colour is ITU-R 601 luma
+    // as PIL's convert('L') and a JPEG's Y plane (libpng's own is Rec. 709 in linear light).
+    const int read_channels = (colour ? 3 : 1) + (alpha ? 1 : 0);
+    p.image.format = colour ? (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB) : (alpha ? PNG_FORMAT_GA : PNG_FORMAT_GRAY);
     const int w = int(p.image.width), h = int(p.image.height);
     out.width = w;
     out.height = h;
     out.channels = channels;
-    out.data.resize(size_t(w) * size_t(h) * size_t(read_channels));
-    if (!png_image_finish_read(&p.image, nullptr, out.data.data(), 0, nullptr))
+    thread_local std::vector<unsigned char> raw;
+    raw.resize(size_t(w) * size_t(h) * size_t(read_channels));
+    if (!png_image_finish_read(&p.image, nullptr, raw.data(), 0, nullptr))
         throw DataError(path + ": a corrupt or truncated PNG (" + p.image.message + ")");
-    if (alpha) {  // in place, front to back: the write never passes the read
-        const size_t pixels = size_t(w) * size_t(h);
-        unsigned char* d = out.data.data();
-        for (size_t i = 0; i < pixels; ++i)
-            for (int c = 0; c < channels; ++c)
-                d[i * size_t(channels) + size_t(c)] = d[i * size_t(read_channels) + size_t(c)];
-        out.data.resize(pixels * size_t(channels));
+    const size_t pixels = size_t(w) * size_t(h), in = size_t(read_channels);
+    out.data.resize(pixels * size_t(channels));
+    unsigned char* d = out.data.data();
+    const unsigned char* r = raw.data();
+    for (size_t i = 0; i < pixels; ++i, r += in) {
+        if (channels == 3) {
+            for (int c = 0; c < 3; ++c) d[i * 3 + size_t(c)] = colour ? r[c] : r[0];
+        } else {
+            d[i] = colour ? static_cast<unsigned char>((19595u * r[0] + 38470u * r[1] + 7471u * r[2] + 0x8000u) >> 16)
+                          : r[0];
+        }
     }
 }
 

@@ -178,12 +178,14 @@ CropBox random_resized_crop(int width, int height, const RandomCropOptions& o, u
 }
 
 CropBox center_crop(int width, int height, int resize, int out_w, int out_h) {
-    // Resize: the shorter side to `resize`, the longer in proportion (truncated, as torchvision).
-    int rw = resize, rh = resize;
-    if (width < height) rh = int(double(resize) * height / width);
-    else rw = int(double(resize) * width / height);
+    // Resize: the shorter side to `resize`, the longer in proportion (truncated, as torchvision),
+    // in doubles: a 1,000,000 x 1 image would overflow an int.
+    double rw = resize, rh = resize;
+    if (width < height) rh = std::floor(double(resize) * height / width);
+    else rw = std::floor(double(resize) * width / height);
     const double sx = double(width) / rw, sy = double(height) / rh;
-    const double left = std::round((rw - out_w) / 2.0), top = std::round((rh - out_h) / 2.0);
+    // Python's round(): halves to even (341 - 224 = 117: 58, not 59)
+    const double left = std::nearbyint((rw - out_w) / 2.0), top = std::nearbyint((rh - out_h) / 2.0);
     return {left * sx, top * sy, out_w * sx, out_h * sy};
 }
 

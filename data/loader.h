@@ -106,7 +106,8 @@ public:
 
     int64_t batches_per_epoch() const { return batches_per_epoch_; }
     int threads() const { return opt_.threads; }
-    int rows_of(int64_t batch_index) const;  // global batch size, or less for a final partial batch
+    bool gathers() const { return opt_.gather_by_consumers; }  // consumers copy (and decode) their own rows
+    int rows_of(int64_t batch_index) const;                    // global batch size, or less for a final partial batch
     const Dataset& dataset() const { return ds_; }
 
     // Starts (or restarts) the workers so that the next batch delivered is at `pos`.

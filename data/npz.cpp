@@ -139,6 +139,10 @@ std::vector<unsigned char> read_npz_member(const std::string& path, uint64_t fil
                         " (numpy writes 0, stored, or 8, deflated)");
     if (m.size > memory_limit)
         throw DataError(where + ": " + std::to_string(m.size) + " bytes do not fit in the memory available");
+    // deflate shrinks at most 1032:1: a larger claim is a bomb, refused before allocating
+    if (m.method == 8 && (m.compressed == 0 || (m.size - std::min<uint64_t>(m.size, 1024)) / 1032 > m.compressed))
+        throw DataError(where + ": " + std::to_string(m.compressed) + " deflated bytes cannot hold the " +
+                        std::to_string(m.size) + " bytes the archive declares");
     if (m.header_offset > file_size || file_size - m.header_offset < 30)
         bad(path, "member " + m.name + "'s header is outside the file");
     unsigned char local[30];

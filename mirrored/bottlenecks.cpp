@@ -19,10 +19,11 @@ std::vector<Bottleneck> find_bottlenecks(const IntervalLoad& l) {
         // The threads that keep up: a batch's loader time over the step's time without the wait.
         std::string need;
         const double busy_step_s = l.wall_step_s * (1.0 - l.data_share);
-        if (l.loader_batch_s > 0 && busy_step_s > 0)
+        const int threads = busy_step_s > 0 ? int(std::ceil(l.loader_batch_s / busy_step_s - 1e-9)) : 0;
+        if (l.loader_batch_s > 0 && threads > l.loader_threads)  // a number only where it says raise
             need = ": a batch takes a loader thread " + number_str(1e3 * l.loader_batch_s) + " ms, a step without " +
-                   "the wait " + number_str(1e3 * busy_step_s) + " ms, so about " +
-                   std::to_string(int(std::ceil(l.loader_batch_s / busy_step_s - 1e-9))) + " threads keep up";
+                   "the wait " + number_str(1e3 * busy_step_s) + " ms, so about " + std::to_string(threads) +
+                   " threads keep up";
         found.push_back({"input-bound", percent(l.data_share) +
                                             " of step time waits for data: raise data.loader_threads (now " +
                                             std::to_string(l.loader_threads) + need + ") or data.prefetch (now " +

@@ -557,7 +557,9 @@ void Run::alert_bottlenecks(double f_data, double f_comm, double interval) {
     load.device_step_s = interval_split_.device_step_s;
     load.wall_step_s = interval / double(std::max<int64_t>(interval_steps_, 1));
     load.loader_threads = s_->train_loader->threads();
-    if (load.loader_threads > 0) load.loader_batch_s = s_->train_loader->seconds_per_batch();
+    // CPU replicas gather their own rows: the loader's threads then only draw indices and labels
+    if (load.loader_threads > 0 && !s_->train_loader->gathers())
+        load.loader_batch_s = s_->train_loader->seconds_per_batch();
     load.prefetch = cfg_.data.prefetch;
     load.bucket_mb = cfg_.strategy.bucket_mb;
     for (const Bottleneck& b : bottlenecks_.update(load)) alert(b.kind, b.message);

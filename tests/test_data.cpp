@@ -1180,6 +1180,13 @@ TEST_CASE("npz: arrays of numpy.savez archives, stored or deflated; missing arra
     const std::string e = error("inflate.npz:x", "inflate.npz:y");
     CHECK((e.find(":x: corrupt deflated data") != std::string::npos ||
            e.find(":x: CRC-32 mismatch") != std::string::npos));
+    std::string bomb = zip_bytes({{"x.npy", x, true}, {"y.npy", y, true}});
+    const size_t central = bomb.find("PK\x01\x02");
+    REQUIRE(central != std::string::npos);
+    for (int i = 0; i < 4; ++i) bomb[central + 24 + size_t(i)] = char((1000000000u >> (8 * i)) & 0xff);  // x.npy's size
+    d.write("bomb.npz", bomb);
+    CHECK(error("bomb.npz:x", "bomb.npz:y")
+              .find("deflated bytes cannot hold the 1000000000 bytes the archive declares") != std::string::npos);
     d.write("object.npz", zip_bytes({{"x.npy", npy_bytes("|O", "(3, 2)", std::string(48, '\0'))}, {"y.npy", y}}));
     CHECK(error("object.npz:x", "object.npz:y").find("never unpickles") != std::string::npos);
 

@@ -464,6 +464,11 @@ TEST_CASE(
     CHECK(found[0].message ==
           "25% of step time waits for data: raise data.loader_threads (now 3: a batch takes a loader thread 30 ms, a "
           "step without the wait 0.75 ms, so about 40 threads keep up) or data.prefetch (now 4)");
+    input.loader_batch_s = 1e-3;  // 2 threads would keep up and 3 run: no number that says "raise"
+    found = find_bottlenecks(input);
+    REQUIRE(found.size() == 1);
+    CHECK(found[0].message ==
+          "25% of step time waits for data: raise data.loader_threads (now 3) or data.prefetch (now 4)");
     input.loader_batch_s = 0;
 
     IntervalLoad comm = calm;

@@ -163,8 +163,9 @@ void walk_class(const std::string& dir, int32_t label, std::vector<std::pair<dev
     std::vector<ImageFile>& files = by_dir[dir];
     for (const std::string& name : names) {
         const std::string path = dir + "/" + name;
-        if (::stat(path.c_str(), &st) != 0) {
-            out.bad.push_back(path + ": cannot read (" + std::strerror(errno) + ")");
+        if (::stat(path.c_str(), &st) != 0) {  // a dangling link: bad only where an image was meant
+            if (has_suffix(name, {".jpg", ".jpeg", ".png"}))
+                out.bad.push_back(path + ": cannot read (" + std::strerror(errno) + ")");
             continue;
         }
         if (S_ISDIR(st.st_mode)) {
@@ -179,17 +180,25 @@ void walk_class(const std::string& dir, int32_t label, std::vector<std::pair<dev
     ancestors.pop_back();
 }
 
+// The class folders of a split, in name order (torchvision's find_classes).
+std::vector<std::string> class_names(const std::string& root) {
+    std::vector<std::string> classes;
+    std::error_code ec;
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+        std::error_code not_dir;  // a dangling link here is no class, as for torchvision
+        if (it->is_directory(not_dir)) classes.push_back(it->path().filename().string());
+    }
+    if (ec) throw DataError(root + ": cannot list the folder (" + ec.message() + ")");
+    std::sort(classes.begin(), classes.end());
+    return classes;
+}
+
 Listing list_folder(const std::string& root, const std::vector<std::string>* train_classes) {
     Listing out;
-    std::error_code ec;
-    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
-        if (it->is_directory(ec)) out.classes.push_back(it->path().filename().string());
-    if (ec) throw DataError(root + ": cannot list the folder (" + ec.message() + ")");
-    std::sort(out.classes.begin(), out.classes.end());
+    out.classes = class_names(root);
     if (out.classes.empty())
         throw DataError(root + ": no class folders (expected " + root +
                         "/<class>/<image>, as torchvision's ImageFolder)");
-    std::map<std::string, std::vector<ImageFile>> by_dir;  // path order, as sorted(os.walk(...))
     for (size_t c = 0; c < out.classes.size(); ++c) {
         int32_t label = int32_t(c);
         if (train_classes) {
@@ -199,17 +208,15 @@ Listing list_folder(const std::string& root, const std::vector<std::string>* tra
             label = int32_t(at - train_classes->begin());
         }
         std::vector<std::pair<dev_t, ino_t>> ancestors;
-        std::map<std::string, std::vector<ImageFile>> mine;
+        std::map<std::string, std::vector<ImageFile>> mine;  // path order, as sorted(os.walk(...))
         walk_class(root + "/" + out.classes[c], label, ancestors, mine, out);
-        size_t n = 0;
-        for (auto& [dir, files] : mine) n += files.size();
-        if (n == 0)
+        const size_t before = out.files.size();
+        for (auto& [dir, files] : mine)
+            for (ImageFile& f : files) out.files.push_back(std::move(f));
+        if (out.files.size() == before)
             throw DataError(root + "/" + out.classes[c] +
                             ": a class folder without .jpg, .jpeg or .png images (remove it, or add images)");
-        by_dir.merge(mine);
     }
-    for (auto& [dir, files] : by_dir)
-        for (ImageFile& f : files) out.files.push_back(std::move(f));
     if (train_classes) out.classes = *train_classes;
     return out;
 }
@@ -327,7 +334,7 @@ public:
           train_(train),
           seed_(seed),
           map_(PixelMap::normalized({}, {}, o.channels)),
-          bad_reads_(std::make_shared<std::atomic<uint64_t>>(0)) {
+          bad_(std::make_shared<BadFiles>(listing_->files.size())) {
         Fingerprint f;
         const int64_t head[6] = {o.height, o.width, o.channels, train ? 1 : 0, o.eval_resize(), o.flip ? 1 : 0};
         f.add(head, sizeof head);
@@ -351,7 +358,7 @@ public:
         f.add(std_.data(), std_.size() * sizeof(float));
         return f.value();
     }
-    uint64_t bad_reads() const override { return bad_reads_->load(); }
+    uint64_t bad_reads() const override { return bad_->count.load(); }
 
     std::shared_ptr<const SampleSource> normalized(const Normalization& n) const override {
         auto copy = std::make_shared<ImageSamples>(*this);
@@ -377,7 +384,8 @@ private:
             decode(f, idx, epoch, features, stages);
         } catch (const DataError& e) {
             if (!o_.skip_bad) throw;
-            const uint64_t bad = ++*bad_reads_;
+            // a file counts once, however often it is read (every epoch, evaluation, normalisation)
+            const uint64_t bad = bad_->seen[idx].exchange(1) ? bad_->count.load() : ++bad_->count;
             if (double(bad + listing_->bad.size()) > o_.max_bad_fraction * double(count() + listing_->bad.size()))
                 throw DataError(
                     std::string(e.what()) + "; " + std::to_string(bad + listing_->bad.size()) +
@@ -413,7 +421,9 @@ private:
                 : (pixels.width != expect_w || pixels.height != expect_h))
             throw DataError(f.path + ": the image changed since the data set was opened (" +
                             std::to_string(pixels.width) + " x " + std::to_string(pixels.height) + " pixels now)");
-        const double sx = double(pixels.width) / f.width, sy = double(pixels.height) / f.height;
+        // libjpeg's shrunk output maps source pixel x to x / shrink (its last pixel may be partial)
+        const bool png = image_type(bytes.data(), bytes.size()) == ImageType::png;
+        const double sx = png ? 1.0 : 1.0 / shrink, sy = sx;
         const CropBox scaled{box.x * sx, box.y * sy, box.w * sx, box.h * sy};
         resample(pixels, scaled, flip && o_.flip, o_.width, o_.height, map_, features, scratch);
         if (stages) lap(&stages->transform, t);
@@ -426,7 +436,13 @@ private:
     PixelMap map_;
     std::vector<float> mean_, std_;
     uint64_t fingerprint_ = 0;
-    std::shared_ptr<std::atomic<uint64_t>> bad_reads_;  // shared by the normalised copy
+    // Files that failed as they were decoded, each counted once; shared by the normalised copy.
+    struct BadFiles {
+        explicit BadFiles(size_t n) : seen(n) {}
+        std::vector<std::atomic<uint8_t>> seen;
+        std::atomic<uint64_t> count{0};
+    };
+    std::shared_ptr<BadFiles> bad_;
 };
 
 Dataset open_split(const std::string& path, const ImageFolderOptions& o, bool train, uint64_t seed,
@@ -468,13 +484,11 @@ Datasets load(const Options& options, const DataSource& src) {
     out.train = open_split(train_path, o, true, src.seed, nullptr);
     struct stat st {};
     const bool folders = ::stat(train_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-    std::vector<std::string> classes;
-    if (folders) {  // the names, to number the test classes alike
-        std::error_code ec;
-        for (fs::directory_iterator it(train_path, ec), end; !ec && it != end; it.increment(ec))
-            if (it->is_directory(ec)) classes.push_back(it->path().filename().string());
-        std::sort(classes.begin(), classes.end());
-    }
+    if (folders != (::stat(test_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
+        throw DataError(test_path + ": a " + (folders ? "list file" : "folder") + ", the training split " + train_path +
+                        " a " + (folders ? "folder" : "list file") +
+                        ": both splits are folders (classes by name) or both list files (classes by number)");
+    const std::vector<std::string> classes = folders ? class_names(train_path) : std::vector<std::string>{};
     out.test = open_split(test_path, o, false, src.seed, folders ? &classes : nullptr);
     return out;
 }

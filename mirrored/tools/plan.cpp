@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <new>
 #include <thread>
 #include <nlohmann/json.hpp>
 
@@ -69,12 +70,21 @@ double loader_rate(const Dataset& d) {
 
 TrainSet train_set(const Config& cfg, bool count) {
     try {
-        const Datasets d = load_datasets(cfg.data, cfg.base_dir, cfg.run.seed);
+        Datasets d;
+        try {
+            d = load_datasets(cfg.data, cfg.base_dir, cfg.run.seed);
+        } catch (const std::bad_alloc&) {  // data the planner does not need may be too large to read
+            throw DataError("the training data does not fit in the memory available");
+        }
         TrainSet t;
         t.shape = cfg.model.input_shape.empty() ? d.train.shape : cfg.model.input_shape;
         t.samples = d.train.count();
         t.name = d.train.name;
-        if (d.train.count() > 0) t.samples_per_thread = loader_rate(d.train);
+        try {  // a sample that fails to decode costs the estimate, not the plan
+            if (d.train.count() > 0) t.samples_per_thread = loader_rate(d.train);
+        } catch (const Error& e) {
+            t.why_not = e.what();
+        }
         return t;
     } catch (const Error& e) {
         if (!cfg.model.input_shape.empty() && !count) return {cfg.model.input_shape, 0, "", 0, e.what()};
