@@ -167,11 +167,12 @@ TEST_CASE("plan --price --mtbf: each count priced, the cheapest and the fastest 
     CHECK((text.find("cheapest and fastest: ") != std::string::npos ||
            (text.find("cheapest: ") != std::string::npos && text.find("fastest: ") != std::string::npos)));
     // the loader threads each count needs: its samples/s over what one thread reads, measured
-    const json loader = read_json(json_path)["loader"];
+    const json planned = read_json(json_path);  // kept: a loop over a temporary's member would dangle
+    const json& loader = planned["loader"];
     REQUIRE(loader.is_object());
     const double per_thread = loader["samples_per_sec_per_thread"];
     CHECK(per_thread > 0);
-    for (const json& r : read_json(json_path)["results"]) {
+    for (const json& r : planned["results"]) {
         const std::string gpus = std::to_string(r["gpus"].get<int>());
         CAPTURE(gpus);
         CHECK(loader["threads_needed"][gpus] == int(std::ceil(r["samples_per_sec"].get<double>() / per_thread - 1e-9)));
