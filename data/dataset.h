@@ -84,6 +84,9 @@ private:
     uint64_t lane_[4] = {1, 2, 3, 4};
 };
 
+// A source's fingerprint once normalised: its own with the per-channel values it applies.
+uint64_t normalized_fingerprint(uint64_t fingerprint, const std::vector<float>& mean, const std::vector<float>& scale);
+
 // Sample i's features and labels (either may be null), wherever the data set keeps them.
 void read_sample(const Dataset& d, size_t i, int64_t epoch, float* features, int32_t* labels);
 // The features of samples [0, n) in one block: the data set's own, or read from its source into

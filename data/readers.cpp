@@ -98,6 +98,14 @@ uint64_t Fingerprint::value() const {
     return h;
 }
 
+uint64_t normalized_fingerprint(uint64_t fingerprint, const std::vector<float>& mean, const std::vector<float>& scale) {
+    Fingerprint f;
+    f.add(&fingerprint, sizeof fingerprint);
+    f.add(mean.data(), mean.size() * sizeof(float));
+    f.add(scale.data(), scale.size() * sizeof(float));
+    return f.value();
+}
+
 uint64_t fingerprint(const Dataset& d) {
     if (d.source) return d.source->fingerprint();
     Fingerprint f;
@@ -958,12 +966,7 @@ public:
 
     size_t count() const override { return count_; }
     uint64_t fingerprint() const override {
-        if (mean_.empty()) return fingerprint_;
-        Fingerprint f;
-        f.add(&fingerprint_, sizeof fingerprint_);
-        f.add(mean_.data(), mean_.size() * sizeof(float));
-        f.add(inv_.data(), inv_.size() * sizeof(float));
-        return f.value();
+        return mean_.empty() ? fingerprint_ : normalized_fingerprint(fingerprint_, mean_, inv_);
     }
     std::shared_ptr<const SampleSource> normalized(const Normalization& n) const override {
         auto copy = std::make_shared<MappedNpy>(*this);

@@ -35,6 +35,16 @@ std::vector<unsigned char> random_pixels(Rng& rng, int w, int h, int c) {
     return p;
 }
 
+// RGB noise, each side in [lo, hi] pixels.
+Pixels random_image(Rng& rng, int lo, int hi) {
+    Pixels p;
+    p.width = rng.integer(lo, hi);
+    p.height = rng.integer(lo, hi);
+    p.channels = 3;
+    p.data = random_pixels(rng, p.width, p.height, 3);
+    return p;
+}
+
 std::vector<unsigned char> encode_jpeg(const std::vector<unsigned char>& pixels, int w, int h, int c,
                                        int quality = 95) {
     tjhandle t = tjInitCompress();
@@ -230,11 +240,7 @@ TEST_CASE(
 
 TEST_CASE("resample: the whole image at its own size is the image; flipped, mirrored; constant stays constant") {
     Rng rng(base_seed());
-    Pixels p;
-    p.width = rng.integer(2, 30);
-    p.height = rng.integer(2, 30);
-    p.channels = 3;
-    p.data = random_pixels(rng, p.width, p.height, 3);
+    Pixels p = random_image(rng, 2, 30);
     const PixelMap map = PixelMap::normalized({}, {}, 3);
     std::vector<float> out(p.data.size()), flipped(p.data.size()), scratch;
     resample(p, {0, 0, double(p.width), double(p.height)}, false, p.width, p.height, map, out.data(), scratch);
@@ -264,11 +270,7 @@ TEST_CASE("resample: equal to PIL's antialiased bilinear resize of a box, within
     }
     TempDir dir;
     Rng rng(base_seed());
-    Pixels p;
-    p.width = rng.integer(20, 90);
-    p.height = rng.integer(20, 90);
-    p.channels = 3;
-    p.data = random_pixels(rng, p.width, p.height, 3);
+    const Pixels p = random_image(rng, 20, 90);
     write_bytes(dir / "in.png", encode_png(p.data, p.width, p.height, 3));
     struct Case {
         CropBox box;

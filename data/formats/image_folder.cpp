@@ -351,12 +351,7 @@ public:
 
     size_t count() const override { return listing_->files.size(); }
     uint64_t fingerprint() const override {
-        if (mean_.empty()) return fingerprint_;
-        Fingerprint f;
-        f.add(&fingerprint_, sizeof fingerprint_);
-        f.add(mean_.data(), mean_.size() * sizeof(float));
-        f.add(std_.data(), std_.size() * sizeof(float));
-        return f.value();
+        return mean_.empty() ? fingerprint_ : normalized_fingerprint(fingerprint_, mean_, std_);
     }
     uint64_t bad_reads() const override { return bad_->count.load(); }
 
