@@ -819,6 +819,9 @@ TEST_CASE("a BLAS kernel cache entry that is tampered with is measured again; on
         std::istringstream fields(text.substr(tab + 1));
         std::string core, gflops, own, own_gflops;
         fields >> core >> gflops >> own >> own_gflops;
+        // the NaN's new measurement may have kept Haswell's kernel (the machine's load decides):
+        // such an entry serves a Haswell start whatever start it names, so there is nothing to test
+        if (bad == other && core == "Haswell") break;
         const std::string tampered = bad == "nan" ? core + " nan " + own + " " + own_gflops
                                                   : core + " " + gflops + " " + other + " " + own_gflops;
         std::ofstream(cache + "/blas-kernel.txt") << text.substr(0, tab + 1) << tampered << "\n";
