@@ -695,6 +695,18 @@ void normalize(Dataset& ds, const Normalization& n) {
 
 namespace {
 
+// A label as read (any integer a uint64 holds, or a fraction), without a conversion that could
+// overflow: "18446744073709551615", "-3", "2.5".
+std::string number_text(double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, v == std::floor(v) ? "%.0f" : "%g", v);
+    return b;
+}
+
+}  // namespace
+
+namespace {
+
 struct NpyArray {
     char kind = 0;  // b(ool), i(nt), u(int), f(loat)
     int itemsize = 0;
@@ -943,8 +955,8 @@ void read_npy_labels(InputFile& labels, uint64_t n, bool targets, Dataset& ds) {
     for (size_t i = 0; i < ds.labels.size(); ++i) {
         const double v = y.at(i);
         if (v < 0 || v >= double(1 << 20))
-            throw DataError(labels.path() + ": label " + std::to_string(int64_t(v)) + " of sample " +
-                            std::to_string(i) + " is out of range: class indexes go from 0 to at most 1048575");
+            throw DataError(labels.path() + ": label " + number_text(v) + " of sample " + std::to_string(i) +
+                            " is out of range: class indexes go from 0 to at most 1048575");
         ds.labels[i] = int32_t(v);
     }
     ds.classes = check_labels(ds.labels, 1 << 20, labels.path());

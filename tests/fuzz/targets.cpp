@@ -57,7 +57,7 @@ void npy(const uint8_t* data, size_t size) {
 void npz(const uint8_t* data, size_t size) {
     const ReadAt read = [&](uint64_t offset, size_t n, unsigned char* dst) {
         if (offset > size || n > size - offset) throw DataError("archive.npz: truncated");
-        std::memcpy(dst, data + offset, n);
+        if (n) std::memcpy(dst, data + offset, n);  // an empty member's buffer may be null
     };
     tolerate([&] {
         const uint64_t limit = uint64_t(1) << 24;
