@@ -345,8 +345,10 @@ if [[ $gpus -ge 2 ]]; then
     done
 fi
 bench step_replicas 90 "$bin/mirrored" bench-step "$mlp" --devices 'cuda:0;cuda:0,0;cuda:0,0,0,0' --steps "$steps" "${bench_sets[@]}"
-resnet=$(python3 -c "import sys; sys.path.insert(0, 'scripts'); import bench_cpu_vs_pytorch as b; \
-print(b.resnet20_synthetic_config(sys.argv[1]))" "$work" 2>>"$main_log")
+resnet=
+# helpers outside try are bounded too and start only while the phase has time: the budget holds
+[[ $(left) -ge $min_start_s ]] && resnet=$(timeout -k 1 10 python3 -c "import sys; sys.path.insert(0, 'scripts'); \
+import bench_cpu_vs_pytorch as b; print(b.resnet20_synthetic_config(sys.argv[1]))" "$work" 2>>"$main_log")
 for p in fp32 bf16; do  # the convolutions' first GPU numbers, layer by layer
     [[ -n $resnet ]] && bench "step_resnet20_$p" 90 "$bin/mirrored" bench-step "$resnet" --devices cuda:0 \
         --steps $((steps / 3 + 1)) --layers 10 --set train.precision=$p "${bench_sets[@]}"
@@ -376,7 +378,9 @@ if [[ $gpus -ge 2 ]] && command -v mpirun >/dev/null && ldd "$bin/mirrored" | gr
     }
 fi
 # PyTorch (eager, CUDA graph) and JAX on the same MLP, informative
-if [[ $dry_run != 1 ]] && timeout 30 python3 -c "import torch" >/dev/null 2>&1; then
+if [[ $dry_run != 1 && $(left) -lt $min_start_s ]]; then
+    record "frameworks side by side" "not run" "$SECONDS" "$(left)s of the phase left"
+elif [[ $dry_run != 1 ]] && timeout -k 1 "$(($(left) < 30 ? $(left) : 30))" python3 -c "import torch" >/dev/null 2>&1; then
     try "frameworks side by side" 240 "$logs/frameworks.log" python3 scripts/bench_vs_frameworks.py --rounds 1 \
         --steps "$steps" --json "$work/bench/frameworks.json"
 else
