@@ -446,6 +446,21 @@ void read_strategy(Reader& r, Config& c) {
     c.strategy.collective_timeout_s = r.number("strategy.collective_timeout_s", 600.0, 1.0, 1e6);
     c.strategy.step_timeout_s = r.number("strategy.step_timeout_s", 1800.0, 0.0, 1e7);
     c.strategy.shared_parameters = r.boolean("strategy.shared_parameters", false);
+    const std::string shard = r.choice("strategy.shard", "none", {"none", "optimizer"});
+    c.strategy.shard = shard == "optimizer" ? StrategyConfig::Shard::optimizer : StrategyConfig::Shard::none;
+    if (c.strategy.shard != StrategyConfig::Shard::none) {
+        std::string split;  // the ops that run reduce-scatter and all-gather alone
+        for (const CrossDeviceOpsKind* k : cross_device_ops_kinds().entries())
+            if (k->shards) split += std::string(split.empty() ? "" : ", ") + k->name;
+        const std::string& op = c.strategy.cross_device_ops;
+        if (op != "auto" && !cross_device_ops_kinds().get(op).shards)
+            r.fail("strategy.shard", shard +
+                                         " needs an op that splits into reduce-scatter and all-gather; "
+                                         "strategy.cross_device_ops " +
+                                         op + " does not (ops that do: " + split + ")");
+        if (c.strategy.allreduce_dtype != DType::f32)
+            r.fail("strategy.shard", shard + " exchanges fp32 gradients; set strategy.allreduce_dtype: fp32");
+    }
     c.strategy.cuda_graph = r.boolean("strategy.cuda_graph", false);
     c.strategy.fused_epilogues = r.boolean("strategy.fused_epilogues", false);
     if (r.has("strategy.nodes"))
@@ -727,7 +742,9 @@ void emit_strategy(ConfigEmitter& e, const StrategyConfig& s) {
         .put("bucket_mb", s.bucket_mb);
     e.put("allreduce_dtype", dtype_name(s.allreduce_dtype)).put("verify_every_steps", s.verify_every_steps);
     e.put("collective_timeout_s", s.collective_timeout_s).put("step_timeout_s", s.step_timeout_s);
-    e.put("shared_parameters", s.shared_parameters).put("cuda_graph", s.cuda_graph);
+    e.put("shared_parameters", s.shared_parameters)
+        .put("shard", s.shard == StrategyConfig::Shard::optimizer ? "optimizer" : "none")
+        .put("cuda_graph", s.cuda_graph);
     e.put("fused_epilogues", s.fused_epilogues).end();
 }
 

@@ -94,12 +94,45 @@ CrossDeviceOps::CrossDeviceOps(std::vector<Device*> devices, std::vector<float*>
     }
 }
 
-void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
+void CrossDeviceOps::check_call(size_t offset, size_t count) const {
     if (broken_)
         throw DeviceError(std::string("cross-device ops (") + name() +
                           "): unusable after an aborted all-reduce; the replicas must be rebuilt");
     if (offset > elements_ || count > elements_ - offset)
         throw Error(kExitFailure, std::string("cross-device ops (") + name() + "): range past the buffer");
+}
+
+void CrossDeviceOps::check_splittable() const {
+    if (!shards() || wire_ != DType::f32 || !links_.empty())
+        throw Error(kExitFailure, std::string("cross-device ops (") + name() +
+                                      "): reduce-scatter and all-gather need an op that splits (ring), the f32 "
+                                      "wire and one node");
+}
+
+void CrossDeviceOps::reduce_scatter(int r, size_t offset, size_t count) {
+    check_call(offset, count);
+    check_splittable();
+    try {
+        run_reduce_scatter(r, offset, count);
+    } catch (...) {
+        broken_ = true;
+        throw;
+    }
+}
+
+void CrossDeviceOps::all_gather(int r, size_t offset, size_t count) {
+    check_call(offset, count);
+    check_splittable();
+    try {
+        run_all_gather(r, offset, count);
+    } catch (...) {
+        broken_ = true;
+        throw;
+    }
+}
+
+void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
+    check_call(offset, count);
     try {
         if (wire_ == DType::f32 || replicas() == 1) {
             run(r, offset, count);

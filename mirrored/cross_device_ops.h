@@ -55,6 +55,19 @@ public:
     virtual const char* name() const = 0;
     // Sum buffers[*][offset, offset + count) in place; every replica ends bit-identical.
     void all_reduce(int r, size_t offset, size_t count);
+    // The two halves of all_reduce, for sharded optimizer state (strategy.shard), on the f32 wire
+    // and one node: after reduce_scatter(r, ...) replica r's buffer holds the sum over replicas of
+    // its own chunk of the range (owned(); the rest of the range is scratch); all_gather(r, ...)
+    // copies every other replica's chunk into r's buffer. Together they sum as all_reduce does,
+    // bit for bit. Only ops with shards() split.
+    virtual bool shards() const { return false; }
+    void reduce_scatter(int r, size_t offset, size_t count);
+    void all_gather(int r, size_t offset, size_t count);
+    // Replica r's chunk [begin, end) of the range [offset, offset + count) of n replicas' buffers.
+    static std::pair<size_t, size_t> owned(int r, int n, size_t offset, size_t count) {
+        const Chunks c(count, n, DType::f32);
+        return {offset + c.begin(r), offset + c.begin(r) + c.length(r)};
+    }
     // Multi-node (f32 wire): every all_reduce becomes hierarchical - the node's sum by this op,
     // then each local replica sums its slice of the range across the nodes (replica r of every
     // node: MPI channel r for CPU and simulated replicas, an NCCL communicator for GPUs, on the
@@ -70,6 +83,8 @@ protected:
     // Sum in place over replicas the elements [offset, offset + count) of data(r), elements of
     // wire_dtype(), on the comm streams.
     virtual void run(int r, size_t offset, size_t count) = 0;
+    virtual void run_reduce_scatter(int, size_t, size_t) {}  // ops with shards()
+    virtual void run_all_gather(int, size_t, size_t) {}
     // Replica r's buffer as the ops see it: the f32 buffer, or its bf16 copy; offset in elements.
     void* data(int r, size_t offset) const {
         return static_cast<char*>(views_[size_t(r)]) + offset * dtype_size(wire_);
@@ -80,6 +95,9 @@ protected:
 
 private:
     void across_nodes(int r, size_t offset, size_t count);
+    // Throws unless [offset, offset + count) lies in the buffers and the ops can still run.
+    void check_call(size_t offset, size_t count) const;
+    void check_splittable() const;
     std::vector<float*> buffers_;
     std::vector<std::unique_ptr<NodeLink>> links_;  // per replica, multi-node only
     std::unique_ptr<ReplicaSync> node_sync_;
@@ -107,12 +125,13 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
                                   ReplicaThreads& threads, DType wire, const std::string& keep = {});
 
 // An op: its name (strategy.cross_device_ops), a line for --help, whether `auto` may time it for
-// these devices (it runs them), and how it is made: devices[r], buffers[r] are replica r's device
+// these devices (it runs them), whether it splits into reduce-scatter and all-gather, and how it is made: devices[r], buffers[r] are replica r's device
 // and buffer of `elements` floats; barrier the replica threads'; wire the type on the links.
 struct CrossDeviceOpsKind {
     const char* name;
     const char* summary;
     bool (*candidate)(const std::vector<Device*>& devices);
+    bool shards;  // runs its halves alone: sharded optimizer state (strategy.shard) can use it
     std::unique_ptr<CrossDeviceOps> (*create)(std::vector<Device*> devices, std::vector<float*> buffers,
                                               size_t elements, DType wire, ReplicaBarrier& barrier);
 };

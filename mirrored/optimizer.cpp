@@ -31,8 +31,28 @@ double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps
     }
 }
 
+Optimizer::Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned)
+    : dev_(dev), cfg_(cfg), n_(n) {
+    for (const auto& [b, e] : owned) {
+        if (b > e || e > n || (!owned_.empty() && b < owned_.back().end))
+            throw Error(kExitFailure, "optimizer: owned ranges unsorted, overlapping or past the parameters");
+        if (b == e) continue;
+        owned_.push_back({b, e, state_size_});
+        state_size_ += e - b;
+    }
+}
+
+const Optimizer::Owned& Optimizer::owner(size_t begin) const {
+    auto it =
+        std::upper_bound(owned_.begin(), owned_.end(), begin, [](size_t x, const Owned& o) { return x < o.begin; });
+    if (it == owned_.begin()) throw Error(kExitFailure, "optimizer: parameter outside the owned ranges");
+    return *std::prev(it);
+}
+
 void Optimizer::check_range(size_t begin, size_t end) const {
     if (end > n_ || begin > end) throw Error(kExitFailure, "optimizer: range past the parameters");
+    if (begin < end && end > owner(begin).end)
+        throw Error(kExitFailure, "optimizer: range beyond this replica's owned parameters");
 }
 
 void Optimizer::decay_only(std::vector<std::pair<size_t, size_t>> ranges) {
@@ -77,8 +97,8 @@ void Optimizer::apply_summed_range(Device& on, Stream s, float* params, float* c
 }
 
 DeviceBuffer<float> Optimizer::zeroed_state() const {
-    DeviceBuffer<float> b(dev_, n_);
-    dev_.fill(dev_.compute_stream(), n_, 0.0f, b.data());
+    DeviceBuffer<float> b(dev_, state_size_);
+    dev_.fill(dev_.compute_stream(), state_size_, 0.0f, b.data());
     return b;
 }
 
@@ -95,10 +115,14 @@ OptionsPtr optimizer_options(const OptimizerConfig& cfg) {
     return optimizer_kinds().get(cfg.type, "optimizer.type").read(none, "optimizer");
 }
 
-std::unique_ptr<Optimizer> make_optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) {
+std::unique_ptr<Optimizer> make_optimizer(Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned) {
     OptimizerConfig c = cfg;
     c.options = optimizer_options(cfg);
-    return optimizer_kinds().get(cfg.type, "optimizer.type").create(dev, c, n);
+    return optimizer_kinds().get(cfg.type, "optimizer.type").create(dev, c, n, owned);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) {
+    return make_optimizer(dev, cfg, n, {{0, n}});
 }
 
 int optimizer_state_buffers(const OptimizerConfig& cfg) {

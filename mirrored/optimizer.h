@@ -19,10 +19,14 @@ namespace mirrored {
 // Learning rate for optimizer step `step` (0-based) of `total_steps`.
 double learning_rate(const OptimizerConfig& c, int64_t step, int64_t total_steps, int replicas);
 
-// One update rule over the flat parameter buffer: its state buffers share the parameters' layout.
+// The parameters an optimizer keeps state for: [0, n), or (strategy.shard) sorted, disjoint
+// [begin, end) ranges only - perhaps none -, its state buffers holding them one after another.
+using OwnedRanges = std::vector<std::pair<size_t, size_t>>;
+
+// One update rule over the flat parameter buffer: its state buffers hold the owned parameters'.
 class Optimizer {
 public:
-    Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n) : dev_(dev), cfg_(cfg), n_(n) {}
+    Optimizer(Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned);
     virtual ~Optimizer() = default;
     Optimizer(const Optimizer&) = delete;
     Optimizer& operator=(const Optimizer&) = delete;
@@ -36,7 +40,7 @@ public:
                const float* loss_scale, bool skip_nonfinite, const StepValues* values = nullptr) {
         apply_range(dev_, s, params, grads, 0, n_, step, lr, grad_stats, loss_scale, skip_nonfinite, values);
     }
-    // The same over [begin, end) only, issued on `on` (a device that can reach this optimizer's
+    // The same over [begin, end) only (inside one owned range), issued on `on` (a device that can reach this optimizer's
     // memory): replicas that share one parameter copy each update their slice, concurrently.
     // params and grads point at element 0.
     void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
@@ -59,9 +63,16 @@ public:
         v.step = uint32_t(step);
         return v;
     }
-    // Named state buffers (same layout as the parameters), for checkpoints.
+    // Named state buffers (the owned ranges' values one after another), for checkpoints.
     virtual std::vector<std::pair<std::string, DeviceBuffer<float>*>> state() = 0;
     const OptimizerConfig& config() const { return cfg_; }
+    size_t size() const { return n_; }  // parameters
+    // The owned ranges (one, [0, n), unless sharded) and where each starts in the state buffers.
+    struct Owned {
+        size_t begin, end, state_at;
+    };
+    const std::vector<Owned>& owned() const { return owned_; }
+    size_t state_size() const { return state_size_; }
 
 protected:
     // One update rule over [begin, end) with this weight decay (0 or optimizer.weight_decay).
@@ -84,8 +95,12 @@ protected:
         return a;
     }
     void check_range(size_t begin, size_t end) const;
-    // A zeroed state buffer of n floats.
+    // A zeroed state buffer of state_size() floats.
     DeviceBuffer<float> zeroed_state() const;
+    // Where parameter `begin` (inside an owned range) keeps its state in buffer b.
+    float* state_at(DeviceBuffer<float>& b, size_t begin) const {
+        return b.data() + (begin - owner(begin).begin) + owner(begin).state_at;
+    }
 
     Device& dev_;
     OptimizerConfig cfg_;
@@ -95,6 +110,9 @@ private:
     // Calls fn(begin, end, weight decay) for each piece of [begin, end) decayed alike, in order.
     template <typename Fn>
     void for_each_piece(size_t begin, size_t end, Fn&& fn) const;
+    const Owned& owner(size_t begin) const;  // the owned range holding parameter `begin`
+    std::vector<Owned> owned_;
+    size_t state_size_ = 0;
     std::vector<std::pair<size_t, size_t>> decayed_;
     bool decay_all_ = true;
 };
@@ -108,12 +126,13 @@ struct OptimizerKind {
     OptionsPtr (*read)(SpecReader& r, const std::string& path);
     int (*state_buffers)(const Options& o);
     std::string (*describe)(const Options& o);
-    std::unique_ptr<Optimizer> (*create)(Device& dev, const OptimizerConfig& cfg, size_t n);
+    std::unique_ptr<Optimizer> (*create)(Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned);
 };
 const Registry<OptimizerKind>& optimizer_kinds();  // optimizer.cpp lists every type
 // cfg.options, or the type's defaults when there are none.
 OptionsPtr optimizer_options(const OptimizerConfig& cfg);
-std::unique_ptr<Optimizer> make_optimizer(Device& dev, const OptimizerConfig& cfg, size_t n);
+std::unique_ptr<Optimizer> make_optimizer(Device& dev, const OptimizerConfig& cfg, size_t n);  // owns [0, n)
+std::unique_ptr<Optimizer> make_optimizer(Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned);
 int optimizer_state_buffers(const OptimizerConfig& cfg);
 std::string optimizer_description(const OptimizerConfig& cfg);  // "adamw", "sgd+momentum", "sgd"
 // An optimizer config from code (type and its own keys through its reader; the rest as given).

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "base/io.h"
+#include "mirrored/cross_device_ops.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -43,6 +44,41 @@ std::string MemoryPlan::describe() const {
            format_bytes(workspace) + "; total " + format_bytes(total());
 }
 
+std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
+    std::vector<const TensorInfo*> t;
+    for (const auto& x : model.tensors())
+        if (x.trainable) t.push_back(&x);
+    std::sort(t.begin(), t.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+    std::vector<Bucket> out;
+    const size_t trainable = model.trainable_size();
+    if (bucket_mb <= 0) {
+        out.push_back(Bucket{0, trainable, t.front()->layer});
+    } else {
+        const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
+        size_t end = trainable;
+        for (int i = int(t.size()) - 1; i >= 0; --i)
+            if (end - t[size_t(i)]->offset >= limit || i == 0) {
+                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->layer});
+                end = t[size_t(i)]->offset;
+            }
+        out.back().begin = 0;  // covers any alignment gap before the first tensor
+    }
+    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1});
+    return out;
+}
+
+std::vector<std::pair<size_t, size_t>> owned_ranges(const std::vector<Bucket>& buckets, size_t trainable, int replicas,
+                                                    int r) {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const Bucket& b : buckets) {
+        if (b.begin >= trainable) continue;  // the batch statistics: every replica keeps them whole
+        const auto [begin, end] = CrossDeviceOps::owned(r, replicas, b.begin, b.end - b.begin);
+        if (end > begin) out.emplace_back(begin, end);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
 bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices, bool several_nodes) {
     const auto& o = devices.ordinals;
     if (!strategy.shared_parameters || o.size() < 2) return false;
@@ -68,6 +104,16 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     if (shared && replicas > 1)  // one copy, counted in shares
         for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
             *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
+    if (!shared && strategy.shard != StrategyConfig::Shard::none && replicas > 1) {  // the largest share
+        const std::vector<Bucket> buckets = make_buckets(model, strategy.bucket_mb);
+        uint64_t most = 0;
+        for (int r = 0; r < replicas; ++r) {
+            uint64_t owned = 0;
+            for (const auto& [b, e] : owned_ranges(buckets, model.trainable_size(), replicas, r)) owned += e - b;
+            most = std::max(most, owned);
+        }
+        m.optimizer = most * sizeof(float) * uint64_t(optimizer_state_buffers(opt));
+    }
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     const uint64_t widest = std::max<uint64_t>(model.largest_activation_per_row(), uint64_t(model.input_features()));
     m.workspace = backend.workspace_bytes({micro_rows, widest, strategy.fused_epilogues});
@@ -113,6 +159,12 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
         throw ConfigError("strategy.shared_parameters",
                           "at most " + std::to_string(PeerBuffers::kMax) +
                               " replicas of one GPU share one parameter copy; set it false");
+    sharded_ = cfg_.shard != StrategyConfig::Shard::none && !shared_;
+    if (sharded_ && nodes_)
+        throw ConfigError("strategy.shard",
+                          "optimizer state is sharded within one node only so far; set it none "
+                          "for a multi-node run");
+    buckets_ = make_buckets(model_, cfg_.bucket_mb);
     plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
@@ -168,7 +220,11 @@ void ReplicaSet::allocate_model_state(Replica& R, const OptimizerConfig& opt, in
     if (low_precision_ && holds_params)
         R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
     if (holds_params) {
-        R.optimizer = make_optimizer(d, opt, model_.trainable_size());
+        const size_t trainable = model_.trainable_size();
+        R.optimizer = sharded_
+                          ? make_optimizer(d, opt, trainable,
+                                           owned_ranges(buckets_, trainable, int(devices_.ordinals.size()), R.index))
+                          : make_optimizer(d, opt, trainable);
         if (opt.weight_decay_on == OptimizerConfig::DecayOn::matrices) R.optimizer->decay_only(model_.matrix_ranges());
     }
     R.acts = model_.make_activations(d, micro_rows);
@@ -195,7 +251,7 @@ void ReplicaSet::allocate_step_state(Replica& R) {
     R.train_metrics = DeviceBuffer<double>(d, kMetricSlots);
     R.eval_metrics = DeviceBuffer<double>(d, kMetricSlots);
     R.grad_stats = DeviceBuffer<float>(d, 2);
-    if (shared_) R.grad_total = DeviceBuffer<float>(d, 2);
+    if (shared_ || sharded_) R.grad_total = DeviceBuffer<float>(d, 2);
     R.loss_scale = DeviceBuffer<float>(d, 2);
     R.loss_scale_host = HostBuffer<float>(d, 2);
     R.loss_scale_host[0] = kInitialLossScale;

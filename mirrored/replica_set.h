@@ -51,6 +51,21 @@ struct MemoryPlan {
     }
     std::string describe() const;  // "params 1.2 MiB, grads ..., total ..."
 };
+// A contiguous range of the flat gradient buffer, reduced as one unit.
+struct Bucket {
+    size_t begin = 0, end = 0;  // floats
+    int ready_after_layer = 0;  // backward has produced all of it once this layer is done
+};
+// The trainable region in buckets of about bucket_mb in reverse layer order (0: one bucket), then
+// the state region (batch statistics) as a last bucket reduced after backward
+// (ready_after_layer -1).
+std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
+
+// strategy.shard: replica r's own chunk of every trainable bucket (the chunk the ring's
+// reduce-scatter leaves it), sorted: the parameters whose optimizer state it keeps.
+std::vector<std::pair<size_t, size_t>> owned_ranges(const std::vector<Bucket>& buckets, size_t trainable, int replicas,
+                                                    int r);
+
 // Whether strategy.shared_parameters applies to these devices: several CPU replicas, or several
 // replicas of one GPU (one node).
 bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices, bool several_nodes = false);
@@ -79,9 +94,9 @@ struct Replica {
     DeviceBuffer<unsigned char> labels[2];             // [shard rows] class indexes or [shard rows, outputs] targets
     DeviceBuffer<double> train_metrics, eval_metrics;  // [kMetricSlots]
     DeviceBuffer<float> grad_stats;                    // [2]: squared norm, non-finite count
-    DeviceBuffer<float> grad_total;                    // [2]: shared parameters: grad_stats of every slice, summed
-    DeviceBuffer<float> loss_scale;                    // [2]: scale, good steps in a row (fp16)
-    DeviceBuffer<float> stats;                         // synchronised batch statistics (model.stats_floats())
+    DeviceBuffer<float> grad_total;  // [2]: shared: grad_stats of every slice, summed; sharded: one range's
+    DeviceBuffer<float> loss_scale;  // [2]: scale, good steps in a row (fp16)
+    DeviceBuffer<float> stats;       // synchronised batch statistics (model.stats_floats())
     std::unique_ptr<StatsSync> sync;
     DeviceBuffer<uint64_t> checksums;            // [tensors + 1]: per tensor, then whole buffer
     HostBuffer<double> metrics_host, eval_host;  // [kMetricSlots], pinned
@@ -128,9 +143,13 @@ public:
     const DeviceList& devices() const { return devices_; }
     const DeviceTraits& traits() const { return devices_.traits(); }
     int accumulation() const { return accumulation_; }
-    bool shared() const { return shared_; }                // one parameter copy (shared_parameters)
-    bool low_precision() const { return low_precision_; }  // bf16/fp16 activations and weight copies
-    bool loss_scaling() const { return loss_scaling_; }    // fp16
+    bool shared() const { return shared_; }  // one parameter copy (shared_parameters)
+    // strategy.shard: optimizer, on replicas that keep their own parameter copies: each keeps the
+    // optimizer state of owned_ranges() only.
+    bool sharded() const { return sharded_; }
+    const std::vector<Bucket>& buckets() const { return buckets_; }  // the gradients' buckets
+    bool low_precision() const { return low_precision_; }            // bf16/fp16 activations and weight copies
+    bool loss_scaling() const { return loss_scaling_; }              // fp16
     size_t label_bytes() const { return label_bytes_; }
     Replica& replica(int r) { return *replicas_[size_t(r)]; }
     const std::vector<std::unique_ptr<Replica>>& members() { return replicas_; }
@@ -221,6 +240,8 @@ private:
     int accumulation_ = 1;
     size_t label_bytes_ = sizeof(int32_t);
     bool shared_ = false;
+    bool sharded_ = false;
+    std::vector<Bucket> buckets_;
     bool low_precision_ = false;
     bool convert_inputs_ = false;  // low precision, and inputs that are values (not token ids)
     bool loss_scaling_ = false;

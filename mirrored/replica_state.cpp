@@ -1,5 +1,6 @@
 #include "mirrored/replica_state.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -194,17 +195,34 @@ std::vector<float> ReplicaState::download_params() {
     });
 }
 
+// The replicas whose optimizers hold the state between them: every replica's own chunks when
+// sharded, else replica 0's whole (the others hold copies, or share it).
+std::vector<Replica*> ReplicaState::state_holders() {
+    std::vector<Replica*> out;
+    for (auto& R : set_.members())
+        if (set_.sharded() || R->index == 0) out.push_back(R.get());
+    return out;
+}
+
+// Checkpoints hold the full state in the parameters' layout, whichever replicas held which part:
+// a run resumes with another strategy.shard or replica count.
 std::vector<std::pair<std::string, std::vector<float>>> ReplicaState::download_optimizer_state() {
     set_.synchronize();
     return set_.guarded([&] {
-        Replica& R = set_.replica(0);
         std::vector<std::pair<std::string, std::vector<float>>> out;
-        for (auto& [name, buf] : R.optimizer->state()) {
-            std::vector<float> h(buf->size());
-            R.device->copy_to_host(R.device->compute_stream(), h.data(), buf->data(), buf->bytes());
-            out.emplace_back(name, std::move(h));
+        for (Replica* R : state_holders()) {
+            Device& d = *R->device;
+            const auto states = R->optimizer->state();
+            if (out.empty())
+                for (const auto& [name, buf] : states) out.emplace_back(name, std::vector<float>(R->optimizer->size()));
+            std::vector<float> own(R->optimizer->state_size());
+            for (size_t i = 0; i < states.size(); ++i) {
+                d.copy_to_host(d.compute_stream(), own.data(), states[i].second->data(), own.size() * sizeof(float));
+                d.stream_synchronize(d.compute_stream());
+                for (const auto& o : R->optimizer->owned())
+                    std::copy_n(own.data() + o.state_at, o.end - o.begin, out[i].second.data() + o.begin);
+            }
         }
-        R.device->stream_synchronize(R.device->compute_stream());
         return out;
     });
 }
@@ -214,10 +232,11 @@ void ReplicaState::upload_state(const std::vector<float>& params,
     // Everything is checked before anything is copied.
     if (params.size() != set_.replica(0).params.size())
         throw CheckpointError("checkpoint parameters do not fit the model");
-    auto mine = set_.replica(0).optimizer->state();
+    Optimizer& first = *set_.replica(0).optimizer;
+    auto mine = first.state();
     if (mine.size() != state.size()) throw CheckpointError("checkpoint optimizer state does not fit the optimizer");
     for (size_t i = 0; i < mine.size(); ++i)
-        if (mine[i].first != state[i].first || mine[i].second->size() != state[i].second.size())
+        if (mine[i].first != state[i].first || first.size() != state[i].second.size())
             throw CheckpointError("checkpoint optimizer state '" + state[i].first + "' does not fit the optimizer");
     set_.guarded([&] {
         for (auto& Rp : set_.members()) {
@@ -225,9 +244,13 @@ void ReplicaState::upload_state(const std::vector<float>& params,
             Device& d = *Rp->device;
             d.copy_to_device(d.compute_stream(), Rp->params.data(), params.data(), params.size() * sizeof(float));
             auto own = Rp->optimizer->state();
-            for (size_t i = 0; i < own.size(); ++i)
-                d.copy_to_device(d.compute_stream(), own[i].second->data(), state[i].second.data(),
-                                 state[i].second.size() * sizeof(float));
+            std::vector<float> part(Rp->optimizer->state_size());
+            for (size_t i = 0; i < own.size(); ++i) {
+                for (const auto& o : Rp->optimizer->owned())
+                    std::copy_n(state[i].second.data() + o.begin, o.end - o.begin, part.data() + o.state_at);
+                d.copy_to_device(d.compute_stream(), own[i].second->data(), part.data(), part.size() * sizeof(float));
+                d.synchronize();  // part is refilled for the next state
+            }
             set_.refresh_weights(*Rp, d.compute_stream());
             d.synchronize();
         }

@@ -42,13 +42,15 @@ public:
     // the first tensor and replica that differ from replica 0.
     void verify_replicas();
 
-    // Host copies for checkpoints (from replica 0) and restore (to every replica).
+    // Host copies for checkpoints and restore: the parameters from replica 0, the optimizer state
+    // in the parameters' layout, gathered from (scattered to) the replicas that hold its parts.
     std::vector<float> download_params();
     std::vector<std::pair<std::string, std::vector<float>>> download_optimizer_state();
     void upload_state(const std::vector<float>& params,
                       const std::vector<std::pair<std::string, std::vector<float>>>& optimizer_state);
 
 private:
+    std::vector<Replica*> state_holders();
     ReplicaSet& set_;
 };
 

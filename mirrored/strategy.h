@@ -49,6 +49,9 @@ public:
     int accumulation_steps() const { return set_->accumulation(); }
     // CPU replicas, or replicas of one GPU, sharing one parameter copy (strategy.shared_parameters).
     bool shared_parameters() const { return set_->shared(); }
+    // strategy.shard optimizer on replicas with their own parameter copies: each keeps the
+    // optimizer state of its own chunks only.
+    bool sharded_optimizer() const { return set_->sharded(); }
     const MemoryPlan& memory_plan() const { return set_->memory_plan(); }  // per replica
     // The most device memory any replica has held through its own allocations (measured).
     uint64_t peak_memory_bytes() const { return set_->peak_memory_bytes(); }

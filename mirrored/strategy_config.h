@@ -26,6 +26,12 @@ struct StrategyConfig {
     // backward each replica sums its slice of the gradients over all replicas and updates that
     // slice - no all-gather, the update done once. Replicas on distinct GPUs keep their copies.
     bool shared_parameters = false;
+    // What the replicas keep only their own share of (ZeRO): none, or optimizer - each replica
+    // holds the optimizer state of its chunk of every gradient bucket; the all-reduce becomes
+    // reduce-scatter -> update of the own chunks -> all-gather of the parameters. Replicas that
+    // share one parameter copy already hold one optimizer state between them.
+    enum class Shard { none, optimizer };
+    Shard shard = Shard::none;
     // GPU replicas (CUDA, simulated): each step shape's work - every replica's forward, backward,
     // bucketed all-reduce and update - is captured once as one graph and replayed with one launch;
     // what changes per step (learning rate, step counters, the input buffer) is in device memory.

@@ -8,29 +8,6 @@
 
 namespace mirrored {
 
-std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
-    std::vector<const TensorInfo*> t;
-    for (const auto& x : model.tensors())
-        if (x.trainable) t.push_back(&x);
-    std::sort(t.begin(), t.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
-    std::vector<Bucket> out;
-    const size_t trainable = model.trainable_size();
-    if (bucket_mb <= 0) {
-        out.push_back(Bucket{0, trainable, t.front()->layer});
-    } else {
-        const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
-        size_t end = trainable;
-        for (int i = int(t.size()) - 1; i >= 0; --i)
-            if (end - t[size_t(i)]->offset >= limit || i == 0) {
-                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->layer});
-                end = t[size_t(i)]->offset;
-            }
-        out.back().begin = 0;  // covers any alignment gap before the first tensor
-    }
-    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1});
-    return out;
-}
-
 // A replica's view of the cross-replica statistics sum: its comm stream runs the all-reduce
 // between events, so compute waits only for that (CPU: the call itself is the sum).
 class TrainingStep::ReplicaStatsSync final : public StatsSync {
@@ -56,7 +33,7 @@ private:
 TrainingStep::TrainingStep(ReplicaSet& set, const LossConfig& loss)
     : set_(set), model_(set.model()), loss_(make_loss(loss)) {
     const std::vector<Device*> devs = set_.device_list();
-    buckets_ = make_buckets(model_, set_.config().bucket_mb);
+    buckets_ = set_.buckets();
     for (int r = 0; r < set_.replicas(); ++r) all_indices_.push_back(r);
     if (set_.shared()) joins_ = std::make_unique<ReplicaSync>(devs, set_.threads().barrier(), ReplicaSync::On::compute);
     // Shared parameters: the gradients need no op (each replica sums its slice where it lies);
@@ -74,13 +51,15 @@ TrainingStep::~TrainingStep() {
     set_.forget_failure_hooks();
     destroy_graphs();
     ops_.reset();
+    param_ops_.reset();
+    grad_stats_ops_.reset();
     state_ops_.reset();
     stats_ops_.reset();
     joins_.reset();
 }
 
 void TrainingStep::abort_ops() noexcept {
-    for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get()})
+    for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get(), param_ops_.get(), grad_stats_ops_.get()})
         if (ops) ops->abort();
 }
 
@@ -88,7 +67,10 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
     const bool exact = set_.config().allreduce_dtype ==
                        DType::f32;  // else the state region (running statistics) needs its own f32 ops
     const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
-    if (set_.config().cross_device_ops == "auto") {
+    if (set_.config().cross_device_ops == "auto" && set_.sharded()) {
+        set_.config().cross_device_ops = "ring";
+        ops_choice_ = "auto, ring: the op that splits into reduce-scatter and all-gather (strategy.shard)";
+    } else if (set_.config().cross_device_ops == "auto") {
         std::vector<std::pair<size_t, size_t>> ranges;
         for (const Bucket& b : buckets_)
             if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
@@ -106,6 +88,16 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
     }
     ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), ops_elements,
                                  set_.threads().barrier(), set_.config().allreduce_dtype);
+    if (set_.sharded()) {  // the config reader refused ops that do not split
+        std::vector<float*> params, stats;
+        for (int r = 0; r < set_.replicas(); ++r) {
+            params.push_back(set_.replica(r).params.data());
+            stats.push_back(set_.replica(r).grad_stats.data());
+        }
+        const std::string& op = set_.config().cross_device_ops;
+        param_ops_ = make_cross_device_ops(op, devs, params, model_.trainable_size(), set_.threads().barrier());
+        grad_stats_ops_ = make_cross_device_ops(op, devs, stats, 2, set_.threads().barrier());
+    }
     if (model_.has_state() && !exact)
         state_ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), model_.flat_size(),
                                            set_.threads().barrier());
@@ -201,7 +193,9 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         const double c0 = now_s();
         d.event_record(R.bucket_ready, cs);
         d.stream_wait_event(comm_s, R.bucket_ready);
-        (b.begin >= trainable && state_ops_ ? *state_ops_ : *ops_).all_reduce(r, b.begin, b.end - b.begin);
+        if (set_.sharded() && b.begin < trainable)  // each replica sums only its own chunk
+            ops_->reduce_scatter(r, b.begin, b.end - b.begin);
+        else (b.begin >= trainable && state_ops_ ? *state_ops_ : *ops_).all_reduce(r, b.begin, b.end - b.begin);
         comm += now_s() - c0;
     };
     const bool overlap = set_.config().bucket_mb > 0 && n > 1 && !set_.shared();
@@ -251,7 +245,8 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         }
         if (timing) d.event_record(R.t_reduced, cs);
         profile_mark(R, cs, LayerProbe::kReduced);
-        apply_update(R, step, lr, values);
+        if (set_.sharded()) sharded_update(R, step, lr, values);
+        else apply_update(R, step, lr, values);
     }
     if (timing) d.event_record(R.t_end, cs);
     profile_mark(R, cs, LayerProbe::kEnd);
@@ -276,6 +271,47 @@ void TrainingStep::apply_update(Replica& R, int64_t step, float lr, const StepVa
         d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_)
         d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
+    set_.refresh_weights(R, cs);
+}
+
+// strategy.shard, on the compute stream once the reduce-scatter is done: the gradient statistics
+// over the own chunks, summed across the replicas (every replica gets the same bits, so all agree
+// on clipping and on an fp16 overflow) -> the optimizer on the own chunks with the own state ->
+// the loss scale and the running statistics (all-reduced whole) -> on the comm stream, every
+// replica gathers the others' updated chunks of the parameters -> the 16-bit copy.
+void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const StepValues* values) {
+    Device& d = *R.device;
+    const Stream cs = d.compute_stream(), comm = d.comm_stream();
+    const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
+    const bool stats = R.optimizer->config().grad_clip_norm > 0 || set_.loss_scaling();
+    const auto& owned = R.optimizer->owned();
+    // comm_op: fn's work on the comm stream, after the compute stream's work so far and before its next
+    const auto comm_op = [&](auto&& fn) {
+        d.event_record(R.bucket_ready, cs);
+        d.stream_wait_event(comm, R.bucket_ready);
+        fn();
+        d.event_record(R.reduced, comm);
+        d.stream_wait_event(cs, R.reduced);
+    };
+    if (stats) {
+        d.fill(cs, 2, 0.0f, R.grad_stats.data());
+        for (const auto& o : owned) {
+            d.sum_squares(cs, o.end - o.begin, R.grads.data() + o.begin, loss_scale, R.grad_total.data());
+            d.axpy(cs, 2, 1.0f, R.grad_total.data(), R.grad_stats.data());
+        }
+        comm_op([&] { grad_stats_ops_->all_reduce(R.index, 0, 2); });
+    }
+    for (const auto& o : owned)
+        R.optimizer->apply_range(d, cs, R.params.data(), R.grads.data(), o.begin, o.end, step, lr,
+                                 stats ? R.grad_stats.data() : nullptr, loss_scale, set_.loss_scaling(), values);
+    if (set_.loss_scaling())
+        d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
+    for (const TensorInfo* t : state_)
+        d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
+    comm_op([&] {
+        for (const Bucket& b : buckets_)
+            if (b.begin < model_.trainable_size()) param_ops_->all_gather(R.index, b.begin, b.end - b.begin);
+    });
     set_.refresh_weights(R, cs);
 }
 

@@ -20,16 +20,6 @@
 
 namespace mirrored {
 
-// A contiguous range of the flat gradient buffer, reduced as one unit.
-struct Bucket {
-    size_t begin = 0, end = 0;  // floats
-    int ready_after_layer = 0;  // backward has produced all of it once this layer is done
-};
-// The trainable region in buckets of about bucket_mb in reverse layer order (0: one bucket), then
-// the state region (batch statistics) as a last bucket reduced after backward
-// (ready_after_layer -1).
-std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
-
 class TrainingStep {
 public:
     // After the replicas exist: the gradients' cross-device ops (chosen by measurement for
@@ -81,6 +71,8 @@ private:
     // The update from the summed gradients: statistics when clipping or loss scaling needs them,
     // the optimizer (skipped by an fp16 overflow), the loss scale, running statistics, the 16-bit copy.
     void apply_update(Replica& R, int64_t step, float lr, const StepValues* values);
+    // strategy.shard: R updates its own chunks (reduce-scattered) and gathers everyone's.
+    void sharded_update(Replica& R, int64_t step, float lr, const StepValues* values);
     // Shared parameters: R sums its slice over every replica and updates it in the one copy.
     void shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);
     // Replica r's slice [begin, end) of the flat buffer (shared parameters): in size_t, as a
@@ -104,6 +96,8 @@ private:
     std::unique_ptr<CrossDeviceOps> ops_;        // the trainable region, in allreduce_dtype
     std::unique_ptr<CrossDeviceOps> state_ops_;  // the state region in f32 when ops_ is not
     std::unique_ptr<CrossDeviceOps> stats_ops_;  // synchronised batch statistics
+    // strategy.shard: the updated parameters' all-gather, and the gradient statistics' sum
+    std::unique_ptr<CrossDeviceOps> param_ops_, grad_stats_ops_;
     std::string ops_choice_;
     std::unique_ptr<ReplicaSync> joins_;    // shared parameters: on the compute streams
     std::vector<int> all_indices_;          // 0 .. replicas - 1

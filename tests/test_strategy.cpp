@@ -9,6 +9,7 @@
 #include "data/loader.h"
 #include "base/error.h"
 #include "kernels/sim/sim.h"
+#include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/strategy.h"
 #include "tests/helpers.h"
@@ -126,10 +127,12 @@ Dataset small_problem(uint64_t seed = SyntheticOptions{}.seed) {
 
 // `steps` optimizer steps on a small synthetic problem, the learning rate falling each step;
 // returns replica 0's parameters. op "shared": strategy.shared_parameters (the gradients need no
-// op). graph: strategy.cuda_graph. fused: strategy.fused_epilogues.
+// op). graph: strategy.cuda_graph. fused: strategy.fused_epilogues. shard: strategy.shard
+// optimizer; state (may be null): the optimizer state at the end, gathered.
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
                   const std::string& opt_type = "sgd", double clip = 0.0, const std::string& op = "ring",
-                  bool graph = false, bool fused = false) {
+                  bool graph = false, bool fused = false, bool shard = false,
+                  std::vector<std::pair<std::string, std::vector<float>>>* state = nullptr) {
     const Dataset ds = small_problem(7);
     const Model model(
         {12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
@@ -146,6 +149,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     sc.shared_parameters = op == "shared";
     sc.cuda_graph = graph;
     sc.fused_epilogues = fused;
+    sc.shard = shard ? StrategyConfig::Shard::optimizer : StrategyConfig::Shard::none;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, accumulation);
     LoaderOptions lo;
@@ -166,6 +170,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     for (int r = 0; r < strategy.replicas(); ++r) out.checksums.push_back(strategy.checksum(r));
     out.ops = strategy.cross_device_ops_name();
     out.ops_choice = strategy.cross_device_ops_choice();
+    if (state) *state = strategy.download_optimizer_state();
     return out;
 }
 
@@ -180,7 +185,7 @@ struct CnnResult {
 // A small CNN with batchnorm (synchronised or per replica) on images of a synthetic problem.
 CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision precision = Precision::fp32,
                     int overflow_step = -1, int overflow_replica = 1, std::vector<float>* before_overflow = nullptr,
-                    DType wire = DType::f32, bool shared = false, bool graph = false) {
+                    DType wire = DType::f32, bool shared = false, bool graph = false, bool shard = false) {
     SyntheticOptions so;
     so.shape = {6, 6, 2};
     so.classes = 3;
@@ -203,6 +208,7 @@ CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision 
     sc.allreduce_dtype = wire;
     sc.shared_parameters = shared;
     sc.cuda_graph = graph;
+    sc.shard = shard ? StrategyConfig::Shard::optimizer : StrategyConfig::Shard::none;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, 1);
     LoaderOptions lo;
@@ -1303,4 +1309,160 @@ TEST_CASE("allreduce_dtype bf16: replicas stay identical, close to the f32 wire;
     const CnnResult one = train_cnn("cpu:1", 4, true),
                     one_bf = train_cnn("cpu:1", 4, true, Precision::fp32, -1, 1, nullptr, DType::bf16);
     CHECK(one.params == one_bf.params);
+}
+
+TEST_CASE("ring halves: reduce-scatter leaves each replica its owned chunk summed; with all-gather, the all-reduce") {
+    Rng rng(base_seed() + 5);
+    for (int n = 1; n <= 5; ++n)
+        for (size_t len : {size_t(1), size_t(7), size_t(1009)}) {
+            CAPTURE(n);
+            CAPTURE(len);
+            AllReduceFixture whole("ring", DeviceType::cpu, std::vector<int>(size_t(n), 0), len),
+                halves("ring", DeviceType::cpu, std::vector<int>(size_t(n), 0), len);
+            const size_t at = 3;  // an offset, as a bucket has
+            std::vector<std::vector<float>> host(size_t(n), std::vector<float>(len + at));
+            for (int r = 0; r < n; ++r) {
+                host[size_t(r)] = rng.uniform(len + at, -1.0f, 1.0f);
+                for (AllReduceFixture* f : {&whole, &halves})
+                    std::copy(host[size_t(r)].begin(), host[size_t(r)].end(), f->bufs[size_t(r)].data());
+            }
+            whole.threads->run([&](int r) { whole.ops->all_reduce(r, at, len); });
+            halves.threads->run([&](int r) { halves.ops->reduce_scatter(r, at, len); });
+            bool owned_exact = true;
+            for (int r = 0; r < n; ++r) {
+                const auto [b, e] = CrossDeviceOps::owned(r, n, at, len);
+                owned_exact =
+                    owned_exact && std::equal(whole.bufs[size_t(r)].data() + b, whole.bufs[size_t(r)].data() + e,
+                                              halves.bufs[size_t(r)].data() + b);
+            }
+            CHECK(owned_exact);  // the same additions in the same order
+            halves.threads->run([&](int r) { halves.ops->all_gather(r, at, len); });
+            for (int r = 0; r < n; ++r)
+                CHECK(std::equal(whole.bufs[size_t(r)].data(), whole.bufs[size_t(r)].data() + at + len,
+                                 halves.bufs[size_t(r)].data()));
+        }
+    // the owned chunks tile a range
+    for (int n : {1, 3, 8}) {
+        size_t at = 10;
+        for (int r = 0; r < n; ++r) {
+            const auto [b, e] = CrossDeviceOps::owned(r, n, 10, 1001);
+            CHECK(b == at);
+            at = e;
+        }
+        CHECK(at == 1011);
+    }
+}
+
+TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, each keeping 1/N of the state") {
+    SimScope sim(30);
+    for (const char* devices : {"cpu:2", "cpu:3", "cpu:4", "sim:0,1,2"})
+        for (const char* opt : {"sgd", "adamw"}) {
+            CAPTURE(devices);
+            CAPTURE(opt);
+            std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
+            const TrainResult plain = train(devices, 6, 0.0005, 2, opt, 0.0, "ring", false, false, false, &whole);
+            const TrainResult shard = train(devices, 6, 0.0005, 2, opt, 0.0, "ring", false, false, true, &sharded);
+            CHECK(shard.params == plain.params);  // the ring's additions, the same update per element
+            for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
+            REQUIRE(sharded.size() == whole.size());
+            for (size_t i = 0; i < whole.size(); ++i) CHECK(sharded[i] == whole[i]);  // gathered whole
+        }
+    // captured once and replayed (simulated GPUs): the same bits
+    const TrainResult uncaptured = train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", false, false, true);
+    const TrainResult replayed = train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", true, false, true);
+    CHECK(replayed.graph_launches > 0);
+    CHECK(replayed.params == uncaptured.params);
+    // clipping: the norm from per-chunk partial sums, so within rounding of the unsharded run
+    const TrainResult one = train("cpu:1", 6, 0.0, 2, "adamw", 0.5);
+    const TrainResult clipped = train("cpu:3", 6, 0.0005, 2, "adamw", 0.5, "ring", false, false, true);
+    CHECK(rel_error(clipped.params, one.params) < 1e-5);
+    for (uint64_t c : clipped.checksums) CHECK(c == clipped.checksums[0]);
+    // one bucket, one replica: nothing to split
+    CHECK(train("cpu:1", 4, 0.0, 1, "adamw", 0.0, "ring", false, false, true).params ==
+          train("cpu:1", 4, 0.0, 1, "adamw").params);
+    // the state each replica holds: its own chunks, about 1/N, together every parameter once
+    const Model model({12}, {dense(16, Activation::relu), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
+    StrategyConfig sc;
+    sc.devices = "cpu:4";
+    sc.bucket_mb = 0.0005;
+    sc.shard = StrategyConfig::Shard::optimizer;
+    MirroredStrategy st(sc, model, make_optimizer_config("adamw"), 24, 1);
+    size_t total = 0, most = 0;
+    for (int r = 0; r < 4; ++r) {
+        const Optimizer& o = *st.replica(r).optimizer;
+        total += o.state_size();
+        most = std::max(most, o.state_size());
+        CHECK(st.replica(r).optimizer->state()[0].second->size() == o.state_size());
+    }
+    CHECK(total == model.trainable_size());
+    CHECK(most <= model.trainable_size() / 4 + 4 * st.buckets().size());  // rounding to 16 bytes per bucket
+    CHECK(st.memory_plan().optimizer == most * 2 * sizeof(float));
+    sc.shard = StrategyConfig::Shard::none;
+    CHECK(MirroredStrategy(sc, model, make_optimizer_config("adamw"), 24, 1).memory_plan().optimizer ==
+          model.trainable_size() * 2 * sizeof(float));
+}
+
+TEST_CASE("strategy.shard optimizer: batchnorm statistics, fp16 loss scaling and an overflow agree with unsharded") {
+    const CnnResult plain = train_cnn("cpu:3", 6, true, Precision::fp16, 3, 2);
+    const CnnResult shard = train_cnn("cpu:3", 6, true, Precision::fp16, 3, 2, nullptr, DType::f32, false, false, true);
+    CHECK(shard.loss_scale == plain.loss_scale);
+    CHECK(shard.loss_scale < MirroredStrategy::kInitialLossScale);  // the overflow halved it everywhere
+    CHECK(shard.params == plain.params);                            // running statistics included
+    for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
+    SimScope sim(25);  // on simulated GPUs with delays, the order of the streams holds
+    const CnnResult sim_shard =
+        train_cnn("sim:0,1,2", 6, true, Precision::fp32, -1, 1, nullptr, DType::f32, false, false, true);
+    CHECK(sim_shard.params == train_cnn("sim:0,1,2", 6, true).params);
+}
+
+TEST_CASE("strategy.shard optimizer: a checkpoint's state is whole and resumes with another mode and replica count") {
+    std::vector<std::pair<std::string, std::vector<float>>> from4;
+    const TrainResult four = train("cpu:4", 5, 0.0005, 1, "adamw", 0.0, "ring", false, false, true, &from4);
+    const Model model(
+        {12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
+    for (bool shard : {true, false}) {
+        CAPTURE(shard);
+        StrategyConfig sc;
+        sc.devices = "cpu:2";
+        sc.bucket_mb = 0.0003;
+        sc.shard = shard ? StrategyConfig::Shard::optimizer : StrategyConfig::Shard::none;
+        OptimizerConfig oc = make_optimizer_config("adamw");
+        oc.weight_decay = 1e-3;
+        MirroredStrategy st(sc, model, oc, 24, 1);
+        st.upload_state(four.params, from4);
+        CHECK(st.download_params() == four.params);
+        const auto back = st.download_optimizer_state();
+        REQUIRE(back.size() == from4.size());
+        for (size_t i = 0; i < back.size(); ++i) CHECK(back[i] == from4[i]);
+        for (int r = 0; r < 2; ++r) CHECK(st.checksum(r) == four.checksums[0]);
+    }
+    // a state that does not fit is refused before anything is copied
+    StrategyConfig sc;
+    sc.devices = "cpu:2";
+    sc.shard = StrategyConfig::Shard::optimizer;
+    MirroredStrategy st(sc, model, make_optimizer_config("adamw"), 24, 1);
+    auto wrong = from4;
+    wrong[1].second.pop_back();
+    CHECK_THROWS_AS(st.upload_state(four.params, wrong), CheckpointError);
+}
+
+TEST_CASE("strategy.shard: refused with ops that cannot split, a bf16 wire and several nodes, naming the key") {
+    const std::string base = "model: {layers: [{type: dense, units: 3}]}\nstrategy: {shard: optimizer, ";
+    for (const char* op : {"direct", "reduce_to_one", "nccl"}) {
+        CAPTURE(op);
+        CHECK_THROWS_WITH_AS(load_config_text(base + "cross_device_ops: " + op + "}\n", "s.yaml", {}),
+                             doctest::Contains("strategy.shard: optimizer needs an op that splits"), ConfigError);
+        CHECK_THROWS_WITH_AS(load_config_text(base + "cross_device_ops: " + op + "}\n", "s.yaml", {}),
+                             doctest::Contains("ops that do: ring"), ConfigError);
+    }
+    CHECK_THROWS_WITH_AS(load_config_text(base + "allreduce_dtype: bf16}\n", "s.yaml", {}),
+                         doctest::Contains("strategy.shard: optimizer exchanges fp32 gradients"), ConfigError);
+    CHECK_THROWS_WITH_AS(load_config_text(base + "cross_device_ops: ring}\n", "s.yaml", {"strategy.shard=all"}),
+                         doctest::Contains("strategy.shard"), ConfigError);
+    const Config ok = load_config_text(base + "cross_device_ops: auto}\n", "s.yaml", {});
+    CHECK(ok.strategy.shard == StrategyConfig::Shard::optimizer);
+    // auto with sharding takes the ring without timing anything
+    const TrainResult chosen = train("cpu:2", 2, 0.0005, 1, "sgd", 0.0, "auto", false, false, true);
+    CHECK(chosen.ops == std::string("ring"));
+    CHECK(chosen.ops_choice.find("strategy.shard") != std::string::npos);
 }

@@ -461,7 +461,19 @@ TEST_CASE(
         CHECK(r["step_ms"].get<double>() > 0);
     }
     const auto& r8 = j["results"][2];
-    CHECK(r8["zero1_saving_bytes"].get<double>() == doctest::Approx(r8["memory"]["optimizer"].get<double>() * 7 / 8));
+    // strategy.shard optimizer: each GPU keeps its chunks' state, 1/8 but for the chunks' rounding
+    CHECK(r8["zero1_saving_bytes"].get<double>() ==
+          doctest::Approx(r8["memory"]["optimizer"].get<double>() * 7 / 8).epsilon(0.01));
+    CHECK(j["results"][0]["zero1_saving_bytes"] == 0.0);  // one GPU: nothing to share
+    REQUIRE(run_cli({"plan", cfg, "--gpus", "1,2,8", "--gpu", "h200", "--json", out, "--set",
+                     "strategy.shard=optimizer"}) == kExitOk);
+    const json sharded = read_json(out)["results"][2];
+    CHECK(read_json(out)["results"][0]["memory"] == j["results"][0]["memory"]);  // one GPU keeps it all
+    CHECK(sharded["memory"]["optimizer"].get<double>() ==
+          doctest::Approx(r8["memory"]["optimizer"].get<double>() / 8).epsilon(0.05));
+    CHECK(sharded["memory_bytes"].get<double>() ==
+          doctest::Approx(r8["memory_bytes"].get<double>() - r8["zero1_saving_bytes"].get<double>()));
+    CHECK(sharded["zero1_saving_bytes"] == 0.0);  // taken
     CHECK(j["results"][0]["speedup"] == 1.0);
     // too little memory: does not fit, and says the largest per-GPU batch that does
     REQUIRE(run_cli({"plan", cfg, "--gpus", "2", "--memory-gb", "1.0035", "--json", out}) == kExitOk);

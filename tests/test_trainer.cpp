@@ -161,6 +161,45 @@ TEST_CASE("shared parameters: stop or SIGKILL, then resume, is bit-identical; th
     expect_same_run(ref, killed);
 }
 
+TEST_CASE("strategy.shard optimizer: SIGKILL then resume is bit-identical; its checkpoint resumes unsharded on 2") {
+    Scratch s;
+    std::string text = kTiny;
+    text.replace(text.find("\"cpu:2\""), 7, "\"cpu:4\"");
+    text.replace(text.find("verify_every_steps: 10}"), 23, "verify_every_steps: 10, shard: optimizer}");
+    text.replace(text.find("epochs: 5"), 9, "epochs: 20");
+    const std::string cfg = s.config(text);
+    const std::string ref = s.out("ref");
+    const double t0 = now_seconds();
+    REQUIRE(run_cli({"train", cfg, "--output", ref}, {}, -1, nullptr, Stdout::file, s.out("ref.txt")) == kExitOk);
+    const double duration = now_seconds() - t0;
+    std::ifstream header(s.out("ref.txt"));
+    const std::string printed((std::istreambuf_iterator<char>(header)), {});
+    CHECK(printed.find("shard: optimizer - each replica keeps the optimizer state of its own chunk") !=
+          std::string::npos);
+    CHECK(summary(ref)["shard"] == "optimizer");
+    CHECK(summary(ref)["test_accuracy"].get<double>() > 0.5);
+    const std::string killed = s.out("killed");
+    test::Rng rng(21);
+    const double when = kill_point(duration, rng);
+    CAPTURE(when);
+    const int first = run_cli({"train", cfg, "--output", killed}, {}, when);
+    CHECK((first == 128 + SIGKILL || first == kExitOk));
+    CHECK(run_cli({"train", cfg, "--output", killed}) == kExitOk);
+    expect_same_run(ref, killed);
+    // stopped while sharded on 4 replicas, resumed unsharded on 2: the checkpoint holds the whole
+    // state, so the run goes on where it stopped (its sums in another order: close, not equal)
+    const std::string moved = s.out("moved");
+    {
+        EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "40");
+        CHECK(train_in_process(cfg, moved) == kExitInterrupted);
+    }
+    CHECK(train_in_process(cfg, moved, {"strategy.shard=none", "strategy.devices=cpu:2"}) == kExitOk);
+    CHECK(summary(moved)["resumed_from_step"] == 40);
+    CHECK(summary(moved)["shard"] == "none");
+    CHECK(summary(moved)["test_loss"].get<double>() ==
+          doctest::Approx(summary(ref)["test_loss"].get<double>()).epsilon(5e-3));
+}
+
 TEST_CASE(
     "cross_device_ops auto keeps the op a checkpoint was written with: the resume stays exact; another op is said") {
     Scratch s;

@@ -60,6 +60,6 @@ extern const CrossDeviceOpsKind kDirectKind{
     "direct",
     "each replica sums its slice over every buffer in one op: replicas of one GPU, CPU replicas, "
     "or GPUs with all-to-all peer access",
-    all_load, create_cross_device_ops<DirectAllReduce>};
+    all_load, false, create_cross_device_ops<DirectAllReduce>};
 
 }  // namespace mirrored

@@ -47,6 +47,6 @@ private:
 }  // namespace
 
 extern const CrossDeviceOpsKind kNcclKind{"nccl", "ncclAllReduce over the replicas (CUDA, one replica per GPU)",
-                                          one_per_gpu, create_cross_device_ops<NcclAllReduce>};
+                                          one_per_gpu, false, create_cross_device_ops<NcclAllReduce>};
 
 }  // namespace mirrored

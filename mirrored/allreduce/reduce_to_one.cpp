@@ -40,6 +40,6 @@ private:
 
 extern const CrossDeviceOpsKind kReduceToOneKind{
     "reduce_to_one", "gather to replica 0, reduce, broadcast: the baseline the others must beat",
-    [](const std::vector<Device*>&) { return false; }, create_cross_device_ops<ReduceToOne>};
+    [](const std::vector<Device*>&) { return false; }, false, create_cross_device_ops<ReduceToOne>};
 
 }  // namespace mirrored

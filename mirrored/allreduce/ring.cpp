@@ -1,5 +1,7 @@
 // ring: reduce-scatter then all-gather, N-1 peer steps each (the default). Each step waits only
-// for the neighbours it reads from and that read from it.
+// for the neighbours it reads from and that read from it. The halves run alone too (strategy.shard).
+#include <array>
+
 #include "mirrored/cross_device_ops.h"
 
 namespace mirrored {
@@ -13,33 +15,53 @@ public:
     const char* name() const override { return "ring"; }
 
     void run(int r, size_t offset, size_t count) override {
+        if (replicas() == 1 || count == 0) return;
+        reduce_scatter_phase(r, offset, count);
+        all_gather_phase(r, offset, count);
+        sync_.wait_for(r, neighbours(r));  // nobody overwrites its buffer while the next replica copies from it
+    }
+    bool shards() const override { return true; }
+    void run_reduce_scatter(int r, size_t offset, size_t count) override {
+        if (replicas() == 1 || count == 0) return;
+        reduce_scatter_phase(r, offset, count);
+        sync_.wait_for(r, neighbours(r));
+    }
+    void run_all_gather(int r, size_t offset, size_t count) override {
+        if (replicas() == 1 || count == 0) return;
+        all_gather_phase(r, offset, count);
+        sync_.wait_for(r, neighbours(r));
+    }
+
+private:
+    std::array<int, 2> neighbours(int r) const {
         const int n = replicas();
-        if (n == 1 || count == 0) return;
-        const int prev = (r + n - 1) % n, next = (r + 1) % n;
-        const int neighbours[2] = {prev, next};
+        return {(r + n - 1) % n, (r + 1) % n};
+    }
+    int mod(int k) const { return ((k % replicas()) + replicas()) % replicas(); }
+    // At step s replica r adds the previous replica's partial sum of chunk r-s-2 into its own:
+    // after n-1 steps it holds the full sum of chunk r, the chunk it owns.
+    void reduce_scatter_phase(int r, size_t offset, size_t count) {
+        const int prev = mod(r - 1);
         Device& me = *devices_[r];
-        const Device& from = *devices_[prev];
-        const DType t = wire_dtype();
-        const size_t elem = dtype_size(t);
-        const Chunks c(count, n, t);
-        auto mod = [n](int k) { return ((k % n) + n) % n; };
-        // Reduce-scatter: at step s, add the previous replica's partial sum of chunk r-s-1 into
-        // ours. After n-1 steps replica r holds the full sum of chunk r+1.
-        for (int s = 0; s < n - 1; ++s) {
-            sync_.wait_for(r, neighbours);
+        const Chunks c(count, replicas(), wire_dtype());
+        for (int s = 0; s < replicas() - 1; ++s) {
+            sync_.wait_for(r, neighbours(r));
+            const int k = mod(r - s - 2);
+            me.reduce_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), *devices_[prev],
+                                data(prev, offset + c.begin(k)), wire_dtype(), c.length(k));
+        }
+    }
+    // At step s replica r copies the finished chunk r-s-1 from the previous replica.
+    void all_gather_phase(int r, size_t offset, size_t count) {
+        const int prev = mod(r - 1);
+        Device& me = *devices_[r];
+        const Chunks c(count, replicas(), wire_dtype());
+        for (int s = 0; s < replicas() - 1; ++s) {
+            sync_.wait_for(r, neighbours(r));
             const int k = mod(r - s - 1);
-            me.reduce_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), from, data(prev, offset + c.begin(k)),
-                                t, c.length(k));
+            me.copy_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), *devices_[prev],
+                              data(prev, offset + c.begin(k)), c.length(k) * dtype_size(wire_dtype()));
         }
-        // All-gather: at step s, copy the finished chunk r-s from the previous replica.
-        for (int s = 0; s < n - 1; ++s) {
-            sync_.wait_for(r, neighbours);
-            const int k = mod(r - s);
-            me.copy_from_peer(me.comm_stream(), data(r, offset + c.begin(k)), from, data(prev, offset + c.begin(k)),
-                              c.length(k) * elem);
-        }
-        // Nobody may overwrite its buffer while the next replica still copies from it.
-        sync_.wait_for(r, neighbours);
     }
 
 private:
@@ -50,6 +72,6 @@ private:
 
 extern const CrossDeviceOpsKind kRingKind{
     "ring", "reduce-scatter then all-gather over peer copies, N-1 steps each (the default)",
-    [](const std::vector<Device*>&) { return true; }, create_cross_device_ops<RingAllReduce>};
+    [](const std::vector<Device*>&) { return true; }, true, create_cross_device_ops<RingAllReduce>};
 
 }  // namespace mirrored

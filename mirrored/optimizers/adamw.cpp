@@ -18,8 +18,8 @@ struct AdamWOptions final : OptionsOf<AdamWOptions> {
 
 class AdamW final : public Optimizer {
 public:
-    AdamW(Device& dev, const OptimizerConfig& cfg, size_t n)
-        : Optimizer(dev, cfg, n), o_(options_as<AdamWOptions>(cfg_.options)) {
+    AdamW(Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned)
+        : Optimizer(dev, cfg, n, owned), o_(options_as<AdamWOptions>(cfg_.options)) {
         m_ = zeroed_state();
         v_ = zeroed_state();
     }
@@ -39,14 +39,14 @@ protected:
     void update_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
                       float lr, float weight_decay, const float* grad_stats, const float* loss_scale,
                       bool skip_nonfinite, const StepValues* values) override {
-        on.adamw_update(s, end - begin, params + begin, grads + begin, m_.data() + begin, v_.data() + begin,
+        on.adamw_update(s, end - begin, params + begin, grads + begin, state_at(m_, begin), state_at(v_, begin),
                         args(step, lr, weight_decay, grad_stats, loss_scale, skip_nonfinite, values));
     }
     void update_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
                              size_t begin, size_t end, int64_t step, float lr, float weight_decay,
                              const StepValues* values) override {
-        on.summed_adamw_update(s, grads, count, into, begin, end - begin, params + begin, m_.data() + begin,
-                               v_.data() + begin, args(step, lr, weight_decay, nullptr, nullptr, false, values));
+        on.summed_adamw_update(s, grads, count, into, begin, end - begin, params + begin, state_at(m_, begin),
+                               state_at(v_, begin), args(step, lr, weight_decay, nullptr, nullptr, false, values));
     }
 
 private:
@@ -87,8 +87,8 @@ extern const OptimizerKind kAdamWKind{
     read,
     [](const Options&) { return 2; },
     [](const Options&) { return std::string("adamw"); },
-    [](Device& dev, const OptimizerConfig& cfg, size_t n) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<AdamW>(dev, cfg, n);
+    [](Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned) -> std::unique_ptr<Optimizer> {
+        return std::make_unique<AdamW>(dev, cfg, n, owned);
     }};
 
 }  // namespace mirrored

@@ -18,13 +18,13 @@ struct SgdOptions final : OptionsOf<SgdOptions> {
 
 class Sgd final : public Optimizer {
 public:
-    Sgd(Device& dev, const OptimizerConfig& cfg, size_t n)
-        : Optimizer(dev, cfg, n), o_(options_as<SgdOptions>(cfg_.options)) {
+    Sgd(Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned)
+        : Optimizer(dev, cfg, n, owned), o_(options_as<SgdOptions>(cfg_.options)) {
         if (o_.momentum != 0.0) m_ = zeroed_state();
     }
 
     std::vector<std::pair<std::string, DeviceBuffer<float>*>> state() override {
-        if (!m_.size()) return {};
+        if (o_.momentum == 0.0) return {};
         return {{"momentum_buffer", &m_}};
     }
 
@@ -43,7 +43,7 @@ protected:
     }
 
 private:
-    float* momentum(size_t begin) { return m_.size() ? m_.data() + begin : nullptr; }
+    float* momentum(size_t begin) { return o_.momentum != 0.0 ? state_at(m_, begin) : nullptr; }
     SgdArgs args(float lr, float weight_decay, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
                  const StepValues* values) const {
         SgdArgs a;
@@ -74,8 +74,8 @@ extern const OptimizerKind kSgdKind{
     read,
     [](const Options& o) { return options_as<SgdOptions>(o).momentum != 0.0 ? 1 : 0; },
     [](const Options& o) { return std::string(options_as<SgdOptions>(o).momentum != 0.0 ? "sgd+momentum" : "sgd"); },
-    [](Device& dev, const OptimizerConfig& cfg, size_t n) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<Sgd>(dev, cfg, n);
+    [](Device& dev, const OptimizerConfig& cfg, size_t n, const OwnedRanges& owned) -> std::unique_ptr<Optimizer> {
+        return std::make_unique<Sgd>(dev, cfg, n, owned);
     }};
 
 }  // namespace mirrored

@@ -278,7 +278,8 @@ struct PlanRow {
     int rows = 0, largest = 0;
     MemoryPlan mem;
     bool fits = false;
-    double zero1 = 0;
+    double zero1 = 0;         // bytes per GPU strategy.shard optimizer would save (0: taken, or not possible)
+    bool zero1_fits = false;  // and the run would fit with it
     StepPrediction step;
     double samples_per_sec = 0, speedup = 0, efficiency = 0;
 
@@ -313,7 +314,9 @@ struct PlanRow {
                fmt("%.0f", memory_gib) + " GB less 1 GiB for the CUDA context; " +
                (largest > 0 ? "the largest per-GPU batch that fits is " + std::to_string(largest)
                             : std::string("not even one sample fits")) +
-               "; sharding the optimizer state (ZeRO-1) would save " + format_bytes(uint64_t(zero1));
+               (zero1 > 0 ? "; strategy.shard: optimizer (ZeRO-1) would save " + format_bytes(uint64_t(zero1)) +
+                                (zero1_fits ? " per GPU: enough to fit" : ": not enough to fit")
+                          : std::string());
     }
     void print() const {
         std::printf("%7s %9d %10s %5s %10d %12s %10.3f %10.3f %10.3f %12.0f %7.2fx %5.0f%%\n", label.c_str(), rows,
@@ -368,7 +371,14 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
     r.fits = double(r.mem.total()) <= in.capacity;
     r.largest = largest_fitting_rows(in.model, in.base.optimizer, in.strategy, n, accumulation,
                                      uint64_t(std::max(0.0, in.capacity)));
-    r.zero1 = double(r.mem.optimizer) * (total - 1) / total;
+    // What strategy.shard optimizer would save on one node (it is not taken across nodes yet)
+    if (in.strategy.shard == StrategyConfig::Shard::none && in.nodes == 1 && n > 1) {
+        StrategyConfig sharded = in.strategy;
+        sharded.shard = StrategyConfig::Shard::optimizer;
+        r.zero1 = double(r.mem.total() -
+                         gpu_memory_plan(in.model, in.base.optimizer, sharded, n, r.rows, accumulation).total());
+        r.zero1_fits = double(r.mem.total()) - r.zero1 <= in.capacity;
+    }
     r.step = predict_step(Topology{n, in.nodes, in.link, in.network}, in.compute.seconds(r.rows), in.comm);
     r.samples_per_sec = total * r.rows / r.step.step_s;
     r.speedup = r.samples_per_sec / baseline_sps;
