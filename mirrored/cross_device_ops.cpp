@@ -103,17 +103,22 @@ void CrossDeviceOps::check_call(size_t offset, size_t count) const {
 }
 
 void CrossDeviceOps::check_splittable() const {
-    if (!shards() || wire_ != DType::f32 || !links_.empty())
-        throw Error(kExitFailure, std::string("cross-device ops (") + name() +
-                                      "): reduce-scatter and all-gather need an op that splits (ring), the f32 "
-                                      "wire and one node");
+    if (!shards() || wire_ != DType::f32)
+        throw Error(kExitFailure,
+                    std::string("cross-device ops (") + name() +
+                        "): reduce-scatter and all-gather need an op that splits (ring) and the f32 wire");
 }
 
+// Multi-node: the node's reduce-scatter, then replica r's chunk summed over replica r of every
+// node - the first half of across_nodes, so the chunk gets the bits all_reduce gives it.
 void CrossDeviceOps::reduce_scatter(int r, size_t offset, size_t count) {
     check_call(offset, count);
     check_splittable();
     try {
         run_reduce_scatter(r, offset, count);
+        const auto [begin, end] = owned(r, replicas(), offset, count);
+        if (!links_.empty() && end > begin)
+            links_[size_t(r)]->all_reduce(*devices_[size_t(r)], static_cast<float*>(data(r, begin)), end - begin);
     } catch (...) {
         broken_ = true;
         throw;

@@ -55,11 +55,12 @@ public:
     virtual const char* name() const = 0;
     // Sum buffers[*][offset, offset + count) in place; every replica ends bit-identical.
     void all_reduce(int r, size_t offset, size_t count);
-    // The two halves of all_reduce, for sharded optimizer state (strategy.shard), on the f32 wire
-    // and one node: after reduce_scatter(r, ...) replica r's buffer holds the sum over replicas of
-    // its own chunk of the range (owned(); the rest of the range is scratch); all_gather(r, ...)
-    // copies every other replica's chunk into r's buffer. Together they sum as all_reduce does,
-    // bit for bit. Only ops with shards() split.
+    // The two halves of all_reduce, for sharded optimizer state (strategy.shard), on the f32 wire:
+    // after reduce_scatter(r, ...) replica r's buffer holds the sum over replicas - of every node,
+    // once joined - of its own chunk of the range (owned(); the rest of the range is scratch);
+    // all_gather(r, ...) copies every other local replica's chunk into r's buffer (replica r of
+    // every node owns the same chunk). Together they sum as all_reduce does, bit for bit. Only
+    // ops with shards() split.
     virtual bool shards() const { return false; }
     void reduce_scatter(int r, size_t offset, size_t count);
     void all_gather(int r, size_t offset, size_t count);

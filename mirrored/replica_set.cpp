@@ -160,10 +160,6 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
                           "at most " + std::to_string(PeerBuffers::kMax) +
                               " replicas of one GPU share one parameter copy; set it false");
     sharded_ = cfg_.shard != StrategyConfig::Shard::none && !shared_;
-    if (sharded_ && nodes_)
-        throw ConfigError("strategy.shard",
-                          "optimizer state is sharded within one node only so far; set it none "
-                          "for a multi-node run");
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
     plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_);
     check_device_memory();

@@ -135,6 +135,8 @@ void TrainingStep::join_nodes() {
                                                       ", node " + std::to_string(k) + " has " + all[k] +
                                                       " (name them explicitly, e.g. cpu:2, rather than auto)");
     set_.nodes()->open_channels(set_.replicas(), model_.flat_size());
+    // strategy.shard's ops stay within the node: replica r of every node owns the same chunks,
+    // summed over the nodes already - the node's replicas together cover every chunk once
     for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get()})
         if (ops) ops->join_nodes(set_.nodes(), set_.threads().barrier());
 }

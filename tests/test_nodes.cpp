@@ -235,6 +235,44 @@ TEST_CASE("checkpoint.every_minutes across nodes: node 0's clock decides for eve
     expect_same_run(t / "two", t / "one");
 }
 
+TEST_CASE("strategy.shard optimizer across 2 nodes x 2 replicas: bit for bit as unsharded; a resume is exact") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun);
+    const std::vector<std::string> common{"train", cfg, "--devices", "cpu:2", "--set", "optimizer.grad_clip_norm=0"};
+    auto args = [&](const std::string& out, const std::string& shard) {
+        std::vector<std::string> a = common;
+        a.insert(a.end(), {"--output", out, "--set", "strategy.shard=" + shard});
+        return a;
+    };
+    const Job plain = mpirun(2, args(t / "plain", "none"));
+    REQUIRE_MESSAGE(plain.rc == kExitOk, plain.err);
+    const Job sharded = mpirun(2, args(t / "sharded", "optimizer"));
+    REQUIRE_MESSAGE(sharded.rc == kExitOk, sharded.err);
+    CHECK(sharded.out.find("shard: optimizer - each replica keeps") != std::string::npos);
+    expect_same_run(t / "plain", t / "sharded");  // the chunk summed over the nodes as the all-reduce sums it
+    const json s = summary(t / "sharded");
+    CHECK(s["replicas"] == 4);
+    CHECK(s["shard"] == "optimizer");
+    // stopped on every node at step 30, resumed: the state gathered by each node's replicas is whole
+    const std::vector<std::string> stopped = args(t / "stopped", "optimizer");
+    // a stop on one node stops every node at the same step
+    CHECK(mpirun({{stopped, {{"MIRRORED_TEST_STOP_AFTER_STEP", "30"}}}, {stopped, {}}}).rc == kExitInterrupted);
+    const Job again = mpirun(2, stopped);
+    REQUIRE_MESSAGE(again.rc == kExitOk, again.err);
+    CHECK(summary(t / "stopped")["resumed_from_step"] == 30);
+    expect_same_run(t / "plain", t / "stopped");
+    // clipping: the norm's partial sums cross the nodes too; every replica of the job agrees
+    const Job clip_plain = mpirun(2, {"train", cfg, "--devices", "cpu:2", "--output", t / "clip_plain"});
+    const Job clip_shard = mpirun(
+        2, {"train", cfg, "--devices", "cpu:2", "--output", t / "clip_shard", "--set", "strategy.shard=optimizer"});
+    REQUIRE_MESSAGE(clip_plain.rc == kExitOk, clip_plain.err);
+    REQUIRE_MESSAGE(clip_shard.rc == kExitOk, clip_shard.err);
+    const json c = summary(t / "clip_shard");
+    for (const auto& x : c["replica_checksums"]) CHECK(x == c["replica_checksums"][0]);
+    CHECK(rel_error(final_params(t / "clip_shard"), final_params(t / "clip_plain")) < 1e-5);
+}
+
 TEST_CASE("synchronised batchnorm with accumulation across 2 nodes equals 1 node x 2 replicas bit for bit") {
     SKIP_WITHOUT_MPI();
     TempDir t;

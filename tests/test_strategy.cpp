@@ -1446,7 +1446,7 @@ TEST_CASE("strategy.shard optimizer: a checkpoint's state is whole and resumes w
     CHECK_THROWS_AS(st.upload_state(four.params, wrong), CheckpointError);
 }
 
-TEST_CASE("strategy.shard: refused with ops that cannot split, a bf16 wire and several nodes, naming the key") {
+TEST_CASE("strategy.shard: refused with ops that cannot split and a bf16 wire, naming the key; auto takes the ring") {
     const std::string base = "model: {layers: [{type: dense, units: 3}]}\nstrategy: {shard: optimizer, ";
     for (const char* op : {"direct", "reduce_to_one", "nccl"}) {
         CAPTURE(op);

@@ -371,8 +371,8 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
     r.fits = double(r.mem.total()) <= in.capacity;
     r.largest = largest_fitting_rows(in.model, in.base.optimizer, in.strategy, n, accumulation,
                                      uint64_t(std::max(0.0, in.capacity)));
-    // What strategy.shard optimizer would save on one node (it is not taken across nodes yet)
-    if (in.strategy.shard == StrategyConfig::Shard::none && in.nodes == 1 && n > 1) {
+    // What strategy.shard optimizer would save (each node's replicas share the state out)
+    if (in.strategy.shard == StrategyConfig::Shard::none && n > 1) {
         StrategyConfig sharded = in.strategy;
         sharded.shard = StrategyConfig::Shard::optimizer;
         r.zero1 = double(r.mem.total() -
