@@ -72,19 +72,20 @@ CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
     return c;
 }
 
-StepPrediction predict_step(const Topology& topo, double compute_s, const CommPlan& comm) {
+StepPrediction predict_step(const Topology& topo, double compute_s, const CommPlan& comm, bool sharded) {
     StepPrediction p;
     p.compute_s = compute_s;
     const double backward = compute_s * comm.backward_share, forward = compute_s - backward;
-    double comm_end = 0;
+    double comm_end = 0, gather = 0;
     for (const BucketTiming& b : comm.buckets) {
         const double t = allreduce_seconds(topo, b.bytes);
-        comm_end = std::max(comm_end, forward + b.ready * backward) + t;
+        comm_end = std::max(comm_end, forward + b.ready * backward) + (sharded ? t / 2 : t);
+        if (sharded) gather += t / 2;
         p.allreduce_s += t;
     }
     const double blocking = comm.blocking_allreduces * allreduce_seconds(topo, comm.blocking_bytes);
     p.allreduce_s += blocking;
-    p.exposed_s = std::max(0.0, comm_end - compute_s) + blocking;
+    p.exposed_s = std::max(0.0, comm_end - compute_s) + blocking + gather;
     p.step_s = compute_s + p.exposed_s;
     return p;
 }

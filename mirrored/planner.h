@@ -61,7 +61,10 @@ struct StepPrediction {
     double exposed_s = 0;    // the part not hidden behind backward
     double step_s = 0;
 };
-StepPrediction predict_step(const Topology& t, double compute_s, const CommPlan& comm);
+// sharded (strategy.shard optimizer): each bucket's reduce-scatter, half an all-reduce, overlaps
+// backward as the all-reduce would; the all-gather of the updated parameters, the other half,
+// follows the update and is exposed whole.
+StepPrediction predict_step(const Topology& t, double compute_s, const CommPlan& comm, bool sharded = false);
 inline StepPrediction predict_step(int n, double compute_s, const CommPlan& comm, const LinkModel& link) {
     return predict_step(Topology{n, 1, link, {}}, compute_s, comm);
 }

@@ -474,6 +474,18 @@ TEST_CASE(
     CHECK(sharded["memory_bytes"].get<double>() ==
           doctest::Approx(r8["memory_bytes"].get<double>() - r8["zero1_saving_bytes"].get<double>()));
     CHECK(sharded["zero1_saving_bytes"] == 0.0);  // taken
+    CHECK(sharded["recommendation"] == "strategy.shard: optimizer, as configured");
+    CHECK(r8["recommendation"] == "replicate (strategy.shard: none)");
+    // memory between the sharded and the unsharded need: the recommendation is to shard
+    const double need = r8["memory_bytes"].get<double>(), saved = r8["zero1_saving_bytes"].get<double>();
+    char gb[32];
+    std::snprintf(gb, sizeof gb, "%.9f", (need - saved / 2 + 1073741824.0) / 1e9);  // less the CUDA context's GiB
+    REQUIRE(run_cli({"plan", cfg, "--gpus", "1,2,8", "--memory-gb", gb, "--json", out}) == kExitOk);
+    const json tight = read_json(out);
+    CHECK(tight["results"][2]["fits"] == false);
+    CHECK(tight["results"][2]["recommendation"].get<std::string>().rfind("strategy.shard: optimizer (", 0) == 0);
+    CHECK(tight["results"][0]["fits"] == false);  // one GPU has nothing to share
+    CHECK(tight["results"][0]["recommendation"].get<std::string>().find("a per-GPU batch of at most") == 0);
     CHECK(j["results"][0]["speedup"] == 1.0);
     // too little memory: does not fit, and says the largest per-GPU batch that does
     REQUIRE(run_cli({"plan", cfg, "--gpus", "2", "--memory-gb", "1.0035", "--json", out}) == kExitOk);

@@ -278,9 +278,10 @@ struct PlanRow {
     int rows = 0, largest = 0;
     MemoryPlan mem;
     bool fits = false;
-    double zero1 = 0;         // bytes per GPU strategy.shard optimizer would save (0: taken, or not possible)
-    bool zero1_fits = false;  // and the run would fit with it
-    StepPrediction step;
+    double zero1 = 0;                 // bytes per GPU strategy.shard optimizer would save (0: taken, or not possible)
+    bool zero1_fits = false;          // and the run would fit with it
+    StepPrediction step, zero1_step;  // the step as configured, and with the optimizer state sharded
+    std::string recommendation;
     double samples_per_sec = 0, speedup = 0, efficiency = 0;
 
     json to_json(int n, int nodes) const {
@@ -301,6 +302,8 @@ struct PlanRow {
                 {"fits", fits},
                 {"largest_per_gpu_batch", largest},
                 {"zero1_saving_bytes", zero1},
+                {"zero1_step_ms", zero1 > 0 ? json(zero1_step.step_s * 1e3) : json(nullptr)},
+                {"recommendation", recommendation},
                 {"compute_ms", step.compute_s * 1e3},
                 {"allreduce_ms", step.allreduce_s * 1e3},
                 {"exposed_ms", step.exposed_s * 1e3},
@@ -316,7 +319,8 @@ struct PlanRow {
                             : std::string("not even one sample fits")) +
                (zero1 > 0 ? "; strategy.shard: optimizer (ZeRO-1) would save " + format_bytes(uint64_t(zero1)) +
                                 (zero1_fits ? " per GPU: enough to fit" : ": not enough to fit")
-                          : std::string());
+                          : std::string()) +
+               ". Recommended: " + recommendation;
     }
     void print() const {
         std::printf("%7s %9d %10s %5s %10d %12s %10.3f %10.3f %10.3f %12.0f %7.2fx %5.0f%%\n", label.c_str(), rows,
@@ -379,7 +383,23 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
                          gpu_memory_plan(in.model, in.base.optimizer, sharded, n, r.rows, accumulation).total());
         r.zero1_fits = double(r.mem.total()) - r.zero1 <= in.capacity;
     }
-    r.step = predict_step(Topology{n, in.nodes, in.link, in.network}, in.compute.seconds(r.rows), in.comm);
+    const Topology topo{n, in.nodes, in.link, in.network};
+    const bool sharded = in.strategy.shard != StrategyConfig::Shard::none;
+    r.step = predict_step(topo, in.compute.seconds(r.rows), in.comm, sharded && total > 1);
+    if (r.zero1 > 0) r.zero1_step = predict_step(topo, in.compute.seconds(r.rows), in.comm, true);
+    // What a user with this model and these GPUs should run: the first that fits of replicating,
+    // sharding the optimizer state, or a smaller batch; what mirrored does not have is named.
+    if (r.fits)
+        r.recommendation = sharded ? "strategy.shard: optimizer, as configured" : "replicate (strategy.shard: none)";
+    else if (r.zero1_fits)
+        r.recommendation = "strategy.shard: optimizer (" + format_bytes(r.mem.total() - uint64_t(r.zero1)) +
+                           " per GPU; the all-gather adds " + fmt("%.2f", (r.zero1_step.step_s - r.step.step_s) * 1e3) +
+                           " ms per step)";
+    else
+        r.recommendation =
+            (r.largest > 0 ? "a per-GPU batch of at most " + std::to_string(r.largest) + ", or " : std::string()) +
+            "sharded gradients and parameters (FSDP), activation recomputation or tensor "
+            "parallelism (not in mirrored yet), or GPUs with more memory";
     r.samples_per_sec = total * r.rows / r.step.step_s;
     r.speedup = r.samples_per_sec / baseline_sps;
     r.efficiency = r.speedup / (double(total) / baseline_gpus);
