@@ -44,6 +44,15 @@ const Registry<DataFormat>& data_formats() {
     return formats;
 }
 
+MapFeatures read_map_features(SpecReader& r, const std::string& key) {
+    const std::string m = r.choice(key, "auto", {"auto", "always", "never"});
+    return m == "always" ? MapFeatures::always : m == "never" ? MapFeatures::never : MapFeatures::auto_size;
+}
+
+const char* map_features_name(MapFeatures mode) {
+    return mode == MapFeatures::always ? "always" : mode == MapFeatures::never ? "never" : "auto";
+}
+
 OptionsPtr data_format_options(const DataConfig& c) {
     if (c.format) return c.format;
     FieldsReader none("data", {});

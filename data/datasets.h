@@ -71,6 +71,9 @@ struct DataFormat {
 const Registry<DataFormat>& data_formats();  // datasets.cpp lists every format
 // c.format, or its format's defaults when there are none.
 OptionsPtr data_format_options(const DataConfig& c);
+// data.mmap (the npy and idx formats): read at `key` (auto, always, never), and its name.
+MapFeatures read_map_features(SpecReader& r, const std::string& key);
+const char* map_features_name(MapFeatures mode);
 // A data config from code: the format and its own keys through its reader ({"train.file", "a.csv"}).
 DataConfig make_data_config(const std::string& format, const Fields& keys = {}, bool targets = false);
 

@@ -1062,6 +1062,17 @@ Dataset read_npy(InputFile& features, InputFile& labels, bool targets) {
     });
 }
 
+// The mapped array x (its data at `offset`) as ds's source: the source's one checking pass reads
+// the file in order (advised so) and gives the pages back after. The source holds the classes
+// from here on; float targets stay in ds, where the loader reads them.
+void attach_mapped(Dataset& ds, const std::shared_ptr<const MappedFile>& map, const NpyArray& x, size_t offset) {
+    map->advise_sequential(true);
+    ds.source = std::make_shared<const MappedNpy>(map, x, offset, ds);
+    map->drop_resident();
+    map->advise_sequential(false);
+    ds.labels.clear();
+}
+
 Dataset read_npy_mapped(const std::string& features_path, InputFile& labels, bool targets) {
     return as_data_error([&] {
         auto map = std::make_shared<const MappedFile>(features_path);
@@ -1079,11 +1090,7 @@ Dataset read_npy_mapped(const std::string& features_path, InputFile& labels, boo
         ds.name = features_path;
         const uint64_t n = npy_feature_shape(x, features_path, ds);
         read_npy_labels(labels, n, targets, ds);
-        map->advise_sequential(true);
-        ds.source = std::make_shared<const MappedNpy>(map, x, offset, ds);
-        map->drop_resident();
-        map->advise_sequential(false);
-        ds.labels.clear();  // the source holds them; float targets stay here, where the loader reads them
+        attach_mapped(ds, map, x, offset);
         return ds;
     });
 }
@@ -1120,11 +1127,7 @@ Dataset read_idx_mapped(const std::string& images_path, const std::string& label
         meta.itemsize = 1;
         meta.shape = {dims[0], dims[1], dims[2], 1};
         meta.count = image_bytes;
-        map->advise_sequential(true);
-        ds.source = std::make_shared<const MappedNpy>(map, meta, 16, ds);
-        map->drop_resident();
-        map->advise_sequential(false);
-        ds.labels.clear();  // the source holds them
+        attach_mapped(ds, map, meta, 16);
         return ds;
     });
 }

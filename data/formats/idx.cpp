@@ -18,9 +18,7 @@ struct IdxOptions final : OptionsOf<IdxOptions> {
                 {"train.labels", train_labels},
                 {"test.images", test_images},
                 {"test.labels", test_labels},
-                {"mmap", mmap == MapFeatures::always  ? "always"
-                         : mmap == MapFeatures::never ? "never"
-                                                      : "auto"}};
+                {"mmap", map_features_name(mmap)}};
     }
     bool operator==(const IdxOptions&) const = default;
 };
@@ -33,8 +31,7 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
     r.expect_map(p + ".test");
     o->test_images = r.nonempty_text(p + ".test.images", o->test_images);
     o->test_labels = r.nonempty_text(p + ".test.labels", o->test_labels);
-    const std::string m = r.choice(p + ".mmap", "auto", {"auto", "always", "never"});
-    o->mmap = m == "always" ? MapFeatures::always : m == "never" ? MapFeatures::never : MapFeatures::auto_size;
+    o->mmap = read_map_features(r, p + ".mmap");
     return o;
 }
 

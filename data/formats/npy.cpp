@@ -26,9 +26,7 @@ struct NpyOptions final : OptionsOf<NpyOptions> {
                 {"train.labels", train_labels},
                 {"test.features", test_features},
                 {"test.labels", test_labels},
-                {"mmap", mmap == MapFeatures::always  ? "always"
-                         : mmap == MapFeatures::never ? "never"
-                                                      : "auto"}};
+                {"mmap", map_features_name(mmap)}};
     }
     bool operator==(const NpyOptions&) const = default;
 };
@@ -44,8 +42,7 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
                 r.fail(p + split + key, "required for dataset npy: a .npy file's path, or <file>.npz:<array>");
         }
     }
-    const std::string m = r.choice(p + ".mmap", "auto", {"auto", "always", "never"});
-    o->mmap = m == "always" ? MapFeatures::always : m == "never" ? MapFeatures::never : MapFeatures::auto_size;
+    o->mmap = read_map_features(r, p + ".mmap");
     return o;
 }
 
