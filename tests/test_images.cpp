@@ -582,6 +582,22 @@ TEST_CASE("image_folder: trains end to end on CPU replicas; two runs are identic
     CHECK(sa["replica_checksums"] == sb["replica_checksums"]);
     CHECK(sa["data"]["bad_reads"] == 0);
     CHECK(sa["data"]["skipped_files"] == 0);
+    // stopped after step 10 and resumed: the crops of the steps after it are drawn again alike
+    const std::string stopped = dir / "stopped", one = dir / "one";
+    quiet = std::fopen("/dev/null", "w");
+    ::setenv("MIRRORED_TEST_STOP_AFTER_STEP", "10", 1);
+    const int first = run_training(load_config(config, {"run.output_dir=" + stopped}), nullptr, quiet);
+    ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
+    CHECK(first == kExitInterrupted);
+    CHECK(run_training(load_config(config, {"run.output_dir=" + stopped}), nullptr, quiet) == kExitOk);
+    CHECK(summary(stopped)["resumed_from_step"] == 10);
+    expect_same_run(a, stopped);
+    // one replica on the same global batch: the same samples and crops, the sums in another order
+    REQUIRE(run_training(load_config(config, {"run.output_dir=" + one, "strategy.devices=cpu:1"}), nullptr, quiet) ==
+            kExitOk);
+    std::fclose(quiet);
+    CHECK(summary(one)["test_loss"].get<double>() == doctest::Approx(sa["test_loss"].get<double>()).epsilon(1e-3));
+    CHECK(summary(one)["train_loss"].get<double>() == doctest::Approx(sa["train_loss"].get<double>()).epsilon(1e-3));
     // a bad file, skipped: the run completes and says which
     std::ofstream(root + "/train/red/zz.jpg") << "not a photograph";
     const std::string c = dir / "c";
