@@ -78,6 +78,29 @@ double now_seconds() {
 // so that the kill lands mid-training however fast this machine is.
 double kill_point(double duration, test::Rng& rng) { return duration * (0.3 + 0.01 * rng.integer(0, 50)); }
 
+// `train CONFIG --output OUT` with its progress into OUT.txt: what it printed, and how long it took
+// end to end.
+std::pair<std::string, double> train_printing(const std::string& config, const std::string& out) {
+    const double t0 = now_seconds();
+    REQUIRE(run_cli({"train", config, "--output", out}, {}, -1, nullptr, Stdout::file, out + ".txt") == kExitOk);
+    const double duration = now_seconds() - t0;
+    std::ifstream printed(out + ".txt");
+    return {std::string((std::istreambuf_iterator<char>(printed)), {}), duration};
+}
+
+// The run of `config` SIGKILLed at a point picked by `seed` in a run of `duration` seconds (unless it
+// finished first), then run again into the same folder: it must equal `ref` bit for bit.
+void expect_killed_run_resumes(const std::string& config, const std::string& ref, const std::string& out,
+                               double duration, uint64_t seed) {
+    test::Rng rng(seed);
+    const double when = kill_point(duration, rng);
+    CAPTURE(when);
+    const int first = run_cli({"train", config, "--output", out}, {}, when);
+    CHECK((first == 128 + SIGKILL || first == kExitOk));
+    CHECK(run_cli({"train", config, "--output", out}) == kExitOk);
+    expect_same_run(ref, out);
+}
+
 }  // namespace
 
 TEST_CASE("a short real training run on CPU replicas: the loss falls, outputs are written") {
@@ -136,11 +159,7 @@ TEST_CASE("shared parameters: stop or SIGKILL, then resume, is bit-identical; th
     text.replace(text.find("epochs: 5"), 9, "epochs: 20");
     const std::string cfg = s.config(text);
     const std::string ref = s.out("ref");
-    const double t0 = now_seconds();
-    REQUIRE(run_cli({"train", cfg, "--output", ref}, {}, -1, nullptr, Stdout::file, s.out("ref.txt")) == kExitOk);
-    const double duration = now_seconds() - t0;
-    std::ifstream header(s.out("ref.txt"));
-    const std::string printed((std::istreambuf_iterator<char>(header)), {});
+    const auto [printed, duration] = train_printing(cfg, ref);
     CHECK(printed.find("cross-device ops shared") != std::string::npos);
     CHECK(printed.find("shared parameters: the CPU replicas keep one parameter copy") != std::string::npos);
     CHECK(summary(ref)["cross_device_ops"] == "shared");
@@ -151,14 +170,7 @@ TEST_CASE("shared parameters: stop or SIGKILL, then resume, is bit-identical; th
     }
     CHECK(train_in_process(cfg, stopped) == kExitOk);
     expect_same_run(ref, stopped);
-    const std::string killed = s.out("killed");
-    test::Rng rng(12);
-    const double when = kill_point(duration, rng);
-    CAPTURE(when);
-    const int first = run_cli({"train", cfg, "--output", killed}, {}, when);
-    CHECK((first == 128 + SIGKILL || first == kExitOk));
-    CHECK(run_cli({"train", cfg, "--output", killed}) == kExitOk);
-    expect_same_run(ref, killed);
+    expect_killed_run_resumes(cfg, ref, s.out("killed"), duration, 12);
 }
 
 TEST_CASE("strategy.shard optimizer: SIGKILL then resume is bit-identical; its checkpoint resumes unsharded on 2") {
@@ -169,23 +181,12 @@ TEST_CASE("strategy.shard optimizer: SIGKILL then resume is bit-identical; its c
     text.replace(text.find("epochs: 5"), 9, "epochs: 20");
     const std::string cfg = s.config(text);
     const std::string ref = s.out("ref");
-    const double t0 = now_seconds();
-    REQUIRE(run_cli({"train", cfg, "--output", ref}, {}, -1, nullptr, Stdout::file, s.out("ref.txt")) == kExitOk);
-    const double duration = now_seconds() - t0;
-    std::ifstream header(s.out("ref.txt"));
-    const std::string printed((std::istreambuf_iterator<char>(header)), {});
+    const auto [printed, duration] = train_printing(cfg, ref);
     CHECK(printed.find("shard: optimizer - each replica keeps the optimizer state of its own chunk") !=
           std::string::npos);
     CHECK(summary(ref)["shard"] == "optimizer");
     CHECK(summary(ref)["test_accuracy"].get<double>() > 0.5);
-    const std::string killed = s.out("killed");
-    test::Rng rng(21);
-    const double when = kill_point(duration, rng);
-    CAPTURE(when);
-    const int first = run_cli({"train", cfg, "--output", killed}, {}, when);
-    CHECK((first == 128 + SIGKILL || first == kExitOk));
-    CHECK(run_cli({"train", cfg, "--output", killed}) == kExitOk);
-    expect_same_run(ref, killed);
+    expect_killed_run_resumes(cfg, ref, s.out("killed"), duration, 21);
     // stopped while sharded on 4 replicas, resumed unsharded on 2: the checkpoint holds the whole
     // state, so the run goes on where it stopped (its sums in another order: close, not equal)
     const std::string moved = s.out("moved");
