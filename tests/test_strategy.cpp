@@ -1185,6 +1185,24 @@ TEST_CASE("cuda: N replicas on GPU 0 match one replica, and match the CPU run" *
         }
 }
 
+TEST_CASE("cuda: sharded optimizer state trains bit for bit as unsharded, captured too" * doctest::test_suite("cuda")) {
+    SKIP_WITHOUT_CUDA();
+    std::vector<std::string> lists{"cuda:0,0,0"};
+    if (cuda_device_count() >= 2) lists.push_back("cuda:0,1");
+    for (const std::string& devices : lists) {
+        CAPTURE(devices);
+        std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
+        const TrainResult plain = train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", false, false, false, &whole);
+        const TrainResult shard = train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", false, false, true, &sharded);
+        CHECK(shard.params == plain.params);
+        for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
+        CHECK(sharded == whole);
+        const TrainResult graph = train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", true, false, true);
+        CHECK(graph.graph_launches > 0);
+        CHECK(graph.params == plain.params);
+    }
+}
+
 TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without graphs" * doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     const TrainResult one = train("cuda:0", 8, 0.0, 2, "adamw", 0.5);
