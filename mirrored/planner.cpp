@@ -78,11 +78,17 @@ StepPrediction predict_step(const Topology& topo, double compute_s, const CommPl
     const double backward = compute_s * comm.backward_share, forward = compute_s - backward;
     double comm_end = 0, gather = 0;
     for (const BucketTiming& b : comm.buckets) {
-        const double t = allreduce_seconds(topo, b.bytes);
-        comm_end = std::max(comm_end, forward + b.ready * backward) + (sharded ? t / 2 : t);
-        if (sharded) gather += t / 2;
+        double t = allreduce_seconds(topo, b.bytes), overlapped = t;
+        if (sharded) {  // the node's reduce-scatter and the chunk's sum over the nodes; the node's gather after
+            const double local = ring_allreduce_seconds(topo.per_node, b.bytes, topo.local);
+            overlapped = local / 2 + (topo.nodes > 1 ? ring_allreduce_seconds(topo.nodes, b.bytes, topo.net) : 0.0);
+            gather += local / 2;
+            t = overlapped + local / 2;
+        }
+        comm_end = std::max(comm_end, forward + b.ready * backward) + overlapped;
         p.allreduce_s += t;
     }
+    if (sharded) gather += ring_allreduce_seconds(topo.per_node, 2 * sizeof(float), topo.local);  // the norm's sum
     const double blocking = comm.blocking_allreduces * allreduce_seconds(topo, comm.blocking_bytes);
     p.allreduce_s += blocking;
     p.exposed_s = std::max(0.0, comm_end - compute_s) + blocking + gather;

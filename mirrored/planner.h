@@ -61,9 +61,10 @@ struct StepPrediction {
     double exposed_s = 0;    // the part not hidden behind backward
     double step_s = 0;
 };
-// sharded (strategy.shard optimizer): each bucket's reduce-scatter, half an all-reduce, overlaps
-// backward as the all-reduce would; the all-gather of the updated parameters, the other half,
-// follows the update and is exposed whole.
+// sharded (strategy.shard optimizer): each bucket's reduce-scatter in the node (half its ring
+// all-reduce) and its chunk's sum over the nodes overlap backward as the all-reduce would; the
+// node's all-gather of the updated parameters (the other half) and the gradient norm's two-float
+// sum follow, exposed whole.
 StepPrediction predict_step(const Topology& t, double compute_s, const CommPlan& comm, bool sharded = false);
 inline StepPrediction predict_step(int n, double compute_s, const CommPlan& comm, const LinkModel& link) {
     return predict_step(Topology{n, 1, link, {}}, compute_s, comm);

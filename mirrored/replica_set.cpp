@@ -129,8 +129,9 @@ Replica::~Replica() {
             device->abandon();
         }
     }
-    for (Event e : {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced, metrics_copied,
-                    stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, step_ready, graph_done})
+    for (Event e :
+         {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced, metrics_copied,
+          stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, t_gather, t_gathered, step_ready, graph_done})
         if (e.handle) device->event_destroy(e);
 }
 
@@ -160,6 +161,10 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
                           "at most " + std::to_string(PeerBuffers::kMax) +
                               " replicas of one GPU share one parameter copy; set it false");
     sharded_ = cfg_.shard != StrategyConfig::Shard::none && !shared_;
+    if (sharded_ && cfg_.allreduce_dtype != DType::f32)  // the config reader says so first; code may not
+        throw ConfigError("strategy.shard",
+                          "the optimizer state is sharded with fp32 gradients only; set "
+                          "strategy.allreduce_dtype: fp32");
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
     plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_);
     check_device_memory();
@@ -270,6 +275,8 @@ void ReplicaSet::create_step_events(Replica& R) {
     R.reduced = d.event_create();
     R.metrics_copied = d.event_create();
     for (Event* e : {&R.t_begin, &R.t_backward, &R.t_reduced, &R.t_end}) *e = d.event_create(true);
+    if (sharded_)
+        for (Event* e : {&R.t_gather, &R.t_gathered}) *e = d.event_create(true);
     if (cfg_.cuda_graph && devices_.traits().asynchronous) {
         for (auto& v : R.step_values) v = DeviceBuffer<StepValues>(d, 1);
         R.step_ready = d.event_create();

@@ -104,6 +104,7 @@ struct Replica {
     HostBuffer<uint64_t> checksums_host;
     Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied, stats_ready, stats_done;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
+    Event t_gather, t_gathered;                   // and, sharded, the all-gather's span
     DeviceBuffer<StepValues> step_values[2];      // cuda_graph: this step's values, with inputs[b]
     // cuda_graph: step_ready - staged, the launch may start; graph_done - replica 0: the launched
     // graph has ended; the others: their part has ended (the join inside the capture)

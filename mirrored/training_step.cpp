@@ -88,13 +88,18 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
     }
     ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), ops_elements,
                                  set_.threads().barrier(), set_.config().allreduce_dtype);
-    if (set_.sharded()) {  // the config reader refused ops that do not split
+    if (set_.sharded()) {
         std::vector<float*> params, stats;
         for (int r = 0; r < set_.replicas(); ++r) {
             params.push_back(set_.replica(r).params.data());
             stats.push_back(set_.replica(r).grad_stats.data());
         }
         const std::string& op = set_.config().cross_device_ops;
+        if (!cross_device_ops_kinds().get(op, "strategy.cross_device_ops").shards)
+            throw ConfigError("strategy.shard",
+                              "optimizer needs an op that splits into reduce-scatter and "
+                              "all-gather (ring); strategy.cross_device_ops " +
+                                  op + " does not");
         param_ops_ = make_cross_device_ops(op, devs, params, model_.trainable_size(), set_.threads().barrier());
         grad_stats_ops_ = make_cross_device_ops(op, devs, stats, 2, set_.threads().barrier());
     }
@@ -247,7 +252,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         }
         if (timing) d.event_record(R.t_reduced, cs);
         profile_mark(R, cs, LayerProbe::kReduced);
-        if (set_.sharded()) sharded_update(R, step, lr, values);
+        if (set_.sharded()) sharded_update(R, step, lr, values, timing, comm);
         else apply_update(R, step, lr, values);
     }
     if (timing) d.event_record(R.t_end, cs);
@@ -281,7 +286,8 @@ void TrainingStep::apply_update(Replica& R, int64_t step, float lr, const StepVa
 // on clipping and on an fp16 overflow) -> the optimizer on the own chunks with the own state ->
 // the loss scale and the running statistics (all-reduced whole) -> on the comm stream, every
 // replica gathers the others' updated chunks of the parameters -> the 16-bit copy.
-void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const StepValues* values) {
+void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing,
+                                  double& comm_s) {
     Device& d = *R.device;
     const Stream cs = d.compute_stream(), comm = d.comm_stream();
     const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
@@ -289,11 +295,13 @@ void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const Step
     const auto& owned = R.optimizer->owned();
     // comm_op: fn's work on the comm stream, after the compute stream's work so far and before its next
     const auto comm_op = [&](auto&& fn) {
+        const double c0 = now_s();
         d.event_record(R.bucket_ready, cs);
         d.stream_wait_event(comm, R.bucket_ready);
         fn();
         d.event_record(R.reduced, comm);
         d.stream_wait_event(cs, R.reduced);
+        comm_s += now_s() - c0;
     };
     if (stats) {
         d.fill(cs, 2, 0.0f, R.grad_stats.data());
@@ -310,10 +318,12 @@ void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const Step
         d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_)
         d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
+    if (timing) d.event_record(R.t_gather, cs);  // exposed communication, as the all-reduce's wait is
     comm_op([&] {
         for (const Bucket& b : buckets_)
             if (b.begin < model_.trainable_size()) param_ops_->all_gather(R.index, b.begin, b.end - b.begin);
     });
+    if (timing) d.event_record(R.t_gathered, cs);
     set_.refresh_weights(R, cs);
 }
 
@@ -483,8 +493,9 @@ void TrainingStep::collect_timing(TimeSplit& split, int64_t steps) {
     Device& d = *R.device;
     set_.guarded([&] { set_.wait_until([&] { return d.event_query(R.t_end); }); });
     const double backward = d.event_elapsed_ms(R.t_begin, R.t_backward) * 1e-3;
-    const double exposed = d.event_elapsed_ms(R.t_backward, R.t_reduced) * 1e-3;
-    const double update = d.event_elapsed_ms(R.t_reduced, R.t_end) * 1e-3;
+    const double gather = set_.sharded() ? d.event_elapsed_ms(R.t_gather, R.t_gathered) * 1e-3 : 0.0;
+    const double exposed = d.event_elapsed_ms(R.t_backward, R.t_reduced) * 1e-3 + gather;
+    const double update = d.event_elapsed_ms(R.t_reduced, R.t_end) * 1e-3 - gather;
     split.compute_s += (backward + update) * double(steps);
     split.comm_s += exposed * double(steps);
     split.device_step_s = backward + exposed + update;

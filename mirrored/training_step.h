@@ -72,7 +72,8 @@ private:
     // the optimizer (skipped by an fp16 overflow), the loss scale, running statistics, the 16-bit copy.
     void apply_update(Replica& R, int64_t step, float lr, const StepValues* values);
     // strategy.shard: R updates its own chunks (reduce-scattered) and gathers everyone's.
-    void sharded_update(Replica& R, int64_t step, float lr, const StepValues* values);
+    // comm: its communication's host time (CPU replicas); timing: the all-gather's events.
+    void sharded_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);
     // Shared parameters: R sums its slice over every replica and updates it in the one copy.
     void shared_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);
     // Replica r's slice [begin, end) of the flat buffer (shared parameters): in size_t, as a

@@ -199,6 +199,26 @@ TEST_CASE("strategy.shard optimizer: SIGKILL then resume is bit-identical; its c
     CHECK(summary(moved)["shard"] == "none");
     CHECK(summary(moved)["test_loss"].get<double>() ==
           doctest::Approx(summary(ref)["test_loss"].get<double>()).epsilon(5e-3));
+    // without clipping both modes add alike: a switch of mode at a resume, either way, continues the
+    // run bit for bit - the whole state went into the checkpoint and back where it belongs
+    const std::vector<std::string> no_clip{"optimizer.grad_clip_norm=0"};
+    const std::string plain = s.out("plain"), sharded = s.out("sharded");
+    REQUIRE(train_in_process(cfg, plain, {"optimizer.grad_clip_norm=0", "strategy.shard=none"}) == kExitOk);
+    REQUIRE(train_in_process(cfg, sharded, no_clip) == kExitOk);
+    expect_same_run(plain, sharded);
+    for (const char* from : {"none", "optimizer"}) {
+        CAPTURE(from);
+        const std::string to = std::string(from) == "none" ? "optimizer" : "none";
+        const std::string out = s.out(std::string("switched_from_") + from);
+        {
+            EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "40");
+            CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", std::string("strategy.shard=") + from}) ==
+                  kExitInterrupted);
+        }
+        CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", "strategy.shard=" + to}) == kExitOk);
+        CHECK(summary(out)["resumed_from_step"] == 40);
+        expect_same_run(plain, out);
+    }
 }
 
 TEST_CASE(

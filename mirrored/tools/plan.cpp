@@ -392,9 +392,12 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
     if (r.fits)
         r.recommendation = sharded ? "strategy.shard: optimizer, as configured" : "replicate (strategy.shard: none)";
     else if (r.zero1_fits)
-        r.recommendation = "strategy.shard: optimizer (" + format_bytes(r.mem.total() - uint64_t(r.zero1)) +
-                           " per GPU; the all-gather adds " + fmt("%.2f", (r.zero1_step.step_s - r.step.step_s) * 1e3) +
-                           " ms per step)";
+        r.recommendation = "strategy.shard: optimizer" +
+                           std::string(in.strategy.cross_device_ops == "ring" || in.strategy.cross_device_ops == "auto"
+                                           ? ""
+                                           : " with cross_device_ops: ring") +
+                           " (" + format_bytes(r.mem.total() - uint64_t(r.zero1)) + " per GPU; the all-gather adds " +
+                           fmt("%.2f", (r.zero1_step.step_s - r.step.step_s) * 1e3) + " ms per step)";
     else
         r.recommendation =
             (r.largest > 0 ? "a per-GPU batch of at most " + std::to_string(r.largest) + ", or " : std::string()) +
