@@ -96,8 +96,8 @@ CrossDeviceOps::CrossDeviceOps(std::vector<Device*> devices, std::vector<float*>
 
 void CrossDeviceOps::check_call(size_t offset, size_t count) const {
     if (broken_)
-        throw DeviceError(std::string("cross-device ops (") + name() +
-                          "): unusable after an aborted all-reduce; the replicas must be rebuilt");
+        throw FollowOnError(std::string("cross-device ops (") + name() +
+                            "): unusable after an aborted all-reduce; the replicas must be rebuilt");
     if (offset > elements_ || count > elements_ - offset)
         throw Error(kExitFailure, std::string("cross-device ops (") + name() + "): range past the buffer");
 }

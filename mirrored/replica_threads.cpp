@@ -114,6 +114,7 @@ void ReplicaThreads::run(const std::function<void(int)>& fn) {
         job_ = &fn;
         remaining_ = n_ - 1;
         error_ = nullptr;
+        error_follows_on_ = false;
         ++job_generation_;
     }
     start_cv_.notify_all();
@@ -133,9 +134,13 @@ void ReplicaThreads::run_one(const std::function<void(int)>& fn, int r) {
         fn(r);
     } catch (const BarrierAborted&) {
         // another replica failed first; its exception is the one reported
+    } catch (const FollowOnError&) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception(), error_follows_on_ = true;
+        barrier_.abort();
     } catch (...) {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!error_) error_ = std::current_exception();
+        if (!error_ || error_follows_on_) error_ = std::current_exception(), error_follows_on_ = false;
         barrier_.abort();
     }
 }

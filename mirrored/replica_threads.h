@@ -15,10 +15,18 @@
 #include <thread>
 #include <vector>
 
+#include "base/error.h"
+
 namespace mirrored {
 
 struct BarrierAborted : std::runtime_error {
     BarrierAborted() : std::runtime_error("a replica failed; the others stopped at a barrier") {}
+};
+
+// An error that follows from another replica's failure (collectives it broke): run() reports it
+// only when no replica's own error comes in the same job, so the cause is what the user reads.
+struct FollowOnError : DeviceError {
+    explicit FollowOnError(const std::string& w) : DeviceError(w) {}
 };
 
 // A reusable barrier that a failing replica can break, so the others never wait forever.
@@ -79,6 +87,7 @@ private:
     std::atomic<int> remaining_{0};
     std::atomic<bool> quit_{false};
     std::exception_ptr error_;
+    bool error_follows_on_ = false;  // error_ is a FollowOnError: a cause may replace it
 };
 
 }  // namespace mirrored
