@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "kernels/backends.h"
 #include "kernels/blas.h"
+#include "kernels/cpu/gemm_choice.h"
 #include "kernels/device.h"
 #include "kernels/nccl.h"
 
@@ -103,6 +104,8 @@ uint64_t sim_workspace(const WorkspaceNeeds& n) { return gpu_workspace({n.micro_
 
 // CPU replicas and the simulated GPUs (which compute with the CPU reference): the BLAS kernel.
 std::string cpu_library(bool) { return blas_kernel(); }
+std::string no_gemm_choices() { return ""; }
+size_t adopt_no_gemm_choices(const std::string&) { return 0; }
 std::string cuda_library(bool fused) { return fused ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS"; }
 
 // data.loader_threads: auto. GPU replicas leave the cores to the loader. CPU replicas occupy every
@@ -130,7 +133,9 @@ const Backend kCpuBackend{.name = "cpu",
                           .make = make_cpu_device,
                           .enable_peer_access = no_peers,
                           .workspace_bytes = cpu_workspace,
-                          .gemm_library = cpu_library};
+                          .gemm_library = cpu_library,
+                          .gemm_choices = gemm_choices_text,
+                          .adopt_gemm_choices = adopt_gemm_choices};
 
 const Backend kCudaBackend{
     .name = "cuda",
@@ -154,7 +159,9 @@ const Backend kCudaBackend{
     .make = make_cuda_device,
     .enable_peer_access = cuda_enable_peer_access,
     .workspace_bytes = gpu_workspace,
-    .gemm_library = cuda_library};
+    .gemm_library = cuda_library,
+    .gemm_choices = no_gemm_choices,
+    .adopt_gemm_choices = adopt_no_gemm_choices};
 
 // Simulated GPUs run the CPU reference on threads that behave like streams; their NCCL is a
 // rendezvous of those threads, which a graph cannot capture.
@@ -180,7 +187,9 @@ const Backend kSimBackend{
     .make = make_sim_device,
     .enable_peer_access = sim_enable_peer_access,
     .workspace_bytes = sim_workspace,
-    .gemm_library = cpu_library};
+    .gemm_library = cpu_library,
+    .gemm_choices = gemm_choices_text,
+    .adopt_gemm_choices = adopt_gemm_choices};
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace mirrored {
 
@@ -34,8 +35,30 @@ std::string blas_library();
 // The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none).
 std::string cpu_model_name();
 // The kernels that decide a result's bits: the core name, e.g. "SkylakeX", and the JIT GEMMs'
-// library where they are in use ("SkylakeX + libxsmm 1.17, cpx").
+// library where they are in use, and how each product's kernel is chosen ("SkylakeX + libxsmm
+// 1.17, cpx, measured per product"; nothing added where the static rules choose).
 std::string blas_kernel();
+
+// The machine, the library build and the kernels in use: a choice measured under another key is
+// not reused (the per-product GEMM kernels, kernels/cpu/gemm_choice.h).
+std::string blas_machine_key();
+
+// bench-gemm --sweep: one row-major product C[m,n] = op(A) op(B) on fresh operands, each CPU
+// kernel that can multiply it timed for about `seconds` (kernels/cpu/gemm_choice.h), the fastest
+// of them, and the one the static rules would run.
+struct GemmKernelRate {
+    std::string kernel;  // "openblas", "openblas-turned", "jit", "jit-turned"
+    double gflops = 0;
+};
+struct GemmSweepPoint {
+    std::vector<GemmKernelRate> rates;
+    std::string fastest, rules;
+};
+GemmSweepPoint sweep_cpu_gemm(bool ta, bool tb, int m, int n, int k, double seconds);
+
+// The core's single-precision peak as a register-only FMA loop reaches it (the widest vectors it
+// has: AVX-512, AVX2 or SSE), GFLOP/s on one thread: the ceiling a product's rate is read against.
+double cpu_fma_peak_gflops(double seconds);
 
 // The probe's measurement in this process: sgemm GFLOP/s at one thread, or a negative number
 // when a result differs from the reference.

@@ -672,6 +672,11 @@ struct Backend {
     uint64_t (*workspace_bytes)(const WorkspaceNeeds& needs);  // per replica, all scratch included
     // The library whose rounding a result depends on ("blas-kernel ...", "cuBLAS").
     std::string (*gemm_library)(bool fused_epilogues);
+    // Which kernel each product ran where that was measured per shape (CPU replicas and the
+    // simulated GPUs: kernels/cpu/gemm_choice.h), for the checkpoint; "" where it is not.
+    std::string (*gemm_choices)();
+    // Adopts a checkpoint's gemm_choices before a resume's first step; how many were adopted.
+    size_t (*adopt_gemm_choices)(const std::string& choices);
 };
 const Registry<Backend>& backends();  // cpu, cuda, sim: kernels/backends.cpp lists them
 const Backend& backend_of(DeviceType t);

@@ -333,6 +333,7 @@ CheckpointBytes build_checkpoint(const Model& model, const CheckpointData& d) {
     json metrics = json::array();
     for (const auto& m : d.train_metrics) metrics.push_back({exact(m[0]), exact(m[1]), exact(m[2])});
     meta["train_metrics"] = metrics.dump();
+    if (!d.gemm_choices.empty()) meta["gemm_choices"] = d.gemm_choices;
     std::string states;
     for (const auto& [state, flat] : d.optimizer) states += (states.empty() ? "" : ",") + state;
     meta["optimizer_state"] = states;
@@ -408,6 +409,7 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
     if (p.meta.count("train_data_fingerprint")) d.train_data = meta_u64(p, path, "train_data_fingerprint", 16);
     d.devices = meta_of(p, path, "devices");
     if (p.meta.count("blas_kernel")) d.blas_kernel = meta_of(p, path, "blas_kernel");
+    if (p.meta.count("gemm_choices")) d.gemm_choices = meta_of(p, path, "gemm_choices");
     if (p.meta.count("cross_device_ops")) d.cross_device_ops = meta_of(p, path, "cross_device_ops");
     if (p.meta.count("software")) d.software = meta_of(p, path, "software");
     d.config_yaml = meta_of(p, path, "config");

@@ -31,9 +31,10 @@ struct CheckpointData {
     std::string config_yaml;
     int replicas = 0;
     std::string devices;
-    std::string blas_kernel;                      // the GEMMs: another kernel sums in another order (empty: unknown)
-    std::string cross_device_ops;                 // another op may sum in another order (empty: unknown)
-    int64_t global_batch = 0;                     // what the loader position counts in (0: not recorded)
+    std::string blas_kernel;       // the GEMMs: another kernel sums in another order (empty: unknown)
+    std::string gemm_choices;      // the kernel each product's shape ran, where measured (Backend::gemm_choices)
+    std::string cross_device_ops;  // another op may sum in another order (empty: unknown)
+    int64_t global_batch = 0;      // what the loader position counts in (0: not recorded)
     std::array<float, 2> loss_scale{1.0f, 0.0f};  // fp16: scale and good steps in a row
     int64_t train_samples = 0;                    // the training set's size then (0: not recorded)
     uint64_t train_data = 0;                      // fingerprint() of the training set then (0: not recorded)

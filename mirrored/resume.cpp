@@ -1,6 +1,7 @@
 #include "mirrored/resume.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,19 @@ std::string blas_kernel_hint(const std::string& written, const std::string& now)
     };
     const auto [core, jit] = split(written);
     const auto [now_core, now_jit] = split(now);
+    // the same kernels, each product's chosen another way (kernels/cpu/gemm_choice.h)
+    const auto choice = [](const std::string& j) {
+        for (const char* how : {", measured per product", ", on every product"})
+            if (j.size() > std::strlen(how) && j.ends_with(how))
+                return std::pair{j.substr(0, j.size() - std::strlen(how)), std::string(how)};
+        return std::pair{j, std::string()};
+    };
+    const auto [jit_kernels, how] = choice(jit);
+    if (core == now_core && jit != now_jit && jit_kernels == choice(now_jit).first)
+        return std::string("; to resume bit-identically, rerun with MIRRORED_JIT_GEMM=") +
+               (how.empty()                   ? "rules"
+                : how == ", on every product" ? "all"
+                                              : "measure");
     const bool plain =
         !core.empty() && std::all_of(core.begin(), core.end(), [](char c) { return std::isalnum(uint8_t(c)); });
     if (!plain || core == now_core || jit != now_jit) return "";
@@ -45,6 +59,13 @@ std::string written_by(const CheckpointData& ckpt) {
 
 std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
     return st.backend().gemm_library(cfg.strategy.fused_epilogues);
+}
+
+void adopt_gemm_choices(const CheckpointData& ckpt, const MirroredStrategy& st, const Config& cfg, std::FILE* out) {
+    if (ckpt.gemm_choices.empty() || ckpt.blas_kernel != gemm_library(st, cfg)) return;
+    const size_t adopted = st.backend().adopt_gemm_choices(ckpt.gemm_choices);
+    if (adopted)
+        std::fprintf(out, "  GEMM kernels of %zu product shapes as the checkpoint's run measured them\n", adopted);
 }
 
 // cross_device_ops: auto, resuming: the op the checkpoint to resume from was written with, read

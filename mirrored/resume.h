@@ -36,6 +36,11 @@ void check_checkpoint_fits(const CheckpointData& ckpt, const std::string& path, 
 // library, mirrored version or cross-device op than the checkpoint's. One note each.
 std::vector<std::string> resume_notes(const CheckpointData& ckpt, const MirroredStrategy& st, const Config& cfg);
 
+// On the checkpoint's GEMM library, the kernel it measured for each product's shape is used for
+// that shape again (a measurement made afresh may pick another, which sums in another order); says
+// how many on `out`.
+void adopt_gemm_choices(const CheckpointData& ckpt, const MirroredStrategy& st, const Config& cfg, std::FILE* out);
+
 // The GEMM library a checkpoint's rounding depends on: the BLAS kernel for CPU replicas (and the
 // simulated GPUs, which run the CPU reference); on CUDA, whether cuBLASLt's fused epilogues ran.
 std::string gemm_library(const MirroredStrategy& st, const Config& cfg);

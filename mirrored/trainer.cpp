@@ -532,6 +532,7 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     check_checkpoint_fits(ckpt, path, cfg_, s_->data->train.count(), train_data_, s_->train_loader->batches_per_epoch(),
                           total_steps_);
     for (const std::string& note : resume_notes(ckpt, st, cfg_)) std::fprintf(out_, "  note: %s\n", note.c_str());
+    adopt_gemm_choices(ckpt, st, cfg_, out_);
     if (leader_)  // node 0 alone writes the run folder
         if (const std::string moved = set_aside_later_checkpoints(out_dir_, ckpt_dir_, ckpt.step); !moved.empty())
             std::fprintf(out_, "  note: %s\n", moved.c_str());
@@ -679,6 +680,7 @@ void Run::save_checkpoint(int64_t step) {
     d.replicas = st.all_replicas();
     d.devices = st.devices().describe();
     d.blas_kernel = gemm_library(st, cfg_);
+    d.gemm_choices = st.backend().gemm_choices();
     d.cross_device_ops = st.cross_device_ops_name();
     d.global_batch = cfg_.train.global_batch_size;
     d.loss_scale = st.loss_scale_state();

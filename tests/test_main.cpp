@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -60,6 +61,10 @@ void mark_runs_elsewhere(const std::string& reason) { mark_skipped("runs elsewhe
 }  // namespace mirrored::test
 
 int main(int argc, char** argv) {
+    // GEMM kernels by the static rules unless a test asks for measuring (MIRRORED_JIT_GEMM=measure):
+    // the suite bit-compares runs of separate processes, each with a fresh machine cache, and two
+    // measurements may pick different kernels for a shape where two are close.
+    ::setenv("MIRRORED_JIT_GEMM", "rules", 0);
     // The same BLAS kernel as the CLI the tests start (results are bit-compared across the two).
     mirrored::choose_blas_kernel(argv);
     mirrored::cpu_set_blas_threads(1);

@@ -20,8 +20,13 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
+#include <filesystem>
 #include <cstring>
 
+#include "base/machine_cache.h"
+#include "kernels/blas.h"
+#include "kernels/cpu/gemm_choice.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "kernels/cuda/column_plan.h"
 #include "kernels/device.h"
@@ -578,8 +583,8 @@ TEST_CASE("cpu gemm A^T B computed as its transpose: accumulation and leading di
 
 // Products through kernels generated for their shape (kernels/cpu/jit_gemm.h): each layout they
 // take, beta 0 and 1, leading dimensions padded and the padding untouched, sizes that are not a
-// multiple of the vector width, and products cut into several row panels - whichever of them the
-// rules of this CPU's vector width give to the kernels.
+// multiple of the vector width, and products cut into several row panels; and the rules of this
+// CPU's vector width (the fallback where products are not timed: kernels/cpu/gemm_choice.h).
 TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, leading dimensions padded") {
     const std::string jit = jit_gemm_description();
     if (jit.empty()) {
@@ -622,21 +627,16 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
         const int lda = a_cols + 3, ldb = b_cols + 5, ldc = s.n + 7;
         const std::vector<float> a = padded(g.a, a_rows, a_cols, lda, NAN), b = padded(g.b, b_rows, b_cols, ldb, NAN);
         std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
-        // where the rules give the shape to the kernels, jit_gemm runs it; otherwise it refuses
-        // and leaves C alone
-        const bool taken = jit_gemm_takes(s.ta, s.tb, s.m, s.n, s.k, s.accumulate);
-        CHECK(jit_gemm(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(), ldc) == taken);
-        if (!taken) {
-            CHECK(c == padded(g.c0, s.m, s.n, ldc, 42.0f));
-            REQUIRE(jit_gemm_any_shape(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(),
-                                       ldc));
-        }
+        REQUIRE(jit_gemm_multiplies(s.ta, s.tb, s.m, s.n, s.k, s.accumulate));
+        REQUIRE(
+            jit_gemm_any_shape(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(), ldc));
         bool padding_kept = false;
         const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
         CHECK(padding_kept);
         CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
     }
     // B transposed with C added: the kernels cannot (the product is transposed into C)
+    CHECK_FALSE(jit_gemm_multiplies(false, true, 64, 512, 784, true));
     CHECK_FALSE(jit_gemm_takes(false, true, 64, 512, 784, true));
     CHECK_FALSE(jit_gemm_any_shape(false, true, 8, 8, 8, nullptr, 8, nullptr, 8, true, nullptr, 8));
     // The rules measured for each vector width (docs/PERFORMANCE.md). On AVX-512 they take the
@@ -658,6 +658,159 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
         CHECK(jit_gemm_takes(false, false, 16, 1000, 784, false));
         CHECK(jit_gemm_takes(false, true, 32, 1024, 784, false));
     }
+}
+
+namespace {
+
+// Sets an environment variable for a scope, then puts back what was there.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const std::string& value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old;
+        ::setenv(name, value.c_str(), 1);
+    }
+    ~ScopedEnv() {
+        if (old_) ::setenv(name_, old_->c_str(), 1);
+        else ::unsetenv(name_);
+    }
+
+private:
+    const char* name_;
+    std::optional<std::string> old_;
+};
+
+}  // namespace
+
+// Each kernel a CPU replica's product can run through (kernels/cpu/gemm_choice.h), on every
+// layout, beta 0 and 1, leading dimensions padded: all agree with the reference; where one cannot
+// multiply a product it says so and leaves C alone.
+TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double reference, the others refuse") {
+    struct Shape {
+        bool ta, tb;
+        int m, n, k;
+        bool accumulate;
+    };
+    Rng rng(12);
+    int ran = 0;
+    for (const Shape s : {Shape{false, true, 64, 300, 40, false}, Shape{false, true, 200, 70, 33, false},
+                          Shape{false, true, 20, 64, 17, true}, Shape{true, false, 45, 67, 64, false},
+                          Shape{true, false, 32, 9, 1500, true}, Shape{true, false, 256, 784, 63, true},
+                          Shape{false, false, 64, 300, 100, false}, Shape{false, false, 50, 33, 17, true},
+                          Shape{true, true, 9, 11, 13, false}, Shape{false, true, 1, 27, 9, false}}) {
+        CAPTURE(s.ta);
+        CAPTURE(s.tb);
+        CAPTURE(s.m);
+        CAPTURE(s.n);
+        CAPTURE(s.k);
+        CAPTURE(s.accumulate);
+        GemmCase g{s.ta,
+                   s.tb,
+                   s.m,
+                   s.n,
+                   s.k,
+                   1.0f,
+                   s.accumulate ? 1.0f : 0.0f,
+                   rng.normal(size_t(s.m) * s.k),
+                   rng.normal(size_t(s.k) * s.n),
+                   rng.normal(size_t(s.m) * s.n)};
+        const int a_rows = s.ta ? s.k : s.m, a_cols = s.ta ? s.m : s.k, b_rows = s.tb ? s.n : s.k,
+                  b_cols = s.tb ? s.k : s.n;
+        const int lda = a_cols + 3, ldb = b_cols + 5, ldc = s.n + 7;
+        const ProductShape shape{s.ta, s.tb, s.m, s.n, s.k, lda, ldb, ldc, s.accumulate};
+        const std::vector<float> a = padded(g.a, a_rows, a_cols, lda, NAN), b = padded(g.b, b_rows, b_cols, ldb, NAN);
+        CHECK(gemm_kernel_fits(GemmKernel::openblas, shape));
+        CHECK(gemm_kernel_fits(rules_gemm_kernel(shape), shape));
+        for (GemmKernel k : kGemmKernels) {
+            CAPTURE(gemm_kernel_name(k));
+            std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
+            if (!gemm_kernel_fits(k, shape)) {
+                CHECK_FALSE(run_gemm_kernel(k, shape, a.data(), b.data(), c.data()));
+                CHECK(c == padded(g.c0, s.m, s.n, ldc, 42.0f));
+                continue;
+            }
+            REQUIRE(run_gemm_kernel(k, shape, a.data(), b.data(), c.data()));
+            ++ran;
+            bool padding_kept = false;
+            const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
+            CHECK(padding_kept);
+            CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
+        }
+    }
+    // OpenBLAS as asked, and turned for B transposed without C added, fit everywhere
+    CHECK(ran >= 13);
+    CHECK(gemm_kernel_fits(GemmKernel::openblas_turned, {false, true, 64, 300, 40, 40, 40, 300, false}));
+    CHECK_FALSE(gemm_kernel_fits(GemmKernel::openblas_turned, {false, true, 64, 300, 40, 40, 40, 300, true}));
+    if (jit_gemm_description().empty()) {
+        for (GemmKernel k : {GemmKernel::jit, GemmKernel::jit_turned})
+            CHECK_FALSE(gemm_kernel_fits(k, {true, false, 32, 9, 1500, 32, 9, 9, false}));
+    } else {
+        CHECK(gemm_kernel_fits(GemmKernel::jit, {false, false, 64, 300, 100, 100, 300, 300, false}));
+        // A^T too large to transpose into the scratch, B^T not, C small: only turned
+        CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit, {true, false, 32, 9, 14112, 32, 9, 9, false}));
+        CHECK(gemm_kernel_fits(GemmKernel::jit_turned, {true, false, 32, 9, 14112, 32, 9, 9, false}));
+    }
+}
+
+// MIRRORED_JIT_GEMM=measure: a product's kernel is timed once and kept for the process, read from
+// the machine cache where an earlier run measured it (entries checked: one that does not parse, or
+// names a kernel that cannot multiply the shape, is measured again and rewritten), and a
+// checkpoint's choices, adopted, win over both.
+TEST_CASE("cpu GEMM kernel measured per product: once per process, cached per machine, adopted from a checkpoint") {
+    TempDir d;
+    const ScopedEnv cache_dir("MIRRORED_CACHE_DIR", d / "cache");
+    forget_gemm_choices();
+    Rng rng(13);
+    const ProductShape s{false, true, 64, 300, 40, 40, 40, 300, false};  // OpenBLAS and its turn fit, maybe JIT
+    const std::vector<float> a = rng.normal(64 * 40), b = rng.normal(300 * 40);
+    std::vector<float> c(64 * 300);
+    const std::string file = d / "cache/gemm-kernels.txt", key = blas_machine_key() + "|" + product_text(s);
+    const auto cached = [&] { return cache_lookup("gemm-kernels.txt", key).value_or(""); };
+
+    const GemmKernel first = measured_gemm_kernel(s, a.data(), b.data(), c.data());
+    CHECK(gemm_kernel_fits(first, s));
+    const std::string entry = cached();
+    CAPTURE(entry);
+    CHECK(entry.rfind(std::string(gemm_kernel_name(first)) + " ", 0) == 0);  // the chosen kernel first
+    CHECK(entry.find("openblas-turned ") != std::string::npos);              // every kernel measured is listed
+    CHECK(measured_gemm_kernel(s, a.data(), b.data(), c.data()) == first);   // never again in this process
+    CHECK(gemm_choices_text() == product_text(s) + "=" + gemm_kernel_name(first));
+
+    // a later process reads the cache instead of measuring
+    const GemmKernel other = first == GemmKernel::openblas ? GemmKernel::openblas_turned : GemmKernel::openblas;
+    cache_store("gemm-kernels.txt", key, std::string(gemm_kernel_name(other)) + " 999.0");
+    forget_gemm_choices();
+    CHECK(measured_gemm_kernel(s, a.data(), b.data(), c.data()) == other);
+    CHECK(cached() == std::string(gemm_kernel_name(other)) + " 999.0");
+
+    // entries not as written are measured again, and replaced
+    for (const std::string bad :
+         {"jit nan", "bogus 5.0", "openblas 1.0 jit 2.0", "openblas", "openblas 5.0 extra", "", "openblas-turned -3"}) {
+        CAPTURE(bad);
+        cache_store("gemm-kernels.txt", key, bad);
+        forget_gemm_choices();
+        const GemmKernel k = measured_gemm_kernel(s, a.data(), b.data(), c.data());
+        CHECK(gemm_kernel_fits(k, s));
+        CHECK(cached() != bad);
+        CHECK(cached().rfind(std::string(gemm_kernel_name(k)) + " ", 0) == 0);
+    }
+    const ProductShape tn{true, false, 45, 67, 64, 45, 67, 67, false};  // turned OpenBLAS cannot multiply A^T B
+    const std::vector<float> ta = rng.normal(45 * 64), tb = rng.normal(64 * 67);
+    std::vector<float> tc(45 * 67);
+    const std::string tn_key = blas_machine_key() + "|" + product_text(tn);
+    cache_store("gemm-kernels.txt", tn_key, "openblas-turned 999.0");
+    forget_gemm_choices();
+    CHECK(measured_gemm_kernel(tn, ta.data(), tb.data(), tc.data()) != GemmKernel::openblas_turned);
+
+    // a checkpoint's choices: well-formed entries for kernels that fit are adopted, the rest left out
+    forget_gemm_choices();
+    const std::string mine = product_text(s) + "=" + gemm_kernel_name(GemmKernel::openblas_turned);
+    CHECK(adopt_gemm_choices(mine + ";garbage;tn:1x1x1:1,1,1:0=openblas-turned;nt:64x300x40:40,40,300:1=openblas-"
+                                    "turned;nt:64x300x40:40,40,300:0=jit!;nt:0x1x1:1,1,1:0=openblas") == 1);
+    CHECK(measured_gemm_kernel(s, a.data(), b.data(), c.data()) == GemmKernel::openblas_turned);
+    CHECK(gemm_choices_text() == mine);
+    CHECK(adopt_gemm_choices(gemm_choices_text()) == 1);  // the text round-trips
+    CHECK(std::filesystem::exists(file));
+    forget_gemm_choices();
 }
 
 TEST_CASE("cpu bias_act_forward and act_backward match double reference") {

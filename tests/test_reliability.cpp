@@ -9,8 +9,10 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "kernels/blas.h"
+#include "kernels/cpu/jit_gemm.h"
 #include "base/error.h"
 #include "base/io.h"
 #include "mirrored/checkpoint.h"
@@ -264,6 +266,87 @@ TEST_CASE("a resume on another BLAS kernel says how to resume on the checkpoint'
     }
     REQUIRE(run_cli({"train", cfg, "--output", out}, haswell) == kExitOk);  // as the note says
     expect_same_run(ref, out);
+}
+
+namespace {
+
+// The machine cache's entries of one file: key -> value.
+std::vector<std::pair<std::string, std::string>> cache_entries(const std::string& file) {
+    std::vector<std::pair<std::string, std::string>> entries;
+    std::ifstream in(file);
+    std::string line;
+    while (std::getline(in, line))
+        if (const size_t tab = line.find('\t'); tab != std::string::npos)
+            entries.emplace_back(line.substr(0, tab), line.substr(tab + 1));
+    return entries;
+}
+
+std::vector<std::string> split_on(const std::string& text, char sep) {
+    std::vector<std::string> parts;
+    std::stringstream in(text);
+    for (std::string part; std::getline(in, part, sep);) parts.push_back(part);
+    return parts;
+}
+
+}  // namespace
+
+// MIRRORED_JIT_GEMM=measure (kernels/cpu/gemm_choice.h): the kernel of each product is measured
+// once per machine and cached; a later run reads the cache; a checkpoint records the choices and
+// a resume adopts them even where the cache is gone, so the resumed run is bit-identical. The
+// cache is edited to OpenBLAS everywhere, which a fresh measurement on this machine would not
+// pick for every product (the JIT kernels win the smallest): a resume that measured afresh
+// instead of adopting would round differently.
+TEST_CASE("GEMM kernels measured per product: later runs reuse the cache, a resume adopts the checkpoint's, exactly") {
+    if (jit_gemm_description().empty()) {
+        mark_skipped("no JIT GEMM kernels here: OpenBLAS as asked or turned, the kernels left, sum alike");
+        return;
+    }
+    TempDir d;
+    const std::string cfg = d.write("c.yaml", kRun), ref = d / "ref", out = d / "run", cache = d / "cache";
+    const std::vector<std::pair<std::string, std::string>> measure{{"MIRRORED_JIT_GEMM", "measure"},
+                                                                   {"MIRRORED_CACHE_DIR", cache}};
+    REQUIRE(run_cli({"train", cfg, "--output", d / "first"}, measure) == kExitOk);
+    const std::string file = cache + "/gemm-kernels.txt";
+    auto entries = cache_entries(file);
+    REQUIRE(entries.size() >= 2);  // the dense layers' products with more than one kernel that fits
+    for (auto& [key, value] : entries) {
+        CHECK(key.find("measured per product|") != std::string::npos);
+        value = "openblas 1.0";
+    }
+    {
+        std::ofstream rewrite(file, std::ios::trunc);
+        for (const auto& [key, value] : entries) rewrite << key << '\t' << value << '\n';
+    }
+    REQUIRE(run_cli({"train", cfg, "--output", ref}, measure) == kExitOk);
+    auto stop = measure;
+    stop.emplace_back("MIRRORED_TEST_STOP_AFTER_STEP", "20");
+    REQUIRE(run_cli({"train", cfg, "--output", out}, stop) == kExitInterrupted);
+    const auto written = read_safetensors(list_checkpoints(out + "/checkpoints").front(), true).metadata;
+    CHECK(written.at("blas_kernel").find(", measured per product") != std::string::npos);
+    const std::vector<std::string> choices = split_on(written.at("gemm_choices"), ';');
+    CHECK(choices.size() == entries.size());
+    for (const std::string& c : choices) CHECK(c.substr(c.find('=')) == "=openblas");
+    {  // a copy resumed with the static rules says how to resume on the measured choices
+        const std::string other = d / "other", rules_log = d / "rules.txt";
+        fs::copy(out, other, fs::copy_options::recursive);
+        REQUIRE(run_cli({"train", cfg, "--output", other},
+                        {{"MIRRORED_JIT_GEMM", "rules"}, {"MIRRORED_TEST_STOP_AFTER_STEP", "21"}}, -1, nullptr,
+                        Stdout::file, rules_log) == kExitInterrupted);
+        const std::string printed(std::istreambuf_iterator<char>(std::ifstream(rules_log).rdbuf()), {});
+        CHECK(printed.find("to resume bit-identically, rerun with MIRRORED_JIT_GEMM=measure") != std::string::npos);
+        CHECK(printed.find("product shapes as the checkpoint's run measured them") == std::string::npos);
+    }
+    // resumed without the cache: the checkpoint's choices, not a new measurement
+    const std::string log = d / "resume.txt";
+    REQUIRE(run_cli({"train", cfg, "--output", out},
+                    {{"MIRRORED_JIT_GEMM", "measure"}, {"MIRRORED_CACHE_DIR", d / "empty-cache"}}, -1, nullptr,
+                    Stdout::file, log) == kExitOk);
+    const std::string printed(std::istreambuf_iterator<char>(std::ifstream(log).rdbuf()), {});
+    CHECK(printed.find("GEMM kernels of " + std::to_string(choices.size()) +
+                       " product shapes as the checkpoint's run measured them") != std::string::npos);
+    expect_same_run(ref, out);
+    const auto resumed = read_safetensors(list_checkpoints(out + "/checkpoints").back(), true).metadata;
+    for (const std::string& c : split_on(resumed.at("gemm_choices"), ';')) CHECK(c.substr(c.find('=')) == "=openblas");
 }
 
 TEST_CASE(

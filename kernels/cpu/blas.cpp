@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm_choice.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "base/machine_cache.h"
 
@@ -380,8 +381,15 @@ std::string cpu_model_name() {
 
 std::string blas_kernel() {
     const std::string jit = jit_gemm_description();
-    return jit.empty() ? core_name() : core_name() + " + " + jit;
+    if (jit.empty()) return core_name();
+    const GemmKernelChoice choice = gemm_kernel_choice();
+    return core_name() + " + " + jit +
+           (choice == GemmKernelChoice::measure ? ", measured per product"
+            : choice == GemmKernelChoice::all   ? ", on every product"
+                                                : "");
 }
+
+std::string blas_machine_key() { return cache_key() + "|" + blas_kernel(); }
 
 std::string blas_library() {
     if (const char* cfg = openblas_get_config()) {

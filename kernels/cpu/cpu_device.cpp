@@ -15,6 +15,7 @@
 #include "kernels/blas.h"
 #include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
+#include "kernels/cpu/gemm_choice.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "kernels/device.h"
 #include "base/error.h"
@@ -114,49 +115,6 @@ void for_summed_blocks(float* const* grads, int count, int into, size_t offset, 
     }
 }
 
-// C[m,n] = alpha A[m,k] B[n,k]^T with few rows and many columns (a Dense layer's forward: a
-// replica's rows times the weights, transposed). Asked for directly, OpenBLAS packs the whole of B
-// with its transposing copy for every call; asked for C^T = B A^T it packs B with its plain copy,
-// and transposing the small result costs less than the difference: on the default MLP's 64-row
-// layers 10-20% more GFLOP/s, on tiny products less (hence the size floor), on 256 rows and more
-// nothing. The same micro-kernel sums every element over k in the same order, so the results
-// equal the direct call's (the default run's parameters are bit-identical).
-bool by_transposed_product(int m, int n, int k) {
-    return m <= kCpuTransposedGemmMaxRows && m < n && double(m) * n * k >= double(1 << 19);
-}
-
-void sgemm_nt_transposed(int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float* c,
-                         int ldc) {
-    thread_local std::vector<float> product;  // grows once per thread: no allocation per step
-    const size_t cells = size_t(m) * size_t(n);
-    if (product.size() < cells) product.resize(cells);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, alpha, b, ldb, a, lda, 0.0f, product.data(), m);
-    cblas_somatcopy(CblasRowMajor, CblasTrans, n, m, 1.0f, product.data(), m, c, ldc);
-}
-
-// C[m,n] (+)= A^T B where A^T is too large for the JIT kernels' transposing scratch but B^T is
-// not, and C is small (a first convolution's weight gradient: 32 x 9 over 14k rows, where
-// OpenBLAS ran at 48 GFLOP/s): P[n,m] = B^T A by the JIT kernel, then C (+)= P^T. Each element
-// still sums over k in one order. bench-gemm: 32x9x14112:tn 48 -> 158 GFLOP/s, 512x32x512:tn
-// 171 -> 239; with a large C the transposition back costs more (1024x64x256:tn 191 -> 134).
-constexpr size_t kTnTransposedMaxCells = 16384;
-
-bool tn_by_transposed_product(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
-                              float* c, int ldc) {
-    if (size_t(m) * size_t(n) > kTnTransposedMaxCells || jit_gemm_takes(true, false, m, n, k, accumulate) ||
-        !jit_gemm_takes(true, false, n, m, k, false))
-        return false;
-    thread_local std::vector<float> product;  // grows once per thread
-    const size_t cells = size_t(m) * size_t(n);
-    if (product.size() < cells) product.resize(cells);
-    if (!jit_gemm(true, false, n, m, k, b, ldb, a, lda, false, product.data(), m)) return false;
-    for (int i = 0; i < m; ++i) {
-        float* row = c + size_t(i) * ldc;
-        for (int j = 0; j < n; ++j) row[j] = (accumulate ? row[j] : 0.0f) + product[size_t(j) * m + i];
-    }
-    return true;
-}
-
 template <Activation A, DType T>
 void act_backward_inplace(size_t n, const float* __restrict z, float* __restrict d) {
     for (size_t i = 0; i < n; ++i) d[i] = round_to(T, act_backward_value(A, z[i], d[i]));
@@ -241,14 +199,9 @@ public:
             for (int i = 0; i < m; ++i)
                 for (int j = 0; j < n; ++j)
                     c[size_t(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[size_t(i) * ldc + j];
-        } else if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f) &&
-                   jit_gemm(ta, tb, m, n, k, F(a), lda, F(b), ldb, beta == 1.0f, c, ldc)) {
-            // a kernel generated for this shape (kernels/cpu/jit_gemm.h)
-        } else if (ta && !tb && alpha == 1.0f && (beta == 0.0f || beta == 1.0f) &&
-                   tn_by_transposed_product(m, n, k, F(a), lda, F(b), ldb, beta == 1.0f, c, ldc)) {
-            // its transpose through a JIT kernel
-        } else if (!ta && tb && beta == 0.0f && by_transposed_product(m, n, k)) {
-            sgemm_nt_transposed(m, n, k, alpha, F(a), lda, F(b), ldb, c, ldc);
+        } else if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
+            // the kernel chosen for this product's shape (kernels/cpu/gemm_choice.h)
+            chosen_sgemm(ProductShape{ta, tb, m, n, k, lda, ldb, ldc, beta == 1.0f}, F(a), F(b), c);
         } else {
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
                         F(a), lda, F(b), ldb, beta, c, ldc);

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/gemm_choice.h"
 #include "kernels/device.h"
 
 #if MIRRORED_XSMM
@@ -24,9 +25,9 @@ namespace {
 
 using Kernel = libxsmm_smmfunction;
 
-// Which products the kernels take: none; those measured to win on AVX-512 or on AVX2 (each its
-// own rules, below); or every one they can multiply (MIRRORED_JIT_GEMM=all, on any target from
-// AVX2: for measuring rules on a new kind of CPU with bench-gemm, not for training).
+// Which products the kernels take: none; those the rules measured on AVX-512 or on AVX2 give
+// them (below: the fallback when products are not timed, kernels/cpu/gemm_choice.h); or every one
+// they can multiply (MIRRORED_JIT_GEMM=all, on any target from AVX2: for sweeps).
 enum class JitMode { off, avx2_rules, avx512_rules, all };
 
 // The code libxsmm generates here (LIBXSMM_X86_*), asked once; initialises libxsmm.
@@ -42,13 +43,9 @@ bool avx512_target() { return target_arch() >= LIBXSMM_X86_AVX512_CORE; }
 
 JitMode jit_mode() {
     static const JitMode mode = [] {
-        const char* e = std::getenv("MIRRORED_JIT_GEMM");
-        const bool all = e && std::strcmp(e, "all") == 0;
-        if (e && std::strcmp(e, "0") == 0) return JitMode::off;
-        if (e && !all && *e)
-            std::fprintf(stderr, "warning: MIRRORED_JIT_GEMM=%s is neither 0 nor all; using the default\n", e);
-        if (target_arch() < LIBXSMM_X86_AVX2) return JitMode::off;
-        if (all) return JitMode::all;
+        const GemmKernelChoice choice = gemm_kernel_choice();
+        if (choice == GemmKernelChoice::off || target_arch() < LIBXSMM_X86_AVX2) return JitMode::off;
+        if (choice == GemmKernelChoice::all) return JitMode::all;
         return avx512_target() ? JitMode::avx512_rules : JitMode::avx2_rules;
     }();
     return mode;
@@ -375,10 +372,8 @@ bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate) {
     return false;
 }
 
-bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
-              float* c, int ldc) {
-    return jit_gemm_takes(ta, tb, m, n, k, accumulate) &&
-           jit_gemm_any_shape(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+bool jit_gemm_multiplies(bool ta, bool tb, int m, int n, int k, bool accumulate) {
+    return kernels_multiply(ta, tb, m, n, k, accumulate);
 }
 
 bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
@@ -408,7 +403,7 @@ bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, i
 std::string jit_gemm_description() { return ""; }
 int jit_gemm_vector_floats() { return 0; }
 bool jit_gemm_takes(bool, bool, int, int, int, bool) { return false; }
-bool jit_gemm(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
+bool jit_gemm_multiplies(bool, bool, int, int, int, bool) { return false; }
 bool jit_gemm_any_shape(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {
     return false;
 }

@@ -10,9 +10,9 @@
 // always the small one, a replica's rows, never the weights.
 //
 // Built in where libxsmm's headers are (Makefile: WITH_XSMM), used on CPUs where it generates
-// AVX-512 or AVX2 code, each with the rules measured for it; MIRRORED_JIT_GEMM=0 turns it off,
-// MIRRORED_JIT_GEMM=all sends it every product it can multiply (to measure rules on a new CPU
-// with bench-gemm). Everything else goes to OpenBLAS.
+// AVX-512 or AVX2 code. Which products they multiply is measured shape by shape, or follows the
+// rules measured for each vector width (kernels/cpu/gemm_choice.h); MIRRORED_JIT_GEMM=0 turns
+// them off.
 #pragma once
 
 #include <string>
@@ -29,16 +29,15 @@ std::string jit_gemm_description();
 // 0 where there are no kernels.
 int jit_gemm_vector_floats();
 
-// Whether jit_gemm takes this row-major product (C[m,n] = op(A) op(B), alpha 1, beta 0 or 1).
+// Whether the static rules give this row-major product (C[m,n] = op(A) op(B), alpha 1, beta 0 or
+// 1) to the kernels: the fallback where products are not timed (MIRRORED_JIT_GEMM=rules); with
+// MIRRORED_JIT_GEMM=all, every product they can multiply.
 bool jit_gemm_takes(bool ta, bool tb, int m, int n, int k, bool accumulate);
-
-// Row-major C[m,n] = op(A) op(B), plus C when accumulate; false, touching nothing, where
-// jit_gemm_takes says no.
-bool jit_gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
-              float* c, int ldc);
-// The same for any shape the kernels can multiply, whether or not the rules give it to them (the
-// kernels' own test); false, touching nothing, where there are no kernels or B is transposed
-// with accumulate.
+// Whether the kernels can multiply it at all: they are in use, and not both operands transposed,
+// nor B transposed with C added to.
+bool jit_gemm_multiplies(bool ta, bool tb, int m, int n, int k, bool accumulate);
+// Row-major C[m,n] = op(A) op(B), plus C when accumulate, for any product the kernels can
+// multiply; false, touching nothing, where they cannot.
 bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                         bool accumulate, float* c, int ldc);
 

@@ -201,7 +201,97 @@ double time_gemm(Device& d, const GemmShape& g, double seconds) {
 
 }  // namespace
 
+namespace {
+
+// A dense layer of `width` inputs and outputs over `rows` samples: its forward (x W^T), weight
+// gradient (dy^T x) and input gradient (dy W) products.
+std::vector<GemmShape> sweep_grid() {
+    std::vector<GemmShape> shapes;
+    for (int width : {64, 256, 1024, 4096})
+        for (int rows : {16, 64, 256, 1024}) {
+            shapes.push_back({rows, width, width, false, true});
+            shapes.push_back({width, width, rows, true, false});
+            shapes.push_back({rows, width, width, false, false});
+        }
+    return shapes;
+}
+
+int sweep_gemm(const GemmBenchOptions& o) {
+    cpu_set_blas_threads(1);
+    const std::vector<GemmShape> shapes = o.shapes.empty() ? sweep_grid() : o.shapes;
+    std::printf("GEMM kernels of a CPU replica, one thread: %s, %s\n", cpu_model_name().c_str(),
+                blas_description().c_str());
+    const double peak = cpu_fma_peak_gflops(0.2);
+    std::printf("the core's peak (a register-only FMA loop): %.1f GFLOP/s\n", peak);
+    const GemmSweepPoint large = sweep_cpu_gemm(false, false, 2048, 2048, 2048, o.sweep_seconds);
+    const double large_gflops = large.rates.empty() ? 0 : large.rates.front().gflops;
+    std::printf("OpenBLAS's large sgemm (2048^3, nn): %.1f GFLOP/s (%.0f%% of peak)\n\n", large_gflops,
+                100 * large_gflops / peak);
+    std::fflush(stdout);
+    const char* kernels[] = {"openblas", "openblas-turned", "jit", "jit-turned"};
+    std::printf("%3s %6s %6s %6s", "ops", "m", "n", "k");
+    for (const char* k : kernels) std::printf(" %16s", k);
+    std::printf("  %-16s %-16s %7s\n", "fastest", "rules' pick", "of peak");
+    json rows = json::array();
+    int rules_fastest = 0;
+    std::vector<double> gain;  // the fastest over OpenBLAS as asked
+    const double started = now_s();
+    for (size_t i = 0; i < shapes.size(); ++i) {
+        const GemmShape& g = shapes[i];
+        const GemmSweepPoint p = sweep_cpu_gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, o.sweep_seconds);
+        const std::string ops = std::string(g.trans_a ? "t" : "n") + (g.trans_b ? "t" : "n");
+        std::printf("%3s %6d %6d %6d", ops.c_str(), g.m, g.n, g.k);
+        json rates = json::object();
+        double best = 0, blas = 0, rules = 0;
+        for (const char* k : kernels) {
+            double r = 0;
+            for (const GemmKernelRate& x : p.rates)
+                if (x.kernel == k) r = x.gflops;
+            if (r > 0) std::printf(" %16.1f", r), rates[k] = r;
+            else std::printf(" %16s", "-");
+            best = std::max(best, r);
+            if (std::string(k) == "openblas") blas = r;
+            if (p.rules == k) rules = r;
+        }
+        std::printf("  %-16s %-16s %6.0f%%\n", p.fastest.c_str(), p.rules.c_str(), 100 * best / peak);
+        if (p.rules == p.fastest) ++rules_fastest;
+        if (blas > 0) gain.push_back(best / blas);
+        rows.push_back({{"m", g.m},
+                        {"n", g.n},
+                        {"k", g.k},
+                        {"ops", ops},
+                        {"gflops", rates},
+                        {"fastest", p.fastest},
+                        {"rules", p.rules},
+                        {"rules_gflops", rules},
+                        {"of_peak", best / peak}});
+        const double per = (now_s() - started) / double(i + 1);
+        std::fflush(stdout);
+        if (i + 1 < shapes.size() && (i + 1) % 12 == 0)
+            std::fprintf(stderr, "bench-gemm --sweep: %zu of %zu shapes, about %.0f s left\n", i + 1, shapes.size(),
+                         per * double(shapes.size() - i - 1));
+    }
+    std::sort(gain.begin(), gain.end());
+    const double median_gain = gain.empty() ? 1.0 : gain[gain.size() / 2];
+    std::printf(
+        "\nthe static rules pick the fastest kernel on %d of %zu products; the fastest beats OpenBLAS as asked by "
+        "%.2fx on the median product, %.2fx at most\n",
+        rules_fastest, shapes.size(), median_gain, gain.empty() ? 1.0 : gain.back());
+    write_json(o.json, {{"benchmark", "gemm-sweep"},
+                        {"cpu", cpu_model_name()},
+                        {"blas", blas_description()},
+                        {"fma_peak_gflops", peak},
+                        {"large_sgemm_gflops", large_gflops},
+                        {"rules_pick_fastest", rules_fastest},
+                        {"median_gain_over_openblas", median_gain},
+                        {"results", rows}});
+    return kExitOk;
+}
+
+}  // namespace
+
 int bench_gemm(const GemmBenchOptions& o) {
+    if (o.sweep) return sweep_gemm(o);
     const std::unique_ptr<Device> d = gemm_device(o.device);
     const Precision precision = o.tf32 ? Precision::tf32 : o.precision;
     d->set_precision(precision);

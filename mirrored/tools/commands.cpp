@@ -195,8 +195,11 @@ void ToolCommands::add_bench_gemm(CLI::App& app) {
     bg_->add_flag("--tf32", gb_.tf32, "TF32 tensor cores (CUDA); the same as --precision tf32");
     bg_->add_option("--precision", gb_precision_, "fp32, tf32, bf16 or fp16 inputs (f32 accumulation and output)")
         ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
-    bg_->add_option("--seconds", gb_.seconds, "time each shape for this long (default 1)")
-        ->check(CLI::Range(0.01, 60.0));
+    bg_->add_option("--seconds", gb_.seconds, "time each shape for this long (default 1; --sweep: each kernel, 0.05)")
+        ->check(CLI::Range(0.001, 60.0));
+    bg_->add_flag("--sweep", gb_.sweep,
+                  "CPU: a dense layer's three products over widths 64-4096 and rows 16-1024, each GEMM kernel's "
+                  "GFLOP/s, the fastest and the static rules' pick, against the cores' FMA peak");
     add_json(bg_, gb_.json, "also write the results here");
 }
 
@@ -324,6 +327,9 @@ int ToolCommands::run() {
                         : gb_precision_ == "bf16" ? Precision::bf16
                         : gb_precision_ == "fp16" ? Precision::fp16
                                                   : Precision::fp32;
+        if (gb_.sweep && bg_->count("--seconds")) gb_.sweep_seconds = gb_.seconds;
+        if (gb_.sweep && gb_.device != "cpu")
+            throw ConfigError("--sweep: times the CPU's GEMM kernels; --device must be cpu, got '" + gb_.device + "'");
         check_json(gb_.json, {});
         return bench_gemm(gb_);
     }

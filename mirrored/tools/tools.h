@@ -80,6 +80,10 @@ struct GemmBenchOptions {
     bool tf32 = false;                             // shorthand for precision tf32
     Precision precision = Precision::fp32;
     double seconds = 1.0;
+    // --sweep (CPU): a grid of a dense layer's three products (widths 64-4096, rows 16-1024), each
+    // kernel's GFLOP/s, the fastest, the static rules' pick; each kernel timed for sweep_seconds
+    bool sweep = false;
+    double sweep_seconds = 0.05;
     OutputTarget json{"--json", "", false, {}};  // also written here (path empty: not)
 };
 // The GEMM ceiling a replica's step is measured against.

@@ -1,0 +1,85 @@
+// Which kernel multiplies each of a CPU replica's products, chosen shape by shape by measurement.
+//
+// A row-major product C[m,n] = op(A) op(B) (+ C) can run through up to four kernels: OpenBLAS as
+// asked; OpenBLAS on its transpose (C^T = B A^T, then C turned: B packed with the plain copy
+// instead of the transposing one); a kernel JIT-generated for the shape (kernels/cpu/jit_gemm.h);
+// and that kernel on the transpose (B^T A, then turned into C). Which is fastest depends on the
+// shape, the leading dimensions, the cores and their caches: rules written from sweeps on a few
+// machines missed on others (on AVX2 no result width that is a multiple of 1024, say). So the
+// first time a product of a shape comes (a replica's first step), each kernel that can multiply
+// it is timed on the real operands into a scratch, and the fastest multiplies that shape from
+// then on in every replica of the process. The choice is kept per machine in the machine cache
+// (gemm-kernels.txt: the same choice for every later run here, no measuring) and recorded in each
+// checkpoint, which a resume adopts - the kernels sum in different orders, so a choice made again
+// differently would change the bits.
+//
+// MIRRORED_JIT_GEMM: measure (the default), rules (the static rules measured on AVX-512 and AVX2
+// cores, the fallback: no timing, the same choice on every machine of a kind), all (the JIT
+// kernels wherever they can multiply: for sweeps), 0 (no JIT kernels: OpenBLAS, and its transpose
+// where the rules say).
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mirrored {
+
+enum class GemmKernelChoice { off, rules, measure, all };
+// MIRRORED_JIT_GEMM, read once (an unknown value warns and measures).
+GemmKernelChoice gemm_kernel_choice();
+
+enum class GemmKernel : uint8_t { openblas, openblas_turned, jit, jit_turned };
+constexpr GemmKernel kGemmKernels[] = {GemmKernel::openblas, GemmKernel::openblas_turned, GemmKernel::jit,
+                                       GemmKernel::jit_turned};
+// "openblas", "openblas-turned", "jit", "jit-turned"
+const char* gemm_kernel_name(GemmKernel k);
+
+// A product as the choice knows it: layout, size, leading dimensions, and whether C is added to.
+struct ProductShape {
+    bool ta = false, tb = false;
+    int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+    bool accumulate = false;
+    auto operator<=>(const ProductShape&) const = default;
+};
+// "nt:64x512x784:784,784,512:0" (layout, m x n x k, lda, ldb, ldc, accumulate).
+std::string product_text(const ProductShape& s);
+
+// Whether kernel `k` can multiply this product at all.
+bool gemm_kernel_fits(GemmKernel k, const ProductShape& s);
+// The static rules' kernel for this product (the fallback, and MIRRORED_JIT_GEMM=rules).
+GemmKernel rules_gemm_kernel(const ProductShape& s);
+
+// Row-major C = op(A) op(B) (+ C when s.accumulate) through kernel k; false, touching nothing,
+// where it cannot multiply the product.
+bool run_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a, const float* b, float* c);
+
+// The kernel measured for this product (MIRRORED_JIT_GEMM=measure): chosen earlier in this process
+// or adopted, else the machine cache's, else timed on these operands (and then cached). Replicas
+// meeting the same shape wait for one measurement and get the same kernel.
+GemmKernel measured_gemm_kernel(const ProductShape& s, const float* a, const float* b, const float* c);
+
+// Row-major C = op(A) op(B) (+ C) through the kernel chosen for its shape (measured the first
+// time this process meets the shape, unless cached or adopted).
+void chosen_sgemm(const ProductShape& s, const float* a, const float* b, float* c);
+
+struct GemmKernelTime {
+    GemmKernel kernel;
+    double seconds;  // per product: the fastest of its timed calls
+};
+// Each kernel that can multiply the product, timed on these operands (after one untimed call),
+// for about `seconds` each and at least once; C is not written (the kernels write a scratch).
+std::vector<GemmKernelTime> time_gemm_kernels(const ProductShape& s, const float* a, const float* b, const float* c,
+                                              double seconds);
+
+// The choices this process measured or adopted: "nt:64x512x784:784,784,512:0=jit;..." (empty
+// where nothing was measured: the rules choose the same everywhere, or one kernel fits).
+std::string gemm_choices_text();
+// Adopts a checkpoint's choices (gemm_choices_text's form); entries that do not parse, or name a
+// kernel that cannot multiply their shape here, are left out. Returns how many were adopted.
+size_t adopt_gemm_choices(const std::string& text);
+// Forgets every choice (for tests of the machine cache: as a new process would start).
+void forget_gemm_choices();
+
+}  // namespace mirrored
