@@ -68,12 +68,15 @@ void rewrite(const std::string& file, const std::string& key, const std::optiona
     std::vector<std::string> keep;
     bool found = false;
     for (const std::string& line : cache_lines(f)) {
-        if (keep.size() >= 1000) break;
         const size_t tab = line.find('\t');
         if (tab == std::string::npos) continue;
         if (tab == key.size() && line.compare(0, tab, key) == 0) found = true;
         else keep.push_back(line);
     }
+    // at most 1000 entries: the oldest (first) go, never the one being stored
+    constexpr size_t kEntries = 1000;
+    const size_t room = kEntries - (value ? 1 : 0);
+    if (keep.size() > room) keep.erase(keep.begin(), keep.end() - std::ptrdiff_t(room));
     if (!value && !found) return;
     std::error_code ec;
     fs::create_directories(f.parent_path(), ec);

@@ -709,6 +709,9 @@ PeerTransport peer_transport();
 
 // BLAS threads for CPU replicas: one each, because replicas are the parallelism.
 void cpu_set_blas_threads(int n);
+// CPU products' GEMM kernels by the static rules instead of measured (kernels/cpu/gemm_choice.h):
+// for multi-node runs, whose nodes would each measure for themselves. Call before any product.
+void cpu_gemm_use_rules();
 // The CPU backend computes a GEMM with up to this many rows and B transposed as its transpose,
 // in a scratch of rows x columns floats per thread (kernels/cpu/cpu_device.cpp and
 // kernels/cpu/jit_gemm.cpp say why).

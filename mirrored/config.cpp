@@ -449,15 +449,8 @@ void read_strategy(Reader& r, Config& c) {
     const std::string shard = r.choice("strategy.shard", "none", {"none", "optimizer"});
     c.strategy.shard = shard == "optimizer" ? StrategyConfig::Shard::optimizer : StrategyConfig::Shard::none;
     if (c.strategy.shard != StrategyConfig::Shard::none) {
-        std::string split;  // the ops that run reduce-scatter and all-gather alone
-        for (const CrossDeviceOpsKind* k : cross_device_ops_kinds().entries())
-            if (k->shards) split += std::string(split.empty() ? "" : ", ") + k->name;
-        const std::string& op = c.strategy.cross_device_ops;
-        if (op != "auto" && !cross_device_ops_kinds().get(op).shards)
-            r.fail("strategy.shard", shard +
-                                         " needs an op that splits into reduce-scatter and all-gather; "
-                                         "strategy.cross_device_ops " +
-                                         op + " does not (ops that do: " + split + ")");
+        if (const std::string why = shard_refusal(c.strategy.cross_device_ops); !why.empty())
+            r.fail("strategy.shard", shard + " " + why);
         if (c.strategy.allreduce_dtype != DType::f32)
             r.fail("strategy.shard", shard + " exchanges fp32 gradients; set strategy.allreduce_dtype: fp32");
     }

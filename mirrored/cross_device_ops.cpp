@@ -296,6 +296,15 @@ const Registry<CrossDeviceOpsKind>& cross_device_ops_kinds() {
     return kinds;
 }
 
+std::string shard_refusal(const std::string& op) {
+    if (op == "auto" || cross_device_ops_kinds().get(op, "strategy.cross_device_ops").shards) return "";
+    std::string split;
+    for (const CrossDeviceOpsKind* k : cross_device_ops_kinds().entries())
+        if (k->shards) split.append(split.empty() ? "" : ", ").append(k->name);
+    return "needs an op that splits into reduce-scatter and all-gather; strategy.cross_device_ops " + op +
+           " does not (ops that do: " + split + ")";
+}
+
 std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, std::vector<Device*> devices,
                                                       std::vector<float*> buffers, size_t elements,
                                                       ReplicaBarrier& barrier, DType wire) {

@@ -142,6 +142,8 @@ std::unique_ptr<CrossDeviceOps> create_cross_device_ops(std::vector<Device*> dev
     return std::make_unique<Op>(std::move(devices), std::move(buffers), elements, wire, barrier);
 }
 const Registry<CrossDeviceOpsKind>& cross_device_ops_kinds();  // cross_device_ops.cpp lists every op
+// Why strategy.shard cannot run on op ("" where it can, or where auto will pick one that can).
+std::string shard_refusal(const std::string& op);
 std::unique_ptr<CrossDeviceOps> make_cross_device_ops(const std::string& kind, std::vector<Device*> devices,
                                                       std::vector<float*> buffers, size_t elements,
                                                       ReplicaBarrier& barrier, DType wire = DType::f32);

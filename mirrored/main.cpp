@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/blas.h"
+#include "kernels/device.h"
 #include "base/error.h"
 #include "base/output.h"
 #include "mirrored/checkpoint.h"
@@ -129,6 +130,7 @@ private:
         const Config cfg = load_config(config, sets);
         if (train->parsed()) {
             nodes = Nodes::join(nullptr, nullptr);
+            if (nodes) cpu_gemm_use_rules();  // each node measuring would pick its own GEMM kernels
             if (nodes) agree_on_print_config(*nodes);
         }
         if (print_config) {

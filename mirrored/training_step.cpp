@@ -8,6 +8,21 @@
 
 namespace mirrored {
 
+namespace {
+
+// The comm stream's next work waits for the compute stream's work so far (through `ev`)...
+void comm_waits_for_compute(Device& d, Event ev) {
+    d.event_record(ev, d.compute_stream());
+    d.stream_wait_event(d.comm_stream(), ev);
+}
+// ...and the compute stream's next work for the comm stream's (through `ev`).
+void compute_waits_for_comm(Device& d, Event ev) {
+    d.event_record(ev, d.comm_stream());
+    d.stream_wait_event(d.compute_stream(), ev);
+}
+
+}  // namespace
+
 // A replica's view of the cross-replica statistics sum: its comm stream runs the all-reduce
 // between events, so compute waits only for that (CPU: the call itself is the sum).
 class TrainingStep::ReplicaStatsSync final : public StatsSync {
@@ -18,11 +33,9 @@ public:
     void all_reduce(size_t n) override {
         Replica& R = st_.set_.replica(r_);
         Device& d = *R.device;
-        d.event_record(R.stats_ready, d.compute_stream());
-        d.stream_wait_event(d.comm_stream(), R.stats_ready);
+        comm_waits_for_compute(d, R.stats_ready);
         st_.stats_ops_->all_reduce(r_, 0, n);
-        d.event_record(R.stats_done, d.comm_stream());
-        d.stream_wait_event(d.compute_stream(), R.stats_done);
+        compute_waits_for_comm(d, R.stats_done);
     }
 
 private:
@@ -95,11 +108,8 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
             stats.push_back(set_.replica(r).grad_stats.data());
         }
         const std::string& op = set_.config().cross_device_ops;
-        if (!cross_device_ops_kinds().get(op, "strategy.cross_device_ops").shards)
-            throw ConfigError("strategy.shard",
-                              "optimizer needs an op that splits into reduce-scatter and "
-                              "all-gather (ring); strategy.cross_device_ops " +
-                                  op + " does not");
+        if (const std::string why = shard_refusal(op); !why.empty())
+            throw ConfigError("strategy.shard", "optimizer " + why);
         param_ops_ = make_cross_device_ops(op, devs, params, model_.trainable_size(), set_.threads().barrier());
         grad_stats_ops_ = make_cross_device_ops(op, devs, stats, 2, set_.threads().barrier());
     }
@@ -187,7 +197,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     double comm = 0;
     const int global_rows = shape.global_rows, buf = shape.buf;
     const Shard shard = shape.shard;
-    const Stream cs = d.compute_stream(), comm_s = d.comm_stream();
+    const Stream cs = d.compute_stream();
     if (timing) d.event_record(R.t_begin, cs);
     profile_mark(R, cs, LayerProbe::kBegin);
     const char* input = static_cast<const char*>(set_.stage_for_compute(R, buf, size_t(shard.rows)));
@@ -198,8 +208,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
 
     auto reduce = [&](const Bucket& b) {
         const double c0 = now_s();
-        d.event_record(R.bucket_ready, cs);
-        d.stream_wait_event(comm_s, R.bucket_ready);
+        comm_waits_for_compute(d, R.bucket_ready);
         if (set_.sharded() && b.begin < trainable)  // each replica sums only its own chunk
             ops_->reduce_scatter(r, b.begin, b.end - b.begin);
         else (b.begin >= trainable && state_ops_ ? *state_ops_ : *ops_).all_reduce(r, b.begin, b.end - b.begin);
@@ -247,8 +256,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         if (n > 1) {
             for (const Bucket& b : buckets_)  // without overlap every bucket, else the statistics
                 if (!overlap || b.ready_after_layer < 0) reduce(b);
-            d.event_record(R.reduced, comm_s);
-            d.stream_wait_event(cs, R.reduced);
+            compute_waits_for_comm(d, R.reduced);
         }
         if (timing) d.event_record(R.t_reduced, cs);
         profile_mark(R, cs, LayerProbe::kReduced);
@@ -274,11 +282,19 @@ void TrainingStep::apply_update(Replica& R, int64_t step, float lr, const StepVa
     if (stats) d.sum_squares(cs, model_.trainable_size(), R.grads.data(), loss_scale, R.grad_stats.data());
     R.optimizer->apply(cs, R.params.data(), R.grads.data(), step, lr, stats ? R.grad_stats.data() : nullptr, loss_scale,
                        set_.loss_scaling(), values);
+    finish_update(R);
+    set_.refresh_weights(R, cs);
+}
+
+// After the optimizer, on the compute stream: the loss scale from this step's overflow check, and
+// the running statistics (batchnorm's) from their all-reduced sums.
+void TrainingStep::finish_update(Replica& R) {
+    Device& d = *R.device;
+    const Stream cs = d.compute_stream();
     if (set_.loss_scaling())
         d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_)
         d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
-    set_.refresh_weights(R, cs);
 }
 
 // strategy.shard, on the compute stream once the reduce-scatter is done: the gradient statistics
@@ -289,18 +305,16 @@ void TrainingStep::apply_update(Replica& R, int64_t step, float lr, const StepVa
 void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing,
                                   double& comm_s) {
     Device& d = *R.device;
-    const Stream cs = d.compute_stream(), comm = d.comm_stream();
+    const Stream cs = d.compute_stream();
     const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
     const bool stats = R.optimizer->config().grad_clip_norm > 0 || set_.loss_scaling();
     const auto& owned = R.optimizer->owned();
     // comm_op: fn's work on the comm stream, after the compute stream's work so far and before its next
     const auto comm_op = [&](auto&& fn) {
         const double c0 = now_s();
-        d.event_record(R.bucket_ready, cs);
-        d.stream_wait_event(comm, R.bucket_ready);
+        comm_waits_for_compute(d, R.bucket_ready);
         fn();
-        d.event_record(R.reduced, comm);
-        d.stream_wait_event(cs, R.reduced);
+        compute_waits_for_comm(d, R.reduced);
         comm_s += now_s() - c0;
     };
     if (stats) {
@@ -314,10 +328,7 @@ void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const Step
     for (const auto& o : owned)
         R.optimizer->apply_range(d, cs, R.params.data(), R.grads.data(), o.begin, o.end, step, lr,
                                  stats ? R.grad_stats.data() : nullptr, loss_scale, set_.loss_scaling(), values);
-    if (set_.loss_scaling())
-        d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
-    for (const TensorInfo* t : state_)
-        d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
+    finish_update(R);
     if (timing) d.event_record(R.t_gather, cs);  // exposed communication, as the all-reduce's wait is
     comm_op([&] {
         for (const Bucket& b : buckets_)

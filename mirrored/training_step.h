@@ -71,6 +71,8 @@ private:
     // The update from the summed gradients: statistics when clipping or loss scaling needs them,
     // the optimizer (skipped by an fp16 overflow), the loss scale, running statistics, the 16-bit copy.
     void apply_update(Replica& R, int64_t step, float lr, const StepValues* values);
+    // The loss scale and the running statistics, after the optimizer (apply_update, sharded_update).
+    void finish_update(Replica& R);
     // strategy.shard: R updates its own chunks (reduce-scattered) and gathers everyone's.
     // comm: its communication's host time (CPU replicas); timing: the all-gather's events.
     void sharded_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);

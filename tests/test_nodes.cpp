@@ -219,6 +219,24 @@ TEST_CASE("cross_device_ops auto across nodes: node 0's choice is every node's, 
     expect_same_run(t / "auto", t / "named");
 }
 
+// Each node measuring its own GEMM kernels would round its products its own way, and node 0's
+// checkpoint could record only its own: multi-node runs choose by the static rules, measuring
+// nothing (kernels/cpu/gemm_choice.h). One node with the same variables measures (the control).
+TEST_CASE("GEMM kernels across nodes: no node measures, every node takes the static rules") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", kRun), a = t / "cache-a", b = t / "cache-b", one = t / "cache-one";
+    REQUIRE(run_cli({"train", cfg, "--output", t / "one", "--set", "train.steps=2"},
+                    {{"MIRRORED_JIT_GEMM", "measure"}, {"MIRRORED_CACHE_DIR", one}}) == kExitOk);
+    CHECK(fs::exists(one + "/gemm-kernels.txt"));
+    const std::vector<std::string> args{"train", cfg, "--output", t / "nodes", "--set", "train.steps=2"};
+    const Job j = mpirun({{args, {{"MIRRORED_JIT_GEMM", "measure"}, {"MIRRORED_CACHE_DIR", a}}},
+                          {args, {{"MIRRORED_JIT_GEMM", "measure"}, {"MIRRORED_CACHE_DIR", b}}}});
+    REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
+    CHECK_FALSE(fs::exists(a + "/gemm-kernels.txt"));
+    CHECK_FALSE(fs::exists(b + "/gemm-kernels.txt"));
+}
+
 TEST_CASE("checkpoint.every_minutes across nodes: node 0's clock decides for every node; no hang, the same bits") {
     SKIP_WITHOUT_MPI();
     TempDir t;

@@ -23,7 +23,20 @@
 
 namespace mirrored {
 
+namespace {
+std::atomic<bool> g_rules_instead{false};  // cpu_gemm_use_rules(): measure -> rules
+}  // namespace
+
+void cpu_gemm_use_rules() { g_rules_instead.store(true, std::memory_order_relaxed); }
+
 GemmKernelChoice gemm_kernel_choice() {
+    const GemmKernelChoice chosen = gemm_kernel_choice_asked();
+    return chosen == GemmKernelChoice::measure && g_rules_instead.load(std::memory_order_relaxed)
+               ? GemmKernelChoice::rules
+               : chosen;
+}
+
+GemmKernelChoice gemm_kernel_choice_asked() {
     static const GemmKernelChoice choice = [] {
         const char* e = std::getenv("MIRRORED_JIT_GEMM");
         if (!e || !*e || std::strcmp(e, "measure") == 0) return GemmKernelChoice::measure;
@@ -161,21 +174,24 @@ bool run_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a, const 
     return false;
 }
 
-std::vector<GemmKernelTime> time_gemm_kernels(const ProductShape& s, const float* a, const float* b, const float* c,
+std::vector<GemmKernelTime> time_gemm_kernels(const ProductShape& s, const float* a, const float* b, float* c,
                                               double seconds) {
     if (s.m <= 0 || s.n <= 0 || s.k <= 0) return {};
-    // C's rows as they lie (padding included), so that a product adding to C adds to its values
-    thread_local std::vector<float> scratch;
-    const size_t c_floats = size_t(s.m - 1) * size_t(s.ldc) + size_t(s.n);
-    if (scratch.size() < c_floats) scratch.resize(c_floats);
-    std::copy(c, c + c_floats, scratch.begin());
+    // A product that adds to C is timed on a copy of C's rows as they lie (padding included, so
+    // that it adds to C's values), freed afterwards: measuring leaves nothing resident.
+    std::vector<float> copy;
+    float* into = c;
+    if (s.accumulate) {
+        copy.assign(c, c + size_t(s.m - 1) * size_t(s.ldc) + size_t(s.n));
+        into = copy.data();
+    }
     std::vector<GemmKernelTime> times;
     for (GemmKernel k : kGemmKernels) {
-        if (!run_gemm_kernel(k, s, a, b, scratch.data())) continue;  // untimed: JIT generation, first touch
+        if (!run_gemm_kernel(k, s, a, b, into)) continue;  // untimed: JIT generation, first touch
         double best = std::numeric_limits<double>::infinity(), spent = 0;
         for (int calls = 0; calls < 10000 && (calls == 0 || spent < seconds); ++calls) {
             const double t0 = now_s();
-            run_gemm_kernel(k, s, a, b, scratch.data());
+            run_gemm_kernel(k, s, a, b, into);
             const double dt = now_s() - t0;
             best = std::min(best, dt);
             spent += dt;
@@ -191,6 +207,8 @@ namespace {
 // a few hundred calls of a small product, short enough that a first step with a dozen shapes
 // takes a tenth of a second more (a large product is timed once, after its untimed call).
 constexpr double kTimingSeconds = 0.003;
+// How much faster than the rules' kernel another must be to replace it.
+constexpr double kClearlyFaster = 1.05;
 
 // The choices of this process, one per product shape, the same for every replica. Replicas look
 // them up in a short list of their own; `generation` tells them when the table changed (adopted
@@ -221,7 +239,7 @@ std::string cache_value(const std::vector<GemmKernelTime>& times, GemmKernel cho
     std::string v;
     auto add = [&](const GemmKernelTime& t) {
         char part[64];
-        std::snprintf(part, sizeof part, "%s%s %.1f", v.empty() ? "" : " ", gemm_kernel_name(t.kernel),
+        std::snprintf(part, sizeof part, "%s%s %.4g", v.empty() ? "" : " ", gemm_kernel_name(t.kernel),
                       flop / t.seconds / 1e9);
         v += part;
     };
@@ -254,23 +272,29 @@ std::optional<GemmKernel> cached_choice(const ProductShape& s) {
 // The kernel for a product met for the first time: adopted or chosen earlier in this process,
 // else from the machine cache, else measured (and then cached). Holds the table's lock, so the
 // replicas meeting the same product wait for one measurement and run the same kernel.
-GemmKernel choose(const ProductShape& s, const float* a, const float* b, const float* c) {
+GemmKernel choose(const ProductShape& s, const float* a, const float* b, float* c) {
     ChoiceTable& t = table();
     std::lock_guard<std::mutex> lock(t.mutex);
     if (auto it = t.chosen.find(s); it != t.chosen.end()) return it->second;
     if (const auto k = cached_choice(s)) return t.chosen[s] = *k;
     const std::vector<GemmKernelTime> times = time_gemm_kernels(s, a, b, c, kTimingSeconds);
+    // The rules' kernel stays unless another is clearly faster: two kernels within the noise of a
+    // 3 ms measurement would otherwise be picked by chance, differently from run to run.
+    const GemmKernel rules = rules_gemm_kernel(s);
     GemmKernel best = GemmKernel::openblas;
-    double best_s = std::numeric_limits<double>::infinity();
-    for (const auto& k : times)
+    double best_s = std::numeric_limits<double>::infinity(), rules_s = best_s;
+    for (const auto& k : times) {
         if (k.seconds < best_s) best = k.kernel, best_s = k.seconds;
+        if (k.kernel == rules) rules_s = k.seconds;
+    }
+    if (rules_s <= best_s * kClearlyFaster) best = rules;
     if (times.size() > 1) cache_store(kCacheFile, cache_key(s), cache_value(times, best, s));
     return t.chosen[s] = best;
 }
 
 }  // namespace
 
-GemmKernel measured_gemm_kernel(const ProductShape& s, const float* a, const float* b, const float* c) {
+GemmKernel measured_gemm_kernel(const ProductShape& s, const float* a, const float* b, float* c) {
     int fitting = 0;
     GemmKernel only = GemmKernel::openblas;
     struct Seen {
@@ -312,8 +336,9 @@ std::optional<std::pair<ProductShape, GemmKernel>> parse_choice(const std::strin
     ProductShape s;
     char ta = 0, tb = 0, name[32] = {};
     int acc = -1, used = 0;
-    if (std::sscanf(entry.c_str(), "%c%c:%dx%dx%d:%d,%d,%d:%d=%31[a-z-]%n", &ta, &tb, &s.m, &s.n, &s.k, &s.lda, &s.ldb,
-                    &s.ldc, &acc, name, &used) != 10 ||
+    // widths of 9 digits at most: no number read can overflow an int
+    if (std::sscanf(entry.c_str(), "%c%c:%9dx%9dx%9d:%9d,%9d,%9d:%1d=%31[a-z-]%n", &ta, &tb, &s.m, &s.n, &s.k, &s.lda,
+                    &s.ldb, &s.ldc, &acc, name, &used) != 10 ||
         size_t(used) != entry.size())
         return std::nullopt;
     if ((ta != 'n' && ta != 't') || (tb != 'n' && tb != 't') || (acc != 0 && acc != 1) || s.m <= 0 || s.n <= 0 ||

@@ -6,12 +6,15 @@
 // and that kernel on the transpose (B^T A, then turned into C). Which is fastest depends on the
 // shape, the leading dimensions, the cores and their caches: rules written from sweeps on a few
 // machines missed on others (on AVX2 no result width that is a multiple of 1024, say). So the
-// first time a product of a shape comes (a replica's first step), each kernel that can multiply
-// it is timed on the real operands into a scratch, and the fastest multiplies that shape from
-// then on in every replica of the process. The choice is kept per machine in the machine cache
-// (gemm-kernels.txt: the same choice for every later run here, no measuring) and recorded in each
-// checkpoint, which a resume adopts - the kernels sum in different orders, so a choice made again
-// differently would change the bits.
+// first time a process meets a product's shape (mostly in a replica's first step), each kernel
+// that can multiply it is timed on the real operands, and the fastest - the rules' kernel unless
+// another is 5% faster - multiplies that shape from then on in every replica of the process. The
+// choice is kept per machine in the machine cache (gemm-kernels.txt: the same choice for every
+// later run here, no measuring) and recorded in each checkpoint, which a resume adopts: the
+// kernels sum in different orders, so a choice made again differently would change the bits. (A
+// shape first met after the checkpoint - a last short batch, an evaluation's - is measured again
+// where the cache is lost.) Multi-node runs use the rules: each node would measure for itself,
+// and node 0's checkpoint could not record the others' choices.
 //
 // MIRRORED_JIT_GEMM: measure (the default), rules (the static rules measured on AVX-512 and AVX2
 // cores, the fallback: no timing, the same choice on every machine of a kind), all (the JIT
@@ -28,6 +31,9 @@ namespace mirrored {
 
 enum class GemmKernelChoice { off, rules, measure, all };
 // MIRRORED_JIT_GEMM, read once (an unknown value warns and measures).
+GemmKernelChoice gemm_kernel_choice_asked();
+// What this process does: as asked, but the rules instead of measuring after cpu_gemm_use_rules()
+// (kernels/device.h).
 GemmKernelChoice gemm_kernel_choice();
 
 enum class GemmKernel : uint8_t { openblas, openblas_turned, jit, jit_turned };
@@ -58,7 +64,7 @@ bool run_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a, const 
 // The kernel measured for this product (MIRRORED_JIT_GEMM=measure): chosen earlier in this process
 // or adopted, else the machine cache's, else timed on these operands (and then cached). Replicas
 // meeting the same shape wait for one measurement and get the same kernel.
-GemmKernel measured_gemm_kernel(const ProductShape& s, const float* a, const float* b, const float* c);
+GemmKernel measured_gemm_kernel(const ProductShape& s, const float* a, const float* b, float* c);
 
 // Row-major C = op(A) op(B) (+ C) through the kernel chosen for its shape (measured the first
 // time this process meets the shape, unless cached or adopted).
@@ -69,8 +75,9 @@ struct GemmKernelTime {
     double seconds;  // per product: the fastest of its timed calls
 };
 // Each kernel that can multiply the product, timed on these operands (after one untimed call),
-// for about `seconds` each and at least once; C is not written (the kernels write a scratch).
-std::vector<GemmKernelTime> time_gemm_kernels(const ProductShape& s, const float* a, const float* b, const float* c,
+// for about `seconds` each and at least once. C is overwritten where nothing is added to it (the
+// chosen kernel writes it afterwards), else left as it was (the kernels add to a copy).
+std::vector<GemmKernelTime> time_gemm_kernels(const ProductShape& s, const float* a, const float* b, float* c,
                                               double seconds);
 
 // The choices this process measured or adopted: "nt:64x512x784:784,784,512:0=jit;..." (empty

@@ -43,7 +43,7 @@ bool avx512_target() { return target_arch() >= LIBXSMM_X86_AVX512_CORE; }
 
 JitMode jit_mode() {
     static const JitMode mode = [] {
-        const GemmKernelChoice choice = gemm_kernel_choice();
+        const GemmKernelChoice choice = gemm_kernel_choice_asked();
         if (choice == GemmKernelChoice::off || target_arch() < LIBXSMM_X86_AVX2) return JitMode::off;
         if (choice == GemmKernelChoice::all) return JitMode::all;
         return avx512_target() ? JitMode::avx512_rules : JitMode::avx2_rules;
