@@ -895,12 +895,14 @@ std::string raw(std::initializer_list<T> v, bool big_endian = false) {
 
 namespace {
 
-// A zip archive as numpy.savez writes one: members stored (method 0) or deflated (method 8).
+// A zip archive as numpy.savez writes one: members stored (method 0) or deflated (method 8). zip64:
+// as Python's zipfile writes archives past 4 GiB - every size and offset 0xFFFFFFFF, the values
+// in zip64 extra fields, and the zip64 end record and its locator before the end record.
 struct ZipMember {
     std::string name, data;
     bool deflate = false;
 };
-std::string zip_bytes(const std::vector<ZipMember>& members) {
+std::string zip_bytes(const std::vector<ZipMember>& members, bool zip64 = false) {
     auto le = [](std::string& s, uint64_t v, int n) {
         for (int i = 0; i < n; ++i) s.push_back(char((v >> (8 * i)) & 0xff));
     };
@@ -923,35 +925,61 @@ std::string zip_bytes(const std::vector<ZipMember>& members) {
         const uint64_t offset = out.size();
         for (std::string* h : {&out, &dir}) {
             const bool central = h == &dir;
+            const uint64_t wide = 0xFFFFFFFF;
             le(*h, central ? 0x02014b50 : 0x04034b50, 4);
-            if (central) le(*h, 20, 2);  // version made by
-            le(*h, 20, 2);               // version needed
-            le(*h, 0, 2);                // flags
+            if (central) le(*h, zip64 ? 45 : 20, 2);  // version made by
+            le(*h, zip64 ? 45 : 20, 2);               // version needed
+            le(*h, 0, 2);                             // flags
             le(*h, m.deflate ? 8 : 0, 2);
             le(*h, 0, 4);  // time, date
             le(*h, crc, 4);
-            le(*h, body.size(), 4);
-            le(*h, m.data.size(), 4);
+            le(*h, zip64 ? wide : body.size(), 4);
+            le(*h, zip64 ? wide : m.data.size(), 4);
             le(*h, m.name.size(), 2);
-            le(*h, 0, 2);  // extra
+            std::string extra;  // zip64: uncompressed size, compressed size (and the offset, centrally)
+            if (zip64) {
+                le(extra, 1, 2);
+                le(extra, central ? 24 : 16, 2);
+                le(extra, m.data.size(), 8);
+                le(extra, body.size(), 8);
+                if (central) le(extra, offset, 8);
+            }
+            le(*h, extra.size(), 2);
             if (central) {
                 le(*h, 0, 2);  // comment
                 le(*h, 0, 4);  // disk, internal attributes
                 le(*h, 0, 4);  // external attributes
-                le(*h, offset, 4);
+                le(*h, zip64 ? wide : offset, 4);
             }
             *h += m.name;
+            *h += extra;
         }
         out += body;
     }
     const uint64_t dir_offset = out.size();
     out += dir;
+    if (zip64) {
+        const uint64_t record = out.size();
+        le(out, 0x06064b50, 4);  // the zip64 end record
+        le(out, 44, 8);          // its size after this field
+        le(out, 45, 2);
+        le(out, 45, 2);
+        le(out, 0, 8);  // this disk, the directory's
+        le(out, members.size(), 8);
+        le(out, members.size(), 8);
+        le(out, dir.size(), 8);
+        le(out, dir_offset, 8);
+        le(out, 0x07064b50, 4);  // its locator
+        le(out, 0, 4);
+        le(out, record, 8);
+        le(out, 1, 4);
+    }
     le(out, 0x06054b50, 4);
     le(out, 0, 4);
-    le(out, members.size(), 2);
-    le(out, members.size(), 2);
-    le(out, dir.size(), 4);
-    le(out, dir_offset, 4);
+    le(out, zip64 ? 0xFFFF : members.size(), 2);
+    le(out, zip64 ? 0xFFFF : members.size(), 2);
+    le(out, zip64 ? 0xFFFFFFFF : dir.size(), 4);
+    le(out, zip64 ? 0xFFFFFFFF : dir_offset, 4);
     le(out, 0, 2);
     return out;
 }
@@ -1130,7 +1158,8 @@ TEST_CASE("mmap: .npy features and IDX images read from the mapped file are bit-
           d / "rows.npy.gz" + ": data.mmap: always maps uncompressed files; this one is gzip-compressed (gunzip it)");
 }
 
-TEST_CASE("npz: arrays of numpy.savez archives, stored or deflated; missing arrays and corrupt archives named") {
+TEST_CASE(
+    "npz: arrays of numpy.savez archives, stored or deflated, zip64 too; missing arrays and corrupt archives named") {
     TempDir d;
     const std::string x = npy_bytes("<f4", "(3, 2)", raw<float>({0.5f, 1, 2, 3, 4, -5}));
     const std::string y = npy_bytes("<i8", "(3,)", raw<int64_t>({0, 2, 1}));
@@ -1148,7 +1177,9 @@ TEST_CASE("npz: arrays of numpy.savez archives, stored or deflated; missing arra
         c.normalize = DataConfig::Normalize::none;
         return load_datasets(c, "", 1);
     };
-    for (const char* archive : {"stored.npz", "deflated.npz"}) {
+    d.write("stored64.npz", zip_bytes({{"x.npy", x}, {"y.npy", y}}, true));
+    d.write("deflated64.npz", zip_bytes({{"x.npy", x, true}, {"y.npy", y, true}}, true));
+    for (const char* archive : {"stored.npz", "deflated.npz", "stored64.npz", "deflated64.npz"}) {
         CAPTURE(archive);
         const Datasets got = load(std::string(archive) + ":x", std::string(archive) + ":y");
         CHECK(got.train.features == want.features);
@@ -1187,6 +1218,26 @@ TEST_CASE("npz: arrays of numpy.savez archives, stored or deflated; missing arra
     d.write("bomb.npz", bomb);
     CHECK(error("bomb.npz:x", "bomb.npz:y")
               .find("deflated bytes cannot hold the 1000000000 bytes the archive declares") != std::string::npos);
+    // zip64 archives with their records damaged: named, never read past
+    const std::string zip64 = zip_bytes({{"x.npy", x}, {"y.npy", y}}, true);
+    std::string no_locator = zip64;
+    no_locator[no_locator.size() - 22 - 20] ^= 1;  // the locator's signature
+    d.write("nolocator.npz", no_locator);
+    CHECK(error("nolocator.npz:x", "nolocator.npz:y") ==
+          d / "nolocator.npz" + ": not a readable .npz archive: a zip64 archive without its locator");
+    std::string far_record = zip64;
+    far_record[far_record.size() - 22 - 20 + 8 + 7] = char(0x7f);  // the record's offset: far past the file
+    d.write("farrecord.npz", far_record);
+    CHECK(error("farrecord.npz:x", "farrecord.npz:y") ==
+          d / "farrecord.npz" + ": not a readable .npz archive: a zip64 end record outside the file");
+    std::string no_extra = zip64;
+    const size_t entry = no_extra.find("PK\x01\x02");
+    REQUIRE(entry != std::string::npos);
+    no_extra[entry + 46 + 5] = 7;  // x.npy's central extra field: id 7, not zip64's 1
+    d.write("noextra.npz", no_extra);
+    CHECK(error("noextra.npz:x", "noextra.npz:y") ==
+          d / "noextra.npz" +
+              ": not a readable .npz archive: a member's size or offset is in a zip64 field that is missing");
     d.write("object.npz", zip_bytes({{"x.npy", npy_bytes("|O", "(3, 2)", std::string(48, '\0'))}, {"y.npy", y}}));
     CHECK(error("object.npz:x", "object.npz:y").find("never unpickles") != std::string::npos);
 
