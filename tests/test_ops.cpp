@@ -582,6 +582,49 @@ TEST_CASE("cpu gemm A^T B computed as its transpose: accumulation and leading di
     }
 }
 
+namespace {
+
+// A row-major product with alpha 1 (beta 1 when it adds to C) on fresh operands, stored with every
+// row padded - A [m,k] or [k,m] and B [k,n] or [n,k] with NaN, C [m,n] with 42 - so that a kernel
+// reading or writing outside its rows shows.
+struct ProductCase {
+    bool ta, tb;
+    int m, n, k;
+    bool accumulate;
+};
+struct PaddedProduct {
+    GemmCase g;
+    ProductShape shape;
+    std::vector<float> a, b;
+    PaddedProduct(Rng& rng, ProductCase p) : PaddedProduct(rng, p.ta, p.tb, p.m, p.n, p.k, p.accumulate) {}
+    PaddedProduct(Rng& rng, bool ta, bool tb, int m, int n, int k, bool accumulate)
+        : g{ta,
+            tb,
+            m,
+            n,
+            k,
+            1.0f,
+            accumulate ? 1.0f : 0.0f,
+            rng.normal(size_t(m) * k),
+            rng.normal(size_t(k) * n),
+            rng.normal(size_t(m) * n)} {
+        const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+        shape = {ta, tb, m, n, k, a_cols + 3, b_cols + 5, n + 7, accumulate};
+        a = padded(g.a, a_rows, a_cols, shape.lda, NAN);
+        b = padded(g.b, b_rows, b_cols, shape.ldb, NAN);
+    }
+    std::vector<float> c() const { return padded(g.c0, g.m, g.n, shape.ldc, 42.0f); }
+    // C as a kernel left it: its padding untouched, its values the reference's within the tolerance
+    void check(const std::vector<float>& c) const {
+        bool padding_kept = false;
+        const std::vector<float> got = unpadded(c, g.m, g.n, shape.ldc, 42.0f, padding_kept);
+        CHECK(padding_kept);
+        CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(g.k));
+    }
+};
+
+}  // namespace
+
 // Products through kernels generated for their shape (kernels/cpu/jit_gemm.h): each layout they
 // take, beta 0 and 1, leading dimensions padded and the padding untouched, sizes that are not a
 // multiple of the vector width, and products cut into several row panels; and the rules of this
@@ -595,46 +638,25 @@ TEST_CASE("cpu gemm through JIT-generated kernels matches double reference, lead
         mark_skipped("no JIT GEMM kernels in this build or on this CPU (libxsmm, AVX2 or AVX-512)");
         return;
     }
-    struct Shape {
-        bool ta, tb;
-        int m, n, k;
-        bool accumulate;
-    };
     Rng rng(11);
-    for (const Shape s : {Shape{false, true, 64, 300, 40, false}, Shape{false, true, 37, 300, 784, false},
-                          Shape{false, true, 128, 70, 1100, false}, Shape{true, false, 45, 67, 64, false},
-                          Shape{true, false, 20, 300, 1024, true}, Shape{true, false, 256, 784, 63, true},
-                          Shape{false, false, 64, 300, 1024, false}, Shape{false, false, 50, 33, 17, true},
-                          Shape{false, false, 3, 1024, 5, true}, Shape{false, true, 1, 27, 9, false}}) {
-        CAPTURE(s.ta);
-        CAPTURE(s.tb);
-        CAPTURE(s.m);
-        CAPTURE(s.n);
-        CAPTURE(s.k);
-        CAPTURE(s.accumulate);
-        GemmCase g{s.ta,
-                   s.tb,
-                   s.m,
-                   s.n,
-                   s.k,
-                   1.0f,
-                   s.accumulate ? 1.0f : 0.0f,
-                   rng.normal(size_t(s.m) * s.k),
-                   rng.normal(size_t(s.k) * s.n),
-                   rng.normal(size_t(s.m) * s.n)};
-        // A stored [m,k] or [k,m], B [k,n] or [n,k], C [m,n]: each row padded with NaN (42 in C).
-        const int a_rows = s.ta ? s.k : s.m, a_cols = s.ta ? s.m : s.k, b_rows = s.tb ? s.n : s.k,
-                  b_cols = s.tb ? s.k : s.n;
-        const int lda = a_cols + 3, ldb = b_cols + 5, ldc = s.n + 7;
-        const std::vector<float> a = padded(g.a, a_rows, a_cols, lda, NAN), b = padded(g.b, b_rows, b_cols, ldb, NAN);
-        std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
+    for (const ProductCase s : std::initializer_list<ProductCase>{{false, true, 64, 300, 40, false},
+                                                                  {false, true, 37, 300, 784, false},
+                                                                  {false, true, 128, 70, 1100, false},
+                                                                  {true, false, 45, 67, 64, false},
+                                                                  {true, false, 20, 300, 1024, true},
+                                                                  {true, false, 256, 784, 63, true},
+                                                                  {false, false, 64, 300, 1024, false},
+                                                                  {false, false, 50, 33, 17, true},
+                                                                  {false, false, 3, 1024, 5, true},
+                                                                  {false, true, 1, 27, 9, false}}) {
+        const PaddedProduct p(rng, s);
+        INFO(product_text(p.shape));
+        const ProductShape& q = p.shape;
+        std::vector<float> c = p.c();
         REQUIRE(jit_gemm_multiplies(s.ta, s.tb, s.m, s.n, s.k, s.accumulate));
-        REQUIRE(
-            jit_gemm_any_shape(s.ta, s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb, s.accumulate, c.data(), ldc));
-        bool padding_kept = false;
-        const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
-        CHECK(padding_kept);
-        CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
+        REQUIRE(jit_gemm_any_shape(s.ta, s.tb, s.m, s.n, s.k, p.a.data(), q.lda, p.b.data(), q.ldb, s.accumulate,
+                                   c.data(), q.ldc));
+        p.check(c);
     }
     // B transposed with C added: the kernels cannot (the product is transposed into C)
     CHECK_FALSE(jit_gemm_multiplies(false, true, 64, 512, 784, true));
@@ -686,54 +708,32 @@ private:
 // layout, beta 0 and 1, leading dimensions padded: all agree with the reference; where one cannot
 // multiply a product it says so and leaves C alone.
 TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double reference, the others refuse") {
-    struct Shape {
-        bool ta, tb;
-        int m, n, k;
-        bool accumulate;
-    };
     Rng rng(12);
     std::map<GemmKernel, int> ran;
-    for (const Shape s : {Shape{false, true, 64, 300, 40, false}, Shape{false, true, 200, 70, 33, false},
-                          Shape{false, true, 20, 64, 17, true}, Shape{true, false, 45, 67, 64, false},
-                          Shape{true, false, 32, 9, 1500, true}, Shape{true, false, 256, 784, 63, true},
-                          Shape{false, false, 64, 300, 100, false}, Shape{false, false, 50, 33, 17, true},
-                          Shape{true, true, 9, 11, 13, false}, Shape{false, true, 1, 27, 9, false}}) {
-        CAPTURE(s.ta);
-        CAPTURE(s.tb);
-        CAPTURE(s.m);
-        CAPTURE(s.n);
-        CAPTURE(s.k);
-        CAPTURE(s.accumulate);
-        GemmCase g{s.ta,
-                   s.tb,
-                   s.m,
-                   s.n,
-                   s.k,
-                   1.0f,
-                   s.accumulate ? 1.0f : 0.0f,
-                   rng.normal(size_t(s.m) * s.k),
-                   rng.normal(size_t(s.k) * s.n),
-                   rng.normal(size_t(s.m) * s.n)};
-        const int a_rows = s.ta ? s.k : s.m, a_cols = s.ta ? s.m : s.k, b_rows = s.tb ? s.n : s.k,
-                  b_cols = s.tb ? s.k : s.n;
-        const int lda = a_cols + 3, ldb = b_cols + 5, ldc = s.n + 7;
-        const ProductShape shape{s.ta, s.tb, s.m, s.n, s.k, lda, ldb, ldc, s.accumulate};
-        const std::vector<float> a = padded(g.a, a_rows, a_cols, lda, NAN), b = padded(g.b, b_rows, b_cols, ldb, NAN);
-        CHECK(gemm_kernel_fits(GemmKernel::openblas, shape));
+    for (const ProductCase s : std::initializer_list<ProductCase>{{false, true, 64, 300, 40, false},
+                                                                  {false, true, 200, 70, 33, false},
+                                                                  {false, true, 20, 64, 17, true},
+                                                                  {true, false, 45, 67, 64, false},
+                                                                  {true, false, 32, 9, 1500, true},
+                                                                  {true, false, 256, 784, 63, true},
+                                                                  {false, false, 64, 300, 100, false},
+                                                                  {false, false, 50, 33, 17, true},
+                                                                  {true, true, 9, 11, 13, false},
+                                                                  {false, true, 1, 27, 9, false}}) {
+        const PaddedProduct p(rng, s);
+        INFO(product_text(p.shape));
+        CHECK(gemm_kernel_fits(GemmKernel::openblas, p.shape));
         for (GemmKernel k : kGemmKernels) {
             CAPTURE(gemm_kernel_name(k));
-            std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
-            if (!gemm_kernel_fits(k, shape)) {
-                CHECK_FALSE(run_gemm_kernel(k, shape, a.data(), b.data(), c.data()));
-                CHECK(c == padded(g.c0, s.m, s.n, ldc, 42.0f));
+            std::vector<float> c = p.c();
+            if (!gemm_kernel_fits(k, p.shape)) {
+                CHECK_FALSE(run_gemm_kernel(k, p.shape, p.a.data(), p.b.data(), c.data()));
+                CHECK(c == p.c());
                 continue;
             }
-            REQUIRE(run_gemm_kernel(k, shape, a.data(), b.data(), c.data()));
+            REQUIRE(run_gemm_kernel(k, p.shape, p.a.data(), p.b.data(), c.data()));
             ++ran[k];
-            bool padding_kept = false;
-            const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
-            CHECK(padding_kept);
-            CHECK(rel_error(got, ref_gemm(g)) < 1e-5 * std::sqrt(s.k));
+            p.check(c);
         }
     }
     // OpenBLAS as asked fits every product, turned the two with B transposed, nothing added and at
