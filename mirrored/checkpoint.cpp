@@ -334,6 +334,7 @@ CheckpointBytes build_checkpoint(const Model& model, const CheckpointData& d) {
     for (const auto& m : d.train_metrics) metrics.push_back({exact(m[0]), exact(m[1]), exact(m[2])});
     meta["train_metrics"] = metrics.dump();
     if (!d.gemm_choices.empty()) meta["gemm_choices"] = d.gemm_choices;
+    if (d.device_hours > 0) meta["device_hours"] = exact(d.device_hours);
     std::string states;
     for (const auto& [state, flat] : d.optimizer) states += (states.empty() ? "" : ",") + state;
     meta["optimizer_state"] = states;
@@ -451,6 +452,13 @@ CheckpointData read_checkpoint(InputFile&& in, const Model& model, uint64_t expe
         d.loss_scale[1] = std::strtof(end + 1, &end);
         if (*end || !(d.loss_scale[0] > 0) || !std::isfinite(d.loss_scale[0]) || !(d.loss_scale[1] >= 0))
             throw CheckpointError(path + ": metadata 'loss_scale' is malformed");
+    }
+    if (p.meta.count("device_hours")) {
+        const std::string& h = meta_of(p, path, "device_hours");
+        char* end = nullptr;
+        d.device_hours = std::strtod(h.c_str(), &end);
+        if (h.empty() || *end || !std::isfinite(d.device_hours) || d.device_hours < 0 || d.device_hours > 1e9)
+            throw CheckpointError(path + ": metadata 'device_hours' is malformed (expected hours, 0 to 1e9)");
     }
     const std::string states = meta_of(p, path, "optimizer_state");
     size_t start = 0;

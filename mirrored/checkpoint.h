@@ -38,7 +38,8 @@ struct CheckpointData {
     std::array<float, 2> loss_scale{1.0f, 0.0f};  // fp16: scale and good steps in a row
     int64_t train_samples = 0;                    // the training set's size then (0: not recorded)
     uint64_t train_data = 0;                      // fingerprint() of the training set then (0: not recorded)
-    std::string software;  // mirrored/software.h's JSON object of the writer (empty: not recorded)
+    std::string software;     // mirrored/software.h's JSON object of the writer (empty: not recorded)
+    double device_hours = 0;  // the run's device hours up to this checkpoint, every process's (0: not recorded)
 };
 
 // Writes path atomically. Tensors are cut out of the flat buffers with the model's layout.

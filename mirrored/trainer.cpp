@@ -351,8 +351,15 @@ private:
     std::string out_dir_, ckpt_dir_;
     int64_t total_steps_ = 0, step_ = 0;
     std::optional<int64_t> resumed_from_;
-    int64_t redone_steps_ = 0;  // steps the interrupted run had logged past the checkpoint resumed from
-    uint64_t train_data_ = 0;   // fingerprint() of the training set
+    int64_t redone_steps_ = 0;     // steps the interrupted run had logged past the checkpoint resumed from
+    double checkpoint_hours_ = 0;  // the run's device hours up to the checkpoint resumed from
+    // This process's devices, its training loop's time (compute, data and communication waits) and
+    // of that the steps an interrupted run had done already (redone here).
+    struct ProcessHours {
+        double devices = 0, loop_s = 0, redone_s = 0;
+    };
+    ProcessHours process_hours() const;
+    uint64_t train_data_ = 0;  // fingerprint() of the training set
     Metrics last_train_, last_eval_;
     int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
     double wall_start_ = 0, train_time_ = 0, interval_start_ = 0, interval_wait_ = 0;
@@ -551,6 +558,7 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     log_.open_metrics(out_dir_, std::ios::app);
     // the resume on the time axis, with the steps the interrupted run had logged past the checkpoint
     redone_steps_ = std::max<int64_t>(0, recovered.last_logged_step - ckpt.step);
+    checkpoint_hours_ = ckpt.device_hours;
     emit({{"type", "resume"}, {"step", ckpt.step}, {"redone_steps", redone_steps_}});
 }
 
@@ -681,6 +689,8 @@ void Run::save_checkpoint(int64_t step) {
     d.devices = st.devices().describe();
     d.blas_kernel = gemm_library(st, cfg_);
     d.gemm_choices = st.backend().gemm_choices();
+    const ProcessHours p = process_hours();  // the run's hours so far, as summary.json's run_total
+    d.device_hours = checkpoint_hours_ + (p.redone_s + now_s() - wall_start_) * p.devices / 3600;
     d.cross_device_ops = st.cross_device_ops_name();
     d.global_batch = cfg_.train.global_batch_size;
     d.loss_scale = st.loss_scale_state();
@@ -694,6 +704,17 @@ void Run::save_checkpoint(int64_t step) {
     last_ckpt_time_ = now_s();
 }
 
+Run::ProcessHours Run::process_hours() const {
+    const MirroredStrategy& st = *s_->strategy;
+    ProcessHours p;
+    p.devices = double(st.devices().distinct()) * st.node_count();
+    p.loop_s = split_.compute_s + split_.comm_s + split_.data_wait_s;
+    const double steps_run = double(step_ - resumed_from_.value_or(0));
+    p.redone_s =
+        steps_run > 0 ? p.loop_s / steps_run * double(std::min<int64_t>(redone_steps_, int64_t(steps_run))) : 0;
+    return p;
+}
+
 void Run::write_summary(const std::string& status) {
     MirroredStrategy& st = *s_->strategy;
     json checks = json::array();
@@ -704,20 +725,20 @@ void Run::write_summary(const std::string& status) {
     // What this process cost in device hours: its wall time on every device (GPUs, or the cores of
     // CPU replicas), split into the training loop's compute, data wait and exposed communication,
     // and the rest (start-up, evaluations, checkpoints); `redone`, within compute and the loop's
-    // waits, is the steps an interrupted run had done already.
-    const double devices = double(st.devices().distinct()) * st.node_count();
-    const double loop_s = split_.compute_s + split_.comm_s + split_.data_wait_s;
-    const double steps_run = double(step_ - resumed_from_.value_or(0));
-    const double redone_s =
-        steps_run > 0 ? loop_s / steps_run * double(std::min<int64_t>(redone_steps_, int64_t(steps_run))) : 0;
-    const double h = devices / 3600;
-    const json device_hours = {{"devices", devices},
+    // waits, is the steps an interrupted run had done already. Across processes: the hours up to
+    // the checkpoint resumed from, plus the interrupted process's work after it, lost (as long as
+    // this process took to redo it), are `earlier_processes`; with this process, `run_total`.
+    const ProcessHours p = process_hours();
+    const double h = p.devices / 3600, earlier = checkpoint_hours_ + p.redone_s * h;
+    const json device_hours = {{"devices", p.devices},
                                {"total", wall * h},
                                {"compute", split_.compute_s * h},
                                {"data_wait", split_.data_wait_s * h},
                                {"comm_wait", split_.comm_s * h},
-                               {"other", std::max(0.0, wall - loop_s) * h},
-                               {"redone", redone_s * h}};
+                               {"other", std::max(0.0, wall - p.loop_s) * h},
+                               {"redone", p.redone_s * h},
+                               {"earlier_processes", earlier},
+                               {"run_total", earlier + wall * h}};
     // Files left out when opened and samples that could not be read (data.on_bad_file: skip).
     json bad = json::array();
     uint64_t bad_reads = 0;

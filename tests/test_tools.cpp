@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "kernels/sim/sim.h"
 #include "kernels/blas.h"
+#include "mirrored/checkpoint.h"
 #include "mirrored/tools/hardware.h"
 #include "mirrored/planner.h"
 #include "tests/cli.h"
@@ -716,6 +717,16 @@ TEST_CASE("report: metrics.csv beside metrics.jsonl; the curves of a resumed run
     CHECK(h["redone"].get<double>() > 0);  // 4 of the 24 steps this process ran
     CHECK(h["redone"].get<double>() <
           h["compute"].get<double>() + h["data_wait"].get<double>() + h["comm_wait"].get<double>());
+    // and the run across both processes: the hours the checkpoint of step 8 recorded, plus the
+    // killed process's steps after it (lost, as long as this process took to redo them)
+    const std::vector<std::string> kept = list_checkpoints(run + "/checkpoints");
+    REQUIRE(!kept.empty());
+    const double at_end = std::stod(read_safetensors(kept.back(), true).metadata.at("device_hours"));
+    CHECK(h["earlier_processes"].get<double>() > h["redone"].get<double>());  // the checkpoint's hours too
+    CHECK(h["run_total"].get<double>() ==
+          doctest::Approx(h["earlier_processes"].get<double>() + h["total"].get<double>()).epsilon(1e-9));
+    CHECK(at_end > h["earlier_processes"].get<double>());  // the last checkpoint, at the end: nearly all of it
+    CHECK(at_end <= h["run_total"].get<double>());
     std::vector<std::string> rows;
     for (std::ifstream in(run + "/metrics.csv"); in;) {
         std::string line;
