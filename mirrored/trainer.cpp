@@ -353,10 +353,11 @@ private:
     std::optional<int64_t> resumed_from_;
     int64_t redone_steps_ = 0;     // steps the interrupted run had logged past the checkpoint resumed from
     double checkpoint_hours_ = 0;  // the run's device hours up to the checkpoint resumed from
-    // This process's devices, its training loop's time (compute, data and communication waits) and
-    // of that the steps an interrupted run had done already (redone here).
+    // This process's devices, wall time, its training loop's time (compute, data and communication
+    // waits) and of that the steps an interrupted run had done already (redone here); and the run's
+    // device hours before this process (`earlier_h`) and up to now (`run_total_h`).
     struct ProcessHours {
-        double devices = 0, loop_s = 0, redone_s = 0;
+        double devices = 0, wall_s = 0, loop_s = 0, redone_s = 0, earlier_h = 0, run_total_h = 0;
     };
     ProcessHours process_hours() const;
     uint64_t train_data_ = 0;  // fingerprint() of the training set
@@ -689,8 +690,7 @@ void Run::save_checkpoint(int64_t step) {
     d.devices = st.devices().describe();
     d.blas_kernel = gemm_library(st, cfg_);
     d.gemm_choices = st.backend().gemm_choices();
-    const ProcessHours p = process_hours();  // the run's hours so far, as summary.json's run_total
-    d.device_hours = checkpoint_hours_ + (p.redone_s + now_s() - wall_start_) * p.devices / 3600;
+    d.device_hours = process_hours().run_total_h;  // as summary.json's run_total
     d.cross_device_ops = st.cross_device_ops_name();
     d.global_batch = cfg_.train.global_batch_size;
     d.loss_scale = st.loss_scale_state();
@@ -712,6 +712,10 @@ Run::ProcessHours Run::process_hours() const {
     const double steps_run = double(step_ - resumed_from_.value_or(0));
     p.redone_s =
         steps_run > 0 ? p.loop_s / steps_run * double(std::min<int64_t>(redone_steps_, int64_t(steps_run))) : 0;
+    p.wall_s = now_s() - wall_start_;
+    // The interrupted process's work after its checkpoint was lost: it cost as long as redoing it.
+    p.earlier_h = checkpoint_hours_ + p.redone_s * p.devices / 3600;
+    p.run_total_h = p.earlier_h + p.wall_s * p.devices / 3600;
     return p;
 }
 
@@ -721,7 +725,6 @@ void Run::write_summary(const std::string& status) {
     for (uint64_t c : st.all_checksums()) checks.push_back(hex64(c));  // every node's (a collective)
     if (!leader_) return;
     const double bpe = double(s_->train_loader->batches_per_epoch());
-    const double wall = now_s() - wall_start_;
     // What this process cost in device hours: its wall time on every device (GPUs, or the cores of
     // CPU replicas), split into the training loop's compute, data wait and exposed communication,
     // and the rest (start-up, evaluations, checkpoints); `redone`, within compute and the loop's
@@ -729,7 +732,7 @@ void Run::write_summary(const std::string& status) {
     // the checkpoint resumed from, plus the interrupted process's work after it, lost (as long as
     // this process took to redo it), are `earlier_processes`; with this process, `run_total`.
     const ProcessHours p = process_hours();
-    const double h = p.devices / 3600, earlier = checkpoint_hours_ + p.redone_s * h;
+    const double wall = p.wall_s, h = p.devices / 3600;
     const json device_hours = {{"devices", p.devices},
                                {"total", wall * h},
                                {"compute", split_.compute_s * h},
@@ -737,8 +740,8 @@ void Run::write_summary(const std::string& status) {
                                {"comm_wait", split_.comm_s * h},
                                {"other", std::max(0.0, wall - p.loop_s) * h},
                                {"redone", p.redone_s * h},
-                               {"earlier_processes", earlier},
-                               {"run_total", earlier + wall * h}};
+                               {"earlier_processes", p.earlier_h},
+                               {"run_total", p.run_total_h}};
     // Files left out when opened and samples that could not be read (data.on_bad_file: skip).
     json bad = json::array();
     uint64_t bad_reads = 0;
