@@ -38,6 +38,12 @@ std::string cpu_model_name();
 // library where they are in use, and how each product's kernel is chosen ("SkylakeX + libxsmm
 // 1.17, cpx, measured per product"; nothing added where the static rules choose).
 std::string blas_kernel();
+// The JIT part of a blas_kernel() ("libxsmm 1.17, cpx, measured per product") split into its
+// kernels and the MIRRORED_JIT_GEMM value that chooses each product's kernel as it says ("measure").
+struct JitGemmChoice {
+    std::string kernels, env_value;
+};
+JitGemmChoice split_jit_gemm_choice(const std::string& jit);
 
 // The machine, the library build and the kernels in use: a choice measured under another key is
 // not reused (the per-product GEMM kernels, kernels/cpu/gemm_choice.h).

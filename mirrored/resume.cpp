@@ -1,13 +1,13 @@
 #include "mirrored/resume.h"
 
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/io.h"
 #include "base/output.h"
+#include "kernels/blas.h"
 #include "mirrored/run_dir.h"
 #include "mirrored/run_log.h"
 #include "mirrored/software.h"
@@ -31,18 +31,9 @@ std::string blas_kernel_hint(const std::string& written, const std::string& now)
     const auto [core, jit] = split(written);
     const auto [now_core, now_jit] = split(now);
     // the same kernels, each product's chosen another way (kernels/cpu/gemm_choice.h)
-    const auto choice = [](const std::string& j) {
-        for (const char* how : {", measured per product", ", on every product"})
-            if (j.size() > std::strlen(how) && j.ends_with(how))
-                return std::pair{j.substr(0, j.size() - std::strlen(how)), std::string(how)};
-        return std::pair{j, std::string()};
-    };
-    const auto [jit_kernels, how] = choice(jit);
-    if (core == now_core && jit != now_jit && jit_kernels == choice(now_jit).first)
-        return std::string("; to resume bit-identically, rerun with MIRRORED_JIT_GEMM=") +
-               (how.empty()                   ? "rules"
-                : how == ", on every product" ? "all"
-                                              : "measure");
+    const JitGemmChoice choice = split_jit_gemm_choice(jit);
+    if (core == now_core && jit != now_jit && choice.kernels == split_jit_gemm_choice(now_jit).kernels)
+        return "; to resume bit-identically, rerun with MIRRORED_JIT_GEMM=" + choice.env_value;
     const bool plain =
         !core.empty() && std::all_of(core.begin(), core.end(), [](char c) { return std::isalnum(uint8_t(c)); });
     if (!plain || core == now_core || jit != now_jit) return "";

@@ -382,11 +382,15 @@ std::string cpu_model_name() {
 std::string blas_kernel() {
     const std::string jit = jit_gemm_description();
     if (jit.empty()) return core_name();
-    const GemmKernelChoice choice = gemm_kernel_choice();
-    return core_name() + " + " + jit +
-           (choice == GemmKernelChoice::measure ? ", measured per product"
-            : choice == GemmKernelChoice::all   ? ", on every product"
-                                                : "");
+    return core_name() + " + " + jit + gemm_kernel_choice_name(gemm_kernel_choice()).suffix;
+}
+
+JitGemmChoice split_jit_gemm_choice(const std::string& jit) {
+    for (const GemmKernelChoiceName& n : gemm_kernel_choice_names()) {
+        const size_t len = std::strlen(n.suffix);
+        if (len > 0 && jit.size() > len && jit.ends_with(n.suffix)) return {jit.substr(0, jit.size() - len), n.env};
+    }
+    return {jit, gemm_kernel_choice_name(GemmKernelChoice::rules).env};
 }
 
 std::string blas_machine_key() { return cache_key() + "|" + blas_kernel(); }

@@ -36,13 +36,26 @@ GemmKernelChoice gemm_kernel_choice() {
                : chosen;
 }
 
+std::span<const GemmKernelChoiceName> gemm_kernel_choice_names() {
+    static constexpr GemmKernelChoiceName names[] = {{GemmKernelChoice::measure, "measure", ", measured per product"},
+                                                     {GemmKernelChoice::rules, "rules", ""},
+                                                     {GemmKernelChoice::all, "all", ", on every product"},
+                                                     {GemmKernelChoice::off, "0", ""}};
+    return names;
+}
+
+const GemmKernelChoiceName& gemm_kernel_choice_name(GemmKernelChoice c) {
+    for (const GemmKernelChoiceName& n : gemm_kernel_choice_names())
+        if (n.choice == c) return n;
+    return gemm_kernel_choice_names().front();
+}
+
 GemmKernelChoice gemm_kernel_choice_asked() {
     static const GemmKernelChoice choice = [] {
         const char* e = std::getenv("MIRRORED_JIT_GEMM");
-        if (!e || !*e || std::strcmp(e, "measure") == 0) return GemmKernelChoice::measure;
-        if (std::strcmp(e, "0") == 0) return GemmKernelChoice::off;
-        if (std::strcmp(e, "rules") == 0) return GemmKernelChoice::rules;
-        if (std::strcmp(e, "all") == 0) return GemmKernelChoice::all;
+        if (!e || !*e) return GemmKernelChoice::measure;
+        for (const GemmKernelChoiceName& n : gemm_kernel_choice_names())
+            if (std::strcmp(e, n.env) == 0) return n.choice;
         std::fprintf(stderr, "warning: MIRRORED_JIT_GEMM=%s is not measure, rules, all or 0; measuring\n", e);
         return GemmKernelChoice::measure;
     }();
@@ -156,8 +169,10 @@ GemmKernel rules_gemm_kernel(const ProductShape& s) {
     return GemmKernel::openblas;
 }
 
-bool run_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a, const float* b, float* c) {
-    if (!gemm_kernel_fits(k, s)) return false;
+namespace {
+
+// run_gemm_kernel for a kernel known to fit the shape (the hot path: chosen_sgemm's kernels fit).
+bool run_fitting_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a, const float* b, float* c) {
     switch (k) {
         case GemmKernel::openblas:
             cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, s.m, s.n,
@@ -172,6 +187,12 @@ bool run_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a, const 
             return jit_turned(s, a, b, c);
     }
     return false;
+}
+
+}  // namespace
+
+bool run_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a, const float* b, float* c) {
+    return gemm_kernel_fits(k, s) && run_fitting_gemm_kernel(k, s, a, b, c);
 }
 
 std::vector<GemmKernelTime> time_gemm_kernels(const ProductShape& s, const float* a, const float* b, float* c,
@@ -211,7 +232,7 @@ constexpr double kTimingSeconds = 0.003;
 constexpr double kClearlyFaster = 1.05;
 
 // The choices of this process, one per product shape, the same for every replica. Replicas look
-// them up in a short list of their own; `generation` tells them when the table changed (adopted
+// them up in a copy of their own; `generation` tells them when the table changed (adopted
 // or forgotten), which happens only before training.
 struct ChoiceTable {
     std::mutex mutex;
@@ -295,29 +316,33 @@ GemmKernel choose(const ProductShape& s, const float* a, const float* b, float* 
 }  // namespace
 
 GemmKernel measured_gemm_kernel(const ProductShape& s, const float* a, const float* b, float* c) {
-    int fitting = 0;
-    GemmKernel only = GemmKernel::openblas;
+    // Each thread's own copy of the choices it has met: after a replica's first step every product
+    // is found here, without the table's lock. It grows only when a shape is met for the first
+    // time; past kListed shapes (shapes that change every step) the table is asked under its lock.
     struct Seen {
         uint64_t generation = 0;
-        std::vector<std::pair<ProductShape, GemmKernel>> shapes;
+        std::map<ProductShape, GemmKernel> shapes;
     };
+    constexpr size_t kListed = 4096;
     thread_local Seen seen;
     const uint64_t generation = table().generation.load(std::memory_order_acquire);
     if (seen.generation != generation) seen = {generation, {}};
-    for (const auto& [shape, kernel] : seen.shapes)
-        if (shape == s) return kernel;
+    if (const auto it = seen.shapes.find(s); it != seen.shapes.end()) return it->second;
+    int fitting = 0;
+    GemmKernel only = GemmKernel::openblas;
     for (GemmKernel k : kGemmKernels)
         if (gemm_kernel_fits(k, s)) ++fitting, only = k;
     const GemmKernel k = fitting == 1 ? only : choose(s, a, b, c);
-    constexpr size_t kListed = 64;
-    if (seen.shapes.size() < kListed) seen.shapes.emplace_back(s, k);
+    if (seen.shapes.size() < kListed) seen.shapes.emplace(s, k);
     return k;
 }
 
 void chosen_sgemm(const ProductShape& s, const float* a, const float* b, float* c) {
+    // Both choices fit the shape (the rules check, and measured choices are of fitting kernels);
+    // a JIT kernel that cannot be generated falls back to OpenBLAS.
     const GemmKernel k =
         gemm_kernel_choice() == GemmKernelChoice::measure ? measured_gemm_kernel(s, a, b, c) : rules_gemm_kernel(s);
-    if (!run_gemm_kernel(k, s, a, b, c)) run_gemm_kernel(GemmKernel::openblas, s, a, b, c);
+    if (!run_fitting_gemm_kernel(k, s, a, b, c)) run_gemm_kernel(GemmKernel::openblas, s, a, b, c);
 }
 
 std::string gemm_choices_text() {

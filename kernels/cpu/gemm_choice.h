@@ -24,6 +24,7 @@
 
 #include <compare>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,14 @@ GemmKernelChoice gemm_kernel_choice_asked();
 // What this process does: as asked, but the rules instead of measuring after cpu_gemm_use_rules()
 // (kernels/device.h).
 GemmKernelChoice gemm_kernel_choice();
+// Each choice's MIRRORED_JIT_GEMM value and what blas_kernel() adds after the JIT kernels for it.
+struct GemmKernelChoiceName {
+    GemmKernelChoice choice;
+    const char* env;     // "measure"
+    const char* suffix;  // ", measured per product" ("" for the rules and for none)
+};
+std::span<const GemmKernelChoiceName> gemm_kernel_choice_names();
+const GemmKernelChoiceName& gemm_kernel_choice_name(GemmKernelChoice c);
 
 enum class GemmKernel : uint8_t { openblas, openblas_turned, jit, jit_turned };
 constexpr GemmKernel kGemmKernels[] = {GemmKernel::openblas, GemmKernel::openblas_turned, GemmKernel::jit,
