@@ -88,7 +88,7 @@ bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices
 
 MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
                        const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared,
-                       size_t label_bytes) {
+                       size_t label_bytes, const std::vector<Bucket>* buckets) {
     MemoryPlan m;
     const DeviceTraits& traits = backend.traits;
     const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
@@ -105,11 +105,12 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
         for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
             *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
     if (!shared && strategy.shard != StrategyConfig::Shard::none && replicas > 1) {  // the largest share
-        const std::vector<Bucket> buckets = make_buckets(model, strategy.bucket_mb);
+        const std::vector<Bucket> made = buckets ? std::vector<Bucket>() : make_buckets(model, strategy.bucket_mb);
         uint64_t most = 0;
         for (int r = 0; r < replicas; ++r) {
             uint64_t owned = 0;
-            for (const auto& [b, e] : owned_ranges(buckets, model.trainable_size(), replicas, r)) owned += e - b;
+            for (const auto& [b, e] : owned_ranges(buckets ? *buckets : made, model.trainable_size(), replicas, r))
+                owned += e - b;
             most = std::max(most, owned);
         }
         m.optimizer = most * sizeof(float) * uint64_t(optimizer_state_buffers(opt));
@@ -166,7 +167,8 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
                           "the optimizer state is sharded with fp32 gradients only; set "
                           "strategy.allreduce_dtype: fp32");
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
-    plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_);
+    plan_ =
+        plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_, &buckets_);
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);

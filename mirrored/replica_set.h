@@ -71,9 +71,10 @@ std::vector<std::pair<size_t, size_t>> owned_ranges(const std::vector<Bucket>& b
 bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices, bool several_nodes = false);
 // shared: parameters_shared() for the devices (one copy, counted in shares).
 // label_bytes: one sample's label on the device (loss.h's label_bytes).
+// buckets: the gradients' buckets where they are built already (else made from strategy.bucket_mb).
 MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
                        const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared = false,
-                       size_t label_bytes = sizeof(int32_t));
+                       size_t label_bytes = sizeof(int32_t), const std::vector<Bucket>* buckets = nullptr);
 
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
