@@ -29,10 +29,18 @@ constexpr uint64_t kDefaultMaxPixels = 89478485;
 // PNG, the header is corrupt or cut short, or width x height exceeds max_pixels.
 ImageHeader read_image_header(const unsigned char* data, size_t size, const std::string& path, uint64_t max_pixels);
 
-// Decoded pixels: rows of width x channels bytes, channels 1 (grey) or 3 (RGB).
+// Pixels held elsewhere (a decoded image, the decode cache's mapped file): rows of width x
+// channels bytes, channels 1 (grey) or 3 (RGB).
+struct PixelView {
+    int width = 0, height = 0, channels = 0;
+    const unsigned char* data = nullptr;
+};
+
+// Decoded pixels, as a PixelView describes them.
 struct Pixels {
     int width = 0, height = 0, channels = 0;
     std::vector<unsigned char> data;
+    operator PixelView() const { return {width, height, channels, data.data()}; }
 };
 
 // Decodes a whole file into `channels` (1 or 3): grey, RGB and RGBA files all convert (alpha is

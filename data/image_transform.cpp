@@ -101,7 +101,7 @@ void horizontal_any(const unsigned char* row, const AxisPlan& px, int out_w, boo
 }
 
 template <int C>
-void resample_channels(const Pixels& src, const CropBox& box, bool flip, int out_w, int out_h, const PixelMap& map,
+void resample_channels(const PixelView& src, const CropBox& box, bool flip, int out_w, int out_h, const PixelMap& map,
                        float* out, std::vector<float>& scratch) {
     thread_local AxisPlan px, py;
     thread_local std::vector<float> rowf, scale_row, shift_row;
@@ -115,8 +115,8 @@ void resample_channels(const Pixels& src, const CropBox& box, bool flip, int out
     scratch.resize(size_t(y1 - y0) * row_floats);
     rowf.resize(size_t(src.width) * C);
     for (int y = y0; y < y1; ++y)
-        horizontal_any<C>(src.data.data() + size_t(y) * size_t(src.width) * C, px, out_w, flip, span_lo, span_hi,
-                          rowf.data(), scratch.data() + size_t(y - y0) * row_floats);
+        horizontal_any<C>(src.data + size_t(y) * size_t(src.width) * C, px, out_w, flip, span_lo, span_hi, rowf.data(),
+                          scratch.data() + size_t(y - y0) * row_floats);
     // Vertical pass, then the byte-to-float map: both run along whole rows (vectorised).
     scale_row.resize(row_floats);
     shift_row.resize(row_floats);
@@ -199,8 +199,8 @@ PixelMap PixelMap::normalized(const std::vector<float>& mean, const std::vector<
     return m;
 }
 
-void resample(const Pixels& src, const CropBox& box, bool flip, int out_w, int out_h, const PixelMap& map, float* out,
-              std::vector<float>& scratch) {
+void resample(const PixelView& src, const CropBox& box, bool flip, int out_w, int out_h, const PixelMap& map,
+              float* out, std::vector<float>& scratch) {
     if (src.channels == 1) resample_channels<1>(src, box, flip, out_w, out_h, map, out, scratch);
     else resample_channels<3>(src, box, flip, out_w, out_h, map, out, scratch);
 }

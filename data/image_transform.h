@@ -41,7 +41,7 @@ struct PixelMap {
 
 // Resamples `box` of `src` to out_w x out_h x src.channels floats (HWC), mirrored left-right when
 // flip is set. `scratch` is a per-thread buffer kept between calls.
-void resample(const Pixels& src, const CropBox& box, bool flip, int out_w, int out_h, const PixelMap& map, float* out,
-              std::vector<float>& scratch);
+void resample(const PixelView& src, const CropBox& box, bool flip, int out_w, int out_h, const PixelMap& map,
+              float* out, std::vector<float>& scratch);
 
 }  // namespace mirrored

@@ -446,6 +446,156 @@ TEST_CASE("image_folder: a sample is a function of (seed, epoch, index), whateve
     CHECK(fingerprint(load_datasets(other, "", 5).train) != fingerprint(d.train));
 }
 
+namespace {
+
+// A smooth RGB image (a gradient with a little noise), as photographs are at the scale of a
+// resize: a resized copy then resized again stays close to one resized once.
+std::vector<unsigned char> smooth_pixels(Rng& rng, int w, int h) {
+    std::vector<unsigned char> p(size_t(w) * size_t(h) * 3);
+    const int gx = rng.integer(1, 3), gy = rng.integer(1, 3);
+    for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x)
+            for (int c = 0; c < 3; ++c)
+                p[(size_t(y) * size_t(w) + size_t(x)) * 3 + size_t(c)] =
+                    static_cast<unsigned char>(std::clamp(40 * c + gx * x + gy * y + rng.integer(-3, 3), 0, 255));
+    return p;
+}
+
+// Every sample of a split (epochs 0 and 1), concatenated.
+std::vector<float> all_samples(const Dataset& d) {
+    std::vector<float> out(d.feature_size() * d.count() * 2);
+    for (int64_t epoch = 0; epoch < 2; ++epoch)
+        for (size_t i = 0; i < d.count(); ++i)
+            read_sample(d, i, epoch, out.data() + (size_t(epoch) * d.count() + i) * d.feature_size(), nullptr);
+    return out;
+}
+
+ino_t inode_of(const std::string& path) {
+    struct stat st {};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    return st.st_ino;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "image_folder decode cache: built once beside each split, reused, rebuilt when a file changes or it is "
+    "damaged, never over a file it did not write") {
+    TempDir dir;
+    Rng rng(base_seed());
+    const std::string root = dir.path().string();
+    for (int i = 0; i < 8; ++i)
+        for (const char* split : {"train", "val"}) {
+            const int w = rng.integer(40, 90), h = rng.integer(40, 90);
+            write_bytes(root + "/" + split + "/c" + std::to_string(i % 2) + "/" + std::to_string(i) + ".png",
+                        encode_png(smooth_pixels(rng, w, h), w, h, 3));
+        }
+    auto load = [&](Fields keys) {
+        keys.insert(keys.begin(), {"size", "12"});
+        return load_datasets(folder_config(root, keys), "", 7);
+    };
+    const std::string train_cache = root + "/train.decoded-cache", val_cache = root + "/val.decoded-cache";
+    const Datasets plain = load({});
+    CHECK_FALSE(fs::exists(train_cache));
+
+    SUBCASE("kept whole (no image over the cached side): every sample bit-identical to decoding the file") {
+        const Datasets cached = load({{"cache", "decoded"}, {"cache_side", "1000"}});
+        REQUIRE(fs::exists(train_cache));
+        REQUIRE(fs::exists(val_cache));
+        CHECK(all_samples(cached.train) == all_samples(plain.train));
+        CHECK(all_samples(cached.test) == all_samples(plain.test));
+    }
+    SUBCASE("resized to the shorter side: the same crops within a stated tolerance, another fingerprint") {
+        const Datasets cached = load({{"cache", "decoded"}});  // side: resize's 14 (12 / 0.875)
+        for (const auto& [a, b] : {std::pair{&cached.train, &plain.train}, std::pair{&cached.test, &plain.test}}) {
+            const std::vector<float> x = all_samples(*a), y = all_samples(*b);
+            REQUIRE(x.size() == y.size());
+            double sum = 0, most = 0;
+            for (size_t i = 0; i < x.size(); ++i) {
+                sum += std::abs(x[i] - y[i]);
+                most = std::max(most, double(std::abs(x[i] - y[i])));
+            }
+            CHECK(sum / double(x.size()) < 2.0 / 255);  // pixels in [0, 1]: within 2 levels on average
+            CHECK(most < 12.0 / 255);
+        }
+        CHECK(fingerprint(cached.train) != fingerprint(plain.train));
+        CHECK(fs::file_size(train_cache) < 8 * 3 * 14 * 90 / 40 * 14 + 4096);  // the resized pixels, not the files
+    }
+    SUBCASE("reused as it is; rebuilt when an image changes or the cache is damaged") {
+        const Fields keys = {{"cache", "decoded"}, {"cache_side", "1000"}};
+        load(keys);
+        const ino_t first = inode_of(train_cache), val_first = inode_of(val_cache);
+        const Datasets again = load(keys);
+        CHECK(inode_of(train_cache) == first);  // not written again
+        CHECK(inode_of(val_cache) == val_first);
+        CHECK(all_samples(again.train) == all_samples(plain.train));
+
+        write_bytes(root + "/train/c1/3.png", encode_png(smooth_pixels(rng, 50, 45), 50, 45, 3));
+        const Datasets changed = load(keys);
+        CHECK(inode_of(train_cache) != first);
+        CHECK(inode_of(val_cache) == val_first);
+        CHECK(all_samples(changed.train) == all_samples(load({}).train));
+
+        // cut short, then a damaged index entry: each read back as not a cache for these files
+        const ino_t before_cut = inode_of(train_cache);
+        fs::resize_file(train_cache, fs::file_size(train_cache) / 2);
+        const Datasets after_cut = load(keys);
+        CHECK(inode_of(train_cache) != before_cut);
+        CHECK(all_samples(after_cut.train) == all_samples(load({}).train));
+        {
+            std::fstream f(train_cache, std::ios::in | std::ios::out | std::ios::binary);
+            f.seekp(64 + 16 * 2);  // image 2's offset: far past the end
+            const uint64_t wild = uint64_t(1) << 60;
+            f.write(reinterpret_cast<const char*>(&wild), sizeof wild);
+        }
+        const ino_t before_damage = inode_of(train_cache);
+        const Datasets after_damage = load(keys);
+        CHECK(inode_of(train_cache) != before_damage);
+        CHECK(all_samples(after_damage.train) == all_samples(load({}).train));
+    }
+    SUBCASE("a file at the cache's path that is not a cache is never replaced; data.cache_dir puts it elsewhere") {
+        std::ofstream(train_cache) << "the user's notes";
+        CHECK(error_of([&] {
+                  load({{"cache", "decoded"}});
+              }) == train_cache +
+                        ": exists and is not a decode cache written by mirrored; nothing was replaced: move it, or set "
+                        "data.cache_dir to keep the cache elsewhere");
+        std::ifstream in(train_cache);
+        std::string kept;
+        std::getline(in, kept);
+        CHECK(kept == "the user's notes");
+        fs::create_directories(root + "/caches");
+        const Datasets elsewhere = load({{"cache", "decoded"}, {"cache_dir", root + "/caches"}});
+        CHECK(fs::exists(root + "/caches/train.decoded-cache"));
+        CHECK(fs::exists(root + "/caches/val.decoded-cache"));
+        CHECK_FALSE(fs::exists(val_cache));
+        CHECK(elsewhere.train.count() == 8);
+        CHECK(error_of([&] {
+                  load({{"cache", "decoded"}, {"cache_dir", root + "/no/such/folder"}});
+              }).find(root + "/no/such/folder: no such file") == 0);
+    }
+    SUBCASE("a file that cannot be decoded: stops the build naming it, or is cached as bad and counted once") {
+        const auto png = encode_png(smooth_pixels(rng, 30, 30), 30, 30, 3);
+        write_bytes(root + "/train/c0/cut.png",
+                    std::vector<unsigned char>(png.begin(), png.begin() + long(png.size() / 2)));
+        CHECK(error_of([&] {
+                  load({{"cache", "decoded"}});
+              }).find(root + "/train/c0/cut.png: a corrupt or truncated PNG") == 0);
+        CHECK_FALSE(fs::exists(train_cache));  // nothing half-built left
+        const Datasets lenient = load({{"cache", "decoded"}, {"on_bad_file", "skip"}, {"max_bad_fraction", "0.2"}});
+        all_samples(lenient.train);
+        CHECK(lenient.train.source->bad_reads() == 1);
+        std::vector<float> x(lenient.train.feature_size(), 1.0f);
+        const size_t cut = 4;  // c0: 0.png, 2.png, 4.png, 6.png, cut.png
+        read_sample(lenient.train, cut, 0, x.data(), nullptr);
+        CHECK(std::all_of(x.begin(), x.end(), [](float v) { return v == 0.0f; }));
+    }
+    SUBCASE("its keys apply with data.cache: decoded only") {
+        CHECK_THROWS_WITH_AS(load({{"cache_side", "64"}}), doctest::Contains("applies with data.cache: decoded only"),
+                             ConfigError);
+    }
+}
+
 TEST_CASE(
     "image_folder: bad files stop the run naming the file, or are skipped and counted up to the stated fraction") {
     TempDir dir;

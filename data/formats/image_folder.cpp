@@ -13,7 +13,9 @@
 // crop allows (data/image_codec.h); the crop, resize, flip and normalisation are one pass
 // (data/image_transform.h). A file that fails to decode then (its data corrupt past the header,
 // or changed since) stops the run or, with skip, becomes zeros (the mean image, once normalised)
-// and is counted (SampleSource::bad_reads, reported in summary.json).
+// and is counted (SampleSource::bad_reads, reported in summary.json). With data.cache: decoded
+// every image is decoded once, when the split is opened, into a memory-mapped file beside it
+// (data/image_cache.h), and samples are cut from the cached pixels instead.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,6 +35,7 @@
 
 #include "base/error.h"
 #include "data/datasets.h"
+#include "data/image_cache.h"
 #include "data/image_codec.h"
 #include "data/image_transform.h"
 
@@ -57,6 +60,9 @@ struct ImageFolderOptions final : OptionsOf<ImageFolderOptions> {
     bool skip_bad = false;
     double max_bad_fraction = 0.01;
     uint64_t max_pixels = kDefaultMaxPixels;
+    bool cache = false;     // data.cache: decoded
+    int cache_side = 0;     // the cached images' shorter side; 0: eval_resize()
+    std::string cache_dir;  // "": beside each split
     Fields fields() const override {
         return {{"train", train},
                 {"test", test},
@@ -68,15 +74,20 @@ struct ImageFolderOptions final : OptionsOf<ImageFolderOptions> {
                 {"flip", flip ? "true" : "false"},
                 {"on_bad_file", skip_bad ? "skip" : "error"},
                 {"max_bad_fraction", number_text(max_bad_fraction)},
-                {"max_pixels", std::to_string(max_pixels)}};
+                {"max_pixels", std::to_string(max_pixels)},
+                {"cache", cache ? "decoded" : "none"},
+                {"cache_side", std::to_string(cached_side())},
+                {"cache_dir", cache_dir}};
     }
     bool operator==(const ImageFolderOptions& o) const {
         return train == o.train && test == o.test && height == o.height && width == o.width && channels == o.channels &&
                resize == o.resize && crop.scale[0] == o.crop.scale[0] && crop.scale[1] == o.crop.scale[1] &&
                crop.ratio[0] == o.crop.ratio[0] && crop.ratio[1] == o.crop.ratio[1] && flip == o.flip &&
-               skip_bad == o.skip_bad && max_bad_fraction == o.max_bad_fraction && max_pixels == o.max_pixels;
+               skip_bad == o.skip_bad && max_bad_fraction == o.max_bad_fraction && max_pixels == o.max_pixels &&
+               cache == o.cache && cached_side() == o.cached_side() && cache_dir == o.cache_dir;
     }
     int eval_resize() const { return resize ? resize : int(std::lround(std::min(height, width) / 0.875)); }
+    int cached_side() const { return cache_side ? cache_side : std::max({eval_resize(), height, width}); }
 };
 
 void read_range(SpecReader& r, const std::string& key, double* range, double lo, double hi) {
@@ -114,6 +125,11 @@ OptionsPtr read(SpecReader& r, const std::string& p, bool) {
     o->skip_bad = r.choice(p + ".on_bad_file", "error", {"error", "skip"}) == "skip";
     o->max_bad_fraction = r.number(p + ".max_bad_fraction", 0.01, 0.0, 1.0);
     o->max_pixels = uint64_t(r.integer(p + ".max_pixels", int64_t(kDefaultMaxPixels), 1, int64_t(1) << 40));
+    o->cache = r.choice(p + ".cache", "none", {"none", "decoded"}) == "decoded";
+    o->cache_side = int(r.integer(p + ".cache_side", 0, 0, 65536));
+    o->cache_dir = r.text(p + ".cache_dir", "");
+    if (!o->cache && (r.has(p + ".cache_side") || r.has(p + ".cache_dir")))
+        r.fail(p + ".cache_side", "applies with data.cache: decoded only");
     return o;
 }
 
@@ -123,6 +139,7 @@ struct ImageFile {
     std::string path;
     int32_t label = 0;
     uint64_t bytes = 0;
+    int64_t mtime_ns = 0;
     int width = 0, height = 0;  // from the header, when opened
 };
 
@@ -140,6 +157,8 @@ bool has_suffix(std::string name, std::initializer_list<const char*> suffixes) {
     }
     return false;
 }
+
+int64_t mtime_ns(const struct stat& st) { return int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec; }
 
 // One class folder's files, as torchvision walks it (os.walk following links, directories in
 // path order, files in name order). A link back to a folder on the current path is a loop.
@@ -172,7 +191,7 @@ void walk_class(const std::string& dir, int32_t label, std::vector<std::pair<dev
             walk_class(path, label, ancestors, by_dir, out);
         } else if (has_suffix(name, {".jpg", ".jpeg", ".png"})) {
             if (!S_ISREG(st.st_mode)) out.bad.push_back(path + ": not a regular file");
-            else files.push_back({path, label, uint64_t(st.st_size)});
+            else files.push_back({path, label, uint64_t(st.st_size), mtime_ns(st)});
         } else if (has_suffix(name, {".bmp", ".gif", ".pgm", ".ppm", ".tif", ".tiff", ".webp"})) {
             out.bad.push_back(path + ": an image format not read here (JPEG and PNG are): convert it");
         }  // anything else (README, labels.txt, .DS_Store) is not an image: torchvision skips it too
@@ -246,7 +265,7 @@ Listing list_file(const std::string& list) {
         struct stat st {};
         if (::stat(path.c_str(), &st) != 0) out.bad.push_back(path + ": cannot read (" + std::strerror(errno) + ")");
         else if (!S_ISREG(st.st_mode)) out.bad.push_back(path + ": not a regular file");
-        else out.files.push_back({path, int32_t(label), uint64_t(st.st_size)});
+        else out.files.push_back({path, int32_t(label), uint64_t(st.st_size), mtime_ns(st)});
         top = std::max(top, int32_t(label));
     }
     if (out.files.empty() && out.bad.empty()) throw DataError(list + ": no images listed");
@@ -328,8 +347,10 @@ void check_headers(Listing& l, uint64_t max_pixels) {
 
 class ImageSamples final : public SampleSource {
 public:
-    ImageSamples(std::shared_ptr<const Listing> listing, const ImageFolderOptions& o, bool train, uint64_t seed)
+    ImageSamples(std::shared_ptr<const Listing> listing, const ImageFolderOptions& o, bool train, uint64_t seed,
+                 std::shared_ptr<const DecodedImageCache> cache)
         : listing_(std::move(listing)),
+          cache_(std::move(cache)),
           o_(o),
           train_(train),
           seed_(seed),
@@ -340,6 +361,10 @@ public:
         f.add(head, sizeof head);
         f.add(o.crop.scale, sizeof o.crop.scale);
         f.add(o.crop.ratio, sizeof o.crop.ratio);
+        if (cache_) {  // the samples are cut from the cached images: other pixels
+            const int64_t side = o.cached_side();
+            f.add(&side, sizeof side);
+        }
         for (const ImageFile& file : listing_->files) {
             const std::string name = fs::path(file.path).filename().string();  // not the root: data moves
             f.add(name.data(), name.size());
@@ -403,8 +428,20 @@ private:
         thread_local Pixels pixels;
         thread_local std::vector<float> scratch;
         bool flip = false;
+        // The crop is drawn on the image's own size, cached or not: the same region either way.
         const CropBox box = train_ ? random_resized_crop(f.width, f.height, o_.crop, seed_, idx, epoch, &flip)
                                    : center_crop(f.width, f.height, o_.eval_resize(), o_.width, o_.height);
+        if (cache_) {
+            const PixelView image = cache_->image(idx);
+            if (image.width == 0)
+                throw DataError(f.path + ": could not be decoded when the decode cache " + cache_->path() +
+                                " was built");
+            const double sx = double(image.width) / f.width, sy = double(image.height) / f.height;
+            resample(image, {box.x * sx, box.y * sy, box.w * sx, box.h * sy}, flip && o_.flip, o_.width, o_.height,
+                     map_, features, scratch);
+            if (stages) lap(&stages->transform, t);
+            return;
+        }
         read_prefix(f.path, kMaxFileBytes, bytes);
         if (stages) lap(&stages->read, t);
         const int shrink = jpeg_shrink_for(box.w, box.h, o_.width, o_.height);
@@ -425,6 +462,7 @@ private:
     }
 
     std::shared_ptr<const Listing> listing_;
+    std::shared_ptr<const DecodedImageCache> cache_;  // data.cache: decoded
     ImageFolderOptions o_;
     bool train_;
     uint64_t seed_;
@@ -440,8 +478,34 @@ private:
     std::shared_ptr<BadFiles> bad_;
 };
 
+// Where a split's decode cache lives: beside it ("train" -> "train.decoded-cache"), or in
+// data.cache_dir.
+std::string cache_path(const std::string& split, const std::string& cache_dir) {
+    fs::path p = fs::path(split).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();  // "train/"
+    const std::string name = p.filename().string() + ".decoded-cache";
+    return cache_dir.empty() ? (p.parent_path() / name).string() : (fs::path(cache_dir) / name).string();
+}
+
+std::shared_ptr<const DecodedImageCache> open_cache(const std::string& split, const Listing& l,
+                                                    const ImageFolderOptions& o, const std::string& cache_dir) {
+    std::vector<CacheSource> sources;
+    sources.reserve(l.files.size());
+    for (const ImageFile& f : l.files) sources.push_back({f.path, f.bytes, f.mtime_ns, f.width, f.height});
+    DecodedImageCache::Options co;
+    co.path = cache_path(split, cache_dir);
+    co.side = o.cached_side();
+    co.channels = o.channels;
+    co.skip_bad = o.skip_bad;
+    return DecodedImageCache::open(co, sources, [&](size_t i, int shrink, Pixels& out) {
+        thread_local std::vector<unsigned char> bytes;
+        read_prefix(l.files[i].path, kMaxFileBytes, bytes);
+        decode_image(bytes.data(), bytes.size(), l.files[i].path, o.channels, shrink, o.max_pixels, out);
+    });
+}
+
 Dataset open_split(const std::string& path, const ImageFolderOptions& o, bool train, uint64_t seed,
-                   const std::vector<std::string>* train_classes) {
+                   const std::vector<std::string>* train_classes, const std::string& cache_dir) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) throw DataError(path + ": no such folder or list file");
     auto listing = std::make_shared<Listing>(S_ISDIR(st.st_mode) ? list_folder(path, train_classes) : list_file(path));
@@ -466,7 +530,8 @@ Dataset open_split(const std::string& path, const ImageFolderOptions& o, bool tr
     ds.shape = {o.height, o.width, o.channels};
     ds.classes = int(listing->classes.size());
     ds.skipped_files = listing->bad;
-    auto samples = std::make_shared<const ImageSamples>(listing, o, train, seed);
+    auto cache = o.cache ? open_cache(path, *listing, o, cache_dir) : nullptr;
+    auto samples = std::make_shared<const ImageSamples>(listing, o, train, seed, std::move(cache));
     ds.source = std::move(samples);
     return ds;
 }
@@ -476,7 +541,8 @@ Datasets load(const Options& options, const DataSource& src) {
     if (src.config.targets) throw DataError("dataset image_folder has class labels, not float targets");
     Datasets out;
     const std::string train_path = src.path(o.train), test_path = src.path(o.test);
-    out.train = open_split(train_path, o, true, src.seed, nullptr);
+    const std::string cache_dir = o.cache_dir.empty() ? "" : src.path(o.cache_dir);
+    out.train = open_split(train_path, o, true, src.seed, nullptr, cache_dir);
     struct stat st {};
     const bool folders = ::stat(train_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
     if (folders != (::stat(test_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
@@ -484,7 +550,7 @@ Datasets load(const Options& options, const DataSource& src) {
                         " a " + (folders ? "folder" : "list file") +
                         ": both splits are folders (classes by name) or both list files (classes by number)");
     const std::vector<std::string> classes = folders ? class_names(train_path) : std::vector<std::string>{};
-    out.test = open_split(test_path, o, false, src.seed, folders ? &classes : nullptr);
+    out.test = open_split(test_path, o, false, src.seed, folders ? &classes : nullptr, cache_dir);
     return out;
 }
 
