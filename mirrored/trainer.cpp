@@ -291,6 +291,30 @@ std::unique_ptr<Watchdog> make_watchdog(const Config& c) {
         "start-up (loading data, building the replicas, NCCL and peer access, the first copies)");
 }
 
+// Every node must read the same data: each node draws its replicas' samples from its own copy by
+// the global replica index, so a node whose files differ (another copy, another version, another
+// MIRRORED_DATA_DIR) would train a different model than one node would, silently. The splits'
+// sizes and fingerprints are compared; a difference stops every node (exit 3).
+void check_same_data(const Datasets& data, uint64_t train_fingerprint, Nodes& nodes) {
+    const auto describe = [](const std::vector<uint64_t>& v) {
+        return std::to_string(v[0]) + " training samples (fingerprint " + hex64(v[1]) + "), " + std::to_string(v[2]) +
+               " test samples (" + hex64(v[3]) + ")";
+    };
+    const std::vector<uint64_t> mine = {data.train.count(), train_fingerprint, data.test.count(),
+                                        fingerprint(data.test)};
+    const std::vector<uint64_t> all = nodes.all_gather(mine, "the exchange of the data sets' fingerprints");
+    for (size_t k = 1; k * mine.size() < all.size(); ++k) {
+        const std::vector<uint64_t> theirs(all.begin() + long(k * mine.size()),
+                                           all.begin() + long((k + 1) * mine.size()));
+        const std::vector<uint64_t> first(all.begin(), all.begin() + long(mine.size()));
+        if (theirs == first) continue;
+        throw DataError("node " + std::to_string(k) + " reads other data than node 0: " + describe(theirs) +
+                        " where node 0 has " + describe(first) +
+                        ": every node must read the same files (one shared folder, or identical copies under "
+                        "data.root or MIRRORED_DATA_DIR)");
+    }
+}
+
 class Run {
 public:
     Run(const Config& config, Nodes* nodes, std::FILE* progress)
@@ -305,6 +329,7 @@ public:
         out_dir_ = cfg_.run.output_dir;
         ckpt_dir_ = (fs::path(out_dir_) / "checkpoints").string();
         train_data_ = fingerprint(s_->data->train);
+        if (nodes_) check_same_data(*s_->data, train_data_, *nodes_);
         log_.set_context([this] {
             return last_ckpt_step_ >= 0 ? "the last checkpoint is at step " + std::to_string(last_ckpt_step_)
                                         : std::string();

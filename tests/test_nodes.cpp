@@ -540,6 +540,40 @@ TEST_CASE(
     CHECK(j.out.find("not bit-identically to one node") != std::string::npos);
 }
 
+TEST_CASE("nodes that read other data are refused (exit 3) naming the node and both data sets; one copy trains") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    const std::string cfg = t.write("run.yaml", R"(run: {name: data, seed: 3}
+strategy: {devices: "cpu:1"}
+data: {dataset: csv, train: {file: train.csv}, test: {file: test.csv}}
+model: {layers: [{type: dense, units: 2}]}
+optimizer: {type: sgd, lr: 0.1}
+train: {epochs: 1, global_batch_size: 4}
+)");
+    // each node's own copy of the data (MIRRORED_DATA_DIR), the second with one value changed
+    for (const char* copy : {"d0", "d1"}) {
+        fs::create_directories(t / copy);
+        std::ofstream train(t / copy + "/train.csv"), test(t / copy + "/test.csv");
+        train << "a,b,label\n";
+        test << "a,b,label\n";
+        for (int i = 0; i < 16; ++i) {
+            const bool changed = std::string(copy) == "d1" && i == 9;
+            train << i * 0.5 << "," << (changed ? 99 : i % 3) << "," << i % 2 << "\n";
+            if (i < 4) test << i << "," << i * 2 << "," << i % 2 << "\n";
+        }
+    }
+    const std::vector<std::string> args{"train", cfg, "--output", t / "run"};
+    const Job j = mpirun({{args, {{"MIRRORED_DATA_DIR", t / "d0"}}}, {args, {{"MIRRORED_DATA_DIR", t / "d1"}}}});
+    CHECK(j.rc == kExitData);
+    CHECK(j.err.find("node 1 reads other data than node 0: 16 training samples (fingerprint ") != std::string::npos);
+    CHECK(j.err.find("where node 0 has 16 training samples (fingerprint ") != std::string::npos);
+    CHECK(j.err.find("every node must read the same files") != std::string::npos);
+    CHECK_FALSE(fs::exists(t / "run/checkpoints"));
+    fs::copy_file(t / "d0/train.csv", t / "d1/train.csv", fs::copy_options::overwrite_existing);
+    const Job same = mpirun({{args, {{"MIRRORED_DATA_DIR", t / "d0"}}}, {args, {{"MIRRORED_DATA_DIR", t / "d1"}}}});
+    CHECK(same.rc == 0);
+}
+
 TEST_CASE("a node that cannot see the checkpoint node 0 resumes from fails the job with exit 4 naming the path") {
     SKIP_WITHOUT_MPI();
     TempDir t;
