@@ -64,7 +64,7 @@ struct ImageFolderOptions final : OptionsOf<ImageFolderOptions> {
     int cache_side = 0;     // the cached images' shorter side; 0: eval_resize()
     std::string cache_dir;  // "": beside each split
     Fields fields() const override {
-        return {{"train", train},
+        Fields f = {{"train", train},
                 {"test", test},
                 {"size", "[" + std::to_string(height) + ", " + std::to_string(width) + "]"},
                 {"channels", std::to_string(channels)},
@@ -75,9 +75,12 @@ struct ImageFolderOptions final : OptionsOf<ImageFolderOptions> {
                 {"on_bad_file", skip_bad ? "skip" : "error"},
                 {"max_bad_fraction", number_text(max_bad_fraction)},
                 {"max_pixels", std::to_string(max_pixels)},
-                {"cache", cache ? "decoded" : "none"},
-                {"cache_side", std::to_string(cached_side())},
-                {"cache_dir", cache_dir}};
+                {"cache", cache ? "decoded" : "none"}};
+        if (cache) {  // its keys only with it (they are refused without)
+            f.push_back({"cache_side", std::to_string(cached_side())});
+            if (!cache_dir.empty()) f.push_back({"cache_dir", cache_dir});
+        }
+        return f;
     }
     bool operator==(const ImageFolderOptions& o) const {
         return train == o.train && test == o.test && height == o.height && width == o.width && channels == o.channels &&
