@@ -43,6 +43,10 @@ struct TrainConfig {
     int loss_scale_growth_interval = 2000;  // fp16: good steps before the loss scale doubles
     int64_t eval_every_epochs = 1;
     int64_t log_every_steps = 100;
+    // train.recompute: blocks - transformer and residual blocks keep only their input and output
+    // between forward and backward and run their forward again in backward (less activation
+    // memory, about a third more compute); none keeps every activation.
+    bool recompute_blocks = false;
     bool operator==(const TrainConfig&) const = default;
 };
 

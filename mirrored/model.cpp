@@ -59,12 +59,13 @@ std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, s
 
 }  // namespace
 
-Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed)
+Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed, bool recompute_blocks)
     : input_shape_(std::move(input_shape)), specs_(std::move(layers)) {
     if (input_shape_.empty()) throw ConfigError("model.input_shape", "expected at least one dimension");
     if (specs_.empty()) throw ConfigError("model.layers", "expected at least one layer");
     in_ = input_of(input_shape_);
     layout_ = std::make_unique<Builder>(seed);
+    layout_->set_recompute(recompute_blocks);
     top_ = std::make_unique<Sequential>(specs_);
     out_ = top_->build(*layout_, "layers", "model.layers", in_, true);
     if (out_.image)
@@ -151,6 +152,13 @@ std::vector<Model::LayerFlops> Model::layer_flops() const {
 double Model::train_flops_per_sample() const {
     double flops = 0;
     for (const LayerFlops& f : layer_flops()) flops += f.forward + f.backward;
+    return flops;
+}
+
+double Model::recomputed_flops_per_sample() const {
+    double flops = 0;
+    for (const auto& l : top_->layers())
+        if (l->recomputes()) flops += l->forward_flops();
     return flops;
 }
 

@@ -44,7 +44,8 @@ class Model {
 public:
     static constexpr size_t kTensorAlign = 64;  // floats (256 bytes): vector loads, tidy buckets
 
-    Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed);
+    // recompute_blocks: train.recompute: blocks (Builder::begin_recompute).
+    Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed, bool recompute_blocks = false);
     ~Model();
 
     const std::vector<int>& input_shape() const { return input_shape_; }
@@ -76,6 +77,9 @@ public:
     // GEMM floating-point operations of one training sample (forward, weight and input
     // gradients), the work a throughput is measured against.
     double train_flops_per_sample() const;
+    // The forward FLOPs per sample a step adds by recomputing blocks (train.recompute: blocks):
+    // not counted in train_flops_per_sample, which counts the model's work.
+    double recomputed_flops_per_sample() const;
     // The same per top-level layer: forward, and backward (weight and input gradients).
     struct LayerFlops {
         double forward = 0, backward = 0;

@@ -203,7 +203,8 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     s->data =
         data ? std::move(data) : std::make_shared<const Datasets>(load_datasets(cfg.data, cfg.base_dir, cfg.run.seed));
     check_model_against_data(cfg, *s->data);
-    s->model = std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed);
+    s->model =
+        std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed, cfg.train.recompute_blocks);
     const Dataset& train = s->data->train;
     check_labels_for_loss(cfg, *s->model, train);
     if (!train.has_targets() && s->model->output_classes() < train.classes) {

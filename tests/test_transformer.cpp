@@ -642,6 +642,75 @@ TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, 
     expect_same_run(one, stopped);
 }
 
+TEST_CASE("train.recompute: blocks trains bit for bit as keeping every activation, in less activation memory") {
+    GptRun g;
+    // the GPT (dropout in its first block), 2 CPU replicas, accumulation; then simulated GPUs in bf16
+    for (const std::vector<std::string>& sets :
+         {std::vector<std::string>{"strategy.devices=cpu:2", "train.grad_accumulation_steps=2"},
+          std::vector<std::string>{"strategy.devices=sim:0,0", "train.precision=bf16"}}) {
+        CAPTURE(sets.front());
+        SimScope sim(sets.front().find("sim") != std::string::npos ? 20 : 0);
+        const std::string keep = g / (sets.front().substr(std::strlen("strategy.devices="), 3) + "-keep");
+        const std::string again = keep + "-recompute";
+        REQUIRE(g.train(keep, sets) == kExitOk);
+        std::vector<std::string> with = sets;
+        with.push_back("train.recompute=blocks");
+        REQUIRE(g.train(again, with) == kExitOk);
+        CHECK(GptRun::params(again) == GptRun::params(keep));
+        expect_same_run(keep, again);
+        CHECK(summary(again)["memory_plan_bytes"].get<uint64_t>() < summary(keep)["memory_plan_bytes"].get<uint64_t>());
+    }
+    // The activations: a block keeps its output (and its input's pointer); one block's inner
+    // buffers serve all. Four blocks of width 64 over a context of 32.
+    const std::vector<LayerSpec> layers = gpt(128, 64, 32, 4, 4, true);
+    const Model kept({32}, layers, 1), recomputed({32}, layers, 1, true);
+    const uint64_t a = kept.activation_bytes(16, 4, 1 << 20), b = recomputed.activation_bytes(16, 4, 1 << 20);
+    MESSAGE("activations for 16 rows: " << a << " bytes kept, " << b << " recomputed");
+    CHECK(double(b) < 0.45 * double(a));
+
+    // residual blocks with batchnorm (running statistics counted once; synchronised statistics
+    // exchanged again in backward) and dropout, 2 replicas on CPUs and on simulated GPUs
+    TempDir t;
+    const std::string cnn = t.write("cnn.yaml", R"(run: {name: cnn, seed: 4}
+strategy: {devices: "cpu:2", bucket_mb: 0.001}
+data: {dataset: synthetic, input_shape: [6, 6, 3], classes: 3, train_samples: 96, test_samples: 24}
+model:
+  layers:
+    - {type: conv2d, filters: 4, kernel_size: 3, padding: same}
+    - type: residual
+      activation: relu
+      layers:
+        - {type: conv2d, filters: 4, kernel_size: 3, padding: same, bias: false}
+        - {type: batchnorm, activation: relu, sync: true}
+        - {type: dropout, rate: 0.2}
+        - {type: conv2d, filters: 4, kernel_size: 3, padding: same, bias: false}
+        - {type: batchnorm}
+    - type: residual
+      shortcut: conv1x1
+      activation: gelu
+      layers:
+        - {type: conv2d, filters: 8, kernel_size: 3, stride: 2, padding: same, bias: false}
+        - {type: batchnorm}
+    - {type: global_avgpool}
+    - {type: dense, units: 3}
+optimizer: {type: sgd, lr: 0.05, momentum: 0.9}
+train: {epochs: 2, global_batch_size: 16, log_every_steps: 3, grad_accumulation_steps: 2}
+checkpoint: {every_steps: 6, keep: 1}
+)");
+    static std::FILE* quiet = std::fopen("/dev/null", "w");
+    for (const std::string devices : {"cpu:2", "sim:0,1"}) {
+        CAPTURE(devices);
+        SimScope sim(devices == "cpu:2" ? 0 : 20);
+        for (const std::string recompute : {"none", "blocks"})
+            REQUIRE(run_training(load_config(cnn, {"run.output_dir=" + (t / (devices + recompute)),
+                                                   "train.recompute=" + recompute, "strategy.devices=" + devices}),
+                                 nullptr, quiet) == kExitOk);
+        // running statistics included
+        CHECK(GptRun::params(t / (devices + "blocks")) == GptRun::params(t / (devices + "none")));
+        expect_same_run(t / (devices + "none"), t / (devices + "blocks"));
+    }
+}
+
 TEST_CASE("fused attention equals the unfused path: logits and gradients (cpu, sim), bf16 storage") {
     for (bool sim : {false, true}) {
         CAPTURE(sim);
@@ -1066,6 +1135,26 @@ TEST_CASE("plan and bench-step take a language model; synthetic token windows ov
             kExitOk);
     CHECK(read_text(out).find("GPUs batch/GPU") != std::string::npos);
     CHECK(run_cli({"bench-step", g.config(), "--devices", "cpu:1", "--steps", "2", "--warmup", "1"}) == kExitOk);
+    // memory for recomputed blocks but not for kept activations: the planner says to recompute
+    const std::string js = g / "plan.json";
+    REQUIRE(run_cli({"plan", g.config(), "--gpus", "1", "--per-replica-batch", "64", "--json", js}) == kExitOk);
+    const nlohmann::json full = nlohmann::json::parse(read_text(js))["results"][0];
+    const double need = full["memory_bytes"].get<double>(), saved = full["recompute_saving_bytes"].get<double>();
+    CHECK(saved > 0.3 * full["memory"]["activations"].get<double>());
+    CHECK(full["recompute_step_ms"].get<double>() > full["step_ms"].get<double>());
+    char gb[32];
+    std::snprintf(gb, sizeof gb, "%.9f", (need - saved / 2 + 1073741824.0) / 1e9);  // less the CUDA context's GiB
+    REQUIRE(run_cli({"plan", g.config(), "--gpus", "1", "--per-replica-batch", "64", "--memory-gb", gb, "--json",
+                     js}) == kExitOk);
+    const nlohmann::json tight = nlohmann::json::parse(read_text(js))["results"][0];
+    CHECK(tight["fits"] == false);
+    CHECK(tight["recommendation"].get<std::string>().rfind("train.recompute: blocks (", 0) == 0);
+    // with train.recompute: blocks the plan's memory is the recomputed one, and nothing more to save
+    REQUIRE(run_cli({"plan", g.config(), "--gpus", "1", "--per-replica-batch", "64", "--json", js, "--set",
+                     "train.recompute=blocks"}) == kExitOk);
+    const nlohmann::json taken = nlohmann::json::parse(read_text(js))["results"][0];
+    CHECK(taken["memory_bytes"].get<double>() == doctest::Approx(need - saved));
+    CHECK(taken["recompute_saving_bytes"] == 0.0);
 }
 
 TEST_CASE("cuda: a byte-level GPT trains on GPU 0 as on the CPU; replicas sharing GPU 0 match one; bf16 learns" *

@@ -1,6 +1,7 @@
 // A replica's per-layer storage, allocated once for up to max_rows samples: every layer's slot
-// (its activation and statistics buffers, and the input its last forward saw) and the shared
-// scratch (im2col columns). A training step never allocates.
+// (its activation and statistics buffers, and the input its last forward saw), the shared
+// scratch (im2col columns), and one region the recomputed blocks' slots share (Builder's
+// begin_recompute). A training step never allocates.
 #pragma once
 
 #include <vector>
@@ -35,6 +36,7 @@ private:
     std::vector<const void*> inputs_;       // [slot]
     std::vector<DeviceBuffer<unsigned char>> owned_;
     DeviceBuffer<unsigned char> scratch_;
+    DeviceBuffer<unsigned char> shared_;  // the recomputed blocks' slots (train.recompute: blocks)
     uint64_t bytes_ = 0;
 };
 

@@ -151,7 +151,9 @@ private:
             d.bn_finalize(p.stream, a, sum, nullptr, mean, nullptr, nullptr, nullptr);
             d.channel_sums(p.stream, rows, c, x, mean, true, sq);
         }
-        d.bn_finalize(p.stream, a, sum, sq, mean, invstd, p.grads + run_mean_off_, p.grads + run_var_off_);
+        // recomputed (train.recompute: blocks): counted into the running statistics once
+        d.bn_finalize(p.stream, a, sum, sq, mean, invstd, p.recomputing ? nullptr : p.grads + run_mean_off_,
+                      p.recomputing ? nullptr : p.grads + run_var_off_);
     }
 
     const BatchNormOptions& o_;

@@ -133,6 +133,9 @@ struct Pass {
     float stats_weight = 1.0f;    // 1 / (replicas x micro-batches): running-statistics weight
     DType vt = DType::f32;        // the activations' value type (Device::value_dtype)
     LayerProbe* probe = nullptr;  // profiling: the top-level layers mark their ends
+    // A recomputed block's forward run again in its backward (train.recompute: blocks): the same
+    // activations, but batch statistics are not counted into the running ones a second time.
+    bool recomputing = false;
 
     // The compute copy of a tensor's weights (its offset in the activation type's elements).
     const void* weight(size_t offset) const {
@@ -170,6 +173,7 @@ public:
         bool act = true;     // activation type, else f32
         size_t per_row = 0;  // elements per sample
         size_t fixed = 0;    // plus this many elements
+        int region = -1;     // the recomputed block whose storage it is (shared), or -1 (its own)
     };
     struct Slot {
         std::vector<Buffer> buffers;
@@ -192,6 +196,17 @@ public:
     int token_embedding() const { return token_embedding_; }
     void tie(int tensor) { tensors_[size_t(tensor)].tied = true; }
 
+    // Activation recomputation (train.recompute: blocks). A block (transformer_block, residual)
+    // declares the buffers it needs only during its own forward and backward (its layers' and its
+    // own, not its output) between begin_recompute() and end_recompute(); every recomputed block's
+    // such buffers share one region of memory (the largest block's), and the block runs its
+    // forward again at the start of its backward. begin_recompute() says whether this block recomputes: not when the model does
+    // not, nor inside a block that does (which recomputes it whole). Call both either way.
+    void set_recompute(bool on) { recompute_ = on; }
+    bool begin_recompute();
+    void end_recompute();
+    bool in_recomputed_block() const { return region_ >= 0; }
+
     const std::vector<Tensor>& tensors() const { return tensors_; }
     const std::vector<Slot>& slots() const { return slots_; }
     const std::vector<size_t>& scratch_per_row() const { return scratch_rows_; }
@@ -205,6 +220,8 @@ private:
     std::vector<Slot> slots_;
     std::vector<size_t> scratch_rows_;
     size_t stats_floats_ = 0;
+    bool recompute_ = false;
+    int depth_ = 0, region_ = -1, regions_ = 0;  // open recompute blocks, the outermost's region
 };
 
 // Where the layout put a tensor: offsets into the flat buffers, filled in once the model is built.
@@ -248,7 +265,9 @@ public:
     // the whole job, when the layer cannot learn from so few (batch statistics over one value).
     virtual void check_batch(int rows, int global_rows) const { (void)rows, (void)global_rows; }
     virtual double forward_flops() const { return 0; }  // GEMM multiply-adds x 2, per sample
-    virtual std::string detail() const { return ""; }   // for the model summary
+    // Runs its forward again in backward (train.recompute: blocks, Builder::begin_recompute).
+    virtual bool recomputes() const { return false; }
+    virtual std::string detail() const { return ""; }  // for the model summary
 
 protected:
     virtual void declare(Builder& b) = 0;

@@ -134,13 +134,23 @@ int Builder::new_slot() {
     return int(slots_.size()) - 1;
 }
 
+bool Builder::begin_recompute() {
+    if (!recompute_ || depth_++ > 0) return false;
+    region_ = regions_++;
+    return true;
+}
+
+void Builder::end_recompute() {
+    if (recompute_ && --depth_ == 0) region_ = -1;
+}
+
 int Builder::act_buffer(int slot, size_t per_row, size_t fixed) {
-    slots_[size_t(slot)].buffers.push_back(Buffer{true, per_row, fixed});
+    slots_[size_t(slot)].buffers.push_back(Buffer{true, per_row, fixed, region_});
     return int(slots_[size_t(slot)].buffers.size()) - 1;
 }
 
 int Builder::f32_buffer(int slot, size_t per_row, size_t fixed) {
-    slots_[size_t(slot)].buffers.push_back(Buffer{false, per_row, fixed});
+    slots_[size_t(slot)].buffers.push_back(Buffer{false, per_row, fixed, region_});
     return int(slots_[size_t(slot)].buffers.size()) - 1;
 }
 

@@ -1,6 +1,8 @@
 // residual: y = act(F(x) + S(x)), F its layers and S the identity or, with shortcut: conv1x1, a
 // 1x1 convolution (stride by the change in size, no bias) followed by batchnorm - the projection
-// shortcut of He et al. 2016, named as torchvision names it (layers.i.shortcut.0/.1).
+// shortcut of He et al. 2016, named as torchvision names it (layers.i.shortcut.0/.1). With
+// train.recompute: blocks it keeps only its input and output (and pre-activation) between
+// forward and backward, and runs F and S again first in backward (Builder::begin_recompute).
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/layers/sequential.h"
@@ -23,6 +25,7 @@ public:
     explicit Residual(const LayerSpec& s) : Layer(s), o_(spec_.get<ResidualOptions>()), branch_(s.layers) {}
 
     void declare(Builder& b) override {
+        recompute_ = b.begin_recompute();
         out_ = branch_.build(b, name_ + ".layers", key_ + ".layers", in_, false);
         if (o_.projection) {
             if (!out_.image || !in_.image) fail("shortcut: conv1x1 needs image input and output");
@@ -42,11 +45,13 @@ public:
                  "; add shortcut: conv1x1 for a projection");
         }
         slot_ = b.new_slot();
-        out_buf_ = b.act_buffer(slot_, out_.size());
-        // GELU's derivative needs the pre-activation; ReLU's reads the output (as dense layers do)
-        if (keeps_preactivation(o_.activation)) z_buf_ = b.act_buffer(slot_, out_.size());
         g1_ = b.act_buffer(slot_, out_.size());
         if (shortcut_) g2_ = b.act_buffer(slot_, in_.size());
+        b.end_recompute();
+        // kept, recomputed or not: the output is the next layer's input; GELU's derivative needs
+        // the pre-activation, ReLU's reads the output (as dense layers do)
+        out_buf_ = b.act_buffer(slot_, out_.size());
+        if (keeps_preactivation(o_.activation)) z_buf_ = b.act_buffer(slot_, out_.size());
     }
     void check_batch(int rows, int global_rows) const override {
         branch_.check_batch(rows, global_rows);
@@ -58,6 +63,7 @@ public:
     }
 
     const void* forward(Pass& p, const void* x) const override {
+        p.acts->input(slot_) = x;
         const void* f = branch_.forward(p, x);
         const void* s = shortcut_ ? shortcut_->forward(p, x) : x;
         void* y = p.acts->act(slot_, out_buf_);
@@ -72,6 +78,14 @@ public:
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
+        if (recompute_) {  // the activations the backward reads, as the forward made them
+            const bool was = p.recomputing;
+            p.recomputing = true;
+            const void* x = p.acts->input(slot_);
+            branch_.forward(p, x);
+            if (shortcut_) shortcut_->forward(p, x);
+            p.recomputing = was;
+        }
         const size_t n = size_t(p.rows) * out_.size();
         if (o_.activation != Activation::none)
             p.dev->act_backward(p.stream, o_.activation, n, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy,
@@ -88,6 +102,7 @@ public:
         }
     }
 
+    bool recomputes() const override { return recompute_; }
     bool has_params() const override { return branch_.has_params() || (shortcut_ && shortcut_->has_params()); }
     double forward_flops() const override {
         double f = 0;
@@ -113,6 +128,7 @@ private:
     Sequential branch_;
     std::unique_ptr<Sequential> shortcut_;
     int slot_ = -1, z_buf_ = -1, out_buf_ = -1, g1_ = -1, g2_ = -1;
+    bool recompute_ = false;
 };
 
 // The block's `layers` are read before, by read_layer_list (a container).

@@ -5,7 +5,9 @@
 // branches before their residual add (with `fused_attention`, whose kernel keeps no
 // probabilities, on the branches only). `activation`: gelu (exact, nanoGPT's nn.GELU()) or
 // gelu_tanh (GPT-2's). The same block can be written as two residual layers of layernorm,
-// attention and dense layers; this type is the short form.
+// attention and dense layers; this type is the short form. With train.recompute: blocks it keeps
+// only its input and output between forward and backward, and runs its forward again first in
+// backward (Builder::begin_recompute).
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/util.h"
@@ -47,6 +49,7 @@ public:
         if (in_.image) fail("transformer_block needs a sequence [t, c], got an image " + in_.str());
         const std::string c = std::to_string(in_.c), eps = decimal_text(o_.epsilon);
         const std::string wide = std::to_string(in_.c * o_.mlp_ratio);
+        recompute_ = b.begin_recompute();
         ln_1_ = sub_layer("layernorm", {{"epsilon", eps}});
         attn_ = sub_layer("attention", {{"heads", std::to_string(o_.heads)},
                                         {"dropout", o_.fused_attention ? "0" : decimal_text(o_.dropout)},
@@ -69,29 +72,34 @@ public:
         slot_ = b.new_slot();
         const size_t n = in_.size();
         h_ = b.act_buffer(slot_, n);
-        y_ = b.act_buffer(slot_, n);
         g_ = b.act_buffer(slot_, n);
         dwide_ = b.act_buffer(slot_, size_t(in_.positions()) * size_t(in_.c) * size_t(o_.mlp_ratio));
         dnorm_ = b.act_buffer(slot_, n);
         dh_ = b.act_buffer(slot_, n);
+        b.end_recompute();
+        y_ = b.act_buffer(slot_, n);  // the next layer's input: kept, recomputed or not
     }
     void place(const std::vector<TensorRef>& refs) override {
         for (Layer* l : {ln_1_.get(), attn_.get(), ln_2_.get(), fc_.get(), proj_.get()}) l->place(refs);
     }
 
     const void* forward(Pass& p, const void* x) const override {
-        void* h = p.acts->act(slot_, h_);
+        p.acts->input(slot_) = x;
+        const void* h = nullptr;
+        const void* m = branches(p, x, &h);
         void* y = p.acts->act(slot_, y_);
-        const void* a = attn_->forward(p, ln_1_->forward(p, x));
-        if (attn_drop_) a = attn_drop_->forward(p, a);
-        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), a, x, h);
-        const void* m = proj_->forward(p, fc_->forward(p, ln_2_->forward(p, h)));
-        if (mlp_drop_) m = mlp_drop_->forward(p, m);
         p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), m, h, y);
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
+        if (recompute_) {  // the activations the backward reads, as the forward made them
+            const bool was = p.recomputing;
+            p.recomputing = true;
+            const void* h = nullptr;
+            branches(p, p.acts->input(slot_), &h);
+            p.recomputing = was;
+        }
         const size_t n = size_t(p.rows) * in_.size();
         void* g = p.acts->act(slot_, g_);
         void* dwide = p.acts->act(slot_, dwide_);
@@ -112,6 +120,7 @@ public:
         if (dx) p.dev->add(p.stream, n, dh, dx);
     }
 
+    bool recomputes() const override { return recompute_; }
     bool has_params() const override { return true; }
     double forward_flops() const override {
         return attn_->forward_flops() + fc_->forward_flops() + proj_->forward_flops();
@@ -122,9 +131,22 @@ public:
     }
 
 private:
+    // h = x + drop(attn(ln_1(x))) into *h; returns drop(mlp(ln_2(h))), the MLP branch.
+    const void* branches(Pass& p, const void* x, const void** h_out) const {
+        void* h = p.acts->act(slot_, h_);
+        const void* a = attn_->forward(p, ln_1_->forward(p, x));
+        if (attn_drop_) a = attn_drop_->forward(p, a);
+        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), a, x, h);
+        const void* m = proj_->forward(p, fc_->forward(p, ln_2_->forward(p, h)));
+        if (mlp_drop_) m = mlp_drop_->forward(p, m);
+        *h_out = h;
+        return m;
+    }
+
     const BlockOptions& o_;
     std::unique_ptr<Layer> ln_1_, attn_, ln_2_, fc_, proj_, attn_drop_, mlp_drop_;
     int slot_ = -1, h_ = -1, y_ = -1, g_ = -1, dwide_ = -1, dnorm_ = -1, dh_ = -1;
+    bool recompute_ = false;
 };
 
 OptionsPtr read(SpecReader& r, const std::string& p) {

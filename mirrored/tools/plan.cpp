@@ -258,7 +258,10 @@ ComputeModel compute_model(const PlanOptions& o, const Config& base, const Model
         m.source = "measured on the target (" + o.profile + "), scaled by the batch";
         return m;
     }
-    const LocalStep here = measure_local(base, shape, model.output_classes(), rows);
+    // the model's own efficiency, without recomputed blocks (plan_row adds their FLOPs)
+    Config plain = base;
+    plain.train.recompute_blocks = false;
+    const LocalStep here = measure_local(plain, shape, model.output_classes(), rows);
     m.flops_per_sample = model.train_flops_per_sample();
     m.efficiency = std::min(1.0, m.flops_per_sample * rows / here.seconds / here.gemm_flops);
     m.peak = t.peak;
@@ -281,6 +284,11 @@ struct PlanRow {
     double zero1 = 0;                 // bytes per GPU strategy.shard optimizer would save (0: taken, or not possible)
     bool zero1_fits = false;          // and the run would fit with it
     StepPrediction step, zero1_step;  // the step as configured, and with the optimizer state sharded
+    // What train.recompute: blocks would save (0: taken, or no blocks), whether the run would fit
+    // with it (and with the optimizer state sharded too), and its step
+    double recompute = 0;
+    bool recompute_fits = false, recompute_zero1_fits = false;
+    StepPrediction recompute_step;
     std::string recommendation;
     double samples_per_sec = 0, speedup = 0, efficiency = 0;
 
@@ -303,6 +311,8 @@ struct PlanRow {
                 {"largest_per_gpu_batch", largest},
                 {"zero1_saving_bytes", zero1},
                 {"zero1_step_ms", zero1 > 0 ? json(zero1_step.step_s * 1e3) : json(nullptr)},
+                {"recompute_saving_bytes", recompute},
+                {"recompute_step_ms", recompute > 0 ? json(recompute_step.step_s * 1e3) : json(nullptr)},
                 {"recommendation", recommendation},
                 {"compute_ms", step.compute_s * 1e3},
                 {"allreduce_ms", step.allreduce_s * 1e3},
@@ -320,6 +330,9 @@ struct PlanRow {
                (zero1 > 0 ? "; strategy.shard: optimizer (ZeRO-1) would save " + format_bytes(uint64_t(zero1)) +
                                 (zero1_fits ? " per GPU: enough to fit" : ": not enough to fit")
                           : std::string()) +
+               (recompute > 0 ? "; train.recompute: blocks would save " + format_bytes(uint64_t(recompute)) +
+                                    (recompute_fits ? " per GPU: enough to fit" : " per GPU")
+                              : std::string()) +
                ". Recommended: " + recommendation;
     }
     void print() const {
@@ -358,6 +371,7 @@ Batches plan_batches(const PlanOptions& o, const Config& base) {
 struct PlanInputs {
     const Config& base;
     const Model& model;
+    const Model* recomputed;  // the model with train.recompute: blocks, where that would save memory
     const StrategyConfig& strategy;
     const CommPlan& comm;
     const ComputeModel& compute;
@@ -365,6 +379,12 @@ struct PlanInputs {
     double capacity = 0;  // bytes a GPU has for the run
     int nodes = 1;
 };
+
+// A step's compute with recomputed blocks against without: each block's forward runs twice.
+double recompute_factor(const Model& m) {
+    const double f = m.train_flops_per_sample();
+    return f > 0 ? 1 + m.recomputed_flops_per_sample() / f : 1;
+}
 
 PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double baseline_sps, int baseline_gpus) {
     const int total = n * in.nodes, accumulation = in.base.train.grad_accumulation_steps;
@@ -385,10 +405,26 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
     }
     const Topology topo{n, in.nodes, in.link, in.network};
     const bool sharded = in.strategy.shard != StrategyConfig::Shard::none;
-    r.step = predict_step(topo, in.compute.seconds(r.rows), in.comm, sharded && total > 1);
-    if (r.zero1 > 0) r.zero1_step = predict_step(topo, in.compute.seconds(r.rows), in.comm, true);
+    // a profile measured the run as configured, recomputation included
+    const double compute_s =
+        in.compute.seconds(r.rows) * (in.compute.seconds_per_sample > 0 ? 1 : recompute_factor(in.model));
+    r.step = predict_step(topo, compute_s, in.comm, sharded && total > 1);
+    if (r.zero1 > 0) r.zero1_step = predict_step(topo, compute_s, in.comm, true);
+    if (in.recomputed) {
+        const MemoryPlan m = gpu_memory_plan(*in.recomputed, in.base.optimizer, in.strategy, n, r.rows, accumulation);
+        r.recompute = double(r.mem.total()) - double(m.total());
+        r.recompute_fits = double(m.total()) <= in.capacity;
+        r.recompute_zero1_fits = r.zero1 > 0 && double(m.total()) - r.zero1 <= in.capacity;
+        r.recompute_step = predict_step(topo, compute_s * recompute_factor(*in.recomputed), in.comm,
+                                        (sharded || (!r.recompute_fits && r.recompute_zero1_fits)) && total > 1);
+    }
     // What a user with this model and these GPUs should run: the first that fits of replicating,
-    // sharding the optimizer state, or a smaller batch; what mirrored does not have is named.
+    // sharding the optimizer state, recomputing blocks (with the optimizer state sharded too), or
+    // a smaller batch; what mirrored does not have is named.
+    const auto recompute_cost = [&] {
+        return "; each block's forward runs again in backward: " + fmt("%.2f", r.recompute_step.step_s * 1e3) +
+               " ms per step instead of " + fmt("%.2f", r.step.step_s * 1e3) + ")";
+    };
     if (r.fits)
         r.recommendation = sharded ? "strategy.shard: optimizer, as configured" : "replicate (strategy.shard: none)";
     else if (r.zero1_fits)
@@ -398,11 +434,18 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
                                            : " with cross_device_ops: ring") +
                            " (" + format_bytes(r.mem.total() - uint64_t(r.zero1)) + " per GPU; the all-gather adds " +
                            fmt("%.2f", (r.zero1_step.step_s - r.step.step_s) * 1e3) + " ms per step)";
+    else if (r.recompute_fits)
+        r.recommendation = "train.recompute: blocks (" + format_bytes(r.mem.total() - uint64_t(r.recompute)) +
+                           " per GPU" + recompute_cost();
+    else if (r.recompute_zero1_fits)
+        r.recommendation = "train.recompute: blocks with strategy.shard: optimizer (" +
+                           format_bytes(r.mem.total() - uint64_t(r.recompute) - uint64_t(r.zero1)) + " per GPU" +
+                           recompute_cost();
     else
         r.recommendation =
             (r.largest > 0 ? "a per-GPU batch of at most " + std::to_string(r.largest) + ", or " : std::string()) +
-            "sharded gradients and parameters (FSDP), activation recomputation or tensor "
-            "parallelism (not in mirrored yet), or GPUs with more memory";
+            "sharded gradients and parameters (FSDP) or tensor parallelism (not in mirrored yet), or GPUs with "
+            "more memory";
     r.samples_per_sec = total * r.rows / r.step.step_s;
     r.speedup = r.samples_per_sec / baseline_sps;
     r.efficiency = r.speedup / (double(total) / baseline_gpus);
@@ -550,10 +593,12 @@ int plan(const PlanOptions& o) {
     const Batches batches = plan_batches(o, base);
     const TrainSet data = train_set(base, o.price > 0 && base.train.steps == 0);
     const std::vector<int>& shape = data.shape;
-    const Model model(shape, base.model.layers, base.run.seed);
+    const Model model(shape, base.model.layers, base.run.seed, base.train.recompute_blocks);
     StrategyConfig strategy = base.strategy;
     strategy.precision = base.train.precision;
     const CommPlan comm = comm_plan(model, strategy);
+    const Model recomputed(shape, base.model.layers, base.run.seed, true);
+    const bool recompute_saves = !base.train.recompute_blocks && recomputed.recomputed_flops_per_sample() > 0;
 
     print_header(o, base, model, target);
     const ComputeModel compute = compute_model(o, base, model, shape, target, batches.per_replica_weak);
@@ -566,6 +611,7 @@ int plan(const PlanOptions& o) {
                                          : "");
     const PlanInputs in{base,
                         model,
+                        recompute_saves ? &recomputed : nullptr,
                         strategy,
                         comm,
                         compute,
