@@ -14,15 +14,18 @@ struct Philox4 {
     uint32_t v[4];
 };
 
+// The multipliers and the key schedule's increments (Weyl constants), and the rounds.
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u, kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+constexpr int kPhiloxRounds = 10;
+
 MIRRORED_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
-    const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-    for (int round = 0; round < 10; ++round) {
+    for (int round = 0; round < kPhiloxRounds; ++round) {
         if (round > 0) {
-            k0 += W0;
-            k1 += W1;
+            k0 += kPhiloxW0;
+            k1 += kPhiloxW1;
         }
-        const uint64_t p0 = static_cast<uint64_t>(M0) * c0;
-        const uint64_t p1 = static_cast<uint64_t>(M1) * c2;
+        const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0;
+        const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2;
         const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
         const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
         c0 = hi1 ^ c1 ^ k0;

@@ -1007,7 +1007,7 @@ TEST_CASE("cpu dropout: keep rate, scaling, backward mask, and shard invariance"
         as_defined += (y[i] != 0.0f) == dropout_keep(a.seed, a.layer_id, dropout_step(a), row, cols, col, a.rate);
         if (y[i] != 0.0f) {
             ++kept;
-            CHECK(y[i] == doctest::Approx(x[i] / 0.7f).epsilon(1e-6));
+            CHECK(y[i] == x[i] * (1.0f / 0.7f));  // exactly the scaled input
         }
     }
     CHECK(as_defined == x.size());  // the CPU's row-wise draws decide as the per-element definition
@@ -1026,6 +1026,19 @@ TEST_CASE("cpu dropout: keep rate, scaling, backward mask, and shard invariance"
     DropoutArgs next = a;
     next.step = 12;
     CHECK(run_dropout(*d, next, rows, cols, x, false) != y);
+    // rows far into a huge batch (element counters past 2^32: the counter's high word), and in place
+    DropoutArgs far = a;
+    far.row_offset = int64_t(1) << 28;
+    const auto yf = run_dropout(*d, far, rows, cols, x, false);
+    auto in_place = upload(*d, x);
+    d->dropout_forward(d->compute_stream(), far, rows, cols, in_place.data(), in_place.data());
+    CHECK(download(*d, in_place) == yf);
+    size_t far_as_defined = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+        far_as_defined +=
+            (yf[i] != 0.0f) == dropout_keep(far.seed, far.layer_id, dropout_step(far),
+                                            far.row_offset + int64_t(i / cols), cols, int(i % cols), far.rate);
+    CHECK(far_as_defined == x.size());
 }
 
 TEST_CASE("cpu init_params: bounds and moments of every initialiser, deterministic by seed") {
