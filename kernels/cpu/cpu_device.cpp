@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/blas.h"
+#include "kernels/cpu/act_loops.h"
 #include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/cpu/gemm_choice.h"
@@ -190,36 +191,6 @@ CPU_LOOP_CLONES void dropout_row_loop(uint64_t seed, uint32_t stream_a, uint32_t
     }
 }
 
-template <Activation A, DType T>
-void act_backward_inplace(size_t n, const float* __restrict z, float* __restrict d) {
-    for (size_t i = 0; i < n; ++i) d[i] = round_to(T, act_backward_value(A, z[i], d[i]));
-}
-
-template <Activation A, DType T>
-void act_backward_copy(size_t n, const float* __restrict z, const float* __restrict d, float* __restrict out) {
-    for (size_t i = 0; i < n; ++i) out[i] = round_to(T, act_backward_value(A, z[i], d[i]));
-}
-
-template <Activation A>
-using ActC = std::integral_constant<Activation, A>;
-template <DType T>
-using TypeC = std::integral_constant<DType, T>;
-
-// Calls fn(activation, storage type) with both as compile-time constants, so that the element
-// loops have no branch on either and vectorise.
-template <typename Fn>
-void with_act_and_type(Activation a, DType t, Fn&& fn) {
-    auto with_type = [&](auto act) {
-        if (t == DType::bf16) fn(act, TypeC<DType::bf16>{});
-        else if (t == DType::f16) fn(act, TypeC<DType::f16>{});
-        else fn(act, TypeC<DType::f32>{});
-    };
-    if (a == Activation::relu) with_type(ActC<Activation::relu>{});
-    else if (a == Activation::gelu) with_type(ActC<Activation::gelu>{});
-    else if (a == Activation::gelu_tanh) with_type(ActC<Activation::gelu_tanh>{});
-    else with_type(ActC<Activation::none>{});
-}
-
 class CpuDevice final : public Device {
 public:
     explicit CpuDevice(int index) : Device(DeviceType::cpu, index, "cpu:" + std::to_string(index)) {}
@@ -287,40 +258,21 @@ public:
     }
 
     void bias_act_forward(Stream, Activation act, int rows, int cols, const float* bias, void* zv, void* ov) override {
-        float* z = F(zv);
-        float* o = F(ov);
-        with_act_and_type(act, value_dtype(), [&](auto A, auto T) {
-            for (int i = 0; i < rows; ++i) {
-                float* zr = z + size_t(i) * cols;
-                float* orow = o + size_t(i) * cols;
-                if (orow == zr) {  // in place (ReLU): one loop over one pointer, which vectorises
-                    if (bias)
-                        for (int j = 0; j < cols; ++j)
-                            zr[j] = round_to(T, act_forward(A, round_to(T, zr[j] + bias[j])));
-                    else
-                        for (int j = 0; j < cols; ++j) zr[j] = round_to(T, act_forward(A, round_to(T, zr[j])));
-                    continue;
-                }
-                if (bias)
-                    for (int j = 0; j < cols; ++j) zr[j] = round_to(T, zr[j] + bias[j]);
-                else if (T != DType::f32)
-                    for (int j = 0; j < cols; ++j) zr[j] = round_to(T, zr[j]);
-                if (A != Activation::none || orow != zr)
-                    for (int j = 0; j < cols; ++j) orow[j] = round_to(T, act_forward(A, zr[j]));
-            }
-        });
+        const DType t = value_dtype();
+        for (int i = 0; i < rows; ++i) {
+            float* zr = F(zv) + size_t(i) * cols;
+            float* orow = F(ov) + size_t(i) * cols;
+            if (orow == zr) cpu::bias_act_in_place(act, t, cols, bias, zr);  // ReLU: the output is the gradient's key
+            else cpu::bias_act_apart(act, t, cols, bias, zr, orow);
+        }
     }
 
     void act_backward(Stream, Activation act, size_t n, const void* z, const void* dout, void* dz) override {
         const float* zf = F(z);
         const float* d = F(dout);
         float* out = F(dz);
-        with_act_and_type(act, value_dtype(), [&](auto A, auto T) {
-            // In place (the usual call) and out of place as separate loops: a loop that might
-            // alias is vectorised behind a run-time overlap check, which in place always fails.
-            if (out == d) act_backward_inplace<A, T>(n, zf, out);
-            else act_backward_copy<A, T>(n, zf, d, out);
-        });
+        if (out == d) cpu::act_backward_in_place(act, value_dtype(), n, zf, out);  // the usual call
+        else cpu::act_backward_apart(act, value_dtype(), n, zf, d, out);
     }
 
     // db[cols] (+)= the column sums of dz: rows are added in order into a scratch row that
