@@ -65,17 +65,17 @@ struct ImageFolderOptions final : OptionsOf<ImageFolderOptions> {
     std::string cache_dir;  // "": beside each split
     Fields fields() const override {
         Fields f = {{"train", train},
-                {"test", test},
-                {"size", "[" + std::to_string(height) + ", " + std::to_string(width) + "]"},
-                {"channels", std::to_string(channels)},
-                {"resize", std::to_string(resize)},
-                {"scale", "[" + number_text(crop.scale[0]) + ", " + number_text(crop.scale[1]) + "]"},
-                {"ratio", "[" + number_text(crop.ratio[0]) + ", " + number_text(crop.ratio[1]) + "]"},
-                {"flip", flip ? "true" : "false"},
-                {"on_bad_file", skip_bad ? "skip" : "error"},
-                {"max_bad_fraction", number_text(max_bad_fraction)},
-                {"max_pixels", std::to_string(max_pixels)},
-                {"cache", cache ? "decoded" : "none"}};
+                    {"test", test},
+                    {"size", "[" + std::to_string(height) + ", " + std::to_string(width) + "]"},
+                    {"channels", std::to_string(channels)},
+                    {"resize", std::to_string(resize)},
+                    {"scale", "[" + number_text(crop.scale[0]) + ", " + number_text(crop.scale[1]) + "]"},
+                    {"ratio", "[" + number_text(crop.ratio[0]) + ", " + number_text(crop.ratio[1]) + "]"},
+                    {"flip", flip ? "true" : "false"},
+                    {"on_bad_file", skip_bad ? "skip" : "error"},
+                    {"max_bad_fraction", number_text(max_bad_fraction)},
+                    {"max_pixels", std::to_string(max_pixels)},
+                    {"cache", cache ? "decoded" : "none"}};
         if (cache) {  // its keys only with it (they are refused without)
             f.push_back({"cache_side", std::to_string(cached_side())});
             if (!cache_dir.empty()) f.push_back({"cache_dir", cache_dir});
