@@ -220,15 +220,7 @@ std::shared_ptr<const DecodedImageCache> DecodedImageCache::open(const Options& 
                     try {
                         const int shrink = jpeg_shrink_for(s.width, s.height, int(e.width), int(e.height));
                         decode(i, shrink, pixels);
-                        // libjpeg's shrunk output maps source pixel x to x / shrink (its last pixel may be
-                        // partial); a PNG decodes whole
-                        double scale = 1.0;
-                        if (pixels.width != s.width || pixels.height != s.height) {
-                            if (pixels.width != (s.width + shrink - 1) / shrink ||
-                                pixels.height != (s.height + shrink - 1) / shrink)
-                                throw DataError(s.path + ": the image changed since the data set was opened");
-                            scale = 1.0 / shrink;
-                        }
+                        const double scale = decoded_scale(pixels, s.width, s.height, shrink, s.path);
                         const size_t bytes = size_t(e.width) * e.height * size_t(o.channels);
                         if (int(e.width) == pixels.width && int(e.height) == pixels.height) {
                             pwrite_all(fd, pixels.data.data(), bytes, e.offset, o.path);

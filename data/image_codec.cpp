@@ -169,4 +169,13 @@ int jpeg_shrink_for(double w, double h, int min_w, int min_h) {
     return shrink;
 }
 
+double decoded_scale(const Pixels& pixels, int width, int height, int shrink, const std::string& path) {
+    if (pixels.width == width && pixels.height == height) return 1.0;
+    if (pixels.width == (width + shrink - 1) / shrink && pixels.height == (height + shrink - 1) / shrink)
+        return 1.0 / shrink;
+    throw DataError(path + ": the image changed since the data set was opened (" + std::to_string(pixels.width) +
+                    " x " + std::to_string(pixels.height) + " pixels now, " + std::to_string(width) + " x " +
+                    std::to_string(height) + " before)");
+}
+
 }  // namespace mirrored

@@ -55,4 +55,10 @@ void decode_image(const unsigned char* data, size_t size, const std::string& pat
 // The largest of 1, 2, 4, 8 that keeps a w x h region at least min_w x min_h once shrunk.
 int jpeg_shrink_for(double w, double h, int min_w, int min_h);
 
+// How the decoded pixels' coordinates map to a width x height image decoded with `shrink`: 1
+// when it came out whole (a PNG always does), 1 / shrink when libjpeg shrank it (source pixel x
+// becomes x / shrink; its last pixel may be partial). Any other size means the file is not the
+// image the data set was opened with: a DataError naming `path`.
+double decoded_scale(const Pixels& pixels, int width, int height, int shrink, const std::string& path);
+
 }  // namespace mirrored

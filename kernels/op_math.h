@@ -319,20 +319,6 @@ MIRRORED_HD bool dropout_keep(uint64_t seed, uint32_t layer_id, uint32_t step, i
     return uniform01(r.v[e % 4]) >= rate;
 }
 
-// dropout_keep for the columns of one row, f(col, keep) in column order: each Philox draw serves
-// its four consecutive elements, where the per-element form draws once per element (the CPU's
-// path; the same decisions).
-template <typename F>
-void dropout_row(uint64_t seed, uint32_t layer_id, uint32_t step, int64_t global_row, int cols, float rate, F&& f) {
-    const uint64_t first = static_cast<uint64_t>(global_row) * static_cast<uint64_t>(cols);
-    Philox4 r{};
-    for (int col = 0; col < cols; ++col) {
-        const uint64_t e = first + static_cast<uint64_t>(col);
-        if (col == 0 || e % 4 == 0) r = philox(seed, e / 4, kStreamDropout | (layer_id << 8), step);
-        f(col, uniform01(r.v[e % 4]) >= rate);
-    }
-}
-
 // ---- normalisation statistics, shared so both backends compute the same floats
 MIRRORED_HD float bn_mean(float sum, double count) { return float(double(sum) / count); }
 MIRRORED_HD float bn_var(float sqsum, double count) { return float(double(sqsum) / count); }

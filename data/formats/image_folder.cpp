@@ -450,15 +450,7 @@ private:
         const int shrink = jpeg_shrink_for(box.w, box.h, o_.width, o_.height);
         decode_image(bytes.data(), bytes.size(), f.path, o_.channels, shrink, o_.max_pixels, pixels);
         if (stages) lap(&stages->decode, t);
-        // PNGs decode whole; libjpeg's shrunk output maps source pixel x to x / shrink (its last
-        // pixel may be partial)
-        const bool png = image_type(bytes.data(), bytes.size()) == ImageType::png;
-        const int expect_w = png ? f.width : (f.width + shrink - 1) / shrink;
-        const int expect_h = png ? f.height : (f.height + shrink - 1) / shrink;
-        if (pixels.width != expect_w || pixels.height != expect_h)
-            throw DataError(f.path + ": the image changed since the data set was opened (" +
-                            std::to_string(pixels.width) + " x " + std::to_string(pixels.height) + " pixels now)");
-        const double sx = png ? 1.0 : 1.0 / shrink, sy = sx;
+        const double sx = decoded_scale(pixels, f.width, f.height, shrink, f.path), sy = sx;
         const CropBox scaled{box.x * sx, box.y * sy, box.w * sx, box.h * sy};
         resample(pixels, scaled, flip && o_.flip, o_.width, o_.height, map_, features, scratch);
         if (stages) lap(&stages->transform, t);
