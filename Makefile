@@ -183,7 +183,8 @@ $(OBJ)/%.cu.o: %.cu $(FLAGS_FILE) | $(DEPS_STEP)
 $(OBJ)/%.emu.o: %.cu tests/cuda_emu/rewrite.pl tests/cuda_emu/kernel_emu.h $(FLAGS_FILE) | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
 	perl tests/cuda_emu/rewrite.pl $< > $(@:.o=.cpp)
-	$(CXX) $(CXXFLAGS) -Wno-attributes -Wno-sign-compare -include tests/cuda_emu/kernel_emu.h -c $(@:.o=.cpp) -o $@
+	$(CXX) $(CXXFLAGS) -Wno-attributes -Wno-sign-compare -Itests/cuda_emu/include -include tests/cuda_emu/kernel_emu.h \
+	  -c $(@:.o=.cpp) -o $@
 
 install-deps:
 	scripts/install_deps.sh

@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cub/block/block_reduce.cuh>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -64,18 +66,16 @@ T* as(void* p) {
     return static_cast<T*>(p);
 }
 
-// Fixed-order tree sum of one value per thread over a 256-thread block; result in thread 0.
-__device__ float block_sum_256(float v, float* shared) {
-    shared[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = kThreads / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-        __syncthreads();
-    }
-    return shared[0];
-}
+// Two sums over a kThreads block at once, in thread 0: CUB's block reduction, whose order is fixed
+// by the block size, so the sums repeat bit for bit on every GPU.
+struct PairSum {
+    __device__ float2 operator()(const float2& a, const float2& b) const { return make_float2(a.x + b.x, a.y + b.y); }
+};
+using BlockPairReduce = cub::BlockReduce<float2, kThreads>;
 
-__device__ float warp_sum(float v) {  // a fixed butterfly: every lane ends with the same sum
+// A fixed butterfly: every lane ends with the same sum, which the softmax and layernorm rows
+// need in every lane (cub::WarpReduce leaves it in lane 0 only).
+__device__ float warp_sum(float v) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
 }
@@ -255,18 +255,16 @@ __global__ void softmax_xent_kernel(int rows, int classes, const T* logits, cons
 }
 
 __global__ void metrics_accumulate_kernel(int rows, const float* row_loss, const float* row_correct, double* metrics) {
-    __shared__ float shared[kThreads];
-    float loss = 0.0f, correct = 0.0f;
+    __shared__ BlockPairReduce::TempStorage temp;
+    float2 sums = make_float2(0.0f, 0.0f);  // loss, correct
     for (int i = threadIdx.x; i < rows; i += kThreads) {
-        loss += row_loss[i];
-        correct += row_correct[i];
+        sums.x += row_loss[i];
+        sums.y += row_correct[i];
     }
-    loss = block_sum_256(loss, shared);
-    __syncthreads();
-    correct = block_sum_256(correct, shared);
+    sums = BlockPairReduce(temp).Reduce(sums, PairSum());
     if (threadIdx.x == 0) {  // double accumulators: counts stay exact far beyond 2^24
-        metrics[kMetricLossSum] += double(loss);
-        metrics[kMetricCorrect] += double(correct);
+        metrics[kMetricLossSum] += double(sums.x);
+        metrics[kMetricCorrect] += double(sums.y);
         metrics[kMetricCount] += double(rows);
     }
 }
@@ -744,38 +742,37 @@ void axpy(cudaStream_t s, int dev, size_t n, float alpha, const float* x, float*
 }
 
 // sum of (x / loss_scale)^2 and the count of non-finite x: a grid fixed by n (at most
-// kReduceBlocks blocks, none without elements), then one block over the partial sums
+// kReduceBlocks blocks, none without elements), then one block over the partial sums. Not
+// cub::DeviceReduce: its grid follows the GPU's SM count, so replicas on two GPU models would
+// disagree in the last bits of the gradient norm (and clip differently); and this is one pass
+// over the gradients for the unscaled norm and the overflow check together.
 __global__ void sum_squares_partial_kernel(size_t n, const float* x, const float* loss_scale, float* partial) {
-    __shared__ float shared[kThreads];
+    __shared__ BlockPairReduce::TempStorage temp;
     const float inv = loss_scale ? 1.0f / *loss_scale : 1.0f;
-    float s = 0.0f, bad = 0.0f;
+    float2 sums = make_float2(0.0f, 0.0f);  // squares, non-finite count
     GRID_LOOP(i, n) {
         const float v = x[i];
-        if (!isfinite(v)) bad += 1.0f;
-        s += (v * inv) * (v * inv);
+        if (!isfinite(v)) sums.y += 1.0f;
+        sums.x += (v * inv) * (v * inv);
     }
-    s = block_sum_256(s, shared);
-    __syncthreads();
-    bad = block_sum_256(bad, shared);
+    sums = BlockPairReduce(temp).Reduce(sums, PairSum());
     if (threadIdx.x == 0) {
-        partial[blockIdx.x] = s;
-        partial[kReduceBlocks + blockIdx.x] = bad;
+        partial[blockIdx.x] = sums.x;
+        partial[kReduceBlocks + blockIdx.x] = sums.y;
     }
 }
 
 __global__ void sum_partials_kernel(int blocks, const float* partial, float* out) {
-    __shared__ float shared[kThreads];
-    float s = 0.0f, bad = 0.0f;
+    __shared__ BlockPairReduce::TempStorage temp;
+    float2 sums = make_float2(0.0f, 0.0f);
     for (int i = threadIdx.x; i < blocks; i += kThreads) {
-        s += partial[i];
-        bad += partial[kReduceBlocks + i];
+        sums.x += partial[i];
+        sums.y += partial[kReduceBlocks + i];
     }
-    s = block_sum_256(s, shared);
-    __syncthreads();
-    bad = block_sum_256(bad, shared);
+    sums = BlockPairReduce(temp).Reduce(sums, PairSum());
     if (threadIdx.x == 0) {
-        out[0] = s;
-        out[1] = bad;
+        out[0] = sums.x;
+        out[1] = sums.y;
     }
 }
 

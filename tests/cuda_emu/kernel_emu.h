@@ -45,6 +45,9 @@ dim3 block_dim();
 dim3 grid_dim();
 
 void syncthreads();
+// Fails the running launch (cudaErrorLaunchFailure) with `why`: a library's rule broken by a
+// kernel (the emulated cub::BlockReduce's block shape).
+void kernel_fail(const char* why);
 // A __shared__ array of the running kernel (its address and size): NaN bytes at the block's
 // first call, nothing at later ones.
 void shared_memory(void* array, size_t bytes);

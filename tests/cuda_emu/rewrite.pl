@@ -4,8 +4,8 @@
 # becomes
 #   (::emu::Launch(grid, block, shmem, stream) % [](auto... emu_a) { name(emu_a...); })(args)
 # so the kernel is called as a function, once per emulated thread, with the launch's arguments.
-# Each `__shared__ T a[N], b[M];` (on one line) is followed, on that line, by
-#   ::emu::shared_memory(a, sizeof a); ::emu::shared_memory(b, sizeof b);
+# Each `__shared__ T a[N], b[M];` or `__shared__ T c;` (on one line) is followed, on that line, by
+#   ::emu::shared_memory(a, sizeof a); ::emu::shared_memory(b, sizeof b);  or  ...(&c, sizeof c);
 # which gives each block of a launch NaN-filled shared memory.
 # A #line directive keeps compiler messages pointing into the .cu file.
 use strict;
@@ -20,10 +20,11 @@ while (my $line = <>) {
             or die "$path:$.: a __shared__ declaration this script cannot follow (one per line, ending in ';')\n";
         (my $decls = $1) =~ s/^\s*__shared__\s+//;
         1 while $decls =~ s/\[[^\[\]]*\]/\@/g;  # each bound to @, out of the way of the commas
-        my @names = map { /(\w+)\s*\@/ ? $1 : die "$path:$.: a __shared__ declaration that is not of arrays\n" }
-            split /,/, $decls;
+        my @names = map {
+            /(\w+)\s*\@/ ? $1 : /(\w+)\s*$/ ? "&$1" : die "$path:$.: a __shared__ declaration this script cannot name\n"
+        } split /,/, $decls;
         chomp $line;
-        $line .= join('', map { " ::emu::shared_memory($_, sizeof $_);" } @names) . "\n";
+        $line .= join('', map { (my $n = $_) =~ s/^&//; " ::emu::shared_memory($_, sizeof $n);" } @names) . "\n";
     }
     print $line;
 }

@@ -10,6 +10,8 @@
 
 #include "tests/cuda_emu/emu_state.h"
 #include "tests/cuda_emu/kernel_emu.h"
+// after kernel_emu.h, as the emulated build's -I puts it under the backend's kernels
+#include "tests/cuda_emu/include/cub/block/block_reduce.cuh"
 
 namespace {
 
@@ -74,6 +76,27 @@ __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }
 // Blocks read what the block before them wrote: an order the GPU does not promise.
 __global__ void prefix_over_blocks(float* x) {
     if (blockIdx.x > 0 && threadIdx.x == 0) x[blockIdx.x] += x[blockIdx.x - 1];
+}
+
+using BlockReduce64 = cub::BlockReduce<float, 64>;
+
+// out[0] = the block's sum; out[1 + t] = what thread t got back (valid in thread 0 only).
+__global__ void cub_block_sum(const float* x, float* out) {
+    __shared__ BlockReduce64::TempStorage temp;
+    const float v = BlockReduce64(temp).Sum(x[threadIdx.x]);
+    out[1 + threadIdx.x] = v;
+    if (threadIdx.x == 0) out[0] = v;
+}
+
+// Two reductions through one TempStorage with no barrier between them: CUB forbids it.
+__global__ void cub_reuse_without_barrier(const float* x, float* out) {
+    __shared__ BlockReduce64::TempStorage temp;
+    const float a = BlockReduce64(temp).Sum(x[threadIdx.x]);
+    const float b = BlockReduce64(temp).Sum(2.0f * x[threadIdx.x]);
+    if (threadIdx.x == 0) {
+        out[0] = a;
+        out[1] = b;
+    }
 }
 
 struct Gpu {
@@ -144,6 +167,34 @@ TEST_CASE("emulated GPU: races, divergent barriers and shuffles, and block order
     for (float v : read(d, 64, g.s)) CHECK(std::isnan(v));  // not 1 (a zeroed static), not a last block's value
     EMU_LAUNCH(copy_one, 1, 2048, g.s)(d, d);
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    cudaFree(d);
+}
+
+TEST_CASE("emulated GPU: cub::BlockReduce's contract - its block shape, thread 0's result, a barrier before reuse" *
+          doctest::test_suite("emulator")) {
+    Gpu g;
+    std::vector<float> x(64);
+    std::iota(x.begin(), x.end(), 1.0f);
+    float* dx = g.alloc(64);
+    float* d = g.alloc(65);
+    REQUIRE(cudaMemcpyAsync(dx, x.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
+    EMU_LAUNCH(cub_block_sum, 1, 64, g.s)(dx, d);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const std::vector<float> out = read(d, 65, g.s);
+    CHECK(out[0] == 64.0f * 65 / 2);
+    int garbage = 0;
+    for (int t = 1; t < 64; ++t) garbage += std::isnan(out[size_t(1 + t)]);
+    CHECK(garbage == 63);  // threads but 0 must not use the result
+    EMU_LAUNCH(cub_reuse_without_barrier, 1, 64, g.s)(dx, d);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const std::vector<float> reused = read(d, 2, g.s);
+    // the next sum's values overwrite the first's before thread 0 has read them
+    CHECK((reused[0] != 64.0f * 65 / 2 || reused[1] != 64.0f * 65));
+    EMU_LAUNCH(cub_block_sum, 1, 128, g.s)(dx, d);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    EMU_LAUNCH(cub_block_sum, 1, dim3(32, 2), g.s)(dx, d);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    cudaFree(dx);
     cudaFree(d);
 }
 
