@@ -82,7 +82,8 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
     const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
     if (set_.config().cross_device_ops == "auto" && set_.sharded()) {
         set_.config().cross_device_ops = "ring";
-        ops_choice_ = "auto, ring: the op that splits into reduce-scatter and all-gather (strategy.shard)";
+        ops_choice_ =
+            "auto, ring: it splits into reduce-scatter and all-gather (strategy.shard; so does nccl, when set)";
     } else if (set_.config().cross_device_ops == "auto") {
         std::vector<std::pair<size_t, size_t>> ranges;
         for (const Bucket& b : buckets_)

@@ -1201,6 +1201,18 @@ TEST_CASE("cuda: sharded optimizer state trains bit for bit as unsharded, captur
         CHECK(graph.graph_launches > 0);
         CHECK(graph.params == plain.params);
     }
+    if (cuda_device_count() < 2 || !nccl_compiled()) return;
+    // nccl's halves: on a GPU NCCL's reduce adds in its own order (the emulator's in rank order:
+    // there, bit for bit), so within rounding of its all-reduce; every replica the same bits
+    std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
+    const TrainResult plain = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, false, &whole);
+    const TrainResult shard = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, true, &sharded);
+    CHECK(shard.ops == std::string("nccl"));
+    CHECK(rel_error(shard.params, plain.params) < 1e-5);
+    for (uint64_t c : shard.checksums) CHECK(c == shard.checksums[0]);
+    const TrainResult graph = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", true, false, true);
+    CHECK(graph.graph_launches > 0);
+    CHECK(graph.params == shard.params);
 }
 
 TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without graphs" * doctest::test_suite("cuda")) {
@@ -1385,6 +1397,17 @@ TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, 
             REQUIRE(sharded.size() == whole.size());
             for (size_t i = 0; i < whole.size(); ++i) CHECK(sharded[i] == whole[i]);  // gathered whole
         }
+    // nccl's halves (the chunks' ncclReduce and ncclBroadcast) on simulated GPUs: its all-reduce's bits
+    for (const char* devices : {"sim:0,1", "sim:0,1,2,3"}) {
+        CAPTURE(devices);
+        std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
+        const TrainResult plain = train(devices, 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, false, &whole);
+        const TrainResult shard = train(devices, 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, true, &sharded);
+        CHECK(shard.ops == std::string("nccl"));
+        CHECK(shard.params == plain.params);
+        for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
+        CHECK(sharded == whole);
+    }
     // captured once and replayed (simulated GPUs): the same bits
     const TrainResult uncaptured = train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", false, false, true);
     const TrainResult replayed = train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", true, false, true);
@@ -1470,12 +1493,18 @@ TEST_CASE("strategy.shard optimizer: a checkpoint's state is whole and resumes w
 
 TEST_CASE("strategy.shard: refused with ops that cannot split and a bf16 wire, naming the key; auto takes the ring") {
     const std::string base = "model: {layers: [{type: dense, units: 3}]}\nstrategy: {shard: optimizer, ";
-    for (const char* op : {"direct", "reduce_to_one", "nccl"}) {
+    for (const char* op : {"direct", "reduce_to_one"}) {
         CAPTURE(op);
-        CHECK_THROWS_WITH_AS(load_config_text(base + "cross_device_ops: " + op + "}\n", "s.yaml", {}),
+        const std::string text = base + "cross_device_ops: " + op + "}\n";
+        CHECK_THROWS_WITH_AS(load_config_text(text, "s.yaml", {}),
                              doctest::Contains("strategy.shard: optimizer needs an op that splits"), ConfigError);
-        CHECK_THROWS_WITH_AS(load_config_text(base + "cross_device_ops: " + op + "}\n", "s.yaml", {}),
-                             doctest::Contains("ops that do: ring"), ConfigError);
+        for (const char* can : {"ops that do: ", "ring", "nccl"})
+            CHECK_THROWS_WITH_AS(load_config_text(text, "s.yaml", {}), doctest::Contains(can), ConfigError);
+    }
+    for (const char* op : {"ring", "nccl"}) {
+        CAPTURE(op);
+        CHECK(load_config_text(base + "cross_device_ops: " + op + "}\n", "s.yaml", {}).strategy.shard ==
+              StrategyConfig::Shard::optimizer);
     }
     CHECK_THROWS_WITH_AS(load_config_text(base + "allreduce_dtype: bf16}\n", "s.yaml", {}),
                          doctest::Contains("strategy.shard: optimizer exchanges fp32 gradients"), ConfigError);

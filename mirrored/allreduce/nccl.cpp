@@ -1,5 +1,6 @@
 // nccl: ncclAllReduce, grouped over the replicas (CUDA, one replica per GPU; simulated GPUs run a
-// rendezvous with its semantics).
+// rendezvous with its semantics). Its halves for strategy.shard are the chunks' ncclReduce and
+// ncclBroadcast, each rooted at the chunk's owner.
 #include "mirrored/cross_device_ops.h"
 
 namespace mirrored {
@@ -29,16 +30,32 @@ public:
     }
 
     void run(int r, size_t offset, size_t count) override {
+        collective(r, offset, count, [&] { group_->all_reduce_sum(views_, wire_dtype(), count); });
+    }
+    bool shards() const override { return true; }
+    // The chunks are owned()'s: chunk k of the range is replica k's.
+    void run_reduce_scatter(int r, size_t offset, size_t count) override {
+        const size_t chunk = Chunks(count, replicas(), DType::f32).size;
+        collective(r, offset, count, [&] { group_->reduce_scatter_sum(views_, count, chunk); });
+    }
+    void run_all_gather(int r, size_t offset, size_t count) override {
+        const size_t chunk = Chunks(count, replicas(), DType::f32).size;
+        collective(r, offset, count, [&] { group_->all_gather(views_, count, chunk); });
+    }
+
+private:
+    // Replica 0's thread issues every rank's call (NCCL's group, one thread for all ranks).
+    template <typename Issue>
+    void collective(int r, size_t offset, size_t count, Issue issue) {
         if (replicas() == 1 || count == 0) return;
         barrier_.arrive_and_wait();  // every comm stream already waits for its data
         if (r == 0) {
             for (int i = 0; i < replicas(); ++i) views_[size_t(i)] = data(i, offset);
-            group_->all_reduce_sum(views_, wire_dtype(), count);
+            issue();
         }
         barrier_.arrive_and_wait();  // enqueued on every stream before anyone records after it
     }
 
-private:
     std::unique_ptr<NcclGroup> group_;
     ReplicaBarrier& barrier_;
     std::vector<void*> views_;
@@ -47,6 +64,6 @@ private:
 }  // namespace
 
 extern const CrossDeviceOpsKind kNcclKind{"nccl", "ncclAllReduce over the replicas (CUDA, one replica per GPU)",
-                                          one_per_gpu, false, create_cross_device_ops<NcclAllReduce>};
+                                          one_per_gpu, true, create_cross_device_ops<NcclAllReduce>};
 
 }  // namespace mirrored

@@ -2,18 +2,21 @@
 // semantics for one process driving several GPUs, so that the nccl op's own code runs in the
 // test suite. What is checked, because real NCCL would fail, hang or corrupt there:
 // - ncclCommInitAll: valid, distinct GPUs ("Duplicate GPU detected" in NCCL);
-// - ncclAllReduce: a live communicator not yet finalized; send and receive buffers of `count`
-//   elements in device memory of the communicator's GPU, the same buffer or disjoint; a stream of
-//   that GPU; a type and operation the emulator implements (sum of f32, bf16, f16);
+// - ncclAllReduce, ncclReduce, ncclBroadcast: a live communicator not yet finalized; send and
+//   receive buffers of `count` elements in device memory of the communicator's GPU, the same
+//   buffer or disjoint (ncclReduce's receive buffer on the root only, ncclBroadcast's send buffer
+//   on the root only: elsewhere NCCL ignores them); a root that is a rank; a stream of that GPU;
+//   a type and operation the emulator implements (sum of f32, bf16, f16);
 // - one thread driving several ranks must issue them between ncclGroupStart and ncclGroupEnd
 //   (NCCL: "Using multiple devices per thread ... requires group semantics", else it hangs); at
 //   the group's end every rank of a communicator must have issued the same collectives, in the
-//   same order, with the same count, type and operation (NCCL would hang or mix them);
+//   same order, with the same count, type, operation and root (NCCL would hang or mix them);
 // - under stream capture, the ranks' streams of one collective must be captured by the same
 //   graph; the collective becomes one node after every rank's earlier work.
 // The sum runs over the ranks in rank order, rounded to the element type after each addition as
-// NCCL's reduction kernels do; every rank receives the same bits. Not emulated: communicators
-// across processes (ncclGetUniqueId, ncclCommInitRank), other collectives, asynchronous errors,
+// NCCL's reduction kernels do; every rank (ncclReduce: the root) receives the same bits. Not
+// emulated: communicators across processes (ncclGetUniqueId, ncclCommInitRank), other
+// collectives, asynchronous errors,
 // and NCCL's ring/tree order of additions (so its rounding in bf16/f16 differs).
 #include <nccl.h>
 
@@ -39,7 +42,14 @@ std::mutex g_mutex;
 std::set<ncclComm*> g_live;
 int g_next_clique = 0;
 
+enum class Kind { all_reduce, reduce, broadcast };
+const char* kind_name(Kind k) {
+    return k == Kind::all_reduce ? "ncclAllReduce" : k == Kind::reduce ? "ncclReduce" : "ncclBroadcast";
+}
+
 struct Call {
+    Kind kind;
+    int root;  // ncclReduce, ncclBroadcast
     ncclComm* comm;
     const void* send;
     void* recv;
@@ -80,32 +90,39 @@ cudaDataType cuda_type(ncclDataType_t t) {
     return t == ncclBfloat16 ? CUDA_R_16BF : t == ncclFloat16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-// The sum over the ranks (rank order), written to every rank's receive buffer: read everything
-// before writing anything, as the buffers may be the send buffers.
-void reduce(const std::vector<Call>& ranks) {
+// The collective's result - the sum over the ranks in rank order, or the root's send buffer -
+// written to every rank's receive buffer (ncclReduce: the root's only): read everything before
+// writing anything, as the buffers may be the send buffers.
+void run_collective(const std::vector<Call>& ranks) {
     const Call& first = ranks[0];
     const cudaDataType t = cuda_type(first.type);
-    std::vector<float> sum(first.count);
-    for (size_t i = 0; i < first.count; ++i) {
-        float acc = emu::load(first.send, t, i);
-        for (size_t r = 1; r < ranks.size(); ++r) acc = emu::rounded(acc + emu::load(ranks[r].send, t, i), t);
-        sum[i] = acc;
+    std::vector<float> out(first.count);
+    if (first.kind == Kind::broadcast) {
+        for (size_t i = 0; i < first.count; ++i) out[i] = emu::load(ranks[size_t(first.root)].send, t, i);
+    } else {
+        for (size_t i = 0; i < first.count; ++i) {
+            float acc = emu::load(first.send, t, i);
+            for (size_t r = 1; r < ranks.size(); ++r) acc = emu::rounded(acc + emu::load(ranks[r].send, t, i), t);
+            out[i] = acc;
+        }
     }
-    for (const Call& c : ranks)
-        for (size_t i = 0; i < c.count; ++i) emu::store(c.recv, t, i, sum[i]);
+    for (const Call& c : ranks) {
+        if (c.kind == Kind::reduce && c.comm->rank != c.root) continue;
+        for (size_t i = 0; i < c.count; ++i) emu::store(c.recv, t, i, out[i]);
+    }
 }
 
 // One collective: the calls of every rank of a communicator, checked against each other.
 ncclResult_t issue(std::vector<Call> ranks) {
     const Call& a = ranks[0];
     for (const Call& c : ranks)
-        if (c.count != a.count || c.type != a.type || c.op != a.op)
-            return fail(ncclInvalidUsage,
-                        "the ranks of one all-reduce differ in count, type or operation (NCCL would "
-                        "hang or combine mismatched data)");
+        if (c.kind != a.kind || c.count != a.count || c.type != a.type || c.op != a.op || c.root != a.root)
+            return fail(ncclInvalidUsage, std::string("the ranks' ") + kind_name(a.kind) +
+                                              " calls in this place differ in collective, count, type, operation or "
+                                              "root (NCCL would hang or combine mismatched data)");
     std::vector<cudaStream_t> streams;
     for (const Call& c : ranks) streams.push_back(c.stream);
-    const std::string why = emu::submit_collective(streams, [ranks] { reduce(ranks); });
+    const std::string why = emu::submit_collective(streams, [ranks] { run_collective(ranks); });
     return why.empty() ? ncclSuccess : fail(ncclInvalidUsage, why);
 }
 
@@ -234,31 +251,58 @@ ncclResult_t ncclGroupEnd() {
     return run_group(std::move(calls));
 }
 
-ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t stream) {
-    if (!live(comm)) return fail(ncclInvalidArgument, "ncclAllReduce on a communicator that is not live");
-    if (comm->finalized) return fail(ncclInvalidUsage, "ncclAllReduce on a finalized communicator");
-    const size_t bytes = type_bytes(type);
-    if (bytes == 0 || op != ncclSum)
-        return fail(ncclInvalidArgument, "ncclAllReduce: the emulator implements the sum of f32, bf16 and f16 only");
-    if (count > SIZE_MAX / bytes) return fail(ncclInvalidArgument, "ncclAllReduce: count * element size overflows");
-    if (emu::stream_gpu(stream) != comm->device)
-        return fail(ncclInvalidArgument, "ncclAllReduce: a stream of GPU " + std::to_string(emu::stream_gpu(stream)) +
-                                             " for the communicator of GPU " + std::to_string(comm->device));
-    std::string why = emu::device_memory_of(send, count * bytes, comm->device, "ncclAllReduce send buffer");
-    if (why.empty()) why = emu::device_memory_of(recv, count * bytes, comm->device, "ncclAllReduce receive buffer");
-    if (why.empty() && send != recv && overlap(send, recv, count * bytes))
-        why = "ncclAllReduce: send and receive buffers overlap without being the same (in-place) buffer";
+namespace {
+
+// A collective call's checks, then queued in the open group (or run, on a one-rank communicator).
+ncclResult_t enqueue(Call c) {
+    const char* name = kind_name(c.kind);
+    const std::string n = name;
+    if (!live(c.comm)) return fail(ncclInvalidArgument, n + " on a communicator that is not live");
+    if (c.comm->finalized) return fail(ncclInvalidUsage, n + " on a finalized communicator");
+    const size_t bytes = type_bytes(c.type);
+    if (bytes == 0 || c.op != ncclSum)
+        return fail(ncclInvalidArgument, n + ": the emulator implements the sum of f32, bf16 and f16 only");
+    if (c.count > SIZE_MAX / bytes) return fail(ncclInvalidArgument, n + ": count * element size overflows");
+    if (c.root < 0 || c.root >= c.comm->nranks)
+        return fail(ncclInvalidArgument, n + ": root " + std::to_string(c.root) + " of a " +
+                                             std::to_string(c.comm->nranks) + "-rank communicator");
+    if (emu::stream_gpu(c.stream) != c.comm->device)
+        return fail(ncclInvalidArgument, n + ": a stream of GPU " + std::to_string(emu::stream_gpu(c.stream)) +
+                                             " for the communicator of GPU " + std::to_string(c.comm->device));
+    const bool root = c.comm->rank == c.root;
+    const bool reads = c.kind != Kind::broadcast || root, writes = c.kind != Kind::reduce || root;
+    std::string why;
+    if (reads) why = emu::device_memory_of(c.send, c.count * bytes, c.comm->device, (n + " send buffer").c_str());
+    if (why.empty() && writes)
+        why = emu::device_memory_of(c.recv, c.count * bytes, c.comm->device, (n + " receive buffer").c_str());
+    if (why.empty() && reads && writes && c.send != c.recv && overlap(c.send, c.recv, c.count * bytes))
+        why = n + ": send and receive buffers overlap without being the same (in-place) buffer";
     if (!why.empty()) return fail(ncclInvalidArgument, why);
-    if (count == 0) return ncclSuccess;
-    const Call c{comm, send, recv, count, type, op, stream};
+    if (c.count == 0) return ncclSuccess;
     if (t_group_depth > 0) {
         t_pending.push_back(c);
         return ncclSuccess;
     }
-    if (comm->nranks > 1)
-        return fail(ncclInvalidUsage, "ncclAllReduce of a " + std::to_string(comm->nranks) +
+    if (c.comm->nranks > 1)
+        return fail(ncclInvalidUsage, n + " of a " + std::to_string(c.comm->nranks) +
                                           "-rank communicator outside a group: the emulator needs every rank issued "
                                           "by one thread between ncclGroupStart and ncclGroupEnd");
     return issue({c});
+}
+
+}  // namespace
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+    return enqueue({Kind::all_reduce, 0, comm, send, recv, count, type, op, stream});
+}
+
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+    return enqueue({Kind::reduce, root, comm, send, recv, count, type, op, stream});
+}
+
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+    return enqueue({Kind::broadcast, root, comm, send, recv, count, type, ncclSum, stream});
 }

@@ -413,8 +413,10 @@ TEST_CASE("emulated GPU: asynchronous streams run work out of issue order, so a 
 #if MIRRORED_NCCL
 #include <nccl.h>
 
-TEST_CASE("emulated NCCL: grouped all-reduce over two GPUs, captured too; refuses what would hang or misuse memory" *
-          doctest::test_suite("emulator")) {
+TEST_CASE(
+    "emulated NCCL: grouped all-reduce, reduce and broadcast over two GPUs, captured too; refuses what would hang "
+    "or misuse memory" *
+    doctest::test_suite("emulator")) {
     int gpus = 0;
     REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
     REQUIRE(gpus >= 2);
@@ -458,6 +460,28 @@ TEST_CASE("emulated NCCL: grouped all-reduce over two GPUs, captured too; refuse
     CHECK(ncclAllReduce(x0, x0, 8, ncclFloat, ncclSum, comms[0], g1.s) == ncclInvalidArgument);      // GPU 1's stream
     CHECK(ncclAllReduce(x0, x0, 9, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);      // past the buffer
     CHECK(ncclAllReduce(x0, x0 + 1, 4, ncclFloat, ncclSum, comms[0], g0.s) == ncclInvalidArgument);  // overlapping
+
+    // ncclReduce to a root (only the root's receive buffer written), ncclBroadcast from a root
+    load();
+    ncclGroupStart();
+    ncclReduce(x0, x0, 4, ncclFloat, ncclSum, 1, comms[0], g0.s);
+    ncclReduce(x1, x1, 4, ncclFloat, ncclSum, 1, comms[1], g1.s);
+    ncclBroadcast(x0 + 4, x0 + 4, 4, ncclFloat, 0, comms[0], g0.s);
+    ncclBroadcast(x1 + 4, x1 + 4, 4, ncclFloat, 0, comms[1], g1.s);
+    REQUIRE(ncclGroupEnd() == ncclSuccess);
+    cudaSetDevice(0);
+    CHECK(read(x0, 8, g0.s) == a);  // not rank 0's chunk to receive; it broadcast its second half
+    cudaSetDevice(1);
+    CHECK(read(x1, 8, g1.s) == std::vector<float>{11, 22, 33, 44, 5, 6, 7, 8});
+    ncclGroupStart();  // the ranks name different roots: NCCL would hang
+    ncclReduce(x0, x0, 4, ncclFloat, ncclSum, 0, comms[0], g0.s);
+    ncclReduce(x1, x1, 4, ncclFloat, ncclSum, 1, comms[1], g1.s);
+    CHECK(ncclGroupEnd() == ncclInvalidUsage);
+    CHECK(ncclBroadcast(x0, x0, 4, ncclFloat, 2, comms[0], g0.s) == ncclInvalidArgument);  // no rank 2
+    ncclGroupStart();  // a reduce on one rank, a broadcast on the other
+    ncclReduce(x0, x0, 4, ncclFloat, ncclSum, 0, comms[0], g0.s);
+    ncclBroadcast(x1, x1, 4, ncclFloat, 0, comms[1], g1.s);
+    CHECK(ncclGroupEnd() == ncclInvalidUsage);
 
     // captured: GPU 1's stream joins GPU 0's capture; the all-reduce becomes a node of the graph
     cudaEvent_t fork, join;
