@@ -111,6 +111,14 @@ struct Gpu {
         REQUIRE(cudaMalloc(&p, n * sizeof(float)) == cudaSuccess);
         return static_cast<float*>(p);
     }
+    // n floats first, first + 1, ... in this GPU's memory
+    float* iota(size_t n, float first) {
+        std::vector<float> h(n);
+        std::iota(h.begin(), h.end(), first);
+        float* d = alloc(n);
+        REQUIRE(cudaMemcpyAsync(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice, s) == cudaSuccess);
+        return d;
+    }
 };
 
 std::vector<float> read(const float* d, size_t n, cudaStream_t s) {
@@ -123,11 +131,8 @@ std::vector<float> read(const float* d, size_t n, cudaStream_t s) {
 
 TEST_CASE("emulated GPU: barriers and shuffles give correct code its result" * doctest::test_suite("emulator")) {
     Gpu g;
-    std::vector<float> x(512);
-    std::iota(x.begin(), x.end(), 0.0f);
-    float* dx = g.alloc(512);
+    float* dx = g.iota(512, 0.0f);
     float* dout = g.alloc(64);
-    REQUIRE(cudaMemcpyAsync(dx, x.data(), 512 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
     EMU_LAUNCH(block_sum, 2, 256, g.s)(dx, dout);
     REQUIRE(cudaGetLastError() == cudaSuccess);
     const std::vector<float> sums = read(dout, 2, g.s);
@@ -173,11 +178,8 @@ TEST_CASE("emulated GPU: races, divergent barriers and shuffles, and block order
 TEST_CASE("emulated GPU: cub::BlockReduce's contract - its block shape, thread 0's result, a barrier before reuse" *
           doctest::test_suite("emulator")) {
     Gpu g;
-    std::vector<float> x(64);
-    std::iota(x.begin(), x.end(), 1.0f);
-    float* dx = g.alloc(64);
+    float* dx = g.iota(64, 1.0f);
     float* d = g.alloc(65);
-    REQUIRE(cudaMemcpyAsync(dx, x.data(), 64 * sizeof(float), cudaMemcpyHostToDevice, g.s) == cudaSuccess);
     EMU_LAUNCH(cub_block_sum, 1, 64, g.s)(dx, d);
     REQUIRE(cudaGetLastError() == cudaSuccess);
     const std::vector<float> out = read(d, 65, g.s);
