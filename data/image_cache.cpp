@@ -220,7 +220,7 @@ std::shared_ptr<const DecodedImageCache> DecodedImageCache::open(const Options& 
                     try {
                         const int shrink = jpeg_shrink_for(s.width, s.height, int(e.width), int(e.height));
                         decode(i, shrink, pixels);
-                        const double scale = decoded_scale(pixels, s.width, s.height, shrink, s.path);
+                        const double scale = decoded_scale(pixels, s.width, s.height, s.path);
                         const size_t bytes = size_t(e.width) * e.height * size_t(o.channels);
                         if (int(e.width) == pixels.width && int(e.height) == pixels.height) {
                             pwrite_all(fd, pixels.data.data(), bytes, e.offset, o.path);

@@ -82,6 +82,7 @@ void decode_jpeg(const unsigned char* data, size_t size, const std::string& path
     const int w = TJSCALED(head.width, sf), h = TJSCALED(head.height, sf);
     out.width = w;
     out.height = h;
+    out.shrink = shrink;
     out.channels = channels;
     out.data.resize(size_t(w) * size_t(h) * size_t(channels));
     tjhandle t = jpeg_decoder();
@@ -107,6 +108,7 @@ void decode_png(const unsigned char* data, size_t size, const std::string& path,
     const int w = int(p.image.width), h = int(p.image.height);
     out.width = w;
     out.height = h;
+    out.shrink = 1;
     out.channels = channels;
     thread_local std::vector<unsigned char> raw;
     raw.resize(size_t(w) * size_t(h) * size_t(read_channels));
@@ -169,13 +171,12 @@ int jpeg_shrink_for(double w, double h, int min_w, int min_h) {
     return shrink;
 }
 
-double decoded_scale(const Pixels& pixels, int width, int height, int shrink, const std::string& path) {
-    if (pixels.width == width && pixels.height == height) return 1.0;
-    if (pixels.width == (width + shrink - 1) / shrink && pixels.height == (height + shrink - 1) / shrink)
-        return 1.0 / shrink;
+double decoded_scale(const Pixels& pixels, int width, int height, const std::string& path) {
+    const int k = pixels.shrink;
+    if (pixels.width == (width + k - 1) / k && pixels.height == (height + k - 1) / k) return 1.0 / k;
     throw DataError(path + ": the image changed since the data set was opened (" + std::to_string(pixels.width) +
                     " x " + std::to_string(pixels.height) + " pixels now, " + std::to_string(width) + " x " +
-                    std::to_string(height) + " before)");
+                    std::to_string(height) + " before" + (k > 1 ? ", decoded at 1/" + std::to_string(k) : "") + ")");
 }
 
 }  // namespace mirrored

@@ -39,6 +39,7 @@ struct PixelView {
 // Decoded pixels, as a PixelView describes them.
 struct Pixels {
     int width = 0, height = 0, channels = 0;
+    int shrink = 1;  // what the decoder divided the image's size by: 1 for a PNG
     std::vector<unsigned char> data;
     operator PixelView() const { return {width, height, channels, data.data()}; }
 };
@@ -55,10 +56,10 @@ void decode_image(const unsigned char* data, size_t size, const std::string& pat
 // The largest of 1, 2, 4, 8 that keeps a w x h region at least min_w x min_h once shrunk.
 int jpeg_shrink_for(double w, double h, int min_w, int min_h);
 
-// How the decoded pixels' coordinates map to a width x height image decoded with `shrink`: 1
-// when it came out whole (a PNG always does), 1 / shrink when libjpeg shrank it (source pixel x
-// becomes x / shrink; its last pixel may be partial). Any other size means the file is not the
-// image the data set was opened with: a DataError naming `path`.
-double decoded_scale(const Pixels& pixels, int width, int height, int shrink, const std::string& path);
+// How the decoded pixels' coordinates map to the width x height image the data set was opened
+// with: 1 / pixels.shrink (source pixel x becomes x / shrink; libjpeg's last pixel may be
+// partial). Pixels of any other size than that image's, so shrunk, mean the file is not that
+// image any more: a DataError naming `path`.
+double decoded_scale(const Pixels& pixels, int width, int height, const std::string& path);
 
 }  // namespace mirrored

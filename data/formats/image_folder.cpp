@@ -450,7 +450,7 @@ private:
         const int shrink = jpeg_shrink_for(box.w, box.h, o_.width, o_.height);
         decode_image(bytes.data(), bytes.size(), f.path, o_.channels, shrink, o_.max_pixels, pixels);
         if (stages) lap(&stages->decode, t);
-        const double sx = decoded_scale(pixels, f.width, f.height, shrink, f.path), sy = sx;
+        const double sx = decoded_scale(pixels, f.width, f.height, f.path), sy = sx;
         const CropBox scaled{box.x * sx, box.y * sy, box.w * sx, box.h * sy};
         resample(pixels, scaled, flip && o_.flip, o_.width, o_.height, map_, features, scratch);
         if (stages) lap(&stages->transform, t);
