@@ -106,7 +106,7 @@ void CrossDeviceOps::check_splittable() const {
     if (!shards() || wire_ != DType::f32)
         throw Error(kExitFailure,
                     std::string("cross-device ops (") + name() +
-                        "): reduce-scatter and all-gather need an op that splits (ring) and the f32 wire");
+                        "): reduce-scatter and all-gather need an op that splits (ring, nccl) and the f32 wire");
 }
 
 // Multi-node: the node's reduce-scatter, then replica r's chunk summed over replica r of every

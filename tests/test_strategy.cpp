@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <numeric>
 
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -1202,14 +1203,15 @@ TEST_CASE("cuda: sharded optimizer state trains bit for bit as unsharded, captur
         CHECK(graph.params == plain.params);
     }
     if (cuda_device_count() < 2 || !nccl_compiled()) return;
-    // nccl's halves: on a GPU NCCL's reduce adds in its own order (the emulator's in rank order:
-    // there, bit for bit), so within rounding of its all-reduce; every replica the same bits
+    // nccl's halves (ncclReduce and ncclBroadcast per chunk): with two ranks every element is
+    // a + b, in NCCL's reduce as in its all-reduce (float addition commutes), so bit for bit
     std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
     const TrainResult plain = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, false, &whole);
     const TrainResult shard = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, true, &sharded);
     CHECK(shard.ops == std::string("nccl"));
-    CHECK(rel_error(shard.params, plain.params) < 1e-5);
-    for (uint64_t c : shard.checksums) CHECK(c == shard.checksums[0]);
+    CHECK(shard.params == plain.params);
+    for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
+    CHECK(sharded == whole);
     const TrainResult graph = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", true, false, true);
     CHECK(graph.graph_launches > 0);
     CHECK(graph.params == shard.params);
@@ -1341,36 +1343,61 @@ TEST_CASE("allreduce_dtype bf16: replicas stay identical, close to the f32 wire;
     CHECK(one.params == one_bf.params);
 }
 
-TEST_CASE("ring halves: reduce-scatter leaves each replica its owned chunk summed; with all-gather, the all-reduce") {
+TEST_CASE(
+    "ring and nccl halves: reduce-scatter leaves each replica its owned chunk summed; with all-gather, the "
+    "all-reduce") {
     Rng rng(base_seed() + 5);
-    for (int n = 1; n <= 5; ++n)
-        for (size_t len : {size_t(1), size_t(7), size_t(1009)}) {
-            CAPTURE(n);
-            CAPTURE(len);
-            AllReduceFixture whole("ring", DeviceType::cpu, std::vector<int>(size_t(n), 0), len),
-                halves("ring", DeviceType::cpu, std::vector<int>(size_t(n), 0), len);
-            const size_t at = 3;  // an offset, as a bucket has
-            std::vector<std::vector<float>> host(size_t(n), std::vector<float>(len + at));
-            for (int r = 0; r < n; ++r) {
-                host[size_t(r)] = rng.uniform(len + at, -1.0f, 1.0f);
-                for (AllReduceFixture* f : {&whole, &halves})
-                    std::copy(host[size_t(r)].begin(), host[size_t(r)].end(), f->bufs[size_t(r)].data());
+    struct Case {
+        const char* op;
+        DeviceType type;
+        int first_n;
+    };
+    for (const Case& c : {Case{"ring", DeviceType::cpu, 1}, Case{"nccl", DeviceType::sim, 2}})
+        for (int n = c.first_n; n <= 5; ++n)
+            for (size_t len : {size_t(1), size_t(7), size_t(1009)}) {
+                CAPTURE(c.op);
+                CAPTURE(n);
+                CAPTURE(len);
+                std::vector<int> ordinals(size_t(n), 0);
+                if (c.type == DeviceType::sim) std::iota(ordinals.begin(), ordinals.end(), 0);  // a GPU per rank
+                AllReduceFixture whole(c.op, c.type, ordinals, len), halves(c.op, c.type, ordinals, len);
+                const size_t at = 3;  // an offset, as a bucket has
+                auto upload = [&](AllReduceFixture& f, int r, const std::vector<float>& h) {
+                    Device& d = *f.devs[size_t(r)];
+                    d.copy_to_device(d.compute_stream(), f.bufs[size_t(r)].data(), h.data(), h.size() * sizeof(float));
+                    d.synchronize();
+                };
+                auto download = [&](AllReduceFixture& f, int r) {
+                    Device& d = *f.devs[size_t(r)];
+                    std::vector<float> h(len + at);
+                    d.copy_to_host(d.compute_stream(), h.data(), f.bufs[size_t(r)].data(), h.size() * sizeof(float));
+                    d.synchronize();
+                    return h;
+                };
+                for (int r = 0; r < n; ++r) {
+                    const std::vector<float> h = rng.uniform(len + at, -1.0f, 1.0f);
+                    upload(whole, r, h);
+                    upload(halves, r, h);
+                }
+                auto run = [](AllReduceFixture& f, auto&& call) {
+                    f.threads->run([&](int r) {
+                        call(r);
+                        f.devs[size_t(r)]->synchronize();
+                    });
+                };
+                run(whole, [&](int r) { whole.ops->all_reduce(r, at, len); });
+                run(halves, [&](int r) { halves.ops->reduce_scatter(r, at, len); });
+                bool owned_exact = true;
+                for (int r = 0; r < n; ++r) {
+                    const auto [b, e] = CrossDeviceOps::owned(r, n, at, len);
+                    const std::vector<float> w = download(whole, r), h = download(halves, r);
+                    owned_exact =
+                        owned_exact && std::equal(w.begin() + long(b), w.begin() + long(e), h.begin() + long(b));
+                }
+                CHECK(owned_exact);  // the same additions in the same order
+                run(halves, [&](int r) { halves.ops->all_gather(r, at, len); });
+                for (int r = 0; r < n; ++r) CHECK(download(whole, r) == download(halves, r));
             }
-            whole.threads->run([&](int r) { whole.ops->all_reduce(r, at, len); });
-            halves.threads->run([&](int r) { halves.ops->reduce_scatter(r, at, len); });
-            bool owned_exact = true;
-            for (int r = 0; r < n; ++r) {
-                const auto [b, e] = CrossDeviceOps::owned(r, n, at, len);
-                owned_exact =
-                    owned_exact && std::equal(whole.bufs[size_t(r)].data() + b, whole.bufs[size_t(r)].data() + e,
-                                              halves.bufs[size_t(r)].data() + b);
-            }
-            CHECK(owned_exact);  // the same additions in the same order
-            halves.threads->run([&](int r) { halves.ops->all_gather(r, at, len); });
-            for (int r = 0; r < n; ++r)
-                CHECK(std::equal(whole.bufs[size_t(r)].data(), whole.bufs[size_t(r)].data() + at + len,
-                                 halves.bufs[size_t(r)].data()));
-        }
     // the owned chunks tile a range
     for (int n : {1, 3, 8}) {
         size_t at = 10;

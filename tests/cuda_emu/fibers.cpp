@@ -192,6 +192,7 @@ void run_block(Block& b) {
 uint3 g_thread_idx{};
 int g_lane = 0;
 void kernel_fail(const char* why) { fail(why); }
+uint64_t barrier_generation() { return block().barrier_gen; }
 uint3 block_idx() { return block().block_idx; }
 dim3 block_dim() { return block().block; }
 dim3 grid_dim() { return block().grid; }

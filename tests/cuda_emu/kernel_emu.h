@@ -46,8 +46,11 @@ dim3 grid_dim();
 
 void syncthreads();
 // Fails the running launch (cudaErrorLaunchFailure) with `why`: a library's rule broken by a
-// kernel (the emulated cub::BlockReduce's block shape).
+// kernel (the emulated cub::BlockReduce's).
 void kernel_fail(const char* why);
+// How many __syncthreads the running block has completed: a library's check that a barrier came
+// between two uses of its shared storage.
+uint64_t barrier_generation();
 // A __shared__ array of the running kernel (its address and size): NaN bytes at the block's
 // first call, nothing at later ones.
 void shared_memory(void* array, size_t bytes);

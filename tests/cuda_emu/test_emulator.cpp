@@ -83,15 +83,20 @@ using BlockReduce64 = cub::BlockReduce<float, 64>;
 // out[0] = the block's sum; out[1 + t] = what thread t got back (valid in thread 0 only).
 __global__ void cub_block_sum(const float* x, float* out) {
     __shared__ BlockReduce64::TempStorage temp;
+    ::emu::shared_memory(&temp, sizeof temp);  // what rewrite.pl adds after a .cu file's declaration
     const float v = BlockReduce64(temp).Sum(x[threadIdx.x]);
     out[1 + threadIdx.x] = v;
     if (threadIdx.x == 0) out[0] = v;
 }
 
-// Two reductions through one TempStorage with no barrier between them: CUB forbids it.
-__global__ void cub_reuse_without_barrier(const float* x, float* out) {
+// Two reductions through one TempStorage, with `barriers` __syncthreads before them (the parity
+// decides which thread resumes first) and with or without one between them: CUB forbids none.
+__global__ void cub_reuse(const float* x, float* out, int barriers, bool barrier_between) {
     __shared__ BlockReduce64::TempStorage temp;
+    ::emu::shared_memory(&temp, sizeof temp);
+    for (int i = 0; i < barriers; ++i) __syncthreads();
     const float a = BlockReduce64(temp).Sum(x[threadIdx.x]);
+    if (barrier_between) __syncthreads();
     const float b = BlockReduce64(temp).Sum(2.0f * x[threadIdx.x]);
     if (threadIdx.x == 0) {
         out[0] = a;
@@ -186,12 +191,15 @@ TEST_CASE("emulated GPU: cub::BlockReduce's contract - its block shape, thread 0
     CHECK(out[0] == 64.0f * 65 / 2);
     int garbage = 0;
     for (int t = 1; t < 64; ++t) garbage += std::isnan(out[size_t(1 + t)]);
-    CHECK(garbage == 63);  // threads but 0 must not use the result
-    EMU_LAUNCH(cub_reuse_without_barrier, 1, 64, g.s)(dx, d);
-    REQUIRE(cudaGetLastError() == cudaSuccess);
-    const std::vector<float> reused = read(d, 2, g.s);
-    // the next sum's values overwrite the first's before thread 0 has read them
-    CHECK((reused[0] != 64.0f * 65 / 2 || reused[1] != 64.0f * 65));
+    CHECK(garbage == 63);          // threads but 0 must not use the result
+    for (int barriers : {0, 1}) {  // either thread order after the first reduction's barrier
+        CAPTURE(barriers);
+        EMU_LAUNCH(cub_reuse, 1, 64, g.s)(dx, d, barriers, true);
+        REQUIRE(cudaGetLastError() == cudaSuccess);
+        CHECK(read(d, 2, g.s) == std::vector<float>{64.0f * 65 / 2, 64.0f * 65});
+        EMU_LAUNCH(cub_reuse, 1, 64, g.s)(dx, d, barriers, false);
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    }
     EMU_LAUNCH(cub_block_sum, 1, 128, g.s)(dx, d);
     CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
     EMU_LAUNCH(cub_block_sum, 1, dim3(32, 2), g.s)(dx, d);
