@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/chunks.h"
 #include "kernels/device.h"
 
 namespace mirrored {
@@ -17,15 +18,14 @@ public:
     // enqueued on each replica's comm stream. One thread issues every rank between
     // ncclGroupStart/End.
     virtual void all_reduce_sum(const std::vector<void*>& buffers, DType t, size_t count) = 0;
-    // The halves of all_reduce_sum for sharded optimizer state, f32, in place, in chunks of
-    // `chunk` elements: chunk k is [k * chunk, (k + 1) * chunk) of [0, count), clipped to it (the
-    // last ones may be short or empty), owned by rank k. reduce_scatter_sum: rank k's chunk k
-    // becomes the sum over every rank (the rest of its buffer is left as it was or is scratch);
-    // all_gather: every rank's chunk k becomes rank k's. Grouped ncclReduce (root k) and
+    // The halves of all_reduce_sum for sharded optimizer state, f32, in place, over the chunks
+    // of [0, chunks.count) (kernels/chunks.h; chunk k is rank k's). reduce_scatter_sum: rank k's
+    // chunk k becomes the sum over every rank (the rest of its buffer is left as it was or is
+    // scratch); all_gather: every rank's chunk k becomes rank k's. Grouped ncclReduce (root k) and
     // ncclBroadcast (root k) calls on CUDA - NCCL's reduce-scatter and all-gather take equal
     // chunks only, and padding every bucket would move the parameters.
-    virtual void reduce_scatter_sum(const std::vector<void*>& buffers, size_t count, size_t chunk) = 0;
-    virtual void all_gather(const std::vector<void*>& buffers, size_t count, size_t chunk) = 0;
+    virtual void reduce_scatter_sum(const std::vector<void*>& buffers, const Chunks& chunks) = 0;
+    virtual void all_gather(const std::vector<void*>& buffers, const Chunks& chunks) = 0;
     // The error path: abandon the communicators now (ncclCommAbort), so that no rank waits for
     // a failed one; the group is unusable afterwards.
     virtual void abort() noexcept = 0;

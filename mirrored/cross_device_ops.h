@@ -27,6 +27,7 @@
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 #include "kernels/nccl.h"
+#include "kernels/chunks.h"
 #include "mirrored/nodes.h"
 #include "mirrored/replica_sync.h"
 #include "mirrored/replica_threads.h"
@@ -34,18 +35,6 @@
 namespace mirrored {
 
 class NodeLink;
-
-// Chunk k of `count` elements split n ways, in multiples of 16 bytes (vector loads); trailing
-// chunks may be empty when count is small.
-struct Chunks {
-    size_t count, size;
-    Chunks(size_t c, int n, DType t) : count(c) {
-        const size_t align = 16 / dtype_size(t);
-        size = ((c + size_t(n) - 1) / size_t(n) + align - 1) / align * align;
-    }
-    size_t begin(int k) const { return std::min(count, size * size_t(k)); }
-    size_t length(int k) const { return std::min(count, size * size_t(k + 1)) - begin(k); }
-};
 
 class CrossDeviceOps {
 public:

@@ -3,7 +3,6 @@
 // (kernels/cuda/nccl_stub.cpp otherwise).
 #include <nccl.h>
 
-#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -58,14 +57,14 @@ public:
 
     // One ncclReduce per chunk, rooted at its owner, for every rank; the non-roots' receive
     // buffer is not written (NCCL ignores it), so the same in-place pointer serves.
-    void reduce_scatter_sum(const std::vector<void*>& buffers, size_t count, size_t chunk) override {
-        chunk_collective(buffers, count, chunk, [this](int r, int root, float* p, size_t n, cudaStream_t s) {
+    void reduce_scatter_sum(const std::vector<void*>& buffers, const Chunks& chunks) override {
+        chunk_collective(buffers, chunks, [this](int r, int root, float* p, size_t n, cudaStream_t s) {
             NCCL_CHECK(devices_[size_t(r)]->ordinal(),
                        ncclReduce(p, p, n, ncclFloat, ncclSum, root, comms_[size_t(r)], s));
         });
     }
-    void all_gather(const std::vector<void*>& buffers, size_t count, size_t chunk) override {
-        chunk_collective(buffers, count, chunk, [this](int r, int root, float* p, size_t n, cudaStream_t s) {
+    void all_gather(const std::vector<void*>& buffers, const Chunks& chunks) override {
+        chunk_collective(buffers, chunks, [this](int r, int root, float* p, size_t n, cudaStream_t s) {
             NCCL_CHECK(devices_[size_t(r)]->ordinal(), ncclBroadcast(p, p, n, ncclFloat, root, comms_[size_t(r)], s));
         });
     }
@@ -84,19 +83,17 @@ private:
     // call(rank, root, chunk's start in the rank's buffer, length, comm stream) for every rank and
     // every non-empty chunk, all in one group: NCCL runs the chunks' collectives together.
     template <typename Call>
-    void chunk_collective(const std::vector<void*>& buffers, size_t count, size_t chunk, Call call) {
+    void chunk_collective(const std::vector<void*>& buffers, const Chunks& chunks, Call call) {
         if (aborted_) throw DeviceError("nccl: the communicators were aborted after a failure");
-        if (count == 0 || chunk == 0) return;
         const int ranks = int(devices_.size());
         NCCL_CHECK(devices_[0]->ordinal(), ncclGroupStart());
         for (int r = 0; r < ranks; ++r) {
             Device* d = devices_[size_t(r)];
             CUDA_CHECK(d->ordinal(), cudaSetDevice(d->ordinal()));
             const auto stream = static_cast<cudaStream_t>(d->comm_stream().handle);
-            for (int k = 0; k < ranks && size_t(k) * chunk < count; ++k) {
-                const size_t begin = size_t(k) * chunk, n = std::min(chunk, count - begin);
-                call(r, k, static_cast<float*>(buffers[size_t(r)]) + begin, n, stream);
-            }
+            for (int k = 0; k < ranks; ++k)
+                if (chunks.length(k) > 0)
+                    call(r, k, static_cast<float*>(buffers[size_t(r)]) + chunks.begin(k), chunks.length(k), stream);
         }
         NCCL_CHECK(devices_[0]->ordinal(), ncclGroupEnd());
     }

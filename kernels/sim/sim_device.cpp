@@ -855,16 +855,16 @@ public:
     }
     void all_reduce_sum(const std::vector<void*>& buffers, DType t, size_t count) override {
         check_wire_dtype(*devices_[0], t);
-        rendezvous("ncclAllReduce", Collective::all_reduce, buffers, t, count, count);
+        rendezvous("ncclAllReduce", Collective::all_reduce, buffers, t, Chunks(count, 1, t));
     }
     // The halves sum and copy as all_reduce_sum does - in rank order, the last rank to arrive for
     // everyone - and each rank takes its own chunk of the sum (reduce-scatter) or every chunk
     // from its owner (all-gather): the same bits as the whole all-reduce.
-    void reduce_scatter_sum(const std::vector<void*>& buffers, size_t count, size_t chunk) override {
-        rendezvous("ncclReduce", Collective::reduce_scatter, buffers, DType::f32, count, chunk);
+    void reduce_scatter_sum(const std::vector<void*>& buffers, const Chunks& chunks) override {
+        rendezvous("ncclReduce", Collective::reduce_scatter, buffers, DType::f32, chunks);
     }
-    void all_gather(const std::vector<void*>& buffers, size_t count, size_t chunk) override {
-        rendezvous("ncclBroadcast", Collective::all_gather, buffers, DType::f32, count, chunk);
+    void all_gather(const std::vector<void*>& buffers, const Chunks& chunks) override {
+        rendezvous("ncclBroadcast", Collective::all_gather, buffers, DType::f32, chunks);
     }
     void abort() noexcept override {
         aborted_ = true;
@@ -884,10 +884,11 @@ private:
         std::vector<char> sum;  // f32 elements or bf16: the sum, or the gathered chunks
     };
     // Each rank's comm stream meets the others'; the last to arrive builds the result for all.
-    void rendezvous(const char* api, Collective kind, const std::vector<void*>& buffers, DType t, size_t count,
-                    size_t chunk) {
+    void rendezvous(const char* api, Collective kind, const std::vector<void*>& buffers, DType t,
+                    const Chunks& chunks) {
         if (aborted_) throw DeviceError("nccl: the communicators were aborted");
-        if (count == 0 || chunk == 0) return;
+        const size_t count = chunks.count;
+        if (count == 0) return;
         const size_t element = dtype_size(t), bytes = count * element;
         auto rz = std::make_shared<Rendezvous>();
         rz->ranks = int(devices_.size());
@@ -897,9 +898,9 @@ private:
             live_.push_back(rz);
         }
         // rank k's chunk in bytes: [begin, end)
-        auto chunk_bytes = [count, chunk, element](size_t k) {
-            const size_t begin = std::min(count, k * chunk), end = std::min(count, (k + 1) * chunk);
-            return std::pair<size_t, size_t>{begin * element, end * element};
+        auto chunk_bytes = [chunks, element](size_t k) {
+            return std::pair<size_t, size_t>{chunks.begin(int(k)) * element,
+                                             (chunks.begin(int(k)) + chunks.length(int(k))) * element};
         };
         for (size_t r = 0; r < devices_.size(); ++r) {
             SimDevice* d = devices_[r];

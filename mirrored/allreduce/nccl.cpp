@@ -35,12 +35,11 @@ public:
     bool shards() const override { return true; }
     // The chunks are owned()'s: chunk k of the range is replica k's.
     void run_reduce_scatter(int r, size_t offset, size_t count) override {
-        const size_t chunk = Chunks(count, replicas(), DType::f32).size;
-        collective(r, offset, count, [&] { group_->reduce_scatter_sum(views_, count, chunk); });
+        collective(r, offset, count,
+                   [&] { group_->reduce_scatter_sum(views_, Chunks(count, replicas(), DType::f32)); });
     }
     void run_all_gather(int r, size_t offset, size_t count) override {
-        const size_t chunk = Chunks(count, replicas(), DType::f32).size;
-        collective(r, offset, count, [&] { group_->all_gather(views_, count, chunk); });
+        collective(r, offset, count, [&] { group_->all_gather(views_, Chunks(count, replicas(), DType::f32)); });
     }
 
 private:
