@@ -201,23 +201,29 @@ void CrossDeviceOps::across_nodes(int r, size_t offset, size_t count) {
 namespace {
 
 // The ops `auto` times for these devices, in the registry's order.
-std::vector<std::string> auto_candidates(const std::vector<Device*>& devices) {
+std::vector<std::string> auto_candidates(const std::vector<Device*>& devices, bool split) {
     std::vector<std::string> c;
     for (const CrossDeviceOpsKind* k : cross_device_ops_kinds().entries())
-        if (k->candidate(devices)) c.push_back(k->name);
+        if (k->candidate(devices) && (k->shards || !split)) c.push_back(k->name);
     return c;
 }
 
-// Seconds for one all-reduce of every range, every replica on its own thread: the median of up
-// to 7 runs after a warm-up (NCCL sets up on its first call), at most about a second in all.
+// Seconds for one all-reduce of every range (split: a reduce-scatter of every range, then an
+// all-gather of every range, as a sharded step runs them), every replica on its own thread: the
+// median of up to 7 runs after a warm-up (NCCL sets up on its first call), at most about a second.
 double time_ops(const std::string& kind, const std::vector<Device*>& devices, const std::vector<float*>& buffers,
                 size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges, ReplicaThreads& threads,
-                DType wire) {
+                DType wire, bool split) {
     auto ops = make_cross_device_ops(kind, devices, buffers, elements, threads.barrier(), wire);
     auto once = [&] {
         const auto t0 = std::chrono::steady_clock::now();
         threads.run([&](int r) {
-            for (const auto& [begin, count] : ranges) ops->all_reduce(r, begin, count);
+            if (split) {
+                for (const auto& [begin, count] : ranges) ops->reduce_scatter(r, begin, count);
+                for (const auto& [begin, count] : ranges) ops->all_gather(r, begin, count);
+            } else {
+                for (const auto& [begin, count] : ranges) ops->all_reduce(r, begin, count);
+            }
             devices[size_t(r)]->synchronize();
         });
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -237,12 +243,14 @@ double time_ops(const std::string& kind, const std::vector<Device*>& devices, co
 
 OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std::vector<float*>& buffers,
                                   size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges,
-                                  ReplicaThreads& threads, DType wire, const std::string& keep) {
+                                  ReplicaThreads& threads, DType wire, const std::string& keep, bool split) {
     if (devices.size() < 2) return {"ring", "one replica: nothing to reduce"};
-    const std::vector<std::string> candidates = auto_candidates(devices);
+    const std::vector<std::string> candidates = auto_candidates(devices, split);
     const bool can_keep = std::find(candidates.begin(), candidates.end(), keep) != candidates.end();
     if (can_keep)
         return {keep, "the op of the checkpoint resumed from, which these devices run (its sums in its order)"};
+    if (split && candidates.size() == 1)
+        return {candidates[0], "the one op here that splits into reduce-scatter and all-gather (strategy.shard)"};
     // The key: what the time depends on - the machine (a home directory may be shared), the
     // devices (GPU models; a CPU replica's description carries measured figures, so its name),
     // the bucket layout and the wire type.
@@ -255,6 +263,7 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
     for (const auto& [begin, count] : ranges)
         for (uint64_t v : {uint64_t(begin), uint64_t(count)}) h = (h ^ v) * 1099511628211ull;
     key += "|" + std::to_string(ranges.size()) + " ranges " + std::to_string(h);
+    if (split) key += "|split";
     // a checkpoint's op auto cannot choose here (other devices, or set by name): the resume notes it
     const std::string unkept = keep.empty() || keep == "shared"
                                    ? ""
@@ -273,7 +282,7 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
     double best_s = 0;
     std::string times;
     for (const std::string& kind : candidates) {
-        const double s = time_ops(kind, devices, buffers, elements, ranges, threads, wire);
+        const double s = time_ops(kind, devices, buffers, elements, ranges, threads, wire, split);
         char line[96];
         std::snprintf(line, sizeof line, "%s%s %.3f ms", times.empty() ? "" : ", ", kind.c_str(), s * 1e3);
         times += line;

@@ -105,14 +105,17 @@ private:
 // cached per machine, device list and bucket layout (base/machine_cache.h), so a restarted run
 // - a resume - makes the same one. The buffers' contents are overwritten (with zeros). `keep`: the
 // op of the checkpoint a run resumes from; when these devices can run it, it is the choice and
-// nothing is measured (another op sums in another order: the resume would not be exact).
+// nothing is measured (another op sums in another order: the resume would not be exact). `split`
+// (strategy.shard): only the ops that split, timed as a reduce-scatter then an all-gather of every
+// range; where one alone splits, it is the choice unmeasured.
 struct OpsChoice {
     std::string name;  // "direct"
     std::string how;   // "measured: ring 1.21 ms, direct 0.43 ms per step" or "cached: ..."
 };
 OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std::vector<float*>& buffers,
                                   size_t elements, const std::vector<std::pair<size_t, size_t>>& ranges,
-                                  ReplicaThreads& threads, DType wire, const std::string& keep = {});
+                                  ReplicaThreads& threads, DType wire, const std::string& keep = {},
+                                  bool split = false);
 
 // An op: its name (strategy.cross_device_ops), a line for --help, whether `auto` may time it for
 // these devices (it runs them), whether it splits into reduce-scatter and all-gather, and how it is made: devices[r], buffers[r] are replica r's device

@@ -80,11 +80,7 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
     const bool exact = set_.config().allreduce_dtype ==
                        DType::f32;  // else the state region (running statistics) needs its own f32 ops
     const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
-    if (set_.config().cross_device_ops == "auto" && set_.sharded()) {
-        set_.config().cross_device_ops = "ring";
-        ops_choice_ =
-            "auto, ring: it splits into reduce-scatter and all-gather (strategy.shard; so does nccl, when set)";
-    } else if (set_.config().cross_device_ops == "auto") {
+    if (set_.config().cross_device_ops == "auto") {
         std::vector<std::pair<size_t, size_t>> ranges;
         for (const Bucket& b : buckets_)
             if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
@@ -92,7 +88,8 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
         OpsChoice choice;
         if (!set_.nodes() || set_.nodes()->leader())
             choice = choose_cross_device_ops(devs, set_.grad_ptrs(), ops_elements, ranges, set_.threads(),
-                                             set_.config().allreduce_dtype, set_.config().resume_cross_device_ops);
+                                             set_.config().allreduce_dtype, set_.config().resume_cross_device_ops,
+                                             set_.sharded());
         if (set_.nodes()) {
             choice.name = set_.nodes()->broadcast(choice.name, "the choice of the cross-device op");
             if (!set_.nodes()->leader()) choice.how = "node 0's choice";

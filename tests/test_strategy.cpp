@@ -23,6 +23,24 @@ namespace {
 
 // Every replica's device and buffer for one device list, with the cross-device ops built once
 // (communicators are expensive to create on real GPUs) and reused for every length.
+// MIRRORED_CACHE_DIR at a fresh directory for the scope: no measured choice is read from the
+// user's cache or left in it.
+struct CacheDirScope {
+    TempDir dir;
+    bool had;
+    std::string saved;
+    CacheDirScope() {
+        const char* old = std::getenv("MIRRORED_CACHE_DIR");
+        had = old != nullptr;
+        saved = old ? old : "";
+        ::setenv("MIRRORED_CACHE_DIR", dir.path().c_str(), 1);
+    }
+    ~CacheDirScope() {
+        if (had) ::setenv("MIRRORED_CACHE_DIR", saved.c_str(), 1);
+        else ::unsetenv("MIRRORED_CACHE_DIR");
+    }
+};
+
 struct AllReduceFixture {
     std::vector<std::unique_ptr<Device>> devs;
     std::vector<DeviceBuffer<float>> bufs;
@@ -693,10 +711,7 @@ TEST_CASE("simulated GPUs: direct, nccl and reduce_to_one train like the ring; a
 
 TEST_CASE("cross_device_ops auto: times what the devices can run, caches the choice, trains exactly as the chosen op") {
     SimScope sim(0);
-    TempDir cache;
-    const char* old = std::getenv("MIRRORED_CACHE_DIR");
-    const std::string saved = old ? old : "";
-    ::setenv("MIRRORED_CACHE_DIR", cache.path().c_str(), 1);
+    CacheDirScope cache;
     for (const char* devices : {"cpu:3", "sim:0,0,0", "sim:0,1,2"}) {
         CAPTURE(devices);
         const TrainResult first = train(devices, 4, 0.0005, 1, "sgd", 0.0, "auto");
@@ -720,16 +735,11 @@ TEST_CASE("cross_device_ops auto: times what the devices can run, caches the cho
     const TrainResult staged = train("sim:0,1", 2, 0.0, 1, "sgd", 0.0, "auto");
     CHECK(staged.ops_choice.find("direct") == std::string::npos);
     CHECK(staged.ops != "direct");
-    if (old) ::setenv("MIRRORED_CACHE_DIR", saved.c_str(), 1);
-    else ::unsetenv("MIRRORED_CACHE_DIR");
 }
 
 TEST_CASE(
     "cross_device_ops auto, resuming: the checkpoint's op is kept when the devices run it, else measured and said") {
-    TempDir cache;
-    const char* old = std::getenv("MIRRORED_CACHE_DIR");
-    const std::string saved = old ? old : "";
-    ::setenv("MIRRORED_CACHE_DIR", cache.path().c_str(), 1);
+    CacheDirScope cache;
     std::vector<std::unique_ptr<Device>> owned;
     std::vector<DeviceBuffer<float>> bufs;
     std::vector<Device*> devices;
@@ -747,7 +757,7 @@ TEST_CASE(
         const OpsChoice kept = choose_cross_device_ops(devices, buffers, 1000, ranges, threads, DType::f32, op);
         CHECK(kept.name == op);
         CHECK(kept.how.find("the op of the checkpoint resumed from") == 0);
-        CHECK(std::filesystem::is_empty(cache.path()));  // no measurement was made or stored
+        CHECK(std::filesystem::is_empty(cache.dir.path()));  // no measurement was made or stored
     }
     // nccl needs one GPU per replica; "shared" is no op: measured, and a foreign op is named
     const OpsChoice foreign = choose_cross_device_ops(devices, buffers, 1000, ranges, threads, DType::f32, "nccl");
@@ -755,8 +765,6 @@ TEST_CASE(
     CHECK(foreign.name != "nccl");
     const OpsChoice none = choose_cross_device_ops(devices, buffers, 1000, ranges, threads, DType::f32, "shared");
     CHECK(none.how.find("cached: ") == 0);
-    if (old) ::setenv("MIRRORED_CACHE_DIR", saved.c_str(), 1);
-    else ::unsetenv("MIRRORED_CACHE_DIR");
 }
 
 TEST_CASE("gradient accumulation and AdamW with clipping: N replicas still match one") {
@@ -1518,7 +1526,9 @@ TEST_CASE("strategy.shard optimizer: a checkpoint's state is whole and resumes w
     CHECK_THROWS_AS(st.upload_state(four.params, wrong), CheckpointError);
 }
 
-TEST_CASE("strategy.shard: refused with ops that cannot split and a bf16 wire, naming the key; auto takes the ring") {
+TEST_CASE(
+    "strategy.shard: refused with ops that cannot split and a bf16 wire, naming the key; auto times those that "
+    "split") {
     const std::string base = "model: {layers: [{type: dense, units: 3}]}\nstrategy: {shard: optimizer, ";
     for (const char* op : {"direct", "reduce_to_one"}) {
         CAPTURE(op);
@@ -1539,8 +1549,17 @@ TEST_CASE("strategy.shard: refused with ops that cannot split and a bf16 wire, n
                          doctest::Contains("strategy.shard"), ConfigError);
     const Config ok = load_config_text(base + "cross_device_ops: auto}\n", "s.yaml", {});
     CHECK(ok.strategy.shard == StrategyConfig::Shard::optimizer);
-    // auto with sharding takes the ring without timing anything
+    // auto with sharding: on CPU replicas the ring alone splits (direct does not): nothing timed
     const TrainResult chosen = train("cpu:2", 2, 0.0005, 1, "sgd", 0.0, "auto", false, false, true);
     CHECK(chosen.ops == std::string("ring"));
-    CHECK(chosen.ops_choice.find("strategy.shard") != std::string::npos);
+    CHECK(chosen.ops_choice.find("the one op here that splits") != std::string::npos);
+    // on simulated GPUs, one per replica, the ring and nccl split: both timed as reduce-scatter and
+    // all-gather, and the choice trains as that op set by name
+    SimScope sim(0);
+    CacheDirScope cache;
+    const TrainResult timed = train("sim:0,1", 4, 0.0005, 1, "adamw", 0.0, "auto", false, false, true);
+    CHECK(timed.ops_choice.find("measured: ring ") != std::string::npos);
+    CHECK(timed.ops_choice.find(", nccl ") != std::string::npos);
+    CHECK(timed.ops_choice.find("direct") == std::string::npos);
+    CHECK(train("sim:0,1", 4, 0.0005, 1, "adamw", 0.0, timed.ops, false, false, true).params == timed.params);
 }
