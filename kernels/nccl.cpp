@@ -1,6 +1,9 @@
-// make_nccl_group: the checks every NCCL group needs, then the implementation for the device type.
+// make_nccl_group: the checks every NCCL group needs, then the implementation for the device type;
+// shared_nccl_group: one per device list while it is held.
 #include "kernels/nccl.h"
 
+#include <map>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -23,6 +26,17 @@ std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>& devices) 
     }
     if (type == DeviceType::sim) return make_sim_nccl_group(devices);
     return make_cuda_nccl_group(devices);
+}
+
+std::shared_ptr<NcclGroup> shared_nccl_group(const std::vector<Device*>& devices) {
+    static std::mutex mu;
+    static std::map<std::vector<Device*>, std::weak_ptr<NcclGroup>> groups;
+    std::lock_guard<std::mutex> lock(mu);
+    std::erase_if(groups, [](const auto& g) { return g.second.expired(); });
+    if (auto live = groups[devices].lock()) return live;
+    std::shared_ptr<NcclGroup> made = make_nccl_group(devices);
+    groups[devices] = made;
+    return made;
 }
 
 }  // namespace mirrored

@@ -35,6 +35,11 @@ bool nccl_compiled();  // was the build linked against NCCL?
 // One communicator per device. NCCL cannot place two ranks on one GPU: a device list that repeats
 // a GPU is refused with a ConfigError, as is a build without NCCL (saying how to get it).
 std::unique_ptr<NcclGroup> make_nccl_group(const std::vector<Device*>& devices);
+// The group of these devices that callers share while any of them holds it (made by
+// make_nccl_group on the first call): a run's gradient, parameter and statistics ops are one set
+// of communicators, whose buffers NCCL allocates on every GPU, not three. Its calls must not
+// overlap, as a run's ops, issued in turn by the replica threads, do not.
+std::shared_ptr<NcclGroup> shared_nccl_group(const std::vector<Device*>& devices);
 
 // Between processes (multi-node): one communicator per local replica index with one rank per
 // node, joined through an id that node 0 creates and the others receive (over MPI).

@@ -9,6 +9,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "base/error.h"
+#include "kernels/nccl.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
@@ -657,6 +658,25 @@ TEST_CASE("nccl refuses CPU replicas and repeated GPUs; unknown ops list the kno
     ReplicaBarrier two(2);
     CHECK_THROWS_WITH_AS(make_cross_device_ops("nccl", {s0.get(), s1.get()}, {x.data(), y.data()}, 4, two),
                          doctest::Contains("cannot place two replicas"), ConfigError);
+}
+
+TEST_CASE("nccl: one group of communicators per device list while it is held, shared by the run's ops") {
+    SimScope sim(0);
+    auto a = make_sim_device(0), b = make_sim_device(1);
+    const std::vector<Device*> ab{a.get(), b.get()}, ba{b.get(), a.get()};
+    std::shared_ptr<NcclGroup> g = shared_nccl_group(ab);
+    CHECK(shared_nccl_group(ab) == g);
+    CHECK(shared_nccl_group(ba) != g);  // other ranks: other communicators
+    DeviceBuffer<float> x(*a, 8), y(*b, 8);
+    ReplicaBarrier barrier(2);
+    {
+        auto ops = make_cross_device_ops("nccl", ab, {x.data(), y.data()}, 8, barrier);
+        CHECK(g.use_count() == 2);  // the op holds the same group
+    }
+    CHECK(g.use_count() == 1);
+    const std::weak_ptr<NcclGroup> gone = g;
+    g.reset();
+    CHECK(gone.expired());  // released with its last holder: its communicators are finalized
 }
 
 TEST_CASE("N cpu replicas match one replica on the same global batch (N = 2, 3, 4; buckets on and off)") {

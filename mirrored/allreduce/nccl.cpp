@@ -20,7 +20,7 @@ class NcclAllReduce final : public CrossDeviceOps {
 public:
     NcclAllReduce(std::vector<Device*> d, std::vector<float*> b, size_t elements, DType wire, ReplicaBarrier& barrier)
         : CrossDeviceOps(d, std::move(b), elements, wire),
-          group_(make_nccl_group(d)),
+          group_(shared_nccl_group(d)),
           barrier_(barrier),
           views_(d.size()) {}
     const char* name() const override { return "nccl"; }
@@ -55,7 +55,7 @@ private:
         barrier_.arrive_and_wait();  // enqueued on every stream before anyone records after it
     }
 
-    std::unique_ptr<NcclGroup> group_;
+    std::shared_ptr<NcclGroup> group_;  // one per device list: the run's other nccl ops use it too
     ReplicaBarrier& barrier_;
     std::vector<void*> views_;
 };
