@@ -15,6 +15,7 @@
 
 #include "kernels/blas.h"
 #include "kernels/cpu/act_loops.h"
+#include "kernels/cpu/row_loops.h"
 #include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/cpu/gemm_choice.h"
@@ -467,37 +468,15 @@ public:
     }
 
     void causal_softmax(Stream, int batches, int t, float scale, const void* scores, void* probs) override {
-        const DType dt = value_dtype();
-        for (int64_t r = 0; r < int64_t(batches) * t; ++r) {
-            const int keep = int(r % t) + 1;  // row i attends to positions 0..i
-            const float* z = F(scores) + r * t;
-            float* p = F(probs) + r * t;
-            float mx = z[0];
-            for (int j = 1; j < keep; ++j) mx = std::max(mx, z[j]);
-            float sum = 0.0f;
-            for (int j = 0; j < keep; ++j) {
-                p[j] = exp_poly(scale * (z[j] - mx));
-                sum += p[j];
-            }
-            const float inv = 1.0f / sum;
-            for (int j = 0; j < keep; ++j) p[j] = round_to(dt, p[j] * inv);
-            std::fill(p + keep, p + t, 0.0f);
-        }
+        for (int64_t r = 0; r < int64_t(batches) * t; ++r)  // row i attends to positions 0..i
+            cpu::causal_softmax_row(value_dtype(), int(r % t) + 1, t, scale, F(scores) + r * t, F(probs) + r * t);
     }
 
     void causal_softmax_backward(Stream, int batches, int t, float scale, const void* probs, const void* dprobs,
                                  void* dscores) override {
-        const DType dt = value_dtype();
-        for (int64_t r = 0; r < int64_t(batches) * t; ++r) {
-            const int keep = int(r % t) + 1;
-            const float* p = F(probs) + r * t;
-            const float* dp = F(dprobs) + r * t;
-            float* ds = F(dscores) + r * t;
-            float dot = 0.0f;
-            for (int j = 0; j < keep; ++j) dot += p[j] * dp[j];
-            for (int j = 0; j < keep; ++j) ds[j] = round_to(dt, scale * p[j] * (dp[j] - dot));
-            std::fill(ds + keep, ds + t, 0.0f);
-        }
+        for (int64_t r = 0; r < int64_t(batches) * t; ++r)
+            cpu::causal_softmax_backward_row(value_dtype(), int(r % t) + 1, t, scale, F(probs) + r * t,
+                                             F(dprobs) + r * t, F(dscores) + r * t);
     }
 
     // Row by row, keys in order (the CUDA kernels' warps sum the same terms in another order).
@@ -604,53 +583,21 @@ public:
 
     void layernorm_forward(Stream, int rows, int c, float eps, const void* xv, const float* gamma, const float* beta,
                            void* yv, float* mean, float* rstd) override {
-        const DType t = value_dtype();
-        const float* x = F(xv);
-        float* y = F(yv);
-        for (int r = 0; r < rows; ++r) {
-            const float* xr = x + size_t(r) * c;
-            double s = 0;
-            for (int ch = 0; ch < c; ++ch) s += xr[ch];
-            const float m = float(s / c);
-            double q = 0;
-            for (int ch = 0; ch < c; ++ch) q += double(xr[ch] - m) * (xr[ch] - m);
-            const float rs = bn_invstd(float(q / c), eps);
-            mean[r] = m;
-            rstd[r] = rs;
-            for (int ch = 0; ch < c; ++ch)
-                y[size_t(r) * c + ch] = round_to(t, gamma[ch] * ((xr[ch] - m) * rs) + beta[ch]);
-        }
+        for (int r = 0; r < rows; ++r)
+            cpu::layernorm_forward_row(value_dtype(), c, eps, F(xv) + size_t(r) * c, gamma, beta, F(yv) + size_t(r) * c,
+                                       mean + r, rstd + r);
     }
 
     void layernorm_backward(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
                             const float* rstd, const float* gamma, void* dxv, float* dgamma, float* dbeta,
                             bool accumulate) override {
-        const DType t = value_dtype();
-        const float* dy = F(dyv);
-        const float* x = F(xv);
-        float* dx = F(dxv);
         if (layernorm_sums_.size() < 2 * size_t(c)) layernorm_sums_.resize(2 * size_t(c));  // grows once
         double* dg = layernorm_sums_.data();
         double* db = dg + c;
         std::fill(dg, dg + 2 * size_t(c), 0.0);
-        for (int r = 0; r < rows; ++r) {
-            const float* xr = x + size_t(r) * c;
-            const float* dyr = dy + size_t(r) * c;
-            double a = 0, b = 0;  // sums of g*dy and g*dy*xhat over the row
-            for (int ch = 0; ch < c; ++ch) {
-                const float xhat = (xr[ch] - mean[r]) * rstd[r];
-                const float gd = gamma[ch] * dyr[ch];
-                a += gd;
-                b += double(gd) * xhat;
-                dg[size_t(ch)] += double(dyr[ch]) * xhat;
-                db[size_t(ch)] += dyr[ch];
-            }
-            const float ma = float(a / c), mb = float(b / c);
-            for (int ch = 0; dx && ch < c; ++ch) {
-                const float xhat = (xr[ch] - mean[r]) * rstd[r];
-                dx[size_t(r) * c + ch] = round_to(t, rstd[r] * (gamma[ch] * dyr[ch] - ma - xhat * mb));
-            }
-        }
+        for (int r = 0; r < rows; ++r)
+            cpu::layernorm_backward_row(value_dtype(), c, F(dyv) + size_t(r) * c, F(xv) + size_t(r) * c, mean[r],
+                                        rstd[r], gamma, dxv ? F(dxv) + size_t(r) * c : nullptr, dg, db);
         for (int ch = 0; ch < c; ++ch) {
             dgamma[ch] = accumulate ? dgamma[ch] + float(dg[size_t(ch)]) : float(dg[size_t(ch)]);
             dbeta[ch] = accumulate ? dbeta[ch] + float(db[size_t(ch)]) : float(db[size_t(ch)]);

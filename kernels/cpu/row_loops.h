@@ -1,0 +1,25 @@
+// The CPU backend's row passes of the transformer: layernorm and the causal softmax, forward and
+// backward, one row per call, rounded to the storage type t (bf16 and fp16 stored as rounded
+// f32). Each is built for each vector width (loop_clones.h). Their sums over a row run in eight
+// lanes (lane l takes elements l, l + 8, ...; the lanes are then added in a fixed tree), so that
+// they vectorise: a fixed order, the same bits on every run and every CPU, but not the bits of
+// one running sum.
+#pragma once
+
+#include "kernels/device.h"
+
+namespace mirrored::cpu {
+
+// p[0, keep) = softmax(scale z[0, keep)), p[keep, t) = 0.
+void causal_softmax_row(DType dt, int keep, int t, float scale, const float* z, float* p);
+// ds[0, keep) = scale p (dp - sum p dp), ds[keep, t) = 0.
+void causal_softmax_backward_row(DType dt, int keep, int t, float scale, const float* p, const float* dp, float* ds);
+// y = gamma (x - mean) rstd + beta over c channels; mean and rstd of the row (double sums).
+void layernorm_forward_row(DType dt, int c, float eps, const float* x, const float* gamma, const float* beta, float* y,
+                           float* mean, float* rstd);
+// One row of layernorm's backward: dx (skipped when null) from the row's sums of gamma dy and
+// gamma dy xhat; dgamma_sum and dbeta_sum (double, c each) += dy xhat and dy.
+void layernorm_backward_row(DType dt, int c, const float* dy, const float* x, float mean, float rstd,
+                            const float* gamma, float* dx, double* dgamma_sum, double* dbeta_sum);
+
+}  // namespace mirrored::cpu
