@@ -19,6 +19,7 @@ while (my $line = <>) {
         $line =~ /^(\s*__shared__\s+[^;]*);\s*$/
             or die "$path:$.: a __shared__ declaration this script cannot follow (one per line, ending in ';')\n";
         (my $decls = $1) =~ s/^\s*__shared__\s+//;
+        1 while $decls =~ s/<[^<>]*>//g;          # template arguments, whose commas separate no names
         1 while $decls =~ s/\[[^\[\]]*\]/\@/g;  # each bound to @, out of the way of the commas
         my @names = map {
             /(\w+)\s*\@/ ? $1 : /(\w+)\s*$/ ? "&$1" : die "$path:$.: a __shared__ declaration this script cannot name\n"
