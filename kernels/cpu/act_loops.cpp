@@ -11,18 +11,13 @@ namespace {
 
 template <Activation A>
 using ActC = std::integral_constant<Activation, A>;
-template <DType T>
-using TypeC = std::integral_constant<DType, T>;
 
-// Calls fn(activation, storage type) with both as compile-time constants, so that the element
-// loops have no branch on either and vectorise. Inlined whole, with fn, into the CPU_LOOP_CLONES
-// functions below, so that each clone's loops are built for its vector width.
+// fn(activation, storage type) with both compile-time constants (with_storage_type, loop_clones.h).
 template <typename Fn>
 [[gnu::always_inline]] inline void with_act_and_type(Activation a, DType t, Fn&& fn) {
     auto with_type = [&](auto act) __attribute__((always_inline)) {
-        if (t == DType::bf16) fn(act, TypeC<DType::bf16>{});
-        else if (t == DType::f16) fn(act, TypeC<DType::f16>{});
-        else fn(act, TypeC<DType::f32>{});
+        with_storage_type(
+            t, [&](auto type) __attribute__((always_inline)) { fn(act, type); });
     };
     if (a == Activation::relu) with_type(ActC<Activation::relu>{});
     else if (a == Activation::gelu) with_type(ActC<Activation::gelu>{});

@@ -15,3 +15,24 @@
 #else
 #define CPU_LOOP_CLONES
 #endif
+
+#include <type_traits>
+
+#include "kernels/device.h"
+
+namespace mirrored::cpu {
+
+template <DType T>
+using TypeC = std::integral_constant<DType, T>;
+
+// fn(storage type) with the type a compile-time constant, so that the element loops have no
+// branch on it and vectorise. Inlined whole, with fn, into the CPU_LOOP_CLONES function that
+// calls it, so that each clone's loops are built for its vector width.
+template <typename Fn>
+[[gnu::always_inline]] inline void with_storage_type(DType t, Fn&& fn) {
+    if (t == DType::bf16) fn(TypeC<DType::bf16>{});
+    else if (t == DType::f16) fn(TypeC<DType::f16>{});
+    else fn(TypeC<DType::f32>{});
+}
+
+}  // namespace mirrored::cpu
