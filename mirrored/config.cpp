@@ -446,8 +446,10 @@ void read_strategy(Reader& r, Config& c) {
     c.strategy.collective_timeout_s = r.number("strategy.collective_timeout_s", 600.0, 1.0, 1e6);
     c.strategy.step_timeout_s = r.number("strategy.step_timeout_s", 1800.0, 0.0, 1e7);
     c.strategy.shared_parameters = r.boolean("strategy.shared_parameters", false);
-    const std::string shard = r.choice("strategy.shard", "none", {"none", "optimizer"});
-    c.strategy.shard = shard == "optimizer" ? StrategyConfig::Shard::optimizer : StrategyConfig::Shard::none;
+    const std::string shard = r.choice("strategy.shard", "none", {"none", "optimizer", "gradients"});
+    c.strategy.shard = shard == "optimizer"   ? StrategyConfig::Shard::optimizer
+                       : shard == "gradients" ? StrategyConfig::Shard::gradients
+                                              : StrategyConfig::Shard::none;
     if (c.strategy.shard != StrategyConfig::Shard::none) {
         if (const std::string why = shard_refusal(c.strategy.cross_device_ops); !why.empty())
             r.fail("strategy.shard", shard + " " + why);
@@ -736,9 +738,7 @@ void emit_strategy(ConfigEmitter& e, const StrategyConfig& s) {
         .put("bucket_mb", s.bucket_mb);
     e.put("allreduce_dtype", dtype_name(s.allreduce_dtype)).put("verify_every_steps", s.verify_every_steps);
     e.put("collective_timeout_s", s.collective_timeout_s).put("step_timeout_s", s.step_timeout_s);
-    e.put("shared_parameters", s.shared_parameters)
-        .put("shard", s.shard == StrategyConfig::Shard::optimizer ? "optimizer" : "none")
-        .put("cuda_graph", s.cuda_graph);
+    e.put("shared_parameters", s.shared_parameters).put("shard", shard_name(s.shard)).put("cuda_graph", s.cuda_graph);
     e.put("fused_epilogues", s.fused_epilogues).end();
 }
 

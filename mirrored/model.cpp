@@ -43,6 +43,7 @@ std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, s
             info.offset = offset;
             info.count = size_t(count);
             info.layer = t.top_layer;
+            info.written_from = std::max(t.top_layer, t.tied_layer);
             info.init = t.init;
             info.trainable = t.trainable;
             info.fill = t.fill;

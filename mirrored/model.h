@@ -31,6 +31,9 @@ struct TensorInfo {
     size_t offset = 0;       // floats from the start of the buffer (aligned to kTensorAlign)
     size_t count = 0;
     int layer = 0;  // the top-level layer it belongs to
+    // The first top-level layer whose backward (last layer first) writes its gradient: its own,
+    // or a later one tied to it (an LM head sharing the token embedding's table).
+    int written_from = 0;
     InitArgs init;
     bool trainable = true;  // false: mirrored state (running statistics)
     float fill = 0.0f;      // state: initial value

@@ -85,7 +85,8 @@ void Optimizer::apply_range(Device& on, Stream s, float* params, const float* gr
                             int64_t step, float lr, const float* grad_stats, const float* loss_scale,
                             bool skip_nonfinite, const StepValues* values) {
     for_each_piece(begin, end, [&](size_t b, size_t e, float wd) {
-        update_range(on, s, params, grads, b, e, step, lr, wd, grad_stats, loss_scale, skip_nonfinite, values);
+        update_range(on, s, params, grads + (b - begin), b, e, step, lr, wd, grad_stats, loss_scale, skip_nonfinite,
+                     values);
     });
 }
 

@@ -42,7 +42,8 @@ public:
     }
     // The same over [begin, end) only (inside one owned range), issued on `on` (a device that can reach this optimizer's
     // memory): replicas that share one parameter copy each update their slice, concurrently.
-    // params and grads point at element 0.
+    // params points at element 0, grads at element begin's gradient (gradients may be kept for
+    // the owned ranges only: strategy.shard: gradients).
     void apply_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
                      float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
                      const StepValues* values = nullptr);
@@ -75,7 +76,8 @@ public:
     size_t state_size() const { return state_size_; }
 
 protected:
-    // One update rule over [begin, end) with this weight decay (0 or optimizer.weight_decay).
+    // One update rule over [begin, end) with this weight decay (0 or optimizer.weight_decay);
+    // grads points at element begin's gradient.
     virtual void update_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end,
                               int64_t step, float lr, float weight_decay, const float* grad_stats,
                               const float* loss_scale, bool skip_nonfinite, const StepValues* values) = 0;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "base/io.h"
@@ -67,6 +69,91 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
     return out;
 }
 
+GradientStaging plan_gradient_staging(const Model& model, const std::vector<Bucket>& buckets) {
+    GradientStaging g;
+    const size_t trainable = model.trainable_size(), nb = buckets.size();
+    std::vector<int> first_writer(nb, -1);
+    std::set<int> with_params;  // the layers whose backward reports (Sequential: has_params)
+    int top = 0;
+    for (const TensorInfo& t : model.tensors()) {
+        if (!t.trainable) continue;
+        with_params.insert(t.layer);
+        top = std::max(top, t.written_from);
+        for (size_t k = 0; k < nb; ++k)
+            if (t.offset >= buckets[k].begin && t.offset < buckets[k].end)
+                first_writer[k] = std::max(first_writer[k], t.written_from);
+    }
+    // Backward's order: at layer L, buckets first written there take a slot, then those
+    // complete after it free theirs (their reduce-scatter is issued then).
+    g.slot_of.assign(nb, -1);
+    const auto walk = [&](int slots, auto&& on_take) {
+        std::deque<int> free;
+        for (int s = 0; s < slots; ++s) free.push_back(s);
+        int live = 0, most = 0;
+        for (int layer = top; layer >= 0; --layer) {
+            for (size_t k = 0; k < nb; ++k)
+                if (buckets[k].begin < trainable && first_writer[k] == layer) {
+                    most = std::max(most, ++live);
+                    if (slots > 0) {
+                        if (free.empty()) throw std::logic_error("gradient staging: no free slot");
+                        on_take(k, free.front());
+                        free.pop_front();
+                    }
+                }
+            for (size_t k = 0; k < nb; ++k)
+                if (buckets[k].begin < trainable && buckets[k].ready_after_layer == layer) {
+                    --live;
+                    if (slots > 0) free.push_back(g.slot_of[k]);
+                }
+        }
+        return most;
+    };
+    int trainable_buckets = 0;
+    for (const Bucket& b : buckets) trainable_buckets += b.begin < trainable;
+    g.slots = std::min(trainable_buckets, walk(0, [](size_t, int) {}) + 1);
+    walk(g.slots, [&](size_t k, int s) { g.slot_of[k] = s; });
+    std::vector<size_t> size(size_t(g.slots), 0), at(size_t(g.slots), 0), users(size_t(g.slots), 0);
+    for (size_t k = 0; k < nb; ++k)
+        if (g.slot_of[k] >= 0) {
+            const size_t s = size_t(g.slot_of[k]);
+            size[s] = std::max(size[s], buckets[k].end - buckets[k].begin);
+            ++users[s];
+        }
+    for (int s = 0; s < g.slots; ++s) {
+        at[size_t(s)] = g.buffer;
+        g.buffer += (size[size_t(s)] + Model::kTensorAlign - 1) / Model::kTensorAlign * Model::kTensorAlign;
+    }
+    g.claim_after.assign(nb, -1);
+    g.gaps.resize(nb);
+    for (size_t k = 0; k < nb; ++k) {
+        const Bucket& b = buckets[k];
+        if (g.slot_of[k] < 0) {  // the state region, after the slots
+            g.placement.pieces.push_back({b.begin, b.end, g.buffer});
+            continue;
+        }
+        const size_t base = at[size_t(g.slot_of[k])];
+        g.placement.pieces.push_back({b.begin, b.end, base});
+        auto next = with_params.upper_bound(first_writer[k]);
+        g.claim_after[k] = next == with_params.end() ? -1 : *next;
+        if (users[size_t(g.slot_of[k])] < 2) continue;
+        std::vector<std::pair<size_t, size_t>> covered;
+        for (const TensorInfo& t : model.tensors())
+            if (t.trainable && t.offset >= b.begin && t.offset < b.end)
+                covered.emplace_back(t.offset, t.offset + t.count);
+        std::sort(covered.begin(), covered.end());
+        size_t from = b.begin;
+        for (const auto& [tb, te] : covered) {
+            if (tb > from) g.gaps[k].emplace_back(base + (from - b.begin), tb - from);
+            from = std::max(from, te);
+        }
+        if (b.end > from) g.gaps[k].emplace_back(base + (from - b.begin), b.end - from);
+    }
+    if (model.has_state()) g.buffer += model.flat_size() - trainable;
+    std::sort(g.placement.pieces.begin(), g.placement.pieces.end(),
+              [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    return g;
+}
+
 std::vector<std::pair<size_t, size_t>> owned_ranges(const std::vector<Bucket>& buckets, size_t trainable, int replicas,
                                                     int r) {
     std::vector<std::pair<size_t, size_t>> out;
@@ -114,6 +201,8 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
             most = std::max(most, owned);
         }
         m.optimizer = most * sizeof(float) * uint64_t(optimizer_state_buffers(opt));
+        if (strategy.shard == StrategyConfig::Shard::gradients)  // the slots, the state region, the own sums
+            m.grads = (plan_gradient_staging(model, buckets ? *buckets : made).buffer + most) * sizeof(float);
     }
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     const uint64_t widest = std::max<uint64_t>(model.largest_activation_per_row(), uint64_t(model.input_features()));
@@ -134,6 +223,7 @@ Replica::~Replica() {
          {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced, metrics_copied,
           stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, t_gather, t_gathered, step_ready, graph_done})
         if (e.handle) device->event_destroy(e);
+    for (Event e : slot_free) device->event_destroy(e);
 }
 
 ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt, int global_batch,
@@ -167,6 +257,8 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
                           "the optimizer state is sharded with fp32 gradients only; set "
                           "strategy.allreduce_dtype: fp32");
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
+    staged_ = sharded_ && cfg_.shard == StrategyConfig::Shard::gradients && n > 1;
+    if (staged_) staging_ = plan_gradient_staging(model_, buckets_);
     plan_ =
         plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_, &buckets_);
     check_device_memory();
@@ -219,7 +311,7 @@ void ReplicaSet::allocate_model_state(Replica& R, const OptimizerConfig& opt, in
     const size_t flat = model_.flat_size();
     const bool holds_params = !shared_ || R.index == 0;  // shared: replica 0 holds the one copy
     if (holds_params) R.params = DeviceBuffer<float>(d, flat);
-    R.grads = DeviceBuffer<float>(d, flat);
+    R.grads = DeviceBuffer<float>(d, grad_elements());
     if (low_precision_ && holds_params)
         R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
     if (holds_params) {
@@ -229,6 +321,7 @@ void ReplicaSet::allocate_model_state(Replica& R, const OptimizerConfig& opt, in
                                            owned_ranges(buckets_, trainable, int(devices_.ordinals.size()), R.index))
                           : make_optimizer(d, opt, trainable);
         if (opt.weight_decay_on == OptimizerConfig::DecayOn::matrices) R.optimizer->decay_only(model_.matrix_ranges());
+        if (staged_) R.owned_grads = DeviceBuffer<float>(d, R.optimizer->state_size());
     }
     R.acts = model_.make_activations(d, micro_rows);
 }
@@ -279,6 +372,7 @@ void ReplicaSet::create_step_events(Replica& R) {
     for (Event* e : {&R.t_begin, &R.t_backward, &R.t_reduced, &R.t_end}) *e = d.event_create(true);
     if (sharded_)
         for (Event* e : {&R.t_gather, &R.t_gathered}) *e = d.event_create(true);
+    for (int s = 0; s < staging_.slots; ++s) R.slot_free.push_back(d.event_create());
     if (cfg_.cuda_graph && devices_.traits().asynchronous) {
         for (auto& v : R.step_values) v = DeviceBuffer<StepValues>(d, 1);
         R.step_ready = d.event_create();
@@ -300,7 +394,7 @@ void ReplicaSet::build_replica(int r, int shard_rows, int micro_rows, const Opti
         allocate_step_state(*R);
         create_step_events(*R);
         const Stream s = d.compute_stream();
-        d.fill(s, model_.flat_size(), 0.0f, R->grads.data());  // alignment gaps stay zero forever
+        d.fill(s, grad_elements(), 0.0f, R->grads.data());  // alignment gaps stay zero (staged: see gaps)
         zero_metrics(d, s, R->train_metrics.data());
         d.synchronize();
     } catch (const DeviceError& e) {
@@ -448,6 +542,7 @@ Pass ReplicaSet::make_pass(Replica& R, Stream s, int rows, int global_rows, int6
     p.params = H.params.data();
     p.weights = low_precision_ ? static_cast<const void*>(H.weights.data()) : H.params.data();
     p.grads = R.grads.data();
+    p.placement = staged_ ? &staging_.placement : nullptr;
     p.acts = &R.acts;
     p.sync = R.sync.get();
     p.vt = R.device->value_dtype();

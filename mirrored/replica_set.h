@@ -61,6 +61,29 @@ struct Bucket {
 // (ready_after_layer -1).
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
 
+// strategy.shard: gradients. Backward writes each trainable bucket into a staging slot; once the
+// bucket is reduce-scattered, the replica adds its own chunk into a compact store laid out as its
+// optimizer state, and the slot is free for a later bucket. Slots are planned by walking
+// backward's order (last layer first): a bucket takes a slot before its first writer's backward
+// and frees it after its last writer's, so a slot is reused only by a bucket written wholly after
+// the one before it was reduced; one spare slot beyond the most ever in use lets a bucket's
+// reduce-scatter overlap the next layers' backward. The state region (batch statistics) follows
+// the slots, whole.
+struct GradientStaging {
+    GradientPlacement placement;  // each bucket's place in the buffer
+    size_t buffer = 0;            // floats: the slots, then the state region
+    int slots = 0;
+    std::vector<int> slot_of;  // per bucket (-1: the state region)
+    // Per bucket: the top-level layer with parameters after whose backward it takes its slot (-1:
+    // before backward begins), and, where its slot serves other buckets too, the buffer ranges
+    // (index, count) no tensor of it covers (alignment gaps: zeroed then, so that the
+    // reduce-scatter adds zeros).
+    std::vector<int> claim_after;
+    std::vector<std::vector<std::pair<size_t, size_t>>> gaps;
+    size_t index(size_t offset) const { return placement.index(offset); }
+};
+GradientStaging plan_gradient_staging(const Model& model, const std::vector<Bucket>& buckets);
+
 // strategy.shard: replica r's own chunk of every trainable bucket (the chunk the ring's
 // reduce-scatter leaves it), sorted: the parameters whose optimizer state it keeps.
 std::vector<std::pair<size_t, size_t>> owned_ranges(const std::vector<Bucket>& buckets, size_t trainable, int replicas,
@@ -86,7 +109,9 @@ struct StepWork {
 struct Replica {
     int index = 0;
     std::unique_ptr<Device> device;
-    DeviceBuffer<float> params, grads;                 // [flat_size], identical layouts
+    DeviceBuffer<float> params;                        // [flat_size]
+    DeviceBuffer<float> grads;                         // [flat_size], or staged (ReplicaSet::grad_at)
+    DeviceBuffer<float> owned_grads;                   // shard: gradients - the own chunks' sums
     DeviceBuffer<unsigned char> weights;               // [trainable] compute copy in the activation type (bf16, fp16)
     std::unique_ptr<Optimizer> optimizer;              // state in the trainable layout
     Activations acts;                                  // [max micro-batch rows, ...]
@@ -106,6 +131,7 @@ struct Replica {
     Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied, stats_ready, stats_done;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
     Event t_gather, t_gathered;                   // and, sharded, the all-gather's span
+    std::vector<Event> slot_free;                 // shard: gradients - per staging slot, its bucket reduced
     DeviceBuffer<StepValues> step_values[2];      // cuda_graph: this step's values, with inputs[b]
     // cuda_graph: step_ready - staged, the launch may start; graph_done - replica 0: the launched
     // graph has ended; the others: their part has ended (the join inside the capture)
@@ -149,6 +175,16 @@ public:
     // strategy.shard: optimizer, on replicas that keep their own parameter copies: each keeps the
     // optimizer state of owned_ranges() only.
     bool sharded() const { return sharded_; }
+    // strategy.shard: gradients, with more than one replica on this node: gradients are staged
+    // (GradientStaging) and each replica keeps only its own chunks' sums (Replica::owned_grads).
+    bool staged() const { return staged_; }
+    const GradientStaging& staging() const { return staging_; }
+    // Where a gradient of the flat layout lies in R's gradient buffer, and that buffer's size.
+    float* grad_at(Replica& R, size_t offset) const {
+        return R.grads.data() + (staged_ ? staging_.index(offset) : offset);
+    }
+    size_t grad_index(size_t offset) const { return staged_ ? staging_.index(offset) : offset; }
+    size_t grad_elements() const { return staged_ ? staging_.buffer : model_.flat_size(); }
     const std::vector<Bucket>& buckets() const { return buckets_; }  // the gradients' buckets
     bool low_precision() const { return low_precision_; }            // bf16/fp16 activations and weight copies
     bool loss_scaling() const { return loss_scaling_; }              // fp16
@@ -243,7 +279,9 @@ private:
     size_t label_bytes_ = sizeof(int32_t);
     bool shared_ = false;
     bool sharded_ = false;
+    bool staged_ = false;
     std::vector<Bucket> buckets_;
+    GradientStaging staging_;
     bool low_precision_ = false;
     bool convert_inputs_ = false;  // low precision, and inputs that are values (not token ids)
     bool loss_scaling_ = false;

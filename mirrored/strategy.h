@@ -52,6 +52,10 @@ public:
     // strategy.shard optimizer on replicas with their own parameter copies: each keeps the
     // optimizer state of its own chunks only.
     bool sharded_optimizer() const { return set_->sharded(); }
+    // strategy.shard gradients, with several replicas on this node: each also keeps the summed
+    // gradients of its own chunks only (the rest are staged in reused slots).
+    bool sharded_gradients() const { return set_->staged(); }
+    int gradient_slots() const { return set_->staging().slots; }
     const MemoryPlan& memory_plan() const { return set_->memory_plan(); }  // per replica
     // The most device memory any replica has held through its own allocations (measured).
     uint64_t peak_memory_bytes() const { return set_->peak_memory_bytes(); }

@@ -30,7 +30,9 @@ struct StrategyConfig {
     // holds the optimizer state of its chunk of every gradient bucket; the all-reduce becomes
     // reduce-scatter -> update of the own chunks -> all-gather of the parameters. Replicas that
     // share one parameter copy already hold one optimizer state between them.
-    enum class Shard { none, optimizer };
+    // gradients (ZeRO-2): each also keeps the summed gradients of its own chunks only; backward
+    // writes each bucket into a reused staging slot and every micro-batch reduce-scatters it.
+    enum class Shard { none, optimizer, gradients };
     Shard shard = Shard::none;
     // GPU replicas (CUDA, simulated): each step shape's work - every replica's forward, backward,
     // bucketed all-reduce and update - is captured once as one graph and replayed with one launch;
@@ -44,5 +46,11 @@ struct StrategyConfig {
     bool fused_epilogues = false;
     bool operator==(const StrategyConfig&) const = default;
 };
+
+inline const char* shard_name(StrategyConfig::Shard s) {
+    return s == StrategyConfig::Shard::gradients   ? "gradients"
+           : s == StrategyConfig::Shard::optimizer ? "optimizer"
+                                                   : "none";
+}
 
 }  // namespace mirrored

@@ -483,16 +483,24 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
             "one node): each of these replicas keeps its own copy\n");
     if (st.sharded_optimizer())
         std::fprintf(out_,
-                     "  shard: optimizer - each replica keeps the optimizer state of its own chunk of every gradient "
+                     "  shard: %s - each replica keeps the optimizer state of its own chunk of every gradient "
                      "bucket (%s of %s); gradients are reduce-scattered, the updated parameters all-gathered\n",
-                     format_bytes(st.memory_plan().optimizer).c_str(),
+                     shard_name(cfg_.strategy.shard), format_bytes(st.memory_plan().optimizer).c_str(),
                      format_bytes(uint64_t(st.model().trainable_size()) * sizeof(float) *
                                   uint64_t(optimizer_state_buffers(cfg_.optimizer)))
                          .c_str());
+    if (st.sharded_gradients())
+        std::fprintf(out_,
+                     "  and gradients: each replica keeps only its own chunks' summed gradients, backward writing "
+                     "the buckets into %d reused staging slots (gradients %s per replica, unsharded %s)\n",
+                     st.gradient_slots(), format_bytes(st.memory_plan().grads).c_str(),
+                     format_bytes(uint64_t(st.model().flat_size()) * sizeof(float)).c_str());
     else if (cfg_.strategy.shard != StrategyConfig::Shard::none && st.shared_parameters())
         std::fprintf(out_,
-                     "  shard: optimizer - the shared parameter copy's optimizer state is already held once, "
-                     "each replica updating its slice\n");
+                     "  shard: %s - the shared parameter copy's optimizer state is already held once, "
+                     "each replica updating its slice; the gradients stay whole per replica (summed in place by "
+                     "slices)\n",
+                     shard_name(cfg_.strategy.shard));
     if (st.cuda_graph())
         std::fprintf(out_,
                      "  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "
@@ -802,7 +810,9 @@ void Run::write_summary(const std::string& status) {
         {"software", json::parse(software_json())},
         {"peak_memory_bytes", st.peak_memory_bytes()},
         {"memory_plan_bytes", st.memory_plan().total()},
-        {"shard", st.sharded_optimizer() ? "optimizer" : "none"},
+        {"shard", st.sharded_gradients()   ? "gradients"
+                  : st.sharded_optimizer() ? "optimizer"
+                                           : "none"},
         // CUDA: what GPU 0 has in use, the CUDA context and libraries included; elsewhere the same as allocated
         {"device_memory_in_use_bytes", st.replica(0).device->memory_in_use()},
         {"allreduce_dtype", dtype_name(cfg_.strategy.allreduce_dtype)},

@@ -79,11 +79,12 @@ void TrainingStep::abort_ops() noexcept {
 void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
     const bool exact = set_.config().allreduce_dtype ==
                        DType::f32;  // else the state region (running statistics) needs its own f32 ops
-    const size_t ops_elements = exact ? model_.flat_size() : model_.trainable_size();
+    const size_t ops_elements = exact ? set_.grad_elements() : model_.trainable_size();
     if (set_.config().cross_device_ops == "auto") {
         std::vector<std::pair<size_t, size_t>> ranges;
         for (const Bucket& b : buckets_)
-            if (b.end <= ops_elements) ranges.emplace_back(b.begin, b.end - b.begin);
+            if (set_.grad_index(b.begin) + (b.end - b.begin) <= ops_elements)
+                ranges.emplace_back(set_.grad_index(b.begin), b.end - b.begin);
         // Multi-node: node 0 chooses for every node (the same op sums in the same order as on one node).
         OpsChoice choice;
         if (!set_.nodes() || set_.nodes()->leader())
@@ -107,7 +108,7 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
         }
         const std::string& op = set_.config().cross_device_ops;
         if (const std::string why = shard_refusal(op); !why.empty())
-            throw ConfigError("strategy.shard", "optimizer " + why);
+            throw ConfigError("strategy.shard", std::string(set_.staged() ? "gradients " : "optimizer ") + why);
         param_ops_ = make_cross_device_ops(op, devs, params, model_.trainable_size(), set_.threads().barrier());
         grad_stats_ops_ = make_cross_device_ops(op, devs, stats, 2, set_.threads().barrier());
     }
@@ -201,25 +202,47 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     const char* input = static_cast<const char*>(set_.stage_for_compute(R, buf, size_t(shard.rows)));
     const size_t row_bytes = set_.input_row_bytes(R);
     const size_t trainable = model_.trainable_size(), flat = model_.flat_size();
-    if (model_.has_state()) d.fill(cs, flat - trainable, 0.0f, R.grads.data() + trainable);  // this step's statistics
+    if (model_.has_state()) d.fill(cs, flat - trainable, 0.0f, set_.grad_at(R, trainable));  // this step's statistics
     profile_mark(R, cs, LayerProbe::kInput);
 
-    auto reduce = [&](const Bucket& b) {
+    // strategy.shard: gradients - every micro-batch reduce-scatters every bucket from its slot
+    // and adds the own chunk into the replica's store; a slot used before in this step is taken
+    // again once its last bucket's chunk is out (GradientStaging).
+    const bool staged = set_.staged();
+    const GradientStaging& staging = set_.staging();
+    std::vector<char> slot_used(size_t(staging.slots), 0);
+    int micro_batch = 0;
+    auto reduce = [&](size_t k) {
+        const Bucket& b = buckets_[k];
         const double c0 = now_s();
         comm_waits_for_compute(d, R.bucket_ready);
-        if (set_.sharded() && b.begin < trainable)  // each replica sums only its own chunk
-            ops_->reduce_scatter(r, b.begin, b.end - b.begin);
-        else (b.begin >= trainable && state_ops_ ? *state_ops_ : *ops_).all_reduce(r, b.begin, b.end - b.begin);
+        const size_t at = set_.grad_index(b.begin), count = b.end - b.begin;
+        if (set_.sharded() && b.begin < trainable) {  // each replica sums only its own chunk
+            ops_->reduce_scatter(r, at, count);
+            if (staged) keep_own_chunk(R, k, micro_batch > 0);
+        } else {
+            (b.begin >= trainable && state_ops_ ? *state_ops_ : *ops_).all_reduce(r, at, count);
+        }
         comm += now_s() - c0;
     };
-    const bool overlap = set_.config().bucket_mb > 0 && n > 1 && !set_.shared();
+    const auto take_slots = [&](int after_layer) {
+        for (size_t k = 0; k < buckets_.size(); ++k) {
+            const int s = staging.slot_of[k];
+            if (s < 0 || staging.claim_after[k] != after_layer) continue;
+            if (slot_used[size_t(s)]) d.stream_wait_event(cs, R.slot_free[size_t(s)]);
+            slot_used[size_t(s)] = 1;
+            for (const auto& [at, count] : staging.gaps[k]) d.fill(cs, count, 0.0f, R.grads.data() + at);
+        }
+    };
+    const bool overlap = (set_.config().bucket_mb > 0 || staged) && n > 1 && !set_.shared();
     const auto on_layer_done = [&](int layer) {
         bool reduced = false;
-        for (const Bucket& b : buckets_)
-            if (b.ready_after_layer == layer) {
-                reduce(b);
+        for (size_t k = 0; k < buckets_.size(); ++k)
+            if (buckets_[k].ready_after_layer == layer) {
+                reduce(k);
                 reduced = true;
             }
+        if (staged) take_slots(layer);
         // CPU replicas reduce right here: their time is the reduction's, not the next layer's
         if (reduced) profile_mark(R, cs, LayerProbe::kReduced);
     };
@@ -228,10 +251,11 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     const int positions = model_.output_positions();
     const float grad_scale = 1.0f / (float(global_rows) * float(positions));
     for (int m = 0; m < set_.accumulation(); ++m) {
+        micro_batch = m;
         const Shard micro = shard_of(shard.rows, set_.accumulation(), m);
         Pass p = set_.make_pass(R, cs, micro.rows, set_.global_micro_rows(global_rows, m),
                                 int64_t(shard.begin + micro.begin), seed, uint32_t(step), true, values);
-        p.accumulate = m > 0;
+        p.accumulate = m > 0 && !staged;  // staged: each micro-batch's sums add into the own store
         p.stats_weight = 1.0f / float(set_.all_replicas() * set_.accumulation());
         if (r == 0) p.probe = profile_;
         const void* logits = model_.forward(p, input + size_t(micro.begin) * row_bytes);
@@ -244,7 +268,8 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         }
         profile_mark(R, cs, LayerProbe::kLoss);
         const bool last = m == set_.accumulation() - 1;
-        model_.backward(p, dlogits, last && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
+        if (staged) take_slots(-1);
+        model_.backward(p, dlogits, (last || staged) && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
     }
     if (!values) d.event_record(R.input_free[buf], cs);  // a graph's inputs are freed after its launch
     if (timing) d.event_record(R.t_backward, cs);
@@ -252,8 +277,8 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         shared_update(R, step, lr, values, timing, comm);
     } else {
         if (n > 1) {
-            for (const Bucket& b : buckets_)  // without overlap every bucket, else the statistics
-                if (!overlap || b.ready_after_layer < 0) reduce(b);
+            for (size_t k = 0; k < buckets_.size(); ++k)  // without overlap every bucket, else the statistics
+                if (!overlap || buckets_[k].ready_after_layer < 0) reduce(k);
             compute_waits_for_comm(d, R.reduced);
         }
         if (timing) d.event_record(R.t_reduced, cs);
@@ -292,7 +317,32 @@ void TrainingStep::finish_update(Replica& R) {
     if (set_.loss_scaling())
         d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_)
-        d.ema_update(cs, t->count, t->momentum, R.grads.data() + t->offset, R.params.data() + t->offset);
+        d.ema_update(cs, t->count, t->momentum, set_.grad_at(R, t->offset), R.params.data() + t->offset);
+}
+
+// strategy.shard: gradients, on the comm stream after bucket k's reduce-scatter: the own chunk's
+// sum out of the staging slot into the own store (added: a later micro-batch), then the slot is
+// free (Replica::slot_free).
+void TrainingStep::keep_own_chunk(Replica& R, size_t k, bool add) {
+    Device& d = *R.device;
+    const Bucket& b = buckets_[k];
+    const auto [begin, end] = CrossDeviceOps::owned(R.index, set_.replicas(), b.begin, b.end - b.begin);
+    if (end > begin) {
+        const float* sum = set_.grad_at(R, begin);
+        float* own = owned_grads(R, begin);
+        if (add) d.axpy(d.comm_stream(), end - begin, 1.0f, sum, own);
+        else d.copy_on_device(d.comm_stream(), own, sum, (end - begin) * sizeof(float));
+    }
+    d.event_record(R.slot_free[size_t(set_.staging().slot_of[k])], d.comm_stream());
+}
+
+// The summed gradient of parameter `begin` of an owned range: in the gradient buffer, or staged,
+// in the own store (laid out as the optimizer's state).
+float* TrainingStep::owned_grads(Replica& R, size_t begin) const {
+    if (!set_.staged()) return R.grads.data() + begin;
+    for (const auto& o : R.optimizer->owned())
+        if (begin >= o.begin && begin < o.end) return R.owned_grads.data() + o.state_at + (begin - o.begin);
+    throw std::logic_error("a gradient outside the replica's own chunks");
 }
 
 // strategy.shard, on the compute stream once the reduce-scatter is done: the gradient statistics
@@ -318,13 +368,13 @@ void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const Step
     if (stats) {
         d.fill(cs, 2, 0.0f, R.grad_stats.data());
         for (const auto& o : owned) {
-            d.sum_squares(cs, o.end - o.begin, R.grads.data() + o.begin, loss_scale, R.grad_total.data());
+            d.sum_squares(cs, o.end - o.begin, owned_grads(R, o.begin), loss_scale, R.grad_total.data());
             d.axpy(cs, 2, 1.0f, R.grad_total.data(), R.grad_stats.data());
         }
         comm_op([&] { grad_stats_ops_->all_reduce(R.index, 0, 2); });
     }
     for (const auto& o : owned)
-        R.optimizer->apply_range(d, cs, R.params.data(), R.grads.data(), o.begin, o.end, step, lr,
+        R.optimizer->apply_range(d, cs, R.params.data(), owned_grads(R, o.begin), o.begin, o.end, step, lr,
                                  stats ? R.grad_stats.data() : nullptr, loss_scale, set_.loss_scaling(), values);
     finish_update(R);
     if (timing) d.event_record(R.t_gather, cs);  // exposed communication, as the all-reduce's wait is
@@ -477,7 +527,7 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
         H.optimizer->apply_summed_range(d, cs, H.params.data(), set_.grad_ptrs().data(), set_.replicas(), R.index, tb,
                                         te, step, lr, values);
     else if (te > tb)
-        H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data(), tb, te, step, lr,
+        H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data() + tb, tb, te, step, lr,
                                  stats ? R.grad_total.data() : nullptr, loss_scale, set_.loss_scaling(), values);
     if (set_.loss_scaling())
         d.loss_scale_update(cs, R.loss_scale.data(), R.grad_total.data(), set_.config().loss_scale_growth_interval);

@@ -73,6 +73,9 @@ private:
     void apply_update(Replica& R, int64_t step, float lr, const StepValues* values);
     // The loss scale and the running statistics, after the optimizer (apply_update, sharded_update).
     void finish_update(Replica& R);
+    // strategy.shard: gradients - bucket k's own chunk out of its slot into the own store.
+    void keep_own_chunk(Replica& R, size_t k, bool add);
+    float* owned_grads(Replica& R, size_t begin) const;  // the own chunks' summed gradients
     // strategy.shard: R updates its own chunks (reduce-scattered) and gathers everyone's.
     // comm: its communication's host time (CPU replicas); timing: the all-gather's events.
     void sharded_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);

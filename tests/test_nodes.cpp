@@ -253,7 +253,7 @@ TEST_CASE("checkpoint.every_minutes across nodes: node 0's clock decides for eve
     expect_same_run(t / "two", t / "one");
 }
 
-TEST_CASE("strategy.shard optimizer across 2 nodes x 2 replicas: bit for bit as unsharded; a resume is exact") {
+TEST_CASE("strategy.shard across 2 nodes x 2 replicas: bit for bit as unsharded; a resume is exact") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
@@ -272,6 +272,11 @@ TEST_CASE("strategy.shard optimizer across 2 nodes x 2 replicas: bit for bit as 
     const json s = summary(t / "sharded");
     CHECK(s["replicas"] == 4);
     CHECK(s["shard"] == "optimizer");
+    // gradients staged too: each node's reduce-scatter leaves the chunk summed over the nodes
+    const Job staged = mpirun(2, args(t / "staged", "gradients"));
+    REQUIRE_MESSAGE(staged.rc == kExitOk, staged.err);
+    CHECK(summary(t / "staged")["shard"] == "gradients");
+    expect_same_run(t / "plain", t / "staged");
     // stopped on every node at step 30, resumed: the state gathered by each node's replicas is whole
     const std::vector<std::string> stopped = args(t / "stopped", "optimizer");
     // a stop on one node stops every node at the same step

@@ -19,6 +19,7 @@
 
 using namespace mirrored;
 using namespace mirrored::test;
+using ShardMode = StrategyConfig::Shard;
 
 namespace {
 
@@ -151,7 +152,7 @@ Dataset small_problem(uint64_t seed = SyntheticOptions{}.seed) {
 // optimizer; state (may be null): the optimizer state at the end, gathered.
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
                   const std::string& opt_type = "sgd", double clip = 0.0, const std::string& op = "ring",
-                  bool graph = false, bool fused = false, bool shard = false,
+                  bool graph = false, bool fused = false, ShardMode shard = ShardMode::none,
                   std::vector<std::pair<std::string, std::vector<float>>>* state = nullptr) {
     const Dataset ds = small_problem(7);
     const Model model(
@@ -169,7 +170,7 @@ TrainResult train(const std::string& devices, int steps, double bucket_mb, int a
     sc.shared_parameters = op == "shared";
     sc.cuda_graph = graph;
     sc.fused_epilogues = fused;
-    sc.shard = shard ? StrategyConfig::Shard::optimizer : StrategyConfig::Shard::none;
+    sc.shard = shard;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, accumulation);
     LoaderOptions lo;
@@ -205,7 +206,8 @@ struct CnnResult {
 // A small CNN with batchnorm (synchronised or per replica) on images of a synthetic problem.
 CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision precision = Precision::fp32,
                     int overflow_step = -1, int overflow_replica = 1, std::vector<float>* before_overflow = nullptr,
-                    DType wire = DType::f32, bool shared = false, bool graph = false, bool shard = false) {
+                    DType wire = DType::f32, bool shared = false, bool graph = false,
+                    ShardMode shard = ShardMode::none) {
     SyntheticOptions so;
     so.shape = {6, 6, 2};
     so.classes = 3;
@@ -228,7 +230,7 @@ CnnResult train_cnn(const std::string& devices, int steps, bool sync, Precision 
     sc.allreduce_dtype = wire;
     sc.shared_parameters = shared;
     sc.cuda_graph = graph;
-    sc.shard = shard ? StrategyConfig::Shard::optimizer : StrategyConfig::Shard::none;
+    sc.shard = shard;
     const int global = 24;
     MirroredStrategy strategy(sc, model, oc, global, 1);
     LoaderOptions lo;
@@ -1214,35 +1216,51 @@ TEST_CASE("cuda: N replicas on GPU 0 match one replica, and match the CPU run" *
         }
 }
 
-TEST_CASE("cuda: sharded optimizer state trains bit for bit as unsharded, captured too" * doctest::test_suite("cuda")) {
+TEST_CASE("cuda: sharded optimizer state and gradients train as unsharded, captured too" *
+          doctest::test_suite("cuda")) {
     SKIP_WITHOUT_CUDA();
     std::vector<std::string> lists{"cuda:0,0,0"};
     if (cuda_device_count() >= 2) lists.push_back("cuda:0,1");
     for (const std::string& devices : lists) {
         CAPTURE(devices);
         std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
-        const TrainResult plain = train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", false, false, false, &whole);
-        const TrainResult shard = train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", false, false, true, &sharded);
+        const TrainResult plain =
+            train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", false, false, ShardMode::none, &whole);
+        const TrainResult shard =
+            train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", false, false, ShardMode::optimizer, &sharded);
         CHECK(shard.params == plain.params);
         for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
         CHECK(sharded == whole);
-        const TrainResult graph = train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", true, false, true);
+        const TrainResult graph = train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", true, false, ShardMode::optimizer);
         CHECK(graph.graph_launches > 0);
         CHECK(graph.params == plain.params);
+        // gradients staged too: one micro-batch adds as the all-reduce does; with two, each
+        // micro-batch's chunk is added after the replicas' sum (within rounding)
+        const TrainResult plain1 = train(devices, 6, 0.0005, 1, "adamw", 0.0, "ring");
+        CHECK(train(devices, 6, 0.0005, 1, "adamw", 0.0, "ring", false, false, ShardMode::gradients).params ==
+              plain1.params);
+        const TrainResult staged =
+            train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", true, false, ShardMode::gradients);
+        CHECK(staged.graph_launches > 0);
+        CHECK(rel_error(staged.params, plain.params) < 1e-5);
     }
     if (cuda_device_count() < 2 || !nccl_compiled()) return;
     // nccl's halves (ncclReduce and ncclBroadcast per chunk): with two ranks every element is
     // a + b, in NCCL's reduce as in its all-reduce (float addition commutes), so bit for bit
     std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
-    const TrainResult plain = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, false, &whole);
-    const TrainResult shard = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, true, &sharded);
+    const TrainResult plain =
+        train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, ShardMode::none, &whole);
+    const TrainResult shard =
+        train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, ShardMode::optimizer, &sharded);
     CHECK(shard.ops == std::string("nccl"));
     CHECK(shard.params == plain.params);
     for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
     CHECK(sharded == whole);
-    const TrainResult graph = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", true, false, true);
+    const TrainResult graph = train("cuda:0,1", 6, 0.0005, 2, "adamw", 0.0, "nccl", true, false, ShardMode::optimizer);
     CHECK(graph.graph_launches > 0);
     CHECK(graph.params == shard.params);
+    CHECK(train("cuda:0,1", 6, 0.0005, 1, "adamw", 0.0, "nccl", false, false, ShardMode::gradients).params ==
+          train("cuda:0,1", 6, 0.0005, 1, "adamw", 0.0, "nccl").params);
 }
 
 TEST_CASE("cuda: shared parameters on GPU 0 match one replica, with and without graphs" * doctest::test_suite("cuda")) {
@@ -1445,8 +1463,10 @@ TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, 
             CAPTURE(devices);
             CAPTURE(opt);
             std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
-            const TrainResult plain = train(devices, 6, 0.0005, 2, opt, 0.0, "ring", false, false, false, &whole);
-            const TrainResult shard = train(devices, 6, 0.0005, 2, opt, 0.0, "ring", false, false, true, &sharded);
+            const TrainResult plain =
+                train(devices, 6, 0.0005, 2, opt, 0.0, "ring", false, false, ShardMode::none, &whole);
+            const TrainResult shard =
+                train(devices, 6, 0.0005, 2, opt, 0.0, "ring", false, false, ShardMode::optimizer, &sharded);
             CHECK(shard.params == plain.params);  // the ring's additions, the same update per element
             for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
             REQUIRE(sharded.size() == whole.size());
@@ -1456,25 +1476,29 @@ TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, 
     for (const char* devices : {"sim:0,1", "sim:0,1,2,3"}) {
         CAPTURE(devices);
         std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
-        const TrainResult plain = train(devices, 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, false, &whole);
-        const TrainResult shard = train(devices, 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, true, &sharded);
+        const TrainResult plain =
+            train(devices, 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, ShardMode::none, &whole);
+        const TrainResult shard =
+            train(devices, 6, 0.0005, 2, "adamw", 0.0, "nccl", false, false, ShardMode::optimizer, &sharded);
         CHECK(shard.ops == std::string("nccl"));
         CHECK(shard.params == plain.params);
         for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
         CHECK(sharded == whole);
     }
     // captured once and replayed (simulated GPUs): the same bits
-    const TrainResult uncaptured = train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", false, false, true);
-    const TrainResult replayed = train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", true, false, true);
+    const TrainResult uncaptured =
+        train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", false, false, ShardMode::optimizer);
+    const TrainResult replayed =
+        train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", true, false, ShardMode::optimizer);
     CHECK(replayed.graph_launches > 0);
     CHECK(replayed.params == uncaptured.params);
     // clipping: the norm from per-chunk partial sums, so within rounding of the unsharded run
     const TrainResult one = train("cpu:1", 6, 0.0, 2, "adamw", 0.5);
-    const TrainResult clipped = train("cpu:3", 6, 0.0005, 2, "adamw", 0.5, "ring", false, false, true);
+    const TrainResult clipped = train("cpu:3", 6, 0.0005, 2, "adamw", 0.5, "ring", false, false, ShardMode::optimizer);
     CHECK(rel_error(clipped.params, one.params) < 1e-5);
     for (uint64_t c : clipped.checksums) CHECK(c == clipped.checksums[0]);
     // one bucket, one replica: nothing to split
-    CHECK(train("cpu:1", 4, 0.0, 1, "adamw", 0.0, "ring", false, false, true).params ==
+    CHECK(train("cpu:1", 4, 0.0, 1, "adamw", 0.0, "ring", false, false, ShardMode::optimizer).params ==
           train("cpu:1", 4, 0.0, 1, "adamw").params);
     // the state each replica holds: its own chunks, about 1/N, together every parameter once
     const Model model({12}, {dense(16, Activation::relu), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
@@ -1502,22 +1526,110 @@ TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, 
           whole.memory_plan().optimizer - st.memory_plan().optimizer - 2 * sizeof(float));
 }
 
-TEST_CASE("strategy.shard optimizer: batchnorm statistics, fp16 loss scaling and an overflow agree with unsharded") {
+TEST_CASE("strategy.shard gradients: N replicas train as unsharded, each keeping its own chunks' gradients only") {
+    SimScope sim(30);
+    // one micro-batch: every chunk reduce-scattered as the all-reduce sums it, kept, updated: the same bits
+    for (const char* devices : {"cpu:2", "cpu:3", "cpu:4", "sim:0,1,2"})
+        for (const char* opt : {"sgd", "adamw"}) {
+            CAPTURE(devices);
+            CAPTURE(opt);
+            std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
+            const TrainResult plain =
+                train(devices, 6, 0.0005, 1, opt, 0.0, "ring", false, false, ShardMode::none, &whole);
+            const TrainResult shard =
+                train(devices, 6, 0.0005, 1, opt, 0.0, "ring", false, false, ShardMode::gradients, &sharded);
+            CHECK(shard.params == plain.params);
+            for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
+            CHECK(sharded == whole);
+        }
+    for (const char* devices : {"sim:0,1", "sim:0,1,2,3"}) {
+        CAPTURE(devices);
+        const TrainResult plain = train(devices, 6, 0.0005, 1, "adamw", 0.0, "nccl");
+        const TrainResult shard =
+            train(devices, 6, 0.0005, 1, "adamw", 0.0, "nccl", false, false, ShardMode::gradients);
+        CHECK(shard.ops == std::string("nccl"));
+        CHECK(shard.params == plain.params);
+    }
+    // accumulation: each micro-batch is reduce-scattered and its chunk added to the kept sum, so
+    // the micro-batches are summed after the replicas, not before: within rounding
+    const TrainResult one = train("cpu:1", 6, 0.0, 2, "adamw", 0.5);
+    for (const char* devices : {"cpu:3", "sim:0,1,2"}) {
+        CAPTURE(devices);
+        const TrainResult accumulated =
+            train(devices, 6, 0.0005, 2, "adamw", 0.5, "ring", false, false, ShardMode::gradients);
+        CHECK(rel_error(accumulated.params, one.params) < 1e-5);
+        for (uint64_t c : accumulated.checksums) CHECK(c == accumulated.checksums[0]);
+    }
+    // captured once and replayed (simulated GPUs): the same bits
+    const TrainResult uncaptured =
+        train("sim:0,1,2", 6, 0.0005, 2, "adamw", 0.5, "ring", false, false, ShardMode::gradients);
+    const TrainResult replayed =
+        train("sim:0,1,2", 6, 0.0005, 2, "adamw", 0.5, "ring", true, false, ShardMode::gradients);
+    CHECK(replayed.graph_launches > 0);
+    CHECK(replayed.params == uncaptured.params);
+}
+
+TEST_CASE("strategy.shard gradients: a few reused slots and the own chunks hold what every gradient held") {
+    // ten layers in about one bucket each, staged in a few slots
+    std::vector<LayerSpec> layers(10, dense(64, Activation::relu));
+    layers.push_back(dense(5, Activation::none));
+    const Model model({64}, layers, 3);
+    StrategyConfig sc;
+    sc.devices = "cpu:4";
+    sc.bucket_mb = 0.015;
+    sc.shard = ShardMode::gradients;
+    MirroredStrategy st(sc, model, make_optimizer_config("adamw"), 24, 1);
+    REQUIRE(st.sharded_gradients());
+    const GradientStaging g = plan_gradient_staging(model, make_buckets(model, sc.bucket_mb));
+    CHECK(st.gradient_slots() == g.slots);
+    CHECK(g.slots < 8);
+    // every slot's buckets are written one after another: a bucket takes its slot only once the one before is reduced
+    for (size_t a = 0; a < st.buckets().size(); ++a)
+        for (size_t b = 0; b < st.buckets().size(); ++b)
+            if (a != b && g.slot_of[a] == g.slot_of[b] && st.buckets()[a].begin > st.buckets()[b].begin)
+                CHECK((g.claim_after[b] >= 0 && g.claim_after[b] <= st.buckets()[a].ready_after_layer));
+    size_t largest = 0;
+    for (const Bucket& b : st.buckets()) largest = std::max(largest, b.end - b.begin);
+    CHECK(g.buffer <= size_t(g.slots) * (largest + Model::kTensorAlign));
+    // the plan: slots, then each replica's own chunks (the largest share), in place of the whole buffer
+    size_t most = 0;
+    for (int r = 0; r < 4; ++r) most = std::max(most, st.replica(r).owned_grads.size());
+    CHECK(st.memory_plan().grads == (g.buffer + most) * sizeof(float));
+    CHECK(st.memory_plan().grads < model.flat_size() * sizeof(float));
+    sc.shard = ShardMode::optimizer;
+    MirroredStrategy zero1(sc, model, make_optimizer_config("adamw"), 24, 1);
+    CHECK(zero1.memory_plan().grads == model.flat_size() * sizeof(float));
+    // measured: the difference is the plan's
+    CHECK(zero1.peak_memory_bytes() - st.peak_memory_bytes() == zero1.memory_plan().grads - st.memory_plan().grads);
+}
+
+TEST_CASE("strategy.shard: batchnorm statistics, fp16 loss scaling and an overflow agree with unsharded") {
     const CnnResult plain = train_cnn("cpu:3", 6, true, Precision::fp16, 3, 2);
-    const CnnResult shard = train_cnn("cpu:3", 6, true, Precision::fp16, 3, 2, nullptr, DType::f32, false, false, true);
+    const CnnResult shard =
+        train_cnn("cpu:3", 6, true, Precision::fp16, 3, 2, nullptr, DType::f32, false, false, ShardMode::optimizer);
     CHECK(shard.loss_scale == plain.loss_scale);
     CHECK(shard.loss_scale < MirroredStrategy::kInitialLossScale);  // the overflow halved it everywhere
     CHECK(shard.params == plain.params);                            // running statistics included
     for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
+    // gradients staged too: the running statistics stay whole after the slots
+    const CnnResult staged =
+        train_cnn("cpu:3", 6, true, Precision::fp16, 3, 2, nullptr, DType::f32, false, false, ShardMode::gradients);
+    CHECK(staged.loss_scale == plain.loss_scale);
+    CHECK(staged.params == plain.params);
+    for (uint64_t c : staged.checksums) CHECK(c == plain.checksums[0]);
     SimScope sim(25);  // on simulated GPUs with delays, the order of the streams holds
-    const CnnResult sim_shard =
-        train_cnn("sim:0,1,2", 6, true, Precision::fp32, -1, 1, nullptr, DType::f32, false, false, true);
-    CHECK(sim_shard.params == train_cnn("sim:0,1,2", 6, true).params);
+    const CnnResult sim_plain = train_cnn("sim:0,1,2", 6, true);
+    for (ShardMode mode : {ShardMode::optimizer, ShardMode::gradients}) {
+        const CnnResult sim_shard =
+            train_cnn("sim:0,1,2", 6, true, Precision::fp32, -1, 1, nullptr, DType::f32, false, false, mode);
+        CHECK(sim_shard.params == sim_plain.params);
+    }
 }
 
 TEST_CASE("strategy.shard optimizer: a checkpoint's state is whole and resumes with another mode and replica count") {
     std::vector<std::pair<std::string, std::vector<float>>> from4;
-    const TrainResult four = train("cpu:4", 5, 0.0005, 1, "adamw", 0.0, "ring", false, false, true, &from4);
+    const TrainResult four =
+        train("cpu:4", 5, 0.0005, 1, "adamw", 0.0, "ring", false, false, ShardMode::optimizer, &from4);
     const Model model(
         {12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
     for (bool shard : {true, false}) {
@@ -1570,16 +1682,29 @@ TEST_CASE(
     const Config ok = load_config_text(base + "cross_device_ops: auto}\n", "s.yaml", {});
     CHECK(ok.strategy.shard == StrategyConfig::Shard::optimizer);
     // auto with sharding: on CPU replicas the ring alone splits (direct does not): nothing timed
-    const TrainResult chosen = train("cpu:2", 2, 0.0005, 1, "sgd", 0.0, "auto", false, false, true);
+    const TrainResult chosen = train("cpu:2", 2, 0.0005, 1, "sgd", 0.0, "auto", false, false, ShardMode::optimizer);
     CHECK(chosen.ops == std::string("ring"));
     CHECK(chosen.ops_choice.find("the one op here that splits") != std::string::npos);
     // on simulated GPUs, one per replica, the ring and nccl split: both timed as reduce-scatter and
     // all-gather, and the choice trains as that op set by name
     SimScope sim(0);
     CacheDirScope cache;
-    const TrainResult timed = train("sim:0,1", 4, 0.0005, 1, "adamw", 0.0, "auto", false, false, true);
+    const TrainResult timed = train("sim:0,1", 4, 0.0005, 1, "adamw", 0.0, "auto", false, false, ShardMode::optimizer);
     CHECK(timed.ops_choice.find("measured: ring ") != std::string::npos);
     CHECK(timed.ops_choice.find(", nccl ") != std::string::npos);
     CHECK(timed.ops_choice.find("direct") == std::string::npos);
-    CHECK(train("sim:0,1", 4, 0.0005, 1, "adamw", 0.0, timed.ops, false, false, true).params == timed.params);
+    CHECK(train("sim:0,1", 4, 0.0005, 1, "adamw", 0.0, timed.ops, false, false, ShardMode::optimizer).params ==
+          timed.params);
+    // gradients: the same rules, named as such; auto times the ops on the staging slots
+    const std::string staged = "model: {layers: [{type: dense, units: 3}]}\nstrategy: {shard: gradients, ";
+    CHECK_THROWS_WITH_AS(load_config_text(staged + "cross_device_ops: direct}\n", "s.yaml", {}),
+                         doctest::Contains("strategy.shard: gradients needs an op that splits"), ConfigError);
+    CHECK_THROWS_WITH_AS(load_config_text(staged + "allreduce_dtype: bf16}\n", "s.yaml", {}),
+                         doctest::Contains("strategy.shard: gradients exchanges fp32 gradients"), ConfigError);
+    CHECK(load_config_text(staged + "cross_device_ops: ring}\n", "s.yaml", {}).strategy.shard == ShardMode::gradients);
+    const TrainResult staged_auto =
+        train("sim:0,1", 4, 0.0005, 1, "adamw", 0.0, "auto", false, false, ShardMode::gradients);
+    CHECK(staged_auto.ops_choice.find("measured: ring ") != std::string::npos);
+    CHECK(train("sim:0,1", 4, 0.0005, 1, "adamw", 0.0, staged_auto.ops, false, false, ShardMode::gradients).params ==
+          staged_auto.params);
 }

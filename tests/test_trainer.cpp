@@ -221,6 +221,38 @@ TEST_CASE("strategy.shard optimizer: SIGKILL then resume is bit-identical; its c
     }
 }
 
+TEST_CASE("strategy.shard gradients: SIGKILL then resume is bit-identical; switched at a resume, either way, exact") {
+    Scratch s;
+    std::string text = kTiny;
+    text.replace(text.find("\"cpu:2\""), 7, "\"cpu:4\"");
+    text.replace(text.find("verify_every_steps: 10}"), 23, "verify_every_steps: 10, shard: gradients}");
+    text.replace(text.find("epochs: 5"), 9, "epochs: 20");
+    const std::string cfg = s.config(text);
+    const std::string ref = s.out("ref");
+    const auto [printed, duration] = train_printing(cfg, ref);
+    CHECK(printed.find("and gradients: each replica keeps only its own chunks' summed gradients") != std::string::npos);
+    CHECK(summary(ref)["shard"] == "gradients");
+    CHECK(summary(ref)["test_accuracy"].get<double>() > 0.5);
+    expect_killed_run_resumes(cfg, ref, s.out("killed"), duration, 21);
+    // one micro-batch, no clipping: the same additions as the all-reduce's, so a switch of mode at a
+    // resume continues the run bit for bit
+    const std::string plain = s.out("plain");
+    REQUIRE(train_in_process(cfg, plain, {"optimizer.grad_clip_norm=0", "strategy.shard=none"}) == kExitOk);
+    for (const char* from : {"none", "gradients"}) {
+        CAPTURE(from);
+        const std::string to = std::string(from) == "none" ? "gradients" : "none";
+        const std::string out = s.out(std::string("switched_from_") + from);
+        {
+            EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "40");
+            CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", std::string("strategy.shard=") + from}) ==
+                  kExitInterrupted);
+        }
+        CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", "strategy.shard=" + to}) == kExitOk);
+        CHECK(summary(out)["resumed_from_step"] == 40);
+        expect_same_run(plain, out);
+    }
+}
+
 TEST_CASE(
     "cross_device_ops auto keeps the op a checkpoint was written with: the resume stays exact; another op is said") {
     Scratch s;

@@ -112,7 +112,7 @@ public:
         const Buffers B = buffers(p);
         void* dqkv = p.acts->act(slot_, dqkv_);
         void* dheads = p.acts->act(slot_, dheads_);
-        p.dev->dense_weight_grad(p.stream, rows, c, c, dy, B.heads, p.grads + proj_w_off_, p.grads + proj_b_off_,
+        p.dev->dense_weight_grad(p.stream, rows, c, c, dy, B.heads, p.grad(proj_w_off_), p.grad(proj_b_off_),
                                  p.accumulate, p.types(DType::f32));
         p.dev->gemm(p.stream, false, false, rows, c, c, 1.0f, dy, c, p.weight(proj_w_off_), c, 0.0f, dheads, c,
                     p.types(p.vt));
@@ -157,8 +157,8 @@ private:
     // The qkv projection's weight gradient from dqkv, and dx = dqkv W_attn.
     void input_grads(Pass& p, const void* dqkv, void* dx) const {
         const int c = in_.c, rows = p.rows * in_.positions();
-        p.dev->dense_weight_grad(p.stream, rows, 3 * c, c, dqkv, p.acts->input(slot_), p.grads + attn_w_off_,
-                                 p.grads + attn_b_off_, p.accumulate, p.types(DType::f32));
+        p.dev->dense_weight_grad(p.stream, rows, 3 * c, c, dqkv, p.acts->input(slot_), p.grad(attn_w_off_),
+                                 p.grad(attn_b_off_), p.accumulate, p.types(DType::f32));
         if (dx)
             p.dev->gemm(p.stream, false, false, rows, c, 3 * c, 1.0f, dqkv, 3 * c, p.weight(attn_w_off_), c, 0.0f, dx,
                         c, p.types(p.vt));

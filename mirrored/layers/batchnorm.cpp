@@ -103,8 +103,8 @@ public:
         float* sums = p.acts->f32(slot_, sums_);
         d.bn_backward_sums(p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, sums);
         // this replica's dgamma = sum dy * xhat, dbeta = sum dy: the gradient all-reduce adds the rest
-        float* dgamma = p.grads + gamma_off_;
-        float* dbeta = p.grads + beta_off_;
+        float* dgamma = p.grad(gamma_off_);
+        float* dbeta = p.grad(beta_off_);
         if (p.accumulate) {
             d.axpy(p.stream, size_t(c), 1.0f, sums + c, dgamma);
             d.axpy(p.stream, size_t(c), 1.0f, sums, dbeta);
@@ -152,8 +152,8 @@ private:
             d.channel_sums(p.stream, rows, c, x, mean, true, sq);
         }
         // recomputed (train.recompute: blocks): counted into the running statistics once
-        d.bn_finalize(p.stream, a, sum, sq, mean, invstd, p.recomputing ? nullptr : p.grads + run_mean_off_,
-                      p.recomputing ? nullptr : p.grads + run_var_off_);
+        d.bn_finalize(p.stream, a, sum, sq, mean, invstd, p.recomputing ? nullptr : p.grad(run_mean_off_),
+                      p.recomputing ? nullptr : p.grad(run_var_off_));
     }
 
     const BatchNormOptions& o_;

@@ -171,11 +171,11 @@ public:
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
             p.dev->act_backward(p.stream, o_.activation, size_t(M) * F, z, dy, dy);
         }
-        float* db = b_ >= 0 ? p.grads + b_off_ : nullptr;
+        float* db = b_ >= 0 ? p.grad(b_off_) : nullptr;
         const bool permuted = pixel_major(p);
         // dW[F, K] (+)= dz[M, F]^T . cols[M, K], block by block (the permuted dW into the layer's
         // buffer, then back); db (+)= column sums of dz
-        float* dw = permuted ? p.acts->f32(slot_, permuted_grad_) : p.grads + w_off_;
+        float* dw = permuted ? p.acts->f32(slot_, permuted_grad_) : p.grad(w_off_);
         const bool one_block = block_images(p) >= p.rows;
         if (db && (permuted || !one_block)) p.dev->bias_grad(p.stream, M, F, dy, db, p.accumulate);
         const void* w = permuted ? p.acts->f32(slot_, permuted_) : p.weight(w_off_);  // as forward left it
@@ -215,7 +215,7 @@ public:
     // dW (+)= the pixel-major gradient back in [F, C, kh, kw] order.
     void unpermute_weight_grad(Pass& p) const {
         const float* g = p.acts->f32(slot_, permuted_grad_);
-        float* dw = p.grads + w_off_;
+        float* dw = p.grad(w_off_);
         const int F = out_.c, K = in_.c * g_.kh * g_.kw;
         if (!p.accumulate) {
             p.dev->nhwc_to_nchw(p.stream, F, g_.kh, g_.kw, in_.c, g, dw, false);

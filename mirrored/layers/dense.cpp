@@ -65,8 +65,8 @@ public:
             p.dev->act_backward(p.stream, o_.activation, size_t(rows) * units, z, dy, dy);
         }
         // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
-        p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), p.grads + w_off_,
-                                 b_ >= 0 ? p.grads + b_off_ : nullptr, p.accumulate, p.types(DType::f32));
+        p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), p.grad(w_off_),
+                                 b_ >= 0 ? p.grad(b_off_) : nullptr, p.accumulate, p.types(DType::f32));
         // dx[rows, inputs] = dz[rows, units] . W[units, inputs]
         if (dx)
             p.dev->gemm(p.stream, false, false, rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f,

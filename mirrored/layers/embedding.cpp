@@ -52,7 +52,7 @@ public:
 
     void backward(Pass& p, void* dy, void* dx) const override {
         (void)dx;  // ids have no gradient
-        float* dw = p.grads + w_off_;
+        float* dw = p.grad(w_off_);
         // A tied head wrote (or added to) this gradient already in its backward, which runs first.
         if (!tied_ && !p.accumulate) p.dev->fill(p.stream, size_t(o_.vocab) * size_t(o_.dim), 0.0f, dw);
         p.dev->embedding_backward(p.stream, p.rows * in_.c, o_.vocab, o_.dim,
@@ -109,9 +109,9 @@ public:
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
-        p.dev->bias_grad(p.stream, p.rows, int(in_.size()), dy, p.grads + w_off_, p.accumulate);
+        p.dev->bias_grad(p.stream, p.rows, int(in_.size()), dy, p.grad(w_off_), p.accumulate);
         if (!p.accumulate && in_.positions() < max_len_)  // the rows no position of these sequences reached
-            p.dev->fill(p.stream, size_t(max_len_ - in_.positions()) * in_.c, 0.0f, p.grads + w_off_ + in_.size());
+            p.dev->fill(p.stream, size_t(max_len_ - in_.positions()) * in_.c, 0.0f, p.grad(w_off_ + in_.size()));
         if (dx) p.dev->copy_on_device(p.stream, dx, dy, p.dev->act_bytes(size_t(p.rows) * in_.size()));
     }
 
@@ -175,7 +175,7 @@ public:
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const int rows = p.rows * in_.positions(), vocab = out_.c, c = in_.c;
-        p.dev->dense_weight_grad(p.stream, rows, vocab, c, dy, p.acts->input(slot_), p.grads + w_off_, nullptr,
+        p.dev->dense_weight_grad(p.stream, rows, vocab, c, dy, p.acts->input(slot_), p.grad(w_off_), nullptr,
                                  p.accumulate, p.types(DType::f32));
         if (dx)
             p.dev->gemm(p.stream, false, false, rows, c, vocab, 1.0f, dy, vocab, p.weight(w_off_), c, 0.0f, dx, c,

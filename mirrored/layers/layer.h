@@ -100,6 +100,17 @@ void read_padding(SpecReader& r, const std::string& path, WindowKeys& w);
 class Activations;
 class StatsSync;
 
+// Where the flat layout's gradients lie in a replica's gradient buffer: each piece [begin, end)
+// of the flat layout (a bucket) at buffer index `at`. Without pieces, every offset is its index.
+// strategy.shard: gradients places the trainable buckets in a few reused staging slots.
+struct GradientPlacement {
+    struct Piece {
+        size_t begin = 0, end = 0, at = 0;
+    };
+    std::vector<Piece> pieces;  // sorted by begin, disjoint
+    size_t index(size_t offset) const;
+};
+
 // Profiling (bench-step --layers): marked on the pass's stream after each top-level layer's
 // forward (label: the layer's index) and backward (label: layers + index), so that the time
 // between marks is the layer's - an event on GPUs, the clock on CPUs. The training step marks its
@@ -124,10 +135,11 @@ struct Pass {
     uint32_t step = 0;                   // global micro-step (dropout masks)
     const StepValues* values = nullptr;  // device: the step from here (a captured step)
     bool training = true;
-    const float* params = nullptr;  // f32 master parameters (flat)
-    const void* weights = nullptr;  // their compute copy in the activation type (= params for f32)
-    float* grads = nullptr;         // f32 gradients (flat); the state region gets statistics
-    bool accumulate = false;        // add to grads (gradient accumulation) instead of writing
+    const float* params = nullptr;                 // f32 master parameters (flat)
+    const void* weights = nullptr;                 // their compute copy in the activation type (= params for f32)
+    float* grads = nullptr;                        // f32 gradients (see grad()); the state region gets statistics
+    const GradientPlacement* placement = nullptr;  // where grad() finds a tensor (null: at its offset)
+    bool accumulate = false;                       // add to grads (gradient accumulation) instead of writing
     Activations* acts = nullptr;
     StatsSync* sync = nullptr;    // cross-replica sums for synchronised batch statistics
     float stats_weight = 1.0f;    // 1 / (replicas x micro-batches): running-statistics weight
@@ -137,6 +149,9 @@ struct Pass {
     // activations, but batch statistics are not counted into the running ones a second time.
     bool recomputing = false;
 
+    // A tensor's gradient (its offset in the flat layout). Layers write gradients only through
+    // here: with strategy.shard: gradients a tensor's gradient lies in its bucket's staging slot.
+    float* grad(size_t offset) const;
     // The compute copy of a tensor's weights (its offset in the activation type's elements).
     const void* weight(size_t offset) const {
         return static_cast<const char*>(weights) + offset * (weights == params ? 4 : dev->act_bytes(1));
@@ -167,7 +182,8 @@ public:
         float fill = 0.0f;      // state tensors start at this value ...
         float momentum = 0.0f;  // ... and move this far towards each step's statistics
         int top_layer = 0;
-        bool tied = false;  // another layer uses it too (an LM head tied to the token embedding)
+        bool tied = false;    // another layer uses it too (an LM head tied to the token embedding)
+        int tied_layer = -1;  // ... the top-level layer that does
     };
     struct Buffer {
         bool act = true;     // activation type, else f32
@@ -194,7 +210,10 @@ public:
     // The token embedding's table, which an LM head may tie its weights to (-1: none yet).
     void set_token_embedding(int tensor) { token_embedding_ = tensor; }
     int token_embedding() const { return token_embedding_; }
-    void tie(int tensor) { tensors_[size_t(tensor)].tied = true; }
+    void tie(int tensor) {
+        tensors_[size_t(tensor)].tied = true;
+        tensors_[size_t(tensor)].tied_layer = top_layer_;
+    }
 
     // Activation recomputation (train.recompute: blocks). A block (transformer_block, residual)
     // declares the buffers it needs only during its own forward and backward (its layers' and its
@@ -258,7 +277,7 @@ public:
     // p.acts, in the slots the layer declared.
     virtual const void* forward(Pass& p, const void* x) const = 0;
     // dy: the gradient of the output, which may be overwritten; dx: where the gradient of the
-    // input goes, or null when nothing before needs it. Parameter gradients go into p.grads.
+    // input goes, or null when nothing before needs it. Parameter gradients go into p.grad(offset).
     virtual void backward(Pass& p, void* dy, void* dx) const = 0;
     virtual bool has_params() const { return false; }
     // Refuses (ConfigError at its key) training on `rows` samples per replica, `global_rows` in

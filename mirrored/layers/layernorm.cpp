@@ -45,7 +45,7 @@ public:
     void backward(Pass& p, void* dy, void* dx) const override {
         p.dev->layernorm_backward(p.stream, p.rows * in_.h * in_.w, in_.c, dy, p.acts->input(slot_),
                                   p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_), p.params + gamma_off_, dx,
-                                  p.grads + gamma_off_, p.grads + beta_off_, p.accumulate);
+                                  p.grad(gamma_off_), p.grad(beta_off_), p.accumulate);
     }
 
     bool has_params() const override { return true; }

@@ -107,6 +107,18 @@ std::string Shape::str() const {
 
 void Layer::fail(const std::string& what) const { throw ConfigError(key_, what); }
 
+size_t GradientPlacement::index(size_t offset) const {
+    if (pieces.empty()) return offset;
+    auto it =
+        std::upper_bound(pieces.begin(), pieces.end(), offset, [](size_t o, const Piece& p) { return o < p.begin; });
+    if (it == pieces.begin() || offset >= (it - 1)->end)
+        throw std::logic_error("a gradient offset outside every placed bucket: " + std::to_string(offset));
+    --it;
+    return it->at + (offset - it->begin);
+}
+
+float* Pass::grad(size_t offset) const { return grads + (placement ? placement->index(offset) : offset); }
+
 int Builder::param(const std::string& name, std::vector<int> shape, InitArgs init) {
     Tensor t;
     t.name = name;

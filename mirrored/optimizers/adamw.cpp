@@ -39,7 +39,7 @@ protected:
     void update_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
                       float lr, float weight_decay, const float* grad_stats, const float* loss_scale,
                       bool skip_nonfinite, const StepValues* values) override {
-        on.adamw_update(s, end - begin, params + begin, grads + begin, state_at(m_, begin), state_at(v_, begin),
+        on.adamw_update(s, end - begin, params + begin, grads, state_at(m_, begin), state_at(v_, begin),
                         args(step, lr, weight_decay, grad_stats, loss_scale, skip_nonfinite, values));
     }
     void update_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
