@@ -72,26 +72,32 @@ CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
     return c;
 }
 
-StepPrediction predict_step(const Topology& topo, double compute_s, const CommPlan& comm, bool sharded) {
+StepPrediction predict_step(const Topology& topo, double compute_s, const CommPlan& comm, bool sharded, int scatters) {
     StepPrediction p;
     p.compute_s = compute_s;
     const double backward = compute_s * comm.backward_share, forward = compute_s - backward;
-    double comm_end = 0, gather = 0;
+    double comm_end = 0, gather = 0, scatter = 0;
     for (const BucketTiming& b : comm.buckets) {
         double t = allreduce_seconds(topo, b.bytes), overlapped = t;
         if (sharded) {  // the node's reduce-scatter and the chunk's sum over the nodes; the node's gather after
             const double local = ring_allreduce_seconds(topo.per_node, b.bytes, topo.local);
             overlapped = local / 2 + (topo.nodes > 1 ? ring_allreduce_seconds(topo.nodes, b.bytes, topo.net) : 0.0);
             gather += local / 2;
+            scatter += overlapped;
             t = overlapped + local / 2;
         }
         comm_end = std::max(comm_end, forward + b.ready * backward) + overlapped;
         p.allreduce_s += t;
     }
     if (sharded) gather += ring_allreduce_seconds(topo.per_node, 2 * sizeof(float), topo.local);  // the norm's sum
+    double earlier = 0;  // the earlier micro-batches' reduce-scatters, past their own backward
+    if (sharded && scatters > 1) {
+        p.allreduce_s += double(scatters - 1) * scatter;
+        earlier = double(scatters - 1) * std::max(0.0, scatter - backward / double(scatters));
+    }
     const double blocking = comm.blocking_allreduces * allreduce_seconds(topo, comm.blocking_bytes);
     p.allreduce_s += blocking;
-    p.exposed_s = std::max(0.0, comm_end - compute_s) + blocking + gather;
+    p.exposed_s = std::max(0.0, comm_end - compute_s) + blocking + gather + earlier;
     p.step_s = compute_s + p.exposed_s;
     return p;
 }

@@ -64,8 +64,11 @@ struct StepPrediction {
 // sharded (strategy.shard optimizer): each bucket's reduce-scatter in the node (half its ring
 // all-reduce) and its chunk's sum over the nodes overlap backward as the all-reduce would; the
 // node's all-gather of the updated parameters (the other half) and the gradient norm's two-float
-// sum follow, exposed whole.
-StepPrediction predict_step(const Topology& t, double compute_s, const CommPlan& comm, bool sharded = false);
+// sum follow, exposed whole. scatters: the micro-batches whose gradients are each reduce-scattered
+// (strategy.shard gradients: the accumulation steps; else 1) - an earlier micro-batch's hides
+// behind that micro-batch's backward where it can.
+StepPrediction predict_step(const Topology& t, double compute_s, const CommPlan& comm, bool sharded = false,
+                            int scatters = 1);
 inline StepPrediction predict_step(int n, double compute_s, const CommPlan& comm, const LinkModel& link) {
     return predict_step(Topology{n, 1, link, {}}, compute_s, comm);
 }

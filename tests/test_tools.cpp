@@ -488,6 +488,35 @@ TEST_CASE(
     CHECK(tight["results"][0]["fits"] == false);  // one GPU has nothing to share
     CHECK(tight["results"][0]["recommendation"].get<std::string>().find("a per-GPU batch of at most") == 0);
     CHECK(j["results"][0]["speedup"] == 1.0);
+    // strategy.shard gradients, a deeper model in buckets of about a layer: each GPU keeps its
+    // chunks' gradients and a few staging slots, so it saves more than ZeRO-1; with memory between
+    // the two needs, it is the recommendation; configured, it is what the plan counts
+    std::string deep = kSynthetic;
+    const std::string layer = "    - {type: dense, units: 256, activation: relu}\n";
+    std::string layers;
+    for (int i = 0; i < 8; ++i) layers += layer;
+    deep.replace(deep.find("    - {type: dense, units: 512"),
+                 2 * std::string("    - {type: dense, units: 512, activation: relu}\n").size(), layers);
+    const std::string deep_cfg = d.write("deep.yaml", deep);
+    const std::vector<std::string> small{"--set", "strategy.bucket_mb=0.25"};
+    auto plan8 = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a{"plan", deep_cfg, "--gpus", "8", "--json", out};
+        a.insert(a.end(), small.begin(), small.end());
+        a.insert(a.end(), extra.begin(), extra.end());
+        REQUIRE(run_cli(a) == kExitOk);
+        return read_json(out)["results"][0];
+    };
+    const json plain8 = plan8({"--gpu", "h200"});
+    const double z1 = plain8["zero1_saving_bytes"].get<double>(), z2 = plain8["zero2_saving_bytes"].get<double>();
+    CHECK(z2 > z1 + plain8["memory"]["gradients"].get<double>() / 3);
+    CHECK(plain8["zero2_step_ms"].get<double>() >= plain8["zero1_step_ms"].get<double>());
+    std::snprintf(gb, sizeof gb, "%.9f", (plain8["memory_bytes"].get<double>() - (z1 + z2) / 2 + 1073741824.0) / 1e9);
+    const json between = plan8({"--memory-gb", gb});
+    CHECK(between["fits"] == false);
+    CHECK(between["recommendation"].get<std::string>().rfind("strategy.shard: gradients (", 0) == 0);
+    const json staged = plan8({"--gpu", "h200", "--set", "strategy.shard=gradients"});
+    CHECK(staged["memory_bytes"].get<double>() == doctest::Approx(plain8["memory_bytes"].get<double>() - z2));
+    CHECK(staged["recommendation"] == "strategy.shard: gradients, as configured");
     // too little memory: does not fit, and says the largest per-GPU batch that does
     REQUIRE(run_cli({"plan", cfg, "--gpus", "2", "--memory-gb", "1.0035", "--json", out}) == kExitOk);
     j = read_json(out);

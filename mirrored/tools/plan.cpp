@@ -284,10 +284,13 @@ struct PlanRow {
     double zero1 = 0;                 // bytes per GPU strategy.shard optimizer would save (0: taken, or not possible)
     bool zero1_fits = false;          // and the run would fit with it
     StepPrediction step, zero1_step;  // the step as configured, and with the optimizer state sharded
+    double zero2 = 0;                 // the same for strategy.shard gradients
+    bool zero2_fits = false;
+    StepPrediction zero2_step;
     // What train.recompute: blocks would save (0: taken, or no blocks), whether the run would fit
-    // with it (and with the optimizer state sharded too), and its step
+    // with it (and with the optimizer state or the gradients sharded too), and its step
     double recompute = 0;
-    bool recompute_fits = false, recompute_zero1_fits = false;
+    bool recompute_fits = false, recompute_zero1_fits = false, recompute_zero2_fits = false;
     StepPrediction recompute_step;
     std::string recommendation;
     double samples_per_sec = 0, speedup = 0, efficiency = 0;
@@ -311,6 +314,8 @@ struct PlanRow {
                 {"largest_per_gpu_batch", largest},
                 {"zero1_saving_bytes", zero1},
                 {"zero1_step_ms", zero1 > 0 ? json(zero1_step.step_s * 1e3) : json(nullptr)},
+                {"zero2_saving_bytes", zero2},
+                {"zero2_step_ms", zero2 > 0 ? json(zero2_step.step_s * 1e3) : json(nullptr)},
                 {"recompute_saving_bytes", recompute},
                 {"recompute_step_ms", recompute > 0 ? json(recompute_step.step_s * 1e3) : json(nullptr)},
                 {"recommendation", recommendation},
@@ -329,6 +334,9 @@ struct PlanRow {
                             : std::string("not even one sample fits")) +
                (zero1 > 0 ? "; strategy.shard: optimizer (ZeRO-1) would save " + format_bytes(uint64_t(zero1)) +
                                 (zero1_fits ? " per GPU: enough to fit" : ": not enough to fit")
+                          : std::string()) +
+               (zero2 > 0 ? "; strategy.shard: gradients (ZeRO-2) would save " + format_bytes(uint64_t(zero2)) +
+                                (zero2_fits ? " per GPU: enough to fit" : ": not enough to fit")
                           : std::string()) +
                (recompute > 0 ? "; train.recompute: blocks would save " + format_bytes(uint64_t(recompute)) +
                                     (recompute_fits ? " per GPU: enough to fit" : " per GPU")
@@ -395,57 +403,77 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
     r.fits = double(r.mem.total()) <= in.capacity;
     r.largest = largest_fitting_rows(in.model, in.base.optimizer, in.strategy, n, accumulation,
                                      uint64_t(std::max(0.0, in.capacity)));
-    // What strategy.shard optimizer would save (each node's replicas share the state out)
-    if (in.strategy.shard == StrategyConfig::Shard::none && n > 1) {
+    // What sharding the optimizer state, or the gradients too, would save (each node's replicas
+    // share them out), where the run does not already
+    using Shard = StrategyConfig::Shard;
+    const auto saving = [&](Shard mode) {
+        if (in.strategy.shard >= mode || n < 2) return 0.0;
         StrategyConfig sharded = in.strategy;
-        sharded.shard = StrategyConfig::Shard::optimizer;
-        r.zero1 = double(r.mem.total() -
-                         gpu_memory_plan(in.model, in.base.optimizer, sharded, n, r.rows, accumulation).total());
-        r.zero1_fits = double(r.mem.total()) - r.zero1 <= in.capacity;
-    }
+        sharded.shard = mode;
+        const double need =
+            double(gpu_memory_plan(in.model, in.base.optimizer, sharded, n, r.rows, accumulation).total());
+        return std::max(0.0, double(r.mem.total()) - need);  // staging slots can outweigh a small model's gradients
+    };
+    r.zero1 = saving(Shard::optimizer);
+    r.zero1_fits = r.zero1 > 0 && double(r.mem.total()) - r.zero1 <= in.capacity;
+    r.zero2 = saving(Shard::gradients);
+    r.zero2_fits = r.zero2 > 0 && double(r.mem.total()) - r.zero2 <= in.capacity;
     const Topology topo{n, in.nodes, in.link, in.network};
-    const bool sharded = in.strategy.shard != StrategyConfig::Shard::none;
+    const bool sharded = in.strategy.shard != Shard::none;
+    // staged gradients are reduce-scattered in every micro-batch
+    const auto scatters = [&](Shard mode) { return mode == Shard::gradients ? accumulation : 1; };
     // a profile measured the run as configured, recomputation included
     const double compute_s =
         in.compute.seconds(r.rows) * (in.compute.seconds_per_sample > 0 ? 1 : recompute_factor(in.model));
-    r.step = predict_step(topo, compute_s, in.comm, sharded && total > 1);
+    r.step = predict_step(topo, compute_s, in.comm, sharded && total > 1, scatters(in.strategy.shard));
     if (r.zero1 > 0) r.zero1_step = predict_step(topo, compute_s, in.comm, true);
+    if (r.zero2 > 0) r.zero2_step = predict_step(topo, compute_s, in.comm, true, accumulation);
     if (in.recomputed) {
         const MemoryPlan m = gpu_memory_plan(*in.recomputed, in.base.optimizer, in.strategy, n, r.rows, accumulation);
         r.recompute = double(r.mem.total()) - double(m.total());
         r.recompute_fits = double(m.total()) <= in.capacity;
         r.recompute_zero1_fits = r.zero1 > 0 && double(m.total()) - r.zero1 <= in.capacity;
+        r.recompute_zero2_fits = r.zero2 > 0 && double(m.total()) - r.zero2 <= in.capacity;
+        const Shard with = r.recompute_fits || sharded ? in.strategy.shard
+                           : r.recompute_zero1_fits    ? Shard::optimizer
+                                                       : Shard::gradients;
         r.recompute_step = predict_step(topo, compute_s * recompute_factor(*in.recomputed), in.comm,
-                                        (sharded || (!r.recompute_fits && r.recompute_zero1_fits)) && total > 1);
+                                        with != Shard::none && total > 1, scatters(with));
     }
     // What a user with this model and these GPUs should run: the first that fits of replicating,
-    // sharding the optimizer state, recomputing blocks (with the optimizer state sharded too), or
-    // a smaller batch; what mirrored does not have is named.
+    // sharding the optimizer state, the gradients too, recomputing blocks (with either sharded
+    // too), or a smaller batch; what mirrored does not have is named.
     const auto recompute_cost = [&] {
         return "; each block's forward runs again in backward: " + fmt("%.2f", r.recompute_step.step_s * 1e3) +
                " ms per step instead of " + fmt("%.2f", r.step.step_s * 1e3) + ")";
     };
+    const std::string splitting_op = in.strategy.cross_device_ops == "ring" || in.strategy.cross_device_ops == "auto" ||
+                                             in.strategy.cross_device_ops == "nccl"
+                                         ? ""
+                                         : " with cross_device_ops: ring";
+    const auto shard_cost = [&](const char* mode, double saving, const StepPrediction& s) {
+        return std::string("strategy.shard: ") + mode + splitting_op + " (" +
+               format_bytes(r.mem.total() - uint64_t(saving)) + " per GPU; its communication adds " +
+               fmt("%.2f", (s.step_s - r.step.step_s) * 1e3) + " ms per step)";
+    };
     if (r.fits)
-        r.recommendation = sharded ? "strategy.shard: optimizer, as configured" : "replicate (strategy.shard: none)";
-    else if (r.zero1_fits)
-        r.recommendation = "strategy.shard: optimizer" +
-                           std::string(in.strategy.cross_device_ops == "ring" || in.strategy.cross_device_ops == "auto"
-                                           ? ""
-                                           : " with cross_device_ops: ring") +
-                           " (" + format_bytes(r.mem.total() - uint64_t(r.zero1)) + " per GPU; the all-gather adds " +
-                           fmt("%.2f", (r.zero1_step.step_s - r.step.step_s) * 1e3) + " ms per step)";
+        r.recommendation = sharded ? std::string("strategy.shard: ") + shard_name(in.strategy.shard) + ", as configured"
+                                   : "replicate (strategy.shard: none)";
+    else if (r.zero1_fits) r.recommendation = shard_cost("optimizer", r.zero1, r.zero1_step);
+    else if (r.zero2_fits) r.recommendation = shard_cost("gradients", r.zero2, r.zero2_step);
     else if (r.recompute_fits)
         r.recommendation = "train.recompute: blocks (" + format_bytes(r.mem.total() - uint64_t(r.recompute)) +
                            " per GPU" + recompute_cost();
-    else if (r.recompute_zero1_fits)
-        r.recommendation = "train.recompute: blocks with strategy.shard: optimizer (" +
-                           format_bytes(r.mem.total() - uint64_t(r.recompute) - uint64_t(r.zero1)) + " per GPU" +
-                           recompute_cost();
+    else if (r.recompute_zero1_fits || r.recompute_zero2_fits)
+        r.recommendation =
+            std::string("train.recompute: blocks with strategy.shard: ") +
+            (r.recompute_zero1_fits ? "optimizer" : "gradients") + " (" +
+            format_bytes(r.mem.total() - uint64_t(r.recompute) - uint64_t(r.recompute_zero1_fits ? r.zero1 : r.zero2)) +
+            " per GPU" + recompute_cost();
     else
         r.recommendation =
             (r.largest > 0 ? "a per-GPU batch of at most " + std::to_string(r.largest) + ", or " : std::string()) +
-            "sharded gradients and parameters (FSDP) or tensor parallelism (not in mirrored yet), or GPUs with "
-            "more memory";
+            "sharded parameters (FSDP) or tensor parallelism (not in mirrored yet), or GPUs with more memory";
     r.samples_per_sec = total * r.rows / r.step.step_s;
     r.speedup = r.samples_per_sec / baseline_sps;
     r.efficiency = r.speedup / (double(total) / baseline_gpus);
