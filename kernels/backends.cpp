@@ -11,6 +11,7 @@
 #include "kernels/cpu/gemm_choice.h"
 #include "kernels/device.h"
 #include "kernels/nccl.h"
+#include "kernels/peer_staging.h"
 
 namespace mirrored {
 
@@ -84,23 +85,29 @@ std::vector<int> parse_sim(const std::string& spec, const std::string* tail, con
 
 std::vector<StagedPair> no_peers(const std::vector<int>&) { return {}; }
 
-// The CPU backend's per-thread scratches, each grown to its largest use: three of up to 128 rows
-// by the widest layer (a transposed operand and two products), the JIT kernels' transposed operand
-// of at most 128 Ki floats and a small transposed product (64 KiB), and a convolution's padded
-// image or output gradient (one image) and a few-channel weight gradient's turned-around product
-// (counted together as four of the widest rows); and a transposed operand of a block of
-// convolution columns.
+// The CPU backend's per-thread scratches (kernels/cpu/scratch.h), each grown to its largest use:
+// three of up to 128 product rows by the widest product row (a transposed operand and two
+// products; a sequence's product rows are its samples' positions), the JIT kernels' transposed operand of at
+// most 128 Ki floats and a small transposed product (64 KiB); and where the model convolves, a
+// padded image or output gradient (one image) and a few-channel weight gradient's turned-around
+// product (counted together as four of the widest samples), and a transposed operand of a block
+// of convolution columns.
 uint64_t cpu_workspace(const WorkspaceNeeds& n) {
-    const int gemm_rows = std::min(n.micro_rows, kCpuTransposedGemmMaxRows);
-    return (3 * uint64_t(gemm_rows) + 4) * n.widest * sizeof(float) + (uint64_t(512 + 64) << 10) + kCpuColumnBlockBytes;
+    const uint64_t positions = uint64_t(std::max(n.positions, 1));
+    const uint64_t gemm_rows = std::min<uint64_t>(uint64_t(n.micro_rows) * positions, kCpuTransposedGemmMaxRows);
+    const uint64_t row = n.product_row;
+    const uint64_t convolving = n.convolutions ? 4 * n.widest * sizeof(float) + kCpuColumnBlockBytes : 0;
+    return 3 * gemm_rows * row * sizeof(float) + (uint64_t(512 + 64) << 10) + convolving;
 }
 // GPUs (real or simulated): cuBLAS's workspace (and cuBLASLt's for fused epilogues on CUDA), the
 // scratch and the peer-staging buffers.
 uint64_t gpu_workspace(const WorkspaceNeeds& n) {
     const uint64_t lt = n.fused_epilogues ? uint64_t(32) << 20 : 0;
-    return (uint64_t(32) << 20) + lt + (uint64_t(4) << 20) + (uint64_t(8) << 20);
+    return (uint64_t(32) << 20) + lt + (uint64_t(4) << 20) + 2 * PeerStaging::kSliceBytes;
 }
-uint64_t sim_workspace(const WorkspaceNeeds& n) { return gpu_workspace({n.micro_rows, n.widest, false}); }
+// Simulated GPUs allocate the peer-staging buffers alone: their products run the CPU reference
+// on the streams' threads, with no cuBLAS workspace or device scratch.
+uint64_t sim_workspace(const WorkspaceNeeds&) { return 2 * PeerStaging::kSliceBytes; }
 
 // CPU replicas and the simulated GPUs (which compute with the CPU reference): the BLAS kernel.
 std::string cpu_library(bool) { return blas_kernel(); }

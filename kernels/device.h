@@ -653,8 +653,11 @@ struct DeviceTraits {
 // activation or input row, whether cuBLASLt epilogues are on.
 struct WorkspaceNeeds {
     int micro_rows = 0;
-    uint64_t widest = 0;
+    uint64_t widest = 0;  // elements per sample of the largest activation (or input)
     bool fused_epilogues = false;
+    int positions = 1;          // a sequence's length: its products have micro_rows x positions rows
+    uint64_t product_row = 0;   // the widest row of a product: a dense layer's inputs or outputs
+    bool convolutions = false;  // the model convolves (im2col columns, padded images)
 };
 
 struct Backend {
@@ -709,6 +712,9 @@ PeerTransport peer_transport();
 
 // BLAS threads for CPU replicas: one each, because replicas are the parallelism.
 void cpu_set_blas_threads(int n);
+// Bytes the CPU kernels' per-thread scratch holds on the calling thread (kernels/cpu/scratch.h):
+// a CPU replica's workspace, which its thread's kernels grow to the run's largest product.
+uint64_t cpu_thread_scratch_bytes();
 // CPU products' GEMM kernels by the static rules instead of measured (kernels/cpu/gemm_choice.h):
 // for multi-node runs, whose nodes would each measure for themselves. Call before any product.
 void cpu_gemm_use_rules();

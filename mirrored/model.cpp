@@ -167,6 +167,15 @@ uint64_t Model::activation_bytes(int max_rows, size_t act_elem, size_t column_bl
     return Activations::planned_bytes(*layout_, max_rows, act_elem, column_block_bytes);
 }
 
+bool Model::convolves() const { return !layout_->scratch_per_row().empty(); }
+
+uint64_t Model::widest_product_row() const {
+    uint64_t widest = uint64_t(sequence_positions() > 1 ? sequence_positions() : 0);
+    for (const TensorInfo& t : tensors_)
+        if (t.trainable && t.shape.size() == 2) widest = std::max({widest, uint64_t(t.shape[0]), uint64_t(t.shape[1])});
+    return widest;
+}
+
 size_t Model::largest_activation_per_row() const { return Activations::largest_per_row(*layout_); }
 
 Activations Model::make_activations(Device& dev, int max_rows) const { return Activations(dev, *layout_, max_rows); }

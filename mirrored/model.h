@@ -8,6 +8,7 @@
 // the replicas by the same all-reduce as the gradients.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -61,6 +62,12 @@ public:
     // A sequence model's loss is taken at each of output_positions() positions over
     // output_classes() values (a classifier: 1 position of output_features() classes).
     int output_positions() const { return out_.positions(); }
+    // Positions a sequence model's products run over per sample (1: images and vectors).
+    int sequence_positions() const { return std::max(in_.positions(), out_.positions()); }
+    bool convolves() const;  // some layer makes im2col columns
+    // The widest row of a product: a matrix's rows or columns (a dense layer's inputs or
+    // outputs, a vocabulary), or a sequence's positions (attention's scores).
+    uint64_t widest_product_row() const;
     int output_classes() const { return out_.c; }
     // The first layer reads token ids (an embedding): the inputs stay f32 whatever the precision,
     // so that ids above 256 survive.

@@ -206,7 +206,14 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     }
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     const uint64_t widest = std::max<uint64_t>(model.largest_activation_per_row(), uint64_t(model.input_features()));
-    m.workspace = backend.workspace_bytes({micro_rows, widest, strategy.fused_epilogues});
+    m.workspace = backend.workspace_bytes({micro_rows, widest, strategy.fused_epilogues, model.sequence_positions(),
+                                           model.widest_product_row(), model.convolves()});
+    // and the step's small buffers (allocate_step_state, create_step_events): metrics, gradient
+    // statistics, the loss scale, batch statistics, checksums, a captured step's values
+    const bool sharded = !shared && strategy.shard != StrategyConfig::Shard::none;
+    m.workspace += 2 * kMetricSlots * sizeof(double) + (shared || sharded ? 4 : 2) * sizeof(float) + 2 * sizeof(float) +
+                   uint64_t(model.stats_floats()) * sizeof(float) + (model.tensors().size() + 1) * sizeof(uint64_t) +
+                   (strategy.cuda_graph && traits.asynchronous ? 2 * sizeof(StepValues) : 0);
     return m;
 }
 
@@ -448,8 +455,14 @@ void ReplicaSet::wait_until(const std::function<bool()>& done) {
 
 uint64_t ReplicaSet::peak_memory_bytes() const {
     uint64_t peak = 0;
-    for (const auto& R : replicas_) peak = std::max(peak, R->device->peak_allocated_bytes());
+    for (const auto& R : replicas_) peak = std::max(peak, R->device->peak_allocated_bytes() + R->scratch_bytes);
     return peak;
+}
+
+uint64_t ReplicaSet::memory_per_replica_bytes() const {
+    uint64_t sum = 0;
+    for (const auto& R : replicas_) sum += R->device->peak_allocated_bytes() + R->scratch_bytes;
+    return sum / uint64_t(replicas_.size());
 }
 
 StepWork ReplicaSet::host_work() const {

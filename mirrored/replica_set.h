@@ -138,6 +138,9 @@ struct Replica {
     Event step_ready, graph_done;
     int next_buffer = 0;
     double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
+    // CPU replicas: the kernels' per-thread scratch its thread holds (the plan's workspace), which
+    // the measured memory counts with its allocations
+    uint64_t scratch_bytes = 0;
     ~Replica();
 };
 
@@ -200,6 +203,9 @@ public:
     ReplicaThreads& threads() { return *threads_; }
     const MemoryPlan& memory_plan() const { return plan_; }  // per replica
     uint64_t peak_memory_bytes() const;
+    // The mean over this node's replicas of each one's peak (CPU replicas: their kernels' scratch
+    // included): what the plan's per-replica figure predicts, one parameter copy counted in shares.
+    uint64_t memory_per_replica_bytes() const;
     StepWork host_work() const;
     std::string topology_report() const;  // peer access / host path notes, one line per note
     HostAllocator host_allocator();       // pinned when replicas are GPUs

@@ -59,6 +59,7 @@ public:
     const MemoryPlan& memory_plan() const { return set_->memory_plan(); }  // per replica
     // The most device memory any replica has held through its own allocations (measured).
     uint64_t peak_memory_bytes() const { return set_->peak_memory_bytes(); }
+    uint64_t memory_per_replica_bytes() const { return set_->memory_per_replica_bytes(); }
     std::string topology_report() const { return set_->topology_report(); }
     // Memory the loader should assemble batches in (pinned when replicas are GPUs).
     HostAllocator host_allocator() { return set_->host_allocator(); }

@@ -810,6 +810,7 @@ void Run::write_summary(const std::string& status) {
         {"software", json::parse(software_json())},
         {"peak_memory_bytes", st.peak_memory_bytes()},
         {"memory_plan_bytes", st.memory_plan().total()},
+        {"memory_per_replica_bytes", st.memory_per_replica_bytes()},
         {"shard", st.sharded_gradients()   ? "gradients"
                   : st.sharded_optimizer() ? "optimizer"
                                            : "none"},

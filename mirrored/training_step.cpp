@@ -175,6 +175,8 @@ void TrainingStep::train_step(const Batch& batch, int64_t step, float lr, uint64
 void TrainingStep::replica_step(int r, const Batch& batch, int64_t step, float lr, uint64_t seed, bool sample_timing) {
     const StepShape shape = stage_step(r, batch, nullptr);
     replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && set_.traits().asynchronous, nullptr);
+    // CPU replicas ran the step's kernels on this thread
+    if (!set_.traits().asynchronous) set_.replica(r).scratch_bytes = cpu_thread_scratch_bytes();
 }
 
 // Everything read from the batch is read before staging: once every replica has released it,

@@ -22,6 +22,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <thread>
 #include <filesystem>
 #include <cstring>
 
@@ -29,6 +30,7 @@
 #include "kernels/blas.h"
 #include "kernels/cpu/gemm_choice.h"
 #include "kernels/cpu/jit_gemm.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cuda/column_plan.h"
 #include "kernels/device.h"
 #include "base/error.h"
@@ -1469,4 +1471,19 @@ TEST_CASE("cpu loss scaling: a squared gradient norm that overflows skips the st
     d->copy_to_device(d->compute_stream(), state.data(), std::vector<float>{1024.0f, 7.0f}.data(), 2 * sizeof(float));
     d->loss_scale_update(d->compute_stream(), state.data(), stats.data(), 2000);
     CHECK(download(*d, state) == std::vector<float>{512.0f, 0.0f});
+}
+
+TEST_CASE("CPU kernels' scratch is counted per thread as it grows") {
+    std::vector<uint64_t> grown(2);
+    for (int t = 0; t < 2; ++t)
+        std::thread([&, t] {
+            const uint64_t before = cpu_thread_scratch_bytes();
+            std::vector<float> v;
+            grow_scratch(v, 1000 * size_t(t + 1));
+            grow_scratch(v, 10);  // never shrinks, never counted twice
+            grown[size_t(t)] = cpu_thread_scratch_bytes() - before;
+            CHECK(grown[size_t(t)] == v.capacity() * sizeof(float));
+        }).join();
+    CHECK(grown[0] >= 4000);
+    CHECK(grown[1] >= 8000);
 }

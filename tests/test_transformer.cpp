@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "base/error.h"
 #include "data/datasets.h"
@@ -653,6 +654,41 @@ TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, 
     ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
     CHECK(g.train(stopped) == kExitOk);
     expect_same_run(one, stopped);
+}
+
+TEST_CASE("the memory plan: simulated replicas allocate it to the byte; CPU replicas stay within it, scratch counted") {
+    GptRun g;
+    const auto plan_and_measured = [&](const std::string& name, std::vector<std::string> sets) {
+        sets.push_back("train.steps=2");
+        // on a thread of its own, as a run's process starts: replica 0 computes on the caller's
+        // thread, whose kernels' scratch earlier tests grew
+        int rc = -1;
+        std::thread([&] { rc = g.train(g / name, sets); }).join();
+        REQUIRE(rc == kExitOk);
+        const nlohmann::json s = summary(g / name);
+        return std::pair{s["memory_plan_bytes"].get<double>(), s["memory_per_replica_bytes"].get<double>()};
+    };
+    {
+        SimScope sim(0);
+        for (const std::vector<std::string>& sets :
+             {std::vector<std::string>{"strategy.devices=sim:0,1"},
+              {"strategy.devices=sim:0,1", "train.recompute=blocks", "train.grad_accumulation_steps=2"},
+              {"strategy.devices=sim:0,0", "strategy.shared_parameters=true"},
+              {"strategy.devices=sim:0,1", "train.precision=bf16", "strategy.cuda_graph=true"}}) {
+            CAPTURE(sets.back());
+            const auto [plan, measured] = plan_and_measured("sim" + std::to_string(sets.size()) + sets.back(), sets);
+            CHECK(plan == measured);
+        }
+    }
+    // CPU replicas: the kernels' per-thread scratch is part of what each holds; the plan bounds it
+    // (the per-shape kernel choice rarely needs the whole bound) and stays within it by a few MiB
+    for (const char* devices : {"cpu:1", "cpu:2"}) {
+        CAPTURE(devices);
+        const auto [plan, measured] =
+            plan_and_measured(std::string("cpu") + devices[4], {std::string("strategy.devices=") + devices});
+        CHECK(measured <= plan);
+        CHECK(measured >= plan - 3.0 * 1048576);
+    }
 }
 
 TEST_CASE("train.recompute: blocks trains bit for bit as keeping every activation, in less activation memory") {

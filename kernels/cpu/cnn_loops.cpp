@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kernels/cpu/loop_clones.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/op_math.h"
 
 namespace mirrored::cpu {
@@ -12,7 +13,7 @@ namespace {
 
 template <typename T>
 void grow(std::vector<T>& v, size_t n) {
-    if (v.size() < n) v.resize(n);
+    grow_scratch(v, n);
 }
 
 float* pixel(float* base, const Window2d& g, int n, int iy, int ix) {
@@ -308,7 +309,7 @@ CPU_LOOP_CLONES void max_pool_2x2_backward(const Window2d& g, const float* x, co
 
 void CnnScratch::reserve_channels(int c) {
     const size_t n = size_t(std::max(c, 1));
-    if (zeros.size() < n) zeros.assign(n, 0.0f);
+    grow(zeros, n);  // value-initialised: zeros
     grow(sink, n);
     grow(best_value, n);
     grow(best_position, n);

@@ -19,6 +19,7 @@
 #include "base/machine_cache.h"
 #include "kernels/blas.h"
 #include "kernels/cpu/jit_gemm.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/device.h"
 
 namespace mirrored {
@@ -120,7 +121,7 @@ void openblas_turned(int m, int n, int k, float alpha, const float* a, int lda, 
                      int ldc) {
     thread_local std::vector<float> product;  // grows once per thread: no allocation per step
     const size_t cells = size_t(m) * size_t(n);
-    if (product.size() < cells) product.resize(cells);
+    grow_scratch(product, cells);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, alpha, b, ldb, a, lda, 0.0f, product.data(), m);
     cblas_somatcopy(CblasRowMajor, CblasTrans, n, m, 1.0f, product.data(), m, c, ldc);
 }
@@ -132,7 +133,7 @@ void openblas_turned(int m, int n, int k, float alpha, const float* a, int lda, 
 bool jit_turned(const ProductShape& s, const float* a, const float* b, float* c) {
     thread_local std::vector<float> product;  // grows once per thread
     const size_t cells = size_t(s.m) * size_t(s.n);
-    if (product.size() < cells) product.resize(cells);
+    grow_scratch(product, cells);
     if (!jit_gemm_any_shape(true, false, s.n, s.m, s.k, b, s.ldb, a, s.lda, false, product.data(), s.m)) return false;
     for (int i = 0; i < s.m; ++i) {
         float* row = c + size_t(i) * s.ldc;

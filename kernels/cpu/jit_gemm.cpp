@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_choice.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/device.h"
 
 #if MIRRORED_XSMM
@@ -129,10 +130,7 @@ bool multiply(int M, int N, int K, const float* A, int lda, const float* B, int 
 }
 
 // A per-thread scratch that grows once (no allocation after a replica's first step).
-float* scratch(std::vector<float>& s, size_t floats) {
-    if (s.size() < floats) s.resize(floats);
-    return s.data();
-}
+float* scratch(std::vector<float>& s, size_t floats) { return grow_scratch(s, floats); }
 
 // Batch-reduce kernels: column-major C[m, n] (+)= sum over i of A_i[m, k] B_i[k, n], the sums
 // held in registers across the batch. A convolution is such a sum over its window positions (or
@@ -153,7 +151,7 @@ public:
     PaddedImage(std::vector<float>& buffer, int h, int w, int c, int ph, int pw)
         : buf_(buffer), h_(h), w_(w), c_(size_t(c)), ph_(ph), pw_(pw), wp_(size_t(w) + 2 * size_t(pw)) {
         const size_t n = (size_t(h) + 2 * size_t(ph)) * wp_ * c_;
-        if (buf_.size() < n) buf_.resize(n);
+        grow_scratch(buf_, n);
         std::fill(buf_.begin(), buf_.begin() + std::ptrdiff_t(n), 0.0f);
     }
     void copy(const float* image) {
@@ -195,8 +193,8 @@ bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int fi
     thread_local std::vector<float> buffer;
     thread_local std::vector<const float*> a, b;
     PaddedImage padded(buffer, g.h, g.w, g.c, g.ph, g.pw);
-    a.resize(size_t(taps));
-    b.resize(size_t(taps));
+    grow_scratch(a, size_t(taps));
+    grow_scratch(b, size_t(taps));
     const unsigned long long count = static_cast<unsigned long long>(taps);
     for (int n = 0; n < g.n; ++n) {
         padded.copy(x + size_t(n) * g.h * g.w * c);
@@ -237,8 +235,8 @@ bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, in
     };
     thread_local std::vector<Span> rows_of;
     thread_local std::vector<Columns> columns_of;
-    rows_of.resize(size_t(g.kh));
-    columns_of.resize(size_t(g.kw));
+    grow_scratch(rows_of, size_t(g.kh));
+    grow_scratch(columns_of, size_t(g.kw));
     for (int ky = 0; ky < g.kh; ++ky) rows_of[size_t(ky)] = inside(oh, g.h, g.sh, ky - g.ph);
     for (int kx = 0; kx < g.kw; ++kx) {
         const Span cols = inside(ow, g.w, g.sw, kx - g.pw);
@@ -251,11 +249,13 @@ bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, in
         columns_of[size_t(kx)].kernel = kernel;
     }
     thread_local std::vector<float> turned;  // few: [t][c][F]
-    if (few) turned.assign(K * F, 0.0f);
-    else std::fill(dw, dw + K * F, 0.0f);
+    if (few) {
+        float* t = grow_scratch(turned, K * F);
+        std::fill(t, t + K * F, 0.0f);
+    } else std::fill(dw, dw + K * F, 0.0f);
     thread_local std::vector<const float*> a, b;
-    a.resize(size_t(oh));
-    b.resize(size_t(oh));
+    grow_scratch(a, size_t(oh));
+    grow_scratch(b, size_t(oh));
     for (int n = 0; n < g.n; ++n) {
         const float* image = x + size_t(n) * g.h * g.w * c;
         const float* dz_image = dz + size_t(n) * pixels * F;
@@ -297,8 +297,8 @@ bool jit_conv_input_grad(const Window2d& g, const float* dz, const float* w, int
     thread_local std::vector<float> buffer;
     thread_local std::vector<const float*> a, b;
     PaddedImage padded(buffer, oh, ow, filters, g.kh - 1 - g.ph, g.kw - 1 - g.pw);
-    a.resize(size_t(taps));
-    b.resize(size_t(taps));
+    grow_scratch(a, size_t(taps));
+    grow_scratch(b, size_t(taps));
     const unsigned long long count = static_cast<unsigned long long>(taps);
     for (int n = 0; n < g.n; ++n) {
         padded.copy(dz + size_t(n) * oh * ow * size_t(filters));
