@@ -1457,22 +1457,40 @@ TEST_CASE(
     }
 }
 
-TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, each keeping 1/N of the state") {
-    SimScope sim(30);
+namespace {
+
+// On the ring, CPU and simulated replicas, SGD and AdamW: `mode` trains bit for bit as unsharded -
+// the ring's additions, the same update per element - and its optimizer state gathers whole.
+void expect_sharded_bits(ShardMode mode, int accumulation) {
     for (const char* devices : {"cpu:2", "cpu:3", "cpu:4", "sim:0,1,2"})
         for (const char* opt : {"sgd", "adamw"}) {
             CAPTURE(devices);
             CAPTURE(opt);
             std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
             const TrainResult plain =
-                train(devices, 6, 0.0005, 2, opt, 0.0, "ring", false, false, ShardMode::none, &whole);
+                train(devices, 6, 0.0005, accumulation, opt, 0.0, "ring", false, false, ShardMode::none, &whole);
             const TrainResult shard =
-                train(devices, 6, 0.0005, 2, opt, 0.0, "ring", false, false, ShardMode::optimizer, &sharded);
-            CHECK(shard.params == plain.params);  // the ring's additions, the same update per element
+                train(devices, 6, 0.0005, accumulation, opt, 0.0, "ring", false, false, mode, &sharded);
+            CHECK(shard.params == plain.params);
             for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
-            REQUIRE(sharded.size() == whole.size());
-            for (size_t i = 0; i < whole.size(); ++i) CHECK(sharded[i] == whole[i]);  // gathered whole
+            CHECK(sharded == whole);
         }
+}
+
+// Captured once and replayed on simulated GPUs, with clipping: the same bits as uncaptured.
+void expect_replayed_bits(ShardMode mode, int accumulation) {
+    const TrainResult uncaptured =
+        train("sim:0,1,2", 6, 0.0005, accumulation, "adamw", 0.5, "ring", false, false, mode);
+    const TrainResult replayed = train("sim:0,1,2", 6, 0.0005, accumulation, "adamw", 0.5, "ring", true, false, mode);
+    CHECK(replayed.graph_launches > 0);
+    CHECK(replayed.params == uncaptured.params);
+}
+
+}  // namespace
+
+TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, each keeping 1/N of the state") {
+    SimScope sim(30);
+    expect_sharded_bits(ShardMode::optimizer, 2);
     // nccl's halves (the chunks' ncclReduce and ncclBroadcast) on simulated GPUs: its all-reduce's bits
     for (const char* devices : {"sim:0,1", "sim:0,1,2,3"}) {
         CAPTURE(devices);
@@ -1486,13 +1504,7 @@ TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, 
         for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
         CHECK(sharded == whole);
     }
-    // captured once and replayed (simulated GPUs): the same bits
-    const TrainResult uncaptured =
-        train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", false, false, ShardMode::optimizer);
-    const TrainResult replayed =
-        train("sim:0,1,2", 6, 0.0005, 1, "adamw", 0.5, "ring", true, false, ShardMode::optimizer);
-    CHECK(replayed.graph_launches > 0);
-    CHECK(replayed.params == uncaptured.params);
+    expect_replayed_bits(ShardMode::optimizer, 1);
     // clipping: the norm from per-chunk partial sums, so within rounding of the unsharded run
     const TrainResult one = train("cpu:1", 6, 0.0, 2, "adamw", 0.5);
     const TrainResult clipped = train("cpu:3", 6, 0.0005, 2, "adamw", 0.5, "ring", false, false, ShardMode::optimizer);
@@ -1530,19 +1542,7 @@ TEST_CASE("strategy.shard optimizer: N replicas train bit for bit as unsharded, 
 TEST_CASE("strategy.shard gradients: N replicas train as unsharded, each keeping its own chunks' gradients only") {
     SimScope sim(30);
     // one micro-batch: every chunk reduce-scattered as the all-reduce sums it, kept, updated: the same bits
-    for (const char* devices : {"cpu:2", "cpu:3", "cpu:4", "sim:0,1,2"})
-        for (const char* opt : {"sgd", "adamw"}) {
-            CAPTURE(devices);
-            CAPTURE(opt);
-            std::vector<std::pair<std::string, std::vector<float>>> whole, sharded;
-            const TrainResult plain =
-                train(devices, 6, 0.0005, 1, opt, 0.0, "ring", false, false, ShardMode::none, &whole);
-            const TrainResult shard =
-                train(devices, 6, 0.0005, 1, opt, 0.0, "ring", false, false, ShardMode::gradients, &sharded);
-            CHECK(shard.params == plain.params);
-            for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
-            CHECK(sharded == whole);
-        }
+    expect_sharded_bits(ShardMode::gradients, 1);
     for (const char* devices : {"sim:0,1", "sim:0,1,2,3"}) {
         CAPTURE(devices);
         const TrainResult plain = train(devices, 6, 0.0005, 1, "adamw", 0.0, "nccl");
@@ -1561,13 +1561,7 @@ TEST_CASE("strategy.shard gradients: N replicas train as unsharded, each keeping
         CHECK(rel_error(accumulated.params, one.params) < 1e-5);
         for (uint64_t c : accumulated.checksums) CHECK(c == accumulated.checksums[0]);
     }
-    // captured once and replayed (simulated GPUs): the same bits
-    const TrainResult uncaptured =
-        train("sim:0,1,2", 6, 0.0005, 2, "adamw", 0.5, "ring", false, false, ShardMode::gradients);
-    const TrainResult replayed =
-        train("sim:0,1,2", 6, 0.0005, 2, "adamw", 0.5, "ring", true, false, ShardMode::gradients);
-    CHECK(replayed.graph_launches > 0);
-    CHECK(replayed.params == uncaptured.params);
+    expect_replayed_bits(ShardMode::gradients, 2);
 }
 
 TEST_CASE("strategy.shard gradients: a few reused slots and the own chunks hold what every gradient held") {

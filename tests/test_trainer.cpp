@@ -173,13 +173,41 @@ TEST_CASE("shared parameters: stop or SIGKILL, then resume, is bit-identical; th
     expect_killed_run_resumes(cfg, ref, s.out("killed"), duration, 12);
 }
 
-TEST_CASE("strategy.shard optimizer: SIGKILL then resume is bit-identical; its checkpoint resumes unsharded on 2") {
-    Scratch s;
+namespace {
+
+// kTiny on 4 replicas for 20 epochs with strategy.shard: mode.
+std::string sharded_tiny(const std::string& mode) {
     std::string text = kTiny;
     text.replace(text.find("\"cpu:2\""), 7, "\"cpu:4\"");
-    text.replace(text.find("verify_every_steps: 10}"), 23, "verify_every_steps: 10, shard: optimizer}");
+    text.replace(text.find("verify_every_steps: 10}"), 23, "verify_every_steps: 10, shard: " + mode + "}");
     text.replace(text.find("epochs: 5"), 9, "epochs: 20");
-    const std::string cfg = s.config(text);
+    return text;
+}
+
+// Without clipping, strategy.shard `mode` adds as `none` does: stopped at step 40 in either and
+// resumed in the other, the run goes on as `plain` (unsharded) did, bit for bit.
+void expect_switch_continues(const Scratch& s, const std::string& cfg, const std::string& plain,
+                             const std::string& mode) {
+    for (const std::string& from : {std::string("none"), mode}) {
+        CAPTURE(from);
+        const std::string to = from == "none" ? mode : "none";
+        const std::string out = s.out("switched_from_" + from);
+        {
+            EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "40");
+            CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", "strategy.shard=" + from}) ==
+                  kExitInterrupted);
+        }
+        CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", "strategy.shard=" + to}) == kExitOk);
+        CHECK(summary(out)["resumed_from_step"] == 40);
+        expect_same_run(plain, out);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("strategy.shard optimizer: SIGKILL then resume is bit-identical; its checkpoint resumes unsharded on 2") {
+    Scratch s;
+    const std::string cfg = s.config(sharded_tiny("optimizer"));
     const std::string ref = s.out("ref");
     const auto [printed, duration] = train_printing(cfg, ref);
     CHECK(printed.find("shard: optimizer - each replica keeps the optimizer state of its own chunk") !=
@@ -206,28 +234,12 @@ TEST_CASE("strategy.shard optimizer: SIGKILL then resume is bit-identical; its c
     REQUIRE(train_in_process(cfg, plain, {"optimizer.grad_clip_norm=0", "strategy.shard=none"}) == kExitOk);
     REQUIRE(train_in_process(cfg, sharded, no_clip) == kExitOk);
     expect_same_run(plain, sharded);
-    for (const char* from : {"none", "optimizer"}) {
-        CAPTURE(from);
-        const std::string to = std::string(from) == "none" ? "optimizer" : "none";
-        const std::string out = s.out(std::string("switched_from_") + from);
-        {
-            EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "40");
-            CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", std::string("strategy.shard=") + from}) ==
-                  kExitInterrupted);
-        }
-        CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", "strategy.shard=" + to}) == kExitOk);
-        CHECK(summary(out)["resumed_from_step"] == 40);
-        expect_same_run(plain, out);
-    }
+    expect_switch_continues(s, cfg, plain, "optimizer");
 }
 
 TEST_CASE("strategy.shard gradients: SIGKILL then resume is bit-identical; switched at a resume, either way, exact") {
     Scratch s;
-    std::string text = kTiny;
-    text.replace(text.find("\"cpu:2\""), 7, "\"cpu:4\"");
-    text.replace(text.find("verify_every_steps: 10}"), 23, "verify_every_steps: 10, shard: gradients}");
-    text.replace(text.find("epochs: 5"), 9, "epochs: 20");
-    const std::string cfg = s.config(text);
+    const std::string cfg = s.config(sharded_tiny("gradients"));
     const std::string ref = s.out("ref");
     const auto [printed, duration] = train_printing(cfg, ref);
     CHECK(printed.find("and gradients: each replica keeps only its own chunks' summed gradients") != std::string::npos);
@@ -238,19 +250,7 @@ TEST_CASE("strategy.shard gradients: SIGKILL then resume is bit-identical; switc
     // resume continues the run bit for bit
     const std::string plain = s.out("plain");
     REQUIRE(train_in_process(cfg, plain, {"optimizer.grad_clip_norm=0", "strategy.shard=none"}) == kExitOk);
-    for (const char* from : {"none", "gradients"}) {
-        CAPTURE(from);
-        const std::string to = std::string(from) == "none" ? "gradients" : "none";
-        const std::string out = s.out(std::string("switched_from_") + from);
-        {
-            EnvGuard g("MIRRORED_TEST_STOP_AFTER_STEP", "40");
-            CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", std::string("strategy.shard=") + from}) ==
-                  kExitInterrupted);
-        }
-        CHECK(train_in_process(cfg, out, {"optimizer.grad_clip_norm=0", "strategy.shard=" + to}) == kExitOk);
-        CHECK(summary(out)["resumed_from_step"] == 40);
-        expect_same_run(plain, out);
-    }
+    expect_switch_continues(s, cfg, plain, "gradients");
 }
 
 TEST_CASE(
