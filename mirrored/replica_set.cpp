@@ -271,6 +271,7 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
     check_device_memory();
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
+    replicas_[0]->scratch_base = cpu_thread_scratch_bytes();  // the others' threads are new
     for (auto& R : replicas_) grad_ptrs_.push_back(R->grads.data());
 }
 
@@ -380,6 +381,7 @@ void ReplicaSet::create_step_events(Replica& R) {
     if (sharded_)
         for (Event* e : {&R.t_gather, &R.t_gathered}) *e = d.event_create(true);
     for (int s = 0; s < staging_.slots; ++s) R.slot_free.push_back(d.event_create());
+    R.slot_used.assign(size_t(staging_.slots), 0);
     if (cfg_.cuda_graph && devices_.traits().asynchronous) {
         for (auto& v : R.step_values) v = DeviceBuffer<StepValues>(d, 1);
         R.step_ready = d.event_create();

@@ -132,15 +132,17 @@ struct Replica {
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
     Event t_gather, t_gathered;                   // and, sharded, the all-gather's span
     std::vector<Event> slot_free;                 // shard: gradients - per staging slot, its bucket reduced
+    std::vector<char> slot_used;                  // and whether the step has used it yet (host)
     DeviceBuffer<StepValues> step_values[2];      // cuda_graph: this step's values, with inputs[b]
     // cuda_graph: step_ready - staged, the launch may start; graph_done - replica 0: the launched
     // graph has ended; the others: their part has ended (the join inside the capture)
     Event step_ready, graph_done;
     int next_buffer = 0;
     double compute_s = 0, comm_s = 0;  // host-measured (CPU replicas)
-    // CPU replicas: the kernels' per-thread scratch its thread holds (the plan's workspace), which
-    // the measured memory counts with its allocations
-    uint64_t scratch_bytes = 0;
+    // CPU replicas: the kernels' per-thread scratch its thread grew while it ran this replica (the
+    // plan's workspace), which the measured memory counts with its allocations; scratch_base is
+    // what the thread held before (replica 0 runs on the caller's thread)
+    uint64_t scratch_bytes = 0, scratch_base = 0;
     ~Replica();
 };
 

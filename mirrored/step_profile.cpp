@@ -8,7 +8,9 @@ namespace mirrored {
 StepProfile::StepProfile(Device& d, int layers, int micro_batches)
     : dev_(d),
       layers_(layers),
-      capacity_(5 + size_t(micro_batches) * (2 * size_t(layers) + 1) + size_t(layers)),
+      // per micro-batch: each layer's forward and backward, the loss, and a reduced mark after a
+      // layer (every micro-batch reduces when the gradients are staged)
+      capacity_(5 + size_t(micro_batches) * (3 * size_t(layers) + 1)),
       clock_(!d.traits().asynchronous) {
     totals_.forward.assign(size_t(layers), 0.0);
     totals_.backward.assign(size_t(layers), 0.0);

@@ -485,22 +485,24 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
         std::fprintf(out_,
                      "  shard: %s - each replica keeps the optimizer state of its own chunk of every gradient "
                      "bucket (%s of %s); gradients are reduce-scattered, the updated parameters all-gathered\n",
-                     shard_name(cfg_.strategy.shard), format_bytes(st.memory_plan().optimizer).c_str(),
+                     st.sharded_gradients() ? "gradients" : "optimizer",
+                     format_bytes(st.memory_plan().optimizer).c_str(),
                      format_bytes(uint64_t(st.model().trainable_size()) * sizeof(float) *
                                   uint64_t(optimizer_state_buffers(cfg_.optimizer)))
                          .c_str());
-    if (st.sharded_gradients())
+    if (st.sharded_gradients()) {
         std::fprintf(out_,
                      "  and gradients: each replica keeps only its own chunks' summed gradients, backward writing "
                      "the buckets into %d reused staging slots (gradients %s per replica, unsharded %s)\n",
                      st.gradient_slots(), format_bytes(st.memory_plan().grads).c_str(),
                      format_bytes(uint64_t(st.model().flat_size()) * sizeof(float)).c_str());
-    else if (cfg_.strategy.shard != StrategyConfig::Shard::none && st.shared_parameters())
+    } else if (cfg_.strategy.shard != StrategyConfig::Shard::none && st.shared_parameters()) {
         std::fprintf(out_,
                      "  shard: %s - the shared parameter copy's optimizer state is already held once, "
                      "each replica updating its slice; the gradients stay whole per replica (summed in place by "
                      "slices)\n",
                      shard_name(cfg_.strategy.shard));
+    }
     if (st.cuda_graph())
         std::fprintf(out_,
                      "  cuda_graph: each step shape is captured once and replayed with one launch (not yet measured on "

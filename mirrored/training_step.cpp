@@ -55,6 +55,7 @@ TrainingStep::TrainingStep(ReplicaSet& set, const LossConfig& loss)
     if (model_.stats_floats() > 0) make_stats_ops(devs);
     for (const auto& t : model_.tensors())
         if (!t.trainable) state_.push_back(&t);
+    if (set_.staged()) find_own_chunks();
     set_.on_failure([this] { abort_ops(); });
     join_nodes();
     choose_graphs();
@@ -176,7 +177,10 @@ void TrainingStep::replica_step(int r, const Batch& batch, int64_t step, float l
     const StepShape shape = stage_step(r, batch, nullptr);
     replica_compute(r, shape, step, lr, seed, sample_timing && r == 0 && set_.traits().asynchronous, nullptr);
     // CPU replicas ran the step's kernels on this thread
-    if (!set_.traits().asynchronous) set_.replica(r).scratch_bytes = cpu_thread_scratch_bytes();
+    if (!set_.traits().asynchronous) {
+        Replica& R = set_.replica(r);
+        R.scratch_bytes = cpu_thread_scratch_bytes() - R.scratch_base;
+    }
 }
 
 // Everything read from the batch is read before staging: once every replica has released it,
@@ -212,7 +216,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     // again once its last bucket's chunk is out (GradientStaging).
     const bool staged = set_.staged();
     const GradientStaging& staging = set_.staging();
-    std::vector<char> slot_used(size_t(staging.slots), 0);
+    std::fill(R.slot_used.begin(), R.slot_used.end(), 0);
     int micro_batch = 0;
     auto reduce = [&](size_t k) {
         const Bucket& b = buckets_[k];
@@ -231,8 +235,8 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         for (size_t k = 0; k < buckets_.size(); ++k) {
             const int s = staging.slot_of[k];
             if (s < 0 || staging.claim_after[k] != after_layer) continue;
-            if (slot_used[size_t(s)]) d.stream_wait_event(cs, R.slot_free[size_t(s)]);
-            slot_used[size_t(s)] = 1;
+            if (R.slot_used[size_t(s)]) d.stream_wait_event(cs, R.slot_free[size_t(s)]);
+            R.slot_used[size_t(s)] = 1;
             for (const auto& [at, count] : staging.gaps[k]) d.fill(cs, count, 0.0f, R.grads.data() + at);
         }
     };
@@ -322,6 +326,21 @@ void TrainingStep::finish_update(Replica& R) {
         d.ema_update(cs, t->count, t->momentum, set_.grad_at(R, t->offset), R.params.data() + t->offset);
 }
 
+// strategy.shard: gradients - where each bucket's own chunk goes in each replica's own store.
+void TrainingStep::find_own_chunks() {
+    for (int r = 0; r < set_.replicas(); ++r) {
+        const auto& owned = set_.replica(r).optimizer->owned();
+        std::vector<size_t> at(buckets_.size(), 0);
+        for (size_t k = 0; k < buckets_.size(); ++k) {
+            const Bucket& b = buckets_[k];
+            const size_t begin = CrossDeviceOps::owned(r, set_.replicas(), b.begin, b.end - b.begin).first;
+            for (const auto& o : owned)
+                if (begin >= o.begin && begin < o.end) at[k] = o.state_at + (begin - o.begin);
+        }
+        own_at_.push_back(std::move(at));
+    }
+}
+
 // strategy.shard: gradients, on the comm stream after bucket k's reduce-scatter: the own chunk's
 // sum out of the staging slot into the own store (added: a later micro-batch), then the slot is
 // free (Replica::slot_free).
@@ -331,20 +350,17 @@ void TrainingStep::keep_own_chunk(Replica& R, size_t k, bool add) {
     const auto [begin, end] = CrossDeviceOps::owned(R.index, set_.replicas(), b.begin, b.end - b.begin);
     if (end > begin) {
         const float* sum = set_.grad_at(R, begin);
-        float* own = owned_grads(R, begin);
+        float* own = R.owned_grads.data() + own_at_[size_t(R.index)][k];
         if (add) d.axpy(d.comm_stream(), end - begin, 1.0f, sum, own);
         else d.copy_on_device(d.comm_stream(), own, sum, (end - begin) * sizeof(float));
     }
     d.event_record(R.slot_free[size_t(set_.staging().slot_of[k])], d.comm_stream());
 }
 
-// The summed gradient of parameter `begin` of an owned range: in the gradient buffer, or staged,
-// in the own store (laid out as the optimizer's state).
-float* TrainingStep::owned_grads(Replica& R, size_t begin) const {
-    if (!set_.staged()) return R.grads.data() + begin;
-    for (const auto& o : R.optimizer->owned())
-        if (begin >= o.begin && begin < o.end) return R.owned_grads.data() + o.state_at + (begin - o.begin);
-    throw std::logic_error("a gradient outside the replica's own chunks");
+// An owned range's summed gradients: in the gradient buffer, or staged, in the own store (laid out
+// as the optimizer's state).
+float* TrainingStep::owned_grads(Replica& R, const Optimizer::Owned& o) const {
+    return set_.staged() ? R.owned_grads.data() + o.state_at : R.grads.data() + o.begin;
 }
 
 // strategy.shard, on the compute stream once the reduce-scatter is done: the gradient statistics
@@ -370,13 +386,13 @@ void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const Step
     if (stats) {
         d.fill(cs, 2, 0.0f, R.grad_stats.data());
         for (const auto& o : owned) {
-            d.sum_squares(cs, o.end - o.begin, owned_grads(R, o.begin), loss_scale, R.grad_total.data());
+            d.sum_squares(cs, o.end - o.begin, owned_grads(R, o), loss_scale, R.grad_total.data());
             d.axpy(cs, 2, 1.0f, R.grad_total.data(), R.grad_stats.data());
         }
         comm_op([&] { grad_stats_ops_->all_reduce(R.index, 0, 2); });
     }
     for (const auto& o : owned)
-        R.optimizer->apply_range(d, cs, R.params.data(), owned_grads(R, o.begin), o.begin, o.end, step, lr,
+        R.optimizer->apply_range(d, cs, R.params.data(), owned_grads(R, o), o.begin, o.end, step, lr,
                                  stats ? R.grad_stats.data() : nullptr, loss_scale, set_.loss_scaling(), values);
     finish_update(R);
     if (timing) d.event_record(R.t_gather, cs);  // exposed communication, as the all-reduce's wait is

@@ -75,7 +75,8 @@ private:
     void finish_update(Replica& R);
     // strategy.shard: gradients - bucket k's own chunk out of its slot into the own store.
     void keep_own_chunk(Replica& R, size_t k, bool add);
-    float* owned_grads(Replica& R, size_t begin) const;  // the own chunks' summed gradients
+    void find_own_chunks();
+    float* owned_grads(Replica& R, const Optimizer::Owned& o) const;  // an own range's summed gradients
     // strategy.shard: R updates its own chunks (reduce-scattered) and gathers everyone's.
     // comm: its communication's host time (CPU replicas); timing: the all-gather's events.
     void sharded_update(Replica& R, int64_t step, float lr, const StepValues* values, bool timing, double& comm);
@@ -105,9 +106,10 @@ private:
     // strategy.shard: the updated parameters' all-gather, and the gradient statistics' sum
     std::unique_ptr<CrossDeviceOps> param_ops_, grad_stats_ops_;
     std::string ops_choice_;
-    std::unique_ptr<ReplicaSync> joins_;    // shared parameters: on the compute streams
-    std::vector<int> all_indices_;          // 0 .. replicas - 1
-    std::vector<const TensorInfo*> state_;  // running statistics: updated after every step
+    std::unique_ptr<ReplicaSync> joins_;       // shared parameters: on the compute streams
+    std::vector<int> all_indices_;             // 0 .. replicas - 1
+    std::vector<const TensorInfo*> state_;     // running statistics: updated after every step
+    std::vector<std::vector<size_t>> own_at_;  // shard: gradients - [replica][bucket]: its own chunk in the own store
     bool timing_sampled_ = false;
     // cuda_graph: one graph per step shape (input buffer, rows), captured on a shape's second step
     // (the first warms the libraries up), at most kMaxGraphs; other shapes run uncaptured.

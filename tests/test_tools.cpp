@@ -273,9 +273,12 @@ TEST_CASE("bench-step --layers: each top-level layer's forward and backward, the
         const char* devices;
         std::vector<std::string> sets;
     };
-    const Case cases[] = {{"cpu:2", {}},
-                          {"sim:0,1", {"train.grad_accumulation_steps=2", "strategy.cuda_graph=true"}},
-                          {"sim:0,0", {"strategy.shared_parameters=true", "train.precision=bf16"}}};
+    const Case cases[] = {
+        {"cpu:2", {}},
+        {"sim:0,1", {"train.grad_accumulation_steps=2", "strategy.cuda_graph=true"}},
+        {"sim:0,0", {"strategy.shared_parameters=true", "train.precision=bf16"}},
+        // staged gradients: every micro-batch reduces after each layer
+        {"cpu:2", {"strategy.shard=gradients", "strategy.bucket_mb=0.1", "train.grad_accumulation_steps=2"}}};
     for (const Case& c : cases) {
         CAPTURE(c.devices);
         const std::string json_path = d / "step.json", stdout_path = d / "step.txt";

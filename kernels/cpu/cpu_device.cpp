@@ -18,7 +18,6 @@
 #include "kernels/cpu/row_loops.h"
 #include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
-#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/gemm_choice.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "kernels/device.h"
@@ -281,7 +280,7 @@ public:
     // grows once (no allocation per step).
     void bias_grad(Stream, int rows, int cols, const void* dzv, float* db, bool accumulate) override {
         const float* dz = F(dzv);
-        grow_scratch(column_sums_, size_t(cols));
+        if (column_sums_.size() < size_t(cols)) column_sums_.resize(size_t(cols));
         float* s = column_sums_.data();
         std::fill(s, s + cols, 0.0f);
         for (int i = 0; i < rows; ++i) {
@@ -355,7 +354,7 @@ public:
             float* yr = F(y) + size_t(i) * cols;
             const uint64_t first = uint64_t(a.row_offset + i) * uint64_t(cols);
             if (xr == yr) {  // in place: through a copy of the row, so that the loop's operands never alias
-                std::copy(xr, xr + cols, grow_scratch(row_copy_, size_t(cols)));
+                row_copy_.assign(xr, xr + cols);
                 xr = row_copy_.data();
             }
             dropout_row_loop(a.seed, stream, step, first, cols, a.rate, keep_scale, xr, yr);
@@ -592,7 +591,7 @@ public:
     void layernorm_backward(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
                             const float* rstd, const float* gamma, void* dxv, float* dgamma, float* dbeta,
                             bool accumulate) override {
-        grow_scratch(layernorm_sums_, 2 * size_t(c));  // grows once
+        if (layernorm_sums_.size() < 2 * size_t(c)) layernorm_sums_.resize(2 * size_t(c));  // grows once
         double* dg = layernorm_sums_.data();
         double* db = dg + c;
         std::fill(dg, dg + 2 * size_t(c), 0.0);

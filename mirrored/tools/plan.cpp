@@ -421,7 +421,7 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
     const Topology topo{n, in.nodes, in.link, in.network};
     const bool sharded = in.strategy.shard != Shard::none;
     // staged gradients are reduce-scattered in every micro-batch
-    const auto scatters = [&](Shard mode) { return mode == Shard::gradients ? accumulation : 1; };
+    const auto scatters = [&](Shard mode) { return mode == Shard::gradients && n > 1 ? accumulation : 1; };
     // a profile measured the run as configured, recomputation included
     const double compute_s =
         in.compute.seconds(r.rows) * (in.compute.seconds_per_sample > 0 ? 1 : recompute_factor(in.model));
@@ -434,9 +434,11 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
         r.recompute_fits = double(m.total()) <= in.capacity;
         r.recompute_zero1_fits = r.zero1 > 0 && double(m.total()) - r.zero1 <= in.capacity;
         r.recompute_zero2_fits = r.zero2 > 0 && double(m.total()) - r.zero2 <= in.capacity;
-        const Shard with = r.recompute_fits || sharded ? in.strategy.shard
-                           : r.recompute_zero1_fits    ? Shard::optimizer
-                                                       : Shard::gradients;
+        // priced as the recommendation would run it: as configured, or with the sharding it adds
+        const Shard with = r.recompute_fits || r.fits ? in.strategy.shard
+                           : r.recompute_zero1_fits   ? std::max(in.strategy.shard, Shard::optimizer)
+                           : r.recompute_zero2_fits   ? Shard::gradients
+                                                      : in.strategy.shard;
         r.recompute_step = predict_step(topo, compute_s * recompute_factor(*in.recomputed), in.comm,
                                         with != Shard::none && total > 1, scatters(with));
     }
