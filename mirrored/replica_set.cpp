@@ -217,6 +217,22 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     return m;
 }
 
+std::string fitting_shard(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
+                          const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared,
+                          size_t label_bytes, uint64_t capacity) {
+    if (shared || replicas < 2) return "";
+    for (StrategyConfig::Shard mode : {StrategyConfig::Shard::optimizer, StrategyConfig::Shard::gradients}) {
+        if (strategy.shard >= mode) continue;
+        StrategyConfig s = strategy;
+        s.shard = mode;
+        const uint64_t need =
+            plan_memory(model, opt, s, backend, replicas, shard_rows, micro_rows, shared, label_bytes).total();
+        if (need <= capacity)
+            return std::string("strategy.shard: ") + shard_name(mode) + " (" + format_bytes(need) + " per replica)";
+    }
+    return "";
+}
+
 Replica::~Replica() {
     if (!device) return;
     if (!device->abandoned()) {
@@ -268,7 +284,7 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
     if (staged_) staging_ = plan_gradient_staging(model_, buckets_);
     plan_ =
         plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_, &buckets_);
-    check_device_memory();
+    check_device_memory(opt, shard_rows, micro_rows);
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
     replicas_[0]->scratch_base = cpu_thread_scratch_bytes();  // the others' threads are new
@@ -298,18 +314,22 @@ void ReplicaSet::check_batch(int global_batch, int all) const {
 
 // GPUs: the replicas on each GPU must fit its free memory (an allocation failure later would be
 // clear too, but this says why before anything is built). Host memory is the session's check.
-void ReplicaSet::check_device_memory() const {
+// Names the sharding that would fit, where one would.
+void ReplicaSet::check_device_memory(const OptimizerConfig& opt, int shard_rows, int micro_rows) const {
     if (!devices_.traits().gpu) return;
     std::map<int, int> per_gpu;
     for (int o : devices_.ordinals) ++per_gpu[o];
     for (auto [ordinal, count] : per_gpu) {
         const uint64_t free = cuda_free_memory(ordinal);
         const uint64_t need = plan_.total() * uint64_t(count);
-        if (free && need > free)
-            throw DeviceError("cuda:" + std::to_string(ordinal) + ": " + std::to_string(count) + " replica(s) need " +
-                              format_bytes(need) + " (" + plan_.describe() + " each), " + format_bytes(free) +
-                              " free: use a smaller per-replica batch (train.global_batch_size), more "
-                              "train.grad_accumulation_steps, or fewer replicas on this GPU");
+        if (!free || need <= free) continue;
+        const std::string shard = fitting_shard(model_, opt, cfg_, *devices_.backend, int(devices_.ordinals.size()),
+                                                shard_rows, micro_rows, shared_, label_bytes_, free / uint64_t(count));
+        throw DeviceError("cuda:" + std::to_string(ordinal) + ": " + std::to_string(count) + " replica(s) need " +
+                          format_bytes(need) + " (" + plan_.describe() + " each), " + format_bytes(free) +
+                          " free: " + (shard.empty() ? "" : "set " + shard + ", or ") +
+                          "use a smaller per-replica batch (train.global_batch_size), more "
+                          "train.grad_accumulation_steps, train.recompute: blocks, or fewer replicas on this GPU");
     }
 }
 

@@ -99,6 +99,14 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
                        const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared = false,
                        size_t label_bytes = sizeof(int32_t), const std::vector<Bucket>* buckets = nullptr);
 
+// When a replica's plan does not fit `capacity` bytes: the first sharding beyond the configured
+// one (strategy.shard optimizer, then gradients) whose plan does, as "strategy.shard: gradients
+// (1.2 GiB per replica)"; "" when none does or nothing can be shared (one replica, or one shared
+// parameter copy). The arguments are plan_memory's.
+std::string fitting_shard(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
+                          const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared,
+                          size_t label_bytes, uint64_t capacity);
+
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
     HostWork device;        // replica 0's device calls
@@ -272,7 +280,7 @@ private:
     // The global batch against all replicas of the job and the accumulation steps: ConfigError
     // if they do not fit.
     void check_batch(int global_batch, int all) const;
-    void check_device_memory() const;
+    void check_device_memory(const OptimizerConfig& opt, int shard_rows, int micro_rows) const;
     void build_replica(int r, int shard_rows, int micro_rows, const OptimizerConfig& opt);
     void allocate_model_state(Replica& R, const OptimizerConfig& opt, int micro_rows);
     void allocate_inputs(Replica& R, int shard_rows);

@@ -137,16 +137,25 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
         (replicas ? std::to_string(n) + " replica(s) x " + format_bytes(plan.total()) + " (" + plan.describe() + ") + "
                   : std::string()) +
         "loader slots " + format_bytes(slots) + " = " + format_bytes(need);
+    // the sharding that would fit within `limit`, where one would
+    const auto shard_fits = [&](uint64_t limit) {
+        if (!replicas || limit <= slots) return std::string();
+        const std::string s = fitting_shard(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
+                                            parameters_shared(cfg.strategy, devices), labels, (limit - slots) / n);
+        return s.empty() ? s : "; " + s + " would fit";
+    };
     if (total && need > total)
-        cfg.fail(replicas ? "model.layers" : "data.prefetch", "the run needs more host memory than this machine has: " +
-                                                                  what + ", " + format_bytes(total) + " in all");
+        cfg.fail(replicas ? "model.layers" : "data.prefetch",
+                 "the run needs more host memory than this machine has: " + what + ", " + format_bytes(total) +
+                     " in all" + shard_fits(total));
     if (cg.limit && need > cg.limit)
         throw DeviceError("the run needs more host memory than this process may use: " + what +
                           ", but its cgroup allows " + format_bytes(cg.limit) + " (" + cg.file +
-                          "): raise the container's or the job's memory limit, or use a smaller model or batch");
+                          "): raise the container's or the job's memory limit, or use a smaller model or batch" +
+                          shard_fits(cg.limit));
     if (avail && need > avail)
         throw DeviceError("not enough free host memory: " + what + ", " + format_bytes(avail) +
-                          " available: close other programs, or use a smaller model or batch");
+                          " available: close other programs, or use a smaller model or batch" + shard_fits(avail));
 }
 
 // Layers that learn from batch statistics need at least two values per channel in every

@@ -1596,6 +1596,31 @@ TEST_CASE("strategy.shard gradients: a few reused slots and the own chunks hold 
     CHECK(zero1.memory_plan().grads == model.flat_size() * sizeof(float));
     // measured: the difference is the plan's
     CHECK(zero1.peak_memory_bytes() - st.peak_memory_bytes() == zero1.memory_plan().grads - st.memory_plan().grads);
+    // a run that does not fit is told the first sharding that would
+    StrategyConfig none = sc;
+    none.shard = ShardMode::none;
+    const OptimizerConfig adamw = make_optimizer_config("adamw");
+    const Backend& cuda = backend_of(DeviceType::cuda);
+    const auto need = [&](ShardMode mode) {
+        StrategyConfig s = sc;
+        s.shard = mode;
+        return plan_memory(model, adamw, s, cuda, 4, 6, 6).total();
+    };
+    REQUIRE(need(ShardMode::gradients) < need(ShardMode::optimizer));
+    REQUIRE(need(ShardMode::optimizer) < need(ShardMode::none));
+    const auto fitting = [&](const StrategyConfig& s, uint64_t capacity, bool shared = false, int replicas = 4) {
+        return fitting_shard(model, adamw, s, cuda, replicas, 6, 6, shared, sizeof(int32_t), capacity);
+    };
+    CHECK(fitting(none, need(ShardMode::optimizer)).rfind("strategy.shard: optimizer (", 0) == 0);
+    CHECK(fitting(none, need(ShardMode::optimizer) - 1).rfind("strategy.shard: gradients (", 0) == 0);
+    StrategyConfig zero1_cfg = sc, zero2_cfg = sc;
+    zero1_cfg.shard = ShardMode::optimizer;
+    zero2_cfg.shard = ShardMode::gradients;
+    CHECK(fitting(zero1_cfg, need(ShardMode::gradients)).rfind("strategy.shard: gradients (", 0) == 0);
+    CHECK(fitting(zero2_cfg, need(ShardMode::optimizer)) == "");  // configured already: nothing more to shard
+    CHECK(fitting(none, need(ShardMode::gradients) - 1) == "");
+    CHECK(fitting(none, need(ShardMode::optimizer), true) == "");      // one shared copy
+    CHECK(fitting(none, need(ShardMode::optimizer), false, 1) == "");  // one replica
 }
 
 TEST_CASE("strategy.shard: batchnorm statistics, fp16 loss scaling and an overflow agree with unsharded") {
