@@ -477,13 +477,13 @@ void ReplicaSet::wait_until(const std::function<bool()>& done) {
 
 uint64_t ReplicaSet::peak_memory_bytes() const {
     uint64_t peak = 0;
-    for (const auto& R : replicas_) peak = std::max(peak, R->device->peak_allocated_bytes() + R->scratch_bytes);
+    for (const auto& R : replicas_) peak = std::max(peak, R->peak_memory_bytes());
     return peak;
 }
 
 uint64_t ReplicaSet::memory_per_replica_bytes() const {
     uint64_t sum = 0;
-    for (const auto& R : replicas_) sum += R->device->peak_allocated_bytes() + R->scratch_bytes;
+    for (const auto& R : replicas_) sum += R->peak_memory_bytes();
     return sum / uint64_t(replicas_.size());
 }
 

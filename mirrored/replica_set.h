@@ -151,6 +151,8 @@ struct Replica {
     // plan's workspace), which the measured memory counts with its allocations; scratch_base is
     // what the thread held before (replica 0 runs on the caller's thread)
     uint64_t scratch_bytes = 0, scratch_base = 0;
+    // What the replica has held at most: its device's allocations and its kernels' scratch.
+    uint64_t peak_memory_bytes() const { return device->peak_allocated_bytes() + scratch_bytes; }
     ~Replica();
 };
 
@@ -193,9 +195,7 @@ public:
     bool staged() const { return staged_; }
     const GradientStaging& staging() const { return staging_; }
     // Where a gradient of the flat layout lies in R's gradient buffer, and that buffer's size.
-    float* grad_at(Replica& R, size_t offset) const {
-        return R.grads.data() + (staged_ ? staging_.index(offset) : offset);
-    }
+    float* grad_at(Replica& R, size_t offset) const { return R.grads.data() + grad_index(offset); }
     size_t grad_index(size_t offset) const { return staged_ ? staging_.index(offset) : offset; }
     size_t grad_elements() const { return staged_ ? staging_.buffer : model_.flat_size(); }
     const std::vector<Bucket>& buckets() const { return buckets_; }  // the gradients' buckets
