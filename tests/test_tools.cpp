@@ -16,6 +16,7 @@
 #include "mirrored/checkpoint.h"
 #include "mirrored/tools/hardware.h"
 #include "mirrored/planner.h"
+#include "mirrored/tools/tools.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
 #include "tests/layers.h"
@@ -153,6 +154,24 @@ TEST_CASE("cost model: a hand-computed run - GPU hours x price, communication, c
     CHECK(estimate_cost(in).rework_cost == 0);
     in.job_mtbf_s = 900;
     CHECK(!estimate_cost(in).finishes);
+}
+
+TEST_CASE("plan without --profile: a big model's step here is measured on fewer samples, a GPU's on all") {
+    const Model m({784}, {dense(256, Activation::relu), dense(10, Activation::none)}, 1);
+    const double per_sample = m.train_flops_per_sample();
+    LocalShape s = local_shape(m, 64, 1, false, kMeasureFlops);  // a small model: the planned batch
+    CHECK(s.rows == 64);
+    CHECK(s.warmup == 2);
+    CHECK(s.steps == 8);
+    s = local_shape(m, 64, 1, false, 10.5 * per_sample);  // as many samples as the budget holds
+    CHECK(s.rows == 10);
+    CHECK(s.steps == 8);
+    s = local_shape(m, 64, 4, false, 0.5 * per_sample);  // one sample per micro-batch, one step each
+    CHECK(s.rows == 4);
+    CHECK(s.warmup == 1);
+    CHECK(s.steps == 1);
+    CHECK(local_shape(m, 3, 4, false, 1).rows == 3);   // never more than planned
+    CHECK(local_shape(m, 64, 1, true, 1).rows == 64);  // a GPU here runs the batch
 }
 
 TEST_CASE("plan --price --mtbf: each count priced, the cheapest and the fastest named; bad figures are exit 2") {

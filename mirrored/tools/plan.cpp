@@ -14,6 +14,7 @@
 #include "kernels/buffer.h"
 #include "base/error.h"
 #include "mirrored/config.h"
+#include "mirrored/cross_device_ops.h"
 #include "mirrored/strategy.h"
 #include "mirrored/tools/hardware.h"
 #include "mirrored/planner.h"
@@ -25,6 +26,17 @@
 namespace mirrored {
 
 using json = nlohmann::json;
+
+LocalShape local_shape(const Model& model, int rows, int accumulation, bool gpu_here, double budget_flops) {
+    LocalShape s;
+    s.rows = rows;
+    if (gpu_here) return s;
+    const double per_sample = std::max(1.0, model.train_flops_per_sample());
+    const double fewest = std::min(rows, std::max(accumulation, 1));
+    s.rows = int(std::clamp(std::floor(budget_flops / per_sample), fewest, double(rows)));
+    if (per_sample * s.rows > budget_flops) s.warmup = s.steps = 1;
+    return s;
+}
 
 namespace {
 
@@ -154,14 +166,14 @@ double gemm_ceiling(Device& d) {
     return 2.0 * n * double(n) * n * iters / (now_s() - t0);
 }
 
-LocalStep measure_local(const Config& base, const std::vector<int>& shape, int classes, int rows) {
-    constexpr int kWarmup = 2, kSteps = 8;
+LocalStep measure_local(const Config& base, const std::vector<int>& shape, int classes, const LocalShape& at) {
+    const int rows = at.rows;
     LocalStep out;
     out.device = cuda_device_count() > 0 ? "cuda:0" : "cpu:1";
     {
-        const Config c = local_config(base, shape, classes, rows, kWarmup + kSteps, out.device);
+        const Config c = local_config(base, shape, classes, rows, at.warmup + at.steps, out.device);
         auto s = start_timed_session(c, nullptr, nullptr);
-        out.seconds = time_steps(*s, kWarmup, kSteps, kSteps, nullptr, false).elapsed_s / kSteps;
+        out.seconds = time_steps(*s, at.warmup, at.steps, at.steps, nullptr, false).elapsed_s / at.steps;
         s->train_loader->stop();
         auto d = s->strategy->backend().make(0);  // a device or an exception, never null
         // cppcheck-suppress nullPointer
@@ -261,14 +273,17 @@ ComputeModel compute_model(const PlanOptions& o, const Config& base, const Model
     // the model's own efficiency, without recomputed blocks (plan_row adds their FLOPs)
     Config plain = base;
     plain.train.recompute_blocks = false;
-    const LocalStep here = measure_local(plain, shape, model.output_classes(), rows);
+    const LocalShape at =
+        local_shape(model, rows, base.train.grad_accumulation_steps, cuda_device_count() > 0, kMeasureFlops);
+    const LocalStep here = measure_local(plain, shape, model.output_classes(), at);
     m.flops_per_sample = model.train_flops_per_sample();
-    m.efficiency = std::min(1.0, m.flops_per_sample * rows / here.seconds / here.gemm_flops);
+    m.efficiency = std::min(1.0, m.flops_per_sample * at.rows / here.seconds / here.gemm_flops);
     m.peak = t.peak;
     m.launches = here.launches;
     m.launch_s = o.launch_us * 1e-6;
     m.source = "measured here on " + here.device + " (" + fmt("%.2f", here.seconds * 1e3) + " ms per step at " +
-               std::to_string(rows) + " samples, " + fmt("%.0f", 100 * m.efficiency) + "% of its GEMM ceiling of " +
+               (at.rows < rows ? std::to_string(at.rows) + " of the planned " : std::string()) + std::to_string(rows) +
+               " samples, " + fmt("%.0f", 100 * m.efficiency) + "% of its GEMM ceiling of " +
                fmt("%.1f", here.gemm_flops / 1e9) + " GFLOP/s), scaled to " + t.gpu.name +
                "'s peak at that efficiency, plus " + std::to_string(m.launches) + " kernel launches x " +
                fmt("%.1f", o.launch_us) + " us";
@@ -449,10 +464,8 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
         return "; each block's forward runs again in backward: " + fmt("%.2f", r.recompute_step.step_s * 1e3) +
                " ms per step instead of " + fmt("%.2f", r.step.step_s * 1e3) + ")";
     };
-    const std::string splitting_op = in.strategy.cross_device_ops == "ring" || in.strategy.cross_device_ops == "auto" ||
-                                             in.strategy.cross_device_ops == "nccl"
-                                         ? ""
-                                         : " with cross_device_ops: ring";
+    const std::string splitting_op =
+        shard_refusal(in.strategy.cross_device_ops).empty() ? "" : " with cross_device_ops: ring";
     const auto shard_cost = [&](const char* mode, double saving, const StepPrediction& s) {
         return std::string("strategy.shard: ") + mode + splitting_op + " (" +
                format_bytes(r.mem.total() - uint64_t(saving)) + " per GPU; its communication adds " +

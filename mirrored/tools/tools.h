@@ -13,6 +13,8 @@
 
 namespace mirrored {
 
+class Model;
+
 class ReplicaThreads;
 class Watchdog;
 
@@ -123,6 +125,16 @@ struct PlanOptions {
 };
 // `mirrored plan`: memory and step time per replica for GPUs not at hand.
 int plan(const PlanOptions& o);
+// Without --profile, plan measures a step here: the planned rows, unless on a CPU a step of them
+// would take more than budget_flops (a model of GPT-2's size: minutes and the whole batch's
+// memory) - then fewer, at least one per micro-batch, and one warm-up and one timed step where
+// even those exceed it. Efficiency is a property of the products' shapes more than of their
+// number of rows, so a few samples measure it.
+struct LocalShape {
+    int rows = 0, warmup = 2, steps = 8;
+};
+constexpr double kMeasureFlops = 1e11;  // about a second a step on one core
+LocalShape local_shape(const Model& model, int rows, int accumulation, bool gpu_here, double budget_flops);
 
 struct ReportOptions {
     std::vector<std::string> runs;  // run folders (each with metrics.jsonl)
