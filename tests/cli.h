@@ -105,6 +105,27 @@ inline int wait_status(pid_t pid) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// Waits until the child runs mirrored (a forked child catches signals with the test's handlers
+// until it execs) and catches `sig` (SigCgt in /proc: main's first step installs the handlers),
+// at most deadline_s: a signal sent then meets mirrored's handler, however busy the machine.
+inline bool wait_until_catches(pid_t pid, int sig, double deadline_s = 120) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);
+    std::error_code ec;
+    const fs::path exe = fs::canonical(cli());
+    const std::string proc = "/proc/" + std::to_string(pid);
+    while (std::chrono::steady_clock::now() < end) {
+        if (fs::read_symlink(proc + "/exe", ec) == exe) {
+            std::ifstream in(proc + "/status");
+            std::string line;
+            while (std::getline(in, line))
+                if (line.rfind("SigCgt:", 0) == 0 && ((std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1))
+                    return true;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return false;
+}
+
 // Waits for pid at most deadline_s; a process still running then is killed (a hang fails the
 // test instead of stalling the suite) and reported as 128 + SIGKILL.
 inline int wait_status_within(pid_t pid, double deadline_s) {

@@ -192,12 +192,12 @@ TEST_CASE("a FIFO as a data file or named like a checkpoint never blocks; a sign
     CHECK(fs::is_fifo(fake));
     // SIGTERM while a large dataset is still being made (20 M samples: seconds of work, more under
     // a sanitizer): exit 130 before the data is ready - the header, printed once it is, never
-    // appears - rather than after loading and a first step. No clock decides it: a busy machine
-    // only makes the loading slower.
+    // appears - rather than after loading and a first step. No clock decides it: the signal goes
+    // once the process catches it, and a busy machine only makes the loading slower.
     const std::vector<std::string> slow{"train", cfg, "--output", d / "slow", "--set", "data.train_samples=20000000"};
     const std::string slow_out = d / "slow.txt";
     const pid_t pid = spawn_cli(slow, {}, "/dev/null", Stdout::file, slow_out);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    REQUIRE(wait_until_catches(pid, SIGTERM));
     ::kill(pid, SIGTERM);
     CHECK(wait_status_within(pid, 120) == kExitInterrupted);
     std::ifstream printed(slow_out);
@@ -844,24 +844,7 @@ TEST_CASE("SIGINT as soon as a training process can take it ends it with exit 13
     const std::string cfg = d.write("c.yaml", kRun);
     for (int round = 0; round < 3; ++round) {
         const pid_t pid = spawn_cli({"train", cfg, "--output", d / ("r" + std::to_string(round))}, {}, "/dev/null");
-        // the moment the process catches SIGINT (SigCgt in /proc) once it runs mirrored (a forked
-        // child catches it with the test's handler until it execs): main's first step
-        bool caught = false;
-        std::error_code ec;
-        const fs::path exe = fs::canonical(cli());
-        for (int i = 0; i < 20000 && !caught; ++i) {
-            if (fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec) != exe) {
-                std::this_thread::sleep_for(std::chrono::microseconds(100));
-                continue;
-            }
-            std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-            std::string line;
-            while (std::getline(in, line))
-                if (line.rfind("SigCgt:", 0) == 0)
-                    caught = (std::stoull(line.substr(7), nullptr, 16) >> (SIGINT - 1)) & 1;
-            if (!caught) std::this_thread::sleep_for(std::chrono::microseconds(100));
-        }
-        REQUIRE(caught);
+        REQUIRE(wait_until_catches(pid, SIGINT));  // the moment it can: main's first step
         ::kill(pid, SIGINT);
         CHECK(wait_status(pid) == kExitInterrupted);
     }
