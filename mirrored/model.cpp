@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 
 #include "base/error.h"
 
@@ -43,7 +45,8 @@ std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, s
             info.offset = offset;
             info.count = size_t(count);
             info.layer = t.top_layer;
-            info.written_from = std::max(t.top_layer, t.tied_layer);
+            info.unit = t.unit;
+            info.written_from = std::max(t.unit, t.tied_unit);
             info.init = t.init;
             info.trainable = t.trainable;
             info.fill = t.fill;
@@ -197,8 +200,18 @@ const void* Model::forward(Pass& p, const void* x) const {
     return top_->forward(p, x);
 }
 
-void Model::backward(Pass& p, void* dlogits, const std::function<void(int)>& on_layer_done) const {
-    top_->backward(p, dlogits, nullptr, on_layer_done);
+void Model::backward(Pass& p, void* dlogits, const std::function<void(int)>& on_unit_done) const {
+    int last = gradient_units();
+    const std::function<void(int)> in_order = [&](int unit) {
+        if (unit >= last)  // the buckets' readiness and the staging slots rely on this order
+            throw std::logic_error("backward completed gradient unit " + std::to_string(unit) + " after unit " +
+                                   std::to_string(last));
+        last = unit;
+        on_unit_done(unit);
+    };
+    p.on_unit_done = on_unit_done ? &in_order : nullptr;
+    top_->backward(p, dlogits, nullptr);
+    p.on_unit_done = nullptr;
 }
 
 }  // namespace mirrored

@@ -32,8 +32,9 @@ struct TensorInfo {
     size_t offset = 0;       // floats from the start of the buffer (aligned to kTensorAlign)
     size_t count = 0;
     int layer = 0;  // the top-level layer it belongs to
-    // The first top-level layer whose backward (last layer first) writes its gradient: its own,
-    // or a later one tied to it (an LM head sharing the token embedding's table).
+    int unit = 0;   // the gradient unit (Builder::begin_unit) whose backward completes its gradient
+    // The first gradient unit whose backward (last unit first) writes its gradient: its own, or a
+    // later one tied to it (an LM head sharing the token embedding's table).
     int written_from = 0;
     InitArgs init;
     bool trainable = true;  // false: mirrored state (running statistics)
@@ -110,10 +111,12 @@ public:
     // (`global_rows` in the job): see Layer::check_batch.
     void check_batch(int rows, int global_rows) const;
     // Uses the inputs recorded by the last forward(); consumes dlogits. Writes (or, with
-    // p.accumulate, adds) parameter gradients; calls on_layer_done(layer) once a top-level
-    // layer's gradients are enqueued, so a caller can start reducing them while earlier layers
-    // are still being computed.
-    void backward(Pass& p, void* dlogits, const std::function<void(int layer)>& on_layer_done) const;
+    // p.accumulate, adds) parameter gradients; calls on_unit_done(unit) once a gradient unit's
+    // gradients are enqueued (units last to first; std::logic_error if a layer breaks that order),
+    // so a caller can start reducing them while earlier layers are still being computed.
+    void backward(Pass& p, void* dlogits, const std::function<void(int unit)>& on_unit_done) const;
+    int gradient_units() const { return layout_->units(); }
+    int unit_layer(int unit) const { return layout_->unit_layer(unit); }  // the unit's top-level layer
     // The buffer backward() expects the loss gradient in: [rows, output_features()].
     void* dlogits_buffer(Activations& acts) const { return acts.act(dlogits_slot_, 0); }
 

@@ -54,18 +54,18 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
     std::vector<Bucket> out;
     const size_t trainable = model.trainable_size();
     if (bucket_mb <= 0) {
-        out.push_back(Bucket{0, trainable, t.front()->layer});
+        out.push_back(Bucket{0, trainable, t.front()->unit, t.front()->layer});
     } else {
         const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
         size_t end = trainable;
         for (int i = int(t.size()) - 1; i >= 0; --i)
             if (end - t[size_t(i)]->offset >= limit || i == 0) {
-                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->layer});
+                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->unit, t[size_t(i)]->layer});
                 end = t[size_t(i)]->offset;
             }
         out.back().begin = 0;  // covers any alignment gap before the first tensor
     }
-    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1});
+    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1, -1});
     return out;
 }
 
@@ -73,26 +73,27 @@ GradientStaging plan_gradient_staging(const Model& model, const std::vector<Buck
     GradientStaging g;
     const size_t trainable = model.trainable_size(), nb = buckets.size();
     std::vector<int> first_writer(nb, -1);
-    std::set<int> with_params;  // the layers whose backward reports (Sequential: has_params)
+    std::set<int> with_params;  // the units whose backward reports
     int top = 0;
     for (const TensorInfo& t : model.tensors()) {
         if (!t.trainable) continue;
-        with_params.insert(t.layer);
+        with_params.insert(t.unit);
+        with_params.insert(t.written_from);
         top = std::max(top, t.written_from);
         for (size_t k = 0; k < nb; ++k)
             if (t.offset >= buckets[k].begin && t.offset < buckets[k].end)
                 first_writer[k] = std::max(first_writer[k], t.written_from);
     }
-    // Backward's order: at layer L, buckets first written there take a slot, then those
-    // complete after it free theirs (their reduce-scatter is issued then).
+    // Backward's order: at unit U, buckets first written there take a slot, then those complete
+    // after it free theirs (their reduce-scatter is issued then).
     g.slot_of.assign(nb, -1);
     const auto walk = [&](int slots, auto&& on_take) {
         std::deque<int> free;
         for (int s = 0; s < slots; ++s) free.push_back(s);
         int live = 0, most = 0;
-        for (int layer = top; layer >= 0; --layer) {
+        for (int unit = top; unit >= 0; --unit) {
             for (size_t k = 0; k < nb; ++k)
-                if (buckets[k].begin < trainable && first_writer[k] == layer) {
+                if (buckets[k].begin < trainable && first_writer[k] == unit) {
                     most = std::max(most, ++live);
                     if (slots > 0) {
                         if (free.empty()) throw std::logic_error("gradient staging: no free slot");
@@ -101,7 +102,7 @@ GradientStaging plan_gradient_staging(const Model& model, const std::vector<Buck
                     }
                 }
             for (size_t k = 0; k < nb; ++k)
-                if (buckets[k].begin < trainable && buckets[k].ready_after_layer == layer) {
+                if (buckets[k].begin < trainable && buckets[k].ready_after_unit == unit) {
                     --live;
                     if (slots > 0) free.push_back(g.slot_of[k]);
                 }

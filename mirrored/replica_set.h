@@ -54,17 +54,18 @@ struct MemoryPlan {
 // A contiguous range of the flat gradient buffer, reduced as one unit.
 struct Bucket {
     size_t begin = 0, end = 0;  // floats
-    int ready_after_layer = 0;  // backward has produced all of it once this layer is done
+    int ready_after_unit = 0;   // backward has produced all of it once this gradient unit is done
+    int ready_after_layer = 0;  // ... which is in this top-level layer (the planner's timing)
 };
 // The trainable region in buckets of about bucket_mb in reverse layer order (0: one bucket), then
-// the state region (batch statistics) as a last bucket reduced after backward
-// (ready_after_layer -1).
+// the state region (batch statistics) as a last bucket reduced after backward (ready_after_unit
+// and ready_after_layer -1).
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
 
 // strategy.shard: gradients. Backward writes each trainable bucket into a staging slot; once the
 // bucket is reduce-scattered, the replica adds its own chunk into a compact store laid out as its
 // optimizer state, and the slot is free for a later bucket. Slots are planned by walking
-// backward's order (last layer first): a bucket takes a slot before its first writer's backward
+// backward's order (last gradient unit first): a bucket takes a slot before its first writer's backward
 // and frees it after its last writer's, so a slot is reused only by a bucket written wholly after
 // the one before it was reduced; one spare slot beyond the most ever in use lets a bucket's
 // reduce-scatter overlap the next layers' backward. The state region (batch statistics) follows
@@ -74,7 +75,7 @@ struct GradientStaging {
     size_t buffer = 0;            // floats: the slots, then the state region
     int slots = 0;
     std::vector<int> slot_of;  // per bucket (-1: the state region)
-    // Per bucket: the top-level layer with parameters after whose backward it takes its slot (-1:
+    // Per bucket: the gradient unit after whose backward it takes its slot (-1:
     // before backward begins), and, where its slot serves other buckets too, the buffer ranges
     // (index, count) no tensor of it covers (alignment gaps: zeroed then, so that the
     // reduce-scatter adds zeros).

@@ -5,12 +5,13 @@
 
 namespace mirrored {
 
-StepProfile::StepProfile(Device& d, int layers, int micro_batches)
+StepProfile::StepProfile(Device& d, int layers, int units, int micro_batches)
     : dev_(d),
       layers_(layers),
-      // per micro-batch: each layer's forward and backward, the loss, and a reduced mark after a
-      // layer (every micro-batch reduces when the gradients are staged)
-      capacity_(5 + size_t(micro_batches) * (3 * size_t(layers) + 1)),
+      // per micro-batch: each layer's forward and backward, the loss, and after a gradient unit
+      // that reduces, its layer's backward so far and the reduction (every micro-batch reduces
+      // when the gradients are staged)
+      capacity_(5 + size_t(micro_batches) * (2 * size_t(layers) + 2 * size_t(units) + 1)),
       clock_(!d.traits().asynchronous) {
     totals_.forward.assign(size_t(layers), 0.0);
     totals_.backward.assign(size_t(layers), 0.0);

@@ -13,8 +13,9 @@ namespace mirrored {
 
 class StepProfile final : public LayerProbe {
 public:
-    // layers: the model's top-level layers; micro_batches: forward/backward passes per step.
-    StepProfile(Device& d, int layers, int micro_batches);
+    // layers: the model's top-level layers; units: its gradient units (Model::gradient_units);
+    // micro_batches: forward/backward passes per step.
+    StepProfile(Device& d, int layers, int units, int micro_batches);
     ~StepProfile() override;
     StepProfile(const StepProfile&) = delete;
     StepProfile& operator=(const StepProfile&) = delete;

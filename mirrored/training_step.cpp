@@ -231,25 +231,28 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         }
         comm += now_s() - c0;
     };
-    const auto take_slots = [&](int after_layer) {
+    const auto take_slots = [&](int after_unit) {
         for (size_t k = 0; k < buckets_.size(); ++k) {
             const int s = staging.slot_of[k];
-            if (s < 0 || staging.claim_after[k] != after_layer) continue;
+            if (s < 0 || staging.claim_after[k] != after_unit) continue;
             if (R.slot_used[size_t(s)]) d.stream_wait_event(cs, R.slot_free[size_t(s)]);
             R.slot_used[size_t(s)] = 1;
             for (const auto& [at, count] : staging.gaps[k]) d.fill(cs, count, 0.0f, R.grads.data() + at);
         }
     };
     const bool overlap = (set_.config().bucket_mb > 0 || staged) && n > 1 && !set_.shared();
-    const auto on_layer_done = [&](int layer) {
+    const int top_layers = int(model_.layers().size());
+    const auto on_unit_done = [&](int unit) {
         bool reduced = false;
         for (size_t k = 0; k < buckets_.size(); ++k)
-            if (buckets_[k].ready_after_layer == layer) {
+            if (buckets_[k].ready_after_unit == unit) {
+                // CPU replicas reduce right here: the time so far is the layer's backward, the
+                // reduction's is its own, not the next layer's
+                if (!reduced) profile_mark(R, cs, top_layers + model_.unit_layer(unit));
                 reduce(k);
                 reduced = true;
             }
-        if (staged) take_slots(layer);
-        // CPU replicas reduce right here: their time is the reduction's, not the next layer's
+        if (staged) take_slots(unit);
         if (reduced) profile_mark(R, cs, LayerProbe::kReduced);
     };
     const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
@@ -275,7 +278,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         profile_mark(R, cs, LayerProbe::kLoss);
         const bool last = m == set_.accumulation() - 1;
         if (staged) take_slots(-1);
-        model_.backward(p, dlogits, (last || staged) && overlap ? std::function<void(int)>(on_layer_done) : nullptr);
+        model_.backward(p, dlogits, (last || staged) && overlap ? std::function<void(int)>(on_unit_done) : nullptr);
     }
     if (!values) d.event_record(R.input_free[buf], cs);  // a graph's inputs are freed after its launch
     if (timing) d.event_record(R.t_backward, cs);
@@ -284,7 +287,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     } else {
         if (n > 1) {
             for (size_t k = 0; k < buckets_.size(); ++k)  // without overlap every bucket, else the statistics
-                if (!overlap || buckets_[k].ready_after_layer < 0) reduce(k);
+                if (!overlap || buckets_[k].ready_after_unit < 0) reduce(k);
             compute_waits_for_comm(d, R.reduced);
         }
         if (timing) d.event_record(R.t_reduced, cs);

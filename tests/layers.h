@@ -1,10 +1,12 @@
 // Layer specs for tests, as a config would give them (each read by its type's own reader).
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
 #include "mirrored/layers/layer.h"
+#include "mirrored/model.h"
 
 namespace mirrored::test {
 
@@ -65,6 +67,16 @@ inline LayerSpec residual(std::vector<LayerSpec> layers, const std::string& shor
     return make_layer_spec(
         "residual", {{"shortcut", shortcut.empty() ? "identity" : shortcut}, {"activation", activation_name(act)}},
         std::move(layers));
+}
+
+// Whether backward reported every gradient unit once - each unit that owns a trainable tensor
+// or writes a tied one - and no other (Model::backward throws where the order is not last first).
+inline bool reported_every_unit(const Model& m, const std::vector<int>& reported) {
+    std::set<int> expected;
+    for (const TensorInfo& t : m.tensors())
+        if (t.trainable) expected.insert({t.unit, t.written_from});
+    return reported.size() == expected.size() && std::set<int>(reported.begin(), reported.end()) == expected &&
+           int(expected.size()) == m.gradient_units();
 }
 
 }  // namespace mirrored::test

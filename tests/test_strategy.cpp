@@ -1582,7 +1582,7 @@ TEST_CASE("strategy.shard gradients: a few reused slots and the own chunks hold 
     for (size_t a = 0; a < st.buckets().size(); ++a)
         for (size_t b = 0; b < st.buckets().size(); ++b)
             if (a != b && g.slot_of[a] == g.slot_of[b] && st.buckets()[a].begin > st.buckets()[b].begin)
-                CHECK((g.claim_after[b] >= 0 && g.claim_after[b] <= st.buckets()[a].ready_after_layer));
+                CHECK((g.claim_after[b] >= 0 && g.claim_after[b] <= st.buckets()[a].ready_after_unit));
     size_t largest = 0;
     for (const Bucket& b : st.buckets()) largest = std::max(largest, b.end - b.begin);
     CHECK(g.buffer <= size_t(g.slots) * (largest + Model::kTensorAlign));

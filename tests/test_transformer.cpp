@@ -21,6 +21,7 @@
 #include "mirrored/config.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
+#include "mirrored/replica_set.h"
 #include "mirrored/trainer.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
@@ -270,14 +271,14 @@ struct TokenHarness {
         }
         return loss / (rows * t);
     }
-    std::vector<float> backprop() {
+    std::vector<float> backprop(std::vector<int>* units = nullptr) {
         d.fill(d.compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
         Pass p = pass();
         const void* z = m.forward(p, x.data());
         void* dl = m.dlogits_buffer(acts);
         d.softmax_xent(d.compute_stream(), rows * t, vocab, z, y.data(), 1.0f / float(rows * t), nullptr, dl,
                        metrics.data());
-        m.backward(p, dl, nullptr);
+        m.backward(p, dl, units ? [units](int unit) { units->push_back(unit); } : std::function<void(int)>());
         return download(d, grads);
     }
 };
@@ -291,7 +292,9 @@ void check_gradients(Device& d, const std::vector<LayerSpec>& layers, int t, int
     for (const auto& info : m.tensors())  // no gamma exactly 1, no bias exactly 0
         for (size_t i = 0; i < info.count; ++i) p[info.offset + i] += 0.05f * rng.normal(1)[0];
     d.copy_to_device(d.compute_stream(), h.params.data(), p.data(), p.size() * 4);
-    const std::vector<float> g = h.backprop();
+    std::vector<int> units;
+    const std::vector<float> g = h.backprop(&units);
+    CHECK(reported_every_unit(m, units));  // an LM head tied to the embedding reports as a unit of its own
     int checked = 0;
     for (const auto& info : m.tensors()) {
         CAPTURE(info.name);
@@ -358,6 +361,19 @@ TEST_CASE("gradients match finite differences: embedding, position embedding, at
             layer("transformer_block", {{"heads", "2"}, {"dropout", "0.3"}, {"activation", "gelu_tanh"}}),
             layer("attention", {{"heads", "4"}, {"dropout", "0.5"}}), layer("lm_head")};
         check_gradients(*d, l, 5, 3);
+    }
+}
+
+TEST_CASE("shard: gradients - a GPT's staging slots do not grow with its depth: each sub-layer frees its buckets") {
+    // Every tensor its own bucket. In use at most: the tied embedding's (the head writes it first,
+    // the embedding last) and the attention's four (one unit), and one spare - 6 at any depth;
+    // were a block's buckets freed only when the whole block is done, 14.
+    for (int blocks : {1, 2, 4}) {
+        CAPTURE(blocks);
+        const Model m({8}, gpt(16, 16, 8, blocks, 2, true), 1);
+        const GradientStaging g = plan_gradient_staging(m, make_buckets(m, 1e-6));
+        CHECK(g.slots == 6);
+        CHECK(m.gradient_units() == 4 + 5 * blocks);  // embeddings, blocks' five sub-layers, layernorm, head
     }
 }
 

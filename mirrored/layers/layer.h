@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -148,6 +149,9 @@ struct Pass {
     // A recomputed block's forward run again in its backward (train.recompute: blocks): the same
     // activations, but batch statistics are not counted into the running ones a second time.
     bool recomputing = false;
+    // Called with a gradient unit's number once its backward has enqueued its parameter
+    // gradients (Builder::begin_unit), so that the step can reduce them while backward goes on.
+    const std::function<void(int unit)>* on_unit_done = nullptr;
 
     // A tensor's gradient (its offset in the flat layout). Layers write gradients only through
     // here: with strategy.shard: gradients a tensor's gradient lies in its bucket's staging slot.
@@ -182,8 +186,10 @@ public:
         float fill = 0.0f;      // state tensors start at this value ...
         float momentum = 0.0f;  // ... and move this far towards each step's statistics
         int top_layer = 0;
+        int unit = -1;        // the gradient unit that declared it
         bool tied = false;    // another layer uses it too (an LM head tied to the token embedding)
         int tied_layer = -1;  // ... the top-level layer that does
+        int tied_unit = -1;   // ... and its gradient unit
     };
     struct Buffer {
         bool act = true;     // activation type, else f32
@@ -213,7 +219,22 @@ public:
     void tie(int tensor) {
         tensors_[size_t(tensor)].tied = true;
         tensors_[size_t(tensor)].tied_layer = top_layer_;
+        tensors_[size_t(tensor)].tied_unit = unit_here();
     }
+
+    // Gradient units: a layer that declares trainable tensors itself, or ties one, is a unit; its
+    // backward writes their gradients. Units are numbered in build order and backward completes
+    // them in the reverse order (a container runs its layers' backward last built first), so a
+    // bucket of gradients is whole once its lowest unit is done. Layer::build opens and closes
+    // each layer's frame; end_unit() returns the layer's unit, or -1.
+    void begin_unit() { frames_.push_back(-1); }
+    int end_unit() {
+        const int u = frames_.back();
+        frames_.pop_back();
+        return u;
+    }
+    int units() const { return int(unit_layers_.size()); }
+    int unit_layer(int unit) const { return unit_layers_[size_t(unit)]; }  // its top-level layer
 
     // Activation recomputation (train.recompute: blocks). A block (transformer_block, residual)
     // declares the buffers it needs only during its own forward and backward (its layers' and its
@@ -232,8 +253,19 @@ public:
     size_t stats_floats() const { return stats_floats_; }
 
 private:
+    int add_tensor(const std::string& name, std::vector<int> shape, InitArgs init);
+    int unit_here() {  // the open frame's unit, numbered at its first tensor
+        if (frames_.empty()) return -1;
+        if (frames_.back() < 0) {
+            frames_.back() = units();
+            unit_layers_.push_back(top_layer_);
+        }
+        return frames_.back();
+    }
+
     uint64_t seed_;
     int top_layer_ = 0;
+    std::vector<int> frames_, unit_layers_;
     int token_embedding_ = -1;
     std::vector<Tensor> tensors_;
     std::vector<Slot> slots_;
@@ -268,7 +300,9 @@ public:
         key_ = key;
         in_ = in;
         out_ = in;
+        b.begin_unit();
         declare(b);
+        unit_ = b.end_unit();
     }
     // After the layout is final: where each declared tensor lives.
     virtual void place(const std::vector<TensorRef>& refs) { (void)refs; }
@@ -279,6 +313,12 @@ public:
     // dy: the gradient of the output, which may be overwritten; dx: where the gradient of the
     // input goes, or null when nothing before needs it. Parameter gradients go into p.grad(offset).
     virtual void backward(Pass& p, void* dy, void* dx) const = 0;
+    // backward, then p.on_unit_done where this layer is a gradient unit: how containers run
+    // their layers' backward.
+    void run_backward(Pass& p, void* dy, void* dx) const {
+        backward(p, dy, dx);
+        if (unit_ >= 0 && p.on_unit_done) (*p.on_unit_done)(unit_);
+    }
     virtual bool has_params() const { return false; }
     // Refuses (ConfigError at its key) training on `rows` samples per replica, `global_rows` in
     // the whole job, when the layer cannot learn from so few (batch statistics over one value).
@@ -295,6 +335,7 @@ protected:
     LayerSpec spec_;
     std::string name_, key_;
     Shape in_, out_;
+    int unit_ = -1;  // its gradient unit (Builder::begin_unit), or -1
 };
 
 }  // namespace mirrored

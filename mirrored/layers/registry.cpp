@@ -120,6 +120,12 @@ size_t GradientPlacement::index(size_t offset) const {
 float* Pass::grad(size_t offset) const { return grads + (placement ? placement->index(offset) : offset); }
 
 int Builder::param(const std::string& name, std::vector<int> shape, InitArgs init) {
+    const int i = add_tensor(name, std::move(shape), init);
+    tensors_[size_t(i)].unit = unit_here();
+    return i;
+}
+
+int Builder::add_tensor(const std::string& name, std::vector<int> shape, InitArgs init) {
     Tensor t;
     t.name = name;
     t.shape = std::move(shape);
@@ -134,7 +140,7 @@ int Builder::param(const std::string& name, std::vector<int> shape, InitArgs ini
 }
 
 int Builder::state(const std::string& name, std::vector<int> shape, float fill, float momentum) {
-    const int i = param(name, std::move(shape), InitArgs{});
+    const int i = add_tensor(name, std::move(shape), InitArgs{});
     tensors_[size_t(i)].trainable = false;
     tensors_[size_t(i)].fill = fill;
     tensors_[size_t(i)].momentum = momentum;

@@ -92,10 +92,11 @@ public:
                                 dy);
         void* g1 = p.acts->act(slot_, g1_);  // the branch overwrites its copy; dy stays for the shortcut
         p.dev->copy_on_device(p.stream, g1, dy, p.dev->act_bytes(n));
+        // the shortcut, built last, first: gradient units complete in the reverse of their order
+        void* g2 = shortcut_ && dx ? p.acts->act(slot_, g2_) : nullptr;
+        if (shortcut_) shortcut_->backward(p, dy, g2);
         branch_.backward(p, g1, dx);
         if (shortcut_) {
-            void* g2 = dx ? p.acts->act(slot_, g2_) : nullptr;
-            shortcut_->backward(p, dy, g2);
             if (dx) p.dev->add(p.stream, size_t(p.rows) * in_.size(), g2, dx);
         } else if (dx) {
             p.dev->add(p.stream, n, dy, dx);

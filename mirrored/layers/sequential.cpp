@@ -51,15 +51,14 @@ const void* Sequential::forward(Pass& p, const void* x) const {
     return x;
 }
 
-void Sequential::backward(Pass& p, void* dy, void* dx, const std::function<void(int)>& on_layer_done) const {
+void Sequential::backward(Pass& p, void* dy, void* dx) const {
     const int lowest = dx ? 0 : first_param_;
     void* cur = dy;
     int which = 0;
     for (int i = int(layers_.size()) - 1; i >= lowest; --i) {
         void* target = i == 0 ? dx : i == lowest ? nullptr : p.acts->act(slot_, which);
-        layers_[size_t(i)]->backward(p, cur, target);
+        layers_[size_t(i)]->run_backward(p, cur, target);
         if (top_ && p.probe) p.probe->mark(*p.dev, p.stream, int(layers_.size()) + i);
-        if (on_layer_done && layers_[size_t(i)]->has_params()) on_layer_done(i);
         cur = target;
         which ^= 1;
     }

@@ -2,7 +2,6 @@
 // between: the model's top level, and the branch of a residual block.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,9 +18,9 @@ public:
     void place(const std::vector<TensorRef>& refs);
     const void* forward(Pass& p, const void* x) const;
     // dy: the output gradient (overwritten); dx: the input gradient, or null when nothing before
-    // needs it (then layers below the first one with parameters are skipped). on_layer_done(i)
-    // runs once layer i's parameter gradients are enqueued.
-    void backward(Pass& p, void* dy, void* dx, const std::function<void(int)>& on_layer_done = nullptr) const;
+    // needs it (then layers below the first one with parameters are skipped). Runs the layers
+    // last to first (Layer::run_backward: each gradient unit reports when done).
+    void backward(Pass& p, void* dy, void* dx) const;
 
     const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
     bool has_params() const;

@@ -106,17 +106,17 @@ public:
         void* dnorm = p.acts->act(slot_, dnorm_);
         void* dh = p.acts->act(slot_, dh_);
         // the MLP branch: its layers may overwrite their output gradient, so they get a copy of dy
-        if (mlp_drop_) mlp_drop_->backward(p, dy, g);
+        if (mlp_drop_) mlp_drop_->run_backward(p, dy, g);
         else p.dev->copy_on_device(p.stream, g, dy, p.dev->act_bytes(n));
-        proj_->backward(p, g, dwide);
-        fc_->backward(p, dwide, dnorm);
-        ln_2_->backward(p, dnorm, dh);
+        proj_->run_backward(p, g, dwide);
+        fc_->run_backward(p, dwide, dnorm);
+        ln_2_->run_backward(p, dnorm, dh);
         p.dev->add(p.stream, n, dy, dh);  // dh = dy + the branch's
         // the attention branch
-        if (attn_drop_) attn_drop_->backward(p, dh, g);
+        if (attn_drop_) attn_drop_->run_backward(p, dh, g);
         else p.dev->copy_on_device(p.stream, g, dh, p.dev->act_bytes(n));
-        attn_->backward(p, g, dnorm);
-        ln_1_->backward(p, dnorm, dx);
+        attn_->run_backward(p, g, dnorm);
+        ln_1_->run_backward(p, dnorm, dx);
         if (dx) p.dev->add(p.stream, n, dh, dx);
     }
 

@@ -330,7 +330,8 @@ namespace {
 json profile_layers(Session& s, int steps, int64_t first_step) {
     MirroredStrategy& st = *s.strategy;
     const Model& model = *s.model;
-    StepProfile profile(*st.replica(0).device, int(model.layers().size()), st.accumulation_steps());
+    StepProfile profile(*st.replica(0).device, int(model.layers().size()), model.gradient_units(),
+                        st.accumulation_steps());
     st.set_profile(&profile);
     const float lr = float(s.cfg.optimizer.lr);
     for (int i = 0; i < steps; ++i) {
