@@ -207,9 +207,9 @@ void Model::backward(Pass& p, void* dlogits, const std::function<void(int)>& on_
             throw std::logic_error("backward completed gradient unit " + std::to_string(unit) + " after unit " +
                                    std::to_string(last));
         last = unit;
-        on_unit_done(unit);
+        if (on_unit_done) on_unit_done(unit);
     };
-    p.on_unit_done = on_unit_done ? &in_order : nullptr;
+    p.on_unit_done = &in_order;  // checked on every backward, one replica's too
     top_->backward(p, dlogits, nullptr);
     p.on_unit_done = nullptr;
 }

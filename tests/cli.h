@@ -114,12 +114,14 @@ inline bool wait_until_catches(pid_t pid, int sig, double deadline_s = 120) {
     const fs::path exe = fs::canonical(cli());
     const std::string proc = "/proc/" + std::to_string(pid);
     while (std::chrono::steady_clock::now() < end) {
-        if (fs::read_symlink(proc + "/exe", ec) == exe) {
-            std::ifstream in(proc + "/status");
-            std::string line;
-            while (std::getline(in, line))
-                if (line.rfind("SigCgt:", 0) == 0 && ((std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1))
-                    return true;
+        const bool runs_mirrored = fs::read_symlink(proc + "/exe", ec) == exe;
+        std::ifstream in(proc + "/status");
+        std::string line;
+        while (std::getline(in, line)) {
+            if (line.rfind("State:", 0) == 0 && line.find('Z') != std::string::npos) return false;  // it ended
+            if (runs_mirrored && line.rfind("SigCgt:", 0) == 0 &&
+                ((std::stoull(line.substr(7), nullptr, 16) >> (sig - 1)) & 1))
+                return true;
         }
         std::this_thread::sleep_for(std::chrono::microseconds(100));
     }

@@ -172,6 +172,10 @@ TEST_CASE("plan without --profile: a big model's step here is measured on fewer 
     CHECK(s.steps == 1);
     CHECK(local_shape(m, 3, 4, false, 1).rows == 3);   // never more than planned
     CHECK(local_shape(m, 64, 1, true, 1).rows == 64);  // a GPU here runs the batch
+    // batch statistics over vectors need two rows per micro-batch
+    const Model bn({784},
+                   {dense(16, Activation::none), batchnorm(false, Activation::relu), dense(10, Activation::none)}, 1);
+    CHECK(local_shape(bn, 64, 2, false, 1).rows == 4);
 }
 
 TEST_CASE("plan --price --mtbf: each count priced, the cheapest and the fastest named; bad figures are exit 2") {

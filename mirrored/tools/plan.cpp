@@ -32,7 +32,18 @@ LocalShape local_shape(const Model& model, int rows, int accumulation, bool gpu_
     s.rows = rows;
     if (gpu_here) return s;
     const double per_sample = std::max(1.0, model.train_flops_per_sample());
-    const double fewest = std::min(rows, std::max(accumulation, 1));
+    // the fewest rows per micro-batch the model trains on (batch statistics need two)
+    const int micro_batches = std::max(accumulation, 1);
+    int per_micro = 1;
+    for (;; ++per_micro) {
+        try {
+            model.check_batch(per_micro, per_micro);
+            break;
+        } catch (const ConfigError&) {
+            if (per_micro * micro_batches >= rows) break;
+        }
+    }
+    const double fewest = std::min(rows, per_micro * micro_batches);
     s.rows = int(std::clamp(std::floor(budget_flops / per_sample), fewest, double(rows)));
     if (per_sample * s.rows > budget_flops) s.warmup = s.steps = 1;
     return s;
