@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "data/datasets.h"
+#include "data/loader.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
@@ -912,6 +913,21 @@ checkpoint: {every_steps: 0, resume: never}
 )";
 
 }  // namespace
+
+TEST_CASE("the learning-parity script draws the loader's windows in its order and the run's schedule") {
+    // scripts/gpt_learning_parity.py trains the shipped GPT in PyTorch on the windows mirrored's
+    // loader takes: its Philox and shuffle reimplemented, checked against Random123's known answers
+    // and against the permutation tests/test_data.cpp pins for the C++ loader
+    const std::string python = "/usr/bin/python3";
+    const std::string script =
+        fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/gpt_learning_parity.py";
+    if (run_program(python, {"-c", "import numpy"}) != 0) {
+        mark_skipped("NumPy is not installed (Debian and Ubuntu: python3-numpy)");
+        return;
+    }
+    CHECK(Loader::permutation(10, 1, 0) == std::vector<uint32_t>{4, 3, 7, 9, 1, 8, 6, 2, 5, 0});
+    CHECK(run_program(python, {script, "--self-test"}) == 0);
+}
 
 TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradients, 10 AdamW losses") {
     const std::string python = "/usr/bin/python3";
