@@ -54,13 +54,30 @@ CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
         acc += flops[l].backward;
         done_after[l] = total_backward > 0 ? acc / total_backward : 1.0;
     }
+    // A bucket is ready once its gradient unit is done, part of the way through its layer's
+    // backward (a transformer block's sub-layers): the layer's units are taken to share its
+    // backward in proportion to their parameters, as its products do.
+    std::vector<double> unit_params(size_t(model.gradient_units()), 0.0), layer_params(flops.size(), 0.0);
+    for (const TensorInfo& t : model.tensors())
+        if (t.trainable && t.unit >= 0) unit_params[size_t(t.unit)] += double(t.count);
+    for (int u = 0; u < model.gradient_units(); ++u)
+        if (size_t(model.unit_layer(u)) < flops.size())
+            layer_params[size_t(model.unit_layer(u))] += unit_params[size_t(u)];
+    const auto ready_after = [&](int unit) {
+        const size_t l = size_t(model.unit_layer(unit));
+        if (l >= flops.size() || layer_params[l] <= 0) return l < done_after.size() ? done_after[l] : 1.0;
+        double from_unit = 0;  // this layer's parameters in this unit and the ones backward reached before it
+        for (int u = unit; u < model.gradient_units() && size_t(model.unit_layer(u)) == l; ++u)
+            from_unit += unit_params[size_t(u)];
+        const double layer_share = total_backward > 0 ? flops[l].backward / total_backward : 0.0;
+        return done_after[l] - layer_share * (1.0 - from_unit / layer_params[l]);
+    };
     const double grad_elem = double(dtype_size(strategy.allreduce_dtype));
     for (const Bucket& b : make_buckets(model, strategy.bucket_mb)) {
-        const bool state = b.ready_after_layer < 0;
+        const bool state = b.ready_after_unit < 0;
         BucketTiming t;
         t.bytes = double(b.end - b.begin) * (state ? 4.0 : grad_elem);
-        t.ready =
-            state || size_t(b.ready_after_layer) >= done_after.size() ? 1.0 : done_after[size_t(b.ready_after_layer)];
+        t.ready = state ? 1.0 : ready_after(b.ready_after_unit);
         c.wire_bytes += t.bytes;
         c.buckets.push_back(t);
     }

@@ -54,18 +54,18 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
     std::vector<Bucket> out;
     const size_t trainable = model.trainable_size();
     if (bucket_mb <= 0) {
-        out.push_back(Bucket{0, trainable, t.front()->unit, t.front()->layer});
+        out.push_back(Bucket{0, trainable, t.front()->unit});
     } else {
         const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
         size_t end = trainable;
         for (int i = int(t.size()) - 1; i >= 0; --i)
             if (end - t[size_t(i)]->offset >= limit || i == 0) {
-                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->unit, t[size_t(i)]->layer});
+                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->unit});
                 end = t[size_t(i)]->offset;
             }
         out.back().begin = 0;  // covers any alignment gap before the first tensor
     }
-    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1, -1});
+    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1});
     return out;
 }
 

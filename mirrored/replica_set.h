@@ -55,11 +55,10 @@ struct MemoryPlan {
 struct Bucket {
     size_t begin = 0, end = 0;  // floats
     int ready_after_unit = 0;   // backward has produced all of it once this gradient unit is done
-    int ready_after_layer = 0;  // ... which is in this top-level layer (the planner's timing)
 };
 // The trainable region in buckets of about bucket_mb in reverse layer order (0: one bucket), then
 // the state region (batch statistics) as a last bucket reduced after backward (ready_after_unit
-// and ready_after_layer -1).
+// -1).
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
 
 // strategy.shard: gradients. Backward writes each trainable bucket into a staging slot; once the

@@ -327,7 +327,7 @@ TEST_CASE("buckets tile the gradient buffer in reverse layer order") {
         CHECK(b.back().begin == 0);
         for (size_t i = 1; i < b.size(); ++i) {
             CHECK(b[i].end == b[i - 1].begin);
-            CHECK(b[i].ready_after_layer <= b[i - 1].ready_after_layer);
+            CHECK(b[i].ready_after_unit <= b[i - 1].ready_after_unit);
         }
         if (mb == 0.0 || mb == 100.0) CHECK(b.size() == 1);
     }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -22,6 +23,7 @@
 #include "mirrored/config.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
+#include "mirrored/planner.h"
 #include "mirrored/replica_set.h"
 #include "mirrored/trainer.h"
 #include "tests/cli.h"
@@ -376,6 +378,24 @@ TEST_CASE("shard: gradients - a GPT's staging slots do not grow with its depth: 
         CHECK(g.slots == 6);
         CHECK(m.gradient_units() == 4 + 5 * blocks);  // embeddings, blocks' five sub-layers, layernorm, head
     }
+}
+
+TEST_CASE("planner: a transformer block's buckets are ready as its sub-layers finish, not at the block's end") {
+    const Model m({8}, gpt(16, 16, 8, 1, 2, true), 1);
+    StrategyConfig sc;
+    sc.bucket_mb = 1e-6;  // every tensor its own bucket
+    const CommPlan c = comm_plan(m, sc);
+    const std::vector<Bucket> b = make_buckets(m, sc.bucket_mb);
+    REQUIRE(c.buckets.size() == b.size());
+    std::set<double> in_block;
+    for (size_t k = 0; k < b.size(); ++k) {
+        CAPTURE(k);
+        CHECK(c.buckets[k].ready > 0);
+        CHECK(c.buckets[k].ready <= 1);
+        if (k > 0) CHECK(c.buckets[k].ready >= c.buckets[k - 1].ready);  // reverse layer order: later in backward
+        if (m.unit_layer(b[k].ready_after_unit) == 2) in_block.insert(c.buckets[k].ready);
+    }
+    CHECK(in_block.size() == 5);  // c_proj, c_fc, ln_2, the attention, ln_1: each when it is done
 }
 
 TEST_CASE("transformer_block equals its list form: residual(layernorm, attention), residual(layernorm, mlp)") {
