@@ -915,6 +915,20 @@ int run_program(const std::string& bin, const std::vector<std::string>& args, st
     return rc;
 }
 
+const char* kPython = "/usr/bin/python3";
+
+// Whether the distribution's python3 imports `modules` ("torch, numpy"); else the test says
+// skipped, naming what is missing and its package.
+bool python_has(const std::string& modules, const std::string& what, const std::string& package) {
+    if (run_program(kPython, {"-c", "import " + modules}) == 0) return true;
+    mark_skipped(what + " is not installed (Debian and Ubuntu: " + package + ")");
+    return false;
+}
+
+std::string repo_script(const char* name) {
+    return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts" / name;
+}
+
 const char* kReference = R"(run: {name: equal, seed: 9}
 strategy: {devices: "cpu:1"}
 data: {dataset: tokens, root: ROOT, train: train.bin, test: train.bin, context: 16, vocab: 128}
@@ -936,27 +950,16 @@ checkpoint: {every_steps: 0, resume: never}
 
 TEST_CASE("the learning-parity script draws the loader's windows in its order and the run's schedule") {
     // scripts/gpt_learning_parity.py trains the shipped GPT in PyTorch on the windows mirrored's
-    // loader takes: its Philox and shuffle reimplemented, checked against Random123's known answers
-    // and against the permutation tests/test_data.cpp pins for the C++ loader
-    const std::string python = "/usr/bin/python3";
-    const std::string script =
-        fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/gpt_learning_parity.py";
-    if (run_program(python, {"-c", "import numpy"}) != 0) {
-        mark_skipped("NumPy is not installed (Debian and Ubuntu: python3-numpy)");
-        return;
-    }
+    // loader takes: its Philox and shuffle reimplemented, checked by its self-test against
+    // Random123's known answers and against this permutation of the C++ loader's
+    if (!python_has("numpy", "NumPy", "python3-numpy")) return;
     CHECK(Loader::permutation(10, 1, 0) == std::vector<uint32_t>{4, 3, 7, 9, 1, 8, 6, 2, 5, 0});
-    CHECK(run_program(python, {script, "--self-test"}) == 0);
+    CHECK(run_program(kPython, {repo_script("gpt_learning_parity.py"), "--self-test"}) == 0);
 }
 
 TEST_CASE("a GPT equals an independent PyTorch model step for step: step-1 gradients, 10 AdamW losses") {
-    const std::string python = "/usr/bin/python3";
-    const std::string script =
-        fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/gpt_reference.py";
-    if (run_program(python, {"-c", "import torch, numpy"}) != 0) {
-        mark_skipped("PyTorch is not installed (Debian and Ubuntu: python3-torch)");
-        return;
-    }
+    if (!python_has("torch, numpy", "PyTorch", "python3-torch")) return;
+    const std::string python = kPython, script = repo_script("gpt_reference.py");
     std::string gelu = "erf";  // the reference's name for the exact form
     SUBCASE("exact GELU") {}
     SUBCASE("GPT-2's tanh GELU, weight decay 5 on matrices only (nanoGPT's groups; 0.1 would not show)") {
@@ -1128,18 +1131,15 @@ TEST_CASE("export --names nanogpt: nanoGPT's state-dict names; a nanoGPT-laid-ou
                   {}, -1, &err) == kExitUsage);
     CHECK(err.find("tie_weights false (nanoGPT ties lm_head to wte)") != std::string::npos);
 
-    const std::string python = "/usr/bin/python3";
-    if (run_program(python, {"-c", "import torch, numpy"}) != 0) {
-        mark_skipped("PyTorch is not installed (Debian and Ubuntu: python3-torch)");
-        return;
-    }
+    if (!python_has("torch, numpy", "PyTorch", "python3-torch")) return;
     REQUIRE(run_cli({"eval", g.config(), "--checkpoint", ckpt, "--dump-inputs", g / "x.npy", "--dump-logits",
                      g / "y.npy", "--limit", "16"},
                     {}, -1, &err) == kExitOk);
-    const std::string script =
-        fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts/check_export_nanogpt.py";
-    CHECK_MESSAGE(
-        run_program(python, {script, g / "gpt.safetensors", g / "x.npy", g / "y.npy", "--heads", "4"}, &err) == 0, err);
+    CHECK_MESSAGE(run_program(kPython,
+                              {repo_script("check_export_nanogpt.py"), g / "gpt.safetensors", g / "x.npy", g / "y.npy",
+                               "--heads", "4"},
+                              &err) == 0,
+                  err);
 }
 
 TEST_CASE("prepare_text.py: byte tokens, a BPE vocabulary (sentencepiece); a BPE model trains and generates ids") {
