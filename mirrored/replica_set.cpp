@@ -4,7 +4,6 @@
 #include <chrono>
 #include <deque>
 #include <map>
-#include <set>
 #include <thread>
 
 #include "base/io.h"
@@ -73,13 +72,9 @@ GradientStaging plan_gradient_staging(const Model& model, const std::vector<Buck
     GradientStaging g;
     const size_t trainable = model.trainable_size(), nb = buckets.size();
     std::vector<int> first_writer(nb, -1);
-    std::set<int> with_params;  // the units whose backward reports
-    int top = 0;
+    const int units = model.gradient_units();  // each reports, last first (Model::backward)
     for (const TensorInfo& t : model.tensors()) {
         if (!t.trainable) continue;
-        with_params.insert(t.unit);
-        with_params.insert(t.written_from);
-        top = std::max(top, t.written_from);
         for (size_t k = 0; k < nb; ++k)
             if (t.offset >= buckets[k].begin && t.offset < buckets[k].end)
                 first_writer[k] = std::max(first_writer[k], t.written_from);
@@ -91,7 +86,7 @@ GradientStaging plan_gradient_staging(const Model& model, const std::vector<Buck
         std::deque<int> free;
         for (int s = 0; s < slots; ++s) free.push_back(s);
         int live = 0, most = 0;
-        for (int unit = top; unit >= 0; --unit) {
+        for (int unit = units - 1; unit >= 0; --unit) {
             for (size_t k = 0; k < nb; ++k)
                 if (buckets[k].begin < trainable && first_writer[k] == unit) {
                     most = std::max(most, ++live);
@@ -134,8 +129,7 @@ GradientStaging plan_gradient_staging(const Model& model, const std::vector<Buck
         }
         const size_t base = at[size_t(g.slot_of[k])];
         g.placement.pieces.push_back({b.begin, b.end, base});
-        auto next = with_params.upper_bound(first_writer[k]);
-        g.claim_after[k] = next == with_params.end() ? -1 : *next;
+        g.claim_after[k] = first_writer[k] + 1 < units ? first_writer[k] + 1 : -1;
         if (users[size_t(g.slot_of[k])] < 2) continue;
         std::vector<std::pair<size_t, size_t>> covered;
         for (const TensorInfo& t : model.tensors())

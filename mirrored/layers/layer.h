@@ -186,10 +186,9 @@ public:
         float fill = 0.0f;      // state tensors start at this value ...
         float momentum = 0.0f;  // ... and move this far towards each step's statistics
         int top_layer = 0;
-        int unit = -1;        // the gradient unit that declared it
-        bool tied = false;    // another layer uses it too (an LM head tied to the token embedding)
-        int tied_layer = -1;  // ... the top-level layer that does
-        int tied_unit = -1;   // ... and its gradient unit
+        int unit = -1;       // the gradient unit that declared it
+        bool tied = false;   // another layer uses it too (an LM head tied to the token embedding)
+        int tied_unit = -1;  // ... the gradient unit that does
     };
     struct Buffer {
         bool act = true;     // activation type, else f32
@@ -218,7 +217,6 @@ public:
     int token_embedding() const { return token_embedding_; }
     void tie(int tensor) {
         tensors_[size_t(tensor)].tied = true;
-        tensors_[size_t(tensor)].tied_layer = top_layer_;
         tensors_[size_t(tensor)].tied_unit = unit_here();
     }
 

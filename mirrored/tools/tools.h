@@ -128,9 +128,9 @@ int plan(const PlanOptions& o);
 // Without --profile, plan measures a step here: the planned rows, unless on a CPU a step of them
 // would take more than budget_flops (a model of GPT-2's size: minutes and the whole batch's
 // memory) - then fewer, as few per micro-batch as the model trains on (Model::check_batch: batch
-// statistics need two), and one warm-up and one timed step where
-// even those exceed it. Efficiency is a property of the products' shapes more than of their
-// number of rows, so a few samples measure it.
+// statistics need two), and one warm-up and one timed step where even those exceed it.
+// Efficiency is a property of the products' shapes more than of their number of rows, so a few
+// samples measure it.
 struct LocalShape {
     int rows = 0, warmup = 2, steps = 8;
 };
