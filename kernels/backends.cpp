@@ -85,19 +85,27 @@ std::vector<int> parse_sim(const std::string& spec, const std::string* tail, con
 
 std::vector<StagedPair> no_peers(const std::vector<int>&) { return {}; }
 
-// The CPU backend's per-thread scratches (kernels/cpu/scratch.h), each grown to its largest use:
-// three of up to 128 product rows by the widest product row (a transposed operand and two
-// products; a sequence's product rows are its samples' positions), the JIT kernels' transposed operand of at
-// most 128 Ki floats and a small transposed product (64 KiB); and where the model convolves, a
-// padded image or output gradient (one image) and a few-channel weight gradient's turned-around
-// product (counted together as four of the widest samples), and a transposed operand of a block
-// of convolution columns.
+// The CPU backend's per-thread scratches (kernels/cpu/scratch.h), each grown to its largest use,
+// by every kernel that may be measured on a product (kernels/cpu/gemm_choice.cpp):
+// - the JIT kernels' transposed operand: A [rows, in] of a product with B transposed, at most
+//   kCpuTransposedGemmMaxRows rows, or A^T of a weight gradient, at most all the rows by the
+//   widest weight row and kCpuJitTransposedMaxFloats (one scratch serves both);
+// - two products of B transposed, turned around (the JIT kernel's and OpenBLAS's), each at most
+//   kCpuTransposedGemmMaxRows rows by the widest outputs;
+// - the JIT kernel's turned weight gradient, at most kCpuJitTurnedMaxCells;
+// - where the model convolves, a padded image or output gradient (one image) and a few-channel
+//   weight gradient's turned-around product (counted together as four of the widest samples),
+//   and a transposed operand of a block of convolution columns.
+// A sequence's product rows are its samples' positions.
 uint64_t cpu_workspace(const WorkspaceNeeds& n) {
-    const uint64_t positions = uint64_t(std::max(n.positions, 1));
-    const uint64_t gemm_rows = std::min<uint64_t>(uint64_t(n.micro_rows) * positions, kCpuTransposedGemmMaxRows);
-    const uint64_t row = n.product_row;
+    const uint64_t rows = uint64_t(n.micro_rows) * uint64_t(std::max(n.positions, 1));
+    const uint64_t turned_rows = std::min<uint64_t>(rows, kCpuTransposedGemmMaxRows);
+    const uint64_t weight_row = std::max(n.product.in, n.product.out);
+    const uint64_t operand =
+        std::max(turned_rows * n.product.in, std::min<uint64_t>(rows * weight_row, kCpuJitTransposedMaxFloats));
+    const uint64_t turned_gradient = std::min<uint64_t>(n.product.in * n.product.out, kCpuJitTurnedMaxCells);
     const uint64_t convolving = n.convolutions ? 4 * n.widest * sizeof(float) + kCpuColumnBlockBytes : 0;
-    return 3 * gemm_rows * row * sizeof(float) + (uint64_t(512 + 64) << 10) + convolving;
+    return (operand + 2 * turned_rows * n.product.out + turned_gradient) * sizeof(float) + convolving;
 }
 // GPUs (real or simulated): cuBLAS's workspace (and cuBLASLt's for fused epilogues on CUDA), the
 // scratch and the peer-staging buffers.

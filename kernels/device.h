@@ -649,6 +649,12 @@ struct DeviceTraits {
     const char* note;             // a line for the start-up header ("" for none)
 };
 
+// The widest rows of a model's products with its weights [out, in]: a row of inputs (the
+// products' depth) and a row of outputs.
+struct ProductWidths {
+    uint64_t in = 0, out = 0;
+};
+
 // What a device's workspaces are sized by (the memory plan): rows of a micro-batch, the widest
 // activation or input row, whether cuBLASLt epilogues are on.
 struct WorkspaceNeeds {
@@ -656,7 +662,7 @@ struct WorkspaceNeeds {
     uint64_t widest = 0;  // elements per sample of the largest activation (or input)
     bool fused_epilogues = false;
     int positions = 1;          // a sequence's length: its products have micro_rows x positions rows
-    uint64_t product_row = 0;   // the widest row of a product: a dense layer's inputs or outputs
+    ProductWidths product;      // the widest inputs and outputs of a product with a weight
     bool convolutions = false;  // the model convolves (im2col columns, padded images)
 };
 
@@ -722,6 +728,11 @@ void cpu_gemm_use_rules();
 // in a scratch of rows x columns floats per thread (kernels/cpu/cpu_device.cpp and
 // kernels/cpu/jit_gemm.cpp say why).
 constexpr int kCpuTransposedGemmMaxRows = 128;
+// The JIT kernels take A transposed (A^T B) through a transposed copy of at most this many floats
+// per thread, and turn a product of at most kCpuJitTurnedMaxCells cells around
+// (kernels/cpu/gemm_choice.cpp).
+constexpr size_t kCpuJitTransposedMaxFloats = size_t(128) << 10;
+constexpr size_t kCpuJitTurnedMaxCells = 16384;
 // Device::column_block_bytes of CPU replicas: half a 1 MiB L2 (the build machine's Zen 5, most
 // Xeons since Skylake-SP), so a block's columns stay in the core's cache from im2col through
 // both products.

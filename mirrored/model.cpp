@@ -172,11 +172,15 @@ uint64_t Model::activation_bytes(int max_rows, size_t act_elem, size_t column_bl
 
 bool Model::convolves() const { return !layout_->scratch_per_row().empty(); }
 
-uint64_t Model::widest_product_row() const {
-    uint64_t widest = uint64_t(sequence_positions() > 1 ? sequence_positions() : 0);
-    for (const TensorInfo& t : tensors_)
-        if (t.trainable && t.shape.size() == 2) widest = std::max({widest, uint64_t(t.shape[0]), uint64_t(t.shape[1])});
-    return widest;
+ProductWidths Model::product_widths() const {
+    const uint64_t positions = uint64_t(sequence_positions() > 1 ? sequence_positions() : 0);
+    ProductWidths w{positions, positions};
+    for (const TensorInfo& t : tensors_) {
+        if (!t.trainable || t.shape.size() < 2) continue;
+        w.out = std::max(w.out, uint64_t(t.shape[0]));
+        w.in = std::max(w.in, uint64_t(t.count) / uint64_t(t.shape[0]));
+    }
+    return w;
 }
 
 size_t Model::largest_activation_per_row() const { return Activations::largest_per_row(*layout_); }

@@ -66,9 +66,10 @@ public:
     // Positions a sequence model's products run over per sample (1: images and vectors).
     int sequence_positions() const { return std::max(in_.positions(), out_.positions()); }
     bool convolves() const;  // some layer makes im2col columns
-    // The widest row of a product: a matrix's rows or columns (a dense layer's inputs or
-    // outputs, a vocabulary), or a sequence's positions (attention's scores).
-    uint64_t widest_product_row() const;
+    // The widest rows of the products with a weight: its inputs (what a row of the weight
+    // multiplies: a dense layer's inputs, a convolution's taps x channels) and outputs (a dense
+    // layer's units, a vocabulary), each at least a sequence's positions (attention's scores).
+    ProductWidths product_widths() const;
     int output_classes() const { return out_.c; }
     // The first layer reads token ids (an embedding): the inputs stay f32 whatever the precision,
     // so that ids above 256 survive.

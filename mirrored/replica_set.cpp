@@ -202,7 +202,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     const uint64_t widest = std::max<uint64_t>(model.largest_activation_per_row(), uint64_t(model.input_features()));
     m.workspace = backend.workspace_bytes({micro_rows, widest, strategy.fused_epilogues, model.sequence_positions(),
-                                           model.widest_product_row(), model.convolves()});
+                                           model.product_widths(), model.convolves()});
     // and the step's small buffers (allocate_step_state, create_step_events): metrics, gradient
     // statistics, the loss scale, batch statistics, checksums, a captured step's values
     const bool sharded = !shared && strategy.shard != StrategyConfig::Shard::none;

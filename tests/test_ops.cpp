@@ -1480,10 +1480,51 @@ TEST_CASE("CPU kernels' scratch is counted per thread as it grows") {
             const uint64_t before = cpu_thread_scratch_bytes();
             std::vector<float> v;
             grow_scratch(v, 1000 * size_t(t + 1));
-            grow_scratch(v, 10);  // never shrinks, never counted twice
+            grow_scratch(v, 10);                    // never shrinks, never counted twice
+            grow_scratch(v, 1500 * size_t(t + 1));  // grows to what is asked, not twice what it held
             grown[size_t(t)] = cpu_thread_scratch_bytes() - before;
             CHECK(grown[size_t(t)] == v.capacity() * sizeof(float));
+            CHECK(v.capacity() == 1500 * size_t(t + 1));
         }).join();
-    CHECK(grown[0] >= 4000);
-    CHECK(grown[1] >= 8000);
+    CHECK(grown[0] == 6000);
+    CHECK(grown[1] == 12000);
+}
+
+// The memory plan's CPU workspace (kernels/backends.cpp) bounds what the kernels' scratches grow
+// to on a thread that runs every kernel fitting each of a dense layer's products, as measuring
+// them does on a replica's first step: the forward (B transposed), the input gradient and the
+// weight gradient (A transposed), at the full micro-batch and at the fewer rows of a last batch.
+TEST_CASE("CPU workspace plan bounds the scratch of every kernel on a dense layer's products") {
+    Rng rng(5);
+    struct Layer {
+        int in, out, micro_rows;
+    };
+    for (const Layer l : {Layer{784, 512, 128}, Layer{1024, 1024, 256}, Layer{300, 10, 64}, Layer{64, 2048, 1000}}) {
+        CAPTURE(l.in);
+        CAPTURE(l.out);
+        CAPTURE(l.micro_rows);
+        const WorkspaceNeeds needs{.micro_rows = l.micro_rows,
+                                   .widest = uint64_t(std::max(l.in, l.out)),
+                                   .product = {uint64_t(l.in), uint64_t(l.out)}};
+        const uint64_t plan = backend_of(DeviceType::cpu).workspace_bytes(needs);
+        uint64_t grown = 0;
+        std::thread([&] {
+            const uint64_t before = cpu_thread_scratch_bytes();
+            for (const int rows : {l.micro_rows, 100, 16, 1}) {
+                if (rows > l.micro_rows) continue;
+                for (const ProductCase s : {ProductCase{false, true, rows, l.out, l.in, false},
+                                            ProductCase{false, false, rows, l.in, l.out, false},
+                                            ProductCase{true, false, l.out, l.in, rows, false}}) {
+                    const PaddedProduct p(rng, s);
+                    for (GemmKernel k : kGemmKernels) {
+                        std::vector<float> c = p.c();
+                        run_gemm_kernel(k, p.shape, p.a.data(), p.b.data(), c.data());
+                    }
+                }
+            }
+            grown = cpu_thread_scratch_bytes() - before;
+        }).join();
+        CHECK(grown > 0);
+        CHECK(grown <= plan);
+    }
 }

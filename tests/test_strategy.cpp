@@ -1068,7 +1068,7 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
     const uint64_t ws = plan_memory(shallow, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 64, 64).workspace;
     CHECK(plan_memory(deep, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 64, 64).workspace ==
           ws + (deep.tensors().size() - shallow.tensors().size()) * sizeof(uint64_t));  // a checksum each
-    CHECK(ws >= 3 * 64 * 256 * sizeof(float));  // a transposed operand and two products of 64 rows
+    CHECK(ws >= 3 * 64 * 256 * sizeof(float));  // a transposed operand and two products of 64 rows by 256
     CHECK(plan_memory(shallow, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 32, 32).workspace < ws);
 }
 

@@ -90,15 +90,13 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 
 // The per-thread scratches of the turned kernels and of the JIT kernels' transposed operands are
 // bounded so that they stay inside the CPU backend's workspace (kernels/backends.cpp): a turned
-// product of at most kCpuTransposedGemmMaxRows rows, a JIT kernel's transposed A of at most 128 Ki
-// floats, and the JIT kernel's turned product of at most 16 Ki cells (a first convolution's weight
-// gradient, 32 x 9).
-constexpr double kJitTransposedMaxFloats = 128.0 * 1024;
-constexpr size_t kJitTurnedMaxCells = 16384;
+// product of at most kCpuTransposedGemmMaxRows rows, a JIT kernel's transposed A of at most
+// kCpuJitTransposedMaxFloats, and the JIT kernel's turned product of at most kCpuJitTurnedMaxCells
+// (a first convolution's weight gradient, 32 x 9).
 
 bool jit_fits(const ProductShape& s) {
     if (!jit_gemm_multiplies(s.ta, s.tb, s.m, s.n, s.k, s.accumulate)) return false;
-    if (s.ta) return double(s.m) * double(s.k) <= kJitTransposedMaxFloats;
+    if (s.ta) return double(s.m) * double(s.k) <= double(kCpuJitTransposedMaxFloats);
     if (s.tb) return s.m <= kCpuTransposedGemmMaxRows;
     return true;
 }
@@ -154,7 +152,8 @@ bool gemm_kernel_fits(GemmKernel k, const ProductShape& s) {
         case GemmKernel::jit:
             return jit_fits(s);
         case GemmKernel::jit_turned:
-            return s.ta && !s.tb && size_t(s.m) * size_t(s.n) <= kJitTurnedMaxCells && jit_fits(jit_turned_product(s));
+            return s.ta && !s.tb && size_t(s.m) * size_t(s.n) <= kCpuJitTurnedMaxCells &&
+                   jit_fits(jit_turned_product(s));
     }
     return false;
 }

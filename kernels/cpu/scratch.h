@@ -16,6 +16,7 @@ template <typename T>
 T* grow_scratch(std::vector<T>& s, size_t n) {
     if (s.size() < n) {
         const size_t before = s.capacity();
+        s.reserve(n);  // exactly n: resize alone may double, past what the workspace plan bounds
         s.resize(n);
         if (s.capacity() > before) note_thread_scratch((s.capacity() - before) * sizeof(T));
     }
