@@ -96,10 +96,18 @@ std::vector<StagedPair> no_peers(const std::vector<int>&) { return {}; }
 // - where the model convolves, a padded image or output gradient (one image) and a few-channel
 //   weight gradient's turned-around product (counted together as four of the widest samples),
 //   and a transposed operand of a block of convolution columns.
-// A sequence's product rows are its samples' positions.
+// A sequence's product rows are its samples' positions, and attention's products have one
+// sample's positions as rows.
 uint64_t cpu_workspace(const WorkspaceNeeds& n) {
-    const uint64_t rows = uint64_t(n.micro_rows) * uint64_t(std::max(n.positions, 1));
-    const uint64_t turned_rows = std::min<uint64_t>(rows, kCpuTransposedGemmMaxRows);
+    const uint64_t positions = uint64_t(std::max(n.positions, 1));
+    const uint64_t rows = uint64_t(n.micro_rows) * positions;
+    uint64_t turned_rows = std::min<uint64_t>(rows, kCpuTransposedGemmMaxRows);
+    if (!n.rows_met.empty()) {  // the most rows up to the turned kernels' limit that a product has
+        turned_rows = positions > 1 && positions <= kCpuTransposedGemmMaxRows ? positions : 0;
+        for (int r : n.rows_met)
+            if (uint64_t(r) * positions <= kCpuTransposedGemmMaxRows)
+                turned_rows = std::max(turned_rows, uint64_t(r) * positions);
+    }
     const uint64_t weight_row = std::max(n.product.in, n.product.out);
     const uint64_t operand =
         std::max(turned_rows * n.product.in, std::min<uint64_t>(rows * weight_row, kCpuJitTransposedMaxFloats));

@@ -664,6 +664,9 @@ struct WorkspaceNeeds {
     int positions = 1;          // a sequence's length: its products have micro_rows x positions rows
     ProductWidths product;      // the widest inputs and outputs of a product with a weight
     bool convolutions = false;  // the model convolves (im2col columns, padded images)
+    // Every micro-batch's rows a replica computes (full batches' and last, partial ones'), or
+    // empty where they are not known: then any count up to micro_rows.
+    std::vector<int> rows_met;
 };
 
 struct Backend {

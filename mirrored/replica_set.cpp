@@ -170,7 +170,7 @@ bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices
 
 MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
                        const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared,
-                       size_t label_bytes, const std::vector<Bucket>* buckets) {
+                       size_t label_bytes, const std::vector<Bucket>* buckets, const std::vector<int>& rows_met) {
     MemoryPlan m;
     const DeviceTraits& traits = backend.traits;
     const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
@@ -202,7 +202,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     m.wire = strategy.allreduce_dtype == DType::bf16 && replicas > 1 ? uint64_t(model.trainable_size()) * 2 : 0;
     const uint64_t widest = std::max<uint64_t>(model.largest_activation_per_row(), uint64_t(model.input_features()));
     m.workspace = backend.workspace_bytes({micro_rows, widest, strategy.fused_epilogues, model.sequence_positions(),
-                                           model.product_widths(), model.convolves()});
+                                           model.product_widths(), model.convolves(), rows_met});
     // and the step's small buffers (allocate_step_state, create_step_events): metrics, gradient
     // statistics, the loss scale, batch statistics, checksums, a captured step's values
     const bool sharded = !shared && strategy.shard != StrategyConfig::Shard::none;
@@ -210,6 +210,18 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
                    uint64_t(model.stats_floats()) * sizeof(float) + (model.tensors().size() + 1) * sizeof(uint64_t) +
                    (strategy.cuda_graph && traits.asynchronous ? 2 * sizeof(StepValues) : 0);
     return m;
+}
+
+std::vector<int> micro_batch_rows(const std::vector<int>& global_batches, int all_replicas, int accumulation) {
+    std::vector<int> rows;
+    for (int g : global_batches)
+        for (int r = 0; r < all_replicas; ++r)
+            for (int m = 0; m < accumulation; ++m)
+                if (const int n = shard_of(shard_of(g, all_replicas, r).rows, accumulation, m).rows; n > 0)
+                    rows.push_back(n);
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    return rows;
 }
 
 std::string fitting_shard(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
@@ -245,7 +257,7 @@ Replica::~Replica() {
 }
 
 ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt, int global_batch,
-                       int accumulation_steps, Nodes* nodes, size_t label_bytes)
+                       int accumulation_steps, Nodes* nodes, size_t label_bytes, const std::vector<int>& last_batches)
     : cfg_(cfg),
       model_(model),
       nodes_(nodes),
@@ -277,8 +289,10 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
     staged_ = sharded_ && cfg_.shard == StrategyConfig::Shard::gradients && n > 1;
     if (staged_) staging_ = plan_gradient_staging(model_, buckets_);
-    plan_ =
-        plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_, &buckets_);
+    std::vector<int> batches{global_batch};
+    batches.insert(batches.end(), last_batches.begin(), last_batches.end());
+    plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_,
+                        &buckets_, micro_batch_rows(batches, all, accumulation_));
     check_device_memory(opt, shard_rows, micro_rows);
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);

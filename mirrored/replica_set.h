@@ -95,9 +95,17 @@ bool parameters_shared(const StrategyConfig& strategy, const DeviceList& devices
 // shared: parameters_shared() for the devices (one copy, counted in shares).
 // label_bytes: one sample's label on the device (loss.h's label_bytes).
 // buckets: the gradients' buckets where they are built already (else made from strategy.bucket_mb).
+// rows_met: micro_batch_rows() of the run's batches, where known (the CPU kernels' scratch
+// depends on them; else any count up to micro_rows is planned for).
 MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
                        const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared = false,
-                       size_t label_bytes = sizeof(int32_t), const std::vector<Bucket>* buckets = nullptr);
+                       size_t label_bytes = sizeof(int32_t), const std::vector<Bucket>* buckets = nullptr,
+                       const std::vector<int>& rows_met = {});
+
+// The rows of every micro-batch a replica computes for these global batches (a full one, an
+// epoch's last and evaluation's last, partial ones), split over all_replicas and accumulation
+// steps as the step splits them: sorted, each once, without zeros.
+std::vector<int> micro_batch_rows(const std::vector<int>& global_batches, int all_replicas, int accumulation);
 
 // When a replica's plan does not fit `capacity` bytes: the first sharding beyond the configured
 // one (strategy.shard optimizer, then gradients) whose plan does, as "strategy.shard: gradients
@@ -168,9 +176,10 @@ public:
     // Parses the devices, checks the batch and the memory plan, and builds every replica (its
     // device calls in a fixed order, which the simulated device's fault tests count). nodes: the
     // other nodes of a multi-node run (nullptr: this node alone). label_bytes: one sample's
-    // label on the device.
+    // label on the device. last_batches: the global rows of the run's partial batches (an
+    // epoch's last, evaluation's last), for the memory plan.
     ReplicaSet(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt, int global_batch,
-               int accumulation_steps, Nodes* nodes, size_t label_bytes);
+               int accumulation_steps, Nodes* nodes, size_t label_bytes, const std::vector<int>& last_batches = {});
     ~ReplicaSet();
 
     int replicas() const { return int(replicas_.size()); }          // on this node

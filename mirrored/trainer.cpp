@@ -116,14 +116,18 @@ namespace {
 // the loaders' slots there. Checked before anything is allocated, so that a run that cannot fit
 // ends with the numbers, not with the kernel's OOM killer: exit 2 when it needs more than the
 // machine has at all, exit 5 when it needs more than its cgroup allows or than is free now.
-void check_host_memory(const Config& cfg, const Model& model, const Dataset& train) {
+void check_host_memory(const Config& cfg, const Model& model, const Dataset& train,
+                       const std::vector<int>& last_batches) {
     const DeviceList devices = parse_devices(cfg.strategy.devices);
-    const int n = int(devices.ordinals.size());
+    const int n = int(devices.ordinals.size()), acc = cfg.train.grad_accumulation_steps;
     const int shard = (cfg.train.global_batch_size + n - 1) / n;
-    const int micro = (shard + cfg.train.grad_accumulation_steps - 1) / cfg.train.grad_accumulation_steps;
+    const int micro = (shard + acc - 1) / acc;
     const size_t labels = label_bytes(cfg.model.loss, model.output_classes(), model.output_positions());
-    const MemoryPlan plan = plan_memory(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
-                                        parameters_shared(cfg.strategy, devices), labels);
+    std::vector<int> batches{cfg.train.global_batch_size};
+    batches.insert(batches.end(), last_batches.begin(), last_batches.end());
+    const MemoryPlan plan =
+        plan_memory(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
+                    parameters_shared(cfg.strategy, devices), labels, nullptr, micro_batch_rows(batches, n, acc));
     const uint64_t replicas = devices.traits().gpu ? 0 : plan.total() * uint64_t(n);
     // Train and test loaders; CPU replicas gather their own rows (MirroredStrategy::gathers_input,
     // the same rule), so their slots hold only sample indices and labels.
@@ -232,10 +236,15 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
                           std::to_string(record) + "), so " + std::to_string(train.classes) +
                           " classes: fix the model's last layer or the labels");
     }
-    check_host_memory(cfg, *s->model, train);
+    // the partial batches the run meets: an epoch's last (kept without data.drop_last), evaluation's
+    std::vector<int> last_batches;
+    const size_t global = size_t(cfg.train.global_batch_size);
+    if (!cfg.data.drop_last && train.count() % global) last_batches.push_back(int(train.count() % global));
+    if (s->data->test.count() % global) last_batches.push_back(int(s->data->test.count() % global));
+    check_host_memory(cfg, *s->model, train, last_batches);
     s->strategy =
         std::make_unique<MirroredStrategy>(cfg.strategy, *s->model, cfg.optimizer, cfg.train.global_batch_size,
-                                           cfg.train.grad_accumulation_steps, nodes, cfg.model.loss);
+                                           cfg.train.grad_accumulation_steps, nodes, cfg.model.loss, last_batches);
     const int n = s->strategy->replicas();
     LoaderOptions lo;
     lo.global_batch = cfg.train.global_batch_size;

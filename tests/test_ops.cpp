@@ -1493,38 +1493,49 @@ TEST_CASE("CPU kernels' scratch is counted per thread as it grows") {
 // The memory plan's CPU workspace (kernels/backends.cpp) bounds what the kernels' scratches grow
 // to on a thread that runs every kernel fitting each of a dense layer's products, as measuring
 // them does on a replica's first step: the forward (B transposed), the input gradient and the
-// weight gradient (A transposed), at the full micro-batch and at the fewer rows of a last batch.
+// weight gradient (A transposed), at the full micro-batch and at the fewer rows of a last batch:
+// any row count where the plan is not told which it meets, else the ones it is told.
 TEST_CASE("CPU workspace plan bounds the scratch of every kernel on a dense layer's products") {
     Rng rng(5);
     struct Layer {
         int in, out, micro_rows;
     };
-    for (const Layer l : {Layer{784, 512, 128}, Layer{1024, 1024, 256}, Layer{300, 10, 64}, Layer{64, 2048, 1000}}) {
-        CAPTURE(l.in);
-        CAPTURE(l.out);
-        CAPTURE(l.micro_rows);
-        const WorkspaceNeeds needs{.micro_rows = l.micro_rows,
-                                   .widest = uint64_t(std::max(l.in, l.out)),
-                                   .product = {uint64_t(l.in), uint64_t(l.out)}};
-        const uint64_t plan = backend_of(DeviceType::cpu).workspace_bytes(needs);
-        uint64_t grown = 0;
-        std::thread([&] {
-            const uint64_t before = cpu_thread_scratch_bytes();
-            for (const int rows : {l.micro_rows, 100, 16, 1}) {
-                if (rows > l.micro_rows) continue;
-                for (const ProductCase s : {ProductCase{false, true, rows, l.out, l.in, false},
-                                            ProductCase{false, false, rows, l.in, l.out, false},
-                                            ProductCase{true, false, l.out, l.in, rows, false}}) {
-                    const PaddedProduct p(rng, s);
-                    for (GemmKernel k : kGemmKernels) {
-                        std::vector<float> c = p.c();
-                        run_gemm_kernel(k, p.shape, p.a.data(), p.b.data(), c.data());
+    for (const Layer l : {Layer{784, 512, 128}, Layer{1024, 1024, 256}, Layer{300, 10, 64}, Layer{64, 2048, 1000}})
+        for (const bool told : {false, true}) {
+            CAPTURE(l.in);
+            CAPTURE(l.out);
+            CAPTURE(l.micro_rows);
+            CAPTURE(told);
+            const std::vector<int> met = told ? std::vector<int>{16, l.micro_rows} : std::vector<int>{};
+            WorkspaceNeeds needs{.micro_rows = l.micro_rows,
+                                 .widest = uint64_t(std::max(l.in, l.out)),
+                                 .product = {uint64_t(l.in), uint64_t(l.out)},
+                                 .rows_met = met};
+            const uint64_t plan = backend_of(DeviceType::cpu).workspace_bytes(needs);
+            needs.rows_met = {l.micro_rows};
+            const uint64_t full_batches_only = backend_of(DeviceType::cpu).workspace_bytes(needs);
+            needs.rows_met = {};
+            CHECK(full_batches_only <= plan);
+            CHECK(plan <= backend_of(DeviceType::cpu).workspace_bytes(needs));
+            if (l.micro_rows > 128) CHECK(full_batches_only < plan);  // only a last batch's 16 rows are turned
+            uint64_t grown = 0;
+            std::thread([&] {
+                const uint64_t before = cpu_thread_scratch_bytes();
+                for (const int rows : told ? met : std::vector<int>{l.micro_rows, 100, 16, 1}) {
+                    if (rows > l.micro_rows) continue;
+                    for (const ProductCase s : {ProductCase{false, true, rows, l.out, l.in, false},
+                                                ProductCase{false, false, rows, l.in, l.out, false},
+                                                ProductCase{true, false, l.out, l.in, rows, false}}) {
+                        const PaddedProduct p(rng, s);
+                        for (GemmKernel k : kGemmKernels) {
+                            std::vector<float> c = p.c();
+                            run_gemm_kernel(k, p.shape, p.a.data(), p.b.data(), c.data());
+                        }
                     }
                 }
-            }
-            grown = cpu_thread_scratch_bytes() - before;
-        }).join();
-        CHECK(grown > 0);
-        CHECK(grown <= plan);
-    }
+                grown = cpu_thread_scratch_bytes() - before;
+            }).join();
+            CHECK(grown > 0);
+            CHECK(grown <= plan);
+        }
 }

@@ -1070,6 +1070,11 @@ TEST_CASE("fused_epilogues (sim): one launch per fused product, bit-identical tr
           ws + (deep.tensors().size() - shallow.tensors().size()) * sizeof(uint64_t));  // a checksum each
     CHECK(ws >= 3 * 64 * 256 * sizeof(float));  // a transposed operand and two products of 64 rows by 256
     CHECK(plan_memory(shallow, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, 32, 32).workspace < ws);
+    // the rows each replica's micro-batches have, for the CPU kernels' scratch: a full batch of
+    // 256 and evaluation's last of 16 on two replicas; uneven shards; replicas left without rows
+    CHECK(micro_batch_rows({256, 16}, 2, 1) == std::vector<int>{8, 128});
+    CHECK(micro_batch_rows({12, 10}, 4, 2) == std::vector<int>{1, 2});
+    CHECK(micro_batch_rows({2}, 4, 1) == std::vector<int>{1});
 }
 
 TEST_CASE(
