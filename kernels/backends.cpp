@@ -93,16 +93,17 @@ std::vector<StagedPair> no_peers(const std::vector<int>&) { return {}; }
 // - two products of B transposed, turned around (the JIT kernel's and OpenBLAS's), each at most
 //   kCpuTransposedGemmMaxRows rows by the widest outputs;
 // - the JIT kernel's turned weight gradient, at most kCpuJitTurnedMaxCells;
-// - where the model convolves, a padded image or output gradient (one image) and a few-channel
-//   weight gradient's turned-around product (counted together as four of the widest samples),
+// - per-channel sums and maxima (batchnorm, pooling: kernels/cpu/cnn_loops.h), 32 bytes a channel;
+// - where the model convolves, a padded image or output gradient (one image, counted as four of
+//   the widest samples), a few-channel weight gradient turned around (a convolution's weight),
 //   and a transposed operand of a block of convolution columns.
 // A sequence's product rows are its samples' positions, and attention's products have one
-// sample's positions as rows.
+// sample's positions as rows; a convolution's, a block of pixels (any count up to the limit).
 uint64_t cpu_workspace(const WorkspaceNeeds& n) {
     const uint64_t positions = uint64_t(std::max(n.positions, 1));
     const uint64_t rows = uint64_t(n.micro_rows) * positions;
     uint64_t turned_rows = std::min<uint64_t>(rows, kCpuTransposedGemmMaxRows);
-    if (!n.rows_met.empty()) {  // the most rows up to the turned kernels' limit that a product has
+    if (!n.rows_met.empty() && !n.convolutions) {  // the most rows up to the turned kernels' limit
         turned_rows = positions > 1 && positions <= kCpuTransposedGemmMaxRows ? positions : 0;
         for (int r : n.rows_met)
             if (uint64_t(r) * positions <= kCpuTransposedGemmMaxRows)
@@ -112,8 +113,10 @@ uint64_t cpu_workspace(const WorkspaceNeeds& n) {
     const uint64_t operand =
         std::max(turned_rows * n.product.in, std::min<uint64_t>(rows * weight_row, kCpuJitTransposedMaxFloats));
     const uint64_t turned_gradient = std::min<uint64_t>(n.product.in * n.product.out, kCpuJitTurnedMaxCells);
-    const uint64_t convolving = n.convolutions ? 4 * n.widest * sizeof(float) + kCpuColumnBlockBytes : 0;
-    return (operand + 2 * turned_rows * n.product.out + turned_gradient) * sizeof(float) + convolving;
+    const uint64_t channels = 32 * weight_row;
+    const uint64_t convolving =
+        n.convolutions ? (4 * n.widest + n.product.convolution) * sizeof(float) + kCpuColumnBlockBytes : 0;
+    return (operand + 2 * turned_rows * n.product.out + turned_gradient) * sizeof(float) + channels + convolving;
 }
 // GPUs (real or simulated): cuBLAS's workspace (and cuBLASLt's for fused epilogues on CUDA), the
 // scratch and the peer-staging buffers.

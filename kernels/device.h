@@ -650,9 +650,10 @@ struct DeviceTraits {
 };
 
 // The widest rows of a model's products with its weights [out, in]: a row of inputs (the
-// products' depth) and a row of outputs.
+// products' depth) and a row of outputs; and the largest convolution weight, in floats.
 struct ProductWidths {
     uint64_t in = 0, out = 0;
+    uint64_t convolution = 0;
 };
 
 // What a device's workspaces are sized by (the memory plan): rows of a micro-batch, the widest

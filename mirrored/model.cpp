@@ -170,6 +170,8 @@ uint64_t Model::activation_bytes(int max_rows, size_t act_elem, size_t column_bl
     return Activations::planned_bytes(*layout_, max_rows, act_elem, column_block_bytes);
 }
 
+int Model::sequence_positions() const { return layout_->most_positions(); }
+
 bool Model::convolves() const { return !layout_->scratch_per_row().empty(); }
 
 ProductWidths Model::product_widths() const {
@@ -179,6 +181,7 @@ ProductWidths Model::product_widths() const {
         if (!t.trainable || t.shape.size() < 2) continue;
         w.out = std::max(w.out, uint64_t(t.shape[0]));
         w.in = std::max(w.in, uint64_t(t.count) / uint64_t(t.shape[0]));
+        if (t.shape.size() == 4) w.convolution = std::max(w.convolution, uint64_t(t.count));
     }
     return w;
 }

@@ -63,8 +63,9 @@ public:
     // A sequence model's loss is taken at each of output_positions() positions over
     // output_classes() values (a classifier: 1 position of output_features() classes).
     int output_positions() const { return out_.positions(); }
-    // Positions a sequence model's products run over per sample (1: images and vectors).
-    int sequence_positions() const { return std::max(in_.positions(), out_.positions()); }
+    // Positions a sequence model's products run over per sample, the most of any layer's input
+    // or output (1: images and vectors).
+    int sequence_positions() const;
     bool convolves() const;  // some layer makes im2col columns
     // The widest rows of the products with a weight: its inputs (what a row of the weight
     // multiplies: a dense layer's inputs, a convolution's taps x channels) and outputs (a dense

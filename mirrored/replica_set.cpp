@@ -226,14 +226,15 @@ std::vector<int> micro_batch_rows(const std::vector<int>& global_batches, int al
 
 std::string fitting_shard(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
                           const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared,
-                          size_t label_bytes, uint64_t capacity) {
+                          size_t label_bytes, uint64_t capacity, const std::vector<int>& rows_met) {
     if (shared || replicas < 2) return "";
     for (StrategyConfig::Shard mode : {StrategyConfig::Shard::optimizer, StrategyConfig::Shard::gradients}) {
         if (strategy.shard >= mode) continue;
         StrategyConfig s = strategy;
         s.shard = mode;
-        const uint64_t need =
-            plan_memory(model, opt, s, backend, replicas, shard_rows, micro_rows, shared, label_bytes).total();
+        const uint64_t need = plan_memory(model, opt, s, backend, replicas, shard_rows, micro_rows, shared, label_bytes,
+                                          nullptr, rows_met)
+                                  .total();
         if (need <= capacity)
             return std::string("strategy.shard: ") + shard_name(mode) + " (" + format_bytes(need) + " per replica)";
     }
@@ -257,7 +258,7 @@ Replica::~Replica() {
 }
 
 ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt, int global_batch,
-                       int accumulation_steps, Nodes* nodes, size_t label_bytes, const std::vector<int>& last_batches)
+                       int accumulation_steps, Nodes* nodes, size_t label_bytes, const std::vector<int>& batches)
     : cfg_(cfg),
       model_(model),
       nodes_(nodes),
@@ -289,10 +290,9 @@ ReplicaSet::ReplicaSet(const StrategyConfig& cfg, const Model& model, const Opti
     buckets_ = make_buckets(model_, cfg_.bucket_mb);
     staged_ = sharded_ && cfg_.shard == StrategyConfig::Shard::gradients && n > 1;
     if (staged_) staging_ = plan_gradient_staging(model_, buckets_);
-    std::vector<int> batches{global_batch};
-    batches.insert(batches.end(), last_batches.begin(), last_batches.end());
+    rows_met_ = batches.empty() ? std::vector<int>() : micro_batch_rows(batches, all, accumulation_);
     plan_ = plan_memory(model_, opt, cfg_, *devices_.backend, n, shard_rows, micro_rows, shared_, label_bytes_,
-                        &buckets_, micro_batch_rows(batches, all, accumulation_));
+                        &buckets_, rows_met_);
     check_device_memory(opt, shard_rows, micro_rows);
     for (int r = 0; r < n; ++r) build_replica(r, shard_rows, micro_rows, opt);
     threads_ = std::make_unique<ReplicaThreads>(n);
@@ -332,8 +332,9 @@ void ReplicaSet::check_device_memory(const OptimizerConfig& opt, int shard_rows,
         const uint64_t free = cuda_free_memory(ordinal);
         const uint64_t need = plan_.total() * uint64_t(count);
         if (!free || need <= free) continue;
-        const std::string shard = fitting_shard(model_, opt, cfg_, *devices_.backend, int(devices_.ordinals.size()),
-                                                shard_rows, micro_rows, shared_, label_bytes_, free / uint64_t(count));
+        const std::string shard =
+            fitting_shard(model_, opt, cfg_, *devices_.backend, int(devices_.ordinals.size()), shard_rows, micro_rows,
+                          shared_, label_bytes_, free / uint64_t(count), rows_met_);
         throw DeviceError("cuda:" + std::to_string(ordinal) + ": " + std::to_string(count) + " replica(s) need " +
                           format_bytes(need) + " (" + plan_.describe() + " each), " + format_bytes(free) +
                           " free: " + (shard.empty() ? "" : "set " + shard + ", or ") +

@@ -113,7 +113,7 @@ std::vector<int> micro_batch_rows(const std::vector<int>& global_batches, int al
 // parameter copy). The arguments are plan_memory's.
 std::string fitting_shard(const Model& model, const OptimizerConfig& opt, const StrategyConfig& strategy,
                           const Backend& backend, int replicas, int shard_rows, int micro_rows, bool shared,
-                          size_t label_bytes, uint64_t capacity);
+                          size_t label_bytes, uint64_t capacity, const std::vector<int>& rows_met = {});
 
 // What the host issued per replica, and the barriers it crossed, over some steps.
 struct StepWork {
@@ -176,10 +176,11 @@ public:
     // Parses the devices, checks the batch and the memory plan, and builds every replica (its
     // device calls in a fixed order, which the simulated device's fault tests count). nodes: the
     // other nodes of a multi-node run (nullptr: this node alone). label_bytes: one sample's
-    // label on the device. last_batches: the global rows of the run's partial batches (an
-    // epoch's last, evaluation's last), for the memory plan.
+    // label on the device. batches: the global rows of every batch the run computes (full ones and
+    // the partial last ones of an epoch and of evaluation), for the memory plan; empty where they
+    // are not known (any count up to global_batch).
     ReplicaSet(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt, int global_batch,
-               int accumulation_steps, Nodes* nodes, size_t label_bytes, const std::vector<int>& last_batches = {});
+               int accumulation_steps, Nodes* nodes, size_t label_bytes, const std::vector<int>& batches = {});
     ~ReplicaSet();
 
     int replicas() const { return int(replicas_.size()); }          // on this node
@@ -311,6 +312,7 @@ private:
     bool convert_inputs_ = false;  // low precision, and inputs that are values (not token ids)
     bool loss_scaling_ = false;
     MemoryPlan plan_;
+    std::vector<int> rows_met_;  // micro_batch_rows of the run's batches (empty: not known)
     std::vector<StagedPair> staged_pairs_;
     std::vector<std::unique_ptr<Replica>> replicas_;
     std::unique_ptr<ReplicaThreads> threads_;  // after the replicas: stopped before they go

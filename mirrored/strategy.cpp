@@ -6,10 +6,9 @@ namespace mirrored {
 // fault tests count them): the replicas, then the step's ops, joins and graphs.
 MirroredStrategy::MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt,
                                    int global_batch, int accumulation_steps, Nodes* nodes, const LossConfig& loss,
-                                   const std::vector<int>& last_batches)
+                                   const std::vector<int>& batches)
     : set_(std::make_unique<ReplicaSet>(cfg, model, opt, global_batch, accumulation_steps, nodes,
-                                        label_bytes(loss, model.output_classes(), model.output_positions()),
-                                        last_batches)),
+                                        label_bytes(loss, model.output_classes(), model.output_positions()), batches)),
       step_(std::make_unique<TrainingStep>(*set_, loss)),
       state_(std::make_unique<ReplicaState>(*set_)) {}
 

@@ -30,10 +30,10 @@ public:
 
     // nodes: the other nodes of a multi-node run (nullptr: this node alone). Every node builds
     // the same number of replicas; node k's replica r is the job's replica k x replicas() + r.
-    // last_batches: the global rows of the run's partial batches, for the memory plan.
+    // batches: the global rows of every batch the run computes, for the memory plan (ReplicaSet).
     MirroredStrategy(const StrategyConfig& cfg, const Model& model, const OptimizerConfig& opt, int global_batch,
                      int accumulation_steps, Nodes* nodes = nullptr, const LossConfig& loss = {},
-                     const std::vector<int>& last_batches = {});
+                     const std::vector<int>& batches = {});
     ~MirroredStrategy();
 
     // ---- the replicas (ReplicaSet) -------------------------------------------------------------

@@ -116,18 +116,16 @@ namespace {
 // the loaders' slots there. Checked before anything is allocated, so that a run that cannot fit
 // ends with the numbers, not with the kernel's OOM killer: exit 2 when it needs more than the
 // machine has at all, exit 5 when it needs more than its cgroup allows or than is free now.
-void check_host_memory(const Config& cfg, const Model& model, const Dataset& train,
-                       const std::vector<int>& last_batches) {
+void check_host_memory(const Config& cfg, const Model& model, const Dataset& train, const std::vector<int>& batches,
+                       int nodes) {
     const DeviceList devices = parse_devices(cfg.strategy.devices);
-    const int n = int(devices.ordinals.size()), acc = cfg.train.grad_accumulation_steps;
-    const int shard = (cfg.train.global_batch_size + n - 1) / n;
+    const int n = int(devices.ordinals.size()), acc = cfg.train.grad_accumulation_steps, all = n * nodes;
+    const int shard = (cfg.train.global_batch_size + all - 1) / all;
     const int micro = (shard + acc - 1) / acc;
     const size_t labels = label_bytes(cfg.model.loss, model.output_classes(), model.output_positions());
-    std::vector<int> batches{cfg.train.global_batch_size};
-    batches.insert(batches.end(), last_batches.begin(), last_batches.end());
-    const MemoryPlan plan =
-        plan_memory(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
-                    parameters_shared(cfg.strategy, devices), labels, nullptr, micro_batch_rows(batches, n, acc));
+    const std::vector<int> rows_met = batches.empty() ? std::vector<int>() : micro_batch_rows(batches, all, acc);
+    const MemoryPlan plan = plan_memory(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
+                                        parameters_shared(cfg.strategy, devices), labels, nullptr, rows_met);
     const uint64_t replicas = devices.traits().gpu ? 0 : plan.total() * uint64_t(n);
     // Train and test loaders; CPU replicas gather their own rows (MirroredStrategy::gathers_input,
     // the same rule), so their slots hold only sample indices and labels.
@@ -144,8 +142,9 @@ void check_host_memory(const Config& cfg, const Model& model, const Dataset& tra
     // the sharding that would fit within `limit`, where one would
     const auto shard_fits = [&](uint64_t limit) {
         if (!replicas || limit <= slots) return std::string();
-        const std::string s = fitting_shard(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
-                                            parameters_shared(cfg.strategy, devices), labels, (limit - slots) / n);
+        const std::string s =
+            fitting_shard(model, cfg.optimizer, cfg.strategy, *devices.backend, n, shard, micro,
+                          parameters_shared(cfg.strategy, devices), labels, (limit - slots) / n, rows_met);
         return s.empty() ? s : "; " + s + " would fit";
     };
     if (total && need > total)
@@ -236,15 +235,20 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
                           std::to_string(record) + "), so " + std::to_string(train.classes) +
                           " classes: fix the model's last layer or the labels");
     }
-    // the partial batches the run meets: an epoch's last (kept without data.drop_last), evaluation's
-    std::vector<int> last_batches;
-    const size_t global = size_t(cfg.train.global_batch_size);
-    if (!cfg.data.drop_last && train.count() % global) last_batches.push_back(int(train.count() % global));
-    if (s->data->test.count() % global) last_batches.push_back(int(s->data->test.count() % global));
-    check_host_memory(cfg, *s->model, train, last_batches);
+    // The batches a training run computes: full ones, an epoch's last where data.drop_last keeps
+    // it, and evaluation's last. Other sessions (evaluate, a prediction's chunks) may compute any
+    // count up to the global batch: not known.
+    std::vector<int> batches;
+    if (with_train_loader) {
+        const size_t global = size_t(cfg.train.global_batch_size);
+        batches.push_back(cfg.train.global_batch_size);
+        if (!cfg.data.drop_last && train.count() % global) batches.push_back(int(train.count() % global));
+        if (s->data->test.count() % global) batches.push_back(int(s->data->test.count() % global));
+    }
+    check_host_memory(cfg, *s->model, train, batches, nodes ? nodes->count() : 1);
     s->strategy =
         std::make_unique<MirroredStrategy>(cfg.strategy, *s->model, cfg.optimizer, cfg.train.global_batch_size,
-                                           cfg.train.grad_accumulation_steps, nodes, cfg.model.loss, last_batches);
+                                           cfg.train.grad_accumulation_steps, nodes, cfg.model.loss, batches);
     const int n = s->strategy->replicas();
     LoaderOptions lo;
     lo.global_batch = cfg.train.global_batch_size;

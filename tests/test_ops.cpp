@@ -35,6 +35,8 @@
 #include "kernels/device.h"
 #include "base/error.h"
 #include "kernels/op_math.h"
+#include "mirrored/model.h"
+#include "mirrored/replica_set.h"
 #include "tests/helpers.h"
 
 using namespace mirrored;
@@ -1490,11 +1492,40 @@ TEST_CASE("CPU kernels' scratch is counted per thread as it grows") {
     CHECK(grown[1] == 12000);
 }
 
+namespace {
+
+// The bytes the CPU kernels' scratches grow by on a new thread that runs every kernel fitting
+// each of these products, as measuring them does on a replica's first step.
+uint64_t scratch_of_every_kernel(Rng& rng, const std::vector<ProductCase>& products) {
+    uint64_t grown = 0;
+    std::thread([&] {
+        const uint64_t before = cpu_thread_scratch_bytes();
+        for (const ProductCase& s : products) {
+            const PaddedProduct p(rng, s);
+            for (GemmKernel k : kGemmKernels) {
+                std::vector<float> c = p.c();
+                run_gemm_kernel(k, p.shape, p.a.data(), p.b.data(), c.data());
+            }
+        }
+        grown = cpu_thread_scratch_bytes() - before;
+    }).join();
+    return grown;
+}
+
+// A product with a weight [out, in] over `rows`: the forward (B transposed), the input gradient
+// and the weight gradient (A transposed).
+void add_weight_products(std::vector<ProductCase>& to, int rows, int out, int in) {
+    to.push_back({false, true, rows, out, in, false});
+    to.push_back({false, false, rows, in, out, false});
+    to.push_back({true, false, out, in, rows, false});
+}
+
+}  // namespace
+
 // The memory plan's CPU workspace (kernels/backends.cpp) bounds what the kernels' scratches grow
-// to on a thread that runs every kernel fitting each of a dense layer's products, as measuring
-// them does on a replica's first step: the forward (B transposed), the input gradient and the
-// weight gradient (A transposed), at the full micro-batch and at the fewer rows of a last batch:
-// any row count where the plan is not told which it meets, else the ones it is told.
+// to when every kernel runs on each of a dense layer's products, at the full micro-batch and at
+// the fewer rows of a last batch: several row counts where the plan is not told which it meets
+// (128, the turned kernels' limit, among them), else the ones it is told.
 TEST_CASE("CPU workspace plan bounds the scratch of every kernel on a dense layer's products") {
     Rng rng(5);
     struct Layer {
@@ -1518,24 +1549,44 @@ TEST_CASE("CPU workspace plan bounds the scratch of every kernel on a dense laye
             CHECK(full_batches_only <= plan);
             CHECK(plan <= backend_of(DeviceType::cpu).workspace_bytes(needs));
             if (l.micro_rows > 128) CHECK(full_batches_only < plan);  // only a last batch's 16 rows are turned
-            uint64_t grown = 0;
-            std::thread([&] {
-                const uint64_t before = cpu_thread_scratch_bytes();
-                for (const int rows : told ? met : std::vector<int>{l.micro_rows, 100, 16, 1}) {
-                    if (rows > l.micro_rows) continue;
-                    for (const ProductCase s : {ProductCase{false, true, rows, l.out, l.in, false},
-                                                ProductCase{false, false, rows, l.in, l.out, false},
-                                                ProductCase{true, false, l.out, l.in, rows, false}}) {
-                        const PaddedProduct p(rng, s);
-                        for (GemmKernel k : kGemmKernels) {
-                            std::vector<float> c = p.c();
-                            run_gemm_kernel(k, p.shape, p.a.data(), p.b.data(), c.data());
-                        }
-                    }
-                }
-                grown = cpu_thread_scratch_bytes() - before;
-            }).join();
+            std::vector<ProductCase> products;
+            for (const int rows : told ? met : std::vector<int>{l.micro_rows, 128, 100, 16, 1})
+                if (rows <= l.micro_rows) add_weight_products(products, rows, l.out, l.in);
+            const uint64_t grown = scratch_of_every_kernel(rng, products);
             CHECK(grown > 0);
             CHECK(grown <= plan);
         }
+}
+
+// The same through a model's own plan (Model::product_widths, sequence_positions, plan_memory):
+// a sequence flattened before a dense head, whose products inside run over 16 positions per
+// sample although the model's input and output are not sequences of more than one position; its
+// attention's per-head products have one sample's positions as rows.
+TEST_CASE("CPU workspace plan of a model bounds every kernel's scratch on its products") {
+    Rng rng(6);
+    const int t = 16, dim = 32, heads = 2, micro = 2;
+    const Model m({t},
+                  {make_layer_spec("embedding", {{"vocab", "40"}, {"dim", std::to_string(dim)}}),
+                   make_layer_spec("transformer_block", {{"heads", std::to_string(heads)}}), make_layer_spec("flatten"),
+                   make_layer_spec("dense", {{"units", "5"}})},
+                  3);
+    CHECK(m.sequence_positions() == t);
+    std::vector<ProductCase> products;
+    for (const TensorInfo& w : m.tensors())
+        if (w.trainable && w.shape.size() == 2 && w.name.find("wte") == std::string::npos) {
+            const bool head = w.shape[1] == t * dim;  // the dense head after flatten: a row per sample
+            add_weight_products(products, head ? micro : micro * t, w.shape[0], w.shape[1]);
+        }
+    const int hd = dim / heads;  // scores Q K^T, then (scores) V, and their gradients
+    products.push_back({false, true, t, t, hd, false});
+    products.push_back({false, false, t, hd, t, false});
+    products.push_back({true, false, t, hd, t, false});
+    products.push_back({true, false, t, t, hd, false});
+    const StrategyConfig sc;
+    const uint64_t plan = plan_memory(m, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, micro, micro, false,
+                                      sizeof(int32_t), nullptr, {micro})
+                              .workspace;
+    const uint64_t grown = scratch_of_every_kernel(rng, products);
+    CHECK(grown > 0);
+    CHECK(grown <= plan);
 }

@@ -332,7 +332,7 @@ namespace {
 // result - gemv-like single rows, narrow results and many rows are OpenBLAS's.
 bool avx512_takes(bool ta, bool tb, int m, int n, int k) {
     if (m < 8) return false;
-    if (ta) return double(m) * double(k) <= 128.0 * 1024;
+    if (ta) return double(m) * double(k) <= double(kCpuJitTransposedMaxFloats);
     if (tb) return m <= kCpuTransposedGemmMaxRows && n >= (m >= 64 ? 64 : 256);
     return true;
 }

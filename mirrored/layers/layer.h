@@ -211,6 +211,10 @@ public:
     // the rows a block of Device::column_block_images holds, not the whole batch.
     void scratch(size_t per_row) { scratch_rows_.push_back(per_row); }
     void stats(size_t floats) { stats_floats_ = std::max(stats_floats_, floats); }
+    // A layer's input or output positions (Layer::build): the most any layer's products run over
+    // per sample, inside the model as at its ends (a sequence flattened before the head).
+    void note_positions(int n) { positions_ = std::max(positions_, n); }
+    int most_positions() const { return positions_; }
     void set_top_layer(int l) { top_layer_ = l; }
     // The token embedding's table, which an LM head may tie its weights to (-1: none yet).
     void set_token_embedding(int tensor) { token_embedding_ = tensor; }
@@ -269,6 +273,7 @@ private:
     std::vector<Slot> slots_;
     std::vector<size_t> scratch_rows_;
     size_t stats_floats_ = 0;
+    int positions_ = 1;
     bool recompute_ = false;
     int depth_ = 0, region_ = -1, regions_ = 0;  // open recompute blocks, the outermost's region
 };
@@ -301,6 +306,7 @@ public:
         b.begin_unit();
         declare(b);
         unit_ = b.end_unit();
+        b.note_positions(std::max(in_.positions(), out_.positions()));
     }
     // After the layout is final: where each declared tensor lives.
     virtual void place(const std::vector<TensorRef>& refs) { (void)refs; }
