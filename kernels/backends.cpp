@@ -93,6 +93,8 @@ std::vector<StagedPair> no_peers(const std::vector<int>&) { return {}; }
 // - two products of B transposed, turned around (the JIT kernel's and OpenBLAS's), each at most
 //   kCpuTransposedGemmMaxRows rows by the widest outputs;
 // - the JIT kernel's turned weight gradient, at most kCpuJitTurnedMaxCells;
+// - a weight (or attention's keys: positions by inputs) turned around for A B^T, at most
+//   kCpuJitWeightMaxFloats;
 // - per-channel sums and maxima (batchnorm, pooling: kernels/cpu/cnn_loops.h), 32 bytes a channel;
 // - where the model convolves, a padded image or output gradient (one image, counted as four of
 //   the widest samples), a few-channel weight gradient turned around (a convolution's weight),
@@ -113,10 +115,13 @@ uint64_t cpu_workspace(const WorkspaceNeeds& n) {
     const uint64_t operand =
         std::max(turned_rows * n.product.in, std::min<uint64_t>(rows * weight_row, kCpuJitTransposedMaxFloats));
     const uint64_t turned_gradient = std::min<uint64_t>(n.product.in * n.product.out, kCpuJitTurnedMaxCells);
+    const uint64_t turned_weight = std::min<uint64_t>(
+        std::max(n.product.weight, positions > 1 ? positions * n.product.in : 0), kCpuJitWeightMaxFloats);
     const uint64_t channels = 32 * weight_row;
     const uint64_t convolving =
         n.convolutions ? (4 * n.widest + n.product.convolution) * sizeof(float) + kCpuColumnBlockBytes : 0;
-    return (operand + 2 * turned_rows * n.product.out + turned_gradient) * sizeof(float) + channels + convolving;
+    return (operand + 2 * turned_rows * n.product.out + turned_gradient + turned_weight) * sizeof(float) + channels +
+           convolving;
 }
 // GPUs (real or simulated): cuBLAS's workspace (and cuBLASLt's for fused epilogues on CUDA), the
 // scratch and the peer-staging buffers.

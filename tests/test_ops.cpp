@@ -747,6 +747,7 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
     if (!jit_gemm_description().empty()) {
         CHECK(ran[GemmKernel::jit] >= 6);
         CHECK(ran[GemmKernel::jit_turned] >= 2);
+        CHECK(ran[GemmKernel::jit_weight_turned] == 4);  // every product with B transposed, added to C or not
     }
     CHECK(gemm_kernel_fits(GemmKernel::openblas_turned, {false, true, 64, 300, 40, 40, 40, 300, false}));
     CHECK_FALSE(gemm_kernel_fits(GemmKernel::openblas_turned, {false, true, 64, 300, 40, 40, 40, 300, true}));
@@ -773,7 +774,7 @@ TEST_CASE("cpu GEMM kernel measured per product: once per process, cached per ma
     const ProductShape s{false, true, 64, 300, 40, 40, 40, 300, false};  // OpenBLAS and its turn fit, maybe JIT
     const std::vector<float> a = rng.normal(64 * 40), b = rng.normal(300 * 40);
     std::vector<float> c(64 * 300);
-    const std::string file = d / "cache/gemm-kernels.txt", key = blas_machine_key() + "|" + product_text(s);
+    const std::string file = d / "cache/gemm-kernels.txt", key = gemm_choice_cache_key(s);
     const auto cached = [&] { return cache_lookup("gemm-kernels.txt", key).value_or(""); };
 
     const GemmKernel first = measured_gemm_kernel(s, a.data(), b.data(), c.data());
@@ -806,7 +807,7 @@ TEST_CASE("cpu GEMM kernel measured per product: once per process, cached per ma
     const ProductShape tn{true, false, 45, 67, 64, 45, 67, 67, false};  // turned OpenBLAS cannot multiply A^T B
     const std::vector<float> ta = rng.normal(45 * 64), tb = rng.normal(64 * 67);
     std::vector<float> tc(45 * 67);
-    const std::string tn_key = blas_machine_key() + "|" + product_text(tn);
+    const std::string tn_key = gemm_choice_cache_key(tn);
     cache_store("gemm-kernels.txt", tn_key, "openblas-turned 999.0");
     forget_gemm_choices();
     CHECK(measured_gemm_kernel(tn, ta.data(), tb.data(), tc.data()) != GemmKernel::openblas_turned);
@@ -1540,7 +1541,7 @@ TEST_CASE("CPU workspace plan bounds the scratch of every kernel on a dense laye
             const std::vector<int> met = told ? std::vector<int>{16, l.micro_rows} : std::vector<int>{};
             WorkspaceNeeds needs{.micro_rows = l.micro_rows,
                                  .widest = uint64_t(std::max(l.in, l.out)),
-                                 .product = {uint64_t(l.in), uint64_t(l.out)},
+                                 .product = {uint64_t(l.in), uint64_t(l.out), uint64_t(l.in) * uint64_t(l.out)},
                                  .rows_met = met};
             const uint64_t plan = backend_of(DeviceType::cpu).workspace_bytes(needs);
             needs.rows_met = {l.micro_rows};

@@ -73,6 +73,8 @@ const char* gemm_kernel_name(GemmKernel k) {
             return "jit";
         case GemmKernel::jit_turned:
             return "jit-turned";
+        case GemmKernel::jit_weight_turned:
+            return "jit-weight-turned";
     }
     return "?";
 }
@@ -82,6 +84,17 @@ std::string product_text(const ProductShape& s) {
     std::snprintf(text, sizeof text, "%c%c:%dx%dx%d:%d,%d,%d:%d", s.ta ? 't' : 'n', s.tb ? 't' : 'n', s.m, s.n, s.k,
                   s.lda, s.ldb, s.ldc, s.accumulate ? 1 : 0);
     return text;
+}
+
+// Keyed by the kernels measured too: a machine's entries from before a kernel was added are
+// measured again, with it.
+std::string gemm_choice_cache_key(const ProductShape& s) {
+    static const std::string candidates = [] {
+        std::string names;
+        for (GemmKernel k : kGemmKernels) names += std::string(names.empty() ? "" : " ") + gemm_kernel_name(k);
+        return names;
+    }();
+    return blas_machine_key() + "|" + candidates + "|" + product_text(s);
 }
 
 namespace {
@@ -154,6 +167,9 @@ bool gemm_kernel_fits(GemmKernel k, const ProductShape& s) {
         case GemmKernel::jit_turned:
             return s.ta && !s.tb && size_t(s.m) * size_t(s.n) <= kCpuJitTurnedMaxCells &&
                    jit_fits(jit_turned_product(s));
+        case GemmKernel::jit_weight_turned:
+            return !s.ta && s.tb && size_t(s.n) * size_t(s.k) <= kCpuJitWeightMaxFloats &&
+                   jit_gemm_multiplies(false, false, s.n, s.m, s.k, s.accumulate);
     }
     return false;
 }
@@ -185,6 +201,8 @@ bool run_fitting_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a
             return jit_gemm_any_shape(s.ta, s.tb, s.m, s.n, s.k, a, s.lda, b, s.ldb, s.accumulate, c, s.ldc);
         case GemmKernel::jit_turned:
             return jit_turned(s, a, b, c);
+        case GemmKernel::jit_weight_turned:
+            return jit_gemm_weight_turned(s.m, s.n, s.k, a, s.lda, b, s.ldb, s.accumulate, c, s.ldc);
     }
     return false;
 }
@@ -246,8 +264,6 @@ ChoiceTable& table() {
 
 const char* kCacheFile = "gemm-kernels.txt";
 
-std::string cache_key(const ProductShape& s) { return blas_machine_key() + "|" + product_text(s); }
-
 std::optional<GemmKernel> kernel_named(const std::string& name) {
     for (GemmKernel k : kGemmKernels)
         if (name == gemm_kernel_name(k)) return k;
@@ -274,7 +290,7 @@ std::string cache_value(const std::vector<GemmKernelTime>& times, GemmKernel cho
 // A cache entry as cache_value wrote it, for a kernel that multiplies this shape here and that
 // was the fastest measured: anything else (edited, truncated, a NaN) is measured again.
 std::optional<GemmKernel> cached_choice(const ProductShape& s) {
-    const auto v = cache_lookup(kCacheFile, cache_key(s));
+    const auto v = cache_lookup(kCacheFile, gemm_choice_cache_key(s));
     if (!v) return std::nullopt;
     std::istringstream in(*v);
     std::string name;
@@ -309,7 +325,7 @@ GemmKernel choose(const ProductShape& s, const float* a, const float* b, float* 
         if (k.kernel == rules) rules_s = k.seconds;
     }
     if (rules_s <= best_s * kClearlyFaster) best = rules;
-    if (times.size() > 1) cache_store(kCacheFile, cache_key(s), cache_value(times, best, s));
+    if (times.size() > 1) cache_store(kCacheFile, gemm_choice_cache_key(s), cache_value(times, best, s));
     return t.chosen[s] = best;
 }
 

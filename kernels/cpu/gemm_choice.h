@@ -45,10 +45,10 @@ struct GemmKernelChoiceName {
 std::span<const GemmKernelChoiceName> gemm_kernel_choice_names();
 const GemmKernelChoiceName& gemm_kernel_choice_name(GemmKernelChoice c);
 
-enum class GemmKernel : uint8_t { openblas, openblas_turned, jit, jit_turned };
+enum class GemmKernel : uint8_t { openblas, openblas_turned, jit, jit_turned, jit_weight_turned };
 constexpr GemmKernel kGemmKernels[] = {GemmKernel::openblas, GemmKernel::openblas_turned, GemmKernel::jit,
-                                       GemmKernel::jit_turned};
-// "openblas", "openblas-turned", "jit", "jit-turned"
+                                       GemmKernel::jit_turned, GemmKernel::jit_weight_turned};
+// "openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned"
 const char* gemm_kernel_name(GemmKernel k);
 
 // A product as the choice knows it: layout, size, leading dimensions, and whether C is added to.
@@ -60,6 +60,9 @@ struct ProductShape {
 };
 // "nt:64x512x784:784,784,512:0" (layout, m x n x k, lda, ldb, ldc, accumulate).
 std::string product_text(const ProductShape& s);
+// Its key in the machine cache of measured choices (gemm-kernels.txt): the BLAS and CPU, the
+// kernels measured, the product.
+std::string gemm_choice_cache_key(const ProductShape& s);
 
 // Whether kernel `k` can multiply this product at all.
 bool gemm_kernel_fits(GemmKernel k, const ProductShape& s);

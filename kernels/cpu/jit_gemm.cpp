@@ -398,6 +398,18 @@ bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, i
     return true;
 }
 
+bool jit_gemm_weight_turned(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
+                            float* c, int ldc) {
+    if (!kernels_multiply(false, false, m, n, k, accumulate) || size_t(n) * size_t(k) > kCpuJitWeightMaxFloats)
+        return false;
+    thread_local std::vector<float> weight;
+    // Column-major C^T[n,m] = B[n,k] A^T[k,m]: B as column-major [n,k] is B^T row-major, A^T is A's
+    // rows as they lie, and C^T column-major is C row-major.
+    float* bt = scratch(weight, size_t(n) * size_t(k));
+    cblas_somatcopy(CblasRowMajor, CblasTrans, n, k, 1.0f, b, ldb, bt, n);
+    return multiply(n, m, k, bt, n, a, lda, accumulate, c, ldc);
+}
+
 #else  // built without libxsmm
 
 std::string jit_gemm_description() { return ""; }
@@ -407,6 +419,7 @@ bool jit_gemm_multiplies(bool, bool, int, int, int, bool) { return false; }
 bool jit_gemm_any_shape(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {
     return false;
 }
+bool jit_gemm_weight_turned(int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
 bool jit_conv_forward(const Window2d&, const float*, const float*, int, float*) { return false; }
 bool jit_conv_weight_grad(const Window2d&, const float*, const float*, int, float*) { return false; }
 bool jit_conv_input_grad(const Window2d&, const float*, const float*, int, float*) { return false; }

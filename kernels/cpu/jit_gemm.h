@@ -40,6 +40,12 @@ bool jit_gemm_multiplies(bool ta, bool tb, int m, int n, int k, bool accumulate)
 // multiply; false, touching nothing, where they cannot.
 bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                         bool accumulate, float* c, int ldc);
+// Row-major C[m,n] = A B^T (plus C when accumulate) with B [n, k] (a dense layer's weights, at most
+// kCpuJitWeightMaxFloats) turned around into a per-thread scratch: then C^T = B A^T is a plain
+// kernel product over A's rows as they lie, written straight into C, whatever the rows. false,
+// touching nothing, where the kernels cannot multiply it.
+bool jit_gemm_weight_turned(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
+                            float* c, int ldc);
 
 // A convolution's forward product without im2col columns (Device::conv_forward): y[n*oh*ow, F] =
 // the windows of x (NHWC) times wt[kh, kw, c, F]. Each output row of an image is one

@@ -228,10 +228,10 @@ int sweep_gemm(const GemmBenchOptions& o) {
     std::printf("OpenBLAS's large sgemm (2048^3, nn): %.1f GFLOP/s (%.0f%% of peak)\n\n", large_gflops,
                 100 * large_gflops / peak);
     std::fflush(stdout);
-    const char* kernels[] = {"openblas", "openblas-turned", "jit", "jit-turned"};
+    const char* kernels[] = {"openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned"};
     std::printf("%3s %6s %6s %6s", "ops", "m", "n", "k");
-    for (const char* k : kernels) std::printf(" %16s", k);
-    std::printf("  %-16s %-16s %7s\n", "fastest", "rules' pick", "of peak");
+    for (const char* k : kernels) std::printf(" %17s", k);
+    std::printf("  %-17s %-17s %7s\n", "fastest", "rules' pick", "of peak");
     json rows = json::array();
     int rules_fastest = 0;
     std::vector<double> gain;  // the fastest over OpenBLAS as asked
@@ -247,13 +247,13 @@ int sweep_gemm(const GemmBenchOptions& o) {
             double r = 0;
             for (const GemmKernelRate& x : p.rates)
                 if (x.kernel == k) r = x.gflops;
-            if (r > 0) std::printf(" %16.1f", r), rates[k] = r;
-            else std::printf(" %16s", "-");
+            if (r > 0) std::printf(" %17.1f", r), rates[k] = r;
+            else std::printf(" %17s", "-");
             best = std::max(best, r);
             if (std::string(k) == "openblas") blas = r;
             if (p.rules == k) rules = r;
         }
-        std::printf("  %-16s %-16s %6.0f%%\n", p.fastest.c_str(), p.rules.c_str(), 100 * best / peak);
+        std::printf("  %-17s %-17s %6.0f%%\n", p.fastest.c_str(), p.rules.c_str(), 100 * best / peak);
         if (p.rules == p.fastest) ++rules_fastest;
         if (blas > 0) gain.push_back(best / blas);
         rows.push_back({{"m", g.m},
