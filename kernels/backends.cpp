@@ -93,8 +93,9 @@ std::vector<StagedPair> no_peers(const std::vector<int>&) { return {}; }
 // - two products of B transposed, turned around (the JIT kernel's and OpenBLAS's), each at most
 //   kCpuTransposedGemmMaxRows rows by the widest outputs;
 // - the JIT kernel's turned weight gradient, at most kCpuJitTurnedMaxCells;
-// - a weight (or attention's keys: positions by inputs) turned around for A B^T, at most
-//   kCpuJitWeightMaxFloats;
+// - a weight (or attention's keys: positions by inputs) turned around for A B^T: at most
+//   kCpuJitSmallWeightFloats, or kCpuJitWeightMaxFloats where a product has more than
+//   kCpuTransposedGemmMaxRows rows;
 // - per-channel sums and maxima (batchnorm, pooling: kernels/cpu/cnn_loops.h), 32 bytes a channel;
 // - where the model convolves, a padded image or output gradient (one image, counted as four of
 //   the widest samples), a few-channel weight gradient turned around (a convolution's weight),
@@ -115,8 +116,12 @@ uint64_t cpu_workspace(const WorkspaceNeeds& n) {
     const uint64_t operand =
         std::max(turned_rows * n.product.in, std::min<uint64_t>(rows * weight_row, kCpuJitTransposedMaxFloats));
     const uint64_t turned_gradient = std::min<uint64_t>(n.product.in * n.product.out, kCpuJitTurnedMaxCells);
-    const uint64_t turned_weight = std::min<uint64_t>(
-        std::max(n.product.weight, positions > 1 ? positions * n.product.in : 0), kCpuJitWeightMaxFloats);
+    const uint64_t cap = kCpuTransposedGemmMaxRows;
+    const bool many_rows = rows > cap || positions > cap || n.convolutions;  // a convolution's: blocks of pixels
+    const uint64_t keys = positions > 1 ? positions * n.product.in : 0;
+    const uint64_t turned_weight =
+        many_rows ? std::max(n.product.weight, std::min<uint64_t>(keys, kCpuJitWeightMaxFloats))
+                  : std::max(n.product.small_weight, std::min<uint64_t>(keys, kCpuJitSmallWeightFloats));
     const uint64_t channels = 32 * weight_row;
     const uint64_t convolving =
         n.convolutions ? (4 * n.widest + n.product.convolution) * sizeof(float) + kCpuColumnBlockBytes : 0;

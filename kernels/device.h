@@ -650,11 +650,12 @@ struct DeviceTraits {
 };
 
 // The widest rows of a model's products with its weights [out, in]: a row of inputs (the
-// products' depth) and a row of outputs; the largest matrix weight and convolution weight, in
-// floats.
+// products' depth) and a row of outputs; in floats, the largest weights the JIT kernels may turn
+// around (at most kCpuJitWeightMaxFloats, and at most kCpuJitSmallWeightFloats) and the largest
+// convolution weight.
 struct ProductWidths {
     uint64_t in = 0, out = 0;
-    uint64_t weight = 0, convolution = 0;
+    uint64_t weight = 0, small_weight = 0, convolution = 0;
 };
 
 // What a device's workspaces are sized by (the memory plan): rows of a micro-batch, the widest
@@ -738,9 +739,11 @@ constexpr int kCpuTransposedGemmMaxRows = 128;
 // (kernels/cpu/gemm_choice.cpp).
 constexpr size_t kCpuJitTransposedMaxFloats = size_t(128) << 10;
 constexpr size_t kCpuJitTurnedMaxCells = 16384;
-// The JIT kernels take A B^T with B (a weight) turned around into a scratch of at most this many
-// floats per thread (4 MiB: a 1024 x 1024 layer).
-constexpr size_t kCpuJitWeightMaxFloats = size_t(1) << 20;
+// The JIT kernels take A B^T with B (a weight, attention's keys) turned around into a scratch per
+// thread: at most this many floats (1 MiB: a 512 x 512 layer) where the product has more than
+// kCpuTransposedGemmMaxRows rows, at most kCpuJitSmallWeightFloats (64 KiB) at any row count.
+constexpr size_t kCpuJitWeightMaxFloats = size_t(256) << 10;
+constexpr size_t kCpuJitSmallWeightFloats = size_t(16) << 10;
 // Device::column_block_bytes of CPU replicas: half a 1 MiB L2 (the build machine's Zen 5, most
 // Xeons since Skylake-SP), so a block's columns stay in the core's cache from im2col through
 // both products.

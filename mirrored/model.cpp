@@ -181,7 +181,8 @@ ProductWidths Model::product_widths() const {
         if (!t.trainable || t.shape.size() < 2) continue;
         w.out = std::max(w.out, uint64_t(t.shape[0]));
         w.in = std::max(w.in, uint64_t(t.count) / uint64_t(t.shape[0]));
-        if (t.shape.size() == 2) w.weight = std::max(w.weight, uint64_t(t.count));
+        if (t.count <= kCpuJitWeightMaxFloats) w.weight = std::max(w.weight, uint64_t(t.count));
+        if (t.count <= kCpuJitSmallWeightFloats) w.small_weight = std::max(w.small_weight, uint64_t(t.count));
         if (t.shape.size() == 4) w.convolution = std::max(w.convolution, uint64_t(t.count));
     }
     return w;

@@ -723,7 +723,8 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
                                                                   {false, false, 64, 300, 100, false},
                                                                   {false, false, 50, 33, 17, true},
                                                                   {true, true, 9, 11, 13, false},
-                                                                  {false, true, 1, 27, 9, false}}) {
+                                                                  {false, true, 1, 27, 9, false},
+                                                                  {false, true, 200, 64, 3000, true}}) {
         const PaddedProduct p(rng, s);
         INFO(product_text(p.shape));
         CHECK(gemm_kernel_fits(GemmKernel::openblas, p.shape));
@@ -742,23 +743,35 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
     }
     // OpenBLAS as asked fits every product, turned the two with B transposed, nothing added and at
     // most 128 rows; the JIT kernels, where they are, most
-    CHECK(ran[GemmKernel::openblas] == 10);
+    CHECK(ran[GemmKernel::openblas] == 11);
     CHECK(ran[GemmKernel::openblas_turned] == 2);
     if (!jit_gemm_description().empty()) {
         CHECK(ran[GemmKernel::jit] >= 6);
         CHECK(ran[GemmKernel::jit_turned] >= 2);
-        CHECK(ran[GemmKernel::jit_weight_turned] == 4);  // every product with B transposed, added to C or not
+        // the products with B transposed: over 128 rows, or a small B; added to C or not; the weight
+        // in row panels
+        CHECK(ran[GemmKernel::jit_weight_turned] == 5);
     }
     CHECK(gemm_kernel_fits(GemmKernel::openblas_turned, {false, true, 64, 300, 40, 40, 40, 300, false}));
     CHECK_FALSE(gemm_kernel_fits(GemmKernel::openblas_turned, {false, true, 64, 300, 40, 40, 40, 300, true}));
     if (jit_gemm_description().empty()) {
         for (GemmKernel k : {GemmKernel::jit, GemmKernel::jit_turned})
             CHECK_FALSE(gemm_kernel_fits(k, {true, false, 32, 9, 1500, 32, 9, 9, false}));
+        CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 200, 64, 40, 40, 40, 64, false}));
+        CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 20, 64, 40, 40, 40, 64, false}));
     } else {
         CHECK(gemm_kernel_fits(GemmKernel::jit, {false, false, 64, 300, 100, 100, 300, 300, false}));
         // A^T too large to transpose into the scratch, B^T not, C small: only turned
         CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit, {true, false, 32, 9, 14112, 32, 9, 9, false}));
         CHECK(gemm_kernel_fits(GemmKernel::jit_turned, {true, false, 32, 9, 14112, 32, 9, 9, false}));
+        // B turned into the scratch: a small one at any rows, a larger one over 128 rows (under them A
+        // and C are turned), within the scratch
+        CHECK(gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 20, 64, 40, 40, 40, 64, false}));
+        CHECK(gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 200, 300, 400, 400, 400, 300, false}));
+        CHECK_FALSE(
+            gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 128, 300, 400, 400, 400, 300, false}));
+        CHECK_FALSE(
+            gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 200, 1024, 512, 512, 512, 1024, false}));
     }
 }
 
@@ -788,10 +801,20 @@ TEST_CASE("cpu GEMM kernel measured per product: once per process, cached per ma
 
     // a later process reads the cache instead of measuring
     const GemmKernel other = first == GemmKernel::openblas ? GemmKernel::openblas_turned : GemmKernel::openblas;
-    cache_store("gemm-kernels.txt", key, std::string(gemm_kernel_name(other)) + " 999.0");
+    std::string full = std::string(gemm_kernel_name(other)) + " 999.0";
+    for (GemmKernel k : kGemmKernels)
+        if (k != other && gemm_kernel_fits(k, s)) full += std::string(" ") + gemm_kernel_name(k) + " 1.0";
+    cache_store("gemm-kernels.txt", key, full);
     forget_gemm_choices();
     CHECK(measured_gemm_kernel(s, a.data(), b.data(), c.data()) == other);
-    CHECK(cached() == std::string(gemm_kernel_name(other)) + " 999.0");
+    CHECK(cached() == full);
+    // but not an entry that lacks a kernel fitting the shape (one written before it was added)
+    const std::string partial = std::string(gemm_kernel_name(other)) + " 999.0";
+    cache_store("gemm-kernels.txt", key, partial);
+    forget_gemm_choices();
+    const GemmKernel again = measured_gemm_kernel(s, a.data(), b.data(), c.data());
+    CHECK(cached() != partial);
+    CHECK(cached().rfind(std::string(gemm_kernel_name(again)) + " ", 0) == 0);
 
     // entries not as written are measured again, and replaced
     for (const std::string bad :
@@ -1539,9 +1562,12 @@ TEST_CASE("CPU workspace plan bounds the scratch of every kernel on a dense laye
             CAPTURE(l.micro_rows);
             CAPTURE(told);
             const std::vector<int> met = told ? std::vector<int>{16, l.micro_rows} : std::vector<int>{};
+            const uint64_t cells = uint64_t(l.in) * uint64_t(l.out),
+                           weight = cells <= kCpuJitWeightMaxFloats ? cells : 0,
+                           small = cells <= kCpuJitSmallWeightFloats ? cells : 0;
             WorkspaceNeeds needs{.micro_rows = l.micro_rows,
                                  .widest = uint64_t(std::max(l.in, l.out)),
-                                 .product = {uint64_t(l.in), uint64_t(l.out), uint64_t(l.in) * uint64_t(l.out)},
+                                 .product = {uint64_t(l.in), uint64_t(l.out), weight, small},
                                  .rows_met = met};
             const uint64_t plan = backend_of(DeviceType::cpu).workspace_bytes(needs);
             needs.rows_met = {l.micro_rows};

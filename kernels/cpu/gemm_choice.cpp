@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <random>
 #include <sstream>
 
@@ -86,16 +87,7 @@ std::string product_text(const ProductShape& s) {
     return text;
 }
 
-// Keyed by the kernels measured too: a machine's entries from before a kernel was added are
-// measured again, with it.
-std::string gemm_choice_cache_key(const ProductShape& s) {
-    static const std::string candidates = [] {
-        std::string names;
-        for (GemmKernel k : kGemmKernels) names += std::string(names.empty() ? "" : " ") + gemm_kernel_name(k);
-        return names;
-    }();
-    return blas_machine_key() + "|" + candidates + "|" + product_text(s);
-}
+std::string gemm_choice_cache_key(const ProductShape& s) { return blas_machine_key() + "|" + product_text(s); }
 
 namespace {
 
@@ -167,9 +159,13 @@ bool gemm_kernel_fits(GemmKernel k, const ProductShape& s) {
         case GemmKernel::jit_turned:
             return s.ta && !s.tb && size_t(s.m) * size_t(s.n) <= kCpuJitTurnedMaxCells &&
                    jit_fits(jit_turned_product(s));
-        case GemmKernel::jit_weight_turned:
-            return !s.ta && s.tb && size_t(s.n) * size_t(s.k) <= kCpuJitWeightMaxFloats &&
+        case GemmKernel::jit_weight_turned: {  // a small B at any rows; a larger one past A turned's rows
+            const size_t weight = size_t(s.n) * size_t(s.k);
+            return !s.ta && s.tb &&
+                   (weight <= kCpuJitSmallWeightFloats ||
+                    (s.m > kCpuTransposedGemmMaxRows && weight <= kCpuJitWeightMaxFloats)) &&
                    jit_gemm_multiplies(false, false, s.n, s.m, s.k, s.accumulate);
+        }
     }
     return false;
 }
@@ -177,6 +173,9 @@ bool gemm_kernel_fits(GemmKernel k, const ProductShape& s) {
 GemmKernel rules_gemm_kernel(const ProductShape& s) {
     if (jit_gemm_takes(s.ta, s.tb, s.m, s.n, s.k, s.accumulate) && gemm_kernel_fits(GemmKernel::jit, s))
         return GemmKernel::jit;
+    // measured only, except where every product the kernels fit is theirs (MIRRORED_JIT_GEMM=all)
+    if (gemm_kernel_choice() == GemmKernelChoice::all && gemm_kernel_fits(GemmKernel::jit_weight_turned, s))
+        return GemmKernel::jit_weight_turned;
     const ProductShape p = jit_turned_product(s);
     if (gemm_kernel_fits(GemmKernel::jit_turned, s) && jit_gemm_takes(p.ta, p.tb, p.m, p.n, p.k, false))
         return GemmKernel::jit_turned;
@@ -288,7 +287,8 @@ std::string cache_value(const std::vector<GemmKernelTime>& times, GemmKernel cho
 }
 
 // A cache entry as cache_value wrote it, for a kernel that multiplies this shape here and that
-// was the fastest measured: anything else (edited, truncated, a NaN) is measured again.
+// was the fastest measured: anything else (edited, truncated, a NaN) is measured again, and so is
+// an entry that lacks a kernel fitting the shape (written before that kernel was added).
 std::optional<GemmKernel> cached_choice(const ProductShape& s) {
     const auto v = cache_lookup(kCacheFile, gemm_choice_cache_key(s));
     if (!v) return std::nullopt;
@@ -296,13 +296,17 @@ std::optional<GemmKernel> cached_choice(const ProductShape& s) {
     std::string name;
     double gflops = 0, first = -1;
     std::optional<GemmKernel> chosen;
+    std::set<GemmKernel> listed;
     while (in >> name) {
         const auto k = kernel_named(name);
         if (!k || !(in >> gflops) || !std::isfinite(gflops) || gflops <= 0 || gflops > 1e7) return std::nullopt;
+        listed.insert(*k);
         if (!chosen) chosen = k, first = gflops;
-        else if (gflops > first) return std::nullopt;
+        else if (gflops > first * kClearlyFaster) return std::nullopt;  // the rules' kernel stays within it
     }
     if (!chosen || !gemm_kernel_fits(*chosen, s)) return std::nullopt;
+    for (GemmKernel k : kGemmKernels)
+        if (!listed.count(k) && gemm_kernel_fits(k, s)) return std::nullopt;
     return chosen;
 }
 

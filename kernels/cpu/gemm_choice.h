@@ -1,9 +1,10 @@
 // Which kernel multiplies each of a CPU replica's products, chosen shape by shape by measurement.
 //
-// A row-major product C[m,n] = op(A) op(B) (+ C) can run through up to four kernels: OpenBLAS as
+// A row-major product C[m,n] = op(A) op(B) (+ C) can run through up to five kernels: OpenBLAS as
 // asked; OpenBLAS on its transpose (C^T = B A^T, then C turned: B packed with the plain copy
 // instead of the transposing one); a kernel JIT-generated for the shape (kernels/cpu/jit_gemm.h);
-// and that kernel on the transpose (B^T A, then turned into C). Which is fastest depends on the
+// that kernel on the transpose (B^T A, then turned into C); and, for A B^T, that kernel with B turned
+// around (C^T = B A^T over A's rows as they lie, straight into C). Which is fastest depends on the
 // shape, the leading dimensions, the cores and their caches: rules written from sweeps on a few
 // machines missed on others (on AVX2 no result width that is a multiple of 1024, say). So the
 // first time a process meets a product's shape (mostly in a replica's first step), each kernel
@@ -60,8 +61,7 @@ struct ProductShape {
 };
 // "nt:64x512x784:784,784,512:0" (layout, m x n x k, lda, ldb, ldc, accumulate).
 std::string product_text(const ProductShape& s);
-// Its key in the machine cache of measured choices (gemm-kernels.txt): the BLAS and CPU, the
-// kernels measured, the product.
+// Its key in the machine cache of measured choices (gemm-kernels.txt): the BLAS and CPU, the product.
 std::string gemm_choice_cache_key(const ProductShape& s);
 
 // Whether kernel `k` can multiply this product at all.

@@ -111,7 +111,7 @@ long l2_bytes() {
 // kernel's one order, so the panels do not change the result.
 int panel_rows(int M, int K) {
     const long rows = (l2_bytes() / 2) / (long(K) * long(sizeof(float))) / 16 * 16;
-    return int(std::clamp<long>(rows, 16, M));
+    return int(std::min<long>(std::max<long>(rows, 16), M));  // M may be under 16
 }
 
 // Column-major C[M,N] (+)= A[M,K] B[K,N] by row panels of A and C; false where a kernel is missing.

@@ -42,8 +42,9 @@ bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, i
                         bool accumulate, float* c, int ldc);
 // Row-major C[m,n] = A B^T (plus C when accumulate) with B [n, k] (a dense layer's weights, at most
 // kCpuJitWeightMaxFloats) turned around into a per-thread scratch: then C^T = B A^T is a plain
-// kernel product over A's rows as they lie, written straight into C, whatever the rows. false,
-// touching nothing, where the kernels cannot multiply it.
+// kernel product over A's rows as they lie, written straight into C, however many rows (the
+// kernels' other way to B^T, A and C turned, is bounded by them). false, touching nothing, where
+// the kernels cannot multiply it.
 bool jit_gemm_weight_turned(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
                             float* c, int ldc);
 
