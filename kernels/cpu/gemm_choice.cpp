@@ -96,8 +96,9 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 // The per-thread scratches of the turned kernels and of the JIT kernels' transposed operands are
 // bounded so that they stay inside the CPU backend's workspace (kernels/backends.cpp): a turned
 // product of at most kCpuTransposedGemmMaxRows rows, a JIT kernel's transposed A of at most
-// kCpuJitTransposedMaxFloats, and the JIT kernel's turned product of at most kCpuJitTurnedMaxCells
-// (a first convolution's weight gradient, 32 x 9).
+// kCpuJitTransposedMaxFloats, the JIT kernel's turned product of at most kCpuJitTurnedMaxCells
+// (a first convolution's weight gradient, 32 x 9), and a weight turned for A B^T of at most
+// kCpuJitSmallWeightFloats, or kCpuJitWeightMaxFloats past kCpuTransposedGemmMaxRows rows.
 
 bool jit_fits(const ProductShape& s) {
     if (!jit_gemm_multiplies(s.ta, s.tb, s.m, s.n, s.k, s.accumulate)) return false;
