@@ -908,8 +908,16 @@ TEST_CASE("cpu dense_forward and dense_weight_grad match double reference (every
 TEST_CASE("cpu softmax_xent matches double reference: gradient, loss sum, correct count") {
     Rng rng(4);
     auto d = make_cpu_device(0);
-    for (int rep = 0; rep < 3; ++rep) {
-        const XentCase x = make_xent(rng);
+    for (int rep = 0; rep < 6; ++rep) {
+        XentCase x = make_xent(rng);
+        if (rep >= 3) {  // a vocabulary's width: many blocks of the row's vector lanes and a tail
+            x.classes = rng.integer(71, 700);
+            x.logits = rng.normal(size_t(x.rows) * x.classes, 3.0f);
+            x.labels = rng.labels(x.rows, x.classes);
+        }
+        if (rep == 5)  // ties: the first of the largest is the prediction
+            for (float& v : x.logits) v = std::round(v);
+        CAPTURE(x.classes);
         const auto got = run_xent(*d, x);
         const auto want = ref_xent(x);
         const size_t n = x.logits.size();
@@ -918,6 +926,15 @@ TEST_CASE("cpu softmax_xent matches double reference: gradient, loss sum, correc
         CHECK(std::fabs(got[n] - want[n]) / std::fabs(want[n]) < 1e-5);
         CHECK(got[n + 1] == want[n + 1]);
         CHECK(got[n + 2] == want[n + 2]);
+        // without a gradient to write (evaluation): the same loss and count, bit for bit
+        auto logits = upload(*d, x.logits);
+        auto labels = upload(*d, x.labels);
+        auto metrics = upload(*d, std::vector<double>{1.0, 2.0, 3.0, 0.0});
+        d->softmax_xent(d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, nullptr, nullptr,
+                        metrics.data());
+        const auto m = download(*d, metrics);
+        CHECK(float(m[0]) == got[n]);
+        CHECK(float(m[1]) == got[n + 1]);
     }
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/cpu/act_loops.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cpu/loop_clones.h"
@@ -64,6 +65,14 @@ CPU_LOOP_CLONES void act_backward_apart(Activation act, DType t, size_t n, const
         act, t, [&](auto A, auto T) __attribute__((always_inline)) {
             for (size_t i = 0; i < n; ++i) out[i] = round_to(T, act_backward_value(A, z[i], d[i]));
         });
+}
+
+CPU_LOOP_CLONES void column_sums(int rows, int cols, const float* __restrict dz, float* __restrict s) {
+    std::fill(s, s + cols, 0.0f);
+    for (int i = 0; i < rows; ++i) {
+        const float* __restrict row = dz + size_t(i) * cols;
+        for (int j = 0; j < cols; ++j) s[j] += row[j];
+    }
 }
 
 }  // namespace mirrored::cpu

@@ -22,4 +22,7 @@ void act_backward_in_place(Activation act, DType t, size_t n, const float* z, fl
 // out = act'(z) d, out apart from d.
 void act_backward_apart(Activation act, DType t, size_t n, const float* z, const float* d, float* out);
 
+// s[j] = the sum over the rows of dz[i][j], row by row (a bias's gradient).
+void column_sums(int rows, int cols, const float* dz, float* s);
+
 }  // namespace mirrored::cpu

@@ -282,11 +282,7 @@ public:
         const float* dz = F(dzv);
         if (column_sums_.size() < size_t(cols)) column_sums_.resize(size_t(cols));
         float* s = column_sums_.data();
-        std::fill(s, s + cols, 0.0f);
-        for (int i = 0; i < rows; ++i) {
-            const float* row = dz + size_t(i) * cols;
-            for (int j = 0; j < cols; ++j) s[j] += row[j];
-        }
+        cpu::column_sums(rows, cols, dz, s);
         for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + s[j] : s[j];
     }
 
@@ -296,24 +292,11 @@ public:
         const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f);
         double loss_sum = 0.0, correct = 0.0;
         for (int i = 0; i < rows; ++i) {
-            const float* z = F(logits) + size_t(i) * classes;
-            int arg = 0;
-            for (int j = 1; j < classes; ++j)
-                if (z[j] > z[arg]) arg = j;
-            const float mx = z[arg];
-            float sum = 0.0f;
-            for (int j = 0; j < classes; ++j) sum += std::exp(z[j] - mx);
             const int y = labels[i];
-            // classes >= 1, so the argmax's own term makes sum >= 1
-            // cppcheck-suppress invalidFunctionArg
-            loss_sum += double(std::log(sum) + mx - z[y]);
+            int arg = 0;
+            float* d = dlogits ? F(dlogits) + size_t(i) * classes : nullptr;
+            loss_sum += double(cpu::softmax_xent_row(t, classes, y, gs, F(logits) + size_t(i) * classes, d, &arg));
             correct += arg == y ? 1.0 : 0.0;
-            if (dlogits) {
-                float* d = F(dlogits) + size_t(i) * classes;
-                const float inv = 1.0f / sum;
-                for (int j = 0; j < classes; ++j)
-                    d[j] = round_to(t, (std::exp(z[j] - mx) * inv - (j == y ? 1.0f : 0.0f)) * gs);
-            }
         }
         metrics[kMetricLossSum] += loss_sum;
         metrics[kMetricCorrect] += correct;

@@ -1,6 +1,7 @@
 #include "kernels/cpu/row_loops.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/op_math.h"
@@ -61,6 +62,40 @@ CPU_LOOP_CLONES void causal_softmax_backward_row(DType dt, int keep, int t, floa
             for (int j = 0; j < keep; ++j) ds[j] = round_to(T, scale * p[j] * (dp[j] - dot));
             for (int j = keep; j < t; ++j) ds[j] = 0.0f;
         });
+}
+
+CPU_LOOP_CLONES float softmax_xent_row(DType dt, int classes, int y, float gs, const float* __restrict z,
+                                       float* __restrict d, int* argmax) {
+    float loss = 0.0f;
+    with_storage_type(
+        dt, [&](auto T) __attribute__((always_inline)) {
+            float m[kLanes];
+            std::fill(m, m + kLanes, z[0]);
+            for_lanes(
+                classes, [&](int j, int l) __attribute__((always_inline)) { m[l] = m[l] < z[j] ? z[j] : m[l]; });
+            float mx = m[0];
+            for (int l = 1; l < kLanes; ++l) mx = mx < m[l] ? m[l] : mx;
+            int arg = 0;  // the first index of the largest, as a running argmax finds it
+            while (arg < classes && !(z[arg] == mx)) ++arg;
+            *argmax = arg < classes ? arg : 0;  // NaN logits: no index equals the maximum
+            float s[kLanes] = {};
+            if (d) {
+                for (int j = 0; j < classes; ++j) d[j] = exp_poly(z[j] - mx);
+                for_lanes(
+                    classes, [&](int j, int l) __attribute__((always_inline)) { s[l] += d[j]; });
+            } else {
+                for_lanes(
+                    classes, [&](int j, int l) __attribute__((always_inline)) { s[l] += exp_poly(z[j] - mx); });
+            }
+            const float sum = lanes_sum(s);  // >= 1: the maximum's own term is 1
+            // cppcheck-suppress invalidFunctionArg
+            loss = std::log(sum) + mx - z[y];
+            if (!d) return;
+            const float inv = 1.0f / sum, e_y = d[y];
+            for (int j = 0; j < classes; ++j) d[j] = round_to(T, d[j] * inv * gs);
+            d[y] = round_to(T, (e_y * inv - 1.0f) * gs);
+        });
+    return loss;
 }
 
 CPU_LOOP_CLONES void layernorm_forward_row(DType dt, int c, float eps, const float* __restrict x,
