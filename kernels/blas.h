@@ -53,7 +53,8 @@ std::string blas_machine_key();
 // kernel that can multiply it timed for about `seconds` (kernels/cpu/gemm_choice.h), the fastest
 // of them, and the one the static rules would run.
 struct GemmKernelRate {
-    std::string kernel;  // "openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned"
+    std::string kernel;  // "openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned",
+                         // "jit-k-blocked"
     double gflops = 0;
 };
 struct GemmSweepPoint {

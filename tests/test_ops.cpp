@@ -724,7 +724,9 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
                                                                   {false, false, 50, 33, 17, true},
                                                                   {true, true, 9, 11, 13, false},
                                                                   {false, true, 1, 27, 9, false},
-                                                                  {false, true, 200, 64, 3000, true}}) {
+                                                                  {false, true, 200, 64, 3000, true},
+                                                                  {true, false, 300, 70, 1000, false},
+                                                                  {true, false, 384, 128, 2048, true}}) {
         const PaddedProduct p(rng, s);
         INFO(product_text(p.shape));
         CHECK(gemm_kernel_fits(GemmKernel::openblas, p.shape));
@@ -743,7 +745,7 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
     }
     // OpenBLAS as asked fits every product, turned the two with B transposed, nothing added and at
     // most 128 rows; the JIT kernels, where they are, most
-    CHECK(ran[GemmKernel::openblas] == 11);
+    CHECK(ran[GemmKernel::openblas] == 13);
     CHECK(ran[GemmKernel::openblas_turned] == 2);
     if (!jit_gemm_description().empty()) {
         CHECK(ran[GemmKernel::jit] >= 6);
@@ -751,6 +753,11 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
         // the products with B transposed: over 128 rows, or a small B; added to C or not; the weight
         // in row panels
         CHECK(ran[GemmKernel::jit_weight_turned] == 5);
+        // A^T B over more rows than the transposing scratch holds at once: in blocks of rows, a
+        // shorter last one (1000 = 2 x 432 + 136; 2048 = 6 x 336 + 32)
+        CHECK(ran[GemmKernel::jit_k_blocked] == 2);
+        CHECK(jit_gemm_k_block(300, 1000) == 432);
+        CHECK(jit_gemm_k_block(384, 2048) == 336);
     }
     CHECK(gemm_kernel_fits(GemmKernel::openblas_turned, {false, true, 64, 300, 40, 40, 40, 300, false}));
     CHECK_FALSE(gemm_kernel_fits(GemmKernel::openblas_turned, {false, true, 64, 300, 40, 40, 40, 300, true}));
@@ -759,11 +766,15 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
             CHECK_FALSE(gemm_kernel_fits(k, {true, false, 32, 9, 1500, 32, 9, 9, false}));
         CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 200, 64, 40, 40, 40, 64, false}));
         CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 20, 64, 40, 40, 40, 64, false}));
+        CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit_k_blocked, {true, false, 300, 70, 1000, 300, 70, 70, false}));
     } else {
         CHECK(gemm_kernel_fits(GemmKernel::jit, {false, false, 64, 300, 100, 100, 300, 300, false}));
         // A^T too large to transpose into the scratch, B^T not, C small: only turned
         CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit, {true, false, 32, 9, 14112, 32, 9, 9, false}));
         CHECK(gemm_kernel_fits(GemmKernel::jit_turned, {true, false, 32, 9, 14112, 32, 9, 9, false}));
+        // ... and in blocks of rows; where A^T fits whole the JIT kernel takes it at once
+        CHECK(gemm_kernel_fits(GemmKernel::jit_k_blocked, {true, false, 32, 9, 14112, 32, 9, 9, false}));
+        CHECK_FALSE(gemm_kernel_fits(GemmKernel::jit_k_blocked, {true, false, 32, 9, 1500, 32, 9, 9, false}));
         // B turned into the scratch: a small one at any rows, a larger one over 128 rows (under them A
         // and C are turned), within the scratch
         CHECK(gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 20, 64, 40, 40, 40, 64, false}));

@@ -76,6 +76,8 @@ const char* gemm_kernel_name(GemmKernel k) {
             return "jit-turned";
         case GemmKernel::jit_weight_turned:
             return "jit-weight-turned";
+        case GemmKernel::jit_k_blocked:
+            return "jit-k-blocked";
     }
     return "?";
 }
@@ -167,6 +169,10 @@ bool gemm_kernel_fits(GemmKernel k, const ProductShape& s) {
                     (s.m > kCpuTransposedGemmMaxRows && weight <= kCpuJitWeightMaxFloats)) &&
                    jit_gemm_multiplies(false, false, s.n, s.m, s.k, s.accumulate);
         }
+        case GemmKernel::jit_k_blocked:  // A^T B where A^T whole is past the transposing scratch
+            return s.ta && !s.tb && double(s.m) * double(s.k) > double(kCpuJitTransposedMaxFloats) &&
+                   jit_gemm_k_block(s.m, s.k) > 0 &&
+                   jit_gemm_multiplies(true, false, s.m, s.n, jit_gemm_k_block(s.m, s.k), true);
     }
     return false;
 }
@@ -177,6 +183,8 @@ GemmKernel rules_gemm_kernel(const ProductShape& s) {
     // measured only, except where every product the kernels fit is theirs (MIRRORED_JIT_GEMM=all)
     if (gemm_kernel_choice() == GemmKernelChoice::all && gemm_kernel_fits(GemmKernel::jit_weight_turned, s))
         return GemmKernel::jit_weight_turned;
+    if (gemm_kernel_choice() == GemmKernelChoice::all && gemm_kernel_fits(GemmKernel::jit_k_blocked, s))
+        return GemmKernel::jit_k_blocked;
     const ProductShape p = jit_turned_product(s);
     if (gemm_kernel_fits(GemmKernel::jit_turned, s) && jit_gemm_takes(p.ta, p.tb, p.m, p.n, p.k, false))
         return GemmKernel::jit_turned;
@@ -203,6 +211,8 @@ bool run_fitting_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a
             return jit_turned(s, a, b, c);
         case GemmKernel::jit_weight_turned:
             return jit_gemm_weight_turned(s.m, s.n, s.k, a, s.lda, b, s.ldb, s.accumulate, c, s.ldc);
+        case GemmKernel::jit_k_blocked:
+            return jit_gemm_k_blocked(s.m, s.n, s.k, a, s.lda, b, s.ldb, s.accumulate, c, s.ldc);
     }
     return false;
 }

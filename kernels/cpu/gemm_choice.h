@@ -46,10 +46,11 @@ struct GemmKernelChoiceName {
 std::span<const GemmKernelChoiceName> gemm_kernel_choice_names();
 const GemmKernelChoiceName& gemm_kernel_choice_name(GemmKernelChoice c);
 
-enum class GemmKernel : uint8_t { openblas, openblas_turned, jit, jit_turned, jit_weight_turned };
-constexpr GemmKernel kGemmKernels[] = {GemmKernel::openblas, GemmKernel::openblas_turned, GemmKernel::jit,
-                                       GemmKernel::jit_turned, GemmKernel::jit_weight_turned};
-// "openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned"
+enum class GemmKernel : uint8_t { openblas, openblas_turned, jit, jit_turned, jit_weight_turned, jit_k_blocked };
+constexpr GemmKernel kGemmKernels[] = {
+    GemmKernel::openblas,   GemmKernel::openblas_turned,   GemmKernel::jit,
+    GemmKernel::jit_turned, GemmKernel::jit_weight_turned, GemmKernel::jit_k_blocked};
+// "openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned", "jit-k-blocked"
 const char* gemm_kernel_name(GemmKernel k);
 
 // A product as the choice knows it: layout, size, leading dimensions, and whether C is added to.

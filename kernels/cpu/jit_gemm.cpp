@@ -132,6 +132,10 @@ bool multiply(int M, int N, int K, const float* A, int lda, const float* B, int 
 // A per-thread scratch that grows once (no allocation after a replica's first step).
 float* scratch(std::vector<float>& s, size_t floats) { return grow_scratch(s, floats); }
 
+// The per-thread scratch of a transposed operand, one for jit_gemm_any_shape and jit_gemm_k_blocked
+// (the memory plan counts one: kernels/backends.cpp).
+thread_local std::vector<float> transposed_operand;
+
 // Batch-reduce kernels: column-major C[m, n] (+)= sum over i of A_i[m, k] B_i[k, n], the sums
 // held in registers across the batch. A convolution is such a sum over its window positions (or
 // over output rows, for the weight gradient), read in place from the images. libxsmm 1.17's
@@ -379,18 +383,18 @@ bool jit_gemm_multiplies(bool ta, bool tb, int m, int n, int k, bool accumulate)
 bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
                         bool accumulate, float* c, int ldc) {
     if (!kernels_multiply(ta, tb, m, n, k, accumulate)) return false;
-    thread_local std::vector<float> operand, product;
+    thread_local std::vector<float> product;
     // Row-major X[r,c] is column-major X^T[c,r] with the same leading dimension; in those terms
     // C^T[n,m] = op(B)^T[n,k] op(A)^T[k,m].
     if (!ta && !tb) return multiply(n, m, k, b, ldb, a, lda, accumulate, c, ldc);
     if (ta) {  // A^T[k,m] is A's rows [k,m] transposed: A is the small operand (a layer's gradient)
-        float* at = scratch(operand, size_t(m) * size_t(k));
+        float* at = scratch(transposed_operand, size_t(m) * size_t(k));
         cblas_somatcopy(CblasRowMajor, CblasTrans, k, m, 1.0f, a, lda, at, k);
         return multiply(n, m, k, b, ldb, at, k, accumulate, c, ldc);
     }
     // B transposed (a Dense forward, B the weights [n,k]): column-major P[m,n] = A'[m,k] B'[k,n]
     // with A' = A transposed (the replica's rows) and B' = B as it lies, then C = P^T.
-    float* at = scratch(operand, size_t(m) * size_t(k));
+    float* at = scratch(transposed_operand, size_t(m) * size_t(k));
     float* p = scratch(product, size_t(m) * size_t(n));
     cblas_somatcopy(CblasRowMajor, CblasTrans, m, k, 1.0f, a, lda, at, m);
     if (!multiply(m, n, k, at, m, b, ldb, false, p, m)) return false;
@@ -410,6 +414,33 @@ bool jit_gemm_weight_turned(int m, int n, int k, const float* a, int lda, const 
     return multiply(n, m, k, bt, n, a, lda, accumulate, c, ldc);
 }
 
+int jit_gemm_k_block(int m, int k) {
+    if (m <= 0 || k <= 0) return 0;
+    const int block = int(std::min<size_t>(size_t(k), kCpuJitTransposedMaxFloats / size_t(m)));
+    return block >= k ? k : block / 16 * 16;  // whole blocks of 16 rows: the kernels' best k
+}
+
+bool jit_gemm_k_blocked(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
+                        float* c, int ldc) {
+    const int block = jit_gemm_k_block(m, k);
+    if (block <= 0 || !kernels_multiply(true, false, m, n, block, true)) return false;
+    float* at = scratch(transposed_operand, size_t(m) * size_t(block));
+    for (int k0 = 0; k0 < k; k0 += block) {
+        const int kb = std::min(block, k - k0);
+        const float* a0 = a + size_t(k0) * size_t(lda);
+        const float* b0 = b + size_t(k0) * size_t(ldb);
+        const bool add = accumulate || k0 > 0;
+        cblas_somatcopy(CblasRowMajor, CblasTrans, kb, m, 1.0f, a0, lda, at, kb);
+        if (!multiply(n, m, kb, b0, ldb, at, kb, add, c, ldc)) {
+            if (k0 == 0) return false;  // nothing touched yet: the caller runs OpenBLAS
+            // a later block's kernel could not be made (a tail's shape): the rest by OpenBLAS, onto C
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k - k0, 1.0f, a0, lda, b0, ldb, 1.0f, c, ldc);
+            return true;
+        }
+    }
+    return true;
+}
+
 #else  // built without libxsmm
 
 std::string jit_gemm_description() { return ""; }
@@ -420,6 +451,8 @@ bool jit_gemm_any_shape(bool, bool, int, int, int, const float*, int, const floa
     return false;
 }
 bool jit_gemm_weight_turned(int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
+int jit_gemm_k_block(int, int) { return 0; }
+bool jit_gemm_k_blocked(int, int, int, const float*, int, const float*, int, bool, float*, int) { return false; }
 bool jit_conv_forward(const Window2d&, const float*, const float*, int, float*) { return false; }
 bool jit_conv_weight_grad(const Window2d&, const float*, const float*, int, float*) { return false; }
 bool jit_conv_input_grad(const Window2d&, const float*, const float*, int, float*) { return false; }

@@ -48,6 +48,17 @@ bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, i
 bool jit_gemm_weight_turned(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
                             float* c, int ldc);
 
+// Row-major C[m,n] = A^T B (plus C when accumulate), A [k, m], over k too long for the transposing
+// scratch of jit_gemm_any_shape (a weight gradient over thousands of rows): in blocks of
+// jit_gemm_k_block(m, k) rows, each A block transposed into the scratch and its product added
+// onto C, so each element sums over k block by block. false, touching nothing, where the kernels
+// cannot multiply it.
+bool jit_gemm_k_blocked(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
+                        float* c, int ldc);
+// Its block of rows: as many as fill kCpuJitTransposedMaxFloats with m columns, in whole 16s; 0
+// where m leaves fewer than 16.
+int jit_gemm_k_block(int m, int k);
+
 // A convolution's forward product without im2col columns (Device::conv_forward): y[n*oh*ow, F] =
 // the windows of x (NHWC) times wt[kh, kw, c, F]. Each output row of an image is one
 // batch-reduce kernel over the kh x kw window positions - per position a [ow, c] x [c, F]

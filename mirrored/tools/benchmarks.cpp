@@ -228,7 +228,7 @@ int sweep_gemm(const GemmBenchOptions& o) {
     std::printf("OpenBLAS's large sgemm (2048^3, nn): %.1f GFLOP/s (%.0f%% of peak)\n\n", large_gflops,
                 100 * large_gflops / peak);
     std::fflush(stdout);
-    const char* kernels[] = {"openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned"};
+    const char* kernels[] = {"openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned", "jit-k-blocked"};
     std::printf("%3s %6s %6s %6s", "ops", "m", "n", "k");
     for (const char* k : kernels) std::printf(" %17s", k);
     std::printf("  %-17s %-17s %7s\n", "fastest", "rules' pick", "of peak");
