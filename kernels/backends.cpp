@@ -88,8 +88,9 @@ std::vector<StagedPair> no_peers(const std::vector<int>&) { return {}; }
 // The CPU backend's per-thread scratches (kernels/cpu/scratch.h), each grown to its largest use,
 // by every kernel that may be measured on a product (kernels/cpu/gemm_choice.cpp):
 // - the JIT kernels' transposed operand: A [rows, in] of a product with B transposed, at most
-//   kCpuTransposedGemmMaxRows rows, or A^T of a weight gradient, at most all the rows by the
-//   widest weight row and kCpuJitTransposedMaxFloats (one scratch serves both);
+//   kCpuTransposedGemmMaxRows rows, or A^T of a weight gradient (at most all the rows by the
+//   widest weight row) or of attention's products (positions by positions), at most
+//   kCpuJitTransposedMaxFloats (one scratch serves them all);
 // - two products of B transposed, turned around (the JIT kernel's and OpenBLAS's), each at most
 //   kCpuTransposedGemmMaxRows rows by the widest outputs;
 // - the JIT kernel's turned weight gradient, at most kCpuJitTurnedMaxCells;
@@ -114,7 +115,8 @@ uint64_t cpu_workspace(const WorkspaceNeeds& n) {
     }
     const uint64_t weight_row = std::max(n.product.in, n.product.out);
     const uint64_t operand =
-        std::max(turned_rows * n.product.in, std::min<uint64_t>(rows * weight_row, kCpuJitTransposedMaxFloats));
+        std::max(turned_rows * n.product.in,
+                 std::min<uint64_t>(std::max(rows * weight_row, positions * positions), kCpuJitTransposedMaxFloats));
     const uint64_t turned_gradient = std::min<uint64_t>(n.product.in * n.product.out, kCpuJitTurnedMaxCells);
     const uint64_t cap = kCpuTransposedGemmMaxRows;
     const bool many_rows = rows > cap || positions > cap || n.convolutions;  // a convolution's: blocks of pixels

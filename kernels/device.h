@@ -347,8 +347,8 @@ public:
     static bool fusable_dense_weight_grad(bool bias, bool accumulate) { return bias && !accumulate; }
     // Fused softmax + cross-entropy over logits[rows,classes] with int labels, in f32.
     // dlogits = (softmax - onehot) * grad_scale * (*loss_scale) (skipped when dlogits is null;
-    // loss_scale, device memory, may be null); metrics[kMetricLossSum] += sum of per-row losses,
-    // [kMetricCorrect] += correct argmax, [kMetricCount] += rows.
+    // loss_scale, device memory, may be null; dlogits apart from logits); metrics[kMetricLossSum]
+    // += sum of per-row losses, [kMetricCorrect] += correct argmax, [kMetricCount] += rows.
     virtual void softmax_xent(Stream s, int rows, int classes, const void* logits, const int32_t* labels,
                               float grad_scale, const float* loss_scale, void* dlogits, double* metrics) = 0;
     // A loss of logits[rows, n] against float targets[rows, n], element by element (mse: (z - t)^2,

@@ -1619,29 +1619,34 @@ TEST_CASE("CPU workspace plan bounds the scratch of every kernel on a dense laye
 // attention's per-head products have one sample's positions as rows.
 TEST_CASE("CPU workspace plan of a model bounds every kernel's scratch on its products") {
     Rng rng(6);
-    const int t = 16, dim = 32, heads = 2, micro = 2;
-    const Model m({t},
-                  {make_layer_spec("embedding", {{"vocab", "40"}, {"dim", std::to_string(dim)}}),
-                   make_layer_spec("transformer_block", {{"heads", std::to_string(heads)}}), make_layer_spec("flatten"),
-                   make_layer_spec("dense", {{"units", "5"}})},
-                  3);
-    CHECK(m.sequence_positions() == t);
-    std::vector<ProductCase> products;
-    for (const TensorInfo& w : m.tensors())
-        if (w.trainable && w.shape.size() == 2 && w.name.find("wte") == std::string::npos) {
-            const bool head = w.shape[1] == t * dim;  // the dense head after flatten: a row per sample
-            add_weight_products(products, head ? micro : micro * t, w.shape[0], w.shape[1]);
-        }
-    const int hd = dim / heads;  // scores Q K^T, then (scores) V, and their gradients
-    products.push_back({false, true, t, t, hd, false});
-    products.push_back({false, false, t, hd, t, false});
-    products.push_back({true, false, t, hd, t, false});
-    products.push_back({true, false, t, t, hd, false});
-    const StrategyConfig sc;
-    const uint64_t plan = plan_memory(m, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, micro, micro, false,
-                                      sizeof(int32_t), nullptr, {micro})
-                              .workspace;
-    const uint64_t grown = scratch_of_every_kernel(rng, products);
-    CHECK(grown > 0);
-    CHECK(grown <= plan);
+    // a short context, and one whose attention products (positions by positions) outgrow its
+    // rows by the widest weight
+    for (const auto& [t, micro] : {std::pair{16, 2}, std::pair{512, 1}}) {
+        CAPTURE(t);
+        const int dim = 32, heads = 2;
+        const Model m({t},
+                      {make_layer_spec("embedding", {{"vocab", "40"}, {"dim", std::to_string(dim)}}),
+                       make_layer_spec("transformer_block", {{"heads", std::to_string(heads)}}),
+                       make_layer_spec("flatten"), make_layer_spec("dense", {{"units", "5"}})},
+                      3);
+        CHECK(m.sequence_positions() == t);
+        std::vector<ProductCase> products;
+        for (const TensorInfo& w : m.tensors())
+            if (w.trainable && w.shape.size() == 2 && w.name.find("wte") == std::string::npos) {
+                const bool head = w.shape[1] == t * dim;  // the dense head after flatten: a row per sample
+                add_weight_products(products, head ? micro : micro * t, w.shape[0], w.shape[1]);
+            }
+        const int hd = dim / heads;  // scores Q K^T, then (scores) V, and their gradients
+        products.push_back({false, true, t, t, hd, false});
+        products.push_back({false, false, t, hd, t, false});
+        products.push_back({true, false, t, hd, t, false});
+        products.push_back({true, false, t, t, hd, false});
+        const StrategyConfig sc;
+        const uint64_t plan = plan_memory(m, OptimizerConfig{}, sc, backend_of(DeviceType::cpu), 1, micro, micro, false,
+                                          sizeof(int32_t), nullptr, {micro})
+                                  .workspace;
+        const uint64_t grown = scratch_of_every_kernel(rng, products);
+        CHECK(grown > 0);
+        CHECK(grown <= plan);
+    }
 }

@@ -183,11 +183,11 @@ GemmKernel rules_gemm_kernel(const ProductShape& s) {
     // measured only, except where every product the kernels fit is theirs (MIRRORED_JIT_GEMM=all)
     if (gemm_kernel_choice() == GemmKernelChoice::all && gemm_kernel_fits(GemmKernel::jit_weight_turned, s))
         return GemmKernel::jit_weight_turned;
-    if (gemm_kernel_choice() == GemmKernelChoice::all && gemm_kernel_fits(GemmKernel::jit_k_blocked, s))
-        return GemmKernel::jit_k_blocked;
     const ProductShape p = jit_turned_product(s);
     if (gemm_kernel_fits(GemmKernel::jit_turned, s) && jit_gemm_takes(p.ta, p.tb, p.m, p.n, p.k, false))
         return GemmKernel::jit_turned;
+    if (gemm_kernel_choice() == GemmKernelChoice::all && gemm_kernel_fits(GemmKernel::jit_k_blocked, s))
+        return GemmKernel::jit_k_blocked;
     if (gemm_kernel_fits(GemmKernel::openblas_turned, s) && openblas_turned_pays(s.m, s.n, s.k))
         return GemmKernel::openblas_turned;
     return GemmKernel::openblas;

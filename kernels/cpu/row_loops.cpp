@@ -29,18 +29,24 @@ template <typename V>
     return (a + c) + (b + d);
 }
 
+// The largest of x[0, n), n >= 1, in eight lanes (a NaN is kept only where x[0] is one).
+[[gnu::always_inline]] inline float row_max(int n, const float* __restrict x) {
+    float m[kLanes];
+    std::fill(m, m + kLanes, x[0]);
+    for_lanes(
+        n, [&](int j, int l) __attribute__((always_inline)) { m[l] = m[l] < x[j] ? x[j] : m[l]; });
+    float mx = m[0];
+    for (int l = 1; l < kLanes; ++l) mx = mx < m[l] ? m[l] : mx;
+    return mx;
+}
+
 }  // namespace
 
 CPU_LOOP_CLONES void causal_softmax_row(DType dt, int keep, int t, float scale, const float* __restrict z,
                                         float* __restrict p) {
     with_storage_type(
         dt, [&](auto T) __attribute__((always_inline)) {
-            float m[kLanes];
-            std::fill(m, m + kLanes, z[0]);
-            for_lanes(
-                keep, [&](int j, int l) __attribute__((always_inline)) { m[l] = m[l] < z[j] ? z[j] : m[l]; });
-            float mx = m[0];
-            for (int l = 1; l < kLanes; ++l) mx = mx < m[l] ? m[l] : mx;
+            const float mx = row_max(keep, z);
             for (int j = 0; j < keep; ++j) p[j] = exp_poly(scale * (z[j] - mx));
             float s[kLanes] = {};
             for_lanes(
@@ -69,12 +75,7 @@ CPU_LOOP_CLONES float softmax_xent_row(DType dt, int classes, int y, float gs, c
     float loss = 0.0f;
     with_storage_type(
         dt, [&](auto T) __attribute__((always_inline)) {
-            float m[kLanes];
-            std::fill(m, m + kLanes, z[0]);
-            for_lanes(
-                classes, [&](int j, int l) __attribute__((always_inline)) { m[l] = m[l] < z[j] ? z[j] : m[l]; });
-            float mx = m[0];
-            for (int l = 1; l < kLanes; ++l) mx = mx < m[l] ? m[l] : mx;
+            const float mx = row_max(classes, z);
             int arg = 0;  // the first index of the largest, as a running argmax finds it
             while (arg < classes && !(z[arg] == mx)) ++arg;
             *argmax = arg < classes ? arg : 0;  // NaN logits: no index equals the maximum

@@ -15,7 +15,8 @@ void causal_softmax_row(DType dt, int keep, int t, float scale, const float* z, 
 // ds[0, keep) = scale p (dp - sum p dp), ds[keep, t) = 0.
 void causal_softmax_backward_row(DType dt, int keep, int t, float scale, const float* p, const float* dp, float* ds);
 // One row of softmax cross-entropy against class y: returns log(sum exp(z - max)) + max - z[y];
-// *argmax = the first index of the largest logit; d (skipped when null) = (softmax(z) - onehot(y)) gs.
+// *argmax = the first index of the largest logit; d (skipped when null; apart from z) =
+// (softmax(z) - onehot(y)) gs.
 float softmax_xent_row(DType dt, int classes, int y, float gs, const float* z, float* d, int* argmax);
 // y = gamma (x - mean) rstd + beta over c channels; mean and rstd of the row (double sums).
 void layernorm_forward_row(DType dt, int c, float eps, const float* x, const float* gamma, const float* beta, float* y,
