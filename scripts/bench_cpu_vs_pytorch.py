@@ -26,8 +26,9 @@ torch.compile is used where the torch has it (1.13 has not). Rows are in tokens/
   PyTorch    one process with 1 and with 2 threads (OpenMP threads sleep when idle:
              OMP_WAIT_POLICY=passive, as a careful user sets it), and DistributedDataParallel
              with gloo, 2 processes x 1 thread (64 rows each); glibc's malloc told to keep
-             freed memory (TORCH_MALLOC below), as PyTorch's CPU tuning guide advises an
-             allocator that reuses it: each step's fresh tensors otherwise fault their pages in
+             freed memory (TORCH_MALLOC below; BENCH_TORCH_MALLOC=default for glibc's own), as
+             PyTorch's CPU tuning guide advises an allocator that reuses it: each step's fresh
+             tensors otherwise fault their pages in
 
 PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, read from `mirrored
 devices`), so the comparison is kernel for kernel; --also-env-kernel adds PyTorch on whatever
@@ -57,12 +58,20 @@ TOKENS = os.path.join(ROOT, "runs", "data", "python-stdlib")  # configs/python_g
 GPT = {"vocab": 256, "dim": 128, "context": 128, "layers": 4, "heads": 4, "batch": 32}  # configs/python_gpt.yaml
 
 
-# PyTorch's processes: glibc's malloc keeps what PyTorch frees (mmap only past 32 MiB, no trimming,
-# a 256 MiB top pad) instead of returning it to the system each step. Where page faults are dear
-# (the 2-vCPU VMs: torch.sqrt into a fresh 16 MiB tensor 13.7 ms, into a reused one 0.9) this makes
-# PyTorch's AdamW steps up to 4x faster. mirrored allocates nothing in a step and is unaffected.
-TORCH_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "4294967296",
-                "MALLOC_TOP_PAD_": "268435456"}
+# PyTorch's processes: glibc's malloc keeps what PyTorch frees (no mmap, however large the block;
+# no trimming; a 256 MiB top pad) instead of returning it to the system each step. Where page
+# faults are dear (the 2-vCPU VMs: torch.sqrt into a fresh 16 MiB tensor 13.7 ms, into a reused
+# one 0.9) this makes PyTorch's AdamW steps up to 4x faster. mirrored allocates nothing in a step
+# and is unaffected. A MALLOC_* variable already set wins; BENCH_TORCH_MALLOC=default sets none.
+TORCH_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_MMAP_THRESHOLD_": "33554432",
+                "MALLOC_TRIM_THRESHOLD_": "4294967296", "MALLOC_TOP_PAD_": "268435456"}
+
+
+def torch_malloc(env):
+    """The TORCH_MALLOC settings the environment does not already make."""
+    if env.get("BENCH_TORCH_MALLOC") == "default":
+        return {}
+    return {k: v for k, v in TORCH_MALLOC.items() if k not in env}
 
 
 def lr_at(step, total, base=0.05, warmup=200):
@@ -294,7 +303,7 @@ def run_torch(kind, steps, warmup, env, peer_script=None, model="mlp"):
         args = [sys.executable, peer_script, "--threads", str(threads), "--steps", str(steps), "--warmup", str(warmup)]
         if world > 1:
             args += ["--ddp", str(world)]
-        e = dict(env, OMP_WAIT_POLICY="passive", OPENBLAS_NUM_THREADS=str(threads), **TORCH_MALLOC)
+        e = dict(env, OMP_WAIT_POLICY="passive", OPENBLAS_NUM_THREADS=str(threads), **torch_malloc(env))
         out = subprocess.run(args, env=e, check=True, capture_output=True, text=True).stdout
         return json.loads(out.strip().splitlines()[-1])["samples_per_sec"]
     with tempfile.TemporaryDirectory() as d:
@@ -306,7 +315,7 @@ def run_torch(kind, steps, warmup, env, peer_script=None, model="mlp"):
                     os.path.dirname(os.path.abspath(__file__)), world, world, threads, steps, warmup, out, free_port(),
                     model, world, threads, steps, warmup, out, model)
         e = dict(env, OMP_WAIT_POLICY="passive", OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-                 MKL_NUM_THREADS=str(threads), **TORCH_MALLOC)
+                 MKL_NUM_THREADS=str(threads), **torch_malloc(env))
         subprocess.run([sys.executable, "-c", code], env=e, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(out) as f:
             return json.load(f)["samples_per_sec"]

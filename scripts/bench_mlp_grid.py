@@ -11,7 +11,8 @@ after a warm-up, on data already in memory, about --seconds per measurement.
              rules (=rules)
   PyTorch    one process with 2 threads (OMP_WAIT_POLICY=passive) and DistributedDataParallel
              with gloo, 2 processes x 1 thread; the faster is PyTorch's best; glibc's malloc
-             keeps freed memory (bench_cpu_vs_pytorch.TORCH_MALLOC)
+             keeps freed memory (bench_cpu_vs_pytorch.TORCH_MALLOC; BENCH_TORCH_MALLOC=default
+             for glibc's own)
 
 PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, from `mirrored devices`).
 Prints each row's samples/s, the ratio to PyTorch's best, mirrored's GFLOP/s per core against the
@@ -141,7 +142,7 @@ def run_torch(row, steps, warmup, world, threads, env):
                     os.path.dirname(os.path.abspath(__file__)), world, world, threads, tuple(row), steps, warmup, out,
                     pair.free_port(), world, threads, tuple(row), steps, warmup, out)
         e = dict(env, OMP_WAIT_POLICY="passive", OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-                 MKL_NUM_THREADS=str(threads), **pair.TORCH_MALLOC)
+                 MKL_NUM_THREADS=str(threads), **pair.torch_malloc(env))
         subprocess.run([sys.executable, "-c", code], env=e, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         with open(out) as f:
