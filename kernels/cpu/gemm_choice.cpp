@@ -169,10 +169,11 @@ bool gemm_kernel_fits(GemmKernel k, const ProductShape& s) {
                     (s.m > kCpuTransposedGemmMaxRows && weight <= kCpuJitWeightMaxFloats)) &&
                    jit_gemm_multiplies(false, false, s.n, s.m, s.k, s.accumulate);
         }
-        case GemmKernel::jit_k_blocked:  // A^T B where A^T whole is past the transposing scratch
-            return s.ta && !s.tb && double(s.m) * double(s.k) > double(kCpuJitTransposedMaxFloats) &&
-                   jit_gemm_k_block(s.m, s.k) > 0 &&
-                   jit_gemm_multiplies(true, false, s.m, s.n, jit_gemm_k_block(s.m, s.k), true);
+        case GemmKernel::jit_k_blocked: {  // A^T B where A^T whole is past the transposing scratch
+            const int block = jit_gemm_k_block(s.m, s.k);
+            return s.ta && !s.tb && double(s.m) * double(s.k) > double(kCpuJitTransposedMaxFloats) && block > 0 &&
+                   jit_gemm_multiplies(true, false, s.m, s.n, block, true);
+        }
     }
     return false;
 }

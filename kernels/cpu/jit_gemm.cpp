@@ -387,11 +387,9 @@ bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, i
     // Row-major X[r,c] is column-major X^T[c,r] with the same leading dimension; in those terms
     // C^T[n,m] = op(B)^T[n,k] op(A)^T[k,m].
     if (!ta && !tb) return multiply(n, m, k, b, ldb, a, lda, accumulate, c, ldc);
-    if (ta) {  // A^T[k,m] is A's rows [k,m] transposed: A is the small operand (a layer's gradient)
-        float* at = scratch(transposed_operand, size_t(m) * size_t(k));
-        cblas_somatcopy(CblasRowMajor, CblasTrans, k, m, 1.0f, a, lda, at, k);
-        return multiply(n, m, k, b, ldb, at, k, accumulate, c, ldc);
-    }
+    // A^T[k,m] is A's rows [k,m] transposed: A is the small operand (a layer's gradient); one block
+    // where A^T fits the scratch whole
+    if (ta) return jit_gemm_k_blocked(m, n, k, a, lda, b, ldb, accumulate, c, ldc);
     // B transposed (a Dense forward, B the weights [n,k]): column-major P[m,n] = A'[m,k] B'[k,n]
     // with A' = A transposed (the replica's rows) and B' = B as it lies, then C = P^T.
     float* at = scratch(transposed_operand, size_t(m) * size_t(k));

@@ -48,10 +48,10 @@ bool jit_gemm_any_shape(bool ta, bool tb, int m, int n, int k, const float* a, i
 bool jit_gemm_weight_turned(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
                             float* c, int ldc);
 
-// Row-major C[m,n] = A^T B (plus C when accumulate), A [k, m], over k too long for the transposing
-// scratch of jit_gemm_any_shape (a weight gradient over thousands of rows): in blocks of
-// jit_gemm_k_block(m, k) rows, each A block transposed into the scratch and its product added
-// onto C, so each element sums over k block by block. false, touching nothing, where the kernels
+// Row-major C[m,n] = A^T B (plus C when accumulate), A [k, m]: in blocks of jit_gemm_k_block(m, k)
+// rows, each A block transposed into the per-thread scratch and its product added onto C, so each
+// element sums over k block by block (one block where A^T fits whole: jit_gemm_any_shape's A^T;
+// more for a weight gradient over thousands of rows). false, touching nothing, where the kernels
 // cannot multiply it.
 bool jit_gemm_k_blocked(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate,
                         float* c, int ldc);
