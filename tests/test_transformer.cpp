@@ -857,6 +857,42 @@ TEST_CASE("fused attention equals the unfused path: logits and gradients (cpu, s
                          doctest::Contains("heads at most 128 wide; these are 130"), ConfigError);
 }
 
+TEST_CASE("attention in blocks (CPU: a cache's worth of samples, no keys above the diagonal) equals one block") {
+    // 75 positions: query blocks of 64 and 11; 4 heads' probabilities, 90 KB a sample: blocks of 5
+    // samples and 2 out of 7. The simulated GPU runs one block (all samples, every key).
+    auto model = [](const char* dropout, bool fused) {
+        return std::vector<LayerSpec>{
+            layer("embedding", {{"vocab", "19"}, {"dim", "16"}}), layer("position_embedding", {{"max_len", "75"}}),
+            layer("attention", {{"heads", "4"}, {"dropout", dropout}, {"fused", fused ? "true" : "false"}}),
+            layer("lm_head")};
+    };
+    auto compare = [](Device& da, const Model& a, Device& db, const Model& b, double tolerance) {
+        TokenHarness ha(da, a, 7, 23), hb(db, b, 7, 23);
+        const std::vector<float> p = download(da, ha.params);
+        CHECK(rel_error(hb.logits(p), ha.logits(p)) < tolerance);
+        const std::vector<float> gb = hb.backprop(), ga = ha.backprop();
+        for (const TensorInfo& t : a.tensors()) {  // the tensors, not the padding between them
+            CAPTURE(t.name);
+            auto part = [&](const std::vector<float>& g) {
+                return std::vector<float>(g.begin() + long(t.offset), g.begin() + long(t.offset + t.count));
+            };
+            CHECK(rel_error(part(gb), part(ga)) < tolerance);
+        }
+    };
+    auto cpu = make_cpu_device(0);
+    REQUIRE(cpu->column_block_bytes() / (4 * 75 * 75 * 4) == 5);
+    SUBCASE("against the fused path's row-by-row loops") {
+        compare(*cpu, Model({75}, model("0", false), 7), *cpu, Model({75}, model("0", true), 7), 1e-5);
+    }
+    SUBCASE("against one block on the simulated GPU, dropout on the probabilities") {
+        SimScope scope(20);
+        auto sim = make_sim_device(0);
+        REQUIRE(sim->column_block_bytes() == 0);
+        const Model m({75}, model("0.3", false), 7);
+        compare(*cpu, m, *sim, m, 1e-5);
+    }
+}
+
 TEST_CASE("random token windows: anywhere in the file, a function of (seed, epoch, index); replicas and resume") {
     TempDir dir;
     const std::string root = dir.path();
