@@ -22,6 +22,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <thread>
 #include <filesystem>
 #include <cstring>
@@ -1017,6 +1018,27 @@ TEST_CASE("cpu flat ops (fill, scale, axpy, sum_squares) match double reference"
     const size_t n = rng.integer(1, 10000);
     const auto x = rng.normal(n), y = rng.normal(n);
     CHECK(rel_error(run_flat_ops(*d, x, y), ref_flat_ops(x, y)) < 1e-5);
+    // sum_squares counts the non-finite values in its lanes and in the tail past them, with the
+    // loss scale divided out of the sum
+    for (size_t len : {size_t(1), size_t(7), size_t(8), size_t(29), size_t(1003)}) {
+        CAPTURE(len);
+        std::vector<float> v = rng.normal(len);
+        double want = 0.0;
+        for (float e : v) want += double(e) * double(e) / 16.0;
+        auto sums = [&](const std::vector<float>& values) {
+            auto vb = upload(*d, values);
+            DeviceBuffer<float> scale = upload(*d, std::vector<float>{4.0f}), out = poisoned(*d, 2);
+            d->sum_squares(d->compute_stream(), len, vb.data(), scale.data(), out.data());
+            return download(*d, out);
+        };
+        const std::vector<float> got = sums(v);
+        CHECK(got[0] == doctest::Approx(want).epsilon(1e-6));
+        CHECK(got[1] == 0.0f);
+        v[len - 1] = std::numeric_limits<float>::infinity();
+        v[len / 2] = -std::numeric_limits<float>::infinity();
+        v[0] = std::numeric_limits<float>::quiet_NaN();
+        CHECK(sums(v)[1] == float(std::set<size_t>{0, len / 2, len - 1}.size()));
+    }
 }
 
 TEST_CASE("cpu sgd update matches double reference (momentum, nesterov, weight decay, clipping)") {

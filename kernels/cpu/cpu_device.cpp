@@ -57,6 +57,31 @@ CPU_LOOP_CLONES void sgd_loop(size_t n, float* __restrict p, const float* __rest
     }
 }
 
+// out[0] = the sum of (x inv)^2 in double, out[1] = how many x are not finite: element i in lane
+// i % 8, the lanes added in a fixed tree (a gradient norm's bits are the same on every CPU).
+CPU_LOOP_CLONES void cpu_sum_squares(size_t n, const float* __restrict x, double inv, float* out) {
+    cpu::f64x8 s = {}, bad = {};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        cpu::f32x8 xf;
+        std::memcpy(&xf, x + i, sizeof xf);
+        const cpu::f64x8 v = __builtin_convertvector(xf, cpu::f64x8) * inv;
+        s += v * v;
+        const cpu::i32x8 finite = (xf - xf) == 0;  // -1 where finite: inf - inf and NaN - NaN are NaN
+        bad += __builtin_convertvector(finite + 1, cpu::f64x8);
+    }
+    for (int l = 0; i < n; ++i, ++l) {
+        const double v = double(x[i]) * inv;
+        s[l] += v * v;
+        bad[l] += std::isfinite(x[i]) ? 0.0 : 1.0;
+    }
+    const auto tree = [](const cpu::f64x8& v) {
+        return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+    };
+    out[0] = float(tree(s));
+    out[1] = float(tree(bad));
+}
+
 // One AdamW step's scalars, resolved once per call (the bias corrections take two pow()s).
 struct AdamWStep {
     float step_size, decay, b1, b2, eps, bc2_sqrt;
@@ -574,13 +599,15 @@ public:
     void layernorm_backward(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
                             const float* rstd, const float* gamma, void* dxv, float* dgamma, float* dbeta,
                             bool accumulate) override {
-        if (layernorm_sums_.size() < 2 * size_t(c)) layernorm_sums_.resize(2 * size_t(c));  // grows once
+        if (layernorm_sums_.size() < 2 * size_t(c)) {  // grows once
+            layernorm_sums_.resize(2 * size_t(c));
+            layernorm_partial_.resize(2 * size_t(c));
+        }
         double* dg = layernorm_sums_.data();
         double* db = dg + c;
         std::fill(dg, dg + 2 * size_t(c), 0.0);
-        for (int r = 0; r < rows; ++r)
-            cpu::layernorm_backward_row(value_dtype(), c, F(dyv) + size_t(r) * c, F(xv) + size_t(r) * c, mean[r],
-                                        rstd[r], gamma, dxv ? F(dxv) + size_t(r) * c : nullptr, dg, db);
+        cpu::layernorm_backward_rows(value_dtype(), rows, c, F(dyv), F(xv), mean, rstd, gamma, dxv ? F(dxv) : nullptr,
+                                     dg, db, layernorm_partial_.data());
         for (int ch = 0; ch < c; ++ch) {
             dgamma[ch] = accumulate ? dgamma[ch] + float(dg[size_t(ch)]) : float(dg[size_t(ch)]);
             dbeta[ch] = accumulate ? dbeta[ch] + float(db[size_t(ch)]) : float(db[size_t(ch)]);
@@ -601,15 +628,7 @@ public:
         for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
     }
     void sum_squares(Stream, size_t n, const float* x, const float* loss_scale, float* out) override {
-        const double inv = loss_scale ? 1.0 / double(*loss_scale) : 1.0;
-        double s = 0.0, bad = 0.0;
-        for (size_t i = 0; i < n; ++i) {
-            if (!std::isfinite(x[i])) bad += 1.0;
-            const double v = double(x[i]) * inv;
-            s += v * v;
-        }
-        out[0] = float(s);
-        out[1] = float(bad);
+        cpu_sum_squares(n, x, loss_scale ? 1.0 / double(*loss_scale) : 1.0, out);
     }
     void init_params(Stream, const InitArgs& a, size_t n, float* out) override {
         const float sc = init_scale(a);
@@ -687,10 +706,11 @@ private:
         const char* e = std::getenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
         return !(e && std::strcmp(e, "0") == 0);
     }();
-    std::vector<float> column_sums_;      // bias_grad's scratch
-    std::vector<float> row_copy_;         // dropout in place: the row read (grows once)
-    std::vector<double> layernorm_sums_;  // layernorm_backward's: dgamma, dbeta
-    cpu::CnnScratch cnn_;                 // the convolution, pooling and batchnorm passes' scratch
+    std::vector<float> column_sums_;        // bias_grad's scratch
+    std::vector<float> row_copy_;           // dropout in place: the row read (grows once)
+    std::vector<double> layernorm_sums_;    // layernorm_backward's: dgamma, dbeta
+    std::vector<float> layernorm_partial_;  // and their sums over a block of rows
+    cpu::CnnScratch cnn_;                   // the convolution, pooling and batchnorm passes' scratch
 
     // A pass's f32 results rounded to the 16-bit storage type (the values', unless given), where
     // one is in use.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/op_math.h"
@@ -11,6 +12,8 @@ namespace mirrored::cpu {
 namespace {
 
 constexpr int kLanes = 8;
+// Rows whose per-channel sums layernorm's backward keeps in floats before adding them to doubles.
+constexpr int kLayernormRowBlock = 32;
 
 // f(i, lane) for i in [0, n): element i in lane i % 8, in blocks of 8 and then the tail, so that
 // the blocks' lanes vectorise.
@@ -40,6 +43,45 @@ template <typename V>
     return mx;
 }
 
+// The sum over x[0, n) of x[j] - shift, or (squares) of its square, in eight lanes (element j in
+// lane j % 8, the lanes added in lanes_sum's tree): whole groups of eight as one vector, the rest
+// one by one.
+[[gnu::always_inline]] inline float lanes_sum_of(int n, const float* __restrict x, float shift, bool squares) {
+    f32x8 acc = {};
+    int j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+        f32x8 v;
+        std::memcpy(&v, x + j, sizeof v);
+        const f32x8 d = v - shift;
+        acc += squares ? d * d : d;
+    }
+    for (int l = 0; j < n; ++j, ++l) {
+        const float d = x[j] - shift;
+        acc[l] += squares ? d * d : d;
+    }
+    float lanes[kLanes];
+    std::memcpy(lanes, &acc, sizeof lanes);
+    return lanes_sum(lanes);
+}
+
+// Layernorm backward's row sums in eight lanes: of gamma dy, or (times_xhat) of gamma dy xhat.
+[[gnu::always_inline]] inline float lanes_sum_of2(int n, const float* __restrict gamma, const float* __restrict dy,
+                                                  const float* __restrict x, float m, float rs, bool times_xhat) {
+    f32x8 acc = {};
+    int j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+        f32x8 g, d, v;
+        std::memcpy(&g, gamma + j, sizeof g);
+        std::memcpy(&d, dy + j, sizeof d);
+        std::memcpy(&v, x + j, sizeof v);
+        acc += times_xhat ? (g * d) * ((v - m) * rs) : g * d;
+    }
+    for (int l = 0; j < n; ++j, ++l) acc[l] += times_xhat ? (gamma[j] * dy[j]) * ((x[j] - m) * rs) : gamma[j] * dy[j];
+    float lanes[kLanes];
+    std::memcpy(lanes, &acc, sizeof lanes);
+    return lanes_sum(lanes);
+}
+
 }  // namespace
 
 CPU_LOOP_CLONES void causal_softmax_row(DType dt, int keep, int t, float scale, const float* __restrict z,
@@ -47,13 +89,15 @@ CPU_LOOP_CLONES void causal_softmax_row(DType dt, int keep, int t, float scale, 
     with_storage_type(
         dt, [&](auto T) __attribute__((always_inline)) {
             const float mx = row_max(keep, z);
-            for (int j = 0; j < keep; ++j) p[j] = exp_poly(scale * (z[j] - mx));
+            // up to a multiple of 16 past `keep` where the row goes on (values never read): a row of
+            // any length would otherwise end in a scalar loop costing as much as the rest
+            const int n = std::min(t, (keep + 15) / 16 * 16);
+            for (int j = 0; j < n; ++j) p[j] = exp_poly(scale * (z[j] - mx));
             float s[kLanes] = {};
             for_lanes(
                 keep, [&](int j, int l) __attribute__((always_inline)) { s[l] += p[j]; });
             const float inv = 1.0f / lanes_sum(s);
-            for (int j = 0; j < keep; ++j) p[j] = round_to(T, p[j] * inv);
-            for (int j = keep; j < t; ++j) p[j] = 0.0f;
+            for (int j = 0; j < t; ++j) p[j] = j < keep ? round_to(T, p[j] * inv) : 0.0f;
         });
 }
 
@@ -104,43 +148,46 @@ CPU_LOOP_CLONES void layernorm_forward_row(DType dt, int c, float eps, const flo
                                            float* __restrict y, float* mean, float* rstd) {
     with_storage_type(
         dt, [&](auto T) __attribute__((always_inline)) {
-            double s[kLanes] = {};
-            for_lanes(
-                c, [&](int j, int l) __attribute__((always_inline)) { s[l] += double(x[j]); });
-            const float m = float(lanes_sum(s) / c);
-            double q[kLanes] = {};
-            for_lanes(
-                c, [&](int j, int l) __attribute__((always_inline)) {
-                    const double d = double(x[j] - m);
-                    q[l] += d * d;
-                });
-            const float rs = bn_invstd(float(lanes_sum(q) / c), eps);
+            const float m = lanes_sum_of(c, x, 0.0f, false) / float(c);
+            const float var = lanes_sum_of(c, x, m, true) / float(c);  // about the mean: no cancellation
+            const float rs = bn_invstd(var, eps);
             *mean = m;
             *rstd = rs;
             for (int j = 0; j < c; ++j) y[j] = round_to(T, gamma[j] * ((x[j] - m) * rs) + beta[j]);
         });
 }
 
-CPU_LOOP_CLONES void layernorm_backward_row(DType dt, int c, const float* __restrict dy, const float* __restrict x,
-                                            float mean, float rstd, const float* __restrict gamma, float* __restrict dx,
-                                            double* __restrict dgamma_sum, double* __restrict dbeta_sum) {
+CPU_LOOP_CLONES void layernorm_backward_rows(DType dt, int rows, int c, const float* __restrict dy,
+                                             const float* __restrict x, const float* __restrict mean,
+                                             const float* __restrict rstd, const float* __restrict gamma,
+                                             float* __restrict dx, double* __restrict dgamma_sum,
+                                             double* __restrict dbeta_sum, float* __restrict partial) {
     with_storage_type(
         dt, [&](auto T) __attribute__((always_inline)) {
-            double a[kLanes] = {}, b[kLanes] = {};  // sums of gamma dy and gamma dy xhat over the row
-            for_lanes(
-                c, [&](int ch, int l) __attribute__((always_inline)) {
-                    const float xhat = (x[ch] - mean) * rstd;
-                    const float gd = gamma[ch] * dy[ch];
-                    a[l] += double(gd);
-                    b[l] += double(gd) * double(xhat);
-                    dgamma_sum[ch] += double(dy[ch]) * double(xhat);
-                    dbeta_sum[ch] += double(dy[ch]);
-                });
-            if (!dx) return;
-            const float ma = float(lanes_sum(a) / c), mb = float(lanes_sum(b) / c);
-            for (int j = 0; j < c; ++j) {
-                const float xhat = (x[j] - mean) * rstd;
-                dx[j] = round_to(T, rstd * (gamma[j] * dy[j] - ma - xhat * mb));
+            float* __restrict pg = partial;  // this block's sums of dy xhat, then of dy, per channel
+            float* __restrict pb = partial + c;
+            for (int r0 = 0; r0 < rows; r0 += kLayernormRowBlock) {
+                std::fill(partial, partial + 2 * size_t(c), 0.0f);
+                for (int r = r0; r < std::min(rows, r0 + kLayernormRowBlock); ++r) {
+                    const float* __restrict d = dy + size_t(r) * c;
+                    const float* __restrict xr = x + size_t(r) * c;
+                    const float m = mean[r], rs = rstd[r];
+                    for (int ch = 0; ch < c; ++ch) {
+                        pg[ch] += d[ch] * ((xr[ch] - m) * rs);
+                        pb[ch] += d[ch];
+                    }
+                    if (!dx) continue;
+                    // the row's means of gamma dy and of gamma dy xhat
+                    const float ma = lanes_sum_of2(c, gamma, d, xr, m, rs, false) / float(c);
+                    const float mb = lanes_sum_of2(c, gamma, d, xr, m, rs, true) / float(c);
+                    float* __restrict out = dx + size_t(r) * c;
+                    for (int j = 0; j < c; ++j)
+                        out[j] = round_to(T, rs * (gamma[j] * d[j] - ma - ((xr[j] - m) * rs) * mb));
+                }
+                for (int ch = 0; ch < c; ++ch) {
+                    dgamma_sum[ch] += double(pg[ch]);
+                    dbeta_sum[ch] += double(pb[ch]);
+                }
             }
         });
 }

@@ -18,12 +18,15 @@ void causal_softmax_backward_row(DType dt, int keep, int t, float scale, const f
 // *argmax = the first index of the largest logit; d (skipped when null; apart from z) =
 // (softmax(z) - onehot(y)) gs.
 float softmax_xent_row(DType dt, int classes, int y, float gs, const float* z, float* d, int* argmax);
-// y = gamma (x - mean) rstd + beta over c channels; mean and rstd of the row (double sums).
+// y = gamma (x - mean) rstd + beta over c channels; mean and rstd of the row (sums in eight lanes,
+// the variance about the mean).
 void layernorm_forward_row(DType dt, int c, float eps, const float* x, const float* gamma, const float* beta, float* y,
                            float* mean, float* rstd);
-// One row of layernorm's backward: dx (skipped when null) from the row's sums of gamma dy and
-// gamma dy xhat; dgamma_sum and dbeta_sum (double, c each) += dy xhat and dy.
-void layernorm_backward_row(DType dt, int c, const float* dy, const float* x, float mean, float rstd,
-                            const float* gamma, float* dx, double* dgamma_sum, double* dbeta_sum);
+// Layernorm's backward over `rows` rows: dx (skipped when null) from each row's sums of gamma dy
+// and gamma dy xhat (eight lanes); dgamma_sum and dbeta_sum (double, c each) += the sums over the
+// rows of dy xhat and dy, added up in floats over blocks of 32 rows in `partial` (2c floats).
+void layernorm_backward_rows(DType dt, int rows, int c, const float* dy, const float* x, const float* mean,
+                             const float* rstd, const float* gamma, float* dx, double* dgamma_sum, double* dbeta_sum,
+                             float* partial);
 
 }  // namespace mirrored::cpu
