@@ -15,71 +15,108 @@ constexpr int kLanes = 8;
 // Rows whose per-channel sums layernorm's backward keeps in floats before adding them to doubles.
 constexpr int kLayernormRowBlock = 32;
 
-// f(i, lane) for i in [0, n): element i in lane i % 8, in blocks of 8 and then the tail, so that
-// the blocks' lanes vectorise.
-template <typename F>
-[[gnu::always_inline]] inline void for_lanes(int n, F&& f) {
+// Eight lanes over [0, n): element j in lane j % 8. vec(acc, j) for each whole group of eight
+// from j, then one(acc, l, j) for the tail's element j in lane l. The lanes are a GCC vector
+// (loop_clones.h): loops over an array of eight lanes do not vectorise.
+template <typename Vec, typename One>
+[[gnu::always_inline]] inline void over_lanes(int n, f32x8& acc, Vec&& vec, One&& one) {
     int j = 0;
-    for (; j + kLanes <= n; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) f(j + l, l);
-    for (int l = 0; j + l < n; ++l) f(j + l, l);
+    for (; j + kLanes <= n; j += kLanes) vec(acc, j);
+    for (int l = 0; j < n; ++j, ++l) one(acc, l, j);
 }
 
+// x[j, j + 8) into v.
+[[gnu::always_inline]] inline void load8(f32x8& v, const float* x) { std::memcpy(&v, x, sizeof v); }
+
 // The lanes' fixed tree: (0 + 4, 1 + 5, 2 + 6, 3 + 7), then pairs, then the last two.
-template <typename V>
-[[gnu::always_inline]] inline V lanes_sum(const V* v) {
-    const V a = v[0] + v[4], b = v[1] + v[5], c = v[2] + v[6], d = v[3] + v[7];
+[[gnu::always_inline]] inline float lanes_sum(const f32x8& v) {
+    const float a = v[0] + v[4], b = v[1] + v[5], c = v[2] + v[6], d = v[3] + v[7];
     return (a + c) + (b + d);
+}
+
+// The sum of x[0, n) in eight lanes.
+[[gnu::always_inline]] inline float row_sum(int n, const float* __restrict x) {
+    f32x8 acc = {};
+    over_lanes(
+        n, acc,
+        [&](f32x8 & a, int j) __attribute__((always_inline)) {
+            f32x8 v;
+            load8(v, x + j);
+            a += v;
+        },
+        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] += x[j]; });
+    return lanes_sum(acc);
+}
+
+// The sum of (x - shift)^2 over x[0, n) in eight lanes.
+[[gnu::always_inline]] inline float row_squares_about(int n, const float* __restrict x, float shift) {
+    f32x8 acc = {};
+    over_lanes(
+        n, acc,
+        [&](f32x8 & a, int j) __attribute__((always_inline)) {
+            f32x8 v;
+            load8(v, x + j);
+            v -= shift;
+            a += v * v;
+        },
+        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] += (x[j] - shift) * (x[j] - shift); });
+    return lanes_sum(acc);
+}
+
+// The sum of x y over [0, n) in eight lanes.
+[[gnu::always_inline]] inline float row_dot(int n, const float* __restrict x, const float* __restrict y) {
+    f32x8 acc = {};
+    over_lanes(
+        n, acc,
+        [&](f32x8 & a, int j) __attribute__((always_inline)) {
+            f32x8 u, v;
+            load8(u, x + j);
+            load8(v, y + j);
+            a += u * v;
+        },
+        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] += x[j] * y[j]; });
+    return lanes_sum(acc);
 }
 
 // The largest of x[0, n), n >= 1, in eight lanes (a NaN is kept only where x[0] is one).
 [[gnu::always_inline]] inline float row_max(int n, const float* __restrict x) {
-    float m[kLanes];
-    std::fill(m, m + kLanes, x[0]);
-    for_lanes(
-        n, [&](int j, int l) __attribute__((always_inline)) { m[l] = m[l] < x[j] ? x[j] : m[l]; });
+    f32x8 m = {};
+    m += x[0];
+    over_lanes(
+        n, m,
+        [&](f32x8 & a, int j) __attribute__((always_inline)) {
+            f32x8 v;
+            load8(v, x + j);
+            a = a < v ? v : a;
+        },
+        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] = a[l] < x[j] ? x[j] : a[l]; });
     float mx = m[0];
     for (int l = 1; l < kLanes; ++l) mx = mx < m[l] ? m[l] : mx;
     return mx;
 }
 
-// The sum over x[0, n) of x[j] - shift, or (squares) of its square, in eight lanes (element j in
-// lane j % 8, the lanes added in lanes_sum's tree): whole groups of eight as one vector, the rest
-// one by one.
-[[gnu::always_inline]] inline float lanes_sum_of(int n, const float* __restrict x, float shift, bool squares) {
-    f32x8 acc = {};
-    int j = 0;
-    for (; j + kLanes <= n; j += kLanes) {
-        f32x8 v;
-        std::memcpy(&v, x + j, sizeof v);
-        const f32x8 d = v - shift;
-        acc += squares ? d * d : d;
-    }
-    for (int l = 0; j < n; ++j, ++l) {
-        const float d = x[j] - shift;
-        acc[l] += squares ? d * d : d;
-    }
-    float lanes[kLanes];
-    std::memcpy(lanes, &acc, sizeof lanes);
-    return lanes_sum(lanes);
-}
-
-// Layernorm backward's row sums in eight lanes: of gamma dy, or (times_xhat) of gamma dy xhat.
-[[gnu::always_inline]] inline float lanes_sum_of2(int n, const float* __restrict gamma, const float* __restrict dy,
-                                                  const float* __restrict x, float m, float rs, bool times_xhat) {
-    f32x8 acc = {};
+// Layernorm backward's row sums in eight lanes: of gamma dy, and of gamma dy xhat.
+[[gnu::always_inline]] inline void layernorm_row_sums(int n, const float* __restrict gamma, const float* __restrict dy,
+                                                      const float* __restrict x, float m, float rs, float* sum_gd,
+                                                      float* sum_gdx) {
+    f32x8 a = {}, b = {};
     int j = 0;
     for (; j + kLanes <= n; j += kLanes) {
         f32x8 g, d, v;
-        std::memcpy(&g, gamma + j, sizeof g);
-        std::memcpy(&d, dy + j, sizeof d);
-        std::memcpy(&v, x + j, sizeof v);
-        acc += times_xhat ? (g * d) * ((v - m) * rs) : g * d;
+        load8(g, gamma + j);
+        load8(d, dy + j);
+        load8(v, x + j);
+        const f32x8 gd = g * d;
+        a += gd;
+        b += gd * ((v - m) * rs);
     }
-    for (int l = 0; j < n; ++j, ++l) acc[l] += times_xhat ? (gamma[j] * dy[j]) * ((x[j] - m) * rs) : gamma[j] * dy[j];
-    float lanes[kLanes];
-    std::memcpy(lanes, &acc, sizeof lanes);
-    return lanes_sum(lanes);
+    for (int l = 0; j < n; ++j, ++l) {
+        const float gd = gamma[j] * dy[j];
+        a[l] += gd;
+        b[l] += gd * ((x[j] - m) * rs);
+    }
+    *sum_gd = lanes_sum(a);
+    *sum_gdx = lanes_sum(b);
 }
 
 }  // namespace
@@ -93,10 +130,7 @@ CPU_LOOP_CLONES void causal_softmax_row(DType dt, int keep, int t, float scale, 
             // any length would otherwise end in a scalar loop costing as much as the rest
             const int n = std::min(t, (keep + 15) / 16 * 16);
             for (int j = 0; j < n; ++j) p[j] = exp_poly(scale * (z[j] - mx));
-            float s[kLanes] = {};
-            for_lanes(
-                keep, [&](int j, int l) __attribute__((always_inline)) { s[l] += p[j]; });
-            const float inv = 1.0f / lanes_sum(s);
+            const float inv = 1.0f / row_sum(keep, p);
             for (int j = 0; j < t; ++j) p[j] = j < keep ? round_to(T, p[j] * inv) : 0.0f;
         });
 }
@@ -105,10 +139,7 @@ CPU_LOOP_CLONES void causal_softmax_backward_row(DType dt, int keep, int t, floa
                                                  const float* __restrict dp, float* __restrict ds) {
     with_storage_type(
         dt, [&](auto T) __attribute__((always_inline)) {
-            float s[kLanes] = {};
-            for_lanes(
-                keep, [&](int j, int l) __attribute__((always_inline)) { s[l] += p[j] * dp[j]; });
-            const float dot = lanes_sum(s);
+            const float dot = row_dot(keep, p, dp);
             for (int j = 0; j < keep; ++j) ds[j] = round_to(T, scale * p[j] * (dp[j] - dot));
             for (int j = keep; j < t; ++j) ds[j] = 0.0f;
         });
@@ -123,16 +154,20 @@ CPU_LOOP_CLONES float softmax_xent_row(DType dt, int classes, int y, float gs, c
             int arg = 0;  // the first index of the largest, as a running argmax finds it
             while (arg < classes && !(z[arg] == mx)) ++arg;
             *argmax = arg < classes ? arg : 0;  // NaN logits: no index equals the maximum
-            float s[kLanes] = {};
+            float sum = 0.0f;                   // >= 1: the maximum's own term is 1
             if (d) {
                 for (int j = 0; j < classes; ++j) d[j] = exp_poly(z[j] - mx);
-                for_lanes(
-                    classes, [&](int j, int l) __attribute__((always_inline)) { s[l] += d[j]; });
+                sum = row_sum(classes, d);
             } else {
-                for_lanes(
-                    classes, [&](int j, int l) __attribute__((always_inline)) { s[l] += exp_poly(z[j] - mx); });
+                f32x8 acc = {};
+                over_lanes(
+                    classes, acc,
+                    [&](f32x8 & a, int j) __attribute__((always_inline)) {
+                        for (int l = 0; l < kLanes; ++l) a[l] += exp_poly(z[j + l] - mx);
+                    },
+                    [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] += exp_poly(z[j] - mx); });
+                sum = lanes_sum(acc);
             }
-            const float sum = lanes_sum(s);  // >= 1: the maximum's own term is 1
             // cppcheck-suppress invalidFunctionArg
             loss = std::log(sum) + mx - z[y];
             if (!d) return;
@@ -148,8 +183,8 @@ CPU_LOOP_CLONES void layernorm_forward_row(DType dt, int c, float eps, const flo
                                            float* __restrict y, float* mean, float* rstd) {
     with_storage_type(
         dt, [&](auto T) __attribute__((always_inline)) {
-            const float m = lanes_sum_of(c, x, 0.0f, false) / float(c);
-            const float var = lanes_sum_of(c, x, m, true) / float(c);  // about the mean: no cancellation
+            const float m = row_sum(c, x) / float(c);
+            const float var = row_squares_about(c, x, m) / float(c);  // about the mean: no cancellation
             const float rs = bn_invstd(var, eps);
             *mean = m;
             *rstd = rs;
@@ -178,8 +213,9 @@ CPU_LOOP_CLONES void layernorm_backward_rows(DType dt, int rows, int c, const fl
                     }
                     if (!dx) continue;
                     // the row's means of gamma dy and of gamma dy xhat
-                    const float ma = lanes_sum_of2(c, gamma, d, xr, m, rs, false) / float(c);
-                    const float mb = lanes_sum_of2(c, gamma, d, xr, m, rs, true) / float(c);
+                    float sum_gd, sum_gdx;
+                    layernorm_row_sums(c, gamma, d, xr, m, rs, &sum_gd, &sum_gdx);
+                    const float ma = sum_gd / float(c), mb = sum_gdx / float(c);
                     float* __restrict out = dx + size_t(r) * c;
                     for (int j = 0; j < c; ++j)
                         out[j] = round_to(T, rs * (gamma[j] * d[j] - ma - ((xr[j] - m) * rs) * mb));
