@@ -40,13 +40,14 @@ MIRRORED_HD float exp_poly(float x) {
 
 // The standard normal's cdf at z, given e = exp(-z^2 / 2): erf by Abramowitz and Stegun 7.1.26
 // (absolute error below 1.5e-7), which needs exactly the exponential the pdf needs too.
+// |z| and the sign by fabsf and copysignf, not by a compare: a select on the sign made GCC
+// compute the whole polynomial (and its division) for both signs.
 MIRRORED_HD float gelu_cdf(float z, float e) {
-    const float a = (z < 0.0f ? -z : z) * 0.70710678118654752f;
+    const float a = fabsf(z) * 0.70710678118654752f;
     const float t = 1.0f / (1.0f + 0.3275911f * a);
     const float poly =
         t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-    const float erf_a = 1.0f - poly * e;
-    return 0.5f * (1.0f + (z < 0.0f ? -erf_a : erf_a));
+    return 0.5f * (1.0f + copysignf(1.0f - poly * e, z));
 }
 
 // GPT-2's GELU, 0.5 z (1 + tanh(u)), u = sqrt(2/pi) (z + 0.044715 z^3), on exp_poly (vectorises).
