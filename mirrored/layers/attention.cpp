@@ -144,7 +144,8 @@ public:
                             at(p, S.qkv, v(h)), 3 * c, sq, at(p, dprobs, cell(h, b0, 0)), t, tt());
                     // dv = probs^T da for keys b0..b1 (queries b0..t)
                     batched(p, n, true, false, b1 - b0, d(), t - b0, at(p, S.mixed, cell(h, b0, b0)), t, tt(),
-                            at(p, da, size_t(b0) * c + size_t(h) * d()), c, sa, at(p, dqkv_s, row3(b0) + v(h)), 3 * c, sq);
+                            at(p, da, size_t(b0) * c + size_t(h) * d()), c, sa, at(p, dqkv_s, row3(b0) + v(h)), 3 * c,
+                            sq);
                 }
             if (drops(p))  // element-wise, so in place
                 p.dev->dropout_backward(p.stream, dropout_args(p, s0), n, int(tt()), dprobs, dprobs);
