@@ -441,9 +441,9 @@ public:
     // permuted to match: on the CPU a column row is then whole pixels copied, not a transpose.
     // The conv layer permutes with nhwc_to_nchw, so a device saying yes stores activations as f32.
     virtual bool pixel_major_columns() const { return false; }
-    // Bytes of im2col columns a convolution should make and multiply at a time (whole images):
-    // 0, the whole batch in one product (GPUs); a cache's worth on CPUs, whose products would
-    // otherwise stream a batch's columns through memory.
+    // Bytes of im2col columns a convolution should make and multiply at a time (whole images),
+    // and of attention probabilities (whole samples): 0, the whole batch in one product (GPUs); a
+    // cache's worth on CPUs, whose products would otherwise stream a batch's through memory.
     virtual size_t column_block_bytes() const { return 0; }
     // Whole images per block of columns of `image_bytes` each, out of `rows`: what a convolution
     // multiplies at a time and the activations' scratch is sized for.
