@@ -34,33 +34,38 @@ template <typename Vec, typename One>
     return (a + c) + (b + d);
 }
 
-// The sum of x[0, n) in eight lanes.
-[[gnu::always_inline]] inline float row_sum(int n, const float* __restrict x) {
+// The sum over x[0, n) of term(x[j]) in eight lanes: term maps a vector of eight values, or the
+// tail's one, in place (a generic lambda, the same arithmetic for both).
+template <typename Term>
+[[gnu::always_inline]] inline float row_sum_of(int n, const float* __restrict x, Term&& term) {
     f32x8 acc = {};
     over_lanes(
         n, acc,
         [&](f32x8 & a, int j) __attribute__((always_inline)) {
             f32x8 v;
             load8(v, x + j);
+            term(v);
             a += v;
         },
-        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] += x[j]; });
+        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) {
+            float v = x[j];
+            term(v);
+            a[l] += v;
+        });
     return lanes_sum(acc);
 }
 
-// The sum of (x - shift)^2 over x[0, n) in eight lanes.
+[[gnu::always_inline]] inline float row_sum(int n, const float* __restrict x) {
+    return row_sum_of(n, x, [](auto&) {});
+}
+
+// The sum of (x - shift)^2 over x[0, n).
 [[gnu::always_inline]] inline float row_squares_about(int n, const float* __restrict x, float shift) {
-    f32x8 acc = {};
-    over_lanes(
-        n, acc,
-        [&](f32x8 & a, int j) __attribute__((always_inline)) {
-            f32x8 v;
-            load8(v, x + j);
+    return row_sum_of(
+        n, x, [&](auto& v) __attribute__((always_inline)) {
             v -= shift;
-            a += v * v;
-        },
-        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] += (x[j] - shift) * (x[j] - shift); });
-    return lanes_sum(acc);
+            v = v * v;
+        });
 }
 
 // The sum of x y over [0, n) in eight lanes.
