@@ -24,7 +24,8 @@
 namespace mirrored::cpu {
 
 // Eight lanes as one GCC vector: element-wise arithmetic that each clone keeps in its widest
-// registers (one AVX-512 or AVX register, two SSE ones), so that a sum in eight lanes vectorises
+// registers (eight floats: one AVX-512 or AVX register, two SSE ones; eight doubles twice as
+// many in the narrower clones), so that a sum in eight lanes vectorises
 // where GCC would not turn a loop over an array of eight into one - and gives the same bits in
 // every clone. Kept inside the clones (always-inlined helpers): as arguments between functions
 // built for different widths they would change the calling convention.

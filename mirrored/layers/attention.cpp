@@ -211,7 +211,7 @@ private:
     // Queries per block of backward's products: a block of queries meets only the keys up to its
     // last, and a block of keys only the queries from its first on, so that the gradients of the
     // scores above the diagonal (nearly half) are neither computed nor read. On CPUs (backward
-    // 9-12% faster on the shipped GPT; the forward's products, split so, were slower than whole);
+    // 9-11% faster on the shipped GPT; the forward's products, split so, were slower than whole);
     // on GPUs (no column blocks) one block, one product per head.
     int query_block(const Pass& p) const {
         return p.dev->column_block_bytes() ? std::min(kQueryBlock, in_.positions()) : in_.positions();
