@@ -75,11 +75,8 @@ CPU_LOOP_CLONES void cpu_sum_squares(size_t n, const float* __restrict x, double
         s[l] += v * v;
         bad[l] += std::isfinite(x[i]) ? 0.0 : 1.0;
     }
-    const auto tree = [](const cpu::f64x8& v) {
-        return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-    };
-    out[0] = float(tree(s));
-    out[1] = float(tree(bad));
+    out[0] = float(cpu::lanes_sum(s));
+    out[1] = float(cpu::lanes_sum(bad));
 }
 
 // One AdamW step's scalars, resolved once per call (the bias corrections take two pow()s).

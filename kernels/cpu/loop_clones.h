@@ -33,6 +33,13 @@ using f32x8 = float __attribute__((vector_size(32)));
 using i32x8 = int32_t __attribute__((vector_size(32)));
 using f64x8 = double __attribute__((vector_size(64)));
 
+// Eight lanes' sum in one fixed tree, ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), for every lane
+// type: the same bits in every clone and on every CPU.
+template <typename Lanes>
+[[gnu::always_inline]] inline auto lanes_sum(const Lanes& v) {
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
 template <DType T>
 using TypeC = std::integral_constant<DType, T>;
 

@@ -15,24 +15,18 @@ constexpr int kLanes = 8;
 // Rows whose per-channel sums layernorm's backward keeps in floats before adding them to doubles.
 constexpr int kLayernormRowBlock = 32;
 
-// Eight lanes over [0, n): element j in lane j % 8. vec(acc, j) for each whole group of eight
-// from j, then one(acc, l, j) for the tail's element j in lane l. The lanes are a GCC vector
+// Eight lanes over [0, n): element j in lane j % 8. vec(j) for each whole group of eight from j,
+// then one(l, j) for the tail's element j in lane l; the lanes are the callers' GCC vectors
 // (loop_clones.h): loops over an array of eight lanes do not vectorise.
 template <typename Vec, typename One>
-[[gnu::always_inline]] inline void over_lanes(int n, f32x8& acc, Vec&& vec, One&& one) {
+[[gnu::always_inline]] inline void over_lanes(int n, Vec&& vec, One&& one) {
     int j = 0;
-    for (; j + kLanes <= n; j += kLanes) vec(acc, j);
-    for (int l = 0; j < n; ++j, ++l) one(acc, l, j);
+    for (; j + kLanes <= n; j += kLanes) vec(j);
+    for (int l = 0; j < n; ++j, ++l) one(l, j);
 }
 
 // x[j, j + 8) into v.
 [[gnu::always_inline]] inline void load8(f32x8& v, const float* x) { std::memcpy(&v, x, sizeof v); }
-
-// The lanes' fixed tree: (0 + 4, 1 + 5, 2 + 6, 3 + 7), then pairs, then the last two.
-[[gnu::always_inline]] inline float lanes_sum(const f32x8& v) {
-    const float a = v[0] + v[4], b = v[1] + v[5], c = v[2] + v[6], d = v[3] + v[7];
-    return (a + c) + (b + d);
-}
 
 // The sum over x[0, n) of term(x[j]) in eight lanes: term maps a vector of eight values, or the
 // tail's one, in place (a generic lambda, the same arithmetic for both).
@@ -40,17 +34,17 @@ template <typename Term>
 [[gnu::always_inline]] inline float row_sum_of(int n, const float* __restrict x, Term&& term) {
     f32x8 acc = {};
     over_lanes(
-        n, acc,
-        [&](f32x8 & a, int j) __attribute__((always_inline)) {
+        n,
+        [&](int j) __attribute__((always_inline)) {
             f32x8 v;
             load8(v, x + j);
             term(v);
-            a += v;
+            acc += v;
         },
-        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) {
+        [&](int l, int j) __attribute__((always_inline)) {
             float v = x[j];
             term(v);
-            a[l] += v;
+            acc[l] += v;
         });
     return lanes_sum(acc);
 }
@@ -72,14 +66,14 @@ template <typename Term>
 [[gnu::always_inline]] inline float row_dot(int n, const float* __restrict x, const float* __restrict y) {
     f32x8 acc = {};
     over_lanes(
-        n, acc,
-        [&](f32x8 & a, int j) __attribute__((always_inline)) {
+        n,
+        [&](int j) __attribute__((always_inline)) {
             f32x8 u, v;
             load8(u, x + j);
             load8(v, y + j);
-            a += u * v;
+            acc += u * v;
         },
-        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] += x[j] * y[j]; });
+        [&](int l, int j) __attribute__((always_inline)) { acc[l] += x[j] * y[j]; });
     return lanes_sum(acc);
 }
 
@@ -88,13 +82,13 @@ template <typename Term>
     f32x8 m = {};
     m += x[0];
     over_lanes(
-        n, m,
-        [&](f32x8 & a, int j) __attribute__((always_inline)) {
+        n,
+        [&](int j) __attribute__((always_inline)) {
             f32x8 v;
             load8(v, x + j);
-            a = a < v ? v : a;
+            m = m < v ? v : m;
         },
-        [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] = a[l] < x[j] ? x[j] : a[l]; });
+        [&](int l, int j) __attribute__((always_inline)) { m[l] = m[l] < x[j] ? x[j] : m[l]; });
     float mx = m[0];
     for (int l = 1; l < kLanes; ++l) mx = mx < m[l] ? m[l] : mx;
     return mx;
@@ -105,21 +99,22 @@ template <typename Term>
                                                       const float* __restrict x, float m, float rs, float* sum_gd,
                                                       float* sum_gdx) {
     f32x8 a = {}, b = {};
-    int j = 0;
-    for (; j + kLanes <= n; j += kLanes) {
-        f32x8 g, d, v;
-        load8(g, gamma + j);
-        load8(d, dy + j);
-        load8(v, x + j);
-        const f32x8 gd = g * d;
-        a += gd;
-        b += gd * ((v - m) * rs);
-    }
-    for (int l = 0; j < n; ++j, ++l) {
-        const float gd = gamma[j] * dy[j];
-        a[l] += gd;
-        b[l] += gd * ((x[j] - m) * rs);
-    }
+    over_lanes(
+        n,
+        [&](int j) __attribute__((always_inline)) {
+            f32x8 g, d, v;
+            load8(g, gamma + j);
+            load8(d, dy + j);
+            load8(v, x + j);
+            const f32x8 gd = g * d;
+            a += gd;
+            b += gd * ((v - m) * rs);
+        },
+        [&](int l, int j) __attribute__((always_inline)) {
+            const float gd = gamma[j] * dy[j];
+            a[l] += gd;
+            b[l] += gd * ((x[j] - m) * rs);
+        });
     *sum_gd = lanes_sum(a);
     *sum_gdx = lanes_sum(b);
 }
@@ -166,11 +161,11 @@ CPU_LOOP_CLONES float softmax_xent_row(DType dt, int classes, int y, float gs, c
             } else {
                 f32x8 acc = {};
                 over_lanes(
-                    classes, acc,
-                    [&](f32x8 & a, int j) __attribute__((always_inline)) {
-                        for (int l = 0; l < kLanes; ++l) a[l] += exp_poly(z[j + l] - mx);
+                    classes,
+                    [&](int j) __attribute__((always_inline)) {
+                        for (int l = 0; l < kLanes; ++l) acc[l] += exp_poly(z[j + l] - mx);
                     },
-                    [&](f32x8 & a, int l, int j) __attribute__((always_inline)) { a[l] += exp_poly(z[j] - mx); });
+                    [&](int l, int j) __attribute__((always_inline)) { acc[l] += exp_poly(z[j] - mx); });
                 sum = lanes_sum(acc);
             }
             // cppcheck-suppress invalidFunctionArg
