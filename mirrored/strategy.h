@@ -58,6 +58,9 @@ public:
     // gradients of its own chunks only (the rest are staged in reused slots).
     bool sharded_gradients() const { return set_->staged(); }
     int gradient_slots() const { return set_->staging().slots; }
+    size_t gradient_slot_floats() const {  // the slots together (the staging buffer less the state region)
+        return set_->staging().buffer - (model().flat_size() - model().trainable_size());
+    }
     const MemoryPlan& memory_plan() const { return set_->memory_plan(); }  // per replica
     // The most device memory any replica has held through its own allocations (measured).
     uint64_t peak_memory_bytes() const { return set_->peak_memory_bytes(); }

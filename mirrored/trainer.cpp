@@ -364,6 +364,7 @@ public:
 private:
     void print_header();
     void print_strategy_choices(const MirroredStrategy& st) const;
+    void print_staging_warning(const MirroredStrategy& st) const;
     bool prepare_output();  // false: a finished run in a folder this process cannot write
     void resume_or_init();
     void start_fresh();
@@ -488,6 +489,26 @@ void Run::print_header() {
     std::fflush(out_);
 }
 
+// shard: gradients where its staging slots outweigh the saving: a slot holds a bucket whole and a
+// bucket never splits a tensor, so a model whose gradients lie mostly in a few large tensors (or
+// in one bucket) keeps them all in slots, and the own chunks besides.
+void Run::print_staging_warning(const MirroredStrategy& st) const {
+    const uint64_t whole = uint64_t(st.model().flat_size()) * sizeof(float);
+    if (st.memory_plan().grads < whole) return;
+    const TensorInfo* largest = nullptr;
+    for (const TensorInfo& t : st.model().tensors())
+        if (t.trainable && (!largest || t.count > largest->count)) largest = &t;
+    if (!largest) return;
+    std::fprintf(out_,
+                 "  note: shard: gradients keeps more gradient memory here than unsharded (%s against %s): its "
+                 "staging slots (%s) hold the largest buckets whole, and a bucket never splits a tensor (the "
+                 "largest, %s, is %s), so a smaller strategy.bucket_mb helps only down to that tensor's size; "
+                 "strategy.shard: optimizer keeps less on this model\n",
+                 format_bytes(st.memory_plan().grads).c_str(), format_bytes(whole).c_str(),
+                 format_bytes(uint64_t(st.gradient_slot_floats()) * sizeof(float)).c_str(), largest->name.c_str(),
+                 format_bytes(uint64_t(largest->count) * sizeof(float)).c_str());
+}
+
 // How the strategy runs: the ops `auto` chose, shared parameters, captured steps - each when it
 // applies, and why not when the config asked for it and it does not.
 void Run::print_strategy_choices(const MirroredStrategy& st) const {
@@ -515,9 +536,10 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
     if (st.sharded_gradients()) {
         std::fprintf(out_,
                      "  and gradients: each replica keeps only its own chunks' summed gradients, backward writing "
-                     "the buckets into %d reused staging slots (gradients %s per replica, unsharded %s)\n",
+                     "the buckets into %d reused staging slot(s) (gradients %s per replica, unsharded %s)\n",
                      st.gradient_slots(), format_bytes(st.memory_plan().grads).c_str(),
                      format_bytes(uint64_t(st.model().flat_size()) * sizeof(float)).c_str());
+        print_staging_warning(st);
     } else if (cfg_.strategy.shard != StrategyConfig::Shard::none && st.shared_parameters()) {
         std::fprintf(out_,
                      "  shard: %s - the shared parameter copy's optimizer state is already held once, "

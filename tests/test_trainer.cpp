@@ -253,6 +253,34 @@ TEST_CASE("strategy.shard gradients: SIGKILL then resume is bit-identical; switc
     expect_switch_continues(s, cfg, plain, "gradients");
 }
 
+TEST_CASE("shard: gradients says where its staging slots outweigh the saving, naming the largest tensor") {
+    Scratch s;
+    // six equal layers: with buckets of about one weight the slots are three of six buckets' worth
+    std::string text = R"(run: {name: deep, seed: 3}
+strategy: {devices: "cpu:4", bucket_mb: 0.01, shard: gradients}
+data: {dataset: synthetic, input_shape: [64], classes: 4, train_samples: 256, test_samples: 64}
+model:
+  layers:
+    - {type: dense, units: 64, activation: relu}
+    - {type: dense, units: 64, activation: relu}
+    - {type: dense, units: 64, activation: relu}
+    - {type: dense, units: 64, activation: relu}
+    - {type: dense, units: 64, activation: relu}
+    - {type: dense, units: 64}
+optimizer: {type: adamw, lr: 0.01}
+train: {epochs: 1, global_batch_size: 32}
+)";
+    const std::string note = "note: shard: gradients keeps more gradient memory here than unsharded";
+    const auto [saving, t1] = train_printing(s.config(text, "deep.yaml"), s.out("small_buckets"));
+    CHECK(saving.find("and gradients: each replica keeps only its own chunks") != std::string::npos);
+    CHECK(saving.find(note) == std::string::npos);
+    // one bucket: its slot is every gradient, and the own chunks come on top
+    text.replace(text.find("bucket_mb: 0.01"), 15, "bucket_mb: 0");
+    const auto [costly, t2] = train_printing(s.config(text, "one_bucket.yaml"), s.out("one_bucket"));
+    CHECK(costly.find(note) != std::string::npos);
+    CHECK(costly.find("the largest, layers.0.weight, is 16.0 KiB") != std::string::npos);
+}
+
 TEST_CASE(
     "cross_device_ops auto keeps the op a checkpoint was written with: the resume stays exact; another op is said") {
     Scratch s;
