@@ -449,6 +449,62 @@ TEST_CASE("cpu batchnorm ops: statistics, running contributions, output, gradien
     }
 }
 
+// The CPU's batchnorm passes run a group of channels over a block of rows at a time; each channel
+// still adds its terms row by row, so the bits are those of the plain loops of kernels/device.h's
+// definitions, written out here. Widths around the groups (16) and rows across the blocks (64).
+TEST_CASE("cpu batchnorm passes: the plain loops' bits for every width and row count") {
+    Rng rng(211);
+    auto d = make_cpu_device(0);
+    const Stream s = d->compute_stream();
+    for (int c : {1, 7, 15, 16, 17, 31, 32, 48, 64, 70}) {
+        const int rows = rng.integer(1, 200);
+        CAPTURE(c);
+        CAPTURE(rows);
+        const size_t n = size_t(rows) * size_t(c);
+        const auto x = rng.normal(n, 2.0f), dy = rng.normal(n), shift = rng.normal(size_t(c));
+        const auto invstd = rng.uniform(size_t(c), 0.5f, 2.0f), gamma = rng.uniform(size_t(c), 0.5f, 1.5f);
+        const auto sums = rng.normal(2 * size_t(c));
+        const size_t cs = size_t(c);
+        std::vector<float> want_sum(cs), want_sq(cs), want_b(2 * cs), want_dx(n);
+        const float inv_count = float(1.0 / double(rows));
+        for (int ch = 0; ch < c; ++ch) {
+            double a = 0, q = 0, s0 = 0, s1 = 0;
+            for (int r = 0; r < rows; ++r) {
+                const size_t e = size_t(r) * size_t(c) + size_t(ch);
+                a += double(x[e]);
+                const double v = double(x[e]) - double(shift[size_t(ch)]);
+                q += v * v;
+                s0 += dy[e];
+                s1 += double(dy[e]) * ((x[e] - shift[size_t(ch)]) * invstd[size_t(ch)]);
+                const float xhat = (x[e] - shift[size_t(ch)]) * invstd[size_t(ch)];
+                want_dx[e] = gamma[size_t(ch)] * invstd[size_t(ch)] *
+                             (dy[e] - sums[size_t(ch)] * inv_count - xhat * (sums[size_t(c + ch)] * inv_count));
+            }
+            want_sum[size_t(ch)] = float(a);
+            want_sq[size_t(ch)] = float(q);
+            want_b[size_t(ch)] = float(s0);
+            want_b[size_t(c + ch)] = float(s1);
+        }
+        auto dx_ = upload(*d, x), ddy = upload(*d, dy), dshift = upload(*d, shift), dinv = upload(*d, invstd),
+             dgamma = upload(*d, gamma), dsums = upload(*d, sums);
+        auto sum = poisoned(*d, size_t(c)), sq = poisoned(*d, size_t(c)), b = poisoned(*d, 2 * size_t(c)),
+             dx = poisoned(*d, n);
+        d->channel_sums(s, rows, c, dx_.data(), nullptr, false, sum.data());
+        d->channel_sums(s, rows, c, dx_.data(), dshift.data(), true, sq.data());
+        d->bn_backward_sums(s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), b.data());
+        d->bn_backward_dx(s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(),
+                          double(rows), dx.data());
+        CHECK(download(*d, sum) == want_sum);
+        CHECK(download(*d, sq) == want_sq);
+        CHECK(download(*d, b) == want_b);
+        CHECK(download(*d, dx) == want_dx);
+        // in place, as the layer may call it: dx over dy
+        d->bn_backward_dx(s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(),
+                          double(rows), ddy.data());
+        CHECK(download(*d, ddy) == want_dx);
+    }
+}
+
 // channel_affine_act and add_act: the CPU's one-pass loops (ReLU or none, f32) against the
 // Device reference (channel_affine / copy + add, then bias_act_forward in place), bit for bit -
 // the layers rely on it to keep runs identical - and the rounded precisions, which take the

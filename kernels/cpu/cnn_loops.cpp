@@ -1,6 +1,7 @@
 #include "kernels/cpu/cnn_loops.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cpu/loop_clones.h"
@@ -212,31 +213,90 @@ CPU_LOOP_CLONES void pool_backward_loop(bool max, bool tiles, const Window2d& g,
             }
 }
 
+// Batchnorm's per-channel passes, kBnRows rows at a time and kBnWidth channels at a time within
+// them: the group's sums stay in registers over the rows (as kBnWidth / 8 chains of additions that
+// overlap), and the rows stay in L1 between the groups. Each channel's terms are still added row
+// by row, in order, so the results are the bits of the plain loops; for the few channels of a
+// CNN's first layers a loop along a row's channels spent more on its sums' loads and stores than
+// on the sums. The groups are plain loops of constant length: GCC vectorises them, float to
+// double conversions included, where it splits a vector type's conversion into pieces.
+constexpr int kBnRows = 64, kBnWidth = 16;
+
+// group(ch, r0, r1) for channels [ch, ch + kBnWidth), one(ch, r0, r1) for each channel after them.
+template <typename Group, typename One>
+CNN_INLINE void over_channel_groups(int rows, int c, Group&& group, One&& one) {
+    for (int r0 = 0; r0 < rows; r0 += kBnRows) {
+        const int r1 = std::min(rows, r0 + kBnRows);
+        int ch = 0;
+        for (; ch + kBnWidth <= c; ch += kBnWidth) group(ch, r0, r1);
+        for (; ch < c; ++ch) one(ch, r0, r1);
+    }
+}
+
 template <bool Shift, bool Squares>
 CPU_LOOP_CLONES void channel_sums_loop(int rows, int c, const float* __restrict x, const float* __restrict shift,
                                        double* __restrict acc) {
     for (int ch = 0; ch < c; ++ch) acc[ch] = 0.0;
-    for (int r = 0; r < rows; ++r) {
-        const float* __restrict xr = x + size_t(r) * c;
-        for (int ch = 0; ch < c; ++ch) {
-            const double v = Shift ? double(xr[ch]) - double(shift[ch]) : double(xr[ch]);
-            acc[ch] += Squares ? v * v : v;
-        }
-    }
+    over_channel_groups(
+        rows, c,
+        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
+            double a[kBnWidth];
+            for (int k = 0; k < kBnWidth; ++k) a[k] = acc[ch + k];
+            for (int r = r0; r < r1; ++r) {
+                const float* __restrict xr = x + size_t(r) * c + ch;
+                for (int k = 0; k < kBnWidth; ++k) {
+                    const double v = Shift ? double(xr[k]) - double(shift[ch + k]) : double(xr[k]);
+                    a[k] += Squares ? v * v : v;
+                }
+            }
+            for (int k = 0; k < kBnWidth; ++k) acc[ch + k] = a[k];
+        },
+        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
+            double a = acc[ch];
+            for (int r = r0; r < r1; ++r) {
+                const float xv = x[size_t(r) * c + ch];
+                const double v = Shift ? double(xv) - double(shift[ch]) : double(xv);
+                a += Squares ? v * v : v;
+            }
+            acc[ch] = a;
+        });
 }
 
 CPU_LOOP_CLONES void bn_sums_loop(int rows, int c, const float* __restrict dy, const float* __restrict x,
                                   const float* __restrict mean, const float* __restrict invstd, double* __restrict s0,
                                   double* __restrict s1) {
     for (int ch = 0; ch < c; ++ch) s0[ch] = s1[ch] = 0.0;
-    for (int r = 0; r < rows; ++r) {
-        const float* __restrict dr = dy + size_t(r) * c;
-        const float* __restrict xr = x + size_t(r) * c;
-        for (int ch = 0; ch < c; ++ch) {
-            s0[ch] += dr[ch];
-            s1[ch] += double(dr[ch]) * ((xr[ch] - mean[ch]) * invstd[ch]);
-        }
-    }
+    over_channel_groups(
+        rows, c,
+        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
+            double a[kBnWidth], b[kBnWidth];
+            for (int k = 0; k < kBnWidth; ++k) {
+                a[k] = s0[ch + k];
+                b[k] = s1[ch + k];
+            }
+            for (int r = r0; r < r1; ++r) {
+                const float* __restrict dr = dy + size_t(r) * c + ch;
+                const float* __restrict xr = x + size_t(r) * c + ch;
+                for (int k = 0; k < kBnWidth; ++k) {
+                    a[k] += dr[k];
+                    b[k] += double(dr[k]) * ((xr[k] - mean[ch + k]) * invstd[ch + k]);
+                }
+            }
+            for (int k = 0; k < kBnWidth; ++k) {
+                s0[ch + k] = a[k];
+                s1[ch + k] = b[k];
+            }
+        },
+        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
+            double a = s0[ch], b = s1[ch];
+            for (int r = r0; r < r1; ++r) {
+                const size_t at = size_t(r) * c + ch;
+                a += dy[at];
+                b += double(dy[at]) * ((x[at] - mean[ch]) * invstd[ch]);
+            }
+            s0[ch] = a;
+            s1[ch] = b;
+        });
 }
 
 // 2x2 windows at stride 2 that tile the image (no padding, no remainder): the CNNs' max pool.
@@ -445,19 +505,40 @@ void bn_backward_sums(int rows, int c, const float* dy, const float* x, const fl
     }
 }
 
-// dx may be dy (in place): element-wise, so the vectorised loop keeps its meaning.
+// dx may be dy (in place): element-wise, so the vectorised loop keeps its meaning. Row by row, as
+// the plain loop, with each channel's factors (the same products) made once per group.
 CPU_LOOP_CLONES void bn_backward_dx(int rows, int c, const float* dy, const float* x, const float* __restrict mean,
                                     const float* __restrict invstd, const float* __restrict gamma,
                                     const float* __restrict sums, float inv_count, float* dx) {
-    for (int r = 0; r < rows; ++r) {
-        const float* dr = dy + size_t(r) * c;
-        const float* xr = x + size_t(r) * c;
-        float* out = dx + size_t(r) * c;
-        for (int ch = 0; ch < c; ++ch) {
-            const float xhat = (xr[ch] - mean[ch]) * invstd[ch];
-            out[ch] = gamma[ch] * invstd[ch] * (dr[ch] - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count));
-        }
-    }
+    over_channel_groups(
+        rows, c,
+        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
+            float m[kBnWidth], is[kBnWidth], scale[kBnWidth], s0[kBnWidth], s1[kBnWidth];
+            for (int k = 0; k < kBnWidth; ++k) {
+                m[k] = mean[ch + k];
+                is[k] = invstd[ch + k];
+                scale[k] = gamma[ch + k] * invstd[ch + k];
+                s0[k] = sums[ch + k] * inv_count;
+                s1[k] = sums[c + ch + k] * inv_count;
+            }
+            for (int r = r0; r < r1; ++r) {
+                const float* __restrict xr = x + size_t(r) * c + ch;
+                float d[kBnWidth];  // the row's dy read whole before dx is written: no overlap check
+                for (int k = 0; k < kBnWidth; ++k) d[k] = dy[size_t(r) * c + ch + k];
+                float* out = dx + size_t(r) * c + ch;
+                for (int k = 0; k < kBnWidth; ++k) {
+                    const float xhat = (xr[k] - m[k]) * is[k];
+                    out[k] = scale[k] * (d[k] - s0[k] - xhat * s1[k]);
+                }
+            }
+        },
+        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
+            for (int r = r0; r < r1; ++r) {
+                const size_t at = size_t(r) * c + ch;
+                const float xhat = (x[at] - mean[ch]) * invstd[ch];
+                dx[at] = gamma[ch] * invstd[ch] * (dy[at] - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count));
+            }
+        });
 }
 
 }  // namespace mirrored::cpu
