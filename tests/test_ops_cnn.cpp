@@ -453,6 +453,7 @@ TEST_CASE("cpu batchnorm ops: statistics, running contributions, output, gradien
 // still adds its terms row by row, so the bits are those of the plain loops of kernels/device.h's
 // definitions, written out here. Widths around the groups (16) and rows across the blocks (64).
 TEST_CASE("cpu batchnorm passes: the plain loops' bits for every width and row count") {
+    // (channel_affine_act's one pass is held to channel_affine's bits below)
     Rng rng(211);
     auto d = make_cpu_device(0);
     const Stream s = d->compute_stream();
@@ -465,7 +466,7 @@ TEST_CASE("cpu batchnorm passes: the plain loops' bits for every width and row c
         const auto invstd = rng.uniform(size_t(c), 0.5f, 2.0f), gamma = rng.uniform(size_t(c), 0.5f, 1.5f);
         const auto sums = rng.normal(2 * size_t(c));
         const size_t cs = size_t(c);
-        std::vector<float> want_sum(cs), want_sq(cs), want_b(2 * cs), want_dx(n);
+        std::vector<float> want_sum(cs), want_sq(cs), want_b(2 * cs), want_dx(n), want_y(n);
         const float inv_count = float(1.0 / double(rows));
         for (int ch = 0; ch < c; ++ch) {
             double a = 0, q = 0, s0 = 0, s1 = 0;
@@ -477,6 +478,7 @@ TEST_CASE("cpu batchnorm passes: the plain loops' bits for every width and row c
                 s0 += dy[e];
                 s1 += double(dy[e]) * ((x[e] - shift[size_t(ch)]) * invstd[size_t(ch)]);
                 const float xhat = (x[e] - shift[size_t(ch)]) * invstd[size_t(ch)];
+                want_y[e] = gamma[size_t(ch)] * xhat + sums[size_t(ch)];
                 want_dx[e] = gamma[size_t(ch)] * invstd[size_t(ch)] *
                              (dy[e] - sums[size_t(ch)] * inv_count - xhat * (sums[size_t(c + ch)] * inv_count));
             }
@@ -502,6 +504,12 @@ TEST_CASE("cpu batchnorm passes: the plain loops' bits for every width and row c
         d->bn_backward_dx(s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(),
                           double(rows), ddy.data());
         CHECK(download(*d, ddy) == want_dx);
+        // channel_affine (beta: the first c of sums), apart and in place
+        auto y = poisoned(*d, n);
+        d->channel_affine(s, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(), y.data());
+        CHECK(download(*d, y) == want_y);
+        d->channel_affine(s, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(), dx_.data());
+        CHECK(download(*d, dx_) == want_y);
     }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/cpu/scratch.h"
@@ -213,90 +214,82 @@ CPU_LOOP_CLONES void pool_backward_loop(bool max, bool tiles, const Window2d& g,
             }
 }
 
-// Batchnorm's per-channel passes, kBnRows rows at a time and kBnWidth channels at a time within
-// them: the group's sums stay in registers over the rows (as kBnWidth / 8 chains of additions that
-// overlap), and the rows stay in L1 between the groups. Each channel's terms are still added row
-// by row, in order, so the results are the bits of the plain loops; for the few channels of a
-// CNN's first layers a loop along a row's channels spent more on its sums' loads and stores than
-// on the sums. The groups are plain loops of constant length: GCC vectorises them, float to
-// double conversions included, where it splits a vector type's conversion into pieces.
-constexpr int kBnRows = 64, kBnWidth = 16;
+// Batchnorm's per-channel passes. For the usual widths of a CNN (16, 32 and 64 channels) a row's
+// width is a compile-time constant: the channels' sums stay in registers over all the rows (as
+// overlapping chains of additions) and the factors of the element-wise passes are made once, where
+// a loop of run-time length along each row spent more on loading and storing them than on the
+// arithmetic. GCC vectorises these constant-length loops, float to double conversions included.
+// Each channel still adds its terms row by row, so the results are the bits of the plain loops.
+template <int W>
+using RowWidth = std::integral_constant<int, W>;
 
-// group(ch, r0, r1) for channels [ch, ch + kBnWidth), one(ch, r0, r1) for each channel after them.
-template <typename Group, typename One>
-CNN_INLINE void over_channel_groups(int rows, int c, Group&& group, One&& one) {
-    for (int r0 = 0; r0 < rows; r0 += kBnRows) {
-        const int r1 = std::min(rows, r0 + kBnRows);
-        int ch = 0;
-        for (; ch + kBnWidth <= c; ch += kBnWidth) group(ch, r0, r1);
-        for (; ch < c; ++ch) one(ch, r0, r1);
+// fn(RowWidth<c>) for c of 16, 32 or 64; false (nothing called) for another width.
+template <typename Fn>
+CNN_INLINE bool with_row_width(int c, Fn&& fn) {
+    switch (c) {
+        case 16:
+            fn(RowWidth<16>{});
+            return true;
+        case 32:
+            fn(RowWidth<32>{});
+            return true;
+        case 64:
+            fn(RowWidth<64>{});
+            return true;
+        default:
+            return false;
     }
 }
 
 template <bool Shift, bool Squares>
 CPU_LOOP_CLONES void channel_sums_loop(int rows, int c, const float* __restrict x, const float* __restrict shift,
                                        double* __restrict acc) {
-    for (int ch = 0; ch < c; ++ch) acc[ch] = 0.0;
-    over_channel_groups(
-        rows, c,
-        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
-            double a[kBnWidth];
-            for (int k = 0; k < kBnWidth; ++k) a[k] = acc[ch + k];
-            for (int r = r0; r < r1; ++r) {
-                const float* __restrict xr = x + size_t(r) * c + ch;
-                for (int k = 0; k < kBnWidth; ++k) {
-                    const double v = Shift ? double(xr[k]) - double(shift[ch + k]) : double(xr[k]);
-                    a[k] += Squares ? v * v : v;
-                }
-            }
-            for (int k = 0; k < kBnWidth; ++k) acc[ch + k] = a[k];
-        },
-        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
-            double a = acc[ch];
-            for (int r = r0; r < r1; ++r) {
-                const float xv = x[size_t(r) * c + ch];
-                const double v = Shift ? double(xv) - double(shift[ch]) : double(xv);
-                a += Squares ? v * v : v;
-            }
-            acc[ch] = a;
+    const auto term = [&](float xv, int ch) __attribute__((always_inline)) {
+        const double v = Shift ? double(xv) - double(shift[ch]) : double(xv);
+        return Squares ? v * v : v;
+    };
+    const bool fixed = with_row_width(
+        c, [&](auto W) __attribute__((always_inline)) {
+            double a[W] = {};
+            for (int r = 0; r < rows; ++r)
+                for (int ch = 0; ch < W; ++ch) a[ch] += term(x[size_t(r) * W + ch], ch);
+            for (int ch = 0; ch < W; ++ch) acc[ch] = a[ch];
         });
+    if (fixed) return;
+    for (int ch = 0; ch < c; ++ch) acc[ch] = 0.0;
+    for (int r = 0; r < rows; ++r)
+        for (int ch = 0; ch < c; ++ch) acc[ch] += term(x[size_t(r) * c + ch], ch);
 }
 
 CPU_LOOP_CLONES void bn_sums_loop(int rows, int c, const float* __restrict dy, const float* __restrict x,
                                   const float* __restrict mean, const float* __restrict invstd, double* __restrict s0,
                                   double* __restrict s1) {
-    for (int ch = 0; ch < c; ++ch) s0[ch] = s1[ch] = 0.0;
-    over_channel_groups(
-        rows, c,
-        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
-            double a[kBnWidth], b[kBnWidth];
-            for (int k = 0; k < kBnWidth; ++k) {
-                a[k] = s0[ch + k];
-                b[k] = s1[ch + k];
-            }
-            for (int r = r0; r < r1; ++r) {
-                const float* __restrict dr = dy + size_t(r) * c + ch;
-                const float* __restrict xr = x + size_t(r) * c + ch;
-                for (int k = 0; k < kBnWidth; ++k) {
-                    a[k] += dr[k];
-                    b[k] += double(dr[k]) * ((xr[k] - mean[ch + k]) * invstd[ch + k]);
+    const bool fixed = with_row_width(
+        c, [&](auto W) __attribute__((always_inline)) {
+            double a[W] = {}, b[W] = {};
+            for (int r = 0; r < rows; ++r) {
+                const float* __restrict dr = dy + size_t(r) * W;
+                const float* __restrict xr = x + size_t(r) * W;
+                for (int ch = 0; ch < W; ++ch) {
+                    a[ch] += dr[ch];
+                    b[ch] += double(dr[ch]) * ((xr[ch] - mean[ch]) * invstd[ch]);
                 }
             }
-            for (int k = 0; k < kBnWidth; ++k) {
-                s0[ch + k] = a[k];
-                s1[ch + k] = b[k];
+            for (int ch = 0; ch < W; ++ch) {
+                s0[ch] = a[ch];
+                s1[ch] = b[ch];
             }
-        },
-        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
-            double a = s0[ch], b = s1[ch];
-            for (int r = r0; r < r1; ++r) {
-                const size_t at = size_t(r) * c + ch;
-                a += dy[at];
-                b += double(dy[at]) * ((x[at] - mean[ch]) * invstd[ch]);
-            }
-            s0[ch] = a;
-            s1[ch] = b;
         });
+    if (fixed) return;
+    for (int ch = 0; ch < c; ++ch) s0[ch] = s1[ch] = 0.0;
+    for (int r = 0; r < rows; ++r) {
+        const float* __restrict dr = dy + size_t(r) * c;
+        const float* __restrict xr = x + size_t(r) * c;
+        for (int ch = 0; ch < c; ++ch) {
+            s0[ch] += dr[ch];
+            s1[ch] += double(dr[ch]) * ((xr[ch] - mean[ch]) * invstd[ch]);
+        }
+    }
 }
 
 // 2x2 windows at stride 2 that tile the image (no padding, no remainder): the CNNs' max pool.
@@ -449,17 +442,28 @@ void channel_sums(int rows, int c, const float* x, const float* shift, bool squa
     for (int ch = 0; ch < c; ++ch) out[ch] = float(acc[ch]);
 }
 
+// y may be x (in place): a row is read whole before it is written.
 template <bool kRelu>
 CNN_INLINE void affine_rows(int rows, int c, const float* x, const float* __restrict mean,
                             const float* __restrict invstd, const float* __restrict gamma, const float* __restrict beta,
                             float* y) {
+    const auto out = [](float v) __attribute__((always_inline)) {
+        return kRelu ? act_forward(Activation::relu, v) : v;
+    };
+    const bool fixed = with_row_width(
+        c, [&](auto W) __attribute__((always_inline)) {
+            for (int r = 0; r < rows; ++r) {
+                float v[W];
+                for (int ch = 0; ch < W; ++ch) v[ch] = x[size_t(r) * W + ch];
+                float* yr = y + size_t(r) * W;
+                for (int ch = 0; ch < W; ++ch) yr[ch] = out(gamma[ch] * ((v[ch] - mean[ch]) * invstd[ch]) + beta[ch]);
+            }
+        });
+    if (fixed) return;
     for (int r = 0; r < rows; ++r) {
         const float* xr = x + size_t(r) * c;
         float* yr = y + size_t(r) * c;
-        for (int ch = 0; ch < c; ++ch) {
-            const float v = gamma[ch] * ((xr[ch] - mean[ch]) * invstd[ch]) + beta[ch];
-            yr[ch] = kRelu ? act_forward(Activation::relu, v) : v;
-        }
+        for (int ch = 0; ch < c; ++ch) yr[ch] = out(gamma[ch] * ((xr[ch] - mean[ch]) * invstd[ch]) + beta[ch]);
     }
 }
 
@@ -505,40 +509,39 @@ void bn_backward_sums(int rows, int c, const float* dy, const float* x, const fl
     }
 }
 
-// dx may be dy (in place): element-wise, so the vectorised loop keeps its meaning. Row by row, as
-// the plain loop, with each channel's factors (the same products) made once per group.
+// dx may be dy (in place): element-wise, and a row is read whole before it is written.
 CPU_LOOP_CLONES void bn_backward_dx(int rows, int c, const float* dy, const float* x, const float* __restrict mean,
                                     const float* __restrict invstd, const float* __restrict gamma,
                                     const float* __restrict sums, float inv_count, float* dx) {
-    over_channel_groups(
-        rows, c,
-        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
-            float m[kBnWidth], is[kBnWidth], scale[kBnWidth], s0[kBnWidth], s1[kBnWidth];
-            for (int k = 0; k < kBnWidth; ++k) {
-                m[k] = mean[ch + k];
-                is[k] = invstd[ch + k];
-                scale[k] = gamma[ch + k] * invstd[ch + k];
-                s0[k] = sums[ch + k] * inv_count;
-                s1[k] = sums[c + ch + k] * inv_count;
+    const bool fixed = with_row_width(
+        c, [&](auto W) __attribute__((always_inline)) {
+            float scale[W], s0[W], s1[W];  // the same products as the plain loop's, made once
+            for (int ch = 0; ch < W; ++ch) {
+                scale[ch] = gamma[ch] * invstd[ch];
+                s0[ch] = sums[ch] * inv_count;
+                s1[ch] = sums[W + ch] * inv_count;
             }
-            for (int r = r0; r < r1; ++r) {
-                const float* __restrict xr = x + size_t(r) * c + ch;
-                float d[kBnWidth];  // the row's dy read whole before dx is written: no overlap check
-                for (int k = 0; k < kBnWidth; ++k) d[k] = dy[size_t(r) * c + ch + k];
-                float* out = dx + size_t(r) * c + ch;
-                for (int k = 0; k < kBnWidth; ++k) {
-                    const float xhat = (xr[k] - m[k]) * is[k];
-                    out[k] = scale[k] * (d[k] - s0[k] - xhat * s1[k]);
+            for (int r = 0; r < rows; ++r) {
+                const float* __restrict xr = x + size_t(r) * W;
+                float d[W];
+                for (int ch = 0; ch < W; ++ch) d[ch] = dy[size_t(r) * W + ch];
+                float* out = dx + size_t(r) * W;
+                for (int ch = 0; ch < W; ++ch) {
+                    const float xhat = (xr[ch] - mean[ch]) * invstd[ch];
+                    out[ch] = scale[ch] * (d[ch] - s0[ch] - xhat * s1[ch]);
                 }
             }
-        },
-        [&](int ch, int r0, int r1) __attribute__((always_inline)) {
-            for (int r = r0; r < r1; ++r) {
-                const size_t at = size_t(r) * c + ch;
-                const float xhat = (x[at] - mean[ch]) * invstd[ch];
-                dx[at] = gamma[ch] * invstd[ch] * (dy[at] - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count));
-            }
         });
+    if (fixed) return;
+    for (int r = 0; r < rows; ++r) {
+        const float* dr = dy + size_t(r) * c;
+        const float* xr = x + size_t(r) * c;
+        float* out = dx + size_t(r) * c;
+        for (int ch = 0; ch < c; ++ch) {
+            const float xhat = (xr[ch] - mean[ch]) * invstd[ch];
+            out[ch] = gamma[ch] * invstd[ch] * (dr[ch] - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count));
+        }
+    }
 }
 
 }  // namespace mirrored::cpu
