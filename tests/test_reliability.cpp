@@ -340,6 +340,24 @@ TEST_CASE("GEMM kernels measured per product: later runs reuse the cache, a resu
         CHECK(printed.find("to resume bit-identically, rerun with MIRRORED_JIT_GEMM=measure") != std::string::npos);
         CHECK(printed.find("product shapes as the checkpoint's run measured them") == std::string::npos);
     }
+    {  // a choice this build cannot run (a later version's kernel): said, not dropped silently
+        const std::string later = d / "later", later_log = d / "later.txt";
+        fs::copy(out, later, fs::copy_options::recursive);
+        const std::string newest = list_checkpoints(later + "/checkpoints").front();
+        SafetensorsFile f = read_safetensors(newest, true);
+        f.metadata["gemm_choices"] += ";nt:8x8x8:8,8,8:0=kernel-of-a-later-version";
+        write_safetensors(newest, f, true);
+        REQUIRE(run_cli({"train", cfg, "--output", later},
+                        {{"MIRRORED_JIT_GEMM", "measure"},
+                         {"MIRRORED_CACHE_DIR", d / "later-cache"},
+                         {"MIRRORED_TEST_STOP_AFTER_STEP", "21"}},
+                        -1, nullptr, Stdout::file, later_log) == kExitInterrupted);
+        const std::string printed(std::istreambuf_iterator<char>(std::ifstream(later_log).rdbuf()), {});
+        CHECK(printed.find("GEMM kernels of " + std::to_string(choices.size()) +
+                           " product shapes as the checkpoint's run measured them") != std::string::npos);
+        CHECK(printed.find("note: 1 of the checkpoint's " + std::to_string(choices.size() + 1) +
+                           " GEMM kernel choices are not ones this build can run") != std::string::npos);
+    }
     // resumed without the cache: the checkpoint's choices, not a new measurement
     const std::string log = d / "resume.txt";
     REQUIRE(run_cli({"train", cfg, "--output", out},
