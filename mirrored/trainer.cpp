@@ -364,7 +364,7 @@ public:
 private:
     void print_header();
     void print_strategy_choices(const MirroredStrategy& st) const;
-    void print_staging_warning(const MirroredStrategy& st) const;
+    void print_staging_note(const MirroredStrategy& st) const;
     bool prepare_output();  // false: a finished run in a folder this process cannot write
     void resume_or_init();
     void start_fresh();
@@ -489,24 +489,31 @@ void Run::print_header() {
     std::fflush(out_);
 }
 
-// shard: gradients where its staging slots outweigh the saving: a slot holds a bucket whole and a
-// bucket never splits a tensor, so a model whose gradients lie mostly in a few large tensors (or
-// in one bucket) keeps them all in slots, and the own chunks besides.
-void Run::print_staging_warning(const MirroredStrategy& st) const {
+// shard: gradients where its staging slots outweigh the saving. A slot holds a bucket whole and
+// a bucket never splits a tensor: where the buckets are larger than the largest tensor, smaller
+// buckets help; where that tensor fills a bucket alone, shard: optimizer keeps less.
+void Run::print_staging_note(const MirroredStrategy& st) const {
     const uint64_t whole = uint64_t(st.model().flat_size()) * sizeof(float);
-    if (st.memory_plan().grads < whole) return;
+    if (st.memory_plan().grads <= whole) return;
     const TensorInfo* largest = nullptr;
     for (const TensorInfo& t : st.model().tensors())
         if (t.trainable && (!largest || t.count > largest->count)) largest = &t;
     if (!largest) return;
+    size_t bucket = 0;  // the largest trainable bucket, floats
+    for (const Bucket& b : st.buckets())
+        if (b.begin < st.model().trainable_size()) bucket = std::max(bucket, b.end - b.begin);
+    const bool smaller_buckets_help = bucket > 2 * largest->count;
     std::fprintf(out_,
                  "  note: shard: gradients keeps more gradient memory here than unsharded (%s against %s): its "
-                 "staging slots (%s) hold the largest buckets whole, and a bucket never splits a tensor (the "
-                 "largest, %s, is %s), so a smaller strategy.bucket_mb helps only down to that tensor's size; "
-                 "strategy.shard: optimizer keeps less on this model\n",
+                 "staging slots (%s) each hold a bucket whole, the largest bucket is %s, and a bucket never splits "
+                 "a tensor (the largest, %s, is %s); %s\n",
                  format_bytes(st.memory_plan().grads).c_str(), format_bytes(whole).c_str(),
-                 format_bytes(uint64_t(st.gradient_slot_floats()) * sizeof(float)).c_str(), largest->name.c_str(),
-                 format_bytes(uint64_t(largest->count) * sizeof(float)).c_str());
+                 format_bytes(uint64_t(st.gradient_slot_floats()) * sizeof(float)).c_str(),
+                 format_bytes(uint64_t(bucket) * sizeof(float)).c_str(), largest->name.c_str(),
+                 format_bytes(uint64_t(largest->count) * sizeof(float)).c_str(),
+                 smaller_buckets_help ? "a smaller strategy.bucket_mb makes smaller slots"
+                                      : "that tensor fills its slot alone, so strategy.shard: optimizer keeps less "
+                                        "on this model");
 }
 
 // How the strategy runs: the ops `auto` chose, shared parameters, captured steps - each when it
@@ -539,7 +546,7 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
                      "the buckets into %d reused staging slot(s) (gradients %s per replica, unsharded %s)\n",
                      st.gradient_slots(), format_bytes(st.memory_plan().grads).c_str(),
                      format_bytes(uint64_t(st.model().flat_size()) * sizeof(float)).c_str());
-        print_staging_warning(st);
+        print_staging_note(st);
     } else if (cfg_.strategy.shard != StrategyConfig::Shard::none && st.shared_parameters()) {
         std::fprintf(out_,
                      "  shard: %s - the shared parameter copy's optimizer state is already held once, "

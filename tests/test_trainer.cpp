@@ -253,9 +253,10 @@ TEST_CASE("strategy.shard gradients: SIGKILL then resume is bit-identical; switc
     expect_switch_continues(s, cfg, plain, "gradients");
 }
 
-TEST_CASE("shard: gradients says where its staging slots outweigh the saving, naming the largest tensor") {
+TEST_CASE("shard: gradients says where its staging slots outweigh the saving, and what would help") {
     Scratch s;
-    // six equal layers: with buckets of about one weight the slots are three of six buckets' worth
+    // six equal layers, buckets of about one layer: two slots (the one in use and a spare) and the
+    // own chunks, 2 x 16.25 + 24.4 KiB, against 97.5 KiB unsharded
     std::string text = R"(run: {name: deep, seed: 3}
 strategy: {devices: "cpu:4", bucket_mb: 0.01, shard: gradients}
 data: {dataset: synthetic, input_shape: [64], classes: 4, train_samples: 256, test_samples: 64}
@@ -272,13 +273,22 @@ train: {epochs: 1, global_batch_size: 32}
 )";
     const std::string note = "note: shard: gradients keeps more gradient memory here than unsharded";
     const auto [saving, t1] = train_printing(s.config(text, "deep.yaml"), s.out("small_buckets"));
-    CHECK(saving.find("and gradients: each replica keeps only its own chunks") != std::string::npos);
+    CHECK(saving.find("2 reused staging slot(s) (gradients 56.9 KiB per replica, unsharded 97.5 KiB)") !=
+          std::string::npos);
     CHECK(saving.find(note) == std::string::npos);
-    // one bucket: its slot is every gradient, and the own chunks come on top
+    // one bucket: its slot is every gradient, and the own chunks come on top; smaller buckets help
     text.replace(text.find("bucket_mb: 0.01"), 15, "bucket_mb: 0");
-    const auto [costly, t2] = train_printing(s.config(text, "one_bucket.yaml"), s.out("one_bucket"));
-    CHECK(costly.find(note) != std::string::npos);
-    CHECK(costly.find("the largest, layers.0.weight, is 16.0 KiB") != std::string::npos);
+    const auto [one_bucket, t2] = train_printing(s.config(text, "one_bucket.yaml"), s.out("one_bucket"));
+    CHECK(one_bucket.find(note + " (121.9 KiB against 97.5 KiB): its staging slots (97.5 KiB)") != std::string::npos);
+    CHECK(one_bucket.find("the largest, layers.0.weight, is 16.0 KiB); a smaller strategy.bucket_mb") !=
+          std::string::npos);
+    // one tensor of most of the model fills a slot alone: shard: optimizer keeps less
+    text.replace(text.find("bucket_mb: 0"), 12, "bucket_mb: 0.01");
+    text.replace(text.find("units: 64, activation: relu}"), 28, "units: 512, activation: relu}");
+    const auto [one_tensor, t3] = train_printing(s.config(text, "wide.yaml"), s.out("one_tensor"));
+    CHECK(one_tensor.find(note) != std::string::npos);
+    CHECK(one_tensor.find("that tensor fills its slot alone, so strategy.shard: optimizer keeps less") !=
+          std::string::npos);
 }
 
 TEST_CASE(
