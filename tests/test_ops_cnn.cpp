@@ -449,11 +449,11 @@ TEST_CASE("cpu batchnorm ops: statistics, running contributions, output, gradien
     }
 }
 
-// The CPU's batchnorm passes run a group of channels over a block of rows at a time; each channel
-// still adds its terms row by row, so the bits are those of the plain loops of kernels/device.h's
-// definitions, written out here. Widths around the groups (16) and rows across the blocks (64).
-TEST_CASE("cpu batchnorm passes: the plain loops' bits for every width and row count") {
-    // (channel_affine_act's one pass is held to channel_affine's bits below)
+// The CPU's batchnorm passes take rows of 16, 32 and 64 channels as compile-time widths and
+// other widths in plain loops; each channel still adds its terms row by row, so the bits are those
+// of kernels/device.h's definitions, written out here as plain loops. Both paths, one random row
+// count each.
+TEST_CASE("cpu batchnorm passes: the plain loops' bits at the fixed widths and others") {
     Rng rng(211);
     auto d = make_cpu_device(0);
     const Stream s = d->compute_stream();
@@ -508,8 +508,18 @@ TEST_CASE("cpu batchnorm passes: the plain loops' bits for every width and row c
         auto y = poisoned(*d, n);
         d->channel_affine(s, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(), y.data());
         CHECK(download(*d, y) == want_y);
+        // channel_affine_act's ReLU pass (the CPU's own loop), apart and in place
+        std::vector<float> want_relu = want_y;
+        for (float& v : want_relu) v = v > 0.0f ? v : 0.0f;
+        d->channel_affine_act(s, Activation::relu, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(),
+                              dsums.data(), y.data());
+        CHECK(download(*d, y) == want_relu);
         d->channel_affine(s, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(), dx_.data());
         CHECK(download(*d, dx_) == want_y);
+        auto again = upload(*d, x);
+        d->channel_affine_act(s, Activation::relu, rows, c, again.data(), dshift.data(), dinv.data(), dgamma.data(),
+                              dsums.data(), again.data());
+        CHECK(download(*d, again) == want_relu);
     }
 }
 

@@ -1,7 +1,6 @@
 #include "kernels/cpu/cnn_loops.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -264,17 +263,17 @@ CPU_LOOP_CLONES void channel_sums_loop(int rows, int c, const float* __restrict 
 CPU_LOOP_CLONES void bn_sums_loop(int rows, int c, const float* __restrict dy, const float* __restrict x,
                                   const float* __restrict mean, const float* __restrict invstd, double* __restrict s0,
                                   double* __restrict s1) {
+    // one row's terms: s0 += dy, s1 += dy * xhat
+    const auto add = [&](const float* __restrict dr, const float* __restrict xr, int ch, double& a, double& b)
+        __attribute__((always_inline)) {
+        a += dr[ch];
+        b += double(dr[ch]) * ((xr[ch] - mean[ch]) * invstd[ch]);
+    };
     const bool fixed = with_row_width(
         c, [&](auto W) __attribute__((always_inline)) {
             double a[W] = {}, b[W] = {};
-            for (int r = 0; r < rows; ++r) {
-                const float* __restrict dr = dy + size_t(r) * W;
-                const float* __restrict xr = x + size_t(r) * W;
-                for (int ch = 0; ch < W; ++ch) {
-                    a[ch] += dr[ch];
-                    b[ch] += double(dr[ch]) * ((xr[ch] - mean[ch]) * invstd[ch]);
-                }
-            }
+            for (int r = 0; r < rows; ++r)
+                for (int ch = 0; ch < W; ++ch) add(dy + size_t(r) * W, x + size_t(r) * W, ch, a[ch], b[ch]);
             for (int ch = 0; ch < W; ++ch) {
                 s0[ch] = a[ch];
                 s1[ch] = b[ch];
@@ -282,14 +281,8 @@ CPU_LOOP_CLONES void bn_sums_loop(int rows, int c, const float* __restrict dy, c
         });
     if (fixed) return;
     for (int ch = 0; ch < c; ++ch) s0[ch] = s1[ch] = 0.0;
-    for (int r = 0; r < rows; ++r) {
-        const float* __restrict dr = dy + size_t(r) * c;
-        const float* __restrict xr = x + size_t(r) * c;
-        for (int ch = 0; ch < c; ++ch) {
-            s0[ch] += dr[ch];
-            s1[ch] += double(dr[ch]) * ((xr[ch] - mean[ch]) * invstd[ch]);
-        }
-    }
+    for (int r = 0; r < rows; ++r)
+        for (int ch = 0; ch < c; ++ch) add(dy + size_t(r) * c, x + size_t(r) * c, ch, s0[ch], s1[ch]);
 }
 
 // 2x2 windows at stride 2 that tile the image (no padding, no remainder): the CNNs' max pool.
@@ -447,8 +440,9 @@ template <bool kRelu>
 CNN_INLINE void affine_rows(int rows, int c, const float* x, const float* __restrict mean,
                             const float* __restrict invstd, const float* __restrict gamma, const float* __restrict beta,
                             float* y) {
-    const auto out = [](float v) __attribute__((always_inline)) {
-        return kRelu ? act_forward(Activation::relu, v) : v;
+    const auto value = [&](float v, int ch) __attribute__((always_inline)) {
+        const float a = gamma[ch] * ((v - mean[ch]) * invstd[ch]) + beta[ch];
+        return kRelu ? act_forward(Activation::relu, a) : a;
     };
     const bool fixed = with_row_width(
         c, [&](auto W) __attribute__((always_inline)) {
@@ -456,14 +450,14 @@ CNN_INLINE void affine_rows(int rows, int c, const float* x, const float* __rest
                 float v[W];
                 for (int ch = 0; ch < W; ++ch) v[ch] = x[size_t(r) * W + ch];
                 float* yr = y + size_t(r) * W;
-                for (int ch = 0; ch < W; ++ch) yr[ch] = out(gamma[ch] * ((v[ch] - mean[ch]) * invstd[ch]) + beta[ch]);
+                for (int ch = 0; ch < W; ++ch) yr[ch] = value(v[ch], ch);
             }
         });
     if (fixed) return;
     for (int r = 0; r < rows; ++r) {
         const float* xr = x + size_t(r) * c;
         float* yr = y + size_t(r) * c;
-        for (int ch = 0; ch < c; ++ch) yr[ch] = out(gamma[ch] * ((xr[ch] - mean[ch]) * invstd[ch]) + beta[ch]);
+        for (int ch = 0; ch < c; ++ch) yr[ch] = value(xr[ch], ch);
     }
 }
 
@@ -509,13 +503,20 @@ void bn_backward_sums(int rows, int c, const float* dy, const float* x, const fl
     }
 }
 
-// dx may be dy (in place): element-wise, and a row is read whole before it is written.
+// dx may be dy (in place): element-wise, and a row is read whole before it is written; x is
+// never dx (the layer keeps its input for backward).
 CPU_LOOP_CLONES void bn_backward_dx(int rows, int c, const float* dy, const float* x, const float* __restrict mean,
                                     const float* __restrict invstd, const float* __restrict gamma,
                                     const float* __restrict sums, float inv_count, float* dx) {
+    // gamma * invstd * (dy - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count)), with the
+    // products in brackets made once per channel: the same operations in the same order
+    const auto value = [&](float d, float xv, int ch, float scale, float s0, float s1) __attribute__((always_inline)) {
+        const float xhat = (xv - mean[ch]) * invstd[ch];
+        return scale * (d - s0 - xhat * s1);
+    };
     const bool fixed = with_row_width(
         c, [&](auto W) __attribute__((always_inline)) {
-            float scale[W], s0[W], s1[W];  // the same products as the plain loop's, made once
+            float scale[W], s0[W], s1[W];
             for (int ch = 0; ch < W; ++ch) {
                 scale[ch] = gamma[ch] * invstd[ch];
                 s0[ch] = sums[ch] * inv_count;
@@ -526,10 +527,7 @@ CPU_LOOP_CLONES void bn_backward_dx(int rows, int c, const float* dy, const floa
                 float d[W];
                 for (int ch = 0; ch < W; ++ch) d[ch] = dy[size_t(r) * W + ch];
                 float* out = dx + size_t(r) * W;
-                for (int ch = 0; ch < W; ++ch) {
-                    const float xhat = (xr[ch] - mean[ch]) * invstd[ch];
-                    out[ch] = scale[ch] * (d[ch] - s0[ch] - xhat * s1[ch]);
-                }
+                for (int ch = 0; ch < W; ++ch) out[ch] = value(d[ch], xr[ch], ch, scale[ch], s0[ch], s1[ch]);
             }
         });
     if (fixed) return;
@@ -537,10 +535,8 @@ CPU_LOOP_CLONES void bn_backward_dx(int rows, int c, const float* dy, const floa
         const float* dr = dy + size_t(r) * c;
         const float* xr = x + size_t(r) * c;
         float* out = dx + size_t(r) * c;
-        for (int ch = 0; ch < c; ++ch) {
-            const float xhat = (xr[ch] - mean[ch]) * invstd[ch];
-            out[ch] = gamma[ch] * invstd[ch] * (dr[ch] - sums[ch] * inv_count - xhat * (sums[c + ch] * inv_count));
-        }
+        for (int ch = 0; ch < c; ++ch)
+            out[ch] = value(dr[ch], xr[ch], ch, gamma[ch] * invstd[ch], sums[ch] * inv_count, sums[c + ch] * inv_count);
     }
 }
 
