@@ -55,7 +55,7 @@ std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
 void adopt_gemm_choices(const CheckpointData& ckpt, const MirroredStrategy& st, const Config& cfg, std::FILE* out) {
     if (ckpt.gemm_choices.empty() || ckpt.blas_kernel != gemm_library(st, cfg)) return;
     const size_t adopted = st.backend().adopt_gemm_choices(ckpt.gemm_choices);
-    size_t recorded = 0;  // the entries of "shape=kernel;shape=kernel;..."
+    size_t recorded = 0;  // non-empty entries of "shape=kernel;...", as adopt_gemm_choices reads them
     for (size_t at = 0; at < ckpt.gemm_choices.size();) {
         const size_t end = std::min(ckpt.gemm_choices.find(';', at), ckpt.gemm_choices.size());
         recorded += end > at;
@@ -64,11 +64,13 @@ void adopt_gemm_choices(const CheckpointData& ckpt, const MirroredStrategy& st, 
     if (adopted)
         std::fprintf(out, "  GEMM kernels of %zu product shapes as the checkpoint's run measured them\n", adopted);
     if (recorded > adopted)
-        std::fprintf(out,
-                     "  note: %zu of the checkpoint's %zu GEMM kernel choices are not ones this build can run (another "
-                     "version's, or a kernel not built here): those products are measured again, so the resumed run "
-                     "may differ from an uninterrupted one in the last bits\n",
-                     recorded - adopted, recorded);
+        std::fprintf(
+            out,
+            "  note: %zu of the checkpoint's %zu GEMM kernel choices are not ones this build can run here (another "
+            "version's, a kernel not built here or not for this CPU): those products' kernels are chosen "
+            "again (this machine's cache or a new measurement), so the resumed run may differ from an "
+            "uninterrupted one in the last bits\n",
+            recorded - adopted, recorded);
 }
 
 // cross_device_ops: auto, resuming: the op the checkpoint to resume from was written with, read
