@@ -96,8 +96,12 @@ struct Harness {
 // the parameters perturbed first so that no gamma is exactly 1 and no bias 0. At a ReLU kink or
 // a max-pool tie the central difference straddles two linear pieces; there one of the one-sided
 // differences must agree. A first-layer weight moves every activation behind a batchnorm, so
-// +-eps can cross a kink on both sides; only then the differences are taken again with eps / 4
-// (four times less likely to cross one; float32 logits make it noisier, hence the wider bound).
+// +-eps can cross a kink on both sides; only then the differences are taken again with eps / 4,
+// and once more with eps / 16, central only (each four times less likely to cross one; float32
+// logits make them noisier, hence the wider bound, which one-sided differences would widen past
+// a 5% error in backprop). Which point lands near a kink depends on the products'
+// rounding, so on the kernels measured on the machine: a clean clone's run met one at both 1e-3
+// and 2.5e-4 (differences 0.293 and 0.334, moving towards backprop's 0.370).
 void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t per_tensor = 40) {
     Harness h(d, m, rows, salt);
     Rng rng(salt + 100);
@@ -111,7 +115,7 @@ void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t 
     int checked = 0, failures = 0;
     // Does backprop's g agree with the differences at step eps (the absolute bound scales with
     // the float32 noise, 1/eps)? Returns the central difference.
-    auto agrees = [&](size_t k, double g, double eps, double& central) {
+    auto agrees = [&](size_t k, double g, double eps, double& central, bool one_sided = true) {
         const float orig = p[k];
         p[k] = orig + float(eps);
         const double up = h.loss(p);
@@ -122,8 +126,8 @@ void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t 
         const double noise = 1e-3 / eps;
         central = (up - down) / (2 * eps);
         return std::fabs(central - g) <= 3e-4 * noise + 1e-2 * std::fabs(g) ||
-               std::fabs((up - at) / eps - g) <= 2e-3 * noise + 3e-2 * std::fabs(g) ||
-               std::fabs((at - down) / eps - g) <= 2e-3 * noise + 3e-2 * std::fabs(g);
+               (one_sided && (std::fabs((up - at) / eps - g) <= 2e-3 * noise + 3e-2 * std::fabs(g) ||
+                              std::fabs((at - down) / eps - g) <= 2e-3 * noise + 3e-2 * std::fabs(g)));
     };
     for (const auto& t : m.tensors()) {
         if (!t.trainable) continue;
@@ -131,11 +135,12 @@ void check_gradients(Device& d, const Model& m, int rows, uint64_t salt, size_t 
             const size_t i = t.count <= per_tensor ? s : size_t(rng.integer(0, int(t.count) - 1));
             const size_t k = t.offset + i;
             const double g = bp[k];
-            double central = 0, fine = 0;
-            const bool ok = agrees(k, g, 1e-3, central) || agrees(k, g, 2.5e-4, fine);
+            double central = 0, fine = 0, finer = 0;
+            const bool ok =
+                agrees(k, g, 1e-3, central) || agrees(k, g, 2.5e-4, fine) || agrees(k, g, 6.25e-5, finer, false);
             if (!ok && ++failures <= 5)
                 MESSAGE(t.name << "[" << i << "]: backprop " << g << " vs finite differences " << central
-                               << " (eps 1e-3), " << fine << " (eps 2.5e-4)");
+                               << " (eps 1e-3), " << fine << " (eps 2.5e-4), " << finer << " (eps 6.25e-5)");
             ++checked;
         }
     }
