@@ -27,8 +27,8 @@ Shape input_of(const std::vector<int>& dims) {
 }
 
 // The tensors' offsets: trainable ones first, then the state; each aligned.
-std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, size_t& trainable_end, size_t& end,
-                               size_t& params) {
+std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, std::vector<GradientPiece>& pieces,
+                               size_t& trainable_end, size_t& end, size_t& params) {
     std::vector<TensorRef> refs(b.tensors().size());
     size_t offset = 0;
     for (int pass = 0; pass < 2; ++pass) {
@@ -45,8 +45,14 @@ std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, s
             info.offset = offset;
             info.count = size_t(count);
             info.layer = t.top_layer;
+            const size_t per = t.piece_floats ? t.piece_floats : size_t(count);
+            const int blocks = t.trainable ? t.pieces : 1;
             info.unit = t.unit;
-            info.written_from = std::max(t.unit, t.tied_unit);
+            info.written_from = std::max(t.unit + blocks - 1, t.tied_unit);
+            for (int k = 0; t.trainable && k < blocks; ++k) {  // the last block is written first
+                const size_t from = offset + size_t(k) * per, to = std::min(offset + size_t(count), from + per);
+                pieces.push_back({from, to, t.unit + k, blocks > 1 ? t.unit + k : info.written_from});
+            }
             info.init = t.init;
             info.trainable = t.trainable;
             info.fill = t.fill;
@@ -63,13 +69,19 @@ std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, s
 
 }  // namespace
 
-Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed, bool recompute_blocks)
-    : input_shape_(std::move(input_shape)), specs_(std::move(layers)) {
+Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed, bool recompute_blocks,
+             size_t gradient_piece_floats)
+    : input_shape_(std::move(input_shape)),
+      specs_(std::move(layers)),
+      seed_(seed),
+      recompute_(recompute_blocks),
+      piece_floats_(gradient_piece_floats) {
     if (input_shape_.empty()) throw ConfigError("model.input_shape", "expected at least one dimension");
     if (specs_.empty()) throw ConfigError("model.layers", "expected at least one layer");
     in_ = input_of(input_shape_);
     layout_ = std::make_unique<Builder>(seed);
     layout_->set_recompute(recompute_blocks);
+    layout_->set_piece_floats(gradient_piece_floats);
     top_ = std::make_unique<Sequential>(specs_);
     out_ = top_->build(*layout_, "layers", "model.layers", in_, true);
     if (out_.image)
@@ -79,13 +91,17 @@ Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64
                               "(flatten or global_avgpool, then dense)");
     dlogits_slot_ = layout_->new_slot();
     layout_->act_buffer(dlogits_slot_, out_.size());
-    const std::vector<TensorRef> refs = lay_out(*layout_, tensors_, trainable_size_, flat_size_, param_count_);
+    const std::vector<TensorRef> refs = lay_out(*layout_, tensors_, pieces_, trainable_size_, flat_size_, param_count_);
     if (trainable_size_ == 0)
         throw ConfigError("model.layers", "the model has no trainable layer (add a dense or conv2d layer)");
     top_->place(refs);
 }
 
 Model::~Model() = default;
+
+std::unique_ptr<Model> Model::with_gradient_pieces(size_t floats) const {
+    return std::make_unique<Model>(input_shape_, specs_, seed_, recompute_, floats);
+}
 
 bool Model::reads_token_ids() const { return layer_kinds().get(specs_.front().type).reads_token_ids; }
 

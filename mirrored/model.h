@@ -33,13 +33,21 @@ struct TensorInfo {
     size_t count = 0;
     int layer = 0;  // the top-level layer it belongs to
     int unit = 0;   // the gradient unit (Builder::begin_unit) whose backward completes its gradient
-    // The first gradient unit whose backward (last unit first) writes its gradient: its own, or a
-    // later one tied to it (an LM head sharing the token embedding's table).
+    // The first gradient unit whose backward (last unit first) writes its gradient: its own, its
+    // last block's (Builder::split_rows), or a later one tied to it (an LM head sharing the token
+    // embedding's table).
     int written_from = 0;
     InitArgs init;
     bool trainable = true;  // false: mirrored state (running statistics)
     float fill = 0.0f;      // state: initial value
     float momentum = 0.0f;  // state: the exponential average's step
+};
+
+// A range of the trainable region whose gradient one gradient unit writes: a tensor, or a block
+// of a split one's rows (Builder::split_rows). written_from as TensorInfo's.
+struct GradientPiece {
+    size_t begin = 0, end = 0;  // floats
+    int unit = 0, written_from = 0;
 };
 
 // Everything one forward/backward call needs besides buffers (see Pass in mirrored/layers).
@@ -49,8 +57,12 @@ class Model {
 public:
     static constexpr size_t kTensorAlign = 64;  // floats (256 bytes): vector loads, tidy buckets
 
-    // recompute_blocks: train.recompute: blocks (Builder::begin_recompute).
-    Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed, bool recompute_blocks = false);
+    // recompute_blocks: train.recompute: blocks (Builder::begin_recompute). gradient_piece_floats:
+    // write a dense layer's weight gradient in blocks of the fewest rows that hold this many
+    // floats, each its own gradient unit (Builder::split_rows; strategy.shard: gradients), 0: whole
+    // tensors.
+    Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed, bool recompute_blocks = false,
+          size_t gradient_piece_floats = 0);
     ~Model();
 
     const std::vector<int>& input_shape() const { return input_shape_; }
@@ -118,6 +130,12 @@ public:
     // so a caller can start reducing them while earlier layers are still being computed.
     void backward(Pass& p, void* dlogits, const std::function<void(int unit)>& on_unit_done) const;
     int gradient_units() const { return layout_->units(); }
+    // The trainable tensors' gradients by the unit that writes them, in offset order (without
+    // the alignment gaps): buckets split only between pieces.
+    const std::vector<GradientPiece>& gradient_pieces() const { return pieces_; }
+    size_t gradient_piece_floats() const { return piece_floats_; }
+    // This model laid out with other gradient pieces (the same tensors at the same offsets).
+    std::unique_ptr<Model> with_gradient_pieces(size_t floats) const;
     int unit_layer(int unit) const { return layout_->unit_layer(unit); }  // the unit's top-level layer
     // The buffer backward() expects the loss gradient in: [rows, output_features()].
     void* dlogits_buffer(Activations& acts) const { return acts.act(dlogits_slot_, 0); }
@@ -130,6 +148,10 @@ private:
     std::unique_ptr<Sequential> top_;
     int dlogits_slot_ = -1;
     std::vector<TensorInfo> tensors_;
+    std::vector<GradientPiece> pieces_;
+    uint64_t seed_ = 0;
+    bool recompute_ = false;
+    size_t piece_floats_ = 0;
     size_t flat_size_ = 0, trainable_size_ = 0, param_count_ = 0;
 };
 

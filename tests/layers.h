@@ -69,12 +69,11 @@ inline LayerSpec residual(std::vector<LayerSpec> layers, const std::string& shor
         std::move(layers));
 }
 
-// Whether backward reported every gradient unit once - each unit that owns a trainable tensor
-// or writes a tied one - and no other (Model::backward throws where the order is not last first).
+// Whether backward reported every gradient unit once - each unit that writes a gradient piece (a
+// trainable tensor, a split one's block of rows) or a tied tensor - and no other (Model::backward throws where the order is not last first).
 inline bool reported_every_unit(const Model& m, const std::vector<int>& reported) {
     std::set<int> expected;
-    for (const TensorInfo& t : m.tensors())
-        if (t.trainable) expected.insert({t.unit, t.written_from});
+    for (const GradientPiece& p : m.gradient_pieces()) expected.insert({p.unit, p.written_from});
     return reported.size() == expected.size() && std::set<int>(reported.begin(), reported.end()) == expected &&
            int(expected.size()) == m.gradient_units();
 }

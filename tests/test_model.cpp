@@ -239,6 +239,44 @@ TEST_CASE("gradients match finite differences: dense, dropout, flatten (NCHW ord
     check_gradients(*d, Model({6}, {dense(5, Activation::gelu, false), dense(4, Activation::none, false)}, 12), 5, 2);
 }
 
+TEST_CASE("a dense weight's gradient in blocks of rows: each block a gradient unit, the same gradients") {
+    auto d = make_cpu_device(0);
+    const std::vector<LayerSpec> layers = {dense(20, Activation::relu), dropout(0.25f), dense(17, Activation::gelu),
+                                           dense(5, Activation::none, false)};
+    const Model whole({6}, layers, 11);
+    const Model pieced({6}, layers, 11, false, 14);  // blocks of 8 rows (the fewest that hold 14 floats, in 8s)
+    REQUIRE(whole.tensors().size() == pieced.tensors().size());
+    for (size_t i = 0; i < whole.tensors().size(); ++i) CHECK(whole.tensors()[i].offset == pieced.tensors()[i].offset);
+    // 3 + 1 (bias) + 3 + 1 + 1 (5 rows: one block) pieces, end to end over each tensor, units rising with offsets
+    const auto& pieces = pieced.gradient_pieces();
+    REQUIRE(pieces.size() == 9);
+    CHECK(whole.gradient_pieces().size() == 5);
+    CHECK(pieced.gradient_units() == 3 + 3 + 1);
+    for (size_t k = 0; k + 1 < pieces.size(); ++k) {
+        CHECK(pieces[k].unit <= pieces[k + 1].unit);
+        CHECK(pieces[k].unit == pieces[k].written_from);
+        if (pieces[k + 1].begin != pieces[k].end)  // a tensor's end: the next starts at its aligned offset
+            CHECK(pieces[k + 1].begin % Model::kTensorAlign == 0);
+    }
+    const TensorInfo* w1 = pieced.find("layers.2.weight");
+    CHECK(w1->unit == 3);  // its first rows' block: the last backward reports
+    CHECK(w1->written_from == 5);
+    CHECK(pieced.find("layers.2.bias")->unit == 5);  // written with the last block, first
+    CHECK(pieces[4].begin == w1->offset);
+    CHECK(pieces[4].end == w1->offset + 8 * 20);
+    CHECK(pieces[6].end - pieces[6].begin == 20);  // the rest: one row
+    CHECK(pieced.find("layers.3.weight")->written_from == 6);
+    // the same gradients, written and accumulated, every unit reported once and last first (a
+    // block's product may take another kernel than the whole one's, which adds the rows in another
+    // order: within rounding)
+    Harness a(*d, whole, 6, 4), b(*d, pieced, 6, 4);
+    std::vector<int> units;
+    CHECK(rel_error(b.backprop(&units), a.backprop()) < 1e-6);
+    CHECK(reported_every_unit(pieced, units));
+    CHECK(rel_error(b.backprop(nullptr, true), a.backprop(nullptr, true)) < 1e-6);
+    check_gradients(*d, pieced, 5, 2);
+}
+
 TEST_CASE("gradients match finite differences: conv2d (padding, stride, 1x1), pools, batchnorm, layernorm") {
     auto d = make_cpu_device(0);
     // same padding, max pool, valid conv, batchnorm with relu, padded average pool, global pool, layernorm

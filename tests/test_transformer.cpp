@@ -286,9 +286,11 @@ struct TokenHarness {
     }
 };
 
-// Backprop against finite differences at a sample of every trainable tensor's entries.
-void check_gradients(Device& d, const std::vector<LayerSpec>& layers, int t, int rows) {
-    const Model m({t}, layers, base_seed());
+// Backprop against finite differences at a sample of every trainable tensor's entries. recompute
+// and piece_floats: Model's.
+void check_gradients(Device& d, const std::vector<LayerSpec>& layers, int t, int rows, bool recompute = false,
+                     size_t piece_floats = 0) {
+    const Model m({t}, layers, base_seed(), recompute, piece_floats);
     TokenHarness h(d, m, rows, base_seed() + 7);
     Rng rng(base_seed() + 8);
     std::vector<float> p = download(d, h.params);
@@ -341,6 +343,11 @@ TEST_CASE("gradients match finite differences: embedding, position embedding, at
     auto d = make_cpu_device(0);
     SUBCASE("tied head, two blocks") { check_gradients(*d, gpt(13, 8, 5, 2, 2, true), 5, 3); }
     SUBCASE("untied head, one head of the full width") { check_gradients(*d, gpt(9, 6, 4, 1, 1, false), 4, 2); }
+    SUBCASE("shard: gradients' blocks of 8 rows: an untied head's and the MLP's first weight, recomputed") {
+        const std::vector<LayerSpec> l = gpt(13, 8, 5, 1, 2, false);
+        REQUIRE(Model({5}, l, 1, true, 16).gradient_units() == Model({5}, l, 1).gradient_units() + 1 + 3);
+        check_gradients(*d, l, 5, 3, true, 16);
+    }
     SUBCASE("the block as a list: residual layers of layernorm, attention and dense") {
         std::vector<LayerSpec> l = {
             layer("embedding", {{"vocab", "10"}, {"dim", "8"}}),

@@ -34,6 +34,7 @@ public:
         wi.fan_in = inputs;
         wi.fan_out = units;
         w_ = b.param(name_ + ".weight", {units, inputs}, wi);
+        piece_rows_ = b.split_rows(w_, size_t(inputs));
         if (o_.bias) b_ = b.param(name_ + ".bias", {units}, InitArgs{});
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, size_t(units) * in_.positions());
@@ -64,9 +65,14 @@ public:
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
             p.dev->act_backward(p.stream, o_.activation, size_t(rows) * units, z, dy, dy);
         }
-        // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
-        p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), p.grad(w_off_),
-                                 b_ >= 0 ? p.grad(b_off_) : nullptr, p.accumulate, p.types(DType::f32));
+        if (piece_rows_ < units) {  // Builder::split_rows: db, then dW's blocks
+            if (b_ >= 0) p.dev->bias_grad(p.stream, rows, units, dy, p.grad(b_off_), p.accumulate);
+            weight_grad_by_blocks(p, rows, units, inputs, dy, p.acts->input(slot_), w_off_, piece_rows_);
+        } else {
+            // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
+            p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), p.grad(w_off_),
+                                     b_ >= 0 ? p.grad(b_off_) : nullptr, p.accumulate, p.types(DType::f32));
+        }
         // dx[rows, inputs] = dz[rows, units] . W[units, inputs]
         if (dx)
             p.dev->gemm(p.stream, false, false, rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f,
@@ -79,6 +85,7 @@ public:
 
 private:
     const DenseOptions& o_;
+    int piece_rows_ = 0;
     int w_ = -1, b_ = -1, slot_ = -1, out_buf_ = -1, z_buf_ = -1;
     size_t w_off_ = 0, b_off_ = 0;
 };

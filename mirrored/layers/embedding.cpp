@@ -158,6 +158,7 @@ public:
         } else {
             if (vocab == 0) fail("an untied head needs units: the vocabulary size");
             w_ = b.param(name_ + ".weight", {vocab, in_.c}, gpt2_init());
+            block_rows_ = b.split_rows(w_, size_t(in_.c));
         }
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, size_t(in_.positions()) * size_t(vocab));
@@ -175,8 +176,11 @@ public:
 
     void backward(Pass& p, void* dy, void* dx) const override {
         const int rows = p.rows * in_.positions(), vocab = out_.c, c = in_.c;
-        p.dev->dense_weight_grad(p.stream, rows, vocab, c, dy, p.acts->input(slot_), p.grad(w_off_), nullptr,
-                                 p.accumulate, p.types(DType::f32));
+        if (block_rows_ > 0 && block_rows_ < vocab)  // Builder::split_rows
+            weight_grad_by_blocks(p, rows, vocab, c, dy, p.acts->input(slot_), w_off_, block_rows_);
+        else
+            p.dev->dense_weight_grad(p.stream, rows, vocab, c, dy, p.acts->input(slot_), p.grad(w_off_), nullptr,
+                                     p.accumulate, p.types(DType::f32));
         if (dx)
             p.dev->gemm(p.stream, false, false, rows, c, vocab, 1.0f, dy, vocab, p.weight(w_off_), c, 0.0f, dx, c,
                         p.types(p.vt));
@@ -188,7 +192,7 @@ public:
 
 private:
     const HeadOptions& o_;
-    int w_ = -1, slot_ = -1, out_buf_ = -1;
+    int w_ = -1, slot_ = -1, out_buf_ = -1, block_rows_ = 0;
     size_t w_off_ = 0;
 };
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -189,6 +190,10 @@ public:
         int unit = -1;       // the gradient unit that declared it
         bool tied = false;   // another layer uses it too (an LM head tied to the token embedding)
         int tied_unit = -1;  // ... the gradient unit that does
+        // split_rows: floats per gradient piece, whole rows (0: one piece), and the pieces. Piece k
+        // is the gradient unit `unit + k`; backward writes the last piece first.
+        size_t piece_floats = 0;
+        int pieces = 1;
     };
     struct Buffer {
         bool act = true;     // activation type, else f32
@@ -220,6 +225,9 @@ public:
     void set_token_embedding(int tensor) { token_embedding_ = tensor; }
     int token_embedding() const { return token_embedding_; }
     void tie(int tensor) {
+        if (tensors_[size_t(tensor)].pieces > 1)  // its blocks' units would be written out of order
+            throw std::logic_error("a tensor written in blocks of rows cannot be tied: " +
+                                   tensors_[size_t(tensor)].name);
         tensors_[size_t(tensor)].tied = true;
         tensors_[size_t(tensor)].tied_unit = unit_here();
     }
@@ -229,12 +237,23 @@ public:
     // them in the reverse order (a container runs its layers' backward last built first), so a
     // bucket of gradients is whole once its lowest unit is done. Layer::build opens and closes
     // each layer's frame; end_unit() returns the layer's unit, or -1.
-    void begin_unit() { frames_.push_back(-1); }
+    void begin_unit() { frames_.push_back(Frame{}); }
     int end_unit() {
-        const int u = frames_.back();
+        const int u = frames_.back().first;
         frames_.pop_back();
         return u;
     }
+    // strategy.shard: gradients keeps a bucket whole in a staging slot, so a tensor larger than a
+    // bucket would need a slot of its size. A layer that can write its weight's gradient a block
+    // of rows at a time calls split_rows(tensor, row_floats) right after declaring it: with
+    // set_piece_floats(n) (n > 0, a bucket's floats) and the tensor larger than n floats, each
+    // block of the fewest rows that hold n floats (the last: the rest) becomes its own gradient
+    // unit, numbered up from the tensor's; the layer's
+    // tensors declared after it belong to the last block's unit, so its backward writes them
+    // first, then the blocks last to first, reporting each block's unit but the first (which the
+    // layer's own report covers). Returns the rows per block (rows: not split).
+    void set_piece_floats(size_t n) { piece_floats_ = n; }
+    int split_rows(int tensor, size_t row_floats);
     int units() const { return int(unit_layers_.size()); }
     int unit_layer(int unit) const { return unit_layers_[size_t(unit)]; }  // its top-level layer
 
@@ -256,18 +275,24 @@ public:
 
 private:
     int add_tensor(const std::string& name, std::vector<int> shape, InitArgs init);
-    int unit_here() {  // the open frame's unit, numbered at its first tensor
+    int unit_here() {  // the open frame's unit for a new tensor, numbered at its first one
         if (frames_.empty()) return -1;
-        if (frames_.back() < 0) {
-            frames_.back() = units();
+        if (frames_.back().first < 0) {
+            frames_.back().first = frames_.back().current = units();
             unit_layers_.push_back(top_layer_);
         }
-        return frames_.back();
+        return frames_.back().current;
     }
+    struct Frame {
+        int first = -1;    // the layer's unit: backward reports it last
+        int current = -1;  // the unit of its tensors from here (past a split tensor's blocks)
+    };
 
     uint64_t seed_;
     int top_layer_ = 0;
-    std::vector<int> frames_, unit_layers_;
+    std::vector<Frame> frames_;
+    std::vector<int> unit_layers_;
+    size_t piece_floats_ = 0;
     int token_embedding_ = -1;
     std::vector<Tensor> tensors_;
     std::vector<Slot> slots_;
@@ -335,6 +360,11 @@ public:
 protected:
     virtual void declare(Builder& b) = 0;
     [[noreturn]] void fail(const std::string& what) const;  // ConfigError at this layer's key
+    // The backward of a weight split by Builder::split_rows into blocks of block_rows rows (the
+    // layer's first tensor): dw[units, inputs] (+)= dz[rows, units]^T x[rows, inputs] a block at a
+    // time, last first, each block but the first reported as its gradient unit once written.
+    void weight_grad_by_blocks(Pass& p, int rows, int units, int inputs, const void* dz, const void* x, size_t w_off,
+                               int block_rows) const;
 
     LayerSpec spec_;
     std::string name_, key_;

@@ -107,6 +107,19 @@ std::string Shape::str() const {
 
 void Layer::fail(const std::string& what) const { throw ConfigError(key_, what); }
 
+void Layer::weight_grad_by_blocks(Pass& p, int rows, int units, int inputs, const void* dz, const void* x, size_t w_off,
+                                  int block_rows) const {
+    const size_t elem = p.dev->act_bytes(1);
+    for (int k = (units - 1) / block_rows; k >= 0; --k) {
+        const int first = k * block_rows, n = std::min(block_rows, units - first);
+        // dw[first : first + n, :] (+)= dz[:, first : first + n]^T x: dz's columns at its full width
+        p.dev->gemm(p.stream, true, false, n, inputs, rows, 1.0f, static_cast<const char*>(dz) + size_t(first) * elem,
+                    units, x, inputs, p.accumulate ? 1.0f : 0.0f, p.grad(w_off + size_t(first) * size_t(inputs)),
+                    inputs, p.types(DType::f32));
+        if (k > 0 && p.on_unit_done) (*p.on_unit_done)(unit_ + k);
+    }
+}
+
 size_t GradientPlacement::index(size_t offset) const {
     if (pieces.empty()) return offset;
     auto it =
@@ -123,6 +136,23 @@ int Builder::param(const std::string& name, std::vector<int> shape, InitArgs ini
     const int i = add_tensor(name, std::move(shape), init);
     tensors_[size_t(i)].unit = unit_here();
     return i;
+}
+
+int Builder::split_rows(int tensor, size_t row_floats) {
+    Tensor& t = tensors_[size_t(tensor)];
+    const size_t rows = row_floats ? t.count / row_floats : 0;
+    if (piece_floats_ == 0 || t.count <= piece_floats_ || t.tied || t.unit != units() - 1) return int(rows);
+    // The fewest rows that hold a bucket, so that a bucket (at least piece_floats) is one block, in
+    // multiples of 8: a block's columns of a 16-bit dz start 16 bytes apart, and a tiny bucket does
+    // not make a product per row.
+    const size_t fit = (piece_floats_ + row_floats - 1) / row_floats, per = (fit + 7) / 8 * 8;
+    const size_t pieces = (rows + per - 1) / per;
+    if (pieces < 2) return int(rows);
+    t.piece_floats = per * row_floats;
+    t.pieces = int(pieces);
+    for (size_t k = 1; k < pieces; ++k) unit_layers_.push_back(top_layer_);
+    frames_.back().current = units() - 1;
+    return int(per);
 }
 
 int Builder::add_tensor(const std::string& name, std::vector<int> shape, InitArgs init) {
