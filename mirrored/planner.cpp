@@ -58,8 +58,8 @@ CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
     // backward (a transformer block's sub-layers): the layer's units are taken to share its
     // backward in proportion to their parameters, as its products do.
     std::vector<double> unit_params(size_t(model.gradient_units()), 0.0), layer_params(flops.size(), 0.0);
-    for (const TensorInfo& t : model.tensors())
-        if (t.trainable && t.unit >= 0) unit_params[size_t(t.unit)] += double(t.count);
+    for (const GradientPiece& t : model.gradient_pieces())
+        if (t.unit >= 0) unit_params[size_t(t.unit)] += double(t.end - t.begin);
     for (int u = 0; u < model.gradient_units(); ++u)
         if (size_t(model.unit_layer(u)) < flops.size())
             layer_params[size_t(model.unit_layer(u))] += unit_params[size_t(u)];

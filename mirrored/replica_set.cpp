@@ -14,6 +14,8 @@ namespace mirrored {
 
 namespace {
 
+size_t bucket_floats(double bucket_mb) { return std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float))); }
+
 void backoff(int round) {
     if (round < 64) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 20 * (round - 63))));
@@ -46,21 +48,18 @@ std::string MemoryPlan::describe() const {
 }
 
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
-    std::vector<const TensorInfo*> t;
-    for (const auto& x : model.tensors())
-        if (x.trainable) t.push_back(&x);
-    std::sort(t.begin(), t.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+    const std::vector<GradientPiece>& t = model.gradient_pieces();  // in offset order
     std::vector<Bucket> out;
     const size_t trainable = model.trainable_size();
     if (bucket_mb <= 0) {
-        out.push_back(Bucket{0, trainable, t.front()->unit});
+        out.push_back(Bucket{0, trainable, t.front().unit});
     } else {
-        const size_t limit = std::max<size_t>(1, size_t(bucket_mb * 1048576.0 / sizeof(float)));
+        const size_t limit = bucket_floats(bucket_mb);
         size_t end = trainable;
         for (int i = int(t.size()) - 1; i >= 0; --i)
-            if (end - t[size_t(i)]->offset >= limit || i == 0) {
-                out.push_back(Bucket{t[size_t(i)]->offset, end, t[size_t(i)]->unit});
-                end = t[size_t(i)]->offset;
+            if (end - t[size_t(i)].begin >= limit || i == 0) {
+                out.push_back(Bucket{t[size_t(i)].begin, end, t[size_t(i)].unit});
+                end = t[size_t(i)].begin;
             }
         out.back().begin = 0;  // covers any alignment gap before the first tensor
     }
@@ -68,17 +67,29 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
     return out;
 }
 
+size_t gradient_piece_floats(const StrategyConfig& strategy, int replicas, bool shared) {
+    if (strategy.shard != StrategyConfig::Shard::gradients || strategy.bucket_mb <= 0 || replicas < 2 || shared)
+        return 0;
+    return bucket_floats(strategy.bucket_mb);
+}
+
+const Model& model_for(const Model& model, const StrategyConfig& strategy, int replicas, bool shared,
+                       std::unique_ptr<Model>& keep) {
+    const size_t floats = gradient_piece_floats(strategy, replicas, shared);
+    if (floats == model.gradient_piece_floats()) return model;
+    keep = model.with_gradient_pieces(floats);
+    return *keep;
+}
+
 GradientStaging plan_gradient_staging(const Model& model, const std::vector<Bucket>& buckets) {
     GradientStaging g;
     const size_t trainable = model.trainable_size(), nb = buckets.size();
     std::vector<int> first_writer(nb, -1);
     const int units = model.gradient_units();  // each reports, last first (Model::backward)
-    for (const TensorInfo& t : model.tensors()) {
-        if (!t.trainable) continue;
+    for (const GradientPiece& t : model.gradient_pieces())
         for (size_t k = 0; k < nb; ++k)
-            if (t.offset >= buckets[k].begin && t.offset < buckets[k].end)
+            if (t.begin >= buckets[k].begin && t.begin < buckets[k].end)
                 first_writer[k] = std::max(first_writer[k], t.written_from);
-    }
     // Backward's order: at unit U, buckets first written there take a slot, then those complete
     // after it free theirs (their reduce-scatter is issued then).
     g.slot_of.assign(nb, -1);
@@ -132,9 +143,8 @@ GradientStaging plan_gradient_staging(const Model& model, const std::vector<Buck
         g.claim_after[k] = first_writer[k] + 1 < units ? first_writer[k] + 1 : -1;
         if (users[size_t(g.slot_of[k])] < 2) continue;
         std::vector<std::pair<size_t, size_t>> covered;
-        for (const TensorInfo& t : model.tensors())
-            if (t.trainable && t.offset >= b.begin && t.offset < b.end)
-                covered.emplace_back(t.offset, t.offset + t.count);
+        for (const GradientPiece& t : model.gradient_pieces())
+            if (t.begin >= b.begin && t.begin < b.end) covered.emplace_back(t.begin, t.end);
         std::sort(covered.begin(), covered.end());
         size_t from = b.begin;
         for (const auto& [tb, te] : covered) {
@@ -232,9 +242,11 @@ std::string fitting_shard(const Model& model, const OptimizerConfig& opt, const 
         if (strategy.shard >= mode) continue;
         StrategyConfig s = strategy;
         s.shard = mode;
-        const uint64_t need = plan_memory(model, opt, s, backend, replicas, shard_rows, micro_rows, shared, label_bytes,
-                                          nullptr, rows_met)
-                                  .total();
+        std::unique_ptr<Model> keep;
+        const Model& m = model_for(model, s, replicas, shared, keep);  // as the mode would lay it out
+        const uint64_t need =
+            plan_memory(m, opt, s, backend, replicas, shard_rows, micro_rows, shared, label_bytes, nullptr, rows_met)
+                .total();
         if (need <= capacity)
             return std::string("strategy.shard: ") + shard_name(mode) + " (" + format_bytes(need) + " per replica)";
     }

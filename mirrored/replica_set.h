@@ -60,6 +60,15 @@ struct Bucket {
 // the state region (batch statistics) as a last bucket reduced after backward (ready_after_unit
 // -1).
 std::vector<Bucket> make_buckets(const Model& model, double bucket_mb);
+// The gradient pieces (Model's gradient_piece_floats) a model for this strategy is built with:
+// where gradients are staged (shard: gradients, several replicas with their own parameters) a
+// bucket's floats, so that a dense layer's weight is written and reduced a bucket at a time and a
+// staging slot need not hold it whole; else 0 (whole tensors). shared: parameters_shared().
+size_t gradient_piece_floats(const StrategyConfig& strategy, int replicas, bool shared);
+// The model as such a run lays it out: `model` itself where its pieces are those, else a copy
+// (Model::with_gradient_pieces) held in `keep`.
+const Model& model_for(const Model& model, const StrategyConfig& strategy, int replicas, bool shared,
+                       std::unique_ptr<Model>& keep);
 
 // strategy.shard: gradients. Backward writes each trainable bucket into a staging slot; once the
 // bucket is reduce-scattered, the replica adds its own chunk into a compact store laid out as its

@@ -215,8 +215,11 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
     s->data =
         data ? std::move(data) : std::make_shared<const Datasets>(load_datasets(cfg.data, cfg.base_dir, cfg.run.seed));
     check_model_against_data(cfg, *s->data);
+    const DeviceList devices = parse_devices(cfg.strategy.devices);
     s->model =
-        std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed, cfg.train.recompute_blocks);
+        std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed, cfg.train.recompute_blocks,
+                                gradient_piece_floats(cfg.strategy, int(devices.ordinals.size()),
+                                                      parameters_shared(cfg.strategy, devices, nodes != nullptr)));
     const Dataset& train = s->data->train;
     check_labels_for_loss(cfg, *s->model, train);
     if (!train.has_targets() && s->model->output_classes() < train.classes) {
@@ -490,29 +493,35 @@ void Run::print_header() {
 }
 
 // shard: gradients where its staging slots outweigh the saving. A slot holds a bucket whole and
-// a bucket never splits a tensor: where the buckets are larger than the largest tensor, smaller
-// buckets help; where that tensor fills a bucket alone, shard: optimizer keeps less.
+// a bucket splits only between gradient pieces (a dense weight's blocks of rows; any other tensor
+// whole): where the buckets are larger than the largest piece, smaller buckets help; where that
+// piece fills a bucket alone, shard: optimizer keeps less.
 void Run::print_staging_note(const MirroredStrategy& st) const {
-    const uint64_t whole = uint64_t(st.model().flat_size()) * sizeof(float);
+    const Model& model = st.model();
+    const uint64_t whole = uint64_t(model.flat_size()) * sizeof(float);
     if (st.memory_plan().grads <= whole) return;
-    const TensorInfo* largest = nullptr;
-    for (const TensorInfo& t : st.model().tensors())
-        if (t.trainable && (!largest || t.count > largest->count)) largest = &t;
-    if (!largest) return;
+    size_t piece = 0, at = 0;  // the largest piece, floats, and its offset
+    for (const GradientPiece& p : model.gradient_pieces())
+        if (p.end - p.begin > piece) piece = p.end - p.begin, at = p.begin;
+    const TensorInfo* tensor = nullptr;
+    for (const TensorInfo& t : model.tensors())
+        if (t.trainable && at >= t.offset && at < t.offset + t.count) tensor = &t;
+    if (!tensor) return;
     size_t bucket = 0;  // the largest trainable bucket, floats
     for (const Bucket& b : st.buckets())
-        if (b.begin < st.model().trainable_size()) bucket = std::max(bucket, b.end - b.begin);
-    const bool smaller_buckets_help = bucket > 2 * largest->count;
+        if (b.begin < model.trainable_size()) bucket = std::max(bucket, b.end - b.begin);
+    // a block of a split weight is about a bucket: smaller buckets make smaller blocks
+    const bool smaller_buckets_help = bucket > 2 * piece || piece < tensor->count;
     std::fprintf(out_,
                  "  note: shard: gradients keeps more gradient memory here than unsharded (%s against %s): its "
-                 "staging slots (%s) each hold a bucket whole, the largest bucket is %s, and a bucket never splits "
-                 "a tensor (the largest, %s, is %s); %s\n",
+                 "staging slots (%s) each hold a bucket whole, the largest bucket is %s, and a bucket splits only "
+                 "a dense layer's weight, by rows (the largest piece, of %s, is %s); %s\n",
                  format_bytes(st.memory_plan().grads).c_str(), format_bytes(whole).c_str(),
                  format_bytes(uint64_t(st.gradient_slot_floats()) * sizeof(float)).c_str(),
-                 format_bytes(uint64_t(bucket) * sizeof(float)).c_str(), largest->name.c_str(),
-                 format_bytes(uint64_t(largest->count) * sizeof(float)).c_str(),
+                 format_bytes(uint64_t(bucket) * sizeof(float)).c_str(), tensor->name.c_str(),
+                 format_bytes(uint64_t(piece) * sizeof(float)).c_str(),
                  smaller_buckets_help ? "a smaller strategy.bucket_mb makes smaller slots"
-                                      : "that tensor fills its slot alone, so strategy.shard: optimizer keeps less "
+                                      : "that piece fills its slot alone, so strategy.shard: optimizer keeps less "
                                         "on this model");
 }
 

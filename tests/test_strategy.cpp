@@ -149,14 +149,16 @@ Dataset small_problem(uint64_t seed = SyntheticOptions{}.seed) {
 // `steps` optimizer steps on a small synthetic problem, the learning rate falling each step;
 // returns replica 0's parameters. op "shared": strategy.shared_parameters (the gradients need no
 // op). graph: strategy.cuda_graph. fused: strategy.fused_epilogues. shard: strategy.shard
-// optimizer; state (may be null): the optimizer state at the end, gathered.
+// optimizer; state (may be null): the optimizer state at the end, gathered. piece_floats: the
+// model's gradient pieces (Model, gradient_piece_floats).
 TrainResult train(const std::string& devices, int steps, double bucket_mb, int accumulation = 1,
                   const std::string& opt_type = "sgd", double clip = 0.0, const std::string& op = "ring",
                   bool graph = false, bool fused = false, ShardMode shard = ShardMode::none,
-                  std::vector<std::pair<std::string, std::vector<float>>>* state = nullptr) {
+                  std::vector<std::pair<std::string, std::vector<float>>>* state = nullptr, size_t piece_floats = 0) {
     const Dataset ds = small_problem(7);
     const Model model(
-        {12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3);
+        {12}, {dense(16, Activation::relu), dropout(0.2f), dense(16, Activation::gelu), dense(5, Activation::none)}, 3,
+        false, piece_floats);
     OptimizerConfig oc;
     oc.type = opt_type;
     oc.lr = opt_type == "sgd" ? 0.1 : 0.01;
@@ -1567,6 +1569,73 @@ TEST_CASE("strategy.shard gradients: N replicas train as unsharded, each keeping
         for (uint64_t c : accumulated.checksums) CHECK(c == accumulated.checksums[0]);
     }
     expect_replayed_bits(ShardMode::gradients, 2);
+}
+
+TEST_CASE("strategy.shard gradients with dense weights in blocks of rows: the same training") {
+    SimScope sim(30);
+    StrategyConfig sc;
+    sc.bucket_mb = 0.0001;
+    sc.shard = ShardMode::gradients;
+    const size_t piece = gradient_piece_floats(sc, 2, false);  // 26 floats: both 16-row weights in blocks of 8
+    REQUIRE(piece == 26);
+    const Model split({12}, {dense(16, Activation::relu), dense(16, Activation::gelu), dense(5, Activation::none)}, 3,
+                      false, piece);
+    REQUIRE(split.gradient_units() == 5);
+    for (const char* devices : {"cpu:2", "cpu:3", "cpu:4", "sim:0,1,2"}) {
+        CAPTURE(devices);
+        // the same buckets: the same sums in the same order
+        const TrainResult plain =
+            train(devices, 6, 0.0001, 1, "adamw", 0.0, "ring", false, false, ShardMode::none, nullptr, piece);
+        const TrainResult shard =
+            train(devices, 6, 0.0001, 1, "adamw", 0.0, "ring", false, false, ShardMode::gradients, nullptr, piece);
+        CHECK(shard.params == plain.params);
+        for (uint64_t c : shard.checksums) CHECK(c == plain.checksums[0]);
+        // whole tensors make other buckets, so the ring's chunks sum in another order: within rounding
+        const TrainResult whole = train(devices, 6, 0.0001, 1, "adamw");
+        CHECK(rel_error(shard.params, whole.params) < 1e-5);
+    }
+    // accumulated and clipped: within rounding of one replica
+    const TrainResult one = train("cpu:1", 6, 0.0, 2, "adamw", 0.5);
+    const TrainResult accumulated =
+        train("cpu:3", 6, 0.0001, 2, "adamw", 0.5, "ring", false, false, ShardMode::gradients, nullptr, piece);
+    CHECK(rel_error(accumulated.params, one.params) < 1e-5);
+}
+
+TEST_CASE("strategy.shard gradients: dense weights in blocks of rows keep 1/N of the gradients and small slots") {
+    const std::vector<LayerSpec> layers = {dense(1024, Activation::relu), dense(1024, Activation::relu),
+                                           dense(10, Activation::none)};
+    StrategyConfig sc;
+    sc.bucket_mb = 0.03125;  // 8 rows of the 1024-wide weights
+    sc.shard = ShardMode::gradients;
+    const size_t piece = gradient_piece_floats(sc, 2, false);
+    const Model whole({64}, layers, 3), pieced({64}, layers, 3, false, piece);
+    const OptimizerConfig adamw = make_optimizer_config("adamw");
+    const uint64_t unsharded = uint64_t(pieced.flat_size()) * sizeof(float);
+    for (int n : {2, 4, 8}) {
+        CAPTURE(n);
+        sc.devices = "cpu:" + std::to_string(n);
+        MirroredStrategy st(sc, pieced, adamw, 48, 1);
+        REQUIRE(st.sharded_gradients());
+        // the slots: a few buckets, each a block of rows or a bias and a block, beside the own
+        // chunks' 1/N
+        CHECK(st.gradient_slots() <= 3);
+        CHECK(st.gradient_slot_floats() <= size_t(st.gradient_slots()) * (2 * piece + Model::kTensorAlign));
+        size_t most = 0;
+        for (int r = 0; r < n; ++r) most = std::max(most, st.replica(r).owned_grads.size());
+        CHECK(st.memory_plan().grads == (st.gradient_slot_floats() + most) * sizeof(float));
+        CHECK(st.memory_plan().grads < unsharded / uint64_t(n) + unsharded / 25);
+        // whole tensors: the slot holding a 1024 x 1024 weight's bucket holds it whole
+        MirroredStrategy tensors(sc, whole, adamw, 48, 1);
+        CHECK(tensors.gradient_slot_floats() >= 1024 * 1024);
+        CHECK(tensors.memory_plan().grads > unsharded / uint64_t(n) + unsharded / 4);
+        // measured: the difference to shard: optimizer is the plan's
+        StrategyConfig zero1 = sc;
+        zero1.shard = ShardMode::optimizer;
+        MirroredStrategy optimizer(zero1, pieced, adamw, 48, 1);
+        CHECK(optimizer.memory_plan().grads == unsharded);
+        CHECK(optimizer.peak_memory_bytes() - st.peak_memory_bytes() ==
+              optimizer.memory_plan().grads - st.memory_plan().grads);
+    }
 }
 
 TEST_CASE("strategy.shard gradients: a few reused slots and the own chunks hold what every gradient held") {

@@ -406,8 +406,10 @@ struct PlanInputs {
     const Config& base;
     const Model& model;
     const Model* recomputed;  // the model with train.recompute: blocks, where that would save memory
+    const Model& staged;      // the model as shard: gradients builds it (gradient_piece_floats)
     const StrategyConfig& strategy;
     const CommPlan& comm;
+    const CommPlan& staged_comm;  // the staged model's buckets
     const ComputeModel& compute;
     LinkModel link, network;
     double capacity = 0;  // bytes a GPU has for the run
@@ -436,8 +438,8 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
         if (in.strategy.shard >= mode || n < 2) return 0.0;
         StrategyConfig sharded = in.strategy;
         sharded.shard = mode;
-        const double need =
-            double(gpu_memory_plan(in.model, in.base.optimizer, sharded, n, r.rows, accumulation).total());
+        const Model& m = mode == Shard::gradients ? in.staged : in.model;
+        const double need = double(gpu_memory_plan(m, in.base.optimizer, sharded, n, r.rows, accumulation).total());
         return std::max(0.0, double(r.mem.total()) - need);  // staging slots can outweigh a small model's gradients
     };
     r.zero1 = saving(Shard::optimizer);
@@ -453,7 +455,7 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
         in.compute.seconds(r.rows) * (in.compute.seconds_per_sample > 0 ? 1 : recompute_factor(in.model));
     r.step = predict_step(topo, compute_s, in.comm, sharded && total > 1, scatters(in.strategy.shard));
     if (r.zero1 > 0) r.zero1_step = predict_step(topo, compute_s, in.comm, true);
-    if (r.zero2 > 0) r.zero2_step = predict_step(topo, compute_s, in.comm, true, accumulation);
+    if (r.zero2 > 0) r.zero2_step = predict_step(topo, compute_s, in.staged_comm, true, accumulation);
     if (in.recomputed) {
         const MemoryPlan m = gpu_memory_plan(*in.recomputed, in.base.optimizer, in.strategy, n, r.rows, accumulation);
         r.recompute = double(r.mem.total()) - double(m.total());
@@ -465,7 +467,8 @@ PlanRow plan_row(const PlanInputs& in, const Batches& batches, int n, double bas
                            : r.recompute_zero1_fits   ? std::max(in.strategy.shard, Shard::optimizer)
                            : r.recompute_zero2_fits   ? Shard::gradients
                                                       : in.strategy.shard;
-        r.recompute_step = predict_step(topo, compute_s * recompute_factor(*in.recomputed), in.comm,
+        r.recompute_step = predict_step(topo, compute_s * recompute_factor(*in.recomputed),
+                                        with == Shard::gradients ? in.staged_comm : in.comm,
                                         with != Shard::none && total > 1, scatters(with));
     }
     // What a user with this model and these GPUs should run: the first that fits of replicating,
@@ -647,11 +650,17 @@ int plan(const PlanOptions& o) {
     const Batches batches = plan_batches(o, base);
     const TrainSet data = train_set(base, o.price > 0 && base.train.steps == 0);
     const std::vector<int>& shape = data.shape;
-    const Model model(shape, base.model.layers, base.run.seed, base.train.recompute_blocks);
     StrategyConfig strategy = base.strategy;
     strategy.precision = base.train.precision;
-    const CommPlan comm = comm_plan(model, strategy);
-    const Model recomputed(shape, base.model.layers, base.run.seed, true);
+    // GPUs of their own, several: as a run of each mode lays the model out (model_for)
+    const Model model(shape, base.model.layers, base.run.seed, base.train.recompute_blocks,
+                      gradient_piece_floats(strategy, 2, false));
+    StrategyConfig staging = strategy;
+    staging.shard = StrategyConfig::Shard::gradients;
+    std::unique_ptr<Model> keep;
+    const Model& staged = model_for(model, staging, 2, false, keep);
+    const CommPlan comm = comm_plan(model, strategy), staged_comm = comm_plan(staged, staging);
+    const Model recomputed(shape, base.model.layers, base.run.seed, true, gradient_piece_floats(strategy, 2, false));
     const bool recompute_saves = !base.train.recompute_blocks && recomputed.recomputed_flops_per_sample() > 0;
 
     print_header(o, base, model, target);
@@ -666,8 +675,10 @@ int plan(const PlanOptions& o) {
     const PlanInputs in{base,
                         model,
                         recompute_saves ? &recomputed : nullptr,
+                        staged,
                         strategy,
                         comm,
+                        staged_comm,
                         compute,
                         LinkModel{target.link.bus_gbs * 1e9, target.link.latency_us * 1e-6},
                         LinkModel{target.net.node_gbs * 1e9, target.net.latency_us * 1e-6},
