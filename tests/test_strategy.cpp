@@ -1251,6 +1251,15 @@ TEST_CASE("cuda: sharded optimizer state and gradients train as unsharded, captu
             train(devices, 6, 0.0005, 2, "adamw", 0.0, "ring", true, false, ShardMode::gradients);
         CHECK(staged.graph_launches > 0);
         CHECK(rel_error(staged.params, plain.params) < 1e-5);
+        // dense weights written in blocks of 8 rows (shard: gradients' pieces of 26 floats): each
+        // block's product reads dz's columns at its full width; captured, staged, the same sums
+        const TrainResult blocks =
+            train(devices, 6, 0.0001, 1, "adamw", 0.0, "ring", false, false, ShardMode::none, nullptr, 26);
+        const TrainResult blocks_staged =
+            train(devices, 6, 0.0001, 1, "adamw", 0.0, "ring", true, false, ShardMode::gradients, nullptr, 26);
+        CHECK(blocks_staged.graph_launches > 0);
+        CHECK(blocks_staged.params == blocks.params);
+        CHECK(rel_error(blocks.params, plain1.params) < 1e-5);
     }
     if (cuda_device_count() < 2 || !nccl_compiled()) return;
     // nccl's halves (ncclReduce and ncclBroadcast per chunk): with two ranks every element is
