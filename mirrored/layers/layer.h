@@ -247,11 +247,11 @@ public:
     // bucket would need a slot of its size. A layer that can write its weight's gradient a block
     // of rows at a time calls split_rows(tensor, row_floats) right after declaring it: with
     // set_piece_floats(n) (n > 0, a bucket's floats) and the tensor larger than n floats, each
-    // block of the fewest rows that hold n floats (the last: the rest) becomes its own gradient
-    // unit, numbered up from the tensor's; the layer's
+    // block of the fewest rows that hold n floats, rounded up to a multiple of 8 (the last block:
+    // the rest), becomes its own gradient unit, numbered up from the tensor's. The layer's
     // tensors declared after it belong to the last block's unit, so its backward writes them
     // first, then the blocks last to first, reporting each block's unit but the first (which the
-    // layer's own report covers). Returns the rows per block (rows: not split).
+    // layer's own report covers). Returns the rows per block (all the rows: not split).
     void set_piece_floats(size_t n) { piece_floats_ = n; }
     int split_rows(int tensor, size_t row_floats);
     int units() const { return int(unit_layers_.size()); }

@@ -653,14 +653,14 @@ int plan(const PlanOptions& o) {
     StrategyConfig strategy = base.strategy;
     strategy.precision = base.train.precision;
     // GPUs of their own, several: as a run of each mode lays the model out (model_for)
-    const Model model(shape, base.model.layers, base.run.seed, base.train.recompute_blocks,
-                      gradient_piece_floats(strategy, 2, false));
+    const size_t pieces = gradient_piece_floats(strategy, 2, false);
+    const Model model(shape, base.model.layers, base.run.seed, base.train.recompute_blocks, pieces);
     StrategyConfig staging = strategy;
     staging.shard = StrategyConfig::Shard::gradients;
     std::unique_ptr<Model> keep;
     const Model& staged = model_for(model, staging, 2, false, keep);
     const CommPlan comm = comm_plan(model, strategy), staged_comm = comm_plan(staged, staging);
-    const Model recomputed(shape, base.model.layers, base.run.seed, true, gradient_piece_floats(strategy, 2, false));
+    const Model recomputed(shape, base.model.layers, base.run.seed, true, pieces);
     const bool recompute_saves = !base.train.recompute_blocks && recomputed.recomputed_flops_per_sample() > 0;
 
     print_header(o, base, model, target);
