@@ -53,10 +53,11 @@ std::string blas_machine_key();
 // kernel that can multiply it timed for about `seconds` (kernels/cpu/gemm_choice.h), the fastest
 // of them, and the one the static rules would run.
 struct GemmKernelRate {
-    std::string kernel;  // "openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned",
-                         // "jit-k-blocked"
+    std::string kernel;  // one of cpu_gemm_kernel_names()
     double gflops = 0;
 };
+// Every CPU GEMM kernel's name, in the order they are timed: "openblas", "openblas-turned", ...
+std::vector<std::string> cpu_gemm_kernel_names();
 struct GemmSweepPoint {
     std::vector<GemmKernelRate> rates;
     std::string fastest, rules;

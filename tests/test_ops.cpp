@@ -29,6 +29,7 @@
 
 #include "base/machine_cache.h"
 #include "kernels/blas.h"
+#include "kernels/cpu/few_rows_gemm.h"
 #include "kernels/cpu/gemm_choice.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "kernels/cpu/scratch.h"
@@ -748,6 +749,9 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
     // most 128 rows; the JIT kernels, where they are, most
     CHECK(ran[GemmKernel::openblas] == 13);
     CHECK(ran[GemmKernel::openblas_turned] == 2);
+    // the few-rows kernels, where the CPU has them: every product with at most 64 rows on the batch
+    // side (m, or k for A^T B) and not both operands transposed
+    CHECK(ran[GemmKernel::few_rows] == (few_rows_gemm_available() ? 7 : 0));
     if (!jit_gemm_description().empty()) {
         CHECK(ran[GemmKernel::jit] >= 6);
         CHECK(ran[GemmKernel::jit_turned] >= 2);
@@ -785,6 +789,41 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
         CHECK_FALSE(
             gemm_kernel_fits(GemmKernel::jit_weight_turned, {false, true, 200, 1024, 512, 512, 512, 1024, false}));
     }
+}
+
+// The few-rows kernels (kernels/cpu/few_rows_gemm.h) over their edges: row tiles of 1-4, the last
+// strip or block of B a few columns or rows wide, k past A B^T's blocks (with a masked tail) and
+// past A B's blocks of 64 rows, C added to or not - the padding (NaN in A and B) never read, C's
+// never written. Past 64 rows on the batch side, and with both operands transposed, they refuse.
+TEST_CASE("cpu GEMM few-rows kernel: every layout and edge matches double reference; refuses past 64 rows") {
+    if (!few_rows_gemm_available()) {
+        MESSAGE("skipped: this CPU has no AVX-512F, the few-rows kernels' instructions");
+        CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {false, true, 16, 64, 64, 64, 64, 64, false}));
+        return;
+    }
+    Rng rng(31);
+    int ran = 0;
+    for (const int rows : {1, 3, 6, 16, 33, 64})
+        for (const ProductCase s : std::initializer_list<ProductCase>{{false, true, rows, 13, 1100, false},
+                                                                      {false, true, rows, 97, 31, true},
+                                                                      {false, false, rows, 211, 150, false},
+                                                                      {false, false, rows, 7, 65, true},
+                                                                      {true, false, 101, 250, rows, false},
+                                                                      {true, false, 18, 96, rows, true}}) {
+            const PaddedProduct p(rng, s);
+            INFO(product_text(p.shape));
+            std::vector<float> c = p.c();
+            REQUIRE(run_gemm_kernel(GemmKernel::few_rows, p.shape, p.a.data(), p.b.data(), c.data()));
+            p.check(c);
+            ++ran;
+        }
+    CHECK(ran == 36);
+    CHECK(gemm_kernel_fits(GemmKernel::few_rows, {false, true, 64, 4096, 4096, 4096, 4096, 4096, false}));
+    CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {false, true, 65, 4096, 4096, 4096, 4096, 4096, false}));
+    CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {false, false, 65, 4096, 4096, 4096, 4096, 4096, false}));
+    CHECK(gemm_kernel_fits(GemmKernel::few_rows, {true, false, 4096, 4096, 64, 4096, 4096, 4096, true}));
+    CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {true, false, 4096, 4096, 65, 4096, 4096, 4096, false}));
+    CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {true, true, 16, 16, 16, 16, 16, 16, false}));
 }
 
 // MIRRORED_JIT_GEMM=measure: a product's kernel is timed once and kept for the process, read from

@@ -19,6 +19,7 @@
 
 #include "base/machine_cache.h"
 #include "kernels/blas.h"
+#include "kernels/cpu/few_rows_gemm.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/device.h"
@@ -78,6 +79,8 @@ const char* gemm_kernel_name(GemmKernel k) {
             return "jit-weight-turned";
         case GemmKernel::jit_k_blocked:
             return "jit-k-blocked";
+        case GemmKernel::few_rows:
+            return "few-rows";
     }
     return "?";
 }
@@ -174,6 +177,8 @@ bool gemm_kernel_fits(GemmKernel k, const ProductShape& s) {
             return s.ta && !s.tb && double(s.m) * double(s.k) > double(kCpuJitTransposedMaxFloats) && block > 0 &&
                    jit_gemm_multiplies(true, false, s.m, s.n, block, true);
         }
+        case GemmKernel::few_rows:
+            return few_rows_gemm_fits(s.ta, s.tb, s.m, s.n, s.k);
     }
     return false;
 }
@@ -214,6 +219,8 @@ bool run_fitting_gemm_kernel(GemmKernel k, const ProductShape& s, const float* a
             return jit_gemm_weight_turned(s.m, s.n, s.k, a, s.lda, b, s.ldb, s.accumulate, c, s.ldc);
         case GemmKernel::jit_k_blocked:
             return jit_gemm_k_blocked(s.m, s.n, s.k, a, s.lda, b, s.ldb, s.accumulate, c, s.ldc);
+        case GemmKernel::few_rows:
+            return few_rows_gemm(s.ta, s.tb, s.m, s.n, s.k, a, s.lda, b, s.ldb, s.accumulate, c, s.ldc);
     }
     return false;
 }
@@ -432,6 +439,12 @@ void forget_gemm_choices() {
     std::lock_guard<std::mutex> lock(t.mutex);
     t.chosen.clear();
     t.generation.fetch_add(1, std::memory_order_release);
+}
+
+std::vector<std::string> cpu_gemm_kernel_names() {
+    std::vector<std::string> names;
+    for (GemmKernel k : kGemmKernels) names.emplace_back(gemm_kernel_name(k));
+    return names;
 }
 
 GemmSweepPoint sweep_cpu_gemm(bool ta, bool tb, int m, int n, int k, double seconds) {

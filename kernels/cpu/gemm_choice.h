@@ -1,10 +1,12 @@
 // Which kernel multiplies each of a CPU replica's products, chosen shape by shape by measurement.
 //
-// A row-major product C[m,n] = op(A) op(B) (+ C) can run through up to five kernels: OpenBLAS as
+// A row-major product C[m,n] = op(A) op(B) (+ C) can run through up to seven kernels: OpenBLAS as
 // asked; OpenBLAS on its transpose (C^T = B A^T, then C turned: B packed with the plain copy
 // instead of the transposing one); a kernel JIT-generated for the shape (kernels/cpu/jit_gemm.h);
 // that kernel on the transpose (B^T A, then turned into C); and, for A B^T, that kernel with B turned
-// around (C^T = B A^T over A's rows as they lie, straight into C). Which is fastest depends on the
+// around (C^T = B A^T over A's rows as they lie, straight into C); for A^T B over many rows, that
+// kernel over blocks of them; and, where the batch side is a replica's few rows, a kernel that
+// streams the weights once, unpacked (kernels/cpu/few_rows_gemm.h). Which is fastest depends on the
 // shape, the leading dimensions, the cores and their caches: rules written from sweeps on a few
 // machines missed on others (on AVX2 no result width that is a multiple of 1024, say). So the
 // first time a process meets a product's shape (mostly in a replica's first step), each kernel
@@ -46,11 +48,20 @@ struct GemmKernelChoiceName {
 std::span<const GemmKernelChoiceName> gemm_kernel_choice_names();
 const GemmKernelChoiceName& gemm_kernel_choice_name(GemmKernelChoice c);
 
-enum class GemmKernel : uint8_t { openblas, openblas_turned, jit, jit_turned, jit_weight_turned, jit_k_blocked };
-constexpr GemmKernel kGemmKernels[] = {
-    GemmKernel::openblas,   GemmKernel::openblas_turned,   GemmKernel::jit,
-    GemmKernel::jit_turned, GemmKernel::jit_weight_turned, GemmKernel::jit_k_blocked};
-// "openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned", "jit-k-blocked"
+enum class GemmKernel : uint8_t {
+    openblas,
+    openblas_turned,
+    jit,
+    jit_turned,
+    jit_weight_turned,
+    jit_k_blocked,
+    few_rows
+};
+constexpr GemmKernel kGemmKernels[] = {GemmKernel::openblas,   GemmKernel::openblas_turned,   GemmKernel::jit,
+                                       GemmKernel::jit_turned, GemmKernel::jit_weight_turned, GemmKernel::jit_k_blocked,
+                                       GemmKernel::few_rows};
+// "openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned", "jit-k-blocked",
+// "few-rows"
 const char* gemm_kernel_name(GemmKernel k);
 
 // A product as the choice knows it: layout, size, leading dimensions, and whether C is added to.

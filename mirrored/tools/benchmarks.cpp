@@ -228,9 +228,9 @@ int sweep_gemm(const GemmBenchOptions& o) {
     std::printf("OpenBLAS's large sgemm (2048^3, nn): %.1f GFLOP/s (%.0f%% of peak)\n\n", large_gflops,
                 100 * large_gflops / peak);
     std::fflush(stdout);
-    const char* kernels[] = {"openblas", "openblas-turned", "jit", "jit-turned", "jit-weight-turned", "jit-k-blocked"};
+    const std::vector<std::string> kernels = cpu_gemm_kernel_names();
     std::printf("%3s %6s %6s %6s", "ops", "m", "n", "k");
-    for (const char* k : kernels) std::printf(" %17s", k);
+    for (const std::string& k : kernels) std::printf(" %17s", k.c_str());
     std::printf("  %-17s %-17s %7s\n", "fastest", "rules' pick", "of peak");
     json rows = json::array();
     int rules_fastest = 0;
@@ -243,14 +243,14 @@ int sweep_gemm(const GemmBenchOptions& o) {
         std::printf("%3s %6d %6d %6d", ops.c_str(), g.m, g.n, g.k);
         json rates = json::object();
         double best = 0, blas = 0, rules = 0;
-        for (const char* k : kernels) {
+        for (const std::string& k : kernels) {
             double r = 0;
             for (const GemmKernelRate& x : p.rates)
                 if (x.kernel == k) r = x.gflops;
             if (r > 0) std::printf(" %17.1f", r), rates[k] = r;
             else std::printf(" %17s", "-");
             best = std::max(best, r);
-            if (std::string(k) == "openblas") blas = r;
+            if (k == "openblas") blas = r;
             if (p.rules == k) rules = r;
         }
         std::printf("  %-17s %-17s %6.0f%%\n", p.fastest.c_str(), p.rules.c_str(), 100 * best / peak);
