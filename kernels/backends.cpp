@@ -143,7 +143,10 @@ uint64_t sim_workspace(const WorkspaceNeeds&) { return 2 * PeerStaging::kSliceBy
 // CPU replicas and the simulated GPUs (which compute with the CPU reference): the BLAS kernel.
 std::string cpu_library(bool) { return blas_kernel(); }
 std::string no_gemm_choices() { return ""; }
-size_t adopt_no_gemm_choices(const std::string&) { return 0; }
+size_t adopt_no_gemm_choices(const std::string&, size_t* recorded) {
+    *recorded = 0;
+    return 0;
+}
 std::string cuda_library(bool fused) { return fused ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS"; }
 
 // data.loader_threads: auto. GPU replicas leave the cores to the loader. CPU replicas occupy every

@@ -690,8 +690,9 @@ struct Backend {
     // Which kernel each product ran where that was measured per shape (CPU replicas and the
     // simulated GPUs: kernels/cpu/gemm_choice.h), for the checkpoint; "" where it is not.
     std::string (*gemm_choices)();
-    // Adopts a checkpoint's gemm_choices before a resume's first step; how many were adopted.
-    size_t (*adopt_gemm_choices)(const std::string& choices);
+    // Adopts a checkpoint's gemm_choices before a resume's first step; how many were adopted, and
+    // into `recorded` how many entries the choices hold.
+    size_t (*adopt_gemm_choices)(const std::string& choices, size_t* recorded);
 };
 const Registry<Backend>& backends();  // cpu, cuda, sim: kernels/backends.cpp lists them
 const Backend& backend_of(DeviceType t);

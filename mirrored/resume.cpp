@@ -54,13 +54,8 @@ std::string gemm_library(const MirroredStrategy& st, const Config& cfg) {
 
 void adopt_gemm_choices(const CheckpointData& ckpt, const MirroredStrategy& st, const Config& cfg, std::FILE* out) {
     if (ckpt.gemm_choices.empty() || ckpt.blas_kernel != gemm_library(st, cfg)) return;
-    const size_t adopted = st.backend().adopt_gemm_choices(ckpt.gemm_choices);
-    size_t recorded = 0;  // non-empty entries of "shape=kernel;...", as adopt_gemm_choices reads them
-    for (size_t at = 0; at < ckpt.gemm_choices.size();) {
-        const size_t end = std::min(ckpt.gemm_choices.find(';', at), ckpt.gemm_choices.size());
-        recorded += end > at;
-        at = end + 1;
-    }
+    size_t recorded = 0;
+    const size_t adopted = st.backend().adopt_gemm_choices(ckpt.gemm_choices, &recorded);
     if (adopted)
         std::fprintf(out, "  GEMM kernels of %zu product shapes as the checkpoint's run measured them\n", adopted);
     if (recorded > adopted)

@@ -889,8 +889,11 @@ TEST_CASE("cpu GEMM kernel measured per product: once per process, cached per ma
     // a checkpoint's choices: well-formed entries for kernels that fit are adopted, the rest left out
     forget_gemm_choices();
     const std::string mine = product_text(s) + "=" + gemm_kernel_name(GemmKernel::openblas_turned);
+    size_t recorded = 0;
     CHECK(adopt_gemm_choices(mine + ";garbage;tn:1x1x1:1,1,1:0=openblas-turned;nt:64x300x40:40,40,300:1=openblas-"
-                                    "turned;nt:64x300x40:40,40,300:0=jit!;nt:0x1x1:1,1,1:0=openblas") == 1);
+                                    "turned;nt:64x300x40:40,40,300:0=jit!;;nt:0x1x1:1,1,1:0=openblas",
+                             &recorded) == 1);
+    CHECK(recorded == 6);  // the empty entry between ";;" is none
     CHECK(measured_gemm_kernel(s, a.data(), b.data(), c.data()) == GemmKernel::openblas_turned);
     CHECK(gemm_choices_text() == mine);
     CHECK(adopt_gemm_choices(gemm_choices_text()) == 1);  // the text round-trips

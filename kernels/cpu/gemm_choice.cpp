@@ -418,12 +418,13 @@ std::optional<std::pair<ProductShape, GemmKernel>> parse_choice(const std::strin
 
 }  // namespace
 
-size_t adopt_gemm_choices(const std::string& text) {
+size_t adopt_gemm_choices(const std::string& text, size_t* recorded) {
     ChoiceTable& t = table();
     std::lock_guard<std::mutex> lock(t.mutex);
-    size_t adopted = 0, start = 0;
+    size_t adopted = 0, entries = 0, start = 0;
     while (start < text.size()) {
         const size_t end = std::min(text.find(';', start), text.size());
+        entries += end > start;
         if (const auto c = parse_choice(text.substr(start, end - start))) {
             t.chosen[c->first] = c->second;
             ++adopted;
@@ -431,6 +432,7 @@ size_t adopt_gemm_choices(const std::string& text) {
         start = end + 1;
     }
     t.generation.fetch_add(1, std::memory_order_release);
+    if (recorded) *recorded = entries;
     return adopted;
 }
 

@@ -108,8 +108,9 @@ std::vector<GemmKernelTime> time_gemm_kernels(const ProductShape& s, const float
 // where nothing was measured: the rules choose the same everywhere, or one kernel fits).
 std::string gemm_choices_text();
 // Adopts a checkpoint's choices (gemm_choices_text's form); entries that do not parse, or name a
-// kernel that cannot multiply their shape here, are left out. Returns how many were adopted.
-size_t adopt_gemm_choices(const std::string& text);
+// kernel that cannot multiply their shape here, are left out. Returns how many were adopted;
+// `recorded`, where given, gets how many entries the text holds.
+size_t adopt_gemm_choices(const std::string& text, size_t* recorded = nullptr);
 // Forgets every choice (for tests of the machine cache: as a new process would start).
 void forget_gemm_choices();
 
