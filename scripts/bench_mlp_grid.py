@@ -16,7 +16,8 @@ after a warm-up, on data already in memory, about --seconds per measurement.
 
 PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, from `mirrored devices`).
 Prints each row's samples/s, the ratio to PyTorch's best, mirrored's GFLOP/s per core against the
-core's FMA peak, and the median over the rows.
+core's FMA peak, what 1.5x PyTorch's best would need of each core's products (the rest of the step
+counted free) against that peak and OpenBLAS's large sgemm, and the median over the rows.
 
     /usr/bin/python3 scripts/bench_mlp_grid.py [--rounds 1] [--seconds 5] [--rows 1,3,5] [--json out.json]
 
@@ -35,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cpu_vs_pytorch as pair  # noqa: E402  (free_port, mirrored_blas)
 
 FEATURES, CLASSES, SAMPLES = 784, 10, 16384
+TARGET = 1.5  # the wide rows' target over PyTorch's best, whose ceiling each row prints
 # width, hidden layers, global batch, activation, optimizer
 GRID = [
     (256, 2, 32, "relu", "sgd"),
@@ -188,15 +190,21 @@ def main():
         med = {k: statistics.median(v) for k, v in got.items()}
         best_torch = max(med["torch-2-threads"], med["torch-ddp"])
         per_core = med["measure"] * step_flop(row) / row[2] / 2 / 1e9
+        # the ceiling: what a step 1.5x PyTorch's best would ask of each core's products alone,
+        # against the FMA peak and OpenBLAS's own large sgemm (the rest of the step counted free)
+        needed = TARGET * best_torch * step_flop(row) / row[2] / 2 / 1e9
         r = dict(width=row[0], depth=row[1], batch=row[2], activation=row[3], optimizer=row[4],
                  parameters=parameters(row[0], row[1]), steps=steps, samples_per_sec=med,
                  vs_torch=med["measure"] / best_torch, measure_vs_rules=med["measure"] / med["rules"],
-                 gflops_per_core=per_core, of_peak=per_core / peak)
+                 gflops_per_core=per_core, of_peak=per_core / peak, target_needs_gflops_per_core=needed,
+                 target_needs_of_peak=needed / peak, target_needs_of_large_sgemm=needed / large)
         results.append(r)
         print("%4d x %d  batch %4d  %-4s %-5s  mirrored %8.0f (rules %8.0f)  PyTorch %8.0f / ddp %8.0f  "
               "%.2fx PyTorch's best, measure/rules %.2fx, %5.1f GFLOP/s per core (%2.0f%% of peak)" % (
                   row[0], row[1], row[2], row[3], row[4], med["measure"], med["rules"], med["torch-2-threads"],
                   med["torch-ddp"], r["vs_torch"], r["measure_vs_rules"], per_core, 100 * r["of_peak"]), flush=True)
+        print("    %.1fx PyTorch's best needs %.1f GFLOP/s per core: %.0f%% of the FMA peak, %.0f%% of OpenBLAS's "
+              "large sgemm" % (TARGET, needed, 100 * needed / peak, 100 * needed / large), flush=True)
         left = (time.time() - started) / (n + 1) * (len(rows) - n - 1)
         if left > 0:
             print("  (%d of %d rows, about %.0f s left)" % (n + 1, len(rows), left), file=sys.stderr, flush=True)
@@ -205,6 +213,13 @@ def main():
     print("\nmedian over %d rows: %.2fx PyTorch's best (lowest %.2fx, highest %.2fx); measured kernels over the "
           "rules %.2fx (lowest %.2fx)" % (len(results), statistics.median(ratios), ratios[0], ratios[-1],
                                           statistics.median(gains), gains[0]))
+    past_peak = [r for r in results if r["target_needs_of_peak"] > 1]
+    past_blas = [r for r in results if r["target_needs_of_large_sgemm"] > 1 and r not in past_peak]
+
+    def describe(rs):
+        return ", ".join("%d x %d batch %d" % (r["width"], r["depth"], r["batch"]) for r in rs) or "none"
+    print("%.1fx PyTorch's best would need GEMMs past the core's FMA peak on: %s; past OpenBLAS's large sgemm on: %s"
+          % (TARGET, describe(past_peak), describe(past_blas)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"blas": blas, "fma_peak_gflops": peak, "large_sgemm_gflops": large, "rounds": args.rounds,
