@@ -144,7 +144,7 @@ uint64_t sim_workspace(const WorkspaceNeeds&) { return 2 * PeerStaging::kSliceBy
 std::string cpu_library(bool) { return blas_kernel(); }
 std::string no_gemm_choices() { return ""; }
 size_t adopt_no_gemm_choices(const std::string&, size_t* recorded) {
-    *recorded = 0;
+    if (recorded) *recorded = 0;
     return 0;
 }
 std::string cuda_library(bool fused) { return fused ? "cuBLAS, cuBLASLt epilogues" : "cuBLAS"; }

@@ -691,7 +691,7 @@ struct Backend {
     // simulated GPUs: kernels/cpu/gemm_choice.h), for the checkpoint; "" where it is not.
     std::string (*gemm_choices)();
     // Adopts a checkpoint's gemm_choices before a resume's first step; how many were adopted, and
-    // into `recorded` how many entries the choices hold.
+    // into `recorded` (where given) how many entries the choices hold.
     size_t (*adopt_gemm_choices)(const std::string& choices, size_t* recorded);
 };
 const Registry<Backend>& backends();  // cpu, cuda, sim: kernels/backends.cpp lists them

@@ -214,7 +214,7 @@ def main():
           "rules %.2fx (lowest %.2fx)" % (len(results), statistics.median(ratios), ratios[0], ratios[-1],
                                           statistics.median(gains), gains[0]))
     past_peak = [r for r in results if r["target_needs_of_peak"] > 1]
-    past_blas = [r for r in results if r["target_needs_of_large_sgemm"] > 1 and r not in past_peak]
+    past_blas = [r for r in results if r["target_needs_of_large_sgemm"] > 1 and r["target_needs_of_peak"] <= 1]
 
     def describe(rs):
         return ", ".join("%d x %d batch %d" % (r["width"], r["depth"], r["batch"]) for r in rs) or "none"

@@ -749,9 +749,9 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
     // most 128 rows; the JIT kernels, where they are, most
     CHECK(ran[GemmKernel::openblas] == 13);
     CHECK(ran[GemmKernel::openblas_turned] == 2);
-    // the few-rows kernels, where the CPU has them: every product with at most 64 rows on the batch
-    // side (m, or k for A^T B) and not both operands transposed
-    CHECK(ran[GemmKernel::few_rows] == (few_rows_gemm_available() ? 7 : 0));
+    // the few-rows kernels, where the CPU has them and the JIT kernels are in use: every product with
+    // at most 64 rows on the batch side (m, or k for A^T B) and not both operands transposed
+    CHECK(ran[GemmKernel::few_rows] == (few_rows_gemm_available() && !jit_gemm_description().empty() ? 7 : 0));
     if (!jit_gemm_description().empty()) {
         CHECK(ran[GemmKernel::jit] >= 6);
         CHECK(ran[GemmKernel::jit_turned] >= 2);
@@ -796,19 +796,25 @@ TEST_CASE("cpu GEMM kernels per product: every kernel that fits matches double r
 // past A B's blocks of 64 rows, C added to or not - the padding (NaN in A and B) never read, C's
 // never written. Past 64 rows on the batch side, and with both operands transposed, they refuse.
 TEST_CASE("cpu GEMM few-rows kernel: every layout and edge matches double reference; refuses past 64 rows") {
-    if (!few_rows_gemm_available()) {
-        MESSAGE("skipped: this CPU has no AVX-512F, the few-rows kernels' instructions");
+    if (!few_rows_gemm_available() || jit_gemm_description().empty()) {
         CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {false, true, 16, 64, 64, 64, 64, 64, false}));
+        mark_skipped("the few-rows kernels need AVX-512F and the JIT kernels in use");
         return;
     }
     Rng rng(31);
     int ran = 0;
     for (const int rows : {1, 3, 6, 16, 33, 64})
         for (const ProductCase s : std::initializer_list<ProductCase>{{false, true, rows, 13, 1100, false},
+                                                                      {false, true, rows, 8, 1100, true},
+                                                                      {false, true, rows, 9, 31, false},
+                                                                      {false, true, rows, 10, 530, false},
+                                                                      {false, true, rows, 11, 16, true},
                                                                       {false, true, rows, 97, 31, true},
                                                                       {false, false, rows, 211, 150, false},
+                                                                      {false, false, rows, 40, 70, true},
                                                                       {false, false, rows, 7, 65, true},
                                                                       {true, false, 101, 250, rows, false},
+                                                                      {true, false, 7, 75, rows, false},
                                                                       {true, false, 18, 96, rows, true}}) {
             const PaddedProduct p(rng, s);
             INFO(product_text(p.shape));
@@ -817,7 +823,7 @@ TEST_CASE("cpu GEMM few-rows kernel: every layout and edge matches double refere
             p.check(c);
             ++ran;
         }
-    CHECK(ran == 36);
+    CHECK(ran == 72);  // 6 batch sides x 12 products: tiles of 1-4 rows by 1-6 vectors, each kind
     CHECK(gemm_kernel_fits(GemmKernel::few_rows, {false, true, 64, 4096, 4096, 4096, 4096, 4096, false}));
     CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {false, true, 65, 4096, 4096, 4096, 4096, 4096, false}));
     CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {false, false, 65, 4096, 4096, 4096, 4096, 4096, false}));
@@ -835,7 +841,8 @@ TEST_CASE("cpu GEMM kernel measured per product: once per process, cached per ma
     const ScopedEnv cache_dir("MIRRORED_CACHE_DIR", d / "cache");
     forget_gemm_choices();
     Rng rng(13);
-    const ProductShape s{false, true, 64, 300, 40, 40, 40, 300, false};  // OpenBLAS and its turn fit, maybe JIT
+    const ProductShape s{false, true, 64,  300,  40,
+                         40,    40,   300, false};  // OpenBLAS and its turn fit, maybe JIT, few-rows
     const std::vector<float> a = rng.normal(64 * 40), b = rng.normal(300 * 40);
     std::vector<float> c(64 * 300);
     const std::string file = d / "cache/gemm-kernels.txt", key = gemm_choice_cache_key(s);

@@ -1,7 +1,9 @@
 #include "kernels/cpu/few_rows_gemm.h"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -13,8 +15,6 @@ namespace mirrored {
 namespace {
 
 #define FEW_ROWS_TARGET __attribute__((target("avx512f")))
-// GCC 12 warns that the shuffles' internal undefined operand may be used uninitialised (it is not).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 constexpr int kTileRows = 4, kTileVectors = 6, kLanes = 16;
 constexpr int kTileFloats = kTileRows * kTileVectors * kLanes;
@@ -29,7 +29,12 @@ FEW_ROWS_TARGET inline __mmask16 lanes_mask(int lanes) {
     return lanes >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << lanes) - 1u);
 }
 
-// The 16 lanes' sum in a fixed tree (halves, then quarters, ...), AVX-512F alone.
+// The 16 lanes' sum in a fixed tree (halves, then quarters, ...), AVX-512F alone. GCC 12 warns that
+// the shuffles' internal undefined operand may be used uninitialised (it is not).
+#if !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 FEW_ROWS_TARGET inline float lanes_total(__m512 v) {
     v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));  // 256-bit halves
     v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));  // 128-bit quarters
@@ -37,12 +42,34 @@ FEW_ROWS_TARGET inline float lanes_total(__m512 v) {
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
     return _mm512_cvtss_f32(v);
 }
+#if !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// Tile<R, J>::run for every R in 1..kTileRows and J in 1..kTileVectors, in one table: a product's
+// edges take the tiles with fewer rows or vectors.
+template <template <int, int> class Tile, int... I>
+constexpr auto tile_table(std::integer_sequence<int, I...>) {
+    return std::array{&Tile<I / kTileVectors + 1, I % kTileVectors + 1>::run...};
+}
+
+template <template <int, int> class Tile>
+auto tile_of(int rows, int vectors) {
+    static constexpr auto table = tile_table<Tile>(std::make_integer_sequence<int, kTileRows * kTileVectors>{});
+    return table[size_t((rows - 1) * kTileVectors + (vectors - 1))];
+}
 
 // One tile of A B^T: R rows of A against J rows of B over kc of k. The sums stay per lane in
 // `part` between blocks of k; the last block adds the lanes and writes C.
 template <int R, int J>
-FEW_ROWS_TARGET void dot_tile(int kc, const float* a, int lda, const float* b, int ldb, float* part, bool first,
-                              bool last, float* c, int ldc, bool accumulate) {
+struct DotTile {
+    static void run(int kc, const float* a, int lda, const float* b, int ldb, float* part, bool first, bool last,
+                    float* c, int ldc, bool accumulate);
+};
+
+template <int R, int J>
+FEW_ROWS_TARGET void DotTile<R, J>::run(int kc, const float* a, int lda, const float* b, int ldb, float* part,
+                                        bool first, bool last, float* c, int ldc, bool accumulate) {
     __m512 s[R][J];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
@@ -87,39 +114,6 @@ FEW_ROWS_TARGET void dot_tile(int kc, const float* a, int lda, const float* b, i
         }
 }
 
-using DotTile = void (*)(int, const float*, int, const float*, int, float*, bool, bool, float*, int, bool);
-
-template <int R>
-DotTile dot_tile_of(int j) {
-    switch (j) {
-        case 1:
-            return dot_tile<R, 1>;
-        case 2:
-            return dot_tile<R, 2>;
-        case 3:
-            return dot_tile<R, 3>;
-        case 4:
-            return dot_tile<R, 4>;
-        case 5:
-            return dot_tile<R, 5>;
-        default:
-            return dot_tile<R, 6>;
-    }
-}
-
-DotTile dot_tile_of(int r, int j) {
-    switch (r) {
-        case 1:
-            return dot_tile_of<1>(j);
-        case 2:
-            return dot_tile_of<2>(j);
-        case 3:
-            return dot_tile_of<3>(j);
-        default:
-            return dot_tile_of<4>(j);
-    }
-}
-
 // C[m,n] (+)= A[m,k] B[n,k]^T, m <= kFewRowsGemmMaxRows: B's rows six at a time, each block of k
 // against every tile of A's rows.
 void dot_products(int m, int n, int k, const float* a, int lda, const float* b, int ldb, bool accumulate, float* c,
@@ -130,7 +124,7 @@ void dot_products(int m, int n, int k, const float* a, int lda, const float* b, 
         for (int k0 = 0; k0 < k; k0 += kDotBlock) {
             const int kc = std::min(kDotBlock, k - k0);
             for (int i0 = 0, t = 0; i0 < m; i0 += kTileRows, ++t)
-                dot_tile_of(std::min(kTileRows, m - i0), width)(
+                tile_of<DotTile>(std::min(kTileRows, m - i0), width)(
                     kc, a + size_t(i0) * size_t(lda) + size_t(k0), lda, b + size_t(j0) * size_t(ldb) + size_t(k0), ldb,
                     part + size_t(t) * kTileFloats, k0 == 0, k0 + kc == k, c + size_t(i0) * size_t(ldc) + size_t(j0),
                     ldc, accumulate);
@@ -143,9 +137,15 @@ void dot_products(int m, int n, int k, const float* a, int lda, const float* b, 
 // or down its columns (A^T B). `ahead`, for the first tile of rows only: the strip's next block of
 // B (ahead_rows rows), fetched into the cache while this block is multiplied.
 template <int R, int J>
-FEW_ROWS_TARGET void axpy_tile(int kc, const float* a, size_t a_row, size_t a_k, const float* b, int ldb,
-                               __mmask16 last_mask, bool load_c, float* c, int ldc, const float* ahead,
-                               int ahead_rows) {
+struct AxpyTile {
+    static void run(int kc, const float* a, size_t a_row, size_t a_k, const float* b, int ldb, __mmask16 last_mask,
+                    bool load_c, float* c, int ldc, const float* ahead, int ahead_rows);
+};
+
+template <int R, int J>
+FEW_ROWS_TARGET void AxpyTile<R, J>::run(int kc, const float* a, size_t a_row, size_t a_k, const float* b, int ldb,
+                                         __mmask16 last_mask, bool load_c, float* c, int ldc, const float* ahead,
+                                         int ahead_rows) {
     __mmask16 mask[J];
 #pragma GCC unroll 6
     for (int j = 0; j < J; ++j) mask[j] = j == J - 1 ? last_mask : __mmask16(0xFFFF);
@@ -181,40 +181,6 @@ FEW_ROWS_TARGET void axpy_tile(int kc, const float* a, size_t a_row, size_t a_k,
             _mm512_mask_storeu_ps(c + size_t(r) * size_t(ldc) + size_t(j) * kLanes, mask[j], s[r][j]);
 }
 
-using AxpyTile = void (*)(int, const float*, size_t, size_t, const float*, int, __mmask16, bool, float*, int,
-                          const float*, int);
-
-template <int R>
-AxpyTile axpy_tile_of(int j) {
-    switch (j) {
-        case 1:
-            return axpy_tile<R, 1>;
-        case 2:
-            return axpy_tile<R, 2>;
-        case 3:
-            return axpy_tile<R, 3>;
-        case 4:
-            return axpy_tile<R, 4>;
-        case 5:
-            return axpy_tile<R, 5>;
-        default:
-            return axpy_tile<R, 6>;
-    }
-}
-
-AxpyTile axpy_tile_of(int r, int j) {
-    switch (r) {
-        case 1:
-            return axpy_tile_of<1>(j);
-        case 2:
-            return axpy_tile_of<2>(j);
-        case 3:
-            return axpy_tile_of<3>(j);
-        default:
-            return axpy_tile_of<4>(j);
-    }
-}
-
 // C[m,n] (+)= A B over k rows of B [k, n]: strips of 96 columns, each in blocks of 64 rows of B,
 // each block against every tile of C's rows (C's strip is added to from the second block on).
 FEW_ROWS_TARGET void axpy_products(int m, int n, int k, const float* a, size_t a_row, size_t a_k, const float* b,
@@ -227,7 +193,7 @@ FEW_ROWS_TARGET void axpy_products(int m, int n, int k, const float* a, size_t a
             const int kc = std::min(kStripRows, k - k0), next = std::min(kStripRows, k - k0 - kc);
             const float* block = b + size_t(k0) * size_t(ldb) + size_t(j0);
             for (int i0 = 0; i0 < m; i0 += kTileRows)
-                axpy_tile_of(std::min(kTileRows, m - i0), vectors)(
+                tile_of<AxpyTile>(std::min(kTileRows, m - i0), vectors)(
                     kc, a + size_t(i0) * a_row + size_t(k0) * a_k, a_row, a_k, block, ldb, last_mask,
                     accumulate || k0 > 0, c + size_t(i0) * size_t(ldc) + size_t(j0), ldc,
                     i0 == 0 && next > 0 ? block + size_t(kc) * size_t(ldb) : nullptr, next);

@@ -177,8 +177,9 @@ bool gemm_kernel_fits(GemmKernel k, const ProductShape& s) {
             return s.ta && !s.tb && double(s.m) * double(s.k) > double(kCpuJitTransposedMaxFloats) && block > 0 &&
                    jit_gemm_multiplies(true, false, s.m, s.n, block, true);
         }
-        case GemmKernel::few_rows:
-            return few_rows_gemm_fits(s.ta, s.tb, s.m, s.n, s.k);
+        case GemmKernel::few_rows:  // with the JIT kernels only: then the recorded BLAS kernel says that
+                                    // products were measured (blas_kernel()), which a resume checks
+            return jit_gemm_vector_floats() > 0 && few_rows_gemm_fits(s.ta, s.tb, s.m, s.n, s.k);
     }
     return false;
 }
