@@ -11,18 +11,45 @@
 
 namespace mirrored {
 
+// One product, one sum, each rounded on its own on every backend. The CPU kernels are built with
+// -ffp-contract=off; nvcc contracts a * b + c into one FMA by default (-fmad=true), which rounds
+// once and so gives other bits, but never contracts its explicitly rounded intrinsics.
+MIRRORED_HD float mul_rounded(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+MIRRORED_HD float add_rounded(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
 // exp(x) in float arithmetic alone - no call, no table - so that the CPU's loops over it vectorise
 // (libm's expf and erff are calls, a third of a GELU transformer's step) and every backend gets
-// the same bits: x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6, 2^n into the
-// exponent. Within 2 ulp of expf over [-87, 88]; clamped there (no infinities, no subnormals).
+// the same bits (each step rounded on its own: mul_rounded, add_rounded): x = n ln2 + r,
+// |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6, 2^n into the exponent. Within 2 ulp of expf
+// over [-87, 88]; clamped there (no infinities, no subnormals). The formulas below it (GELU, the
+// normal cdf) are written once for both backends but may round differently on a GPU.
 MIRRORED_HD float exp_poly(float x) {
     x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
     const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low bits
-    const float t = x * 1.44269504088896341f + magic;
+    const float t = add_rounded(mul_rounded(x, 1.44269504088896341f), magic);
     const float n = t - magic;
-    const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-6f;  // ln2 in two parts
-    const float p =
-        1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    // ln2 in two parts
+    const float r =
+        add_rounded(add_rounded(x, -mul_rounded(n, 0.693145751953125f)), -mul_rounded(n, 1.428606765330187e-6f));
+    // 1 + r (1 + r (1/2 + r (1/6 + r (1/24 + r (1/120 + r / 720))))), innermost first
+    float p = add_rounded(1.0f / 120, mul_rounded(r, 1.0f / 720));
+    p = add_rounded(1.0f / 24, mul_rounded(r, p));
+    p = add_rounded(1.0f / 6, mul_rounded(r, p));
+    p = add_rounded(0.5f, mul_rounded(r, p));
+    p = add_rounded(1.0f, mul_rounded(r, p));
+    p = add_rounded(1.0f, mul_rounded(r, p));
     uint32_t tb, pb;
 #if defined(__CUDA_ARCH__)
     tb = __float_as_uint(t);

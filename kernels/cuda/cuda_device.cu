@@ -74,11 +74,14 @@ public:
         comm_.handle = s[1];
         copy_.handle = s[2];
         staging_stream_ = s[3];
-        // cublasSetStream resets the workspace to cuBLAS's own pool, so the handle is bound to the
-        // compute stream once, then given the fixed workspace; GEMMs on other streams rebind both.
+        // The cuBLAS handle and its one workspace belong to the compute stream, bound once here
+        // (cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes
+        // after it). Every product runs there (on_compute_stream): two streams sharing one
+        // workspace would race on a GPU, where their GEMMs really overlap.
         CUBLAS_CHECK(ordinal, cublasCreate(&cublas_));
         workspace_ = alloc_bytes(kCublasWorkspace);
-        bind_cublas(stream(compute_));
+        CUBLAS_CHECK(ordinal, cublasSetStream(cublas_, stream(compute_)));
+        CUBLAS_CHECK(ordinal, cublasSetWorkspace(cublas_, workspace_, kCublasWorkspace));
         scratch_ = static_cast<float*>(alloc_bytes(cuda::kScratchFloats * sizeof(float)));
         staging_ = std::make_unique<PeerStaging>(*this, Stream{staging_stream_});
     }
@@ -259,7 +262,7 @@ public:
             else cuda::scale(stream(s), ordinal(), size_t(m) * n, beta, static_cast<float*>(c));
             return;
         }
-        if (stream(s) != cublas_stream_) bind_cublas(stream(s));
+        on_compute_stream(s, "gemm");
         const bool all_f32 = t.a == DType::f32 && t.b == DType::f32 && t.c == DType::f32;
         const cublasComputeType_t compute =
             all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -280,7 +283,7 @@ public:
         }
         use();
         ++work_.launches;
-        if (stream(s) != cublas_stream_) bind_cublas(stream(s));
+        on_compute_stream(s, "gemm");
         const bool all_f32 = t.a == DType::f32 && t.b == DType::f32 && t.c == DType::f32;
         const cublasComputeType_t compute =
             all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -293,7 +296,7 @@ public:
     }
 
     // The fused products get their own cuBLASLt handle and workspace (allocated here, before any
-    // step): the cuBLAS handle's may be in use on another stream.
+    // step); like cuBLAS's, they serve the compute stream alone.
     void set_fused_epilogues(bool on) override {
         Device::set_fused_epilogues(on);
         if (!on || fused_) return;
@@ -305,6 +308,7 @@ public:
                        const float* bias, void* z, void* y, GemmTypes t) override {
         if (fused_epilogues_ && z == y) {
             use();
+            on_compute_stream(s, "dense_forward");
             if (fused_->forward(stream(s), act, rows, units, inputs, x, w, bias, y, t, precision_ == Precision::tf32)) {
                 ++work_.launches;
                 return;
@@ -316,6 +320,7 @@ public:
                            float* db, bool accumulate, GemmTypes t) override {
         if (fused_epilogues_ && fusable_dense_weight_grad(db != nullptr, accumulate)) {
             use();
+            on_compute_stream(s, "dense_weight_grad");
             if (fused_->weight_grad(stream(s), rows, units, inputs, dz, x, dw, db, t, precision_ == Precision::tf32)) {
                 ++work_.launches;
                 return;
@@ -512,10 +517,13 @@ public:
     }
 
 private:
-    void bind_cublas(cudaStream_t st) {
-        CUBLAS_CHECK(ordinal(), cublasSetStream(cublas_, st));
-        CUBLAS_CHECK(ordinal(), cublasSetWorkspace(cublas_, workspace_, kCublasWorkspace));
-        cublas_stream_ = st;
+    // The products' rule (the constructor): cuBLAS's handle and workspace, and the fused
+    // products' cuBLASLt workspace, serve the compute stream alone.
+    void on_compute_stream(Stream s, const char* what) const {
+        if (stream(s) != stream(compute_))
+            throw DeviceError(name() + ": " + what +
+                              " on a stream other than the compute stream: the cuBLAS workspace is the compute "
+                              "stream's alone (two streams' products would race on it)");
     }
 
     void use() const { CUDA_CHECK(ordinal(), cudaSetDevice(ordinal())); }
@@ -529,7 +537,6 @@ private:
     }
 
     cublasHandle_t cublas_ = nullptr;
-    cudaStream_t cublas_stream_ = nullptr;  // the stream the handle is bound to
     void* workspace_ = nullptr;
     std::unique_ptr<FusedGemm> fused_;  // strategy.fused_epilogues
     void* fused_workspace_ = nullptr;
