@@ -5,8 +5,10 @@ side by side in one run, with the physical bound of each row.
 The work: the MLP 784-1024-1024-10 of configs/synthetic_mlp.yaml, SGD with momentum 0.9, random
 data of Fashion-MNIST shape already on the GPU, at batch 256 and 2048, in fp32, tf32 and bf16
 (PyTorch: autocast; JAX: bf16 parameters and inputs). mirrored: `build/mirrored bench-step` on
-cuda:0 with the same batch and precision, and 4 replicas sharing GPU 0 at 512 each. Each
-framework runs in its own process, one after the other, in alternating rounds; medians.
+cuda:0 with the same batch and precision, and 4 replicas sharing GPU 0 at a quarter of the largest
+batch each. Each framework runs in its own process, one after the other, in alternating rounds;
+medians. The peers are information: one that is missing or fails leaves its column empty with
+the reason below the row, and the exit status is 1 only when mirrored's own runs fail.
 
 Bound per row: the larger of the step's GEMM FLOPs (forward and backward: 6 x batch x weights)
 over `mirrored bench-gemm`'s rate at 4096 in that precision, and the optimizer's bytes (read
@@ -14,6 +16,8 @@ parameters, gradients, momentum; write parameters, momentum: 20 bytes per parame
 device-to-device copy bandwidth measured here.
 
     python3 scripts/bench_vs_frameworks.py [--rounds 3] [--steps 300] [--json out.json]
+        [--mirrored build/mirrored] [--batches 256,2048] [--precisions fp32,tf32,bf16] [--warmup 20]
+        [--gemm-size 4096]
 
 Without a GPU (no CUDA for PyTorch) it runs the CPU comparison instead,
 scripts/bench_cpu_vs_pytorch.py, with the same arguments it understands."""
@@ -26,11 +30,12 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MIRRORED = os.path.join(ROOT, "build", "mirrored")
+MIRRORED = os.path.join(ROOT, "build", "mirrored")  # --mirrored: scripts/gpu_check.sh passes the binary it uses
 SIZES = [784, 1024, 1024, 10]
 WEIGHTS = sum(a * b for a, b in zip(SIZES[:-1], SIZES[1:]))
 PARAMS = WEIGHTS + sum(SIZES[1:])
 BATCHES = (256, 2048)
+GEMM_SIZE = 4096
 PRECISIONS = ("fp32", "tf32", "bf16")
 
 # One framework's timing, run as `python3 THIS --peer NAME --batch B --precision P --steps N`:
@@ -148,9 +153,15 @@ def copy_bandwidth():
 def run_peer(name, batch, precision, steps):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--peer", name, "--batch", str(batch),
                           "--precision", precision, "--steps", str(steps)], capture_output=True, text=True)
-    if out.returncode != 0:
-        return None, out.stderr.strip().splitlines()[-1:] or ["failed"]
-    return float(out.stdout.strip().splitlines()[-1]), None
+    try:
+        if out.returncode == 0:
+            return float(out.stdout.strip().splitlines()[-1]), None
+    except (IndexError, ValueError):
+        return None, ["printed no time: " + (out.stdout.strip()[-200:] or "nothing")]
+    return None, out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+
+
+WARMUP = 20
 
 
 def run_mirrored(devices, batch, precision, steps, graph=False, fused=False):
@@ -159,7 +170,7 @@ def run_mirrored(devices, batch, precision, steps, graph=False, fused=False):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "step.json")
         cmd = [MIRRORED, "bench-step", os.path.join(ROOT, "configs", "synthetic_mlp.yaml"), "--devices", devices,
-               "--per-replica-batch", str(batch), "--steps", str(steps), "--warmup", "20",
+               "--per-replica-batch", str(batch), "--steps", str(steps), "--warmup", str(WARMUP),
                "--set", "train.precision=" + precision, "--set", "strategy.cuda_graph=" + str(graph).lower(),
                "--set", "strategy.cross_device_ops=" + ("direct" if graph else "ring"),
                "--set", "strategy.fused_epilogues=" + str(fused).lower(), "--json", path]
@@ -170,18 +181,38 @@ def run_mirrored(devices, batch, precision, steps, graph=False, fused=False):
 
 
 def gemm_rate(precision):
+    """FLOP/s of `mirrored bench-gemm` at GEMM_SIZE, or None with the reason."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "gemm.json")
-        subprocess.run([MIRRORED, "bench-gemm", "--device", "cuda:0", "--precision", precision, "--sizes", "4096",
-                        "--json", path], check=True, capture_output=True)
-        return json.load(open(path))["results"][0]["gflops"] * 1e9
+        out = subprocess.run([MIRRORED, "bench-gemm", "--device", "cuda:0", "--precision", precision, "--sizes",
+                              str(GEMM_SIZE), "--json", path], capture_output=True, text=True)
+        if out.returncode != 0:
+            return None, (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1:]
+        return json.load(open(path))["results"][0]["gflops"] * 1e9, None
+
+
+def positive_ints(text):
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, not '{text}'")
+    return values
 
 
 def main():
+    global MIRRORED, GEMM_SIZE, WARMUP
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--json")
+    ap.add_argument("--mirrored", default=MIRRORED, help="the mirrored binary (default: build/mirrored)")
+    ap.add_argument("--batches", type=positive_ints, default=BATCHES, help="global batches, e.g. 256,2048")
+    ap.add_argument("--precisions", type=lambda t: tuple(t.split(",")), default=PRECISIONS,
+                    help="of fp32, tf32, bf16 (default all)")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="mirrored's untimed steps before the timed ones")
+    ap.add_argument("--gemm-size", type=int, default=GEMM_SIZE, help="the GEMM rate's size (n = m = k)")
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--precision", help=argparse.SUPPRESS)
@@ -195,6 +226,9 @@ def main():
         print(us)
         return
 
+    MIRRORED, GEMM_SIZE, WARMUP = args.mirrored, args.gemm_size, args.warmup
+    if not set(args.precisions) <= set(PRECISIONS):
+        ap.error(f"--precisions: expected some of {','.join(PRECISIONS)}, not {','.join(args.precisions)}")
     try:
         import torch
         gpu = torch.cuda.is_available()
@@ -202,15 +236,27 @@ def main():
         gpu = False
     if not gpu:
         print("no GPU for PyTorch here: running the CPU comparison (scripts/bench_cpu_vs_pytorch.py)", flush=True)
-        os.execv(sys.executable, [sys.executable, os.path.join(ROOT, "scripts", "bench_cpu_vs_pytorch.py")] + sys.argv[1:])
+        passed = [f"--{k}={getattr(args, k)}" for k in ("rounds", "steps", "json") if getattr(args, k) is not None]
+        os.execv(sys.executable, [sys.executable, os.path.join(ROOT, "scripts", "bench_cpu_vs_pytorch.py")] + passed)
+    if not os.access(MIRRORED, os.X_OK):
+        sys.exit(f"bench_vs_frameworks.py: no mirrored binary at {MIRRORED} (make all builds it; --mirrored names another)")
 
-    import torch
-    device = torch.cuda.get_device_name(0)
-    bandwidth = copy_bandwidth()
-    rates = {p: gemm_rate(p) for p in PRECISIONS}
-    print(f"{device}; copy {bandwidth / 1e12:.2f} TB/s; mirrored GEMM at 4096: " +
-          ", ".join(f"{p} {rates[p] / 1e12:.0f} TFLOP/s" for p in PRECISIONS), flush=True)
+    try:  # PyTorch's own numbers are information: a failure leaves them out
+        device = torch.cuda.get_device_name(0)
+        bandwidth = copy_bandwidth()
+    except Exception as e:  # noqa: BLE001 - whatever the peer raises, mirrored's rows still run
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:120]
+        device, bandwidth = f"unknown (PyTorch: {reason})", None
+        print(f"PyTorch could not measure the copy bandwidth: {device}; the optimizer-bytes bound is left out")
+    rates, own_failures = {}, []
+    for p in args.precisions:
+        rates[p], err = gemm_rate(p)
+        if err:
+            own_failures.append(f"bench-gemm {p}: {' '.join(err)}")
+    print(f"{device}; copy {bandwidth / 1e12 if bandwidth else float('nan'):.2f} TB/s; mirrored GEMM at {GEMM_SIZE}: " +
+          ", ".join(f"{p} {rates[p] / 1e12 if rates[p] else float('nan'):.0f} TFLOP/s" for p in args.precisions), flush=True)
     peers = ["torch-eager", "torch-graph", "jax"]
+    own = ["mirrored", "mirrored-graph", "mirrored-fused"]
     rows = []
 
     def cell(v):
@@ -224,9 +270,9 @@ def main():
           "the ratios use the fastest of the three")
     print(f"{'precision':9} {'batch':>5} {'mirrored':>9} {'m+graph':>9} {'m+fused':>9} {'eager':>9} {'graph':>9} {'jax':>9} "
           f"{'/eager':>7} {'/graph':>7} {'/jax':>7} {'bound':>9} {'/bound':>7}  bound by")
-    for precision in PRECISIONS:
-        for batch in BATCHES:
-            times = {k: [] for k in ["mirrored", "mirrored-graph", "mirrored-fused"] + peers}
+    for precision in args.precisions:
+        for batch in args.batches:
+            times = {k: [] for k in own + peers}
             notes = {}
             def record(name, result):
                 us, err = result
@@ -241,40 +287,50 @@ def main():
                 for p in peers:
                     record(p, run_peer(p, batch, precision, args.steps))
             med = {k: statistics.median(v) if v else None for k, v in times.items()}
-            flop_bound = 6.0 * batch * WEIGHTS / rates[precision] * 1e6
-            byte_bound = 20.0 * PARAMS / bandwidth * 1e6
-            bound = max(flop_bound, byte_bound)
+            flop_bound = 6.0 * batch * WEIGHTS / rates[precision] * 1e6 if rates[precision] else 0.0
+            byte_bound = 20.0 * PARAMS / bandwidth * 1e6 if bandwidth else 0.0
+            bound = max(flop_bound, byte_bound) or None
             rows.append({"precision": precision, "batch": batch, "us": med, "bound_us": bound,
                          "bound": "GEMM FLOPs" if flop_bound >= byte_bound else "optimizer bytes", "errors": notes})
+            own_failures += [f"{k} {precision} batch {batch}: {' '.join(e)}" for k, e in notes.items() if k in own]
             r = rows[-1]
             u = r["us"]
             best = min((v for v in (u["mirrored"], u["mirrored-graph"], u["mirrored-fused"]) if v), default=None)
             print(f"{r['precision']:9} {r['batch']:5d} {cell(u['mirrored'])} {cell(u['mirrored-graph'])} "
                   f"{cell(u['mirrored-fused'])} "
                   f"{cell(u['torch-eager'])} {cell(u['torch-graph'])} {cell(u['jax'])} {ratio(best, u['torch-eager'])} "
-                  f"{ratio(best, u['torch-graph'])} {ratio(best, u['jax'])} {r['bound_us']:9.1f} "
-                  f"{ratio(best, r['bound_us'])}  {r['bound']}")
+                  f"{ratio(best, u['torch-graph'])} {ratio(best, u['jax'])} {cell(r['bound_us'])} "
+                  f"{ratio(best, r['bound_us'])}  {r['bound'] if bound else '-'}")
             for k, e in r["errors"].items():
                 print(f"    {k} failed: {' '.join(e)}")
             sys.stdout.flush()
     # 4 replicas sharing GPU 0 against one replica at the same global batch (the issue's target: <= 1.1x)
     shared = {}
-    for precision in PRECISIONS:
+    whole = max(args.batches)
+    quarter = max(1, whole // 4)
+    for precision in args.precisions:
         one, four = [], []
         for _ in range(args.rounds):
-            for devices, batch, into in (("cuda:0", 2048, one), ("cuda:0,0,0,0", 512, four)):
-                us, _ = run_mirrored(devices, batch, precision, args.steps, graph=True)
+            for devices, batch, into in (("cuda:0", 4 * quarter, one), ("cuda:0,0,0,0", quarter, four)):
+                us, err = run_mirrored(devices, batch, precision, args.steps, graph=True)
                 if us:
                     into.append(us)
+                else:
+                    own_failures.append(f"{devices} {precision} batch {batch}: {' '.join(err)}")
         shared[precision] = (statistics.median(one) if one else None, statistics.median(four) if four else None)
 
-    print("\n4 replicas sharing GPU 0 (512 each) against 1 replica at 2048, both with cuda_graph and direct:")
+    print(f"\n4 replicas sharing GPU 0 ({quarter} each) against 1 replica at {4 * quarter}, both with cuda_graph and direct:")
     for p, (one, four) in shared.items():
         print(f"  {p}: {cell(one)} us vs {cell(four)} us: {ratio(four, one)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "copy_bytes_per_s": bandwidth, "gemm_flops": rates, "rows": rows,
-                       "shared_gpu": {p: {"one_us": a, "four_us": b} for p, (a, b) in shared.items()}}, f, indent=2)
+                       "shared_gpu": {p: {"one_us": a, "four_us": b, "batch": 4 * quarter}
+                                      for p, (a, b) in shared.items()},
+                       "mirrored_failures": own_failures}, f, indent=2)
+    if own_failures:  # the peers never fail this script; mirrored's own runs do
+        print(f"\nmirrored's own runs failed {len(own_failures)} time(s):", *own_failures[:5], sep="\n  ")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

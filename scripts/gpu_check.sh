@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The one prepared command for a machine with a GPU (no network, nothing installable, one command
-# of at most 600 s; of its output folder at most 8 files come back). It runs, in the order of what
-# they settle, each phase stopping at its share of the budget (GPU_CHECK_SECONDS, 570 by default):
+# of at most 600 s; of its output folder at most 8 files come back). Prepared here, then one call:
+#   scripts/gpu_pack.sh                    # here: gpu-pack/ (binaries for sm_90 + PTX, their libraries)
+#   run  command: bash scripts/gpu_check.sh   carry: ["gpu-pack"]   timeout_s: 600
+# (docs/GPU_CHECK.md). The default budget, 480 s, leaves 120 s of the call for the machine's
+# start and the copies back, or for a rerun of a few cases on the warm machine. It runs, in the
+# order of what they settle, each phase stopping at its share of the budget (GPU_CHECK_SECONDS):
 #   build (35%)        only when no binaries came along (scripts/gpu_pack.sh makes them here)
 #   preflight (10 s)   every library the binaries load (ldd; a missing one is searched for and
 #                      named), the driver, the runtime, the GPU; nothing runs without a GPU
@@ -15,9 +19,12 @@
 #                      checkpoints before it, resumed: bit-identical to an uninterrupted run, on the
 #                      ring and on shared parameters (and from captured graphs)
 #   rest               every other benchmark while time remains, PyTorch and JAX side by side last
-# What comes back in $OUT (3 files): summary.txt (also printed: each check, each target figure
-# beside its goal), gpu_check.json (every check and number), logs.tar.gz (every log). Generated
-# data and run folders stay in the work folder (GPU_CHECK_WORK, a fresh /tmp folder by default).
+#                      (information: a peer that is missing or fails never fails the check)
+# What comes back in $OUT (4 files): summary.txt (also printed: each check, each target figure
+# beside its goal), gpu_check.json (every check and number), logs.tar.gz (every log), nvidia-smi.txt
+# (what the machine says of its GPUs). The first three are rewritten as each phase ends, so a
+# check killed by the call's limit still returns what it had. Generated data and run folders stay
+# in the work folder (GPU_CHECK_WORK, a fresh /tmp folder by default).
 # Every command is bounded (timeout -k), training runs also by strategy.step_timeout_s. A failed
 # check does not stop the run; the exit status is 1 when any failed, 0 when none did.
 # GPU_CHECK_DRY_RUN=1, on a machine without a GPU: the GPU steps fail as they must, and only a
@@ -26,12 +33,15 @@
 # GPU_CHECK_BIN (folder of mirrored and mirrored_tests), GPU_CHECK_STEPS (timed steps per
 # benchmark, 300), GPU_CHECK_MLP_CONFIG, GPU_CHECK_GPT_CONFIG, GPU_CHECK_TRAIN_CONFIG, GPU_CHECK_TRAIN_STEPS (400),
 # GPU_CHECK_CASES (a doctest -tc filter), GPU_CHECK_CASE_SECONDS (60), GPU_CHECK_BYTES (256M),
-# GPU_CHECK_GEMM_SIZES (1024,4096), GPU_CHECK_STRESS_SECONDS (30).
+# GPU_CHECK_GEMM_SIZES (1024,4096), GPU_CHECK_STRESS_SECONDS (30), GPU_CHECK_FRAMEWORK_ARGS (more
+# arguments of scripts/bench_vs_frameworks.py, e.g. "--batches 16 --precisions fp32 --warmup 2"),
+# GPU_CHECK_ONLY (an extended regular expression: only the checks of the targets, resume and rest
+# phases whose names match run, e.g. '^frameworks' for the side-by-side table alone on a rerun).
 #   scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-check}
-budget_s=${GPU_CHECK_SECONDS:-570}
+budget_s=${GPU_CHECK_SECONDS:-480}
 dry_run=${GPU_CHECK_DRY_RUN:-0}
 steps=${GPU_CHECK_STEPS:-300}
 mlp=${GPU_CHECK_MLP_CONFIG:-configs/synthetic_mlp.yaml}
@@ -44,13 +54,16 @@ step_timeout_s=${GPU_CHECK_STEP_TIMEOUT:-60}
 bytes=${GPU_CHECK_BYTES:-256M}                 # all-reduce benchmarks: the largest message
 gemm_sizes=${GPU_CHECK_GEMM_SIZES:-1024,4096}
 stress_s=${GPU_CHECK_STRESS_SECONDS:-30}
+read -ra framework_args <<<"${GPU_CHECK_FRAMEWORK_ARGS:-}"
+only=${GPU_CHECK_ONLY:-}
+left_out=0  # checks GPU_CHECK_ONLY did not name
 work=${GPU_CHECK_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}
 for n in budget_s steps train_steps case_s step_timeout_s stress_s; do
     [[ ${!n} =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: $n must be a positive integer, not '${!n}'" >&2; exit 2; }
 done
 [[ $train_steps -ge 8 ]] || { echo "gpu_check.sh: GPU_CHECK_TRAIN_STEPS must be at least 8" >&2; exit 2; }
 mkdir -p "$out" "$work/logs" "$work/bench" "$work/runs"
-rm -f "$out/summary.txt" "$out/gpu_check.json" "$out/logs.tar.gz"  # this script's own files only
+for f in summary.txt gpu_check.json logs.tar.gz nvidia-smi.txt; do rm -f "$out/$f" "$out/$f.new"; done  # its own only
 logs=$work/logs
 main_log=$logs/check.log
 checks=$work/checks.tsv  # phase, check, status, start (s), seconds, detail
@@ -63,8 +76,19 @@ failures=0
 misused=0
 
 say() { echo "$*" | tee -a "$main_log"; }
-# phase NAME PERCENT: the next checks may run until PERCENT of the budget from now (or the end)
+# report PHASE_RUNNING: summary.txt, gpu_check.json and logs.tar.gz as they stand (bounded: the
+# budget holds); "" once the check has ended
+report() {
+    timeout -k 1 10 python3 scripts/gpu_check_report.py --work "$work" --out "$out" --budget "$budget_s" \
+        --elapsed "$SECONDS" --dry-run "$dry_run" ${1:+--running "$1"} >>"$main_log" 2>&1
+    local rc=$?
+    timeout -k 1 10 tar -czf "$out/logs.tar.gz.new" -C "$work" logs 2>/dev/null && mv -f "$out/logs.tar.gz.new" "$out/logs.tar.gz"
+    return $rc
+}
+# phase NAME PERCENT: the next checks may run until PERCENT of the budget from now (or the end);
+# what the phases before it found is in $OUT first
 phase() {
+    [[ -n ${phase_name:-} ]] && report "$1"
     phase_name=$1
     phase_end=$((SECONDS + budget_s * $2 / 100))
     [[ $phase_end -gt $hard_end ]] && phase_end=$hard_end
@@ -114,6 +138,10 @@ try() { try_expecting 0 "$@"; }
 try_expecting() {
     local want=$1 name=$2 cap=$3 log=$4 t0=$SECONDS rc l status
     shift 4
+    if [[ -n $only && ! $name =~ $only ]]; then
+        left_out=$((left_out + 1))
+        return 99
+    fi
     l=$(left)
     if [[ $l -lt $min_start_s ]]; then
         record "$name" "not run" "$t0" "${l}s of the phase left"
@@ -135,11 +163,9 @@ try_expecting() {
 }
 # finish: the report into $OUT, then the exit status
 finish() {
+    [[ $left_out -gt 0 ]] && record "GPU_CHECK_ONLY" absent "$SECONDS" "$left_out check(s) left out: only '$only' ran"
     phase_name=report
-    python3 scripts/gpu_check_report.py --work "$work" --out "$out" --budget "$budget_s" --elapsed "$SECONDS" \
-        --dry-run "$dry_run" >>"$main_log" 2>&1 ||
-        { echo "the report could not be written (check.log)"; tail -5 "$main_log" >"$out/summary.txt"; }
-    tar -czf "$out/logs.tar.gz" -C "$work" logs 2>/dev/null
+    report "" || { echo "the report could not be written (check.log)"; tail -5 "$main_log" >"$out/summary.txt"; }
     cat "$out/summary.txt"
     if [[ $dry_run == 1 ]]; then  # only the script's own faults count: the GPU steps had to fail here
         echo "dry run: $misused command line(s) refused as misused"
@@ -149,6 +175,22 @@ finish() {
     [[ $failures -eq 0 ]] && exit 0
     exit 1
 }
+
+# --- the machine, first: what it says of itself comes back even when nothing else can run ---------
+if command -v nvidia-smi >/dev/null; then
+    bounded 5 "$logs/machine.txt" nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap \
+        --format=csv
+    bounded 5 "$logs/machine.txt" nvidia-smi topo -m
+    bounded 5 "$out/nvidia-smi.txt" nvidia-smi
+    bounded 5 "$out/nvidia-smi.txt" nvidia-smi topo -m
+else
+    echo "nvidia-smi: not on this machine" | tee -a "$logs/machine.txt" >"$out/nvidia-smi.txt"
+fi
+{
+    echo "cores: $(nproc)"
+    free -g | head -2
+    grep PRETTY_NAME /etc/os-release
+} >>"$logs/machine.txt" 2>&1
 
 # --- which binaries: those packed here (scripts/gpu_pack.sh), else built on this machine --------
 if [[ -n ${GPU_CHECK_BIN:-} ]]; then
@@ -172,11 +214,14 @@ phase preflight 2
 t0=$SECONDS
 missing=$(ldd "$bin/mirrored" "$bin/mirrored_tests" 2>&1 | awk '/not found/ {print $1}' | sort -u)
 if [[ -n $missing ]]; then  # look where the image may keep them (the CUDA toolkit, Python wheels)
-    roots=(/usr/local /usr/lib /opt)
+    # Python wheels' nvidia/*/lib first (PyTorch's CUDA libraries), then the usual roots; found.txt
+    # is written line by line, so a search cut by its timeout keeps what it had found
     mapfile -t site < <(timeout 3 python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
+    roots=("${site[@]}" /usr/local /usr/lib /opt)
     names=()
     for m in $missing; do names+=(-o -name "$m"); done
-    found=$(timeout -k 1 5 find "${roots[@]}" "${site[@]}" \( "${names[@]:1}" \) -print 2>/dev/null)
+    timeout -k 1 5 stdbuf -oL find "${roots[@]}" \( "${names[@]:1}" \) -print >"$logs/found.txt" 2>/dev/null
+    found=$(sort -u "$logs/found.txt")
     for d in $(xargs -rn1 dirname <<<"$found" | sort -u); do export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; done
     ldd "$bin/mirrored" "$bin/mirrored_tests" >"$logs/ldd.txt" 2>&1
     missing=$(awk '/not found/ {print $1}' "$logs/ldd.txt" | sort -u)
@@ -191,18 +236,6 @@ else
     record "libraries" pass "$t0" "every library found"
 fi
 t0=$SECONDS
-if command -v nvidia-smi >/dev/null; then
-    bounded 5 "$logs/machine.txt" nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap \
-        --format=csv
-    bounded 5 "$logs/machine.txt" nvidia-smi topo -m
-else
-    echo "nvidia-smi: not on this machine" >>"$logs/machine.txt"
-fi
-{
-    echo "cores: $(nproc)"
-    free -g | head -2
-    grep PRETTY_NAME /etc/os-release
-} >>"$logs/machine.txt" 2>&1
 bounded 10 "$logs/devices.txt" "$bin/mirrored" devices
 rc=$?
 gpus=$(grep -c '^cuda:[0-9]' "$logs/devices.txt")
@@ -226,11 +259,17 @@ for name in "${cases[@]}"; do
     l=$(left)
     if [[ $l -lt 3 ]]; then record "$name" "not run" "$t0" "the phase's time is spent"; continue; fi
     : >"$work/case.log"
+    limit=$((l < case_s ? l : case_s))
     # doctest splits filters at commas: a wildcard stands in for each
-    bounded $((l < case_s ? l : case_s)) "$work/case.log" "$bin/mirrored_tests" -tc="${name//,/*}"
+    bounded $limit "$work/case.log" "$bin/mirrored_tests" -tc="${name//,/*}"
     rc=$?
     status=$(status_of $rc)
     detail=$([[ $rc -ne 0 ]] && echo "exit $rc")
+    # stopped by the phase's end before its own cap: the budget's cut, not a hang (as try_expecting)
+    if [[ ($rc -eq 124 || $rc -eq 137) && $limit -lt $case_s && $((SECONDS - t0)) -ge $limit ]]; then
+        status=cut
+        detail="the phase's time ran out after ${limit}s"
+    fi
     skip=$(grep -m1 '^SKIPPED: ' "$work/case.log" | sed 's/^SKIPPED: .*: \(runs elsewhere: \)/\1/; s/^SKIPPED: .*: //')
     if [[ $status == pass && -n $skip ]]; then
         if [[ $skip == "runs elsewhere: "* ]]; then status=elsewhere; else status=skipped; fi
@@ -238,7 +277,7 @@ for name in "${cases[@]}"; do
     fi
     record "$name" "$status" "$t0" "$detail"
     { echo "--- $name ($status)"; grep -v '^test seed\|^\[doctest\]\|^====' "$work/case.log"; } >>"$logs/cases.log"
-    [[ $status == pass || $status == elsewhere ]] || { echo "--- $name ($status)"; tail -n 60 "$work/case.log"; } >>"$logs/cases-failed.log"
+    [[ $status == pass || $status == elsewhere || $status == cut ]] || { echo "--- $name ($status)"; tail -n 60 "$work/case.log"; } >>"$logs/cases-failed.log"
 done
 rm -f "$work/case.log"
 
@@ -377,13 +416,17 @@ if [[ $gpus -ge 2 ]] && command -v mpirun >/dev/null && ldd "$bin/mirrored" | gr
         else record "two nodes equal one" fail "$t0" "checksums $a / $b"; fi
     }
 fi
-# PyTorch (eager, CUDA graph) and JAX on the same MLP, informative
+# PyTorch (eager, CUDA graph) and JAX on the same MLP, informative: the check fails only where
+# mirrored's own rows of the table fail (the script's exit 1); a peer's failure is a note there
+gemm_largest=$(tr ',' '\n' <<<"$gemm_sizes" | sort -n | tail -1)
 if [[ $dry_run != 1 && $(left) -lt $min_start_s ]]; then
     record "frameworks side by side" "not run" "$SECONDS" "$(left)s of the phase left"
-elif [[ $dry_run != 1 ]] && timeout -k 1 "$(($(left) < 30 ? $(left) : 30))" python3 -c "import torch" >/dev/null 2>&1; then
+elif [[ $dry_run != 1 ]] && timeout -k 1 "$(($(left) < 30 ? $(left) : 30))" \
+    python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)" >/dev/null 2>&1; then
     try "frameworks side by side" 240 "$logs/frameworks.log" python3 scripts/bench_vs_frameworks.py --rounds 1 \
-        --steps "$steps" --json "$work/bench/frameworks.json"
+        --steps "$steps" --mirrored "$bin/mirrored" --gemm-size "$gemm_largest" "${framework_args[@]}" \
+        --json "$work/bench/frameworks.json"
 else
-    record "frameworks side by side" absent "$SECONDS" "$([[ $dry_run == 1 ]] && echo "dry run" || echo "no PyTorch here")"
+    record "frameworks side by side" absent "$SECONDS" "$([[ $dry_run == 1 ]] && echo "dry run" || echo "no PyTorch with a GPU here")"
 fi
 finish

@@ -2,8 +2,11 @@
 """The report of scripts/gpu_check.sh: from its work folder (checks.tsv, bench/*.json, logs/)
 writes OUT/gpu_check.json (every check and number) and OUT/summary.txt (one screen: the checks
 by phase, what failed, what runs elsewhere, what the budget left out, each target figure beside
-its goal). Standard library only.
-    gpu_check_report.py --work DIR --out DIR --budget S --elapsed S [--dry-run 0|1]"""
+its goal). Each file is written whole under a temporary name, then renamed: a check killed while
+it writes keeps the previous one. Standard library only.
+    gpu_check_report.py --work DIR --out DIR --budget S --elapsed S [--dry-run 0|1] [--running PHASE]
+--running: the check is still going (it writes the report as each phase ends); the summary's
+first line says which phase had begun."""
 import argparse
 import glob
 import json
@@ -91,6 +94,7 @@ def main():
     ap.add_argument("--budget", type=int, required=True)
     ap.add_argument("--elapsed", type=int, required=True)
     ap.add_argument("--dry-run", default="0")
+    ap.add_argument("--running", help="the phase that had begun when this was written (a report so far)")
     a = ap.parse_args()
 
     checks = read_checks(os.path.join(a.work, "checks.tsv"))
@@ -102,14 +106,15 @@ def main():
     tgt = targets(bench)
     failed = [c for c in checks if c["status"] in FAILING]
     count = lambda s: sum(1 for c in checks if c["status"] == s)
-    report = {"budget_s": a.budget, "elapsed_s": a.elapsed, "dry_run": a.dry_run == "1", "machine": machine,
+    report = {"budget_s": a.budget, "elapsed_s": a.elapsed, "dry_run": a.dry_run == "1", "running": a.running,
+              "machine": machine,
               "passed": count("pass"), "failed": len(failed), "runs_elsewhere": count("elsewhere"),
               "not_run": count("not run") + count("cut"), "absent": count("absent"), "checks": checks, "targets": tgt, "benchmarks": bench}
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "gpu_check.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1)
+    write_whole(os.path.join(a.out, "gpu_check.json"), json.dumps(report, indent=1))
 
-    lines = [f"gpu_check: {report['passed']} passed, {len(failed)} failed, {report['runs_elsewhere']} run elsewhere, "
+    lines = [f"gpu_check: SO FAR - still running, phase '{a.running}' had begun; the check did not end"] if a.running else []
+    lines += [f"gpu_check: {report['passed']} passed, {len(failed)} failed, {report['runs_elsewhere']} run elsewhere, "
              f"{report['not_run']} not run (time) - {a.elapsed} s of {a.budget}"
              + (" (dry run: the GPU steps fail as they must)" if report["dry_run"] else "")]
     for k in ("gpu", "runtime", "cpu"):
@@ -157,9 +162,14 @@ def main():
     gpt = [step_ms(bench, f"step_gpt_fused_attention_{f}") for f in ("false", "true")]
     lines.append("GPT (GPU_CHECK_GPT_CONFIG, bf16) ms/step on cuda:0, attention unfused/fused: "
                  + "/".join("-" if v is None else f"{v:.3f}" for v in gpt))
-    lines.append("files: summary.txt, gpu_check.json (every number), logs.tar.gz (every log)")
-    with open(os.path.join(a.out, "summary.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    lines.append("files: summary.txt, gpu_check.json (every number), logs.tar.gz (every log), nvidia-smi.txt")
+    write_whole(os.path.join(a.out, "summary.txt"), "\n".join(lines) + "\n")
+
+
+def write_whole(path, text):
+    with open(path + ".new", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".new", path)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@
 #   gpu-pack/MANIFEST     the commit, the build switches, each file's size and SHA-256
 # The folder is git-ignored; copy it beside the checkout to the GPU machine. Together with the
 # tracked tree it must fit the copy's size limit (GPU_PACK_LIMIT_MB, 64 by default; it is about
-# 50 MiB). On the GPU machine gpu_check.sh's preflight runs `ldd` on the packed binaries and names
-# whatever is still missing.
-# Defaults: SASS for one architecture (sm_90, Hopper: H100/H200), no MPI (one node), no NCCL (one
-# GPU cannot run NCCL between replicas sharing it; with --nccl the GPU machine must have
-# libnccl.so.2).
+# 50 MiB). Here it checks that `ldd` resolves both binaries with only the pack's lib/, the CUDA
+# toolkit's lib64 and the C/C++ runtime; on the GPU machine gpu_check.sh's preflight runs `ldd`
+# again and names whatever is still missing.
+# Defaults: machine code for one architecture (sm_90, Hopper: H100/H200) and its PTX, which the
+# driver compiles on first load for any newer GPU; no MPI (one node), no NCCL (one GPU cannot run
+# NCCL between replicas sharing it; with --nccl the GPU machine must have libnccl.so.2).
 #   scripts/gpu_pack.sh [--arch 90] [--nccl] [--out gpu-pack]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +41,8 @@ fi
 build=build-gpu-sm$arch
 [[ $nccl == 1 ]] && build+=-nccl
 make -j"$(nproc)" BUILD="$build" WITH_MPI=0 WITH_NCCL=$nccl \
-    GENCODE="-gencode arch=compute_$arch,code=sm_$arch" "$build/mirrored" "$build/mirrored_tests"
+    GENCODE="-gencode arch=compute_$arch,code=sm_$arch -gencode arch=compute_$arch,code=compute_$arch" \
+    "$build/mirrored" "$build/mirrored_tests"
 
 stage=$(mktemp -d "${dest%/}.new.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
@@ -55,12 +57,22 @@ done
 {
     echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!gpu-pack' || echo ' (with uncommitted changes)')"
     echo "built $(date -u +%FT%TZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $("$cuda_home/bin/nvcc" --version | tail -1)"
-    echo "switches sm_$arch WITH_MPI=0 WITH_NCCL=$nccl"
+    echo "switches sm_$arch+compute_$arch (PTX) WITH_MPI=0 WITH_NCCL=$nccl"
     echo "needs from the GPU machine: the NVIDIA driver, $(ldd "$stage/bin/mirrored" | awk '$1 ~ /^lib(cudart|cublas|cublasLt|nccl)\./ {printf "%s ", $1}')(its CUDA toolkit)"
     (cd "$stage" && find bin lib -type f | sort | xargs sha256sum | while read -r sum f; do
         echo "file $f $(stat -c %s "$f") $sum"
     done)
 } >"$stage/MANIFEST"
+# every library resolves from the pack, the CUDA toolkit or the C/C++ runtime, and from nowhere else
+runtime='^(linux-vdso|ld-linux|libc\.|libm\.|libpthread\.|libdl\.|librt\.|libgcc_s\.|libstdc\+\+\.)'
+stray=$(LD_LIBRARY_PATH="$stage/lib:$cuda_home/lib64" ldd "$stage"/bin/* | awk -v pack="$stage/lib/" -v cuda="$cuda_home" \
+    '/not found/ {print $1 " (not found)"; next}
+     $2 == "=>" && $3 ~ /^\// && index($3, pack) != 1 && index($3, cuda) != 1 {print $1 " (" $3 ")"}' |
+    grep -Ev "$runtime" | sort -u)
+if [[ -n $stray ]]; then
+    echo "gpu_pack.sh: libraries from outside the pack, the CUDA toolkit and the C/C++ runtime: $(tr '\n' ' ' <<<"$stray")" >&2
+    exit 1
+fi
 rm -rf "$dest"
 mv "$stage" "$dest"
 trap - EXIT

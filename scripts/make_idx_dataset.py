@@ -23,19 +23,36 @@ def templates(rnd):
         out.append(img)
     return out
 
+# A pixel is int(255 * (0.35 t + 0.65 u)), t the template's 0 or 1 and u = b / 256 for a random
+# byte b: two byte tables, one per t, picked per pixel by a mask. The pick is done on whole images
+# as big integers (a ^ ((a ^ b) & mask)), so that 20,000 images take a fraction of a second in
+# pure Python instead of 784 interpreted steps each.
+DARK = bytes(int(255 * 0.65 * b / 256) for b in range(256))
+LIT = bytes(int(255 * (0.35 + 0.65 * b / 256)) for b in range(256))
+
+def shifted_mask(t, dy, dx):
+    m = bytearray(784)
+    for y in range(28):
+        for x in range(28):
+            sy, sx = y - dy, x - dx
+            if 0 <= sy < 28 and 0 <= sx < 28 and t[sy * 28 + sx]:
+                m[y * 28 + x] = 0xFF
+    return int.from_bytes(m, "big")
+
 def write(dir_, prefix, n, seed, temps):
     rnd = random.Random(seed)
     labels = bytes(i % 10 for i in range(n))
+    masks = {}
     pixels = bytearray()
     for i in range(n):
-        t = temps[labels[i]]
         dy, dx = rnd.randint(-2, 2), rnd.randint(-2, 2)
-        for y in range(28):
-            for x in range(28):
-                sy, sx = y - dy, x - dx
-                v = t[sy * 28 + sx] if 0 <= sy < 28 and 0 <= sx < 28 else 0.0
-                v = 0.35 * v + 0.65 * rnd.random()
-                pixels.append(int(255 * v))
+        key = (labels[i], dy, dx)
+        if key not in masks:
+            masks[key] = shifted_mask(temps[labels[i]], dy, dx)
+        noise = rnd.randbytes(784)
+        dark = int.from_bytes(noise.translate(DARK), "big")
+        lit = int.from_bytes(noise.translate(LIT), "big")
+        pixels += (dark ^ ((dark ^ lit) & masks[key])).to_bytes(784, "big")
     with gzip.open(os.path.join(dir_, f"{prefix}-images-idx3-ubyte.gz"), "wb") as f:
         f.write(struct.pack(">IIII", 0x00000803, n, 28, 28) + bytes(pixels))
     with gzip.open(os.path.join(dir_, f"{prefix}-labels-idx1-ubyte.gz"), "wb") as f:

@@ -9,6 +9,11 @@
 #   hang       a case over its cap (GPU_CHECK_CASE_SECONDS=1): exit 1 naming it a timeout
 #   no GPU     the binaries see no GPU: exit 1 from the preflight, the report still written
 #   no library the binaries need a library the machine lacks: exit 1, the preflight names it
+#   pack       the GPU machine's layout: the tree as the device tool copies it, gpu-pack/ beside it
+#              (the emulated binaries), no build/; a PyTorch that says it has a GPU: exits 0, every
+#              phase (the frameworks table's mirrored rows too) ran the packed binaries
+#   stub torch a PyTorch whose every measurement fails: the peers' failures are notes in the
+#              frameworks table, never the check's failure; exits 0
 # Ends with "N passed, N failed" (one per scenario).
 #   tests/gpu_check_flow.sh [EMULATED_BUILD_DIR] [CPU_BUILD_DIR]
 set -uo pipefail
@@ -50,9 +55,27 @@ optimizer: {type: adamw, lr: 0.001}
 train: {epochs: 0, steps: 10, global_batch_size: 8, precision: bf16, log_every_steps: 5}
 checkpoint: {every_steps: 0, resume: never}
 EOF
+# A PyTorch that says it has a GPU and fails at everything else, as a broken install would: enough
+# for gpu_check.sh to run the frameworks table (bench_vs_frameworks.py), whose peers then fail.
+mkdir -p "$tmp/stub_torch/torch"
+cat >"$tmp/stub_torch/torch/__init__.py" <<'EOF'
+class cuda:
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def get_device_name(index=0):
+        return "stub GPU (tests/gpu_check_flow.sh)"
+
+
+def __getattr__(name):
+    raise AttributeError(f"the stub torch has no {name}")
+EOF
 passed=0
 failed=0
 skipped=0
+tree=.  # the checkout gpu_check.sh runs in (pack: a copy laid out as on the GPU machine)
 # flow NAME EXPECTED_EXIT [VAR=VALUE...]: gpu_check.sh in $tmp/NAME with the scaled knobs
 flow() {
     local name=$1 want=$2 rc
@@ -62,9 +85,9 @@ flow() {
         GPU_CHECK_MLP_CONFIG="$tmp/tiny.yaml" GPU_CHECK_GPT_CONFIG="$tmp/tiny_gpt.yaml" \
         GPU_CHECK_TRAIN_CONFIG="$tmp/tiny.yaml" GPU_CHECK_TRAIN_STEPS=12 \
         GPU_CHECK_STEPS=3 GPU_CHECK_STEP_TIMEOUT=30 GPU_CHECK_BYTES=1M GPU_CHECK_GEMM_SIZES=64,128 \
-        GPU_CHECK_STRESS_SECONDS=2 \
+        GPU_CHECK_STRESS_SECONDS=2 GPU_CHECK_FRAMEWORK_ARGS="--batches 16 --precisions fp32 --warmup 2" \
         GPU_CHECK_CASES="cuda gemm*,cuda flat ops*,cuda all-reduce across distinct GPUs*" "$@" \
-        scripts/gpu_check.sh >"$tmp/$name/stdout" 2>&1
+        "$tree/scripts/gpu_check.sh" >"$tmp/$name/stdout" 2>&1
     rc=$?
     echo "== $name: exit $rc (expected $want)"
     sed 's/^/   /' "$tmp/$name/out/summary.txt" 2>/dev/null | head -40
@@ -78,9 +101,9 @@ import json, os, sys, tarfile
 out = sys.argv[1]
 files = sorted(os.listdir(out))
 problems = []
-if len(files) > 8:
-    problems.append(f"{len(files)} files in $OUT")
-for f in ("summary.txt", "gpu_check.json", "logs.tar.gz"):
+if len(files) > 4:
+    problems.append(f"{len(files)} files in $OUT: {files}")
+for f in ("summary.txt", "gpu_check.json", "logs.tar.gz", "nvidia-smi.txt"):
     if f not in files:
         problems.append(f"no {f}")
 r = json.load(open(os.path.join(out, "gpu_check.json")))
@@ -138,6 +161,23 @@ elif scenario == "nolib":
         problems.append("the preflight did not name the missing library")
     if any(c["phase"] != "preflight" for c in checks):
         problems.append("checks ran without their libraries")
+elif scenario in ("pack", "torch"):
+    if r["failed"]:
+        problems.append(f"{r['failed']} failed: " + "; ".join(f"{c['check']} ({c['detail']})" for c in failed_in("preflight")
+                        + failed_in("cases") + failed_in("targets") + failed_in("resume") + failed_in("rest")))
+    if status("frameworks side by side") != ["pass"]:
+        problems.append(f"frameworks side by side: {status('frameworks side by side')}")
+    table = r["benchmarks"].get("frameworks", {})
+    rows = table.get("rows", [])
+    if not rows or any(not row["us"]["mirrored"] for row in rows):
+        problems.append("the frameworks table has no mirrored time in some row")
+    if not rows or any("torch-eager" not in row["errors"] for row in rows):
+        problems.append("the stub torch's failures are not noted in the table")
+    if scenario == "pack":
+        if not any(n.endswith("pack-manifest.txt") for n in names):
+            problems.append("gpu_check.sh did not take the packed binaries (no pack-manifest.txt)")
+        if r["running"] is not None:
+            problems.append(f"the final report still says running {r['running']}")
 elif scenario == "nogpu":
     if status("GPU") != ["fail"] or any(c["phase"] != "preflight" for c in checks):
         problems.append("the preflight did not stop the run at the GPU check")
@@ -178,6 +218,24 @@ else
     echo "FAILED nolib: could not build the probe binaries with gcc"
     failed=$((failed + 1))
 fi
+# the GPU machine's layout: the tree as the device tool copies it (tracked files and untracked ones
+# git does not ignore), gpu-pack/ beside it holding the binaries, and no build/
+tree=$tmp/pack/tree
+mkdir -p "$tree/gpu-pack/bin" "$tree/gpu-pack/lib"
+git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do [[ -f $f ]] && printf '%s\0' "$f"; done |
+    tar -c --null -T - | tar -x -C "$tree"
+cp "$emu/mirrored" "$emu/mirrored_tests" "$tree/gpu-pack/bin/"
+echo "commit $(git rev-parse HEAD) (the emulated build, tests/gpu_check_flow.sh)" >"$tree/gpu-pack/MANIFEST"
+if [[ -e $tree/build || ! -x $tree/scripts/gpu_check.sh ]]; then
+    echo "FAILED pack: the copied tree is not laid out as on the GPU machine"
+    failed=$((failed + 1))
+else
+    scenario pack 0 GPU_CHECK_SECONDS=60 GPU_CHECK_BIN= PYTHONPATH="$tmp/stub_torch" \
+        GPU_CHECK_CASES="cuda gemm only on the compute stream*" GPU_CHECK_ONLY='^(step_b256_fp32|ring: |frameworks)' 
+fi
+tree=.
+scenario torch 0 GPU_CHECK_SECONDS=40 PYTHONPATH="$tmp/stub_torch" GPU_CHECK_CASES="cuda gemm only on the compute stream*" \
+    GPU_CHECK_ONLY='^frameworks' 
 if [[ -x $cpu/mirrored && -x $cpu/mirrored_tests ]] && ! "$cpu/mirrored" devices 2>/dev/null | grep -q '^cuda:0 '; then
     scenario nogpu 1 GPU_CHECK_SECONDS=30 GPU_CHECK_BIN="$cpu"
 else
