@@ -13,19 +13,69 @@ Several runs are overlaid, each named in the legend by its folder. Standard libr
     python3 scripts/report.py --out DIR RUN [RUN...]
 
 Exit status: 0 written; 2 bad arguments or a run folder without metrics.jsonl; 3 matplotlib is
-missing (Debian/Ubuntu: python3-matplotlib, which scripts/install_deps.sh installs)."""
+missing (Debian/Ubuntu: python3-matplotlib, which scripts/install_deps.sh installs); 4 DIR could not
+be written (the reason is printed; what was written is left for a rerun to replace)."""
 import argparse
 import base64
 import html
 import json
+import math
 import os
 import sys
+from array import array
+
+# The numbers each record type keeps: metrics.jsonl is read a line at a time into one array of
+# doubles per field (8 bytes a number, NaN where absent or not a number), so that a log of
+# millions of records is reported in a fraction of the memory its parsed records would take.
+FIELDS = {
+    "train": ("step", "time", "loss", "accuracy", "lr", "samples_per_sec", "data_wait", "compute", "comm"),
+    "eval": ("step", "time", "test_loss", "test_accuracy"),
+    "alert": ("step", "time"),
+    "resume": ("step", "time", "redone_steps"),
+}
+SPLIT = ("data_wait", "compute", "comm")  # inside a train record's time_split
+
+
+def number(v):
+    """A finite number of the record as a float, else NaN (a string, a list, a bool: not numbers)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = float(v)
+        return v if math.isfinite(v) else math.nan
+    return math.nan
+
+
+class Columns:
+    """One record type's fields as arrays; column(name) gives a list with None where absent."""
+
+    def __init__(self, fields):
+        self.fields = fields
+        self.data = {f: array("d") for f in fields}
+
+    def add(self, record):
+        split = record.get("time_split")
+        split = split if isinstance(split, dict) else {}
+        for f in self.fields:
+            self.data[f].append(number(split.get(f) if f in SPLIT else record.get(f)))
+
+    def __len__(self):
+        return len(self.data[self.fields[0]])
+
+    def column(self, name):
+        return [None if math.isnan(v) else v for v in self.data[name]]
+
+    def last(self, name):
+        """The field of the last record, None when there is none or it is absent."""
+        if not len(self):
+            return None
+        v = self.data[name][-1]
+        return None if math.isnan(v) else v
 
 
 def read_run(folder):
-    """The records of metrics.jsonl by type (a line cut short by a crash, or not JSON, is skipped)
-    and summary.json (None while the run is training or after a crash)."""
-    records = {"train": [], "eval": [], "alert": [], "resume": []}
+    """The records of metrics.jsonl by type (a line cut short by a crash, not JSON, or not an
+    object is skipped; a field of the wrong JSON type is taken as absent) and summary.json (None
+    while the run is training, after a crash, or when it is not a JSON object)."""
+    records = {t: Columns(f) for t, f in FIELDS.items()}
     skipped = 0
     with open(os.path.join(folder, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -34,22 +84,43 @@ def read_run(folder):
             except ValueError:
                 skipped += 1
                 continue
-            if isinstance(r, dict) and r.get("type") in records:
-                records[r["type"]].append(r)
+            kind = r.get("type") if isinstance(r, dict) else None
+            if isinstance(kind, str) and kind in records:
+                records[kind].add(r)
+            else:
+                skipped += 1
     summary = None
     try:
         with open(os.path.join(folder, "summary.json"), encoding="utf-8") as f:
             summary = json.load(f)
     except (OSError, ValueError):
         pass
+    if not isinstance(summary, dict):
+        summary = None
     name = os.path.basename(os.path.normpath(folder))
     return {"folder": folder, "name": name, "records": records, "summary": summary, "skipped_lines": skipped}
 
 
+def label(text):
+    """Text for a legend: matplotlib reads $...$ as mathematics, a folder name is plain text."""
+    return text.replace("$", r"\$") if text else text
+
+
+def time_range(run):
+    """The first and last time stamp of the run's records, (None, None) without any."""
+    first = last = None
+    for rs in run["records"].values():
+        for t in rs.data["time"]:
+            if t == t:  # not NaN
+                first = t if first is None or t < first else first
+                last = t if last is None or t > last else last
+    return first, last
+
+
 def span_s(run):
     """Seconds from the run's first record to its last (0 without time stamps)."""
-    times = [r.get("time") for rs in run["records"].values() for r in rs if r.get("time") is not None]
-    return (max(times) - min(times)) if times else 0.0
+    first, last = time_range(run)
+    return last - first if first is not None else 0.0
 
 
 def time_unit(runs):
@@ -63,16 +134,15 @@ def time_unit(runs):
 
 
 def elapsed(run, records, unit_s):
-    """Wall time of each record since the run's first record, in the axis' unit."""
-    times = [r.get("time") for rs in run["records"].values() for r in rs if r.get("time") is not None]
-    t0 = min(times) if times else 0.0
-    return [(r["time"] - t0) / unit_s if r.get("time") is not None else None for r in records]
+    """Wall time of each record since the run's first record, in the axis' unit (NaN: none)."""
+    t0 = time_range(run)[0] or 0.0
+    return array("d", ((t - t0) / unit_s for t in records.data["time"]))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("runs", nargs="+")
+    ap.add_argument("runs", nargs="+", help="run folders (after --, a name may start with a dash)")
     a = ap.parse_args()
     for folder in a.runs:
         if not os.path.isfile(os.path.join(folder, "metrics.jsonl")):
@@ -84,12 +154,27 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         return 3
-    runs = [read_run(f) for f in a.runs]
+    try:
+        runs = [read_run(f) for f in a.runs]
+    except OSError as e:
+        print(f"report: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    try:
+        return write_report(a.out, runs, plt)
+    except OSError as e:  # unwritable, full: say so; report.json marks the folder as the report's
+        print(f"report: cannot write {e.filename or a.out}: {e.strerror}", file=sys.stderr)
+        return 4
+
+
+def write_report(out, runs, plt):
     names = [r["name"] for r in runs]
     if len(set(names)) != len(names):  # the same folder name under two parents: say which
         for r in runs:
             r["name"] = os.path.normpath(r["folder"])
-    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
+    # first, so that a folder left half-written (a full disk, a kill) is still known as the
+    # report's, and a rerun writes over it
+    write_whole(os.path.join(out, "report.json"), json.dumps({"status": "writing"}))
     plotted = {r["name"]: {} for r in runs}
     unit, unit_s = time_unit(runs)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -105,18 +190,21 @@ def main():
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(os.path.join(a.out, filename))
+        fig.savefig(os.path.join(out, filename))
         plt.close(fig)
 
-    def line(ax, run, key, xs, ys, color, label, style="-", marker=None):
-        pts = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, marker=marker, markersize=3,
-                    label=label)
-        plotted[run["name"]][key] = len(pts)
+    def line(ax, run, key, xs, ys, color, text, style="-", marker=None):
+        px, py = array("d"), array("d")  # the points where both are numbers, 16 bytes each
+        for x, y in zip(xs, ys):
+            if x is not None and y is not None and x == x and y == y:
+                px.append(x)
+                py.append(y)
+        if px:
+            ax.plot(px, py, style, color=color, marker=marker, markersize=3, label=label(text))
+        plotted[run["name"]][key] = len(px)
 
     def steps(records, key):
-        return [r.get("step") for r in records], [r.get(key) for r in records]
+        return records.data["step"], records.data[key]
 
     def loss(ax, run, c):
         line(ax, run, "train_loss", *steps(run["records"]["train"], "loss"), c, f"{run['name']} train")
@@ -128,18 +216,20 @@ def main():
              "--", "o")
 
     def loss_time(ax, run, c):
-        tr = run["records"]["train"]
-        line(ax, run, "train_loss_time", elapsed(run, tr, unit_s), [r.get("loss") for r in tr], c, run["name"])
-        for i, (m, r) in enumerate(zip(elapsed(run, run["records"]["resume"], unit_s), run["records"]["resume"])):
-            if m is not None:
-                ax.axvline(m, color=c, linestyle=":", label=f"{run['name']} resumed" if i == 0 else None)
-                ax.annotate(f"resumed at step {r.get('step')}\n({r.get('redone_steps', 0)} steps redone)", (m, 0.98),
+        tr, resumes = run["records"]["train"], run["records"]["resume"]
+        line(ax, run, "train_loss_time", elapsed(run, tr, unit_s), tr.data["loss"], c, run["name"])
+        marks = elapsed(run, resumes, unit_s)
+        for i, (m, step, redone) in enumerate(zip(marks, resumes.column("step"), resumes.column("redone_steps"))):
+            if m == m:
+                ax.axvline(m, color=c, linestyle=":", label=label(f"{run['name']} resumed") if i == 0 else None)
+                ax.annotate(f"resumed at step {'?' if step is None else int(step)}\n"
+                            f"({int(redone or 0)} steps redone)", (m, 0.98),
                             xycoords=("data", "axes fraction"), fontsize=7, va="top", rotation=90, color=c)
         alerts = run["records"]["alert"]
-        am = elapsed(run, alerts, unit_s)
-        ys = [min((r.get("loss") for r in tr), default=0.0)] * len(alerts)
-        line(ax, run, "alerts", am, ys, c, f"{run['name']} alerts" if alerts else None, "", "x")
-        plotted[run["name"]]["resumes"] = len([m for m in elapsed(run, run["records"]["resume"], unit_s) if m is not None])
+        ys = [min((v for v in tr.data["loss"] if v == v), default=0.0)] * len(alerts)
+        line(ax, run, "alerts", elapsed(run, alerts, unit_s), ys, c, f"{run['name']} alerts" if len(alerts) else None,
+             "", "x")
+        plotted[run["name"]]["resumes"] = sum(1 for m in marks if m == m)
 
     def lr(ax, run, c):
         line(ax, run, "lr", *steps(run["records"]["train"], "lr"), c, run["name"])
@@ -150,9 +240,7 @@ def main():
     def split(ax, run, c):
         tr = run["records"]["train"]
         for part, style in (("data_wait", ":"), ("compute", "-"), ("comm", "--")):
-            line(ax, run, f"split_{part}", [r.get("step") for r in tr],
-                 [(r.get("time_split") or {}).get(part) for r in tr], c, f"{run['name']} {part.replace('_', ' ')}",
-                 style)
+            line(ax, run, f"split_{part}", *steps(tr, part), c, f"{run['name']} {part.replace('_', ' ')}", style)
 
     figure("loss.png", "Loss", "step", "loss", loss)
     figure("accuracy.png", "Accuracy", "step", "accuracy (fraction correct)", accuracy)
@@ -166,31 +254,29 @@ def main():
     for run in runs:
         s = run["summary"] or {}
         tr, ev = run["records"]["train"], run["records"]["eval"]
+        hours = s.get("device_hours") if isinstance(s.get("device_hours"), dict) else {}
+        software = s.get("software") if isinstance(s.get("software"), dict) else {}
+        last_step = tr.last("step")
         rows.append({
             "run": run["name"],
             "status": s.get("status", "training or interrupted"),
-            "steps": s.get("steps", tr[-1]["step"] if tr else None),
-            "train loss": s.get("train_loss", tr[-1].get("loss") if tr else None),
-            "test loss": s.get("test_loss", ev[-1].get("test_loss") if ev else None),
-            "test accuracy": s.get("test_accuracy", ev[-1].get("test_accuracy") if ev else None),
+            "steps": s.get("steps", None if last_step is None else int(last_step)),
+            "train loss": s.get("train_loss", tr.last("loss")),
+            "test loss": s.get("test_loss", ev.last("test_loss")),
+            "test accuracy": s.get("test_accuracy", ev.last("test_accuracy")),
             "wall time (s)": s.get("wall_time_s"),
-            "samples/s": s.get("samples_per_sec", tr[-1].get("samples_per_sec") if tr else None),
+            "samples/s": s.get("samples_per_sec", tr.last("samples_per_sec")),
             "replicas": s.get("replicas"),
             "devices": s.get("devices"),
-            "device hours": (s.get("device_hours") or {}).get("total"),
-            "of which data wait": (s.get("device_hours") or {}).get("data_wait"),
-            "of which comm wait": (s.get("device_hours") or {}).get("comm_wait"),
-            "of which redone": (s.get("device_hours") or {}).get("redone"),
+            "device hours": hours.get("total"),
+            "of which data wait": hours.get("data_wait"),
+            "of which comm wait": hours.get("comm_wait"),
+            "of which redone": hours.get("redone"),
             "resumes": len(run["records"]["resume"]),
-            "steps redone": sum(r.get("redone_steps", 0) for r in run["records"]["resume"]),
+            "steps redone": int(sum(v for v in run["records"]["resume"].column("redone_steps") if v is not None)),
             "alerts": len(run["records"]["alert"]),
-            "mirrored": (s.get("software") or {}).get("mirrored"),
+            "mirrored": software.get("mirrored"),
         })
-    with open(os.path.join(a.out, "report.json"), "w", encoding="utf-8") as f:
-        json.dump({"runs": [{"name": r["name"], "folder": r["folder"],
-                             "records": {k: len(v) for k, v in r["records"].items()},
-                             "skipped_lines": r["skipped_lines"], "plotted": plotted[r["name"]]} for r in runs],
-                   "table": rows}, f, indent=1)
 
     def cell(v):
         if v is None:
@@ -210,14 +296,33 @@ def main():
         parts.append("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row.values()) + "</tr>")
     parts.append("</table>")
     for fig in figures:
-        with open(os.path.join(a.out, fig), "rb") as f:
+        with open(os.path.join(out, fig), "rb") as f:
             data = base64.b64encode(f.read()).decode("ascii")
         parts.append(f"<img alt='{fig}' src='data:image/png;base64,{data}'>")
     parts.append("</body></html>")
-    with open(os.path.join(a.out, "report.html"), "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
-    print(f"wrote {os.path.join(a.out, 'report.html')} and {len(figures)} figures")
+    write_whole(os.path.join(out, "report.html"), "\n".join(parts))
+    # last: a report.json that names its runs says the report is whole
+    write_whole(os.path.join(out, "report.json"), json.dumps(
+        {"runs": [{"name": r["name"], "folder": r["folder"], "records": {k: len(v) for k, v in r["records"].items()},
+                   "skipped_lines": r["skipped_lines"], "plotted": plotted[r["name"]]} for r in runs],
+         "table": rows}, indent=1))
+    print(f"wrote {os.path.join(out, 'report.html')} and {len(figures)} figures")
     return 0
+
+
+def write_whole(path, text):
+    """The file whole or not at all: written beside its name, then renamed over it."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 if __name__ == "__main__":

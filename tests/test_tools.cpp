@@ -830,3 +830,69 @@ TEST_CASE("report: metrics.csv beside metrics.jsonl; the curves of a resumed run
     CHECK(run_cli({"report", d / "nothing"}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("no metrics.jsonl") != std::string::npos);
 }
+
+// `report` on hostile run folders: names that read as options or as matplotlib's mathematics,
+// records whose fields have the wrong JSON type, and an output folder that cannot be written,
+// whose partial output a rerun then writes over.
+TEST_CASE("report: folders named like options or with $, records of the wrong type, an unwritable --out") {
+    if (std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") != 0) {
+        mark_skipped("python3-matplotlib is not installed (scripts/install_deps.sh installs it): report not drawn");
+        return;
+    }
+    TempDir d;
+    const auto make_run = [&](const std::string& name) {
+        const fs::path run = d.path() / name;
+        fs::create_directories(run);
+        std::ofstream f(run / "metrics.jsonl");
+        f << R"({"type": "train", "step": 1, "time": 10.0, "loss": 2.5, "lr": 0.1, "samples_per_sec": 100})"
+          << "\n"
+          << R"({"type": "train", "step": 2, "time": 11.0, "loss": "NaN", "lr": [1], "time_split": 7})"
+          << "\n"
+          << R"({"type": "train", "step": {"a": 1}, "time": "late", "loss": true})"
+          << "\n"
+          << R"({"type": "eval", "step": 2, "time": 12.0, "test_loss": 2.0, "test_accuracy": null})"
+          << "\n"
+          << R"({"type": "resume", "step": "x", "time": 12.5, "redone_steps": "many"})"
+          << "\n"
+          << R"({"type": ["train"]})"
+          << "\n"
+          << R"([1, 2, 3])"
+          << "\n"
+          << R"({"type": "train", "step": 3, "time": 13.0, "loss": 2.0})"
+          << "\n";
+        return run.string();
+    };
+    // a folder named "--out=.." would have sent the report into the parent; "-h" printed help
+    const std::string dashed = make_run("--out=.."), help = make_run("-h"), dollar = make_run("cost $5 $x^2");
+    std::string err;
+    const fs::path cwd = fs::current_path();
+    fs::current_path(d.path());
+    const int rc_dashed = run_cli({"report", "--out", "r1", "--", "--out=.."}, {}, -1, &err);
+    const int rc_help = run_cli({"report", "--out", "r2", "--", "-h"}, {}, -1, &err);
+    fs::current_path(cwd);
+    CHECK(rc_dashed == kExitOk);
+    CHECK(rc_help == kExitOk);
+    CHECK(fs::exists(d.path() / "r1" / "report.html"));
+    CHECK(fs::exists(d.path() / "r2" / "report.html"));
+    CHECK(!fs::exists(d.path().parent_path() / "report.html"));
+    REQUIRE_MESSAGE(run_cli({"report", dollar, "--out", d / "r3"}, {}, -1, &err) == kExitOk, err);
+    const json rep = read_json(d / "r3/report.json");
+    const json& run = rep["runs"][0];
+    CHECK(run["records"]["train"] == 4);       // the three train records and the last; the wrong types absent
+    CHECK(run["skipped_lines"] == 2);          // a type that is a list, an array
+    CHECK(run["plotted"]["train_loss"] == 2);  // steps 1 and 3: "NaN", true and a step of an object are not numbers
+    CHECK(run["plotted"]["lr"] == 1);
+    CHECK(run["plotted"]["resumes"] == 1);
+    CHECK(rep["table"][0]["steps redone"] == 0);
+    // an --out that cannot be written: exit 4 (as every failed write) naming it; the rerun writes
+    // over the partial output
+    const fs::path out = d.path() / "r4";
+    fs::create_directories(out / "report.json.tmp");  // the atomic write's temporary is a folder: EISDIR
+    { std::ofstream(out / "report.json") << "{}"; }
+    CHECK(run_cli({"report", dollar, "--out", out.string()}, {}, -1, &err) == kExitCheckpoint);
+    CHECK(err.find("could not be written") != std::string::npos);
+    CHECK(err.find("report.json.tmp") != std::string::npos);
+    fs::remove(out / "report.json.tmp");
+    REQUIRE_MESSAGE(run_cli({"report", dollar, "--out", out.string()}, {}, -1, &err) == kExitOk, err);
+    CHECK(read_json(out / "report.json")["runs"].size() == 1);
+}

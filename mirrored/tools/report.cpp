@@ -26,7 +26,8 @@ int report(const ReportOptions& o) {
         if (!fs::is_empty(out, ec) && !fs::exists(fs::path(out) / "report.json", ec))
             throw ConfigError("report: " + out + " holds files a report did not write; name another folder with --out");
     }
-    std::vector<std::string> args{"--out", out};
+    // "--": a run folder named like an option ("-h", "--out=..") is still a folder
+    std::vector<std::string> args{"--out", out, "--"};
     args.insert(args.end(), o.runs.begin(), o.runs.end());
     const int rc = run_project_script("report.py", args);
     if (rc == 0) return kExitOk;
@@ -37,6 +38,9 @@ int report(const ReportOptions& o) {
                     "report: python3-matplotlib is not installed (scripts/install_deps.sh installs it); "
                     "metrics.jsonl and metrics.csv hold every number");
     if (rc == 2) throw ConfigError("report: scripts/report.py refused the run folders (its message above)");
+    if (rc == 4)
+        throw CheckpointError("report: " + out +
+                              " could not be written (its message above); a rerun writes over what is there");
     throw Error(kExitFailure, "report: scripts/report.py failed (exit " + std::to_string(rc) + ")");
 }
 
