@@ -7,7 +7,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <mutex>
 #include <cerrno>
 #include <cstdio>
@@ -232,6 +234,75 @@ bool InputFile::at_end() {
     return false;
 }
 
+namespace {
+
+// The live mappings, for the SIGBUS handler: a file cut short by another process while mapped
+// faults on the first access past its new end. Instead of a bare signal (exit 135, no word), the
+// handler names the file and ends the run as a data error (exit 3); every checkpoint written stays.
+constexpr int kMaxMappings = 256;
+struct MappingSlot {
+    std::atomic<bool> taken{false};           // claimed by one mapping, then filled
+    std::atomic<uintptr_t> begin{0}, end{0};  // begin set last: the slot is live once it is not 0
+    std::atomic<const char*> path{nullptr};
+};
+MappingSlot g_mappings[kMaxMappings];
+
+void write_stderr(const char* s) {
+    for (size_t n = std::strlen(s); n > 0;) {
+        const ssize_t w = ::write(STDERR_FILENO, s, n);
+        if (w <= 0) return;
+        s += w;
+        n -= size_t(w);
+    }
+}
+
+void on_sigbus(int sig, siginfo_t* info, void*) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
+    for (const MappingSlot& m : g_mappings) {
+        const uintptr_t begin = m.begin.load(std::memory_order_acquire);
+        if (!begin || at < begin || at >= m.end.load(std::memory_order_acquire)) continue;
+        write_stderr("error: ");
+        write_stderr(m.path.load(std::memory_order_acquire));
+        write_stderr(
+            ": the file was cut short while this run read it (truncated or rewritten in place by another "
+            "process); restore it and run again: the run resumes from its last checkpoint\n");
+        ::_exit(3);  // kExitData
+    }
+    ::signal(sig, SIG_DFL);  // not a mapped file's: the fault it is
+    ::raise(sig);
+}
+
+void watch_mapping(const void* data, size_t size, const std::string& path) {
+    static std::once_flag installed;
+    std::call_once(installed, [] {
+        struct sigaction sa {};
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        ::sigaction(SIGBUS, &sa, nullptr);
+    });
+    for (MappingSlot& m : g_mappings) {
+        bool free = false;
+        if (!m.taken.compare_exchange_strong(free, true, std::memory_order_acq_rel)) continue;
+        m.path.store(path.c_str(), std::memory_order_release);
+        m.end.store(reinterpret_cast<uintptr_t>(data) + size, std::memory_order_release);
+        m.begin.store(reinterpret_cast<uintptr_t>(data), std::memory_order_release);
+        return;
+    }
+    // more live mappings than slots: this one faults as a bare SIGBUS, as any mapping would
+}
+
+void unwatch_mapping(const void* data) {
+    for (MappingSlot& m : g_mappings) {
+        uintptr_t mine = reinterpret_cast<uintptr_t>(data);
+        if (!m.begin.compare_exchange_strong(mine, 0, std::memory_order_acq_rel)) continue;
+        m.taken.store(false, std::memory_order_release);
+        return;
+    }
+}
+
+}  // namespace
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
     uint64_t size = 0;
     const int fd = open_regular(path, size);
@@ -248,12 +319,15 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
             fail(path, std::string("cannot map into memory: ") + std::strerror(e));
         }
         data_ = static_cast<const unsigned char*>(p);
+        watch_mapping(data_, size_, path_);
     }
     ::close(fd);  // the mapping keeps the file
 }
 
 MappedFile::~MappedFile() {
-    if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+    if (!data_) return;
+    unwatch_mapping(data_);
+    ::munmap(const_cast<unsigned char*>(data_), size_);
 }
 
 void MappedFile::drop_resident() const {

@@ -63,8 +63,9 @@ private:
 
 // A regular file mapped read-only: the kernel reads pages as they are touched and may drop them
 // again, so a file larger than memory can be read and nothing is copied into the process's heap.
-// The usual caveat of every mmap reader holds: a file truncated by another process while mapped
-// faults on access (data files are written atomically, by rename, by the project's scripts).
+// A file truncated by another process while mapped faults on access past its new end: a SIGBUS
+// handler for the process's mappings names the file and exits with 3 (data), never a bare signal.
+// (Data files are written atomically, by rename, by the project's scripts.)
 class MappedFile {
 public:
     explicit MappedFile(const std::string& path);  // InputError: missing, not regular, cannot map

@@ -1,9 +1,11 @@
 #include "base/output.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +74,18 @@ std::string resolved(const std::string& path) {
     return ec ? path : p.string();
 }
 
+// Whether `path` lies under the folder `folder` (both resolved; false when folder is no folder).
+bool inside_folder(const std::string& path, const std::string& folder) {
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec)) return false;
+    const fs::path f = fs::weakly_canonical(folder, ec);
+    if (ec) return false;
+    const fs::path p = fs::weakly_canonical(path, ec);
+    if (ec) return false;
+    const auto [end, at] = std::mismatch(f.begin(), f.end(), p.begin(), p.end());
+    return end == f.end() && at != p.end();
+}
+
 }  // namespace
 
 void write_all(int fd, const std::string& path, const std::string& tmp, const char* p, size_t n) {
@@ -98,6 +112,9 @@ void write_file_atomic(const std::string& path, const std::function<void(int fd,
         ((folder.empty() ? fs::path(".") : folder) / ("." + p.filename().string() + ".XXXXXX.tmp")).string();
     const int fd = ::mkstemps(tmp.data(), 4);
     if (fd < 0) throw CheckpointError(path + ": cannot create a temporary beside it: " + error_text(errno));
+    // held while the temporary is written: remove_stale_temporaries tells a live write from a
+    // killed one by it (the kernel lets the lock go with the process)
+    ::flock(fd, LOCK_EX);
     const mode_t mask = ::umask(0);  // the mode a plain create would give: 0666 less the umask
     ::umask(mask);
     ::fchmod(fd, 0666 & ~mask);
@@ -116,6 +133,23 @@ void write_file_atomic(const std::string& path, const std::function<void(int fd,
     fsync_dir(folder);
 }
 
+void remove_stale_temporaries(const std::string& path) {
+    const fs::path p(path);
+    const fs::path folder = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    const std::string prefix = "." + p.filename().string() + ".";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(folder, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.size() != prefix.size() + 6 + 4 || name.rfind(prefix, 0) != 0 ||
+            name.compare(name.size() - 4, 4, ".tmp") != 0 || e.symlink_status(ec).type() != fs::file_type::regular)
+            continue;
+        const int fd = ::open(e.path().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(e.path().c_str());  // its writer is gone
+        ::close(fd);
+    }
+}
+
 void write_file_atomic(const std::string& path, std::string_view contents) {
     write_file_atomic(
         path, [&](int fd, const std::string& tmp) { write_all(fd, path, tmp, contents.data(), contents.size()); });
@@ -132,9 +166,14 @@ void check_output(const OutputTarget& t) {
     const std::string named = t.option + " " + t.path;
     if (t.path.empty()) throw ConfigError(t.option + ": expected a file name");
     if (t.path == "-") return;  // standard output
-    for (const auto& [what, input] : t.inputs)
-        if (!input.empty() && same_file(t.path, input))
+    for (const auto& [what, input] : t.inputs) {
+        if (input.empty()) continue;
+        if (same_file(t.path, input))
             throw ConfigError(named + ": is " + what + ", which this command reads; choose another file");
+        if (inside_folder(t.path, input))  // an image folder: every file under it is read
+            throw ConfigError(named + ": is inside " + input + ", " + what +
+                              ", which this command reads; choose a file elsewhere");
+    }
     const std::string target = resolved(t.path);
     switch (kind_of(t.path, /*follow=*/true)) {
         case Kind::stream:
@@ -144,11 +183,11 @@ void check_output(const OutputTarget& t) {
         case Kind::other:
             throw ConfigError(named + ": is a block device or another special file, not a file to write");
         case Kind::missing: {
+            std::error_code ec;
             if (kind_of(t.path, /*follow=*/false) == Kind::symlink && kind_of(target, false) == Kind::missing &&
-                !fs::is_directory(fs::path(target).parent_path().empty() ? "." : fs::path(target).parent_path()))
+                !fs::is_directory(fs::path(target).parent_path().empty() ? "." : fs::path(target).parent_path(), ec))
                 throw ConfigError(named + ": a link to " + target + ", whose folder does not exist");
             const fs::path folder = fs::path(target).parent_path();
-            std::error_code ec;
             if (!folder.empty() && !fs::is_directory(folder, ec))
                 throw ConfigError(named + ": the folder " + folder.string() + " does not exist");
             return;

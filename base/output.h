@@ -25,6 +25,9 @@ namespace mirrored {
 // temporary, for messages); CheckpointError (exit 4) naming `path` when anything fails.
 void write_file_atomic(const std::string& path, const std::function<void(int fd, const std::string& tmp)>& fill);
 void write_file_atomic(const std::string& path, std::string_view contents);
+// Removes the temporaries of writes of `path` whose process is gone (killed mid-write): each is
+// locked while it is written, so a live write's is left alone.
+void remove_stale_temporaries(const std::string& path);
 // Writes all of [p, p + n) to fd; on an error closes fd, removes tmp, and throws CheckpointError
 // naming path.
 void write_all(int fd, const std::string& path, const std::string& tmp, const char* p, size_t n);

@@ -24,7 +24,10 @@ std::string resolve_data_path(const DataConfig& c, const std::string& base_dir, 
 
 std::string DataSource::path(const std::string& file) const {
     const std::string p = resolve_data_path(config, base_dir, file);
-    if (!std::filesystem::exists(p)) {
+    std::error_code ec;  // a loop of links, a folder that cannot be searched: said, never thrown raw
+    const bool there = std::filesystem::exists(p, ec);
+    if (ec) throw DataError(p + ": cannot be read: " + ec.message());
+    if (!there) {
         const std::string root = effective_data_root(config, base_dir);
         const DataFormat& format = data_formats().get(config.dataset, "data.dataset");
         throw DataError(
@@ -33,6 +36,14 @@ std::string DataSource::path(const std::string& file) const {
             (root == format.default_root && *format.missing_hint ? std::string("; ") + format.missing_hint : ""));
     }
     return p;
+}
+
+std::vector<std::pair<std::string, std::string>> data_inputs(const DataConfig& c, const std::string& base_dir) {
+    const DataFormat& format = data_formats().get(c.dataset, "data.dataset");
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const std::string& file : format.inputs(*data_format_options(c)))
+        if (!file.empty()) out.push_back({"data of data." + c.dataset, resolve_data_path(c, base_dir, file)});
+    return out;
 }
 
 extern const DataFormat kIdxFormat, kCifar10Format, kCsvFormat, kNpyFormat, kSyntheticFormat, kTokensFormat,
@@ -99,6 +110,8 @@ Datasets load_datasets(const DataConfig& c, const std::string& base_dir, uint64_
         data_formats().get(c.dataset, "data.dataset").load(*data_format_options(c), DataSource{c, base_dir, seed});
     check_test_labels(out);
     out.test.classes = out.train.classes;
+    if (c.normalize == DataConfig::Normalize::given && out.train.tokens)
+        throw ConfigError("data.normalize: token ids are indexes, not values to normalise: remove the mean and std");
     if (c.normalize != DataConfig::Normalize::none && !out.train.tokens) {  // ids are not values
         out.normalization =
             c.normalize == DataConfig::Normalize::given ? c.normalization : compute_normalization(out.train);

@@ -67,8 +67,14 @@ struct DataFormat {
     const char* missing_hint;
     OptionsPtr (*read)(SpecReader& r, const std::string& path, bool targets);
     Datasets (*load)(const Options& o, const DataSource& src);
+    // The files and folders it reads, as its keys name them (relative to the data root, or
+    // absolute): what no output of a command may replace (data_inputs).
+    std::vector<std::string> (*inputs)(const Options& o);
 };
 const Registry<DataFormat>& data_formats();  // datasets.cpp lists every format
+// Every file and folder c's data section reads, resolved, as (what, path) pairs: the inputs that
+// no output of a command may replace or write into (base/output.h's OutputTarget::inputs).
+std::vector<std::pair<std::string, std::string>> data_inputs(const DataConfig& c, const std::string& base_dir);
 // c.format, or its format's defaults when there are none.
 OptionsPtr data_format_options(const DataConfig& c);
 // data.mmap (the npy and idx formats): read at `key` (auto, always, never), and its name.

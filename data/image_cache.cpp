@@ -137,7 +137,9 @@ PixelView DecodedImageCache::image(size_t i) const {
     return {int(e.width), int(e.height), channels_, file_->data() + e.offset};
 }
 
-std::shared_ptr<const DecodedImageCache> DecodedImageCache::map(const Options& o, uint64_t key, size_t count) {
+std::shared_ptr<const DecodedImageCache> DecodedImageCache::map(const Options& o, uint64_t key,
+                                                                const std::vector<Entry>& layout) {
+    const size_t count = layout.size();
     std::unique_ptr<MappedFile> file;
     try {
         file = std::make_unique<MappedFile>(o.path);
@@ -160,7 +162,11 @@ std::shared_ptr<const DecodedImageCache> DecodedImageCache::map(const Options& o
         e.offset = get<uint64_t>(at);
         e.width = get<uint32_t>(at + 8);
         e.height = get<uint32_t>(at + 12);
-        if ((e.width == 0) != (e.height == 0)) return nullptr;
+        // where the build put it, or 0 x 0 for an image it could not decode: an entry edited to
+        // another size (1 x 1 pixels) is not this cache's
+        const bool bad = e.width == 0 && e.height == 0;
+        if (!bad && (e.offset != layout[i].offset || e.width != layout[i].width || e.height != layout[i].height))
+            return nullptr;
         uint64_t bytes = 0, end = 0;
         if (!checked_mul(uint64_t(e.width) * e.height, uint64_t(o.channels), bytes) ||
             !checked_add(e.offset, bytes, end) || e.offset < h.data_offset || end > size || e.width > (1u << 20) ||
@@ -178,9 +184,8 @@ std::shared_ptr<const DecodedImageCache> DecodedImageCache::open(const Options& 
     if (o.channels != 1 && o.channels != 3) throw DataError(o.path + ": a decode cache of 1 or 3 channels");
     const uint64_t key = cache_key(sources, o.side, o.channels);
     check_replaceable(o.path);
+    remove_stale_temporaries(o.path);  // a build killed before: its partial copy is only waste
     if (built) *built = false;
-    if (auto cache = map(o, key, sources.size())) return cache;
-
     // Where each image goes: its index entry and its pixels at an offset fixed before any decode.
     std::vector<Entry> entries(sources.size());
     uint64_t end = data_offset(sources.size());
@@ -193,6 +198,7 @@ std::shared_ptr<const DecodedImageCache> DecodedImageCache::open(const Options& 
             throw DataError(sources[i].path + ": an image size the decode cache cannot hold");
         entries[i] = {end - bytes, uint32_t(w), uint32_t(h)};
     }
+    if (auto cache = map(o, key, entries)) return cache;
     const uint64_t total = end;
     const auto t0 = std::chrono::steady_clock::now();
     std::fprintf(stderr, "data: decoding %zu images once into %s (data.cache: decoded, shorter side %d)\n",
@@ -283,7 +289,7 @@ std::shared_ptr<const DecodedImageCache> DecodedImageCache::open(const Options& 
     } catch (const CheckpointError& e) {  // the temporary or the rename: a data error, as the rest
         throw DataError(std::string(e.what()) + "; set data.cache_dir to keep the decode cache elsewhere");
     }
-    auto cache = map(o, key, sources.size());
+    auto cache = map(o, key, entries);
     if (!cache) throw DataError(o.path + ": the decode cache just written cannot be read back");
     if (built) *built = true;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -64,7 +64,10 @@ private:
         uint64_t offset = 0;
         uint32_t width = 0, height = 0;
     };
-    static std::shared_ptr<const DecodedImageCache> map(const Options& o, uint64_t key, size_t count);
+    // The cache at o.path when its header and every index entry are the ones `layout` expects (a
+    // bad image's entry: 0 x 0); null otherwise, so that it is built again.
+    static std::shared_ptr<const DecodedImageCache> map(const Options& o, uint64_t key,
+                                                        const std::vector<Entry>& layout);
     std::unique_ptr<MappedFile> file_;
     int channels_ = 0;
     std::vector<Entry> entries_;

@@ -836,7 +836,10 @@ private:
             space();
             size_t n = 0;
             while (n < s_.size() && std::isdigit(static_cast<unsigned char>(s_[n]))) ++n;
-            if (n == 0 || n > 10) fail("malformed header: a dimension of the shape is not a number");
+            if (n == 0) fail("malformed header: a dimension of the shape is not a number");
+            if (n > 10)
+                fail("a dimension of " + std::string(s_.substr(0, std::min<size_t>(n, 30))) + (n > 30 ? "..." : "") +
+                     " is implausibly large");
             const uint64_t dim = std::stoull(std::string(s_.substr(0, n)));
             s_.remove_prefix(n);
             if (dim > kMaxSamples) fail("a dimension of " + std::to_string(dim) + " is implausibly large");
@@ -917,12 +920,23 @@ uint64_t npy_feature_shape(const NpyArray& x, const std::string& path, Dataset& 
     return n;
 }
 
-// A feature value as the data set holds it: u8 pixels scaled to [0, 1]; refused when not a
-// finite float.
+// Why a value of the file is no float the data set can hold: not finite, or a finite double
+// beyond float's range (said as such: "not finite" would be false of 1e300); empty when it is one.
+std::string not_a_float(double v) {
+    if (!std::isfinite(v)) return "is not a finite number";
+    if (std::fabs(v) > double(std::numeric_limits<float>::max())) {
+        char text[40];
+        std::snprintf(text, sizeof text, "%.6g", v);
+        return std::string("is ") + text + ", beyond a 32-bit float's range (3.4e38)";
+    }
+    return "";
+}
+
+// A feature value as the data set holds it: u8 pixels scaled to [0, 1]; refused when no float.
 float npy_feature(const NpyArray& x, double v, const std::string& path, size_t i, uint64_t per) {
-    if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<float>::max()))
-        throw DataError(path + ": value " + std::to_string(i % per) + " of sample " + std::to_string(i / per) +
-                        " is not a finite float");
+    if (const std::string why = not_a_float(v); !why.empty())
+        throw DataError(path + ": value " + std::to_string(i % per) + " of sample " + std::to_string(i / per) + " " +
+                        why);
     return x.kind == 'u' && x.itemsize == 1 ? float(v) * (1.0f / 255.0f) : float(v);
 }
 
@@ -941,8 +955,8 @@ void read_npy_labels(InputFile& labels, uint64_t n, bool targets, Dataset& ds) {
         ds.targets.resize(size_t(y.count));
         for (size_t i = 0; i < ds.targets.size(); ++i) {
             const double v = y.at(i);
-            if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<float>::max()))
-                throw DataError(labels.path() + ": target " + std::to_string(i) + " is not a finite float");
+            if (const std::string why = not_a_float(v); !why.empty())
+                throw DataError(labels.path() + ": target " + std::to_string(i) + " " + why);
             ds.targets[i] = float(v);
         }
         return;

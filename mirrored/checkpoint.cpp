@@ -382,8 +382,16 @@ void check_finite(const CheckpointData& d, const Model& model, const std::string
                               "from it; resume from an earlier checkpoint");
     };
     if (const size_t i = first_bad(d.params); i < d.params.size()) refuse(name_at(i, ""));
-    for (const auto& [state, values] : d.optimizer)
+    for (const auto& [state, values] : d.optimizer) {
         if (const size_t i = first_bad(values); i < values.size()) refuse(name_at(i, "optimizer." + state + "."));
+        if (state != "exp_avg_sq") continue;
+        // a mean of squares is never negative: AdamW would take the square root of one
+        for (size_t i = 0; i < values.size(); ++i)
+            if (values[i] < 0)
+                throw CheckpointError(path + ": " + name_at(i, "optimizer." + state + ".") +
+                                      " is negative, which a mean of squared gradients never is: training cannot "
+                                      "continue from it; resume from an earlier checkpoint");
+    }
 }
 
 }  // namespace
@@ -544,6 +552,13 @@ std::map<std::string, std::string> peek_checkpoint_metadata(const std::string& p
     } catch (const std::exception&) {
         return {};
     }
+}
+
+std::map<std::string, std::string> read_checkpoint_metadata(const std::string& path) {
+    InputFile in = open_input(path);
+    Parsed p;
+    read_header(in, p);
+    return p.meta;
 }
 
 std::map<std::string, std::string> peek_checkpoint_metadata(InputFile&& in) {

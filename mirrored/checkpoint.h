@@ -86,6 +86,9 @@ std::vector<std::string> list_checkpoints(const std::string& dir, std::vector<st
 // a model exists; empty when the file is not a readable safetensors file.
 std::map<std::string, std::string> peek_checkpoint_metadata(const std::string& path);
 std::map<std::string, std::string> peek_checkpoint_metadata(InputFile&& in);  // from memory too (fuzzing)
+// The same, read strictly: CheckpointError (exit 4) naming the path and why when it is not a
+// readable checkpoint (missing, a folder or another special file, empty, cut short, corrupt).
+std::map<std::string, std::string> read_checkpoint_metadata(const std::string& path);
 std::string checkpoint_path(const std::string& dir, int64_t step);
 // The step in a checkpoint's file name ("step-0000000468.safetensors" -> 468), -1 if none.
 int64_t checkpoint_step(const std::string& path);

@@ -36,11 +36,13 @@ struct LossConfig {
 };
 
 // A loss kind: its name, the labels it reads, whether its metric's correct count is an accuracy
-// worth reporting, how its own keys are read, and how it is made.
+// worth reporting, whether its float targets are probabilities (in [0, 1]), how its own keys are
+// read, and how it is made.
 struct LossKind {
     const char* name;
     LabelKind labels;
     bool accuracy;
+    bool probability_targets;
     OptionsPtr (*read)(SpecReader& r, const std::string& path);
     std::unique_ptr<Loss> (*create)(const Options& options);
 };

@@ -138,8 +138,9 @@ private:
             return kExitOk;
         }
         if (train->parsed()) return run_training(cfg, nodes.get());
-        const std::vector<std::pair<std::string, std::string>> read = {{"the checkpoint", checkpoint},
-                                                                       {"the configuration file", config}};
+        std::vector<std::pair<std::string, std::string>> read = {{"the checkpoint", checkpoint},
+                                                                 {"the configuration file", config}};
+        for (auto& input : data_inputs(cfg.data, cfg.base_dir)) read.push_back(std::move(input));
         if (!dump.inputs.empty()) check_output({"--dump-inputs", dump.inputs, dump.force, read});
         if (!dump.logits.empty()) {
             auto taken = read;
@@ -244,10 +245,23 @@ int report_error(const Error& e, Nodes* nodes) {
 
 }  // namespace
 
+// A training run interrupted at any point ends with exit 130, also while it starts (choosing the
+// BLAS kernel, reading the config): before training there is nothing to save. The handlers go in
+// as the program's own initialisers run, before main (glibc passes them argc and argv); what
+// comes earlier is the loading of the shared libraries. Signals a re-execution blocked (the BLAS
+// kernel's choice) are let through once the handlers are in.
+__attribute__((constructor)) void handle_signals_early(int argc, char** argv, char**) {
+    if (argc > 1 && argv && argv[1] && std::string_view(argv[1]) == "train") install_signal_handlers();
+}
+
 int main(int argc, char** argv) {
-    // A training run interrupted at any point ends with exit 130, also while it starts (choosing
-    // the BLAS kernel, reading the config): before training there is nothing to save.
     if (argc > 1 && std::string_view(argv[1]) == "train") install_signal_handlers();
+    {
+        sigset_t held;
+        sigemptyset(&held);
+        for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&held, sig);
+        ::sigprocmask(SIG_UNBLOCK, &held, nullptr);
+    }
     choose_blas_kernel(argv);  // may re-execute the process with a faster BLAS kernel: first, before any thread
     protect_standard_streams();
     CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};

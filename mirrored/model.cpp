@@ -105,6 +105,13 @@ std::unique_ptr<Model> Model::with_gradient_pieces(size_t floats) const {
 
 bool Model::reads_token_ids() const { return layer_kinds().get(specs_.front().type).reads_token_ids; }
 
+int Model::token_vocab() const {
+    if (!reads_token_ids() || !specs_.front().options) return 0;
+    for (const auto& [key, value] : specs_.front().options->fields())
+        if (key == "vocab") return std::stoi(value);
+    return 0;
+}
+
 std::vector<std::pair<size_t, size_t>> Model::matrix_ranges() const {
     std::vector<std::pair<size_t, size_t>> out;
     for (const TensorInfo& t : tensors_) {

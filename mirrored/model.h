@@ -87,6 +87,9 @@ public:
     // The first layer reads token ids (an embedding): the inputs stay f32 whatever the precision,
     // so that ids above 256 survive.
     bool reads_token_ids() const;
+    // The ids the first layer has a row for (an embedding's vocab; 0 when it reads no token ids):
+    // an id at or above it would read nothing.
+    int token_vocab() const;
     // The flat ranges of the trainable tensors of two or more dimensions (weights, embeddings),
     // sorted, neighbours merged: where optimizer.weight_decay_on: matrices decays.
     std::vector<std::pair<size_t, size_t>> matrix_ranges() const;

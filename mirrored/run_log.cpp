@@ -71,7 +71,8 @@ void RunLog::open_metrics(const std::string& folder, std::ios::openmode mode) {
     metrics_.open(path_, mode);
     if (!metrics_.is_open()) throw CheckpointError(path_ + ": cannot open for writing: " + std::strerror(errno));
     csv_path_ = (fs::path(folder) / "metrics.csv").string();
-    const bool fresh = mode & std::ios::trunc || !fs::exists(csv_path_);
+    std::error_code ec;
+    const bool fresh = mode & std::ios::trunc || !fs::exists(csv_path_, ec);
     csv_.open(csv_path_, fresh ? std::ios::trunc : std::ios::app);
     if (!csv_.is_open()) throw CheckpointError(csv_path_ + ": cannot open for writing: " + std::strerror(errno));
     if (fresh) csv_ << metrics_csv_header();

@@ -70,14 +70,12 @@ int64_t stop_after_step() { return env_integer("MIRRORED_TEST_STOP_AFTER_STEP", 
 // Test hook for multi-node runs: MIRRORED_TEST_NODE_FAULT=<node>:<step>:kill|hang makes that
 // node die (SIGKILL) or stop answering after that step, as a crashed or hung machine would.
 void test_node_fault(Nodes* nodes, int64_t step) {
-    static const char* spec = std::getenv("MIRRORED_TEST_NODE_FAULT");
-    if (!nodes || !spec || !*spec) return;
-    int node = -1;
-    long long at = -1;
-    char what[8] = {};
-    if (std::sscanf(spec, "%d:%lld:%7s", &node, &at, what) != 3 || node != nodes->rank() || at != step) return;
+    static const std::vector<std::string> spec =
+        env_fields("MIRRORED_TEST_NODE_FAULT", {{0, 1 << 20}, {0, int64_t(1) << 62}, {0, 0}},
+                   "NODE:STEP:kill or NODE:STEP:hang, e.g. 1:8:kill", {{2, "kill|hang"}});
+    if (!nodes || spec.empty() || std::stoi(spec[0]) != nodes->rank() || std::stoll(spec[1]) != step) return;
     std::fflush(nullptr);
-    if (std::strcmp(what, "kill") == 0) ::raise(SIGKILL);
+    if (spec[2] == "kill") ::raise(SIGKILL);
     for (;;) ::pause();  // hang: only a signal ends this process
 }
 
@@ -189,9 +187,27 @@ void check_batch_statistics(const Config& cfg, const Model& model, int all_repli
     }
 }
 
+// Float targets the loss can take, every one: finite, and for a loss of probabilities (binary
+// cross-entropy) in [0, 1] - outside it the loss has no minimum and training runs off silently.
+void check_targets(const LossKind& loss, const Dataset& d) {
+    if (!d.has_targets()) return;
+    for (size_t i = 0; i < d.targets.size(); ++i) {
+        const float v = d.targets[i];
+        if (std::isfinite(v) && (!loss.probability_targets || (v >= 0.0f && v <= 1.0f))) continue;
+        char value[32];
+        std::snprintf(value, sizeof value, "%.9g", double(v));
+        throw DataError(d.labels_source + ": sample " + std::to_string(i / size_t(d.target_size)) + ", target " +
+                        std::to_string(i % size_t(d.target_size)) + " is " + value + ": " +
+                        (loss.probability_targets
+                             ? std::string("model.loss ") + loss.name + " takes targets in [0, 1] (probabilities)"
+                             : std::string("targets must be finite numbers")));
+    }
+}
+
 // The labels the loss reads are the ones the data has: class indexes, or float targets as many as
-// the model's outputs.
-void check_labels_for_loss(const Config& cfg, const Model& model, const Dataset& train) {
+// the model's outputs, each one the loss can take.
+void check_labels_for_loss(const Config& cfg, const Model& model, const Datasets& data) {
+    const Dataset& train = data.train;
     const LossKind& loss = loss_kind(cfg.model.loss);
     if (loss.labels == LabelKind::classes && train.has_targets())
         cfg.fail("model.loss", std::string(loss.name) + " takes a class index per sample, but " + train.labels_source +
@@ -205,6 +221,8 @@ void check_labels_for_loss(const Config& cfg, const Model& model, const Dataset&
                  "the model has " + std::to_string(model.output_features()) + " outputs, but " + train.labels_source +
                      " has " + std::to_string(train.target_size) + " target(s) per sample: they must match");
     }
+    check_targets(loss, data.train);
+    check_targets(loss, data.test);
 }
 
 std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<const Datasets> data,
@@ -221,7 +239,7 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
                                 gradient_piece_floats(cfg.strategy, int(devices.ordinals.size()),
                                                       parameters_shared(cfg.strategy, devices, nodes != nullptr)));
     const Dataset& train = s->data->train;
-    check_labels_for_loss(cfg, *s->model, train);
+    check_labels_for_loss(cfg, *s->model, *s->data);
     if (!train.has_targets() && s->model->output_classes() < train.classes) {
         size_t last = cfg.model.layers.size() - 1;
         while (last > 0 && cfg.model.layers[last].type != "dense") --last;
@@ -238,6 +256,20 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
                           std::to_string(record) + "), so " + std::to_string(train.classes) +
                           " classes: fix the model's last layer or the labels");
     }
+    // a label per position (token windows: each position's next token) needs a score row per
+    // position, as a language model's head gives; a classifier's one row per sample would learn
+    // nothing (accuracy 0, exit 0)
+    if (train.label_size > 1 && s->model->output_positions() != train.label_size)
+        cfg.fail("model.layers", "the data has a label per position (" + std::to_string(train.label_size) +
+                                     " per sample: " + train.labels_source + "), the model " +
+                                     std::to_string(s->model->output_positions()) +
+                                     " score row(s) per sample: a language model ends in lm_head");
+    // every id the data holds has its row in the embedding (an untied head may be larger)
+    if (const int rows = s->model->token_vocab(); rows > 0 && train.tokens && rows < train.classes)
+        cfg.fail("model.layers.0.vocab", "the embedding has rows for ids 0 to " + std::to_string(rows - 1) +
+                                             ", but the data's ids go up to " + std::to_string(train.classes - 1) +
+                                             " (data.vocab " + std::to_string(train.classes) +
+                                             "): an id past the table would read nothing");
     // The batches a training run computes: full ones, an epoch's last where data.drop_last keeps
     // it, and evaluation's last. Other sessions (evaluate, a prediction's chunks) may compute any
     // count up to the global batch: not known.

@@ -30,6 +30,10 @@ inline std::string hex64(uint64_t v) {
 inline std::string duration_str(double s) {
     if (!std::isfinite(s) || s < 0) return "?";
     char b[32];
+    if (s >= 3.6e9) {  // a million hours and more: no whole seconds to count (nor a long to hold them)
+        std::snprintf(b, sizeof b, "%.3gh", s / 3600);
+        return b;
+    }
     const long t = long(s + 0.5);
     if (t >= 3600) std::snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, (t / 60) % 60);
     else if (t >= 60) std::snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);

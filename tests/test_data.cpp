@@ -5,7 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -252,6 +255,37 @@ TEST_CASE("data: a test label outside the training labels' classes is a data err
     c.root = d.path().string();
     const std::string want = (d / "tlab") + ": label 200 of record 4 is not among the classes";
     CHECK_THROWS_WITH_AS(load_datasets(c, "", 1), doctest::Contains(want.c_str()), DataError);
+}
+
+// A mapped file cut short by another process while a run reads it: the access past its new end
+// faults (SIGBUS); the handler names the file and exits 3, never a bare signal (exit 135). In a
+// child, which only truncates and reads (no allocation after the fork).
+TEST_CASE("mapped files: one truncated under the reader ends the process with exit 3 naming it") {
+    TempDir d;
+    const std::string path = d / "train.bin", err_path = d / "err.txt";
+    write_bytes(path, std::vector<unsigned char>(3 * 4096, 7));
+    const MappedFile map(path);
+    REQUIRE(map.size() == 3 * 4096);
+    const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int file_fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE((err_fd >= 0 && file_fd >= 0));
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::dup2(err_fd, STDERR_FILENO);
+        if (::ftruncate(file_fd, 100) != 0) ::_exit(90);
+        volatile unsigned char last = map.data()[map.size() - 1];  // past the new end: SIGBUS
+        (void)last;
+        ::_exit(91);  // not reached
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    ::close(err_fd);
+    ::close(file_fd);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == kExitData);
+    const std::string said{std::istreambuf_iterator<char>(std::ifstream(err_path).rdbuf()), {}};
+    CHECK(said.find("error: " + path + ": the file was cut short while this run read it") == 0);
 }
 
 TEST_CASE("csv: a UTF-8 byte-order mark is not part of the first field") {
@@ -1148,7 +1182,16 @@ TEST_CASE("mmap: .npy features and IDX images read from the mapped file are bit-
         }
         return "(no error)";
     };
-    CHECK(error("nan.npy", "always") == d / "nan.npy" + ": value 2 of sample 3 is not a finite float");
+    CHECK(error("nan.npy", "always") == d / "nan.npy" + ": value 2 of sample 3 is not a finite number");
+    // a finite double beyond float's range is said as such, and a dimension of 19 digits is a number
+    std::vector<double> huge_rows(size_t(n) * 5, 1.0);
+    huge_rows[5 * 4 + 1] = 1e300;
+    d.write("huge.npy", npy_bytes("<f8", "(37, 5)", raw<double>(huge_rows)));
+    CHECK(error("huge.npy", "never") ==
+          d / "huge.npy" + ": value 1 of sample 4 is 1e+300, beyond a 32-bit float's range (3.4e38)");
+    d.write("wide.npy", npy_bytes("<f4", "(4611686018427387904, 5)", ""));
+    CHECK(error("wide.npy", "never").find("a dimension of 4611686018427387904 is implausibly large") !=
+          std::string::npos);
     d.write("short.npy", npy_bytes("<f4", "(37, 5)", raw<float>(std::vector<float>(10, 1.0f))));
     CHECK(error("short.npy", "always")
               .find(d / "short.npy" + ": 40 bytes of data, its header's shape (37, 5) holds 740") == 0);

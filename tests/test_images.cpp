@@ -2,6 +2,8 @@
 // PIL, the listing against torchvision's ImageFolder, the random-resized crop's contract, and every
 // kind of bad input the format documents (docs/RELIABILITY.md) - each with the file it names.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <png.h>
 #include <sys/stat.h>
 #include <turbojpeg.h>
@@ -552,6 +554,33 @@ TEST_CASE(
         const Datasets after_damage = load(keys);
         CHECK(inode_of(train_cache) != before_damage);
         CHECK(all_samples(after_damage.train) == all_samples(load({}).train));
+        // an entry rewritten to 1 x 1 pixels, inside the file: not the size the build gave it
+        {
+            std::fstream f(train_cache, std::ios::in | std::ios::out | std::ios::binary);
+            f.seekp(64 + 16 * 3 + 8);  // image 3's width and height
+            const uint32_t one[2] = {1, 1};
+            f.write(reinterpret_cast<const char*>(one), sizeof one);
+        }
+        const ino_t before_resize = inode_of(train_cache);
+        const Datasets after_resize = load(keys);
+        CHECK(inode_of(train_cache) != before_resize);
+        CHECK(all_samples(after_resize.train) == all_samples(load({}).train));
+    }
+    SUBCASE("a build killed mid-write leaves a temporary the next start removes; a live write's is kept") {
+        const std::string stale = root + "/.train.decoded-cache.Ab12Cd.tmp",
+                          live = root + "/.train.decoded-cache.Ef34Gh.tmp";
+        std::ofstream(stale) << "half a cache";
+        std::ofstream(live) << "a cache being written";
+        const int held = ::open(live.c_str(), O_RDONLY | O_CLOEXEC);  // as a writer in another process holds it
+        REQUIRE(held >= 0);
+        REQUIRE(::flock(held, LOCK_EX) == 0);
+        std::ofstream(root + "/.train.decoded-cache.tmp") << "not a temporary's name";
+        const Datasets cached = load({{"cache", "decoded"}, {"cache_side", "1000"}});
+        CHECK(all_samples(cached.train) == all_samples(plain.train));
+        CHECK_FALSE(fs::exists(stale));
+        CHECK(fs::exists(live));  // flock is per open file: this process's other descriptor cannot take it
+        CHECK(fs::exists(root + "/.train.decoded-cache.tmp"));
+        ::close(held);
     }
     SUBCASE("a file at the cache's path that is not a cache is never replaced; data.cache_dir puts it elsewhere") {
         std::ofstream(train_cache) << "the user's notes";
@@ -694,6 +723,15 @@ TEST_CASE(
             make_data_config("image_folder", {{"train", root + "/bad.csv"}, {"test", root + "/list.csv"}}).format;
         CHECK(error_of([&] { load_datasets(c, "", 1); }) ==
               root + "/bad.csv:2: label 'cat': expected a class index in [0, 2^24)");
+        // a byte-order mark (an editor's UTF-8) before the header, or before the first path
+        for (const char* head : {"\xEF\xBB\xBFpath,label\n", "\xEF\xBB\xBF"}) {
+            std::ofstream(root + "/bom.csv") << head << "train/a/1.png,0\ntrain/b/2.png,4\n";
+            c.format =
+                make_data_config("image_folder", {{"train", root + "/bom.csv"}, {"test", root + "/list.csv"}}).format;
+            const Datasets b = load_datasets(c, "", 1);
+            CHECK(b.train.count() == 2);
+            CHECK(b.train.skipped_files.empty());
+        }
     }
 }
 

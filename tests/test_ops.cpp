@@ -832,6 +832,25 @@ TEST_CASE("cpu GEMM few-rows kernel: every layout and edge matches double refere
     CHECK_FALSE(gemm_kernel_fits(GemmKernel::few_rows, {true, true, 16, 16, 16, 16, 16, 16, false}));
 }
 
+// MIRRORED_CACHE_DIR names one folder: made when its parent exists, never a whole path (a typo
+// such as /nonexistent/deep must not build a tree); the cache then stays unwritten, the run goes on.
+TEST_CASE("machine cache: MIRRORED_CACHE_DIR makes its own folder only, never the path above it") {
+    TempDir d;
+    {
+        const ScopedEnv cache_dir("MIRRORED_CACHE_DIR", d / "missing/deep");
+        cache_store("probe.txt", "key", "value");
+        CHECK(!std::filesystem::exists(d.path() / "missing"));
+        CHECK(!cache_lookup("probe.txt", "key"));
+    }
+    for (const std::string& dir : {d / "made", d / "slash/"}) {
+        CAPTURE(dir);
+        const ScopedEnv cache_dir("MIRRORED_CACHE_DIR", dir);
+        cache_store("probe.txt", "key", "value");
+        CHECK(cache_lookup("probe.txt", "key").value_or("") == "value");
+    }
+    CHECK(std::filesystem::is_directory(d.path() / "slash"));
+}
+
 // MIRRORED_JIT_GEMM=measure: a product's kernel is timed once and kept for the process, read from
 // the machine cache where an earlier run measured it (entries checked: one that does not parse, or
 // names a kernel that cannot multiply the shape, is measured again and rewritten), and a

@@ -145,6 +145,46 @@ TEST_CASE("outputs: a checkpoint, a config being read or a run folder's file is 
     CHECK(err.find("--out " + file + ": is a file") != std::string::npos);
 }
 
+// The protected-file rule covers the data a command reads: a token file, an image folder's files.
+TEST_CASE("outputs: --json and --dump-* never replace a data file the command reads, nor write into an image folder") {
+    TempDir d;
+    const std::string tokens(2 * 4096, '\x01');
+    const std::string train = d.write("train.bin", tokens), val = d.write("val.bin", tokens.substr(0, 512));
+    const std::string cfg = d.write("lm.yaml", R"(run: {name: lm, seed: 1}
+strategy: {devices: "cpu:1"}
+data: {dataset: tokens, root: ., train: train.bin, test: val.bin, context: 8, vocab: 32}
+model: {layers: [{type: embedding, vocab: 32, dim: 16}, {type: position_embedding, max_len: 8},
+                 {type: transformer_block, heads: 2}, {type: layernorm}, {type: lm_head}]}
+optimizer: {type: adamw, lr: 0.001}
+train: {epochs: 0, steps: 2, global_batch_size: 4}
+)");
+    std::string err;
+    CHECK(run_cli({"bench-step", cfg, "--devices", "cpu:1", "--steps", "1", "--json", train}, {}, -1, &err) ==
+          kExitUsage);
+    CHECK(err.find("is data of data.tokens, which this command reads") != std::string::npos);
+    CHECK(run_cli({"plan", cfg, "--gpu", "h100", "--json", val}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("--json " + val + ": is data of data.tokens") != std::string::npos);
+    // relative to the working folder, another spelling of the same file
+    CHECK(run_cli({"plan", cfg, "--gpu", "h100", "--json", d / "./sub/../train.bin"}, {}, -1, &err) == kExitUsage);
+    CHECK(run_cli({"eval", cfg, "--checkpoint", d / "none.safetensors", "--dump-inputs", train}, {}, -1, &err) ==
+          kExitUsage);
+    CHECK(err.find("--dump-inputs " + train + ": is data of data.tokens") != std::string::npos);
+    CHECK(read_all(train) == tokens);
+    CHECK(read_all(val) == tokens.substr(0, 512));
+    // an image folder: a file under it is the data too, however named
+    std::filesystem::create_directories(d.path() / "images/train/cat");
+    std::filesystem::create_directories(d.path() / "images/val/cat");
+    const std::string images = d.write("img.yaml", R"(run: {name: img, seed: 1}
+data: {dataset: image_folder, root: images, train: train, test: val, size: 8}
+model: {layers: [{type: dense, units: 3}]}
+train: {epochs: 1, global_batch_size: 4}
+)");
+    CHECK(run_cli({"plan", images, "--gpu", "h100", "--json", d / "images/train/cat/plan.json"}, {}, -1, &err) ==
+          kExitUsage);
+    CHECK(err.find("is inside " + (d / "images/train") + ", data of data.image_folder, which") != std::string::npos);
+    CHECK(!std::filesystem::exists(d.path() / "images/train/cat/plan.json"));
+}
+
 TEST_CASE("outputs: temporaries never go through a planted link; a cache path that is not a file is left alone") {
     TempDir d;
     // the atomic writer's temporary is a new file (O_EXCL): a link planted at the old fixed name

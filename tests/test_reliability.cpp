@@ -764,9 +764,13 @@ TEST_CASE("the memory limit is the tightest cgroup on the process's path, v2, v1
 // Checkpoints rewritten by hand with a valid checksum: what the checksum cannot catch, the loader
 // must. Each case fails on every path that reads the file (resume, eval, export).
 TEST_CASE(
-    "crafted checkpoints with a valid checksum: non-finite values, impossible steps and epochs, missing tensors") {
+    "crafted checkpoints with a valid checksum: non-finite values, negative second moments, impossible steps and "
+    "epochs, missing tensors") {
     TempDir d;
-    const std::string cfg = d.write("c.yaml", kRun), out = d / "run";
+    std::string adamw = kRun;  // AdamW: its squared-gradient average is one of the values crafted
+    const std::string sgd = "optimizer: {type: sgd, lr: 0.05}";
+    adamw.replace(adamw.find(sgd), sgd.size(), "optimizer: {type: adamw, lr: 0.01}");
+    const std::string cfg = d.write("c.yaml", adamw), out = d / "run";
     REQUIRE(run_cli({"train", cfg, "--output", out, "--set", "train.epochs=1"}) == kExitOk);
     const std::string good = list_checkpoints(out + "/checkpoints").front();  // the newest: step 20
     struct Case {
@@ -779,6 +783,9 @@ TEST_CASE(
          "layers.0.weight element 5 is not finite"},
         {"inf", [](SafetensorsFile& f) { f.tensors.at("layers.1.bias").second[0] = -INFINITY; },
          "layers.1.bias element 0 is not finite"},
+        {"negative",
+         [](SafetensorsFile& f) { f.tensors.at("optimizer.exp_avg_sq.layers.0.weight").second[3] = -1e-6f; },
+         "optimizer.exp_avg_sq.layers.0.weight element 3 is negative"},
         {"step", [](SafetensorsFile& f) { f.metadata["step"] = "1000"; }, "beyond this run's"},
         {"epoch", [](SafetensorsFile& f) { f.metadata["loader_epoch"] = "999999999"; }, "which no run reaches"},
         {"missing", [](SafetensorsFile& f) { f.tensors.erase("layers.1.weight"); }, "layers.1.weight"},

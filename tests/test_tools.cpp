@@ -213,6 +213,27 @@ TEST_CASE("plan --price --mtbf: each count priced, the cheapest and the fastest 
     }
     CHECK(run_cli({"plan", cfg, "--price", "0"}, {}, -1, &err) == kExitUsage);
     CHECK(run_cli({"plan", cfg, "--price", "2", "--mtbf", "-1"}, {}, -1, &err) == kExitUsage);
+    // figures past any meaning, and no numbers, are refused before the arithmetic overflows
+    for (const std::vector<std::string>& bad : {std::vector<std::string>{"--price", "2", "--mtbf", "1e300"},
+                                                {"--price", "1e308"},
+                                                {"--price", "nan"},
+                                                {"--price", "2", "--restart-s", "nan"},
+                                                {"--price", "2", "--restart-s", "inf"},
+                                                {"--price", "2", "--checkpoint-write-s", "1e300"}}) {
+        std::vector<std::string> args{"plan", cfg, "--gpu", "h200"};
+        args.insert(args.end(), bad.begin(), bad.end());
+        CAPTURE(bad.back());
+        CHECK(run_cli(args, {}, -1, &err) == kExitUsage);
+        CHECK(err.find("expected a number") != std::string::npos);
+    }
+    // the largest accepted: every figure printed is a number (no -9223372036854775808 s, no nan)
+    const std::string big = d / "big.txt";
+    REQUIRE(run_cli({"plan", cfg, "--gpu", "h200", "--price", "1e6", "--mtbf", "1e9", "--restart-s", "1e7"}, {}, -1,
+                    &err, Stdout::file, big) == kExitOk);
+    const std::string big_text = read_text(big);
+    CHECK(big_text.find("-9223372036854775808") == std::string::npos);
+    CHECK(big_text.find("nan") == std::string::npos);
+    CHECK(big_text.find("inf") == std::string::npos);
 }
 
 TEST_CASE("hardware table: every GPU and link has figures and a source; unknown names list the known ones") {

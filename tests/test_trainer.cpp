@@ -829,6 +829,32 @@ TEST_CASE("losses on targets: the labels the loss reads must be the data's, as m
                   &err) == kExitUsage);
     CHECK(err.find("model.loss: expected one of softmax_cross_entropy, mse, binary_cross_entropy, got 'huber'") !=
           std::string::npos);
+    // binary cross-entropy's targets are probabilities: one outside [0, 1], or not finite, is named
+    std::string rows = "a,b,y,z\n";
+    for (int i = 0; i < 40; ++i)
+        rows += std::to_string(i % 7) + "," + std::to_string(i % 5) + ",0," + (i % 2 ? "1" : "0") + "\n";
+    const std::string good = s.write("good.csv", rows);
+    const std::string bad = s.write("bad.csv", rows + "1,2,1.5,0\n3,4,0,0\n");
+    const std::string nan = s.write("nan.csv", rows + "1,2,0,nan\n");
+    const std::string cfg = s.config(R"(run: {name: bce, seed: 1}
+strategy: {devices: "cpu:1"}
+data: {dataset: csv, root: ., train: {file: bad.csv}, test: {file: good.csv}, csv: {label_column: [y, z]}}
+model: {layers: [{type: dense, units: 2}], loss: binary_cross_entropy}
+train: {epochs: 1, global_batch_size: 8}
+)",
+                                     "bce.yaml");
+    CHECK(run_cli({"train", cfg, "--output", s.out("f")}, {}, -1, &err) == kExitData);
+    CHECK(err.find(bad + ": sample 40, target 0 is 1.5: model.loss binary_cross_entropy takes targets in [0, 1]") !=
+          std::string::npos);
+    CHECK(run_cli({"train", cfg, "--output", s.out("g"), "--set", "data.test.file=bad.csv", "--set",
+                   "data.train.file=good.csv"},
+                  {}, -1, &err) == kExitData);  // the test split too
+    CHECK(err.find(bad + ": sample 40") != std::string::npos);
+    const int rc = run_cli({"train", cfg, "--output", s.out("h"), "--set", "data.train.file=nan.csv"}, {}, -1, &err);
+    CHECK(rc == kExitData);
+    CHECK(err.find("nan.csv") != std::string::npos);
+    // mse takes any finite target
+    CHECK(run_cli({"train", cfg, "--output", s.out("i"), "--set", "model.loss=mse"}) == kExitOk);
 }
 
 TEST_CASE("CIFAR-10 files with augmentation train end to end") {
@@ -985,6 +1011,31 @@ TEST_CASE(
              std::string("strategy.cross_device_ops=") + op},
             {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}},
             {"error: sim:1: ", "illegal memory access", "sim_device.cpp:"});  // the failed device, first
+    }
+}
+
+// A fault knob that does not parse is refused (exit 2, naming it and its form), never ignored: a
+// test that sets one must not pass by its fault never happening.
+TEST_CASE("fault knobs: a malformed MIRRORED_SIM_FAULT, _HANG, _CORRUPT or MIRRORED_TEST_NODE_FAULT is exit 2") {
+    Scratch s;
+    const std::string cfg = s.config();
+    for (const char* knob : {"MIRRORED_SIM_FAULT", "MIRRORED_SIM_HANG", "MIRRORED_SIM_CORRUPT"})
+        for (const char* value : {"::", "1", "1:", ":5", "0:0", "64:3", "0:3:1", "x:1", "0:1e3", "-1:4"}) {
+            CAPTURE(std::string(knob));
+            CAPTURE(std::string(value));
+            std::string err;
+            CHECK(run_cli({"train", cfg, "--output", s.out("knob"), "--devices", "sim:0,1", "--set",
+                           "checkpoint.resume=never"},
+                          {{knob, value}}, -1, &err) == kExitUsage);
+            CHECK(err.find(std::string(knob) + "=" + value + ": expected GPU:COUNT") != std::string::npos);
+        }
+    std::string err;
+    for (const char* value : {"1:40", "1:40:crash", "a:40:kill", "1:40:kill:now", "1:-2:hang"}) {
+        CAPTURE(std::string(value));
+        CHECK(
+            run_cli({"train", cfg, "--output", s.out("node"), "--devices", "cpu:1", "--set", "checkpoint.resume=never"},
+                    {{"MIRRORED_TEST_NODE_FAULT", value}}, -1, &err) == kExitUsage);
+        CHECK(err.find("expected NODE:STEP:kill or NODE:STEP:hang") != std::string::npos);
     }
 }
 

@@ -4,6 +4,7 @@
 // and llm.c layouts, bad ones refused); a byte-level GPT trained from token files with N replicas
 // equal to one, an exact resume, and step-for-step equality with an independent PyTorch model.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <array>
 #include <cmath>
@@ -638,13 +639,65 @@ TEST_CASE("token files: nanoGPT's raw uint16, llm.c's header; windows of context
     refused(u16({1, 2, 3, 4}), "4 tokens, shorter than one window of data.context + 1 = 5");
     refused(llmc(ids).substr(0, 600), "an llm.c token file (magic 20240520) whose header is cut short");
     refused(llmc(ids).substr(0, 1024 + 7), "the header says 11 tokens");
-    refused(llmc(ids, 3), "llm.c token file version 3");
+    // a version llm.c does not write: not its header, so raw ids (the magic's halves, 55432 and 308)
+    refused(llmc(ids, 3), "token 55432 at byte offset 0 is outside the vocabulary [0, 12)");
     refused(u16(ids) + "x", "23 bytes is not a whole number of 2-byte token ids");
     write_bytes(root + "/train.bin.gz", u16(ids));  // mapped files are read as they are: no gzip
     DataConfig gz = make_data_config("tokens", {{"train", "train.bin.gz"}, {"test", "val.bin"}, {"context", "4"}});
     gz.root = root;
     CHECK_THROWS_WITH_AS(load_datasets(gz, "", 1),
                          doctest::Contains("train.bin.gz: a gzip file; token files are read uncompressed"), DataError);
+    // a raw file whose first two ids spell llm.c's magic (20240520 = 308 << 16 | 55432) is raw
+    std::vector<uint32_t> magic_ids = {55432, 308, 1, 0, 5, 0, 7, 55432, 308, 2, 9, 11, 4000, 0, 0, 1, 2, 3};
+    write_bytes(root + "/train.bin", u16(magic_ids));
+    const Datasets raw = load_datasets(tokens_config(root, 4, {{"vocab", "65536"}}), "", 1);
+    CHECK(raw.train.count() == (magic_ids.size() - 1) / 4);
+    // a link that loops is said as what it is (exit 3), never an internal filesystem error
+    std::filesystem::create_symlink("loop-b", root + "/loop-a");
+    std::filesystem::create_symlink("loop-a", root + "/loop-b");
+    DataConfig loop = make_data_config("tokens", {{"train", "loop-a"}, {"test", "val.bin"}, {"context", "4"}});
+    loop.root = root;
+    CHECK_THROWS_WITH_AS(load_datasets(loop, "", 1), doctest::Contains("loop-a: cannot be read: Too many levels"),
+                         DataError);
+}
+
+// An embedding smaller than the data's vocabulary (beside an untied head that scores them all)
+// would read no row for the ids past it: refused naming the key; generate neither takes nor draws
+// an id the embedding lacks.
+TEST_CASE("an embedding without rows for every id of data.vocab is refused; generate keeps to its rows") {
+    GptRun g;
+    std::string text = kGpt;
+    const std::string tied = "    - {type: embedding, vocab: 128, dim: 32}", head = "    - {type: lm_head}";
+    text.replace(text.find(tied), tied.size(), "    - {type: embedding, vocab: 121, dim: 32}");  // 'x' is 120
+    text.replace(text.find(head), head.size(), "    - {type: lm_head, tie_weights: false, units: 128}");
+    const std::string cfg = g.config(text);
+    std::string err;
+    CHECK(run_cli({"train", cfg, "--output", g / "small"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("model.layers.0.vocab: the embedding has rows for ids 0 to 120, but the data's ids go up to 127") !=
+          std::string::npos);
+    // the same model on data of 121 ids trains; its head still scores 128
+    REQUIRE(run_cli({"train", cfg, "--output", g / "fits", "--set", "data.vocab=121"}, {}, -1, &err) == kExitOk);
+    const std::string ckpt = list_checkpoints(g / "fits/checkpoints").front();
+    CHECK(run_cli({"generate", ckpt, "--prompt-ids", "3 125"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("'125' is not a token id of the model's vocabulary [0, 121)") != std::string::npos);
+    const std::string out = g / "generated.txt";
+    REQUIRE(run_cli({"generate", ckpt, "--prompt", "def ", "--tokens", "200", "--temperature", "5", "--no-echo"}, {},
+                    -1, &err, Stdout::file, out) == kExitOk);
+    for (unsigned char ch : read_text(out)) CHECK(ch < 121);
+    // a classifier on token windows (one score row per sample for a label per position), and a
+    // normalisation of ids, are refused rather than trained into nothing
+    const std::string classifier = g.write("cls.yaml", R"(run: {name: cls, seed: 1}
+strategy: {devices: "cpu:1"}
+data: {dataset: tokens, root: )" + g.root + R"(, train: train.bin, test: val.bin, context: 16, vocab: 128}
+model: {layers: [{type: embedding, vocab: 128, dim: 8}, {type: flatten}, {type: dense, units: 128}]}
+train: {epochs: 0, steps: 2, global_batch_size: 4}
+)");
+    CHECK(run_cli({"train", classifier, "--output", g / "cls"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("model.layers: the data has a label per position (16 per sample") != std::string::npos);
+    CHECK(err.find("1 score row(s) per sample: a language model ends in lm_head") != std::string::npos);
+    CHECK(run_cli({"train", g.config(), "--output", g / "norm", "--set", "data.normalize={mean: [0.5], std: [2]}"}, {},
+                  -1, &err) == kExitUsage);
+    CHECK(err.find("data.normalize: token ids are indexes, not values to normalise") != std::string::npos);
 }
 
 TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, sim); resume is exact") {
@@ -1131,6 +1184,34 @@ checkpoint: {every_steps: 2}
     REQUIRE(run_training(load_config(mlp, {"run.output_dir=" + (g / "mlp")}), nullptr, quiet) == kExitOk);
     CHECK(run_cli({"generate", list_checkpoints(g / "mlp/checkpoints").front()}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("generate needs a language model") != std::string::npos);
+    // a seed past 2^64 - 1 or signed is refused, not clamped; an empty --prompt-ids is no prompt
+    CHECK(gen({"--seed", "18446744073709551616"}, &a, &err) == kExitUsage);
+    CHECK(err.find("--seed: expected a whole number from 0 to 18446744073709551615, got '18446744073709551616'") !=
+          std::string::npos);
+    CHECK(gen({"--seed", "-1"}, &a, &err) == kExitUsage);
+    CHECK(gen({"--seed", "18446744073709551615", "--tokens", "2"}, &a, &err) == kExitOk);
+    CHECK(gen({"--prompt-ids", ""}, &a, &err) == kExitUsage);
+    CHECK(err.find("--prompt-ids: no ids") != std::string::npos);
+    // a checkpoint that cannot be read says why (exit 4), not that it lacks a config
+    const std::string fifo = g / "fifo.safetensors", empty = g.write("empty.safetensors", "");
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    const std::string whole = read_text(ckpt), cut = g.write("cut.safetensors", whole.substr(0, whole.size() / 2));
+    const std::string shortened = g.write("short.safetensors", whole.substr(0, 5));
+    struct Unreadable {
+        std::string path, says;
+    };
+    for (const Unreadable& u : {Unreadable{g / "missing.safetensors", "cannot open: No such file"},
+                                Unreadable{g.path().string(), "expected a regular file"},
+                                Unreadable{fifo, "expected a regular file"}, Unreadable{empty, "truncated (0 bytes)"},
+                                Unreadable{shortened, "truncated (5 bytes)"}, Unreadable{cut, "truncated"}}) {
+        CAPTURE(u.path);
+        CHECK(run_cli({"generate", u.path}, {}, -1, &err) == kExitCheckpoint);
+        CHECK(err.find(u.says) != std::string::npos);
+        CHECK(err.find("no embedded config") == std::string::npos);
+    }
+    // standard output on a full device: the text is lost, and the exit status says so
+    CHECK(run_cli({"generate", ckpt, "--tokens", "8"}, {}, -1, &err, Stdout::file, "/dev/full") == kExitCheckpoint);
+    CHECK(err.find("standard output: write failed: No space left on device") != std::string::npos);
 }
 
 TEST_CASE("export --names nanogpt: nanoGPT's state-dict names; a nanoGPT-laid-out PyTorch GPT gives our logits") {
@@ -1252,6 +1333,10 @@ TEST_CASE("prepare_text.py: byte tokens, a BPE vocabulary (sentencepiece); a BPE
     CHECK(run_cli({"generate", list_checkpoints(dir / "run/checkpoints").front(), "--prompt-ids", "3 999"}, {}, -1,
                   &err) == kExitUsage);
     CHECK(err.find("'999' is not a token id of the model's vocabulary [0, 320)") != std::string::npos);
+    // text without the tokenizer: bytes are not this vocabulary's ids
+    CHECK(run_cli({"generate", list_checkpoints(dir / "run/checkpoints").front(), "--prompt", "def"}, {}, -1, &err) ==
+          kExitUsage);
+    CHECK(err.find("--prompt: the model's vocabulary has 320 tokens, not bytes") != std::string::npos);
     TempDir tmp;
     CHECK(wait_status_within(spawn_program("/bin/sh",
                                            {"-c", python + " " + script + " --decode " + (dir / "bpe/tokenizer.model") +

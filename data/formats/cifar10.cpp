@@ -39,8 +39,15 @@ Datasets load(const Options& options, const DataSource& src) {
     return out;
 }
 
+std::vector<std::string> inputs(const Options& opts) {
+    const auto& o = options_as<Cifar10Options>(opts);
+    std::vector<std::string> files = o.train;
+    files.insert(files.end(), o.test.begin(), o.test.end());
+    return files;
+}
+
 }  // namespace
 
-extern const DataFormat kCifar10Format{"cifar10", ".", "", read, load};
+extern const DataFormat kCifar10Format{"cifar10", ".", "", read, load, inputs};
 
 }  // namespace mirrored

@@ -62,8 +62,13 @@ Datasets load(const Options& options, const DataSource& src) {
     return out;
 }
 
+std::vector<std::string> inputs(const Options& opts) {
+    const auto& o = options_as<CsvFormatOptions>(opts);
+    return {o.train, o.test};
+}
+
 }  // namespace
 
-extern const DataFormat kCsvFormat{"csv", ".", "", read, load};
+extern const DataFormat kCsvFormat{"csv", ".", "", read, load, inputs};
 
 }  // namespace mirrored

@@ -47,10 +47,18 @@ Datasets load(const Options& options, const DataSource& src) {
     return out;
 }
 
+std::vector<std::string> inputs(const Options& opts) {
+    const auto& o = options_as<IdxOptions>(opts);
+    return {o.train_images, o.train_labels, o.test_images, o.test_labels};
+}
+
 }  // namespace
 
-extern const DataFormat kIdxFormat{"idx", "/usr/share/datasets/fashion-mnist",
+extern const DataFormat kIdxFormat{"idx",
+                                   "/usr/share/datasets/fashion-mnist",
                                    "the package dataset-fashion-mnist installs these files (scripts/install_deps.sh)",
-                                   read, load};
+                                   read,
+                                   load,
+                                   inputs};
 
 }  // namespace mirrored

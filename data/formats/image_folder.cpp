@@ -253,6 +253,7 @@ Listing list_file(const std::string& list) {
     int32_t top = -1;
     for (size_t number = 1; std::getline(in, line); ++number) {
         if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (number == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8's byte-order mark, as CSV
         if (line.empty() || (number == 1 && line == "path,label")) continue;
         const size_t comma = line.rfind(',');
         const std::string where = list + ":" + std::to_string(number) + ": ";
@@ -549,8 +550,14 @@ Datasets load(const Options& options, const DataSource& src) {
     return out;
 }
 
+// The split folders (or list files), every image under them included.
+std::vector<std::string> inputs(const Options& opts) {
+    const auto& o = options_as<ImageFolderOptions>(opts);
+    return {o.train, o.test};
+}
+
 }  // namespace
 
-extern const DataFormat kImageFolderFormat{"image_folder", ".", "", read, load};
+extern const DataFormat kImageFolderFormat{"image_folder", ".", "", read, load, inputs};
 
 }  // namespace mirrored

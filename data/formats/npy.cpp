@@ -116,8 +116,17 @@ Datasets load(const Options& options, const DataSource& src) {
     return out;
 }
 
+// The .npy files, or the .npz archives holding the arrays.
+std::vector<std::string> inputs(const Options& opts) {
+    const auto& o = options_as<NpyOptions>(opts);
+    std::vector<std::string> files;
+    for (const std::string* spec : {&o.train_features, &o.train_labels, &o.test_features, &o.test_labels})
+        files.push_back(split_member(*spec).first);
+    return files;
+}
+
 }  // namespace
 
-extern const DataFormat kNpyFormat{"npy", ".", "", read, load};
+extern const DataFormat kNpyFormat{"npy", ".", "", read, load, inputs};
 
 }  // namespace mirrored

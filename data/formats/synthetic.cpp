@@ -98,8 +98,10 @@ Datasets load(const Options& options, const DataSource& src) {
     return out;
 }
 
+std::vector<std::string> inputs(const Options&) { return {}; }  // generated: no file
+
 }  // namespace
 
-extern const DataFormat kSyntheticFormat{"synthetic", ".", "", read, load};
+extern const DataFormat kSyntheticFormat{"synthetic", ".", "", read, load, inputs};
 
 }  // namespace mirrored

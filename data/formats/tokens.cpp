@@ -64,6 +64,16 @@ uint32_t read_le(const unsigned char* p, size_t width) {
     return v;
 }
 
+// llm.c's header, as far as the file goes: its magic, a version it writes (1 or 2), and the 253
+// reserved ints it leaves zero. A raw file whose first ids happen to spell the magic (3912, 308 as
+// uint16) is raw: 506 zero ids after them would be needed to read as a header.
+bool llmc_header(const unsigned char* bytes, size_t size) {
+    if (size < 4 || int32_t(read_le(bytes, 4)) != kLlmcMagic) return false;
+    if (size >= 8 && read_le(bytes + 4, 4) != 1 && read_le(bytes + 4, 4) != 2) return false;
+    const unsigned char* reserved = bytes + std::min<size_t>(size, 12);
+    return std::all_of(reserved, bytes + std::min(size, kLlmcHeaderBytes), [](unsigned char b) { return b == 0; });
+}
+
 // The windows of one token file, over bytes that stay where they are (a mapping, or a buffer read
 // into memory for the fuzzer); checked and hashed once when opened.
 class TokenWindows final : public SampleSource {
@@ -73,14 +83,11 @@ public:
         : owner_(std::move(owner)), context_(size_t(o.context)), random_(o.random_windows), seed_(o.seed) {
         width_ = o.uint32 ? 4 : 2;
         size_t begin = 0;
-        if (size >= 4 && int32_t(read_le(bytes, 4)) == kLlmcMagic) {
+        if (llmc_header(bytes, size)) {
             if (size < kLlmcHeaderBytes)
                 throw DataError(path + ": an llm.c token file (magic 20240520) whose header is cut short: " +
                                 std::to_string(size) + " of 1024 bytes");
             const uint32_t version = read_le(bytes + 4, 4), count = read_le(bytes + 8, 4);
-            if (version != 1 && version != 2)
-                throw DataError(path + ": llm.c token file version " + std::to_string(version) +
-                                "; this reader knows 1 (uint16 ids) and 2 (uint32 ids)");
             begin = kLlmcHeaderBytes;
             width_ = version == 1 ? 2 : 4;
             if ((size - begin) / width_ != count || (size - begin) % width_)
@@ -229,8 +236,13 @@ Datasets load(const Options& options, const DataSource& src) {
     return out;
 }
 
+std::vector<std::string> inputs(const Options& opts) {
+    const auto& o = options_as<TokensOptions>(opts);
+    return {o.train, o.test};
+}
+
 }  // namespace
 
-extern const DataFormat kTokensFormat{"tokens", ".", "", read, load};
+extern const DataFormat kTokensFormat{"tokens", ".", "", read, load, inputs};
 
 }  // namespace mirrored

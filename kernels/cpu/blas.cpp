@@ -249,6 +249,20 @@ void write_cache(const std::string& key, const Choice& c) {
                 c.core + " " + std::to_string(c.gflops) + " " + c.own + " " + std::to_string(c.own_gflops));
 }
 
+// This program again, in place. SIGINT, SIGTERM and SIGHUP are blocked across the exec: one that
+// arrives then stays pending until the new image's main has its handlers (a run interrupted while
+// it starts ends with exit 130, never by the signal). Returns only when the exec failed.
+void exec_self(char** argv) {
+    sigset_t stop, before;
+    sigemptyset(&stop);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, sig);
+    ::sigprocmask(SIG_BLOCK, &stop, &before);
+    ::execv("/proc/self/exe", argv);
+    const int e = errno;
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
+    errno = e;
+}
+
 [[noreturn]] void reexec(char** argv, const Choice& c) {
     char marker[256];
     std::snprintf(marker, sizeof marker, "%s|%.1f|%s|%.1f|%d", c.core.c_str(), c.gflops, c.own.c_str(), c.own_gflops,
@@ -256,7 +270,7 @@ void write_cache(const std::string& key, const Choice& c) {
     ::setenv("OPENBLAS_CORETYPE", c.core.c_str(), 1);
     ::setenv(kChosenVar, marker, 1);
     ::setenv(kInheritedVar, marker, 1);
-    ::execv("/proc/self/exe", argv);
+    exec_self(argv);
     std::fprintf(stderr, "mirrored: could not re-execute with BLAS kernel %s (%s); continuing with %s\n",
                  c.core.c_str(), std::strerror(errno), c.own.c_str());
     std::fflush(stderr);
@@ -293,7 +307,7 @@ void settle_chosen_kernel(char** argv, const std::string& own, const std::string
     cache_erase("blas-kernel.txt", cache_key());  // if the choice came from there, the next start measures again
     ::unsetenv(kInheritedVar);
     ::setenv(kChosenVar, "rejected", 1);
-    ::execv("/proc/self/exe", argv);
+    exec_self(argv);
 }
 
 // Started by a process that chose this kernel (kInheritedVar): its choice, if OPENBLAS_CORETYPE

@@ -74,13 +74,13 @@ World& world() {
         auto* x = new World;  // never destroyed: stream threads may outlive static destructors
         x->max_delay_us = int(env_integer("MIRRORED_SIM_DELAY_US", 0, 0, kMaxSimDelayUs));
         if (const char* p = std::getenv("MIRRORED_SIM_NO_PEER")) x->peer_access = !(*p && *p != '0');
-        // "G:K" knobs: the K-th event of their kind on simulated GPU G
+        // "G:K" knobs: the K-th event of their kind on simulated GPU G (a malformed one is exit 2)
         const auto knob = [x](const char* name, uint64_t GpuState::*at_field) {
-            const char* f = std::getenv(name);
-            int gpu = -1;
-            unsigned long long at = 0;
-            if (f && std::sscanf(f, "%d:%llu", &gpu, &at) == 2 && gpu >= 0 && gpu < kMaxSimGpus)
-                x->gpus[gpu].*at_field = at;
+            const std::vector<std::string> f =
+                env_fields(name, {{0, kMaxSimGpus - 1}, {1, int64_t(1) << 62}},
+                           "GPU:COUNT, e.g. 0:120 (simulated GPU 0 to " + std::to_string(kMaxSimGpus - 1) +
+                               ", the 1st or a later event)");
+            if (!f.empty()) x->gpus[std::stoi(f[0])].*at_field = std::stoull(f[1]);
         };
         knob("MIRRORED_SIM_FAULT", &GpuState::fault_at);
         knob("MIRRORED_SIM_HANG", &GpuState::hang_at);
@@ -193,6 +193,7 @@ public:
         if (ordinal < 0 || ordinal >= kMaxSimGpus)
             throw DeviceError("sim:" + std::to_string(ordinal) + ": simulated GPUs are numbered 0 to " +
                               std::to_string(kMaxSimGpus - 1));
+        world();  // its knobs read here, on the caller's thread: a malformed one is an error to report
         const uint64_t seed = uint64_t(ordinal) * 7919u + reinterpret_cast<uintptr_t>(this);
         for (int i = 0; i < 4; ++i) streams_.push_back(std::make_unique<SimStream>(*this, seed + uint64_t(i)));
         compute_.handle = streams_[0].get();

@@ -19,7 +19,11 @@ public:
 }  // namespace
 
 extern const LossKind kBinaryCrossEntropyKind{
-    "binary_cross_entropy", LabelKind::targets, true, read_no_options,
+    "binary_cross_entropy",
+    LabelKind::targets,
+    true,
+    true,
+    read_no_options,
     [](const Options&) -> std::unique_ptr<Loss> { return std::make_unique<BinaryCrossEntropy>(); }};
 
 }  // namespace mirrored

@@ -18,7 +18,8 @@ public:
 }  // namespace
 
 extern const LossKind kMseKind{
-    "mse", LabelKind::targets, false, read_no_options,
-    [](const Options&) -> std::unique_ptr<Loss> { return std::make_unique<MeanSquaredError>(); }};
+    "mse",           LabelKind::targets,
+    false,           false,
+    read_no_options, [](const Options&) -> std::unique_ptr<Loss> { return std::make_unique<MeanSquaredError>(); }};
 
 }  // namespace mirrored

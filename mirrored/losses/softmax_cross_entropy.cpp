@@ -18,7 +18,11 @@ public:
 }  // namespace
 
 extern const LossKind kSoftmaxCrossEntropyKind{
-    "softmax_cross_entropy", LabelKind::classes, true, read_no_options,
+    "softmax_cross_entropy",
+    LabelKind::classes,
+    true,
+    false,
+    read_no_options,
     [](const Options&) -> std::unique_ptr<Loss> { return std::make_unique<SoftmaxCrossEntropy>(); }};
 
 }  // namespace mirrored

@@ -1,11 +1,14 @@
 #include "mirrored/tools/commands.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
 #include "base/error.h"
+#include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
+#include "mirrored/util.h"
 
 namespace mirrored {
 
@@ -32,6 +35,23 @@ const CLI::Validator kAboveZero(
                                                                       : "expected a number above 0, got '" + v + "'";
     },
     "NUMBER > 0");
+
+// A finite number in (low, high], or [low, high] with `low_included`: the cost model's figures,
+// bounded where a larger one means nothing (a GPU failing once in 114,000 years) and would only
+// overflow the arithmetic (NaN and infinities are no numbers).
+CLI::Validator finite_between(double low, double high, bool low_included) {
+    return CLI::Validator(
+        [=](std::string& v) {
+            char* end = nullptr;
+            const double d = std::strtod(v.c_str(), &end);
+            const bool ok =
+                end != v.c_str() && !*end && std::isfinite(d) && (low_included ? d >= low : d > low) && d <= high;
+            return ok ? std::string()
+                      : "expected a number " + std::string(low_included ? "from " : "above ") + number_str(low) +
+                            (low_included ? " to " : " up to ") + number_str(high) + ", got '" + v + "'";
+        },
+        "NUMBER");
+}
 
 std::vector<int> parse_list(const std::string& s, const char* flag) {
     std::vector<int> out;
@@ -91,6 +111,16 @@ size_t parse_bytes(const std::string& s, const char* flag) {
     return size_t(bytes);
 }
 
+// A seed: a whole number from 0 to 2^64 - 1, nothing else (no sign, no clamping of a larger one).
+uint64_t parse_seed(const std::string& s, const char* flag) {
+    uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size())
+        throw ConfigError(std::string(flag) + ": expected a whole number from 0 to 18446744073709551615, got '" + s +
+                          "'");
+    return v;
+}
+
 // "60s", "5m", "1h", "90": a positive duration in seconds, at most a week.
 double parse_duration(const std::string& s, const char* flag) {
     char* end = nullptr;
@@ -122,9 +152,16 @@ void add_json(CLI::App* cmd, OutputTarget& json, const char* what) {
 }
 
 // Before any work: the output the command will write is one it may write (base/output.h), and none
-// of the files it reads (inputs: what, path).
-void check_json(OutputTarget& json, std::vector<std::pair<std::string, std::string>> inputs) {
+// of the files it reads (inputs: what, path) - with a config, neither it nor any data file or
+// folder its data section names.
+void check_json(OutputTarget& json, std::vector<std::pair<std::string, std::string>> inputs,
+                const std::string& config = "", const std::vector<std::string>& sets = {}) {
     if (json.path.empty()) return;
+    if (!config.empty()) {
+        inputs.push_back({"the configuration file", config});
+        const Config cfg = load_config(config, sets);
+        for (auto& input : data_inputs(cfg.data, cfg.base_dir)) inputs.push_back(std::move(input));
+    }
     json.inputs = std::move(inputs);
     check_output(json);
 }
@@ -264,17 +301,17 @@ void ToolCommands::add_plan(CLI::App& app) {
     pl_cmd_->add_option("--network-latency-us", pl_.network_latency_us,
                         "override the network's latency per ring step, us");
     pl_cmd_->add_option("--price", pl_.price, "USD per GPU hour: price the whole run for each GPU count")
-        ->check(kAboveZero);
+        ->check(finite_between(0, 1e6, false));
     pl_cmd_
         ->add_option("--mtbf", pl_.mtbf_hours,
                      "hours between failures of one GPU (the job's: that / GPUs): the expected rework")
-        ->check(kAboveZero);
+        ->check(finite_between(0, 1e9, false));
     pl_cmd_
         ->add_option("--checkpoint-write-s", pl_.checkpoint_write_s,
                      "seconds one checkpoint write takes (default: its bytes at 1 GB/s)")
-        ->check(kAboveZero);
+        ->check(finite_between(0, 1e7, false));
     pl_cmd_->add_option("--restart-s", pl_.restart_s, "seconds from a failure to training again (default 120)")
-        ->check(CLI::Range(0.0, 1e7));
+        ->check(finite_between(0, 1e7, true));
     add_json(pl_cmd_, pl_.json, "also write the plan here");
 }
 
@@ -301,7 +338,7 @@ void ToolCommands::add_generate(CLI::App& app) {
         ->check(CLI::Range(0.0, 100.0));
     gn_cmd_->add_option("--top-k", gn_.top_k, "draw from the k most likely tokens only (default: all)")
         ->check(CLI::Range(0, 1 << 24));
-    gn_cmd_->add_option("--seed", gn_.seed, "the draws' seed: the same seed prints the same text (default 1)");
+    gn_cmd_->add_option("--seed", gn_seed_, "the draws' seed: the same seed prints the same text (default 1)");
     gn_cmd_->add_flag(
         "--no-echo", [this](int64_t) { gn_.echo = false; }, "print only the continuation");
 }
@@ -309,7 +346,7 @@ void ToolCommands::add_generate(CLI::App& app) {
 int ToolCommands::run() {
     if (bl_->parsed()) {
         lb_.threads = parse_list(lb_threads_, "--threads");
-        check_json(lb_.json, {{"the configuration file", lb_.config}});
+        check_json(lb_.json, {}, lb_.config);
         return bench_loader(lb_);
     }
     if (ba_->parsed()) {
@@ -339,7 +376,7 @@ int ToolCommands::run() {
     }
     if (bs_->parsed()) {
         sb_.devices = split_semicolons(sb_devices_);
-        check_json(sb_.json, {{"the configuration file", sb_.config}});
+        check_json(sb_.json, {}, sb_.config, sb_.sets);
         return bench_step(sb_);
     }
     if (sc_cmd_->parsed()) {
@@ -348,11 +385,15 @@ int ToolCommands::run() {
     }
     if (pl_cmd_->parsed()) {
         pl_.gpus = parse_list(pl_gpus_, "--gpus");
-        check_json(pl_.json, {{"the configuration file", pl_.config}, {"the profile", pl_.profile}});
+        check_json(pl_.json, {{"the profile", pl_.profile}}, pl_.config, pl_.sets);
         return plan(pl_);
     }
     if (rp_cmd_->parsed()) return report(rp_);
-    if (gn_cmd_->parsed()) return generate(gn_);
+    if (gn_cmd_->parsed()) {
+        gn_.seed = parse_seed(gn_seed_, "--seed");
+        gn_.prompt_ids_given = gn_cmd_->count("--prompt-ids") > 0;
+        return generate(gn_);
+    }
     return -1;
 }
 

@@ -73,11 +73,11 @@ int run_project_script(const std::string& name, const std::vector<std::string>& 
     std::error_code ec;
     const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
     const fs::path script = exe.parent_path().parent_path() / "scripts" / name;
-    if (ec || !fs::exists(script)) return kScriptMissing;
+    if (ec || !fs::exists(script, ec)) return kScriptMissing;
     std::fflush(stdout);
     // The distribution's python first: that is where python3-matplotlib installs (a python3
     // earlier on PATH, pyenv's say, may not see it).
-    const char* python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+    const char* python = fs::exists("/usr/bin/python3", ec) ? "/usr/bin/python3" : "python3";
     std::vector<std::string> argv_text{python, script.string()};
     argv_text.insert(argv_text.end(), args.begin(), args.end());
     std::vector<char*> argv;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -29,7 +30,7 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const std::string& path) {
-    const auto meta = peek_checkpoint_metadata(path);
+    const auto meta = read_checkpoint_metadata(path);  // an unreadable file says why
     const auto it = meta.find("config");
     if (it == meta.end()) throw CheckpointError(path + ": no embedded config: not a mirrored checkpoint");
     LoadedModel m;
@@ -74,9 +75,12 @@ int generate(const GenerateOptions& o) {
     if (!(o.temperature >= 0)) throw ConfigError("--temperature: expected 0 (greedy) or more");
     LoadedModel m = load_model(o.checkpoint);
     const Model& model = *m.model;
-    const int t = model.input_features(), vocab = model.output_classes();
+    const int t = model.input_features(), scores = model.output_classes();
+    // an id needs its embedding row and its score: the smaller table bounds the prompt and the draws
+    // (an untied head larger than the embedding scores ids the model could not read back)
+    const int vocab = std::min(scores, std::max(model.token_vocab(), 1));
     std::vector<int> tokens;
-    if (!o.prompt_ids.empty()) {
+    if (o.prompt_ids_given) {
         std::istringstream in(o.prompt_ids);
         for (std::string word; in >> word;) {
             char* end = nullptr;
@@ -89,6 +93,11 @@ int generate(const GenerateOptions& o) {
         }
         if (tokens.empty()) throw ConfigError("--prompt-ids: no ids (expected ids separated by spaces)");
     }
+    const bool bytes = vocab <= 256;
+    if (!o.prompt_ids_given && !bytes)
+        throw ConfigError("--prompt: the model's vocabulary has " + std::to_string(vocab) +
+                          " tokens, not bytes: text needs the tokenizer it was trained with; give the prompt's ids "
+                          "with --prompt-ids (scripts/prepare_text.py --encode makes them)");
     for (unsigned char ch : !tokens.empty() ? std::string() : o.prompt.empty() ? std::string("\n") : o.prompt) {
         if (ch >= vocab)
             throw ConfigError("--prompt: byte " + std::to_string(int(ch)) + " is outside the model's vocabulary of " +
@@ -103,9 +112,8 @@ int generate(const GenerateOptions& o) {
     Activations acts = model.make_activations(d, 1);
     std::mt19937_64 rng(o.seed);
     std::vector<float> window(static_cast<size_t>(t), 0.0f), logits(static_cast<size_t>(vocab));
-    const bool bytes = vocab <= 256;
-    if (o.echo && o.prompt_ids.empty()) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-    if (o.echo && !o.prompt_ids.empty() && !bytes)  // ids in, ids out: the prompt's first, as given
+    if (o.echo && !o.prompt_ids_given) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+    if (o.echo && o.prompt_ids_given && !bytes)  // ids in, ids out: the prompt's first, as given
         for (size_t i = 0; i < tokens.size(); ++i) std::printf("%d ", tokens[i]);
     for (int n = 0; n < o.tokens; ++n) {
         // the last t tokens from position 0; later positions hold zeros that causal attention
@@ -123,15 +131,18 @@ int generate(const GenerateOptions& o) {
         p.weights = params.data();
         p.acts = &acts;
         const void* out = model.forward(p, ids.data());
-        d.copy_to_host(d.compute_stream(), logits.data(), static_cast<const float*>(out) + size_t(len - 1) * vocab,
+        d.copy_to_host(d.compute_stream(), logits.data(), static_cast<const float*>(out) + size_t(len - 1) * scores,
                        logits.size() * sizeof(float));
         const int next = sample(logits, o, rng);
         tokens.push_back(next);
         if (bytes) std::fputc(next, stdout);
         else std::printf("%s%d", n ? " " : "", next);
-        std::fflush(stdout);
+        if (std::fflush(stdout) != 0) break;  // said below
     }
     std::fputc('\n', stdout);
+    // a full disk or a closed pipe: the text is lost, and the exit status says so
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        throw CheckpointError(std::string("generate: standard output: write failed: ") + std::strerror(errno));
     return kExitOk;
 }
 

@@ -146,8 +146,9 @@ int report(const ReportOptions& o);
 
 struct GenerateOptions {
     std::string checkpoint;
-    std::string prompt;      // byte-level tokens; empty: a newline
-    std::string prompt_ids;  // or token ids separated by spaces (other vocabularies, e.g. BPE)
+    std::string prompt;             // byte-level tokens; empty: a newline
+    std::string prompt_ids;         // or token ids separated by spaces (other vocabularies, e.g. BPE)
+    bool prompt_ids_given = false;  // --prompt-ids was given (an empty list is refused, not ignored)
     int tokens = 256;
     double temperature = 0.8;  // 0: the most likely token every time
     int top_k = 0;             // 0: every token
