@@ -246,6 +246,7 @@ struct MappingSlot {
     std::atomic<const char*> path{nullptr};
 };
 MappingSlot g_mappings[kMaxMappings];
+struct sigaction g_previous_sigbus {};  // the handler before ours (a sanitizer's, a library's)
 
 void write_stderr(const char* s) {
     for (size_t n = std::strlen(s); n > 0;) {
@@ -268,7 +269,7 @@ void on_sigbus(int sig, siginfo_t* info, void*) {
             "process); restore it and run again: the run resumes from its last checkpoint\n");
         ::_exit(3);  // kExitData
     }
-    ::signal(sig, SIG_DFL);  // not a mapped file's: the fault it is
+    ::sigaction(sig, &g_previous_sigbus, nullptr);  // not a mapped file's: the fault it is, as before
     ::raise(sig);
 }
 
@@ -279,7 +280,7 @@ void watch_mapping(const void* data, size_t size, const std::string& path) {
         sa.sa_sigaction = on_sigbus;
         sa.sa_flags = SA_SIGINFO;
         sigemptyset(&sa.sa_mask);
-        ::sigaction(SIGBUS, &sa, nullptr);
+        ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
     });
     for (MappingSlot& m : g_mappings) {
         bool free = false;

@@ -106,15 +106,29 @@ void write_all(int fd, const std::string& path, const std::string& tmp, const ch
 void write_file_atomic(const std::string& path, const std::function<void(int fd, const std::string& tmp)>& fill) {
     const fs::path p(path);
     const fs::path folder = p.parent_path();
-    // mkstemps: O_CREAT | O_EXCL, so neither an existing file nor a planted link is ever opened;
-    // ".NAME.XXXXXX.tmp", which a reader of the folder knows as a write that may not have finished
-    std::string tmp =
+    // mkostemps: O_CREAT | O_EXCL, so neither an existing file nor a planted link is ever opened;
+    // ".NAME.XXXXXX.tmp", which a reader of the folder knows as a write that may not have finished.
+    // Its lock is held while it is written: remove_stale_temporaries tells a live write from a
+    // killed one by it (the kernel lets the lock go with the process; O_CLOEXEC keeps it from the
+    // programs this one starts). One removed by another process between the create and the lock
+    // (it has no link then) is made again.
+    const std::string pattern =
         ((folder.empty() ? fs::path(".") : folder) / ("." + p.filename().string() + ".XXXXXX.tmp")).string();
-    const int fd = ::mkstemps(tmp.data(), 4);
-    if (fd < 0) throw CheckpointError(path + ": cannot create a temporary beside it: " + error_text(errno));
-    // held while the temporary is written: remove_stale_temporaries tells a live write from a
-    // killed one by it (the kernel lets the lock go with the process)
-    ::flock(fd, LOCK_EX);
+    std::string tmp;
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+        tmp = pattern;
+        fd = ::mkostemps(tmp.data(), 4, O_CLOEXEC);
+        if (fd < 0) throw CheckpointError(path + ": cannot create a temporary beside it: " + error_text(errno));
+        struct stat st {};
+        if (::flock(fd, LOCK_EX) == 0 && ::fstat(fd, &st) == 0 && st.st_nlink > 0) break;
+        ::close(fd);
+        fd = -1;
+    }
+    if (fd < 0)
+        throw CheckpointError(path +
+                              ": its temporaries were removed as they were made; is another process "
+                              "cleaning this folder?");
     const mode_t mask = ::umask(0);  // the mode a plain create would give: 0666 less the umask
     ::umask(mask);
     ::fchmod(fd, 0666 & ~mask);

@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
     {
         sigset_t held;
         sigemptyset(&held);
-        for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&held, sig);
+        for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&held, sig);
         ::sigprocmask(SIG_UNBLOCK, &held, nullptr);
     }
     choose_blas_kernel(argv);  // may re-execute the process with a faster BLAS kernel: first, before any thread

@@ -1118,6 +1118,7 @@ int run_training(const Config& config, Nodes* nodes, std::FILE* progress) {
     g_signals = 0;
     (void)stop_after_step();  // the test hooks: a bad value fails now, not in the middle of the run
     (void)checkpoint_kill_hook();
+    test_node_fault(nullptr, -1);  // reads MIRRORED_TEST_NODE_FAULT (a malformed one is exit 2 here)
     if (nodes) {
         std::snprintf(g_node_stopped, sizeof g_node_stopped,
                       "\nerror: node %d (%.64s): stopped by mpirun (another node failed, or the job was interrupted); "

@@ -81,7 +81,7 @@ def read_run(folder):
         for line in f:
             try:
                 r = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested past Python's recursion limit
                 skipped += 1
                 continue
             kind = r.get("type") if isinstance(r, dict) else None
@@ -102,8 +102,12 @@ def read_run(folder):
 
 
 def label(text):
-    """Text for a legend: matplotlib reads $...$ as mathematics, a folder name is plain text."""
-    return text.replace("$", r"\$") if text else text
+    """Text for a legend: matplotlib reads $...$ as mathematics and hides a label starting with "_";
+    a folder name is plain text, always shown."""
+    if not text:
+        return text
+    text = text.replace("$", r"\$")
+    return "\u200b" + text if text.startswith("_") else text
 
 
 def time_range(run):

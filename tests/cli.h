@@ -106,7 +106,7 @@ inline int wait_status(pid_t pid) {
 }
 
 // Waits until the child runs mirrored (a forked child catches signals with the test's handlers
-// until it execs) and catches `sig` (SigCgt in /proc: main's first step installs the handlers),
+// until it execs) and catches `sig` (SigCgt in /proc: the program installs its handlers before main),
 // at most deadline_s: a signal sent then meets mirrored's handler, however busy the machine.
 inline bool wait_until_catches(pid_t pid, int sig, double deadline_s = 120) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(deadline_s);

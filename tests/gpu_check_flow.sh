@@ -230,12 +230,12 @@ if [[ -e $tree/build || ! -x $tree/scripts/gpu_check.sh ]]; then
     echo "FAILED pack: the copied tree is not laid out as on the GPU machine"
     failed=$((failed + 1))
 else
-    scenario pack 0 GPU_CHECK_SECONDS=60 GPU_CHECK_BIN= PYTHONPATH="$tmp/stub_torch" \
-        GPU_CHECK_CASES="cuda gemm only on the compute stream*" GPU_CHECK_ONLY='^(step_b256_fp32|ring: |frameworks)' 
+    scenario pack 0 GPU_CHECK_SECONDS=120 GPU_CHECK_BIN= PYTHONPATH="$tmp/stub_torch" \
+        GPU_CHECK_CASES="cuda gemm only on the compute stream*" \
+        GPU_CHECK_ONLY='^(cuda gemm only|step_b256_fp32|ring: |frameworks)' 
 fi
 tree=.
-scenario torch 0 GPU_CHECK_SECONDS=40 PYTHONPATH="$tmp/stub_torch" GPU_CHECK_CASES="cuda gemm only on the compute stream*" \
-    GPU_CHECK_ONLY='^frameworks' 
+scenario torch 0 GPU_CHECK_SECONDS=90 PYTHONPATH="$tmp/stub_torch" GPU_CHECK_ONLY='^frameworks' 
 if [[ -x $cpu/mirrored && -x $cpu/mirrored_tests ]] && ! "$cpu/mirrored" devices 2>/dev/null | grep -q '^cuda:0 '; then
     scenario nogpu 1 GPU_CHECK_SECONDS=30 GPU_CHECK_BIN="$cpu"
 else

@@ -879,6 +879,8 @@ TEST_CASE("report: folders named like options or with $, records of the wrong ty
           << "\n"
           << R"([1, 2, 3])"
           << "\n"
+          << std::string(5000, '[')  // nested past Python's recursion limit
+          << "\n"
           << R"({"type": "train", "step": 3, "time": 13.0, "loss": 2.0})"
           << "\n";
         return run.string();
@@ -900,7 +902,7 @@ TEST_CASE("report: folders named like options or with $, records of the wrong ty
     const json rep = read_json(d / "r3/report.json");
     const json& run = rep["runs"][0];
     CHECK(run["records"]["train"] == 4);       // the three train records and the last; the wrong types absent
-    CHECK(run["skipped_lines"] == 2);          // a type that is a list, an array
+    CHECK(run["skipped_lines"] == 3);          // a type that is a list, an array, a nesting
     CHECK(run["plotted"]["train_loss"] == 2);  // steps 1 and 3: "NaN", true and a step of an object are not numbers
     CHECK(run["plotted"]["lr"] == 1);
     CHECK(run["plotted"]["resumes"] == 1);

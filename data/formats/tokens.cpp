@@ -65,7 +65,7 @@ uint32_t read_le(const unsigned char* p, size_t width) {
 }
 
 // llm.c's header, as far as the file goes: its magic, a version it writes (1 or 2), and the 253
-// reserved ints it leaves zero. A raw file whose first ids happen to spell the magic (3912, 308 as
+// reserved ints it leaves zero. A raw file whose first ids happen to spell the magic (55432, 308 as
 // uint16) is raw: 506 zero ids after them would be needed to read as a header.
 bool llmc_header(const unsigned char* bytes, size_t size) {
     if (size < 4 || int32_t(read_le(bytes, 4)) != kLlmcMagic) return false;

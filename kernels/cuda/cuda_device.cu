@@ -253,6 +253,7 @@ public:
     void gemm(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
               int ldb, float beta, void* c, int ldc, GemmTypes t) override {
         if (m <= 0 || n <= 0) return;
+        on_compute_stream(s, "gemm");
         use();
         ++work_.launches;
         if (k <= 0) {  // cuBLAS leaves C untouched for k == 0; define it as beta * C
@@ -262,7 +263,6 @@ public:
             else cuda::scale(stream(s), ordinal(), size_t(m) * n, beta, static_cast<float*>(c));
             return;
         }
-        on_compute_stream(s, "gemm");
         const bool all_f32 = t.a == DType::f32 && t.b == DType::f32 && t.c == DType::f32;
         const cublasComputeType_t compute =
             all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -276,6 +276,7 @@ public:
                       int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c, int ldc,
                       int64_t stride_c, int batches, GemmTypes t) override {
         if (m <= 0 || n <= 0 || batches <= 0) return;
+        on_compute_stream(s, "gemm_batched");
         if (k <= 0) {  // gemm defines k == 0; cuBLAS would leave C untouched
             Device::gemm_batched(s, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
                                  batches, t);
@@ -283,7 +284,6 @@ public:
         }
         use();
         ++work_.launches;
-        on_compute_stream(s, "gemm");
         const bool all_f32 = t.a == DType::f32 && t.b == DType::f32 && t.c == DType::f32;
         const cublasComputeType_t compute =
             all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;

@@ -155,12 +155,14 @@ void add_json(CLI::App* cmd, OutputTarget& json, const char* what) {
 // of the files it reads (inputs: what, path) - with a config, neither it nor any data file or
 // folder its data section names.
 void check_json(OutputTarget& json, std::vector<std::pair<std::string, std::string>> inputs,
-                const std::string& config = "", const std::vector<std::string>& sets = {}) {
+                const std::string& config = "", const std::vector<std::string>& sets = {}, bool data_default = false) {
     if (json.path.empty()) return;
     if (!config.empty()) {
         inputs.push_back({"the configuration file", config});
         const Config cfg = load_config(config, sets);
         for (auto& input : data_inputs(cfg.data, cfg.base_dir)) inputs.push_back(std::move(input));
+    } else if (data_default) {  // bench-loader without a config reads the default data set
+        for (auto& input : data_inputs(DataConfig{}, "")) inputs.push_back(std::move(input));
     }
     json.inputs = std::move(inputs);
     check_output(json);
@@ -346,7 +348,7 @@ void ToolCommands::add_generate(CLI::App& app) {
 int ToolCommands::run() {
     if (bl_->parsed()) {
         lb_.threads = parse_list(lb_threads_, "--threads");
-        check_json(lb_.json, {}, lb_.config);
+        check_json(lb_.json, {}, lb_.config, {}, /*data_default=*/true);
         return bench_loader(lb_);
     }
     if (ba_->parsed()) {

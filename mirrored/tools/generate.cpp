@@ -95,7 +95,8 @@ int generate(const GenerateOptions& o) {
     }
     const bool bytes = vocab <= 256;
     if (!o.prompt_ids_given && !bytes)
-        throw ConfigError("--prompt: the model's vocabulary has " + std::to_string(vocab) +
+        throw ConfigError(std::string(o.prompt.empty() ? "generate" : "--prompt") + ": the model's vocabulary has " +
+                          std::to_string(vocab) +
                           " tokens, not bytes: text needs the tokenizer it was trained with; give the prompt's ids "
                           "with --prompt-ids (scripts/prepare_text.py --encode makes them)");
     for (unsigned char ch : !tokens.empty() ? std::string() : o.prompt.empty() ? std::string("\n") : o.prompt) {
