@@ -8,13 +8,25 @@
 
 namespace mirrored {
 
+namespace {
+
+// A whole decimal integer in [lo, hi], nothing before or after it.
+bool integer_in(const std::string& text, int64_t lo, int64_t hi, int64_t* out) {
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || errno || *end || n < lo || n > hi) return false;
+    *out = n;
+    return true;
+}
+
+}  // namespace
+
 int64_t env_integer(const char* name, int64_t def, int64_t lo, int64_t hi) {
     const char* v = std::getenv(name);
     if (!v || !*v) return def;
-    char* end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(v, &end, 10);
-    if (errno || *end || n < lo || n > hi)
+    int64_t n = 0;
+    if (!integer_in(v, lo, hi, &n))
         throw ConfigError(std::string(name) + "=" + v + ": expected an integer from " + std::to_string(lo) + " to " +
                           std::to_string(hi));
     return n;
@@ -41,11 +53,8 @@ std::vector<std::string> env_fields(const char* name, const std::vector<std::pai
                     ("|" + choices + "|").find("|" + f + "|") == std::string::npos)
                     refuse();
             }
-        if (word) continue;
-        char* end = nullptr;
-        errno = 0;
-        const long long n = std::strtoll(f.c_str(), &end, 10);
-        if (f.empty() || errno || *end || n < ranges[i].first || n > ranges[i].second) refuse();
+        int64_t n = 0;
+        if (!word && !integer_in(f, ranges[i].first, ranges[i].second, &n)) refuse();
     }
     return fields;
 }

@@ -15,27 +15,28 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path cache_path(const std::string& file) {
-    if (const char* d = std::getenv("MIRRORED_CACHE_DIR"); d && *d) return fs::path(d) / file;
-    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "mirrored" / file;
-    if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h) / ".cache" / "mirrored" / file;
-    return {};
-}
-
-// The folder that must already exist before the cache's folders are made below it: a
-// MIRRORED_CACHE_DIR names one folder to make, never the path above it (a typo must not build a
-// tree in /); the defaults are made below the cache home's parent, or HOME.
-fs::path cache_anchor() {
-    const auto parent = [](const char* dir) {
-        fs::path p = fs::path(dir).lexically_normal();
+// Where the cache lives, and the folder that must already exist before the cache's folders are
+// made below it: a MIRRORED_CACHE_DIR names one folder to make, never the path above it (a typo
+// must not build a tree in /); the defaults are made below the cache home's parent, or HOME.
+struct CacheHome {
+    fs::path dir, anchor;
+};
+CacheHome cache_home() {
+    const auto parent = [](const fs::path& dir) {
+        fs::path p = dir.lexically_normal();
         if (!p.has_filename()) p = p.parent_path();  // "a/b/": the folder b
         p = p.parent_path();
         return p.empty() ? fs::path(".") : p;
     };
-    if (const char* d = std::getenv("MIRRORED_CACHE_DIR"); d && *d) return parent(d);
-    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return parent(x);
-    if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h);
+    if (const char* d = std::getenv("MIRRORED_CACHE_DIR"); d && *d) return {d, parent(d)};
+    if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return {fs::path(x) / "mirrored", parent(x)};
+    if (const char* h = std::getenv("HOME"); h && *h) return {fs::path(h) / ".cache" / "mirrored", h};
     return {};
+}
+
+fs::path cache_path(const std::string& file) {
+    const CacheHome home = cache_home();
+    return home.dir.empty() ? fs::path() : home.dir / file;
 }
 
 // Keys and values are single lines without tabs: anything else would corrupt the file.
@@ -95,7 +96,7 @@ void rewrite(const std::string& file, const std::string& key, const std::optiona
     if (keep.size() > room) keep.erase(keep.begin(), keep.end() - std::ptrdiff_t(room));
     if (!value && !found) return;
     std::error_code ec;
-    if (!fs::is_directory(cache_anchor(), ec)) return;
+    if (!fs::is_directory(cache_home().anchor, ec)) return;
     fs::create_directories(f.parent_path(), ec);
     std::string text;
     for (const auto& line : keep) text += line + '\n';

@@ -22,6 +22,7 @@
 #include "kernels/device.h"
 #include "base/error.h"
 #include "base/output.h"
+#include "base/signals.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/export_names.h"
@@ -255,13 +256,8 @@ __attribute__((constructor)) void handle_signals_early(int argc, char** argv, ch
 }
 
 int main(int argc, char** argv) {
-    if (argc > 1 && std::string_view(argv[1]) == "train") install_signal_handlers();
-    {
-        sigset_t held;
-        sigemptyset(&held);
-        for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&held, sig);
-        ::sigprocmask(SIG_UNBLOCK, &held, nullptr);
-    }
+    const sigset_t held = interrupt_signal_set();
+    ::sigprocmask(SIG_UNBLOCK, &held, nullptr);
     choose_blas_kernel(argv);  // may re-execute the process with a faster BLAS kernel: first, before any thread
     protect_standard_streams();
     CLI::App app{"mirrored: single-node multi-GPU data-parallel training (one process, one replica per device)"};

@@ -30,6 +30,7 @@
 #include "mirrored/watchdog.h"
 #include "base/io.h"
 #include "base/output.h"
+#include "base/signals.h"
 #include "mirrored/strategy.h"
 
 namespace mirrored {
@@ -1071,13 +1072,14 @@ void install_signal_handlers() {
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &sa, nullptr);
-    sigaction(SIGTERM, &sa, nullptr);
-    sigaction(SIGUSR1, &sa, nullptr);  // what mpirun forwards to every node (it ends the job on SIGINT/SIGTERM)
-    // A closed terminal or a dropped ssh session (SIGHUP) would end the run without a checkpoint;
-    // under nohup (SIGHUP ignored) the run goes on, as asked.
-    struct sigaction hup {};
-    if (sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler != SIG_IGN) sigaction(SIGHUP, &sa, nullptr);
+    for (int sig : kInterruptSignals) {
+        // A closed terminal or a dropped ssh session (SIGHUP) would end the run without a
+        // checkpoint; under nohup (SIGHUP ignored) the run goes on, as asked. SIGUSR1 is what
+        // mpirun forwards to every node (it ends the job on SIGINT/SIGTERM).
+        struct sigaction now {};
+        if (sig == SIGHUP && (sigaction(SIGHUP, nullptr, &now) != 0 || now.sa_handler == SIG_IGN)) continue;
+        sigaction(sig, &sa, nullptr);
+    }
 }
 
 namespace {

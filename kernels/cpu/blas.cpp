@@ -22,6 +22,7 @@
 #include "kernels/cpu/gemm_choice.h"
 #include "kernels/cpu/jit_gemm.h"
 #include "base/machine_cache.h"
+#include "base/signals.h"
 
 extern "C" char* openblas_get_corename(void);
 extern "C" char* openblas_get_config(void);
@@ -249,14 +250,13 @@ void write_cache(const std::string& key, const Choice& c) {
                 c.core + " " + std::to_string(c.gflops) + " " + c.own + " " + std::to_string(c.own_gflops));
 }
 
-// This program again, in place. SIGINT, SIGTERM, SIGHUP and SIGUSR1 (mpirun's request for a
-// checkpoint) are blocked across the exec: one that
-// arrives then stays pending until the new image's main has its handlers (a run interrupted while
-// it starts ends with exit 130, never by the signal). Returns only when the exec failed.
+// This program again, in place. The interrupt signals (base/signals.h) are blocked across the
+// exec: one that arrives then stays pending until the new image has its handlers (a run
+// interrupted while it starts ends with exit 130, never by the signal). Returns only when the
+// exec failed.
 void exec_self(char** argv) {
-    sigset_t stop, before;
-    sigemptyset(&stop);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&stop, sig);
+    const sigset_t stop = interrupt_signal_set();
+    sigset_t before;
     ::sigprocmask(SIG_BLOCK, &stop, &before);
     ::execv("/proc/self/exe", argv);
     const int e = errno;
