@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace mirrored {
 
@@ -46,6 +47,14 @@ struct CheckpointError : Error {
 };
 struct DeviceError : Error {
     explicit DeviceError(const std::string& w) : Error(kExitDevice, w) {}
+    // A fault of one device ("cuda:1", "sim:1", "cpu:2"): a sticky error such as an illegal
+    // address, an ECC error or a lost GPU, not a refused call. strategy.on_replica_failure:
+    // continue sets that device aside; an error without one stops the run.
+    DeviceError(const std::string& w, std::string device) : Error(kExitDevice, w), device_(std::move(device)) {}
+    const std::string& device() const { return device_; }
+
+private:
+    std::string device_;
 };
 
 }  // namespace mirrored

@@ -3,6 +3,9 @@
 // a re-execution of the program holds them until the new image has its handlers again.
 #pragma once
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 
 namespace mirrored {
@@ -14,6 +17,20 @@ inline sigset_t interrupt_signal_set() {
     sigemptyset(&set);
     for (int sig : kInterruptSignals) sigaddset(&set, sig);
     return set;
+}
+
+// This program again, in place (the BLAS kernel's choice, a run continuing without a failed
+// device). The interrupt signals are blocked across the exec: one that arrives then stays pending
+// until the new image has its handlers (a run interrupted while it starts ends with exit 130,
+// never by the signal). Returns only when the exec failed, with errno set.
+inline void exec_self(char** argv) {
+    const sigset_t stop = interrupt_signal_set();
+    sigset_t before;
+    ::sigprocmask(SIG_BLOCK, &stop, &before);
+    ::execv("/proc/self/exe", argv);
+    const int e = errno;
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
+    errno = e;
 }
 
 }  // namespace mirrored

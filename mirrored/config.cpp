@@ -458,6 +458,9 @@ void read_strategy(Reader& r, Config& c) {
     }
     c.strategy.cuda_graph = r.boolean("strategy.cuda_graph", false);
     c.strategy.fused_epilogues = r.boolean("strategy.fused_epilogues", false);
+    c.strategy.continue_on_failure =
+        r.choice("strategy.on_replica_failure", "stop", {"stop", "continue"}) == "continue";
+    c.strategy.min_replicas = int(r.integer("strategy.min_replicas", 1, 1, 1024));
     if (r.has("strategy.nodes"))
         r.fail("strategy.nodes",
                "the nodes are discovered from mpirun, never configured: remove the key and start "
@@ -739,7 +742,10 @@ void emit_strategy(ConfigEmitter& e, const StrategyConfig& s) {
     e.put("allreduce_dtype", dtype_name(s.allreduce_dtype)).put("verify_every_steps", s.verify_every_steps);
     e.put("collective_timeout_s", s.collective_timeout_s).put("step_timeout_s", s.step_timeout_s);
     e.put("shared_parameters", s.shared_parameters).put("shard", shard_name(s.shard)).put("cuda_graph", s.cuda_graph);
-    e.put("fused_epilogues", s.fused_epilogues).end();
+    e.put("fused_epilogues", s.fused_epilogues)
+        .put("on_replica_failure", s.continue_on_failure ? "continue" : "stop")
+        .put("min_replicas", s.min_replicas)
+        .end();
 }
 
 void emit_data(ConfigEmitter& e, const DataConfig& d) {

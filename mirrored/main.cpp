@@ -64,8 +64,9 @@ struct ModelCommands {
     EvalDump dump;
     std::unique_ptr<Nodes> nodes;  // a multi-node `train`, started by mpirun
     CLI::App *train = nullptr, *eval = nullptr, *exp = nullptr, *devices_cmd = nullptr;
+    char** argv;  // this command line, for a run that continues without a failed device
 
-    explicit ModelCommands(CLI::App& app) {
+    ModelCommands(CLI::App& app, char** args) : argv(args) {
         train = app.add_subcommand("train", "train a model from a YAML config");
         train->add_option("config", config, "YAML configuration file")->required();
         train->add_option("--set", sets, "override any key: --set model.layers.1.units=256 (repeatable)");
@@ -128,6 +129,8 @@ private:
             if (output.empty()) throw ConfigError("--output: expected a folder");
             sets.push_back("run.output_dir=" + output);
         }
+        Failover failover;
+        if (train->parsed()) failover = continuation();
         const Config cfg = load_config(config, sets);
         if (train->parsed()) {
             nodes = Nodes::join(nullptr, nullptr);
@@ -138,7 +141,7 @@ private:
             if (!nodes || nodes->leader()) std::cout << config_to_yaml(cfg);
             return kExitOk;
         }
-        if (train->parsed()) return run_training(cfg, nodes.get());
+        if (train->parsed()) return run_training(cfg, nodes.get(), stdout, failover);
         std::vector<std::pair<std::string, std::string>> read = {{"the checkpoint", checkpoint},
                                                                  {"the configuration file", config}};
         for (auto& input : data_inputs(cfg.data, cfg.base_dir)) read.push_back(std::move(input));
@@ -152,6 +155,24 @@ private:
         std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n",
                     checkpoint.c_str(), static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
         return kExitOk;
+    }
+
+    // strategy.on_replica_failure: continue. A run hands itself to this program again, on its
+    // surviving devices, through MIRRORED_CONTINUATION; in such a process the survivors, their
+    // accumulation and a resume from the run's own last checkpoint override the command line.
+    Failover continuation() {
+        Failover f;
+        f.restart = [this](const Continuation& c) {
+            if (::setenv(kContinuationVar, encode_continuation(c).c_str(), 1) == 0) exec_self(argv);
+        };
+        const char* handed = std::getenv(kContinuationVar);
+        if (!handed || !*handed) return f;
+        f.continued = decode_continuation(handed);
+        ::unsetenv(kContinuationVar);  // not for the processes this one starts
+        sets.push_back("strategy.devices=" + f.continued->devices);
+        sets.push_back("train.grad_accumulation_steps=" + std::to_string(f.continued->accumulation));
+        sets.push_back("checkpoint.resume=auto");
+        return f;
     }
 
     // Every tensor of the model the checkpoint describes (its embedded config), of the model's
@@ -265,7 +286,7 @@ int main(int argc, char** argv) {
     app.set_help_all_flag("--help-all", "help for every command");
     app.set_version_flag("--version", version_text,
                          "this build and the libraries it runs on (what every node of a job must share)");
-    ModelCommands model(app);
+    ModelCommands model(app, argv);
     ToolCommands tools(app);
     if (!known_command(app, argc, argv)) return kExitUsage;
     try {

@@ -450,13 +450,14 @@ void ReplicaSet::build_replica(int r, int shard_rows, int micro_rows, const Opti
         d.synchronize();
     } catch (const DeviceError& e) {
         const std::string what = e.what();
-        throw DeviceError("replica " + std::to_string(r) + ": " + what +
-                          (what.find("out of memory") != std::string::npos
-                               ? ". Each replica holds the whole model plus activations for " +
-                                     std::to_string(micro_rows) +
-                                     " rows: try a smaller per-replica batch "
-                                     "(train.global_batch_size) or more train.grad_accumulation_steps"
-                               : ""));
+        throw DeviceError(
+            "replica " + std::to_string(r) + ": " + what +
+                (what.find("out of memory") != std::string::npos
+                     ? ". Each replica holds the whole model plus activations for " + std::to_string(micro_rows) +
+                           " rows: try a smaller per-replica batch "
+                           "(train.global_batch_size) or more train.grad_accumulation_steps"
+                     : ""),
+            e.device());
     }
     replicas_.push_back(std::move(R));
 }

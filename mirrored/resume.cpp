@@ -194,10 +194,16 @@ RecoveredMetrics recover_metrics(const std::string& out_dir, int64_t up_to_step,
                 const json j = json::parse(line);
                 const int64_t step = j.at("step").get<int64_t>();
                 r.last_logged_step = std::max(r.last_logged_step, step);
-                if (step > up_to_step) continue;
+                const std::string type = j.at("type").get<std::string>();
+                if (type == "alert" && j.value("kind", "") == "replica_failure") {
+                    r.failures.push_back(j);
+                } else if (type == "continued" && !r.failures.empty()) {
+                    r.failures.back()["after_fault_s"] = j.value("after_fault_s", 0.0);
+                } else if (step > up_to_step) {
+                    continue;
+                }
                 kept += line + "\n";
                 csv += metrics_csv_row(j);
-                const std::string type = j.at("type").get<std::string>();
                 if (type == "train") {
                     const json acc = j.value("accuracy", json(nullptr));  // null for a loss without one
                     r.train = {j.at("loss").get<double>(), acc.is_null() ? 0.0 : acc.get<double>(), 1.0};

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,6 +59,9 @@ struct RecoveredMetrics {
     Metrics train, eval;
     int64_t eval_step = -1;
     int64_t last_logged_step = -1;  // the newest record's step, dropped ones included: the steps redone
+    // The run's history, kept whatever its step: its replica failures (alerts of that kind, each
+    // with after_fault_s from the continuation's "continued" record where there is one).
+    nlohmann::json failures = nlohmann::json::array();
 };
 RecoveredMetrics recover_metrics(const std::string& out_dir, int64_t up_to_step, bool write);
 

@@ -105,6 +105,8 @@ public:
     // Test hook: in the next step, replica r's gradients overflow (an inf is written into them
     // after backward, before the all-reduce), as an fp16 overflow in one replica would.
     void test_inject_overflow(int r) { step_->test_inject_overflow(r); }
+    // Test hook: in the next step, replica r fails as its device would (a DeviceError naming it).
+    void test_inject_fault(int r) { step_->test_inject_fault(r); }
 
     // ---- the state (ReplicaState) -------------------------------------------------------------
     void init_and_broadcast() { state_->init_and_broadcast(); }

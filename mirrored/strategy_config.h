@@ -44,6 +44,11 @@ struct StrategyConfig {
     // default until it has run on a GPU. CPU replicas run the ops unfused; simulated GPUs count
     // the fused cases as one launch, as CUDA does.
     bool fused_epilogues = false;
+    // strategy.on_replica_failure: continue - a device's fault sets it aside and the run goes on
+    // from the last checkpoint on the others, with the same global batch (mirrored/failover.h),
+    // while at least min_replicas can; stop (false) - the run stops, exit 5.
+    bool continue_on_failure = false;
+    int min_replicas = 1;
     bool operator==(const StrategyConfig&) const = default;
 };
 

@@ -68,6 +68,17 @@ void on_signal(int sig) {
 // Test hook: behave as if SIGINT arrived during this step (exercises the interrupt path exactly).
 int64_t stop_after_step() { return env_integer("MIRRORED_TEST_STOP_AFTER_STEP", -1, 0, int64_t(1) << 62); }
 
+// Test hook for strategy.on_replica_failure on any devices, CPU replicas included:
+// MIRRORED_TEST_REPLICA_FAULT=<replica>:<step> makes that replica fail, as its device would, in
+// the step-th step this process takes (a continuation counts afresh, so a fault placed past the
+// steps it redoes happens once).
+std::pair<int, int64_t> test_replica_fault() {
+    static const std::vector<std::string> spec =
+        env_fields("MIRRORED_TEST_REPLICA_FAULT", {{0, 1023}, {1, int64_t(1) << 62}}, "REPLICA:STEP, e.g. 1:40");
+    if (spec.empty()) return {-1, 0};
+    return {std::stoi(spec[0]), std::stoll(spec[1])};
+}
+
 // Test hook for multi-node runs: MIRRORED_TEST_NODE_FAULT=<node>:<step>:kill|hang makes that
 // node die (SIGKILL) or stop answering after that step, as a crashed or hung machine would.
 void test_node_fault(Nodes* nodes, int64_t step) {
@@ -376,8 +387,9 @@ void check_same_data(const Datasets& data, uint64_t train_fingerprint, Nodes& no
 
 class Run {
 public:
-    Run(const Config& config, Nodes* nodes, std::FILE* progress)
-        : out_(progress),
+    Run(const Config& config, Nodes* nodes, std::FILE* progress, const Failover& failover)
+        : failover_(failover),
+          out_(progress),
           watchdog_(make_watchdog(config)),
           s_(make_session(with_resume_hints(config), nullptr, true, nodes)),
           cfg_(s_->cfg),
@@ -405,6 +417,9 @@ private:
     void resume_or_init();
     void start_fresh();
     void resume_from(const CheckpointData& ckpt, const std::string& path);
+    void continue_from_start();
+    void continue_without(const DeviceError& e);
+    void report_continued();
     int finish_complete_run();
     void train_loop();
     struct AfterStep {
@@ -425,7 +440,10 @@ private:
     // A metric's accuracy for the records, or null for a loss that has none (mse).
     json accuracy(const Metrics& m) const { return has_accuracy_ ? json(m.accuracy()) : json(nullptr); }
 
-    std::FILE* out_;  // progress: the header, status lines, notes (alerts and warnings go to stderr)
+    const Failover failover_;
+    json failures_ = json::array();  // the run's replica failures (metrics.jsonl's alerts of that kind)
+    int64_t process_steps_ = 0;      // steps this process took
+    std::FILE* out_;                 // progress: the header, status lines, notes (alerts and warnings go to stderr)
     std::unique_ptr<Watchdog> watchdog_;  // first: it watches the session's building too
     std::unique_ptr<Session> s_;
     Config& cfg_;
@@ -522,6 +540,13 @@ void Run::print_header() {
         traits.gpu ? ("; " + format_bytes(d0.memory_in_use()) + " in use on the GPU").c_str() : "");
     std::fprintf(out_, "  output: %s; checkpoints %s, the newest %d kept\n", out_dir_.c_str(),
                  checkpoint_policy(cfg_.checkpoint).c_str(), cfg_.checkpoint.keep);
+    if (cfg_.strategy.continue_on_failure)
+        std::fprintf(out_,
+                     "  on a device's fault: continue on the others from the last checkpoint (at least %d "
+                     "replica%s)\n",
+                     cfg_.strategy.min_replicas, cfg_.strategy.min_replicas == 1 ? "" : "s");
+    if (failover_.continued)
+        std::fprintf(out_, "  continuing without %s, which failed\n", failover_.continued->failed.c_str());
     std::fflush(out_);
 }
 
@@ -648,7 +673,22 @@ void Run::resume_or_init() {
         }
     }
     if (ckpt) resume_from(*ckpt, used);
+    else if (failover_.continued) continue_from_start();
     else start_fresh();
+}
+
+// A continuation after a device failed before the run's first checkpoint: from step 0 on the
+// survivors, the run folder kept (its metrics hold the failure).
+void Run::continue_from_start() {
+    s_->strategy->init_and_broadcast();
+    s_->train_loader->start({0, 0});
+    step_ = 0;
+    resumed_from_ = 0;
+    const RecoveredMetrics recovered = recover_metrics(out_dir_, 0, leader_);
+    failures_ = recovered.failures;
+    redone_steps_ = std::max<int64_t>(0, recovered.last_logged_step);
+    log_.open_metrics(out_dir_, std::ios::app);
+    emit({{"type", "resume"}, {"step", 0}, {"redone_steps", redone_steps_}});
 }
 
 // A fresh start never deletes an earlier run's results: they move aside.
@@ -685,11 +725,67 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     last_train_ = recovered.train;
     last_eval_ = recovered.eval;
     last_eval_step_ = recovered.eval_step;
+    failures_ = recovered.failures;
     log_.open_metrics(out_dir_, std::ios::app);
     // the resume on the time axis, with the steps the interrupted run had logged past the checkpoint
     redone_steps_ = std::max<int64_t>(0, recovered.last_logged_step - ckpt.step);
     checkpoint_hours_ = ckpt.device_hours;
     emit({{"type", "resume"}, {"step", ckpt.step}, {"redone_steps", redone_steps_}});
+}
+
+// strategy.on_replica_failure: continue. A fault of one device hands the run to a process on the
+// others (mirrored/failover.h); this returns (and the error stops the run) when the fault names
+// no device, when too few replicas would be left, or when the restart itself fails.
+void Run::continue_without(const DeviceError& e) {
+    if (!cfg_.strategy.continue_on_failure || !failover_.restart || e.device().empty() || !leader_ ||
+        g_signals.load() > 0)  // asked to stop: it stops
+        return;
+    MirroredStrategy& st = *s_->strategy;
+    std::vector<std::string> names;
+    for (int r = 0; r < st.replicas(); ++r) names.push_back(st.replica(r).device->name());
+    const SurvivorPlan plan = plan_survivors(names, e.device(), cfg_.train.global_batch_size,
+                                             cfg_.train.grad_accumulation_steps, cfg_.strategy.min_replicas);
+    if (plan.keep.empty())
+        throw DeviceError(std::string(e.what()) + "; strategy.on_replica_failure: continue: " + plan.refused +
+                          ": stopping");
+    const Continuation next{survivors_spec(st.devices(), plan.keep), plan.accumulation, e.device(),
+                            int64_t(unix_time_s() * 1000)};
+    const int64_t from = std::max<int64_t>(last_ckpt_step_, 0);
+    std::string text = e.device() + " failed after step " + std::to_string(step_) + "; continuing on " + next.devices +
+                       " (" + std::to_string(plan.keep.size()) + " replicas";
+    if (next.accumulation != cfg_.train.grad_accumulation_steps)
+        text += ", " + std::to_string(next.accumulation) + " accumulation steps";
+    text += ", global batch " + std::to_string(cfg_.train.global_batch_size) + ") from " +
+            (last_ckpt_step_ >= 0 ? "the checkpoint of step " + std::to_string(from) : std::string("step 0")) + ", " +
+            std::to_string(step_ - from) + " steps redone";
+    if (int(plan.keep.size()) < plan.survivors)
+        text += "; " + std::to_string(plan.survivors) + " replicas survive but only " +
+                std::to_string(plan.keep.size()) + " share the global batch equally";
+    if (log_.tty()) std::fprintf(out_, "\n");
+    std::fprintf(stderr, "alert: replica_failure: %s\n  the error: %s\n", text.c_str(), e.what());
+    emit({{"type", "alert"},
+          {"step", step_},
+          {"kind", "replica_failure"},
+          {"message", text},
+          {"device", e.device()},
+          {"error", e.what()},
+          {"resume_step", from},
+          {"devices", next.devices},
+          {"accumulation", next.accumulation}});
+    std::fflush(nullptr);
+    failover_.restart(next);
+    throw DeviceError(std::string(e.what()) + "; strategy.on_replica_failure: continue: could not restart on " +
+                      next.devices + ": " + std::strerror(errno));
+}
+
+// The first step of a continuation: how long the run was down.
+void Run::report_continued() {
+    s_->strategy->synchronize();  // completed, not only issued
+    const double after = unix_time_s() - double(failover_.continued->fault_ms) / 1000;
+    std::fprintf(out_, "continued without %s: step %lld done %.1f s after the fault\n",
+                 failover_.continued->failed.c_str(), static_cast<long long>(step_), after);
+    emit({{"type", "continued"}, {"step", step_}, {"device", failover_.continued->failed}, {"after_fault_s", after}});
+    if (!failures_.empty()) failures_.back()["after_fault_s"] = after;
 }
 
 void Run::check_loss_finite(double loss, int64_t step, float lr) const {
@@ -920,6 +1016,7 @@ void Run::write_summary(const std::string& status) {
          {{"data_wait_s", split_.data_wait_s}, {"compute_s", split_.compute_s}, {"comm_s", split_.comm_s}}},
         {"replica_checksums", checks},
         {"resumed_from_step", resumed_from_ ? json(*resumed_from_) : json(nullptr)},
+        {"replica_failures", failures_},
         {"last_checkpoint_step", last_ckpt_step_ >= 0 ? json(last_ckpt_step_) : json(nullptr)},
     };
     write_file_atomic((fs::path(out_dir_) / "summary.json").string(),
@@ -944,7 +1041,12 @@ int Run::run() {
     if (leader_) write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
     if (step_ >= total_steps_) return finish_complete_run();
     g_training = true;  // from here a signal finishes the step and writes a checkpoint
-    train_loop();
+    try {
+        train_loop();
+    } catch (const DeviceError& e) {
+        continue_without(e);  // strategy.on_replica_failure: continue (returns only when it may not)
+        throw;
+    }
     g_training = false;
     if (pending_log_) log_train(pending_step_, pending_lr_);
     s_->strategy->synchronize();
@@ -1040,8 +1142,11 @@ void Run::train_loop() {
         const int rows = batch.global_rows;  // the slot may be refilled once the replicas release it
         const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, st.all_replicas()));
         const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;
+        if (const auto [r, at] = test_replica_fault(); at == process_steps_ + 1 && r < st.replicas())
+            st.test_inject_fault(r);
         st.train_step(batch, step_, lr, cfg_.run.seed, log_now);
         ++step_;
+        if (++process_steps_ == 1 && failover_.continued) report_continued();
         if (watchdog_) watchdog_->tick(step_);
         ++interval_steps_;
         samples_done_ += rows;
@@ -1116,10 +1221,16 @@ void check_same_software(Nodes& nodes) {
 
 }  // namespace
 
-int run_training(const Config& config, Nodes* nodes, std::FILE* progress) {
+int run_training(const Config& config, Nodes* nodes, std::FILE* progress, const Failover& failover) {
     g_signals = 0;
     (void)stop_after_step();  // the test hooks: a bad value fails now, not in the middle of the run
     (void)checkpoint_kill_hook();
+    (void)test_replica_fault();
+    if (nodes && config.strategy.continue_on_failure)
+        config.fail("strategy.on_replica_failure",
+                    "continue is for a run on one node: across nodes a failure stops every node within "
+                    "strategy.collective_timeout_s (exit 5), and the job resumes on the nodes left (the same "
+                    "global batch); set stop");
     test_node_fault(nullptr, -1);  // reads MIRRORED_TEST_NODE_FAULT (a malformed one is exit 2 here)
     if (nodes) {
         std::snprintf(g_node_stopped, sizeof g_node_stopped,
@@ -1139,7 +1250,7 @@ int run_training(const Config& config, Nodes* nodes, std::FILE* progress) {
             }
         }
     }
-    Run run(config, nodes, progress);
+    Run run(config, nodes, progress, failover);
     return run.run();
 }
 

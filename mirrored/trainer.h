@@ -3,12 +3,15 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "data/datasets.h"
 #include "data/loader.h"
 #include "mirrored/config.h"
+#include "mirrored/failover.h"
 #include "mirrored/model.h"
 #include "mirrored/strategy.h"
 
@@ -41,7 +44,17 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
 // and prints; every node reads the checkpoint it resumes from (a shared file system). Every
 // decision that ends or pauses training (a signal, an evaluation, a checkpoint) is agreed by
 // all nodes at the same step. progress: where the header and the status lines go.
-int run_training(const Config& config, Nodes* nodes = nullptr, std::FILE* progress = stdout);
+//
+// failover (strategy.on_replica_failure: continue, one node): `restart` replaces this process
+// with one that continues the run on the surviving devices (the CLI: an exec with
+// MIRRORED_CONTINUATION set) and returns only when it could not; `continued` says this process is
+// such a continuation (its config already names the survivors).
+struct Failover {
+    std::function<void(const Continuation&)> restart;
+    std::optional<Continuation> continued;
+};
+int run_training(const Config& config, Nodes* nodes = nullptr, std::FILE* progress = stdout,
+                 const Failover& failover = {});
 
 struct EvalResult {
     double loss = 0, accuracy = 0;

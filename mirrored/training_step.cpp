@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <string>
+#include <utility>
 
 #include "mirrored/util.h"
 
@@ -166,9 +168,19 @@ void TrainingStep::train_step(const Batch& batch, int64_t step, float lr, uint64
         // numbers only after it has issued the next step.
         if (sample_timing && set_.traits().asynchronous) timing_sampled_ = true;
         // Sampled steps and a test's overflow run uncaptured: the graph holds neither.
-        const bool replay =
-            graphs_on_ && !sample_timing && !profile_ && inject_overflow_ < 0 && graph_step(batch, step, lr, seed);
-        if (!replay) set_.threads().run([&](int r) { replica_step(r, batch, step, lr, seed, sample_timing); });
+        const bool replay = graphs_on_ && !sample_timing && !profile_ && inject_overflow_ < 0 && inject_fault_ < 0 &&
+                            graph_step(batch, step, lr, seed);
+        const int fault = std::exchange(inject_fault_, -1);
+        if (!replay)
+            set_.threads().run([&](int r) {
+                if (r == fault) {
+                    const std::string name = set_.replica(r).device->name();
+                    throw DeviceError(name + ": a fault injected in step " + std::to_string(step + 1) +
+                                          " (MIRRORED_TEST_REPLICA_FAULT)",
+                                      name);
+                }
+                replica_step(r, batch, step, lr, seed, sample_timing);
+            });
         inject_overflow_ = -1;
     });
 }
@@ -446,7 +458,8 @@ bool TrainingStep::graph_step(const Batch& batch, int64_t step, float lr, uint64
             graphs_.push_back({buf, rows, capture_step(shapes, step, lr, seed)});
         } catch (const DeviceError& e) {  // the path that has not run on every GPU: say how to avoid it
             throw DeviceError(std::string("strategy.cuda_graph: capturing step ") + std::to_string(step) + " failed: " +
-                              e.what() + "; rerun with --set strategy.cuda_graph=false to resume without graphs");
+                                  e.what() + "; rerun with --set strategy.cuda_graph=false to resume without graphs",
+                              e.device());
         }
         found = graphs_.end() - 1;
     }

@@ -45,6 +45,8 @@ public:
     const std::string& cuda_graph_note() const { return graph_note_; }
     void set_profile(LayerProbe* profile) { profile_ = profile; }
     void test_inject_overflow(int r) { inject_overflow_ = r; }
+    // Test hook: in the next step, replica r fails as its device would (a DeviceError naming it).
+    void test_inject_fault(int r) { inject_fault_ = r; }
 
 private:
     // What one step's work depends on besides the device state: the rows, replica r's shard and
@@ -125,6 +127,7 @@ private:
     std::vector<StepShape> graph_shapes_;          // per replica, this step's
     Event graph_fork_;                             // replica 0's: the other replicas join the capture
     int inject_overflow_ = -1;
+    int inject_fault_ = -1;
     LayerProbe* profile_ = nullptr;  // bench-step --layers: replica 0's steps marked
 };
 

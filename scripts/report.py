@@ -32,6 +32,7 @@ FIELDS = {
     "eval": ("step", "time", "test_loss", "test_accuracy"),
     "alert": ("step", "time"),
     "resume": ("step", "time", "redone_steps"),
+    "continued": ("step", "time", "after_fault_s"),  # a run going on without a failed device
 }
 SPLIT = ("data_wait", "compute", "comm")  # inside a train record's time_split
 
@@ -279,6 +280,7 @@ def write_report(out, runs, plt):
             "resumes": len(run["records"]["resume"]),
             "steps redone": int(sum(v for v in run["records"]["resume"].column("redone_steps") if v is not None)),
             "alerts": len(run["records"]["alert"]),
+            "replica failures": len(s["replica_failures"]) if isinstance(s.get("replica_failures"), list) else 0,
             "mirrored": software.get("mirrored"),
         })
 

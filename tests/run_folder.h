@@ -21,7 +21,8 @@ inline std::vector<nlohmann::json> metrics(const std::string& out) {
     std::string line;
     while (std::getline(in, line)) {
         nlohmann::json j = nlohmann::json::parse(line);
-        if (j["type"] == "alert" || j["type"] == "resume") continue;  // the run's history, not its training
+        if (j["type"] == "alert" || j["type"] == "resume" || j["type"] == "continued")
+            continue;  // the run's history, not its training
         j.erase("time");
         j.erase("samples_per_sec");
         j.erase("time_split");

@@ -411,7 +411,9 @@ TEST_CASE("a stop on one node stops every node at the same step with a checkpoin
     expect_same_run(t / "ref", t / "run");
 }
 
-TEST_CASE("a killed node ends the job within seconds, no hang; restarting the job resumes bit-identically") {
+TEST_CASE(
+    "a killed node ends the job within seconds, no hang; restarting the job, or resuming on fewer nodes, is "
+    "bit-identical") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
@@ -423,6 +425,13 @@ TEST_CASE("a killed node ends the job within seconds, no hang; restarting the jo
     CHECK(killed.err.find("node 0 (") != std::string::npos);  // the survivor says why it stops
     CHECK(killed.err.find("stopped by mpirun (another node failed") != std::string::npos);
     CHECK(list_checkpoints(t / "run/checkpoints").size() > 0);
+    // the job resumed on fewer nodes (the machine left out): 1 node x 2 replicas sums as 2 x 1
+    fs::copy(t / "run", t / "one", fs::copy_options::recursive);
+    std::string err;
+    REQUIRE_MESSAGE(run_cli({"train", cfg, "--output", t / "one", "--devices", "cpu:2"}, {}, -1, &err) == kExitOk, err);
+    CHECK(summary(t / "one")["resumed_from_step"] == 35);
+    CHECK(summary(t / "one")["nodes"] == 1);
+    expect_same_run(t / "ref", t / "one");
     const Job resumed = mpirun(2, args);
     REQUIRE_MESSAGE(resumed.rc == kExitOk, resumed.err);
     CHECK(summary(t / "run")["resumed_from_step"] == 35);
@@ -471,7 +480,8 @@ TEST_CASE("a hung node: the others stop after strategy.collective_timeout_s with
 }
 
 TEST_CASE(
-    "nodes whose configurations differ are refused (exit 2, the differing line); strategy.nodes is never configured") {
+    "nodes whose configurations differ are refused (exit 2, the differing line); strategy.nodes is never "
+    "configured; on_replica_failure: continue is refused") {
     SKIP_WITHOUT_MPI();
     TempDir t;
     const std::string cfg = t.write("run.yaml", kRun);
@@ -485,6 +495,12 @@ TEST_CASE(
     std::string err;
     CHECK(run_cli({"train", cfg, "--set", "strategy.nodes=2"}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("discovered from mpirun") != std::string::npos);
+    // a failure stops every node (a hung node: below): going on without a device is for one node
+    std::vector<std::string> cont = args;
+    cont.insert(cont.end(), {"--set", "strategy.on_replica_failure=continue"});
+    const Job c = mpirun({{cont, {}}, {cont, {}}});
+    CHECK(c.rc == kExitUsage);
+    CHECK(c.err.find("strategy.on_replica_failure: continue is for a run on one node") != std::string::npos);
 }
 
 TEST_CASE(

@@ -18,6 +18,7 @@
 #include "mirrored/bottlenecks.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
+#include "mirrored/failover.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/trainer.h"
 #include "tests/cli.h"
@@ -1014,6 +1015,128 @@ TEST_CASE(
     }
 }
 
+namespace {
+
+// strategy.on_replica_failure: continue. The run that loses a device goes on without it and ends
+// with exit 0; its result equals, bit for bit, the same run stopped at the checkpoint it continued
+// from and resumed there on the survivors with the accumulation it chose (the same global batch).
+void expect_continued_run(const std::string& cfg, const std::string& out, const std::string& devices,
+                          const std::vector<std::pair<std::string, std::string>>& env, const std::string& failed,
+                          const std::string& survivors, int accumulation) {
+    std::string err;
+    const int rc =
+        run_cli({"train", cfg, "--output", out, "--devices", devices, "--set", "strategy.on_replica_failure=continue"},
+                env, -1, &err);
+    CAPTURE(err);
+    REQUIRE(rc == kExitOk);
+    CHECK(err.find("alert: replica_failure: " + failed + " failed after step ") != std::string::npos);
+    CHECK(err.find("continuing on " + survivors + " ") != std::string::npos);
+    CHECK(err.find("internal") == std::string::npos);
+    const json s = summary(out);
+    CHECK(s["status"] == "completed");
+    REQUIRE(s["replica_failures"].size() == 1);
+    const json f = s["replica_failures"][0];
+    CHECK(f["device"] == failed);
+    CHECK(f["devices"] == survivors);
+    CHECK(f["accumulation"] == accumulation);
+    CHECK(f["error"].get<std::string>().rfind(failed + ": ", 0) == 0);
+    CHECK(f["after_fault_s"].get<double>() >= 0);
+    const int64_t from = f["resume_step"].get<int64_t>();
+    CHECK(from > 0);
+    CHECK(f["step"].get<int64_t>() >= from);
+    CHECK(s["resumed_from_step"].get<int64_t>() == from);
+
+    const std::string ref = out + "-ref";
+    CHECK(run_cli({"train", cfg, "--output", ref, "--devices", devices},
+                  {{"MIRRORED_TEST_STOP_AFTER_STEP", std::to_string(from)}}) == kExitInterrupted);
+    CHECK(run_cli({"train", cfg, "--output", ref, "--devices", survivors, "--set",
+                   "train.grad_accumulation_steps=" + std::to_string(accumulation)}) == kExitOk);
+    expect_same_run(ref, out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "on_replica_failure: continue: a failed device is set aside and the run goes on from the last checkpoint, "
+    "equal to a run resumed there on the survivors") {
+    Scratch s;
+    const std::string cfg = s.config();
+    SUBCASE("simulated GPUs: 4 -> 2 (32 rows do not divide into 3 replicas), 2 micro-batches of 8 as before") {
+        expect_continued_run(cfg, s.out("sim"), "sim:0,1,2,3",
+                             {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}}, "sim:1", "sim:0,2",
+                             2);
+    }
+    SUBCASE("CPU replicas: a replica failing in step 40") {
+        expect_continued_run(cfg, s.out("cpu"), "cpu:4", {{"MIRRORED_TEST_REPLICA_FAULT", "2:40"}}, "cpu:2", "cpu:2",
+                             2);
+    }
+    SUBCASE("a failure before the first checkpoint starts the survivors from step 0, the folder kept") {
+        const std::string out = s.out("early");
+        std::string err;
+        REQUIRE(run_cli({"train", cfg, "--output", out, "--devices", "cpu:2", "--set",
+                         "strategy.on_replica_failure=continue"},
+                        {{"MIRRORED_TEST_REPLICA_FAULT", "1:3"}}, -1, &err) == kExitOk);
+        CAPTURE(err);
+        const json sm = summary(out);
+        REQUIRE(sm["replica_failures"].size() == 1);
+        CHECK(sm["replica_failures"][0]["resume_step"] == 0);
+        CHECK(sm["replicas"] == 1);
+        CHECK(sm["resumed_from_step"] == 0);
+        const std::string ref = s.out("early-ref");
+        REQUIRE(run_cli({"train", cfg, "--output", ref, "--devices", "cpu:1", "--set",
+                         "train.grad_accumulation_steps=2"}) == kExitOk);
+        expect_same_run(ref, out);
+    }
+    SUBCASE("fewer than strategy.min_replicas left: exit 5 naming the failed device and the minimum") {
+        const std::string out = s.out("min");
+        std::string err;
+        CHECK(run_cli({"train", cfg, "--output", out, "--devices", "sim:0,1", "--set",
+                       "strategy.on_replica_failure=continue", "--set", "strategy.min_replicas=2"},
+                      {{"MIRRORED_SIM_FAULT", "1:1500"}}, -1, &err) == kExitDevice);
+        CAPTURE(err);
+        CHECK(err.find("error: sim:1: ") != std::string::npos);
+        CHECK(err.find("1 replica left (strategy.min_replicas: 2): stopping") != std::string::npos);
+        CHECK(!list_checkpoints(out + "/checkpoints").empty());
+    }
+}
+
+TEST_CASE("on_replica_failure: which replicas go on, and the hand-over to the next process") {
+    const std::vector<std::string> four{"cuda:0", "cuda:1", "cuda:2", "cuda:3"};
+    SurvivorPlan p = plan_survivors(four, "cuda:1", 48, 1, 1);  // 3 x 16 rows: as many rows as 4 x 12? no: 16 > 12
+    CHECK(p.survivors == 3);
+    CHECK(p.keep == std::vector<int>{0, 2, 3});
+    CHECK(p.accumulation == 2);  // 3 replicas x 2 micro-batches of 8 rows (<= 12)
+    p = plan_survivors(four, "cuda:3", 32, 1, 1);
+    CHECK(p.keep == std::vector<int>{0, 1});  // 32 rows never divide into 3
+    CHECK(p.accumulation == 2);
+    p = plan_survivors({"cuda:0", "cuda:0", "cuda:1", "cuda:1"}, "cuda:0", 64, 2, 1);  // a GPU shared by 2
+    CHECK(p.keep == std::vector<int>{2, 3});
+    CHECK(p.accumulation == 4);
+    p = plan_survivors(four, "cuda:2", 32, 1, 3);
+    CHECK(p.keep.empty());
+    CHECK(p.refused ==
+          "3 replicas left, and no 3 or more of them share the global batch of 32 equally "
+          "(strategy.min_replicas: 3)");
+    p = plan_survivors({"sim:0", "sim:0"}, "sim:0", 32, 1, 1);
+    CHECK(p.keep.empty());
+    CHECK(p.refused == "0 replicas left (strategy.min_replicas: 1)");
+    p = plan_survivors({"cpu:0", "cpu:1", "cpu:2"}, "cpu:9", 30, 1, 1);  // not one of them: nothing dropped
+    CHECK(p.keep == std::vector<int>{0, 1, 2});
+    CHECK(p.accumulation == 1);
+
+    const Continuation c{"sim:0,2", 2, "sim:1", 1765000000123};
+    const Continuation back = decode_continuation(encode_continuation(c));
+    CHECK(back.devices == c.devices);
+    CHECK(back.accumulation == 2);
+    CHECK(back.failed == "sim:1");
+    CHECK(back.fault_ms == c.fault_ms);
+    for (const char* bad : {"", "sim:0|2|sim:1", "sim:0|0|sim:1|5", "|2|sim:1|5", "sim:0|2||5", "sim:0|2|sim:1|-5",
+                            "sim:0|2|sim:1|5|x", "sim:0|x|sim:1|5", "sim:0|2|sim:1|99999999999999999999"}) {
+        CAPTURE(std::string(bad));
+        CHECK_THROWS_AS(decode_continuation(bad), ConfigError);
+    }
+}
+
 // A fault knob that does not parse is refused (exit 2, naming it and its form), never ignored: a
 // test that sets one must not pass by its fault never happening.
 TEST_CASE("fault knobs: a malformed MIRRORED_SIM_FAULT, _HANG, _CORRUPT or MIRRORED_TEST_NODE_FAULT is exit 2") {
@@ -1077,6 +1200,24 @@ TEST_CASE(
                               {two ? "error: cuda:1: " : "error: cuda:0: ",
                                "failed: an illegal memory access was encountered (kernels/cuda/"});
     }
+}
+
+// The same continuation on the CUDA backend's own code: a sticky error on emulated GPU 1 (an
+// illegal address) names that GPU, and the run goes on on GPU 0 alone.
+TEST_CASE("cuda: on_replica_failure: continue: a GPU's sticky error sets it aside, the run goes on exactly" *
+          doctest::test_suite("emulated")) {
+    SKIP_WITHOUT_CUDA();
+    if (make_cuda_device(0)->description().rfind("emulated GPU", 0) != 0) {
+        mark_runs_elsewhere("MIRRORED_CUDA_EMU_FAULT belongs to the emulated GPU (make test-cuda-emu), not a real one");
+        return;
+    }
+    if (cuda_device_count() < 2) {
+        mark_runs_elsewhere("needs 2 or more GPUs, " + std::to_string(cuda_device_count()) + " visible");
+        return;
+    }
+    Scratch s;
+    expect_continued_run(s.config(), s.out("cuda"), "cuda:0,1", {{"MIRRORED_CUDA_EMU_FAULT", "1:1500"}}, "cuda:1",
+                         "cuda:0", 2);
 }
 
 // A board that reports peer access but corrupts peer traffic (MIRRORED_CUDA_EMU_PEER_CORRUPT): the

@@ -250,20 +250,6 @@ void write_cache(const std::string& key, const Choice& c) {
                 c.core + " " + std::to_string(c.gflops) + " " + c.own + " " + std::to_string(c.own_gflops));
 }
 
-// This program again, in place. The interrupt signals (base/signals.h) are blocked across the
-// exec: one that arrives then stays pending until the new image has its handlers (a run
-// interrupted while it starts ends with exit 130, never by the signal). Returns only when the
-// exec failed.
-void exec_self(char** argv) {
-    const sigset_t stop = interrupt_signal_set();
-    sigset_t before;
-    ::sigprocmask(SIG_BLOCK, &stop, &before);
-    ::execv("/proc/self/exe", argv);
-    const int e = errno;
-    ::sigprocmask(SIG_SETMASK, &before, nullptr);
-    errno = e;
-}
-
 [[noreturn]] void reexec(char** argv, const Choice& c) {
     char marker[256];
     std::snprintf(marker, sizeof marker, "%s|%.1f|%s|%.1f|%d", c.core.c_str(), c.gflops, c.own.c_str(), c.own_gflops,

@@ -10,6 +10,10 @@
 namespace mirrored {
 
 [[noreturn]] void cuda_fail(const char* stmt, const char* what, const char* file, int line, int device);
+// The same for a CUDA runtime error: one that is the GPU's own fault (a sticky error such as an
+// illegal address, an ECC error, a GPU the driver lost) names the device in the DeviceError, so
+// that strategy.on_replica_failure: continue can set it aside; a refused call does not.
+[[noreturn]] void cuda_fail(const char* stmt, cudaError_t err, const char* file, int line, int device);
 
 inline const char* cublas_status_string(cublasStatus_t s) {
     switch (s) {
@@ -36,17 +40,17 @@ inline const char* cublas_status_string(cublasStatus_t s) {
 
 }  // namespace mirrored
 
-#define CUDA_CHECK(device, stmt)                                                                                       \
-    do {                                                                                                               \
-        const cudaError_t err_ = (stmt);                                                                               \
-        if (err_ != cudaSuccess) ::mirrored::cuda_fail(#stmt, cudaGetErrorString(err_), __FILE__, __LINE__, (device)); \
+#define CUDA_CHECK(device, stmt)                                                                   \
+    do {                                                                                           \
+        const cudaError_t err_ = (stmt);                                                           \
+        if (err_ != cudaSuccess) ::mirrored::cuda_fail(#stmt, err_, __FILE__, __LINE__, (device)); \
     } while (0)
 
 // A result kept in a variable (looked at before it is checked), reported as the call it came from.
-#define CUDA_CHECK_AS(device, call, err)                                                                            \
-    do {                                                                                                            \
-        const cudaError_t e_ = (err);                                                                               \
-        if (e_ != cudaSuccess) ::mirrored::cuda_fail((call), cudaGetErrorString(e_), __FILE__, __LINE__, (device)); \
+#define CUDA_CHECK_AS(device, call, err)                                                        \
+    do {                                                                                        \
+        const cudaError_t e_ = (err);                                                           \
+        if (e_ != cudaSuccess) ::mirrored::cuda_fail((call), e_, __FILE__, __LINE__, (device)); \
     } while (0)
 
 // After every <<<>>> launch: catches bad launch configurations at once.
@@ -63,7 +67,7 @@ inline bool cuda_query(cudaError_t e, const char* stmt, const char* file, int li
         cudaGetLastError();
         return false;
     }
-    if (e != cudaSuccess) cuda_fail(stmt, cudaGetErrorString(e), file, line, device);
+    if (e != cudaSuccess) cuda_fail(stmt, e, file, line, device);
     return true;
 }
 }  // namespace mirrored

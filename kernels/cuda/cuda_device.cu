@@ -35,6 +35,40 @@ namespace mirrored {
 
 namespace {
 
+// The errors after which this GPU's context is unusable (CUDA: "the process must be terminated
+// and relaunched") or the GPU itself is lost: its own fault, not a bad call.
+bool gpu_fault(cudaError_t e) {
+    switch (e) {
+        case cudaErrorIllegalAddress:
+        case cudaErrorLaunchFailure:
+        case cudaErrorLaunchTimeout:
+        case cudaErrorHardwareStackError:
+        case cudaErrorIllegalInstruction:
+        case cudaErrorMisalignedAddress:
+        case cudaErrorInvalidAddressSpace:
+        case cudaErrorInvalidPc:
+        case cudaErrorECCUncorrectable:
+        case cudaErrorNvlinkUncorrectable:
+        case cudaErrorDevicesUnavailable:
+        case cudaErrorContextIsDestroyed:
+            return true;
+        default:
+            return false;
+    }
+}
+
+}  // namespace
+
+[[noreturn]] void cuda_fail(const char* stmt, cudaError_t err, const char* file, int line, int device) {
+    const std::string name = std::string("cuda:") + std::to_string(device);
+    const std::string what =
+        name + ": " + stmt + " failed: " + cudaGetErrorString(err) + " (" + file + ":" + std::to_string(line) + ")";
+    if (gpu_fault(err)) throw DeviceError(what, name);
+    throw DeviceError(what);
+}
+
+namespace {
+
 constexpr int kMaxGpus = 64;
 // peer_enabled[a][b]: device a may load from memory on device b in a kernel.
 std::array<std::array<bool, kMaxGpus>, kMaxGpus> g_peer_enabled{};

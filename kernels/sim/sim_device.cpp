@@ -225,8 +225,9 @@ public:
                               std::to_string(g.api_calls) + ") (" + __FILE__ + ":" + std::to_string(line) + ")");
         }
         if (!g.sticky.empty())
-            throw DeviceError(name() + ": " + what + " failed: " + g.sticky + " (" + __FILE__ + ":" +
-                              std::to_string(line) + ")");
+            throw DeviceError(
+                name() + ": " + what + " failed: " + g.sticky + " (" + __FILE__ + ":" + std::to_string(line) + ")",
+                name());
     }
 #define SIM_API(what) api(what, __LINE__)
 
