@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -266,6 +267,8 @@ Replica::~Replica() {
          {input_ready[0], input_ready[1], input_free[0], input_free[1], bucket_ready, reduced, metrics_copied,
           stats_ready, stats_done, t_begin, t_backward, t_reduced, t_end, t_gather, t_gathered, step_ready, graph_done})
         if (e.handle) device->event_destroy(e);
+    for (Event e : trail)
+        if (e.handle) device->event_destroy(e);
     for (Event e : slot_free) device->event_destroy(e);
 }
 
@@ -419,6 +422,10 @@ void ReplicaSet::create_step_events(Replica& R) {
     R.bucket_ready = d.event_create();
     R.reduced = d.event_create();
     R.metrics_copied = d.event_create();
+    for (int k = 0; k < Replica::kTrail; ++k) {
+        R.trail[k] = d.event_create();
+        R.trail_use[k].store(-1, std::memory_order_relaxed);
+    }
     for (Event* e : {&R.t_begin, &R.t_backward, &R.t_reduced, &R.t_end}) *e = d.event_create(true);
     if (sharded_)
         for (Event* e : {&R.t_gather, &R.t_gathered}) *e = d.event_create(true);
@@ -539,6 +546,48 @@ const Batch& ReplicaSet::next_batch(Loader& loader) {
         wait_until([&] { return (b = loader.next_for(0.005)) != nullptr; });
         return b;
     });
+}
+
+void ReplicaSet::inputs_consumed(Replica& R, int buf, Stream s) {
+    Device& d = *R.device;
+    d.event_record(R.input_free[buf], s);
+    const int64_t use = R.input_uses++;
+    const int k = int(use % Replica::kTrail);
+    d.event_record(R.trail[k], s);
+    R.trail_use[k].store(use, std::memory_order_release);
+}
+
+std::string ReplicaSet::lagging_device() const {
+    constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+    std::vector<int64_t> oldest(replicas_.size(), kNone);  // per replica, its oldest unfinished use
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+        Replica& R = *replicas_[r];
+        for (int k = 0; k < Replica::kTrail; ++k) {
+            const int64_t use = R.trail_use[k].load(std::memory_order_acquire);
+            if (use < 0) continue;
+            try {
+                if (!R.device->event_query(R.trail[k])) oldest[r] = std::min(oldest[r], use);
+            } catch (const DeviceError&) {
+                return R.device->name();  // it failed meanwhile
+            }
+        }
+    }
+    const int64_t first = *std::min_element(oldest.begin(), oldest.end());
+    if (first == kNone) return "";  // every replica is done with its inputs: not a device's hang
+    std::string device;
+    bool others_ahead = false;
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+        if (oldest[r] != first) {
+            others_ahead = true;
+        } else if (device.empty()) {
+            device = replicas_[r]->device->name();
+        } else if (device != replicas_[r]->device->name()) {
+            return "";  // two devices stopped at the same point
+        }
+    }
+    for (size_t r = 0; r < replicas_.size(); ++r)  // every replica of that device is behind
+        if (replicas_[r]->device->name() == device && oldest[r] != first) return "";
+    return others_ahead ? device : "";
 }
 
 int ReplicaSet::stage_input(Replica& R, const Batch& batch, const Shard& shard, const StepValues* values) {

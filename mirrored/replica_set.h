@@ -5,6 +5,7 @@
 // work on a ReplicaSet; MirroredStrategy (strategy.h) puts the three together.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -154,6 +155,14 @@ struct Replica {
     HostBuffer<float> loss_scale_host;           // [2], copied with the metrics
     HostBuffer<uint64_t> checksums_host;
     Event input_ready[2], input_free[2], bucket_ready, reduced, metrics_copied, stats_ready, stats_done;
+    // A hang's trail (ReplicaSet::inputs_consumed, lagging_device): an event recorded as each of
+    // the last kTrail uses of the inputs ends, with the use's number (-1: not yet), read by the
+    // watchdog's thread. Longer than the host can run ahead of a stopped device (the loader's
+    // slots), so the use the device stopped in is still among them.
+    static constexpr int kTrail = 16;
+    Event trail[kTrail];
+    std::atomic<int64_t> trail_use[kTrail];
+    int64_t input_uses = 0;
     Event t_begin, t_backward, t_reduced, t_end;  // timing, sampled steps only
     Event t_gather, t_gathered;                   // and, sharded, the all-gather's span
     std::vector<Event> slot_free;                 // shard: gradients - per staging slot, its bucket reduced
@@ -254,6 +263,13 @@ public:
         }
     }
     void fail() noexcept;
+    // After s's work so far (this replica's forward and backward of buffer buf): the buffer is free.
+    void inputs_consumed(Replica& R, int buf, Stream s);
+    // A hang's device: the one whose replicas' oldest unconsumed inputs are older than every other
+    // replica's (its own step stopped; the others wait for it), or one whose query fails; "" when
+    // the replicas do not single one device out (all idle, or all stopped at the same point).
+    // Never blocks; safe from another thread while the host is stuck in a wait.
+    std::string lagging_device() const;
     // What must stop when a device fails besides the devices (the collectives: they abort).
     void on_failure(std::function<void()> hook) { failure_hooks_.push_back(std::move(hook)); }
     void forget_failure_hooks() { failure_hooks_.clear(); }  // their owner is going

@@ -72,6 +72,8 @@ public:
     // gather_by_consumers): one copy instead of two, on the replica's own core.
     bool gathers_input() const { return set_->gathers_input(); }
     bool failed() const { return set_->failed(); }
+    // A hang's device, or "" (ReplicaSet::lagging_device; safe from the watchdog's thread).
+    std::string lagging_device() const { return set_->lagging_device(); }
     // The loader's next batch. While it waits (its slots are freed by the devices' release
     // callbacks) it checks every device, so a failed one surfaces instead of a hang.
     const Batch& next_batch(Loader& loader) { return set_->next_batch(loader); }

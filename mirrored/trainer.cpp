@@ -418,7 +418,8 @@ private:
     void start_fresh();
     void resume_from(const CheckpointData& ckpt, const std::string& path);
     void continue_from_start();
-    void continue_without(const DeviceError& e);
+    void continue_without(const DeviceError& e, bool from_watchdog = false);
+    void continue_after_hang(double idle_s);
     void report_continued();
     int finish_complete_run();
     void train_loop();
@@ -736,7 +737,7 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
 // strategy.on_replica_failure: continue. A fault of one device hands the run to a process on the
 // others (mirrored/failover.h); this returns (and the error stops the run) when the fault names
 // no device, when too few replicas would be left, or when the restart itself fails.
-void Run::continue_without(const DeviceError& e) {
+void Run::continue_without(const DeviceError& e, bool from_watchdog) {
     if (!cfg_.strategy.continue_on_failure || !failover_.restart || e.device().empty() || !leader_ ||
         g_signals.load() > 0)  // asked to stop: it stops
         return;
@@ -752,7 +753,7 @@ void Run::continue_without(const DeviceError& e) {
                             int64_t(unix_time_s() * 1000)};
     const int64_t from = std::max<int64_t>(last_ckpt_step_, 0);
     std::string text = e.device() + " failed after step " + std::to_string(step_) + "; continuing on " + next.devices +
-                       " (" + std::to_string(plan.keep.size()) + " replicas";
+                       " (" + std::to_string(plan.keep.size()) + (plan.keep.size() == 1 ? " replica" : " replicas");
     if (next.accumulation != cfg_.train.grad_accumulation_steps)
         text += ", " + std::to_string(next.accumulation) + " accumulation steps";
     text += ", global batch " + std::to_string(cfg_.train.global_batch_size) + ") from " +
@@ -761,21 +762,46 @@ void Run::continue_without(const DeviceError& e) {
     if (int(plan.keep.size()) < plan.survivors)
         text += "; " + std::to_string(plan.survivors) + " replicas survive but only " +
                 std::to_string(plan.keep.size()) + " share the global batch equally";
-    if (log_.tty()) std::fprintf(out_, "\n");
-    std::fprintf(stderr, "alert: replica_failure: %s\n  the error: %s\n", text.c_str(), e.what());
-    emit({{"type", "alert"},
-          {"step", step_},
-          {"kind", "replica_failure"},
-          {"message", text},
-          {"device", e.device()},
-          {"error", e.what()},
-          {"resume_step", from},
-          {"devices", next.devices},
-          {"accumulation", next.accumulation}});
-    std::fflush(nullptr);
+    // write(2), no stdio: on the watchdog's thread the training thread may be inside a stream
+    if (log_.tty() && !from_watchdog) std::fprintf(out_, "\n");
+    const std::string said = "alert: replica_failure: " + text + "\n  the error: " + e.what() + "\n";
+    (void)!::write(2, said.data(), said.size());
+    const json record = {{"type", "alert"},     {"step", step_},           {"kind", "replica_failure"},
+                         {"message", text},     {"device", e.device()},    {"error", e.what()},
+                         {"resume_step", from}, {"devices", next.devices}, {"accumulation", next.accumulation}};
+    if (!from_watchdog) {
+        emit(record);
+    } else {  // the training thread is stuck, perhaps inside the run log's stream: a file of its own
+        json r = record;
+        r["time"] = unix_time_s();
+        std::ofstream(fs::path(out_dir_) / "metrics.jsonl", std::ios::app)
+            << r.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    }
+    if (!from_watchdog) std::fflush(nullptr);  // (a stuck thread's buffered progress lines are lost)
     failover_.restart(next);
     throw DeviceError(std::string(e.what()) + "; strategy.on_replica_failure: continue: could not restart on " +
                       next.devices + ": " + std::strerror(errno));
+}
+
+// The watchdog's thread, after strategy.step_timeout_s without progress (the training thread is
+// stuck in a wait): a hang that one device's replicas alone are behind in is that device's
+// failure; anything else (every replica stopped at the same point, the input pipeline) ends the
+// run as the watchdog always does.
+void Run::continue_after_hang(double idle_s) {
+    const std::string device = s_->strategy->lagging_device();
+    if (device.empty()) return;
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.0f", idle_s);
+    try {
+        continue_without(DeviceError(device + ": no progress for " + seconds +
+                                         " s (strategy.step_timeout_s): its step stopped while the other "
+                                         "replicas' went on (a hung kernel or copy)",
+                                     device),
+                         true);
+    } catch (const Error& e) {
+        const std::string said = std::string("error: ") + e.what() + "\n";
+        (void)!::write(2, said.data(), said.size());
+    }
 }
 
 // The first step of a continuation: how long the run was down.
@@ -1041,6 +1067,14 @@ int Run::run() {
     if (leader_) write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
     if (step_ >= total_steps_) return finish_complete_run();
     g_training = true;  // from here a signal finishes the step and writes a checkpoint
+    if (watchdog_ && cfg_.strategy.continue_on_failure && failover_.restart)
+        watchdog_->set_hang_handler([this](double idle_s) { continue_after_hang(idle_s); });
+    struct HangHandlerOff {  // before this Run's members go
+        Watchdog* watchdog;
+        ~HangHandlerOff() {
+            if (watchdog) watchdog->set_hang_handler(nullptr);
+        }
+    } off{watchdog_.get()};
     try {
         train_loop();
     } catch (const DeviceError& e) {

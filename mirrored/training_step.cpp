@@ -292,7 +292,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         if (staged) take_slots(-1);
         model_.backward(p, dlogits, (last || staged) && overlap ? std::function<void(int)>(on_unit_done) : nullptr);
     }
-    if (!values) d.event_record(R.input_free[buf], cs);  // a graph's inputs are freed after its launch
+    if (!values) set_.inputs_consumed(R, buf, cs);  // a graph's inputs are freed after its launch
     if (timing) d.event_record(R.t_backward, cs);
     if (set_.shared()) {
         shared_update(R, step, lr, values, timing, comm);
@@ -470,7 +470,7 @@ bool TrainingStep::graph_step(const Batch& batch, int64_t step, float lr, uint64
         Replica& R = set_.replica(r);
         Device& d = *R.device;
         if (r > 0) d.stream_wait_event(d.compute_stream(), R0.graph_done);
-        d.event_record(R.input_free[shapes[size_t(r)].buf], d.compute_stream());
+        set_.inputs_consumed(R, shapes[size_t(r)].buf, d.compute_stream());
     }
     return true;
 }
@@ -620,7 +620,7 @@ Metrics TrainingStep::evaluate(Loader& loader) {
                                  logits, set_.labels_at(R, buf, micro.begin), 0.0f, nullptr, nullptr,
                                  R.eval_metrics.data());
                 }
-                d.event_record(R.input_free[buf], d.compute_stream());
+                set_.inputs_consumed(R, buf, d.compute_stream());
             });
         }
         set_.synchronize();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstddef>
+#include <utility>
 
 #include "base/error.h"
 #include "base/threads.h"
@@ -55,6 +56,11 @@ std::unique_ptr<Watchdog> step_timeout_watchdog(double timeout_s, const char* ph
 
 void Watchdog::checkpointed(int64_t step) { checkpoint_step_.store(step, std::memory_order_relaxed); }
 
+void Watchdog::set_hang_handler(std::function<void(double)> handler) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hang_handler_ = std::move(handler);
+}
+
 void Watchdog::watch() {
     // checks ten times per timeout, at most once a second: the exit comes within 10% of it
     const auto period = std::chrono::duration<double>(std::clamp(timeout_s_ / 10.0, 0.01, 1.0));
@@ -62,6 +68,7 @@ void Watchdog::watch() {
     while (!cv_.wait_for(lock, period, [&] { return stopping_; })) {
         const double idle = double(now_ns() - last_tick_ns_.load(std::memory_order_acquire)) * 1e-9;
         if (idle < timeout_s_) continue;
+        if (hang_handler_) hang_handler_(idle);  // returns when the run cannot go on without the hung device
         const long long step = step_.load(), ckpt = checkpoint_step_.load();
         char resume[160];
         if (on_hang_) std::snprintf(resume, sizeof resume, "%s", on_hang_);

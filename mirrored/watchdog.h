@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -29,6 +30,10 @@ public:
     void tick(int64_t step);                     // progress: a step finished
     void phase(const char* what, int64_t step);  // progress: `what` begins (each phase has the whole timeout)
     void checkpointed(int64_t step);             // a checkpoint of `step` is on disk
+    // Runs on the watchdog's thread when the timeout passes, before the process ends (the run's
+    // strategy.on_replica_failure: continue: it may replace the process). Null: none. The
+    // handler must be cleared before what it uses goes.
+    void set_hang_handler(std::function<void(double idle_s)> handler);
 
 private:
     void watch();
@@ -41,6 +46,7 @@ private:
     std::mutex mu_;
     std::condition_variable cv_;
     bool stopping_ = false;
+    std::function<void(double)> hang_handler_;  // guarded by mu_
     std::thread thread_;
 };
 

@@ -1022,11 +1022,12 @@ namespace {
 // from and resumed there on the survivors with the accumulation it chose (the same global batch).
 void expect_continued_run(const std::string& cfg, const std::string& out, const std::string& devices,
                           const std::vector<std::pair<std::string, std::string>>& env, const std::string& failed,
-                          const std::string& survivors, int accumulation) {
+                          const std::string& survivors, int accumulation, const std::vector<std::string>& sets = {}) {
     std::string err;
-    const int rc =
-        run_cli({"train", cfg, "--output", out, "--devices", devices, "--set", "strategy.on_replica_failure=continue"},
-                env, -1, &err);
+    std::vector<std::string> args{"train",     cfg,     "--output", out,
+                                  "--devices", devices, "--set",    "strategy.on_replica_failure=continue"};
+    for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
+    const int rc = run_cli(args, env, -1, &err);
     CAPTURE(err);
     REQUIRE(rc == kExitOk);
     CHECK(err.find("alert: replica_failure: " + failed + " failed after step ") != std::string::npos);
@@ -1047,10 +1048,14 @@ void expect_continued_run(const std::string& cfg, const std::string& out, const 
     CHECK(s["resumed_from_step"].get<int64_t>() == from);
 
     const std::string ref = out + "-ref";
-    CHECK(run_cli({"train", cfg, "--output", ref, "--devices", devices},
-                  {{"MIRRORED_TEST_STOP_AFTER_STEP", std::to_string(from)}}) == kExitInterrupted);
-    CHECK(run_cli({"train", cfg, "--output", ref, "--devices", survivors, "--set",
-                   "train.grad_accumulation_steps=" + std::to_string(accumulation)}) == kExitOk);
+    std::vector<std::string> stopped{"train", cfg, "--output", ref, "--devices", devices};
+    std::vector<std::string> resumed{
+        "train",     cfg,       "--output", ref,
+        "--devices", survivors, "--set",    "train.grad_accumulation_steps=" + std::to_string(accumulation)};
+    for (const std::string& set : sets)
+        for (auto* a : {&stopped, &resumed}) a->insert(a->end(), {"--set", set});
+    CHECK(run_cli(stopped, {{"MIRRORED_TEST_STOP_AFTER_STEP", std::to_string(from)}}) == kExitInterrupted);
+    CHECK(run_cli(resumed) == kExitOk);
     expect_same_run(ref, out);
 }
 
@@ -1065,6 +1070,22 @@ TEST_CASE(
         expect_continued_run(cfg, s.out("sim"), "sim:0,1,2,3",
                              {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}}, "sim:1", "sim:0,2",
                              2);
+    }
+    // One bucket: the ring runs after backward, so a launch's number names the same kernel each run.
+    SUBCASE("simulated GPUs: a hung kernel on one GPU, found by the watchdog (its step stopped, the others' not)") {
+        expect_continued_run(cfg, s.out("hang"), "sim:0,1,2,3",
+                             {{"MIRRORED_SIM_HANG", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}}, "sim:1", "sim:0,2", 2,
+                             {"strategy.step_timeout_s=3", "strategy.bucket_mb=4"});
+    }
+    SUBCASE("simulated GPUs: a hang no one device is behind in (here inside the ring) still stops the run") {
+        std::string err;
+        CHECK(run_cli({"train", cfg, "--output", s.out("hang-ring"), "--devices", "sim:0,1,2,3", "--set",
+                       "strategy.on_replica_failure=continue", "--set", "strategy.step_timeout_s=3", "--set",
+                       "strategy.bucket_mb=4"},
+                      {{"MIRRORED_SIM_HANG", "1:1512"}, {"MIRRORED_SIM_DELAY_US", "20"}}, -1, &err) == kExitDevice);
+        CAPTURE(err);
+        CHECK(err.find("error: no progress for ") != std::string::npos);
+        CHECK(err.find("replica_failure") == std::string::npos);
     }
     SUBCASE("CPU replicas: a replica failing in step 40") {
         expect_continued_run(cfg, s.out("cpu"), "cpu:4", {{"MIRRORED_TEST_REPLICA_FAULT", "2:40"}}, "cpu:2", "cpu:2",
