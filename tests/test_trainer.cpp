@@ -1031,7 +1031,8 @@ void expect_continued_run(const std::string& cfg, const std::string& out, const 
     CAPTURE(err);
     REQUIRE(rc == kExitOk);
     CHECK(err.find("alert: replica_failure: " + failed + " failed after step ") != std::string::npos);
-    CHECK(err.find("continuing on " + survivors + " ") != std::string::npos);
+    CHECK(err.find(survivors.rfind("cpu:", 0) == 0 ? " CPU replicas (" + survivors + ", "
+                                                   : "continuing on " + survivors + " (") != std::string::npos);
     CHECK(err.find("internal") == std::string::npos);
     const json s = summary(out);
     CHECK(s["status"] == "completed");
