@@ -8,33 +8,12 @@
 #include <optional>
 #include <string>
 
-#include "data/datasets.h"
-#include "data/loader.h"
 #include "mirrored/config.h"
 #include "mirrored/failover.h"
-#include "mirrored/model.h"
-#include "mirrored/strategy.h"
+#include "mirrored/nodes.h"
+#include "mirrored/session.h"
 
 namespace mirrored {
-
-// Everything a run needs that follows from the config and the data: the model checked against
-// the data, the strategy with its replicas, and the loaders.
-struct Session {
-    Config cfg;  // with model.input_shape filled in from the data
-    std::shared_ptr<const Datasets> data;
-    std::unique_ptr<Model> model;
-    std::unique_ptr<MirroredStrategy> strategy;
-    std::unique_ptr<Loader> train_loader, test_loader;
-    // Never throws, also while an error unwinds: waits for the devices (the loaders then wait for
-    // their release callbacks) unless a device failed. After a failure the devices are abandoned
-    // and the loaders are stopped and deliberately leaked, because a failed device's queued
-    // release callbacks may never run, or run late.
-    ~Session();
-};
-// data: already loaded datasets to reuse (else loaded from cfg.data). nodes: the other nodes of
-// a multi-node run (this node then loads and trains only its part of every global batch).
-std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data = nullptr,
-                                      bool with_train_loader = true, Nodes* nodes = nullptr);
 
 // Trains; returns the process exit code (0, or 130 after SIGINT/SIGTERM/SIGUSR1 and a
 // checkpoint). Errors are thrown as mirrored::Error with their exit code.

@@ -27,7 +27,7 @@
 #include "mirrored/step_profile.h"
 #include "mirrored/strategy.h"
 #include "mirrored/tools/timed_steps.h"
-#include "mirrored/trainer.h"
+#include "mirrored/session.h"
 #include "mirrored/watchdog.h"
 
 namespace mirrored {

@@ -27,7 +27,7 @@
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/replica_threads.h"
 #include "mirrored/strategy.h"
-#include "mirrored/trainer.h"
+#include "mirrored/session.h"
 #include "mirrored/watchdog.h"
 
 namespace mirrored {

@@ -25,7 +25,7 @@
 #include "mirrored/nodes.h"
 #include "mirrored/replica_threads.h"
 #include "mirrored/strategy.h"
-#include "mirrored/trainer.h"
+#include "mirrored/session.h"
 
 namespace mirrored {
 

@@ -20,7 +20,7 @@
 #include "mirrored/planner.h"
 #include "mirrored/tools/timed_steps.h"
 #include "mirrored/tools/tools.h"
-#include "mirrored/trainer.h"
+#include "mirrored/session.h"
 #include "mirrored/util.h"
 
 namespace mirrored {

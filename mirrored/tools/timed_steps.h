@@ -8,7 +8,7 @@
 
 #include "kernels/device.h"
 #include "mirrored/strategy.h"
-#include "mirrored/trainer.h"
+#include "mirrored/session.h"
 
 namespace mirrored {
 
