@@ -13,21 +13,23 @@ constexpr long kMaxAccumulation = 1 << 16;  // train.grad_accumulation_steps' li
 }
 
 std::string encode_continuation(const Continuation& c) {
-    return c.devices + "|" + std::to_string(c.accumulation) + "|" + c.failed + "|" + std::to_string(c.fault_ms);
+    return c.devices + "|" + std::to_string(c.accumulation) + "|" + c.failed + "|" + std::to_string(c.fault_ms) + "|" +
+           std::to_string(c.lr_replicas) + "|" + c.resume;
 }
 
 Continuation decode_continuation(const std::string& text) {
     const auto fail = [&] {
         return ConfigError(std::string(kContinuationVar) + "=" + text +
-                           ": expected DEVICES|ACCUMULATION|FAILED|FAULT_MS, e.g. sim:0,2|2|sim:1|1765000000000 "
+                           ": expected DEVICES|ACCUMULATION|FAILED|FAULT_MS|LR_REPLICAS|CHECKPOINT, e.g. "
+                           "sim:0,2|2|sim:1|1765000000000|4|/runs/x/checkpoints/step-0000000035.safetensors "
                            "(a run sets it for the process that continues it)");
     };
     std::vector<std::string> f;
     size_t from = 0;
-    for (size_t bar; (bar = text.find('|', from)) != std::string::npos; from = bar + 1)
+    for (size_t bar; f.size() < 5 && (bar = text.find('|', from)) != std::string::npos; from = bar + 1)
         f.push_back(text.substr(from, bar - from));
-    f.push_back(text.substr(from));
-    if (f.size() != 4 || f[0].empty() || f[2].empty()) throw fail();
+    f.push_back(text.substr(from));  // the checkpoint's path: the rest
+    if (f.size() != 6 || f[0].empty() || f[2].empty()) throw fail();
     const auto integer = [&](const std::string& s, long long lo, long long hi) {
         if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) throw fail();
         errno = 0;
@@ -40,6 +42,8 @@ Continuation decode_continuation(const std::string& text) {
     c.accumulation = int(integer(f[1], 1, kMaxAccumulation));
     c.failed = f[2];
     c.fault_ms = integer(f[3], 0, int64_t(1) << 62);
+    c.lr_replicas = int(integer(f[4], 1, 1 << 20));
+    c.resume = f[5];
     return c;
 }
 

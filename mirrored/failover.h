@@ -22,9 +22,16 @@ struct Continuation {
     int accumulation = 1;  // train.grad_accumulation_steps that keeps the global batch
     std::string failed;    // the device set aside ("sim:1")
     int64_t fault_ms = 0;  // when the fault surfaced, in ms since the epoch (for the time to the next step)
+    // The replica count the learning rate is scaled by (optimizer.scale_lr_with_replicas): the
+    // first process's, since the global batch does not change.
+    int lr_replicas = 1;
+    // The checkpoint to go on from (absolute): the newest the run wrote, else the one it resumed
+    // from; "" when there is none (the survivors start at step 0).
+    std::string resume;
 };
 
-// The environment variable a failing process hands its successor the continuation in; the
+// The environment variable a failing process hands its successor the continuation in (the
+// fields separated by '|', the checkpoint's path last, whatever it holds); the
 // successor reads it (decode_continuation) and clears it before anything else starts.
 inline constexpr const char* kContinuationVar = "MIRRORED_CONTINUATION";
 std::string encode_continuation(const Continuation& c);

@@ -171,7 +171,7 @@ private:
         ::unsetenv(kContinuationVar);  // not for the processes this one starts
         sets.push_back("strategy.devices=" + f.continued->devices);
         sets.push_back("train.grad_accumulation_steps=" + std::to_string(f.continued->accumulation));
-        sets.push_back("checkpoint.resume=auto");
+        sets.push_back("checkpoint.resume=" + (f.continued->resume.empty() ? "auto" : f.continued->resume));
         return f;
     }
 

@@ -567,8 +567,8 @@ std::string ReplicaSet::lagging_device() const {
             if (use < 0) continue;
             try {
                 if (!R.device->event_query(R.trail[k])) oldest[r] = std::min(oldest[r], use);
-            } catch (const DeviceError&) {
-                return R.device->name();  // it failed meanwhile
+            } catch (const DeviceError& e) {
+                return e.device();  // a device's own fault names it; a refused call names none
             }
         }
     }

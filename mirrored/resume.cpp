@@ -193,8 +193,10 @@ RecoveredMetrics recover_metrics(const std::string& out_dir, int64_t up_to_step,
             try {
                 const json j = json::parse(line);
                 const int64_t step = j.at("step").get<int64_t>();
-                r.last_logged_step = std::max(r.last_logged_step, step);
                 const std::string type = j.at("type").get<std::string>();
+                // since the last resume: what came before it was counted by that resume (the
+                // kept history - replica failures - would count it again)
+                r.last_logged_step = type == "resume" ? step : std::max(r.last_logged_step, step);
                 if (type == "alert" && j.value("kind", "") == "replica_failure") {
                     r.failures.push_back(j);
                 } else if (type == "continued" && !r.failures.empty()) {

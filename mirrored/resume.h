@@ -58,7 +58,8 @@ std::string set_aside_later_checkpoints(const std::string& out_dir, const std::s
 struct RecoveredMetrics {
     Metrics train, eval;
     int64_t eval_step = -1;
-    int64_t last_logged_step = -1;  // the newest record's step, dropped ones included: the steps redone
+    // the newest record's step since the last resume record, dropped ones included: the steps redone
+    int64_t last_logged_step = -1;
     // The run's history, kept whatever its step: its replica failures (alerts of that kind, each
     // with after_fault_s from the continuation's "continued" record where there is one).
     nlohmann::json failures = nlohmann::json::array();

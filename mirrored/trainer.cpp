@@ -223,6 +223,11 @@ private:
     uint64_t train_data_ = 0;  // fingerprint() of the training set
     Metrics last_train_, last_eval_;
     int64_t last_eval_step_ = -1, last_ckpt_step_ = -1;
+    // What a continuation goes on from (strategy.on_replica_failure): the newest checkpoint this
+    // process wrote (once on disk), else the one it resumed from.
+    std::string resume_path_;
+    int64_t resume_step_ = -1;
+    std::atomic<bool> handing_over_{false};  // the training thread and the watchdog's: one hands over
     double wall_start_ = 0, train_time_ = 0, interval_start_ = 0, interval_wait_ = 0;
     double last_ckpt_time_ = 0;     // checkpoint.every_minutes counts from here
     double interval_excluded_ = 0;  // evaluation and checkpoint time inside a log interval
@@ -236,6 +241,9 @@ private:
     // raises no alert.
     bool first_interval_ = true;
     const int64_t stop_after_ = stop_after_step();
+    // The learning rate's replica count (optimizer.scale_lr_with_replicas): a continuation keeps
+    // the first process's, as the global batch stays.
+    const int lr_replicas_ = failover_.continued ? failover_.continued->lr_replicas : s_->strategy->all_replicas();
     int64_t pending_step_ = 0;
     float pending_lr_ = 0;
     int exit_code_ = kExitOk;
@@ -477,6 +485,8 @@ void Run::resume_from(const CheckpointData& ckpt, const std::string& path) {
     step_ = ckpt.step;
     resumed_from_ = ckpt.step;
     last_ckpt_step_ = ckpt.step;
+    resume_path_ = fs::absolute(path).string();
+    resume_step_ = ckpt.step;
     if (watchdog_) watchdog_->checkpointed(ckpt.step);  // a hang from here on names it, not "none yet"
     const RecoveredMetrics recovered = recover_metrics(out_dir_, ckpt.step, leader_);
     last_train_ = recovered.train;
@@ -497,6 +507,8 @@ void Run::continue_without(const DeviceError& e, bool from_watchdog) {
     if (!cfg_.strategy.continue_on_failure || !failover_.restart || e.device().empty() || !leader_ ||
         g_signals.load() > 0)  // asked to stop: it stops
         return;
+    if (handing_over_.exchange(true))  // the other thread hands over (or ends the process): wait for it
+        for (;;) ::pause();
     MirroredStrategy& st = *s_->strategy;
     std::vector<std::string> names;
     for (int r = 0; r < st.replicas(); ++r) names.push_back(st.replica(r).device->name());
@@ -506,8 +518,8 @@ void Run::continue_without(const DeviceError& e, bool from_watchdog) {
         throw DeviceError(std::string(e.what()) + "; strategy.on_replica_failure: continue: " + plan.refused +
                           ": stopping");
     const Continuation next{survivors_spec(st.devices(), plan.keep), plan.accumulation, e.device(),
-                            int64_t(unix_time_s() * 1000)};
-    const int64_t from = std::max<int64_t>(last_ckpt_step_, 0);
+                            int64_t(unix_time_s() * 1000),           lr_replicas_,      resume_path_};
+    const int64_t from = std::max<int64_t>(resume_step_, 0);
     const std::string replicas = std::to_string(plan.keep.size()) + (plan.keep.size() == 1 ? " replica" : " replicas");
     // CPU replicas are interchangeable: "cpu:2 failed; continuing on cpu:2" would read as the same one
     const bool cpu = std::string(st.devices().backend->name) == "cpu";
@@ -518,7 +530,7 @@ void Run::continue_without(const DeviceError& e, bool from_watchdog) {
     if (next.accumulation != cfg_.train.grad_accumulation_steps)
         text += ", " + std::to_string(next.accumulation) + " accumulation steps";
     text += ", global batch " + std::to_string(cfg_.train.global_batch_size) + ") from " +
-            (last_ckpt_step_ >= 0 ? "the checkpoint of step " + std::to_string(from) : std::string("step 0")) + ", " +
+            (resume_step_ >= 0 ? "the checkpoint of step " + std::to_string(from) : std::string("step 0")) + ", " +
             std::to_string(step_ - from) + " steps redone";
     if (int(plan.keep.size()) < plan.survivors)
         text += "; " + std::to_string(plan.survivors) + " replicas survive but only " +
@@ -527,9 +539,11 @@ void Run::continue_without(const DeviceError& e, bool from_watchdog) {
     if (log_.tty() && !from_watchdog) std::fprintf(out_, "\n");
     const std::string said = "alert: replica_failure: " + text + "\n  the error: " + e.what() + "\n";
     (void)!::write(2, said.data(), said.size());
-    const json record = {{"type", "alert"},     {"step", step_},           {"kind", "replica_failure"},
-                         {"message", text},     {"device", e.device()},    {"error", e.what()},
-                         {"resume_step", from}, {"devices", next.devices}, {"accumulation", next.accumulation}};
+    const json record = {{"type", "alert"},           {"step", step_},
+                         {"kind", "replica_failure"}, {"message", text},
+                         {"device", e.device()},      {"error", e.what()},
+                         {"resume_step", from},       {"redone_steps", step_ - from},
+                         {"devices", next.devices},   {"accumulation", next.accumulation}};
     if (!from_watchdog) {
         emit(record);
     } else {  // the training thread is stuck, perhaps inside the run log's stream: a file of its own
@@ -539,6 +553,8 @@ void Run::continue_without(const DeviceError& e, bool from_watchdog) {
             << r.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     }
     if (!from_watchdog) std::fflush(nullptr);  // (a stuck thread's buffered progress lines are lost)
+    if (g_signals.load() > 0)                  // a stop asked for meanwhile: the new process would not know of it
+        throw DeviceError(std::string(e.what()) + "; not continuing on " + next.devices + ": asked to stop");
     failover_.restart(next);
     throw DeviceError(std::string(e.what()) + "; strategy.on_replica_failure: continue: could not restart on " +
                       next.devices + ": " + std::strerror(errno));
@@ -559,7 +575,7 @@ void Run::continue_after_hang(double idle_s) {
                                          "replicas' went on (a hung kernel or copy)",
                                      device),
                          true);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // the watchdog ends the process as it would have
         const std::string said = std::string("error: ") + e.what() + "\n";
         (void)!::write(2, said.data(), said.size());
     }
@@ -711,6 +727,8 @@ void Run::save_checkpoint(int64_t step) {
     d.software = software_json();
     if (watchdog_) watchdog_->phase("a checkpoint write", step);
     write_checkpoint(checkpoint_path(ckpt_dir_, step), *s_->model, d);
+    resume_path_ = fs::absolute(checkpoint_path(ckpt_dir_, step)).string();
+    resume_step_ = step;
     prune_checkpoints(ckpt_dir_, cfg_.checkpoint.keep, step);
     if (watchdog_) watchdog_->checkpointed(step);
     last_ckpt_time_ = now_s();
@@ -935,7 +953,7 @@ void Run::train_loop() {
     while (step_ < total_steps_) {
         const Batch& batch = st.next_batch(loader);
         const int rows = batch.global_rows;  // the slot may be refilled once the replicas release it
-        const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, st.all_replicas()));
+        const float lr = float(learning_rate(cfg_.optimizer, step_, total_steps_, lr_replicas_));
         const bool log_now = (step_ + 1) % log_every == 0 || step_ + 1 == total_steps_;
         if (const auto [r, at] = test_replica_fault(); at == process_steps_ + 1 && r < st.replicas())
             st.test_inject_fault(r);

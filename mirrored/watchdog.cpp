@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstddef>
+#include <future>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "base/error.h"
@@ -61,6 +64,26 @@ void Watchdog::set_hang_handler(std::function<void(double)> handler) {
     hang_handler_ = std::move(handler);
 }
 
+// On a thread of its own, waited for at most 30 s: a handler stuck in a driver call must not keep
+// the watchdog from ending the process. mu_ stays held, so the handler's owner cannot clear it
+// (and go) while it runs.
+void Watchdog::run_hang_handler(double idle) {
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> finished = done->get_future();
+    try {
+        std::thread([handler = hang_handler_, idle, done] {
+            try {
+                handler(idle);
+            } catch (...) {  // the process ends from the watchdog's thread as it would have
+            }
+            done->set_value();
+        }).detach();
+    } catch (const std::system_error&) {  // no thread to be had: the process ends as it would have
+        return;
+    }
+    (void)finished.wait_for(std::chrono::seconds(30));
+}
+
 void Watchdog::watch() {
     // checks ten times per timeout, at most once a second: the exit comes within 10% of it
     const auto period = std::chrono::duration<double>(std::clamp(timeout_s_ / 10.0, 0.01, 1.0));
@@ -68,7 +91,7 @@ void Watchdog::watch() {
     while (!cv_.wait_for(lock, period, [&] { return stopping_; })) {
         const double idle = double(now_ns() - last_tick_ns_.load(std::memory_order_acquire)) * 1e-9;
         if (idle < timeout_s_) continue;
-        if (hang_handler_) hang_handler_(idle);  // returns when the run cannot go on without the hung device
+        if (hang_handler_) run_hang_handler(idle);  // returns when the run cannot go on without the hung device
         const long long step = step_.load(), ckpt = checkpoint_step_.load();
         char resume[160];
         if (on_hang_) std::snprintf(resume, sizeof resume, "%s", on_hang_);

@@ -37,6 +37,7 @@ public:
 
 private:
     void watch();
+    void run_hang_handler(double idle);
 
     const double timeout_s_;
     std::atomic<int64_t> last_tick_ns_, step_{0}, checkpoint_step_{-1};

@@ -1020,42 +1020,65 @@ namespace {
 // strategy.on_replica_failure: continue. The run that loses a device goes on without it and ends
 // with exit 0; its result equals, bit for bit, the same run stopped at the checkpoint it continued
 // from and resumed there on the survivors with the accumulation it chose (the same global batch).
-void expect_continued_run(const std::string& cfg, const std::string& out, const std::string& devices,
-                          const std::vector<std::pair<std::string, std::string>>& env, const std::string& failed,
-                          const std::string& survivors, int accumulation, const std::vector<std::string>& sets = {}) {
+struct Failing {
+    std::string devices;                                   // the run's
+    std::vector<std::pair<std::string, std::string>> env;  // the fault
+    std::vector<std::string> sets;                         // every run's (the reference too)
+    std::vector<std::string> failing_sets;                 // the failing run's only
+    std::string said;                                      // in its stderr
+};
+struct Continued {
+    std::string failed, survivors;
+    int accumulation;
+};
+
+// The failing run (exit 0 after the failures `expected`), then the reference: stopped at each
+// failure's checkpoint and resumed there on its survivors, equal bit for bit.
+void expect_continued_run(const std::string& cfg, const std::string& out, const Failing& run,
+                          const std::vector<Continued>& expected) {
     std::string err;
-    std::vector<std::string> args{"train",     cfg,     "--output", out,
-                                  "--devices", devices, "--set",    "strategy.on_replica_failure=continue"};
-    for (const std::string& set : sets) args.insert(args.end(), {"--set", set});
-    const int rc = run_cli(args, env, -1, &err);
+    std::vector<std::string> args{"train",     cfg,         "--output", out,
+                                  "--devices", run.devices, "--set",    "strategy.on_replica_failure=continue"};
+    for (const auto* sets : {&run.sets, &run.failing_sets})
+        for (const std::string& set : *sets) args.insert(args.end(), {"--set", set});
+    const int rc = run_cli(args, run.env, -1, &err);
     CAPTURE(err);
     REQUIRE(rc == kExitOk);
-    CHECK(err.find("alert: replica_failure: " + failed + " failed after step ") != std::string::npos);
-    CHECK(err.find(survivors.rfind("cpu:", 0) == 0 ? " CPU replicas (" + survivors + ", "
-                                                   : "continuing on " + survivors + " (") != std::string::npos);
     CHECK(err.find("internal") == std::string::npos);
+    CHECK(err.find(run.said) != std::string::npos);
     const json s = summary(out);
     CHECK(s["status"] == "completed");
-    REQUIRE(s["replica_failures"].size() == 1);
-    const json f = s["replica_failures"][0];
-    CHECK(f["device"] == failed);
-    CHECK(f["devices"] == survivors);
-    CHECK(f["accumulation"] == accumulation);
-    CHECK(f["error"].get<std::string>().rfind(failed + ": ", 0) == 0);
-    CHECK(f["after_fault_s"].get<double>() >= 0);
-    const int64_t from = f["resume_step"].get<int64_t>();
-    CHECK(from > 0);
-    CHECK(f["step"].get<int64_t>() >= from);
-    CHECK(s["resumed_from_step"].get<int64_t>() == from);
-
+    REQUIRE(s["replica_failures"].size() == expected.size());
     const std::string ref = out + "-ref";
-    std::vector<std::string> stopped{"train", cfg, "--output", ref, "--devices", devices};
-    std::vector<std::string> resumed{
-        "train",     cfg,       "--output", ref,
-        "--devices", survivors, "--set",    "train.grad_accumulation_steps=" + std::to_string(accumulation)};
-    for (const std::string& set : sets)
-        for (auto* a : {&stopped, &resumed}) a->insert(a->end(), {"--set", set});
-    CHECK(run_cli(stopped, {{"MIRRORED_TEST_STOP_AFTER_STEP", std::to_string(from)}}) == kExitInterrupted);
+    std::string devices = run.devices, accumulation = "1";
+    for (size_t k = 0; k < expected.size(); ++k) {
+        const Continued& c = expected[k];
+        const json f = s["replica_failures"][k];
+        CAPTURE(k);
+        CHECK(err.find("alert: replica_failure: " + c.failed + " failed after step ") != std::string::npos);
+        CHECK(err.find(c.survivors.rfind("cpu:", 0) == 0 ? " CPU replica" : "continuing on " + c.survivors + " (") !=
+              std::string::npos);
+        CHECK(f["device"] == c.failed);
+        CHECK(f["devices"] == c.survivors);
+        CHECK(f["accumulation"] == c.accumulation);
+        CHECK(f["error"].get<std::string>().rfind(c.failed + ": ", 0) == 0);
+        CHECK(f["after_fault_s"].get<double>() >= 0);
+        const int64_t from = f["resume_step"].get<int64_t>();
+        CHECK(from > 0);
+        CHECK(f["redone_steps"].get<int64_t>() == f["step"].get<int64_t>() - from);
+        if (k + 1 == expected.size()) CHECK(s["resumed_from_step"].get<int64_t>() == from);
+        // the reference: up to this checkpoint on the devices so far, then on the survivors
+        std::vector<std::string> stopped{
+            "train",     cfg,     "--output", ref,
+            "--devices", devices, "--set",    "train.grad_accumulation_steps=" + accumulation};
+        for (const std::string& set : run.sets) stopped.insert(stopped.end(), {"--set", set});
+        CHECK(run_cli(stopped, {{"MIRRORED_TEST_STOP_AFTER_STEP", std::to_string(from)}}) == kExitInterrupted);
+        devices = c.survivors;
+        accumulation = std::to_string(c.accumulation);
+    }
+    std::vector<std::string> resumed{"train",     cfg,     "--output", ref,
+                                     "--devices", devices, "--set",    "train.grad_accumulation_steps=" + accumulation};
+    for (const std::string& set : run.sets) resumed.insert(resumed.end(), {"--set", set});
     CHECK(run_cli(resumed) == kExitOk);
     expect_same_run(ref, out);
 }
@@ -1068,20 +1091,28 @@ TEST_CASE(
     Scratch s;
     const std::string cfg = s.config();
     SUBCASE("simulated GPUs: 4 -> 2 (32 rows do not divide into 3 replicas), 2 micro-batches of 8 as before") {
-        expect_continued_run(cfg, s.out("sim"), "sim:0,1,2,3",
-                             {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}}, "sim:1", "sim:0,2",
-                             2);
+        expect_continued_run(cfg, s.out("sim"),
+                             {"sim:0,1,2,3",
+                              {{"MIRRORED_SIM_FAULT", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}},
+                              {},
+                              {},
+                              "illegal memory access"},
+                             {{"sim:1", "sim:0,2", 2}});
     }
     // One bucket: the ring runs after backward, so a launch's number names the same kernel each run.
     SUBCASE("simulated GPUs: a hung kernel on one GPU, found by the watchdog (its step stopped, the others' not)") {
-        expect_continued_run(cfg, s.out("hang"), "sim:0,1,2,3",
-                             {{"MIRRORED_SIM_HANG", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}}, "sim:1", "sim:0,2", 2,
-                             {"strategy.step_timeout_s=3", "strategy.bucket_mb=4"});
+        expect_continued_run(cfg, s.out("hang"),
+                             {"sim:0,1,2,3",
+                              {{"MIRRORED_SIM_HANG", "1:1500"}, {"MIRRORED_SIM_DELAY_US", "20"}},
+                              {"strategy.bucket_mb=4"},
+                              {"strategy.step_timeout_s=8"},
+                              " s (strategy.step_timeout_s): its step stopped while the other replicas' went on"},
+                             {{"sim:1", "sim:0,2", 2}});
     }
     SUBCASE("simulated GPUs: a hang no one device is behind in (here inside the ring) still stops the run") {
         std::string err;
         CHECK(run_cli({"train", cfg, "--output", s.out("hang-ring"), "--devices", "sim:0,1,2,3", "--set",
-                       "strategy.on_replica_failure=continue", "--set", "strategy.step_timeout_s=3", "--set",
+                       "strategy.on_replica_failure=continue", "--set", "strategy.step_timeout_s=8", "--set",
                        "strategy.bucket_mb=4"},
                       {{"MIRRORED_SIM_HANG", "1:1512"}, {"MIRRORED_SIM_DELAY_US", "20"}}, -1, &err) == kExitDevice);
         CAPTURE(err);
@@ -1089,8 +1120,43 @@ TEST_CASE(
         CHECK(err.find("replica_failure") == std::string::npos);
     }
     SUBCASE("CPU replicas: a replica failing in step 40") {
-        expect_continued_run(cfg, s.out("cpu"), "cpu:4", {{"MIRRORED_TEST_REPLICA_FAULT", "2:40"}}, "cpu:2", "cpu:2",
-                             2);
+        expect_continued_run(
+            cfg, s.out("cpu"),
+            {"cpu:4", {{"MIRRORED_TEST_REPLICA_FAULT", "2:40"}}, {}, {}, "MIRRORED_TEST_REPLICA_FAULT"},
+            {{"cpu:2", "cpu:2", 2}});
+    }
+    // The continued process takes its own 40th step too (step 75), where replica 1 fails again.
+    SUBCASE("CPU replicas: a second failure in the continued process: 4 -> 2 -> 1 replicas") {
+        expect_continued_run(
+            cfg, s.out("twice"),
+            {"cpu:4", {{"MIRRORED_TEST_REPLICA_FAULT", "1:40"}}, {}, {}, "MIRRORED_TEST_REPLICA_FAULT"},
+            {{"cpu:1", "cpu:2", 2}, {"cpu:1", "cpu:1", 4}});
+        const json f = summary(s.out("twice"))["replica_failures"];
+        CHECK(f[1]["resume_step"].get<int64_t>() > f[0]["step"].get<int64_t>());
+    }
+    // A run started from another run's checkpoint goes on from that one, not from step 0, when a
+    // device fails before it wrote its own.
+    SUBCASE("a run started from a named checkpoint: before its own first checkpoint, it goes on from that one") {
+        const std::string base = s.out("base");
+        REQUIRE(run_cli({"train", cfg, "--output", base, "--devices", "cpu:2"},
+                        {{"MIRRORED_TEST_STOP_AFTER_STEP", "35"}}) == kExitInterrupted);
+        const std::string named = base + "/checkpoints/step-0000000035.safetensors";
+        REQUIRE(fs::exists(named));
+        const std::string out = s.out("named");
+        std::string err;
+        REQUIRE(run_cli({"train", cfg, "--output", out, "--devices", "cpu:2", "--set",
+                         "strategy.on_replica_failure=continue", "--set", "checkpoint.resume=" + named},
+                        {{"MIRRORED_TEST_REPLICA_FAULT", "1:3"}}, -1, &err) == kExitOk);
+        CAPTURE(err);
+        const json sm = summary(out);
+        REQUIRE(sm["replica_failures"].size() == 1);
+        CHECK(sm["replica_failures"][0]["resume_step"] == 35);
+        CHECK(sm["resumed_from_step"] == 35);
+        const std::string ref = s.out("named-ref");
+        REQUIRE(run_cli({"train", cfg, "--output", ref, "--devices", "cpu:1", "--set",
+                         "train.grad_accumulation_steps=2", "--set", "checkpoint.resume=" + named}) == kExitOk);
+        CHECK(summary(ref)["test_loss"] == sm["test_loss"]);
+        CHECK(summary(ref)["replica_checksums"] == sm["replica_checksums"]);
     }
     SUBCASE("a failure before the first checkpoint starts the survivors from step 0, the folder kept") {
         const std::string out = s.out("early");
@@ -1146,14 +1212,18 @@ TEST_CASE("on_replica_failure: which replicas go on, and the hand-over to the ne
     CHECK(p.keep == std::vector<int>{0, 1, 2});
     CHECK(p.accumulation == 1);
 
-    const Continuation c{"sim:0,2", 2, "sim:1", 1765000000123};
+    const Continuation c{"sim:0,2", 2, "sim:1", 1765000000123, 4, "/runs/a|b/checkpoints/step-0000000035.safetensors"};
     const Continuation back = decode_continuation(encode_continuation(c));
     CHECK(back.devices == c.devices);
     CHECK(back.accumulation == 2);
     CHECK(back.failed == "sim:1");
     CHECK(back.fault_ms == c.fault_ms);
-    for (const char* bad : {"", "sim:0|2|sim:1", "sim:0|0|sim:1|5", "|2|sim:1|5", "sim:0|2||5", "sim:0|2|sim:1|-5",
-                            "sim:0|2|sim:1|5|x", "sim:0|x|sim:1|5", "sim:0|2|sim:1|99999999999999999999"}) {
+    CHECK(back.lr_replicas == 4);
+    CHECK(back.resume == c.resume);  // a '|' in the path is the path's
+    CHECK(decode_continuation("cpu:1|2|cpu:1|5|2|").resume.empty());
+    for (const char* bad :
+         {"", "sim:0|2|sim:1|5|4", "sim:0|0|sim:1|5|4|", "|2|sim:1|5|4|", "sim:0|2||5|4|", "sim:0|2|sim:1|-5|4|",
+          "sim:0|2|sim:1|5|0|", "sim:0|x|sim:1|5|4|", "sim:0|2|sim:1|99999999999999999999|4|"}) {
         CAPTURE(std::string(bad));
         CHECK_THROWS_AS(decode_continuation(bad), ConfigError);
     }
@@ -1238,8 +1308,9 @@ TEST_CASE("cuda: on_replica_failure: continue: a GPU's sticky error sets it asid
         return;
     }
     Scratch s;
-    expect_continued_run(s.config(), s.out("cuda"), "cuda:0,1", {{"MIRRORED_CUDA_EMU_FAULT", "1:1500"}}, "cuda:1",
-                         "cuda:0", 2);
+    expect_continued_run(s.config(), s.out("cuda"),
+                         {"cuda:0,1", {{"MIRRORED_CUDA_EMU_FAULT", "1:1500"}}, {}, {}, "illegal memory access"},
+                         {{"cuda:1", "cuda:0", 2}});
 }
 
 // A board that reports peer access but corrupts peer traffic (MIRRORED_CUDA_EMU_PEER_CORRUPT): the
