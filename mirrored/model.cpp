@@ -126,6 +126,7 @@ std::vector<std::pair<size_t, size_t>> Model::matrix_ranges() const {
 }
 
 size_t Model::stats_floats() const { return layout_->stats_floats(); }
+int Model::stats_syncs() const { return layout_->stats_syncs(); }
 
 const TensorInfo* Model::find(const std::string& name) const {
     for (const auto& t : tensors_)

@@ -98,6 +98,7 @@ public:
     size_t param_count() const { return param_count_; }        // trainable values
     bool has_state() const { return trainable_size_ < flat_size_; }
     size_t stats_floats() const;  // cross-replica statistics buffer (synchronised batchnorm)
+    int stats_syncs() const;      // layers whose statistics are summed over the replicas
     const TensorInfo* find(const std::string& name) const;
     std::string summary() const;  // one line per layer, for the log
     // Each top-level layer in a few words: "layers.0 dense [784] -> [1024] relu".

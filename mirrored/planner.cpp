@@ -30,17 +30,6 @@ double allreduce_seconds(const Topology& t, double bytes) {
     return in_node + between + gather;
 }
 
-namespace {
-
-int count_sync_batchnorm(const std::vector<LayerSpec>& layers) {
-    int n = 0;
-    for (const LayerSpec& l : layers)
-        n += (l.type == "batchnorm" && l.field("sync") == "true") + count_sync_batchnorm(l.layers);
-    return n;
-}
-
-}  // namespace
-
 CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
     CommPlan c;
     const auto flops = model.layer_flops();
@@ -81,7 +70,7 @@ CommPlan comm_plan(const Model& model, const StrategyConfig& strategy) {
         c.wire_bytes += t.bytes;
         c.buckets.push_back(t);
     }
-    const int sync = count_sync_batchnorm(model.layers());
+    const int sync = model.stats_syncs();
     if (sync > 0) {
         c.blocking_allreduces = 2 * sync;
         c.blocking_bytes = double(model.stats_floats()) * 4.0 / sync;  // per layer, roughly

@@ -106,7 +106,15 @@ TEST_CASE("planner: the model's buckets, bytes on the wire and memory fit") {
     CHECK(f32.backward_share > 0.5);
     CHECK(f32.backward_share < 0.7);
     CHECK(f32.blocking_allreduces == 2);  // one synchronised batchnorm: forward and backward
-    s.allreduce_dtype = DType::bf16;      // gradients in half the bytes, running statistics still f32
+    // a projection shortcut's batchnorm synchronises with the block's own: two layers, as built
+    const Model res({8, 8, 2},
+                    {residual({conv(4, 3, 2, true, Activation::none), batchnorm(true, Activation::none)}, "conv1x1",
+                              Activation::relu),
+                     flatten(), dense(5, Activation::none)},
+                    1);
+    CHECK(res.stats_syncs() == 2);
+    CHECK(comm_plan(res, s).blocking_allreduces == 4);
+    s.allreduce_dtype = DType::bf16;  // gradients in half the bytes, running statistics still f32
     const CommPlan bf = comm_plan(model, s);
     CHECK(bf.wire_bytes ==
           doctest::Approx(double(model.trainable_size()) * 2 + double(model.flat_size() - model.trainable_size()) * 4));

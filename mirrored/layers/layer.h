@@ -215,7 +215,12 @@ public:
     // Scratch shared by every layer in turn, per row (image) of the layer using it: sized for
     // the rows a block of Device::column_block_images holds, not the whole batch.
     void scratch(size_t per_row) { scratch_rows_.push_back(per_row); }
-    void stats(size_t floats) { stats_floats_ = std::max(stats_floats_, floats); }
+    // A layer whose statistics are summed over every replica (one all-reduce each way per step):
+    // the shared buffer is the largest such layer's.
+    void stats(size_t floats) {
+        stats_floats_ = std::max(stats_floats_, floats);
+        ++stats_syncs_;
+    }
     // A layer's input or output positions (Layer::build): the most any layer's products run over
     // per sample, inside the model as at its ends (a sequence flattened before the head).
     void note_positions(int n) { positions_ = std::max(positions_, n); }
@@ -272,6 +277,7 @@ public:
     const std::vector<Slot>& slots() const { return slots_; }
     const std::vector<size_t>& scratch_per_row() const { return scratch_rows_; }
     size_t stats_floats() const { return stats_floats_; }
+    int stats_syncs() const { return stats_syncs_; }
 
 private:
     int add_tensor(const std::string& name, std::vector<int> shape, InitArgs init);
@@ -298,6 +304,7 @@ private:
     std::vector<Slot> slots_;
     std::vector<size_t> scratch_rows_;
     size_t stats_floats_ = 0;
+    int stats_syncs_ = 0;
     int positions_ = 1;
     bool recompute_ = false;
     int depth_ = 0, region_ = -1, regions_ = 0;  // open recompute blocks, the outermost's region

@@ -121,7 +121,7 @@ private:
     // The shortcut's batchnorm synchronises when the block's own ones do.
     static bool sync_of(const LayerSpec& s) {
         for (const LayerSpec& l : s.layers)
-            if (l.type == "batchnorm" && l.field("sync") == "true") return true;
+            if (l.field("sync") == "true") return true;  // a layer that sums its statistics over the replicas
         return false;
     }
 
