@@ -520,13 +520,11 @@ void Run::continue_without(const DeviceError& e, bool from_watchdog) {
     const Continuation next{survivors_spec(st.devices(), plan.keep), plan.accumulation, e.device(),
                             int64_t(unix_time_s() * 1000),           lr_replicas_,      resume_path_};
     const int64_t from = std::max<int64_t>(resume_step_, 0);
-    const std::string replicas = std::to_string(plan.keep.size()) + (plan.keep.size() == 1 ? " replica" : " replicas");
+    const std::string count = std::to_string(plan.keep.size()), noun = plan.keep.size() == 1 ? " replica" : " replicas";
     // CPU replicas are interchangeable: "cpu:2 failed; continuing on cpu:2" would read as the same one
     const bool cpu = std::string(st.devices().backend->name) == "cpu";
     std::string text = e.device() + " failed after step " + std::to_string(step_) + "; continuing on " +
-                       (cpu ? replicas.substr(0, replicas.find(' ')) + " CPU" + replicas.substr(replicas.find(' ')) +
-                                  " (" + next.devices
-                            : next.devices + " (" + replicas);
+                       (cpu ? count + " CPU" + noun + " (" + next.devices : next.devices + " (" + count + noun);
     if (next.accumulation != cfg_.train.grad_accumulation_steps)
         text += ", " + std::to_string(next.accumulation) + " accumulation steps";
     text += ", global batch " + std::to_string(cfg_.train.global_batch_size) + ") from " +

@@ -1294,19 +1294,30 @@ TEST_CASE(
     }
 }
 
+namespace {
+
+// A test of an emulated GPU's knob, on two GPUs: false, the case marked as run elsewhere, on a real
+// GPU (which has no such knob) or with fewer than two.
+bool on_two_emulated_gpus(const std::string& knob) {
+    if (make_cuda_device(0)->description().rfind("emulated GPU", 0) != 0) {
+        mark_runs_elsewhere(knob + " belongs to the emulated GPU (make test-cuda-emu), not a real one");
+        return false;
+    }
+    if (cuda_device_count() < 2) {
+        mark_runs_elsewhere("needs 2 or more GPUs, " + std::to_string(cuda_device_count()) + " visible");
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
 // The same continuation on the CUDA backend's own code: a sticky error on emulated GPU 1 (an
 // illegal address) names that GPU, and the run goes on on GPU 0 alone.
 TEST_CASE("cuda: on_replica_failure: continue: a GPU's sticky error sets it aside, the run goes on exactly" *
           doctest::test_suite("emulated")) {
     SKIP_WITHOUT_CUDA();
-    if (make_cuda_device(0)->description().rfind("emulated GPU", 0) != 0) {
-        mark_runs_elsewhere("MIRRORED_CUDA_EMU_FAULT belongs to the emulated GPU (make test-cuda-emu), not a real one");
-        return;
-    }
-    if (cuda_device_count() < 2) {
-        mark_runs_elsewhere("needs 2 or more GPUs, " + std::to_string(cuda_device_count()) + " visible");
-        return;
-    }
+    if (!on_two_emulated_gpus("MIRRORED_CUDA_EMU_FAULT")) return;
     Scratch s;
     expect_continued_run(s.config(), s.out("cuda"),
                          {"cuda:0,1", {{"MIRRORED_CUDA_EMU_FAULT", "1:1500"}}, {}, {}, "illegal memory access"},
@@ -1320,14 +1331,7 @@ TEST_CASE("cuda: on_replica_failure: continue: a GPU's sticky error sets it asid
 TEST_CASE("cuda: a peer link that corrupts data is found at start-up and staged; the run stays exact" *
           doctest::test_suite("emulated")) {
     SKIP_WITHOUT_CUDA();
-    if (make_cuda_device(0)->description().rfind("emulated GPU", 0) != 0) {
-        mark_runs_elsewhere("MIRRORED_CUDA_EMU_PEER_CORRUPT belongs to the emulated GPU (make test-cuda-emu)");
-        return;
-    }
-    if (cuda_device_count() < 2) {
-        mark_runs_elsewhere("needs 2 or more GPUs, " + std::to_string(cuda_device_count()) + " visible");
-        return;
-    }
+    if (!on_two_emulated_gpus("MIRRORED_CUDA_EMU_PEER_CORRUPT")) return;
     Scratch s;
     const std::string cfg = s.config();
     auto train = [&](const std::string& out, const char* knob) {
