@@ -56,7 +56,7 @@ XSMM_CFLAGS = $(if $(filter 1,$(WITH_XSMM)),$(shell pkg-config --cflags libxsmm)
 XSMM_LIBS = $(if $(filter 1,$(WITH_XSMM)),$(shell pkg-config --libs libxsmm))
 LDLIBS = $(XSMM_LIBS) $(PKG_LIBS) $(MPI_LIBS) -pthread -ldl
 
-LIB_CPP := $(wildcard base/*.cpp kernels/*.cpp kernels/cpu/*.cpp kernels/sim/*.cpp data/*.cpp data/*/*.cpp mirrored/*.cpp mirrored/*/*.cpp)
+LIB_CPP := $(wildcard base/*.cpp kernels/*.cpp kernels/cpu/*.cpp kernels/ops/*.cpp kernels/sim/*.cpp data/*.cpp data/*/*.cpp mirrored/*.cpp mirrored/*/*.cpp)
 LIB_CPP := $(filter-out mirrored/main.cpp kernels/cuda_stub.cpp,$(LIB_CPP))
 TEST_CPP := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 # The backend's own sources (beside LIB_CU / EMU_CU), set below: the CUDA stubs, or the emulator.
@@ -68,6 +68,7 @@ ifeq ($(CUDA_EMU),1)
   # compiled as C++ by $(CXX) against a CPU implementation of the CUDA runtime, cuBLAS and cuBLASLt
   # and NCCL (headers from $(CUDA_HOME), no CUDA library linked; without nccl.h, no nccl op).
   EMU_CU := kernels/cuda/cuda_device.cu kernels/cuda/cuda_kernels.cu kernels/cuda/fused_gemm.cu
+  OP_CU := $(wildcard kernels/ops/*.cu)
   BACKEND_CPP += tests/cuda_emu/fibers.cpp tests/cuda_emu/runtime.cpp tests/cuda_emu/queue.cpp
   BACKEND_TEST_CPP += tests/cuda_emu/test_emulator.cpp
   LIB_CU :=
@@ -92,6 +93,7 @@ else ifneq ($(NVCC),)
                     /usr/lib/*/libnccl.so /usr/lib/libnccl.so))
   WITH_NCCL ?= $(if $(and $(NCCL_HEADER),$(NCCL_LIBFILE)),1,0)
   LIB_CU := $(filter-out kernels/cuda/nccl_group.cu,$(wildcard kernels/cuda/*.cu))
+  OP_CU := $(wildcard kernels/ops/*.cu)
   ifeq ($(WITH_NCCL),1)
     LIB_CU += kernels/cuda/nccl_group.cu
     NCCL_LIBS := -L$(dir $(NCCL_LIBFILE)) -Wl,-rpath,$(dir $(NCCL_LIBFILE)) -lnccl
@@ -125,6 +127,9 @@ HOST_OBJ := $(LIB_CPP:%.cpp=$(HOST_OBJ_DIR)/%.o)
 HOST_TEST_OBJ := $(TEST_CPP:%.cpp=$(HOST_OBJ_DIR)/%.o)
 MAIN_OBJ := $(HOST_OBJ_DIR)/mirrored/main.o
 LIB_OBJ := $(HOST_OBJ) $(BACKEND_CPP:%.cpp=$(OBJ)/%.o) $(LIB_CU:%.cu=$(OBJ)/%.cu.o) $(EMU_CU:%.cu=$(OBJ)/%.emu.o)
+# The op families' CUDA kernels (kernels/ops/*.cu) register their launchers as the program starts
+# (nothing refers to them by name), so they are linked as objects, never left in the archive.
+OP_CU_OBJ := $(if $(filter 1,$(CUDA_EMU)),$(OP_CU:%.cu=$(OBJ)/%.emu.o),$(OP_CU:%.cu=$(OBJ)/%.cu.o))
 TEST_OBJ := $(HOST_TEST_OBJ) $(BACKEND_TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
@@ -136,10 +141,10 @@ $(LIB): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/mirrored: $(MAIN_OBJ) $(LIB)
+$(BUILD)/mirrored: $(MAIN_OBJ) $(OP_CU_OBJ) $(LIB)
 	$(CXX) -o $@ $^ $(LDFLAGS_EXTRA) $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/mirrored_tests: $(TEST_OBJ) $(LIB)
+$(BUILD)/mirrored_tests: $(TEST_OBJ) $(OP_CU_OBJ) $(LIB)
 	$(CXX) -o $@ $^ $(LDFLAGS_EXTRA) $(LDLIBS) $(CUDA_LIBS)
 
 # Every object depends on the flags of its build, kept in flags.txt and rewritten only when they
@@ -161,6 +166,8 @@ $(OBJ)/%.o: %.cpp $(FLAGS_FILE) | $(DEPS_STEP)
 # trapping maths (no code here reads the floating-point exception flags) a loop whose formula
 # selects (GELU's clamps and signs, kernels/op_math.h) vectorises too; no value changes.
 $(OBJ)/kernels/cpu/%.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
+# The op families' CPU loops (kernels/ops/*.cpp), likewise.
+$(OBJ)/kernels/ops/%.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
 # The image loader's resampling loops (data/image_transform.cpp), likewise.
 $(OBJ)/data/image_transform.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
 
@@ -180,7 +187,7 @@ $(OBJ)/%.cu.o: %.cu $(FLAGS_FILE) | $(DEPS_STEP)
 	$(NVCC) $(NVCCFLAGS) -MF $(@:.o=.d) -c $< -o $@
 
 # A .cu file for the emulated GPU: launches rewritten into calls, device code given by kernel_emu.h.
-$(OBJ)/%.emu.o: %.cu tests/cuda_emu/rewrite.pl tests/cuda_emu/kernel_emu.h $(FLAGS_FILE) | $(DEPS_STEP)
+$(OBJ)/%.emu.o: %.cu $(wildcard kernels/cuda/*.cuh) tests/cuda_emu/rewrite.pl tests/cuda_emu/kernel_emu.h $(FLAGS_FILE) | $(DEPS_STEP)
 	@mkdir -p $(dir $@)
 	perl tests/cuda_emu/rewrite.pl $< > $(@:.o=.cpp)
 	$(CXX) $(CXXFLAGS) -Wno-attributes -Wno-sign-compare -Itests/cuda_emu/include -include tests/cuda_emu/kernel_emu.h \
@@ -235,7 +242,7 @@ EMU_TESTS ?= -ts=cuda,emulated,emulator
 test-cuda-emu:
 	@test -f $(CUDA_HOME)/include/cuda_runtime.h || \
 	  { echo "test-cuda-emu: no CUDA toolkit headers under $(CUDA_HOME) (set CUDA_HOME)"; exit 2; }
-	@! grep -rlE 'MIRRORED_(CUDA|NCCL)\b|#include <(cuda|cublas|nccl)' base kernels/*.* kernels/cpu kernels/sim data mirrored \
+	@! grep -rlE 'MIRRORED_(CUDA|NCCL)\b|#include <(cuda|cublas|nccl)' base kernels/*.* kernels/cpu kernels/ops/*.h kernels/ops/*.cpp kernels/sim data mirrored \
 	  tests/*.cpp tests/*.h tests/fuzz || { echo "test-cuda-emu: the files above see CUDA: $(BUILD)'s objects cannot be shared"; exit 2; }
 	$(MAKE) -j$(shell nproc) host-objects
 	$(MAKE) -j$(shell nproc) BUILD=build-emu CUDA_EMU=1 HOST_BUILD=$(BUILD) build-emu/mirrored_tests build-emu/mirrored
@@ -281,10 +288,10 @@ lint:
 	@command -v clang-format >/dev/null && command -v cppcheck >/dev/null || scripts/install_deps.sh --lint
 	@clang-format --dry-run --Werror $(SOURCES) && echo "lint: $(words $(SOURCES)) sources formatted as .clang-format says"
 	cppcheck --enable=warning,portability --std=c++20 --language=c++ -I. --inline-suppr --quiet \
-	  --suppress=missingIncludeSystem --error-exitcode=1 -j$(shell nproc) base data mirrored kernels/*.cpp kernels/cpu kernels/sim
+	  --suppress=missingIncludeSystem --error-exitcode=1 -j$(shell nproc) base data mirrored kernels/*.cpp kernels/cpu kernels/ops/*.cpp kernels/sim
 	@echo "lint: clean"
 
 clean:
 	rm -rf $(BUILD) build-tsan build-fuzz build-emu build-emu-asan
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(OP_CU_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(MAIN_OBJ:.o=.d)

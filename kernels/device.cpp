@@ -62,14 +62,6 @@ const char* precision_name(Precision p) {
     }
 }
 
-int Device::check_fused_head_width(int c, int heads) {
-    if (heads <= 0 || c % heads || c / heads > kMaxFusedHeadWidth)
-        throw Error(kExitFailure, "fused attention: " + std::to_string(heads) + " heads over width " +
-                                      std::to_string(c) + " (heads must divide it, each at most " +
-                                      std::to_string(kMaxFusedHeadWidth) + " wide)");
-    return c / heads;
-}
-
 const char* activation_name(Activation a) {
     switch (a) {
         case Activation::relu:
@@ -149,6 +141,17 @@ void Device::channel_affine_act(Stream s, Activation act, int rows, int c, const
                                 const float* invstd, const float* gamma, const float* beta, void* y) {
     channel_affine(s, rows, c, x, mean, invstd, gamma, beta, y);
     if (act != Activation::none) bias_act_forward(s, act, rows, c, nullptr, y, y);
+}
+
+void Device::launch_host(Stream, const char* op, HostOp work) {
+    if (asynchronous()) throw DeviceError(name() + ": " + op + " has no CPU implementation to run here");
+    work(*this);
+}
+void missing_cuda_kernel(const Device& d, const char* op) {
+    throw DeviceError(d.name() + ": " + op + ": this build has no CUDA kernel for it");
+}
+Device::NativeLaunch Device::native_launch(Stream) {
+    throw DeviceError(name() + ": CUDA kernels run on CUDA devices only");
 }
 
 void Device::capture_begin(Stream) {

@@ -22,9 +22,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -301,6 +303,24 @@ public:
     virtual void graph_launch(Graph g, Stream s);
     virtual void graph_destroy(Graph) noexcept {}
 
+    // ---- where an op family's work runs (kernels/ops/: its CPU loops and CUDA kernels) ------
+    // A family's op is a function of the device: on a CUDA device it calls its launcher with
+    // native_launch(s) and counts the kernels launched (note_launches); elsewhere it runs its CPU
+    // loops through run_on_host (below): at once on a CPU replica's own thread, in stream order on
+    // a simulated GPU's stream thread, so the simulated GPU needs no code of its own per op.
+    bool runs_cuda_kernels() const { return type_ == DeviceType::cuda; }
+    // `host` is the device whose values the loops compute (its value_dtype rounds what they store).
+    using HostOp = std::function<void(const Device& host)>;
+    virtual void launch_host(Stream s, const char* op, HostOp work);  // DeviceError on CUDA
+    struct NativeLaunch {
+        void* stream = nullptr;    // cudaStream_t
+        int device = 0;            // the GPU, named in errors
+        DType act = DType::f32;    // the activations' storage type
+        float* scratch = nullptr;  // the compute stream's scratch (kernels/cuda/cuda_kernels.h)
+    };
+    virtual NativeLaunch native_launch(Stream s);  // makes the GPU current; DeviceError off CUDA
+    void note_launches(int kernels) { work_.launches += uint64_t(kernels); }
+
     // ---- precision ----------------------------------------------------------------------
     // Activations (and the compute copy of the weights) are stored in act_dtype(): the
     // precision's own type on CUDA (half the memory for bf16/fp16); f32 on CPU and sim, which
@@ -365,38 +385,6 @@ public:
     virtual void gemm_batched(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
                               int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c,
                               int ldc, int64_t stride_c, int batches, GemmTypes types = {});
-    // Causal attention's softmax over `batches` [t, t] score matrices: row i of each keeps columns
-    // 0..i, probs = softmax(scale * scores) there and 0 above the diagonal. probs may be scores.
-    virtual void causal_softmax(Stream s, int batches, int t, float scale, const void* scores, void* probs) = 0;
-    // Its backward: dscores = scale * probs * (dprobs - sum over the row of probs * dprobs), 0 above
-    // the diagonal. dscores may be dprobs.
-    virtual void causal_softmax_backward(Stream s, int batches, int t, float scale, const void* probs,
-                                         const void* dprobs, void* dscores) = 0;
-    // Fused causal self-attention (the attention layer's `fused: true`): for each of `samples`
-    // sequences of t positions and each head, out = softmax(scale q k^T, causal) v without a
-    // [t, t] matrix in memory - an online softmax over the keys, accumulated in f32 whatever the
-    // storage type. qkv [samples, t, 3c]: head h's q in columns h*d.., k in c + h*d.., v in
-    // 2c + h*d.. (d = c / heads, at most kMaxFusedHeadWidth); out [samples, t, c], head h in columns
-    // h*d..; lse [samples, heads, t]: each row's log-sum-exp of its scaled scores, for backward.
-    static constexpr int kMaxFusedHeadWidth = 128;
-    // c / heads, or an Error when the heads do not divide c or are wider than the kernels take.
-    static int check_fused_head_width(int c, int heads);
-    virtual void attention_forward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
-                                   void* out, float* lse) = 0;
-    // Its backward, the probabilities recomputed from q, k and lse: dqkv [samples, t, 3c] written
-    // (not added to) from dout; delta [samples, heads, t] is workspace (rowsum(dout * out)).
-    virtual void attention_backward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
-                                    const void* out, const void* dout, const float* lse, float* delta, void* dqkv) = 0;
-    // y[i, 0..dim) = table[ids[i], 0..dim) for `tokens` ids (f32 holding integers; an id outside
-    // [0, vocab) gives a row of zeros - the data readers refuse such ids before they get here).
-    // table: the weights' compute copy (activation type).
-    virtual void embedding_forward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* table,
-                                   void* y) = 0;
-    // dtable[ids[i]] += dy[i] for i in order (deterministic: no atomics); always adds.
-    virtual void embedding_backward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* dy,
-                                    float* dtable) = 0;
-    virtual void dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y) = 0;
-    virtual void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx) = 0;
     // y = x converted (and rounded) from one type to another; x and y may be the same buffer
     // when the types are.
     virtual void convert(Stream s, size_t n, const void* x, DType xt, void* y, DType yt) = 0;
@@ -477,14 +465,6 @@ public:
     // dx = gamma * invstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count)
     virtual void bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
                                 const float* invstd, const float* gamma, const float* sums, double count, void* dx) = 0;
-    // Layer normalisation over the c values of each row: y = gamma * xhat + beta; mean and rstd
-    // per row are kept for backward.
-    virtual void layernorm_forward(Stream s, int rows, int c, float eps, const void* x, const float* gamma,
-                                   const float* beta, void* y, float* mean, float* rstd) = 0;
-    // dx (may be null: not needed), and dgamma/dbeta (+)= their column sums
-    virtual void layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                                    const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
-                                    bool accumulate) = 0;
     // running = (1 - momentum) * running + momentum * batch (running statistics)
     virtual void ema_update(Stream s, size_t n, float momentum, const float* batch, float* running) = 0;
 
@@ -569,6 +549,23 @@ private:
     int ordinal_;
     std::string name_;
 };
+
+// Runs an op family's CPU loops on d in s's order (Device::launch_host): a CPU replica calls them
+// at once, without the type-erased copy a queued task needs.
+template <typename Work>
+void run_on_host(Device& d, Stream s, const char* op, Work&& work) {
+    if (!d.asynchronous()) work(static_cast<const Device&>(d));
+    else d.launch_host(s, op, Device::HostOp(std::forward<Work>(work)));
+}
+
+// Runs an op family's CUDA launcher on d and counts the kernels it returns having launched; a
+// DeviceError naming the op where this build has no launcher for it.
+[[noreturn]] void missing_cuda_kernel(const Device& d, const char* op);
+template <typename Launcher, typename... Args>
+void launch_cuda(Device& d, Stream s, Launcher* launcher, const char* op, Args&&... args) {
+    if (!launcher) missing_cuda_kernel(d, op);
+    d.note_launches(launcher(d.native_launch(s), std::forward<Args>(args)...));
+}
 
 // ---- factories --------------------------------------------------------------------------
 std::unique_ptr<Device> make_cpu_device(int index);

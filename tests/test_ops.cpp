@@ -37,6 +37,7 @@
 #include "kernels/device.h"
 #include "base/error.h"
 #include "kernels/op_math.h"
+#include "kernels/ops/dropout.h"
 #include "mirrored/model.h"
 #include "mirrored/replica_set.h"
 #include "tests/helpers.h"
@@ -445,8 +446,8 @@ std::vector<float> run_dropout(Device& d, const DropoutArgs& a, int rows, int co
                                bool backward) {
     auto xb = upload(d, x);
     auto y = poisoned(d, x.size());
-    if (backward) d.dropout_backward(d.compute_stream(), a, rows, cols, xb.data(), y.data());
-    else d.dropout_forward(d.compute_stream(), a, rows, cols, xb.data(), y.data());
+    if (backward) dropout_backward(d, d.compute_stream(), a, rows, cols, xb.data(), y.data());
+    else dropout_forward(d, d.compute_stream(), a, rows, cols, xb.data(), y.data());
     return download(d, y);
 }
 
@@ -1177,7 +1178,7 @@ TEST_CASE("cpu dropout: keep rate, scaling, backward mask, and shard invariance"
     far.row_offset = int64_t(1) << 28;
     const auto yf = run_dropout(*d, far, rows, cols, x, false);
     auto in_place = upload(*d, x);
-    d->dropout_forward(d->compute_stream(), far, rows, cols, in_place.data(), in_place.data());
+    dropout_forward(*d, d->compute_stream(), far, rows, cols, in_place.data(), in_place.data());
     CHECK(download(*d, in_place) == yf);
     size_t far_as_defined = 0;
     for (size_t i = 0; i < x.size(); ++i)

@@ -16,6 +16,7 @@
 
 #include "kernels/device.h"
 #include "kernels/op_math.h"
+#include "kernels/ops/layernorm.h"
 #include "tests/helpers.h"
 
 using namespace mirrored;
@@ -160,9 +161,10 @@ std::vector<float> run_layernorm(Device& d, const NormCase& n) {
     DeviceBuffer<float> mean(d, n.rows), rstd(d, n.rows);
     auto y = poisoned(d, n.x.size()), dx = poisoned(d, n.x.size());
     auto dg = upload(d, std::vector<float>(n.c, 1.0f)), db = upload(d, std::vector<float>(n.c, 2.0f));
-    d.layernorm_forward(s, n.rows, n.c, 1e-5f, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data());
-    d.layernorm_backward(s, n.rows, n.c, dy.data(), x.data(), mean.data(), rstd.data(), gamma.data(), dx.data(),
-                         dg.data(), db.data(), true);
+    layernorm_forward(d, s, n.rows, n.c, 1e-5f, x.data(), gamma.data(), beta.data(), y.data(), mean.data(),
+                      rstd.data());
+    layernorm_backward(d, s, n.rows, n.c, dy.data(), x.data(), mean.data(), rstd.data(), gamma.data(), dx.data(),
+                       dg.data(), db.data(), true);
     std::vector<float> out;
     for (auto* b : {&y, &dx, &dg, &db}) {
         const auto h = download(d, *b);

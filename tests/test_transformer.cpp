@@ -19,6 +19,8 @@
 #include "base/error.h"
 #include "data/datasets.h"
 #include "data/loader.h"
+#include "kernels/ops/attention.h"
+#include "kernels/ops/embedding.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
@@ -53,7 +55,7 @@ std::vector<double> softmax_ref(const std::vector<float>& s, int batches, int t,
 }
 
 // Causal attention in double with explicit probabilities: out from qkv, and with dout the
-// gradient dqkv (the layouts of Device::attention_forward/backward).
+// gradient dqkv (the layouts of attention_forward/backward).
 struct AttentionRef {
     std::vector<double> out, dqkv;
 };
@@ -111,14 +113,14 @@ void check_sequence_ops(Device& d) {
     const float scale = 0.37f;
     const std::vector<float> scores = rng.uniform(size_t(batches) * t * t, -4.0f, 4.0f);
     DeviceBuffer<float> p = upload(d, scores);
-    d.causal_softmax(s, batches, t, scale, p.data(), p.data());
+    causal_softmax(d, s, batches, t, scale, p.data(), p.data());
     const std::vector<float> probs = download(d, p);
     const std::vector<double> want = softmax_ref(scores, batches, t, scale);
     CHECK(rel_error(probs, want) < 1e-6);
     // backward: L = sum(w * probs) has dL/dscores = backward(probs, w), checked by central differences
     const std::vector<float> w = rng.uniform(scores.size(), -1.0f, 1.0f);
     DeviceBuffer<float> dw = upload(d, w);
-    d.causal_softmax_backward(s, batches, t, scale, p.data(), dw.data(), dw.data());
+    causal_softmax_backward(d, s, batches, t, scale, p.data(), dw.data(), dw.data());
     const std::vector<float> grad = download(d, dw);
     std::vector<double> fd(scores.size());
     for (size_t i = 0; i < scores.size(); ++i) {
@@ -150,10 +152,10 @@ void check_sequence_ops(Device& d) {
         DeviceBuffer<float> dq = upload(d, qkv), dgo = upload(d, dout), out = poisoned(d, size_t(samples) * len * c);
         DeviceBuffer<float> lse = poisoned(d, size_t(samples) * heads * len), delta(d, size_t(samples) * heads * len);
         DeviceBuffer<float> dqkv = poisoned(d, qkv.size());
-        d.attention_forward(s, samples, len, c, heads, sc, dq.data(), out.data(), lse.data());
+        attention_forward(d, s, samples, len, c, heads, sc, dq.data(), out.data(), lse.data());
         CHECK(rel_error(download(d, out), ref.out) < 1e-5);
-        d.attention_backward(s, samples, len, c, heads, sc, dq.data(), out.data(), dgo.data(), lse.data(), delta.data(),
-                             dqkv.data());
+        attention_backward(d, s, samples, len, c, heads, sc, dq.data(), out.data(), dgo.data(), lse.data(),
+                           delta.data(), dqkv.data());
         CHECK(rel_error(download(d, dqkv), ref.dqkv) < 1e-5);
     }
 
@@ -162,7 +164,7 @@ void check_sequence_ops(Device& d) {
     const std::vector<float> ids = {3, 0, 10, 3, 7, 3, 11, -1, 0};
     const std::vector<float> table = rng.uniform(size_t(vocab) * dim, -1.0f, 1.0f);
     DeviceBuffer<float> did = upload(d, ids), dtab = upload(d, table), y = poisoned(d, size_t(tokens) * dim);
-    d.embedding_forward(s, tokens, vocab, dim, did.data(), dtab.data(), y.data());
+    embedding_forward(d, s, tokens, vocab, dim, did.data(), dtab.data(), y.data());
     const std::vector<float> got = download(d, y);
     for (int i = 0; i < tokens; ++i)
         for (int j = 0; j < dim; ++j) {
@@ -177,7 +179,7 @@ void check_sequence_ops(Device& d) {
         if (id >= 0 && id < vocab)
             for (int j = 0; j < dim; ++j) dref[size_t(id) * dim + j] += dy[size_t(i) * dim + j];
     }
-    d.embedding_backward(s, tokens, vocab, dim, did.data(), ddy.data(), dtable.data());
+    embedding_backward(d, s, tokens, vocab, dim, did.data(), ddy.data(), dtable.data());
     CHECK(rel_error(download(d, dtable), dref) < 1e-6);
 
     // batched products with operands inside wider rows (a head's columns of qkv), both layouts
@@ -901,7 +903,7 @@ TEST_CASE("fused attention equals the unfused path: logits and gradients (cpu, s
                          quiet) == kExitOk);
     CHECK(summary(g / "bf16")["test_loss"].get<double>() < std::log(128.0));
     // the device ops check the head width themselves, before touching memory
-    CHECK_THROWS_WITH_AS(make_cpu_device(0)->attention_forward({}, 1, 2, 260, 2, 1.0f, nullptr, nullptr, nullptr),
+    CHECK_THROWS_WITH_AS(attention_forward(*make_cpu_device(0), {}, 1, 2, 260, 2, 1.0f, nullptr, nullptr, nullptr),
                          doctest::Contains("2 heads over width 260"), Error);
     // what the fused kernel cannot do is refused, naming the key
     CHECK_THROWS_WITH_AS(

@@ -3,7 +3,6 @@
 // events are no-ops here. Activations are stored as f32; with bf16/fp16 precision every stored
 // activation is rounded to that type at the points where the CUDA backend stores it.
 #include <cblas.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -137,80 +136,6 @@ void for_summed_blocks(float* const* grads, int count, int into, size_t offset, 
         const size_t len = std::min(kHostSumBlock, n - at);
         sum_block(len, sum, grads, count, into, offset + at);
         update(at, len, static_cast<const float*>(sum));
-    }
-}
-
-// Philox draws for kDropoutCounters consecutive counters at once, then each row's elements, 4
-// per counter, kept or zeroed in one vector loop. With AVX2 the draws are 8 counters to a vector:
-// the integer arithmetic of philox4x32, so the same bits (compilers leave the scalar rounds'
-// 32 x 32 -> 64-bit products unvectorised).
-constexpr int kDropoutCounters = 16, kDropoutBlock = 4 * kDropoutCounters;
-
-// hi and lo words of M x a in each of 8 lanes (_mm256_mul_epu32 multiplies the even lanes).
-__attribute__((target("avx2"))) inline void mul_hi_lo(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
-    const __m256i even = _mm256_mul_epu32(a, m), odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
-    hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-    lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-}
-
-__attribute__((target("avx2"))) void philox_block_avx2(uint64_t seed, uint64_t counter, uint32_t stream_a,
-                                                       uint32_t stream_b, uint32_t* __restrict u) {
-    alignas(32) uint32_t lo[kDropoutCounters], hi[kDropoutCounters], out[4][kDropoutCounters];
-    for (int i = 0; i < kDropoutCounters; ++i) {
-        lo[i] = uint32_t(counter + uint64_t(i));
-        hi[i] = uint32_t((counter + uint64_t(i)) >> 32);
-    }
-    const __m256i m0 = _mm256_set1_epi32(int(kPhiloxM0)), m1 = _mm256_set1_epi32(int(kPhiloxM1));
-    for (int g = 0; g < kDropoutCounters; g += 8) {
-        __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo + g));
-        __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi + g));
-        __m256i c2 = _mm256_set1_epi32(int(stream_a)), c3 = _mm256_set1_epi32(int(stream_b));
-        uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
-        for (int round = 0; round < kPhiloxRounds; ++round) {
-            if (round > 0) {
-                k0 += kPhiloxW0;
-                k1 += kPhiloxW1;
-            }
-            __m256i hi0, lo0, hi1, lo1;
-            mul_hi_lo(c0, m0, hi0, lo0);
-            mul_hi_lo(c2, m1, hi1, lo1);
-            c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(int(k0)));
-            c1 = lo1;
-            c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(int(k1)));
-            c3 = lo0;
-        }
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out[0] + g), c0);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out[1] + g), c1);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out[2] + g), c2);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(out[3] + g), c3);
-    }
-    for (int i = 0; i < kDropoutCounters; ++i)
-        for (int w = 0; w < 4; ++w) u[4 * i + w] = out[w][i];
-}
-
-// u[4 i + w] = word w of Philox(seed, counter + i, stream_a, stream_b): element 4 (counter + i) + w.
-void philox_block(uint64_t seed, uint64_t counter, uint32_t stream_a, uint32_t stream_b, uint32_t* __restrict u) {
-    static const bool avx2 = __builtin_cpu_supports("avx2");
-    if (avx2) return philox_block_avx2(seed, counter, stream_a, stream_b, u);
-    for (int i = 0; i < kDropoutCounters; ++i) {
-        const Philox4 r = philox(seed, counter + uint64_t(i), stream_a, stream_b);
-        for (int w = 0; w < 4; ++w) u[4 * i + w] = r.v[w];
-    }
-}
-
-// y[j] = x[j] * scale where element `first + j`'s draw keeps it (dropout_keep), else 0.
-CPU_LOOP_CLONES void dropout_row_loop(uint64_t seed, uint32_t stream_a, uint32_t step, uint64_t first, int cols,
-                                      float rate, float scale, const float* __restrict x, float* __restrict y) {
-    alignas(64) uint32_t u[kDropoutBlock];
-    const uint64_t end = first + uint64_t(cols);
-    for (uint64_t counter = first / 4; counter * 4 < end; counter += kDropoutCounters) {
-        philox_block(seed, counter, stream_a, step, u);
-        const uint64_t lo = std::max(counter * 4, first), hi = std::min(counter * 4 + kDropoutBlock, end);
-        const uint32_t* __restrict d = u + (lo - counter * 4);
-        const float* __restrict xs = x + (lo - first);
-        float* __restrict ys = y + (lo - first);
-        const int n = int(hi - lo);
-        for (int j = 0; j < n; ++j) ys[j] = uniform01(d[j]) >= rate ? xs[j] * scale : 0.0f;
     }
 }
 
@@ -349,29 +274,6 @@ public:
         metrics[kMetricCount] += double(rows);
     }
 
-    // dropout_keep's decisions, drawn 64 elements at a time (dropout_row_loop); in place too.
-    void dropout_forward(Stream, const DropoutArgs& a, int rows, int cols, const void* x, void* y) override {
-        const DType t = value_dtype();
-        const float keep_scale = 1.0f / (1.0f - a.rate);
-        const uint32_t step = dropout_step(a), stream = kStreamDropout | (a.layer_id << 8);
-        for (int i = 0; i < rows; ++i) {
-            const float* xr = F(x) + size_t(i) * cols;
-            float* yr = F(y) + size_t(i) * cols;
-            const uint64_t first = uint64_t(a.row_offset + i) * uint64_t(cols);
-            if (xr == yr) {  // in place: through a copy of the row, so that the loop's operands never alias
-                row_copy_.assign(xr, xr + cols);
-                xr = row_copy_.data();
-            }
-            dropout_row_loop(a.seed, stream, step, first, cols, a.rate, keep_scale, xr, yr);
-            if (t != DType::f32)
-                for (int j = 0; j < cols; ++j) yr[j] = round_to(t, yr[j]);
-        }
-    }
-
-    void dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx) override {
-        dropout_forward(s, a, rows, cols, dy, dx);  // the same mask and scale
-    }
-
     void convert(Stream, size_t n, const void* x, DType, void* y, DType yt) override {
         for (size_t i = 0; i < n; ++i) F(y)[i] = round_to(yt, F(x)[i]);
     }
@@ -472,143 +374,10 @@ public:
         cpu::bn_backward_sums(rows, c, F(dy), F(x), mean, invstd, out, cnn_);
     }
 
-    void causal_softmax(Stream, int batches, int t, float scale, const void* scores, void* probs) override {
-        for (int64_t r = 0; r < int64_t(batches) * t; ++r)  // row i attends to positions 0..i
-            cpu::causal_softmax_row(value_dtype(), int(r % t) + 1, t, scale, F(scores) + r * t, F(probs) + r * t);
-    }
-
-    void causal_softmax_backward(Stream, int batches, int t, float scale, const void* probs, const void* dprobs,
-                                 void* dscores) override {
-        for (int64_t r = 0; r < int64_t(batches) * t; ++r)
-            cpu::causal_softmax_backward_row(value_dtype(), int(r % t) + 1, t, scale, F(probs) + r * t,
-                                             F(dprobs) + r * t, F(dscores) + r * t);
-    }
-
-    // Row by row, keys in order (the CUDA kernels' warps sum the same terms in another order).
-    void attention_forward(Stream, int samples, int t, int c, int heads, float scale, const void* qkv, void* out,
-                           float* lse) override {
-        const DType dt = value_dtype();
-        const int d = check_fused_head_width(c, heads);
-        float acc[kMaxFusedHeadWidth];
-        for (int n = 0; n < samples; ++n)
-            for (int h = 0; h < heads; ++h)
-                for (int i = 0; i < t; ++i) {
-                    const float* q = F(qkv) + (size_t(n) * t + i) * 3 * c + size_t(h) * d;
-                    float m = -INFINITY, l = 0.0f;
-                    std::fill(acc, acc + d, 0.0f);
-                    for (int j = 0; j <= i; ++j) {
-                        const float* k = F(qkv) + (size_t(n) * t + j) * 3 * c + c + size_t(h) * d;
-                        const float* v = k + c;
-                        float dot = 0.0f;
-                        for (int e = 0; e < d; ++e) dot += q[e] * k[e];
-                        const float sc = scale * dot, mn = std::max(m, sc);
-                        const float corr = exp_poly(m - mn), p = exp_poly(sc - mn);  // exp_poly(-inf) clamps to ~0
-                        l = l * corr + p;
-                        for (int e = 0; e < d; ++e) acc[e] = acc[e] * corr + p * v[e];
-                        m = mn;
-                    }
-                    float* o = F(out) + (size_t(n) * t + i) * c + size_t(h) * d;
-                    for (int e = 0; e < d; ++e) o[e] = round_to(dt, acc[e] / l);
-                    lse[(size_t(n) * heads + h) * t + i] = m + std::log(l);
-                }
-    }
-
-    void attention_backward(Stream, int samples, int t, int c, int heads, float scale, const void* qkv, const void* out,
-                            const void* dout, const float* lse, float* delta, void* dqkv) override {
-        const DType dt = value_dtype();
-        const int d = check_fused_head_width(c, heads);
-        const float* x = F(qkv);
-        float* dx = F(dqkv);
-        std::fill(dx, dx + size_t(samples) * t * 3 * c, 0.0f);
-        for (int n = 0; n < samples; ++n)
-            for (int h = 0; h < heads; ++h) {
-                const size_t row0 = size_t(n) * t;
-                float* dl = delta + (size_t(n) * heads + h) * t;
-                const float* ls = lse + (size_t(n) * heads + h) * t;
-                for (int i = 0; i < t; ++i) {
-                    const float* o = F(out) + (row0 + i) * c + size_t(h) * d;
-                    const float* g = F(dout) + (row0 + i) * c + size_t(h) * d;
-                    float sum = 0.0f;
-                    for (int e = 0; e < d; ++e) sum += g[e] * o[e];
-                    dl[i] = sum;
-                }
-                // ds_ij = p_ij (dout_i . v_j - delta_i); dq_i += scale ds_ij k_j, dk_j += scale ds_ij q_i,
-                // dv_j += p_ij dout_i - sums in f32 here, rounded once at the end
-                for (int i = 0; i < t; ++i) {
-                    const float* q = x + (row0 + i) * 3 * c + size_t(h) * d;
-                    const float* g = F(dout) + (row0 + i) * c + size_t(h) * d;
-                    float* dq = dx + (row0 + i) * 3 * c + size_t(h) * d;
-                    for (int j = 0; j <= i; ++j) {
-                        const float* k = x + (row0 + j) * 3 * c + c + size_t(h) * d;
-                        const float* v = k + c;
-                        float* dk = dx + (row0 + j) * 3 * c + c + size_t(h) * d;
-                        float* dv = dk + c;
-                        float dot = 0.0f, dp = 0.0f;
-                        for (int e = 0; e < d; ++e) dot += q[e] * k[e];
-                        for (int e = 0; e < d; ++e) dp += g[e] * v[e];
-                        const float p = exp_poly(scale * dot - ls[i]);
-                        const float ds = scale * p * (dp - dl[i]);
-                        for (int e = 0; e < d; ++e) {
-                            dq[e] += ds * k[e];
-                            dk[e] += ds * q[e];
-                            dv[e] += p * g[e];
-                        }
-                    }
-                }
-            }
-        if (dt != DType::f32) round_stored(dx, size_t(samples) * t * 3 * c);
-    }
-
-    void embedding_forward(Stream, int tokens, int vocab, int dim, const float* ids, const void* table,
-                           void* y) override {
-        for (int i = 0; i < tokens; ++i) {
-            const int id = int(ids[i]);
-            float* out = F(y) + size_t(i) * dim;
-            if (id < 0 || id >= vocab) std::fill(out, out + dim, 0.0f);
-            else std::copy_n(F(table) + size_t(id) * dim, dim, out);
-        }
-    }
-
-    void embedding_backward(Stream, int tokens, int vocab, int dim, const float* ids, const void* dy,
-                            float* dtable) override {
-        for (int i = 0; i < tokens; ++i) {
-            const int id = int(ids[i]);
-            if (id < 0 || id >= vocab) continue;
-            const float* g = F(dy) + size_t(i) * dim;
-            float* d = dtable + size_t(id) * dim;
-            for (int j = 0; j < dim; ++j) d[j] += g[j];
-        }
-    }
-
     void bn_backward_dx(Stream, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
                         const float* gamma, const float* sums, double count, void* dx) override {
         cpu::bn_backward_dx(rows, c, F(dy), F(x), mean, invstd, gamma, sums, float(1.0 / count), F(dx));
         round_stored(F(dx), size_t(rows) * c);
-    }
-
-    void layernorm_forward(Stream, int rows, int c, float eps, const void* xv, const float* gamma, const float* beta,
-                           void* yv, float* mean, float* rstd) override {
-        for (int r = 0; r < rows; ++r)
-            cpu::layernorm_forward_row(value_dtype(), c, eps, F(xv) + size_t(r) * c, gamma, beta, F(yv) + size_t(r) * c,
-                                       mean + r, rstd + r);
-    }
-
-    void layernorm_backward(Stream, int rows, int c, const void* dyv, const void* xv, const float* mean,
-                            const float* rstd, const float* gamma, void* dxv, float* dgamma, float* dbeta,
-                            bool accumulate) override {
-        if (layernorm_sums_.size() < 2 * size_t(c)) {  // grows once
-            layernorm_sums_.resize(2 * size_t(c));
-            layernorm_partial_.resize(2 * size_t(c));
-        }
-        double* dg = layernorm_sums_.data();
-        double* db = dg + c;
-        std::fill(dg, dg + 2 * size_t(c), 0.0);
-        cpu::layernorm_backward_rows(value_dtype(), rows, c, F(dyv), F(xv), mean, rstd, gamma, dxv ? F(dxv) : nullptr,
-                                     dg, db, layernorm_partial_.data());
-        for (int ch = 0; ch < c; ++ch) {
-            dgamma[ch] = accumulate ? dgamma[ch] + float(dg[size_t(ch)]) : float(dg[size_t(ch)]);
-            dbeta[ch] = accumulate ? dbeta[ch] + float(db[size_t(ch)]) : float(db[size_t(ch)]);
-        }
     }
 
     void ema_update(Stream, size_t n, float momentum, const float* batch, float* running) override {
@@ -703,11 +472,8 @@ private:
         const char* e = std::getenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
         return !(e && std::strcmp(e, "0") == 0);
     }();
-    std::vector<float> column_sums_;        // bias_grad's scratch
-    std::vector<float> row_copy_;           // dropout in place: the row read (grows once)
-    std::vector<double> layernorm_sums_;    // layernorm_backward's: dgamma, dbeta
-    std::vector<float> layernorm_partial_;  // and their sums over a block of rows
-    cpu::CnnScratch cnn_;                   // the convolution, pooling and batchnorm passes' scratch
+    std::vector<float> column_sums_;  // bias_grad's scratch
+    cpu::CnnScratch cnn_;             // the convolution, pooling and batchnorm passes' scratch
 
     // A pass's f32 results rounded to the 16-bit storage type (the values', unless given), where
     // one is in use.

@@ -363,6 +363,12 @@ public:
         Device::dense_weight_grad(s, rows, units, inputs, dz, x, dw, db, accumulate, t);
     }
 
+    // An op family's launcher (kernels/ops/): its stream, this GPU current, the scratch.
+    NativeLaunch native_launch(Stream s) override {
+        use();
+        return {s.handle, ordinal(), act_dtype(), scratch_};
+    }
+
 #define CUDA_OP(signature, kernels, call) \
     void signature override {             \
         use();                            \
@@ -373,10 +379,6 @@ public:
             bias_act_forward(stream(s), ordinal(), act_dtype(), act, rows, cols, bias, z, out))
     CUDA_OP(act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz), 1,
             act_backward(stream(s), ordinal(), act_dtype(), act, n, z, dout, dz))
-    CUDA_OP(dropout_forward(Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y), 1,
-            dropout(stream(s), ordinal(), act_dtype(), a, rows, cols, x, y))
-    CUDA_OP(dropout_backward(Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx), 1,
-            dropout(stream(s), ordinal(), act_dtype(), a, rows, cols, dy, dx))
     CUDA_OP(convert(Stream s, size_t n, const void* x, DType xt, void* y, DType yt), 1,
             convert(stream(s), ordinal(), n, x, xt, y, yt))
     CUDA_OP(add(Stream s, size_t n, const void* x, void* y), 1, add(stream(s), ordinal(), act_dtype(), n, x, y))
@@ -388,24 +390,6 @@ public:
             pool_forward(stream(s), ordinal(), act_dtype(), kind, g, x, y))
     CUDA_OP(pool_backward(Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx), 1,
             pool_backward(stream(s), ordinal(), act_dtype(), kind, g, x, dy, dx))
-    CUDA_OP(causal_softmax(Stream s, int batches, int t, float scale, const void* scores, void* probs), 1,
-            causal_softmax(stream(s), ordinal(), act_dtype(), batches, t, scale, scores, probs))
-    CUDA_OP(causal_softmax_backward(Stream s, int batches, int t, float scale, const void* probs, const void* dprobs,
-                                    void* dscores),
-            1, causal_softmax_backward(stream(s), ordinal(), act_dtype(), batches, t, scale, probs, dprobs, dscores))
-    CUDA_OP(attention_forward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv, void* out,
-                              float* lse),
-            1, attention_forward(stream(s), ordinal(), act_dtype(), samples, t, c, heads, scale, qkv, out, lse))
-    CUDA_OP(attention_backward(Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
-                               const void* out, const void* dout, const float* lse, float* delta, void* dqkv),
-            3,
-            attention_backward(stream(s), ordinal(), act_dtype(), samples, t, c, heads, scale, qkv, out, dout, lse,
-                               delta, dqkv))
-    CUDA_OP(embedding_forward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* table, void* y),
-            1, embedding_forward(stream(s), ordinal(), act_dtype(), tokens, vocab, dim, ids, table, y))
-    CUDA_OP(embedding_backward(Stream s, int tokens, int vocab, int dim, const float* ids, const void* dy,
-                               float* dtable),
-            1, embedding_backward(stream(s), ordinal(), act_dtype(), tokens, vocab, dim, ids, dy, dtable))
     CUDA_OP(nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse), 1,
             nhwc_to_nchw(stream(s), ordinal(), act_dtype(), n, h, w, c, x, y, inverse))
     CUDA_OP(bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
@@ -419,9 +403,6 @@ public:
     CUDA_OP(bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
                            const float* invstd, const float* gamma, const float* sums, double count, void* dx),
             1, bn_backward_dx(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
-    CUDA_OP(layernorm_forward(Stream s, int rows, int c, float eps, const void* x, const float* gamma,
-                              const float* beta, void* y, float* mean, float* rstd),
-            1, layernorm_forward(stream(s), ordinal(), act_dtype(), rows, c, eps, x, gamma, beta, y, mean, rstd))
     CUDA_OP(ema_update(Stream s, size_t n, float momentum, const float* batch, float* running), 1,
             ema_update(stream(s), ordinal(), n, momentum, batch, running))
     CUDA_OP(fill(Stream s, size_t n, float value, float* x), 1, fill(stream(s), ordinal(), n, value, x))
@@ -454,11 +435,6 @@ public:
     CUDA_COLUMN_OP(bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
                                     const float* invstd, float* out),
                    bn_backward_sums(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, out, scratch_))
-    CUDA_COLUMN_OP(layernorm_backward(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                                      const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
-                                      bool accumulate),
-                   layernorm_backward(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, rstd, gamma, dx, dgamma,
-                                      dbeta, accumulate, scratch_))
 #undef CUDA_COLUMN_OP
 
     void softmax_xent(Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,

@@ -21,7 +21,7 @@ void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows
                       void* out);
 void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout,
                   void* dz);
-// The column reductions (bias_grad, channel_sums, bn_backward_sums, layernorm_backward) return the
+// The column reductions (bias_grad, channel_sums, bn_backward_sums) return the
 // kernels they launched and may use kScratchFloats of scratch for partial sums (column_plan.h).
 int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate,
               float* scratch);
@@ -32,23 +32,8 @@ void softmax_xent(cudaStream_t s, int dev, DType t, int rows, int classes, const
 void target_loss(cudaStream_t s, int dev, DType t, TargetLoss kind, int rows, int n, const void* logits,
                  const float* targets, float grad_scale, const float* loss_scale, void* dlogits, double* metrics,
                  float* scratch);
-void dropout(cudaStream_t s, int dev, DType t, const DropoutArgs& a, int rows, int cols, const void* x, void* y);
 void convert(cudaStream_t s, int dev, size_t n, const void* x, DType xt, void* y, DType yt);
 void add(cudaStream_t s, int dev, DType t, size_t n, const void* x, void* y);
-
-// Sequence models (Device's causal_softmax, embedding_forward/backward).
-void causal_softmax(cudaStream_t s, int dev, DType t, int batches, int len, float scale, const void* scores,
-                    void* probs);
-void causal_softmax_backward(cudaStream_t s, int dev, DType t, int batches, int len, float scale, const void* probs,
-                             const void* dprobs, void* dscores);
-void attention_forward(cudaStream_t s, int dev, DType t, int samples, int len, int c, int heads, float scale,
-                       const void* qkv, void* out, float* lse);
-void attention_backward(cudaStream_t s, int dev, DType t, int samples, int len, int c, int heads, float scale,
-                        const void* qkv, const void* out, const void* dout, const float* lse, float* delta, void* dqkv);
-void embedding_forward(cudaStream_t s, int dev, DType t, int tokens, int vocab, int dim, const float* ids,
-                       const void* table, void* y);
-void embedding_backward(cudaStream_t s, int dev, DType t, int tokens, int vocab, int dim, const float* ids,
-                        const void* dy, float* dtable);
 
 void im2col(cudaStream_t s, int dev, DType t, const Window2d& g, const void* x, void* col);
 void col2im(cudaStream_t s, int dev, DType t, const Window2d& g, const void* dcol, void* dx);
@@ -68,11 +53,6 @@ int bn_backward_sums(cudaStream_t s, int dev, DType t, int rows, int c, const vo
                      const float* mean, const float* invstd, float* out, float* scratch);
 void bn_backward_dx(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x, const float* mean,
                     const float* invstd, const float* gamma, const float* sums, double count, void* dx);
-void layernorm_forward(cudaStream_t s, int dev, DType t, int rows, int c, float eps, const void* x, const float* gamma,
-                       const float* beta, void* y, float* mean, float* rstd);
-int layernorm_backward(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
-                       const float* mean, const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta,
-                       bool accumulate, float* scratch);
 void ema_update(cudaStream_t s, int dev, size_t n, float momentum, const float* batch, float* running);
 
 void fill(cudaStream_t s, int dev, size_t n, float value, float* x);

@@ -589,6 +589,12 @@ public:
     DType act_dtype() const override { return DType::f32; }  // the CPU reference's storage
 
     // ---- ops: the CPU reference, run on the stream's thread ---------------------------------
+    // An op family's CPU loops (kernels/ops/), run on the stream's thread against the CPU reference.
+    void launch_host(Stream s, const char* op, HostOp work) override {
+        SIM_API(op);
+        launch(s, op, [this, work = std::move(work)] { work(*cpu_); });
+    }
+
 #define SIM_OP(name, args, call)                     \
     void name args override {                        \
         SIM_API(#name);                              \
@@ -630,27 +636,6 @@ public:
            (Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets, float grad_scale,
             const float* loss_scale, void* dlogits, double* metrics),
            target_loss(Stream{}, kind, rows, n, logits, targets, grad_scale, loss_scale, dlogits, metrics))
-    SIM_OP(dropout_forward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* x, void* y),
-           dropout_forward(Stream{}, a, rows, cols, x, y))
-    SIM_OP(dropout_backward, (Stream s, const DropoutArgs& a, int rows, int cols, const void* dy, void* dx),
-           dropout_backward(Stream{}, a, rows, cols, dy, dx))
-    SIM_OP(causal_softmax, (Stream s, int batches, int t, float scale, const void* scores, void* probs),
-           causal_softmax(Stream{}, batches, t, scale, scores, probs))
-    SIM_OP(causal_softmax_backward,
-           (Stream s, int batches, int t, float scale, const void* probs, const void* dprobs, void* dscores),
-           causal_softmax_backward(Stream{}, batches, t, scale, probs, dprobs, dscores))
-    SIM_OP(attention_forward,
-           (Stream s, int samples, int t, int c, int heads, float scale, const void* qkv, void* out, float* lse),
-           attention_forward(Stream{}, samples, t, c, heads, scale, qkv, out, lse))
-    SIM_OP(attention_backward,
-           (Stream s, int samples, int t, int c, int heads, float scale, const void* qkv, const void* out,
-            const void* dout, const float* lse, float* delta, void* dqkv),
-           attention_backward(Stream{}, samples, t, c, heads, scale, qkv, out, dout, lse, delta, dqkv))
-    SIM_OP(embedding_forward, (Stream s, int tokens, int vocab, int dim, const float* ids, const void* table, void* y),
-           embedding_forward(Stream{}, tokens, vocab, dim, ids, table, y))
-    SIM_OP(embedding_backward,
-           (Stream s, int tokens, int vocab, int dim, const float* ids, const void* dy, float* dtable),
-           embedding_backward(Stream{}, tokens, vocab, dim, ids, dy, dtable))
     SIM_OP(convert, (Stream s, size_t n, const void* x, DType xt, void* y, DType yt),
            convert(Stream{}, n, x, xt, y, yt))
     SIM_OP(add, (Stream s, size_t n, const void* x, void* y), add(Stream{}, n, x, y))
@@ -682,14 +667,6 @@ public:
            (Stream s, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
             const float* gamma, const float* sums, double count, void* dx),
            bn_backward_dx(Stream{}, rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
-    SIM_OP(layernorm_forward,
-           (Stream s, int rows, int c, float eps, const void* x, const float* gamma, const float* beta, void* y,
-            float* mean, float* rstd),
-           layernorm_forward(Stream{}, rows, c, eps, x, gamma, beta, y, mean, rstd))
-    SIM_OP(layernorm_backward,
-           (Stream s, int rows, int c, const void* dy, const void* x, const float* mean, const float* rstd,
-            const float* gamma, void* dx, float* dgamma, float* dbeta, bool accumulate),
-           layernorm_backward(Stream{}, rows, c, dy, x, mean, rstd, gamma, dx, dgamma, dbeta, accumulate))
     SIM_OP(ema_update, (Stream s, size_t n, float momentum, const float* batch, float* running),
            ema_update(Stream{}, n, momentum, batch, running))
     SIM_OP(fill, (Stream s, size_t n, float value, float* x), fill(Stream{}, n, value, x))

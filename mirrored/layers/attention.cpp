@@ -10,7 +10,7 @@
 // The unfused path (the default): the [t, t] probabilities of every head are kept for backward,
 // and the products run as strided-batched GEMMs over the samples, one call per head (on CPUs per
 // block of samples, and in backward per block of queries: block() and query_block()). `fused: true`
-// runs Device::attention_forward/backward instead: an online softmax that keeps one log-sum-exp
+// runs attention_forward/backward (kernels/ops/attention.h) instead: an online softmax that keeps one log-sum-exp
 // per row, not the probabilities (memory linear in t, the probabilities recomputed in backward);
 // heads at most 128 wide, no probability dropout.
 #include <algorithm>
@@ -18,6 +18,8 @@
 
 #include "mirrored/util.h"
 
+#include "kernels/ops/attention.h"
+#include "kernels/ops/dropout.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -65,9 +67,9 @@ public:
         dqkv_ = b.act_buffer(slot_, 3 * t * c);
         dheads_ = b.act_buffer(slot_, t * c);
         if (fused_) {
-            if (d() > Device::kMaxFusedHeadWidth)
-                fail("fused attention takes heads at most " + std::to_string(Device::kMaxFusedHeadWidth) +
-                     " wide; these are " + std::to_string(d()) + " (more heads, or fused: false)");
+            if (d() > kMaxFusedHeadWidth)
+                fail("fused attention takes heads at most " + std::to_string(kMaxFusedHeadWidth) + " wide; these are " +
+                     std::to_string(d()) + " (more heads, or fused: false)");
             if (dropout_ > 0) fail("fused attention drops no probabilities: dropout 0, or fused: false");
             lse_ = b.f32_buffer(slot_, size_t(heads_) * t);
             delta_ = b.f32_buffer(slot_, size_t(heads_) * t);
@@ -91,7 +93,8 @@ public:
         p.dev->dense_forward(p.stream, Activation::none, rows, 3 * c, c, x, p.weight(attn_w_off_),
                              p.params + attn_b_off_, B.qkv, B.qkv, p.types(p.vt));
         if (fused_) {
-            p.dev->attention_forward(p.stream, p.rows, t, c, heads_, scale(), B.qkv, B.heads, p.acts->f32(slot_, lse_));
+            attention_forward(*p.dev, p.stream, p.rows, t, c, heads_, scale(), B.qkv, B.heads,
+                              p.acts->f32(slot_, lse_));
             p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
                                  p.params + proj_b_off_, B.out, B.out, p.types(p.vt));
             return B.out;
@@ -102,8 +105,8 @@ public:
             for (int h = 0; h < heads_; ++h)  // scores = q k^T
                 batched(p, n, false, true, t, t, d(), at(p, S.qkv, q(h)), 3 * c, size_t(t) * 3 * c, at(p, S.qkv, k(h)),
                         3 * c, size_t(t) * 3 * c, at(p, S.probs, cell(h, 0, 0)), t, tt());
-            p.dev->causal_softmax(p.stream, n * heads_, t, scale(), S.probs, S.probs);
-            if (drops(p)) p.dev->dropout_forward(p.stream, dropout_args(p, s0), n, int(tt()), S.probs, S.mixed);
+            causal_softmax(*p.dev, p.stream, n * heads_, t, scale(), S.probs, S.probs);
+            if (drops(p)) dropout_forward(*p.dev, p.stream, dropout_args(p, s0), n, int(tt()), S.probs, S.mixed);
             for (int h = 0; h < heads_; ++h)  // a = probs v
                 batched(p, n, false, false, t, d(), t, at(p, S.mixed, cell(h, 0, 0)), t, tt(), at(p, S.qkv, v(h)),
                         3 * c, size_t(t) * 3 * c, at(p, S.heads, size_t(h) * d()), c, size_t(t) * c);
@@ -123,8 +126,8 @@ public:
         p.dev->gemm(p.stream, false, false, rows, c, c, 1.0f, dy, c, p.weight(proj_w_off_), c, 0.0f, dheads, c,
                     p.types(p.vt));
         if (fused_) {
-            p.dev->attention_backward(p.stream, p.rows, t, c, heads_, scale(), B.qkv, B.heads, dheads,
-                                      p.acts->f32(slot_, lse_), p.acts->f32(slot_, delta_), dqkv);
+            attention_backward(*p.dev, p.stream, p.rows, t, c, heads_, scale(), B.qkv, B.heads, dheads,
+                               p.acts->f32(slot_, lse_), p.acts->f32(slot_, delta_), dqkv);
             return input_grads(p, dqkv, dx);
         }
         void* dprobs_all = p.acts->act(slot_, dprobs_);
@@ -148,8 +151,8 @@ public:
                             sq);
                 }
             if (drops(p))  // element-wise, so in place
-                p.dev->dropout_backward(p.stream, dropout_args(p, s0), n, int(tt()), dprobs, dprobs);
-            p.dev->causal_softmax_backward(p.stream, n * heads_, t, scale(), S.probs, dprobs, dprobs);
+                dropout_backward(*p.dev, p.stream, dropout_args(p, s0), n, int(tt()), dprobs, dprobs);
+            causal_softmax_backward(*p.dev, p.stream, n * heads_, t, scale(), S.probs, dprobs, dprobs);
             for (int h = 0; h < heads_; ++h)
                 for (int b0 = 0; b0 < t; b0 += qb) {  // the scale is in dscores
                     const int b1 = std::min(t, b0 + qb);

@@ -1,6 +1,7 @@
 // dropout: zeroes each element with probability rate in training, scaling the rest by
 // 1 / (1 - rate) (torch.nn.Dropout). Masks are a pure function of (seed, layer, step, global
 // row, element), so N replicas draw the masks one replica draws for the same global batch.
+#include "kernels/ops/dropout.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/util.h"
@@ -32,13 +33,13 @@ public:
     const void* forward(Pass& p, const void* x) const override {
         if (!active(p)) return x;
         void* y = p.acts->act(slot_, out_buf_);
-        p.dev->dropout_forward(p.stream, args(p), p.rows, int(in_.size()), x, y);
+        dropout_forward(*p.dev, p.stream, args(p), p.rows, int(in_.size()), x, y);
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         if (!dx) return;
-        if (active(p)) p.dev->dropout_backward(p.stream, args(p), p.rows, int(in_.size()), dy, dx);
+        if (active(p)) dropout_backward(*p.dev, p.stream, args(p), p.rows, int(in_.size()), dy, dx);
         else p.dev->copy_on_device(p.stream, dx, dy, p.dev->act_bytes(size_t(p.rows) * in_.size()));
     }
 

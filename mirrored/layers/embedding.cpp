@@ -4,6 +4,7 @@
 // - position_embedding: adds a learned row per position, table [max_len, c] (GPT-2's wpe).
 // - lm_head: each position's [c] -> [vocab] scores, x W^T without bias; with tie_weights (the
 //   default) W is the token embedding's table (GPT-2's weight tying), so its gradient gathers both.
+#include "kernels/ops/embedding.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -45,8 +46,8 @@ public:
     const void* forward(Pass& p, const void* x) const override {
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
-        p.dev->embedding_forward(p.stream, p.rows * in_.c, o_.vocab, o_.dim, static_cast<const float*>(x),
-                                 p.weight(w_off_), y);
+        embedding_forward(*p.dev, p.stream, p.rows * in_.c, o_.vocab, o_.dim, static_cast<const float*>(x),
+                          p.weight(w_off_), y);
         return y;
     }
 
@@ -55,8 +56,8 @@ public:
         float* dw = p.grad(w_off_);
         // A tied head wrote (or added to) this gradient already in its backward, which runs first.
         if (!tied_ && !p.accumulate) p.dev->fill(p.stream, size_t(o_.vocab) * size_t(o_.dim), 0.0f, dw);
-        p.dev->embedding_backward(p.stream, p.rows * in_.c, o_.vocab, o_.dim,
-                                  static_cast<const float*>(p.acts->input(slot_)), dy, dw);
+        embedding_backward(*p.dev, p.stream, p.rows * in_.c, o_.vocab, o_.dim,
+                           static_cast<const float*>(p.acts->input(slot_)), dy, dw);
     }
 
     bool has_params() const override { return true; }

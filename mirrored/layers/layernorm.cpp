@@ -1,5 +1,6 @@
 // layernorm: normalises each sample's last axis (the channels of every pixel, or a vector's
 // features) to mean 0 and variance 1, then gamma * x + beta (torch.nn.LayerNorm(c)).
+#include "kernels/ops/layernorm.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/util.h"
@@ -37,15 +38,15 @@ public:
     const void* forward(Pass& p, const void* x) const override {
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
-        p.dev->layernorm_forward(p.stream, p.rows * in_.h * in_.w, in_.c, epsilon_, x, p.params + gamma_off_,
-                                 p.params + beta_off_, y, p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_));
+        layernorm_forward(*p.dev, p.stream, p.rows * in_.h * in_.w, in_.c, epsilon_, x, p.params + gamma_off_,
+                          p.params + beta_off_, y, p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_));
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
-        p.dev->layernorm_backward(p.stream, p.rows * in_.h * in_.w, in_.c, dy, p.acts->input(slot_),
-                                  p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_), p.params + gamma_off_, dx,
-                                  p.grad(gamma_off_), p.grad(beta_off_), p.accumulate);
+        layernorm_backward(*p.dev, p.stream, p.rows * in_.h * in_.w, in_.c, dy, p.acts->input(slot_),
+                           p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_), p.params + gamma_off_, dx,
+                           p.grad(gamma_off_), p.grad(beta_off_), p.accumulate);
     }
 
     bool has_params() const override { return true; }
