@@ -63,6 +63,7 @@ inline LayerSpec batchnorm(bool sync, Activation act) {
     return make_layer_spec("batchnorm", {{"sync", sync ? "true" : "false"}, {"activation", activation_name(act)}});
 }
 inline LayerSpec layernorm() { return make_layer_spec("layernorm"); }
+inline LayerSpec rmsnorm() { return make_layer_spec("rmsnorm"); }
 inline LayerSpec residual(std::vector<LayerSpec> layers, const std::string& shortcut, Activation act) {
     return make_layer_spec(
         "residual", {{"shortcut", shortcut.empty() ? "identity" : shortcut}, {"activation", activation_name(act)}},

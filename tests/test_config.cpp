@@ -335,7 +335,7 @@ TEST_CASE("config: every shipped config loads and its model builds") {
 TEST_CASE("registries: unknown names list the known ones; make_layer_spec reads a type's keys as the config does") {
     CHECK_THROWS_WITH_AS(layer_kinds().get("dense2", "model.layers.0.type"),
                          "model.layers.0.type: unknown layer type 'dense2' (known: dense, dropout, flatten, conv2d, "
-                         "maxpool2d, avgpool2d, global_avgpool, batchnorm, layernorm, residual, embedding, "
+                         "maxpool2d, avgpool2d, global_avgpool, batchnorm, layernorm, rmsnorm, residual, embedding, "
                          "position_embedding, attention, transformer_block, lm_head)",
                          ConfigError);
     const LayerSpec a = make_layer_spec("dense", {{"units", "3"}, {"activation", "relu"}});

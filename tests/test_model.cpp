@@ -277,7 +277,7 @@ TEST_CASE("a dense weight's gradient in blocks of rows: each block a gradient un
     check_gradients(*d, pieced, 5, 2);
 }
 
-TEST_CASE("gradients match finite differences: conv2d (padding, stride, 1x1), pools, batchnorm, layernorm") {
+TEST_CASE("gradients match finite differences: conv2d (padding, stride, 1x1), pools, batchnorm, layernorm, rmsnorm") {
     auto d = make_cpu_device(0);
     // same padding, max pool, valid conv, batchnorm with relu, padded average pool, global pool, layernorm
     check_gradients(*d,
@@ -288,12 +288,13 @@ TEST_CASE("gradients match finite differences: conv2d (padding, stride, 1x1), po
                           21),
                     5, 3);
     // stride 2 with explicit padding, a direct 1x1 convolution, overlapping padded max windows, gelu
-    check_gradients(*d,
-                    Model({7, 7, 3},
-                          {conv_pad(4, 3, 2, 2, Activation::gelu), conv(5, 1, 1, false, Activation::none),
-                           maxpool_pad(3, 2, 1), flatten(), layernorm(), dense(4, Activation::none)},
-                          22),
-                    4, 4);
+    check_gradients(
+        *d,
+        Model({7, 7, 3},
+              {conv_pad(4, 3, 2, 2, Activation::gelu), conv(5, 1, 1, false, Activation::none), maxpool_pad(3, 2, 1),
+               flatten(), layernorm(), dense(6, Activation::gelu), rmsnorm(), dense(4, Activation::none)},
+              22),
+        4, 4);
 }
 
 TEST_CASE("gradients match finite differences: residual blocks, identity and projection shortcuts") {

@@ -10,15 +10,16 @@
 namespace mirrored {
 
 extern const LayerKind kDenseKind, kDropoutKind, kFlattenKind, kConv2dKind, kMaxPool2dKind, kAvgPool2dKind,
-    kGlobalAvgPoolKind, kBatchNormKind, kLayerNormKind, kResidualKind, kEmbeddingKind, kPositionEmbeddingKind,
-    kAttentionKind, kTransformerBlockKind, kLmHeadKind;
+    kGlobalAvgPoolKind, kBatchNormKind, kLayerNormKind, kRmsNormKind, kResidualKind, kEmbeddingKind,
+    kPositionEmbeddingKind, kAttentionKind, kTransformerBlockKind, kLmHeadKind;
 
 const Registry<LayerKind>& layer_kinds() {
     // one entry per type, in the order --help and error messages list them
     static const Registry<LayerKind> kinds(
-        "layer type", {&kDenseKind, &kDropoutKind, &kFlattenKind, &kConv2dKind, &kMaxPool2dKind, &kAvgPool2dKind,
-                       &kGlobalAvgPoolKind, &kBatchNormKind, &kLayerNormKind, &kResidualKind, &kEmbeddingKind,
-                       &kPositionEmbeddingKind, &kAttentionKind, &kTransformerBlockKind, &kLmHeadKind});
+        "layer type",
+        {&kDenseKind, &kDropoutKind, &kFlattenKind, &kConv2dKind, &kMaxPool2dKind, &kAvgPool2dKind, &kGlobalAvgPoolKind,
+         &kBatchNormKind, &kLayerNormKind, &kRmsNormKind, &kResidualKind, &kEmbeddingKind, &kPositionEmbeddingKind,
+         &kAttentionKind, &kTransformerBlockKind, &kLmHeadKind});
     return kinds;
 }
 
