@@ -98,18 +98,6 @@ void Device::sum_into(Stream, float* const*, int, int, size_t, size_t) {
     throw DeviceError(name() + ": sum_into is not implemented on this device (shared parameters are for CPU replicas)");
 }
 
-void Device::summed_sgd_update(Stream s, float* const* grads, int count, int into, size_t offset, size_t n,
-                               float* param, float* momentum, const SgdArgs& a) {
-    sum_into(s, grads, count, into, offset, n);
-    sgd_update(s, n, param, grads[into] + offset, momentum, a);
-}
-
-void Device::summed_adamw_update(Stream s, float* const* grads, int count, int into, size_t offset, size_t n,
-                                 float* param, float* m, float* v, const AdamWArgs& a) {
-    sum_into(s, grads, count, into, offset, n);
-    adamw_update(s, n, param, grads[into] + offset, m, v, a);
-}
-
 void Device::dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
                            const float* bias, void* z, void* y, GemmTypes t) {
     gemm(s, false, true, rows, units, inputs, 1.0f, x, inputs, w, inputs, 0.0f, z, units, t);

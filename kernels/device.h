@@ -55,7 +55,7 @@ enum class Activation { none, relu, gelu, gelu_tanh };
 // Whether a layer keeps the pre-activation for backward: ReLU's gradient reads the output itself.
 inline bool keeps_preactivation(Activation a) { return a == Activation::gelu || a == Activation::gelu_tanh; }
 
-// The losses of Device::target_loss: logits against a float target per output.
+// The losses of target_loss (kernels/ops/losses.h): logits against a float target per output.
 enum class TargetLoss {
     mse,  // (z - t)^2: torch.nn.MSELoss
     bce,  // binary cross-entropy of sigmoid(z): torch.nn.BCEWithLogitsLoss
@@ -365,20 +365,6 @@ public:
         return act == Activation::relu || (act == Activation::none && bias);
     }
     static bool fusable_dense_weight_grad(bool bias, bool accumulate) { return bias && !accumulate; }
-    // Fused softmax + cross-entropy over logits[rows,classes] with int labels, in f32.
-    // dlogits = (softmax - onehot) * grad_scale * (*loss_scale) (skipped when dlogits is null;
-    // loss_scale, device memory, may be null; dlogits apart from logits); metrics[kMetricLossSum]
-    // += sum of per-row losses, [kMetricCorrect] += correct argmax, [kMetricCount] += rows.
-    virtual void softmax_xent(Stream s, int rows, int classes, const void* logits, const int32_t* labels,
-                              float grad_scale, const float* loss_scale, void* dlogits, double* metrics) = 0;
-    // A loss of logits[rows, n] against float targets[rows, n], element by element (mse: (z - t)^2,
-    // gradient 2 (z - t); bce: max(z, 0) - z t + log(1 + exp(-|z|)), gradient sigmoid(z) - t). A
-    // row's loss is the mean over its n outputs, so that the sum over rows divided by the rows is
-    // PyTorch's mean over every element; dlogits = gradient / n * grad_scale * (*loss_scale)
-    // (skipped when null). metrics[kMetricLossSum] += row losses, [kMetricCorrect] += for bce the
-    // share of a row's outputs where (z > 0) == (t > 0.5) (0 for mse), [kMetricCount] += rows.
-    virtual void target_loss(Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
-                             float grad_scale, const float* loss_scale, void* dlogits, double* metrics) = 0;
     // ---- sequence-model ops (language models: per sample a sequence [t, c]) --------------------
     // `batches` GEMMs at once: matrix i's operands start stride_a/b/c elements after matrix i-1's
     // (cuBLAS's strided-batched products). The default issues one gemm per matrix.
@@ -479,12 +465,6 @@ public:
     // number of non-finite x: the gradient norm and the overflow test of loss scaling in one pass.
     virtual void sum_squares(Stream s, size_t n, const float* x, const float* loss_scale, float* out) = 0;
     virtual void init_params(Stream s, const InitArgs& a, size_t n, float* out) = 0;
-    virtual void sgd_update(Stream s, size_t n, float* param, const float* grad, float* momentum, const SgdArgs& a) = 0;
-    virtual void adamw_update(Stream s, size_t n, float* param, const float* grad, float* m, float* v,
-                              const AdamWArgs& a) = 0;
-    // Dynamic loss scaling: state = [scale, good steps]. An overflow (grad_stats[1] > 0) halves
-    // the scale and restarts the count; growth_interval good steps in a row double it.
-    virtual void loss_scale_update(Stream s, float* state, const float* grad_stats, int growth_interval) = 0;
     // Order-independent 64-bit fingerprint of the bits of x[0..n), written to *out (device).
     virtual void checksum(Stream s, size_t n, const float* x, uint64_t* out) = 0;
 
@@ -504,15 +484,6 @@ public:
     // for replicas that share one parameter copy (CPU replicas, replicas of one GPU: every buffer
     // loadable from here, at most PeerBuffers::kMax on CUDA). Devices without it throw DeviceError.
     virtual void sum_into(Stream s, float* const* buffers, int count, int into, size_t offset, size_t n);
-    // The shared-parameter update of [offset, offset + n) in one call: the gradient is what
-    // sum_into(grads, count, into, offset, n) sums, the step what sgd_update (adamw_update) takes
-    // with it; param and the optimizer state point at the slice. Whether grads[into] holds the sum
-    // afterwards is unspecified. The default makes the two calls; the CPU backend makes one pass
-    // that never stores the sum.
-    virtual void summed_sgd_update(Stream s, float* const* grads, int count, int into, size_t offset, size_t n,
-                                   float* param, float* momentum, const SgdArgs& a);
-    virtual void summed_adamw_update(Stream s, float* const* grads, int count, int into, size_t offset, size_t n,
-                                     float* param, float* m, float* v, const AdamWArgs& a);
     // Can kernels on this device load (and store) peer's memory directly?
     virtual bool can_load_from(const Device& peer) const = 0;
     // f32 gradients to and from the bf16 wire format (16-bit storage, round to nearest even).

@@ -251,8 +251,9 @@ MIRRORED_HD float round_to(DType t, float x) {
     return t == DType::bf16 ? round_bf16(x) : t == DType::f16 ? round_f16(x) : x;
 }
 
-// ---- a loss against float targets (Device::target_loss), one element: its loss, the gradient of
-// that loss by z, and whether its prediction is right (bce: z > 0 exactly when t > 0.5).
+// ---- a loss against float targets (target_loss, kernels/ops/losses.h), one element: its loss,
+// the gradient of that loss by z, and whether its prediction is right (bce: z > 0 exactly when
+// t > 0.5).
 struct TargetLossTerm {
     float loss, grad;
     bool correct;

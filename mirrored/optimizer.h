@@ -49,7 +49,7 @@ public:
                      const StepValues* values = nullptr);
     // The same over [begin, end) with the gradients of the replicas sharing this parameter copy
     // summed as Device::sum_into sums them (grads[into]'s first), inside the update's own pass
-    // (Device::summed_sgd_update): what clipping or loss scaling would need, the norm of the sum
+    // (summed_sgd_update, kernels/ops/optimizer.h): what clipping or loss scaling would need, the norm of the sum
     // before the update, is not there, so neither may be on. grads point at element 0.
     void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into, size_t begin,
                             size_t end, int64_t step, float lr, const StepValues* values = nullptr);

@@ -1,3 +1,4 @@
+#include "kernels/ops/optimizer.h"
 #include "mirrored/training_step.h"
 
 #include <algorithm>
@@ -336,7 +337,7 @@ void TrainingStep::finish_update(Replica& R) {
     Device& d = *R.device;
     const Stream cs = d.compute_stream();
     if (set_.loss_scaling())
-        d.loss_scale_update(cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
+        loss_scale_update(d, cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_)
         d.ema_update(cs, t->count, t->momentum, set_.grad_at(R, t->offset), R.params.data() + t->offset);
 }
@@ -564,7 +565,7 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
         H.optimizer->apply_range(d, cs, H.params.data(), R.grads.data() + tb, tb, te, step, lr,
                                  stats ? R.grad_total.data() : nullptr, loss_scale, set_.loss_scaling(), values);
     if (set_.loss_scaling())
-        d.loss_scale_update(cs, R.loss_scale.data(), R.grad_total.data(), set_.config().loss_scale_growth_interval);
+        loss_scale_update(d, cs, R.loss_scale.data(), R.grad_total.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_) {  // running statistics: the part of each in this slice
         const size_t lo = std::max(begin, t->offset), hi = std::min(end, t->offset + t->count);
         if (hi > lo) d.ema_update(cs, hi - lo, t->momentum, R.grads.data() + lo, H.params.data() + lo);

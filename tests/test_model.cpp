@@ -8,6 +8,7 @@
 
 #include "kernels/device.h"
 #include "base/error.h"
+#include "kernels/ops/losses.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
 #include "tests/helpers.h"
@@ -83,8 +84,8 @@ struct Harness {
         p.accumulate = accumulate;
         const void* logits = m.forward(p, x.data());
         void* dl = m.dlogits_buffer(acts);
-        d.softmax_xent(d.compute_stream(), rows, m.output_features(), logits, y.data(), 1.0f / rows, nullptr, dl,
-                       metrics.data());
+        softmax_xent(d, d.compute_stream(), rows, m.output_features(), logits, y.data(), 1.0f / rows, nullptr, dl,
+                     metrics.data());
         m.backward(p, dl, [&](int unit) {
             if (units) units->push_back(unit);
         });

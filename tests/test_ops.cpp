@@ -38,6 +38,8 @@
 #include "base/error.h"
 #include "kernels/op_math.h"
 #include "kernels/ops/dropout.h"
+#include "kernels/ops/losses.h"
+#include "kernels/ops/optimizer.h"
 #include "mirrored/model.h"
 #include "mirrored/replica_set.h"
 #include "tests/helpers.h"
@@ -275,8 +277,8 @@ std::vector<float> run_xent(Device& d, const XentCase& x) {
     auto labels = upload(d, x.labels);
     auto dl = poisoned(d, x.logits.size());
     auto metrics = upload(d, std::vector<double>{1.0, 2.0, 3.0, 0.0});
-    d.softmax_xent(d.compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, nullptr, dl.data(),
-                   metrics.data());
+    softmax_xent(d, d.compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, nullptr, dl.data(),
+                 metrics.data());
     auto out = download(d, dl);
     auto m = download(d, metrics);
     for (int i = 0; i < 3; ++i) out.push_back(float(m[i]));
@@ -305,7 +307,7 @@ std::vector<double> ref_xent(const XentCase& x) {
     return out;
 }
 
-// Logits against float targets (Device::target_loss): targets in [0, 1] for bce (a share of 1s
+// Logits against float targets (target_loss): targets in [0, 1] for bce (a share of 1s
 // and 0s among them, as multi-label data has), any for mse.
 struct TargetCase {
     TargetLoss kind;
@@ -327,8 +329,8 @@ std::vector<float> run_target_loss(Device& d, const TargetCase& x, const std::ve
     auto t = upload(d, x.targets);
     auto dl = poisoned(d, x.logits.size());
     auto metrics = upload(d, std::vector<double>{1.0, 2.0, 3.0, 0.0});
-    d.target_loss(d.compute_stream(), x.kind, x.rows, x.n, z.data(), t.data(), x.scale, nullptr, dl.data(),
-                  metrics.data());
+    target_loss(d, d.compute_stream(), x.kind, x.rows, x.n, z.data(), t.data(), x.scale, nullptr, dl.data(),
+                metrics.data());
     auto out = download(d, dl);
     auto m = download(d, metrics);
     for (int i = 0; i < 3; ++i) out.push_back(float(m[i]));
@@ -384,7 +386,7 @@ std::vector<float> run_sgd(Device& d, const OptCase& o, SgdArgs a) {
     DeviceBuffer<float> norm(d, 2);
     d.sum_squares(d.compute_stream(), o.n, g.data(), nullptr, norm.data());
     if (a.clip_norm > 0) a.grad_stats = norm.data();
-    d.sgd_update(d.compute_stream(), o.n, p.data(), g.data(), m.data(), a);
+    sgd_update(d, d.compute_stream(), o.n, p.data(), g.data(), m.data(), a);
     auto out = download(d, p);
     auto mh = download(d, m);
     out.insert(out.end(), mh.begin(), mh.end());
@@ -414,7 +416,7 @@ std::vector<float> run_adamw(Device& d, const OptCase& o, AdamWArgs a) {
     DeviceBuffer<float> norm(d, 2);
     d.sum_squares(d.compute_stream(), o.n, g.data(), nullptr, norm.data());
     if (a.clip_norm > 0) a.grad_stats = norm.data();
-    d.adamw_update(d.compute_stream(), o.n, p.data(), g.data(), m.data(), v.data(), a);
+    adamw_update(d, d.compute_stream(), o.n, p.data(), g.data(), m.data(), v.data(), a);
     auto out = download(d, p);
     for (auto* b : {&m, &v}) {
         auto h = download(d, *b);
@@ -1011,8 +1013,8 @@ TEST_CASE("cpu softmax_xent matches double reference: gradient, loss sum, correc
         auto logits = upload(*d, x.logits);
         auto labels = upload(*d, x.labels);
         auto metrics = upload(*d, std::vector<double>{1.0, 2.0, 3.0, 0.0});
-        d->softmax_xent(d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, nullptr, nullptr,
-                        metrics.data());
+        softmax_xent(*d, d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), x.scale, nullptr,
+                     nullptr, metrics.data());
         const auto m = download(*d, metrics);
         CHECK(float(m[0]) == got[n]);
         CHECK(float(m[1]) == got[n + 1]);
@@ -1073,8 +1075,8 @@ TEST_CASE("metric accumulators count exactly beyond 2^24 samples (cpu, sim)") {
         auto labels = upload(*d, x.labels);
         auto metrics = upload(*d, std::vector<double>{0.0, start, start, 0.0});
         for (int i = 0; i < 5; ++i)
-            d->softmax_xent(d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), 0.0f, nullptr,
-                            nullptr, metrics.data());
+            softmax_xent(*d, d->compute_stream(), x.rows, x.classes, logits.data(), labels.data(), 0.0f, nullptr,
+                         nullptr, metrics.data());
         const auto m = download(*d, metrics);
         CHECK(m[kMetricCount] == start + 5 * x.rows);
         CHECK(m[kMetricCorrect] >= start);
@@ -1641,10 +1643,10 @@ TEST_CASE("cpu loss scaling: a squared gradient norm that overflows skips the st
     a.clip_norm = 1.0f;
     a.grad_stats = stats.data();
     a.skip_nonfinite = true;
-    d->sgd_update(d->compute_stream(), big.size(), p.data(), g.data(), m.data(), a);
+    sgd_update(*d, d->compute_stream(), big.size(), p.data(), g.data(), m.data(), a);
     CHECK(download(*d, p) == std::vector<float>{1, 2, 3});  // skipped
     d->copy_to_device(d->compute_stream(), state.data(), std::vector<float>{1024.0f, 7.0f}.data(), 2 * sizeof(float));
-    d->loss_scale_update(d->compute_stream(), state.data(), stats.data(), 2000);
+    loss_scale_update(*d, d->compute_stream(), state.data(), stats.data(), 2000);
     CHECK(download(*d, state) == std::vector<float>{512.0f, 0.0f});
 }
 

@@ -17,6 +17,7 @@
 #include "kernels/device.h"
 #include "kernels/op_math.h"
 #include "kernels/ops/layernorm.h"
+#include "kernels/ops/optimizer.h"
 #include "tests/helpers.h"
 
 using namespace mirrored;
@@ -624,9 +625,9 @@ TEST_CASE("cpu loss scaling: the scale halves on an overflow, doubles after good
     auto state = upload(*d, std::vector<float>{1024.0f, 0.0f});
     auto good = upload(*d, std::vector<float>{4.0f, 0.0f}), bad = upload(*d, std::vector<float>{4.0f, 3.0f});
     const Stream s = d->compute_stream();
-    d->loss_scale_update(s, state.data(), bad.data(), 3);
+    loss_scale_update(*d, s, state.data(), bad.data(), 3);
     CHECK(download(*d, state) == std::vector<float>{512.0f, 0.0f});
-    for (int i = 0; i < 3; ++i) d->loss_scale_update(s, state.data(), good.data(), 3);
+    for (int i = 0; i < 3; ++i) loss_scale_update(*d, s, state.data(), good.data(), 3);
     CHECK(download(*d, state) == std::vector<float>{1024.0f, 0.0f});
     // an update with loss scaling skips on an overflow, and divides by the scale otherwise
     auto p = upload(*d, std::vector<float>{1.0f, 2.0f}), g = upload(*d, std::vector<float>{8.0f, 16.0f});
@@ -636,10 +637,10 @@ TEST_CASE("cpu loss scaling: the scale halves on an overflow, doubles after good
     a.loss_scale = scale.data();
     a.skip_nonfinite = true;
     a.grad_stats = bad.data();
-    d->sgd_update(s, 2, p.data(), g.data(), m.data(), a);
+    sgd_update(*d, s, 2, p.data(), g.data(), m.data(), a);
     CHECK(download(*d, p) == std::vector<float>{1.0f, 2.0f});
     a.grad_stats = good.data();
-    d->sgd_update(s, 2, p.data(), g.data(), m.data(), a);
+    sgd_update(*d, s, 2, p.data(), g.data(), m.data(), a);
     CHECK(download(*d, p) == std::vector<float>{0.5f, 1.0f});
     // sum_squares counts non-finite values and measures the unscaled norm
     auto x = upload(*d, std::vector<float>{3.0f, 4.0f, INFINITY, NAN});

@@ -10,6 +10,7 @@
 #include "data/loader.h"
 #include "base/error.h"
 #include "kernels/nccl.h"
+#include "kernels/ops/optimizer.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
@@ -378,7 +379,7 @@ void check_sum_into(Device& d) {
     }
 }
 
-// Device::summed_sgd_update / summed_adamw_update on device d against sum_into followed by the
+// summed_sgd_update / summed_adamw_update on device d against sum_into followed by the
 // plain update, on copies: the same parameters and optimizer state bit for bit, for 1-3 buffers,
 // either end's buffer as the own one, slices shorter than, equal to and spanning blocks.
 void check_summed_update(Device& d) {
@@ -413,14 +414,14 @@ void check_summed_update(Device& d) {
                         auto p = upload(d, p0), m = upload(d, m0), v = upload(d, v0);
                         float* mom = opt == Opt::sgd_plain ? nullptr : m.data();
                         if (fused && opt == Opt::adamw)
-                            d.summed_adamw_update(s, ptrs.data(), count, into, offset, n, p.data(), m.data(), v.data(),
-                                                  aa);
-                        else if (fused) d.summed_sgd_update(s, ptrs.data(), count, into, offset, n, p.data(), mom, sa);
+                            summed_adamw_update(d, s, ptrs.data(), count, into, offset, n, p.data(), m.data(), v.data(),
+                                                aa);
+                        else if (fused) summed_sgd_update(d, s, ptrs.data(), count, into, offset, n, p.data(), mom, sa);
                         else {
                             d.sum_into(s, ptrs.data(), count, into, offset, n);
                             const float* sum = ptrs[size_t(into)] + offset;
-                            if (opt == Opt::adamw) d.adamw_update(s, n, p.data(), sum, m.data(), v.data(), aa);
-                            else d.sgd_update(s, n, p.data(), sum, mom, sa);
+                            if (opt == Opt::adamw) adamw_update(d, s, n, p.data(), sum, m.data(), v.data(), aa);
+                            else sgd_update(d, s, n, p.data(), sum, mom, sa);
                         }
                         auto out = download(d, p);
                         for (auto* b : {&m, &v}) {

@@ -21,6 +21,7 @@
 #include "data/loader.h"
 #include "kernels/ops/attention.h"
 #include "kernels/ops/embedding.h"
+#include "kernels/ops/losses.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
@@ -282,8 +283,8 @@ struct TokenHarness {
         Pass p = pass();
         const void* z = m.forward(p, x.data());
         void* dl = m.dlogits_buffer(acts);
-        d.softmax_xent(d.compute_stream(), rows * t, vocab, z, y.data(), 1.0f / float(rows * t), nullptr, dl,
-                       metrics.data());
+        softmax_xent(d, d.compute_stream(), rows * t, vocab, z, y.data(), 1.0f / float(rows * t), nullptr, dl,
+                     metrics.data());
         m.backward(p, dl, units ? [units](int unit) { units->push_back(unit); } : std::function<void(int)>());
         return download(d, grads);
     }

@@ -14,7 +14,6 @@
 
 #include "kernels/blas.h"
 #include "kernels/cpu/act_loops.h"
-#include "kernels/cpu/row_loops.h"
 #include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/cpu/gemm_choice.h"
@@ -33,28 +32,6 @@ namespace {
 
 inline const float* F(const void* p) { return static_cast<const float*>(p); }
 inline float* F(void* p) { return static_cast<float*>(p); }
-
-// The optimizers' passes over the flat buffers, one branch-free loop per variant (the buffers
-// never overlap, so they vectorise), built for each vector width (loop_clones.h), as are the
-// shared-parameter sums.
-CPU_LOOP_CLONES void sgd_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m, float f,
-                              const SgdArgs& a) {
-    const float wd = a.weight_decay, mom = a.momentum, lr = sgd_lr(a);
-    if (mom == 0.0f) {
-        for (size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] * f + wd * p[i]);
-    } else if (!a.nesterov) {
-        for (size_t i = 0; i < n; ++i) {
-            m[i] = mom * m[i] + (g[i] * f + wd * p[i]);
-            p[i] -= lr * m[i];
-        }
-    } else {
-        for (size_t i = 0; i < n; ++i) {
-            const float d = g[i] * f + wd * p[i];
-            m[i] = mom * m[i] + d;
-            p[i] -= lr * (d + mom * m[i]);
-        }
-    }
-}
 
 // out[0] = the sum of (x inv)^2 in double, out[1] = how many x are not finite: element i in lane
 // i % 8, the lanes added in a fixed tree (a gradient norm's bits are the same on every CPU).
@@ -78,65 +55,8 @@ CPU_LOOP_CLONES void cpu_sum_squares(size_t n, const float* __restrict x, double
     out[1] = float(cpu::lanes_sum(bad));
 }
 
-// One AdamW step's scalars, resolved once per call (the bias corrections take two pow()s).
-struct AdamWStep {
-    float step_size, decay, b1, b2, eps, bc2_sqrt;
-};
-
-AdamWStep adamw_step(const AdamWArgs& a) {
-    const auto [bc1, bc2_sqrt] =
-        a.values ? AdamWCorrections{a.values->adamw_bc1, a.values->adamw_bc2_sqrt} : adamw_corrections(a);
-    const float lr = a.values ? a.values->lr : a.lr;
-    return {lr / bc1, 1.0f - lr * a.weight_decay, a.beta1, a.beta2, a.eps, bc2_sqrt};
-}
-
-CPU_LOOP_CLONES void adamw_loop(size_t n, float* __restrict p, const float* __restrict g, float* __restrict m,
-                                float* __restrict v, float f, const AdamWStep& st) {
-    const float step_size = st.step_size, decay = st.decay, b1 = st.b1, b2 = st.b2, eps = st.eps,
-                bc2_sqrt = st.bc2_sqrt;
-    for (size_t i = 0; i < n; ++i) {
-        const float gi = g[i] * f;
-        const float mi = b1 * m[i] + (1.0f - b1) * gi;
-        const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
-    }
-}
-
 CPU_LOOP_CLONES void cpu_sum_into(float* const* ptr, int count, int into, size_t offset, size_t n) {
     host_sum_into(ptr, count, into, offset, n);
-}
-
-// sum[0, n) = what host_sum_into stores at [at, at + n): the own buffer's value first, then the
-// others' in buffer order.
-CPU_LOOP_CLONES void sum_block(size_t n, float* __restrict sum, float* const* ptr, int count, int into, size_t at) {
-    const float* own = ptr[into] + at;
-    const int first = into == 0 ? 1 : 0;  // the first other buffer, added in the same pass
-    if (first >= count) {
-        for (size_t i = 0; i < n; ++i) sum[i] = own[i];
-        return;
-    }
-    const float* x0 = ptr[first] + at;
-    for (size_t i = 0; i < n; ++i) sum[i] = own[i] + x0[i];
-    for (int k = first + 1; k < count; ++k) {
-        if (k == into) continue;
-        const float* x = ptr[k] + at;
-        for (size_t i = 0; i < n; ++i) sum[i] += x[i];
-    }
-}
-
-// Calls update(first, length, gradient) for the blocks of [offset, offset + n), the gradient being
-// the replicas' sum over that block, held on the stack: the update reads it from L1, and the sum
-// is never written to memory and read back (as sum_into followed by the update would).
-template <typename Update>
-void for_summed_blocks(float* const* grads, int count, int into, size_t offset, size_t n, Update&& update) {
-    alignas(64) float sum[kHostSumBlock];
-    for (size_t at = 0; at < n; at += kHostSumBlock) {
-        const size_t len = std::min(kHostSumBlock, n - at);
-        sum_block(len, sum, grads, count, into, offset + at);
-        update(at, len, static_cast<const float*>(sum));
-    }
 }
 
 class CpuDevice final : public Device {
@@ -231,47 +151,6 @@ public:
         float* s = column_sums_.data();
         cpu::column_sums(rows, cols, dz, s);
         for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + s[j] : s[j];
-    }
-
-    void softmax_xent(Stream, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
-                      const float* loss_scale, void* dlogits, double* metrics) override {
-        const DType t = value_dtype();
-        const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f);
-        double loss_sum = 0.0, correct = 0.0;
-        for (int i = 0; i < rows; ++i) {
-            const int y = labels[i];
-            int arg = 0;
-            float* d = dlogits ? F(dlogits) + size_t(i) * classes : nullptr;
-            loss_sum += double(cpu::softmax_xent_row(t, classes, y, gs, F(logits) + size_t(i) * classes, d, &arg));
-            correct += arg == y ? 1.0 : 0.0;
-        }
-        metrics[kMetricLossSum] += loss_sum;
-        metrics[kMetricCorrect] += correct;
-        metrics[kMetricCount] += double(rows);
-    }
-
-    void target_loss(Stream, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
-                     float grad_scale, const float* loss_scale, void* dlogits, double* metrics) override {
-        const DType t = value_dtype();
-        const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f) / float(n);
-        double loss_sum = 0.0, correct = 0.0;
-        for (int i = 0; i < rows; ++i) {
-            const float* z = F(logits) + size_t(i) * n;
-            const float* y = targets + size_t(i) * n;
-            float* d = dlogits ? F(dlogits) + size_t(i) * n : nullptr;
-            float row_loss = 0.0f, row_correct = 0.0f;
-            for (int j = 0; j < n; ++j) {
-                const TargetLossTerm e = target_loss_term(kind, z[j], y[j]);
-                row_loss += e.loss;
-                row_correct += e.correct ? 1.0f : 0.0f;
-                if (d) d[j] = round_to(t, e.grad * gs);
-            }
-            loss_sum += double(row_loss / float(n));
-            correct += double(row_correct / float(n));
-        }
-        metrics[kMetricLossSum] += loss_sum;
-        metrics[kMetricCorrect] += correct;
-        metrics[kMetricCount] += double(rows);
     }
 
     void convert(Stream, size_t n, const void* x, DType, void* y, DType yt) override {
@@ -399,38 +278,6 @@ public:
     void init_params(Stream, const InitArgs& a, size_t n, float* out) override {
         const float sc = init_scale(a);
         for (size_t i = 0; i < n; ++i) out[i] = init_value(a.kind, a.seed, a.tensor_id, sc, i);
-    }
-
-    void sgd_update(Stream, size_t n, float* p, const float* g, float* m, const SgdArgs& a) override {
-        if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
-        sgd_loop(n, p, g, m, grad_factor(a.clip_norm, a.grad_stats, a.loss_scale), a);
-    }
-
-    void adamw_update(Stream, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a) override {
-        if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
-        adamw_loop(n, p, g, m, v, grad_factor(a.clip_norm, a.grad_stats, a.loss_scale), adamw_step(a));
-    }
-
-    void summed_sgd_update(Stream, float* const* grads, int count, int into, size_t offset, size_t n, float* p,
-                           float* m, const SgdArgs& a) override {
-        if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
-        const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
-        for_summed_blocks(grads, count, into, offset, n, [&](size_t at, size_t len, const float* g) {
-            sgd_loop(len, p + at, g, m ? m + at : nullptr, f, a);
-        });
-    }
-    void summed_adamw_update(Stream, float* const* grads, int count, int into, size_t offset, size_t n, float* p,
-                             float* m, float* v, const AdamWArgs& a) override {
-        if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
-        const float f = grad_factor(a.clip_norm, a.grad_stats, a.loss_scale);
-        const AdamWStep st = adamw_step(a);
-        for_summed_blocks(grads, count, into, offset, n, [&](size_t at, size_t len, const float* g) {
-            adamw_loop(len, p + at, g, m + at, v + at, f, st);
-        });
-    }
-
-    void loss_scale_update(Stream, float* state, const float* grad_stats, int growth_interval) override {
-        loss_scale_step(state, grad_stats, growth_interval);
     }
 
     void checksum(Stream, size_t n, const float* x, uint64_t* out) override {

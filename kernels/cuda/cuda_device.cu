@@ -415,10 +415,6 @@ public:
             sum_squares(stream(s), ordinal(), n, x, loss_scale, out, scratch_))
     CUDA_OP(init_params(Stream s, const InitArgs& a, size_t n, float* out), 1,
             init_params(stream(s), ordinal(), a, init_scale(a), n, out))
-    CUDA_OP(sgd_update(Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a), 1,
-            sgd_update(stream(s), ordinal(), n, p, g, m, a))
-    CUDA_OP(loss_scale_update(Stream s, float* state, const float* grad_stats, int growth_interval), 1,
-            loss_scale_update(stream(s), ordinal(), state, grad_stats, growth_interval))
     CUDA_OP(checksum(Stream s, size_t n, const float* x, uint64_t* out), 1, checksum(stream(s), ordinal(), n, x, out))
 #undef CUDA_OP
 
@@ -436,33 +432,6 @@ public:
                                     const float* invstd, float* out),
                    bn_backward_sums(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, out, scratch_))
 #undef CUDA_COLUMN_OP
-
-    void softmax_xent(Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
-                      const float* loss_scale, void* dlogits, double* metrics) override {
-        use();
-        work_.launches += 2;
-        if (cuda::scratch_floats_needed(rows) > cuda::kScratchFloats)
-            throw DeviceError(name() + ": softmax_xent over " + std::to_string(rows) +
-                              " rows exceeds the scratch sized at start-up");
-        cuda::softmax_xent(stream(s), ordinal(), act_dtype(), rows, classes, logits, labels, grad_scale, loss_scale,
-                           dlogits, metrics, scratch_);
-    }
-    void target_loss(Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets,
-                     float grad_scale, const float* loss_scale, void* dlogits, double* metrics) override {
-        use();
-        work_.launches += 2;
-        if (cuda::scratch_floats_needed(rows) > cuda::kScratchFloats)
-            throw DeviceError(name() + ": target_loss over " + std::to_string(rows) +
-                              " rows exceeds the scratch sized at start-up");
-        cuda::target_loss(stream(s), ordinal(), act_dtype(), kind, rows, n, logits, targets, grad_scale, loss_scale,
-                          dlogits, metrics, scratch_);
-    }
-    void adamw_update(Stream s, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a) override {
-        use();
-        ++work_.launches;
-        const AdamWCorrections c = adamw_corrections(a);
-        cuda::adamw_update(stream(s), ordinal(), n, p, g, m, v, a, c.bc1, c.bc2_sqrt);
-    }
 
     void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         use();

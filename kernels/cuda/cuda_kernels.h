@@ -25,13 +25,6 @@ void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, co
 // kernels they launched and may use kScratchFloats of scratch for partial sums (column_plan.h).
 int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate,
               float* scratch);
-// scratch: 2 * rows floats
-void softmax_xent(cudaStream_t s, int dev, DType t, int rows, int classes, const void* logits, const int32_t* labels,
-                  float grad_scale, const float* loss_scale, void* dlogits, double* metrics, float* scratch);
-// scratch: 2 * rows floats
-void target_loss(cudaStream_t s, int dev, DType t, TargetLoss kind, int rows, int n, const void* logits,
-                 const float* targets, float grad_scale, const float* loss_scale, void* dlogits, double* metrics,
-                 float* scratch);
 void convert(cudaStream_t s, int dev, size_t n, const void* x, DType xt, void* y, DType yt);
 void add(cudaStream_t s, int dev, DType t, size_t n, const void* x, void* y);
 
@@ -63,10 +56,6 @@ void axpy(cudaStream_t s, int dev, size_t n, float alpha, const float* x, float*
 void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float* loss_scale, float* out,
                  float* scratch);
 void init_params(cudaStream_t s, int dev, const InitArgs& a, float scale, size_t n, float* out);
-void sgd_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, const SgdArgs& a);
-void adamw_update(cudaStream_t s, int dev, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a,
-                  float bias_correction1, float bias_correction2_sqrt);
-void loss_scale_update(cudaStream_t s, int dev, float* state, const float* grad_stats, int growth_interval);
 void checksum(cudaStream_t s, int dev, size_t n, const float* x, uint64_t* out);
 // Device::sum_to_all: every buffer on this GPU or a peer with access enabled.
 void sum_to_all(cudaStream_t s, int dev, const PeerBuffers& b, size_t offset, size_t n, DType t);

@@ -12,6 +12,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kernels/cuda/column_plan.h"
 #include "kernels/cuda/cuda_check.h"
@@ -25,6 +26,12 @@ constexpr int kThreads = 256;
 inline unsigned grid_for(size_t n) {
     const size_t blocks = (n + kThreads - 1) / kThreads;
     return static_cast<unsigned>(blocks < 65536 ? (blocks ? blocks : 1) : 65536);
+}
+
+// Blocks of a launch with one warp per row (the row-wise kernels: norms, softmaxes, losses).
+inline unsigned warp_rows_grid(int64_t rows) {
+    constexpr int kRowsPerBlock = kThreads / 32;
+    return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 #define GRID_LOOP(i, n) \

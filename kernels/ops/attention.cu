@@ -45,11 +45,6 @@ __global__ void causal_softmax_backward_kernel(int64_t rows, int t, float scale,
         st(ds, base + j, j < keep ? scale * ld(p, base + j) * (ld(dp, base + j) - dot) : 0.0f);
 }
 
-unsigned warp_rows_grid(int64_t rows) {
-    constexpr int kRowsPerBlock = kThreads / 32;
-    return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-}
-
 int softmax(const Device::NativeLaunch& l, int batches, int t, float scale, const void* scores, void* probs) {
     const int64_t rows = int64_t(batches) * t;
     if (rows <= 0) return 0;

@@ -34,9 +34,8 @@ int forward(const Device::NativeLaunch& l, int rows, int c, float eps, const voi
             const float* beta, void* y, float* mean, float* rstd) {
     if (rows <= 0 || c <= 0) return 0;
     const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
-    constexpr int kRowsPerBlock = kThreads / 32;
-    DISPATCH(l.act, layernorm_forward_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
-                        rows, c, eps, as<T>(x), gamma, beta, as<T>(y), mean, rstd));
+    DISPATCH(l.act, layernorm_forward_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(rows, c, eps, as<T>(x), gamma,
+                                                                                       beta, as<T>(y), mean, rstd));
     CUDA_LAUNCH_CHECK(l.device);
     return 1;
 }
@@ -80,12 +79,11 @@ int backward(const Device::NativeLaunch& l, int rows, int c, const void* dy, con
     if (rows <= 0 || c <= 0) return 0;
     const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
     const int dev = l.device;
-    constexpr int kRowsPerBlock = kThreads / 32;
     DISPATCH(l.act, {
         int launches = 0;
         if (dx) {
-            layernorm_dx_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, s>>>(
-                rows, c, as<T>(dy), as<T>(x), mean, rstd, gamma, as<T>(dx));
+            layernorm_dx_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(rows, c, as<T>(dy), as<T>(x), mean, rstd,
+                                                                          gamma, as<T>(dx));
             CUDA_LAUNCH_CHECK(dev);
             ++launches;
         }

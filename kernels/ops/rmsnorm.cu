@@ -7,10 +7,6 @@ namespace mirrored::cuda {
 
 namespace {
 
-constexpr int kRowsPerBlock = kThreads / 32;
-
-unsigned row_blocks(int rows) { return unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
-
 template <typename T>
 __global__ void rmsnorm_forward_kernel(int rows, int c, float eps, const T* x, const float* gamma, T* y, float* rstd) {
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -30,8 +26,8 @@ int forward(const Device::NativeLaunch& l, int rows, int c, float eps, const voi
             float* rstd) {
     if (rows <= 0 || c <= 0) return 0;
     const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
-    DISPATCH(l.act, rmsnorm_forward_kernel<<<row_blocks(rows), kThreads, 0, s>>>(rows, c, eps, as<T>(x), gamma,
-                                                                                 as<T>(y), rstd));
+    DISPATCH(l.act, rmsnorm_forward_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(rows, c, eps, as<T>(x), gamma,
+                                                                                     as<T>(y), rstd));
     CUDA_LAUNCH_CHECK(l.device);
     return 1;
 }
@@ -69,8 +65,8 @@ int backward(const Device::NativeLaunch& l, int rows, int c, const void* dy, con
     DISPATCH(l.act, {
         int launches = 0;
         if (dx) {
-            rmsnorm_dx_kernel<<<row_blocks(rows), kThreads, 0, s>>>(rows, c, as<T>(dy), as<T>(x), rstd, gamma,
-                                                                    as<T>(dx));
+            rmsnorm_dx_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(rows, c, as<T>(dy), as<T>(x), rstd, gamma,
+                                                                        as<T>(dx));
             CUDA_LAUNCH_CHECK(l.device);
             ++launches;
         }

@@ -628,14 +628,6 @@ public:
            act_backward(Stream{}, act, n, z, dout, dz))
     SIM_OP(bias_grad, (Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
            bias_grad(Stream{}, rows, cols, dz, db, accumulate))
-    SIM_OP(softmax_xent,
-           (Stream s, int rows, int classes, const void* logits, const int32_t* labels, float grad_scale,
-            const float* loss_scale, void* dlogits, double* metrics),
-           softmax_xent(Stream{}, rows, classes, logits, labels, grad_scale, loss_scale, dlogits, metrics))
-    SIM_OP(target_loss,
-           (Stream s, TargetLoss kind, int rows, int n, const void* logits, const float* targets, float grad_scale,
-            const float* loss_scale, void* dlogits, double* metrics),
-           target_loss(Stream{}, kind, rows, n, logits, targets, grad_scale, loss_scale, dlogits, metrics))
     SIM_OP(convert, (Stream s, size_t n, const void* x, DType xt, void* y, DType yt),
            convert(Stream{}, n, x, xt, y, yt))
     SIM_OP(add, (Stream s, size_t n, const void* x, void* y), add(Stream{}, n, x, y))
@@ -676,12 +668,6 @@ public:
     SIM_OP(sum_squares, (Stream s, size_t n, const float* x, const float* loss_scale, float* out),
            sum_squares(Stream{}, n, x, loss_scale, out))
     SIM_OP(init_params, (Stream s, const InitArgs& a, size_t n, float* out), init_params(Stream{}, a, n, out))
-    SIM_OP(sgd_update, (Stream s, size_t n, float* p, const float* g, float* m, const SgdArgs& a),
-           sgd_update(Stream{}, n, p, g, m, a))
-    SIM_OP(adamw_update, (Stream s, size_t n, float* p, const float* g, float* m, float* v, const AdamWArgs& a),
-           adamw_update(Stream{}, n, p, g, m, v, a))
-    SIM_OP(loss_scale_update, (Stream s, float* state, const float* grad_stats, int growth_interval),
-           loss_scale_update(Stream{}, state, grad_stats, growth_interval))
     SIM_OP(checksum, (Stream s, size_t n, const float* x, uint64_t* out), checksum(Stream{}, n, x, out))
 
     void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {

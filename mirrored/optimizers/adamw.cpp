@@ -1,6 +1,7 @@
 // adamw: Adam with decoupled weight decay (torch.optim.AdamW), bias-corrected moments; state:
 // exp_avg and exp_avg_sq.
 #include "kernels/op_math.h"
+#include "kernels/ops/optimizer.h"
 #include "mirrored/optimizer.h"
 #include "mirrored/util.h"
 
@@ -39,14 +40,14 @@ protected:
     void update_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t step,
                       float lr, float weight_decay, const float* grad_stats, const float* loss_scale,
                       bool skip_nonfinite, const StepValues* values) override {
-        on.adamw_update(s, end - begin, params + begin, grads, state_at(m_, begin), state_at(v_, begin),
-                        args(step, lr, weight_decay, grad_stats, loss_scale, skip_nonfinite, values));
+        adamw_update(on, s, end - begin, params + begin, grads, state_at(m_, begin), state_at(v_, begin),
+                     args(step, lr, weight_decay, grad_stats, loss_scale, skip_nonfinite, values));
     }
     void update_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
                              size_t begin, size_t end, int64_t step, float lr, float weight_decay,
                              const StepValues* values) override {
-        on.summed_adamw_update(s, grads, count, into, begin, end - begin, params + begin, state_at(m_, begin),
-                               state_at(v_, begin), args(step, lr, weight_decay, nullptr, nullptr, false, values));
+        summed_adamw_update(on, s, grads, count, into, begin, end - begin, params + begin, state_at(m_, begin),
+                            state_at(v_, begin), args(step, lr, weight_decay, nullptr, nullptr, false, values));
     }
 
 private:

@@ -1,5 +1,6 @@
 // sgd: stochastic gradient descent with optional momentum and Nesterov momentum, weight decay
 // added to the gradient (torch.optim.SGD); state: momentum_buffer when momentum > 0.
+#include "kernels/ops/optimizer.h"
 #include "mirrored/optimizer.h"
 #include "mirrored/util.h"
 
@@ -32,14 +33,14 @@ protected:
     void update_range(Device& on, Stream s, float* params, const float* grads, size_t begin, size_t end, int64_t,
                       float lr, float weight_decay, const float* grad_stats, const float* loss_scale,
                       bool skip_nonfinite, const StepValues* values) override {
-        on.sgd_update(s, end - begin, params + begin, grads, momentum(begin),
-                      args(lr, weight_decay, grad_stats, loss_scale, skip_nonfinite, values));
+        sgd_update(on, s, end - begin, params + begin, grads, momentum(begin),
+                   args(lr, weight_decay, grad_stats, loss_scale, skip_nonfinite, values));
     }
     void update_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into,
                              size_t begin, size_t end, int64_t, float lr, float weight_decay,
                              const StepValues* values) override {
-        on.summed_sgd_update(s, grads, count, into, begin, end - begin, params + begin, momentum(begin),
-                             args(lr, weight_decay, nullptr, nullptr, false, values));
+        summed_sgd_update(on, s, grads, count, into, begin, end - begin, params + begin, momentum(begin),
+                          args(lr, weight_decay, nullptr, nullptr, false, values));
     }
 
 private:
