@@ -280,7 +280,7 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_main.cpp $(OBJ)/tests/fuzz/targets.o $(FUZZ_LIB
 # The sources' format (.clang-format, clang-format 14 as Debian 12 ships it) and cppcheck's warning
 # and portability checks over the host code (CUDA files are left to nvcc's warnings). A finding
 # that is not one is suppressed inline with the reason beside it.
-SOURCES = $(shell git ls-files '*.h' '*.cpp' '*.cu' 2>/dev/null)
+SOURCES = $(shell git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' 2>/dev/null)
 format:
 	clang-format -i $(SOURCES)
 

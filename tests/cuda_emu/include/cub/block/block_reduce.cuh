@@ -22,7 +22,7 @@ class BlockReduce {
 public:
     struct TempStorage {
         T values[BLOCK_DIM_X];
-        uint64_t used;            // kUsed once a reduction has used it in this block (else shared memory's garbage)
+        uint64_t used;              // kUsed once a reduction has used it in this block (else shared memory's garbage)
         uint64_t ended_at_barrier;  // the barrier generation its last reduction ended at
     };
 
