@@ -1188,6 +1188,13 @@ TEST_CASE("cpu dropout: keep rate, scaling, backward mask, and shard invariance"
             (yf[i] != 0.0f) == dropout_keep(far.seed, far.layer_id, dropout_step(far),
                                             far.row_offset + int64_t(i / cols), cols, int(i % cols), far.rate);
     CHECK(far_as_defined == x.size());
+    // rows wider than the in-place path's stack chunk (1024): the same masks in place
+    const int wide = 2500;
+    const auto xw = rng.uniform(size_t(4) * wide, 0.5f, 1.5f);
+    const auto yw = run_dropout(*d, far, 4, wide, xw, false);
+    auto wide_in_place = upload(*d, xw);
+    dropout_forward(*d, d->compute_stream(), far, 4, wide, wide_in_place.data(), wide_in_place.data());
+    CHECK(download(*d, wide_in_place) == yw);
 }
 
 TEST_CASE("cpu init_params: bounds and moments of every initialiser, deterministic by seed") {

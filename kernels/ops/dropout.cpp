@@ -3,10 +3,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "kernels/cpu/loop_clones.h"
-#include "kernels/cpu/scratch.h"
 #include "kernels/op_math.h"
 
 namespace mirrored {
@@ -89,21 +87,28 @@ CPU_LOOP_CLONES void dropout_row_loop(uint64_t seed, uint32_t stream_a, uint32_t
     }
 }
 
+// A row done in place goes through a copy on the stack, this many elements at a time, so that
+// the loop's operands never alias (each element's draw depends only on its index: the same masks).
+constexpr int kInPlaceChunk = 1024;
+
 // dropout_keep's decisions, drawn 64 elements at a time (dropout_row_loop); in place too.
 void dropout_rows(DType t, const DropoutArgs& a, int rows, int cols, const float* x, float* y) {
-    thread_local std::vector<float> row_copy;  // in place: the row read
     const float keep_scale = 1.0f / (1.0f - a.rate);
     const uint32_t step = dropout_step(a), stream = kStreamDropout | (a.layer_id << 8);
     for (int i = 0; i < rows; ++i) {
         const float* xr = x + size_t(i) * cols;
         float* yr = y + size_t(i) * cols;
         const uint64_t first = uint64_t(a.row_offset + i) * uint64_t(cols);
-        if (xr == yr) {  // through a copy of the row, so that the loop's operands never alias
-            float* copy = grow_scratch(row_copy, size_t(cols));
-            std::copy_n(xr, cols, copy);
-            xr = copy;
+        if (xr != yr) {
+            dropout_row_loop(a.seed, stream, step, first, cols, a.rate, keep_scale, xr, yr);
+        } else {
+            alignas(64) float copy[kInPlaceChunk];
+            for (int j = 0; j < cols; j += kInPlaceChunk) {
+                const int n = std::min(kInPlaceChunk, cols - j);
+                std::copy_n(xr + j, n, copy);
+                dropout_row_loop(a.seed, stream, step, first + uint64_t(j), n, a.rate, keep_scale, copy, yr + j);
+            }
         }
-        dropout_row_loop(a.seed, stream, step, first, cols, a.rate, keep_scale, xr, yr);
         if (t != DType::f32)
             for (int j = 0; j < cols; ++j) yr[j] = round_to(t, yr[j]);
     }
