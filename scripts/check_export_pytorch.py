@@ -71,6 +71,18 @@ class Residual(nn.Module):
         return self.act(self.inner[0](x) + s)
 
 
+class RMSNorm(nn.Module):
+    """torch.nn.RMSNorm (PyTorch 2.4 and later) written out for older versions."""
+
+    def __init__(self, c, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(c))
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
 def make_layer(s, shape):
     t, act = s["type"], ACT[s.get("activation", "none")]
     plain = lambda m, x: act(m(x))
@@ -100,6 +112,10 @@ def make_layer(s, shape):
         ln = nn.LayerNorm(shape[0], eps=s.get("epsilon", 1e-5))
         fn = (lambda m, x: m(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)) if len(shape) == 3 else plain
         return ln, fn, shape
+    if t == "rmsnorm":  # over the channels of each position, as layernorm
+        rms = RMSNorm(shape[0], s.get("epsilon", 1e-6))
+        fn = (lambda m, x: m(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)) if len(shape) == 3 else plain
+        return rms, fn, shape
     if t == "residual":
         block = Residual(s, shape)
         return block, lambda m, x: m(x), block.out_shape

@@ -81,6 +81,7 @@ public:
         if (s.type == "flatten") return flatten(x);
         if (s.type == "batchnorm") return batchnorm(name, x, float(number_key(s, "epsilon")), activation_key(s));
         if (s.type == "layernorm") return layernorm(name, x, float(number_key(s, "epsilon")));
+        if (s.type == "rmsnorm") return rmsnorm(name, x, float(number_key(s, "epsilon")));
         if (s.type == "dropout") return x;
         if (s.type == "residual") return residual(s, name, x);
         FAIL("no reference for " << s.type);
@@ -201,6 +202,21 @@ private:
         return x;
     }
 
+    // RMSNorm(c) over the channels of each position, as LayerNorm above: x / sqrt(mean(x^2) + eps)
+    // times the weight.
+    Nchw rmsnorm(const std::string& name, Nchw x, float eps) const {
+        const auto& g = w(name + ".weight");
+        for (int b = 0; b < x.n; ++b)
+            for (int yy = 0; yy < x.h; ++yy)
+                for (int xx = 0; xx < x.w; ++xx) {
+                    double q = 0;
+                    for (int c = 0; c < x.c; ++c) q += std::pow(x.at(b, c, yy, xx), 2);
+                    const double rs = 1.0 / std::sqrt(q / x.c + eps);
+                    for (int c = 0; c < x.c; ++c) x.at(b, c, yy, xx) = x.at(b, c, yy, xx) * rs * g[size_t(c)];
+                }
+        return x;
+    }
+
     Nchw residual(const LayerSpec& s, const std::string& name, const Nchw& x) const {
         Nchw f = sequence(s.layers, name + ".layers", x);
         Nchw sc = x;
@@ -262,6 +278,7 @@ model:
         - {type: conv2d, filters: 8, kernel_size: 3, padding: 1, stride: 2, bias: false}
         - {type: batchnorm, activation: gelu}
     - {type: layernorm}
+    - {type: rmsnorm}
     - {type: maxpool2d, kernel_size: 3, stride: 2, padding: 1}
     - {type: avgpool2d, kernel_size: 2, stride: 1}
     - {type: flatten}

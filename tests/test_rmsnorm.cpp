@@ -36,13 +36,16 @@ RmsCase make_case(Rng& rng, int rows, int c) {
     return n;
 }
 
-// y of the definition, in double.
-std::vector<double> ref_forward(const RmsCase& n, const std::vector<double>& x, const std::vector<double>& gamma) {
+// y of the definition, in double, and each row's rstd into *rstd where given.
+std::vector<double> ref_forward(const RmsCase& n, const std::vector<double>& x, const std::vector<double>& gamma,
+                                std::vector<double>* rstd = nullptr) {
     std::vector<double> y(x.size());
+    if (rstd) rstd->assign(size_t(n.rows), 0.0);
     for (int r = 0; r < n.rows; ++r) {
         double q = 0;
         for (int j = 0; j < n.c; ++j) q += x[size_t(r) * n.c + j] * x[size_t(r) * n.c + j];
         const double rs = 1.0 / std::sqrt(q / n.c + double(kEps));
+        if (rstd) (*rstd)[size_t(r)] = rs;
         for (int j = 0; j < n.c; ++j) y[size_t(r) * n.c + j] = gamma[j] * (x[size_t(r) * n.c + j] * rs);
     }
     return y;
@@ -57,9 +60,9 @@ struct RmsOut {
     }
 };
 
-// forward, then backward with dgamma accumulated onto n.dgamma0; activations (x, dy, y, dx) in
-// the device's storage type, converted from and to f32 around the ops
-RmsOut run(Device& d, const RmsCase& n, bool with_dx = true) {
+// forward, then backward with dgamma accumulated onto n.dgamma0 (or written over it); activations
+// (x, dy, y, dx) in the device's storage type, converted from and to f32 around the ops
+RmsOut run(Device& d, const RmsCase& n, bool with_dx = true, bool accumulate = true) {
     const Stream s = d.compute_stream();
     const DType t = d.act_dtype();
     const size_t count = n.x.size();
@@ -79,7 +82,7 @@ RmsOut run(Device& d, const RmsCase& n, bool with_dx = true) {
     auto rstd = poisoned(d, size_t(n.rows));
     rmsnorm_forward(d, s, n.rows, n.c, kEps, x.data(), gamma.data(), y.data(), rstd.data());
     rmsnorm_backward(d, s, n.rows, n.c, dy.data(), x.data(), rstd.data(), gamma.data(), with_dx ? dx.data() : nullptr,
-                     dg.data(), true);
+                     dg.data(), accumulate);
     return {widened(y), download(d, rstd), with_dx ? widened(dx) : std::vector<float>{}, download(d, dg)};
 }
 
@@ -99,7 +102,9 @@ TEST_CASE("cpu rmsnorm forward against double; dgamma accumulates; dx may be ski
         const RmsCase n = make_case(rng, rng.integer(1, 70), c);
         const RmsOut got = run(*d, n);
         const std::vector<double> x(n.x.begin(), n.x.end()), g(n.gamma.begin(), n.gamma.end());
-        CHECK(rel_error(got.y, ref_forward(n, x, g)) < 1e-5);
+        std::vector<double> rstd;
+        CHECK(rel_error(got.y, ref_forward(n, x, g, &rstd)) < 1e-5);
+        CHECK(rel_error(got.rstd, rstd) < 1e-5);
         // the same dgamma with dx skipped, and accumulation adds exactly what a fresh sum gives
         const RmsOut no_dx = run(*d, n, false);
         CHECK(std::memcmp(no_dx.dgamma.data(), got.dgamma.data(), got.dgamma.size() * sizeof(float)) == 0);
@@ -107,6 +112,8 @@ TEST_CASE("cpu rmsnorm forward against double; dgamma accumulates; dx may be ski
         fresh.dgamma0.assign(size_t(c), 0.0f);
         const RmsOut f = run(*d, fresh);
         for (int j = 0; j < c; ++j) CHECK(got.dgamma[j] == n.dgamma0[j] + f.dgamma[j]);
+        const RmsOut over = run(*d, n, true, false);  // written over n.dgamma0: the fresh sum
+        CHECK(std::memcmp(over.dgamma.data(), f.dgamma.data(), f.dgamma.size() * sizeof(float)) == 0);
     }
 }
 
@@ -164,7 +171,13 @@ TEST_CASE("cuda rmsnorm matches cpu: fp32, bf16 storage, many rows" * doctest::t
     for (int rep = 0; rep < 4; ++rep) {
         const RmsCase n = rep == 3 ? make_case(rng, 70000, 3)  // several chunks in dgamma's column reduction
                                    : make_case(rng, rng.integer(1, 300), rng.integer(1, 200));
-        CHECK(rel_error(run(*gpu, n).all(), run(*cpu, n).all()) < 1e-5);
+        for (const bool accumulate : {true, false}) {
+            const RmsOut g = run(*gpu, n, true, accumulate), c = run(*cpu, n, true, accumulate);
+            CHECK(rel_error(g.y, c.y) < 1e-5);
+            CHECK(rel_error(g.rstd, c.rstd) < 1e-5);
+            CHECK(rel_error(g.dx, c.dx) < 1e-5);
+            CHECK(rel_error(g.dgamma, c.dgamma) < 1e-5);
+        }
     }
     cpu->set_precision(Precision::bf16);
     gpu->set_precision(Precision::bf16);
