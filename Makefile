@@ -166,8 +166,8 @@ $(OBJ)/%.o: %.cpp $(FLAGS_FILE) | $(DEPS_STEP)
 # trapping maths (no code here reads the floating-point exception flags) a loop whose formula
 # selects (GELU's clamps and signs, kernels/op_math.h) vectorises too; no value changes.
 $(OBJ)/kernels/cpu/%.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
-# The op families' CPU loops (kernels/ops/*.cpp), likewise.
-$(OBJ)/kernels/ops/%.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
+# The op families' CPU loops (kernels/ops/*.cpp, not their CUDA files' emulated objects), likewise.
+$(patsubst %.cpp,$(OBJ)/%.o,$(wildcard kernels/ops/*.cpp)): CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
 # The image loader's resampling loops (data/image_transform.cpp), likewise.
 $(OBJ)/data/image_transform.o: CXXFLAGS += -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off
 

@@ -3,9 +3,11 @@
 // (cuBLAS + own kernels), and kernels/sim (a simulated GPU: CUDA's stream, event, copy and
 // callback semantics on CPU threads, computing with the CPU reference - so the asynchronous host
 // logic the CUDA path depends on is tested without a GPU), registered as backends by name with
-// their devices-spec parser (kernels/backends.cpp). Code above kernels/ sees only the headers at
-// this folder's top (this one, buffer.h, nccl.h, blas.h, op_math.h) and asks a backend's
-// DeviceTraits what differs between kinds of device, never its type.
+// their devices-spec parser (kernels/backends.cpp). Ops move out of this interface into families
+// (kernels/ops/: each family's CPU loops and CUDA kernels side by side), which reach a device
+// through launch_host and native_launch. Code above kernels/ sees only the headers at this
+// folder's top (this one, buffer.h, nccl.h, blas.h, op_math.h) and kernels/ops/*.h, and asks a
+// backend's DeviceTraits what differs between kinds of device, never its type.
 //
 // Conventions
 // - Matrices are row-major. gemm computes C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C.

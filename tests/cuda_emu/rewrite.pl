@@ -26,7 +26,10 @@ sub rewrite {
             print "#line " . ($n + 1) . " \"$path\"\n";
             next;
         }
-        next if $line =~ /^\s*#\s*pragma\s+once\b/;
+        if ($line =~ /^\s*#\s*pragma\s+once\b/) {  # an empty line in its place: #line stays true
+            print "\n";
+            next;
+        }
         $line =~ s/\b([A-Za-z_]\w*(?:<[\w:, ]*>)?)\s*<<<(.*?)>>>/(::emu::Launch($2) % [](auto... emu_a) { $1(emu_a...); })/g;
         die "$path:$n: a launch this script cannot rewrite (its <<< >>> spans lines)\n" if $line =~ /<<<|>>>/;
         if ($line =~ /\b__shared__\b/) {
