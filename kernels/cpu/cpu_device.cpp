@@ -30,9 +30,6 @@ void cpu_set_blas_threads(int n) { openblas_set_num_threads(n); }
 
 namespace {
 
-inline const float* F(const void* p) { return static_cast<const float*>(p); }
-inline float* F(void* p) { return static_cast<float*>(p); }
-
 // out[0] = the sum of (x inv)^2 in double, out[1] = how many x are not finite: element i in lane
 // i % 8, the lanes added in a fixed tree (a gradient norm's bits are the same on every CPU).
 CPU_LOOP_CLONES void cpu_sum_squares(size_t n, const float* __restrict x, double inv, float* out) {
@@ -108,17 +105,17 @@ public:
     void gemm(Stream, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
               int ldb, float beta, void* cv, int ldc, GemmTypes types) override {
         if (m <= 0 || n <= 0) return;
-        float* c = F(cv);
+        float* c = as_floats(cv);
         if (k <= 0) {
             for (int i = 0; i < m; ++i)
                 for (int j = 0; j < n; ++j)
                     c[size_t(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[size_t(i) * ldc + j];
         } else if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
             // the kernel chosen for this product's shape (kernels/cpu/gemm_choice.h)
-            chosen_sgemm(ProductShape{ta, tb, m, n, k, lda, ldb, ldc, beta == 1.0f}, F(a), F(b), c);
+            chosen_sgemm(ProductShape{ta, tb, m, n, k, lda, ldb, ldc, beta == 1.0f}, as_floats(a), as_floats(b), c);
         } else {
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-                        F(a), lda, F(b), ldb, beta, c, ldc);
+                        as_floats(a), lda, as_floats(b), ldb, beta, c, ldc);
         }
         if (types.c != DType::f32)
             for (int i = 0; i < m; ++i)
@@ -128,17 +125,17 @@ public:
     void bias_act_forward(Stream, Activation act, int rows, int cols, const float* bias, void* zv, void* ov) override {
         const DType t = value_dtype();
         for (int i = 0; i < rows; ++i) {
-            float* zr = F(zv) + size_t(i) * cols;
-            float* orow = F(ov) + size_t(i) * cols;
+            float* zr = as_floats(zv) + size_t(i) * cols;
+            float* orow = as_floats(ov) + size_t(i) * cols;
             if (orow == zr) cpu::bias_act_in_place(act, t, cols, bias, zr);  // ReLU: the output is the gradient's key
             else cpu::bias_act_apart(act, t, cols, bias, zr, orow);
         }
     }
 
     void act_backward(Stream, Activation act, size_t n, const void* z, const void* dout, void* dz) override {
-        const float* zf = F(z);
-        const float* d = F(dout);
-        float* out = F(dz);
+        const float* zf = as_floats(z);
+        const float* d = as_floats(dout);
+        float* out = as_floats(dz);
         if (out == d) cpu::act_backward_in_place(act, value_dtype(), n, zf, out);  // the usual call
         else cpu::act_backward_apart(act, value_dtype(), n, zf, d, out);
     }
@@ -146,7 +143,7 @@ public:
     // db[cols] (+)= the column sums of dz: rows are added in order into a scratch row that
     // grows once (no allocation per step).
     void bias_grad(Stream, int rows, int cols, const void* dzv, float* db, bool accumulate) override {
-        const float* dz = F(dzv);
+        const float* dz = as_floats(dzv);
         if (column_sums_.size() < size_t(cols)) column_sums_.resize(size_t(cols));
         float* s = column_sums_.data();
         cpu::column_sums(rows, cols, dz, s);
@@ -154,18 +151,19 @@ public:
     }
 
     void convert(Stream, size_t n, const void* x, DType, void* y, DType yt) override {
-        for (size_t i = 0; i < n; ++i) F(y)[i] = round_to(yt, F(x)[i]);
+        for (size_t i = 0; i < n; ++i) as_floats(y)[i] = round_to(yt, as_floats(x)[i]);
     }
 
     void add(Stream, size_t n, const void* x, void* y) override {
         const DType t = value_dtype();
-        if (t == DType::f32) return cpu::add_join(n, F(y), F(x), false, F(y));  // vectorised, the same sums
-        for (size_t i = 0; i < n; ++i) F(y)[i] = round_to(t, F(y)[i] + F(x)[i]);
+        if (t == DType::f32)
+            return cpu::add_join(n, as_floats(y), as_floats(x), false, as_floats(y));  // vectorised, the same sums
+        for (size_t i = 0; i < n; ++i) as_floats(y)[i] = round_to(t, as_floats(y)[i] + as_floats(x)[i]);
     }
     void add_act(Stream s, Activation act, int rows, int cols, const void* a, const void* b, void* y) override {
         if (value_dtype() != DType::f32 || (act != Activation::relu && act != Activation::none))
             return Device::add_act(s, act, rows, cols, a, b, y);
-        cpu::add_join(size_t(rows) * size_t(cols), F(a), F(b), act == Activation::relu, F(y));
+        cpu::add_join(size_t(rows) * size_t(cols), as_floats(a), as_floats(b), act == Activation::relu, as_floats(y));
     }
 
     // ---- convolution and pooling (kernels/cpu/cnn_loops.h) ---------------------------------
@@ -174,42 +172,44 @@ public:
     // the simulated GPUs do.
     bool pixel_major_columns() const override { return pixel_major_; }
     size_t column_block_bytes() const override { return kCpuColumnBlockBytes; }
-    void im2col(Stream, const Window2d& g, const void* x, void* col) override { cpu::im2col(g, F(x), F(col), cnn_); }
+    void im2col(Stream, const Window2d& g, const void* x, void* col) override {
+        cpu::im2col(g, as_floats(x), as_floats(col), cnn_);
+    }
     bool conv_forward(Stream, const Window2d& g, const void* x, const float* wt, int filters, void* zv,
                       GemmTypes types) override {
-        float* z = F(zv);
-        if (!jit_conv_forward(g, F(x), wt, filters, z)) return false;
+        float* z = as_floats(zv);
+        if (!jit_conv_forward(g, as_floats(x), wt, filters, z)) return false;
         // as gemm: the product's output rounded to its storage type
         round_stored(z, size_t(g.n) * g.oh() * g.ow() * size_t(filters), types.c);
         return true;
     }
     bool conv_weight_grad(Stream, const Window2d& g, const void* x, const void* dz, int filters, float* dw) override {
-        return jit_conv_weight_grad(g, F(x), F(dz), filters, dw);
+        return jit_conv_weight_grad(g, as_floats(x), as_floats(dz), filters, dw);
     }
     // f32 only: the emulated 16-bit types round the columns' gradient before col2im adds it up,
     // as a GPU stores it; this sums without that rounding.
     bool conv_input_grad(Stream, const Window2d& g, const void* dz, const float* w, int filters, void* dx) override {
-        return value_dtype() == DType::f32 && jit_conv_input_grad(g, F(dz), w, filters, F(dx));
+        return value_dtype() == DType::f32 && jit_conv_input_grad(g, as_floats(dz), w, filters, as_floats(dx));
     }
 
     void col2im(Stream, const Window2d& g, const void* dcol, void* dx) override {
-        cpu::col2im(g, F(dcol), F(dx), cnn_);
-        round_stored(F(dx), size_t(g.n) * g.h * g.w * g.c);
+        cpu::col2im(g, as_floats(dcol), as_floats(dx), cnn_);
+        round_stored(as_floats(dx), size_t(g.n) * g.h * g.w * g.c);
     }
 
     void pool_forward(Stream, PoolKind kind, const Window2d& g, const void* x, void* y) override {
-        cpu::pool_forward(kind, g, F(x), F(y));
-        round_stored(F(y), size_t(g.n) * g.oh() * g.ow() * g.c);
+        cpu::pool_forward(kind, g, as_floats(x), as_floats(y));
+        round_stored(as_floats(y), size_t(g.n) * g.oh() * g.ow() * g.c);
     }
 
     void pool_backward(Stream, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx) override {
-        cpu::pool_backward(kind, g, F(x), F(dy), F(dx), cnn_);
-        round_stored(F(dx), size_t(g.n) * g.h * g.w * g.c);
+        cpu::pool_backward(kind, g, as_floats(x), as_floats(dy), as_floats(dx), cnn_);
+        round_stored(as_floats(dx), size_t(g.n) * g.h * g.w * g.c);
     }
 
     void nhwc_to_nchw(Stream, int n, int h, int w, int c, const void* xv, void* yv, bool inverse) override {
-        const float* x = F(xv);
-        float* y = F(yv);
+        const float* x = as_floats(xv);
+        float* y = as_floats(yv);
         const size_t hw = size_t(h) * w;
         for (int b = 0; b < n; ++b)
             for (size_t p = 0; p < hw; ++p)
@@ -222,7 +222,7 @@ public:
 
     // ---- normalisation ----------------------------------------------------------------------
     void channel_sums(Stream, int rows, int c, const void* x, const float* shift, bool squares, float* out) override {
-        cpu::channel_sums(rows, c, F(x), shift, squares, out, cnn_);
+        cpu::channel_sums(rows, c, as_floats(x), shift, squares, out, cnn_);
     }
 
     void bn_finalize(Stream, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
@@ -236,8 +236,8 @@ public:
 
     void channel_affine(Stream, int rows, int c, const void* x, const float* mean, const float* invstd,
                         const float* gamma, const float* beta, void* y) override {
-        cpu::channel_affine(rows, c, F(x), mean, invstd, gamma, beta, F(y));
-        round_stored(F(y), size_t(rows) * c);
+        cpu::channel_affine(rows, c, as_floats(x), mean, invstd, gamma, beta, as_floats(y));
+        round_stored(as_floats(y), size_t(rows) * c);
     }
     // One pass where nothing is rounded (f32) and the activation is ReLU or none: the same
     // arithmetic as the reference's two (kernels/cpu is built without contraction).
@@ -245,18 +245,19 @@ public:
                             const float* invstd, const float* gamma, const float* beta, void* y) override {
         if (value_dtype() != DType::f32 || act != Activation::relu)
             return Device::channel_affine_act(s, act, rows, c, x, mean, invstd, gamma, beta, y);
-        cpu::channel_affine_relu(rows, c, F(x), mean, invstd, gamma, beta, F(y));
+        cpu::channel_affine_relu(rows, c, as_floats(x), mean, invstd, gamma, beta, as_floats(y));
     }
 
     void bn_backward_sums(Stream, int rows, int c, const void* dy, const void* x, const float* mean,
                           const float* invstd, float* out) override {
-        cpu::bn_backward_sums(rows, c, F(dy), F(x), mean, invstd, out, cnn_);
+        cpu::bn_backward_sums(rows, c, as_floats(dy), as_floats(x), mean, invstd, out, cnn_);
     }
 
     void bn_backward_dx(Stream, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
                         const float* gamma, const float* sums, double count, void* dx) override {
-        cpu::bn_backward_dx(rows, c, F(dy), F(x), mean, invstd, gamma, sums, float(1.0 / count), F(dx));
-        round_stored(F(dx), size_t(rows) * c);
+        cpu::bn_backward_dx(rows, c, as_floats(dy), as_floats(x), mean, invstd, gamma, sums, float(1.0 / count),
+                            as_floats(dx));
+        round_stored(as_floats(dx), size_t(rows) * c);
     }
 
     void ema_update(Stream, size_t n, float momentum, const float* batch, float* running) override {

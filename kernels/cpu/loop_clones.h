@@ -22,6 +22,14 @@
 
 #include "kernels/device.h"
 
+namespace mirrored {
+
+// A buffer of f32 values handed to a CPU loop as void* (activations: f32 on CPU replicas).
+inline const float* as_floats(const void* p) { return static_cast<const float*>(p); }
+inline float* as_floats(void* p) { return static_cast<float*>(p); }
+
+}  // namespace mirrored
+
 namespace mirrored::cpu {
 
 // Eight lanes as one GCC vector: element-wise arithmetic that each clone keeps in its widest

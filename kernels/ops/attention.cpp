@@ -44,9 +44,6 @@ CPU_LOOP_CLONES void causal_softmax_backward_row(DType dt, int keep, int t, floa
 
 namespace {
 
-const float* F(const void* p) { return static_cast<const float*>(p); }
-float* F(void* p) { return static_cast<float*>(p); }
-
 // Row by row, keys in order (the CUDA kernels' warps sum the same terms in another order).
 void attention_forward_rows(DType dt, int samples, int t, int c, int heads, int d, float scale, const void* qkv,
                             void* out, float* lse) {
@@ -54,11 +51,11 @@ void attention_forward_rows(DType dt, int samples, int t, int c, int heads, int 
     for (int n = 0; n < samples; ++n)
         for (int h = 0; h < heads; ++h)
             for (int i = 0; i < t; ++i) {
-                const float* q = F(qkv) + (size_t(n) * t + i) * 3 * c + size_t(h) * d;
+                const float* q = as_floats(qkv) + (size_t(n) * t + i) * 3 * c + size_t(h) * d;
                 float m = -INFINITY, l = 0.0f;
                 std::fill(acc, acc + d, 0.0f);
                 for (int j = 0; j <= i; ++j) {
-                    const float* k = F(qkv) + (size_t(n) * t + j) * 3 * c + c + size_t(h) * d;
+                    const float* k = as_floats(qkv) + (size_t(n) * t + j) * 3 * c + c + size_t(h) * d;
                     const float* v = k + c;
                     float dot = 0.0f;
                     for (int e = 0; e < d; ++e) dot += q[e] * k[e];
@@ -68,7 +65,7 @@ void attention_forward_rows(DType dt, int samples, int t, int c, int heads, int 
                     for (int e = 0; e < d; ++e) acc[e] = acc[e] * corr + p * v[e];
                     m = mn;
                 }
-                float* o = F(out) + (size_t(n) * t + i) * c + size_t(h) * d;
+                float* o = as_floats(out) + (size_t(n) * t + i) * c + size_t(h) * d;
                 for (int e = 0; e < d; ++e) o[e] = round_to(dt, acc[e] / l);
                 lse[(size_t(n) * heads + h) * t + i] = m + std::log(l);
             }
@@ -76,8 +73,8 @@ void attention_forward_rows(DType dt, int samples, int t, int c, int heads, int 
 
 void attention_backward_rows(DType dt, int samples, int t, int c, int heads, int d, float scale, const void* qkv,
                              const void* out, const void* dout, const float* lse, float* delta, void* dqkv) {
-    const float* x = F(qkv);
-    float* dx = F(dqkv);
+    const float* x = as_floats(qkv);
+    float* dx = as_floats(dqkv);
     std::fill(dx, dx + size_t(samples) * t * 3 * c, 0.0f);
     for (int n = 0; n < samples; ++n)
         for (int h = 0; h < heads; ++h) {
@@ -85,8 +82,8 @@ void attention_backward_rows(DType dt, int samples, int t, int c, int heads, int
             float* dl = delta + (size_t(n) * heads + h) * t;
             const float* ls = lse + (size_t(n) * heads + h) * t;
             for (int i = 0; i < t; ++i) {
-                const float* o = F(out) + (row0 + i) * c + size_t(h) * d;
-                const float* g = F(dout) + (row0 + i) * c + size_t(h) * d;
+                const float* o = as_floats(out) + (row0 + i) * c + size_t(h) * d;
+                const float* g = as_floats(dout) + (row0 + i) * c + size_t(h) * d;
                 float sum = 0.0f;
                 for (int e = 0; e < d; ++e) sum += g[e] * o[e];
                 dl[i] = sum;
@@ -95,7 +92,7 @@ void attention_backward_rows(DType dt, int samples, int t, int c, int heads, int
             // dv_j += p_ij dout_i - sums in f32 here, rounded once at the end
             for (int i = 0; i < t; ++i) {
                 const float* q = x + (row0 + i) * 3 * c + size_t(h) * d;
-                const float* g = F(dout) + (row0 + i) * c + size_t(h) * d;
+                const float* g = as_floats(dout) + (row0 + i) * c + size_t(h) * d;
                 float* dq = dx + (row0 + i) * 3 * c + size_t(h) * d;
                 for (int j = 0; j <= i; ++j) {
                     const float* k = x + (row0 + j) * 3 * c + c + size_t(h) * d;
@@ -134,7 +131,8 @@ void causal_softmax(Device& d, Stream s, int batches, int t, float scale, const 
         return launch_cuda(d, s, attention_cuda.softmax, "causal_softmax", batches, t, scale, scores, probs);
     run_on_host(d, s, "causal_softmax", [=](const Device& h) {
         for (int64_t r = 0; r < int64_t(batches) * t; ++r)  // row i attends to positions 0..i
-            cpu::causal_softmax_row(h.value_dtype(), int(r % t) + 1, t, scale, F(scores) + r * t, F(probs) + r * t);
+            cpu::causal_softmax_row(h.value_dtype(), int(r % t) + 1, t, scale, as_floats(scores) + r * t,
+                                    as_floats(probs) + r * t);
     });
 }
 
@@ -145,8 +143,8 @@ void causal_softmax_backward(Device& d, Stream s, int batches, int t, float scal
                            dprobs, dscores);
     run_on_host(d, s, "causal_softmax_backward", [=](const Device& h) {
         for (int64_t r = 0; r < int64_t(batches) * t; ++r)
-            cpu::causal_softmax_backward_row(h.value_dtype(), int(r % t) + 1, t, scale, F(probs) + r * t,
-                                             F(dprobs) + r * t, F(dscores) + r * t);
+            cpu::causal_softmax_backward_row(h.value_dtype(), int(r % t) + 1, t, scale, as_floats(probs) + r * t,
+                                             as_floats(dprobs) + r * t, as_floats(dscores) + r * t);
     });
 }
 

@@ -2,16 +2,11 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/loop_clones.h"
+
 namespace mirrored {
 
 EmbeddingKernels embedding_cuda;
-
-namespace {
-
-const float* F(const void* p) { return static_cast<const float*>(p); }
-float* F(void* p) { return static_cast<float*>(p); }
-
-}  // namespace
 
 void embedding_forward(Device& d, Stream s, int tokens, int vocab, int dim, const float* ids, const void* table,
                        void* y) {
@@ -20,9 +15,9 @@ void embedding_forward(Device& d, Stream s, int tokens, int vocab, int dim, cons
     run_on_host(d, s, "embedding_forward", [=](const Device&) {
         for (int i = 0; i < tokens; ++i) {
             const int id = int(ids[i]);
-            float* out = F(y) + size_t(i) * dim;
+            float* out = as_floats(y) + size_t(i) * dim;
             if (id < 0 || id >= vocab) std::fill(out, out + dim, 0.0f);
-            else std::copy_n(F(table) + size_t(id) * dim, dim, out);
+            else std::copy_n(as_floats(table) + size_t(id) * dim, dim, out);
         }
     });
 }
@@ -35,7 +30,7 @@ void embedding_backward(Device& d, Stream s, int tokens, int vocab, int dim, con
         for (int i = 0; i < tokens; ++i) {
             const int id = int(ids[i]);
             if (id < 0 || id >= vocab) continue;
-            const float* g = F(dy) + size_t(i) * dim;
+            const float* g = as_floats(dy) + size_t(i) * dim;
             float* t = dtable + size_t(id) * dim;
             for (int j = 0; j < dim; ++j) t[j] += g[j];
         }

@@ -102,13 +102,6 @@ CPU_LOOP_CLONES void layernorm_backward_rows(DType dt, int rows, int c, const fl
 
 }  // namespace cpu
 
-namespace {
-
-const float* F(const void* p) { return static_cast<const float*>(p); }
-float* F(void* p) { return static_cast<float*>(p); }
-
-}  // namespace
-
 void layernorm_forward(Device& d, Stream s, int rows, int c, float eps, const void* x, const float* gamma,
                        const float* beta, void* y, float* mean, float* rstd) {
     if (d.runs_cuda_kernels())
@@ -116,8 +109,8 @@ void layernorm_forward(Device& d, Stream s, int rows, int c, float eps, const vo
                            rstd);
     run_on_host(d, s, "layernorm_forward", [=](const Device& h) {
         for (int r = 0; r < rows; ++r)
-            cpu::layernorm_forward_row(h.value_dtype(), c, eps, F(x) + size_t(r) * c, gamma, beta, F(y) + size_t(r) * c,
-                                       mean + r, rstd + r);
+            cpu::layernorm_forward_row(h.value_dtype(), c, eps, as_floats(x) + size_t(r) * c, gamma, beta,
+                                       as_floats(y) + size_t(r) * c, mean + r, rstd + r);
     });
 }
 
@@ -132,8 +125,8 @@ void layernorm_backward(Device& d, Stream s, int rows, int c, const void* dy, co
         double* dg = grow_scratch(sums, 2 * size_t(c));
         double* db = dg + c;
         std::fill(dg, dg + 2 * size_t(c), 0.0);
-        cpu::layernorm_backward_rows(h.value_dtype(), rows, c, F(dy), F(x), mean, rstd, gamma, dx ? F(dx) : nullptr, dg,
-                                     db, grow_scratch(partial, 2 * size_t(c)));
+        cpu::layernorm_backward_rows(h.value_dtype(), rows, c, as_floats(dy), as_floats(x), mean, rstd, gamma,
+                                     dx ? as_floats(dx) : nullptr, dg, db, grow_scratch(partial, 2 * size_t(c)));
         for (int ch = 0; ch < c; ++ch) {
             dgamma[ch] = accumulate ? dgamma[ch] + float(dg[size_t(ch)]) : float(dg[size_t(ch)]);
             dbeta[ch] = accumulate ? dbeta[ch] + float(db[size_t(ch)]) : float(db[size_t(ch)]);

@@ -51,13 +51,6 @@ CPU_LOOP_CLONES float softmax_xent_row(DType dt, int classes, int y, float gs, c
 
 }  // namespace cpu
 
-namespace {
-
-const float* F(const void* p) { return static_cast<const float*>(p); }
-float* F(void* p) { return static_cast<float*>(p); }
-
-}  // namespace
-
 void softmax_xent(Device& d, Stream s, int rows, int classes, const void* logits, const int32_t* labels,
                   float grad_scale, const float* loss_scale, void* dlogits, double* metrics) {
     if (d.runs_cuda_kernels())
@@ -70,8 +63,9 @@ void softmax_xent(Device& d, Stream s, int rows, int classes, const void* logits
         for (int i = 0; i < rows; ++i) {
             const int y = labels[i];
             int arg = 0;
-            float* d = dlogits ? F(dlogits) + size_t(i) * classes : nullptr;
-            loss_sum += double(cpu::softmax_xent_row(t, classes, y, gs, F(logits) + size_t(i) * classes, d, &arg));
+            float* d = dlogits ? as_floats(dlogits) + size_t(i) * classes : nullptr;
+            loss_sum +=
+                double(cpu::softmax_xent_row(t, classes, y, gs, as_floats(logits) + size_t(i) * classes, d, &arg));
             correct += arg == y ? 1.0 : 0.0;
         }
         metrics[kMetricLossSum] += loss_sum;
@@ -90,9 +84,9 @@ void target_loss(Device& d, Stream s, TargetLoss kind, int rows, int n, const vo
         const float gs = grad_scale * (loss_scale ? *loss_scale : 1.0f) / float(n);
         double loss_sum = 0.0, correct = 0.0;
         for (int i = 0; i < rows; ++i) {
-            const float* z = F(logits) + size_t(i) * n;
+            const float* z = as_floats(logits) + size_t(i) * n;
             const float* y = targets + size_t(i) * n;
-            float* d = dlogits ? F(dlogits) + size_t(i) * n : nullptr;
+            float* d = dlogits ? as_floats(dlogits) + size_t(i) * n : nullptr;
             float row_loss = 0.0f, row_correct = 0.0f;
             for (int j = 0; j < n; ++j) {
                 const TargetLossTerm e = target_loss_term(kind, z[j], y[j]);

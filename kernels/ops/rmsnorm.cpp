@@ -76,21 +76,14 @@ CPU_LOOP_CLONES void rmsnorm_backward_rows(DType dt, int rows, int c, const floa
 
 }  // namespace cpu
 
-namespace {
-
-const float* F(const void* p) { return static_cast<const float*>(p); }
-float* F(void* p) { return static_cast<float*>(p); }
-
-}  // namespace
-
 void rmsnorm_forward(Device& d, Stream s, int rows, int c, float eps, const void* x, const float* gamma, void* y,
                      float* rstd) {
     if (d.runs_cuda_kernels())
         return launch_cuda(d, s, rmsnorm_cuda.forward, "rmsnorm_forward", rows, c, eps, x, gamma, y, rstd);
     run_on_host(d, s, "rmsnorm_forward", [=](const Device& h) {
         for (int r = 0; r < rows; ++r)
-            cpu::rmsnorm_forward_row(h.value_dtype(), c, eps, F(x) + size_t(r) * c, gamma, F(y) + size_t(r) * c,
-                                     rstd + r);
+            cpu::rmsnorm_forward_row(h.value_dtype(), c, eps, as_floats(x) + size_t(r) * c, gamma,
+                                     as_floats(y) + size_t(r) * c, rstd + r);
     });
 }
 
@@ -104,8 +97,8 @@ void rmsnorm_backward(Device& d, Stream s, int rows, int c, const void* dy, cons
         thread_local std::vector<float> partial;
         double* dg = grow_scratch(sums, size_t(c));
         std::fill(dg, dg + c, 0.0);
-        cpu::rmsnorm_backward_rows(h.value_dtype(), rows, c, F(dy), F(x), rstd, gamma, dx ? F(dx) : nullptr, dg,
-                                   grow_scratch(partial, size_t(c)));
+        cpu::rmsnorm_backward_rows(h.value_dtype(), rows, c, as_floats(dy), as_floats(x), rstd, gamma,
+                                   dx ? as_floats(dx) : nullptr, dg, grow_scratch(partial, size_t(c)));
         for (int ch = 0; ch < c; ++ch) dgamma[ch] = accumulate ? dgamma[ch] + float(dg[ch]) : float(dg[ch]);
     });
 }
