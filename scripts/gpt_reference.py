@@ -1,17 +1,28 @@
 #!/usr/bin/env python3
 """Independent PyTorch reference of a GPT-2 style language model (nanoGPT's model.py, pre-LN,
-bias=True, no dropout), used to check mirrored's transformer step for step: the same weights,
-the same batch and AdamW must give the same losses, step-1 logits and step-1 gradients.
+bias=True, no dropout) and of a Llama-style one (Hugging Face's LlamaForCausalLM as its
+architecture describes it: RMSNorm, rotary embeddings with rotate_half, grouped-query attention by
+repeating key/value heads, SwiGLU MLP, no biases), used to check mirrored's transformers step for
+step: the same weights, the same batch and AdamW must give the same losses, step-1 logits and
+step-1 gradients.
 
-Tensor names are mirrored's (L blocks, C channels, V tokens):
+Tensor names are mirrored's (L blocks, C channels, V tokens). GPT:
   layers.0.weight [V, C] token embedding     layers.1.weight [max_len, C] position embedding
   layers.k.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}.{weight,bias}  k = 2..L+1
   layers.{L+2}.weight/.bias final layernorm   layers.{L+3}.weight [V, C] head (absent: tied to wte)
+Llama (H query heads, KV key/value heads of width D = C / H, MLP width I):
+  layers.0.weight [V, C] token embedding
+  layers.k.input_layernorm.weight [C]        layers.k.self_attn.qkv_proj.weight [(H + 2 KV) D, C]
+  layers.k.self_attn.o_proj.weight [C, C]    layers.k.post_attention_layernorm.weight [C]
+  layers.k.mlp.gate_up_proj.weight [2 I, C]  layers.k.mlp.down_proj.weight [C, I]     k = 1..L
+  layers.{L+1}.weight final RMSNorm          layers.{L+2}.weight [V, C] head (absent: tied)
+  (qkv_proj is q_proj, k_proj, v_proj stacked by rows; gate_up_proj is gate_proj, up_proj.)
 A checkpoint's `optimizer.*` tensors are ignored (AdamW here always starts from zero moments).
 Needs only PyTorch and NumPy (Debian: python3-torch python3-numpy).
 
     /usr/bin/python3 scripts/gpt_reference.py --weights model.safetensors --tokens train.bin \
         --context 64 --batch 4 --heads 4 --steps 10 --out result.json --grads-out g.safetensors
+    /usr/bin/python3 scripts/gpt_reference.py --weights llama.safetensors ... --heads 4 --kv-heads 2
     /usr/bin/python3 scripts/gpt_reference.py --self-test
 """
 import argparse
@@ -133,8 +144,46 @@ def expected_shapes(L, C, V, max_len, tied):
     return s
 
 
+def llama_shapes(L, C, V, I, qkv_rows, tied):
+    s = {"layers.0.weight": (V, C)}
+    for k in range(1, L + 1):
+        b = f"layers.{k}."
+        s.update({b + "input_layernorm.weight": (C,), b + "self_attn.qkv_proj.weight": (qkv_rows, C),
+                  b + "self_attn.o_proj.weight": (C, C), b + "post_attention_layernorm.weight": (C,),
+                  b + "mlp.gate_up_proj.weight": (2 * I, C), b + "mlp.down_proj.weight": (C, I)})
+    s[f"layers.{L + 1}.weight"] = (C,)
+    if not tied:
+        s[f"layers.{L + 2}.weight"] = (V, C)
+    return s
+
+
+def check_llama_weights(w):
+    V, C = w["layers.0.weight"].shape
+    ks = sorted(int(m.group(1)) for n in w if (m := re.fullmatch(r"layers\.(\d+)\.input_layernorm\.weight", n)))
+    L = len(ks)
+    if ks != list(range(1, L + 1)):
+        fail(f"weights: Llama blocks (by their input_layernorm.weight) are layers {ks}, expected 1..{L}")
+    if "layers.1.mlp.down_proj.weight" not in w or "layers.1.self_attn.qkv_proj.weight" not in w:
+        fail("weights: layers.1 has no mlp.down_proj.weight or self_attn.qkv_proj.weight")
+    I = w["layers.1.mlp.down_proj.weight"].shape[1]
+    qkv_rows = w["layers.1.self_attn.qkv_proj.weight"].shape[0]
+    tied = f"layers.{L + 2}.weight" not in w
+    exp = llama_shapes(L, C, V, I, qkv_rows, tied)
+    missing, extra = sorted(set(exp) - set(w)), sorted(set(w) - set(exp))
+    if missing or extra:
+        fail(f"weights: missing {missing}, unexpected {extra} (for {L} Llama blocks)")
+    bad = [f"{n} {list(w[n].shape)} (expected {list(s)})" for n, s in exp.items() if w[n].shape != s]
+    if bad:
+        fail("weights: wrong shapes: " + ", ".join(bad))
+    return {"arch": "llama", "L": L, "C": C, "V": V, "I": I, "qkv_rows": qkv_rows, "max_len": None,
+            "tied": tied, "names": list(exp)}
+
+
 def check_weights(w):
-    """Infers L, C, V, max_len and tying, and rejects anything but exactly the expected tensors."""
+    """Infers the architecture, L, C, V, max_len and tying, and rejects anything but exactly the
+    expected tensors."""
+    if "layers.1.input_layernorm.weight" in w:
+        return check_llama_weights(w)
     for n in ("layers.0.weight", "layers.1.weight"):
         if n not in w or w[n].ndim != 2:
             fail(f"weights: {n} is missing or not 2-D")
@@ -152,7 +201,7 @@ def check_weights(w):
     bad = [f"{n} {list(w[n].shape)} (expected {list(s)})" for n, s in exp.items() if w[n].shape != s]
     if bad:
         fail("weights: wrong shapes: " + ", ".join(bad))
-    return {"L": L, "C": C, "V": V, "max_len": max_len, "tied": tied, "names": list(exp)}
+    return {"arch": "gpt", "L": L, "C": C, "V": V, "max_len": max_len, "tied": tied, "names": list(exp)}
 
 
 # ---------------------------------------------------------------- torch model
@@ -185,6 +234,52 @@ def forward(p, cfg, x, heads, gelu):
     return h @ head.T
 
 
+def rope_tables(T, hd, theta, dtype):
+    """Hugging Face's LlamaRotaryEmbedding: inverse frequencies and angles in float32, cos and sin
+    of [T, hd] (each frequency twice: the halves of rotate_half), cast to the model's type."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    freqs = torch.arange(T).float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def llama_forward(p, cfg, x, heads, kv_heads, theta, eps):
+    B, T = x.shape
+    L, C, I = cfg["L"], cfg["C"], cfg["I"]
+    hd = C // heads
+
+    def rms(z, k):
+        return p[k] * (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps))
+
+    cos, sin = rope_tables(T, hd, theta, p["layers.0.weight"].dtype)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    h = p["layers.0.weight"][x]
+    for k in range(1, L + 1):
+        b = f"layers.{k}."
+        qkv = F.linear(rms(h, b + "input_layernorm.weight"), p[b + "self_attn.qkv_proj.weight"])
+        q, kk, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
+        q = q.view(B, T, heads, hd).transpose(1, 2)  # [B, H, T, hd]
+        kk = kk.view(B, T, kv_heads, hd).transpose(1, 2)
+        v = v.view(B, T, kv_heads, hd).transpose(1, 2)
+        q, kk = q * cos + rotate_half(q) * sin, kk * cos + rotate_half(kk) * sin
+        kk = kk.repeat_interleave(heads // kv_heads, dim=1)  # Hugging Face's repeat_kv
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+        att = (q @ kk.transpose(-2, -1)) / math.sqrt(hd)
+        att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        h = h + F.linear(y, p[b + "self_attn.o_proj.weight"])
+        gate, up = F.linear(rms(h, b + "post_attention_layernorm.weight"), p[b + "mlp.gate_up_proj.weight"]).split(I, -1)
+        h = h + F.linear(F.silu(gate) * up, p[b + "mlp.down_proj.weight"])
+    h = rms(h, f"layers.{L + 1}.weight")
+    head = p["layers.0.weight"] if cfg["tied"] else p[f"layers.{L + 2}.weight"]
+    return h @ head.T
+
+
 def run(args, log=print):
     """Trains args.steps AdamW steps on one fixed batch; writes the requested outputs and returns
     (result dict, step-1 gradients as float64 numpy, step-1 logits)."""
@@ -196,7 +291,11 @@ def run(args, log=print):
     V, C, T, B = cfg["V"], cfg["C"], args.context, args.batch
     if args.heads < 1 or C % args.heads:
         fail(f"--heads {args.heads} does not divide the {C} channels")
-    if T > cfg["max_len"]:
+    kv_heads = args.kv_heads or args.heads
+    if cfg["arch"] == "llama":
+        if args.heads % kv_heads or cfg["qkv_rows"] != (args.heads + 2 * kv_heads) * (C // args.heads):
+            fail(f"--heads {args.heads} --kv-heads {kv_heads} do not match qkv_proj's {cfg['qkv_rows']} rows")
+    elif T > cfg["max_len"]:
         fail(f"--context {T} exceeds the position embedding's {cfg['max_len']} rows")
     if args.steps < 1:
         fail("--steps must be at least 1")
@@ -217,7 +316,10 @@ def run(args, log=print):
     losses, grads, logits1 = [], None, None
     for i in range(1, args.steps + 1):
         opt.zero_grad(set_to_none=True)
-        logits = forward(p, cfg, x, args.heads, args.gelu)
+        if cfg["arch"] == "llama":
+            logits = llama_forward(p, cfg, x, args.heads, kv_heads, args.rope_theta, args.rms_eps)
+        else:
+            logits = forward(p, cfg, x, args.heads, args.gelu)
         loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))  # mean over B*T
         loss.backward()
         losses.append(loss.item())
@@ -235,8 +337,8 @@ def run(args, log=print):
         "logits_step1": {"shape": list(logits1.shape), "sum": float(logits1.sum()),
                          "abs_sum": float(np.abs(logits1).sum())},
         "grad_norms_step1": {n: float(np.linalg.norm(g.ravel())) for n, g in grads.items()},
-        "config": {k: cfg[k] for k in ("L", "C", "V", "max_len", "tied")} | {
-            "heads": args.heads, "context": T, "batch": B, "gelu": args.gelu,
+        "config": {k: cfg[k] for k in ("arch", "L", "C", "V", "max_len", "tied")} | {
+            "heads": args.heads, "kv_heads": kv_heads, "context": T, "batch": B, "gelu": args.gelu,
             "dtype": "float64" if args.double else "float32", "torch": torch.__version__},
     }
     if args.out:
@@ -290,6 +392,82 @@ def numpy_loss(w, L, H, x, y, gelu, tied):
     z = logits - logits.max(-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
     return -logp[np.arange(B)[:, None], np.arange(T)[None, :], y].mean()
+
+
+def numpy_llama_loss(w, L, H, KV, theta, eps, x, y, tied):
+    """Float64 Llama forward written separately from the torch one: explicit per-head loop, each
+    rotation pair (e, e + D/2) turned by its angle, key/value head j // (H / KV) for query head j."""
+    B, T = x.shape
+    C = w["layers.0.weight"].shape[1]
+    D, I = C // H, w["layers.1.mlp.down_proj.weight"].shape[1]
+    f = (1.0 / np.power(np.float32(theta), np.arange(0, D, 2, dtype=np.float32) / np.float32(D))).astype(np.float32)
+    ang = (np.arange(T, dtype=np.float32)[:, None] * f[None, :]).astype(np.float64)  # [T, D/2], f32 angles
+    cs, sn = np.cos(ang), np.sin(ang)
+
+    def rms(z, k):
+        return w[k] * z / np.sqrt((z * z).mean(-1, keepdims=True) + eps)
+
+    def rot(z):  # z [B, T, D]
+        a, b = z[..., : D // 2], z[..., D // 2:]
+        return np.concatenate([a * cs - b * sn, b * cs + a * sn], -1)
+
+    h = w["layers.0.weight"][x]
+    future = np.triu(np.ones((T, T), dtype=bool), 1)
+    for k in range(1, L + 1):
+        P = lambda n: w[f"layers.{k}.{n}"]
+        qkv = rms(h, f"layers.{k}.input_layernorm.weight") @ P("self_attn.qkv_proj.weight").T
+        y_att = np.zeros_like(h)
+        for j in range(H):
+            g = j // (H // KV)
+            q = rot(qkv[..., j * D:(j + 1) * D])
+            kk = rot(qkv[..., H * D + g * D:H * D + (g + 1) * D])
+            v = qkv[..., (H + KV) * D + g * D:(H + KV) * D + (g + 1) * D]
+            s = np.einsum("btd,bsd->bts", q, kk) / math.sqrt(D)
+            s[:, future] = -np.inf
+            s = np.exp(s - s.max(-1, keepdims=True))
+            y_att[..., j * D:(j + 1) * D] = (s / s.sum(-1, keepdims=True)) @ v
+        h = h + y_att @ P("self_attn.o_proj.weight").T
+        gu = rms(h, f"layers.{k}.post_attention_layernorm.weight") @ P("mlp.gate_up_proj.weight").T
+        gate, up = gu[..., :I], gu[..., I:]
+        h = h + (gate / (1 + np.exp(-gate)) * up) @ P("mlp.down_proj.weight").T
+    h = rms(h, f"layers.{L + 1}.weight")
+    logits = h @ (w["layers.0.weight"] if tied else w[f"layers.{L + 2}.weight"]).T
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return -logp[np.arange(B)[:, None], np.arange(T)[None, :], y].mean()
+
+
+def llama_self_test(rng, d, check, go):
+    V, C, L, H, KV, I, T, B, theta = 40, 16, 2, 4, 2, 24, 9, 3, 50.0
+    tok = rng.integers(0, V, size=B * T + 3).astype("<u2")
+    tok.tofile(f"{d}/llama.bin")
+    x, y = make_batch(tok.astype(np.int64), B, T)
+    for tied in (False, True):
+        tag = "llama " + ("tied" if tied else "untied")
+        w = {}
+        for n, shp in llama_shapes(L, C, V, I, (H + 2 * KV) * (C // H), tied).items():
+            norm = "layernorm" in n or n == f"layers.{L + 1}.weight"
+            w[n] = ((1 + 0.2 * rng.standard_normal(shp)) if norm else 0.3 * rng.standard_normal(shp)).astype(np.float32)
+        path = f"{d}/llama_{tag[6:]}.safetensors"
+        write_safetensors(path, w, {"format": "pt"})
+        w64 = {n: a.astype(np.float64) for n, a in w.items()}
+        base = ["--weights", path, "--tokens", f"{d}/llama.bin", "--context", str(T), "--batch", str(B),
+                "--heads", str(H), "--kv-heads", str(KV), "--rope-theta", str(theta), "--rms-eps", "1e-6"]
+        res, grads, _ = go(base + ["--double", "--steps", "1"])
+        ref = numpy_llama_loss(w64, L, H, KV, theta, 1e-6, x, y, tied)
+        rel = abs(res["losses"][0] - ref) / abs(ref)
+        check(f"{tag} loss vs numpy", rel < 1e-6, f"torch {res['losses'][0]:.12f} numpy {ref:.12f} rel {rel:.1e}")
+        f = lambda ww: numpy_llama_loss(ww, L, H, KV, theta, 1e-6, x, y, tied)
+        for name in ("layers.1.self_attn.qkv_proj.weight", "layers.2.mlp.gate_up_proj.weight"):
+            dvec = rng.standard_normal(grads[name].shape)
+            plus, minus = dict(w64), dict(w64)
+            plus[name] = w64[name] + 1e-5 * dvec
+            minus[name] = w64[name] - 1e-5 * dvec
+            fd = (f(plus) - f(minus)) / 2e-5
+            ad = float((grads[name] * dvec).sum())
+            rel = abs(fd - ad) / max(abs(fd), 1e-12)
+            check(f"{tag} grad {name} random direction", rel < 1e-5,
+                  f"autograd {ad:.9e} finite-diff {fd:.9e} rel {rel:.1e}")
 
 
 def random_weights(rng, V, C, L, max_len, tied):
@@ -392,6 +570,8 @@ def self_test():
                + ["--double", "--steps", "1"])[0]["losses"][0]
         check("llmc token file equals raw file", a == b, f"{a:.12f} {b:.12f}")
 
+        llama_self_test(rng, d, check, go)
+
         # Malformed weight files are refused with exit code 2.
         bad = {"missing name": {k: v for k, v in w.items() if k != "layers.2.ln_2.bias"},
                "extra name": w | {"layers.2.extra": np.zeros(3, np.float32)},
@@ -423,6 +603,9 @@ def parse_args(argv):
     ap.add_argument("--context", type=int, help="T")
     ap.add_argument("--batch", type=int, help="B: windows at token offsets 0, T, ..., (B-1)T")
     ap.add_argument("--heads", type=int, help="attention heads")
+    ap.add_argument("--kv-heads", type=int, default=0, help="Llama: key/value heads (default: --heads)")
+    ap.add_argument("--rope-theta", type=float, default=10000.0, help="Llama: the rotary base")
+    ap.add_argument("--rms-eps", type=float, default=1e-6, help="Llama: RMSNorm's epsilon")
     ap.add_argument("--gelu", choices=("erf", "tanh"), default="erf", help="exact erf form, or the tanh approximation")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--lr", type=float, default=1e-3)

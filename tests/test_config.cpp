@@ -336,7 +336,7 @@ TEST_CASE("registries: unknown names list the known ones; make_layer_spec reads 
     CHECK_THROWS_WITH_AS(layer_kinds().get("dense2", "model.layers.0.type"),
                          "model.layers.0.type: unknown layer type 'dense2' (known: dense, dropout, flatten, conv2d, "
                          "maxpool2d, avgpool2d, global_avgpool, batchnorm, layernorm, rmsnorm, residual, embedding, "
-                         "position_embedding, attention, transformer_block, lm_head)",
+                         "position_embedding, attention, transformer_block, llama_block, swiglu, lm_head)",
                          ConfigError);
     const LayerSpec a = make_layer_spec("dense", {{"units", "3"}, {"activation", "relu"}});
     CHECK(a.field("units") == "3");

@@ -45,18 +45,21 @@ CPU_LOOP_CLONES void causal_softmax_backward_row(DType dt, int keep, int t, floa
 namespace {
 
 // Row by row, keys in order (the CUDA kernels' warps sum the same terms in another order).
-void attention_forward_rows(DType dt, int samples, int t, int c, int heads, int d, float scale, const void* qkv,
+void attention_forward_rows(DType dt, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
                             void* out, float* lse) {
+    const size_t width = a.qkv_width(), ow = a.out_width();
+    const int d = a.d;
     float acc[kMaxFusedHeadWidth];
     for (int n = 0; n < samples; ++n)
-        for (int h = 0; h < heads; ++h)
+        for (int h = 0; h < a.heads; ++h)
             for (int i = 0; i < t; ++i) {
-                const float* q = as_floats(qkv) + (size_t(n) * t + i) * 3 * c + size_t(h) * d;
+                const float* q = as_floats(qkv) + (size_t(n) * t + i) * width + a.q_at(h);
                 float m = -INFINITY, l = 0.0f;
                 std::fill(acc, acc + d, 0.0f);
                 for (int j = 0; j <= i; ++j) {
-                    const float* k = as_floats(qkv) + (size_t(n) * t + j) * 3 * c + c + size_t(h) * d;
-                    const float* v = k + c;
+                    const float* row = as_floats(qkv) + (size_t(n) * t + j) * width;
+                    const float* k = row + a.k_at(h);
+                    const float* v = row + a.v_at(h);
                     float dot = 0.0f;
                     for (int e = 0; e < d; ++e) dot += q[e] * k[e];
                     const float sc = scale * dot, mn = std::max(m, sc);
@@ -65,40 +68,43 @@ void attention_forward_rows(DType dt, int samples, int t, int c, int heads, int 
                     for (int e = 0; e < d; ++e) acc[e] = acc[e] * corr + p * v[e];
                     m = mn;
                 }
-                float* o = as_floats(out) + (size_t(n) * t + i) * c + size_t(h) * d;
+                float* o = as_floats(out) + (size_t(n) * t + i) * ow + size_t(h) * d;
                 for (int e = 0; e < d; ++e) o[e] = round_to(dt, acc[e] / l);
-                lse[(size_t(n) * heads + h) * t + i] = m + std::log(l);
+                lse[(size_t(n) * a.heads + h) * t + i] = m + std::log(l);
             }
 }
 
-void attention_backward_rows(DType dt, int samples, int t, int c, int heads, int d, float scale, const void* qkv,
+void attention_backward_rows(DType dt, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
                              const void* out, const void* dout, const float* lse, float* delta, void* dqkv) {
+    const size_t width = a.qkv_width(), ow = a.out_width();
+    const int d = a.d;
     const float* x = as_floats(qkv);
     float* dx = as_floats(dqkv);
-    std::fill(dx, dx + size_t(samples) * t * 3 * c, 0.0f);
+    std::fill(dx, dx + size_t(samples) * t * width, 0.0f);
     for (int n = 0; n < samples; ++n)
-        for (int h = 0; h < heads; ++h) {
+        for (int h = 0; h < a.heads; ++h) {
             const size_t row0 = size_t(n) * t;
-            float* dl = delta + (size_t(n) * heads + h) * t;
-            const float* ls = lse + (size_t(n) * heads + h) * t;
+            float* dl = delta + (size_t(n) * a.heads + h) * t;
+            const float* ls = lse + (size_t(n) * a.heads + h) * t;
             for (int i = 0; i < t; ++i) {
-                const float* o = as_floats(out) + (row0 + i) * c + size_t(h) * d;
-                const float* g = as_floats(dout) + (row0 + i) * c + size_t(h) * d;
+                const float* o = as_floats(out) + (row0 + i) * ow + size_t(h) * d;
+                const float* g = as_floats(dout) + (row0 + i) * ow + size_t(h) * d;
                 float sum = 0.0f;
                 for (int e = 0; e < d; ++e) sum += g[e] * o[e];
                 dl[i] = sum;
             }
             // ds_ij = p_ij (dout_i . v_j - delta_i); dq_i += scale ds_ij k_j, dk_j += scale ds_ij q_i,
-            // dv_j += p_ij dout_i - sums in f32 here, rounded once at the end
+            // dv_j += p_ij dout_i - sums in f32 here (a key/value head's over its group's query heads
+            // in turn), rounded once at the end
             for (int i = 0; i < t; ++i) {
-                const float* q = x + (row0 + i) * 3 * c + size_t(h) * d;
-                const float* g = as_floats(dout) + (row0 + i) * c + size_t(h) * d;
-                float* dq = dx + (row0 + i) * 3 * c + size_t(h) * d;
+                const float* q = x + (row0 + i) * width + a.q_at(h);
+                const float* g = as_floats(dout) + (row0 + i) * ow + size_t(h) * d;
+                float* dq = dx + (row0 + i) * width + a.q_at(h);
                 for (int j = 0; j <= i; ++j) {
-                    const float* k = x + (row0 + j) * 3 * c + c + size_t(h) * d;
-                    const float* v = k + c;
-                    float* dk = dx + (row0 + j) * 3 * c + c + size_t(h) * d;
-                    float* dv = dk + c;
+                    const float* k = x + (row0 + j) * width + a.k_at(h);
+                    const float* v = x + (row0 + j) * width + a.v_at(h);
+                    float* dk = dx + (row0 + j) * width + a.k_at(h);
+                    float* dv = dx + (row0 + j) * width + a.v_at(h);
                     float dot = 0.0f, dp = 0.0f;
                     for (int e = 0; e < d; ++e) dot += q[e] * k[e];
                     for (int e = 0; e < d; ++e) dp += g[e] * v[e];
@@ -113,17 +119,17 @@ void attention_backward_rows(DType dt, int samples, int t, int c, int heads, int
             }
         }
     if (dt != DType::f32)
-        for (size_t i = 0; i < size_t(samples) * t * 3 * c; ++i) dx[i] = round_to(dt, dx[i]);
+        for (size_t i = 0; i < size_t(samples) * t * width; ++i) dx[i] = round_to(dt, dx[i]);
 }
 
 }  // namespace
 
-int fused_head_width(int c, int heads) {
-    if (heads <= 0 || c % heads || c / heads > kMaxFusedHeadWidth)
-        throw Error(kExitFailure, "fused attention: " + std::to_string(heads) + " heads over width " +
-                                      std::to_string(c) + " (heads must divide it, each at most " +
+void check_fused_heads(const AttentionHeads& a) {
+    if (a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads || a.d <= 0 || a.d > kMaxFusedHeadWidth)
+        throw Error(kExitFailure, "fused attention: " + std::to_string(a.heads) + " heads (" +
+                                      std::to_string(a.kv_heads) + " key/value heads) of width " + std::to_string(a.d) +
+                                      " (key/value heads must divide the heads; each at most " +
                                       std::to_string(kMaxFusedHeadWidth) + " wide)");
-    return c / heads;
 }
 
 void causal_softmax(Device& d, Stream s, int batches, int t, float scale, const void* scores, void* probs) {
@@ -148,25 +154,23 @@ void causal_softmax_backward(Device& d, Stream s, int batches, int t, float scal
     });
 }
 
-void attention_forward(Device& d, Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
+void attention_forward(Device& d, Stream s, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
                        void* out, float* lse) {
-    const int width = fused_head_width(c, heads);  // on the caller's thread: an error it reports
+    check_fused_heads(a);  // on the caller's thread: an error it reports
     if (d.runs_cuda_kernels())
-        return launch_cuda(d, s, attention_cuda.forward, "attention_forward", samples, t, c, heads, width, scale, qkv,
-                           out, lse);
-    run_on_host(d, s, "attention_forward", [=](const Device& h) {
-        attention_forward_rows(h.value_dtype(), samples, t, c, heads, width, scale, qkv, out, lse);
-    });
+        return launch_cuda(d, s, attention_cuda.forward, "attention_forward", samples, t, a, scale, qkv, out, lse);
+    run_on_host(d, s, "attention_forward",
+                [=](const Device& h) { attention_forward_rows(h.value_dtype(), samples, t, a, scale, qkv, out, lse); });
 }
 
-void attention_backward(Device& d, Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
+void attention_backward(Device& d, Stream s, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
                         const void* out, const void* dout, const float* lse, float* delta, void* dqkv) {
-    const int width = fused_head_width(c, heads);
+    check_fused_heads(a);
     if (d.runs_cuda_kernels())
-        return launch_cuda(d, s, attention_cuda.backward, "attention_backward", samples, t, c, heads, width, scale, qkv,
-                           out, dout, lse, delta, dqkv);
+        return launch_cuda(d, s, attention_cuda.backward, "attention_backward", samples, t, a, scale, qkv, out, dout,
+                           lse, delta, dqkv);
     run_on_host(d, s, "attention_backward", [=](const Device& h) {
-        attention_backward_rows(h.value_dtype(), samples, t, c, heads, width, scale, qkv, out, dout, lse, delta, dqkv);
+        attention_backward_rows(h.value_dtype(), samples, t, a, scale, qkv, out, dout, lse, delta, dqkv);
     });
 }
 

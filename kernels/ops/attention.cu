@@ -93,102 +93,105 @@ __device__ float row_dot(const float (&a)[E], const T* p, size_t at, int d, int 
 }
 
 template <typename T, int E>
-__global__ void attention_forward_kernel(int64_t rows, int t, int c, int heads, float scale, const T* qkv, T* out,
+__global__ void attention_forward_kernel(int64_t rows, int t, AttentionHeads a, float scale, const T* qkv, T* out,
                                          float* lse) {
     const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (w >= rows) return;  // a whole warp at once: rows are per warp
-    const AttentionRow r(w, t, heads);
-    const int d = c / heads;
-    const size_t base = size_t(r.n) * t, stride = 3 * size_t(c);
+    const AttentionRow r(w, t, a.heads);
+    const int d = a.d;
+    const size_t base = size_t(r.n) * t, stride = a.qkv_width();
     float q[E], acc[E];
-    load_row(qkv, (base + r.i) * stride + size_t(r.h) * d, d, lane, q);
+    load_row(qkv, (base + r.i) * stride + a.q_at(r.h), d, lane, q);
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     for (int j = 0; j <= r.i; ++j) {
-        const size_t k = (base + j) * stride + c + size_t(r.h) * d;
+        const size_t k = (base + j) * stride + a.k_at(r.h), v = (base + j) * stride + a.v_at(r.h);
         const float sc = scale * row_dot(q, qkv, k, d, lane), mn = fmaxf(m, sc);
         const float corr = exp_poly(m - mn), p = exp_poly(sc - mn);  // the CPU's exp
         l = l * corr + p;
         for (int e = 0; e < E; ++e)
-            if (lane + 32 * e < d) acc[e] = acc[e] * corr + p * ld(qkv, k + c + lane + 32 * e);
+            if (lane + 32 * e < d) acc[e] = acc[e] * corr + p * ld(qkv, v + lane + 32 * e);
         m = mn;
     }
     for (int e = 0; e < E; ++e)
-        if (lane + 32 * e < d) st(out, (base + r.i) * c + size_t(r.h) * d + lane + 32 * e, acc[e] / l);
-    if (lane == 0) lse[(size_t(r.n) * heads + r.h) * t + r.i] = m + logf(l);
+        if (lane + 32 * e < d) st(out, (base + r.i) * a.out_width() + size_t(r.h) * d + lane + 32 * e, acc[e] / l);
+    if (lane == 0) lse[(size_t(r.n) * a.heads + r.h) * t + r.i] = m + logf(l);
 }
 
 template <typename T, int E>
-__global__ void attention_delta_kernel(int64_t rows, int t, int c, int heads, const T* out, const T* dout,
+__global__ void attention_delta_kernel(int64_t rows, int t, AttentionHeads a, const T* out, const T* dout,
                                        float* delta) {
     const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (w >= rows) return;
-    const AttentionRow r(w, t, heads);
-    const int d = c / heads;
-    const size_t at = (size_t(r.n) * t + r.i) * c + size_t(r.h) * d;
+    const AttentionRow r(w, t, a.heads);
+    const size_t at = (size_t(r.n) * t + r.i) * a.out_width() + size_t(r.h) * a.d;
     float g[E];
-    load_row(dout, at, d, lane, g);
-    const float sum = row_dot(g, out, at, d, lane);
-    if (lane == 0) delta[(size_t(r.n) * heads + r.h) * t + r.i] = sum;
+    load_row(dout, at, a.d, lane, g);
+    const float sum = row_dot(g, out, at, a.d, lane);
+    if (lane == 0) delta[(size_t(r.n) * a.heads + r.h) * t + r.i] = sum;
 }
 
 // dq_i = scale sum_{j <= i} p_ij (dout_i . v_j - delta_i) k_j: one warp per query row.
 template <typename T, int E>
-__global__ void attention_dq_kernel(int64_t rows, int t, int c, int heads, float scale, const T* qkv, const T* dout,
+__global__ void attention_dq_kernel(int64_t rows, int t, AttentionHeads a, float scale, const T* qkv, const T* dout,
                                     const float* lse, const float* delta, T* dqkv) {
     const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (w >= rows) return;
-    const AttentionRow r(w, t, heads);
-    const int d = c / heads;
-    const size_t base = size_t(r.n) * t, stride = 3 * size_t(c), stat = (size_t(r.n) * heads + r.h) * t + r.i;
+    const AttentionRow r(w, t, a.heads);
+    const int d = a.d;
+    const size_t base = size_t(r.n) * t, stride = a.qkv_width(), stat = (size_t(r.n) * a.heads + r.h) * t + r.i;
     float q[E], g[E], dq[E];
-    load_row(qkv, (base + r.i) * stride + size_t(r.h) * d, d, lane, q);
-    load_row(dout, (base + r.i) * c + size_t(r.h) * d, d, lane, g);
+    load_row(qkv, (base + r.i) * stride + a.q_at(r.h), d, lane, q);
+    load_row(dout, (base + r.i) * a.out_width() + size_t(r.h) * d, d, lane, g);
     for (int e = 0; e < E; ++e) dq[e] = 0.0f;
     const float ls = lse[stat], dl = delta[stat];
     for (int j = 0; j <= r.i; ++j) {
-        const size_t k = (base + j) * stride + c + size_t(r.h) * d;
+        const size_t k = (base + j) * stride + a.k_at(r.h), v = (base + j) * stride + a.v_at(r.h);
         const float p = exp_poly(scale * row_dot(q, qkv, k, d, lane) - ls);
-        const float ds = scale * p * (row_dot(g, qkv, k + c, d, lane) - dl);
+        const float ds = scale * p * (row_dot(g, qkv, v, d, lane) - dl);
         for (int e = 0; e < E; ++e)
             if (lane + 32 * e < d) dq[e] += ds * ld(qkv, k + lane + 32 * e);
     }
     for (int e = 0; e < E; ++e)
-        if (lane + 32 * e < d) st(dqkv, (base + r.i) * stride + size_t(r.h) * d + lane + 32 * e, dq[e]);
+        if (lane + 32 * e < d) st(dqkv, (base + r.i) * stride + a.q_at(r.h) + lane + 32 * e, dq[e]);
 }
 
-// dk_j = scale sum_{i >= j} ds_ij q_i, dv_j = sum_{i >= j} p_ij dout_i: one warp per key row.
+// dk_j = scale sum_h sum_{i >= j} ds_ij q_i, dv_j = sum_h sum_{i >= j} p_ij dout_i over the query
+// heads h of the key/value head's group: one warp per key row of one key/value head.
 template <typename T, int E>
-__global__ void attention_dkv_kernel(int64_t rows, int t, int c, int heads, float scale, const T* qkv, const T* dout,
+__global__ void attention_dkv_kernel(int64_t rows, int t, AttentionHeads a, float scale, const T* qkv, const T* dout,
                                      const float* lse, const float* delta, T* dqkv) {
     const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (w >= rows) return;
-    const AttentionRow r(w, t, heads);  // r.i: the key's position
-    const int d = c / heads;
-    const size_t base = size_t(r.n) * t, stride = 3 * size_t(c), stats = (size_t(r.n) * heads + r.h) * t;
+    const AttentionRow r(w, t, a.kv_heads);  // r.h: the key/value head, r.i: the key's position
+    const int d = a.d, first = r.h * a.group();
+    const size_t base = size_t(r.n) * t, stride = a.qkv_width();
     float k[E], v[E], dk[E], dv[E];
-    const size_t kat = (base + r.i) * stride + c + size_t(r.h) * d;
+    const size_t kat = (base + r.i) * stride + a.k_at(first), vat = (base + r.i) * stride + a.v_at(first);
     load_row(qkv, kat, d, lane, k);
-    load_row(qkv, kat + c, d, lane, v);
+    load_row(qkv, vat, d, lane, v);
     for (int e = 0; e < E; ++e) dk[e] = dv[e] = 0.0f;
-    for (int i = r.i; i < t; ++i) {
-        const size_t q = (base + i) * stride + size_t(r.h) * d, g = (base + i) * c + size_t(r.h) * d;
-        const float p = exp_poly(scale * row_dot(k, qkv, q, d, lane) - lse[stats + i]);
-        const float ds = scale * p * (row_dot(v, dout, g, d, lane) - delta[stats + i]);
-        for (int e = 0; e < E; ++e)
-            if (lane + 32 * e < d) {
-                dk[e] += ds * ld(qkv, q + lane + 32 * e);
-                dv[e] += p * ld(dout, g + lane + 32 * e);
-            }
+    for (int h = first; h < first + a.group(); ++h) {
+        const size_t stats = (size_t(r.n) * a.heads + h) * t;
+        for (int i = r.i; i < t; ++i) {
+            const size_t q = (base + i) * stride + a.q_at(h), g = (base + i) * a.out_width() + size_t(h) * d;
+            const float p = exp_poly(scale * row_dot(k, qkv, q, d, lane) - lse[stats + i]);
+            const float ds = scale * p * (row_dot(v, dout, g, d, lane) - delta[stats + i]);
+            for (int e = 0; e < E; ++e)
+                if (lane + 32 * e < d) {
+                    dk[e] += ds * ld(qkv, q + lane + 32 * e);
+                    dv[e] += p * ld(dout, g + lane + 32 * e);
+                }
+        }
     }
     for (int e = 0; e < E; ++e)
         if (lane + 32 * e < d) {
             st(dqkv, kat + lane + 32 * e, dk[e]);
-            st(dqkv, kat + c + lane + 32 * e, dv[e]);
+            st(dqkv, vat + lane + 32 * e, dv[e]);
         }
 }
 
@@ -213,33 +216,33 @@ __global__ void attention_dkv_kernel(int64_t rows, int t, int c, int heads, floa
         }                         \
     }
 
-int forward(const Device::NativeLaunch& l, int samples, int t, int c, int heads, int d, float scale, const void* qkv,
+int forward(const Device::NativeLaunch& l, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
             void* out, float* lse) {
-    const int64_t rows = int64_t(samples) * heads * t;
+    const int64_t rows = int64_t(samples) * a.heads * t;
     if (rows <= 0) return 0;
     const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
     const DType dt = l.act;
-    WITH_ROW_ELEMENTS(d, DISPATCH(dt, attention_forward_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
-                                          rows, t, c, heads, scale, as<T>(qkv), as<T>(out), lse)));
+    WITH_ROW_ELEMENTS(a.d, DISPATCH(dt, attention_forward_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
+                                            rows, t, a, scale, as<T>(qkv), as<T>(out), lse)));
     CUDA_LAUNCH_CHECK(l.device);
     return 1;
 }
 
-int backward(const Device::NativeLaunch& l, int samples, int t, int c, int heads, int d, float scale, const void* qkv,
+int backward(const Device::NativeLaunch& l, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
              const void* out, const void* dout, const float* lse, float* delta, void* dqkv) {
-    const int64_t rows = int64_t(samples) * heads * t;
+    const int64_t rows = int64_t(samples) * a.heads * t, key_rows = int64_t(samples) * a.kv_heads * t;
     if (rows <= 0) return 0;
     const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
     const DType dt = l.act;
     const int dev = l.device;
-    WITH_ROW_ELEMENTS(d, DISPATCH(dt, attention_delta_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
-                                          rows, t, c, heads, as<T>(out), as<T>(dout), delta)));
+    WITH_ROW_ELEMENTS(a.d, DISPATCH(dt, attention_delta_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
+                                            rows, t, a, as<T>(out), as<T>(dout), delta)));
     CUDA_LAUNCH_CHECK(dev);
-    WITH_ROW_ELEMENTS(d, DISPATCH(dt, attention_dq_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
-                                          rows, t, c, heads, scale, as<T>(qkv), as<T>(dout), lse, delta, as<T>(dqkv))));
+    WITH_ROW_ELEMENTS(a.d, DISPATCH(dt, attention_dq_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
+                                            rows, t, a, scale, as<T>(qkv), as<T>(dout), lse, delta, as<T>(dqkv))));
     CUDA_LAUNCH_CHECK(dev);
-    WITH_ROW_ELEMENTS(d, DISPATCH(dt, attention_dkv_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
-                                          rows, t, c, heads, scale, as<T>(qkv), as<T>(dout), lse, delta, as<T>(dqkv))));
+    WITH_ROW_ELEMENTS(a.d, DISPATCH(dt, attention_dkv_kernel<T, E><<<warp_rows_grid(key_rows), kThreads, 0, s>>>(
+                                            key_rows, t, a, scale, as<T>(qkv), as<T>(dout), lse, delta, as<T>(dqkv))));
     CUDA_LAUNCH_CHECK(dev);
     return 3;
 }

@@ -16,32 +16,48 @@ void causal_softmax(Device& d, Stream s, int batches, int t, float scale, const 
 void causal_softmax_backward(Device& d, Stream s, int batches, int t, float scale, const void* probs,
                              const void* dprobs, void* dscores);
 
+// The heads of a causal self-attention: `heads` query heads and kv_heads key/value heads, each d
+// wide (grouped-query attention: query head h reads key/value head h / (heads / kv_heads);
+// kv_heads == heads is multi-head attention, 1 multi-query). A row of qkv holds the queries
+// (heads d values), then the keys (kv_heads d), then the values (kv_heads d) - GPT-2's c_attn
+// when kv_heads == heads; a row of the output holds the heads side by side (heads d).
+struct AttentionHeads {
+    int heads = 1, kv_heads = 1, d = 1;
+    MIRRORED_HD int group() const { return heads / kv_heads; }
+    MIRRORED_HD size_t qkv_width() const { return size_t(heads + 2 * kv_heads) * size_t(d); }
+    MIRRORED_HD size_t out_width() const { return size_t(heads) * size_t(d); }
+    MIRRORED_HD size_t q_at(int h) const { return size_t(h) * size_t(d); }
+    MIRRORED_HD size_t k_at(int h) const { return size_t(heads + h / group()) * size_t(d); }
+    MIRRORED_HD size_t v_at(int h) const { return size_t(heads + kv_heads + h / group()) * size_t(d); }
+};
+
 // Fused causal self-attention: for each of `samples` sequences of t positions and each head,
 // out = softmax(scale q k^T, causal) v without a [t, t] matrix in memory - an online softmax over
-// the keys, accumulated in f32 whatever the storage type. qkv [samples, t, 3c]: head h's q in
-// columns h*d.., k in c + h*d.., v in 2c + h*d.. (d = c / heads, at most kMaxFusedHeadWidth); out
-// [samples, t, c], head h in columns h*d..; lse [samples, heads, t]: each row's log-sum-exp of
-// its scaled scores, for backward.
+// the keys, accumulated in f32 whatever the storage type. qkv [samples, t, qkv_width], out
+// [samples, t, out_width]; lse [samples, heads, t]: each row's log-sum-exp of its scaled scores,
+// for backward. Heads at most kMaxFusedHeadWidth wide.
 constexpr int kMaxFusedHeadWidth = 128;
-// c / heads, or an Error when the heads do not divide c or are wider than the kernels take.
-int fused_head_width(int c, int heads);
-void attention_forward(Device& d, Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
+// An Error (on the caller's thread) when the heads do not fit the kernels: kv_heads not dividing
+// heads, or wider than kMaxFusedHeadWidth.
+void check_fused_heads(const AttentionHeads& a);
+void attention_forward(Device& d, Stream s, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
                        void* out, float* lse);
-// Its backward, the probabilities recomputed from q, k and lse: dqkv [samples, t, 3c] written (not
-// added to) from dout; delta [samples, heads, t] is workspace (rowsum(dout * out)).
-void attention_backward(Device& d, Stream s, int samples, int t, int c, int heads, float scale, const void* qkv,
+// Its backward, the probabilities recomputed from q, k and lse: dqkv [samples, t, qkv_width]
+// written (not added to) from dout; delta [samples, heads, t] is workspace (rowsum(dout * out)).
+// A key/value head's gradients sum over the query heads of its group.
+void attention_backward(Device& d, Stream s, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
                         const void* out, const void* dout, const float* lse, float* delta, void* dqkv);
 
 // The CUDA launchers, set by attention.cu where the CUDA backend is built; each returns the
-// kernels it launched. The fused ones take the head width d that fused_head_width checked.
+// kernels it launched.
 struct AttentionKernels {
     int (*softmax)(const Device::NativeLaunch& l, int batches, int t, float scale, const void* scores,
                    void* probs) = nullptr;
     int (*softmax_backward)(const Device::NativeLaunch& l, int batches, int t, float scale, const void* probs,
                             const void* dprobs, void* dscores) = nullptr;
-    int (*forward)(const Device::NativeLaunch& l, int samples, int t, int c, int heads, int d, float scale,
+    int (*forward)(const Device::NativeLaunch& l, int samples, int t, const AttentionHeads& a, float scale,
                    const void* qkv, void* out, float* lse) = nullptr;
-    int (*backward)(const Device::NativeLaunch& l, int samples, int t, int c, int heads, int d, float scale,
+    int (*backward)(const Device::NativeLaunch& l, int samples, int t, const AttentionHeads& a, float scale,
                     const void* qkv, const void* out, const void* dout, const float* lse, float* delta,
                     void* dqkv) = nullptr;
 };

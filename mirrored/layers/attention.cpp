@@ -4,6 +4,12 @@
 // positions up to each one; the heads' outputs side by side, then y = a W_proj^T + b_proj.
 // Tensors as nanoGPT names them: c_attn.weight [3c, c], c_attn.bias, c_proj.weight [c, c], c_proj.bias.
 //
+// Llama's attention is the same layer with `kv_heads` (grouped-query attention: fewer key/value
+// heads than query heads, kernels/ops/attention.h's AttentionHeads; qkv then [t, (heads + 2 kv) d]),
+// `rope_theta` (rotary position embeddings on q and k after the projection, Hugging Face's
+// rotate-half, kernels/ops/rope.h), `bias: false`, and `names: llama` (self_attn.qkv_proj - q_proj,
+// k_proj and v_proj stacked by rows - and o_proj).
+//
 // `dropout` drops attention probabilities in training (nanoGPT's attn_dropout), the masks a pure
 // function of (seed, layer, step, global row) as the dropout layer's.
 //
@@ -20,6 +26,7 @@
 
 #include "kernels/ops/attention.h"
 #include "kernels/ops/dropout.h"
+#include "kernels/ops/rope.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -29,13 +36,21 @@ namespace {
 
 struct AttentionOptions final : OptionsOf<AttentionOptions> {
     int heads = 0;
+    int kv_heads = 0;  // 0: as many as heads
     float dropout = 0.0f;
     bool fused = false;
+    float rope_theta = 0.0f;  // 0: no rotary embeddings
+    bool bias = true;
+    bool llama_names = false;
     Fields fields() const override {
         Fields f = {{"heads", std::to_string(heads)}};
         // written only when not their defaults, so older checkpoints still match
+        if (kv_heads && kv_heads != heads) f.push_back({"kv_heads", std::to_string(kv_heads)});
         if (dropout > 0) f.push_back({"dropout", decimal_text(dropout)});
         if (fused) f.push_back({"fused", "true"});
+        if (rope_theta > 0) f.push_back({"rope_theta", decimal_text(rope_theta)});
+        if (!bias) f.push_back({"bias", "false"});
+        if (llama_names) f.push_back({"names", "llama"});
         return f;
     }
     bool operator==(const AttentionOptions&) const = default;
@@ -44,27 +59,33 @@ struct AttentionOptions final : OptionsOf<AttentionOptions> {
 class Attention final : public Layer {
 public:
     explicit Attention(const LayerSpec& s)
-        : Layer(s),
-          heads_(spec_.get<AttentionOptions>().heads),
-          dropout_(spec_.get<AttentionOptions>().dropout),
-          fused_(spec_.get<AttentionOptions>().fused) {}
+        : Layer(s), o_(spec_.get<AttentionOptions>()), heads_(o_.heads), dropout_(o_.dropout), fused_(o_.fused) {}
 
     void declare(Builder& b) override {
         if (in_.image) fail("attention needs a sequence [t, c], got an image " + in_.str());
         const int c = in_.c;
         if (c % heads_) fail("heads: " + std::to_string(heads_) + " does not divide the width " + std::to_string(c));
-        InitArgs w;
-        w.kind = InitKind::gpt2_normal;
-        attn_w_ = b.param(name_ + ".c_attn.weight", {3 * c, c}, w);
-        attn_b_ = b.param(name_ + ".c_attn.bias", {3 * c}, InitArgs{});
-        proj_w_ = b.param(name_ + ".c_proj.weight", {c, c}, w);
-        proj_b_ = b.param(name_ + ".c_proj.bias", {c}, InitArgs{});
+        a_ = AttentionHeads{heads_, o_.kv_heads ? o_.kv_heads : heads_, c / heads_};
+        if (heads_ % a_.kv_heads)
+            fail("kv_heads: " + std::to_string(a_.kv_heads) + " does not divide heads: " + std::to_string(heads_));
+        if (o_.rope_theta > 0 && (a_.d % 2 || a_.d > kMaxRopeHeadWidth))
+            fail("rotary embeddings need heads of an even width up to " + std::to_string(kMaxRopeHeadWidth) +
+                 "; these are " + std::to_string(a_.d));
+        const int w = int(a_.qkv_width());
+        InitArgs wi;
+        wi.kind = InitKind::gpt2_normal;
+        const std::string qkv = name_ + (o_.llama_names ? ".qkv_proj" : ".c_attn"),
+                          proj = name_ + (o_.llama_names ? ".o_proj" : ".c_proj");
+        attn_w_ = b.param(qkv + ".weight", {w, c}, wi);
+        if (o_.bias) attn_b_ = b.param(qkv + ".bias", {w}, InitArgs{});
+        proj_w_ = b.param(proj + ".weight", {c, c}, wi);
+        if (o_.bias) proj_b_ = b.param(proj + ".bias", {c}, InitArgs{});
         const size_t t = size_t(in_.positions()), probs = size_t(heads_) * t * t;
         slot_ = b.new_slot();
-        qkv_ = b.act_buffer(slot_, 3 * t * c);
+        qkv_ = b.act_buffer(slot_, t * size_t(w));
         heads_out_ = b.act_buffer(slot_, t * c);
         proj_out_ = b.act_buffer(slot_, t * c);
-        dqkv_ = b.act_buffer(slot_, 3 * t * c);
+        dqkv_ = b.act_buffer(slot_, t * size_t(w));
         dheads_ = b.act_buffer(slot_, t * c);
         if (fused_) {
             if (d() > kMaxFusedHeadWidth)
@@ -81,52 +102,55 @@ public:
     }
     void place(const std::vector<TensorRef>& refs) override {
         attn_w_off_ = refs[size_t(attn_w_)].offset;
-        attn_b_off_ = refs[size_t(attn_b_)].offset;
         proj_w_off_ = refs[size_t(proj_w_)].offset;
-        proj_b_off_ = refs[size_t(proj_b_)].offset;
+        if (o_.bias) {
+            attn_b_off_ = refs[size_t(attn_b_)].offset;
+            proj_b_off_ = refs[size_t(proj_b_)].offset;
+        }
     }
 
     const void* forward(Pass& p, const void* x) const override {
         const int t = in_.positions(), c = in_.c, rows = p.rows * t;
         const Buffers B = buffers(p);
+        const int w = int(a_.qkv_width());
         p.acts->input(slot_) = x;
-        p.dev->dense_forward(p.stream, Activation::none, rows, 3 * c, c, x, p.weight(attn_w_off_),
-                             p.params + attn_b_off_, B.qkv, B.qkv, p.types(p.vt));
+        p.dev->dense_forward(p.stream, Activation::none, rows, w, c, x, p.weight(attn_w_off_), bias(p, attn_b_off_),
+                             B.qkv, B.qkv, p.types(p.vt));
+        if (o_.rope_theta > 0) rope_rotate(*p.dev, p.stream, rope(p), false, B.qkv);
         if (fused_) {
-            attention_forward(*p.dev, p.stream, p.rows, t, c, heads_, scale(), B.qkv, B.heads,
-                              p.acts->f32(slot_, lse_));
+            attention_forward(*p.dev, p.stream, p.rows, t, a_, scale(), B.qkv, B.heads, p.acts->f32(slot_, lse_));
             p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
-                                 p.params + proj_b_off_, B.out, B.out, p.types(p.vt));
+                                 bias(p, proj_b_off_), B.out, B.out, p.types(p.vt));
             return B.out;
         }
         for (int s0 = 0; s0 < p.rows; s0 += block(p)) {  // a block of samples at a time
             const int n = std::min(block(p), p.rows - s0);
             const Buffers S = samples_at(p, B, s0);
             for (int h = 0; h < heads_; ++h)  // scores = q k^T
-                batched(p, n, false, true, t, t, d(), at(p, S.qkv, q(h)), 3 * c, size_t(t) * 3 * c, at(p, S.qkv, k(h)),
-                        3 * c, size_t(t) * 3 * c, at(p, S.probs, cell(h, 0, 0)), t, tt());
+                batched(p, n, false, true, t, t, d(), at(p, S.qkv, q(h)), w, size_t(t) * w, at(p, S.qkv, k(h)), w,
+                        size_t(t) * w, at(p, S.probs, cell(h, 0, 0)), t, tt());
             causal_softmax(*p.dev, p.stream, n * heads_, t, scale(), S.probs, S.probs);
             if (drops(p)) dropout_forward(*p.dev, p.stream, dropout_args(p, s0), n, int(tt()), S.probs, S.mixed);
             for (int h = 0; h < heads_; ++h)  // a = probs v
-                batched(p, n, false, false, t, d(), t, at(p, S.mixed, cell(h, 0, 0)), t, tt(), at(p, S.qkv, v(h)),
-                        3 * c, size_t(t) * 3 * c, at(p, S.heads, size_t(h) * d()), c, size_t(t) * c);
+                batched(p, n, false, false, t, d(), t, at(p, S.mixed, cell(h, 0, 0)), t, tt(), at(p, S.qkv, v(h)), w,
+                        size_t(t) * w, at(p, S.heads, size_t(h) * d()), c, size_t(t) * c);
         }
         p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
-                             p.params + proj_b_off_, B.out, B.out, p.types(p.vt));
+                             bias(p, proj_b_off_), B.out, B.out, p.types(p.vt));
         return B.out;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
-        const int t = in_.positions(), c = in_.c, rows = p.rows * t;
+        const int t = in_.positions(), c = in_.c, rows = p.rows * t, w = int(a_.qkv_width());
         const Buffers B = buffers(p);
         void* dqkv = p.acts->act(slot_, dqkv_);
         void* dheads = p.acts->act(slot_, dheads_);
-        p.dev->dense_weight_grad(p.stream, rows, c, c, dy, B.heads, p.grad(proj_w_off_), p.grad(proj_b_off_),
+        p.dev->dense_weight_grad(p.stream, rows, c, c, dy, B.heads, p.grad(proj_w_off_), bias_grad(p, proj_b_off_),
                                  p.accumulate, p.types(DType::f32));
         p.dev->gemm(p.stream, false, false, rows, c, c, 1.0f, dy, c, p.weight(proj_w_off_), c, 0.0f, dheads, c,
                     p.types(p.vt));
         if (fused_) {
-            attention_backward(*p.dev, p.stream, p.rows, t, c, heads_, scale(), B.qkv, B.heads, dheads,
+            attention_backward(*p.dev, p.stream, p.rows, t, a_, scale(), B.qkv, B.heads, dheads,
                                p.acts->f32(slot_, lse_), p.acts->f32(slot_, delta_), dqkv);
             return input_grads(p, dqkv, dx);
         }
@@ -137,18 +161,18 @@ public:
             const Buffers S = samples_at(p, B, s0);
             void* dprobs = at(p, dprobs_all, size_t(s0) * tt());
             void* da = at(p, dheads, size_t(s0) * t * c);
-            void* dqkv_s = at(p, dqkv, size_t(s0) * t * 3 * c);
-            const size_t sq = size_t(t) * 3 * c, sa = size_t(t) * c;  // a sample's qkv, heads
+            void* dqkv_s = at(p, dqkv, size_t(s0) * t * w);
+            const size_t sq = size_t(t) * w, sa = size_t(t) * c;  // a sample's qkv, heads
             for (int h = 0; h < heads_; ++h)
                 for (int b0 = 0; b0 < t; b0 += qb) {
                     const int b1 = std::min(t, b0 + qb);
                     // dprobs = da v^T for queries b0..b1 (keys 0..b1)
                     batched(p, n, false, true, b1 - b0, b1, d(), at(p, da, size_t(b0) * c + size_t(h) * d()), c, sa,
-                            at(p, S.qkv, v(h)), 3 * c, sq, at(p, dprobs, cell(h, b0, 0)), t, tt());
-                    // dv = probs^T da for keys b0..b1 (queries b0..t)
+                            at(p, S.qkv, v(h)), w, sq, at(p, dprobs, cell(h, b0, 0)), t, tt());
+                    // dv = probs^T da for keys b0..b1 (queries b0..t), summed over a group's heads
                     batched(p, n, true, false, b1 - b0, d(), t - b0, at(p, S.mixed, cell(h, b0, b0)), t, tt(),
-                            at(p, da, size_t(b0) * c + size_t(h) * d()), c, sa, at(p, dqkv_s, row3(b0) + v(h)), 3 * c,
-                            sq);
+                            at(p, da, size_t(b0) * c + size_t(h) * d()), c, sa, at(p, dqkv_s, row(b0) + v(h)), w, sq,
+                            group_beta(h));
                 }
             if (drops(p))  // element-wise, so in place
                 dropout_backward(*p.dev, p.stream, dropout_args(p, s0), n, int(tt()), dprobs, dprobs);
@@ -158,10 +182,10 @@ public:
                     const int b1 = std::min(t, b0 + qb);
                     // dq = dscores k for queries b0..b1
                     batched(p, n, false, false, b1 - b0, d(), b1, at(p, dprobs, cell(h, b0, 0)), t, tt(),
-                            at(p, S.qkv, k(h)), 3 * c, sq, at(p, dqkv_s, row3(b0) + q(h)), 3 * c, sq);
-                    // dk = dscores^T q for keys b0..b1
+                            at(p, S.qkv, k(h)), w, sq, at(p, dqkv_s, row(b0) + q(h)), w, sq);
+                    // dk = dscores^T q for keys b0..b1, summed over a group's heads
                     batched(p, n, true, false, b1 - b0, d(), t - b0, at(p, dprobs, cell(h, b0, b0)), t, tt(),
-                            at(p, S.qkv, row3(b0) + q(h)), 3 * c, sq, at(p, dqkv_s, row3(b0) + k(h)), 3 * c, sq);
+                            at(p, S.qkv, row(b0) + q(h)), w, sq, at(p, dqkv_s, row(b0) + k(h)), w, sq, group_beta(h));
                 }
         }
         input_grads(p, dqkv, dx);
@@ -171,23 +195,35 @@ public:
     // the four products of the projections and the two of attention (scores, then the mix)
     double forward_flops() const override {
         const double t = in_.positions(), c = in_.c;
-        return 2.0 * t * c * 4.0 * c + 2.0 * 2.0 * t * t * c;
+        return 2.0 * t * c * (double(a_.qkv_width()) + c) + 2.0 * 2.0 * t * t * c;
     }
     std::string detail() const override {
-        return std::to_string(heads_) + " heads" + (fused_ ? ", fused" : "") +
-               (dropout_ > 0 ? ", dropout " + decimal_text(dropout_) : "");
+        std::string s = std::to_string(heads_) + " heads";
+        if (a_.kv_heads != heads_) s += " (" + std::to_string(a_.kv_heads) + " key/value)";
+        if (o_.rope_theta > 0) s += ", rope " + decimal_text(o_.rope_theta);
+        return s + (fused_ ? ", fused" : "") + (dropout_ > 0 ? ", dropout " + decimal_text(dropout_) : "");
     }
 
 private:
-    // The qkv projection's weight gradient from dqkv, and dx = dqkv W_attn.
-    void input_grads(Pass& p, const void* dqkv, void* dx) const {
-        const int c = in_.c, rows = p.rows * in_.positions();
-        p.dev->dense_weight_grad(p.stream, rows, 3 * c, c, dqkv, p.acts->input(slot_), p.grad(attn_w_off_),
-                                 p.grad(attn_b_off_), p.accumulate, p.types(DType::f32));
+    // The qkv projection's weight gradient from dqkv (through the rotation back first), and
+    // dx = dqkv W_attn.
+    void input_grads(Pass& p, void* dqkv, void* dx) const {
+        const int c = in_.c, rows = p.rows * in_.positions(), w = int(a_.qkv_width());
+        if (o_.rope_theta > 0) rope_rotate(*p.dev, p.stream, rope(p), true, dqkv);
+        p.dev->dense_weight_grad(p.stream, rows, w, c, dqkv, p.acts->input(slot_), p.grad(attn_w_off_),
+                                 bias_grad(p, attn_b_off_), p.accumulate, p.types(DType::f32));
         if (dx)
-            p.dev->gemm(p.stream, false, false, rows, c, 3 * c, 1.0f, dqkv, 3 * c, p.weight(attn_w_off_), c, 0.0f, dx,
-                        c, p.types(p.vt));
+            p.dev->gemm(p.stream, false, false, rows, c, w, 1.0f, dqkv, w, p.weight(attn_w_off_), c, 0.0f, dx, c,
+                        p.types(p.vt));
     }
+    // q and k of every head rotated by their positions (the query heads, then the key heads)
+    RopeShape rope(const Pass& p) const {
+        return RopeShape{p.rows, in_.positions(), 0, int(a_.qkv_width()), a_.heads + a_.kv_heads, a_.d, o_.rope_theta};
+    }
+    const float* bias(const Pass& p, size_t offset) const { return o_.bias ? p.params + offset : nullptr; }
+    float* bias_grad(const Pass& p, size_t offset) const { return o_.bias ? p.grad(offset) : nullptr; }
+    // A key/value head's gradient is the sum over its group's query heads: the first writes it.
+    float group_beta(int h) const { return h % a_.group() ? 1.0f : 0.0f; }
 
     struct Buffers {
         void* qkv;
@@ -220,32 +256,34 @@ private:
         return p.dev->column_block_bytes() ? std::min(kQueryBlock, in_.positions()) : in_.positions();
     }
     static constexpr int kQueryBlock = 64;
-    size_t row3(int i) const { return size_t(i) * 3 * size_t(in_.c); }  // qkv's row i
-    size_t cell(int h, int i, int j) const {  // a sample's probabilities: head h, query i, key j
+    size_t row(int i) const { return size_t(i) * a_.qkv_width(); }  // qkv's row i
+    size_t cell(int h, int i, int j) const {                        // a sample's probabilities: head h, query i, key j
         return (size_t(h) * in_.positions() + size_t(i)) * in_.positions() + size_t(j);
     }
     // The buffers from sample s0 on (out, the projection's, stays whole).
     Buffers samples_at(const Pass& p, const Buffers& B, int s0) const {
         const size_t t = size_t(in_.positions()), c = size_t(in_.c), s = size_t(s0);
-        return {at(p, B.qkv, s * t * 3 * c), at(p, B.probs, s * tt()), at(p, B.mixed, s * tt()),
+        return {at(p, B.qkv, s * t * a_.qkv_width()), at(p, B.probs, s * tt()), at(p, B.mixed, s * tt()),
                 at(p, B.heads, s * t * c), B.out};
     }
     int d() const { return in_.c / heads_; }
-    size_t q(int h) const { return size_t(h) * d(); }
-    size_t k(int h) const { return size_t(in_.c) + size_t(h) * d(); }
-    size_t v(int h) const { return 2 * size_t(in_.c) + size_t(h) * d(); }
+    size_t q(int h) const { return a_.q_at(h); }
+    size_t k(int h) const { return a_.k_at(h); }
+    size_t v(int h) const { return a_.v_at(h); }
     size_t tt() const { return size_t(heads_) * in_.positions() * in_.positions(); }  // a sample's probabilities
     float scale() const { return 1.0f / std::sqrt(float(d())); }
     static void* at(const Pass& p, void* base, size_t elements) {
         return static_cast<char*>(base) + p.dev->act_bytes(elements);
     }
-    // One product per sample of `count`, every operand an activation.
+    // One product per sample of `count`, every operand an activation; beta 1 adds to c.
     static void batched(Pass& p, int count, bool ta, bool tb, int m, int n, int k, const void* a, int lda, size_t sa,
-                        const void* b, int ldb, size_t sb, void* c, int ldc, size_t sc) {
-        p.dev->gemm_batched(p.stream, ta, tb, m, n, k, 1.0f, a, lda, int64_t(sa), b, ldb, int64_t(sb), 0.0f, c, ldc,
+                        const void* b, int ldb, size_t sb, void* c, int ldc, size_t sc, float beta = 0.0f) {
+        p.dev->gemm_batched(p.stream, ta, tb, m, n, k, 1.0f, a, lda, int64_t(sa), b, ldb, int64_t(sb), beta, c, ldc,
                             int64_t(sc), count, p.types(p.vt));
     }
 
+    const AttentionOptions& o_;
+    AttentionHeads a_;
     int heads_;
     float dropout_;
     bool fused_;
@@ -259,8 +297,18 @@ OptionsPtr read(SpecReader& r, const std::string& p) {
     auto o = std::make_shared<AttentionOptions>();
     o->heads = int(r.integer(p + ".heads", 0, 1, 1024));
     if (o->heads == 0) r.fail(p + ".heads", "required for attention: the number of heads, dividing the width");
+    o->kv_heads = int(r.integer(p + ".kv_heads", 0, 1, 1024));
+    if (o->kv_heads && o->heads % o->kv_heads)
+        r.fail(p + ".kv_heads",
+               "must divide heads (" + std::to_string(o->heads) + "): each key/value head serves a group");
+    if (o->kv_heads == o->heads) o->kv_heads = 0;
     o->dropout = float(r.number(p + ".dropout", 0.0, 0.0, 0.999));
     o->fused = r.boolean(p + ".fused", false);
+    o->rope_theta = float(r.number(p + ".rope_theta", 0.0, 0.0, 1e9));
+    if (o->rope_theta > 0 && o->rope_theta <= 1)
+        r.fail(p + ".rope_theta", "the rotary base must be above 1 (Llama: 10000, Llama 3: 500000), or 0 for none");
+    o->bias = r.boolean(p + ".bias", true);
+    o->llama_names = r.choice(p + ".names", "nanogpt", {"nanogpt", "llama"}) == "llama";
     return o;
 }
 

@@ -11,7 +11,7 @@ namespace mirrored {
 
 extern const LayerKind kDenseKind, kDropoutKind, kFlattenKind, kConv2dKind, kMaxPool2dKind, kAvgPool2dKind,
     kGlobalAvgPoolKind, kBatchNormKind, kLayerNormKind, kRmsNormKind, kResidualKind, kEmbeddingKind,
-    kPositionEmbeddingKind, kAttentionKind, kTransformerBlockKind, kLmHeadKind;
+    kPositionEmbeddingKind, kAttentionKind, kTransformerBlockKind, kLlamaBlockKind, kSwigluKind, kLmHeadKind;
 
 const Registry<LayerKind>& layer_kinds() {
     // one entry per type, in the order --help and error messages list them
@@ -19,7 +19,7 @@ const Registry<LayerKind>& layer_kinds() {
         "layer type",
         {&kDenseKind, &kDropoutKind, &kFlattenKind, &kConv2dKind, &kMaxPool2dKind, &kAvgPool2dKind, &kGlobalAvgPoolKind,
          &kBatchNormKind, &kLayerNormKind, &kRmsNormKind, &kResidualKind, &kEmbeddingKind, &kPositionEmbeddingKind,
-         &kAttentionKind, &kTransformerBlockKind, &kLmHeadKind});
+         &kAttentionKind, &kTransformerBlockKind, &kLlamaBlockKind, &kSwigluKind, &kLmHeadKind});
     return kinds;
 }
 
@@ -78,8 +78,10 @@ Activation read_activation(SpecReader& r, const std::string& path) {
 
 InitKind read_init(SpecReader& r, const std::string& path, Activation act) {
     const std::string def = act == Activation::none ? "glorot_uniform" : "he_uniform";
-    const std::string k = r.choice(path, def, {"he_uniform", "he_normal", "glorot_uniform", "glorot_normal"});
+    const std::string k =
+        r.choice(path, def, {"he_uniform", "he_normal", "glorot_uniform", "glorot_normal", "gpt2_normal"});
     if (k == "he_normal") return InitKind::he_normal;
+    if (k == "gpt2_normal") return InitKind::gpt2_normal;  // normal(0, 0.02): GPT-2's and Llama's
     if (k == "glorot_uniform") return InitKind::glorot_uniform;
     if (k == "glorot_normal") return InitKind::glorot_normal;
     return InitKind::he_uniform;
