@@ -54,6 +54,7 @@ struct Dataset {
     std::vector<int32_t> labels;   // [count, label_size], each in [0, classes); empty when there are targets
     int label_size = 1;            // class labels per sample: 1, or a sequence's length (next tokens)
     bool tokens = false;           // features are token ids (data/formats/tokens.cpp): never normalised
+    double bytes_per_token = 0;    // token files: the text's bytes per token where known (meta.json), else 0
     int target_size = 0;           // floats per sample's target; 0: class labels
     std::vector<float> targets;    // [count, target_size]
     std::vector<float> pad_value;  // per channel: what a raw 0 became after normalisation

@@ -575,6 +575,7 @@ void read_train(Reader& r, Config& c) {
                                    : Precision::fp32;
     t.loss_scale_growth_interval = int(r.integer("train.loss_scale_growth_interval", 2000, 1, 1 << 24));
     t.eval_every_epochs = r.integer("train.eval_every_epochs", 1, 0, int64_t(1) << 30);
+    t.eval_every_steps = r.integer("train.eval_every_steps", 0, 0, int64_t(1) << 30);
     t.log_every_steps = r.integer("train.log_every_steps", 100, 1, int64_t(1) << 30);
     t.recompute_blocks = r.choice("train.recompute", "none", {"none", "blocks"}) == "blocks";
     c.strategy.precision = t.precision;
@@ -803,6 +804,7 @@ void emit_train(ConfigEmitter& e, const TrainConfig& t) {
     e.begin("train").put("epochs", t.epochs).put("steps", t.steps).put("global_batch_size", t.global_batch_size);
     e.put("grad_accumulation_steps", t.grad_accumulation_steps).put("precision", precision_name(t.precision));
     e.put("loss_scale_growth_interval", t.loss_scale_growth_interval).put("eval_every_epochs", t.eval_every_epochs);
+    e.put("eval_every_steps", t.eval_every_steps);
     e.put("log_every_steps", t.log_every_steps).put("recompute", t.recompute_blocks ? "blocks" : "none").end();
 }
 

@@ -42,6 +42,7 @@ struct TrainConfig {
     Precision precision = Precision::fp32;  // fp32 | tf32 | bf16 | fp16
     int loss_scale_growth_interval = 2000;  // fp16: good steps before the loss scale doubles
     int64_t eval_every_epochs = 1;
+    int64_t eval_every_steps = 0;  // 0: none (only by epochs and at the end)
     int64_t log_every_steps = 100;
     // train.recompute: blocks - transformer and residual blocks keep only their input and output
     // between forward and backward and run their forward again in backward (less activation

@@ -31,7 +31,8 @@ const char* const kCsvColumns[] = {"type",         "time",
                                    "comm",         "loss_scale",
                                    "test_loss",    "test_accuracy",
                                    "samples",      "kind",
-                                   "redone_steps", "test_bits_per_token"};
+                                   "redone_steps", "test_bits_per_token",
+                                   "tokens_per_sec", "test_bits_per_byte"};
 
 std::string csv_cell(const json& v) {
     if (v.is_null()) return "";

@@ -253,6 +253,17 @@ private:
     json bits(const Metrics& m) const {
         return tokens_per_sample_ > 1 ? json(m.loss() / std::log(2.0)) : json(nullptr);
     }
+    // ... and per byte of text where the token files say how many bytes a token holds (meta.json):
+    // comparable across tokenizers
+    json bits_per_byte(const Metrics& m) const {
+        const double b = s_->data->test.bytes_per_token;
+        return tokens_per_sample_ > 1 && b > 0 ? json(m.loss() / std::log(2.0) / b) : json(nullptr);
+    }
+    // what the throughput is counted in: tokens for a language model, else samples
+    double throughput(double samples_per_s) const {
+        return tokens_per_sample_ > 1 ? samples_per_s * tokens_per_sample_ : samples_per_s;
+    }
+    const char* throughput_unit() const { return tokens_per_sample_ > 1 ? "tokens/s" : "samples/s"; }
 };
 
 void Run::print_header() {
@@ -641,6 +652,7 @@ void Run::log_train(int64_t step, float lr) {
                    {"lr", lr},
                    {"samples_per_sec", sps},
                    {"time_split", {{"data_wait", f_data}, {"compute", f_compute}, {"comm", f_comm}}}};
+    if (tokens_per_sample_ > 1) record["tokens_per_sec"] = throughput(sps);
     if (cfg_.train.precision == Precision::fp16) record["loss_scale"] = st.loss_scale();
     emit(record);
     const double eta = (total_steps_ - step) * cfg_.train.global_batch_size / std::max(sps, 1e-9);
@@ -648,10 +660,11 @@ void Run::log_train(int64_t step, float lr) {
     if (has_accuracy_) std::snprintf(acc, sizeof acc, "  acc %.3f", last_train_.accuracy());
     char line[256];
     std::snprintf(line, sizeof line,
-                  "epoch %lld/%.0f  step %lld/%lld  loss %.4f%s  lr %.3g  %.0f samples/s  ETA %s  "
+                  "epoch %lld/%.0f  step %lld/%lld  loss %.4f%s  lr %.3g  %.0f %s  ETA %s  "
                   "[data %.0f%% compute %.0f%% comm %.0f%%]",
                   static_cast<long long>((step - 1) / (int64_t)bpe) + 1, std::ceil(total_steps_ / bpe),
-                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, acc, double(lr), sps,
+                  static_cast<long long>(step), static_cast<long long>(total_steps_), loss, acc, double(lr),
+                  throughput(sps), throughput_unit(),
                   duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
     std::string text = line;
     // bad files left out or replaced (data.on_bad_file: skip): said on every line, not only at the end
@@ -680,13 +693,17 @@ void Run::evaluate(int64_t step, double epoch) {
           {"test_loss", last_eval_.loss()},
           {"test_accuracy", accuracy(last_eval_)},
           {"test_bits_per_token", bits(last_eval_)},
+          {"test_bits_per_byte", bits_per_byte(last_eval_)},
           {"samples", last_eval_.count}});
-    char acc[80] = "";
+    char acc[120] = "";
     if (has_accuracy_) std::snprintf(acc, sizeof acc, "  test accuracy %.4f", last_eval_.accuracy());
-    if (const json b = bits(last_eval_); !b.is_null())
+    if (const json b = bits(last_eval_), per_byte = bits_per_byte(last_eval_); !per_byte.is_null())
+        std::snprintf(acc + std::strlen(acc), sizeof acc - std::strlen(acc), "  (%.3f bits per token, %.3f per byte)",
+                      b.get<double>(), per_byte.get<double>());
+    else if (!b.is_null())
         std::snprintf(acc + std::strlen(acc), sizeof acc - std::strlen(acc), "  (%.3f bits per token)",
                       b.get<double>());
-    char line[160];
+    char line[200];
     std::snprintf(line, sizeof line, "eval  epoch %.2f  step %lld  test loss %.4f%s  (%.1fs)", epoch,
                   static_cast<long long>(step), last_eval_.loss(), acc, now_s() - t0);
     status_line(line, true);
@@ -786,6 +803,7 @@ void Run::write_summary(const std::string& status) {
         {"test_accuracy", last_eval_step_ >= 0 ? accuracy(last_eval_) : json(nullptr)},
         {"test_loss", last_eval_step_ >= 0 ? json(last_eval_.loss()) : json(nullptr)},
         {"test_bits_per_token", last_eval_step_ >= 0 ? bits(last_eval_) : json(nullptr)},
+        {"test_bits_per_byte", last_eval_step_ >= 0 ? bits_per_byte(last_eval_) : json(nullptr)},
         {"train_loss", last_train_.count > 0 ? json(last_train_.loss()) : json(nullptr)},
         {"train_accuracy", last_train_.count > 0 ? accuracy(last_train_) : json(nullptr)},
         {"epochs", double(step_) / bpe},
@@ -812,6 +830,9 @@ void Run::write_summary(const std::string& status) {
         {"device_memory_in_use_bytes", st.replica(0).device->memory_in_use()},
         {"allreduce_dtype", dtype_name(cfg_.strategy.allreduce_dtype)},
         {"samples_per_sec", train_time_ > 0 ? double(samples_done_) / train_time_ : 0.0},
+        {"tokens_per_sec", tokens_per_sample_ > 1 && train_time_ > 0
+                               ? json(double(samples_done_) * tokens_per_sample_ / train_time_)
+                               : json(nullptr)},
         {"wall_time_s", wall},
         {"device_hours", device_hours},
         {"train_time_s", train_time_},
@@ -866,10 +887,10 @@ int Run::run() {
     if (exit_code_ == kExitOk) {
         char acc[40] = "";
         if (has_accuracy_) std::snprintf(acc, sizeof acc, "test accuracy %.4f, ", last_eval_.accuracy());
-        std::fprintf(out_, "done: %lld steps, %stest loss %.4f, %.0f samples/s, %s; results in %s\n",
+        std::fprintf(out_, "done: %lld steps, %stest loss %.4f, %.0f %s, %s; results in %s\n",
                      static_cast<long long>(step_), acc, last_eval_.loss(),
-                     train_time_ > 0 ? samples_done_ / train_time_ : 0.0, duration_str(now_s() - wall_start_).c_str(),
-                     out_dir_.c_str());
+                     throughput(train_time_ > 0 ? samples_done_ / train_time_ : 0.0), throughput_unit(),
+                     duration_str(now_s() - wall_start_).c_str(), out_dir_.c_str());
         // where the curves are, not the curves: drawing them costs seconds the run need not spend
         if (leader_) std::fprintf(out_, "curves: mirrored report %s\n", out_dir_.c_str());
     }
@@ -912,7 +933,8 @@ Run::AfterStep Run::after_step(const Loader& loader) {
         time_due = flags[1] > 0;
     }
     next.eval =
-        (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) || last;
+        (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) ||
+        (cfg_.train.eval_every_steps > 0 && step_ % cfg_.train.eval_every_steps == 0) || last;
     next.checkpoint =
         (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
         (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||

@@ -4,7 +4,7 @@ from each run folder's metrics.jsonl (read as it is, so a run still training can
 and summary.json (when the run has ended), writes into DIR:
   loss.png, accuracy.png   train and test loss / accuracy against steps
   loss_time.png            train loss against wall time, resumes and alerts marked
-  lr.png, throughput.png   learning rate and samples/s against steps
+  lr.png, throughput.png   learning rate and samples/s (tokens/s) against steps
   time_split.png           where the step time went (data wait / compute / exposed communication)
   report.html              one self-contained page: the figures embedded and a summary table
   report.json              what was plotted: per run, the records read and the points of each curve
@@ -28,8 +28,9 @@ from array import array
 # doubles per field (8 bytes a number, NaN where absent or not a number), so that a log of
 # millions of records is reported in a fraction of the memory its parsed records would take.
 FIELDS = {
-    "train": ("step", "time", "loss", "accuracy", "lr", "samples_per_sec", "data_wait", "compute", "comm"),
-    "eval": ("step", "time", "test_loss", "test_accuracy"),
+    "train": ("step", "time", "loss", "accuracy", "lr", "samples_per_sec", "tokens_per_sec", "data_wait", "compute",
+              "comm"),
+    "eval": ("step", "time", "test_loss", "test_accuracy", "test_bits_per_byte"),
     "alert": ("step", "time"),
     "resume": ("step", "time", "redone_steps"),
     "continued": ("step", "time", "after_fault_s"),  # a run going on without a failed device
@@ -239,8 +240,10 @@ def write_report(out, runs, plt):
     def lr(ax, run, c):
         line(ax, run, "lr", *steps(run["records"]["train"], "lr"), c, run["name"])
 
-    def throughput(ax, run, c):
-        line(ax, run, "samples_per_sec", *steps(run["records"]["train"], "samples_per_sec"), c, run["name"])
+    def throughput(ax, run, c):  # a language model's in tokens/s
+        tr = run["records"]["train"]
+        key = "tokens_per_sec" if tr.last("tokens_per_sec") is not None else "samples_per_sec"
+        line(ax, run, key, *steps(tr, key), c, run["name"] + (" (tokens/s)" if key == "tokens_per_sec" else ""))
 
     def split(ax, run, c):
         tr = run["records"]["train"]
@@ -252,7 +255,7 @@ def write_report(out, runs, plt):
     figure("loss_time.png", "Train loss against wall time (resumes and alerts marked)",
            f"wall time since the first record ({unit})", "train loss", loss_time)
     figure("lr.png", "Learning rate", "step", "learning rate", lr)
-    figure("throughput.png", "Throughput", "step", "samples/s", throughput)
+    figure("throughput.png", "Throughput", "step", "samples/s (language models: tokens/s)", throughput)
     figure("time_split.png", "Where the step time went", "step", "fraction of step time", split)
 
     rows = []
@@ -270,7 +273,9 @@ def write_report(out, runs, plt):
             "test loss": s.get("test_loss", ev.last("test_loss")),
             "test accuracy": s.get("test_accuracy", ev.last("test_accuracy")),
             "wall time (s)": s.get("wall_time_s"),
+            "test bits/byte": s.get("test_bits_per_byte", ev.last("test_bits_per_byte")),
             "samples/s": s.get("samples_per_sec", tr.last("samples_per_sec")),
+            "tokens/s": s.get("tokens_per_sec", tr.last("tokens_per_sec")),
             "replicas": s.get("replicas"),
             "devices": s.get("devices"),
             "device hours": hours.get("total"),

@@ -25,6 +25,7 @@ inline std::vector<nlohmann::json> metrics(const std::string& out) {
             continue;  // the run's history, not its training
         j.erase("time");
         j.erase("samples_per_sec");
+        j.erase("tokens_per_sec");
         j.erase("time_split");
         v.push_back(j);
     }

@@ -807,6 +807,37 @@ TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, 
     expect_same_run(one, stopped);
 }
 
+TEST_CASE("a language model evaluates every N steps, in bits per byte where meta.json says; tokens/s") {
+    GptRun g;
+    const size_t val_tokens = fs::file_size(g.root + "/val.bin") / 2;
+    g.write("data/meta.json", R"({"bytes": {"val": )" + std::to_string(3 * val_tokens) +
+                                          R"(}, "tokens": {"val": )" + std::to_string(val_tokens) + "}}");
+    const std::string out = g / "run";
+    REQUIRE(g.train(out, {"train.eval_every_steps=3"}) == kExitOk);
+    std::vector<int64_t> evals;
+    std::ifstream log(out + "/metrics.jsonl");
+    for (std::string line; std::getline(log, line);)
+        if (const nlohmann::json j = nlohmann::json::parse(line); j["type"] == "eval") {
+            evals.push_back(j["step"].get<int64_t>());
+            CHECK(j["test_bits_per_byte"].get<double>() ==
+                  doctest::Approx(j["test_bits_per_token"].get<double>() / 3.0));
+        } else if (j["type"] == "train") {
+            CHECK(j["tokens_per_sec"].get<double>() == doctest::Approx(16.0 * j["samples_per_sec"].get<double>()));
+        }
+    CHECK(evals == std::vector<int64_t>{3, 6, 8});  // every 3 steps, and at the end
+    const nlohmann::json s = summary(out);
+    CHECK(s["test_bits_per_byte"].get<double>() == doctest::Approx(s["test_bits_per_token"].get<double>() / 3.0));
+    CHECK(s["tokens_per_sec"].get<double>() == doctest::Approx(16.0 * s["samples_per_sec"].get<double>()));
+    // a meta.json of other files (another token count) says nothing; one that is not JSON is refused
+    g.write("data/meta.json", R"({"bytes": {"val": 100}, "tokens": {"val": 7}})");
+    REQUIRE(g.train(g / "stale") == kExitOk);
+    CHECK(summary(g / "stale")["test_bits_per_byte"].is_null());
+    g.write("data/meta.json", "{\"bytes\": ");
+    std::string err;
+    CHECK(run_cli({"train", g.config(kGpt), "--output", g / "bad"}, {}, -1, &err) == kExitData);
+    CHECK(err.find("meta.json: not a JSON object") != std::string::npos);
+}
+
 TEST_CASE("a Llama-style model trains; N replicas match one (cpu, sim); recompute, ZeRO, fused, resume") {
     GptRun g;
     g.model = kLlama;

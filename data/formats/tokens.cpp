@@ -12,9 +12,17 @@
 // Philox(seed, i, e), as many windows per epoch as tiled. Either way a window is a function of
 // (seed, epoch, index), so N replicas train exactly as one and a resume is exact. The test split
 // is always tiled: every evaluation reads the same tokens.
+//
+// A meta.json beside the files (scripts/prepare_text.py writes one) gives each file's text bytes
+// and tokens ({"bytes": {"val": B}, "tokens": {"val": N}} for val.bin): the loss is then also
+// reported in bits per byte, comparable across tokenizers. Used only when its token count is the
+// file's (a stale meta.json is ignored); one that is not JSON is an error naming it.
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "base/io.h"
@@ -111,6 +119,7 @@ public:
     }
 
     size_t count() const override { return windows_; }
+    size_t tokens() const { return tokens_; }
     uint64_t fingerprint() const override { return fingerprint_; }
 
     void read(uint32_t idx, int64_t epoch, float* features, int32_t* labels) const override {
@@ -195,6 +204,28 @@ Dataset token_dataset(const std::string& path, std::shared_ptr<const SampleSourc
 
 }  // namespace
 
+// The text bytes per token of the file at `path` (holding `tokens` ids) from the meta.json beside
+// it, or 0 where none says.
+double bytes_per_token(const std::string& path, size_t tokens) {
+    namespace fs = std::filesystem;
+    const fs::path file(path), meta = file.parent_path() / "meta.json";
+    std::error_code ec;
+    if (!fs::is_regular_file(meta, ec)) return 0;
+    std::ifstream in(meta);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+        throw DataError(meta.string() + ": not a JSON object (the token files' description; fix or remove it)");
+    const std::string key = file.stem().string();
+    const auto count = [&](const char* what) -> double {
+        const auto f = j.find(what);
+        if (f == j.end() || !f->is_object()) return 0;
+        const auto v = f->find(key);
+        return v != f->end() && v->is_number() && v->get<double>() > 0 ? v->get<double>() : 0;
+    };
+    const double b = count("bytes"), t = count("tokens");
+    return b > 0 && t == double(tokens) ? b / t : 0;
+}
+
 Dataset read_tokens(const std::string& path, const TokenFileOptions& o) {
     if (path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0)
         throw DataError(path + ": a gzip file; token files are read uncompressed, memory-mapped (gunzip it first)");
@@ -208,7 +239,10 @@ Dataset read_tokens(const std::string& path, const TokenFileOptions& o) {
     auto windows = std::make_shared<const TokenWindows>(path, map, map->data(), map->size(), o);
     map->drop_resident();           // the check's pages need not stay
     map->advise_sequential(false);  // then windows are read anywhere
-    return token_dataset(path, std::move(windows), o);
+    const size_t tokens = windows->tokens();
+    Dataset ds = token_dataset(path, std::move(windows), o);
+    ds.bytes_per_token = bytes_per_token(path, tokens);
+    return ds;
 }
 
 Dataset read_tokens(InputFile& in, const TokenFileOptions& o) {
