@@ -168,6 +168,12 @@ void check_sequence_ops(Device& d) {
         attention_backward(d, s, samples, len, a, sc, dq.data(), out.data(), dgo.data(), lse.data(), delta.data(),
                            dqkv.data());
         CHECK(rel_error(download(d, dqkv), ref.dqkv) < 1e-5);
+        // decoding (generation's key/value cache): sample 0's last query alone over its rows
+        DeviceBuffer<float> one = poisoned(d, a.out_width());
+        attention_decode(d, s, len, a, sc, dq.data(), one.data());
+        const size_t last = size_t(len - 1) * a.out_width();
+        CHECK(rel_error(download(d, one), std::vector<double>(ref.out.begin() + long(last),
+                                                              ref.out.begin() + long(last + a.out_width()))) < 1e-5);
     }
 
     // embeddings: rows of the table; an id out of range gives zeros; backward adds repeated ids
@@ -810,8 +816,8 @@ TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, 
 TEST_CASE("a language model evaluates every N steps, in bits per byte where meta.json says; tokens/s") {
     GptRun g;
     const size_t val_tokens = fs::file_size(g.root + "/val.bin") / 2;
-    g.write("data/meta.json", R"({"bytes": {"val": )" + std::to_string(3 * val_tokens) +
-                                          R"(}, "tokens": {"val": )" + std::to_string(val_tokens) + "}}");
+    g.write("data/meta.json", R"({"bytes": {"val": )" + std::to_string(3 * val_tokens) + R"(}, "tokens": {"val": )" +
+                                  std::to_string(val_tokens) + "}}");
     const std::string out = g / "run";
     REQUIRE(g.train(out, {"train.eval_every_steps=3"}) == kExitOk);
     std::vector<int64_t> evals;
@@ -1299,6 +1305,49 @@ TEST_CASE("a Llama-style model equals an independent PyTorch Llama step for step
     - {type: lm_head, tie_weights: false, units: 128}
 )");
     check_against_reference(text, {"--heads", "4", "--kv-heads", "2", "--rope-theta", "500", "--rms-eps", "1e-6"});
+}
+
+TEST_CASE("generate with the key/value cache: the window way's greedy text within the context, GPT and Llama") {
+    for (const char* model : {kGpt, kLlama}) {
+        GptRun g;
+        g.model = model;
+        CAPTURE(g.model.substr(0, 22));
+        REQUIRE(g.train(g / "run") == kExitOk);
+        const std::string ckpt = list_checkpoints(g / "run/checkpoints").front();
+        auto gen = [&](std::vector<std::string> args, std::string* text, std::string* err = nullptr) {
+            args.insert(args.begin(), {"generate", ckpt});
+            const std::string path = g / "generated.txt";
+            const int rc = run_cli(args, {}, -1, err, Stdout::file, path);
+            *text = read_text(path);
+            return rc;
+        };
+        // a prompt of 3 and 13 tokens: positions 0..15, the context of 16
+        std::string cached, window, err;
+        REQUIRE(gen({"--prompt", "def", "--tokens", "13", "--temperature", "0", "--json", g / "stats.json"}, &cached) ==
+                kExitOk);
+        REQUIRE(gen({"--prompt", "def", "--tokens", "13", "--temperature", "0", "--no-kv-cache"}, &window) == kExitOk);
+        CHECK(cached == window);
+        CHECK(cached.size() == 3 + 13 + 1);
+        const nlohmann::json stats = nlohmann::json::parse(read_text(g / "stats.json"));
+        CHECK(stats["tokens"] == 13);
+        CHECK(stats["kv_cache"] == true);
+        CHECK(stats["tokens_per_sec"].get<double>() > 0);
+        // past the context the cache restarts from the last half context; drawn text repeats for a seed
+        std::string a, b;
+        REQUIRE(gen({"--prompt", "def", "--tokens", "70", "--seed", "3"}, &a) == kExitOk);
+        REQUIRE(gen({"--prompt", "def", "--tokens", "70", "--seed", "3"}, &b) == kExitOk);
+        CHECK(a == b);
+        CHECK(a.size() == 3 + 70 + 1);
+        // a prompt longer than the context: its last 16 tokens, as the window way reads them
+        const std::string long_prompt(40, 'a');
+        REQUIRE(gen({"--prompt", long_prompt, "--tokens", "1", "--temperature", "0"}, &cached) == kExitOk);
+        REQUIRE(gen({"--prompt", long_prompt, "--tokens", "1", "--temperature", "0", "--no-kv-cache"}, &window) ==
+                kExitOk);
+        CHECK(cached == window);
+        // --json never replaces the checkpoint it reads
+        CHECK(gen({"--tokens", "2", "--json", ckpt}, &a, &err) == kExitUsage);
+        CHECK(err.find("the checkpoint") != std::string::npos);
+    }
 }
 
 TEST_CASE(

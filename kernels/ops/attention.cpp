@@ -44,34 +44,40 @@ CPU_LOOP_CLONES void causal_softmax_backward_row(DType dt, int keep, int t, floa
 
 namespace {
 
-// Row by row, keys in order (the CUDA kernels' warps sum the same terms in another order).
+// Query i of one sample's rows (x: the sample's qkv) and head h over keys 0..i, keys in order (the
+// CUDA kernels' warps sum the same terms in another order): the output row into o, rounded to dt;
+// returns the row's log-sum-exp. acc: d floats.
+float attend_row(DType dt, const float* x, const AttentionHeads& a, float scale, int h, int i, float* o, float* acc) {
+    const size_t width = a.qkv_width();
+    const int d = a.d;
+    const float* q = x + size_t(i) * width + a.q_at(h);
+    float m = -INFINITY, l = 0.0f;
+    std::fill(acc, acc + d, 0.0f);
+    for (int j = 0; j <= i; ++j) {
+        const float* k = x + size_t(j) * width + a.k_at(h);
+        const float* v = x + size_t(j) * width + a.v_at(h);
+        float dot = 0.0f;
+        for (int e = 0; e < d; ++e) dot += q[e] * k[e];
+        const float sc = scale * dot, mn = std::max(m, sc);
+        const float corr = exp_poly(m - mn), p = exp_poly(sc - mn);  // exp_poly(-inf) clamps to ~0
+        l = l * corr + p;
+        for (int e = 0; e < d; ++e) acc[e] = acc[e] * corr + p * v[e];
+        m = mn;
+    }
+    for (int e = 0; e < d; ++e) o[e] = round_to(dt, acc[e] / l);
+    return m + std::log(l);
+}
+
 void attention_forward_rows(DType dt, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
                             void* out, float* lse) {
-    const size_t width = a.qkv_width(), ow = a.out_width();
-    const int d = a.d;
+    const size_t ow = a.out_width();
     float acc[kMaxFusedHeadWidth];
     for (int n = 0; n < samples; ++n)
         for (int h = 0; h < a.heads; ++h)
-            for (int i = 0; i < t; ++i) {
-                const float* q = as_floats(qkv) + (size_t(n) * t + i) * width + a.q_at(h);
-                float m = -INFINITY, l = 0.0f;
-                std::fill(acc, acc + d, 0.0f);
-                for (int j = 0; j <= i; ++j) {
-                    const float* row = as_floats(qkv) + (size_t(n) * t + j) * width;
-                    const float* k = row + a.k_at(h);
-                    const float* v = row + a.v_at(h);
-                    float dot = 0.0f;
-                    for (int e = 0; e < d; ++e) dot += q[e] * k[e];
-                    const float sc = scale * dot, mn = std::max(m, sc);
-                    const float corr = exp_poly(m - mn), p = exp_poly(sc - mn);  // exp_poly(-inf) clamps to ~0
-                    l = l * corr + p;
-                    for (int e = 0; e < d; ++e) acc[e] = acc[e] * corr + p * v[e];
-                    m = mn;
-                }
-                float* o = as_floats(out) + (size_t(n) * t + i) * ow + size_t(h) * d;
-                for (int e = 0; e < d; ++e) o[e] = round_to(dt, acc[e] / l);
-                lse[(size_t(n) * a.heads + h) * t + i] = m + std::log(l);
-            }
+            for (int i = 0; i < t; ++i)
+                lse[(size_t(n) * a.heads + h) * t + i] =
+                    attend_row(dt, as_floats(qkv) + size_t(n) * t * a.qkv_width(), a, scale, h, i,
+                               as_floats(out) + (size_t(n) * t + i) * ow + size_t(h) * a.d, acc);
 }
 
 void attention_backward_rows(DType dt, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
@@ -161,6 +167,19 @@ void attention_forward(Device& d, Stream s, int samples, int t, const AttentionH
         return launch_cuda(d, s, attention_cuda.forward, "attention_forward", samples, t, a, scale, qkv, out, lse);
     run_on_host(d, s, "attention_forward",
                 [=](const Device& h) { attention_forward_rows(h.value_dtype(), samples, t, a, scale, qkv, out, lse); });
+}
+
+void attention_decode(Device& d, Stream s, int t, const AttentionHeads& a, float scale, const void* qkv, void* out) {
+    check_fused_heads(a);
+    if (t <= 0) throw Error(kExitFailure, "attention_decode: no positions");
+    if (d.runs_cuda_kernels())
+        return launch_cuda(d, s, attention_cuda.decode, "attention_decode", t, a, scale, qkv, out);
+    run_on_host(d, s, "attention_decode", [=](const Device& h) {
+        float acc[kMaxFusedHeadWidth];
+        for (int head = 0; head < a.heads; ++head)
+            attend_row(h.value_dtype(), as_floats(qkv), a, scale, head, t - 1, as_floats(out) + size_t(head) * a.d,
+                       acc);
+    });
 }
 
 void attention_backward(Device& d, Stream s, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,

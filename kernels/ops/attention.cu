@@ -92,21 +92,19 @@ __device__ float row_dot(const float (&a)[E], const T* p, size_t at, int d, int 
     return warp_sum(part);
 }
 
+// Query i (of the rows from `base`) and head h over keys 0..i: the output row at `o`; returns the
+// log-sum-exp (in every lane).
 template <typename T, int E>
-__global__ void attention_forward_kernel(int64_t rows, int t, AttentionHeads a, float scale, const T* qkv, T* out,
-                                         float* lse) {
-    const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (w >= rows) return;  // a whole warp at once: rows are per warp
-    const AttentionRow r(w, t, a.heads);
+__device__ float attend_row(const T* qkv, size_t base, const AttentionHeads& a, float scale, int h, int i, int lane,
+                            T* out, size_t o) {
     const int d = a.d;
-    const size_t base = size_t(r.n) * t, stride = a.qkv_width();
+    const size_t stride = a.qkv_width();
     float q[E], acc[E];
-    load_row(qkv, (base + r.i) * stride + a.q_at(r.h), d, lane, q);
+    load_row(qkv, (base + i) * stride + a.q_at(h), d, lane, q);
     for (int e = 0; e < E; ++e) acc[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int j = 0; j <= r.i; ++j) {
-        const size_t k = (base + j) * stride + a.k_at(r.h), v = (base + j) * stride + a.v_at(r.h);
+    for (int j = 0; j <= i; ++j) {
+        const size_t k = (base + j) * stride + a.k_at(h), v = (base + j) * stride + a.v_at(h);
         const float sc = scale * row_dot(q, qkv, k, d, lane), mn = fmaxf(m, sc);
         const float corr = exp_poly(m - mn), p = exp_poly(sc - mn);  // the CPU's exp
         l = l * corr + p;
@@ -115,8 +113,29 @@ __global__ void attention_forward_kernel(int64_t rows, int t, AttentionHeads a, 
         m = mn;
     }
     for (int e = 0; e < E; ++e)
-        if (lane + 32 * e < d) st(out, (base + r.i) * a.out_width() + size_t(r.h) * d + lane + 32 * e, acc[e] / l);
-    if (lane == 0) lse[(size_t(r.n) * a.heads + r.h) * t + r.i] = m + logf(l);
+        if (lane + 32 * e < d) st(out, o + lane + 32 * e, acc[e] / l);
+    return m + logf(l);
+}
+
+template <typename T, int E>
+__global__ void attention_forward_kernel(int64_t rows, int t, AttentionHeads a, float scale, const T* qkv, T* out,
+                                         float* lse) {
+    const int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= rows) return;  // a whole warp at once: rows are per warp
+    const AttentionRow r(w, t, a.heads);
+    const size_t base = size_t(r.n) * t;
+    const float ls =
+        attend_row<T, E>(qkv, base, a, scale, r.h, r.i, lane, out, (base + r.i) * a.out_width() + size_t(r.h) * a.d);
+    if (lane == 0) lse[(size_t(r.n) * a.heads + r.h) * t + r.i] = ls;
+}
+
+// One warp per head: the last of t positions' query.
+template <typename T, int E>
+__global__ void attention_decode_kernel(int t, AttentionHeads a, float scale, const T* qkv, T* out) {
+    const int h = int((blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32);
+    if (h >= a.heads) return;
+    attend_row<T, E>(qkv, 0, a, scale, h, t - 1, threadIdx.x % 32, out, size_t(h) * a.d);
 }
 
 template <typename T, int E>
@@ -228,6 +247,15 @@ int forward(const Device::NativeLaunch& l, int samples, int t, const AttentionHe
     return 1;
 }
 
+int decode(const Device::NativeLaunch& l, int t, const AttentionHeads& a, float scale, const void* qkv, void* out) {
+    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const DType dt = l.act;
+    WITH_ROW_ELEMENTS(a.d, DISPATCH(dt, attention_decode_kernel<T, E><<<warp_rows_grid(a.heads), kThreads, 0, s>>>(
+                                            t, a, scale, as<T>(qkv), as<T>(out))));
+    CUDA_LAUNCH_CHECK(l.device);
+    return 1;
+}
+
 int backward(const Device::NativeLaunch& l, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
              const void* out, const void* dout, const float* lse, float* delta, void* dqkv) {
     const int64_t rows = int64_t(samples) * a.heads * t, key_rows = int64_t(samples) * a.kv_heads * t;
@@ -248,7 +276,7 @@ int backward(const Device::NativeLaunch& l, int samples, int t, const AttentionH
 }
 
 const struct Register {
-    Register() { attention_cuda = {softmax, softmax_backward, forward, backward}; }
+    Register() { attention_cuda = {softmax, softmax_backward, forward, decode, backward}; }
 } registered;
 
 }  // namespace

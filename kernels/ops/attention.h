@@ -42,6 +42,9 @@ constexpr int kMaxFusedHeadWidth = 128;
 void check_fused_heads(const AttentionHeads& a);
 void attention_forward(Device& d, Stream s, int samples, int t, const AttentionHeads& a, float scale, const void* qkv,
                        void* out, float* lse);
+// One new position's attention (generation with a key/value cache): qkv [t, qkv_width] holds the
+// rows of positions 0..t-1, the new one last; its query attends over all t; out [out_width].
+void attention_decode(Device& d, Stream s, int t, const AttentionHeads& a, float scale, const void* qkv, void* out);
 // Its backward, the probabilities recomputed from q, k and lse: dqkv [samples, t, qkv_width]
 // written (not added to) from dout; delta [samples, heads, t] is workspace (rowsum(dout * out)).
 // A key/value head's gradients sum over the query heads of its group.
@@ -57,6 +60,8 @@ struct AttentionKernels {
                             const void* dprobs, void* dscores) = nullptr;
     int (*forward)(const Device::NativeLaunch& l, int samples, int t, const AttentionHeads& a, float scale,
                    const void* qkv, void* out, float* lse) = nullptr;
+    int (*decode)(const Device::NativeLaunch& l, int t, const AttentionHeads& a, float scale, const void* qkv,
+                  void* out) = nullptr;
     int (*backward)(const Device::NativeLaunch& l, int samples, int t, const AttentionHeads& a, float scale,
                     const void* qkv, const void* out, const void* dout, const float* lse, float* delta,
                     void* dqkv) = nullptr;

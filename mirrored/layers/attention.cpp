@@ -110,6 +110,7 @@ public:
     }
 
     const void* forward(Pass& p, const void* x) const override {
+        if (p.decode) return decode(p, x);
         const int t = in_.positions(), c = in_.c, rows = p.rows * t;
         const Buffers B = buffers(p);
         const int w = int(a_.qkv_width());
@@ -205,6 +206,29 @@ public:
     }
 
 private:
+    // One new position (Pass::decode, a model built for sequences of one): its q, k, v row appended
+    // to this layer's cache, its query attending over the rows so far.
+    const void* decode(Pass& p, const void* x) const {
+        const int c = in_.c, w = int(a_.qkv_width()), at = p.decode->position;
+        if (p.rows != 1 || in_.positions() != 1 || at < 0 || at >= p.decode->capacity())
+            throw std::logic_error("attention: a decoding pass is one position of one sequence within the cache");
+        const Buffers B = buffers(p);
+        p.dev->dense_forward(p.stream, Activation::none, 1, w, c, x, p.weight(attn_w_off_), bias(p, attn_b_off_), B.qkv,
+                             B.qkv, p.types(p.vt));
+        if (o_.rope_theta > 0)
+            rope_rotate(*p.dev, p.stream, RopeShape{1, 1, at, w, a_.heads + a_.kv_heads, a_.d, o_.rope_theta}, false,
+                        B.qkv);
+        void* cache = p.decode->cache(slot_, p.dev->act_bytes(size_t(w)));
+        p.dev->copy_on_device(p.stream, at_row(p, cache, at), B.qkv, p.dev->act_bytes(size_t(w)));
+        attention_decode(*p.dev, p.stream, at + 1, a_, scale(), cache, B.heads);
+        p.dev->dense_forward(p.stream, Activation::none, 1, c, c, B.heads, p.weight(proj_w_off_), bias(p, proj_b_off_),
+                             B.out, B.out, p.types(p.vt));
+        return B.out;
+    }
+    void* at_row(const Pass& p, void* cache, int position) const {
+        return at(p, cache, size_t(position) * a_.qkv_width());
+    }
+
     // The qkv projection's weight gradient from dqkv (through the rotation back first), and
     // dx = dqkv W_attn.
     void input_grads(Pass& p, void* dqkv, void* dx) const {

@@ -101,11 +101,16 @@ public:
     }
     void place(const std::vector<TensorRef>& refs) override { w_off_ = refs[size_t(w_)].offset; }
 
-    // y = x + the table's first t rows, every sample: a bias over the sample's [t * c] values.
+    // y = x + the table's first t rows, every sample: a bias over the sample's [t * c] values;
+    // decoding one position, its row.
     const void* forward(Pass& p, const void* x) const override {
         void* y = p.acts->act(slot_, out_buf_);
+        const int first = p.decode ? p.decode->position : 0;
+        if (first + in_.positions() > max_len_)
+            throw std::logic_error("position_embedding: position " + std::to_string(first) + " past max_len");
         p.dev->copy_on_device(p.stream, y, x, p.dev->act_bytes(size_t(p.rows) * in_.size()));
-        p.dev->bias_act_forward(p.stream, Activation::none, p.rows, int(in_.size()), p.params + w_off_, y, y);
+        p.dev->bias_act_forward(p.stream, Activation::none, p.rows, int(in_.size()),
+                                p.params + w_off_ + size_t(first) * in_.c, y, y);
         return y;
     }
 

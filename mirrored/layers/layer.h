@@ -102,6 +102,26 @@ void read_padding(SpecReader& r, const std::string& path, WindowKeys& w);
 class Activations;
 class StatsSync;
 
+// Generation with a key/value cache (`generate`): a pass over one new position of one sequence, at
+// `position`, through a model built for sequences of one. Position-wise layers run as on any
+// sequence; position_embedding adds its row `position`; each attention layer appends the new q, k,
+// v row to its cache (positions 0..capacity-1) and attends over the rows so far instead of
+// recomputing the window.
+class DecodeState {
+public:
+    DecodeState(Device& d, int capacity) : dev_(d), capacity_(capacity) {}
+    int position = 0;
+    int capacity() const { return capacity_; }
+    // A layer's cache of `bytes_per_position` per position (the layer's slot keys it), allocated at
+    // its first use and kept for the whole generation.
+    void* cache(int slot, size_t bytes_per_position);
+
+private:
+    Device& dev_;
+    int capacity_;
+    std::vector<std::pair<int, std::shared_ptr<void>>> caches_;
+};
+
 // Where the flat layout's gradients lie in a replica's gradient buffer: each piece [begin, end)
 // of the flat layout (a bucket) at buffer index `at`. Without pieces, every offset is its index.
 // strategy.shard: gradients places the trainable buckets in a few reused staging slots.
@@ -153,6 +173,7 @@ struct Pass {
     // Called with a gradient unit's number once its backward has enqueued its parameter
     // gradients (Builder::begin_unit), so that the step can reduce them while backward goes on.
     const std::function<void(int unit)>* on_unit_done = nullptr;
+    DecodeState* decode = nullptr;  // generation with a key/value cache: one new position
 
     // A tensor's gradient (its offset in the flat layout). Layers write gradients only through
     // here: with strategy.shard: gradients a tensor's gradient lies in its bucket's staging slot.

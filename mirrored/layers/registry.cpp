@@ -135,6 +135,15 @@ size_t GradientPlacement::index(size_t offset) const {
 
 float* Pass::grad(size_t offset) const { return grads + (placement ? placement->index(offset) : offset); }
 
+void* DecodeState::cache(int slot, size_t bytes_per_position) {
+    for (const auto& [s, p] : caches_)
+        if (s == slot) return p.get();
+    Device* d = &dev_;
+    std::shared_ptr<void> p(d->alloc_bytes(bytes_per_position * size_t(capacity_)), [d](void* q) { d->free_bytes(q); });
+    caches_.emplace_back(slot, p);
+    return p.get();
+}
+
 int Builder::param(const std::string& name, std::vector<int> shape, InitArgs init) {
     const int i = add_tensor(name, std::move(shape), init);
     tensors_[size_t(i)].unit = unit_here();

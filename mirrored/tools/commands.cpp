@@ -343,6 +343,10 @@ void ToolCommands::add_generate(CLI::App& app) {
     gn_cmd_->add_option("--seed", gn_seed_, "the draws' seed: the same seed prints the same text (default 1)");
     gn_cmd_->add_flag(
         "--no-echo", [this](int64_t) { gn_.echo = false; }, "print only the continuation");
+    gn_cmd_->add_flag(
+        "--no-kv-cache", [this](int64_t) { gn_.kv_cache = false; },
+        "recompute the whole window for every token instead of keeping each attention's keys and values");
+    add_json(gn_cmd_, gn_.json, "write the tokens generated, the seconds they took and tokens/s to this JSON file");
 }
 
 int ToolCommands::run() {
@@ -394,6 +398,7 @@ int ToolCommands::run() {
     if (gn_cmd_->parsed()) {
         gn_.seed = parse_seed(gn_seed_, "--seed");
         gn_.prompt_ids_given = gn_cmd_->count("--prompt-ids") > 0;
+        check_json(gn_.json, {{"the checkpoint", gn_.checkpoint}});
         return generate(gn_);
     }
     return -1;

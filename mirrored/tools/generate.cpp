@@ -2,12 +2,21 @@
 // token, printed as each comes. The model is the checkpoint's own (its embedded config); it runs on
 // one CPU replica in f32. Each token is drawn from softmax(logits / temperature) over the top-k
 // scores with a generator seeded by --seed, so the same command prints the same text.
+//
+// With the key/value cache (the default) the model is built a second time for sequences of one
+// position, sharing the parameters, and each new token is one pass of it (Pass::decode): every
+// attention keeps the keys and values of the positions so far. The prompt is read position by
+// position the same way. Within the context both ways compute the same logits (the window way
+// recomputes the whole window per token: --no-kv-cache); past it the window slides by a token per
+// token, while the cache restarts from the last half context (read again), so the texts may part.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -15,8 +24,10 @@
 #include "kernels/buffer.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
+#include "mirrored/layers/layer.h"
 #include "mirrored/model.h"
 #include "mirrored/tools/tools.h"
+#include "mirrored/util.h"
 
 namespace mirrored {
 
@@ -108,21 +119,9 @@ int generate(const GenerateOptions& o) {
     cpu_set_blas_threads(int(std::max(1u, std::thread::hardware_concurrency())));
     auto dev = make_cpu_device(0);
     Device& d = *dev;
-    DeviceBuffer<float> params(d, model.flat_size()), ids(d, size_t(t));
+    DeviceBuffer<float> params(d, model.flat_size());
     d.copy_to_device(d.compute_stream(), params.data(), m.params.data(), m.params.size() * sizeof(float));
-    Activations acts = model.make_activations(d, 1);
-    std::mt19937_64 rng(o.seed);
-    std::vector<float> window(static_cast<size_t>(t), 0.0f), logits(static_cast<size_t>(vocab));
-    if (o.echo && !o.prompt_ids_given) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-    if (o.echo && o.prompt_ids_given && !bytes)  // ids in, ids out: the prompt's first, as given
-        for (size_t i = 0; i < tokens.size(); ++i) std::printf("%d ", tokens[i]);
-    for (int n = 0; n < o.tokens; ++n) {
-        // the last t tokens from position 0; later positions hold zeros that causal attention
-        // keeps from the positions before them
-        const int len = std::min<int>(int(tokens.size()), t);
-        std::fill(window.begin(), window.end(), 0.0f);
-        for (int i = 0; i < len; ++i) window[size_t(i)] = float(tokens[tokens.size() - size_t(len) + size_t(i)]);
-        d.copy_to_device(d.compute_stream(), ids.data(), window.data(), window.size() * sizeof(float));
+    const auto pass = [&](Activations& acts) {
         Pass p;
         p.dev = &d;
         p.stream = d.compute_stream();
@@ -131,19 +130,85 @@ int generate(const GenerateOptions& o) {
         p.params = params.data();
         p.weights = params.data();
         p.acts = &acts;
-        const void* out = model.forward(p, ids.data());
-        d.copy_to_host(d.compute_stream(), logits.data(), static_cast<const float*>(out) + size_t(len - 1) * scores,
+        return p;
+    };
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    const auto read_logits = [&](const void* out, int position) {
+        d.copy_to_host(d.compute_stream(), logits.data(), static_cast<const float*>(out) + size_t(position) * scores,
                        logits.size() * sizeof(float));
+    };
+
+    // the window way: the last t tokens from position 0, the whole window each time; later
+    // positions hold zeros that causal attention keeps from the positions before them
+    Activations acts = model.make_activations(d, 1);
+    DeviceBuffer<float> ids(d, size_t(t));
+    std::vector<float> window(static_cast<size_t>(t), 0.0f);
+    const auto window_logits = [&] {
+        const int len = std::min<int>(int(tokens.size()), t);
+        std::fill(window.begin(), window.end(), 0.0f);
+        for (int i = 0; i < len; ++i) window[size_t(i)] = float(tokens[tokens.size() - size_t(len) + size_t(i)]);
+        d.copy_to_device(d.compute_stream(), ids.data(), window.data(), window.size() * sizeof(float));
+        Pass p = pass(acts);
+        read_logits(model.forward(p, ids.data()), len - 1);
+    };
+
+    // the cached way: one position per pass of the model built for sequences of one
+    std::unique_ptr<Model> one;
+    std::unique_ptr<Activations> one_acts;
+    std::unique_ptr<DecodeState> cache;
+    DeviceBuffer<float> id(d, 1);
+    if (o.kv_cache) {
+        one = std::make_unique<Model>(std::vector<int>{1}, m.config.model.layers, m.config.run.seed);
+        if (one->flat_size() != model.flat_size())
+            throw std::logic_error("generate: the one-position model's parameters differ from the checkpoint's");
+        one_acts = std::make_unique<Activations>(one->make_activations(d, 1));
+    }
+    const auto decode_one = [&](int token) {  // at cache->position, then one further
+        const float f = float(token);
+        d.copy_to_device(d.compute_stream(), id.data(), &f, sizeof f);
+        Pass p = pass(*one_acts);
+        p.decode = cache.get();
+        read_logits(one->forward(p, id.data()), 0);
+        ++cache->position;
+    };
+    // the cache filled with the last `keep` tokens, from position 0
+    const auto refill = [&](int keep) {
+        cache = std::make_unique<DecodeState>(d, t);
+        for (size_t i = tokens.size() - size_t(keep); i < tokens.size(); ++i) decode_one(tokens[i]);
+    };
+
+    std::mt19937_64 rng(o.seed);
+    if (o.echo && !o.prompt_ids_given) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+    if (o.echo && o.prompt_ids_given && !bytes)  // ids in, ids out: the prompt's first, as given
+        for (size_t i = 0; i < tokens.size(); ++i) std::printf("%d ", tokens[i]);
+    const double start = now_s();
+    if (o.kv_cache) refill(std::min<int>(int(tokens.size()), t));
+    int n = 0;
+    for (; n < o.tokens; ++n) {
+        if (!o.kv_cache) window_logits();
         const int next = sample(logits, o, rng);
         tokens.push_back(next);
         if (bytes) std::fputc(next, stdout);
         else std::printf("%s%d", n ? " " : "", next);
         if (std::fflush(stdout) != 0) break;  // said below
+        if (o.kv_cache && n + 1 < o.tokens) {
+            if (cache->position == t) refill(t / 2);  // full: the last half context again
+            else decode_one(next);
+        }
     }
+    const double seconds = now_s() - start;
     std::fputc('\n', stdout);
     // a full disk or a closed pipe: the text is lost, and the exit status says so
     if (std::fflush(stdout) != 0 || std::ferror(stdout))
         throw CheckpointError(std::string("generate: standard output: write failed: ") + std::strerror(errno));
+    if (!o.json.path.empty()) {  // said on stderr: stdout is the text
+        const nlohmann::json j = {{"tokens", n},
+                                  {"seconds", seconds},
+                                  {"tokens_per_sec", seconds > 0 ? n / seconds : 0.0},
+                                  {"kv_cache", o.kv_cache}};
+        write_output(o.json, j.dump(2) + "\n");
+        std::fprintf(stderr, "wrote %s\n", o.json.path.c_str());
+    }
     return kExitOk;
 }
 

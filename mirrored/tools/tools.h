@@ -153,7 +153,9 @@ struct GenerateOptions {
     double temperature = 0.8;  // 0: the most likely token every time
     int top_k = 0;             // 0: every token
     uint64_t seed = 1;
-    bool echo = true;  // print the prompt before the continuation
+    bool echo = true;      // print the prompt before the continuation
+    bool kv_cache = true;  // false: recompute the whole window for every token
+    OutputTarget json;     // where given: the tokens generated, seconds, tokens/s
 };
 // `mirrored generate`: a language model's continuation of a prompt, streamed.
 int generate(const GenerateOptions& o);
