@@ -21,6 +21,11 @@ torch without scaled_dot_product_attention, as 1.13), on random windows of 129 t
 drawn before the clock starts; mirrored's loader draws its own windows while it trains.
 torch.compile is used where the torch has it (1.13 has not). Rows are in tokens/s (steps x 32 x
 128 / seconds).
+--model llama: configs/python_llama.yaml's Llama-style model on the same windows (4 blocks of width
+128: RMSNorm, rotary embeddings, 4 query heads sharing 2 key/value heads, SwiGLU MLP of 352, no
+biases, untied head; AdamW betas (0.9, 0.95), weight decay 0.1 on matrices only). PyTorch trains it
+as Hugging Face's LlamaForCausalLM computes it (rotate_half, repeat_kv; q/k/v and gate/up as one
+product each, as mirrored does: the faster form for both).
 
   mirrored   build/mirrored bench-step on cpu:1 and cpu:2 (one replica per core)
   PyTorch    one process with 1 and with 2 threads (OpenMP threads sleep when idle:
@@ -34,10 +39,10 @@ PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, read from `mi
 devices`), so the comparison is kernel for kernel; --also-env-kernel adds PyTorch on whatever
 kernel the environment gives it. Prints medians over the rounds and the ratios.
 
-    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn|resnet20|gpt] [--rounds 3] [--steps 1500] [--json out.json]
+    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn|resnet20|gpt|llama] [--rounds 3] [--steps 1500] [--json out.json]
 
---steps and --warmup default to 1500 and 100, for gpt to 120 and 20 (on a 2-core machine about a
-minute per row).
+--steps and --warmup default to 1500 and 100, for gpt and llama to 120 and 20 (on a 2-core machine
+about a minute per row).
 
 Needs python3-torch and python3-numpy (Debian/Ubuntu packages)."""
 import argparse
@@ -56,6 +61,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION = "/usr/share/datasets/fashion-mnist"
 TOKENS = os.path.join(ROOT, "runs", "data", "python-stdlib")  # configs/python_gpt.yaml's data.root
 GPT = {"vocab": 256, "dim": 128, "context": 128, "layers": 4, "heads": 4, "batch": 32}  # configs/python_gpt.yaml
+LLAMA = {"kv_heads": 2, "intermediate": 352, "theta": 10000.0, "eps": 1e-6}  # configs/python_llama.yaml, else as GPT
 
 
 # PyTorch's processes: glibc's malloc keeps what PyTorch frees (no mmap, however large the block;
@@ -198,6 +204,72 @@ def make_gpt(torch):
     return Model()
 
 
+def make_llama(torch):
+    """configs/python_llama.yaml's model as Hugging Face's Llama computes it: RMSNorm (f32), rotary
+    embeddings (rotate_half), grouped-query attention (repeat_kv), SwiGLU, no biases, untied head."""
+    nn, F = torch.nn, torch.nn.functional
+    V, C, T, L, H = GPT["vocab"], GPT["dim"], GPT["context"], GPT["layers"], GPT["heads"]
+    KV, I, D = LLAMA["kv_heads"], LLAMA["intermediate"], GPT["dim"] // GPT["heads"]
+    inv = 1.0 / (LLAMA["theta"] ** (torch.arange(0, D, 2).float() / D))
+    emb = torch.arange(T).float()[:, None] * inv[None, :]
+    cos, sin = torch.cat((emb, emb), -1).cos(), torch.cat((emb, emb), -1).sin()
+
+    def rotate_half(x):
+        return torch.cat((-x[..., D // 2:], x[..., :D // 2]), -1)
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(C))
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LLAMA["eps"]))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm, self.post_attention_layernorm = RMSNorm(), RMSNorm()
+            self.qkv_proj = nn.Linear(C, (H + 2 * KV) * D, bias=False)
+            self.o_proj = nn.Linear(C, C, bias=False)
+            self.gate_up_proj = nn.Linear(C, 2 * I, bias=False)
+            self.down_proj = nn.Linear(I, C, bias=False)
+            self.mask = torch.tril(torch.ones(T, T, dtype=torch.bool))  # not a buffer: gloo broadcasts no bools
+
+        def forward(self, x):
+            B, t, _ = x.size()
+            q, k, v = self.qkv_proj(self.input_layernorm(x)).split([H * D, KV * D, KV * D], -1)
+            q, k, v = q.view(B, t, H, D).transpose(1, 2), k.view(B, t, KV, D).transpose(1, 2), v.view(B, t, KV, D).transpose(1, 2)
+            q, k = q * cos[:t] + rotate_half(q) * sin[:t], k * cos[:t] + rotate_half(k) * sin[:t]
+            k, v = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
+            if hasattr(F, "scaled_dot_product_attention"):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+                y = F.softmax(att.masked_fill(~self.mask[:t, :t], float("-inf")), dim=-1) @ v
+            x = x + self.o_proj(y.transpose(1, 2).contiguous().view(B, t, C))
+            gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).split(I, -1)
+            return x + self.down_proj(F.silu(gate) * up)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(V, C)
+            self.layers = nn.ModuleList(Block() for _ in range(L))
+            self.norm = RMSNorm()
+            self.lm_head = nn.Linear(C, V, bias=False)
+            for p in self.parameters():
+                if p.dim() == 2:
+                    nn.init.normal_(p, 0.0, 0.02)
+
+        def forward(self, idx, targets):
+            x = self.embed_tokens(idx)
+            for block in self.layers:
+                x = block(x)
+            return F.cross_entropy(self.lm_head(self.norm(x)).view(-1, V), targets.reshape(-1))
+
+    return Model()
+
+
 def time_steps(step, warmup, steps, batch, rank, out_path):
     """Runs step(i) for the warm-up, then times `steps` more; rank 0 writes samples/s to out_path."""
     for i in range(warmup):
@@ -211,8 +283,8 @@ def time_steps(step, warmup, steps, batch, rank, out_path):
             json.dump({"samples_per_sec": steps * batch / elapsed}, f)
 
 
-def gpt_worker(rank, world, threads, steps, warmup, out_path):
-    """torch_worker's GPT: every step's windows are drawn from train.bin before the clock starts."""
+def gpt_worker(rank, world, threads, steps, warmup, out_path, kind="gpt"):
+    """torch_worker's GPT or Llama: every step's windows are drawn from train.bin before the clock starts."""
     import torch
     import numpy as np
 
@@ -221,13 +293,19 @@ def gpt_worker(rank, world, threads, steps, warmup, out_path):
     per = batch // world
     starts = np.random.default_rng(0).integers(0, len(tokens) - T - 1, size=(total, batch))  # the same on every rank
     windows = torch.from_numpy(tokens[starts[:, rank * per:(rank + 1) * per, None] + np.arange(T + 1)].astype(np.int64))
-    model = make_gpt(torch)
+    model = make_gpt(torch) if kind == "gpt" else make_llama(torch)
+    if kind == "gpt":
+        groups, betas = model.parameters(), (0.9, 0.99)
+    else:  # weight_decay_on: matrices
+        groups = [{"params": [p for p in model.parameters() if p.dim() == 2], "weight_decay": 0.1},
+                  {"params": [p for p in model.parameters() if p.dim() != 2], "weight_decay": 0.0}]
+        betas = (0.9, 0.95)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     if hasattr(torch, "compile"):  # torch 2: what its users would turn on
         model = torch.compile(model)
     # foreach: the documented faster form of the same update (1.13's default is the per-tensor loop)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.002, betas=(0.9, 0.99), weight_decay=0.1, foreach=True)
+    opt = torch.optim.AdamW(groups, lr=0.002, betas=betas, weight_decay=0.1, foreach=True)
 
     def step(i):
         for g in opt.param_groups:
@@ -253,8 +331,8 @@ def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"
 
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    if kind == "gpt":
-        return gpt_worker(rank, world, threads, steps, warmup, out_path)
+    if kind in ("gpt", "llama"):
+        return gpt_worker(rank, world, threads, steps, warmup, out_path, kind)
     x, y = synthetic_cifar(np) if kind.startswith("resnet20") else load_data(np)[:2]
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     X, Y = torch.from_numpy(x)[perm].contiguous(), torch.from_numpy(y)[perm].contiguous()  # shuffled once
@@ -336,8 +414,8 @@ def run_mirrored(devices, steps, warmup, model="mlp"):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "step.json")
         env = dict(os.environ)
-        if model == "gpt":
-            config = os.path.join(ROOT, "configs", "python_gpt.yaml")
+        if model in ("gpt", "llama"):
+            config = os.path.join(ROOT, "configs", "python_%s.yaml" % model)
             env["MIRRORED_DATA_DIR"] = TOKENS  # the files PyTorch reads, whatever the variable said
         else:
             config = (resnet20_synthetic_config(d) if model == "resnet20"
@@ -357,9 +435,10 @@ def mirrored_blas():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["mlp", "cnn", "resnet20", "gpt"], default="mlp",
+    ap.add_argument("--model", choices=["mlp", "cnn", "resnet20", "gpt", "llama"], default="mlp",
                     help="the default run's MLP, configs/fashion_mnist_cnn.yaml's CNN, "
-                    "configs/cifar10_resnet20.yaml's ResNet-20 on synthetic data, or configs/python_gpt.yaml's GPT")
+                    "configs/cifar10_resnet20.yaml's ResNet-20 on synthetic data, configs/python_gpt.yaml's GPT "
+                    "or configs/python_llama.yaml's Llama-style model")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, help="timed steps per row (default 1500; gpt 120)")
     ap.add_argument("--warmup", type=int, help="untimed steps first (default 100; gpt 20)")
@@ -370,7 +449,7 @@ def main():
     a = ap.parse_args()
     if a.peer_script and a.model != "mlp":
         ap.error("--peer-script measures the MLP only")
-    gpt = a.model == "gpt"
+    gpt = a.model in ("gpt", "llama")
     a.steps = a.steps if a.steps is not None else (120 if gpt else 1500)
     a.warmup = a.warmup if a.warmup is not None else (20 if gpt else 100)
     # rows in tokens/s for the language model: samples (sequences of 128 tokens) x 128
