@@ -5,7 +5,7 @@
 #   scripts/install_deps.sh           install what is missing
 #   scripts/install_deps.sh --fuzz    also clang and its sanitizer/libFuzzer runtime (make fuzz)
 #   scripts/install_deps.sh --lint    also clang-format and cppcheck (make format, make lint)
-#   scripts/install_deps.sh --pytorch also PyTorch, torchvision, PIL, NumPy and sentencepiece: the
+#   scripts/install_deps.sh --pytorch also PyTorch, torchvision, PIL, NumPy, sentencepiece, regex: the
 #                                     tests and benchmarks that compare with PyTorch, BPE vocabularies
 #                                     (prepare_text.py --bpe) and scripts/make_image_folder.py run
 #                                     (they say skipped without them)
@@ -19,6 +19,7 @@ packages=(
   libopenblas-dev      # CPU backend GEMM
   zlib1g-dev           # .gz datasets, checkpoint checksums
   libturbojpeg0-dev libpng-dev  # image-folder data sets: JPEG and PNG decoding
+  libpcre2-dev         # tokenizers: the pre-tokenizers' Unicode regexes
   nlohmann-json3-dev   # metrics, summaries, safetensors headers
   libcli11-dev         # command line
   dataset-fashion-mnist  # the real Fashion-MNIST files for the default run
@@ -35,7 +36,7 @@ if [[ $(uname -m) == x86_64 ]]; then optional+=(libxsmm-dev); fi
 for arg in "$@"; do
   [[ $arg == --fuzz ]] && packages+=(clang libclang-rt-dev)
   [[ $arg == --lint ]] && packages+=(clang-format cppcheck)
-  [[ $arg == --pytorch ]] && packages+=(python3-torch python3-numpy python3-sentencepiece python3-torchvision python3-pil)
+  [[ $arg == --pytorch ]] && packages+=(python3-torch python3-numpy python3-sentencepiece python3-torchvision python3-pil python3-regex)
 done
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -166,6 +166,35 @@ inline int run_cli(const std::vector<std::string>& args,
     return rc;
 }
 
+// Runs a program to its end (at most 10 minutes); its exit status, its standard error into *err.
+inline int run_program(const std::string& bin, const std::vector<std::string>& args, std::string* err = nullptr) {
+    const std::string err_path =
+        (fs::temp_directory_path() / ("mirrored_test_program_" + std::to_string(::getpid()) + ".err")).string();
+    const int rc = wait_status_within(spawn_program(bin, args, {}, err_path), 600);
+    if (err) {
+        std::ifstream in(err_path);
+        *err = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    fs::remove(err_path);
+    return rc;
+}
+
+inline const char* const kPython = "/usr/bin/python3";  // the distribution's, with its packages
+
+void mark_skipped(const std::string& reason);  // tests/helpers.h
+
+// Whether the distribution's python3 imports `modules` ("torch, numpy"); else the test says
+// skipped, naming what is missing and its package.
+inline bool python_has(const std::string& modules, const std::string& what, const std::string& package) {
+    if (run_program(kPython, {"-c", "import " + modules}) == 0) return true;
+    mark_skipped(what + " is not installed (Debian and Ubuntu: " + package + ")");
+    return false;
+}
+
+inline std::string repo_script(const char* name) {
+    return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts" / name).string();
+}
+
 // The "BLAS: ..." line `mirrored devices` prints in this environment (its output goes to `out`).
 inline std::string devices_blas_line(const std::string& out,
                                      const std::vector<std::pair<std::string, std::string>>& env) {

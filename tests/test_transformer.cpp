@@ -1155,29 +1155,6 @@ TEST_CASE("random token windows: anywhere in the file, a function of (seed, epoc
 
 namespace {
 
-// Runs a program to its end (at most 10 minutes); its exit status.
-int run_program(const std::string& bin, const std::vector<std::string>& args, std::string* err = nullptr) {
-    TempDir tmp;
-    const std::string err_path = tmp / "stderr";
-    const int rc = wait_status_within(spawn_program(bin, args, {}, err_path), 600);
-    if (err) *err = read_text(err_path);
-    return rc;
-}
-
-const char* kPython = "/usr/bin/python3";
-
-// Whether the distribution's python3 imports `modules` ("torch, numpy"); else the test says
-// skipped, naming what is missing and its package.
-bool python_has(const std::string& modules, const std::string& what, const std::string& package) {
-    if (run_program(kPython, {"-c", "import " + modules}) == 0) return true;
-    mark_skipped(what + " is not installed (Debian and Ubuntu: " + package + ")");
-    return false;
-}
-
-std::string repo_script(const char* name) {
-    return fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "scripts" / name;
-}
-
 const char* kReference = R"(run: {name: equal, seed: 9}
 strategy: {devices: "cpu:1"}
 data: {dataset: tokens, root: ROOT, train: train.bin, test: train.bin, context: 16, vocab: 128}

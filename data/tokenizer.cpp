@@ -1,0 +1,388 @@
+#include "data/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unordered_map>
+
+#include "base/error.h"
+
+namespace mirrored {
+
+namespace {
+
+using json = nlohmann::json;
+
+// GPT-2's pre-tokenizer (encoder.py): contractions, letters, numbers, other symbols, each with one
+// leading space, and runs of spaces.
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+class ByteTokenizer final : public Tokenizer {
+public:
+    std::vector<uint32_t> encode(std::string_view text) const override {
+        return std::vector<uint32_t>(reinterpret_cast<const unsigned char*>(text.data()),
+                                     reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+    }
+    std::string decode(std::span<const uint32_t> ids) const override {
+        std::string s;
+        s.reserve(ids.size());
+        for (uint32_t id : ids) {
+            if (id > 255) throw DataError("token id " + std::to_string(id) + " is not a byte (bytes: ids 0..255)");
+            s.push_back(char(id));
+        }
+        return s;
+    }
+    uint32_t vocab_size() const override { return 256; }
+    std::string description() const override { return "bytes"; }
+};
+
+// GPT-2's printable stand-ins for bytes (encoder.py's bytes_to_unicode): printable Latin-1 bytes
+// stand for themselves, the others for the code points from 256 on, in byte order.
+std::array<uint32_t, 256> byte_chars() {
+    std::array<uint32_t, 256> c{};
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+        const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        c[b] = printable ? b : next++;
+    }
+    return c;
+}
+
+void append_utf8(std::string& s, uint32_t cp) {
+    if (cp < 0x80) {
+        s.push_back(char(cp));
+    } else if (cp < 0x800) {
+        s.push_back(char(0xC0 | (cp >> 6)));
+        s.push_back(char(0x80 | (cp & 0x3F)));
+    } else {
+        s.push_back(char(0xE0 | (cp >> 12)));
+        s.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
+        s.push_back(char(0x80 | (cp & 0x3F)));
+    }
+}
+
+// A token of the vocabulary (GPT-2's printable characters) as the bytes it stands for; false when
+// a character stands for no byte (a special token written as itself).
+bool token_bytes(const std::string& token, const std::unordered_map<uint32_t, unsigned char>& to_byte,
+                 std::string& out) {
+    out.clear();
+    for (size_t i = 0; i < token.size();) {
+        const unsigned char c = static_cast<unsigned char>(token[i]);
+        uint32_t cp = 0;
+        int n = 0;
+        if (c < 0x80) cp = c, n = 1;
+        else if ((c & 0xE0) == 0xC0) cp = c & 0x1F, n = 2;
+        else if ((c & 0xF0) == 0xE0) cp = c & 0x0F, n = 3;
+        else return false;
+        if (i + size_t(n) > token.size()) return false;
+        for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(token[i + size_t(k)]) & 0x3F);
+        const auto b = to_byte.find(cp);
+        if (b == to_byte.end()) return false;
+        out.push_back(char(b->second));
+        i += size_t(n);
+    }
+    return true;
+}
+
+// The pre-tokenizer's regex (PCRE2, Unicode properties; bytes that are not UTF-8 match nothing).
+class Regex {
+public:
+    Regex(const std::string& pattern, const std::string& where) {
+        int err = 0;
+        PCRE2_SIZE at = 0;
+        code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                              PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
+        if (!code_) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            throw DataError(where + ": the pre-tokenizer's regex does not compile at offset " + std::to_string(at) +
+                            ": " + reinterpret_cast<const char*>(msg));
+        }
+        pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // where there is no JIT, the interpreter matches
+    }
+    ~Regex() { pcre2_code_free(code_); }
+    Regex(const Regex&) = delete;
+    Regex& operator=(const Regex&) = delete;
+
+    // fn(piece) for each match and each run of bytes between matches, in order: together the text.
+    template <typename F>
+    void split(std::string_view text, F&& fn) const {
+        pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+        if (!md) throw std::bad_alloc();
+        const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+        size_t start = 0;
+        while (start < text.size()) {
+            const int rc = pcre2_match(code_, subject, text.size(), start, 0, md, nullptr);
+            if (rc < 0) {
+                pcre2_match_data_free(md);
+                if (rc != PCRE2_ERROR_NOMATCH) throw DataError("tokenizer: the pre-tokenizer's regex failed to match");
+                fn(text.substr(start));
+                return;
+            }
+            const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+            size_t from = ov[0], to = ov[1];
+            if (to == from) to = from + 1;  // an empty match: its byte goes on alone
+            if (from > start) fn(text.substr(start, from - start));
+            fn(text.substr(from, to - from));
+            start = to;
+        }
+        pcre2_match_data_free(md);
+    }
+
+private:
+    pcre2_code* code_ = nullptr;
+};
+
+class BpeTokenizer final : public Tokenizer {
+public:
+    // vocab: token -> id; merges: pairs of tokens, by rank; specials: text -> id.
+    BpeTokenizer(const std::string& where, const std::unordered_map<std::string, uint32_t>& vocab,
+                 const std::vector<std::pair<std::string, std::string>>& merges,
+                 const std::vector<std::string>& merge_lines,
+                 const std::vector<std::pair<std::string, uint32_t>>& specials, const std::string& pattern)
+        : where_(where), regex_(pattern, where), specials_(specials) {
+        const std::array<uint32_t, 256> chars = byte_chars();
+        std::unordered_map<uint32_t, unsigned char> to_byte;
+        for (int b = 0; b < 256; ++b) to_byte[chars[size_t(b)]] = static_cast<unsigned char>(b);
+        uint32_t top = 0;
+        for (const auto& [token, id] : vocab) top = std::max(top, id);
+        for (const auto& [text, id] : specials) top = std::max(top, id);
+        if (top >= (uint32_t(1) << 30))
+            throw DataError(where + ": token id " + std::to_string(top) + " is implausible");
+        bytes_.assign(size_t(top) + 1, std::string());
+        known_.assign(size_t(top) + 1, false);
+        std::string b;
+        for (const auto& [token, id] : vocab) {
+            bytes_[id] = token_bytes(token, to_byte, b) ? b : token;
+            known_[id] = true;
+        }
+        for (const auto& [text, id] : specials) {
+            bytes_[id] = text;
+            known_[id] = true;
+        }
+        for (int c = 0; c < 256; ++c) {
+            std::string one;
+            append_utf8(one, chars[size_t(c)]);
+            const auto it = vocab.find(one);
+            if (it == vocab.end())
+                throw DataError(where + ": the vocabulary has no token for byte " + std::to_string(c) + " ('" + one +
+                                "'): not a byte-level BPE");
+            byte_id_[size_t(c)] = it->second;
+        }
+        for (size_t r = 0; r < merges.size(); ++r) {
+            const auto& [a, c] = merges[r];
+            const auto ia = vocab.find(a), ic = vocab.find(c), im = vocab.find(a + c);
+            if (ia == vocab.end() || ic == vocab.end() || im == vocab.end())
+                throw DataError(where + ": merge " + std::to_string(r + 1) + " ('" + merge_lines[r] + "') names " +
+                                (ia == vocab.end()   ? "'" + a + "', which the vocabulary lacks"
+                                 : ic == vocab.end() ? "'" + c + "', which the vocabulary lacks"
+                                                     : "a pair whose join '" + a + c + "' the vocabulary lacks"));
+            merges_.emplace(key(ia->second, ic->second), Merge{uint32_t(r), im->second});  // the first rank stays
+        }
+        vocab_size_ = top + 1;
+    }
+
+    std::vector<uint32_t> encode(std::string_view text) const override {
+        std::vector<uint32_t> out;
+        out.reserve(text.size() / 3 + 1);
+        size_t start = 0;
+        while (start < text.size()) {
+            // the earliest special token from here (the longest where two start together)
+            size_t at = std::string_view::npos, len = 0;
+            uint32_t id = 0;
+            for (const auto& [s, sid] : specials_) {
+                const size_t p = text.find(s, start);
+                if (p != std::string_view::npos && (p < at || (p == at && s.size() > len)))
+                    at = p, len = s.size(), id = sid;
+            }
+            const size_t end = at == std::string_view::npos ? text.size() : at;
+            regex_.split(text.substr(start, end - start), [&](std::string_view piece) { encode_piece(piece, out); });
+            if (at == std::string_view::npos) break;
+            out.push_back(id);
+            start = at + len;
+        }
+        return out;
+    }
+
+    std::string decode(std::span<const uint32_t> ids) const override {
+        std::string s;
+        for (uint32_t id : ids) {
+            if (id >= vocab_size_ || !known_[id])
+                throw DataError("token id " + std::to_string(id) + " is not in the vocabulary of " + where_ + " (" +
+                                std::to_string(vocab_size_) + " ids)");
+            s += bytes_[id];
+        }
+        return s;
+    }
+    uint32_t vocab_size() const override { return vocab_size_; }
+    std::string description() const override {
+        return "byte-level BPE, " + std::to_string(vocab_size_) + " tokens (" + where_ + ")";
+    }
+
+private:
+    struct Merge {
+        uint32_t rank, id;
+    };
+    static uint64_t key(uint32_t a, uint32_t b) { return (uint64_t(a) << 32) | b; }
+
+    // GPT-2's bpe(): the pair of lowest rank merged wherever it occurs, left to right, until no
+    // adjacent pair has a merge.
+    void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const {
+        std::vector<uint32_t> w;
+        w.reserve(piece.size());
+        for (unsigned char c : piece) w.push_back(byte_id_[c]);
+        while (w.size() > 1) {
+            uint32_t best = std::numeric_limits<uint32_t>::max(), a = 0, b = 0, merged = 0;
+            for (size_t i = 0; i + 1 < w.size(); ++i) {
+                const auto m = merges_.find(key(w[i], w[i + 1]));
+                if (m != merges_.end() && m->second.rank < best)
+                    best = m->second.rank, a = w[i], b = w[i + 1], merged = m->second.id;
+            }
+            if (best == std::numeric_limits<uint32_t>::max()) break;
+            size_t j = 0;
+            for (size_t i = 0; i < w.size(); ++i, ++j) {
+                if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) w[j] = merged, ++i;
+                else w[j] = w[i];
+            }
+            w.resize(j);
+        }
+        out.insert(out.end(), w.begin(), w.end());
+    }
+
+    std::string where_;
+    Regex regex_;
+    std::vector<std::pair<std::string, uint32_t>> specials_;
+    std::vector<std::string> bytes_;  // id -> the bytes it stands for
+    std::vector<bool> known_;         // ids the vocabulary assigns
+    std::array<uint32_t, 256> byte_id_{};
+    std::unordered_map<uint64_t, Merge> merges_;
+    uint32_t vocab_size_ = 0;
+};
+
+json read_json(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw DataError(path + ": cannot open");
+    try {
+        return json::parse(in);
+    } catch (const json::exception& e) {
+        throw DataError(path + ": not JSON (truncated or damaged?): " + e.what());
+    }
+}
+
+std::unordered_map<std::string, uint32_t> read_vocab(const json& v, const std::string& where) {
+    if (!v.is_object()) throw DataError(where + ": expected an object of token: id");
+    std::unordered_map<std::string, uint32_t> vocab;
+    for (const auto& [token, id] : v.items()) {
+        if (!id.is_number_unsigned() || id.get<uint64_t>() >= (uint64_t(1) << 30))
+            throw DataError(where + ": token '" + token + "' has id " + id.dump() + ", expected an id below 2^30");
+        vocab.emplace(token, id.get<uint32_t>());
+    }
+    return vocab;
+}
+
+// "a b" (merges.txt, older tokenizer.json) or ["a", "b"] (newer tokenizer.json).
+std::pair<std::string, std::string> split_merge(const std::string& line, const std::string& where) {
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos || sp == 0 || sp + 1 >= line.size() || line.find(' ', sp + 1) != std::string::npos)
+        throw DataError(where + ": '" + line + "' is not a merge (two tokens separated by one space)");
+    return {line.substr(0, sp), line.substr(sp + 1)};
+}
+
+std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
+    const json j = read_json(path);
+    const auto model = j.find("model");
+    if (model == j.end() || !model->is_object()) throw DataError(path + ": no \"model\" object");
+    const std::string type = model->value("type", "");
+    if (type != "BPE")
+        throw DataError(path + ": model.type is '" + type +
+                        "'; only BPE models are read (a SentencePiece .model file " +
+                        "needs the SentencePiece tokenizer)");
+    if (model->value("byte_fallback", false))
+        throw DataError(path + ": model.byte_fallback: a SentencePiece-style BPE (Llama 2), not a byte-level one");
+    std::string pattern = kGpt2Pattern;
+    bool byte_level = false;
+    const json pre = j.value("pre_tokenizer", json());
+    const auto visit = [&](const json& p) {
+        if (!p.is_object()) return;
+        const std::string t = p.value("type", "");
+        if (t == "ByteLevel") byte_level = true;
+        if (t == "Split" && p.contains("pattern") && p["pattern"].is_object() && p["pattern"].contains("Regex"))
+            pattern = p["pattern"]["Regex"].get<std::string>();
+    };
+    visit(pre);
+    if (pre.is_object() && pre.contains("pretokenizers") && pre["pretokenizers"].is_array())
+        for (const json& p : pre["pretokenizers"]) visit(p);
+    if (!byte_level) throw DataError(path + ": pre_tokenizer has no ByteLevel step: not a byte-level BPE");
+    const auto vocab = read_vocab(model->value("vocab", json()), path + ": model.vocab");
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::vector<std::string> lines;
+    const json m = model->value("merges", json::array());
+    if (!m.is_array()) throw DataError(path + ": model.merges: expected a list");
+    for (const json& e : m) {
+        if (e.is_string()) {
+            lines.push_back(e.get<std::string>());
+            merges.push_back(split_merge(lines.back(), path + ": model.merges"));
+        } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+            merges.push_back({e[0].get<std::string>(), e[1].get<std::string>()});
+            lines.push_back(merges.back().first + " " + merges.back().second);
+        } else {
+            throw DataError(path + ": model.merges: " + e.dump() + " is not a merge");
+        }
+    }
+    std::vector<std::pair<std::string, uint32_t>> specials;
+    for (const json& a : j.value("added_tokens", json::array())) {
+        if (!a.is_object() || !a.contains("content") || !a.contains("id") || !a["id"].is_number_unsigned() ||
+            !a["content"].is_string() || a["content"].get<std::string>().empty())
+            throw DataError(path + ": added_tokens: " + a.dump() + " is not {id, content}");
+        specials.push_back({a["content"].get<std::string>(), a["id"].get<uint32_t>()});
+    }
+    return std::make_unique<BpeTokenizer>(path, vocab, merges, lines, specials, pattern);
+}
+
+std::unique_ptr<Tokenizer> from_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
+    const auto vocab = read_vocab(read_json(vocab_path), vocab_path);
+    std::ifstream in(merges_path, std::ios::binary);
+    if (!in) throw DataError(merges_path + ": cannot open");
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::vector<std::string> lines;
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.empty() || (n == 1 && line.rfind("#version", 0) == 0)) continue;
+        lines.push_back(line);
+        merges.push_back(split_merge(line, merges_path + ":" + std::to_string(n)));
+    }
+    std::vector<std::pair<std::string, uint32_t>> specials;
+    if (const auto eot = vocab.find("<|endoftext|>"); eot != vocab.end()) specials.push_back(*eot);
+    return std::make_unique<BpeTokenizer>(vocab_path, vocab, merges, lines, specials, kGpt2Pattern);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+        const fs::path dir(path);
+        if (fs::exists(dir / "tokenizer.json", ec)) return from_tokenizer_json((dir / "tokenizer.json").string());
+        if (fs::exists(dir / "vocab.json", ec) && fs::exists(dir / "merges.txt", ec))
+            return from_vocab_merges((dir / "vocab.json").string(), (dir / "merges.txt").string());
+        throw DataError(path + ": no tokenizer.json, nor vocab.json and merges.txt");
+    }
+    if (!fs::is_regular_file(path, ec)) throw DataError(path + ": no such tokenizer file or folder");
+    if (fs::path(path).filename() == "vocab.json") {
+        const std::string merges = (fs::path(path).parent_path() / "merges.txt").string();
+        return from_vocab_merges(path, merges);
+    }
+    return from_tokenizer_json(path);
+}
+
+}  // namespace mirrored

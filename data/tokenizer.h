@@ -1,0 +1,39 @@
+// Tokenizers: text to token ids and back, behind one interface.
+//
+// - bytes: each byte its own id (0..255), the byte-level language models' tokenizer.
+// - byte-level BPE (GPT-2's, and Llama 3's, Qwen's, SmolLM's): a Hugging Face tokenizer.json with a
+//   BPE model, or GPT-2's vocab.json + merges.txt. Text is split by the pre-tokenizer's regex
+//   (GPT-2's, or the one tokenizer.json's Split names; PCRE2 with Unicode properties), each piece's
+//   bytes become GPT-2's printable characters and are merged pair by pair, lowest merge rank first.
+//   Special tokens (<|endoftext|>, tokenizer.json's added tokens) in the text are their own ids.
+//   Any bytes encode, valid UTF-8 or not (bytes outside every regex match are pieces of their own),
+//   and decode(encode(x)) == x.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mirrored {
+
+class Tokenizer {
+public:
+    virtual ~Tokenizer() = default;
+    virtual std::vector<uint32_t> encode(std::string_view text) const = 0;
+    // DataError for an id outside the vocabulary.
+    virtual std::string decode(std::span<const uint32_t> ids) const = 0;
+    virtual uint32_t vocab_size() const = 0;  // one past the largest id
+    virtual std::string description() const = 0;
+};
+
+std::unique_ptr<Tokenizer> byte_tokenizer();
+
+// A folder holding tokenizer.json (or vocab.json and merges.txt), or a tokenizer.json file.
+// DataError (exit 3) naming the file, and the line or key, for one that is not what it claims:
+// truncated JSON, merges naming unknown tokens, ids beyond the vocabulary, a model other than BPE.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+}  // namespace mirrored
