@@ -5,8 +5,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "data/tokenizer.h"
@@ -165,4 +167,83 @@ TEST_CASE("tokenizer files that lie are refused, naming the file and what is wro
     reference_tokenizer(dir, mixed_text(20000, 905), 20);
     std::ofstream(dir / "tok/merges.txt", std::ios::app) << "zzz q\n";
     refused(dir / "tok/vocab.json", "merge 21 ('zzz q') names 'zzz', which the vocabulary lacks");
+}
+
+namespace {
+
+std::vector<uint32_t> u16_ids(const std::string& path) {
+    const std::string b = read_text(path);
+    std::vector<uint32_t> ids(b.size() / 2);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = uint8_t(b[2 * i]) | uint32_t(uint8_t(b[2 * i + 1])) << 8;
+    return ids;
+}
+
+}  // namespace
+
+TEST_CASE("tokenize: text files and folders to token files, every Nth file held out, the tokenizer beside them") {
+    TempDir dir;
+    std::vector<std::string> texts;
+    fs::create_directories(dir / "docs/sub");
+    fs::create_directories(dir / "docs/.git");
+    for (int i = 0; i < 12; ++i) {
+        texts.push_back(mixed_text(size_t(300 + 40 * i), 910 + uint64_t(i)));
+        const std::string name = (i < 6 ? "docs/" : "docs/sub/") + std::string(1, char('a' + i)) + ".txt";
+        std::ofstream(dir / name, std::ios::binary) << texts.back();
+    }
+    std::ofstream(dir / "docs/.git/HEAD") << "hidden: left out";
+    std::ofstream(dir / "docs/notes.bin") << "not a .txt: left out by --suffix";
+    std::string err;
+    // bytes: file 10 (index 9) held out with --val-every 10; names in order, sub-folders after files
+    REQUIRE(run_cli({"tokenize", dir / "docs", "--out", dir / "bytes", "--suffix", ".txt"}, {}, -1, &err) == kExitOk);
+    std::string train, val;
+    for (int i = 0; i < 12; ++i) (i == 9 ? val : train) += texts[size_t(i)];
+    const auto as_text = [](const std::vector<uint32_t>& ids) { return byte_tokenizer()->decode(ids); };
+    CHECK(as_text(u16_ids(dir / "bytes/train.bin")) == train);
+    CHECK(as_text(u16_ids(dir / "bytes/val.bin")) == val);
+    const nlohmann::json meta = nlohmann::json::parse(read_text(dir / "bytes/meta.json"));
+    CHECK(meta["tokens"]["val"] == val.size());
+    CHECK(meta["bytes"]["train"] == train.size());
+    CHECK(meta["files"]["train"] == 11);
+    // a second run replaces its own files; a folder it did not write is refused, as are bad arguments
+    CHECK(run_cli({"tokenize", dir / "docs", "--out", dir / "bytes", "--suffix", ".txt"}, {}, -1, &err) == kExitOk);
+    fs::create_directories(dir / "foreign");
+    std::ofstream(dir / "foreign/train.bin") << "someone's";
+    CHECK(run_cli({"tokenize", dir / "docs", "--out", dir / "foreign"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("was not written by mirrored tokenize") != std::string::npos);
+    CHECK(read_text(dir / "foreign/train.bin") == "someone's");
+    CHECK(run_cli({"tokenize", dir / "docs/a.txt", "--out", dir / "one"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("leave an empty validation split") != std::string::npos);
+    CHECK(run_cli({"tokenize", dir / "nothing", "--out", dir / "none"}, {}, -1, &err) == kExitData);
+    CHECK(err.find("nothing: no such file or folder") != std::string::npos);
+
+    if (!python_has("regex", "Python's regex module", "python3-regex")) return;
+    reference_tokenizer(dir, mixed_text(40000, 920), 150);
+    REQUIRE(run_cli({"tokenize", dir / "docs", "--out", dir / "bpe", "--suffix", ".txt", "--tokenizer", dir / "tok",
+                     "--threads", "3"},
+                    {}, -1, &err) == kExitOk);
+    const auto bpe = load_tokenizer(dir / "bpe");  // the tokenizer travelled with the files
+    std::vector<uint32_t> want;
+    for (int i = 0; i < 12; ++i)
+        if (i != 9) {  // each file, then <|endoftext|>
+            const std::vector<uint32_t> ids = bpe->encode(texts[size_t(i)] + "<|endoftext|>");
+            want.insert(want.end(), ids.begin(), ids.end());
+        }
+    CHECK(u16_ids(dir / "bpe/train.bin") == want);
+    CHECK(nlohmann::json::parse(read_text(dir / "bpe/meta.json"))["vocab"] == bpe->vocab_size());
+    // a vocabulary past 65,536 ids: llm.c's header and uint32 ids, which the tokens format reads
+    nlohmann::json big = nlohmann::json::parse(read_text(dir / "tok/tokenizer.json"));
+    big["added_tokens"].push_back({{"id", 70000}, {"content", "<|big|>"}, {"special", true}});
+    fs::create_directories(dir / "bigtok");
+    std::ofstream(dir / "bigtok/tokenizer.json") << big.dump();
+    REQUIRE(
+        run_cli({"tokenize", dir / "docs", "--out", dir / "wide", "--suffix", ".txt", "--tokenizer", dir / "bigtok"},
+                {}, -1, &err) == kExitOk);
+    const std::string wide = read_text(dir / "wide/train.bin");
+    REQUIRE(wide.size() == 1024 + 4 * want.size());
+    int32_t header[3];
+    std::memcpy(header, wide.data(), sizeof header);
+    CHECK(header[0] == 20240520);
+    CHECK(header[1] == 2);
+    CHECK(header[2] == int32_t(want.size()));
+    CHECK(std::memcmp(wide.data() + 1024, want.data(), 4 * want.size()) == 0);
 }

@@ -180,6 +180,7 @@ ToolCommands::ToolCommands(CLI::App& app) {
     add_plan(app);
     add_report(app);
     add_generate(app);
+    add_tokenize(app);
 }
 
 void ToolCommands::add_bench_loader(CLI::App& app) {
@@ -349,6 +350,22 @@ void ToolCommands::add_generate(CLI::App& app) {
     add_json(gn_cmd_, gn_.json, "write the tokens generated, the seconds they took and tokens/s to this JSON file");
 }
 
+void ToolCommands::add_tokenize(CLI::App& app) {
+    tk_cmd_ = app.add_subcommand("tokenize",
+                                 "text files and folders to a language model's token files (train.bin, val.bin, "
+                                 "meta.json and the tokenizer's files in --out)");
+    tk_cmd_->add_option("inputs", tk_.inputs, "text files and folders (a folder's files recursively, in name order)")
+        ->required();
+    tk_cmd_->add_option("--tokenizer", tk_.tokenizer,
+                        "bytes (default), or a Hugging Face tokenizer.json, or a folder with it or with GPT-2's "
+                        "vocab.json and merges.txt");
+    tk_cmd_->add_option("--out", tk_.out, "the output folder")->required();
+    tk_cmd_->add_option("--val-every", tk_.val_every, "hold out every Nth file for validation (default 10)")
+        ->check(CLI::Range(2, 1 << 30));
+    tk_cmd_->add_option("--suffix", tk_.suffixes, "only a folder's files ending so, e.g. .py .md (default: all)");
+    tk_cmd_->add_option("--threads", tk_.threads, "encoding threads (default: every core)")->check(CLI::Range(0, 1024));
+}
+
 int ToolCommands::run() {
     if (bl_->parsed()) {
         lb_.threads = parse_list(lb_threads_, "--threads");
@@ -395,6 +412,7 @@ int ToolCommands::run() {
         return plan(pl_);
     }
     if (rp_cmd_->parsed()) return report(rp_);
+    if (tk_cmd_->parsed()) return tokenize(tk_);
     if (gn_cmd_->parsed()) {
         gn_.seed = parse_seed(gn_seed_, "--seed");
         gn_.prompt_ids_given = gn_cmd_->count("--prompt-ids") > 0;

@@ -28,6 +28,7 @@ private:
     void add_plan(CLI::App& app);
     void add_report(CLI::App& app);
     void add_generate(CLI::App& app);
+    void add_tokenize(CLI::App& app);
 
     LoaderBenchOptions lb_;
     AllReduceBenchOptions ab_;
@@ -38,10 +39,11 @@ private:
     PlanOptions pl_;
     ReportOptions rp_;
     GenerateOptions gn_;
+    TokenizeOptions tk_;
     std::string lb_threads_ = "1,2", min_bytes_ = "4K", max_bytes_ = "64M", duration_, timeout_, sb_devices_,
                 gb_sizes_ = "128,512,1024,2048", gb_shapes_, gb_precision_ = "fp32", sc_replicas_, pl_gpus_ = "1,2,4,8",
                 gn_seed_ = "1";
-    CLI::App *bl_, *ba_, *bs_, *bg_, *bc_, *sc_cmd_, *pl_cmd_, *rp_cmd_, *gn_cmd_;
+    CLI::App *bl_, *ba_, *bs_, *bg_, *bc_, *sc_cmd_, *pl_cmd_, *rp_cmd_, *gn_cmd_, *tk_cmd_;
 };
 
 }  // namespace mirrored

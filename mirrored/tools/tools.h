@@ -160,6 +160,17 @@ struct GenerateOptions {
 // `mirrored generate`: a language model's continuation of a prompt, streamed.
 int generate(const GenerateOptions& o);
 
+struct TokenizeOptions {
+    std::string tokenizer = "bytes";  // "bytes", or a tokenizer.json / a folder with one (data/tokenizer.h)
+    std::string out;
+    std::vector<std::string> inputs;    // text files and folders
+    std::vector<std::string> suffixes;  // a folder's files ending so only (none: all)
+    int val_every = 10;                 // every Nth file held out for validation
+    int threads = 0;                    // 0: every core
+};
+// `mirrored tokenize`: text files to token files (train.bin, val.bin, meta.json, the tokenizer).
+int tokenize(const TokenizeOptions& o);
+
 struct ConvShape {
     int h, w, c, k, f;  // image h x w x c, kernel k x k ("same" padding, stride 1), f filters
 };
