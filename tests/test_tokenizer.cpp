@@ -247,3 +247,40 @@ TEST_CASE("tokenize: text files and folders to token files, every Nth file held 
     CHECK(header[2] == int32_t(want.size()));
     CHECK(std::memcmp(wide.data() + 1024, want.data(), 4 * want.size()) == 0);
 }
+
+TEST_CASE("a language model on BPE tokens trains from `tokenize`'s folder; generate takes and prints text") {
+    if (!python_has("regex", "Python's regex module", "python3-regex")) return;
+    TempDir dir;
+    fs::create_directories(dir / "docs");
+    for (int i = 0; i < 10; ++i)
+        std::ofstream(dir / ("docs/" + std::to_string(i) + ".txt"), std::ios::binary) << mixed_text(3000, 930 + i);
+    reference_tokenizer(dir, mixed_text(30000, 940), 100);
+    std::string err;
+    REQUIRE(run_cli({"tokenize", dir / "docs", "--out", dir / "data", "--tokenizer", dir / "tok", "--val-every", "5"},
+                    {}, -1, &err) == kExitOk);
+    const std::string cfg = dir.write("llama.yaml",
+                                      "run: {name: bpe, seed: 3}\n"
+                                      "strategy: {devices: \"cpu:1\"}\n"
+                                      "data: {dataset: tokens, root: " +
+                                          (dir / "data") +
+                                          ", context: 16, vocab: 357}\n"
+                                          "model:\n  layers:\n"
+                                          "    - {type: embedding, vocab: 357, dim: 16}\n"
+                                          "    - {type: llama_block, heads: 2, intermediate_size: 32}\n"
+                                          "    - {type: rmsnorm}\n"
+                                          "    - {type: lm_head, tie_weights: false, units: 357}\n"
+                                          "optimizer: {type: adamw, lr: 0.01}\n"
+                                          "train: {epochs: 0, steps: 6, global_batch_size: 4}\n"
+                                          "checkpoint: {every_steps: 6}\n");
+    REQUIRE(run_cli({"train", cfg, "--output", dir / "run"}, {}, -1, &err) == kExitOk);
+    const nlohmann::json s = nlohmann::json::parse(read_text(dir / "run/summary.json"));
+    CHECK(s["test_bits_per_byte"].get<double>() < s["test_bits_per_token"].get<double>());  // > 1 byte a token
+    std::string ckpt;
+    for (const auto& f : fs::directory_iterator(dir / "run/checkpoints")) ckpt = f.path().string();
+    const std::string out = dir / "generated.txt";
+    REQUIRE(run_cli({"generate", ckpt, "--tokenizer", dir / "data", "--prompt", "def f(", "--tokens", "12"}, {}, -1,
+                    &err, Stdout::file, out) == kExitOk);
+    CHECK(read_text(out).rfind("def f(", 0) == 0);                                    // text, not ids
+    CHECK(run_cli({"generate", ckpt, "--prompt", "x"}, {}, -1, &err) == kExitUsage);  // no tokenizer: refused
+    CHECK(err.find("text needs the tokenizer it was trained with (--tokenizer") != std::string::npos);
+}

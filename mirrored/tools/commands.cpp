@@ -344,6 +344,9 @@ void ToolCommands::add_generate(CLI::App& app) {
     gn_cmd_->add_option("--seed", gn_seed_, "the draws' seed: the same seed prints the same text (default 1)");
     gn_cmd_->add_flag(
         "--no-echo", [this](int64_t) { gn_.echo = false; }, "print only the continuation");
+    gn_cmd_->add_option("--tokenizer", gn_.tokenizer,
+                        "the run's tokenizer (a tokenizer.json, or the token files' folder `mirrored tokenize` "
+                        "wrote): --prompt and the output as text for a vocabulary that is not bytes");
     gn_cmd_->add_flag(
         "--no-kv-cache", [this](int64_t) { gn_.kv_cache = false; },
         "recompute the whole window for every token instead of keeping each attention's keys and values");

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "data/tokenizer.h"
 #include "kernels/buffer.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
@@ -104,12 +105,22 @@ int generate(const GenerateOptions& o) {
         }
         if (tokens.empty()) throw ConfigError("--prompt-ids: no ids (expected ids separated by spaces)");
     }
-    const bool bytes = vocab <= 256;
-    if (!o.prompt_ids_given && !bytes)
+    // text in and out through the run's tokenizer (--tokenizer), else as bytes where the vocabulary is
+    const std::unique_ptr<Tokenizer> tok = o.tokenizer.empty() ? nullptr : load_tokenizer(o.tokenizer);
+    const bool bytes = vocab <= 256 && !tok, text = bytes || tok;
+    if (!o.prompt_ids_given && !text)
         throw ConfigError(std::string(o.prompt.empty() ? "generate" : "--prompt") + ": the model's vocabulary has " +
                           std::to_string(vocab) +
-                          " tokens, not bytes: text needs the tokenizer it was trained with; give the prompt's ids "
-                          "with --prompt-ids (scripts/prepare_text.py --encode makes them)");
+                          " tokens, not bytes: text needs the tokenizer it was trained with (--tokenizer, e.g. the "
+                          "token files' folder that mirrored tokenize wrote), or the prompt's ids (--prompt-ids)");
+    if (tok && tokens.empty())
+        for (uint32_t id : tok->encode(o.prompt.empty() ? std::string("\n") : o.prompt)) {
+            if (id >= uint32_t(vocab))
+                throw ConfigError("--prompt: its token " + std::to_string(id) +
+                                  " is outside the model's vocabulary of " + std::to_string(vocab) +
+                                  " (another tokenizer than the run's?)");
+            tokens.push_back(int(id));
+        }
     for (unsigned char ch : !tokens.empty() ? std::string() : o.prompt.empty() ? std::string("\n") : o.prompt) {
         if (ch >= vocab)
             throw ConfigError("--prompt: byte " + std::to_string(int(ch)) + " is outside the model's vocabulary of " +
@@ -179,7 +190,12 @@ int generate(const GenerateOptions& o) {
 
     std::mt19937_64 rng(o.seed);
     if (o.echo && !o.prompt_ids_given) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-    if (o.echo && o.prompt_ids_given && !bytes)  // ids in, ids out: the prompt's first, as given
+    if (o.echo && o.prompt_ids_given && tok) {  // ids in, text out: the prompt's text first
+        const std::vector<uint32_t> ids(tokens.begin(), tokens.end());
+        const std::string s = tok->decode(ids);  // ids the tokenizer lacks: the DataError says which
+        std::fwrite(s.data(), 1, s.size(), stdout);
+    }
+    if (o.echo && o.prompt_ids_given && !text)  // ids in, ids out: the prompt's first, as given
         for (size_t i = 0; i < tokens.size(); ++i) std::printf("%d ", tokens[i]);
     const double start = now_s();
     if (o.kv_cache) refill(std::min<int>(int(tokens.size()), t));
@@ -188,8 +204,19 @@ int generate(const GenerateOptions& o) {
         if (!o.kv_cache) window_logits();
         const int next = sample(logits, o, rng);
         tokens.push_back(next);
-        if (bytes) std::fputc(next, stdout);
-        else std::printf("%s%d", n ? " " : "", next);
+        if (bytes) {
+            std::fputc(next, stdout);
+        } else if (tok) {  // a token's bytes as they come (a character may span two tokens)
+            const uint32_t id = uint32_t(next);
+            try {
+                const std::string s = tok->decode(std::span<const uint32_t>(&id, 1));
+                std::fwrite(s.data(), 1, s.size(), stdout);
+            } catch (const DataError&) {
+                std::printf("[%d]", next);  // an id the model scores but the tokenizer lacks
+            }
+        } else {
+            std::printf("%s%d", n ? " " : "", next);
+        }
         if (std::fflush(stdout) != 0) break;  // said below
         if (o.kv_cache && n + 1 < o.tokens) {
             if (cache->position == t) refill(t / 2);  // full: the last half context again

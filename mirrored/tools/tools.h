@@ -153,9 +153,10 @@ struct GenerateOptions {
     double temperature = 0.8;  // 0: the most likely token every time
     int top_k = 0;             // 0: every token
     uint64_t seed = 1;
-    bool echo = true;      // print the prompt before the continuation
-    bool kv_cache = true;  // false: recompute the whole window for every token
-    OutputTarget json;     // where given: the tokens generated, seconds, tokens/s
+    bool echo = true;       // print the prompt before the continuation
+    bool kv_cache = true;   // false: recompute the whole window for every token
+    std::string tokenizer;  // text in and out through it (data/tokenizer.h); empty: bytes or ids
+    OutputTarget json;      // where given: the tokens generated, seconds, tokens/s
 };
 // `mirrored generate`: a language model's continuation of a prompt, streamed.
 int generate(const GenerateOptions& o);
