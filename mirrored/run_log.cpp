@@ -23,16 +23,26 @@ namespace {
 
 // The columns of metrics.csv: every field of a train, eval, alert or resume record (time_split's
 // fractions flattened), in this order.
-const char* const kCsvColumns[] = {"type",         "time",
-                                   "step",         "epoch",
-                                   "loss",         "accuracy",
-                                   "lr",           "samples_per_sec",
-                                   "data_wait",    "compute",
-                                   "comm",         "loss_scale",
-                                   "test_loss",    "test_accuracy",
-                                   "samples",      "kind",
-                                   "redone_steps", "test_bits_per_token",
-                                   "tokens_per_sec", "test_bits_per_byte"};
+const char* const kCsvColumns[] = {"type",
+                                   "time",
+                                   "step",
+                                   "epoch",
+                                   "loss",
+                                   "accuracy",
+                                   "lr",
+                                   "samples_per_sec",
+                                   "data_wait",
+                                   "compute",
+                                   "comm",
+                                   "loss_scale",
+                                   "test_loss",
+                                   "test_accuracy",
+                                   "samples",
+                                   "kind",
+                                   "redone_steps",
+                                   "test_bits_per_token",
+                                   "tokens_per_sec",
+                                   "test_bits_per_byte"};
 
 std::string csv_cell(const json& v) {
     if (v.is_null()) return "";

@@ -664,8 +664,8 @@ void Run::log_train(int64_t step, float lr) {
                   "[data %.0f%% compute %.0f%% comm %.0f%%]",
                   static_cast<long long>((step - 1) / (int64_t)bpe) + 1, std::ceil(total_steps_ / bpe),
                   static_cast<long long>(step), static_cast<long long>(total_steps_), loss, acc, double(lr),
-                  throughput(sps), throughput_unit(),
-                  duration_str(eta).c_str(), 100 * f_data, 100 * f_compute, 100 * f_comm);
+                  throughput(sps), throughput_unit(), duration_str(eta).c_str(), 100 * f_data, 100 * f_compute,
+                  100 * f_comm);
     std::string text = line;
     // bad files left out or replaced (data.on_bad_file: skip): said on every line, not only at the end
     const Dataset& train = s_->data->train;
@@ -932,9 +932,8 @@ Run::AfterStep Run::after_step(const Loader& loader) {
         next.stop = flags[0] > 0;
         time_due = flags[1] > 0;
     }
-    next.eval =
-        (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) ||
-        (cfg_.train.eval_every_steps > 0 && step_ % cfg_.train.eval_every_steps == 0) || last;
+    next.eval = (epoch_end && cfg_.train.eval_every_epochs > 0 && epochs_done % cfg_.train.eval_every_epochs == 0) ||
+                (cfg_.train.eval_every_steps > 0 && step_ % cfg_.train.eval_every_steps == 0) || last;
     next.checkpoint =
         (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0) ||
         (epoch_end && cfg_.checkpoint.every_epochs > 0 && epochs_done % cfg_.checkpoint.every_epochs == 0) ||

@@ -166,8 +166,8 @@ int tokenize(const TokenizeOptions& o) {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         const double s = std::max(now_s() - start, 1e-9);
         if (terminal)
-            std::fprintf(stderr, "\rtokenize: %zu/%zu files, %.1f MB, %.1f MB/s", size_t(done), files.size(),
-                         double(bytes_done) / 1e6, double(bytes_done) / 1e6 / s);
+            std::fprintf(stderr, "\rtokenize: %s/%zu files, %.1f MB, %.1f MB/s", std::to_string(done.load()).c_str(),
+                         files.size(), double(bytes_done) / 1e6, double(bytes_done) / 1e6 / s);
     }
     for (auto& th : pool) th.join();
     if (terminal) std::fprintf(stderr, "\n");
