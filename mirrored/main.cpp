@@ -88,12 +88,13 @@ struct ModelCommands {
 
         exp = app.add_subcommand("export", "write a checkpoint's weights as a plain safetensors file");
         exp->add_option("checkpoint", checkpoint, "checkpoint file")->required();
-        exp->add_option("--out", out, "output .safetensors file")->required();
+        exp->add_option("--out", out, "output .safetensors file (--names hf: a folder)")->required();
         exp->add_flag("--force", force, "let --out replace a checkpoint or a file of a run folder");
         exp->add_option("--names", names,
-                        "mirrored (PyTorch's nn.Module names of the config's layers) or nanogpt (nanoGPT's GPT: "
-                        "transformer.wte, transformer.h.N..., lm_head)")
-            ->check(CLI::IsMember({"mirrored", "nanogpt"}));
+                        "mirrored (PyTorch's nn.Module names of the config's layers), nanogpt (nanoGPT's GPT: "
+                        "transformer.wte, transformer.h.N..., lm_head) or hf (a Llama-style model as a Hugging Face "
+                        "folder: model.safetensors and config.json for LlamaForCausalLM)")
+            ->check(CLI::IsMember({"mirrored", "nanogpt", "hf"}));
 
         devices_cmd = app.add_subcommand("devices", "list GPUs, peer access, links and versions (or the CPU)");
     }
@@ -193,6 +194,7 @@ private:
 
     // The weights without the optimizer state, under PyTorch's names (or nanoGPT's).
     int export_weights() {
+        if (names == "hf") return export_hf();
         const OutputTarget target{"--out", out, force, {{"the checkpoint", checkpoint}}};
         check_output(target);
         SafetensorsFile f = read_safetensors(checkpoint, true);
@@ -228,6 +230,34 @@ private:
             {"format", "pt"}, {"source", checkpoint}, {"step", f.metadata["step"]}, {"model", f.metadata["model"]}};
         write_output(target, safetensors_bytes(weights));
         std::printf("wrote %zu tensors to %s\n", weights.tensors.size() + weights.int_tensors.size(), out.c_str());
+        return kExitOk;
+    }
+
+    // A Hugging Face model folder: --out/model.safetensors and --out/config.json.
+    int export_hf() {
+        std::error_code ec;
+        if (std::filesystem::exists(out, ec) && !std::filesystem::is_directory(out, ec))
+            throw ConfigError("--out: " + out + " is not a folder (--names hf writes a Hugging Face model folder)");
+        const OutputTarget weights_at{"--out", out + "/model.safetensors", force, {{"the checkpoint", checkpoint}}},
+            config_at{"--out", out + "/config.json", force, {{"the checkpoint", checkpoint}}};
+        const SafetensorsFile f = read_safetensors(checkpoint, true);
+        check_complete(f);
+        const Config c = load_config_text(f.metadata.at("config"), checkpoint, {});
+        const Model model(c.model.input_shape, c.model.layers, c.run.seed);
+        const HfModel m = hf_llama(c.model.layers, model.input_features(), f);  // a model it cannot be: nothing made
+        const bool made = !std::filesystem::exists(out, ec);
+        std::filesystem::create_directories(out, ec);
+        try {
+            check_output(weights_at);
+            check_output(config_at);
+        } catch (...) {
+            if (made) std::filesystem::remove(out, ec);
+            throw;
+        }
+        write_output(weights_at, safetensors_bytes(m.weights));
+        write_output(config_at, m.config_json);
+        std::printf("wrote %zu tensors to %s/model.safetensors and its config.json\n", m.weights.tensors.size(),
+                    out.c_str());
         return kExitOk;
     }
 };

@@ -1327,6 +1327,44 @@ TEST_CASE("generate with the key/value cache: the window way's greedy text withi
     }
 }
 
+TEST_CASE("export --names hf: a Llama as a Hugging Face folder; an independent LlamaForCausalLM gives our test loss") {
+    if (!python_has("torch, numpy", "PyTorch", "python3-torch")) return;
+    GptRun g;
+    g.model = kLlama;
+    REQUIRE(g.train(g / "run") == kExitOk);
+    const std::string ckpt = list_checkpoints(g / "run/checkpoints").front();  // the last step's
+    std::string err;
+    REQUIRE(run_cli({"export", ckpt, "--names", "hf", "--out", g / "hf"}, {}, -1, &err) == kExitOk);
+    const nlohmann::json config = nlohmann::json::parse(read_text(g / "hf/config.json"));
+    CHECK(config["architectures"][0] == "LlamaForCausalLM");
+    CHECK(config["num_attention_heads"] == 4);
+    CHECK(config["num_key_value_heads"] == 2);
+    CHECK(config["num_hidden_layers"] == 2);
+    CHECK(config["intermediate_size"] == 64);
+    CHECK(config["vocab_size"] == 128);
+    CHECK(config["tie_word_embeddings"] == false);
+    // every test window at once: the reference's loss is the run's test loss
+    const size_t windows = (fs::file_size(g.root + "/val.bin") / 2 - 1) / 16;
+    REQUIRE_MESSAGE(run_program(kPython,
+                                {repo_script("gpt_reference.py"), "--hf", g / "hf", "--tokens", g.root + "/val.bin",
+                                 "--context", "16", "--batch", std::to_string(windows), "--out", g / "ref.json"},
+                                &err) == 0,
+                    err);
+    const double loss = nlohmann::json::parse(read_text(g / "ref.json"))["loss"];
+    CHECK(loss == doctest::Approx(summary(g / "run")["test_loss"].get<double>()).epsilon(1e-5));
+    // a second export replaces its files (as an export to a file does); --out must be a folder; a GPT
+    // is not a Llama, and nothing is made for it
+    CHECK(run_cli({"export", ckpt, "--names", "hf", "--out", g / "hf"}, {}, -1, &err) == kExitOk);
+    CHECK(run_cli({"export", ckpt, "--names", "hf", "--out", g / "hf/config.json"}, {}, -1, &err) == kExitUsage);
+    CHECK(err.find("is not a folder") != std::string::npos);
+    g.model = kGpt;
+    REQUIRE(g.train(g / "gpt") == kExitOk);
+    CHECK(run_cli({"export", list_checkpoints(g / "gpt/checkpoints").front(), "--names", "hf", "--out", g / "hf2"}, {},
+                  -1, &err) == kExitUsage);
+    CHECK(err.find("Hugging Face's Llama is embedding, llama_block x N") != std::string::npos);
+    CHECK(!fs::exists(g / "hf2"));
+}
+
 TEST_CASE(
     "generate: a checkpoint's continuation of a prompt, the same for a seed; non-models and bad prompts refused") {
     GptRun g;
