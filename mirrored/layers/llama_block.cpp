@@ -8,8 +8,7 @@
 // rows (self_attn.qkv_proj: q_proj, k_proj, v_proj; mlp.gate_up_proj: gate_proj, up_proj), so
 // that each pair of products is one. With train.recompute: blocks it keeps only its input and
 // output between forward and backward, as transformer_block.
-#include "mirrored/layers/activations.h"
-#include "mirrored/layers/layer.h"
+#include "mirrored/layers/pre_norm_block.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -37,14 +36,9 @@ struct LlamaOptions final : OptionsOf<LlamaOptions> {
     bool operator==(const LlamaOptions&) const = default;
 };
 
-std::unique_ptr<Layer> sub_layer(const std::string& type, const Fields& keys) {
-    const LayerSpec s = make_layer_spec(type, keys);
-    return layer_kinds().get(type).create(s);
-}
-
-class LlamaBlock final : public Layer {
+class LlamaBlock final : public PreNormBlock {
 public:
-    explicit LlamaBlock(const LayerSpec& s) : Layer(s), o_(spec_.get<LlamaOptions>()) {}
+    explicit LlamaBlock(const LayerSpec& s) : PreNormBlock(s), o_(spec_.get<LlamaOptions>()) {}
 
     void declare(Builder& b) override {
         if (in_.image) fail("llama_block needs a sequence [t, c], got an image " + in_.str());
@@ -83,23 +77,8 @@ public:
             l->place(refs);
     }
 
-    const void* forward(Pass& p, const void* x) const override {
-        p.acts->input(slot_) = x;
-        const void* h = nullptr;
-        const void* m = branches(p, x, &h);
-        void* y = p.acts->act(slot_, y_);
-        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), m, h, y);
-        return y;
-    }
-
     void backward(Pass& p, void* dy, void* dx) const override {
-        if (recompute_) {  // the activations the backward reads, as the forward made them
-            const bool was = p.recomputing;
-            p.recomputing = true;
-            const void* h = nullptr;
-            branches(p, p.acts->input(slot_), &h);
-            p.recomputing = was;
-        }
+        recompute_branches(p);
         const size_t n = size_t(p.rows) * in_.size();
         void* dwide = p.acts->act(slot_, dwide_);
         void* dgate_up = p.acts->act(slot_, dgate_up_);
@@ -117,8 +96,6 @@ public:
         if (dx) p.dev->add(p.stream, n, dh, dx);
     }
 
-    bool recomputes() const override { return recompute_; }
-    bool has_params() const override { return true; }
     double forward_flops() const override {
         return attn_->forward_flops() + gate_up_->forward_flops() + down_->forward_flops();
     }
@@ -126,7 +103,7 @@ public:
 
 private:
     // h = x + attn(input_layernorm(x)) into *h; returns the MLP branch.
-    const void* branches(Pass& p, const void* x, const void** h_out) const {
+    const void* branches(Pass& p, const void* x, const void** h_out) const override {
         void* h = p.acts->act(slot_, h_);
         const void* a = attn_->forward(p, in_norm_->forward(p, x));
         p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), a, x, h);
@@ -137,8 +114,7 @@ private:
 
     const LlamaOptions& o_;
     std::unique_ptr<Layer> in_norm_, attn_, post_norm_, gate_up_, act_, down_;
-    int slot_ = -1, h_ = -1, y_ = -1, dwide_ = -1, dgate_up_ = -1, dnorm_ = -1, dh_ = -1;
-    bool recompute_ = false;
+    int h_ = -1, dwide_ = -1, dgate_up_ = -1, dnorm_ = -1, dh_ = -1;
 };
 
 OptionsPtr read(SpecReader& r, const std::string& p) {

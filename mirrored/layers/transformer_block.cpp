@@ -9,7 +9,7 @@
 // only its input and output between forward and backward, and runs its forward again first in
 // backward (Builder::begin_recompute).
 #include "mirrored/layers/activations.h"
-#include "mirrored/layers/layer.h"
+#include "mirrored/layers/pre_norm_block.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -36,14 +36,9 @@ struct BlockOptions final : OptionsOf<BlockOptions> {
     bool operator==(const BlockOptions&) const = default;
 };
 
-std::unique_ptr<Layer> sub_layer(const std::string& type, const Fields& keys) {
-    const LayerSpec s = make_layer_spec(type, keys);
-    return layer_kinds().get(type).create(s);
-}
-
-class TransformerBlock final : public Layer {
+class TransformerBlock final : public PreNormBlock {
 public:
-    explicit TransformerBlock(const LayerSpec& s) : Layer(s), o_(spec_.get<BlockOptions>()) {}
+    explicit TransformerBlock(const LayerSpec& s) : PreNormBlock(s), o_(spec_.get<BlockOptions>()) {}
 
     void declare(Builder& b) override {
         if (in_.image) fail("transformer_block needs a sequence [t, c], got an image " + in_.str());
@@ -83,23 +78,8 @@ public:
         for (Layer* l : {ln_1_.get(), attn_.get(), ln_2_.get(), fc_.get(), proj_.get()}) l->place(refs);
     }
 
-    const void* forward(Pass& p, const void* x) const override {
-        p.acts->input(slot_) = x;
-        const void* h = nullptr;
-        const void* m = branches(p, x, &h);
-        void* y = p.acts->act(slot_, y_);
-        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), m, h, y);
-        return y;
-    }
-
     void backward(Pass& p, void* dy, void* dx) const override {
-        if (recompute_) {  // the activations the backward reads, as the forward made them
-            const bool was = p.recomputing;
-            p.recomputing = true;
-            const void* h = nullptr;
-            branches(p, p.acts->input(slot_), &h);
-            p.recomputing = was;
-        }
+        recompute_branches(p);
         const size_t n = size_t(p.rows) * in_.size();
         void* g = p.acts->act(slot_, g_);
         void* dwide = p.acts->act(slot_, dwide_);
@@ -120,8 +100,6 @@ public:
         if (dx) p.dev->add(p.stream, n, dh, dx);
     }
 
-    bool recomputes() const override { return recompute_; }
-    bool has_params() const override { return true; }
     double forward_flops() const override {
         return attn_->forward_flops() + fc_->forward_flops() + proj_->forward_flops();
     }
@@ -132,7 +110,7 @@ public:
 
 private:
     // h = x + drop(attn(ln_1(x))) into *h; returns drop(mlp(ln_2(h))), the MLP branch.
-    const void* branches(Pass& p, const void* x, const void** h_out) const {
+    const void* branches(Pass& p, const void* x, const void** h_out) const override {
         void* h = p.acts->act(slot_, h_);
         const void* a = attn_->forward(p, ln_1_->forward(p, x));
         if (attn_drop_) a = attn_drop_->forward(p, a);
@@ -145,8 +123,7 @@ private:
 
     const BlockOptions& o_;
     std::unique_ptr<Layer> ln_1_, attn_, ln_2_, fc_, proj_, attn_drop_, mlp_drop_;
-    int slot_ = -1, h_ = -1, y_ = -1, g_ = -1, dwide_ = -1, dnorm_ = -1, dh_ = -1;
-    bool recompute_ = false;
+    int h_ = -1, g_ = -1, dwide_ = -1, dnorm_ = -1, dh_ = -1;
 };
 
 OptionsPtr read(SpecReader& r, const std::string& p) {
