@@ -163,6 +163,9 @@ struct TokenFileOptions {
 Dataset read_tokens(const std::string& path, const TokenFileOptions& o);
 // The same over a file read into memory (tests, fuzzing).
 Dataset read_tokens(InputFile& in, const TokenFileOptions& o);
+// The bytes of a token file read_tokens reads back: nanoGPT's raw uint16, or with `wide` (ids past
+// 65,535) llm.c's header, version 2, and uint32 ids. DataError past 2^31 - 1 ids (the header's count).
+std::string token_file_bytes(const std::vector<uint32_t>& ids, bool wide);
 
 struct SyntheticOptions {
     std::vector<int> shape{784};

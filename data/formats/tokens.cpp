@@ -245,6 +245,23 @@ Dataset read_tokens(const std::string& path, const TokenFileOptions& o) {
     return ds;
 }
 
+std::string token_file_bytes(const std::vector<uint32_t>& ids, bool wide) {
+    std::string out;
+    if (!wide) {
+        out.resize(ids.size() * 2);
+        for (size_t i = 0; i < ids.size(); ++i) {
+            const uint16_t v = uint16_t(ids[i]);
+            std::memcpy(&out[i * 2], &v, 2);  // little-endian hosts only, as the reader
+        }
+        return out;
+    }
+    if (ids.size() > size_t(INT32_MAX)) throw DataError("a token file holds at most 2^31 - 1 ids (llm.c's header)");
+    int32_t header[kLlmcHeaderBytes / sizeof(int32_t)] = {kLlmcMagic, 2, int32_t(ids.size())};
+    out.assign(reinterpret_cast<const char*>(header), sizeof header);
+    out.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+    return out;
+}
+
 Dataset read_tokens(InputFile& in, const TokenFileOptions& o) {
     auto bytes = std::make_shared<std::vector<unsigned char>>();
     const uint64_t avail = available_host_memory();

@@ -1,13 +1,12 @@
 // `mirrored tokenize --tokenizer T --out DIR INPUTS...`: text files and folders to a language model's
-// token files. Files (a folder's, recursively, in name order; hidden ones left out) are encoded on
-// every core, each followed by the tokenizer's <|endoftext|> where it has one; every Nth file is held
-// out for validation, so no file is split. DIR gets train.bin and val.bin - nanoGPT's raw uint16
+// token files. Files (a folder's, recursively, in name order; hidden ones left out; gzip ones read
+// unzipped) are encoded on every core, each followed by the tokenizer's <|endoftext|> where it has
+// one; every Nth file is held out for validation, so no file is split. DIR gets train.bin and val.bin - nanoGPT's raw uint16
 // where the vocabulary fits, llm.c's header and uint32 ids above 65,536 - meta.json (tokens and text
 // bytes per file: bits per byte in training) and the tokenizer's own files, so the folder carries
 // what made it. Nothing in DIR is replaced that this command did not write.
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +16,7 @@
 
 #include "base/error.h"
 #include "base/output.h"
+#include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"
@@ -29,7 +29,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr const char* kWriter = "mirrored tokenize";
-constexpr int32_t kLlmcMagic = 20240520;
 
 bool wanted(const std::string& path, const std::vector<std::string>& suffixes) {
     if (suffixes.empty()) return true;
@@ -67,31 +66,10 @@ std::vector<std::string> listed_files(const std::vector<std::string>& inputs,
     return files;
 }
 
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw DataError(path + ": cannot open: " + std::strerror(errno));
-    std::string s((std::istreambuf_iterator<char>(in)), {});
-    if (in.bad()) throw DataError(path + ": read failed");
-    return s;
-}
-
-// The ids as the tokens format reads them: raw little-endian uint16, or llm.c's 1024-byte header
-// (magic, version 2, count) and uint32.
-std::string token_file(const std::vector<uint32_t>& ids, bool wide) {
-    std::string out;
-    if (!wide) {
-        out.resize(ids.size() * 2);
-        for (size_t i = 0; i < ids.size(); ++i) {
-            const uint16_t v = uint16_t(ids[i]);
-            std::memcpy(&out[i * 2], &v, 2);
-        }
-        return out;
-    }
-    if (ids.size() > size_t(INT32_MAX)) throw DataError("tokenize: more than 2^31 tokens in one file");
-    int32_t header[256] = {kLlmcMagic, 2, int32_t(ids.size())};
-    out.assign(reinterpret_cast<const char*>(header), sizeof header);
-    out.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
-    return out;
+// A whole file as text (data/dataset.h's reader: a gzip file is read unzipped).
+std::string read_text_file(const std::string& path) {
+    const std::vector<unsigned char> b = read_file(path);
+    return std::string(b.begin(), b.end());
 }
 
 // What DIR may receive: a name this command writes is replaced only where DIR's meta.json says it
@@ -150,7 +128,7 @@ int tokenize(const TokenizeOptions& o) {
         pool.emplace_back([&] {
             for (size_t i; (i = next++) < files.size();) {
                 try {
-                    const std::string text = read_file(files[i]);
+                    const std::string text = read_text_file(files[i]);
                     ids[i] = tok->encode(text);
                     if (has_eot) ids[i].push_back(eot[0]);
                     sizes[i] = text.size();
@@ -193,9 +171,9 @@ int tokenize(const TokenizeOptions& o) {
                  {"bytes", {{"train", byte_count[0]}, {"val", byte_count[1]}}},
                  {"tokens", {{"train", split[0].size()}, {"val", split[1].size()}}}};
     if (has_eot) meta["end_of_text"] = eot[0];
-    for (const auto& [src, name] : copies) write_file_atomic((fs::path(o.out) / name).string(), read_file(src));
-    write_file_atomic((fs::path(o.out) / "train.bin").string(), token_file(split[0], wide));
-    write_file_atomic((fs::path(o.out) / "val.bin").string(), token_file(split[1], wide));
+    for (const auto& [src, name] : copies) write_file_atomic((fs::path(o.out) / name).string(), read_text_file(src));
+    write_file_atomic((fs::path(o.out) / "train.bin").string(), token_file_bytes(split[0], wide));
+    write_file_atomic((fs::path(o.out) / "val.bin").string(), token_file_bytes(split[1], wide));
     write_file_atomic((fs::path(o.out) / "meta.json").string(), meta.dump(1) + "\n");
     const double s = std::max(now_s() - start, 1e-9);
     std::printf(
