@@ -41,6 +41,19 @@ def words(text):
             yield "".join(b2u[b] for b in w.encode("utf-8"))
 
 
+def merge(symbols, pair):
+    """The symbols with every occurrence of `pair` joined, left to right (encoder.py's bpe() loop)."""
+    out, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and symbols[i] == pair[0] and symbols[i + 1] == pair[1]:
+            out.append(symbols[i] + symbols[i + 1])
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
 def train(text, n_merges):
     """Naive BPE training: the most frequent adjacent pair (ties: the smallest pair) merged, n times."""
     counts = collections.Counter(words(text))
@@ -57,15 +70,7 @@ def train(text, n_merges):
         best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]  # ties: the largest pair
         merges.append(best)
         for w in counts:
-            s, out, i = split[w], [], 0
-            while i < len(s):
-                if i + 1 < len(s) and s[i] == best[0] and s[i + 1] == best[1]:
-                    out.append(s[i] + s[i + 1])
-                    i += 2
-                else:
-                    out.append(s[i])
-                    i += 1
-            split[w] = out
+            split[w] = merge(split[w], best)
     b2u = bytes_to_unicode()
     vocab = {b2u[b]: b for b in range(256)}
     for a, b in merges:
@@ -90,15 +95,7 @@ class Encoder:
             bigram = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
             if bigram not in self.ranks:
                 break
-            out, i = [], 0
-            while i < len(w):
-                if i + 1 < len(w) and w[i] == bigram[0] and w[i + 1] == bigram[1]:
-                    out.append(w[i] + w[i + 1])
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            w = out
+            w = merge(w, bigram)
         self.cache[word] = [self.vocab[t] for t in w]
         return self.cache[word]
 

@@ -656,6 +656,16 @@ struct GptRun : TempDir {
     }
 };
 
+// Stopped after step 5 (between checkpoints), then resumed: the same run as `one`, bit for bit.
+void expect_stop_and_resume_exact(const GptRun& g, const std::string& one) {
+    const std::string stopped = g / "stopped";
+    ::setenv("MIRRORED_TEST_STOP_AFTER_STEP", "5", 1);
+    CHECK(g.train(stopped) == kExitInterrupted);
+    ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
+    CHECK(g.train(stopped) == kExitOk);
+    expect_same_run(one, stopped);
+}
+
 }  // namespace
 
 TEST_CASE("token files: nanoGPT's raw uint16, llm.c's header; windows of context + 1; bad files refused") {
@@ -805,12 +815,7 @@ TEST_CASE("a byte-level GPT trains from token files; N replicas match one (cpu, 
     REQUIRE(g.train(bf, {"train.precision=bf16", "train.grad_accumulation_steps=2"}) == kExitOk);
     CHECK(summary(bf)["test_loss"].get<double>() < std::log(128.0));
     // stop after step 5 (between checkpoints), resume: the same run bit for bit
-    const std::string stopped = g / "stopped";
-    ::setenv("MIRRORED_TEST_STOP_AFTER_STEP", "5", 1);
-    CHECK(g.train(stopped) == kExitInterrupted);
-    ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
-    CHECK(g.train(stopped) == kExitOk);
-    expect_same_run(one, stopped);
+    expect_stop_and_resume_exact(g, one);
 }
 
 TEST_CASE("a language model evaluates every N steps, in bits per byte where meta.json says; tokens/s") {
@@ -894,12 +899,7 @@ TEST_CASE("a Llama-style model trains; N replicas match one (cpu, sim); recomput
     const std::string bf = g / "bf16";
     REQUIRE(g.train(bf, {"train.precision=bf16"}) == kExitOk);
     CHECK(summary(bf)["test_loss"].get<double>() < std::log(128.0));
-    const std::string stopped = g / "stopped";
-    ::setenv("MIRRORED_TEST_STOP_AFTER_STEP", "5", 1);
-    CHECK(g.train(stopped) == kExitInterrupted);
-    ::unsetenv("MIRRORED_TEST_STOP_AFTER_STEP");
-    CHECK(g.train(stopped) == kExitOk);
-    expect_same_run(one, stopped);
+    expect_stop_and_resume_exact(g, one);
 }
 
 TEST_CASE("the memory plan: simulated replicas allocate it to the byte; CPU replicas stay within it, scratch counted") {
