@@ -151,40 +151,43 @@ int generate(const GenerateOptions& o) {
 
     // the window way: the last t tokens from position 0, the whole window each time; later
     // positions hold zeros that causal attention keeps from the positions before them
-    Activations acts = model.make_activations(d, 1);
-    DeviceBuffer<float> ids(d, size_t(t));
+    std::unique_ptr<Activations> acts;
+    std::unique_ptr<DeviceBuffer<float>> ids;
     std::vector<float> window(static_cast<size_t>(t), 0.0f);
     const auto window_logits = [&] {
         const int len = std::min<int>(int(tokens.size()), t);
         std::fill(window.begin(), window.end(), 0.0f);
         for (int i = 0; i < len; ++i) window[size_t(i)] = float(tokens[tokens.size() - size_t(len) + size_t(i)]);
-        d.copy_to_device(d.compute_stream(), ids.data(), window.data(), window.size() * sizeof(float));
-        Pass p = pass(acts);
-        read_logits(model.forward(p, ids.data()), len - 1);
+        d.copy_to_device(d.compute_stream(), ids->data(), window.data(), window.size() * sizeof(float));
+        Pass p = pass(*acts);
+        read_logits(model.forward(p, ids->data()), len - 1);
     };
 
     // the cached way: one position per pass of the model built for sequences of one
     std::unique_ptr<Model> one;
-    std::unique_ptr<Activations> one_acts;
     std::unique_ptr<DecodeState> cache;
     DeviceBuffer<float> id(d, 1);
     if (o.kv_cache) {
         one = std::make_unique<Model>(std::vector<int>{1}, m.config.model.layers, m.config.run.seed);
         if (one->flat_size() != model.flat_size())
             throw std::logic_error("generate: the one-position model's parameters differ from the checkpoint's");
-        one_acts = std::make_unique<Activations>(one->make_activations(d, 1));
+        acts = std::make_unique<Activations>(one->make_activations(d, 1));
+        cache = std::make_unique<DecodeState>(d, t);
+    } else {  // only the way taken gets its buffers
+        acts = std::make_unique<Activations>(model.make_activations(d, 1));
+        ids = std::make_unique<DeviceBuffer<float>>(d, size_t(t));
     }
     const auto decode_one = [&](int token) {  // at cache->position, then one further
         const float f = float(token);
         d.copy_to_device(d.compute_stream(), id.data(), &f, sizeof f);
-        Pass p = pass(*one_acts);
+        Pass p = pass(*acts);
         p.decode = cache.get();
         read_logits(one->forward(p, id.data()), 0);
         ++cache->position;
     };
-    // the cache filled with the last `keep` tokens, from position 0
+    // the cache filled with the last `keep` tokens, from position 0 (its buffers kept)
     const auto refill = [&](int keep) {
-        cache = std::make_unique<DecodeState>(d, t);
+        cache->position = 0;
         for (size_t i = tokens.size() - size_t(keep); i < tokens.size(); ++i) decode_one(tokens[i]);
     };
 
