@@ -20,6 +20,7 @@
 #include "base/io.h"
 #include "base/error.h"
 #include "base/output.h"
+#include "mirrored/safetensors.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -79,50 +80,12 @@ void write_atomic(const std::string& path, const std::string& header, const std:
     });
 }
 
-// Builds a safetensors file: 8-byte little-endian header length, JSON header padded with
-// spaces to 8 bytes, then the tensors back to back.
-struct SafetensorsBuilder {
-    json header = json::object();
-    std::vector<unsigned char> data;
-    template <typename T>
-    void add(const std::string& name, const std::vector<int>& shape, const T* values, size_t count) {
-        const size_t begin = data.size();
-        data.resize(begin + count * sizeof(T));
-        if (count) std::memcpy(data.data() + begin, values, count * sizeof(T));
-        header[name] = {
-            {"dtype", sizeof(T) == 8 ? "I64" : "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
-    }
-    std::string serialize(std::map<std::string, std::string> meta, bool checksum) {
-        if (checksum) {
-            char b[16];
-            std::snprintf(b, sizeof b, "%08x", content_crc(data.data(), data.size(), meta));
-            meta["checksum"] = b;
-        }
-        header["__metadata__"] = meta;
-        std::string h = header.dump(-1, ' ', false, json::error_handler_t::replace);
-        while ((h.size() + 8) % 8 != 0) h.push_back(' ');
-        std::string out(8, '\0');
-        const uint64_t n = h.size();
-        for (int i = 0; i < 8; ++i) out[i] = char((n >> (8 * i)) & 0xff);
-        return out + h;
-    }
-};
-
-// A tensor's entry in a safetensors header, validated.
-struct TensorEntry {
-    std::string dtype;  // "F32" or "I64"
-    std::vector<int> shape;
-    uint64_t begin = 0, end = 0;  // byte offsets into the data section
-};
-
+// A safetensors file read whole: its header and data section.
 struct Parsed {
-    json header;
-    std::vector<unsigned char> data;  // the data section
-    std::map<std::string, TensorEntry> tensors;
+    std::map<std::string, SafetensorsEntry> tensors;
     std::map<std::string, std::string> meta;
+    std::vector<unsigned char> data;  // the data section
 };
-
-constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // as the safetensors format bounds it
 
 InputFile open_input(const std::string& path) {
     try {
@@ -132,88 +95,12 @@ InputFile open_input(const std::string& path) {
     }
 }
 
-size_t dtype_size(const std::string& d) { return d == "F32" ? 4 : d == "I64" ? 8 : 0; }
-
-// Validates the header's JSON: types, shapes, offsets that tile the data section exactly (the
-// safetensors rules), and string metadata. Returns the data section's size.
-uint64_t parse_header(Parsed& p, const std::string& path) {
-    if (!p.header.is_object()) throw CheckpointError(path + ": corrupt header: not a JSON object");
-    std::vector<std::pair<uint64_t, uint64_t>> spans;
-    for (auto it = p.header.begin(); it != p.header.end(); ++it) {
-        const std::string& name = it.key();
-        if (name == "__metadata__") {
-            if (!it->is_object()) throw CheckpointError(path + ": corrupt header: __metadata__ is not an object");
-            for (auto m = it->begin(); m != it->end(); ++m) {
-                if (!m->is_string())
-                    throw CheckpointError(path + ": corrupt header: metadata " + m.key() + " is not a string");
-                p.meta[m.key()] = m->get<std::string>();
-            }
-            continue;
-        }
-        const json& t = *it;
-        const auto bad = [&](const std::string& what) {
-            return CheckpointError(path + ": corrupt header entry " + name + ": " + what);
-        };
-        if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets"))
-            throw bad("expected dtype, shape and data_offsets");
-        if (!t["dtype"].is_string()) throw bad("dtype is not a string");
-        TensorEntry e;
-        e.dtype = t["dtype"].get<std::string>();
-        if (dtype_size(e.dtype) == 0)
-            throw CheckpointError(path + ": tensor " + name + " is " + t["dtype"].dump() + ", expected F32");
-        if (!t["shape"].is_array() || t["shape"].size() > 8) throw bad("shape is not a list of at most 8 dimensions");
-        uint64_t count = 1;
-        for (const json& d : t["shape"]) {
-            if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT32_MAX))
-                throw bad("a dimension is not an integer in [0, 2^31)");
-            e.shape.push_back(int(d.get<uint64_t>()));
-            if (!checked_mul(count, d.get<uint64_t>(), count)) throw bad("the shape's size overflows");
-        }
-        const json& off = t["data_offsets"];
-        if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-            throw bad("data_offsets is not two non-negative integers");
-        e.begin = off[0].get<uint64_t>();
-        e.end = off[1].get<uint64_t>();
-        uint64_t bytes = 0;
-        if (!checked_mul(count, dtype_size(e.dtype), bytes) || e.end < e.begin || e.end - e.begin != bytes)
-            throw CheckpointError(path + ": tensor " + name + ": offsets do not match its shape");
-        spans.emplace_back(e.begin, e.end);
-        p.tensors[name] = std::move(e);
-    }
-    std::sort(spans.begin(), spans.end());
-    uint64_t at = 0;
-    for (const auto& [b, e] : spans) {
-        if (b != at)
-            throw CheckpointError(path + ": corrupt header: tensor data " + (b < at ? "overlaps" : "leaves a hole") +
-                                  " at byte " + std::to_string(std::min(b, at)));
-        at = e;
-    }
-    return at;
-}
-
-// Reads and validates the header length and the header (nothing before its size is known to fit
-// the file). Returns the bytes that follow the header in the file and the data section's size the
-// header describes.
-std::pair<uint64_t, uint64_t> read_header(InputFile& in, Parsed& p) {
-    const std::string& path = in.path();
-    std::vector<unsigned char> head(8);
-    const size_t got = in.read(head.data(), 8);
-    if (got < 8) throw CheckpointError(path + ": truncated (" + std::to_string(got) + " bytes)");
-    uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= uint64_t(head[size_t(i)]) << (8 * i);
-    if (n > in.file_size() - 8)
-        throw CheckpointError(path + ": truncated: the header claims " + std::to_string(n) + " bytes");
-    if (n > kMaxHeaderBytes)
-        throw CheckpointError(path + ": corrupt: a header of " + format_bytes(n) + " is larger than the format allows");
-    head.clear();
-    in.read_exact(head, size_t(n), "the header");
-    try {
-        p.header = json::parse(head.begin(), head.end());
-    } catch (const json::exception& e) {
-        throw CheckpointError(path + ": corrupt header: " + e.what());
-    }
-    const uint64_t data = parse_header(p, path);
-    return {in.file_size() - 8 - n, data};
+// A checkpoint's header with its checksum over the data and the metadata.
+std::string checksummed_header(const SafetensorsBuilder& b, std::map<std::string, std::string> meta) {
+    char crc[16];
+    std::snprintf(crc, sizeof crc, "%08x", content_crc(b.data.data(), b.data.size(), meta));
+    meta["checksum"] = crc;
+    return b.header(meta);
 }
 
 // Reads a safetensors file: the header, then exactly the data it describes; nothing is read
@@ -222,7 +109,10 @@ Parsed parse(InputFile& in) {
     Parsed p;
     const std::string& path = in.path();
     try {
-        const auto [have, data] = read_header(in, p);
+        SafetensorsHeader h = read_safetensors_header(in);
+        const uint64_t have = in.file_size() - h.data_at, data = h.data_bytes;
+        p.tensors = std::move(h.tensors);
+        p.meta = std::move(h.metadata);
         if (have < data)
             throw CheckpointError(path + ": truncated: " + std::to_string(have) + " of " + std::to_string(data) +
                                   " data bytes");
@@ -240,7 +130,7 @@ Parsed parse(InputFile& in) {
 }
 
 std::vector<float> tensor_values(const Parsed& p, const std::string& path, const std::string& name) {
-    const TensorEntry& t = p.tensors.at(name);
+    const SafetensorsEntry& t = p.tensors.at(name);
     if (t.dtype != "F32") throw CheckpointError(path + ": tensor " + name + " is " + t.dtype + ", expected F32");
     std::vector<float> v((t.end - t.begin) / 4);
     if (!v.empty()) std::memcpy(v.data(), p.data.data() + t.begin, t.end - t.begin);
@@ -338,7 +228,7 @@ CheckpointBytes build_checkpoint(const Model& model, const CheckpointData& d) {
     std::string states;
     for (const auto& [state, flat] : d.optimizer) states += (states.empty() ? "" : ",") + state;
     meta["optimizer_state"] = states;
-    std::string header = b.serialize(meta, true);
+    std::string header = checksummed_header(b, meta);
     return {std::move(header), std::move(b.data)};
 }
 
@@ -492,7 +382,7 @@ std::string safetensors_bytes(const SafetensorsFile& file, bool with_checksum) {
     SafetensorsBuilder b;
     for (const auto& [name, t] : file.tensors) b.add(name, t.first, t.second.data(), t.second.size());
     for (const auto& [name, t] : file.int_tensors) b.add(name, t.first, t.second.data(), t.second.size());
-    std::string out = b.serialize(file.metadata, with_checksum);
+    std::string out = with_checksum ? checksummed_header(b, file.metadata) : b.header(file.metadata);
     out.append(reinterpret_cast<const char*>(b.data.data()), b.data.size());
     return out;
 }
@@ -556,16 +446,12 @@ std::map<std::string, std::string> peek_checkpoint_metadata(const std::string& p
 
 std::map<std::string, std::string> read_checkpoint_metadata(const std::string& path) {
     InputFile in = open_input(path);
-    Parsed p;
-    read_header(in, p);
-    return p.meta;
+    return read_safetensors_header(in).metadata;
 }
 
 std::map<std::string, std::string> peek_checkpoint_metadata(InputFile&& in) {
     try {
-        Parsed p;
-        read_header(in, p);
-        return p.meta;
+        return read_safetensors_header(in).metadata;
     } catch (const std::exception&) {  // unreadable: no hint; resuming reads it properly and says why
         return {};
     }
