@@ -17,6 +17,7 @@
 #include "base/io.h"
 #include "base/error.h"
 #include "mirrored/cross_device_ops.h"
+#include "mirrored/hf_models.h"
 #include "mirrored/optimizer.h"
 #include "mirrored/util.h"
 
@@ -191,6 +192,18 @@ public:
 
     [[noreturn]] void fail(const std::string& path, const std::string& what) override {
         throw ConfigError(location(path, lookup(root_, split_path(path), 0)) + ": " + path + ": " + what);
+    }
+
+    // A value the file does not hold, as if it did; messages about it name `origin`.
+    void define(const std::string& path, const YAML::Node& value, const std::string& origin) {
+        const auto parts = split_path(path);
+        YAML::Node n = root_;
+        for (size_t i = 0; i + 1 < parts.size(); ++i) {
+            if (!n[parts[i]].IsDefined() || n[parts[i]].IsNull()) n[parts[i]] = YAML::Node(YAML::NodeType::Map);
+            n.reset(n[parts[i]]);
+        }
+        n[parts.back()] = value;
+        set_origin_[path] = origin;
     }
 
     bool has(const std::string& path) override {
@@ -521,9 +534,25 @@ void read_loss(Reader& r, LossConfig& l) {
     l.options = loss_kinds().get(l.type).read(r, "model.loss");
 }
 
-void read_model(Reader& r, ModelConfig& m) {
+// model.init_from: DIR (relative to the config's folder): without model.layers, the layers of the
+// model DIR/config.json describes.
+void read_model(Reader& r, ModelConfig& m, const std::string& base_dir) {
     m.input_shape = r.int_list("model.input_shape", {}, 1, 1 << 24);
     read_loss(r, m.loss);
+    if (r.has("model.init_from")) {
+        std::filesystem::path dir = r.nonempty_str("model.init_from", "");
+        if (dir.is_relative() && !base_dir.empty()) dir = std::filesystem::path(base_dir) / dir;
+        m.init_from = std::filesystem::absolute(dir).lexically_normal().string();
+        if (!r.has("model.layers")) {
+            std::string layers;
+            try {
+                layers = hf_model_config(m.init_from).layers;
+            } catch (const ConfigError& e) {
+                r.fail("model.init_from", e.what());
+            }
+            r.define("model.layers", YAML::Load(layers), m.init_from + "/config.json");
+        }
+    }
     m.layers = read_layer_list(r, "model.layers");
 }
 
@@ -627,7 +656,7 @@ Config load_config_text(const std::string& text, const std::string& path, const 
         r.expect_map(section);
     read_run(r, c);
     read_strategy(r, c);
-    read_model(r, c.model);  // before the data: the loss says what its label columns hold
+    read_model(r, c.model, c.base_dir);  // before the data: the loss says what its label columns hold
     read_data(r, c.data, loss_kind(c.model.loss).labels == LabelKind::targets);
     read_optimizer(r, c.optimizer);
     read_train(r, c);
@@ -764,6 +793,7 @@ void emit_data(ConfigEmitter& e, const DataConfig& d) {
 void emit_model(ConfigEmitter& e, const ModelConfig& m) {
     e.begin("model");
     if (!m.input_shape.empty()) e.put("input_shape", m.input_shape);
+    if (!m.init_from.empty()) e.put("init_from", m.init_from);
     e.raw() << YAML::Key << "layers" << YAML::Value;
     emit_layers(e.raw(), m.layers);
     const Fields keys = m.loss.options ? m.loss.options->fields() : Fields{};

@@ -30,6 +30,9 @@ struct RunConfig {
 struct ModelConfig {
     std::vector<int> input_shape;  // empty: the dataset's sample shape
     std::vector<LayerSpec> layers;
+    // model.init_from: a Hugging Face model folder (absolute): a fresh run starts from its weights,
+    // and its config.json gives the layers unless model.layers is written (mirrored/hf_models.h).
+    std::string init_from;
     LossConfig loss;
     bool operator==(const ModelConfig&) const = default;
 };

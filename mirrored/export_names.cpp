@@ -1,7 +1,6 @@
 #include "mirrored/export_names.h"
 
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 
@@ -57,95 +56,6 @@ std::vector<std::pair<std::string, std::string>> nanogpt_names(const std::vector
         if (name == "layers.0.weight") out.push_back({name, "lm_head.weight"});  // tied: both names
     }
     return out;
-}
-
-HfModel hf_llama(const std::vector<LayerSpec>& layers, int context, const SafetensorsFile& tensors) {
-    const auto fail = [](const std::string& what) {
-        throw ConfigError("export --names hf", what +
-                                                   "; Hugging Face's Llama is embedding, llama_block x N (all alike), "
-                                                   "rmsnorm (the blocks' epsilon), lm_head");
-    };
-    const size_t n = layers.size();
-    if (n < 4 || layers[0].type != "embedding" || layers[n - 2].type != "rmsnorm" || layers[n - 1].type != "lm_head")
-        fail("the model is not written in that order");
-    const LayerSpec& first = layers[1];
-    for (size_t k = 1; k + 2 < n; ++k) {
-        if (layers[k].type != "llama_block") fail("model.layers." + std::to_string(k) + ": " + layers[k].type);
-        for (const char* key : {"heads", "kv_heads", "intermediate_size", "rope_theta", "epsilon", "bias"})
-            if (layers[k].field(key) != first.field(key))
-                fail("model.layers." + std::to_string(k) + ": " + key + " differs from the first block's");
-    }
-    if (layers[n - 2].field("epsilon") != first.field("epsilon")) fail("the final rmsnorm's epsilon differs");
-    const auto tensor = [&](const std::string& name) -> const std::pair<std::vector<int>, std::vector<float>>& {
-        const auto it = tensors.tensors.find(name);
-        if (it == tensors.tensors.end()) throw CheckpointError("export: the checkpoint has no tensor " + name);
-        return it->second;
-    };
-    const auto& embed = tensor("layers.0.weight");
-    const int vocab = embed.first[0], c = embed.first[1];
-    const int heads = std::atoi(first.field("heads").c_str()), kv = std::atoi(first.field("kv_heads").c_str());
-    const int wide = std::atoi(first.field("intermediate_size").c_str()), d = c / heads;
-    const bool bias = first.field("bias") == "true", tied = layers[n - 1].field("tie_weights") != "false";
-    HfModel m;
-    auto& out = m.weights.tensors;
-    // rows [from, from + count) of a [rows, cols] tensor (or of a vector)
-    const auto rows = [](const std::pair<std::vector<int>, std::vector<float>>& t, int from, int count) {
-        const size_t cols = t.first.size() > 1 ? size_t(t.first[1]) : 1;
-        std::vector<int> shape = t.first;
-        shape[0] = count;
-        return std::make_pair(shape, std::vector<float>(t.second.begin() + long(size_t(from) * cols),
-                                                        t.second.begin() + long(size_t(from + count) * cols)));
-    };
-    out["model.embed_tokens.weight"] = embed;
-    const int blocks = int(n) - 3;
-    for (int i = 0; i < blocks; ++i) {
-        const std::string from = "layers." + std::to_string(i + 1) + ".",
-                          to = "model.layers." + std::to_string(i) + ".";
-        out[to + "input_layernorm.weight"] = tensor(from + "input_layernorm.weight");
-        out[to + "post_attention_layernorm.weight"] = tensor(from + "post_attention_layernorm.weight");
-        for (const char* what : {"weight", "bias"}) {
-            if (std::string(what) == "bias" && !bias) continue;
-            const auto& qkv = tensor(from + "self_attn.qkv_proj." + what);
-            out[to + "self_attn.q_proj." + what] = rows(qkv, 0, heads * d);
-            out[to + "self_attn.k_proj." + what] = rows(qkv, heads * d, kv * d);
-            out[to + "self_attn.v_proj." + what] = rows(qkv, (heads + kv) * d, kv * d);
-            out[to + "self_attn.o_proj." + what] = tensor(from + "self_attn.o_proj." + what);
-        }
-        const auto& gate_up = tensor(from + "mlp.gate_up_proj.weight");
-        out[to + "mlp.gate_proj.weight"] = rows(gate_up, 0, wide);
-        out[to + "mlp.up_proj.weight"] = rows(gate_up, wide, wide);
-        out[to + "mlp.down_proj.weight"] = tensor(from + "mlp.down_proj.weight");
-    }
-    out["model.norm.weight"] = tensor("layers." + std::to_string(n - 2) + ".weight");
-    if (!tied) {
-        const auto& head = tensor("layers." + std::to_string(n - 1) + ".weight");
-        if (head.first[0] != vocab)
-            fail("the head scores " + std::to_string(head.first[0]) + " tokens, the embedding has " +
-                 std::to_string(vocab) + " (Hugging Face's Llama has one vocab_size)");
-        out["lm_head.weight"] = head;
-    }
-    m.weights.metadata = {{"format", "pt"}};
-    const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
-                                   {"model_type", "llama"},
-                                   {"hidden_size", c},
-                                   {"intermediate_size", wide},
-                                   {"num_attention_heads", heads},
-                                   {"num_key_value_heads", kv},
-                                   {"head_dim", d},
-                                   {"num_hidden_layers", blocks},
-                                   {"rms_norm_eps", std::strtod(first.field("epsilon").c_str(), nullptr)},
-                                   {"rope_theta", std::strtod(first.field("rope_theta").c_str(), nullptr)},
-                                   {"rope_scaling", nullptr},
-                                   {"vocab_size", vocab},
-                                   {"max_position_embeddings", context},
-                                   {"tie_word_embeddings", tied},
-                                   {"attention_bias", bias},
-                                   {"mlp_bias", false},
-                                   {"hidden_act", "silu"},
-                                   {"initializer_range", 0.02},
-                                   {"torch_dtype", "float32"}};
-    m.config_json = config.dump(2) + "\n";
-    return m;
 }
 
 }  // namespace mirrored

@@ -20,16 +20,4 @@ namespace mirrored {
 std::vector<std::pair<std::string, std::string>> nanogpt_names(const std::vector<LayerSpec>& layers,
                                                                const std::vector<std::string>& names);
 
-// Hugging Face's LlamaForCausalLM: a model written as embedding, llama_block x N (one shape for all:
-// heads, kv_heads, intermediate_size, rope_theta, epsilon, bias), rmsnorm, lm_head. Its state dict
-// (model.embed_tokens, model.layers.<i>.self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, the
-// norms, model.norm, lm_head - q/k/v and gate/up split out of the stacked tensors by rows) from a
-// checkpoint's `tensors`, and its config.json for `context` positions. ConfigError naming what
-// differs otherwise.
-struct HfModel {
-    SafetensorsFile weights;
-    std::string config_json;
-};
-HfModel hf_llama(const std::vector<LayerSpec>& layers, int context, const SafetensorsFile& tensors);
-
 }  // namespace mirrored

@@ -26,6 +26,7 @@
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/export_names.h"
+#include "mirrored/hf_models.h"
 #include "mirrored/model.h"
 #include "mirrored/nodes.h"
 #include "mirrored/software.h"
@@ -76,9 +77,9 @@ struct ModelCommands {
         train->add_flag("--print-config", print_config,
                         "print the resolved configuration (defaults included) and exit");
 
-        eval = app.add_subcommand("eval", "test-set loss and accuracy of a checkpoint");
+        eval = app.add_subcommand("eval", "test-set loss and accuracy of a checkpoint (or of model.init_from)");
         eval->add_option("config", config, "the run's YAML configuration")->required();
-        eval->add_option("--checkpoint", checkpoint, "checkpoint file")->required();
+        eval->add_option("--checkpoint", checkpoint, "checkpoint file (none: model.init_from's weights as they are)");
         eval->add_option("--set", sets, "override a key (repeatable)");
         eval->add_option("--devices", devices, "device spec for evaluation");
         eval->add_option("--dump-inputs", dump.inputs, "write the test samples (normalised, NHWC) to this .npy file");
@@ -92,8 +93,8 @@ struct ModelCommands {
         exp->add_flag("--force", force, "let --out replace a checkpoint or a file of a run folder");
         exp->add_option("--names", names,
                         "mirrored (PyTorch's nn.Module names of the config's layers), nanogpt (nanoGPT's GPT: "
-                        "transformer.wte, transformer.h.N..., lm_head) or hf (a Llama-style model as a Hugging Face "
-                        "folder: model.safetensors and config.json for LlamaForCausalLM)")
+                        "transformer.wte, transformer.h.N..., lm_head) or hf (a GPT-2 or Llama-style model as a "
+                        "Hugging Face folder: model.safetensors, config.json)")
             ->check(CLI::IsMember({"mirrored", "nanogpt", "hf"}));
 
         devices_cmd = app.add_subcommand("devices", "list GPUs, peer access, links and versions (or the CPU)");
@@ -143,6 +144,8 @@ private:
             return kExitOk;
         }
         if (train->parsed()) return run_training(cfg, nodes.get(), stdout, failover);
+        if (checkpoint.empty() && cfg.model.init_from.empty())
+            throw ConfigError("eval: --checkpoint is required (or a config with model.init_from)");
         std::vector<std::pair<std::string, std::string>> read = {{"the checkpoint", checkpoint},
                                                                  {"the configuration file", config}};
         for (auto& input : data_inputs(cfg.data, cfg.base_dir)) read.push_back(std::move(input));
@@ -153,8 +156,12 @@ private:
             check_output({"--dump-logits", dump.logits, dump.force, taken});
         }
         const EvalResult r = evaluate_checkpoint(cfg, checkpoint, dump);
-        std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n",
-                    checkpoint.c_str(), static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
+        if (checkpoint.empty())
+            std::printf("%s (pretrained): test loss %.6f, test accuracy %.4f over %zu samples\n",
+                        cfg.model.init_from.c_str(), r.loss, r.accuracy, r.samples);
+        else
+            std::printf("checkpoint %s (step %lld): test loss %.6f, test accuracy %.4f over %zu samples\n",
+                        checkpoint.c_str(), static_cast<long long>(r.step), r.loss, r.accuracy, r.samples);
         return kExitOk;
     }
 
@@ -176,18 +183,21 @@ private:
         return f;
     }
 
-    // Every tensor of the model the checkpoint describes (its embedded config), of the model's
-    // shape and finite, as a resume would check: an export is not a way around those checks.
-    void check_complete(const SafetensorsFile& f) const {
-        const auto it = f.metadata.find("config");
-        if (it == f.metadata.end())
-            throw CheckpointError(checkpoint + ": no embedded config: not a mirrored checkpoint");
-        Config c;
+    // The checkpoint's embedded config (as the model was trained).
+    Config embedded_config(const std::map<std::string, std::string>& metadata) const {
+        const auto it = metadata.find("config");
+        if (it == metadata.end()) throw CheckpointError(checkpoint + ": no embedded config: not a mirrored checkpoint");
         try {
-            c = load_config_text(it->second, checkpoint, {});
+            return load_config_text(it->second, checkpoint, {});
         } catch (const ConfigError& e) {
             throw CheckpointError(checkpoint + ": its embedded config does not load: " + e.what());
         }
+    }
+
+    // Every tensor of the model the checkpoint describes (its embedded config), of the model's
+    // shape and finite, as a resume would check: an export is not a way around those checks.
+    void check_complete(const SafetensorsFile& f) const {
+        const Config c = embedded_config(f.metadata);
         const Model model(c.model.input_shape, c.model.layers, c.run.seed);
         (void)read_checkpoint(checkpoint, model, model_config_hash(c), model_config_summary(c));
     }
@@ -203,14 +213,7 @@ private:
         for (auto& [name, t] : f.tensors)
             if (name.rfind("optimizer.", 0) != 0) weights.tensors[name] = std::move(t);
         if (names == "nanogpt") {
-            if (!f.metadata.count("config"))
-                throw CheckpointError(checkpoint + ": no embedded config: not a mirrored checkpoint");
-            Config c;
-            try {
-                c = load_config_text(f.metadata["config"], checkpoint, {});
-            } catch (const ConfigError& e) {
-                throw CheckpointError(checkpoint + ": its embedded config does not load: " + e.what());
-            }
+            const Config c = embedded_config(f.metadata);
             std::vector<std::string> mine;
             for (const auto& [name, t] : weights.tensors) mine.push_back(name);
             SafetensorsFile renamed;
@@ -240,11 +243,11 @@ private:
             throw ConfigError("--out: " + out + " is not a folder (--names hf writes a Hugging Face model folder)");
         const OutputTarget weights_at{"--out", out + "/model.safetensors", force, {{"the checkpoint", checkpoint}}},
             config_at{"--out", out + "/config.json", force, {{"the checkpoint", checkpoint}}};
-        const SafetensorsFile f = read_safetensors(checkpoint, true);
-        check_complete(f);
-        const Config c = load_config_text(f.metadata.at("config"), checkpoint, {});
+        const Config c = embedded_config(read_checkpoint_metadata(checkpoint));
         const Model model(c.model.input_shape, c.model.layers, c.run.seed);
-        const HfModel m = hf_llama(c.model.layers, model.input_features(), f);  // a model it cannot be: nothing made
+        const std::vector<float> params =
+            read_checkpoint(checkpoint, model, model_config_hash(c), model_config_summary(c)).params;
+        const HfModelFiles m = hf_model_files(model, params.data());  // a model it cannot be: nothing made
         const bool made = !std::filesystem::exists(out, ec);
         std::filesystem::create_directories(out, ec);
         try {

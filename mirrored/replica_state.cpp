@@ -238,18 +238,32 @@ void ReplicaState::upload_state(const std::vector<float>& params,
     for (size_t i = 0; i < mine.size(); ++i)
         if (mine[i].first != state[i].first || first.size() != state[i].second.size())
             throw CheckpointError("checkpoint optimizer state '" + state[i].first + "' does not fit the optimizer");
+    upload(params, &state);
+}
+
+void ReplicaState::upload_params(const std::vector<float>& params) {
+    if (params.size() != set_.replica(0).params.size())
+        throw std::logic_error("upload_params: the parameters do not fit the model");
+    upload(params, nullptr);
+}
+
+void ReplicaState::upload(const std::vector<float>& params,
+                          const std::vector<std::pair<std::string, std::vector<float>>>* state) {
     set_.guarded([&] {
         for (auto& Rp : set_.members()) {
             if (&set_.holder(*Rp) != Rp.get()) continue;  // shared parameters: one copy
             Device& d = *Rp->device;
             d.copy_to_device(d.compute_stream(), Rp->params.data(), params.data(), params.size() * sizeof(float));
-            auto own = Rp->optimizer->state();
-            std::vector<float> part(Rp->optimizer->state_size());
-            for (size_t i = 0; i < own.size(); ++i) {
-                for (const auto& o : Rp->optimizer->owned())
-                    std::copy_n(state[i].second.data() + o.begin, o.end - o.begin, part.data() + o.state_at);
-                d.copy_to_device(d.compute_stream(), own[i].second->data(), part.data(), part.size() * sizeof(float));
-                d.synchronize();  // part is refilled for the next state
+            if (state) {
+                auto own = Rp->optimizer->state();
+                std::vector<float> part(Rp->optimizer->state_size());
+                for (size_t i = 0; i < own.size(); ++i) {
+                    for (const auto& o : Rp->optimizer->owned())
+                        std::copy_n((*state)[i].second.data() + o.begin, o.end - o.begin, part.data() + o.state_at);
+                    d.copy_to_device(d.compute_stream(), own[i].second->data(), part.data(),
+                                     part.size() * sizeof(float));
+                    d.synchronize();  // part is refilled for the next state
+                }
             }
             set_.refresh_weights(*Rp, d.compute_stream());
             d.synchronize();

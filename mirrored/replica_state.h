@@ -48,8 +48,12 @@ public:
     std::vector<std::pair<std::string, std::vector<float>>> download_optimizer_state();
     void upload_state(const std::vector<float>& params,
                       const std::vector<std::pair<std::string, std::vector<float>>>& optimizer_state);
+    // New parameters (pretrained weights) under the optimizer state the replicas start with.
+    void upload_params(const std::vector<float>& params);
 
 private:
+    void upload(const std::vector<float>& params,
+                const std::vector<std::pair<std::string, std::vector<float>>>* optimizer_state);
     std::vector<Replica*> state_holders();
     ReplicaSet& set_;
 };

@@ -15,12 +15,6 @@
 
 namespace mirrored {
 
-std::string shape_str(const std::vector<int>& s) {
-    std::string out = "[";
-    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
-}
-
 namespace {
 
 void check_model_against_data(Config& cfg, const Datasets& data) {

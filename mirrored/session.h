@@ -36,7 +36,4 @@ struct Session {
 std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data = nullptr,
                                       bool with_train_loader = true, Nodes* nodes = nullptr);
 
-// "[28, 28, 1]"
-std::string shape_str(const std::vector<int>& s);
-
 }  // namespace mirrored

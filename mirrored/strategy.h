@@ -131,6 +131,7 @@ public:
                       const std::vector<std::pair<std::string, std::vector<float>>>& optimizer_state) {
         state_->upload_state(params, optimizer_state);
     }
+    void upload_params(const std::vector<float>& params) { state_->upload_params(params); }
 
 private:
     std::unique_ptr<ReplicaSet> set_;

@@ -23,6 +23,7 @@
 #include "mirrored/util.h"
 #include "mirrored/bottlenecks.h"
 #include "mirrored/checkpoint.h"
+#include "mirrored/hf_models.h"
 #include "mirrored/resume.h"
 #include "mirrored/run_dir.h"
 #include "mirrored/run_log.h"
@@ -37,6 +38,17 @@ namespace mirrored {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+namespace {
+
+// model.init_from's weights onto every replica, under the optimizer state they start with.
+void load_pretrained(Session& s) {
+    std::vector<float> params = s.strategy->download_params();
+    read_hf_weights(s.cfg.model.init_from, *s.model, params.data());
+    s.strategy->upload_params(params);
+}
+
+}  // namespace
 
 namespace {
 
@@ -475,6 +487,10 @@ void Run::start_fresh() {
     const std::string aside = leader_ ? move_aside(out_dir_, old) : std::string();
     if (!aside.empty()) std::fprintf(out_, "  starting fresh; the earlier run's files moved to %s\n", aside.c_str());
     s_->strategy->init_and_broadcast();
+    if (!cfg_.model.init_from.empty()) {
+        std::fprintf(out_, "  weights from %s\n", cfg_.model.init_from.c_str());
+        load_pretrained(*s_);
+    }
     s_->train_loader->start({0, 0});
     step_ = 0;
     log_.open_metrics(out_dir_, std::ios::trunc);
@@ -1116,10 +1132,16 @@ EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoi
         step_timeout_watchdog(config.strategy.step_timeout_s, "start-up (loading data, building the replicas)",
                               "the evaluation did not finish: run it again");
     auto s = make_session(config, nullptr, false);
-    const CheckpointData d =
-        read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));
-    if (watchdog) watchdog->phase("loading the checkpoint onto the replicas", 0);
-    s->strategy->upload_state(d.params, d.optimizer);
+    CheckpointData d;
+    if (checkpoint.empty()) {  // the pretrained weights of model.init_from, as they are
+        if (watchdog) watchdog->phase("loading the weights of model.init_from", 0);
+        s->strategy->init_and_broadcast();
+        load_pretrained(*s);
+    } else {
+        d = read_checkpoint(checkpoint, *s->model, model_config_hash(s->cfg), model_config_summary(s->cfg));
+        if (watchdog) watchdog->phase("loading the checkpoint onto the replicas", 0);
+        s->strategy->upload_state(d.params, d.optimizer);
+    }
     if (watchdog) watchdog->phase("the evaluation", 0);
     const Metrics m = s->strategy->evaluate(*s->test_loader);
     if (watchdog) watchdog->phase("writing --dump-inputs / --dump-logits", 0);

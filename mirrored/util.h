@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace mirrored {
 
@@ -46,6 +47,13 @@ inline std::string number_str(double v) {
     char b[32];
     std::snprintf(b, sizeof b, "%g", v);
     return b;
+}
+
+// A tensor's shape as "[2, 3]".
+inline std::string shape_str(const std::vector<int>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
 }
 
 // A float or double as the text a config would hold: printf's %g where that reads back as the

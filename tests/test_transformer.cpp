@@ -1327,7 +1327,7 @@ TEST_CASE("generate with the key/value cache: the window way's greedy text withi
     }
 }
 
-TEST_CASE("export --names hf: a Llama as a Hugging Face folder; an independent LlamaForCausalLM gives our test loss") {
+TEST_CASE("export --names hf: Llama and GPT-2 as Hugging Face folders; Hugging Face's forward gives our test loss") {
     if (!python_has("torch, numpy", "PyTorch", "python3-torch")) return;
     GptRun g;
     g.model = kLlama;
@@ -1352,17 +1352,35 @@ TEST_CASE("export --names hf: a Llama as a Hugging Face folder; an independent L
                     err);
     const double loss = nlohmann::json::parse(read_text(g / "ref.json"))["loss"];
     CHECK(loss == doctest::Approx(summary(g / "run")["test_loss"].get<double>()).epsilon(1e-5));
-    // a second export replaces its files (as an export to a file does); --out must be a folder; a GPT
-    // is not a Llama, and nothing is made for it
+    // a second export replaces its files (as an export to a file does); --out must be a folder
     CHECK(run_cli({"export", ckpt, "--names", "hf", "--out", g / "hf"}, {}, -1, &err) == kExitOk);
     CHECK(run_cli({"export", ckpt, "--names", "hf", "--out", g / "hf/config.json"}, {}, -1, &err) == kExitUsage);
     CHECK(err.find("is not a folder") != std::string::npos);
+    // a GPT as GPT2LMHeadModel (exact gelu; Conv1D's [in, out]): Hugging Face's forward gives its test loss
     g.model = kGpt;
     REQUIRE(g.train(g / "gpt") == kExitOk);
-    CHECK(run_cli({"export", list_checkpoints(g / "gpt/checkpoints").front(), "--names", "hf", "--out", g / "hf2"}, {},
-                  -1, &err) == kExitUsage);
-    CHECK(err.find("Hugging Face's Llama is embedding, llama_block x N") != std::string::npos);
-    CHECK(!fs::exists(g / "hf2"));
+    REQUIRE_MESSAGE(
+        run_cli({"export", list_checkpoints(g / "gpt/checkpoints").front(), "--names", "hf", "--out", g / "hf2"}, {},
+                -1, &err) == kExitOk,
+        err);
+    const nlohmann::json gpt2 = nlohmann::json::parse(read_text(g / "hf2/config.json"));
+    CHECK(gpt2["model_type"] == "gpt2");
+    CHECK(gpt2["activation_function"] == "gelu");
+    REQUIRE_MESSAGE(run_program(kPython,
+                                {repo_script("hf_reference.py"), "logits", g / "hf2", "--tokens", g.root + "/val.bin",
+                                 "--context", "16", "--batch", std::to_string(windows), "--out", g / "ref2.json"},
+                                &err) == 0,
+                    err);
+    CHECK(nlohmann::json::parse(read_text(g / "ref2.json"))["loss"].get<double>() ==
+          doctest::Approx(summary(g / "gpt")["test_loss"].get<double>()).epsilon(1e-5));
+    // a model Hugging Face's classes do not hold: named, and nothing made for it
+    g.model = kGpt;
+    REQUIRE(g.train(g / "gpt_untied", {"model.layers.5.tie_weights=false", "model.layers.5.units=128"}) == kExitOk);
+    CHECK(
+        run_cli({"export", list_checkpoints(g / "gpt_untied/checkpoints").front(), "--names", "hf", "--out", g / "hf3"},
+                {}, -1, &err) == kExitUsage);
+    CHECK(err.find("GPT-2's lm_head is tied to the embedding") != std::string::npos);
+    CHECK(!fs::exists(g / "hf3"));
 }
 
 TEST_CASE(

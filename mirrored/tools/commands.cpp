@@ -328,7 +328,10 @@ void ToolCommands::add_report(CLI::App& app) {
 
 void ToolCommands::add_generate(CLI::App& app) {
     gn_cmd_ = app.add_subcommand("generate", "a language model's continuation of a prompt, printed as it comes");
-    gn_cmd_->add_option("checkpoint", gn_.checkpoint, "checkpoint file of a language model")->required();
+    gn_cmd_
+        ->add_option("checkpoint", gn_.checkpoint,
+                     "checkpoint file of a language model, or a Hugging Face model folder (GPT-2, Llama family)")
+        ->required();
     auto* prompt =
         gn_cmd_->add_option("--prompt", gn_.prompt, "the text to continue (byte-level tokens; default a newline)");
     gn_cmd_
@@ -350,6 +353,10 @@ void ToolCommands::add_generate(CLI::App& app) {
     gn_cmd_->add_flag(
         "--no-kv-cache", [this](int64_t) { gn_.kv_cache = false; },
         "recompute the whole window for every token instead of keeping each attention's keys and values");
+    gn_cmd_
+        ->add_option("--context", gn_.context,
+                     "a Hugging Face folder's model: the positions it is built for (default: its own, at most 2048)")
+        ->check(CLI::Range(1, 1 << 16));
     add_json(gn_cmd_, gn_.json, "write the tokens generated, the seconds they took and tokens/s to this JSON file");
 }
 

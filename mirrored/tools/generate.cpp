@@ -1,5 +1,6 @@
 // `mirrored generate CHECKPOINT --prompt TEXT`: a language model's continuation of a prompt, token by
-// token, printed as each comes. The model is the checkpoint's own (its embedded config); it runs on
+// token, printed as each comes. The model is the checkpoint's own (its embedded config), or a
+// Hugging Face folder's (config.json, its weights and tokenizer.json: mirrored/hf_models.h); it runs on
 // one CPU replica in f32. Each token is drawn from softmax(logits / temperature) over the top-k
 // scores with a generator seeded by --seed, so the same command prints the same text.
 //
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,6 +27,7 @@
 #include "kernels/buffer.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
+#include "mirrored/hf_models.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/model.h"
 #include "mirrored/tools/tools.h"
@@ -41,7 +44,33 @@ struct LoadedModel {
     std::vector<float> params;
 };
 
-LoadedModel load_model(const std::string& path) {
+// A Hugging Face model folder (model.init_from's kind), built for `context` positions (0: its
+// own longest, at most 2048).
+LoadedModel load_hf_model(const std::string& dir, int context) {
+    const HfModelConfig hf = hf_model_config(dir);
+    if (context == 0) context = std::min(hf.max_positions, 2048);
+    std::string quoted;  // YAML's single-quoted scalar: a quote doubled
+    for (char ch : std::filesystem::absolute(dir).string())
+        quoted += ch == '\'' ? std::string("''") : std::string(1, ch);
+    LoadedModel m;
+    m.config = load_config_text("model: {init_from: '" + quoted + "', input_shape: [" + std::to_string(context) + "]}",
+                                dir + "/config.json", {});
+    const Config& c = m.config;
+    m.model = std::make_unique<Model>(c.model.input_shape, c.model.layers, c.run.seed);
+    m.params.assign(m.model->flat_size(), 0.0f);
+    read_hf_weights(c.model.init_from, *m.model, m.params.data());
+    return m;
+}
+
+LoadedModel load_model(const std::string& path, int context) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) {
+        if (!std::filesystem::exists(path + "/config.json", ec))
+            throw CheckpointError(path + ": expected a regular file (a checkpoint), or a Hugging Face model folder "
+                                         "(config.json, model.safetensors)");
+        return load_hf_model(path, context);
+    }
+    if (context) throw ConfigError("--context: a checkpoint's model has its own (a Hugging Face folder takes one)");
     const auto meta = read_checkpoint_metadata(path);  // an unreadable file says why
     const auto it = meta.find("config");
     if (it == meta.end()) throw CheckpointError(path + ": no embedded config: not a mirrored checkpoint");
@@ -53,8 +82,6 @@ LoadedModel load_model(const std::string& path) {
     }
     const Config& c = m.config;
     m.model = std::make_unique<Model>(c.model.input_shape, c.model.layers, c.run.seed);
-    if (!m.model->reads_token_ids() || m.model->output_positions() != m.model->input_features())
-        throw ConfigError(path + ": generate needs a language model (an embedding first, a score per position last)");
     m.params = read_checkpoint(path, *m.model, model_config_hash(c), model_config_summary(c)).params;
     return m;
 }
@@ -85,8 +112,11 @@ int sample(std::vector<float> logits, const GenerateOptions& o, std::mt19937_64&
 
 int generate(const GenerateOptions& o) {
     if (!(o.temperature >= 0)) throw ConfigError("--temperature: expected 0 (greedy) or more");
-    LoadedModel m = load_model(o.checkpoint);
+    LoadedModel m = load_model(o.checkpoint, o.context);
     const Model& model = *m.model;
+    if (!model.reads_token_ids() || model.output_positions() != model.input_features())
+        throw ConfigError(o.checkpoint +
+                          ": generate needs a language model (an embedding first, a score per position last)");
     const int t = model.input_features(), scores = model.output_classes();
     // an id needs its embedding row and its score: the smaller table bounds the prompt and the draws
     // (an untied head larger than the embedding scores ids the model could not read back)
@@ -106,7 +136,12 @@ int generate(const GenerateOptions& o) {
         if (tokens.empty()) throw ConfigError("--prompt-ids: no ids (expected ids separated by spaces)");
     }
     // text in and out through the run's tokenizer (--tokenizer), else as bytes where the vocabulary is
-    const std::unique_ptr<Tokenizer> tok = o.tokenizer.empty() ? nullptr : load_tokenizer(o.tokenizer);
+    // (a Hugging Face folder's own tokenizer.json where it has one)
+    std::string tokenizer = o.tokenizer;
+    std::error_code ec;
+    if (tokenizer.empty() && std::filesystem::is_regular_file(o.checkpoint + "/tokenizer.json", ec))
+        tokenizer = o.checkpoint;
+    const std::unique_ptr<Tokenizer> tok = tokenizer.empty() ? nullptr : load_tokenizer(tokenizer);
     const bool bytes = vocab <= 256 && !tok, text = bytes || tok;
     if (!o.prompt_ids_given && !text)
         throw ConfigError(std::string(o.prompt.empty() ? "generate" : "--prompt") + ": the model's vocabulary has " +

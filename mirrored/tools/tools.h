@@ -156,6 +156,7 @@ struct GenerateOptions {
     bool echo = true;       // print the prompt before the continuation
     bool kv_cache = true;   // false: recompute the whole window for every token
     std::string tokenizer;  // text in and out through it (data/tokenizer.h); empty: bytes or ids
+    int context = 0;        // a Hugging Face folder: positions the model is built for (0: its own, at most 2048)
     OutputTarget json;      // where given: the tokens generated, seconds, tokens/s
 };
 // `mirrored generate`: a language model's continuation of a prompt, streamed.

@@ -1,0 +1,57 @@
+// Hugging Face model folders (config.json, model.safetensors or shards named by
+// model.safetensors.index.json, the tokenizer's files): what a pretrained GPT-2 or Llama-family
+// model (Llama 2/3, Mistral, SmolLM, TinyLlama) is downloaded as. `model.init_from: DIR` builds the
+// model config.json describes and starts from its weights; `mirrored export --names hf` writes one.
+//
+// Both directions share one table (hf_tensors): each of Hugging Face's tensors, the model's tensor
+// it lies in, its rows there (q/k/v and gate/up are stacked by rows here) and whether it is stored
+// transposed (GPT-2's Conv1D keeps [in, out]).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "mirrored/checkpoint.h"
+#include "mirrored/model.h"
+
+namespace mirrored {
+
+// The model config.json describes, as the YAML list model.layers would hold: GPT-2 (model_type
+// gpt2: embedding, position_embedding, transformer_block x n_layer, layernorm, a tied lm_head) or
+// the Llama family (llama, mistral: embedding, llama_block x num_hidden_layers, rmsnorm, lm_head).
+// ConfigError naming DIR/config.json, the key and what mirrored would need otherwise.
+struct HfModelConfig {
+    std::string layers;     // YAML
+    int max_positions = 0;  // n_positions, max_position_embeddings: the longest context it was trained on
+};
+HfModelConfig hf_model_config(const std::string& dir);
+
+struct HfTensor {
+    std::string name;         // Hugging Face's
+    std::vector<int> shape;   // as Hugging Face stores it
+    std::string ours;         // the model's tensor (TensorInfo::name)
+    int row = 0;              // its first row there (q/k/v, gate/up stacked by rows)
+    bool transposed = false;  // stored [in, out]: GPT-2's Conv1D
+};
+
+// Hugging Face's tensors of `model` under the names its PyTorch classes give them
+// (GPT2LMHeadModel, LlamaForCausalLM), in the model's order; a tied head is not listed. ConfigError
+// naming the layer when the model is not one Hugging Face's classes hold (what = the command).
+std::vector<HfTensor> hf_tensors(const Model& model, const std::string& what);
+
+// Reads DIR's weights into params (the model's flat layout; state and gaps untouched): shard by
+// shard, each memory-mapped and each tensor converted from F32, BF16 or F16 once. Every tensor of
+// hf_tensors must be there once, with its shape, and finite; a tensor nothing reads is an error
+// (but for buffers Hugging Face saves: GPT-2's attention masks, rotary inv_freq, a tied lm_head
+// equal to the embedding). CheckpointError naming the file and the tensor.
+void read_hf_weights(const std::string& dir, const Model& model, float* params);
+
+// The model's parameters as a Hugging Face folder's model.safetensors (F32) and config.json
+// (`context`: max_position_embeddings for a Llama). ConfigError as hf_tensors.
+struct HfModelFiles {
+    SafetensorsFile weights;
+    std::string config_json;
+};
+HfModelFiles hf_model_files(const Model& model, const float* params);
+
+}  // namespace mirrored

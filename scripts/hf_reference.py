@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Hugging Face model folders for checking mirrored's import (model.init_from) and export
+(--names hf), with nothing downloaded: small GPT-2- and Llama-shaped folders with random weights,
+and their logits by an independent PyTorch forward written from the architectures of Hugging
+Face's GPT2LMHeadModel and LlamaForCausalLM (their modules' names, GPT-2's Conv1D layout [in, out],
+rotate-half rotary embeddings, repeat_kv).
+
+    hf_reference.py make DIR --arch gpt2|llama [--dtype f32|bf16|f16] [--shards N] [--hub-names]
+        [--vocab V --hidden C --layers L --heads H --kv-heads KV --intermediate I --positions P
+         --tied --seed S]
+        config.json and model.safetensors (or N shards and model.safetensors.index.json) with
+        random weights stored in the dtype. --hub-names: GPT-2 as the hub's gpt2 is stored (GPT2Model's
+        names without "transformer.", the attention-mask buffers).
+    hf_reference.py logits DIR --tokens val.bin --context T --batch B [--compare ours.npy]
+        [--logits-out ref.npy] [--out result.json]
+        the loss of the folder's model on windows k*T .. k*T+T of the token file (k < B) and its
+        logits, computed in float64 from the stored values; --compare: the largest difference of
+        another [B, T*V] logits file relative to the largest logit, written to result.json.
+Needs only PyTorch and NumPy (Debian: python3-torch python3-numpy).
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_reference import load_tokens, make_batch, rope_tables, rotate_half  # noqa: E402
+
+
+def fail(msg):
+    print(f"hf_reference: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ---------------------------------------------------------------- safetensors in any float type
+
+def tensor_bytes(a, dtype):
+    """float array -> (safetensors dtype, little-endian bytes), rounded to nearest even for bf16."""
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    if dtype == "bf16":
+        return "BF16", t.to(torch.bfloat16).view(torch.int16).numpy().astype("<i2").tobytes()
+    if dtype == "f16":
+        return "F16", t.numpy().astype("<f2").tobytes()
+    return "F32", t.numpy().astype("<f4").tobytes()
+
+
+def write_file(path, tensors, dtype):
+    header, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, a in tensors.items():
+        kind, b = tensor_bytes(a, dtype) if a.dtype != np.uint8 else ("U8", a.tobytes())
+        header[name] = {"dtype": kind, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    return off
+
+
+def read_file(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack_from("<Q", raw, 0)[0]
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        if t["dtype"] == "BF16":
+            bits = np.frombuffer(data[b:e], dtype="<u2").astype(np.uint32) << 16
+            a = bits.view(np.float32)
+        elif t["dtype"] in ("F16", "F32"):
+            a = np.frombuffer(data[b:e], dtype="<f2" if t["dtype"] == "F16" else "<f4")
+        else:
+            continue  # buffers such as GPT-2's masks
+        out[name] = torch.tensor(a.astype(np.float64).reshape(t["shape"]))
+    return out
+
+
+def read_folder(d):
+    index = os.path.join(d, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    p = {}
+    for f in files:
+        p.update(read_file(os.path.join(d, f)))
+    return {(n if n.startswith(("transformer.", "model.", "lm_head")) else "transformer." + n): t for n, t in p.items()}
+
+
+# ---------------------------------------------------------------- random folders
+
+def gpt2_tensors(rng, a):
+    V, C, L, P, inner = a.vocab, a.hidden, a.layers, a.positions, a.intermediate or 4 * a.hidden
+    w = lambda *s: rng.normal(0, 0.02 if len(s) > 1 else 0.1, s)  # noqa: E731
+    t = {"transformer.wte.weight": w(V, C), "transformer.wpe.weight": w(P, C)}
+    for i in range(L):
+        h = f"transformer.h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            t[h + ln + ".weight"], t[h + ln + ".bias"] = 1 + w(C), w(C)
+        for name, (i_, o) in {"attn.c_attn": (C, 3 * C), "attn.c_proj": (C, C), "mlp.c_fc": (C, inner),
+                              "mlp.c_proj": (inner, C)}.items():
+            t[h + name + ".weight"], t[h + name + ".bias"] = w(i_, o), w(o)  # Conv1D: [in, out]
+    t["transformer.ln_f.weight"], t["transformer.ln_f.bias"] = 1 + w(C), w(C)
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": C, "n_head": a.heads,
+              "n_layer": L, "n_positions": P, "n_ctx": P, "n_inner": a.intermediate or None, "vocab_size": V,
+              "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "resid_pdrop": 0.1,
+              "embd_pdrop": 0.1, "attn_pdrop": 0.1, "scale_attn_weights": True, "tie_word_embeddings": True}
+    return t, config
+
+
+def llama_tensors(rng, a):
+    V, C, L, H, KV, I = a.vocab, a.hidden, a.layers, a.heads, a.kv_heads or a.heads, a.intermediate
+    D = C // H
+    w = lambda *s: rng.normal(0, 0.02 if len(s) > 1 else 0.1, s)  # noqa: E731
+    t = {"model.embed_tokens.weight": w(V, C)}
+    for i in range(L):
+        h = f"model.layers.{i}."
+        t[h + "input_layernorm.weight"] = 1 + w(C)
+        t[h + "self_attn.q_proj.weight"] = w(H * D, C)
+        t[h + "self_attn.k_proj.weight"] = w(KV * D, C)
+        t[h + "self_attn.v_proj.weight"] = w(KV * D, C)
+        t[h + "self_attn.o_proj.weight"] = w(C, H * D)
+        t[h + "post_attention_layernorm.weight"] = 1 + w(C)
+        t[h + "mlp.gate_proj.weight"] = w(I, C)
+        t[h + "mlp.up_proj.weight"] = w(I, C)
+        t[h + "mlp.down_proj.weight"] = w(C, I)
+    t["model.norm.weight"] = 1 + w(C)
+    if not a.tied:
+        t["lm_head.weight"] = w(V, C)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": C,
+              "intermediate_size": I, "num_attention_heads": H, "num_key_value_heads": KV, "num_hidden_layers": L,
+              "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "rope_scaling": None, "vocab_size": V,
+              "max_position_embeddings": a.positions, "tie_word_embeddings": bool(a.tied),
+              "attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+    return t, config
+
+
+def make(a):
+    rng = np.random.default_rng(a.seed)
+    t, config = (gpt2_tensors if a.arch == "gpt2" else llama_tensors)(rng, a)
+    if a.hub_names:
+        t = {n[len("transformer."):]: v for n, v in t.items()}
+        for i in range(a.layers):  # the causal mask GPT2Attention once saved as a buffer
+            t[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, a.positions, a.positions), dtype=np.uint8))
+    os.makedirs(a.dir, exist_ok=True)
+    with open(os.path.join(a.dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    names = list(t)
+    if a.shards <= 1:
+        write_file(os.path.join(a.dir, "model.safetensors"), t, a.dtype)
+        return 0
+    weight_map, total = {}, 0
+    for k in range(a.shards):
+        file = f"model-{k + 1:05d}-of-{a.shards:05d}.safetensors"
+        part = {n: t[n] for n in names[k::a.shards]}
+        total += write_file(os.path.join(a.dir, file), part, a.dtype)
+        weight_map.update({n: file for n in part})
+    with open(os.path.join(a.dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return 0
+
+
+# ---------------------------------------------------------------- the forward passes
+
+def gpt2_logits(p, cfg, x):
+    """GPT2LMHeadModel: wte + wpe; per block ln_1, c_attn (Conv1D: x @ W + b), causal attention
+    scaled by 1/sqrt(head_dim), c_proj, ln_2, c_fc, gelu_new, c_proj; ln_f; the head tied to wte."""
+    B, T = x.shape
+    C, H, eps = cfg["n_embd"], cfg["n_head"], cfg.get("layer_norm_epsilon", 1e-5)
+    D = C // H
+    conv1d = lambda z, n: z @ p[n + ".weight"] + p[n + ".bias"]  # noqa: E731
+    ln = lambda z, n: F.layer_norm(z, (C,), p[n + ".weight"], p[n + ".bias"], eps)  # noqa: E731
+    act = cfg.get("activation_function", "gelu_new")
+    gelu = (lambda z: F.gelu(z)) if act == "gelu" else (
+        lambda z: 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z.pow(3)))))
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    h = p["transformer.wte.weight"][x] + p["transformer.wpe.weight"][:T]
+    for i in range(cfg["n_layer"]):
+        b = f"transformer.h.{i}."
+        q, k, v = conv1d(ln(h, b + "ln_1"), b + "attn.c_attn").split(C, dim=-1)
+        q, k, v = (z.view(B, T, H, D).transpose(1, 2) for z in (q, k, v))
+        att = ((q @ k.transpose(-2, -1)) / math.sqrt(D)).masked_fill(~causal, float("-inf")).softmax(-1)
+        h = h + conv1d((att @ v).transpose(1, 2).reshape(B, T, C), b + "attn.c_proj")
+        h = h + conv1d(gelu(conv1d(ln(h, b + "ln_2"), b + "mlp.c_fc")), b + "mlp.c_proj")
+    return ln(h, "transformer.ln_f") @ p["transformer.wte.weight"].T
+
+
+def llama_logits(p, cfg, x):
+    """LlamaForCausalLM: embed_tokens; per layer input_layernorm (RMSNorm), q/k/v_proj, rotary
+    embeddings (rotate_half), repeat_kv, causal attention, o_proj, post_attention_layernorm,
+    down_proj(silu(gate_proj) * up_proj); norm; lm_head (or embed_tokens when tied)."""
+    B, T = x.shape
+    C, L, H = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    KV, eps = cfg.get("num_key_value_heads") or H, cfg["rms_norm_eps"]
+    D = C // H
+    norm = lambda z, n: p[n] * (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps))  # noqa: E731
+    proj = lambda z, n: F.linear(z, p[n + ".weight"], p.get(n + ".bias"))  # noqa: E731
+    cos, sin = rope_tables(T, D, cfg.get("rope_theta", 10000.0), torch.float64)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    h = p["model.embed_tokens.weight"][x]
+    for i in range(L):
+        a = f"model.layers.{i}."
+        r = norm(h, a + "input_layernorm.weight")
+        q = proj(r, a + "self_attn.q_proj").view(B, T, H, D).transpose(1, 2)
+        k = proj(r, a + "self_attn.k_proj").view(B, T, KV, D).transpose(1, 2)
+        v = proj(r, a + "self_attn.v_proj").view(B, T, KV, D).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        att = ((q @ k.transpose(-2, -1)) / math.sqrt(D)).masked_fill(~causal, float("-inf")).softmax(-1)
+        h = h + proj((att @ v).transpose(1, 2).reshape(B, T, H * D), a + "self_attn.o_proj")
+        r = norm(h, a + "post_attention_layernorm.weight")
+        h = h + proj(F.silu(proj(r, a + "mlp.gate_proj")) * proj(r, a + "mlp.up_proj"), a + "mlp.down_proj")
+    head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
+    return norm(h, "model.norm.weight") @ head.T
+
+
+def logits(a):
+    cfg = json.load(open(os.path.join(a.dir, "config.json")))
+    p = read_folder(a.dir)
+    x, y = make_batch(load_tokens(a.tokens, "raw", "uint16"), a.batch, a.context)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    z = (gpt2_logits if cfg["model_type"] == "gpt2" else llama_logits)(p, cfg, x)
+    V = z.shape[-1]
+    result = {"loss": F.cross_entropy(z.reshape(-1, V), y.reshape(-1)).item()}
+    if a.compare:
+        ours = np.load(a.compare).astype(np.float64).reshape(-1)
+        ref = z.numpy().reshape(-1)[:ours.size]
+        if ours.size == 0 or ours.size % (a.context * V):
+            fail(f"{a.compare}: {ours.size} values are not whole windows of {a.context} x {V} logits")
+        result["max_rel_diff"] = float(np.abs(ours - ref).max() / np.abs(ref).max())
+        result["compared"] = int(ours.size)
+    if a.logits_out:
+        np.save(a.logits_out, z.numpy().astype(np.float32))
+    print(json.dumps(result))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make", help="a random Hugging Face folder")
+    m.add_argument("dir")
+    m.add_argument("--arch", choices=("gpt2", "llama"), required=True)
+    m.add_argument("--dtype", choices=("f32", "bf16", "f16"), default="f32")
+    m.add_argument("--shards", type=int, default=1)
+    m.add_argument("--hub-names", action="store_true")
+    m.add_argument("--vocab", type=int, default=96)
+    m.add_argument("--hidden", type=int, default=32)
+    m.add_argument("--layers", type=int, default=2)
+    m.add_argument("--heads", type=int, default=4)
+    m.add_argument("--kv-heads", type=int, default=0)
+    m.add_argument("--intermediate", type=int, default=0, help="Llama: required; GPT-2: n_inner (default 4 C)")
+    m.add_argument("--positions", type=int, default=64)
+    m.add_argument("--tied", action="store_true", help="Llama: tie lm_head to embed_tokens")
+    m.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("logits", help="the loss and logits of a folder's model on a token file")
+    g.add_argument("dir")
+    g.add_argument("--tokens", required=True)
+    g.add_argument("--context", type=int, required=True)
+    g.add_argument("--batch", type=int, required=True)
+    g.add_argument("--compare")
+    g.add_argument("--logits-out")
+    g.add_argument("--out")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if a.cmd == "make":
+        if a.arch == "llama" and a.intermediate <= 0:
+            fail("--intermediate is required for a Llama")
+        return make(a)
+    return logits(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+// Hugging Face model folders (mirrored/hf_models.h): model.init_from builds the model config.json
+// describes and starts from its weights - GPT-2's Conv1D layout and stacked c_attn, Llama's split
+// q/k/v and gate/up, f32/bf16/f16, one file or shards, the hub's bare GPT-2 names and buffers -
+// checked against an independent PyTorch forward of Hugging Face's modules (scripts/hf_reference.py);
+// export writes the same folder back; fine-tuning runs on every strategy; folders that lie are
+// refused, named.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "base/error.h"
+#include "kernels/op_math.h"
+#include "mirrored/config.h"
+#include "mirrored/hf_models.h"
+#include "mirrored/safetensors.h"
+#include "tests/cli.h"
+#include "tests/helpers.h"
+#include "tests/run_folder.h"
+
+using namespace mirrored;
+using namespace mirrored::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kLlamaLayers =
+    "[{type: embedding, vocab: 96, dim: 32},"
+    " {type: llama_block, heads: 4, kv_heads: 2, intermediate_size: 40, rope_theta: 500000, epsilon: 1e-05},"
+    " {type: llama_block, heads: 4, kv_heads: 2, intermediate_size: 40, rope_theta: 500000, epsilon: 1e-05},"
+    " {type: rmsnorm, epsilon: 1e-05}, {type: lm_head, tie_weights: false, units: 96}]";
+constexpr const char* kGpt2Layers =
+    "[{type: embedding, vocab: 96, dim: 32}, {type: position_embedding, max_len: 64},"
+    " {type: transformer_block, heads: 4, activation: gelu_tanh},"
+    " {type: transformer_block, heads: 4, activation: gelu_tanh},"
+    " {type: layernorm}, {type: lm_head}]";
+
+Config model_config(const std::string& layers, int context = 32) {
+    return load_config_text("model: {input_shape: [" + std::to_string(context) + "], layers: " + layers + "}",
+                            "model.yaml", {});
+}
+
+// A model's parameters drawn at random (norms near 1), in its flat layout.
+std::vector<float> random_params(const Model& m, uint64_t seed) {
+    std::vector<float> p(m.flat_size(), 0.0f);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> n(0.0f, 0.05f);
+    for (const TensorInfo& t : m.tensors())
+        for (size_t i = 0; i < t.count; ++i) p[t.offset + i] = (t.shape.size() == 1 ? 1.0f : 0.0f) + n(rng);
+    return p;
+}
+
+// The folder hf_model_files describes, written as Hugging Face writes one: F32, BF16 (rounded to
+// nearest even) or F16, in `shards` files with an index. edit: a last change to the tensors.
+using Tensors = std::map<std::string, std::pair<std::vector<int>, std::vector<float>>>;
+void write_folder(const std::string& dir, const HfModelFiles& files, const std::string& dtype = "F32", int shards = 1,
+                  const std::function<void(Tensors&)>& edit = {}) {
+    fs::create_directories(dir);
+    std::ofstream(dir + "/config.json") << files.config_json;
+    Tensors tensors = files.weights.tensors;
+    if (edit) edit(tensors);
+    nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+    std::vector<SafetensorsBuilder> parts(static_cast<size_t>(shards));
+    size_t k = 0;
+    for (const auto& [name, t] : tensors) {
+        SafetensorsBuilder& b = parts[k++ % size_t(shards)];
+        if (dtype == "F32") {
+            b.add(name, t.first, t.second.data(), t.second.size());
+        } else {
+            std::vector<uint16_t> half(t.second.size());
+            for (size_t i = 0; i < half.size(); ++i) half[i] = bf16_bits(t.second[i]);
+            b.add_bytes(name, "BF16", t.first, half.data(), half.size() * 2);
+        }
+        const std::string file = "model-0000" + std::to_string((k - 1) % size_t(shards) + 1) + ".safetensors";
+        index["weight_map"][name] = file;
+    }
+    for (int s = 0; s < shards; ++s) {
+        const std::string file =
+            shards == 1 ? "model.safetensors" : "model-0000" + std::to_string(s + 1) + ".safetensors";
+        std::ofstream out(dir + "/" + file, std::ios::binary);
+        const SafetensorsBuilder& b = parts[size_t(s)];
+        out << b.header({{"format", "pt"}});
+        out.write(reinterpret_cast<const char*>(b.data.data()), std::streamsize(b.data.size()));
+    }
+    if (shards > 1) std::ofstream(dir + "/model.safetensors.index.json") << index.dump(1);
+}
+
+std::vector<float> imported(const std::string& dir, const Model& m) {
+    std::vector<float> p(m.flat_size(), 0.0f);
+    read_hf_weights(dir, m, p.data());
+    return p;
+}
+
+// Token files of ids below 96 and a config that trains from model.init_from.
+struct HfRun : TempDir {
+    HfRun() {
+        std::mt19937 rng(7);
+        for (const char* f : {"train.bin", "val.bin"}) {
+            std::vector<uint16_t> ids(std::string(f) == "val.bin" ? 1200 : 6000);
+            for (auto& id : ids) id = uint16_t(rng() % 96);
+            std::ofstream(*this / f, std::ios::binary)
+                .write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+        }
+    }
+    std::string config(const std::string& folder) const {
+        return write("run.yaml", "run: {name: hf, output_dir: " + *this / "run" +
+                                     "}\n"
+                                     "data: {dataset: tokens, root: " +
+                                     path().string() +
+                                     ", train: train.bin, test: val.bin, context: 32, vocab: 96}\n"
+                                     "model: {init_from: " +
+                                     folder +
+                                     "}\n"
+                                     "optimizer: {type: adamw, lr: 0.001}\n"
+                                     "train: {steps: 6, global_batch_size: 8, log_every_steps: 1}\n"
+                                     "checkpoint: {every_steps: 3}\n");
+    }
+};
+
+}  // namespace
+
+TEST_CASE("Hugging Face folders: what export writes, import reads back exactly (f32 bit for bit, bf16 values)") {
+    TempDir t;
+    for (const char* layers : {kLlamaLayers, kGpt2Layers}) {
+        const Config c = model_config(layers);
+        const Model m(c.model.input_shape, c.model.layers, 1);
+        const std::vector<float> p = random_params(m, 3);
+        const HfModelFiles files = hf_model_files(m, p.data());
+        const nlohmann::json config = nlohmann::json::parse(files.config_json);
+        CAPTURE(config.dump());
+        // config.json alone builds the same layers
+        const std::string dir = t / ("f32_" + config["model_type"].get<std::string>());
+        write_folder(dir, files);
+        const std::vector<LayerSpec> built =
+            load_config_text("model: {init_from: " + dir + "}", "x.yaml", {}).model.layers;
+        CHECK(built == m.layers());
+        const std::vector<float> back = imported(dir, m);
+        for (const TensorInfo& ti : m.tensors())
+            CHECK_MESSAGE(std::memcmp(back.data() + ti.offset, p.data() + ti.offset, ti.count * 4) == 0, ti.name);
+        // bf16 in two shards: each value the bf16 rounding of ours; and export gives those values again
+        write_folder(dir + "_bf16", files, "BF16", 2);
+        const std::vector<float> half = imported(dir + "_bf16", m);
+        size_t differ = 0;
+        for (const TensorInfo& ti : m.tensors())
+            for (size_t i = 0; i < ti.count; ++i)
+                differ += half[ti.offset + i] != bf16_value(bf16_bits(p[ti.offset + i]));
+        CHECK(differ == 0);
+        const HfModelFiles again = hf_model_files(m, half.data());
+        for (const auto& [name, v] : again.weights.tensors)
+            for (size_t i = 0; i < v.second.size(); ++i)
+                REQUIRE(v.second[i] == bf16_value(bf16_bits(files.weights.tensors.at(name).second[i])));
+    }
+    // GPT-2's weights are stored [in, out] (Conv1D): c_attn's first row is q, k and v of input 0
+    const Config c = model_config(kGpt2Layers);
+    const Model m(c.model.input_shape, c.model.layers, 1);
+    const std::vector<float> p = random_params(m, 4);
+    const HfModelFiles files = hf_model_files(m, p.data());
+    const auto& c_attn = files.weights.tensors.at("transformer.h.0.attn.c_attn.weight");
+    CHECK(c_attn.first == std::vector<int>{32, 96});
+    const TensorInfo& ours = *m.find("layers.2.attn.c_attn.weight");
+    CHECK(ours.shape == std::vector<int>{96, 32});
+    CHECK(c_attn.second[1] == p[ours.offset + 32]);  // [in 0, out 1] = ours [out 1, in 0]
+}
+
+TEST_CASE("model.init_from: GPT-2 and Llama folders give an independent Hugging Face forward's logits and loss") {
+    if (!python_has("torch, numpy", "PyTorch", "python3-torch python3-numpy")) return;
+    HfRun r;
+    struct Case {
+        std::vector<std::string> make;
+    };
+    const std::vector<Case> cases = {
+        {{"--arch", "llama", "--intermediate", "48", "--kv-heads", "2", "--dtype", "bf16", "--shards", "2"}},
+        {{"--arch", "llama", "--intermediate", "40", "--tied", "--dtype", "f32"}},
+        {{"--arch", "gpt2", "--hub-names", "--dtype", "f16"}},
+        {{"--arch", "gpt2", "--shards", "3"}},
+    };
+    const size_t windows = (1200 - 1) / 32;
+    int k = 0;
+    for (const Case& c : cases) {
+        const std::string dir = r / ("hf" + std::to_string(k++));
+        std::vector<std::string> args = {repo_script("hf_reference.py"), "make", dir};
+        args.insert(args.end(), c.make.begin(), c.make.end());
+        std::string err;
+        REQUIRE_MESSAGE(run_program(kPython, args, &err) == 0, err);
+        CAPTURE(args);
+        REQUIRE(run_cli({"eval", r.config(dir), "--devices", "cpu:1", "--dump-logits", r / "ours.npy", "--limit", "4",
+                         "--force"},
+                        {}, -1, &err, Stdout::file, r / "eval.txt") == kExitOk);
+        REQUIRE_MESSAGE(
+            run_program(kPython,
+                        {repo_script("hf_reference.py"), "logits", dir, "--tokens", r / "val.bin", "--context", "32",
+                         "--batch", std::to_string(windows), "--compare", r / "ours.npy", "--out", r / "ref.json"},
+                        &err) == 0,
+            err);
+        const nlohmann::json ref = nlohmann::json::parse(read_text(r / "ref.json"));
+        CHECK(ref["compared"] == 4 * 32 * 96);
+        CHECK(ref["max_rel_diff"].get<double>() <= 1e-5);  // f32 arithmetic on the same stored values
+        const std::string printed = read_text(r / "eval.txt");
+        const double loss = std::stod(printed.substr(printed.find("test loss ") + 10));
+        CHECK(loss == doctest::Approx(ref["loss"].get<double>()).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("fine-tuning from model.init_from: 2 replicas equal 1, ZeRO and resume alike; export is read back") {
+    HfRun r;
+    const Config c = model_config(kLlamaLayers);
+    const Model m(c.model.input_shape, c.model.layers, 1);
+    write_folder(r / "hf", hf_model_files(m, random_params(m, 5).data()), "BF16", 2);
+    const std::string cfg = r.config(r / "hf");
+    std::string err;
+    const auto train = [&](const std::string& out, std::vector<std::string> sets) {
+        std::vector<std::string> args = {"train", cfg, "--output", r / out};
+        for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+        const int rc = run_cli(args, {}, -1, &err);
+        CHECK_MESSAGE(rc == kExitOk, err);
+        return summary(r / out);
+    };
+    const nlohmann::json one = train("one", {"strategy.devices=cpu:1"}), two = train("two", {"strategy.devices=cpu:2"}),
+                         zero = train("zero", {"strategy.devices=cpu:2", "strategy.shard=gradients"});
+    CHECK(two["test_loss"].get<double>() == doctest::Approx(one["test_loss"].get<double>()).epsilon(1e-5));
+    CHECK(zero["test_loss"].get<double>() == doctest::Approx(one["test_loss"].get<double>()).epsilon(1e-5));
+    // the run starts from the folder's weights: its first loss is the pretrained model's on that batch,
+    // near the test loss of the weights as they are
+    REQUIRE(run_cli({"eval", cfg, "--devices", "cpu:1"}, {}, -1, &err, Stdout::file, r / "eval.txt") == kExitOk);
+    const std::string printed = read_text(r / "eval.txt");
+    CHECK(printed.find("(pretrained)") != std::string::npos);
+    // the checkpoint's model exported is the fine-tuned one, and import reads it back exactly
+    const std::string ckpt = list_checkpoints(r / "one/checkpoints").front();
+    REQUIRE(run_cli({"export", ckpt, "--names", "hf", "--out", r / "back"}, {}, -1, &err) == kExitOk);
+    const std::vector<float> back = imported(r / "back", m);
+    const Config run_cfg = load_config_text(read_checkpoint_metadata(ckpt).at("config"), ckpt, {});
+    const CheckpointData d = read_checkpoint(ckpt, m, model_config_hash(run_cfg), model_config_summary(run_cfg));
+    for (const TensorInfo& ti : m.tensors())
+        CHECK(std::memcmp(back.data() + ti.offset, d.params.data() + ti.offset, ti.count * 4) == 0);
+    // a resumed run (from step 3) ends where the uninterrupted one did
+    fs::create_directories(r / "resumed/checkpoints");
+    fs::copy_file(checkpoint_path(r / "one/checkpoints", 3), checkpoint_path(r / "resumed/checkpoints", 3));
+    const nlohmann::json resumed = train("resumed", {"strategy.devices=cpu:1"});
+    CHECK(resumed["test_loss"].get<double>() == one["test_loss"].get<double>());
+}
+
+TEST_CASE("model.init_from: a folder that lies is refused, naming the file, tensor or key; nothing else read") {
+    HfRun r;
+    const Config c = model_config(kLlamaLayers);
+    const Model m(c.model.input_shape, c.model.layers, 1);
+    const HfModelFiles files = hf_model_files(m, random_params(m, 6).data());
+    const auto refused = [&](const std::string& name, const std::function<void(const std::string& dir)>& make, int code,
+                             const std::string& says) {
+        const std::string dir = r / name;
+        make(dir);
+        std::string err;
+        CHECK_MESSAGE(run_cli({"eval", r.config(dir), "--devices", "cpu:1"}, {}, -1, &err) == code, name);
+        CHECK_MESSAGE(err.find(says) != std::string::npos, (name + ": " + err));
+        CHECK_MESSAGE(err.find("internal") == std::string::npos, err);
+    };
+    const auto edited = [&](const std::function<void(Tensors&)>& edit, int shards = 1) {
+        return [&, edit, shards](const std::string& dir) { write_folder(dir, files, "F32", shards, edit); };
+    };
+    const auto with_config = [&](const std::function<void(nlohmann::json&)>& edit) {
+        return [&, edit](const std::string& dir) {
+            write_folder(dir, files);
+            nlohmann::json j = nlohmann::json::parse(files.config_json);
+            edit(j);
+            std::ofstream(dir + "/config.json") << j.dump();
+        };
+    };
+    refused("missing", edited([](Tensors& t) { t.erase("model.layers.1.mlp.up_proj.weight"); }), kExitCheckpoint,
+            "tensor model.layers.1.mlp.up_proj.weight [40, 32] is missing");
+    refused("extra", edited([](Tensors& t) {
+                t["model.layers.2.mlp.up_proj.weight"] = {{1}, {0.0f}};
+            }),
+            kExitCheckpoint, "tensor model.layers.2.mlp.up_proj.weight belongs to no layer");
+    refused("shape", edited([](Tensors& t) {
+                t["model.norm.weight"] = {{33}, std::vector<float>(33, 1.0f)};
+            }),
+            kExitCheckpoint, "tensor model.norm.weight is [33], config.json's model has [32]");
+    refused("nan", edited([](Tensors& t) { t["model.norm.weight"].second[5] = std::nanf(""); }), kExitCheckpoint,
+            "tensor model.norm.weight holds a non-finite value");
+    refused("arch", with_config([](nlohmann::json& j) { j["model_type"] = "bert"; }), kExitUsage,
+            "model_type: 'bert': mirrored builds gpt2, llama and mistral models");
+    refused("qwen2", with_config([](nlohmann::json& j) { j["model_type"] = "qwen2"; }), kExitUsage,
+            "'qwen2' has biases on q, k and v but not o_proj");
+    refused("rope_scaling", with_config([](nlohmann::json& j) {
+                j["rope_scaling"] = {{"rope_type", "llama3"}};
+            }),
+            kExitUsage, "config.json: rope_scaling: scaled rotary embeddings are not supported");
+    refused("heads", with_config([](nlohmann::json& j) { j["num_key_value_heads"] = 3; }), kExitUsage,
+            "num_key_value_heads: num_attention_heads is not a multiple of it");
+    refused("layers", with_config([](nlohmann::json& j) { j["num_hidden_layers"] = "2"; }), kExitUsage,
+            "num_hidden_layers: expected an integer in [1, 4096], got \"2\"");
+    refused(
+        "no_config", [&](const std::string& dir) { fs::create_directories(dir); }, kExitUsage, "config.json");
+    refused("good", with_config([](nlohmann::json&) {}), kExitOk, "");  // the control: unedited, it loads
+    refused(
+        "truncated",
+        [&](const std::string& dir) {
+            write_folder(dir, files, "F32", 2);
+            fs::resize_file(dir + "/model-00002.safetensors", fs::file_size(dir + "/model-00002.safetensors") - 6);
+        },
+        kExitCheckpoint, "model-00002.safetensors: truncated");
+    refused(
+        "shard_missing",
+        [&](const std::string& dir) {
+            write_folder(dir, files, "F32", 2);
+            fs::remove(dir + "/model-00002.safetensors");
+        },
+        kExitCheckpoint, "model-00002.safetensors, which is missing");
+    refused(
+        "no_weights",
+        [&](const std::string& dir) {
+            write_folder(dir, files);
+            fs::remove(dir + "/model.safetensors");
+        },
+        kExitCheckpoint, "no model.safetensors nor model.safetensors.index.json");
+    // a tied head saved anyway is read when it is the embedding, refused when it is not
+    Config tied_cfg = model_config(
+        "[{type: embedding, vocab: 96, dim: 32}, {type: llama_block, heads: 4, intermediate_size: 40},"
+        " {type: rmsnorm}, {type: lm_head}]");
+    const Model tied(tied_cfg.model.input_shape, tied_cfg.model.layers, 1);
+    const HfModelFiles tied_files = hf_model_files(tied, random_params(tied, 7).data());
+    write_folder(r / "tied_ok", tied_files, "F32", 1,
+                 [](Tensors& t) { t["lm_head.weight"] = t.at("model.embed_tokens.weight"); });
+    CHECK_NOTHROW(imported(r / "tied_ok", tied));
+    write_folder(r / "tied_bad", tied_files, "F32", 1, [](Tensors& t) {
+        t["lm_head.weight"] = t.at("model.embed_tokens.weight");
+        t["lm_head.weight"].second[0] += 1;
+    });
+    CHECK_THROWS_WITH_AS(imported(r / "tied_bad", tied), doctest::Contains("lm_head.weight differs from the embedding"),
+                         CheckpointError);
+}
