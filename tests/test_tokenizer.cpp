@@ -47,6 +47,13 @@ std::string mixed_text(size_t bytes, uint64_t salt) {
     return s;
 }
 
+// The first `n` bytes of s or fewer, not cutting a UTF-8 sequence (the reference reads UTF-8 text).
+std::string utf8_prefix(const std::string& s, size_t n) {
+    if (n >= s.size()) return s;
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+    return s.substr(0, n);
+}
+
 // Up to `bytes` of the Python standard library's source, files in name order ("" where there is
 // none): real code and docstrings.
 std::string python_sources(size_t bytes) {
@@ -62,7 +69,7 @@ std::string python_sources(size_t bytes) {
         if (s.size() >= bytes) break;
         s += read_text(f.string());
     }
-    return s.substr(0, std::min(s.size(), bytes));
+    return utf8_prefix(s, bytes);
 }
 
 std::vector<uint32_t> read_ids(const std::string& path) {
@@ -93,7 +100,7 @@ TEST_CASE("byte-level BPE: the ids of an independent GPT-2 encoder over 1 MB of 
     const std::string code = python_sources(1 << 19);
     const std::string text = mixed_text((1 << 20) - code.size(), 901) + code;
     MESSAGE(code.size() << " bytes of Python's sources in the text");
-    reference_tokenizer(dir, text.substr(0, 60000) + code.substr(0, 60000), 300);
+    reference_tokenizer(dir, utf8_prefix(text, 60000) + utf8_prefix(code, 60000), 300);
     const std::string text_path = dir.write("text.txt", text);
     std::string err;
     REQUIRE_MESSAGE(run_program(kPython,
