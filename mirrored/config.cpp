@@ -554,6 +554,15 @@ void read_model(Reader& r, ModelConfig& m, const std::string& base_dir) {
         }
     }
     m.layers = read_layer_list(r, "model.layers");
+    r.expect_map("model.lora");
+    if (r.has("model.lora")) {
+        m.lora.rank = int(r.integer("model.lora.rank", 8, 1, 4096));
+        m.lora.alpha = r.number_above("model.lora.alpha", 16.0, 0.0, 1e6);
+        m.lora.targets = r.str_list("model.lora.targets");
+        if (m.lora.targets.empty())
+            r.fail("model.lora.targets", "required: the modules to adapt, e.g. [q_proj, v_proj] (GPT-2: [c_attn])");
+    }
+    m.freeze = r.str_list("model.freeze");
 }
 
 void read_optimizer(Reader& r, OptimizerConfig& o) {
@@ -794,6 +803,13 @@ void emit_model(ConfigEmitter& e, const ModelConfig& m) {
     e.begin("model");
     if (!m.input_shape.empty()) e.put("input_shape", m.input_shape);
     if (!m.init_from.empty()) e.put("init_from", m.init_from);
+    if (m.lora.rank)
+        e.begin("lora", /*flow=*/true)
+            .put("rank", m.lora.rank)
+            .put("alpha", m.lora.alpha)
+            .put("targets", m.lora.targets)
+            .end();
+    if (!m.freeze.empty()) e.put("freeze", m.freeze);
     e.raw() << YAML::Key << "layers" << YAML::Value;
     emit_layers(e.raw(), m.layers);
     const Fields keys = m.loss.options ? m.loss.options->fields() : Fields{};
@@ -864,6 +880,11 @@ std::string model_config_summary(const Config& c) {
     s << "input";
     for (int d : c.model.input_shape) s << " " << d;
     for (const LayerSpec& l : c.model.layers) s << " | " << layer_spec_summary(l);
+    if (c.model.lora.rank) {
+        s << " | lora rank=" << c.model.lora.rank << " alpha=" << decimal_text(c.model.lora.alpha) << " targets=";
+        for (const std::string& t : c.model.lora.targets) s << t << (&t == &c.model.lora.targets.back() ? "" : ",");
+    }
+    for (const std::string& f : c.model.freeze) s << " | freeze " << f;
     s << " | optimizer " << optimizer_description(c.optimizer);
     if (c.model.loss.type != "softmax_cross_entropy")
         s << " | loss " << c.model.loss.type;  // as before for classifiers

@@ -27,12 +27,22 @@ struct RunConfig {
     bool operator==(const RunConfig&) const = default;
 };
 
+// model.lora: low-rank adapters (LoRA) on the named Hugging Face modules; every other tensor frozen.
+struct LoraConfig {
+    int rank = 0;  // 0: off
+    double alpha = 16;
+    std::vector<std::string> targets;  // q_proj, v_proj, ... (GPT-2: c_attn, c_proj)
+    bool operator==(const LoraConfig&) const = default;
+};
+
 struct ModelConfig {
     std::vector<int> input_shape;  // empty: the dataset's sample shape
     std::vector<LayerSpec> layers;
     // model.init_from: a Hugging Face model folder (absolute): a fresh run starts from its weights,
     // and its config.json gives the layers unless model.layers is written (mirrored/hf_models.h).
     std::string init_from;
+    LoraConfig lora;
+    std::vector<std::string> freeze;  // model.freeze: glob patterns of tensor names kept fixed
     LossConfig loss;
     bool operator==(const ModelConfig&) const = default;
 };

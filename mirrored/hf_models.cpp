@@ -439,4 +439,71 @@ HfModelFiles hf_model_files(const Model& model, const float* params) {
     return m;
 }
 
+namespace {
+
+// Each LoRA adapter of the model with Hugging Face's module it adapts.
+struct AdapterOf {
+    LoraSlice slice;
+    std::string weight;  // ours
+    std::string module;  // Hugging Face's (q_proj's full name)
+};
+std::vector<AdapterOf> adapters_of(const Model& model) {
+    const std::vector<HfTensor> table = hf_tensors(model, "export --names hf");
+    std::vector<AdapterOf> out;
+    for (const auto& [weight, slices] : model.adaptation().lora)
+        for (const LoraSlice& s : slices)
+            for (const HfTensor& t : table)
+                if (t.ours == weight && t.row == s.row)
+                    out.push_back({s, weight, t.name.substr(0, t.name.size() - std::string(".weight").size())});
+    return out;
+}
+
+std::vector<float> tensor_values(const Model& model, const float* params, const std::string& name) {
+    const TensorInfo& t = tensor_of(model, name);
+    return std::vector<float>(params + t.offset, params + t.offset + t.count);
+}
+
+}  // namespace
+
+HfModelFiles hf_adapter_files(const Model& model, const float* params, const std::string& base_model) {
+    const Adaptation& a = model.adaptation();
+    HfModelFiles m;
+    std::set<std::string> targets;
+    for (const AdapterOf& ad : adapters_of(model)) {
+        for (const char* part : {".lora_A.weight", ".lora_B.weight"}) {
+            const TensorInfo& t = tensor_of(model, ad.slice.name + part);
+            m.weights.tensors["base_model.model." + ad.module + part] = {t.shape, tensor_values(model, params, t.name)};
+        }
+        targets.insert(ad.module.substr(ad.module.rfind('.') + 1));
+    }
+    m.weights.metadata = {{"format", "pt"}};
+    const bool gpt2 = model.layers()[1].type == "position_embedding";
+    const json config = {
+        {"peft_type", "LORA"},    {"task_type", "CAUSAL_LM"},
+        {"r", a.lora_rank},       {"lora_alpha", double(a.lora_scale) * a.lora_rank},
+        {"lora_dropout", 0.0},    {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
+        {"bias", "none"},         {"fan_in_fan_out", gpt2},
+        {"inference_mode", true}, {"base_model_name_or_path", base_model}};
+    m.config_json = config.dump(2) + "\n";
+    return m;
+}
+
+std::vector<float> merged_params(const Model& model, const float* params) {
+    std::vector<float> out(params, params + model.flat_size());
+    const Adaptation& a = model.adaptation();
+    for (const AdapterOf& ad : adapters_of(model)) {
+        const TensorInfo& w = tensor_of(model, ad.weight);
+        const std::vector<float> A = tensor_values(model, params, ad.slice.name + ".lora_A.weight"),
+                                 B = tensor_values(model, params, ad.slice.name + ".lora_B.weight");
+        const size_t in = w.count / size_t(w.shape[0]), r = size_t(a.lora_rank);
+        for (size_t i = 0; i < size_t(ad.slice.rows); ++i)
+            for (size_t j = 0; j < in; ++j) {
+                double sum = 0;  // (B A)[i, j], in double: one rounding into the weight
+                for (size_t k = 0; k < r; ++k) sum += double(B[i * r + k]) * double(A[k * in + j]);
+                out[w.offset + (size_t(ad.slice.row) + i) * in + j] += float(double(a.lora_scale) * sum);
+            }
+    }
+    return out;
+}
+
 }  // namespace mirrored

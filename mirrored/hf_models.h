@@ -54,4 +54,11 @@ struct HfModelFiles {
 };
 HfModelFiles hf_model_files(const Model& model, const float* params);
 
+// A LoRA model's adapters as PEFT saves them: adapter_model.safetensors
+// (base_model.model.<Hugging Face's module>.lora_A.weight [rank, in], lora_B.weight [out, rank])
+// and adapter_config.json (r, lora_alpha, target_modules; base_model_name_or_path: base_model).
+HfModelFiles hf_adapter_files(const Model& model, const float* params, const std::string& base_model);
+// The parameters with every adapter merged into its weight: W[rows] += (alpha / rank) B A.
+std::vector<float> merged_params(const Model& model, const float* params);
+
 }  // namespace mirrored

@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "base/output.h"
 #include "base/signals.h"
+#include "mirrored/adaptation.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/export_names.h"
@@ -59,7 +60,7 @@ void end_status_line() {
 // The commands that run or read a model: train, eval, export, devices.
 struct ModelCommands {
     std::string config, checkpoint, out, devices, output, names = "mirrored";
-    bool force = false;
+    bool force = false, merge = false;
     std::vector<std::string> sets;
     bool print_config = false;
     EvalDump dump;
@@ -96,6 +97,9 @@ struct ModelCommands {
                         "transformer.wte, transformer.h.N..., lm_head) or hf (a GPT-2 or Llama-style model as a "
                         "Hugging Face folder: model.safetensors, config.json)")
             ->check(CLI::IsMember({"mirrored", "nanogpt", "hf"}));
+        exp->add_flag("--merge", merge,
+                      "--names hf of a LoRA run: the adapters merged into the weights (a whole model), instead of "
+                      "PEFT's adapter_model.safetensors and adapter_config.json");
 
         devices_cmd = app.add_subcommand("devices", "list GPUs, peer access, links and versions (or the CPU)");
     }
@@ -198,8 +202,8 @@ private:
     // shape and finite, as a resume would check: an export is not a way around those checks.
     void check_complete(const SafetensorsFile& f) const {
         const Config c = embedded_config(f.metadata);
-        const Model model(c.model.input_shape, c.model.layers, c.run.seed);
-        (void)read_checkpoint(checkpoint, model, model_config_hash(c), model_config_summary(c));
+        const auto built = build_model(c);
+        (void)read_checkpoint(checkpoint, *built, model_config_hash(c), model_config_summary(c));
     }
 
     // The weights without the optimizer state, under PyTorch's names (or nanoGPT's).
@@ -241,26 +245,46 @@ private:
         std::error_code ec;
         if (std::filesystem::exists(out, ec) && !std::filesystem::is_directory(out, ec))
             throw ConfigError("--out: " + out + " is not a folder (--names hf writes a Hugging Face model folder)");
-        const OutputTarget weights_at{"--out", out + "/model.safetensors", force, {{"the checkpoint", checkpoint}}},
-            config_at{"--out", out + "/config.json", force, {{"the checkpoint", checkpoint}}};
         const Config c = embedded_config(read_checkpoint_metadata(checkpoint));
-        const Model model(c.model.input_shape, c.model.layers, c.run.seed);
-        const std::vector<float> params =
+        const auto built = build_model(c);
+        const Model& model = *built;
+        const bool lora = model.adaptation().lora_rank > 0;
+        if (merge && !lora) throw ConfigError("--merge: the checkpoint's model has no LoRA adapters (model.lora)");
+        std::vector<float> params =
             read_checkpoint(checkpoint, model, model_config_hash(c), model_config_summary(c)).params;
-        const HfModelFiles m = hf_model_files(model, params.data());  // a model it cannot be: nothing made
+        if (merge) params = merged_params(model, params.data());
+        // a model it cannot be: nothing made
+        const bool adapters = lora && !merge;
+        const HfModelFiles m =
+            adapters ? hf_adapter_files(model, params.data(), c.model.init_from) : hf_model_files(model, params.data());
+        const std::string weights_file = adapters ? "adapter_model.safetensors" : "model.safetensors",
+                          config_file = adapters ? "adapter_config.json" : "config.json";
+        std::vector<OutputTarget> targets = {
+            {"--out", out + "/" + weights_file, force, {{"the checkpoint", checkpoint}}},
+            {"--out", out + "/" + config_file, force, {{"the checkpoint", checkpoint}}}};
+        // the tokenizer of the folder the run started from travels with the model
+        std::vector<std::string> tokenizer;
+        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                              "merges.txt", "generation_config.json"}) {
+            const std::string from = c.model.init_from + "/" + f;
+            if (c.model.init_from.empty() || !std::filesystem::is_regular_file(from, ec)) continue;
+            tokenizer.push_back(from);
+            targets.push_back({"--out", out + "/" + f, force, {{"the checkpoint", checkpoint}, {"its source", from}}});
+        }
         const bool made = !std::filesystem::exists(out, ec);
         std::filesystem::create_directories(out, ec);
         try {
-            check_output(weights_at);
-            check_output(config_at);
+            for (const OutputTarget& t : targets) check_output(t);
         } catch (...) {
             if (made) std::filesystem::remove(out, ec);
             throw;
         }
-        write_output(weights_at, safetensors_bytes(m.weights));
-        write_output(config_at, m.config_json);
-        std::printf("wrote %zu tensors to %s/model.safetensors and its config.json\n", m.weights.tensors.size(),
-                    out.c_str());
+        write_output(targets[0], safetensors_bytes(m.weights));
+        write_output(targets[1], m.config_json);
+        for (size_t k = 0; k < tokenizer.size(); ++k)
+            write_output(targets[2 + k], read_regular_file(tokenizer[k], uint64_t(1) << 30));
+        std::printf("wrote %zu tensors to %s/%s and its %s%s\n", m.weights.tensors.size(), out.c_str(),
+                    weights_file.c_str(), config_file.c_str(), tokenizer.empty() ? "" : ", and the tokenizer's files");
         return kExitOk;
     }
 };

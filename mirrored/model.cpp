@@ -26,15 +26,17 @@ Shape input_of(const std::vector<int>& dims) {
     throw ConfigError("model.input_shape", "expected [features], [height, width] or [height, width, channels]");
 }
 
-// The tensors' offsets: trainable ones first, then the state; each aligned.
+// The tensors' offsets: trainable ones first, then the state, then the frozen ones (Adaptation:
+// beyond the gradient buffer); each aligned.
 std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, std::vector<GradientPiece>& pieces,
-                               size_t& trainable_end, size_t& end, size_t& params) {
+                               size_t& trainable_end, size_t& grad_end, size_t& end, size_t& params) {
     std::vector<TensorRef> refs(b.tensors().size());
     size_t offset = 0;
-    for (int pass = 0; pass < 2; ++pass) {
+    for (int pass = 0; pass < 3; ++pass) {
         for (size_t i = 0; i < b.tensors().size(); ++i) {
             const Builder::Tensor& t = b.tensors()[i];
-            if (t.trainable != (pass == 0)) continue;
+            if ((t.frozen ? 2 : t.trainable ? 0 : 1) != pass) continue;
+            const bool trains = pass == 0;
             uint64_t count = 1;
             for (int d : t.shape) count *= uint64_t(d);
             if (count > (uint64_t(1) << 34)) throw ConfigError("model.layers", t.name + " is implausibly large");
@@ -46,22 +48,24 @@ std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, s
             info.count = size_t(count);
             info.layer = t.top_layer;
             const size_t per = t.piece_floats ? t.piece_floats : size_t(count);
-            const int blocks = t.trainable ? t.pieces : 1;
+            const int blocks = trains ? t.pieces : 1;
             info.unit = t.unit;
             info.written_from = std::max(t.unit + blocks - 1, t.tied_unit);
-            for (int k = 0; t.trainable && k < blocks; ++k) {  // the last block is written first
+            for (int k = 0; trains && k < blocks; ++k) {  // the last block is written first
                 const size_t from = offset + size_t(k) * per, to = std::min(offset + size_t(count), from + per);
                 pieces.push_back({from, to, t.unit + k, blocks > 1 ? t.unit + k : info.written_from});
             }
             info.init = t.init;
-            info.trainable = t.trainable;
+            info.trainable = trains;
+            info.frozen = t.frozen;
             info.fill = t.fill;
             info.momentum = t.momentum;
             out.push_back(std::move(info));
             offset += (size_t(count) + Model::kTensorAlign - 1) / Model::kTensorAlign * Model::kTensorAlign;
-            if (t.trainable) params += size_t(count);
+            if (trains) params += size_t(count);
         }
         if (pass == 0) trainable_end = offset;
+        if (pass == 1) grad_end = offset;
     }
     end = offset;
     return refs;
@@ -70,7 +74,7 @@ std::vector<TensorRef> lay_out(const Builder& b, std::vector<TensorInfo>& out, s
 }  // namespace
 
 Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed, bool recompute_blocks,
-             size_t gradient_piece_floats)
+             size_t gradient_piece_floats, Adaptation adaptation)
     : input_shape_(std::move(input_shape)),
       specs_(std::move(layers)),
       seed_(seed),
@@ -82,6 +86,7 @@ Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64
     layout_ = std::make_unique<Builder>(seed);
     layout_->set_recompute(recompute_blocks);
     layout_->set_piece_floats(gradient_piece_floats);
+    layout_->set_adaptation(std::move(adaptation));
     top_ = std::make_unique<Sequential>(specs_);
     out_ = top_->build(*layout_, "layers", "model.layers", in_, true);
     if (out_.image)
@@ -91,16 +96,19 @@ Model::Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64
                               "(flatten or global_avgpool, then dense)");
     dlogits_slot_ = layout_->new_slot();
     layout_->act_buffer(dlogits_slot_, out_.size());
-    const std::vector<TensorRef> refs = lay_out(*layout_, tensors_, pieces_, trainable_size_, flat_size_, param_count_);
+    const std::vector<TensorRef> refs =
+        lay_out(*layout_, tensors_, pieces_, trainable_size_, grad_size_, flat_size_, param_count_);
     if (trainable_size_ == 0)
-        throw ConfigError("model.layers", "the model has no trainable layer (add a dense or conv2d layer)");
+        throw ConfigError(layout_->adaptation() == Adaptation{} ? "model.layers" : "model.freeze",
+                          "the model has nothing left to train (add a dense or conv2d layer, or freeze less)");
+    for (const TensorInfo& t : tensors_) frozen_count_ += t.frozen ? t.count : 0;
     top_->place(refs);
 }
 
 Model::~Model() = default;
 
 std::unique_ptr<Model> Model::with_gradient_pieces(size_t floats) const {
-    return std::make_unique<Model>(input_shape_, specs_, seed_, recompute_, floats);
+    return std::make_unique<Model>(input_shape_, specs_, seed_, recompute_, floats, layout_->adaptation());
 }
 
 bool Model::reads_token_ids() const { return layer_kinds().get(specs_.front().type).reads_token_ids; }
@@ -150,8 +158,15 @@ std::string Model::summary() const {
         s += line;
     };
     for (const auto& l : top_->layers()) one(*l, 0);
-    std::snprintf(line, sizeof line, "  total %zu parameters (%.2f MiB fp32)%s\n", param_count_,
-                  param_count_ * 4.0 / 1048576.0, has_state() ? ", plus running statistics" : "");
+    if (frozen_count_)  // per layer: what trains
+        std::snprintf(line, sizeof line,
+                      "  total %zu trained parameters (%.2f MiB fp32: %.2f%% of all) and %zu frozen (%.2f MiB)%s\n",
+                      param_count_, param_count_ * 4.0 / 1048576.0,
+                      100.0 * double(param_count_) / double(param_count_ + frozen_count_), frozen_count_,
+                      frozen_count_ * 4.0 / 1048576.0, has_state() ? ", plus running statistics" : "");
+    else
+        std::snprintf(line, sizeof line, "  total %zu parameters (%.2f MiB fp32)%s\n", param_count_,
+                      param_count_ * 4.0 / 1048576.0, has_state() ? ", plus running statistics" : "");
     s += line;
     return s;
 }
@@ -202,7 +217,7 @@ ProductWidths Model::product_widths() const {
     const uint64_t positions = uint64_t(sequence_positions() > 1 ? sequence_positions() : 0);
     ProductWidths w{positions, positions};
     for (const TensorInfo& t : tensors_) {
-        if (!t.trainable || t.shape.size() < 2) continue;
+        if (!(t.trainable || t.frozen) || t.shape.size() < 2) continue;
         w.out = std::max(w.out, uint64_t(t.shape[0]));
         w.in = std::max(w.in, uint64_t(t.count) / uint64_t(t.shape[0]));
         if (t.count <= kCpuJitWeightMaxFloats) w.weight = std::max(w.weight, uint64_t(t.count));
@@ -219,7 +234,7 @@ Activations Model::make_activations(Device& dev, int max_rows) const { return Ac
 void Model::init_params(Device& dev, Stream s, float* params) const {
     dev.fill(s, flat_size_, 0.0f, params);
     for (const auto& t : tensors_) {
-        if (t.trainable) dev.init_params(s, t.init, t.count, params + t.offset);
+        if (t.trainable || t.frozen) dev.init_params(s, t.init, t.count, params + t.offset);
         else if (t.fill != 0.0f) dev.fill(s, t.count, t.fill, params + t.offset);
     }
 }

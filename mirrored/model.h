@@ -3,8 +3,9 @@
 // parameters, gradients and activations belong to each replica and are passed in.
 //
 // The flat buffer: the trainable tensors first (the optimizer, weight decay and clipping cover
-// [0, trainable_size())), then the mirrored state (batchnorm running statistics). The gradient
-// buffer has the same layout; its state region carries each step's batch statistics, summed over
+// [0, trainable_size())), then the mirrored state (batchnorm running statistics), then the frozen
+// tensors (model.freeze, LoRA's base weights). The gradient buffer has the same layout up to the
+// frozen ones (grad_size()); its state region carries each step's batch statistics, summed over
 // the replicas by the same all-reduce as the gradients.
 #pragma once
 
@@ -38,7 +39,8 @@ struct TensorInfo {
     // embedding's table).
     int written_from = 0;
     InitArgs init;
-    bool trainable = true;  // false: mirrored state (running statistics)
+    bool trainable = true;  // false: mirrored state (running statistics), or frozen
+    bool frozen = false;    // a parameter kept fixed (model.freeze, LoRA's base): after the state
     float fill = 0.0f;      // state: initial value
     float momentum = 0.0f;  // state: the exponential average's step
 };
@@ -61,8 +63,9 @@ public:
     // write a dense layer's weight gradient in blocks of the fewest rows that hold this many
     // floats, each its own gradient unit (Builder::split_rows; strategy.shard: gradients), 0: whole
     // tensors.
+    // adaptation: the tensors kept fixed and the LoRA adapters (mirrored/adaptation.h makes it).
     Model(std::vector<int> input_shape, std::vector<LayerSpec> layers, uint64_t seed, bool recompute_blocks = false,
-          size_t gradient_piece_floats = 0);
+          size_t gradient_piece_floats = 0, Adaptation adaptation = {});
     ~Model();
 
     const std::vector<int>& input_shape() const { return input_shape_; }
@@ -95,8 +98,15 @@ public:
     std::vector<std::pair<size_t, size_t>> matrix_ranges() const;
     size_t flat_size() const { return flat_size_; }            // buffer length, gaps included
     size_t trainable_size() const { return trainable_size_; }  // the trainable prefix
-    size_t param_count() const { return param_count_; }        // trainable values
-    bool has_state() const { return trainable_size_ < flat_size_; }
+    // The gradient buffer's length: the trainable prefix and the state (frozen tensors lie beyond).
+    size_t grad_size() const { return grad_size_; }
+    // What the compute copy of the weights (16-bit precisions) covers: the trainable prefix, or
+    // everything when frozen tensors lie beyond it.
+    size_t weights_size() const { return frozen_count_ ? flat_size_ : trainable_size_; }
+    size_t frozen_count() const { return frozen_count_; }  // frozen values
+    const Adaptation& adaptation() const { return layout_->adaptation(); }
+    size_t param_count() const { return param_count_; }  // trainable values
+    bool has_state() const { return trainable_size_ < grad_size_; }
     size_t stats_floats() const;  // cross-replica statistics buffer (synchronised batchnorm)
     int stats_syncs() const;      // layers whose statistics are summed over the replicas
     const TensorInfo* find(const std::string& name) const;
@@ -156,7 +166,7 @@ private:
     uint64_t seed_ = 0;
     bool recompute_ = false;
     size_t piece_floats_ = 0;
-    size_t flat_size_ = 0, trainable_size_ = 0, param_count_ = 0;
+    size_t flat_size_ = 0, trainable_size_ = 0, grad_size_ = 0, param_count_ = 0, frozen_count_ = 0;
 };
 
 }  // namespace mirrored

@@ -64,7 +64,7 @@ std::vector<Bucket> make_buckets(const Model& model, double bucket_mb) {
             }
         out.back().begin = 0;  // covers any alignment gap before the first tensor
     }
-    if (model.has_state()) out.push_back(Bucket{trainable, model.flat_size(), -1});
+    if (model.has_state()) out.push_back(Bucket{trainable, model.grad_size(), -1});
     return out;
 }
 
@@ -154,7 +154,7 @@ GradientStaging plan_gradient_staging(const Model& model, const std::vector<Buck
         }
         if (b.end > from) g.gaps[k].emplace_back(base + (from - b.begin), b.end - from);
     }
-    if (model.has_state()) g.buffer += model.flat_size() - trainable;
+    if (model.has_state()) g.buffer += model.grad_size() - trainable;
     std::sort(g.placement.pieces.begin(), g.placement.pieces.end(),
               [](const auto& a, const auto& b) { return a.begin < b.begin; });
     return g;
@@ -184,8 +184,9 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
                        size_t label_bytes, const std::vector<Bucket>* buckets, const std::vector<int>& rows_met) {
     MemoryPlan m;
     const DeviceTraits& traits = backend.traits;
-    const uint64_t flat = model.flat_size() * sizeof(float), trainable = model.trainable_size() * sizeof(float);
-    m.params = m.grads = flat;
+    const uint64_t trainable = model.trainable_size() * sizeof(float);
+    m.params = model.flat_size() * sizeof(float);
+    m.grads = model.grad_size() * sizeof(float);
     m.optimizer = trainable * uint64_t(optimizer_state_buffers(opt));
     const bool low = precision_dtype(strategy.precision) != DType::f32;
     const size_t act_elem = low && traits.stores_16bit ? 2 : 4;  // CPU and sim round to 16 bits in f32
@@ -193,7 +194,7 @@ MemoryPlan plan_memory(const Model& model, const OptimizerConfig& opt, const Str
     m.inputs =
         2 * uint64_t(shard_rows) * (uint64_t(model.input_features()) * sizeof(float) + label_bytes) +
         (low && !model.reads_token_ids() ? uint64_t(shard_rows) * uint64_t(model.input_features()) * act_elem : 0);
-    m.weight_copy = low ? uint64_t(model.trainable_size()) * act_elem : 0;
+    m.weight_copy = low ? uint64_t(model.weights_size()) * act_elem : 0;
     if (shared && replicas > 1)  // one copy, counted in shares
         for (uint64_t* one_copy : {&m.params, &m.optimizer, &m.weight_copy})
             *one_copy = (*one_copy + uint64_t(replicas) - 1) / uint64_t(replicas);
@@ -365,8 +366,7 @@ void ReplicaSet::allocate_model_state(Replica& R, const OptimizerConfig& opt, in
     const bool holds_params = !shared_ || R.index == 0;  // shared: replica 0 holds the one copy
     if (holds_params) R.params = DeviceBuffer<float>(d, flat);
     R.grads = DeviceBuffer<float>(d, grad_elements());
-    if (low_precision_ && holds_params)
-        R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.trainable_size()));
+    if (low_precision_ && holds_params) R.weights = DeviceBuffer<unsigned char>(d, d.act_bytes(model_.weights_size()));
     if (holds_params) {
         const size_t trainable = model_.trainable_size();
         R.optimizer = sharded_
@@ -649,6 +649,7 @@ Pass ReplicaSet::make_pass(Replica& R, Stream s, int rows, int global_rows, int6
     p.params = H.params.data();
     p.weights = low_precision_ ? static_cast<const void*>(H.weights.data()) : H.params.data();
     p.grads = R.grads.data();
+    p.frozen_from = model_.grad_size();
     p.placement = staged_ ? &staging_.placement : nullptr;
     p.acts = &R.acts;
     p.sync = R.sync.get();
@@ -656,10 +657,10 @@ Pass ReplicaSet::make_pass(Replica& R, Stream s, int rows, int global_rows, int6
     return p;
 }
 
-void ReplicaSet::refresh_weights(Replica& R, Stream s) {
-    if (low_precision_)
-        R.device->convert(s, model_.trainable_size(), R.params.data(), DType::f32, R.weights.data(),
-                          R.device->value_dtype());
+void ReplicaSet::refresh_weights(Replica& R, Stream s, bool all) {
+    if (low_precision_)  // frozen tensors change only when loaded (all)
+        R.device->convert(s, all ? model_.weights_size() : model_.trainable_size(), R.params.data(), DType::f32,
+                          R.weights.data(), R.device->value_dtype());
 }
 
 size_t ReplicaSet::input_row_bytes(const Replica& R) const {

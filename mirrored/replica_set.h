@@ -225,7 +225,7 @@ public:
     // Where a gradient of the flat layout lies in R's gradient buffer, and that buffer's size.
     float* grad_at(Replica& R, size_t offset) const { return R.grads.data() + grad_index(offset); }
     size_t grad_index(size_t offset) const { return staged_ ? staging_.index(offset) : offset; }
-    size_t grad_elements() const { return staged_ ? staging_.buffer : model_.flat_size(); }
+    size_t grad_elements() const { return staged_ ? staging_.buffer : model_.grad_size(); }
     const std::vector<Bucket>& buckets() const { return buckets_; }  // the gradients' buckets
     bool low_precision() const { return low_precision_; }            // bf16/fp16 activations and weight copies
     bool loss_scaling() const { return loss_scaling_; }              // fp16
@@ -303,7 +303,7 @@ public:
     Pass make_pass(Replica& R, Stream s, int rows, int global_rows, int64_t row_offset, uint64_t seed, uint32_t step,
                    bool training, const StepValues* values = nullptr);
     // After the parameters change (init, restore, optimizer step): the compute copy follows.
-    void refresh_weights(Replica& R, Stream s);
+    void refresh_weights(Replica& R, Stream s, bool all = false);  // all: the frozen tensors too
     // Rows of micro-batch m summed over every replica's shard (synchronised statistics).
     int global_micro_rows(int global_rows, int m) const;
     // A replica's [kMetricSlots] accumulators cleared, on s.

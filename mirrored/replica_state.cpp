@@ -28,7 +28,7 @@ void ReplicaState::init_and_broadcast() {
             if (r != 0)
                 d.copy_from_peer(d.compute_stream(), set_.replica(r).params.data(), *R0.device, R0.params.data(),
                                  set_.model().flat_size() * sizeof(float));
-            set_.refresh_weights(set_.replica(r), d.compute_stream());
+            set_.refresh_weights(set_.replica(r), d.compute_stream(), true);
             d.synchronize();
         });
     });
@@ -265,7 +265,7 @@ void ReplicaState::upload(const std::vector<float>& params,
                     d.synchronize();  // part is refilled for the next state
                 }
             }
-            set_.refresh_weights(*Rp, d.compute_stream());
+            set_.refresh_weights(*Rp, d.compute_stream(), true);
             d.synchronize();
         }
     });

@@ -1,5 +1,7 @@
 #include "mirrored/session.h"
 
+#include "mirrored/adaptation.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -166,10 +168,9 @@ std::unique_ptr<Session> build_session(const Config& config, std::shared_ptr<con
         data ? std::move(data) : std::make_shared<const Datasets>(load_datasets(cfg.data, cfg.base_dir, cfg.run.seed));
     check_model_against_data(cfg, *s->data);
     const DeviceList devices = parse_devices(cfg.strategy.devices);
-    s->model =
-        std::make_unique<Model>(cfg.model.input_shape, cfg.model.layers, cfg.run.seed, cfg.train.recompute_blocks,
-                                gradient_piece_floats(cfg.strategy, int(devices.ordinals.size()),
-                                                      parameters_shared(cfg.strategy, devices, nodes != nullptr)));
+    s->model = build_model(cfg, cfg.model.input_shape, cfg.train.recompute_blocks,
+                           gradient_piece_floats(cfg.strategy, int(devices.ordinals.size()),
+                                                 parameters_shared(cfg.strategy, devices, nodes != nullptr)));
     const Dataset& train = s->data->train;
     check_labels_for_loss(cfg, *s->model, *s->data);
     if (!train.has_targets() && s->model->output_classes() < train.classes) {

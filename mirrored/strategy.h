@@ -59,7 +59,7 @@ public:
     bool sharded_gradients() const { return set_->staged(); }
     int gradient_slots() const { return set_->staging().slots; }
     size_t gradient_slot_floats() const {  // the slots together (the staging buffer less the state region)
-        return set_->staging().buffer - (model().flat_size() - model().trainable_size());
+        return set_->staging().buffer - (model().grad_size() - model().trainable_size());
     }
     const MemoryPlan& memory_plan() const { return set_->memory_plan(); }  // per replica
     // The most device memory any replica has held through its own allocations (measured).

@@ -344,7 +344,7 @@ void Run::print_header() {
 // piece fills a bucket alone, shard: optimizer keeps less.
 void Run::print_staging_note(const MirroredStrategy& st) const {
     const Model& model = st.model();
-    const uint64_t whole = uint64_t(model.flat_size()) * sizeof(float);
+    const uint64_t whole = uint64_t(model.grad_size()) * sizeof(float);
     if (st.memory_plan().grads <= whole) return;
     size_t piece = 0, at = 0;  // the largest piece, floats, and its offset
     for (const GradientPiece& p : model.gradient_pieces())
@@ -400,7 +400,7 @@ void Run::print_strategy_choices(const MirroredStrategy& st) const {
                      "  and gradients: each replica keeps only its own chunks' summed gradients, backward writing "
                      "the buckets into %d reused staging slot(s) (gradients %s per replica, unsharded %s)\n",
                      st.gradient_slots(), format_bytes(st.memory_plan().grads).c_str(),
-                     format_bytes(uint64_t(st.model().flat_size()) * sizeof(float)).c_str());
+                     format_bytes(uint64_t(st.model().grad_size()) * sizeof(float)).c_str());
         print_staging_note(st);
     } else if (cfg_.strategy.shard != StrategyConfig::Shard::none && st.shared_parameters()) {
         std::fprintf(out_,

@@ -57,7 +57,7 @@ TrainingStep::TrainingStep(ReplicaSet& set, const LossConfig& loss)
     if (!set_.shared()) make_gradient_ops(devs);
     if (model_.stats_floats() > 0) make_stats_ops(devs);
     for (const auto& t : model_.tensors())
-        if (!t.trainable) state_.push_back(&t);
+        if (!t.trainable && !t.frozen) state_.push_back(&t);
     if (set_.staged()) find_own_chunks();
     set_.on_failure([this] { abort_ops(); });
     join_nodes();
@@ -117,7 +117,7 @@ void TrainingStep::make_gradient_ops(const std::vector<Device*>& devs) {
         grad_stats_ops_ = make_cross_device_ops(op, devs, stats, 2, set_.threads().barrier());
     }
     if (model_.has_state() && !exact)
-        state_ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), model_.flat_size(),
+        state_ops_ = make_cross_device_ops(set_.config().cross_device_ops, devs, set_.grad_ptrs(), model_.grad_size(),
                                            set_.threads().barrier());
 }
 
@@ -152,7 +152,7 @@ void TrainingStep::join_nodes() {
             throw ConfigError("strategy.devices", "every node must drive the same replicas: node 0 has " + all[0] +
                                                       ", node " + std::to_string(k) + " has " + all[k] +
                                                       " (name them explicitly, e.g. cpu:2, rather than auto)");
-    set_.nodes()->open_channels(set_.replicas(), model_.flat_size());
+    set_.nodes()->open_channels(set_.replicas(), model_.grad_size());
     // strategy.shard's ops stay within the node: replica r of every node owns the same chunks,
     // summed over the nodes already - the node's replicas together cover every chunk once
     for (auto* ops : {ops_.get(), state_ops_.get(), stats_ops_.get()})
@@ -220,7 +220,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     profile_mark(R, cs, LayerProbe::kBegin);
     const char* input = static_cast<const char*>(set_.stage_for_compute(R, buf, size_t(shard.rows)));
     const size_t row_bytes = set_.input_row_bytes(R);
-    const size_t trainable = model_.trainable_size(), flat = model_.flat_size();
+    const size_t trainable = model_.trainable_size(), flat = model_.grad_size();
     if (model_.has_state()) d.fill(cs, flat - trainable, 0.0f, set_.grad_at(R, trainable));  // this step's statistics
     profile_mark(R, cs, LayerProbe::kInput);
 
@@ -515,7 +515,7 @@ void TrainingStep::destroy_graphs() noexcept {
 // one cache line); trailing slices may be empty.
 std::pair<size_t, size_t> TrainingStep::slice(int r) const {
     constexpr size_t kLine = 16;  // floats
-    const size_t flat = model_.flat_size(), n = size_t(set_.replicas());
+    const size_t flat = model_.grad_size(), n = size_t(set_.replicas());
     const size_t size = ((flat + n - 1) / n + kLine - 1) / kLine * kLine;
     const size_t begin = std::min(flat, size * size_t(r)), end = std::min(flat, begin + size);
     return {begin, end};

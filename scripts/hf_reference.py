@@ -168,13 +168,21 @@ def make(a):
 
 # ---------------------------------------------------------------- the forward passes
 
-def gpt2_logits(p, cfg, x):
+def adapted(lora, name, z, out):
+    """PEFT's LoRA on module `name`: out + scale * (z A^T) B^T, where lora = (scale, {name: (A, B)})."""
+    if lora and name in lora[1]:
+        a, b = lora[1][name]
+        return out + lora[0] * ((z @ a.T) @ b.T)
+    return out
+
+
+def gpt2_logits(p, cfg, x, lora=None):
     """GPT2LMHeadModel: wte + wpe; per block ln_1, c_attn (Conv1D: x @ W + b), causal attention
     scaled by 1/sqrt(head_dim), c_proj, ln_2, c_fc, gelu_new, c_proj; ln_f; the head tied to wte."""
     B, T = x.shape
     C, H, eps = cfg["n_embd"], cfg["n_head"], cfg.get("layer_norm_epsilon", 1e-5)
     D = C // H
-    conv1d = lambda z, n: z @ p[n + ".weight"] + p[n + ".bias"]  # noqa: E731
+    conv1d = lambda z, n: adapted(lora, n, z, z @ p[n + ".weight"] + p[n + ".bias"])  # noqa: E731
     ln = lambda z, n: F.layer_norm(z, (C,), p[n + ".weight"], p[n + ".bias"], eps)  # noqa: E731
     act = cfg.get("activation_function", "gelu_new")
     gelu = (lambda z: F.gelu(z)) if act == "gelu" else (
@@ -191,7 +199,7 @@ def gpt2_logits(p, cfg, x):
     return ln(h, "transformer.ln_f") @ p["transformer.wte.weight"].T
 
 
-def llama_logits(p, cfg, x):
+def llama_logits(p, cfg, x, lora=None):
     """LlamaForCausalLM: embed_tokens; per layer input_layernorm (RMSNorm), q/k/v_proj, rotary
     embeddings (rotate_half), repeat_kv, causal attention, o_proj, post_attention_layernorm,
     down_proj(silu(gate_proj) * up_proj); norm; lm_head (or embed_tokens when tied)."""
@@ -200,7 +208,7 @@ def llama_logits(p, cfg, x):
     KV, eps = cfg.get("num_key_value_heads") or H, cfg["rms_norm_eps"]
     D = C // H
     norm = lambda z, n: p[n] * (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps))  # noqa: E731
-    proj = lambda z, n: F.linear(z, p[n + ".weight"], p.get(n + ".bias"))  # noqa: E731
+    proj = lambda z, n: adapted(lora, n, z, F.linear(z, p[n + ".weight"], p.get(n + ".bias")))  # noqa: E731
     cos, sin = rope_tables(T, D, cfg.get("rope_theta", 10000.0), torch.float64)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     h = p["model.embed_tokens.weight"][x]
@@ -244,6 +252,46 @@ def logits(a):
     return 0
 
 
+def lora_train(a):
+    """LoRA fine-tuning as PEFT does it: the base frozen, A and B of each target trained by AdamW
+    (weight decay 0) on the same batch every step (windows k*T, k < B); the loss before each step."""
+    cfg = json.load(open(os.path.join(a.dir, "config.json")))
+    p = read_folder(a.dir)
+    init = read_file(a.adapters)  # mirrored's names: layers.<k>.<...>.<module>.lora_A.weight
+    gpt2 = cfg["model_type"] == "gpt2"
+    first = 2 if gpt2 else 1  # mirrored's index of the first block
+    adapters = {}
+    for name, t in init.items():
+        parts = name.split(".")
+        k, module = int(parts[1]), ".".join(parts[2:-2])
+        hf = (f"transformer.h.{k - first}." if gpt2 else f"model.layers.{k - first}.") + module
+        adapters.setdefault(hf, [None, None])[0 if parts[-2] == "lora_A" else 1] = t.clone().requires_grad_(True)
+    lora = (a.alpha / a.rank, {n: tuple(ab) for n, ab in adapters.items()})
+    x, y = make_batch(load_tokens(a.tokens, "raw", "uint16"), a.batch, a.context)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    params = [t for ab in adapters.values() for t in ab]
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    forward = gpt2_logits if gpt2 else llama_logits
+    losses = []
+    for _ in range(a.steps):
+        z = forward(p, cfg, x, lora)
+        loss = F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # the merged weight in PyTorch's [out, in] (GPT-2's Conv1D stores the transpose)
+    merged = {n: ((p[n + ".weight"].T if gpt2 else p[n + ".weight"]) + lora[0] * (b @ a_)).detach()
+              for n, (a_, b) in lora[1].items()}
+    result = {"losses": losses, "adapters": len(adapters)}
+    print(json.dumps(result))
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+    if a.merged_out:  # base + scale B A, in the folder's layout (GPT-2's Conv1D: transposed)
+        write_file(a.merged_out, {n + ".weight": (m.T if gpt2 else m).numpy() for n, m in merged.items()}, "f32")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -270,8 +318,22 @@ def main(argv=None):
     g.add_argument("--compare")
     g.add_argument("--logits-out")
     g.add_argument("--out")
+    t = sub.add_parser("lora", help="LoRA fine-tuning of a folder's model from given adapters")
+    t.add_argument("dir")
+    t.add_argument("--adapters", required=True, help="safetensors: the initial lora_A/lora_B under mirrored's names")
+    t.add_argument("--tokens", required=True)
+    t.add_argument("--context", type=int, required=True)
+    t.add_argument("--batch", type=int, required=True)
+    t.add_argument("--steps", type=int, default=20)
+    t.add_argument("--rank", type=int, required=True)
+    t.add_argument("--alpha", type=float, required=True)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--out", required=True)
+    t.add_argument("--merged-out", help="the trained adapters merged into their weights (safetensors)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if a.cmd == "lora":
+        return lora_train(a)
     if a.cmd == "make":
         if a.arch == "llama" and a.intermediate <= 0:
             fail("--intermediate is required for a Llama")

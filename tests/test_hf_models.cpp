@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "kernels/op_math.h"
+#include "mirrored/adaptation.h"
 #include "mirrored/config.h"
 #include "mirrored/hf_models.h"
 #include "mirrored/safetensors.h"
@@ -331,4 +332,226 @@ TEST_CASE("model.init_from: a folder that lies is refused, naming the file, tens
     });
     CHECK_THROWS_WITH_AS(imported(r / "tied_bad", tied), doctest::Contains("lm_head.weight differs from the embedding"),
                          CheckpointError);
+}
+
+namespace {
+
+// A model's initial adapters (LoRA's A and B, as init_params draws them) under mirrored's names.
+SafetensorsFile initial_adapters(const Model& m) {
+    auto dev = make_cpu_device(0);
+    DeviceBuffer<float> p(*dev, m.flat_size());
+    m.init_params(*dev, dev->compute_stream(), p.data());
+    dev->synchronize();
+    const std::vector<float> host = download(*dev, p);
+    SafetensorsFile f;
+    for (const TensorInfo& t : m.tensors())
+        if (t.name.find(".lora_") != std::string::npos)
+            f.tensors[t.name] = {
+                t.shape, std::vector<float>(host.begin() + long(t.offset), host.begin() + long(t.offset + t.count))};
+    return f;
+}
+
+}  // namespace
+
+TEST_CASE("LoRA equals PEFT's arithmetic step for step (PyTorch); only the adapters train, the base stays bit-exact") {
+    if (!python_has("torch, numpy", "PyTorch", "python3-torch python3-numpy")) return;
+    for (const char* layers : {kLlamaLayers, kGpt2Layers}) {
+        const bool gpt2 = std::string(layers) == kGpt2Layers;
+        CAPTURE(gpt2);
+        HfRun r;
+        // one batch of 4 windows is the whole training set: every step sees the same batch
+        std::mt19937 rng(3);
+        std::vector<uint16_t> ids(4 * 32 + 1);
+        for (auto& id : ids) id = uint16_t(rng() % 96);
+        std::ofstream(r / "train.bin", std::ios::binary)
+            .write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+        const Config c = model_config(layers);
+        const Model m(c.model.input_shape, c.model.layers, 1);
+        const std::vector<float> base = random_params(m, 8);
+        write_folder(r / "hf", hf_model_files(m, base.data()));
+        const std::string targets = gpt2 ? "[c_attn, c_proj]" : "[q_proj, v_proj, down_proj]";
+        std::string text = read_text(r.config(r / "hf"));
+        text.replace(text.find("model: {init_from: "), 19,
+                     "model: {lora: {rank: 4, alpha: 8, targets: " + targets + "}, init_from: ");
+        text.replace(text.find("steps: 6, global_batch_size: 8"), 30, "steps: 20, global_batch_size: 4");
+        text.replace(text.find("lr: 0.001"), 9, "lr: 0.01");
+        const std::string cfg_path = r.write("lora.yaml", text);
+        const Config cfg = load_config(cfg_path, {"model.input_shape=[32]"});
+        const auto lora = build_model(cfg);
+        CHECK(lora->trainable_size() < m.trainable_size() / 4);
+        write_safetensors(r / "adapters.safetensors", initial_adapters(*lora));
+        std::string err;
+        REQUIRE_MESSAGE(run_cli({"train", cfg_path, "--devices", "cpu:1"}, {}, -1, &err) == kExitOk, err);
+        REQUIRE_MESSAGE(run_program(kPython,
+                                    {repo_script("hf_reference.py"),
+                                     "lora",
+                                     r / "hf",
+                                     "--adapters",
+                                     r / "adapters.safetensors",
+                                     "--tokens",
+                                     r / "train.bin",
+                                     "--context",
+                                     "32",
+                                     "--batch",
+                                     "4",
+                                     "--steps",
+                                     "20",
+                                     "--rank",
+                                     "4",
+                                     "--alpha",
+                                     "8",
+                                     "--lr",
+                                     "0.01",
+                                     "--out",
+                                     r / "ref.json"},
+                                    &err) == 0,
+                        err);
+        const nlohmann::json want = nlohmann::json::parse(read_text(r / "ref.json"));
+        CHECK(want["adapters"] == 6);
+        std::vector<double> losses;
+        for (const auto& j : metrics(r / "run"))
+            if (j["type"] == "train") losses.push_back(j["loss"]);
+        REQUIRE(losses.size() == 20);
+        for (size_t i = 0; i < losses.size(); ++i) {
+            CAPTURE(i);
+            CHECK(losses[i] == doctest::Approx(want["losses"][i].get<double>()).epsilon(1e-4));
+        }
+        CHECK(losses.back() < losses.front() - 0.05);  // it learns
+        // the checkpoint: the base as the folder holds it, bit for bit; optimizer state for the adapters only
+        const std::string ckpt = list_checkpoints(r / "run/checkpoints").front();
+        const SafetensorsFile f = read_safetensors(ckpt, true);
+        for (const TensorInfo& t : m.tensors())
+            CHECK_MESSAGE(std::memcmp(f.tensors.at(t.name).second.data(), base.data() + t.offset, t.count * 4) == 0,
+                          t.name);
+        size_t states = 0;
+        for (const auto& [name, t] : f.tensors)
+            if (name.rfind("optimizer.", 0) == 0) {
+                CHECK_MESSAGE(name.find(".lora_") != std::string::npos, name);
+                ++states;
+            }
+        CHECK(states == 2 * 2 * 6);  // exp_avg and exp_avg_sq of A and B, three modules x two layers
+        // export: PEFT's adapter files, or the adapters merged into a whole model that scores as the run
+        REQUIRE(run_cli({"export", ckpt, "--names", "hf", "--out", r / "peft"}, {}, -1, &err) == kExitOk);
+        const nlohmann::json adapter_config = nlohmann::json::parse(read_text(r / "peft/adapter_config.json"));
+        CHECK(adapter_config["r"] == 4);
+        CHECK(adapter_config["lora_alpha"] == 8.0);
+        CHECK(adapter_config["fan_in_fan_out"] == gpt2);
+        CHECK(adapter_config["base_model_name_or_path"] == r / "hf");
+        const SafetensorsFile peft = read_safetensors(r / "peft/adapter_model.safetensors", false);
+        CHECK(peft.tensors.size() == 12);
+        const std::string q = gpt2 ? "base_model.model.transformer.h.1.attn.c_attn.lora_A.weight"
+                                   : "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight";
+        REQUIRE(peft.tensors.count(q));
+        CHECK(peft.tensors.at(q).first == std::vector<int>{4, 32});
+        CHECK(peft.tensors.at(q).second ==
+              f.tensors.at(gpt2 ? "layers.3.attn.c_attn.lora_A.weight" : "layers.2.self_attn.q_proj.lora_A.weight")
+                  .second);
+        REQUIRE(run_cli({"export", ckpt, "--names", "hf", "--merge", "--out", r / "merged"}, {}, -1, &err) == kExitOk);
+        const std::vector<float> merged = imported(r / "merged", m);
+        size_t changed = 0, off = 0;
+        for (const auto& [weight, slices] : lora->adaptation().lora)
+            for (const LoraSlice& sl : slices) {
+                const TensorInfo& w = *m.find(weight);
+                const auto& A = f.tensors.at(sl.name + ".lora_A.weight").second;
+                const auto& B = f.tensors.at(sl.name + ".lora_B.weight").second;
+                const size_t in = w.count / size_t(w.shape[0]);
+                for (size_t i = 0; i < size_t(sl.rows); ++i)
+                    for (size_t j = 0; j < in; ++j) {
+                        double ba = 0;
+                        for (size_t k = 0; k < 4; ++k) ba += double(B[i * 4 + k]) * A[k * in + j];
+                        const size_t at = w.offset + (size_t(sl.row) + i) * in + j;
+                        const double want_w = base[at] + 2.0 * ba;  // alpha / rank = 2
+                        off += std::abs(merged[at] - want_w) > 1e-6 * (1 + std::abs(want_w));
+                        changed += merged[at] != base[at];
+                    }
+            }
+        CHECK(off == 0);
+        CHECK(changed > 0);
+        // the merged folder scores as the adapted model: its own run's test loss
+        std::string merged_cfg = read_text(r.config(r / "merged"));
+        REQUIRE(run_cli({"eval", r.write("merged.yaml", merged_cfg), "--devices", "cpu:1"}, {}, -1, &err, Stdout::file,
+                        r / "eval.txt") == kExitOk);
+        const std::string printed = read_text(r / "eval.txt");
+        CHECK(std::stod(printed.substr(printed.find("test loss ") + 10)) ==
+              doctest::Approx(summary(r / "run")["test_loss"].get<double>()).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("LoRA and model.freeze: replicas, ZeRO, bf16 and recompute agree; frozen tensors cost no gradient memory") {
+    HfRun r;
+    const Config c = model_config(kLlamaLayers);
+    const Model m(c.model.input_shape, c.model.layers, 1);
+    const std::vector<float> base = random_params(m, 9);
+    write_folder(r / "hf", hf_model_files(m, base.data()), "BF16");
+    std::string err;
+    const auto train = [&](const std::string& out, std::vector<std::string> sets) {
+        std::vector<std::string> args = {"train", r.config(r / "hf"), "--output", r / out};
+        for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+        CHECK_MESSAGE(run_cli(args, {}, -1, &err) == kExitOk, err);
+        return summary(r / out);
+    };
+    const std::string lora = "model.lora={rank: 4, alpha: 8, targets: [q_proj, k_proj, v_proj, o_proj, up_proj]}";
+    const nlohmann::json one = train("one", {lora, "strategy.devices=cpu:1"});
+    int k = 0;
+    for (const std::vector<std::string>& sets :
+         {std::vector<std::string>{"strategy.devices=cpu:2"},
+          {"strategy.devices=cpu:2", "strategy.shard=gradients", "strategy.bucket_mb=0.001"},
+          {"strategy.devices=cpu:2", "strategy.shared_parameters=true"},
+          {"strategy.devices=cpu:1", "train.recompute=blocks", "train.grad_accumulation_steps=2"}}) {
+        CAPTURE(sets.back());
+        std::vector<std::string> all = sets;
+        all.push_back(lora);
+        const nlohmann::json s = train("run" + std::to_string(k++), all);
+        CHECK(s["steps"] == 6);
+        CHECK(s["test_loss"].get<double>() == doctest::Approx(one["test_loss"].get<double>()).epsilon(1e-5));
+    }
+    {  // simulated GPUs allocate the plan to the byte: gradients and optimizer state for the adapters only
+        SimScope sim(0);
+        for (const char* precision : {"fp32", "bf16"}) {
+            CAPTURE(precision);
+            const nlohmann::json s =
+                train(std::string("sim_") + precision,
+                      {lora, "strategy.devices=sim:0,1", std::string("train.precision=") + precision});
+            CHECK(s["memory_plan_bytes"] == s["memory_per_replica_bytes"]);
+        }
+    }
+    // model.freeze: the embedding and the first block kept as they are, the rest trained
+    const nlohmann::json frozen = train("frozen", {"model.freeze=[layers.0.*, layers.1.*]", "strategy.devices=cpu:2"});
+    const SafetensorsFile f = read_safetensors(list_checkpoints(r / "frozen/checkpoints").front(), true);
+    const std::vector<float> start = imported(r / "hf", m);
+    for (const TensorInfo& t : m.tensors()) {
+        const bool same = std::memcmp(f.tensors.at(t.name).second.data(), start.data() + t.offset, t.count * 4) == 0;
+        CHECK_MESSAGE(same == (t.name.rfind("layers.0.", 0) == 0 || t.name.rfind("layers.1.", 0) == 0), t.name);
+        CHECK(f.tensors.count("optimizer.exp_avg." + t.name) == !same);
+    }
+    // GPT-2 small's shape (12 x 768, 50,257 tokens) with rank 8 on c_attn: gradients and optimizer
+    // state are 0.24% of full fine-tuning's
+    TempDir g;
+    std::ofstream(g / "config.json") << R"({"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12,
+        "n_positions": 1024, "vocab_size": 50257})";
+    Config small = load_config_text("model: {init_from: " + g.path().string() + ", input_shape: [64]}", "x.yaml", {});
+    const auto full = build_model(small);
+    small.model.lora = {8, 16, {"c_attn"}};
+    const auto adapted = build_model(small);
+    CHECK(full->param_count() == 124439808);
+    CHECK(adapted->param_count() == 12 * (8 * 768 + 3 * 768 * 8));
+    CHECK(double(adapted->grad_size()) / double(full->grad_size()) < 0.003);
+    CHECK(adapted->frozen_count() == full->param_count());
+}
+
+TEST_CASE("LoRA and model.freeze refuse what they cannot do, naming the key") {
+    HfRun r;
+    const Config c = model_config(kGpt2Layers);
+    const Model m(c.model.input_shape, c.model.layers, 1);
+    write_folder(r / "hf", hf_model_files(m, random_params(m, 10).data()));
+    const auto refused = [&](const std::string& set, const std::string& says) {
+        std::string err;
+        CHECK(run_cli({"train", r.config(r / "hf"), "--set", set}, {}, -1, &err) == kExitUsage);
+        CHECK_MESSAGE(err.find(says) != std::string::npos, err);
+    };
+    refused("model.lora={rank: 4, targets: [q_proj]}",
+            "model.lora.targets: 'q_proj' names no module of the model (its modules: c_attn, c_fc, c_proj)");
+    refused("model.lora={rank: 4, targets: [c_fc]}", "LoRA adds to a product before its activation");
+    refused("model.lora={rank: 4}", "model.lora.targets: required");
+    refused("model.freeze=['*']", "model.freeze: the model has nothing left to train");
 }

@@ -29,6 +29,7 @@
 #include "kernels/ops/rope.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
+#include "mirrored/layers/lora.h"
 
 namespace mirrored {
 
@@ -82,6 +83,8 @@ public:
         if (o_.bias) proj_b_ = b.param(proj + ".bias", {c}, InitArgs{});
         const size_t t = size_t(in_.positions()), probs = size_t(heads_) * t * t;
         slot_ = b.new_slot();
+        lora_qkv_.declare(b, qkv + ".weight", c, w, slot_, int(t));
+        lora_out_.declare(b, proj + ".weight", c, c, slot_, int(t));
         qkv_ = b.act_buffer(slot_, t * size_t(w));
         heads_out_ = b.act_buffer(slot_, t * c);
         proj_out_ = b.act_buffer(slot_, t * c);
@@ -107,6 +110,8 @@ public:
             attn_b_off_ = refs[size_t(attn_b_)].offset;
             proj_b_off_ = refs[size_t(proj_b_)].offset;
         }
+        lora_qkv_.place(refs);
+        lora_out_.place(refs);
     }
 
     const void* forward(Pass& p, const void* x) const override {
@@ -115,13 +120,11 @@ public:
         const Buffers B = buffers(p);
         const int w = int(a_.qkv_width());
         p.acts->input(slot_) = x;
-        p.dev->dense_forward(p.stream, Activation::none, rows, w, c, x, p.weight(attn_w_off_), bias(p, attn_b_off_),
-                             B.qkv, B.qkv, p.types(p.vt));
+        project_qkv(p, rows, x, B.qkv);
         if (o_.rope_theta > 0) rope_rotate(*p.dev, p.stream, rope(p), false, B.qkv);
         if (fused_) {
             attention_forward(*p.dev, p.stream, p.rows, t, a_, scale(), B.qkv, B.heads, p.acts->f32(slot_, lse_));
-            p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
-                                 bias(p, proj_b_off_), B.out, B.out, p.types(p.vt));
+            project_out(p, rows, B.heads, B.out);
             return B.out;
         }
         for (int s0 = 0; s0 < p.rows; s0 += block(p)) {  // a block of samples at a time
@@ -136,8 +139,7 @@ public:
                 batched(p, n, false, false, t, d(), t, at(p, S.mixed, cell(h, 0, 0)), t, tt(), at(p, S.qkv, v(h)), w,
                         size_t(t) * w, at(p, S.heads, size_t(h) * d()), c, size_t(t) * c);
         }
-        p.dev->dense_forward(p.stream, Activation::none, rows, c, c, B.heads, p.weight(proj_w_off_),
-                             bias(p, proj_b_off_), B.out, B.out, p.types(p.vt));
+        project_out(p, rows, B.heads, B.out);
         return B.out;
     }
 
@@ -146,10 +148,10 @@ public:
         const Buffers B = buffers(p);
         void* dqkv = p.acts->act(slot_, dqkv_);
         void* dheads = p.acts->act(slot_, dheads_);
-        p.dev->dense_weight_grad(p.stream, rows, c, c, dy, B.heads, p.grad(proj_w_off_), bias_grad(p, proj_b_off_),
-                                 p.accumulate, p.types(DType::f32));
+        weight_grad(p, rows, c, c, dy, B.heads, proj_w_off_, proj_b_off_);
         p.dev->gemm(p.stream, false, false, rows, c, c, 1.0f, dy, c, p.weight(proj_w_off_), c, 0.0f, dheads, c,
                     p.types(p.vt));
+        if (!lora_out_.empty()) lora_out_.backward(p, rows, B.heads, dy, dheads);
         if (fused_) {
             attention_backward(*p.dev, p.stream, p.rows, t, a_, scale(), B.qkv, B.heads, dheads,
                                p.acts->f32(slot_, lse_), p.acts->f32(slot_, delta_), dqkv);
@@ -196,7 +198,8 @@ public:
     // the four products of the projections and the two of attention (scores, then the mix)
     double forward_flops() const override {
         const double t = in_.positions(), c = in_.c;
-        return 2.0 * t * c * (double(a_.qkv_width()) + c) + 2.0 * 2.0 * t * t * c;
+        return 2.0 * t * c * (double(a_.qkv_width()) + c) + 2.0 * 2.0 * t * t * c + lora_qkv_.forward_flops(int(t)) +
+               lora_out_.forward_flops(int(t));
     }
     std::string detail() const override {
         std::string s = std::to_string(heads_) + " heads";
@@ -213,16 +216,14 @@ private:
         if (p.rows != 1 || in_.positions() != 1 || at < 0 || at >= p.decode->capacity())
             throw std::logic_error("attention: a decoding pass is one position of one sequence within the cache");
         const Buffers B = buffers(p);
-        p.dev->dense_forward(p.stream, Activation::none, 1, w, c, x, p.weight(attn_w_off_), bias(p, attn_b_off_), B.qkv,
-                             B.qkv, p.types(p.vt));
+        project_qkv(p, 1, x, B.qkv);
         if (o_.rope_theta > 0)
             rope_rotate(*p.dev, p.stream, RopeShape{1, 1, at, w, a_.heads + a_.kv_heads, a_.d, o_.rope_theta}, false,
                         B.qkv);
         void* cache = p.decode->cache(slot_, p.dev->act_bytes(size_t(w)));
         p.dev->copy_on_device(p.stream, at_row(p, cache, at), B.qkv, p.dev->act_bytes(size_t(w)));
         attention_decode(*p.dev, p.stream, at + 1, a_, scale(), cache, B.heads);
-        p.dev->dense_forward(p.stream, Activation::none, 1, c, c, B.heads, p.weight(proj_w_off_), bias(p, proj_b_off_),
-                             B.out, B.out, p.types(p.vt));
+        project_out(p, 1, B.heads, B.out);
         return B.out;
     }
     void* at_row(const Pass& p, void* cache, int position) const {
@@ -234,11 +235,24 @@ private:
     void input_grads(Pass& p, void* dqkv, void* dx) const {
         const int c = in_.c, rows = p.rows * in_.positions(), w = int(a_.qkv_width());
         if (o_.rope_theta > 0) rope_rotate(*p.dev, p.stream, rope(p), true, dqkv);
-        p.dev->dense_weight_grad(p.stream, rows, w, c, dqkv, p.acts->input(slot_), p.grad(attn_w_off_),
-                                 bias_grad(p, attn_b_off_), p.accumulate, p.types(DType::f32));
+        weight_grad(p, rows, w, c, dqkv, p.acts->input(slot_), attn_w_off_, attn_b_off_);
         if (dx)
             p.dev->gemm(p.stream, false, false, rows, c, w, 1.0f, dqkv, w, p.weight(attn_w_off_), c, 0.0f, dx, c,
                         p.types(p.vt));
+        if (!lora_qkv_.empty()) lora_qkv_.backward(p, rows, p.acts->input(slot_), dqkv, dx);
+    }
+    // qkv[rows, w] = x W_attn^T + b, plus the adapters'; out[rows, c] = heads W_proj^T + b, plus theirs
+    void project_qkv(Pass& p, int rows, const void* x, void* qkv) const {
+        const int c = in_.c, w = int(a_.qkv_width());
+        p.dev->dense_forward(p.stream, Activation::none, rows, w, c, x, p.weight(attn_w_off_), bias(p, attn_b_off_),
+                             qkv, qkv, p.types(p.vt));
+        lora_qkv_.forward(p, rows, x, qkv);
+    }
+    void project_out(Pass& p, int rows, const void* heads, void* out) const {
+        const int c = in_.c;
+        p.dev->dense_forward(p.stream, Activation::none, rows, c, c, heads, p.weight(proj_w_off_), bias(p, proj_b_off_),
+                             out, out, p.types(p.vt));
+        lora_out_.forward(p, rows, heads, out);
     }
     // q and k of every head rotated by their positions (the query heads, then the key heads)
     RopeShape rope(const Pass& p) const {
@@ -246,6 +260,14 @@ private:
     }
     const float* bias(const Pass& p, size_t offset) const { return o_.bias ? p.params + offset : nullptr; }
     float* bias_grad(const Pass& p, size_t offset) const { return o_.bias ? p.grad(offset) : nullptr; }
+    // dW[units, inputs] (+)= dz^T x and db (+)= column sums of dz, each unless frozen
+    void weight_grad(Pass& p, int rows, int units, int inputs, const void* dz, const void* x, size_t w_off,
+                     size_t b_off) const {
+        float* const db = bias_grad(p, b_off);
+        if (float* const dw = p.grad(w_off))
+            p.dev->dense_weight_grad(p.stream, rows, units, inputs, dz, x, dw, db, p.accumulate, p.types(DType::f32));
+        else if (db) p.dev->bias_grad(p.stream, rows, units, dz, db, p.accumulate);
+    }
     // A key/value head's gradient is the sum over its group's query heads: the first writes it.
     float group_beta(int h) const { return h % a_.group() ? 1.0f : 0.0f; }
 
@@ -308,6 +330,7 @@ private:
 
     const AttentionOptions& o_;
     AttentionHeads a_;
+    LoraAdapters lora_qkv_, lora_out_;  // LoRA beside the two projections (Adaptation)
     int heads_;
     float dropout_;
     bool fused_;

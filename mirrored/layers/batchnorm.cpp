@@ -40,6 +40,7 @@ public:
         ones.kind = InitKind::ones;
         gamma_ = b.param(name_ + ".weight", {c}, ones);
         beta_ = b.param(name_ + ".bias", {c}, InitArgs{});
+        if (b.frozen(gamma_) || b.frozen(beta_)) fail("model.freeze: batchnorm's tensors cannot be frozen");
         run_mean_ = b.state(name_ + ".running_mean", {c}, 0.0f, o_.momentum);
         run_var_ = b.state(name_ + ".running_var", {c}, 1.0f, o_.momentum);
         slot_ = b.new_slot();

@@ -57,6 +57,7 @@ public:
         wi.fan_out = F * k * k;
         w_ = b.param(name_ + ".weight", {F, in_.c, k, k}, wi);
         if (o_.bias) b_ = b.param(name_ + ".bias", {F}, InitArgs{});
+        if (b.frozen(w_) || (b_ >= 0 && b.frozen(b_))) fail("model.freeze: conv2d's tensors cannot be frozen");
         out_ = Shape::picture(g_.oh(), g_.ow(), F);
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, out_.size());

@@ -2,6 +2,7 @@
 // on a sequence, at every position.
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
+#include "mirrored/layers/lora.h"
 
 namespace mirrored {
 
@@ -37,6 +38,10 @@ public:
         piece_rows_ = b.split_rows(w_, size_t(inputs));
         if (o_.bias) b_ = b.param(name_ + ".bias", {units}, InitArgs{});
         slot_ = b.new_slot();
+        lora_.declare(b, name_ + ".weight", inputs, units, slot_, in_.positions());
+        if (!lora_.empty() && o_.activation != Activation::none)
+            fail("LoRA adds to a product before its activation: " + name_ + " has " + activation_name(o_.activation) +
+                 " fused (adapt another module)");
         out_buf_ = b.act_buffer(slot_, size_t(units) * in_.positions());
         // GELU's derivative needs the pre-activation; ReLU's reads the output instead (y > 0
         // exactly when z > 0), so a ReLU layer keeps one buffer and writes it once.
@@ -46,6 +51,7 @@ public:
     void place(const std::vector<TensorRef>& refs) override {
         w_off_ = refs[size_t(w_)].offset;
         if (b_ >= 0) b_off_ = refs[size_t(b_)].offset;
+        lora_.place(refs);
     }
 
     const void* forward(Pass& p, const void* x) const override {
@@ -56,6 +62,7 @@ public:
         // z[rows, units] = x[rows, inputs] . W[units, inputs]^T + b, y = act(z)
         p.dev->dense_forward(p.stream, o_.activation, rows, units, inputs, x, p.weight(w_off_),
                              b_ >= 0 ? p.params + b_off_ : nullptr, z, y, p.types(p.vt));
+        lora_.forward(p, rows, x, y);  // no activation when adapted
         return y;
     }
 
@@ -65,26 +72,34 @@ public:
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
             p.dev->act_backward(p.stream, o_.activation, size_t(rows) * units, z, dy, dy);
         }
-        if (piece_rows_ < units) {  // Builder::split_rows: db, then dW's blocks
-            if (b_ >= 0) p.dev->bias_grad(p.stream, rows, units, dy, p.grad(b_off_), p.accumulate);
+        float* const db = b_ >= 0 ? p.grad(b_off_) : nullptr;  // null: no bias, or frozen
+        if (piece_rows_ < units) {                             // Builder::split_rows: db, then dW's blocks
+            if (db) p.dev->bias_grad(p.stream, rows, units, dy, db, p.accumulate);
             weight_grad_by_blocks(p, rows, units, inputs, dy, p.acts->input(slot_), w_off_, piece_rows_);
-        } else {
+        } else if (float* const dw = p.grad(w_off_)) {
             // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
-            p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), p.grad(w_off_),
-                                     b_ >= 0 ? p.grad(b_off_) : nullptr, p.accumulate, p.types(DType::f32));
+            p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), dw, db, p.accumulate,
+                                     p.types(DType::f32));
+        } else if (db) {
+            p.dev->bias_grad(p.stream, rows, units, dy, db, p.accumulate);
         }
-        // dx[rows, inputs] = dz[rows, units] . W[units, inputs]
+        // dx[rows, inputs] = dz[rows, units] . W[units, inputs], plus the adapters' part (an adapted
+        // weight is frozen, never split: their gradients belong to the layer's one unit)
         if (dx)
             p.dev->gemm(p.stream, false, false, rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f,
                         dx, inputs, p.types(p.vt));
+        if (!lora_.empty()) lora_.backward(p, rows, p.acts->input(slot_), dy, dx);
     }
 
     bool has_params() const override { return true; }
-    double forward_flops() const override { return 2.0 * in_.c * out_.c * in_.positions(); }
+    double forward_flops() const override {
+        return 2.0 * in_.c * out_.c * in_.positions() + lora_.forward_flops(in_.positions());
+    }
     std::string detail() const override { return activation_name(o_.activation); }
 
 private:
     const DenseOptions& o_;
+    LoraAdapters lora_;
     int piece_rows_ = 0;
     int w_ = -1, b_ = -1, slot_ = -1, out_buf_ = -1, z_buf_ = -1;
     size_t w_off_ = 0, b_off_ = 0;

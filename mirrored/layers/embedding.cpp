@@ -54,6 +54,7 @@ public:
     void backward(Pass& p, void* dy, void* dx) const override {
         (void)dx;  // ids have no gradient
         float* dw = p.grad(w_off_);
+        if (!dw) return;  // frozen
         // A tied head wrote (or added to) this gradient already in its backward, which runs first.
         if (!tied_ && !p.accumulate) p.dev->fill(p.stream, size_t(o_.vocab) * size_t(o_.dim), 0.0f, dw);
         embedding_backward(*p.dev, p.stream, p.rows * in_.c, o_.vocab, o_.dim,
@@ -115,9 +116,11 @@ public:
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
-        p.dev->bias_grad(p.stream, p.rows, int(in_.size()), dy, p.grad(w_off_), p.accumulate);
-        if (!p.accumulate && in_.positions() < max_len_)  // the rows no position of these sequences reached
-            p.dev->fill(p.stream, size_t(max_len_ - in_.positions()) * in_.c, 0.0f, p.grad(w_off_ + in_.size()));
+        if (float* dw = p.grad(w_off_)) {  // else frozen
+            p.dev->bias_grad(p.stream, p.rows, int(in_.size()), dy, dw, p.accumulate);
+            if (!p.accumulate && in_.positions() < max_len_)  // the rows no position of these sequences reached
+                p.dev->fill(p.stream, size_t(max_len_ - in_.positions()) * in_.c, 0.0f, dw + in_.size());
+        }
         if (dx) p.dev->copy_on_device(p.stream, dx, dy, p.dev->act_bytes(size_t(p.rows) * in_.size()));
     }
 
@@ -184,9 +187,9 @@ public:
         const int rows = p.rows * in_.positions(), vocab = out_.c, c = in_.c;
         if (block_rows_ > 0 && block_rows_ < vocab)  // Builder::split_rows
             weight_grad_by_blocks(p, rows, vocab, c, dy, p.acts->input(slot_), w_off_, block_rows_);
-        else
-            p.dev->dense_weight_grad(p.stream, rows, vocab, c, dy, p.acts->input(slot_), p.grad(w_off_), nullptr,
-                                     p.accumulate, p.types(DType::f32));
+        else if (float* dw = p.grad(w_off_))  // else frozen
+            p.dev->dense_weight_grad(p.stream, rows, vocab, c, dy, p.acts->input(slot_), dw, nullptr, p.accumulate,
+                                     p.types(DType::f32));
         if (dx)
             p.dev->gemm(p.stream, false, false, rows, c, vocab, 1.0f, dy, vocab, p.weight(w_off_), c, 0.0f, dx, c,
                         p.types(p.vt));

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -160,6 +161,7 @@ struct Pass {
     const float* params = nullptr;                 // f32 master parameters (flat)
     const void* weights = nullptr;                 // their compute copy in the activation type (= params for f32)
     float* grads = nullptr;                        // f32 gradients (see grad()); the state region gets statistics
+    size_t frozen_from = SIZE_MAX;                 // offsets from here are frozen tensors': no gradient
     const GradientPlacement* placement = nullptr;  // where grad() finds a tensor (null: at its offset)
     bool accumulate = false;                       // add to grads (gradient accumulation) instead of writing
     Activations* acts = nullptr;
@@ -177,6 +179,7 @@ struct Pass {
 
     // A tensor's gradient (its offset in the flat layout). Layers write gradients only through
     // here: with strategy.shard: gradients a tensor's gradient lies in its bucket's staging slot.
+    // Null for a frozen tensor: its layer skips that gradient's work.
     float* grad(size_t offset) const;
     // The compute copy of a tensor's weights (its offset in the activation type's elements).
     const void* weight(size_t offset) const {
@@ -196,6 +199,22 @@ public:
     virtual void all_reduce(size_t n) = 0;
 };
 
+// Fine-tuning part of a model (model.lora, model.freeze): the tensors kept fixed (frozen: no
+// gradient, no optimizer state, not reduced) and the low-rank adapters (LoRA) beside some weights.
+struct LoraSlice {
+    int row = 0, rows = 0;  // the weight's output rows the adapter adds to
+    std::string name;       // its tensors: name.lora_A.weight [rank, in], name.lora_B.weight [rows, rank]
+    bool operator==(const LoraSlice&) const = default;
+};
+struct Adaptation {
+    std::vector<std::string> freeze;                     // glob patterns (fnmatch) of tensor names
+    bool freeze_all = false;                             // every tensor but the adapters (LoRA)
+    int lora_rank = 0;                                   // 0: no adapters
+    float lora_scale = 0.0f;                             // alpha / rank
+    std::map<std::string, std::vector<LoraSlice>> lora;  // weight name -> its adapters
+    bool operator==(const Adaptation&) const = default;
+};
+
 // The model's layout while it is built: tensors in the flat buffers and per-replica buffers.
 class Builder {
 public:
@@ -205,6 +224,7 @@ public:
         size_t count = 0;
         InitArgs init;
         bool trainable = true;
+        bool frozen = false;    // a parameter kept fixed (Adaptation)
         float fill = 0.0f;      // state tensors start at this value ...
         float momentum = 0.0f;  // ... and move this far towards each step's statistics
         int top_layer = 0;
@@ -227,8 +247,16 @@ public:
     };
 
     explicit Builder(uint64_t seed) : seed_(seed) {}
-    // A trainable tensor (returns its index) and a mirrored, untrained state tensor.
+    // A trainable tensor (returns its index; frozen where the adaptation says) and a mirrored,
+    // untrained state tensor.
     int param(const std::string& name, std::vector<int> shape, InitArgs init);
+    bool frozen(int tensor) const { return tensors_[size_t(tensor)].frozen; }
+    void set_adaptation(Adaptation a) { adapt_ = std::move(a); }
+    const Adaptation& adaptation() const { return adapt_; }
+    // A weight's LoRA adapters (none: empty); their tensors are declared with adapter_param,
+    // never frozen.
+    const std::vector<LoraSlice>& lora_slices(const std::string& weight) const;
+    int adapter_param(const std::string& name, std::vector<int> shape, InitArgs init);
     int state(const std::string& name, std::vector<int> shape, float fill, float momentum);
     int new_slot();                                              // per-replica storage of one layer
     int act_buffer(int slot, size_t per_row, size_t fixed = 0);  // in the activation type
@@ -316,6 +344,7 @@ private:
     };
 
     uint64_t seed_;
+    Adaptation adapt_;
     int top_layer_ = 0;
     std::vector<Frame> frames_;
     std::vector<int> unit_layers_;
@@ -388,6 +417,9 @@ public:
 protected:
     virtual void declare(Builder& b) = 0;
     [[noreturn]] void fail(const std::string& what) const;  // ConfigError at this layer's key
+    // A tensor's gradient, or for a frozen one (Pass::grad null) floats [at, ...) of the layer's
+    // f32 buffer (slot, sink): where an op that computes it with dx can put it.
+    float* grad_or_sink(const Pass& p, size_t offset, int slot, int sink, size_t at) const;
     // The backward of a weight split by Builder::split_rows into blocks of block_rows rows (the
     // layer's first tensor): dw[units, inputs] (+)= dz[rows, units]^T x[rows, inputs] a block at a
     // time, last first, each block but the first reported as its gradient unit once written.

@@ -29,6 +29,8 @@ public:
         const size_t per_row = size_t(in_.h) * in_.w;  // normalised rows per sample
         mean_ = b.f32_buffer(slot_, per_row);
         rstd_ = b.f32_buffer(slot_, per_row);
+        // a frozen weight's gradient, which the op computes with dx, goes nowhere
+        if (b.frozen(gamma_) || b.frozen(beta_)) sink_ = b.f32_buffer(slot_, 0, 2 * size_t(in_.c));
     }
     void place(const std::vector<TensorRef>& refs) override {
         gamma_off_ = refs[size_t(gamma_)].offset;
@@ -46,14 +48,15 @@ public:
     void backward(Pass& p, void* dy, void* dx) const override {
         layernorm_backward(*p.dev, p.stream, p.rows * in_.h * in_.w, in_.c, dy, p.acts->input(slot_),
                            p.acts->f32(slot_, mean_), p.acts->f32(slot_, rstd_), p.params + gamma_off_, dx,
-                           p.grad(gamma_off_), p.grad(beta_off_), p.accumulate);
+                           grad_or_sink(p, gamma_off_, slot_, sink_, 0),
+                           grad_or_sink(p, beta_off_, slot_, sink_, size_t(in_.c)), p.accumulate);
     }
 
     bool has_params() const override { return true; }
 
 private:
     float epsilon_;
-    int gamma_ = -1, beta_ = -1, slot_ = -1, out_buf_ = -1, mean_ = -1, rstd_ = -1;
+    int gamma_ = -1, beta_ = -1, slot_ = -1, out_buf_ = -1, mean_ = -1, rstd_ = -1, sink_ = -1;
     size_t gamma_off_ = 0, beta_off_ = 0;
 };
 

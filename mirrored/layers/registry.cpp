@@ -1,10 +1,13 @@
 // The layer types, and what every type shares: the config readers' helpers, the layout builder,
 // summaries. Adding a layer type: its own file with a LayerKind, and one line in layer_kinds().
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
 
 #include "base/error.h"
+#include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
 namespace mirrored {
@@ -110,9 +113,15 @@ std::string Shape::str() const {
 
 void Layer::fail(const std::string& what) const { throw ConfigError(key_, what); }
 
+float* Layer::grad_or_sink(const Pass& p, size_t offset, int slot, int sink, size_t at) const {
+    if (float* g = p.grad(offset)) return g;
+    return p.acts->f32(slot, sink) + at;
+}
+
 void Layer::weight_grad_by_blocks(Pass& p, int rows, int units, int inputs, const void* dz, const void* x, size_t w_off,
                                   int block_rows) const {
     const size_t elem = p.dev->act_bytes(1);
+    if (!p.grad(w_off)) return;  // frozen (never split: Builder::split_rows)
     for (int k = (units - 1) / block_rows; k >= 0; --k) {
         const int first = k * block_rows, n = std::min(block_rows, units - first);
         // dw[first : first + n, :] (+)= dz[:, first : first + n]^T x: dz's columns at its full width
@@ -133,7 +142,10 @@ size_t GradientPlacement::index(size_t offset) const {
     return it->at + (offset - it->begin);
 }
 
-float* Pass::grad(size_t offset) const { return grads + (placement ? placement->index(offset) : offset); }
+float* Pass::grad(size_t offset) const {
+    if (offset >= frozen_from) return nullptr;
+    return grads + (placement ? placement->index(offset) : offset);
+}
 
 void* DecodeState::cache(int slot, size_t bytes_per_position) {
     for (const auto& [s, p] : caches_)
@@ -147,13 +159,29 @@ void* DecodeState::cache(int slot, size_t bytes_per_position) {
 int Builder::param(const std::string& name, std::vector<int> shape, InitArgs init) {
     const int i = add_tensor(name, std::move(shape), init);
     tensors_[size_t(i)].unit = unit_here();
+    bool frozen = adapt_.freeze_all;
+    for (const std::string& pattern : adapt_.freeze)
+        frozen = frozen || ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+    tensors_[size_t(i)].frozen = frozen;
     return i;
+}
+
+int Builder::adapter_param(const std::string& name, std::vector<int> shape, InitArgs init) {
+    const int i = add_tensor(name, std::move(shape), init);
+    tensors_[size_t(i)].unit = unit_here();
+    return i;
+}
+
+const std::vector<LoraSlice>& Builder::lora_slices(const std::string& weight) const {
+    static const std::vector<LoraSlice> none;
+    const auto it = adapt_.lora.find(weight);
+    return it == adapt_.lora.end() ? none : it->second;
 }
 
 int Builder::split_rows(int tensor, size_t row_floats) {
     Tensor& t = tensors_[size_t(tensor)];
     const size_t rows = row_floats ? t.count / row_floats : 0;
-    if (piece_floats_ == 0 || t.count <= piece_floats_ || t.tied || t.unit != units() - 1) return int(rows);
+    if (piece_floats_ == 0 || t.count <= piece_floats_ || t.tied || t.frozen || t.unit != units() - 1) return int(rows);
     // The fewest rows that hold a bucket, so that a bucket (at least piece_floats) is one block, in
     // multiples of 8: a block's columns of a 16-bit dz start 16 bytes apart, and a tiny bucket does
     // not make a product per row.

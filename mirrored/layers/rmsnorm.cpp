@@ -26,7 +26,8 @@ public:
         gamma_ = b.param(name_ + ".weight", {in_.c}, ones);
         slot_ = b.new_slot();
         out_buf_ = b.act_buffer(slot_, in_.size());
-        rstd_ = b.f32_buffer(slot_, size_t(in_.h) * in_.w);  // one per normalised row of a sample
+        rstd_ = b.f32_buffer(slot_, size_t(in_.h) * in_.w);                   // one per normalised row of a sample
+        if (b.frozen(gamma_)) sink_ = b.f32_buffer(slot_, 0, size_t(in_.c));  // its gradient goes nowhere
     }
     void place(const std::vector<TensorRef>& refs) override { gamma_off_ = refs[size_t(gamma_)].offset; }
 
@@ -40,14 +41,15 @@ public:
 
     void backward(Pass& p, void* dy, void* dx) const override {
         rmsnorm_backward(*p.dev, p.stream, p.rows * in_.h * in_.w, in_.c, dy, p.acts->input(slot_),
-                         p.acts->f32(slot_, rstd_), p.params + gamma_off_, dx, p.grad(gamma_off_), p.accumulate);
+                         p.acts->f32(slot_, rstd_), p.params + gamma_off_, dx,
+                         grad_or_sink(p, gamma_off_, slot_, sink_, 0), p.accumulate);
     }
 
     bool has_params() const override { return true; }
 
 private:
     float epsilon_;
-    int gamma_ = -1, slot_ = -1, out_buf_ = -1, rstd_ = -1;
+    int gamma_ = -1, slot_ = -1, out_buf_ = -1, rstd_ = -1, sink_ = -1;
     size_t gamma_off_ = 0;
 };
 

@@ -25,6 +25,7 @@
 #include "base/error.h"
 #include "data/tokenizer.h"
 #include "kernels/buffer.h"
+#include "mirrored/adaptation.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/hf_models.h"
@@ -56,7 +57,7 @@ LoadedModel load_hf_model(const std::string& dir, int context) {
     m.config = load_config_text("model: {init_from: '" + quoted + "', input_shape: [" + std::to_string(context) + "]}",
                                 dir + "/config.json", {});
     const Config& c = m.config;
-    m.model = std::make_unique<Model>(c.model.input_shape, c.model.layers, c.run.seed);
+    m.model = build_model(c);
     m.params.assign(m.model->flat_size(), 0.0f);
     read_hf_weights(c.model.init_from, *m.model, m.params.data());
     return m;
@@ -66,8 +67,9 @@ LoadedModel load_model(const std::string& path, int context) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) {
         if (!std::filesystem::exists(path + "/config.json", ec))
-            throw CheckpointError(path + ": expected a regular file (a checkpoint), or a Hugging Face model folder "
-                                         "(config.json, model.safetensors)");
+            throw CheckpointError(path +
+                                  ": expected a regular file (a checkpoint), or a Hugging Face model folder "
+                                  "(config.json, model.safetensors)");
         return load_hf_model(path, context);
     }
     if (context) throw ConfigError("--context: a checkpoint's model has its own (a Hugging Face folder takes one)");
@@ -81,7 +83,7 @@ LoadedModel load_model(const std::string& path, int context) {
         throw CheckpointError(path + ": its embedded config does not load: " + e.what());
     }
     const Config& c = m.config;
-    m.model = std::make_unique<Model>(c.model.input_shape, c.model.layers, c.run.seed);
+    m.model = build_model(c);
     m.params = read_checkpoint(path, *m.model, model_config_hash(c), model_config_summary(c)).params;
     return m;
 }
@@ -203,7 +205,7 @@ int generate(const GenerateOptions& o) {
     std::unique_ptr<DecodeState> cache;
     DeviceBuffer<float> id(d, 1);
     if (o.kv_cache) {
-        one = std::make_unique<Model>(std::vector<int>{1}, m.config.model.layers, m.config.run.seed);
+        one = build_model(m.config, {1});
         if (one->flat_size() != model.flat_size())
             throw std::logic_error("generate: the one-position model's parameters differ from the checkpoint's");
         acts = std::make_unique<Activations>(one->make_activations(d, 1));

@@ -13,6 +13,7 @@
 #include "data/loader.h"
 #include "kernels/buffer.h"
 #include "base/error.h"
+#include "mirrored/adaptation.h"
 #include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/strategy.h"
@@ -244,8 +245,10 @@ Target find_target(const PlanOptions& o) {
 void print_header(const PlanOptions& o, const Config& base, const Model& model, const Target& t) {
     const Precision precision = base.train.precision;
     std::printf("plan %s: %s\n", o.config.c_str(), model_config_summary(base).c_str());
-    std::printf("  %zu parameters, %.1f MFLOP per sample (forward and backward), %s\n", model.param_count(),
-                model.train_flops_per_sample() / 1e6, precision_name(precision));
+    const std::string frozen =
+        model.frozen_count() ? " trained (and " + std::to_string(model.frozen_count()) + " frozen)" : "";
+    std::printf("  %zu parameters%s, %.1f MFLOP per sample (forward and backward), %s\n", model.param_count(),
+                frozen.c_str(), model.train_flops_per_sample() / 1e6, precision_name(precision));
     std::printf("  GPU %s%s: %s, %.0f GB, %.1f dense TFLOP/s %s%s [%s]\n", t.gpu.name.c_str(),
                 o.gpu.empty() ? " (the default: --gpu names yours)" : "", t.gpu.description.c_str(), t.gpu.memory_gib,
                 t.peak / 1e12, precision_name(precision), o.tflops > 0 ? " (--tflops)" : "", t.gpu.source.c_str());
@@ -654,7 +657,8 @@ int plan(const PlanOptions& o) {
     strategy.precision = base.train.precision;
     // GPUs of their own, several: as a run of each mode lays the model out (model_for)
     const size_t pieces = gradient_piece_floats(strategy, 2, false);
-    const Model model(shape, base.model.layers, base.run.seed, base.train.recompute_blocks, pieces);
+    const auto built = build_model(base, shape, base.train.recompute_blocks, pieces);
+    const Model& model = *built;
     StrategyConfig staging = strategy;
     staging.shard = StrategyConfig::Shard::gradients;
     std::unique_ptr<Model> keep;

@@ -14,6 +14,7 @@
 #include "data/loader.h"
 #include "kernels/blas.h"
 #include "base/error.h"
+#include "mirrored/adaptation.h"
 #include "mirrored/config.h"
 #include "mirrored/strategy.h"
 #include "mirrored/planner.h"
@@ -266,9 +267,10 @@ std::vector<Row> measure_points(const ScaleOptions& o, const Config& base, const
         cfg.train.global_batch_size = o.mode == "weak" ? per_replica * n : base.train.global_batch_size;
         Row row = measure(cfg, data, o.steps, o.warmup, watchdog.get());
         const DeviceList devices = parse_devices(cfg.strategy.devices);
-        const Model model(cfg.model.input_shape.empty() ? data->train.shape : cfg.model.input_shape, cfg.model.layers,
-                          cfg.run.seed, false,
-                          gradient_piece_floats(cfg.strategy, n, parameters_shared(cfg.strategy, devices)));
+        const auto built =
+            build_model(cfg, cfg.model.input_shape.empty() ? data->train.shape : cfg.model.input_shape, false,
+                        gradient_piece_floats(cfg.strategy, n, parameters_shared(cfg.strategy, devices)));
+        const Model& model = *built;
         if (n == 1) compute_one = row.step_s * (double(per_replica) / cfg.train.global_batch_size);
         if (watchdog) watchdog->phase("the all-reduce measurement", 0);
         add_comm_and_prediction(row, cfg, model, compute_one, per_replica);

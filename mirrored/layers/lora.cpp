@@ -1,0 +1,81 @@
+#include "mirrored/layers/lora.h"
+
+#include "mirrored/layers/activations.h"
+
+namespace mirrored {
+
+void LoraAdapters::declare(Builder& b, const std::string& weight, int inputs, int units, int slot, int positions) {
+    const Adaptation& a = b.adaptation();
+    inputs_ = inputs;
+    units_ = units;
+    rank_ = a.lora_rank;
+    scale_ = a.lora_scale;
+    slot_ = slot;
+    for (const LoraSlice& s : b.lora_slices(weight)) {
+        if (s.row < 0 || s.rows <= 0 || s.row + s.rows > units)
+            throw std::logic_error("LoRA: rows [" + std::to_string(s.row) + ", +" + std::to_string(s.rows) + ") of " +
+                                   weight + " are outside its " + std::to_string(units));
+        InitArgs init;  // PEFT's kaiming_uniform_(a = sqrt(5)): U(-1 / sqrt(inputs), 1 / sqrt(inputs))
+        init.kind = InitKind::he_uniform;
+        init.fan_in = 6 * inputs;
+        Adapter ad;
+        ad.slice = s;
+        ad.a = b.adapter_param(s.name + ".lora_A.weight", {rank_, inputs}, init);
+        ad.b = b.adapter_param(s.name + ".lora_B.weight", {s.rows, rank_}, InitArgs{});
+        adapters_.push_back(ad);
+    }
+    if (empty()) return;
+    xa_ = b.act_buffer(slot, size_t(positions) * size_t(rank_));
+    dxa_ = b.act_buffer(slot, size_t(positions) * size_t(rank_));
+}
+
+void LoraAdapters::place(const std::vector<TensorRef>& refs) {
+    for (Adapter& ad : adapters_) {
+        ad.a_off = refs[size_t(ad.a)].offset;
+        ad.b_off = refs[size_t(ad.b)].offset;
+    }
+}
+
+void LoraAdapters::forward(Pass& p, int rows, const void* x, void* y) const {
+    if (empty()) return;
+    Device& d = *p.dev;
+    void* xa = p.acts->act(slot_, xa_);
+    for (const Adapter& ad : adapters_) {
+        // xa[rows, rank] = x A^T, then y[:, row..] += scale xa B^T
+        d.gemm(p.stream, false, true, rows, rank_, inputs_, 1.0f, x, inputs_, p.weight(ad.a_off), inputs_, 0.0f, xa,
+               rank_, p.types(p.vt));
+        d.gemm(p.stream, false, true, rows, ad.slice.rows, rank_, scale_, xa, rank_, p.weight(ad.b_off), rank_, 1.0f,
+               static_cast<char*>(y) + d.act_bytes(size_t(ad.slice.row)), units_, p.types(p.vt));
+    }
+}
+
+void LoraAdapters::backward(Pass& p, int rows, const void* x, const void* dy, void* dx) const {
+    Device& d = *p.dev;
+    void* xa = p.acts->act(slot_, xa_);
+    void* dxa = p.acts->act(slot_, dxa_);
+    const float beta = p.accumulate ? 1.0f : 0.0f;
+    for (const Adapter& ad : adapters_) {
+        const void* dys = static_cast<const char*>(dy) + d.act_bytes(size_t(ad.slice.row));  // dy[:, row..]
+        // dB[rows_s, rank] (+)= scale dys^T xa, xa computed again
+        d.gemm(p.stream, false, true, rows, rank_, inputs_, 1.0f, x, inputs_, p.weight(ad.a_off), inputs_, 0.0f, xa,
+               rank_, p.types(p.vt));
+        d.gemm(p.stream, true, false, ad.slice.rows, rank_, rows, scale_, dys, units_, xa, rank_, beta,
+               p.grad(ad.b_off), rank_, p.types(DType::f32));
+        // dxa[rows, rank] = scale dys B, dA[rank, inputs] (+)= dxa^T x, dx += dxa A
+        d.gemm(p.stream, false, false, rows, rank_, ad.slice.rows, scale_, dys, units_, p.weight(ad.b_off), rank_, 0.0f,
+               dxa, rank_, p.types(p.vt));
+        d.gemm(p.stream, true, false, rank_, inputs_, rows, 1.0f, dxa, rank_, x, inputs_, beta, p.grad(ad.a_off),
+               inputs_, p.types(DType::f32));
+        if (dx)
+            d.gemm(p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 1.0f,
+                   dx, inputs_, p.types(p.vt));
+    }
+}
+
+double LoraAdapters::forward_flops(int positions) const {
+    double f = 0;
+    for (const Adapter& ad : adapters_) f += 2.0 * positions * rank_ * (double(inputs_) + ad.slice.rows);
+    return f;
+}
+
+}  // namespace mirrored
