@@ -16,6 +16,8 @@ rotate-half rotary embeddings, repeat_kv).
         the loss of the folder's model on windows k*T .. k*T+T of the token file (k < B) and its
         logits, computed in float64 from the stored values; --compare: the largest difference of
         another [B, T*V] logits file relative to the largest logit, written to result.json.
+    hf_reference.py generate DIR --prompt-ids "1 2 3" [--tokens 128 --threads 2 --out r.json]
+        greedy generation as Hugging Face's loop with past_key_values does it, in float32, timed.
 Needs only PyTorch and NumPy (Debian: python3-torch python3-numpy).
 """
 import argparse
@@ -292,6 +294,97 @@ def lora_train(a):
     return 0
 
 
+def conv1d(z, w, b):
+    """GPT-2's Conv1D as transformers computes it: addmm(bias, x, weight [in, out])."""
+    return torch.addmm(b, z.reshape(-1, z.shape[-1]), w).view(*z.shape[:-1], w.shape[-1])
+
+
+def cached_logits(p, cfg, x, start, cache):
+    """One call of a Hugging Face-style generation loop: the logits of new tokens x [1, n] at positions
+    start.. with every layer's keys and values so far in cache (a list, extended here), as
+    GPT2LMHeadModel and LlamaForCausalLM do with past_key_values."""
+    gpt2 = cfg["model_type"] == "gpt2"
+    n = x.shape[1]
+    if gpt2:
+        C, H, L = cfg["n_embd"], cfg["n_head"], cfg["n_layer"]
+        KV, eps = H, cfg.get("layer_norm_epsilon", 1e-5)
+    else:
+        C, H, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
+        KV, eps = cfg.get("num_key_value_heads") or H, cfg["rms_norm_eps"]
+    D = C // H
+    if gpt2:
+        h = p["transformer.wte.weight"][x] + p["transformer.wpe.weight"][start:start + n]
+    else:
+        h = p["model.embed_tokens.weight"][x]
+        cos, sin = rope_tables(start + n, D, cfg.get("rope_theta", 10000.0), h.dtype)
+        cos, sin = cos[start:], sin[start:]
+    mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
+    for i in range(L):
+        if gpt2:
+            b = f"transformer.h.{i}."
+            r = F.layer_norm(h, (C,), p[b + "ln_1.weight"], p[b + "ln_1.bias"], eps)
+            q, k, v = conv1d(r, p[b + "attn.c_attn.weight"], p[b + "attn.c_attn.bias"]).split(C, dim=-1)
+        else:
+            b = f"model.layers.{i}."
+            r = p[b + "input_layernorm.weight"] * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+            q, k, v = (F.linear(r, p[b + f"self_attn.{m}_proj.weight"]) for m in "qkv")
+        q = q.view(1, n, H, D).transpose(1, 2)
+        k = k.view(1, n, KV, D).transpose(1, 2)
+        v = v.view(1, n, KV, D).transpose(1, 2)
+        if not gpt2:
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if len(cache) > i:
+            k, v = torch.cat((cache[i][0], k), 2), torch.cat((cache[i][1], v), 2)
+            cache[i] = (k, v)
+        else:
+            cache.append((k, v))
+        if KV != H:
+            k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        att = ((q @ k.transpose(-2, -1)) / math.sqrt(D)).masked_fill(~mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(1, n, C)
+        if gpt2:
+            h = h + conv1d(y, p[b + "attn.c_proj.weight"], p[b + "attn.c_proj.bias"])
+            r = F.layer_norm(h, (C,), p[b + "ln_2.weight"], p[b + "ln_2.bias"], eps)
+            z = conv1d(r, p[b + "mlp.c_fc.weight"], p[b + "mlp.c_fc.bias"])
+            z = 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z.pow(3))))
+            h = h + conv1d(z, p[b + "mlp.c_proj.weight"], p[b + "mlp.c_proj.bias"])
+        else:
+            h = h + F.linear(y, p[b + "self_attn.o_proj.weight"])
+            r = p[b + "post_attention_layernorm.weight"] * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+            h = h + F.linear(F.silu(F.linear(r, p[b + "mlp.gate_proj.weight"])) * F.linear(r, p[b + "mlp.up_proj.weight"]),
+                             p[b + "mlp.down_proj.weight"])
+    if gpt2:
+        return F.layer_norm(h, (C,), p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], eps) @ \
+            p["transformer.wte.weight"].T
+    h = p["model.norm.weight"] * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+    return h @ (p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]).T
+
+
+def generate(a):
+    """Greedy generation with a key/value cache in float32, timed from the first new token."""
+    import time
+    torch.set_num_threads(a.threads)
+    cfg = json.load(open(os.path.join(a.dir, "config.json")))
+    p = {n: t.float() for n, t in read_folder(a.dir).items()}
+    ids = [int(w) for w in a.prompt_ids.split()]
+    out, cache = [], []
+    with torch.no_grad():
+        start = time.perf_counter()
+        logits = cached_logits(p, cfg, torch.tensor([ids]), 0, cache)
+        for _ in range(a.tokens):
+            nxt = int(logits[0, -1].argmax())
+            out.append(nxt)
+            logits = cached_logits(p, cfg, torch.tensor([[nxt]]), len(ids) + len(out) - 1, cache)
+        seconds = time.perf_counter() - start
+    result = {"tokens": a.tokens, "seconds": seconds, "tokens_per_s": a.tokens / seconds, "ids": out,
+              "threads": a.threads}
+    print(json.dumps({k: v for k, v in result.items() if k != "ids"}))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -330,8 +423,16 @@ def main(argv=None):
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--out", required=True)
     t.add_argument("--merged-out", help="the trained adapters merged into their weights (safetensors)")
+    n = sub.add_parser("generate", help="greedy generation with a key/value cache, timed")
+    n.add_argument("dir")
+    n.add_argument("--prompt-ids", required=True)
+    n.add_argument("--tokens", type=int, default=128)
+    n.add_argument("--threads", type=int, default=2)
+    n.add_argument("--out")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if a.cmd == "generate":
+        return generate(a)
     if a.cmd == "lora":
         return lora_train(a)
     if a.cmd == "make":

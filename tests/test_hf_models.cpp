@@ -19,6 +19,7 @@
 #include "mirrored/config.h"
 #include "mirrored/hf_models.h"
 #include "mirrored/safetensors.h"
+#include "mirrored/trainer.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
 #include "tests/run_folder.h"
@@ -203,6 +204,19 @@ TEST_CASE("model.init_from: GPT-2 and Llama folders give an independent Hugging 
         const std::string printed = read_text(r / "eval.txt");
         const double loss = std::stod(printed.substr(printed.find("test loss ") + 10));
         CHECK(loss == doctest::Approx(ref["loss"].get<double>()).epsilon(1e-5));
+        // generate on the folder: Hugging Face's greedy loop with its key/value cache picks the same ids
+        REQUIRE(run_cli({"generate", dir, "--prompt-ids", "5 17 42", "--tokens", "8", "--temperature", "0", "--context",
+                         "64", "--no-echo"},
+                        {}, -1, &err, Stdout::file, r / "gen.txt") == kExitOk);
+        REQUIRE_MESSAGE(run_program(kPython,
+                                    {repo_script("hf_reference.py"), "generate", dir, "--prompt-ids", "5 17 42",
+                                     "--tokens", "8", "--threads", "1", "--out", r / "gen.json"},
+                                    &err) == 0,
+                        err);
+        const nlohmann::json gen = nlohmann::json::parse(read_text(r / "gen.json"));
+        std::string want;  // a vocabulary of 96 prints as bytes
+        for (const auto& id : gen["ids"]) want += char(id.get<int>());
+        CHECK(read_text(r / "gen.txt").substr(0, 8) == want);
     }
 }
 
@@ -554,4 +568,34 @@ TEST_CASE("LoRA and model.freeze refuse what they cannot do, naming the key") {
     refused("model.lora={rank: 4, targets: [c_fc]}", "LoRA adds to a product before its activation");
     refused("model.lora={rank: 4}", "model.lora.targets: required");
     refused("model.freeze=['*']", "model.freeze: the model has nothing left to train");
+}
+
+TEST_CASE("cuda: LoRA on a pretrained Llama trains on GPU 0 as on the CPU; two replicas on it match; bf16 learns" *
+          doctest::test_suite("cuda")) {
+    SKIP_WITHOUT_CUDA();
+    HfRun r;
+    const Config c = model_config(kLlamaLayers);
+    const Model m(c.model.input_shape, c.model.layers, 1);
+    write_folder(r / "hf", hf_model_files(m, random_params(m, 11).data()), "BF16");
+    const std::string cfg = r.config(r / "hf");
+    static std::FILE* quiet = std::fopen("/dev/null", "w");
+    const auto train = [&](const std::string& out, const std::string& devices, const std::string& precision) {
+        REQUIRE(run_training(load_config(cfg, {"run.output_dir=" + (r / out), "strategy.devices=" + devices,
+                                               "train.precision=" + precision,
+                                               "model.lora={rank: 4, alpha: 8, targets: [q_proj, v_proj, o_proj, "
+                                               "gate_proj, down_proj]}",
+                                               "optimizer.lr=0.01"}),
+                             nullptr, quiet) == kExitOk);
+        const SafetensorsFile f = read_safetensors(list_checkpoints(r / (out + "/checkpoints")).front(), true);
+        std::vector<float> adapters;  // the trained ones, in name order
+        for (const auto& [name, t] : f.tensors)
+            if (name.find(".lora_") != std::string::npos && name.rfind("optimizer.", 0) != 0)
+                adapters.insert(adapters.end(), t.second.begin(), t.second.end());
+        return adapters;
+    };
+    const std::vector<float> cpu = train("cpu", "cpu:1", "fp32"), gpu = train("gpu", "cuda:0", "fp32");
+    CHECK(rel_error(gpu, cpu) < 1e-3);  // cuBLAS's summation order, then 6 AdamW steps
+    CHECK(rel_error(train("two", "cuda:0,0", "fp32"), gpu) < 1e-4);
+    train("bf16", "cuda:0", "bf16");
+    CHECK(summary(r / "bf16")["test_loss"].get<double>() < summary(r / "cpu")["test_loss"].get<double>() + 0.05);
 }
