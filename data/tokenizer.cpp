@@ -221,6 +221,12 @@ public:
         return s;
     }
     uint32_t vocab_size() const override { return vocab_size_; }
+    std::optional<uint32_t> end_of_text() const override {
+        for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<|im_end|>", "<eos>"})
+            for (const auto& [text, id] : specials_)
+                if (text == name) return id;
+        return std::nullopt;
+    }
     std::string description() const override {
         return "byte-level BPE, " + std::to_string(vocab_size_) + " tokens (" + where_ + ")";
     }

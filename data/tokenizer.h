@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +28,8 @@ public:
     virtual std::string decode(std::span<const uint32_t> ids) const = 0;
     virtual uint32_t vocab_size() const = 0;  // one past the largest id
     virtual std::string description() const = 0;
+    // The special token that ends a text (<|endoftext|>, <|end_of_text|>, </s>, ...), if any.
+    virtual std::optional<uint32_t> end_of_text() const { return std::nullopt; }
 };
 
 std::unique_ptr<Tokenizer> byte_tokenizer();

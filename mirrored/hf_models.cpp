@@ -189,6 +189,15 @@ HfModelConfig hf_model_config(const std::string& dir) {
                              ": mirrored builds gpt2, llama and mistral models");
 }
 
+std::optional<int> hf_end_of_text(const std::string& dir) {
+    const json j = read_json((fs::path(dir) / "config.json").string(), "a Hugging Face model folder has one");
+    if (!j.is_object() || !j.contains("eos_token_id")) return std::nullopt;
+    const json& e =
+        j["eos_token_id"].is_array() && !j["eos_token_id"].empty() ? j["eos_token_id"][0] : j["eos_token_id"];
+    if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX) return std::nullopt;
+    return int(e.get<int64_t>());
+}
+
 std::vector<HfTensor> hf_tensors(const Model& model, const std::string& what) {
     const std::vector<LayerSpec>& layers = model.layers();
     const HfArch arch = hf_arch(layers, what);

@@ -8,6 +8,7 @@
 // transposed (GPT-2's Conv1D keeps [in, out]).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ namespace mirrored {
 // gpt2: embedding, position_embedding, transformer_block x n_layer, layernorm, a tied lm_head) or
 // the Llama family (llama, mistral: embedding, llama_block x num_hidden_layers, rmsnorm, lm_head).
 // ConfigError naming DIR/config.json, the key and what mirrored would need otherwise.
+// config.json's eos_token_id (the first where it lists several), if any.
+std::optional<int> hf_end_of_text(const std::string& dir);
+
 struct HfModelConfig {
     std::string layers;     // YAML
     int max_positions = 0;  // n_positions, max_position_embeddings: the longest context it was trained on

@@ -599,3 +599,33 @@ TEST_CASE("cuda: LoRA on a pretrained Llama trains on GPU 0 as on the CPU; two r
     train("bf16", "cuda:0", "bf16");
     CHECK(summary(r / "bf16")["test_loss"].get<double>() < summary(r / "cpu")["test_loss"].get<double>() + 0.05);
 }
+
+TEST_CASE("generate on a Hugging Face folder: stops at config.json's eos_token_id; top-p near 0 is greedy") {
+    HfRun r;
+    const Config c = model_config(kLlamaLayers);
+    const Model m(c.model.input_shape, c.model.layers, 1);
+    HfModelFiles files = hf_model_files(m, random_params(m, 12).data());
+    write_folder(r / "hf", files);
+    const auto gen = [&](std::vector<std::string> more) {
+        std::vector<std::string> args = {"generate",  r / "hf", "--prompt-ids", "5 17 42", "--tokens",    "12",
+                                         "--context", "32",     "--no-echo",    "--json",  r / "gen.json"};
+        args.insert(args.end(), more.begin(), more.end());
+        std::string err;
+        REQUIRE_MESSAGE(run_cli(args, {}, -1, &err, Stdout::file, r / "gen.txt") == kExitOk, err);
+        return read_text(r / "gen.txt");
+    };
+    const std::string greedy = gen({"--temperature", "0"});
+    REQUIRE(greedy.size() == 13);  // 12 bytes and the newline
+    CHECK(gen({"--temperature", "1", "--top-p", "0.000001", "--seed", "7"}) == greedy);
+    CHECK(gen({"--temperature", "1", "--top-p", "0.9", "--seed", "7"}).size() == 13);
+    // the last token that first appears late is the end of the text: what comes before it is printed
+    size_t k = 0;
+    for (size_t i = 0; i < 12; ++i)
+        if (greedy.find(greedy[i]) == i) k = i;
+    nlohmann::json config = nlohmann::json::parse(files.config_json);
+    config["eos_token_id"] = nlohmann::json::array({int(static_cast<unsigned char>(greedy[k])), 0});
+    std::ofstream(r / "hf/config.json") << config.dump();
+    CHECK(gen({"--temperature", "0"}) == greedy.substr(0, k) + "\n");
+    CHECK(nlohmann::json::parse(read_text(r / "gen.json"))["stopped_at_end_of_text"] == true);
+    CHECK(gen({"--temperature", "0", "--no-stop"}) == greedy);
+}

@@ -139,6 +139,8 @@ TEST_CASE("tokenizers encode any bytes: decode(encode(x)) == x, invalid UTF-8 in
     // <|endoftext|> is one id wherever it stands; ids beyond the vocabulary are refused
     const std::vector<uint32_t> eot = bpe->encode("<|endoftext|>");
     CHECK(eot == std::vector<uint32_t>{bpe->vocab_size() - 1});
+    CHECK(bpe->end_of_text() == eot[0]);  // where generate stops
+    CHECK(!bytes->end_of_text());
     const std::vector<uint32_t> bad = {0, bpe->vocab_size()};
     CHECK_THROWS_WITH_AS(bpe->decode(bad), doctest::Contains("is not in the vocabulary"), DataError);
     const std::vector<uint32_t> big = {256};

@@ -342,6 +342,13 @@ void ToolCommands::add_generate(CLI::App& app) {
     gn_cmd_->add_option("--tokens", gn_.tokens, "tokens to generate (default 256)")->check(CLI::Range(1, 1 << 20));
     gn_cmd_->add_option("--temperature", gn_.temperature, "softmax temperature; 0 takes the most likely (default 0.8)")
         ->check(CLI::Range(0.0, 100.0));
+    gn_cmd_
+        ->add_option("--top-p", gn_.top_p,
+                     "draw from the fewest most likely tokens whose probabilities sum to p (default 1: all)")
+        ->check(CLI::Range(1e-6, 1.0));
+    gn_cmd_->add_flag(
+        "--no-stop", [this](int64_t) { gn_.stop_at_end = false; },
+        "go on past the end-of-text token (the tokenizer's <|endoftext|> or </s>, or config.json's eos_token_id)");
     gn_cmd_->add_option("--top-k", gn_.top_k, "draw from the k most likely tokens only (default: all)")
         ->check(CLI::Range(0, 1 << 24));
     gn_cmd_->add_option("--seed", gn_seed_, "the draws' seed: the same seed prints the same text (default 1)");

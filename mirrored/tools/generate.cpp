@@ -89,13 +89,14 @@ LoadedModel load_model(const std::string& path, int context) {
 }
 
 // Index of the next token: argmax at temperature 0, else a draw from the tempered softmax over the
-// k best (all when k is 0).
+// k best (all when k is 0), cut to the fewest most likely whose probabilities reach top_p (nucleus
+// sampling).
 int sample(std::vector<float> logits, const GenerateOptions& o, std::mt19937_64& rng) {
     const int n = int(logits.size());
     if (o.temperature == 0) return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
     std::vector<int> order(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) order[size_t(i)] = i;
-    const int k = o.top_k > 0 ? std::min(o.top_k, n) : n;
+    int k = o.top_k > 0 ? std::min(o.top_k, n) : n;
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
     const double top = logits[size_t(order[0])];
@@ -103,6 +104,13 @@ int sample(std::vector<float> logits, const GenerateOptions& o, std::mt19937_64&
     double sum = 0;
     for (int i = 0; i < k; ++i)
         sum += w[size_t(i)] = std::exp((logits[size_t(order[size_t(i)])] - top) / o.temperature);
+    if (o.top_p < 1) {  // the most likely first: keep them until their share reaches top_p
+        double kept = 0;
+        int i = 0;
+        while (i < k && kept < o.top_p * sum) kept += w[size_t(i++)];
+        k = std::max(i, 1);
+        sum = kept > 0 ? kept : w[0];
+    }
     const double u = double(rng() >> 11) * 0x1.0p-53 * sum;  // the same draw on every machine
     double acc = 0;
     for (int i = 0; i < k; ++i)
@@ -138,12 +146,19 @@ int generate(const GenerateOptions& o) {
         if (tokens.empty()) throw ConfigError("--prompt-ids: no ids (expected ids separated by spaces)");
     }
     // text in and out through the run's tokenizer (--tokenizer), else as bytes where the vocabulary is
-    // (a Hugging Face folder's own tokenizer.json where it has one)
+    // (a Hugging Face folder's own tokenizer.json where it has one, or that of the folder the run
+    // started from: model.init_from)
+    const std::string hf_folder = std::filesystem::is_directory(o.checkpoint) ? o.checkpoint : m.config.model.init_from;
     std::string tokenizer = o.tokenizer;
     std::error_code ec;
-    if (tokenizer.empty() && std::filesystem::is_regular_file(o.checkpoint + "/tokenizer.json", ec))
-        tokenizer = o.checkpoint;
+    if (tokenizer.empty() && !hf_folder.empty() && std::filesystem::is_regular_file(hf_folder + "/tokenizer.json", ec))
+        tokenizer = hf_folder;
     const std::unique_ptr<Tokenizer> tok = tokenizer.empty() ? nullptr : load_tokenizer(tokenizer);
+    // where the text ends: the tokenizer's end-of-text token, or config.json's eos_token_id
+    std::optional<int> end_of_text;
+    if (tok && tok->end_of_text()) end_of_text = int(*tok->end_of_text());
+    else if (!hf_folder.empty() && std::filesystem::is_regular_file(hf_folder + "/config.json", ec))
+        end_of_text = hf_end_of_text(hf_folder);
     const bool bytes = vocab <= 256 && !tok, text = bytes || tok;
     if (!o.prompt_ids_given && !text)
         throw ConfigError(std::string(o.prompt.empty() ? "generate" : "--prompt") + ": the model's vocabulary has " +
@@ -240,9 +255,14 @@ int generate(const GenerateOptions& o) {
     const double start = now_s();
     if (o.kv_cache) refill(std::min<int>(int(tokens.size()), t));
     int n = 0;
+    bool stopped = false;
     for (; n < o.tokens; ++n) {
         if (!o.kv_cache) window_logits();
         const int next = sample(logits, o, rng);
+        if (o.stop_at_end && end_of_text == next) {
+            stopped = true;
+            break;
+        }
         tokens.push_back(next);
         if (bytes) {
             std::fputc(next, stdout);
@@ -272,7 +292,8 @@ int generate(const GenerateOptions& o) {
         const nlohmann::json j = {{"tokens", n},
                                   {"seconds", seconds},
                                   {"tokens_per_sec", seconds > 0 ? n / seconds : 0.0},
-                                  {"kv_cache", o.kv_cache}};
+                                  {"kv_cache", o.kv_cache},
+                                  {"stopped_at_end_of_text", stopped}};
         write_output(o.json, j.dump(2) + "\n");
         std::fprintf(stderr, "wrote %s\n", o.json.path.c_str());
     }

@@ -152,6 +152,8 @@ struct GenerateOptions {
     int tokens = 256;
     double temperature = 0.8;  // 0: the most likely token every time
     int top_k = 0;             // 0: every token
+    double top_p = 1.0;        // nucleus sampling: the fewest most likely tokens whose probabilities reach it
+    bool stop_at_end = true;   // stop at the end-of-text token (the tokenizer's, or config.json's eos_token_id)
     uint64_t seed = 1;
     bool echo = true;       // print the prompt before the continuation
     bool kv_cache = true;   // false: recompute the whole window for every token
