@@ -30,7 +30,8 @@ NVCC      := $(wildcard $(CUDA_HOME)/bin/nvcc)
 # --- dependencies: distribution packages only; scripts/install_deps.sh installs what is missing
 REQUIRED_HEADERS := /usr/include/yaml-cpp/yaml.h /usr/include/doctest/doctest.h /usr/include/zlib.h \
                     /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp \
-                    /usr/include/turbojpeg.h /usr/include/png.h /usr/include/pcre2.h
+                    /usr/include/turbojpeg.h /usr/include/png.h /usr/include/pcre2.h \
+                    /usr/include/sentencepiece_processor.h
 CBLAS_HEADER := $(firstword $(wildcard /usr/include/cblas.h /usr/include/*/cblas.h /usr/include/*/*/cblas.h))
 MISSING_DEPS := $(filter-out $(wildcard $(REQUIRED_HEADERS)),$(REQUIRED_HEADERS)) $(if $(CBLAS_HEADER),,cblas.h)
 DEPS_STEP := $(if $(strip $(MISSING_DEPS)),install-deps,)
@@ -39,7 +40,7 @@ DEPS_STEP := $(if $(strip $(MISSING_DEPS)),install-deps,)
 # distribution ships no .pc file.
 PKG_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null) $(shell pkg-config --cflags yaml-cpp 2>/dev/null)
 PKG_LIBS   = $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas) \
-             $(or $(shell pkg-config --libs yaml-cpp 2>/dev/null),-lyaml-cpp) -lz -lturbojpeg -lpng -lpcre2-8
+             $(or $(shell pkg-config --libs yaml-cpp 2>/dev/null),-lyaml-cpp) -lz -lturbojpeg -lpng -lpcre2-8 -lsentencepiece
 
 CXXFLAGS_BASE := -std=c++20 -O2 -g -Wall -Wextra -pthread -MMD -MP -I.
 CXXFLAGS_EXTRA ?=

@@ -2,6 +2,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <sentencepiece_processor.h>
 
 #include <array>
 #include <filesystem>
@@ -351,6 +352,47 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const std::string& path) {
     return std::make_unique<BpeTokenizer>(path, vocab, merges, lines, specials, pattern);
 }
 
+// A SentencePiece model (Llama 2's, Mistral's, TinyLlama's tokenizer.model, or one trained with
+// spm_train), through the SentencePiece library: its normalisation, pieces and byte fallback.
+class SentencePieceTokenizer final : public Tokenizer {
+public:
+    explicit SentencePieceTokenizer(const std::string& path) : path_(path) {
+        const auto status = sp_.Load(path);
+        if (!status.ok()) throw DataError(path + ": not a SentencePiece model: " + status.ToString());
+    }
+    std::vector<uint32_t> encode(std::string_view text) const override {
+        std::vector<int> ids;
+        const auto status = sp_.Encode(absl::string_view(text.data(), text.size()), &ids);
+        if (!status.ok()) throw DataError(path_ + ": cannot encode: " + status.ToString());
+        return std::vector<uint32_t>(ids.begin(), ids.end());
+    }
+    std::string decode(std::span<const uint32_t> ids) const override {
+        std::vector<int> in;
+        in.reserve(ids.size());
+        for (uint32_t id : ids) {
+            if (id >= vocab_size())
+                throw DataError(path_ + ": token id " + std::to_string(id) + " is not in the vocabulary of " +
+                                std::to_string(vocab_size()));
+            in.push_back(int(id));
+        }
+        std::string text;
+        const auto status = sp_.Decode(in, &text);
+        if (!status.ok()) throw DataError(path_ + ": cannot decode: " + status.ToString());
+        return text;
+    }
+    uint32_t vocab_size() const override { return uint32_t(sp_.GetPieceSize()); }
+    std::optional<uint32_t> end_of_text() const override {
+        return sp_.eos_id() >= 0 ? std::optional<uint32_t>(uint32_t(sp_.eos_id())) : std::nullopt;
+    }
+    std::string description() const override {
+        return "SentencePiece " + path_ + " (" + std::to_string(vocab_size()) + " pieces)";
+    }
+
+private:
+    std::string path_;
+    sentencepiece::SentencePieceProcessor sp_;
+};
+
 std::unique_ptr<Tokenizer> from_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
     const auto vocab = read_vocab(read_json(vocab_path), vocab_path);
     std::ifstream in(merges_path, std::ios::binary);
@@ -378,12 +420,16 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
     std::error_code ec;
     if (fs::is_directory(path, ec)) {
         const fs::path dir(path);
+        // Llama 2's family ships its SentencePiece model beside a tokenizer.json that only imitates it
+        if (fs::exists(dir / "tokenizer.model", ec))
+            return std::make_unique<SentencePieceTokenizer>((dir / "tokenizer.model").string());
         if (fs::exists(dir / "tokenizer.json", ec)) return from_tokenizer_json((dir / "tokenizer.json").string());
         if (fs::exists(dir / "vocab.json", ec) && fs::exists(dir / "merges.txt", ec))
             return from_vocab_merges((dir / "vocab.json").string(), (dir / "merges.txt").string());
-        throw DataError(path + ": no tokenizer.json, nor vocab.json and merges.txt");
+        throw DataError(path + ": no tokenizer.model, tokenizer.json, nor vocab.json and merges.txt");
     }
     if (!fs::is_regular_file(path, ec)) throw DataError(path + ": no such tokenizer file or folder");
+    if (fs::path(path).extension() == ".model") return std::make_unique<SentencePieceTokenizer>(path);
     if (fs::path(path).filename() == "vocab.json") {
         const std::string merges = (fs::path(path).parent_path() / "merges.txt").string();
         return from_vocab_merges(path, merges);

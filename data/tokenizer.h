@@ -8,6 +8,9 @@
 //   Special tokens (<|endoftext|>, tokenizer.json's added tokens) in the text are their own ids.
 //   Any bytes encode, valid UTF-8 or not (bytes outside every regex match are pieces of their own),
 //   and decode(encode(x)) == x.
+// - SentencePiece (Llama 2's, Mistral's tokenizer.model, or one trained with spm_train), through the
+//   SentencePiece library; a folder with a tokenizer.model is read as one. Its model normalises the
+//   text (NFKC, whitespace) as it was trained to, so decode(encode(x)) is x normalised.
 #pragma once
 
 #include <cstdint>

@@ -20,6 +20,7 @@ packages=(
   zlib1g-dev           # .gz datasets, checkpoint checksums
   libturbojpeg0-dev libpng-dev  # image-folder data sets: JPEG and PNG decoding
   libpcre2-dev         # tokenizers: the pre-tokenizers' Unicode regexes
+  libsentencepiece-dev # tokenizers: SentencePiece models (Llama 2, Mistral)
   nlohmann-json3-dev   # metrics, summaries, safetensors headers
   libcli11-dev         # command line
   dataset-fashion-mnist  # the real Fashion-MNIST files for the default run

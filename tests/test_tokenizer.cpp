@@ -147,6 +147,48 @@ TEST_CASE("tokenizers encode any bytes: decode(encode(x)) == x, invalid UTF-8 in
     CHECK_THROWS_WITH_AS(bytes->decode(big), doctest::Contains("token id 256 is not a byte"), DataError);
 }
 
+TEST_CASE("SentencePiece: a model trained here gives python3-sentencepiece's ids over 1 MB; tokenize takes it") {
+    if (!python_has("sentencepiece", "Python's sentencepiece", "python3-sentencepiece")) return;
+    TempDir dir;
+    const std::string text = mixed_text(1 << 20, 77);
+    const std::string corpus = dir.write("corpus.txt", utf8_prefix(text, 200000));
+    const std::string text_path = dir.write("text.txt", text);
+    // a BPE of 600 pieces with byte fallback, as Llama 2's is built; the reference encodes and decodes
+    const std::string script =
+        "import sys, sentencepiece as spm\n"
+        "spm.SentencePieceTrainer.train(input=sys.argv[1], model_prefix=sys.argv[2], vocab_size=600,\n"
+        "    model_type='bpe', byte_fallback=True, character_coverage=1.0, num_threads=1, minloglevel=2)\n"
+        "sp = spm.SentencePieceProcessor(model_file=sys.argv[2] + '.model')\n"
+        "text = open(sys.argv[3], encoding='utf-8', errors='surrogateescape').read()\n"
+        "ids = sp.encode(text)\n"
+        "open(sys.argv[4], 'w').write(' '.join(map(str, ids)))\n"
+        "open(sys.argv[5], 'w', encoding='utf-8').write(sp.decode(ids))\n";
+    std::string err;
+    REQUIRE_MESSAGE(
+        run_program(kPython, {"-c", script, corpus, dir / "spm", text_path, dir / "ids.txt", dir / "decoded.txt"},
+                    &err) == 0,
+        err);
+    const std::unique_ptr<Tokenizer> sp = load_tokenizer(dir / "spm.model");
+    CHECK(sp->vocab_size() == 600);
+    const std::vector<uint32_t> ids = sp->encode(text);
+    CHECK(ids == read_ids(dir / "ids.txt"));
+    CHECK(sp->decode(ids) == read_text(dir / "decoded.txt"));  // the text as its model normalises it
+    CHECK(sp->end_of_text() == 2u);                            // </s>
+    CHECK_THROWS_WITH_AS(sp->decode(std::vector<uint32_t>{600}), doctest::Contains("not in the vocabulary"), DataError);
+    CHECK_THROWS_WITH_AS(load_tokenizer(dir.write("bad.model", "not a model")),
+                         doctest::Contains("bad.model: not a SentencePiece model"), DataError);
+    // tokenize: the model travels as tokenizer.model, each file ends with </s>
+    fs::create_directories(dir / "in");
+    for (int i = 0; i < 4; ++i) std::ofstream(dir / ("in/f" + std::to_string(i) + ".txt")) << mixed_text(3000, 10 + i);
+    REQUIRE(
+        run_cli({"tokenize", dir / "in", "--tokenizer", dir / "spm.model", "--out", dir / "tok", "--val-every", "4"},
+                {}, -1, &err) == kExitOk);
+    CHECK(fs::exists(dir / "tok/tokenizer.model"));
+    const nlohmann::json meta = nlohmann::json::parse(read_text(dir / "tok/meta.json"));
+    CHECK(meta["end_of_text"] == 2);
+    CHECK(load_tokenizer(dir / "tok")->encode("café") == sp->encode("café"));
+}
+
 TEST_CASE("tokenizer files that lie are refused, naming the file and what is wrong") {
     TempDir dir;
     const auto refused = [&](const std::string& path, const char* what) {

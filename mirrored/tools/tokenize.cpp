@@ -104,8 +104,13 @@ int tokenize(const TokenizeOptions& o) {
         const fs::path t(o.tokenizer);
         std::error_code ec;
         const fs::path dir = fs::is_directory(t, ec) ? t : t.parent_path();
-        for (const char* n : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"})
-            if (fs::is_regular_file(dir / n, ec)) copies.push_back({(dir / n).string(), n});
+        if (t.extension() == ".model" && fs::is_regular_file(t, ec)) {  // a SentencePiece model of any name
+            copies.push_back({t.string(), "tokenizer.model"});
+        } else {
+            for (const char* n :
+                 {"tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"})
+                if (fs::is_regular_file(dir / n, ec)) copies.push_back({(dir / n).string(), n});
+        }
     }
     std::vector<std::string> names = {"train.bin", "val.bin", "meta.json"};
     for (const auto& c : copies) names.push_back(c.second);
@@ -115,8 +120,9 @@ int tokenize(const TokenizeOptions& o) {
             if (same_file(f, (fs::path(o.out) / n).string()))
                 throw ConfigError("--out: " + f + " is an input; choose another folder");
 
-    const std::vector<uint32_t> eot = tok->encode("<|endoftext|>");
-    const bool has_eot = o.tokenizer != "bytes" && eot.size() == 1;
+    const std::optional<uint32_t> end_of_text = tok->end_of_text();
+    const std::vector<uint32_t> eot = end_of_text ? std::vector<uint32_t>{*end_of_text} : std::vector<uint32_t>{};
+    const bool has_eot = !eot.empty();
     std::vector<std::vector<uint32_t>> ids(files.size());
     std::vector<size_t> sizes(files.size());
     std::atomic<size_t> next{0}, done{0}, bytes_done{0};
