@@ -41,5 +41,20 @@ std::unique_ptr<Tokenizer> byte_tokenizer();
 // DataError (exit 3) naming the file, and the line or key, for one that is not what it claims:
 // truncated JSON, merges naming unknown tokens, ids beyond the vocabulary, a model other than BPE.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// The same from a tokenizer.json's text (`where` names it in messages).
+std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text, const std::string& where);
+
+// A byte-level BPE trained on `texts` with GPT-2's pre-tokenizer: the most frequent adjacent pair of
+// symbols within the pieces merged, again and again (ties: the larger pair, as
+// scripts/bpe_reference.py), until the vocabulary - the 256 bytes, the merged tokens, <|endoftext|>
+// last - holds vocab_size ids or `merges` merges are made (0: no limit), or no pair is left. The
+// pieces are counted on `threads` threads (<|endoftext|> in a text separates, as it does when
+// encoding). Returns the tokenizer as Hugging Face's tokenizer.json, which load_tokenizer reads.
+struct BpeTraining {
+    uint32_t vocab_size = 0;
+    uint32_t merges = 0;
+    int threads = 1;
+};
+std::string train_bpe(const std::vector<std::string_view>& texts, const BpeTraining& t);
 
 }  // namespace mirrored

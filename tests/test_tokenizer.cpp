@@ -189,6 +189,58 @@ TEST_CASE("SentencePiece: a model trained here gives python3-sentencepiece's ids
     CHECK(load_tokenizer(dir / "tok")->encode("café") == sp->encode("café"));
 }
 
+TEST_CASE("train_bpe: the reference trainer's merges and vocabulary over 2.5 MB; tokenize --train-bpe uses it") {
+    if (!python_has("regex", "Python's regex module", "python3-regex")) return;
+    TempDir dir;
+    const std::string code = python_sources(1 << 20);
+    const std::string text = mixed_text((5 << 19) - code.size(), 33) + "<|endoftext|>" + code;
+    const std::string text_path = dir.write("text.txt", text);
+    std::string err;
+    REQUIRE_MESSAGE(
+        run_program(kPython,
+                    {repo_script("bpe_reference.py"), "train", text_path, "--merges", "60", "--out", dir / "ref"},
+                    &err) == 0,
+        err);
+    BpeTraining t;
+    t.merges = 60;
+    t.threads = 2;
+    const nlohmann::json ours = nlohmann::json::parse(train_bpe({text}, t));
+    const nlohmann::json ref = nlohmann::json::parse(read_text(dir / "ref/tokenizer.json"));
+    CHECK(ours["model"]["merges"] == ref["model"]["merges"]);
+    CHECK(ours["model"]["vocab"] == ref["model"]["vocab"]);
+    // one thread, or the text in two files, count the same pieces
+    t.threads = 1;
+    const size_t cut = text.find("\ndef ", text.size() / 2) + 1;
+    CHECK(nlohmann::json::parse(train_bpe({std::string_view(text).substr(0, cut), std::string_view(text).substr(cut)},
+                                          t))["model"]["merges"] == ref["model"]["merges"]);
+    // a vocabulary size: 256 bytes, the merged tokens, <|endoftext|>; it loads and round-trips
+    BpeTraining sized;
+    sized.vocab_size = 300;
+    const std::unique_ptr<Tokenizer> tok = tokenizer_from_json(train_bpe({text}, sized), "trained");
+    CHECK(tok->vocab_size() == 300);
+    CHECK(tok->end_of_text() == 299u);
+    CHECK(tok->decode(tok->encode(text)) == text);
+    // tokenize --train-bpe: trained on the training files only, written beside the token files
+    fs::create_directories(dir / "in");
+    for (int i = 0; i < 4; ++i) std::ofstream(dir / ("in/f" + std::to_string(i) + ".txt")) << mixed_text(20000, 50 + i);
+    REQUIRE(run_cli({"tokenize", dir / "in", "--train-bpe", "320", "--out", dir / "tok", "--val-every", "4"}, {}, -1,
+                    &err) == kExitOk);
+    const std::unique_ptr<Tokenizer> written = load_tokenizer(dir / "tok");
+    CHECK(written->vocab_size() == 320);
+    const nlohmann::json meta = nlohmann::json::parse(read_text(dir / "tok/meta.json"));
+    CHECK(meta["vocab"] == 320);
+    std::vector<std::string_view> train;
+    std::vector<std::string> kept;
+    for (int i = 0; i < 3; ++i) kept.push_back(read_text(dir / ("in/f" + std::to_string(i) + ".txt")));
+    for (const std::string& k : kept) train.push_back(k);
+    BpeTraining same;
+    same.vocab_size = 320;
+    CHECK(nlohmann::json::parse(read_text(dir / "tok/tokenizer.json")) ==
+          nlohmann::json::parse(train_bpe(train, same)));
+    CHECK(run_cli({"tokenize", dir / "in", "--train-bpe", "320", "--tokenizer", dir / "tok", "--out", dir / "tok2"}, {},
+                  -1, &err) == kExitUsage);
+}
+
 TEST_CASE("tokenizer files that lie are refused, naming the file and what is wrong") {
     TempDir dir;
     const auto refused = [&](const std::string& path, const char* what) {
@@ -212,7 +264,7 @@ TEST_CASE("tokenizer files that lie are refused, naming the file and what is wro
             "expected an id below 2^30");
     refused(dir / "missing", "no such tokenizer file or folder");
     fs::create_directories(dir / "empty");
-    refused(dir / "empty", "no tokenizer.json, nor vocab.json and merges.txt");
+    refused(dir / "empty", "no tokenizer.model, tokenizer.json, nor vocab.json and merges.txt");
     if (!python_has("regex", "Python's regex module", "python3-regex")) return;
     // a real vocabulary with a merge naming a token it lacks, and one whose join it lacks
     reference_tokenizer(dir, mixed_text(20000, 905), 20);

@@ -377,6 +377,11 @@ void ToolCommands::add_tokenize(CLI::App& app) {
                         "bytes (default), or a Hugging Face tokenizer.json, or a folder with it or with GPT-2's "
                         "vocab.json and merges.txt");
     tk_cmd_->add_option("--out", tk_.out, "the output folder")->required();
+    tk_cmd_
+        ->add_option("--train-bpe", tk_.train_bpe,
+                     "train a byte-level BPE of N tokens (GPT-2's pre-tokenizer) on the training files first; it "
+                     "is written as DIR/tokenizer.json")
+        ->check(CLI::Range(258, 1 << 20));
     tk_cmd_->add_option("--val-every", tk_.val_every, "hold out every Nth file for validation (default 10)")
         ->check(CLI::Range(2, 1 << 30));
     tk_cmd_->add_option("--suffix", tk_.suffixes, "only a folder's files ending so, e.g. .py .md (default: all)");

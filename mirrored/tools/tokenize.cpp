@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/io.h"
 #include "base/output.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -93,14 +94,18 @@ void check_out(const std::string& dir, const std::vector<std::string>& names) {
 
 int tokenize(const TokenizeOptions& o) {
     if (o.val_every < 2) throw ConfigError("--val-every: expected 2 or more (every Nth file held out)");
-    const std::unique_ptr<Tokenizer> tok = o.tokenizer == "bytes" ? byte_tokenizer() : load_tokenizer(o.tokenizer);
+    if (o.train_bpe && o.tokenizer != "bytes")
+        throw ConfigError("--train-bpe: trains its own tokenizer; drop --tokenizer " + o.tokenizer);
+    const bool trained = o.train_bpe > 0;
     const std::vector<std::string> files = listed_files(o.inputs, o.suffixes);
     if (size_t(o.val_every) > files.size())
         throw ConfigError(std::to_string(files.size()) + " file(s) leave an empty validation split (every " +
                           std::to_string(o.val_every) + "th is held out): give more files or a smaller --val-every");
     // the tokenizer's files travel with the token files
     std::vector<std::pair<std::string, std::string>> copies;  // (source, name in DIR)
-    if (o.tokenizer != "bytes") {
+    if (trained) {
+        copies.push_back({"", "tokenizer.json"});
+    } else if (o.tokenizer != "bytes") {
         const fs::path t(o.tokenizer);
         std::error_code ec;
         const fs::path dir = fs::is_directory(t, ec) ? t : t.parent_path();
@@ -119,6 +124,24 @@ int tokenize(const TokenizeOptions& o) {
         for (const std::string& n : names)
             if (same_file(f, (fs::path(o.out) / n).string()))
                 throw ConfigError("--out: " + f + " is an input; choose another folder");
+    std::string trained_json;  // --train-bpe: a byte-level BPE of the training files (the held-out ones unseen)
+    if (trained) {
+        const double t0 = now_s();
+        std::vector<std::string> texts;
+        for (size_t i = 0; i < files.size(); ++i)
+            if (i % size_t(o.val_every) != size_t(o.val_every) - 1) texts.push_back(read_text_file(files[i]));
+        size_t bytes = 0;
+        for (const std::string& t : texts) bytes += t.size();
+        BpeTraining bpe;
+        bpe.vocab_size = uint32_t(o.train_bpe);
+        bpe.threads = std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()));
+        trained_json = train_bpe(std::vector<std::string_view>(texts.begin(), texts.end()), bpe);
+        std::fprintf(stderr, "trained a byte-level BPE of %d tokens on %s of text in %.1f s\n", o.train_bpe,
+                     format_bytes(bytes).c_str(), now_s() - t0);
+    }
+    const std::unique_ptr<Tokenizer> tok = trained ? tokenizer_from_json(trained_json, "the trained tokenizer")
+                                           : o.tokenizer == "bytes" ? byte_tokenizer()
+                                                                    : load_tokenizer(o.tokenizer);
 
     const std::optional<uint32_t> end_of_text = tok->end_of_text();
     const std::vector<uint32_t> eot = end_of_text ? std::vector<uint32_t>{*end_of_text} : std::vector<uint32_t>{};
@@ -177,7 +200,8 @@ int tokenize(const TokenizeOptions& o) {
                  {"bytes", {{"train", byte_count[0]}, {"val", byte_count[1]}}},
                  {"tokens", {{"train", split[0].size()}, {"val", split[1].size()}}}};
     if (has_eot) meta["end_of_text"] = eot[0];
-    for (const auto& [src, name] : copies) write_file_atomic((fs::path(o.out) / name).string(), read_text_file(src));
+    for (const auto& [src, name] : copies)
+        write_file_atomic((fs::path(o.out) / name).string(), src.empty() ? trained_json : read_text_file(src));
     write_file_atomic((fs::path(o.out) / "train.bin").string(), token_file_bytes(split[0], wide));
     write_file_atomic((fs::path(o.out) / "val.bin").string(), token_file_bytes(split[1], wide));
     write_file_atomic((fs::path(o.out) / "meta.json").string(), meta.dump(1) + "\n");

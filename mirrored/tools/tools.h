@@ -166,6 +166,7 @@ int generate(const GenerateOptions& o);
 
 struct TokenizeOptions {
     std::string tokenizer = "bytes";  // "bytes", or a tokenizer.json / a folder with one (data/tokenizer.h)
+    int train_bpe = 0;                // > 0: a byte-level BPE of this many tokens trained on the training files
     std::string out;
     std::vector<std::string> inputs;    // text files and folders
     std::vector<std::string> suffixes;  // a folder's files ending so only (none: all)
