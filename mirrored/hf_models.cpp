@@ -183,10 +183,11 @@ HfModelConfig hf_model_config(const std::string& dir) {
     const std::string type = r.text("model_type", "");
     if (type == "gpt2") return gpt2_layers(r);
     if (type == "llama" || type == "mistral") return llama_layers(r, type);
-    if (type == "qwen2")
-        r.fail("model_type", "'qwen2' has biases on q, k and v but not o_proj, which llama_block cannot hold");
-    r.fail("model_type", (type.empty() ? std::string("missing") : "'" + type + "'") +
-                             ": mirrored builds gpt2, llama and mistral models");
+    throw ConfigError(path + ": model_type: " +
+                      (type == "qwen2" ? std::string("'qwen2' has biases on q, k and v but not o_proj, which "
+                                                     "llama_block cannot hold")
+                                       : (type.empty() ? std::string("missing") : "'" + type + "'") +
+                                             ": mirrored builds gpt2, llama and mistral models"));
 }
 
 std::optional<int> hf_end_of_text(const std::string& dir) {
