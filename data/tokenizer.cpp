@@ -388,6 +388,9 @@ public:
     std::optional<uint32_t> end_of_text() const override {
         return sp_.eos_id() >= 0 ? std::optional<uint32_t>(uint32_t(sp_.eos_id())) : std::nullopt;
     }
+    std::optional<uint32_t> begin_of_text() const override {
+        return sp_.bos_id() >= 0 ? std::optional<uint32_t>(uint32_t(sp_.bos_id())) : std::nullopt;
+    }
     std::string description() const override {
         return "SentencePiece " + path_ + " (" + std::to_string(vocab_size()) + " pieces)";
     }
@@ -566,6 +569,12 @@ private:
 
 }  // namespace
 
+// An ASCII character other than white space (Unicode's other white space is never one byte).
+static bool ascii_non_space(char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x80 && !std::isspace(u);
+}
+
 std::string train_bpe(const std::vector<std::string_view>& texts, const BpeTraining& t) {
     const Regex regex(kGpt2Pattern, "train_bpe");
     std::array<std::string, 256> chars;
@@ -581,8 +590,7 @@ std::string train_bpe(const std::vector<std::string_view>& texts, const BpeTrain
             size_t cut = text.size();
             if (text.size() > kPart)
                 for (size_t at = kPart; at + 1 < text.size() && cut == text.size(); ++at)
-                    if (text[at] == '\n' && !std::isspace(static_cast<unsigned char>(text[at + 1])) &&
-                        !std::isspace(static_cast<unsigned char>(text[at - 1])))
+                    if (text[at] == '\n' && ascii_non_space(text[at - 1]) && ascii_non_space(text[at + 1]))
                         cut = at + 1;
             parts.push_back(text.substr(0, cut));
             text.remove_prefix(cut);

@@ -33,6 +33,8 @@ public:
     virtual std::string description() const = 0;
     // The special token that ends a text (<|endoftext|>, <|end_of_text|>, </s>, ...), if any.
     virtual std::optional<uint32_t> end_of_text() const { return std::nullopt; }
+    // The token a text starts with where the model was trained so (SentencePiece's <s>), if any.
+    virtual std::optional<uint32_t> begin_of_text() const { return std::nullopt; }
 };
 
 std::unique_ptr<Tokenizer> byte_tokenizer();

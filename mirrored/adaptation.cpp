@@ -1,5 +1,7 @@
 #include "mirrored/adaptation.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <set>
 
@@ -15,6 +17,7 @@ Adaptation make_adaptation(const ModelConfig& m, const std::vector<int>& input_s
     a.freeze_all = true;
     a.lora_rank = m.lora.rank;
     a.lora_scale = float(m.lora.alpha / m.lora.rank);
+    a.lora_alpha = m.lora.alpha;
     const Model base(input_shape, m.layers, seed);
     std::set<std::string> modules, matched;
     for (const HfTensor& t : hf_tensors(base, "model.lora")) {
@@ -49,8 +52,18 @@ Adaptation make_adaptation(const ModelConfig& m, const std::vector<int>& input_s
 std::unique_ptr<Model> build_model(const Config& c, std::vector<int> input_shape, bool recompute_blocks,
                                    size_t gradient_piece_floats) {
     if (input_shape.empty()) input_shape = c.model.input_shape;
-    return std::make_unique<Model>(input_shape, c.model.layers, c.run.seed, recompute_blocks, gradient_piece_floats,
-                                   make_adaptation(c.model, input_shape, c.run.seed));
+    auto model = std::make_unique<Model>(input_shape, c.model.layers, c.run.seed, recompute_blocks,
+                                         gradient_piece_floats, make_adaptation(c.model, input_shape, c.run.seed));
+    for (const std::string& pattern : c.model.freeze) {  // a pattern that freezes nothing is a mistake
+        bool matched = false;
+        for (const TensorInfo& t : model->tensors())
+            matched = matched || ::fnmatch(pattern.c_str(), t.name.c_str(), 0) == 0;
+        if (!matched)
+            throw ConfigError("model.freeze", "'" + pattern + "' matches no tensor (the names are those of export: " +
+                                                  model->tensors().front().name + ", ..., " +
+                                                  model->tensors().back().name + ")");
+    }
+    return model;
 }
 
 }  // namespace mirrored

@@ -154,6 +154,10 @@ HfArch hf_arch(const std::vector<LayerSpec>& layers, const std::string& what) {
         };
         if (keys(layers[k]) != keys(layers[first])) fail(at + "its keys differ from the first block's");
     }
+    if (llama && layers[n - 1].field("tie_weights") == "false" &&
+        layers[n - 1].field("units") != layers[0].field("vocab"))
+        fail("model.layers." + std::to_string(n - 1) + ": the head scores " + layers[n - 1].field("units") +
+             " tokens, the embedding has " + layers[0].field("vocab") + " (Hugging Face's Llama has one vocab_size)");
     if (layers[n - 2].field("epsilon") != layers[first].field("epsilon"))
         fail("model.layers." + std::to_string(n - 2) + ": its epsilon differs from the blocks'");
     if (!llama) {
@@ -490,7 +494,7 @@ HfModelFiles hf_adapter_files(const Model& model, const float* params, const std
     const bool gpt2 = model.layers()[1].type == "position_embedding";
     const json config = {
         {"peft_type", "LORA"},    {"task_type", "CAUSAL_LM"},
-        {"r", a.lora_rank},       {"lora_alpha", double(a.lora_scale) * a.lora_rank},
+        {"r", a.lora_rank},       {"lora_alpha", a.lora_alpha},
         {"lora_dropout", 0.0},    {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
         {"bias", "none"},         {"fan_in_fan_out", gpt2},
         {"inference_mode", true}, {"base_model_name_or_path", base_model}};

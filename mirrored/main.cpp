@@ -209,6 +209,7 @@ private:
     // The weights without the optimizer state, under PyTorch's names (or nanoGPT's).
     int export_weights() {
         if (names == "hf") return export_hf();
+        if (merge) throw ConfigError("--merge: only with --names hf (a Hugging Face folder of the merged model)");
         const OutputTarget target{"--out", out, force, {{"the checkpoint", checkpoint}}};
         check_output(target);
         SafetensorsFile f = read_safetensors(checkpoint, true);

@@ -183,6 +183,7 @@ private:
     void print_staging_note(const MirroredStrategy& st) const;
     bool prepare_output();  // false: a finished run in a folder this process cannot write
     void resume_or_init();
+    void init_weights();
     void start_fresh();
     void resume_from(const CheckpointData& ckpt, const std::string& path);
     void continue_from_start();
@@ -465,10 +466,19 @@ void Run::resume_or_init() {
     else start_fresh();
 }
 
+// Step 0's weights: initialised, then model.init_from's where it names a folder.
+void Run::init_weights() {
+    s_->strategy->init_and_broadcast();
+    if (!cfg_.model.init_from.empty()) {
+        std::fprintf(out_, "  weights from %s\n", cfg_.model.init_from.c_str());
+        load_pretrained(*s_);
+    }
+}
+
 // A continuation after a device failed before the run's first checkpoint: from step 0 on the
 // survivors, the run folder kept (its metrics hold the failure).
 void Run::continue_from_start() {
-    s_->strategy->init_and_broadcast();
+    init_weights();
     s_->train_loader->start({0, 0});
     step_ = 0;
     resumed_from_ = 0;
@@ -486,11 +496,7 @@ void Run::start_fresh() {
         old.push_back((fs::path(out_dir_) / f).string());
     const std::string aside = leader_ ? move_aside(out_dir_, old) : std::string();
     if (!aside.empty()) std::fprintf(out_, "  starting fresh; the earlier run's files moved to %s\n", aside.c_str());
-    s_->strategy->init_and_broadcast();
-    if (!cfg_.model.init_from.empty()) {
-        std::fprintf(out_, "  weights from %s\n", cfg_.model.init_from.c_str());
-        load_pretrained(*s_);
-    }
+    init_weights();
     s_->train_loader->start({0, 0});
     step_ = 0;
     log_.open_metrics(out_dir_, std::ios::trunc);

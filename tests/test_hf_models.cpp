@@ -568,6 +568,7 @@ TEST_CASE("LoRA and model.freeze refuse what they cannot do, naming the key") {
     refused("model.lora={rank: 4, targets: [c_fc]}", "LoRA adds to a product before its activation");
     refused("model.lora={rank: 4}", "model.lora.targets: required");
     refused("model.freeze=['*']", "model.freeze: the model has nothing left to train");
+    refused("model.freeze=[layers.9.*]", "model.freeze: 'layers.9.*' matches no tensor");
 }
 
 TEST_CASE("cuda: LoRA on a pretrained Llama trains on GPU 0 as on the CPU; two replicas on it match; bf16 learns" *

@@ -207,10 +207,11 @@ struct LoraSlice {
     bool operator==(const LoraSlice&) const = default;
 };
 struct Adaptation {
-    std::vector<std::string> freeze;                     // glob patterns (fnmatch) of tensor names
-    bool freeze_all = false;                             // every tensor but the adapters (LoRA)
-    int lora_rank = 0;                                   // 0: no adapters
-    float lora_scale = 0.0f;                             // alpha / rank
+    std::vector<std::string> freeze;  // glob patterns (fnmatch) of tensor names
+    bool freeze_all = false;          // every tensor but the adapters (LoRA)
+    int lora_rank = 0;                // 0: no adapters
+    float lora_scale = 0.0f;          // alpha / rank
+    double lora_alpha = 0;
     std::map<std::string, std::vector<LoraSlice>> lora;  // weight name -> its adapters
     bool operator==(const Adaptation&) const = default;
 };

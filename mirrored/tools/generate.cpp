@@ -165,14 +165,17 @@ int generate(const GenerateOptions& o) {
                           std::to_string(vocab) +
                           " tokens, not bytes: text needs the tokenizer it was trained with (--tokenizer, e.g. the "
                           "token files' folder that mirrored tokenize wrote), or the prompt's ids (--prompt-ids)");
-    if (tok && tokens.empty())
-        for (uint32_t id : tok->encode(o.prompt.empty() ? std::string("\n") : o.prompt)) {
+    if (tok && tokens.empty()) {  // the prompt's text, after <s> where the model starts texts so
+        std::vector<uint32_t> ids = tok->encode(o.prompt.empty() ? std::string("\n") : o.prompt);
+        if (tok->begin_of_text()) ids.insert(ids.begin(), *tok->begin_of_text());
+        for (uint32_t id : ids) {
             if (id >= uint32_t(vocab))
                 throw ConfigError("--prompt: its token " + std::to_string(id) +
                                   " is outside the model's vocabulary of " + std::to_string(vocab) +
                                   " (another tokenizer than the run's?)");
             tokens.push_back(int(id));
         }
+    }
     for (unsigned char ch : !tokens.empty() ? std::string() : o.prompt.empty() ? std::string("\n") : o.prompt) {
         if (ch >= vocab)
             throw ConfigError("--prompt: byte " + std::to_string(int(ch)) + " is outside the model's vocabulary of " +
@@ -254,6 +257,18 @@ int generate(const GenerateOptions& o) {
         for (size_t i = 0; i < tokens.size(); ++i) std::printf("%d ", tokens[i]);
     const double start = now_s();
     if (o.kv_cache) refill(std::min<int>(int(tokens.size()), t));
+    // what the tokenizer has decoded (the prompt's ids, then each new one) and how much is printed
+    std::vector<uint32_t> shown;
+    size_t printed = 0;
+    if (tok) {
+        for (int id : tokens)
+            if (uint32_t(id) < tok->vocab_size()) shown.push_back(uint32_t(id));
+        try {
+            printed = tok->decode(shown).size();
+        } catch (const DataError&) {
+            shown.clear();  // ids the tokenizer lacks: decode the continuation on its own
+        }
+    }
     int n = 0;
     bool stopped = false;
     for (; n < o.tokens; ++n) {
@@ -266,13 +281,22 @@ int generate(const GenerateOptions& o) {
         tokens.push_back(next);
         if (bytes) {
             std::fputc(next, stdout);
-        } else if (tok) {  // a token's bytes as they come (a character may span two tokens)
-            const uint32_t id = uint32_t(next);
+        } else if (tok) {
+            // the text decoded whole (prompt included: SentencePiece writes a piece's space by what
+            // comes before it), printed from where it was printed to; a character still incomplete
+            // (U+FFFD at the end) waits for its next token
+            shown.push_back(uint32_t(next));
+            std::string text;
             try {
-                const std::string s = tok->decode(std::span<const uint32_t>(&id, 1));
-                std::fwrite(s.data(), 1, s.size(), stdout);
+                text = tok->decode(shown);
             } catch (const DataError&) {
+                shown.pop_back();
                 std::printf("[%d]", next);  // an id the model scores but the tokenizer lacks
+            }
+            const bool incomplete = text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+            if (!incomplete && text.size() > printed) {
+                std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
+                printed = text.size();
             }
         } else {
             std::printf("%s%d", n ? " " : "", next);
@@ -284,6 +308,10 @@ int generate(const GenerateOptions& o) {
         }
     }
     const double seconds = now_s() - start;
+    if (tok && !shown.empty()) {  // what an incomplete character held back
+        const std::string text = tok->decode(shown);
+        if (text.size() > printed) std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
+    }
     std::fputc('\n', stdout);
     // a full disk or a closed pipe: the text is lost, and the exit status says so
     if (std::fflush(stdout) != 0 || std::ferror(stdout))

@@ -664,7 +664,8 @@ int plan(const PlanOptions& o) {
     std::unique_ptr<Model> keep;
     const Model& staged = model_for(model, staging, 2, false, keep);
     const CommPlan comm = comm_plan(model, strategy), staged_comm = comm_plan(staged, staging);
-    const Model recomputed(shape, base.model.layers, base.run.seed, true, pieces);
+    const auto recomputed_model = build_model(base, shape, true, pieces);
+    const Model& recomputed = *recomputed_model;
     const bool recompute_saves = !base.train.recompute_blocks && recomputed.recomputed_flops_per_sample() > 0;
 
     print_header(o, base, model, target);
