@@ -265,8 +265,8 @@ private:
             {"--out", out + "/" + config_file, force, {{"the checkpoint", checkpoint}}}};
         // the tokenizer of the folder the run started from travels with the model
         std::vector<std::string> tokenizer;
-        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                              "merges.txt", "generation_config.json"}) {
+        for (const char* f : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                              "vocab.json", "merges.txt", "generation_config.json"}) {
             const std::string from = c.model.init_from + "/" + f;
             if (c.model.init_from.empty() || !std::filesystem::is_regular_file(from, ec)) continue;
             tokenizer.push_back(from);

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "base/error.h"
+#include "data/tokenizer.h"
 #include "kernels/op_math.h"
 #include "mirrored/adaptation.h"
 #include "mirrored/config.h"
@@ -629,4 +630,40 @@ TEST_CASE("generate on a Hugging Face folder: stops at config.json's eos_token_i
     CHECK(gen({"--temperature", "0"}) == greedy.substr(0, k) + "\n");
     CHECK(nlohmann::json::parse(read_text(r / "gen.json"))["stopped_at_end_of_text"] == true);
     CHECK(gen({"--temperature", "0", "--no-stop"}) == greedy);
+}
+
+TEST_CASE("generate with a SentencePiece folder: <s> first, the text as decoded whole (its spaces kept)") {
+    if (!python_has("sentencepiece", "Python's sentencepiece", "python3-sentencepiece")) return;
+    HfRun r;
+    std::string corpus;
+    for (int i = 0; i < 400; ++i)
+        corpus += "The cat sat on the mat number " + std::to_string(i * 7919 % 1000) + ", naïve café déjà vu.\n";
+    const std::string script =
+        "import sys, sentencepiece as spm\n"
+        "spm.SentencePieceTrainer.train(input=sys.argv[1], model_prefix=sys.argv[2], vocab_size=400,\n"
+        "    model_type='bpe', byte_fallback=True, character_coverage=1.0, num_threads=1, minloglevel=2)\n";
+    std::string err;
+    REQUIRE_MESSAGE(run_program(kPython, {"-c", script, r.write("corpus.txt", corpus), r / "spm"}, &err) == 0, err);
+    const Config c = model_config(
+        "[{type: embedding, vocab: 400, dim: 32}, {type: llama_block, heads: 4, kv_heads: 2, intermediate_size: 40},"
+        " {type: rmsnorm}, {type: lm_head, tie_weights: false, units: 400}]");
+    const Model m(c.model.input_shape, c.model.layers, 1);
+    write_folder(r / "hf", hf_model_files(m, random_params(m, 13).data()));
+    fs::copy_file(r / "spm.model", r / "hf/tokenizer.model");
+    REQUIRE_MESSAGE(run_cli({"generate", r / "hf", "--prompt", "The cat", "--tokens", "24", "--temperature", "1.5",
+                             "--seed", "3", "--no-stop", "--context", "32", "--json", r / "gen.json"},
+                            {}, -1, &err, Stdout::file, r / "gen.txt") == kExitOk,
+                    err);
+    const nlohmann::json j = nlohmann::json::parse(read_text(r / "gen.json"));
+    const std::unique_ptr<Tokenizer> sp = load_tokenizer(r / "hf");
+    std::vector<uint32_t> prompt, all;
+    for (int id : j["prompt_ids"]) prompt.push_back(uint32_t(id));
+    all = prompt;
+    for (int id : j["ids"]) all.push_back(uint32_t(id));
+    REQUIRE(!prompt.empty());
+    CHECK(prompt[0] == *sp->begin_of_text());
+    CHECK(j["ids"].size() == 24);
+    const std::string whole = sp->decode(all), before = sp->decode(prompt);
+    REQUIRE(whole.rfind(before, 0) == 0);
+    CHECK(read_text(r / "gen.txt") == "The cat" + whole.substr(before.size()) + "\n");
 }

@@ -364,7 +364,9 @@ void ToolCommands::add_generate(CLI::App& app) {
         ->add_option("--context", gn_.context,
                      "a Hugging Face folder's model: the positions it is built for (default: its own, at most 2048)")
         ->check(CLI::Range(1, 1 << 16));
-    add_json(gn_cmd_, gn_.json, "write the tokens generated, the seconds they took and tokens/s to this JSON file");
+    add_json(gn_cmd_, gn_.json,
+             "write the tokens generated (and the prompt's and continuation's ids), the seconds they took and tokens/s "
+             "to this JSON file");
 }
 
 void ToolCommands::add_tokenize(CLI::App& app) {

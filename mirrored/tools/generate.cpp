@@ -151,8 +151,9 @@ int generate(const GenerateOptions& o) {
     const std::string hf_folder = std::filesystem::is_directory(o.checkpoint) ? o.checkpoint : m.config.model.init_from;
     std::string tokenizer = o.tokenizer;
     std::error_code ec;
-    if (tokenizer.empty() && !hf_folder.empty() && std::filesystem::is_regular_file(hf_folder + "/tokenizer.json", ec))
-        tokenizer = hf_folder;
+    for (const char* f : {"tokenizer.model", "tokenizer.json", "vocab.json"})
+        if (tokenizer.empty() && !hf_folder.empty() && std::filesystem::is_regular_file(hf_folder + "/" + f, ec))
+            tokenizer = hf_folder;
     const std::unique_ptr<Tokenizer> tok = tokenizer.empty() ? nullptr : load_tokenizer(tokenizer);
     // where the text ends: the tokenizer's end-of-text token, or config.json's eos_token_id
     std::optional<int> end_of_text;
@@ -255,6 +256,7 @@ int generate(const GenerateOptions& o) {
     }
     if (o.echo && o.prompt_ids_given && !text)  // ids in, ids out: the prompt's first, as given
         for (size_t i = 0; i < tokens.size(); ++i) std::printf("%d ", tokens[i]);
+    const size_t prompt_tokens = tokens.size();
     const double start = now_s();
     if (o.kv_cache) refill(std::min<int>(int(tokens.size()), t));
     // what the tokenizer has decoded (the prompt's ids, then each new one) and how much is printed
@@ -317,11 +319,14 @@ int generate(const GenerateOptions& o) {
     if (std::fflush(stdout) != 0 || std::ferror(stdout))
         throw CheckpointError(std::string("generate: standard output: write failed: ") + std::strerror(errno));
     if (!o.json.path.empty()) {  // said on stderr: stdout is the text
-        const nlohmann::json j = {{"tokens", n},
-                                  {"seconds", seconds},
-                                  {"tokens_per_sec", seconds > 0 ? n / seconds : 0.0},
-                                  {"kv_cache", o.kv_cache},
-                                  {"stopped_at_end_of_text", stopped}};
+        const nlohmann::json j = {
+            {"tokens", n},
+            {"seconds", seconds},
+            {"tokens_per_sec", seconds > 0 ? n / seconds : 0.0},
+            {"kv_cache", o.kv_cache},
+            {"stopped_at_end_of_text", stopped},
+            {"prompt_ids", std::vector<int>(tokens.begin(), tokens.begin() + long(prompt_tokens))},
+            {"ids", std::vector<int>(tokens.begin() + long(prompt_tokens), tokens.end())}};
         write_output(o.json, j.dump(2) + "\n");
         std::fprintf(stderr, "wrote %s\n", o.json.path.c_str());
     }
