@@ -23,9 +23,6 @@ Needs only PyTorch and NumPy (Debian: python3-torch python3-numpy).
     /usr/bin/python3 scripts/gpt_reference.py --weights model.safetensors --tokens train.bin \
         --context 64 --batch 4 --heads 4 --steps 10 --out result.json --grads-out g.safetensors
     /usr/bin/python3 scripts/gpt_reference.py --weights llama.safetensors ... --heads 4 --kv-heads 2
-    /usr/bin/python3 scripts/gpt_reference.py --hf DIR --tokens train.bin --context 64 --batch 4 --out r.json
-        the loss of a Hugging Face Llama folder (config.json, model.safetensors: `mirrored export
-        --names hf`) on the batch, by a forward written from LlamaForCausalLM's modules
     /usr/bin/python3 scripts/gpt_reference.py --self-test
 """
 import argparse
@@ -281,52 +278,6 @@ def llama_forward(p, cfg, x, heads, kv_heads, theta, eps):
     h = rms(h, f"layers.{L + 1}.weight")
     head = p["layers.0.weight"] if cfg["tied"] else p[f"layers.{L + 2}.weight"]
     return h @ head.T
-
-
-def hf_llama_loss(args):
-    """The loss of a Hugging Face Llama folder on the batch: LlamaForCausalLM's forward as its modules
-    compute it (embed_tokens; per layer input_layernorm, q/k/v_proj, rotary embeddings, repeat_kv,
-    o_proj, post_attention_layernorm, silu(gate_proj) * up_proj, down_proj; norm; lm_head)."""
-    cfg = json.load(open(os.path.join(args.hf, "config.json")))
-    if cfg.get("model_type") != "llama":
-        fail(f"{args.hf}/config.json: model_type {cfg.get('model_type')!r}, expected 'llama'")
-    p = {n: torch.tensor(a, dtype=torch.float64) for n, a in
-         read_safetensors(os.path.join(args.hf, "model.safetensors")).items()}
-    C, L, H = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
-    KV, D, V, eps = cfg["num_key_value_heads"], cfg.get("head_dim", C // H), cfg["vocab_size"], cfg["rms_norm_eps"]
-    B, T = args.batch, args.context
-    x, y = make_batch(load_tokens(args.tokens, args.format, args.dtype), B, T)
-    x, y = torch.from_numpy(x), torch.from_numpy(y)
-
-    def norm(z, name):
-        return p[name] * (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps))
-
-    def proj(z, name):
-        return F.linear(z, p[name + ".weight"], p.get(name + ".bias"))
-
-    cos, sin = rope_tables(T, D, cfg["rope_theta"], torch.float64)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    h = p["model.embed_tokens.weight"][x]
-    for i in range(L):
-        a = f"model.layers.{i}."
-        r = norm(h, a + "input_layernorm.weight")
-        q = proj(r, a + "self_attn.q_proj").view(B, T, H, D).transpose(1, 2)
-        k = proj(r, a + "self_attn.k_proj").view(B, T, KV, D).transpose(1, 2)
-        v = proj(r, a + "self_attn.v_proj").view(B, T, KV, D).transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-        att = ((q @ k.transpose(-2, -1)) / math.sqrt(D)).masked_fill(~causal, float("-inf")).softmax(-1)
-        h = h + proj((att @ v).transpose(1, 2).reshape(B, T, H * D), a + "self_attn.o_proj")
-        r = norm(h, a + "post_attention_layernorm.weight")
-        h = h + proj(F.silu(proj(r, a + "mlp.gate_proj")) * proj(r, a + "mlp.up_proj"), a + "mlp.down_proj")
-    head = p["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else p["lm_head.weight"]
-    logits = norm(h, "model.norm.weight") @ head.T
-    loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1)).item()
-    print(f"loss {loss:.10g}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"loss": loss, "config": cfg}, f, indent=1)
-    return 0
 
 
 def run(args, log=print):
@@ -646,7 +597,6 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--self-test", action="store_true", help="check this script against numpy and exit")
     ap.add_argument("--weights", help="safetensors file with mirrored's tensor names")
-    ap.add_argument("--hf", help="a Hugging Face Llama folder: its loss on the batch, nothing trained")
     ap.add_argument("--tokens", help="token file (nanoGPT train.bin, or llm.c with --format llmc)")
     ap.add_argument("--format", choices=("raw", "llmc"), default="raw")
     ap.add_argument("--dtype", choices=("uint16", "uint32"), default="uint16")
@@ -671,11 +621,7 @@ def parse_args(argv):
     ap.add_argument("--grads-out", help="step-1 gradients, safetensors F32")
     ap.add_argument("--logits-out", help="step-1 logits [B, T, V], .npy float32")
     args = ap.parse_args(argv)
-    if args.hf:
-        missing = [o for o in ("tokens", "context", "batch") if getattr(args, o) is None]
-        if missing:
-            ap.error("required: " + ", ".join("--" + o for o in missing))
-    elif not args.self_test:
+    if not args.self_test:
         missing = [o for o in ("weights", "tokens", "context", "batch", "heads") if getattr(args, o) is None]
         if missing:
             ap.error("required: " + ", ".join("--" + o for o in missing))
@@ -686,8 +632,6 @@ def main(argv=None):
     args = parse_args(argv)
     if args.self_test:
         return self_test()
-    if args.hf:
-        return hf_llama_loss(args)
     run(args)
     return 0
 

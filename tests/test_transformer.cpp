@@ -1346,7 +1346,7 @@ TEST_CASE("export --names hf: Llama and GPT-2 as Hugging Face folders; Hugging F
     // every test window at once: the reference's loss is the run's test loss
     const size_t windows = (fs::file_size(g.root + "/val.bin") / 2 - 1) / 16;
     REQUIRE_MESSAGE(run_program(kPython,
-                                {repo_script("gpt_reference.py"), "--hf", g / "hf", "--tokens", g.root + "/val.bin",
+                                {repo_script("hf_reference.py"), "logits", g / "hf", "--tokens", g.root + "/val.bin",
                                  "--context", "16", "--batch", std::to_string(windows), "--out", g / "ref.json"},
                                 &err) == 0,
                     err);
