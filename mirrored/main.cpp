@@ -32,6 +32,7 @@
 #include "mirrored/nodes.h"
 #include "mirrored/software.h"
 #include "mirrored/tools/commands.h"
+#include "mirrored/evaluation.h"
 #include "mirrored/trainer.h"
 
 using namespace mirrored;

@@ -1,6 +1,7 @@
 #include "mirrored/session.h"
 
 #include "mirrored/adaptation.h"
+#include "mirrored/hf_models.h"
 
 #include <unistd.h>
 
@@ -252,6 +253,12 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
         if (e.key().empty()) throw;
         config.fail(e.key(), e.detail());  // the same error, with the key's <file>:<line>
     }
+}
+
+void load_pretrained_weights(Session& session) {
+    std::vector<float> params = session.strategy->download_params();
+    read_hf_weights(session.cfg.model.init_from, *session.model, params.data());
+    session.strategy->upload_params(params);
 }
 
 }  // namespace mirrored

@@ -36,4 +36,7 @@ struct Session {
 std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<const Datasets> data = nullptr,
                                       bool with_train_loader = true, Nodes* nodes = nullptr);
 
+// model.init_from's weights onto every replica, under the optimizer state they start with.
+void load_pretrained_weights(Session& session);
+
 }  // namespace mirrored

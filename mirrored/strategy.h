@@ -48,6 +48,7 @@ public:
     const Backend& backend() const { return *set_->devices().backend; }
     const Model& model() const { return set_->model(); }
     Replica& replica(int r) { return set_->replica(r); }
+    const Replica& replica(int r) const { return set_->replica(r); }
     int accumulation_steps() const { return set_->accumulation(); }
     // CPU replicas, or replicas of one GPU, sharing one parameter copy (strategy.shared_parameters).
     bool shared_parameters() const { return set_->shared(); }

@@ -35,20 +35,6 @@ struct Failover {
 int run_training(const Config& config, Nodes* nodes = nullptr, std::FILE* progress = stdout,
                  const Failover& failover = {});
 
-struct EvalResult {
-    double loss = 0, accuracy = 0;
-    size_t samples = 0;
-    int64_t step = 0;
-};
-// Optionally also writes the first `limit` test samples (normalised, NHWC) and the model's logits
-// for them as .npy files: what scripts/check_export_pytorch.py feeds an equivalent PyTorch model.
-struct EvalDump {
-    std::string inputs, logits;  // .npy paths ("" = not written)
-    size_t limit = 0;            // 0: every test sample
-    bool force = false;          // may replace a checkpoint or a run folder's file (base/output.h)
-};
-EvalResult evaluate_checkpoint(const Config& config, const std::string& checkpoint, const EvalDump& dump = {});
-
 // Installs the SIGINT/SIGTERM handlers: the first signal asks the run to stop after the current
 // step and a checkpoint; a second one exits at once.
 void install_signal_handlers();

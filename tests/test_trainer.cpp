@@ -20,6 +20,7 @@
 #include "mirrored/config.h"
 #include "mirrored/failover.h"
 #include "kernels/sim/sim.h"
+#include "mirrored/evaluation.h"
 #include "mirrored/trainer.h"
 #include "tests/cli.h"
 #include "tests/helpers.h"
