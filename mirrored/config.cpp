@@ -1,7 +1,6 @@
 // The one place every configuration key is read: its type, range and default.
 #include "mirrored/config.h"
 
-#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 
 #include "base/io.h"
 #include "base/error.h"
+#include "mirrored/config_document.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/hf_models.h"
 #include "mirrored/optimizer.h"
@@ -23,137 +23,9 @@
 
 namespace mirrored {
 
+using namespace config_document;
+
 namespace {
-
-std::vector<std::string> split_path(const std::string& path) {
-    std::vector<std::string> parts;
-    std::stringstream ss(path);
-    std::string p;
-    while (std::getline(ss, p, '.')) parts.push_back(p);
-    return parts;
-}
-
-bool is_index(const std::string& s) {
-    return !s.empty() && s.size() < 7 && s.find_first_not_of("0123456789") == std::string::npos;
-}
-
-YAML::Node lookup(const YAML::Node& node, const std::vector<std::string>& parts, size_t i) {
-    if (i == parts.size()) return node;
-    if (!node.IsDefined() || node.IsNull()) return YAML::Node(YAML::NodeType::Undefined);
-    if (node.IsMap()) {
-        const YAML::Node& cn = node;
-        return lookup(cn[parts[i]], parts, i + 1);
-    }
-    if (node.IsSequence() && is_index(parts[i])) {
-        const size_t idx = std::stoul(parts[i]);
-        if (idx >= node.size()) return YAML::Node(YAML::NodeType::Undefined);
-        const YAML::Node& cn = node;
-        return lookup(cn[idx], parts, i + 1);
-    }
-    return YAML::Node(YAML::NodeType::Undefined);
-}
-
-constexpr uint64_t kMaxConfigBytes = uint64_t(4) << 20;  // a configuration is text, never this large
-constexpr int kMaxDepth = 32;
-// Values a document may hold, counted as its readers see them: an alias is its anchor's values
-// once more, so nine lists of nine aliases nested twelve deep would be 9^12 values to walk.
-constexpr size_t kMaxValues = 100000;
-
-bool valid_utf8(const std::string& s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        const unsigned char c = static_cast<unsigned char>(s[i]);
-        int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-        if (len == 0 || i + size_t(len) > s.size()) return false;
-        uint32_t cp = len == 1 ? c : c & (0xFF >> (len + 1));
-        for (int k = 1; k < len; ++k) {
-            const unsigned char cc = static_cast<unsigned char>(s[i + size_t(k)]);
-            if ((cc >> 6) != 0x2) return false;
-            cp = (cp << 6) | (cc & 0x3F);
-        }
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return false;  // overlong forms, surrogates, beyond Unicode
-        i += size_t(len);
-    }
-    return true;
-}
-
-// For messages: control bytes and invalid UTF-8 shown escaped, long strings cut.
-std::string printable(const std::string& s) {
-    std::string out;
-    const bool utf8 = valid_utf8(s);
-    for (unsigned char ch : s.substr(0, 120)) {
-        if (ch < 0x20 || ch == 0x7f || (!utf8 && ch >= 0x80)) {
-            char e[8];
-            std::snprintf(e, sizeof e, "\\x%02x", ch);
-            out += e;
-        } else {
-            out += char(ch);
-        }
-    }
-    return s.size() > 120 ? out + "..." : out;
-}
-
-bool valid_key_path(const std::string& key) {
-    if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos) return false;
-    for (char ch : key)
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.')) return false;
-    return true;
-}
-
-// Every string of the document is valid UTF-8 without control characters (they would be mangled
-// in file names, logs and checkpoint metadata), no mapping repeats a key, nesting and size (with
-// aliases expanded) are bounded.
-void check_node(const YAML::Node& n, const std::string& name, const std::string& path, int depth, size_t& values) {
-    auto where = [&](const YAML::Node& at) {  // a --set value has no line of its own
-        return at.Mark().line >= 0 && name.rfind("--set ", 0) != 0 ? name + ":" + std::to_string(at.Mark().line + 1)
-                                                                   : name;
-    };
-    if (depth > kMaxDepth)
-        throw ConfigError(where(n) + ": " + path + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
-    if (++values > kMaxValues)
-        throw ConfigError(where(n) + ": " + (path.empty() ? "(document)" : path) + ": the document holds more than " +
-                          std::to_string(kMaxValues) +
-                          " values with its aliases expanded (a configuration has hundreds)");
-    auto check_text = [&](const YAML::Node& at, const std::string& s, const std::string& key) {
-        if (!valid_utf8(s)) throw ConfigError(where(at) + ": " + key + ": '" + printable(s) + "' is not valid UTF-8");
-        for (unsigned char ch : s)
-            if (ch < 0x20 || ch == 0x7f)
-                throw ConfigError(where(at) + ": " + key + ": '" + printable(s) + "' contains a control character");
-    };
-    if (n.IsScalar()) {
-        check_text(n, n.Scalar(), path.empty() ? "(document)" : path);
-    } else if (n.IsSequence()) {
-        for (size_t i = 0; i < n.size(); ++i) check_node(n[i], name, path + "." + std::to_string(i), depth + 1, values);
-    } else if (n.IsMap()) {
-        std::map<std::string, int> seen;
-        for (auto it = n.begin(); it != n.end(); ++it) {
-            if (!it->first.IsScalar()) throw ConfigError(where(it->first) + ": " + path + ": a key must be a name");
-            const std::string key = it->first.Scalar();
-            const std::string child = path.empty() ? key : path + "." + key;
-            check_text(it->first, key, child);
-            const int line = it->first.Mark().line + 1;
-            auto [prev, inserted] = seen.emplace(key, line);
-            if (!inserted)
-                throw ConfigError(where(it->first) + ": " + printable(child) + ": the key appears twice (lines " +
-                                  std::to_string(prev->second) + " and " + std::to_string(line) + ")");
-            check_node(it->second, name, child, depth + 1, values);
-        }
-    }
-}
-
-void check_document(const YAML::Node& n, const std::string& name, const std::string& path) {
-    size_t values = 0;
-    check_node(n, name, path, 0, values);
-}
-
-std::string describe(const YAML::Node& n) {
-    if (n.IsScalar()) return "'" + n.Scalar() + "'";
-    if (n.IsSequence()) return "a list";
-    if (n.IsMap()) return "a mapping";
-    return "nothing";
-}
 
 // Reads typed values by key path, remembering every path it was asked for, so that any key
 // left over afterwards is unknown.
@@ -389,47 +261,6 @@ private:
     std::set<std::string> visited_;
 };
 
-// Applies "a.b.c=value" to the document, creating mappings on the way.
-void apply_set(YAML::Node root, const std::string& assignment) {
-    const size_t eq = assignment.find('=');
-    if (eq == std::string::npos || eq == 0)
-        throw ConfigError("--set " + printable(assignment) + ": expected key.path=value");
-    const std::string key = assignment.substr(0, eq);
-    if (!valid_key_path(key))
-        throw ConfigError("--set " + printable(assignment) + ": '" + printable(key) +
-                          "' is not a key path (names of a-z, 0-9 and _ joined by single dots, e.g. train.steps)");
-    if (eq + 1 == assignment.size())
-        throw ConfigError("--set " + printable(assignment) + ": expected a value after '='");
-    YAML::Node value;
-    try {
-        value = YAML::Load(assignment.substr(eq + 1));
-    } catch (const YAML::Exception& e) {
-        throw ConfigError("--set " + printable(assignment) + ": the value is not valid YAML: " + e.msg);
-    }
-    check_document(value, "--set " + printable(assignment), key);
-    if (value.IsNull()) throw ConfigError("--set " + printable(assignment) + ": expected a value, got nothing");
-    const auto parts = split_path(key);
-    YAML::Node cur(root);
-    for (size_t i = 0; i < parts.size(); ++i) {
-        const bool last = i + 1 == parts.size();
-        if (cur.IsSequence()) {
-            if (!is_index(parts[i]) || std::stoul(parts[i]) >= cur.size())
-                throw ConfigError("--set " + assignment + ": " + key + ": '" + parts[i] + "' is not an index of the " +
-                                  std::to_string(cur.size()) + "-element list");
-            YAML::Node next = cur[std::stoul(parts[i])];
-            if (last) next = value;
-            cur.reset(next);
-        } else {
-            if (cur.IsDefined() && !cur.IsNull() && !cur.IsMap())
-                throw ConfigError("--set " + assignment + ": " + key + ": '" + parts[i] +
-                                  "' is inside a value that is not a mapping");
-            YAML::Node next = cur[parts[i]];
-            if (last) next = value;
-            cur.reset(next);
-        }
-    }
-}
-
 }  // namespace
 
 void Config::fail(const std::string& key, const std::string& what) const {
@@ -628,24 +459,6 @@ void read_checkpoint(Reader& r, CheckpointConfig& k) {
     k.resume = r.nonempty_str("checkpoint.resume", "auto");
 }
 
-// Parses YAML text; every scalar must be valid UTF-8 without control characters, and no mapping
-// may repeat a key (yaml-cpp would silently keep the first).
-YAML::Node parse_document(const std::string& text, const std::string& name) {
-    YAML::Node root;
-    try {
-        root = YAML::Load(text);
-    } catch (const YAML::DeepRecursion& e) {
-        throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": nested more than " +
-                          std::to_string(e.depth()) + " levels deep: a configuration nests a few levels");
-    } catch (const YAML::ParserException& e) {
-        throw ConfigError(name + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
-    } catch (const YAML::Exception& e) {
-        throw ConfigError(name + ": invalid YAML: " + e.msg);
-    }
-    check_document(root, name, "");
-    return root;
-}
-
 }  // namespace
 
 Config load_config_text(const std::string& text, const std::string& path, const std::vector<std::string>& sets) {
@@ -683,221 +496,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& sets
         throw ConfigError(e.what());
     }
     return load_config_text(text, path, sets);
-}
-
-namespace {
-
-// yaml-cpp's emitter with the config's conventions: numbers as decimal_text (what a person would
-// write: 0.1, not 0.10000000000000001), lists in flow style, one map per section.
-class ConfigEmitter {
-public:
-    template <class T>
-    ConfigEmitter& put(const char* key, const T& value) {
-        e_ << YAML::Key << key << YAML::Value;
-        emit(value);
-        return *this;
-    }
-    ConfigEmitter& begin(const char* key, bool flow = false) {
-        e_ << YAML::Key << key << YAML::Value;
-        if (flow) e_ << YAML::Flow;
-        e_ << YAML::BeginMap;
-        return *this;
-    }
-    ConfigEmitter& end() {
-        e_ << YAML::EndMap;
-        return *this;
-    }
-    // An entry's own keys (Options::fields): a list's flow text as a list, other values as text
-    // (plain where YAML allows), consecutive "map.key"s as a block mapping `map`.
-    ConfigEmitter& fields(const Fields& fs) {
-        std::string open;  // the mapping being written
-        for (const auto& [key, v] : fs) {
-            const size_t dot = key.find('.');
-            const std::string map = dot == std::string::npos ? "" : key.substr(0, dot);
-            if (map != open) {
-                if (!open.empty()) e_ << YAML::EndMap;
-                if (!map.empty()) e_ << YAML::Key << map << YAML::Value << YAML::BeginMap;
-                open = map;
-            }
-            e_ << YAML::Key << key.substr(dot == std::string::npos ? 0 : dot + 1) << YAML::Value;
-            if (!v.empty() && v.front() == '[') {
-                YAML::Node list = YAML::Load(v);
-                list.SetStyle(YAML::EmitterStyle::Flow);
-                e_ << list;
-            } else {
-                e_ << v;
-            }
-        }
-        if (!open.empty()) e_ << YAML::EndMap;
-        return *this;
-    }
-    YAML::Emitter& raw() { return e_; }
-
-private:
-    void emit(double v) { e_ << decimal_text(v); }
-    void emit(float v) { e_ << decimal_text(v); }
-    void emit(const char* v) { e_ << v; }
-    void emit(const std::string& v) { e_ << v; }
-    void emit(bool v) { e_ << v; }
-    template <class T>
-    requires std::is_integral_v<T>
-    void emit(T v) { e_ << v; }
-    template <class T>
-    void emit(const std::vector<T>& v) {
-        e_ << YAML::Flow << YAML::BeginSeq;
-        for (const T& x : v) emit(x);
-        e_ << YAML::EndSeq;
-    }
-
-    YAML::Emitter e_;
-};
-
-// A list of layers, each a flow mapping of its type's keys; a container's layers nested.
-void emit_layers(YAML::Emitter& e, const std::vector<LayerSpec>& layers) {
-    e << YAML::BeginSeq;
-    for (const LayerSpec& l : layers) {
-        const bool nested = !l.layers.empty();
-        if (!nested) e << YAML::Flow;
-        e << YAML::BeginMap << YAML::Key << "type" << YAML::Value << l.type;
-        for (const auto& [k, v] : l.fields()) e << YAML::Key << k << YAML::Value << v;
-        if (nested) {
-            e << YAML::Key << "layers" << YAML::Value;
-            emit_layers(e, l.layers);
-        }
-        e << YAML::EndMap;
-    }
-    e << YAML::EndSeq;
-}
-
-void emit_run(ConfigEmitter& e, const RunConfig& r) {
-    e.begin("run").put("name", r.name).put("seed", r.seed).put("output_dir", r.output_dir).end();
-}
-
-void emit_strategy(ConfigEmitter& e, const StrategyConfig& s) {
-    e.begin("strategy")
-        .put("devices", s.devices)
-        .put("cross_device_ops", s.cross_device_ops)
-        .put("bucket_mb", s.bucket_mb);
-    e.put("allreduce_dtype", dtype_name(s.allreduce_dtype)).put("verify_every_steps", s.verify_every_steps);
-    e.put("collective_timeout_s", s.collective_timeout_s).put("step_timeout_s", s.step_timeout_s);
-    e.put("shared_parameters", s.shared_parameters).put("shard", shard_name(s.shard)).put("cuda_graph", s.cuda_graph);
-    e.put("fused_epilogues", s.fused_epilogues)
-        .put("on_replica_failure", s.continue_on_failure ? "continue" : "stop")
-        .put("min_replicas", s.min_replicas)
-        .end();
-}
-
-void emit_data(ConfigEmitter& e, const DataConfig& d) {
-    e.begin("data").put("dataset", d.dataset).put("root", d.root).fields(data_format_options(d)->fields());
-    if (d.normalize == DataConfig::Normalize::given)
-        e.begin("normalize").put("mean", d.normalization.mean).put("std", d.normalization.std).end();
-    else e.put("normalize", d.normalize == DataConfig::Normalize::none ? "none" : "auto");
-    e.begin("augment", /*flow=*/true).put("random_crop_padding", d.augment.crop_padding);
-    e.put("horizontal_flip", d.augment.horizontal_flip).end();
-    if (d.loader_threads == 0) e.put("loader_threads", "auto");
-    else e.put("loader_threads", d.loader_threads);
-    e.put("prefetch", d.prefetch).put("drop_last", d.drop_last).end();
-}
-
-void emit_model(ConfigEmitter& e, const ModelConfig& m) {
-    e.begin("model");
-    if (!m.input_shape.empty()) e.put("input_shape", m.input_shape);
-    if (!m.init_from.empty()) e.put("init_from", m.init_from);
-    if (m.lora.rank)
-        e.begin("lora", /*flow=*/true)
-            .put("rank", m.lora.rank)
-            .put("alpha", m.lora.alpha)
-            .put("targets", m.lora.targets)
-            .end();
-    if (!m.freeze.empty()) e.put("freeze", m.freeze);
-    e.raw() << YAML::Key << "layers" << YAML::Value;
-    emit_layers(e.raw(), m.layers);
-    const Fields keys = m.loss.options ? m.loss.options->fields() : Fields{};
-    if (keys.empty()) e.put("loss", m.loss.type);
-    else e.begin("loss", /*flow=*/true).put("type", m.loss.type).fields(keys).end();
-    e.end();
-}
-
-const char* schedule_name(ScheduleConfig::Type t) {
-    switch (t) {
-        case ScheduleConfig::Type::cosine:
-            return "cosine";
-        case ScheduleConfig::Type::step:
-            return "step";
-        case ScheduleConfig::Type::multistep:
-            return "multistep";
-        case ScheduleConfig::Type::constant:
-            break;
-    }
-    return "constant";
-}
-
-void emit_optimizer(ConfigEmitter& e, const OptimizerConfig& o) {
-    e.begin("optimizer").put("type", o.type).put("lr", o.lr).fields(optimizer_options(o)->fields());
-    e.put("weight_decay", o.weight_decay)
-        .put("weight_decay_on", o.weight_decay_on == OptimizerConfig::DecayOn::matrices ? "matrices" : "all")
-        .put("grad_clip_norm", o.grad_clip_norm);
-    e.put("scale_lr_with_replicas", o.scale_lr_with_replicas);
-    const ScheduleConfig& s = o.schedule;
-    e.begin("schedule", /*flow=*/true).put("type", schedule_name(s.type)).put("warmup_steps", s.warmup_steps);
-    if (s.type == ScheduleConfig::Type::step) e.put("step_size", s.step_size).put("gamma", s.gamma);
-    if (s.type == ScheduleConfig::Type::multistep) e.put("milestones", s.milestones).put("gamma", s.gamma);
-    if (s.type == ScheduleConfig::Type::cosine) e.put("min_lr_ratio", s.min_lr_ratio);
-    e.end().end();
-}
-
-void emit_train(ConfigEmitter& e, const TrainConfig& t) {
-    e.begin("train").put("epochs", t.epochs).put("steps", t.steps).put("global_batch_size", t.global_batch_size);
-    e.put("grad_accumulation_steps", t.grad_accumulation_steps).put("precision", precision_name(t.precision));
-    e.put("loss_scale_growth_interval", t.loss_scale_growth_interval).put("eval_every_epochs", t.eval_every_epochs);
-    e.put("eval_every_steps", t.eval_every_steps);
-    e.put("log_every_steps", t.log_every_steps).put("recompute", t.recompute_blocks ? "blocks" : "none").end();
-}
-
-void emit_checkpoint(ConfigEmitter& e, const CheckpointConfig& c) {
-    e.begin("checkpoint").put("every_steps", c.every_steps).put("every_epochs", c.every_epochs);
-    e.put("every_minutes", c.every_minutes).put("keep", c.keep).put("resume", c.resume).end();
-}
-
-}  // namespace
-
-std::string config_to_yaml(const Config& c) {
-    ConfigEmitter e;
-    e.raw() << YAML::BeginMap;
-    emit_run(e, c.run);
-    emit_strategy(e, c.strategy);
-    emit_data(e, c.data);
-    emit_model(e, c.model);
-    emit_optimizer(e, c.optimizer);
-    emit_train(e, c.train);
-    emit_checkpoint(e, c.checkpoint);
-    e.raw() << YAML::EndMap;
-    return std::string(e.raw().c_str()) + "\n";
-}
-
-std::string model_config_summary(const Config& c) {
-    std::ostringstream s;
-    s << "input";
-    for (int d : c.model.input_shape) s << " " << d;
-    for (const LayerSpec& l : c.model.layers) s << " | " << layer_spec_summary(l);
-    if (c.model.lora.rank) {
-        s << " | lora rank=" << c.model.lora.rank << " alpha=" << decimal_text(c.model.lora.alpha) << " targets=";
-        for (const std::string& t : c.model.lora.targets) s << t << (&t == &c.model.lora.targets.back() ? "" : ",");
-    }
-    for (const std::string& f : c.model.freeze) s << " | freeze " << f;
-    s << " | optimizer " << optimizer_description(c.optimizer);
-    if (c.model.loss.type != "softmax_cross_entropy")
-        s << " | loss " << c.model.loss.type;  // as before for classifiers
-    return s.str();
-}
-
-uint64_t model_config_hash(const Config& c) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a 64
-    for (unsigned char ch : model_config_summary(c)) {
-        h ^= ch;
-        h *= 1099511628211ull;
-    }
-    return h;
 }
 
 }  // namespace mirrored
