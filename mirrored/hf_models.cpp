@@ -98,6 +98,29 @@ HfModelConfig gpt2_layers(const HfConfigReader& r) {
     return {y + ", {type: layernorm, epsilon: " + eps + "}, {type: lm_head, tie_weights: true}]", positions};
 }
 
+// config.json's rope_scaling as a llama_block's keys (", rope_scaling: llama3, rope_factor: 8, ..."):
+// null or absent, linear, or llama3 (Llama 3.1 and later); the others (dynamic, yarn, longrope)
+// change with the sequence or scale attention too, and are refused.
+std::string rope_scaling_keys(const HfConfigReader& r) {
+    if (!r.has("rope_scaling")) return "";
+    const json& s = r.j["rope_scaling"];
+    if (!s.is_object()) r.fail("rope_scaling", "expected null or an object, got " + s.dump());
+    const HfConfigReader k{s, r.path + ": rope_scaling"};
+    const std::string type = k.has("rope_type") ? k.text("rope_type", "") : k.text("type", "");
+    if (type == "default") return "";
+    if (type != "linear" && type != "llama3")
+        r.fail("rope_scaling",
+               "rope_type '" + type + "' is not supported: mirrored scales rotary embeddings as linear and llama3 do");
+    if (!k.has("factor")) k.fail("factor", "missing (how many times the context grew)");
+    std::string y = ", rope_scaling: " + type + ", rope_factor: " + decimal_text(k.number("factor", 1.0, 1e6, 1.0));
+    if (type == "llama3")
+        y += ", rope_low_freq_factor: " + decimal_text(k.number("low_freq_factor", 1e-6, 1e6, 1.0)) +
+             ", rope_high_freq_factor: " + decimal_text(k.number("high_freq_factor", 1e-6, 1e6, 4.0)) +
+             ", rope_original_max_positions: " +
+             std::to_string(k.integer("original_max_position_embeddings", 1, 1 << 24, 8192));
+    return y;
+}
+
 HfModelConfig llama_layers(const HfConfigReader& r, const std::string& type) {
     const int c = r.integer("hidden_size", 1, 1 << 16), heads = r.integer("num_attention_heads", 1, 1024),
               layers = r.integer("num_hidden_layers", 1, 4096), vocab = r.integer("vocab_size", 1, 1 << 24),
@@ -109,18 +132,23 @@ HfModelConfig llama_layers(const HfConfigReader& r, const std::string& type) {
                "mirrored's attention has heads of hidden_size / num_attention_heads = " + std::to_string(c / heads));
     if (const std::string act = r.text("hidden_act", "silu"); act != "silu")
         r.fail("hidden_act", "'" + act + "': mirrored's llama_block has silu (SwiGLU)");
-    if (r.has("rope_scaling")) r.fail("rope_scaling", "scaled rotary embeddings are not supported (expected null)");
+    const std::string scaling = rope_scaling_keys(r);
     if (r.boolean("mlp_bias", false)) r.fail("mlp_bias", "true is not supported");
     const int positions = r.integer("max_position_embeddings", 1, INT32_MAX, 2048);
     if (type == "mistral" && r.has("sliding_window") && r.integer("sliding_window", 1, INT32_MAX) < positions)
         r.fail("sliding_window", "sliding-window attention is not supported (expected null)");
+    if (type == "qwen2" && r.boolean("use_sliding_window", false))
+        r.fail("use_sliding_window", "sliding-window attention is not supported (expected false)");
     const double theta = r.number("rope_theta", 1.0, 1e9, 10000.0), eps = r.number("rms_norm_eps", 1e-12, 1.0, 1e-6);
-    const bool bias = r.boolean("attention_bias", false), tied = r.boolean("tie_word_embeddings", false);
+    // Qwen2 has biases on q, k and v (not on o_proj) without saying so in its config
+    const bool qwen2 = type == "qwen2", bias = qwen2 || r.boolean("attention_bias", false),
+               tied = r.boolean("tie_word_embeddings", false);
     std::string y = "[{type: embedding, vocab: " + std::to_string(vocab) + ", dim: " + std::to_string(c) + "}";
     for (int i = 0; i < layers; ++i)
         y += ", {type: llama_block, heads: " + std::to_string(heads) + ", kv_heads: " + std::to_string(kv) +
              ", intermediate_size: " + std::to_string(wide) + ", rope_theta: " + decimal_text(theta) +
-             ", epsilon: " + decimal_text(eps) + (bias ? ", bias: true" : "") + "}";
+             ", epsilon: " + decimal_text(eps) + scaling + (bias ? ", bias: true" : "") +
+             (qwen2 ? ", out_bias: false" : "") + "}";
     return {y + ", {type: rmsnorm, epsilon: " + decimal_text(eps) + "}, {type: lm_head, " +
                 (tied ? "tie_weights: true}]" : "tie_weights: false, units: " + std::to_string(vocab) + "}]"),
             positions};
@@ -186,12 +214,9 @@ HfModelConfig hf_model_config(const std::string& dir) {
     const HfConfigReader r{j, path};
     const std::string type = r.text("model_type", "");
     if (type == "gpt2") return gpt2_layers(r);
-    if (type == "llama" || type == "mistral") return llama_layers(r, type);
-    throw ConfigError(path + ": model_type: " +
-                      (type == "qwen2" ? std::string("'qwen2' has biases on q, k and v but not o_proj, which "
-                                                     "llama_block cannot hold")
-                                       : (type.empty() ? std::string("missing") : "'" + type + "'") +
-                                             ": mirrored builds gpt2, llama and mistral models"));
+    if (type == "llama" || type == "mistral" || type == "qwen2") return llama_layers(r, type);
+    throw ConfigError(path + ": model_type: " + (type.empty() ? std::string("missing") : "'" + type + "'") +
+                      ": mirrored builds gpt2, llama, mistral and qwen2 models");
 }
 
 std::optional<int> hf_end_of_text(const std::string& dir) {
@@ -245,7 +270,8 @@ std::vector<HfTensor> hf_tensors(const Model& model, const std::string& what) {
             add(h + "self_attn.q_proj." + p, qkv, 0, heads * d);
             add(h + "self_attn.k_proj." + p, qkv, heads * d, kv * d);
             add(h + "self_attn.v_proj." + p, qkv, (heads + kv) * d, kv * d);
-            add(h + "self_attn.o_proj." + p, l + "self_attn.o_proj." + p);
+            if (std::string(p) == "weight" || block.field("out_bias") != "false")
+                add(h + "self_attn.o_proj." + p, l + "self_attn.o_proj." + p);
         }
         add(h + "post_attention_layernorm.weight", l + "post_attention_layernorm.weight");
         add(h + "mlp.gate_proj.weight", l + "mlp.gate_up_proj.weight", 0, wide);
@@ -429,8 +455,10 @@ HfModelFiles hf_model_files(const Model& model, const float* params) {
                   {"torch_dtype", "float32"}};
     } else {
         const int kv = int_field(block, "kv_heads");
-        config = {{"architectures", {"LlamaForCausalLM"}},
-                  {"model_type", "llama"},
+        // biases on q, k and v but not o_proj: Hugging Face's Qwen2 (Llama's attention_bias has both)
+        const bool qwen2 = block.field("bias") == "true" && block.field("out_bias") == "false";
+        config = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+                  {"model_type", qwen2 ? "qwen2" : "llama"},
                   {"hidden_size", c},
                   {"intermediate_size", int_field(block, "intermediate_size")},
                   {"num_attention_heads", heads},
@@ -448,6 +476,21 @@ HfModelFiles hf_model_files(const Model& model, const float* params) {
                   {"hidden_act", "silu"},
                   {"initializer_range", 0.02},
                   {"torch_dtype", "float32"}};
+        if (qwen2) {
+            config.erase("attention_bias");
+            config.erase("mlp_bias");
+            config["use_sliding_window"] = false;
+        }
+        if (const std::string kind = block.field("rope_scaling"); !kind.empty() && kind != "none") {
+            const auto number = [&](const char* key) { return std::strtod(block.field(key).c_str(), nullptr); };
+            json s = {{"rope_type", kind}, {"factor", number("rope_factor")}};
+            if (kind == "llama3") {
+                s["low_freq_factor"] = number("rope_low_freq_factor");
+                s["high_freq_factor"] = number("rope_high_freq_factor");
+                s["original_max_position_embeddings"] = int_field(block, "rope_original_max_positions");
+            }
+            config["rope_scaling"] = s;
+        }
     }
     m.config_json = config.dump(2) + "\n";
     return m;

@@ -2,12 +2,13 @@
 """Hugging Face model folders for checking mirrored's import (model.init_from) and export
 (--names hf), with nothing downloaded: small GPT-2- and Llama-shaped folders with random weights,
 and their logits by an independent PyTorch forward written from the architectures of Hugging
-Face's GPT2LMHeadModel and LlamaForCausalLM (their modules' names, GPT-2's Conv1D layout [in, out],
-rotate-half rotary embeddings, repeat_kv).
+Face's GPT2LMHeadModel, LlamaForCausalLM and Qwen2ForCausalLM (their modules' names, GPT-2's
+Conv1D layout [in, out], rotate-half rotary embeddings and their rope_scaling, repeat_kv, Qwen2's
+biases on q, k and v).
 
-    hf_reference.py make DIR --arch gpt2|llama [--dtype f32|bf16|f16] [--shards N] [--hub-names]
+    hf_reference.py make DIR --arch gpt2|llama|qwen2 [--dtype f32|bf16|f16] [--shards N] [--hub-names]
         [--vocab V --hidden C --layers L --heads H --kv-heads KV --intermediate I --positions P
-         --tied --seed S]
+         --tied --rope-scaling linear|llama3 --seed S]
         config.json and model.safetensors (or N shards and model.safetensors.index.json) with
         random weights stored in the dtype. --hub-names: GPT-2 as the hub's gpt2 is stored (GPT2Model's
         names without "transformer.", the attention-mask buffers).
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt_reference import load_tokens, make_batch, rope_tables, rotate_half  # noqa: E402
+from gpt_reference import load_tokens, make_batch, rotate_half  # noqa: E402
 
 
 def fail(msg):
@@ -128,6 +129,9 @@ def llama_tensors(rng, a):
         t[h + "self_attn.k_proj.weight"] = w(KV * D, C)
         t[h + "self_attn.v_proj.weight"] = w(KV * D, C)
         t[h + "self_attn.o_proj.weight"] = w(C, H * D)
+        if a.arch == "qwen2":  # Qwen2Attention: q, k and v with biases, o_proj without
+            t[h + "self_attn.q_proj.bias"], t[h + "self_attn.k_proj.bias"] = w(H * D), w(KV * D)
+            t[h + "self_attn.v_proj.bias"] = w(KV * D)
         t[h + "post_attention_layernorm.weight"] = 1 + w(C)
         t[h + "mlp.gate_proj.weight"] = w(I, C)
         t[h + "mlp.up_proj.weight"] = w(I, C)
@@ -140,6 +144,15 @@ def llama_tensors(rng, a):
               "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "rope_scaling": None, "vocab_size": V,
               "max_position_embeddings": a.positions, "tie_word_embeddings": bool(a.tied),
               "attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+    if a.arch == "qwen2":  # Qwen2Config: no attention_bias key (the biases are always there)
+        del config["attention_bias"], config["mlp_bias"]
+        config.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_theta": 1000000.0,
+                       "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": L})
+    if a.rope_scaling == "linear":
+        config["rope_scaling"] = {"type": "linear", "factor": 4.0}
+    elif a.rope_scaling == "llama3":  # Llama 3.1's, with an original context that puts pairs in every band
+        config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
     return t, config
 
 
@@ -169,6 +182,35 @@ def make(a):
 
 
 # ---------------------------------------------------------------- the forward passes
+
+def rope_inverse_frequencies(D, cfg):
+    """LlamaRotaryEmbedding's inverse frequencies in float32, with config.json's rope_scaling:
+    linear divides them all by the factor; llama3 divides those whose wavelength exceeds the
+    original context / low_freq_factor, keeps those under the original context / high_freq_factor
+    and interpolates the ones between."""
+    inv = 1.0 / (cfg.get("rope_theta", 10000.0) ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    s = cfg.get("rope_scaling")
+    if not s:
+        return inv
+    kind = s.get("rope_type", s.get("type"))
+    if kind == "linear":
+        return inv / s["factor"]
+    assert kind == "llama3", kind
+    factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    n = s["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv
+    slowed = torch.where(wavelength > n / lo, inv / factor, inv)
+    t = (n / wavelength - lo) / (hi - lo)
+    between = (wavelength >= n / hi) & (wavelength <= n / lo)
+    return torch.where(between, (1 - t) * slowed / factor + t * slowed, slowed)
+
+
+def rope_tables(T, D, cfg, dtype):
+    """cos and sin of [T, D] (each frequency twice: the halves of rotate_half), cast to dtype."""
+    freqs = torch.arange(T).float()[:, None] * rope_inverse_frequencies(D, cfg)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
 
 def adapted(lora, name, z, out):
     """PEFT's LoRA on module `name`: out + scale * (z A^T) B^T, where lora = (scale, {name: (A, B)})."""
@@ -211,7 +253,7 @@ def llama_logits(p, cfg, x, lora=None):
     D = C // H
     norm = lambda z, n: p[n] * (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps))  # noqa: E731
     proj = lambda z, n: adapted(lora, n, z, F.linear(z, p[n + ".weight"], p.get(n + ".bias")))  # noqa: E731
-    cos, sin = rope_tables(T, D, cfg.get("rope_theta", 10000.0), torch.float64)
+    cos, sin = rope_tables(T, D, cfg, torch.float64)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     h = p["model.embed_tokens.weight"][x]
     for i in range(L):
@@ -316,7 +358,7 @@ def cached_logits(p, cfg, x, start, cache):
         h = p["transformer.wte.weight"][x] + p["transformer.wpe.weight"][start:start + n]
     else:
         h = p["model.embed_tokens.weight"][x]
-        cos, sin = rope_tables(start + n, D, cfg.get("rope_theta", 10000.0), h.dtype)
+        cos, sin = rope_tables(start + n, D, cfg, h.dtype)
         cos, sin = cos[start:], sin[start:]
     mask = torch.ones(n, start + n, dtype=torch.bool).tril(diagonal=start)
     for i in range(L):
@@ -390,7 +432,8 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make", help="a random Hugging Face folder")
     m.add_argument("dir")
-    m.add_argument("--arch", choices=("gpt2", "llama"), required=True)
+    m.add_argument("--arch", choices=("gpt2", "llama", "qwen2"), required=True)
+    m.add_argument("--rope-scaling", choices=("linear", "llama3"), help="Llama/Qwen2: config.json's rope_scaling")
     m.add_argument("--dtype", choices=("f32", "bf16", "f16"), default="f32")
     m.add_argument("--shards", type=int, default=1)
     m.add_argument("--hub-names", action="store_true")
@@ -436,7 +479,7 @@ def main(argv=None):
     if a.cmd == "lora":
         return lora_train(a)
     if a.cmd == "make":
-        if a.arch == "llama" and a.intermediate <= 0:
+        if a.arch != "gpt2" and a.intermediate <= 0:
             fail("--intermediate is required for a Llama")
         return make(a)
     return logits(a)

@@ -36,6 +36,14 @@ constexpr const char* kLlamaLayers =
     " {type: llama_block, heads: 4, kv_heads: 2, intermediate_size: 40, rope_theta: 500000, epsilon: 1e-05},"
     " {type: llama_block, heads: 4, kv_heads: 2, intermediate_size: 40, rope_theta: 500000, epsilon: 1e-05},"
     " {type: rmsnorm, epsilon: 1e-05}, {type: lm_head, tie_weights: false, units: 96}]";
+// Qwen2's attention (biases on q, k and v, none on o_proj), Llama 3.1's rope_scaling, a tied head
+constexpr const char* kQwen2Layers =
+    "[{type: embedding, vocab: 96, dim: 32},"
+    " {type: llama_block, heads: 4, kv_heads: 2, intermediate_size: 40, rope_theta: 1000000, epsilon: 1e-06,"
+    "  bias: true, out_bias: false, rope_scaling: llama3, rope_factor: 8, rope_original_max_positions: 512},"
+    " {type: llama_block, heads: 4, kv_heads: 2, intermediate_size: 40, rope_theta: 1000000, epsilon: 1e-06,"
+    "  bias: true, out_bias: false, rope_scaling: llama3, rope_factor: 8, rope_original_max_positions: 512},"
+    " {type: rmsnorm, epsilon: 1e-06}, {type: lm_head, tie_weights: true}]";
 constexpr const char* kGpt2Layers =
     "[{type: embedding, vocab: 96, dim: 32}, {type: position_embedding, max_len: 64},"
     " {type: transformer_block, heads: 4, activation: gelu_tanh},"
@@ -128,7 +136,7 @@ struct HfRun : TempDir {
 
 TEST_CASE("Hugging Face folders: what export writes, import reads back exactly (f32 bit for bit, bf16 values)") {
     TempDir t;
-    for (const char* layers : {kLlamaLayers, kGpt2Layers}) {
+    for (const char* layers : {kLlamaLayers, kQwen2Layers, kGpt2Layers}) {
         const Config c = model_config(layers);
         const Model m(c.model.input_shape, c.model.layers, 1);
         const std::vector<float> p = random_params(m, 3);
@@ -169,7 +177,7 @@ TEST_CASE("Hugging Face folders: what export writes, import reads back exactly (
     CHECK(c_attn.second[1] == p[ours.offset + 32]);  // [in 0, out 1] = ours [out 1, in 0]
 }
 
-TEST_CASE("model.init_from: GPT-2 and Llama folders give an independent Hugging Face forward's logits and loss") {
+TEST_CASE("model.init_from: GPT-2, Llama (3.1) and Qwen2 folders give an independent Hugging Face forward's logits") {
     if (!python_has("torch, numpy", "PyTorch", "python3-torch python3-numpy")) return;
     HfRun r;
     struct Case {
@@ -178,6 +186,9 @@ TEST_CASE("model.init_from: GPT-2 and Llama folders give an independent Hugging 
     const std::vector<Case> cases = {
         {{"--arch", "llama", "--intermediate", "48", "--kv-heads", "2", "--dtype", "bf16", "--shards", "2"}},
         {{"--arch", "llama", "--intermediate", "40", "--tied", "--dtype", "f32"}},
+        {{"--arch", "qwen2", "--intermediate", "48", "--kv-heads", "2", "--tied", "--dtype", "bf16"}},
+        {{"--arch", "llama", "--intermediate", "40", "--rope-scaling", "llama3", "--shards", "2"}},
+        {{"--arch", "llama", "--intermediate", "40", "--rope-scaling", "linear"}},
         {{"--arch", "gpt2", "--hub-names", "--dtype", "f16"}},
         {{"--arch", "gpt2", "--shards", "3"}},
     };
@@ -297,13 +308,24 @@ TEST_CASE("model.init_from: a folder that lies is refused, naming the file, tens
     refused("nan", edited([](Tensors& t) { t["model.norm.weight"].second[5] = std::nanf(""); }), kExitCheckpoint,
             "tensor model.norm.weight holds a non-finite value");
     refused("arch", with_config([](nlohmann::json& j) { j["model_type"] = "bert"; }), kExitUsage,
-            "model_type: 'bert': mirrored builds gpt2, llama and mistral models");
-    refused("qwen2", with_config([](nlohmann::json& j) { j["model_type"] = "qwen2"; }), kExitUsage,
-            "'qwen2' has biases on q, k and v but not o_proj");
-    refused("rope_scaling", with_config([](nlohmann::json& j) {
+            "model_type: 'bert': mirrored builds gpt2, llama, mistral and qwen2 models");
+    refused("qwen2_window", with_config([](nlohmann::json& j) {
+                j["model_type"] = "qwen2";
+                j["use_sliding_window"] = true;
+            }),
+            kExitUsage, "use_sliding_window: sliding-window attention is not supported");
+    refused("rope_yarn", with_config([](nlohmann::json& j) {
+                j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+            }),
+            kExitUsage, "config.json: rope_scaling: rope_type 'yarn' is not supported");
+    refused("rope_factor", with_config([](nlohmann::json& j) {
                 j["rope_scaling"] = {{"rope_type", "llama3"}};
             }),
-            kExitUsage, "config.json: rope_scaling: scaled rotary embeddings are not supported");
+            kExitUsage, "config.json: rope_scaling: factor: missing");
+    refused("rope_bands", with_config([](nlohmann::json& j) {
+                j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}};
+            }),
+            kExitUsage, "rope_high_freq_factor: must be above rope_low_freq_factor");
     refused("heads", with_config([](nlohmann::json& j) { j["num_key_value_heads"] = 3; }), kExitUsage,
             "num_key_value_heads: num_attention_heads is not a multiple of it");
     refused("layers", with_config([](nlohmann::json& j) { j["num_hidden_layers"] = "2"; }), kExitUsage,

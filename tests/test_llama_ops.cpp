@@ -55,12 +55,17 @@ RopeShape random_shape(Rng& rng) {
     r.heads = rng.integer(1, 5);
     r.row_width = r.heads * r.head_dim + rng.integer(0, 1) * 3 * r.head_dim;  // v heads after q and k: untouched
     r.theta = rng.integer(0, 1) ? 10000.0f : 500000.0f;
+    if (const int k = rng.integer(0, 2); k > 0) {  // rope_scaling: linear or Llama 3.1's
+        r.scaling.kind = k == 1 ? RopeScaling::Kind::linear : RopeScaling::Kind::llama3;
+        r.scaling.factor = k == 1 ? 4.0f : 8.0f;
+        r.scaling.original_positions = 512;
+    }
     return r;
 }
 
 std::vector<double> rope_ref(const RopeShape& r, const std::vector<float>& x, bool inverse) {
     std::vector<double> y(x.begin(), x.end());
-    const RopeFrequencies f = rope_frequencies(r.theta, r.head_dim);
+    const RopeFrequencies f = rope_frequencies(r.theta, r.head_dim, r.scaling);
     const int half = r.head_dim / 2;
     for (int64_t row = 0; row < int64_t(r.samples) * r.t; ++row)
         for (int h = 0; h < r.heads; ++h)
@@ -123,7 +128,7 @@ TEST_CASE("cpu rope against the double rotation at f32 angles; inverse undoes it
             if (int(i % size_t(r.row_width)) >= r.heads * r.head_dim) CHECK(y[i] == x[i]);
     }
     // position 0 is the identity; Hugging Face's frequencies (1 / theta^(2e/d) in f32)
-    RopeShape r{1, 1, 0, 8, 1, 8, 10000.0f};
+    RopeShape r{1, 1, 0, 8, 1, 8, 10000.0f, {}};
     const std::vector<float> x = rng.normal(8);
     CHECK(rope_on(*d, r, x, false) == x);
     const RopeFrequencies f = rope_frequencies(10000.0f, 8);
@@ -132,16 +137,52 @@ TEST_CASE("cpu rope against the double rotation at f32 angles; inverse undoes it
     CHECK(f.f[3] == doctest::Approx(0.001));
 }
 
+TEST_CASE("rope_scaling: linear divides every frequency; llama3 keeps high, slows low, blends the band between") {
+    // head width 16, theta 500000: wavelengths 2 pi / f from 6.3 to about 1e6 positions; an original
+    // context of 512 with factors 1 and 4 puts 2 pi, 32 under 128 (kept), 167 between and the rest
+    // over 512 (divided by 8)
+    const RopeFrequencies plain = rope_frequencies(500000.0f, 16);
+    RopeScaling linear;
+    linear.kind = RopeScaling::Kind::linear;
+    linear.factor = 4.0f;
+    const RopeFrequencies lin = rope_frequencies(500000.0f, 16, linear);
+    RopeScaling llama3;
+    llama3.kind = RopeScaling::Kind::llama3;
+    llama3.factor = 8.0f;
+    llama3.original_positions = 512;
+    const RopeFrequencies l3 = rope_frequencies(500000.0f, 16, llama3);
+    int kept = 0, slowed = 0, blended = 0;
+    for (int e = 0; e < 8; ++e) {
+        CAPTURE(e);
+        CHECK(lin.f[e] == plain.f[e] / 4.0f);
+        const double wavelength = 2 * M_PI / plain.f[e];
+        if (wavelength < 128) {
+            CHECK(l3.f[e] == plain.f[e]);
+            ++kept;
+        } else if (wavelength > 512) {
+            CHECK(l3.f[e] == plain.f[e] / 8.0f);
+            ++slowed;
+        } else {  // (512 / wavelength - 1) / (4 - 1) of the way from f / 8 to f
+            const double s = (512 / wavelength - 1) / 3;
+            CHECK(l3.f[e] == doctest::Approx((1 - s) * plain.f[e] / 8 + s * plain.f[e]).epsilon(1e-6));
+            ++blended;
+        }
+    }
+    CHECK(kept == 2);
+    CHECK(blended == 1);
+    CHECK(slowed == 5);
+}
+
 TEST_CASE("rope refuses what it cannot rotate, on the caller's thread") {
     auto d = make_cpu_device(0);
     const auto refused = [&](RopeShape r, const char* what) {
         CHECK_THROWS_WITH_AS(rope_rotate(*d, {}, r, false, nullptr), doctest::Contains(what), Error);
     };
-    refused(RopeShape{1, 4, 0, 12, 2, 5, 10000.0f}, "must be even");
-    refused(RopeShape{1, 4, 0, 600, 1, 300, 10000.0f}, "at most 256");
-    refused(RopeShape{1, 4, 0, 12, 3, 8, 10000.0f}, "run past the row");
-    refused(RopeShape{1, 4, 0, 8, 1, 8, 1.0f}, "theta must be");
-    refused(RopeShape{1, 4, (1 << 24) - 2, 8, 1, 8, 10000.0f}, "positions past 2^24");
+    refused(RopeShape{1, 4, 0, 12, 2, 5, 10000.0f, {}}, "must be even");
+    refused(RopeShape{1, 4, 0, 600, 1, 300, 10000.0f, {}}, "at most 256");
+    refused(RopeShape{1, 4, 0, 12, 3, 8, 10000.0f, {}}, "run past the row");
+    refused(RopeShape{1, 4, 0, 8, 1, 8, 1.0f, {}}, "theta must be");
+    refused(RopeShape{1, 4, (1 << 24) - 2, 8, 1, 8, 10000.0f, {}}, "positions past 2^24");
 }
 
 TEST_CASE("cpu swiglu against double; its backward against central differences") {

@@ -12,11 +12,24 @@ namespace mirrored {
 
 RopeKernels rope_cuda;
 
-RopeFrequencies rope_frequencies(float theta, int head_dim) {
+RopeFrequencies rope_frequencies(float theta, int head_dim, const RopeScaling& scaling) {
     RopeFrequencies r{};
     // Hugging Face: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in f32
-    for (int e = 0; e < head_dim / 2 && e < kMaxRopeHeadWidth / 2; ++e)
-        r.f[e] = 1.0f / std::pow(theta, float(2 * e) / float(head_dim));
+    for (int e = 0; e < head_dim / 2 && e < kMaxRopeHeadWidth / 2; ++e) {
+        const float f = 1.0f / std::pow(theta, float(2 * e) / float(head_dim));
+        r.f[e] = f;
+        if (scaling.kind == RopeScaling::Kind::linear) r.f[e] = f / scaling.factor;
+        if (scaling.kind != RopeScaling::Kind::llama3) continue;
+        // as torch evaluates it: a number over a tensor is the tensor's reciprocal times the number
+        const float original = float(scaling.original_positions), wavelength = (1.0f / f) * float(2 * M_PI);
+        const float low_wavelength = float(double(scaling.original_positions) / scaling.low_freq_factor),
+                    high_wavelength = float(double(scaling.original_positions) / scaling.high_freq_factor);
+        const float scaled = wavelength > low_wavelength ? f / scaling.factor : f;
+        const float s = ((1.0f / wavelength) * original - scaling.low_freq_factor) /
+                        float(double(scaling.high_freq_factor) - double(scaling.low_freq_factor));
+        const bool medium = !(wavelength < high_wavelength) && !(wavelength > low_wavelength);
+        r.f[e] = medium ? (1.0f - s) * scaled / scaling.factor + s * scaled : scaled;
+    }
     return r;
 }
 
@@ -31,6 +44,11 @@ void check_shape(const RopeShape& r) {
         fail("a head's width must be even and at most " + std::to_string(kMaxRopeHeadWidth));
     if (r.heads < 0 || int64_t(r.heads) * r.head_dim > r.row_width) fail("the heads run past the row");
     if (!(r.theta > 1.0f) || !std::isfinite(r.theta)) fail("theta must be a finite number above 1");
+    const RopeScaling& k = r.scaling;
+    if (k.kind != RopeScaling::Kind::none &&
+        (!(k.factor >= 1.0f) || !std::isfinite(k.factor) || k.original_positions < 1 || !(k.low_freq_factor > 0) ||
+         !(k.high_freq_factor > k.low_freq_factor) || !std::isfinite(k.high_freq_factor)))
+        fail("rope scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original positions >= 1");
     if (r.first_position < 0 || int64_t(r.first_position) + r.t > (int64_t(1) << 24))
         fail("positions past 2^24 are not exact in f32");
 }
@@ -40,11 +58,12 @@ void check_shape(const RopeShape& r) {
 struct AngleTable {
     int t = -1, first = -1, half = -1;
     float theta = 0.0f;
+    RopeScaling scaling;
     std::vector<float> cos, sin;
     void fit(const RopeShape& r) {
         const int half_d = r.head_dim / 2;
-        if (t == r.t && first == r.first_position && half == half_d && theta == r.theta) return;
-        const RopeFrequencies f = rope_frequencies(r.theta, r.head_dim);
+        if (t == r.t && first == r.first_position && half == half_d && theta == r.theta && scaling == r.scaling) return;
+        const RopeFrequencies f = rope_frequencies(r.theta, r.head_dim, r.scaling);
         cos.resize(size_t(r.t) * half_d);
         sin.resize(size_t(r.t) * half_d);
         for (int i = 0; i < r.t; ++i)
@@ -53,7 +72,7 @@ struct AngleTable {
                 cos[size_t(i) * half_d + e] = std::cos(angle);
                 sin[size_t(i) * half_d + e] = std::sin(angle);
             }
-        t = r.t, first = r.first_position, half = half_d, theta = r.theta;
+        t = r.t, first = r.first_position, half = half_d, theta = r.theta, scaling = r.scaling;
     }
 };
 
@@ -83,7 +102,8 @@ CPU_LOOP_CLONES void rope_row(DType dt, int heads, int half_d, float sign, const
 void rope_rotate(Device& d, Stream s, const RopeShape& r, bool inverse, void* x) {
     check_shape(r);
     if (d.runs_cuda_kernels())
-        return launch_cuda(d, s, rope_cuda.rotate, "rope_rotate", r, rope_frequencies(r.theta, r.head_dim), inverse, x);
+        return launch_cuda(d, s, rope_cuda.rotate, "rope_rotate", r, rope_frequencies(r.theta, r.head_dim, r.scaling),
+                           inverse, x);
     run_on_host(d, s, "rope_rotate", [=](const Device& h) {
         thread_local AngleTable table;
         table.fit(r);

@@ -12,12 +12,27 @@ namespace mirrored {
 
 constexpr int kMaxRopeHeadWidth = 256;
 
+// Hugging Face's rope_scaling, for models trained past their original context, applied to the
+// frequencies as Hugging Face computes them (f32): linear divides every frequency by `factor`;
+// llama3 (Llama 3.1 and later) divides those whose wavelength 2 pi / f exceeds
+// original_positions / low_freq_factor, keeps those under original_positions / high_freq_factor,
+// and blends the ones between: (1 - s) f / factor + s f, s = (original_positions / wavelength -
+// low_freq_factor) / (high_freq_factor - low_freq_factor).
+struct RopeScaling {
+    enum class Kind { none, linear, llama3 };
+    Kind kind = Kind::none;
+    float factor = 1.0f, low_freq_factor = 1.0f, high_freq_factor = 4.0f;
+    int original_positions = 8192;
+    bool operator==(const RopeScaling&) const = default;
+};
+
 // Where the rotation applies: rows = samples * t rows of row_width elements; row r holds position
 // first_position + r % t; its first `heads` heads (columns 0 .. heads * head_dim) are rotated -
 // in an attention's qkv rows, the query heads and then the key heads.
 struct RopeShape {
     int samples = 0, t = 0, first_position = 0, row_width = 0, heads = 0, head_dim = 0;
     float theta = 10000.0f;
+    RopeScaling scaling;
 };
 
 // Rotates in place; inverse rotates back (the transpose: backward's gradient through the rotation).
@@ -28,7 +43,7 @@ void rope_rotate(Device& d, Stream s, const RopeShape& r, bool inverse, void* x)
 struct RopeFrequencies {
     float f[kMaxRopeHeadWidth / 2];
 };
-RopeFrequencies rope_frequencies(float theta, int head_dim);
+RopeFrequencies rope_frequencies(float theta, int head_dim, const RopeScaling& scaling = {});
 
 // The CUDA launcher, set by rope.cu where the CUDA backend is built; returns the kernels launched.
 struct RopeKernels {

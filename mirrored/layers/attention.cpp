@@ -30,6 +30,7 @@
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/layers/lora.h"
+#include "mirrored/layers/rope_scaling.h"
 
 namespace mirrored {
 
@@ -41,7 +42,9 @@ struct AttentionOptions final : OptionsOf<AttentionOptions> {
     float dropout = 0.0f;
     bool fused = false;
     float rope_theta = 0.0f;  // 0: no rotary embeddings
+    RopeScaling rope_scaling;
     bool bias = true;
+    bool out_bias = true;  // the output projection's (Qwen2: q, k and v have biases, o_proj none)
     bool llama_names = false;
     Fields fields() const override {
         Fields f = {{"heads", std::to_string(heads)}};
@@ -50,7 +53,9 @@ struct AttentionOptions final : OptionsOf<AttentionOptions> {
         if (dropout > 0) f.push_back({"dropout", decimal_text(dropout)});
         if (fused) f.push_back({"fused", "true"});
         if (rope_theta > 0) f.push_back({"rope_theta", decimal_text(rope_theta)});
+        add_rope_scaling_fields(f, rope_scaling);
         if (!bias) f.push_back({"bias", "false"});
+        if (out_bias != bias) f.push_back({"out_bias", out_bias ? "true" : "false"});
         if (llama_names) f.push_back({"names", "llama"});
         return f;
     }
@@ -80,7 +85,7 @@ public:
         attn_w_ = b.param(qkv + ".weight", {w, c}, wi);
         if (o_.bias) attn_b_ = b.param(qkv + ".bias", {w}, InitArgs{});
         proj_w_ = b.param(proj + ".weight", {c, c}, wi);
-        if (o_.bias) proj_b_ = b.param(proj + ".bias", {c}, InitArgs{});
+        if (o_.out_bias) proj_b_ = b.param(proj + ".bias", {c}, InitArgs{});
         const size_t t = size_t(in_.positions()), probs = size_t(heads_) * t * t;
         slot_ = b.new_slot();
         lora_qkv_.declare(b, qkv + ".weight", c, w, slot_, int(t));
@@ -106,10 +111,8 @@ public:
     void place(const std::vector<TensorRef>& refs) override {
         attn_w_off_ = refs[size_t(attn_w_)].offset;
         proj_w_off_ = refs[size_t(proj_w_)].offset;
-        if (o_.bias) {
-            attn_b_off_ = refs[size_t(attn_b_)].offset;
-            proj_b_off_ = refs[size_t(proj_b_)].offset;
-        }
+        if (o_.bias) attn_b_off_ = refs[size_t(attn_b_)].offset;
+        if (o_.out_bias) proj_b_off_ = refs[size_t(proj_b_)].offset;
         lora_qkv_.place(refs);
         lora_out_.place(refs);
     }
@@ -212,13 +215,14 @@ private:
     // One new position (Pass::decode, a model built for sequences of one): its q, k, v row appended
     // to this layer's cache, its query attending over the rows so far.
     const void* decode(Pass& p, const void* x) const {
-        const int c = in_.c, w = int(a_.qkv_width()), at = p.decode->position;
+        const int w = int(a_.qkv_width()), at = p.decode->position;
         if (p.rows != 1 || in_.positions() != 1 || at < 0 || at >= p.decode->capacity())
             throw std::logic_error("attention: a decoding pass is one position of one sequence within the cache");
         const Buffers B = buffers(p);
         project_qkv(p, 1, x, B.qkv);
         if (o_.rope_theta > 0)
-            rope_rotate(*p.dev, p.stream, RopeShape{1, 1, at, w, a_.heads + a_.kv_heads, a_.d, o_.rope_theta}, false,
+            rope_rotate(*p.dev, p.stream,
+                        RopeShape{1, 1, at, w, a_.heads + a_.kv_heads, a_.d, o_.rope_theta, o_.rope_scaling}, false,
                         B.qkv);
         void* cache = p.decode->cache(slot_, p.dev->act_bytes(size_t(w)));
         p.dev->copy_on_device(p.stream, at_row(p, cache, at), B.qkv, p.dev->act_bytes(size_t(w)));
@@ -256,10 +260,12 @@ private:
     }
     // q and k of every head rotated by their positions (the query heads, then the key heads)
     RopeShape rope(const Pass& p) const {
-        return RopeShape{p.rows, in_.positions(), 0, int(a_.qkv_width()), a_.heads + a_.kv_heads, a_.d, o_.rope_theta};
+        return RopeShape{p.rows,        in_.positions(), 0, int(a_.qkv_width()), a_.heads + a_.kv_heads, a_.d,
+                         o_.rope_theta, o_.rope_scaling};
     }
-    const float* bias(const Pass& p, size_t offset) const { return o_.bias ? p.params + offset : nullptr; }
-    float* bias_grad(const Pass& p, size_t offset) const { return o_.bias ? p.grad(offset) : nullptr; }
+    // a projection's bias (kNoBias: it has none - bias: false, or out_bias: false for the output's)
+    const float* bias(const Pass& p, size_t offset) const { return offset == kNoBias ? nullptr : p.params + offset; }
+    float* bias_grad(const Pass& p, size_t offset) const { return offset == kNoBias ? nullptr : p.grad(offset); }
     // dW[units, inputs] (+)= dz^T x and db (+)= column sums of dz, each unless frozen
     void weight_grad(Pass& p, int rows, int units, int inputs, const void* dz, const void* x, size_t w_off,
                      size_t b_off) const {
@@ -335,7 +341,8 @@ private:
     float dropout_;
     bool fused_;
     int attn_w_ = -1, attn_b_ = -1, proj_w_ = -1, proj_b_ = -1;
-    size_t attn_w_off_ = 0, attn_b_off_ = 0, proj_w_off_ = 0, proj_b_off_ = 0;
+    static constexpr size_t kNoBias = SIZE_MAX;
+    size_t attn_w_off_ = 0, attn_b_off_ = kNoBias, proj_w_off_ = 0, proj_b_off_ = kNoBias;
     int slot_ = -1, qkv_ = -1, probs_ = -1, heads_out_ = -1, proj_out_ = -1, dqkv_ = -1, dprobs_ = -1, dheads_ = -1,
         dropped_ = -1, lse_ = -1, delta_ = -1;
 };
@@ -354,7 +361,11 @@ OptionsPtr read(SpecReader& r, const std::string& p) {
     o->rope_theta = float(r.number(p + ".rope_theta", 0.0, 0.0, 1e9));
     if (o->rope_theta > 0 && o->rope_theta <= 1)
         r.fail(p + ".rope_theta", "the rotary base must be above 1 (Llama: 10000, Llama 3: 500000), or 0 for none");
+    o->rope_scaling = read_rope_scaling(r, p);
+    if (o->rope_scaling.kind != RopeScaling::Kind::none && o->rope_theta == 0)
+        r.fail(p + ".rope_scaling", "scales rotary embeddings: set rope_theta too");
     o->bias = r.boolean(p + ".bias", true);
+    o->out_bias = r.boolean(p + ".out_bias", o->bias);
     o->llama_names = r.choice(p + ".names", "nanogpt", {"nanogpt", "llama"}) == "llama";
     return o;
 }

@@ -2,13 +2,15 @@
 // sequence [t, c], Hugging Face's LlamaDecoderLayer:
 //   h = x + o_proj(attention(rope(qkv_proj(input_layernorm(x)))))
 //   y = h + down_proj(silu(gate_proj(n)) * up_proj(n)),  n = post_attention_layernorm(h)
-// RMSNorm (epsilon), grouped-query attention (kv_heads), rotary embeddings (rope_theta), no biases
-// (bias: true puts them on the attention's projections, as Qwen2 has on q, k and v). Sub-layers
+// RMSNorm (epsilon), grouped-query attention (kv_heads), rotary embeddings (rope_theta, and
+// rope_scaling as Llama 3.1 has), no biases (bias: true puts them on the attention's projections;
+// with out_bias: false on q, k and v only, as Qwen2 has them). Sub-layers
 // named as Hugging Face names them, with q/k/v and gate/up each stored as one tensor stacked by
 // rows (self_attn.qkv_proj: q_proj, k_proj, v_proj; mlp.gate_up_proj: gate_proj, up_proj), so
 // that each pair of products is one. With train.recompute: blocks it keeps only its input and
 // output between forward and backward, as transformer_block.
 #include "mirrored/layers/pre_norm_block.h"
+#include "mirrored/layers/rope_scaling.h"
 #include "mirrored/util.h"
 
 namespace mirrored {
@@ -20,8 +22,10 @@ struct LlamaOptions final : OptionsOf<LlamaOptions> {
     int kv_heads = 0;
     int intermediate_size = 0;
     float rope_theta = 10000.0f;
+    RopeScaling rope_scaling;
     float epsilon = 1e-6f;
     bool bias = false;
+    bool out_bias = false;
     bool fused_attention = false;
     Fields fields() const override {
         Fields f = {{"heads", std::to_string(heads)},
@@ -29,7 +33,9 @@ struct LlamaOptions final : OptionsOf<LlamaOptions> {
                     {"intermediate_size", std::to_string(intermediate_size)},
                     {"rope_theta", decimal_text(rope_theta)},
                     {"epsilon", decimal_text(epsilon)}};
+        add_rope_scaling_fields(f, rope_scaling);
         if (bias) f.push_back({"bias", "true"});
+        if (out_bias != bias) f.push_back({"out_bias", out_bias ? "true" : "false"});
         if (fused_attention) f.push_back({"fused_attention", "true"});
         return f;
     }
@@ -45,12 +51,15 @@ public:
         const std::string eps = decimal_text(o_.epsilon), init = init_kind_name(InitKind::gpt2_normal);
         recompute_ = b.begin_recompute();
         in_norm_ = sub_layer("rmsnorm", {{"epsilon", eps}});
-        attn_ = sub_layer("attention", {{"heads", std::to_string(o_.heads)},
-                                        {"kv_heads", std::to_string(o_.kv_heads)},
-                                        {"rope_theta", decimal_text(o_.rope_theta)},
-                                        {"bias", o_.bias ? "true" : "false"},
-                                        {"names", "llama"},
-                                        {"fused", o_.fused_attention ? "true" : "false"}});
+        Fields attention = {{"heads", std::to_string(o_.heads)},
+                            {"kv_heads", std::to_string(o_.kv_heads)},
+                            {"rope_theta", decimal_text(o_.rope_theta)},
+                            {"bias", o_.bias ? "true" : "false"},
+                            {"out_bias", o_.out_bias ? "true" : "false"},
+                            {"names", "llama"},
+                            {"fused", o_.fused_attention ? "true" : "false"}};
+        add_rope_scaling_fields(attention, o_.rope_scaling);
+        attn_ = sub_layer("attention", attention);
         post_norm_ = sub_layer("rmsnorm", {{"epsilon", eps}});
         gate_up_ = sub_layer("dense",
                              {{"units", std::to_string(2 * o_.intermediate_size)}, {"bias", "false"}, {"init", init}});
@@ -134,7 +143,9 @@ OptionsPtr read(SpecReader& r, const std::string& p) {
     if (o->rope_theta <= 1)
         r.fail(p + ".rope_theta", "the rotary base must be above 1 (Llama: 10000, Llama 3: 500000)");
     o->epsilon = float(r.number(p + ".epsilon", 1e-6, 1e-12, 1.0));
+    o->rope_scaling = read_rope_scaling(r, p);
     o->bias = r.boolean(p + ".bias", false);
+    o->out_bias = r.boolean(p + ".out_bias", o->bias);
     o->fused_attention = r.boolean(p + ".fused_attention", false);
     return o;
 }
