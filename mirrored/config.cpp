@@ -389,6 +389,7 @@ void read_model(Reader& r, ModelConfig& m, const std::string& base_dir) {
     if (r.has("model.lora")) {
         m.lora.rank = int(r.integer("model.lora.rank", 8, 1, 4096));
         m.lora.alpha = r.number_above("model.lora.alpha", 16.0, 0.0, 1e6);
+        m.lora.dropout = r.number("model.lora.dropout", 0.0, 0.0, 0.999);
         m.lora.targets = r.str_list("model.lora.targets");
         if (m.lora.targets.empty())
             r.fail("model.lora.targets", "required: the modules to adapt, e.g. [q_proj, v_proj] (GPT-2: [c_attn])");

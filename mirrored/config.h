@@ -31,6 +31,7 @@ struct RunConfig {
 struct LoraConfig {
     int rank = 0;  // 0: off
     double alpha = 16;
+    double dropout = 0;  // PEFT's lora_dropout: on each adapter's input, in training (not in the model's hash)
     std::vector<std::string> targets;  // q_proj, v_proj, ... (GPT-2: c_attn, c_proj)
     bool operator==(const LoraConfig&) const = default;
 };

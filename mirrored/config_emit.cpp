@@ -130,6 +130,7 @@ void emit_model(ConfigEmitter& e, const ModelConfig& m) {
         e.begin("lora", /*flow=*/true)
             .put("rank", m.lora.rank)
             .put("alpha", m.lora.alpha)
+            .put("dropout", m.lora.dropout)
             .put("targets", m.lora.targets)
             .end();
     if (!m.freeze.empty()) e.put("freeze", m.freeze);

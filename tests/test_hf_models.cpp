@@ -542,13 +542,31 @@ TEST_CASE("LoRA and model.freeze: replicas, ZeRO, bf16 and recompute agree; froz
         CHECK(s["steps"] == 6);
         CHECK(s["test_loss"].get<double>() == doctest::Approx(one["test_loss"].get<double>()).epsilon(1e-5));
     }
+    {  // lora dropout (PEFT's lora_dropout): it changes training; N replicas, recompute and accumulation
+        // still train as one replica does, the masks being functions of the global sample
+        const std::string dropped =
+            "model.lora={rank: 4, alpha: 8, dropout: 0.25, targets: [q_proj, k_proj, v_proj, o_proj, up_proj]}";
+        const nlohmann::json d1 = train("drop1", {dropped, "strategy.devices=cpu:1"});
+        CHECK(std::abs(d1["train_loss"].get<double>() - one["train_loss"].get<double>()) > 1e-6);
+        for (const std::vector<std::string>& sets :
+             {std::vector<std::string>{"strategy.devices=cpu:2"},
+              {"strategy.devices=cpu:1", "train.recompute=blocks", "train.grad_accumulation_steps=2"}}) {
+            CAPTURE(sets.back());
+            std::vector<std::string> all = sets;
+            all.push_back(dropped);
+            const nlohmann::json s = train("drop" + std::to_string(k++), all);
+            CHECK(s["test_loss"].get<double>() == doctest::Approx(d1["test_loss"].get<double>()).epsilon(1e-5));
+            CHECK(s["train_loss"].get<double>() == doctest::Approx(d1["train_loss"].get<double>()).epsilon(1e-5));
+        }
+    }
     {  // simulated GPUs allocate the plan to the byte: gradients and optimizer state for the adapters only
         SimScope sim(0);
         for (const char* precision : {"fp32", "bf16"}) {
             CAPTURE(precision);
-            const nlohmann::json s =
-                train(std::string("sim_") + precision,
-                      {lora, "strategy.devices=sim:0,1", std::string("train.precision=") + precision});
+            const nlohmann::json s = train(
+                std::string("sim_") + precision,
+                {"model.lora={rank: 4, alpha: 8, dropout: 0.1, targets: [q_proj, k_proj, v_proj, o_proj, up_proj]}",
+                 "strategy.devices=sim:0,1", std::string("train.precision=") + precision});
             CHECK(s["memory_plan_bytes"] == s["memory_per_replica_bytes"]);
         }
     }
@@ -568,7 +586,7 @@ TEST_CASE("LoRA and model.freeze: replicas, ZeRO, bf16 and recompute agree; froz
         "n_positions": 1024, "vocab_size": 50257})";
     Config small = load_config_text("model: {init_from: " + g.path().string() + ", input_shape: [64]}", "x.yaml", {});
     const auto full = build_model(small);
-    small.model.lora = {8, 16, {"c_attn"}};
+    small.model.lora = {8, 16, 0.0, {"c_attn"}};
     const auto adapted = build_model(small);
     CHECK(full->param_count() == 124439808);
     CHECK(adapted->param_count() == 12 * (8 * 768 + 3 * 768 * 8));
@@ -604,12 +622,13 @@ TEST_CASE("cuda: LoRA on a pretrained Llama trains on GPU 0 as on the CPU; two r
     const std::string cfg = r.config(r / "hf");
     static std::FILE* quiet = std::fopen("/dev/null", "w");
     const auto train = [&](const std::string& out, const std::string& devices, const std::string& precision) {
-        REQUIRE(run_training(load_config(cfg, {"run.output_dir=" + (r / out), "strategy.devices=" + devices,
-                                               "train.precision=" + precision,
-                                               "model.lora={rank: 4, alpha: 8, targets: [q_proj, v_proj, o_proj, "
-                                               "gate_proj, down_proj]}",
-                                               "optimizer.lr=0.01"}),
-                             nullptr, quiet) == kExitOk);
+        REQUIRE(run_training(
+                    load_config(cfg, {"run.output_dir=" + (r / out), "strategy.devices=" + devices,
+                                      "train.precision=" + precision,
+                                      "model.lora={rank: 4, alpha: 8, dropout: 0.2, targets: [q_proj, v_proj, o_proj, "
+                                      "gate_proj, down_proj]}",
+                                      "optimizer.lr=0.01"}),
+                    nullptr, quiet) == kExitOk);
         const SafetensorsFile f = read_safetensors(list_checkpoints(r / (out + "/checkpoints")).front(), true);
         std::vector<float> adapters;  // the trained ones, in name order
         for (const auto& [name, t] : f.tensors)

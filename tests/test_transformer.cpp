@@ -23,6 +23,7 @@
 #include "kernels/ops/embedding.h"
 #include "kernels/ops/losses.h"
 #include "kernels/sim/sim.h"
+#include "mirrored/adaptation.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
 #include "mirrored/model.h"
@@ -306,11 +307,11 @@ struct TokenHarness {
     }
 };
 
-// Backprop against finite differences at a sample of every trainable tensor's entries. recompute
-// and piece_floats: Model's.
+// Backprop against finite differences at a sample of every trainable tensor's entries. recompute,
+// piece_floats and adaptation (LoRA, frozen tensors): Model's.
 void check_gradients(Device& d, const std::vector<LayerSpec>& layers, int t, int rows, bool recompute = false,
-                     size_t piece_floats = 0) {
-    const Model m({t}, layers, base_seed(), recompute, piece_floats);
+                     size_t piece_floats = 0, const Adaptation& adaptation = {}) {
+    const Model m({t}, layers, base_seed(), recompute, piece_floats, adaptation);
     TokenHarness h(d, m, rows, base_seed() + 7);
     Rng rng(base_seed() + 8);
     std::vector<float> p = download(d, h.params);
@@ -320,9 +321,11 @@ void check_gradients(Device& d, const std::vector<LayerSpec>& layers, int t, int
     std::vector<int> units;
     const std::vector<float> g = h.backprop(&units);
     CHECK(reported_every_unit(m, units));  // an LM head tied to the embedding reports as a unit of its own
-    int checked = 0;
+    int checked = 0, trainable = 0;
     for (const auto& info : m.tensors()) {
         CAPTURE(info.name);
+        if (!info.trainable) continue;  // frozen: no gradient
+        ++trainable;
         for (int s = 0; s < 6; ++s) {
             const size_t k = info.offset + size_t(rng.integer(0, int(info.count) - 1));
             // central differences at eps and eps / 2, extrapolated (Richardson): a layernorm over
@@ -343,7 +346,8 @@ void check_gradients(Device& d, const std::vector<LayerSpec>& layers, int t, int
             ++checked;
         }
     }
-    CHECK(checked >= 6 * int(m.tensors().size()));
+    CHECK(checked == 6 * trainable);
+    CHECK(trainable > 0);
 }
 
 }  // namespace
@@ -399,6 +403,27 @@ TEST_CASE("gradients match finite differences: embedding, position embedding, at
         check_gradients(*d, l, 6, 3);
         check_gradients(*d, l, 6, 2, true);       // recomputed
         check_gradients(*d, l, 6, 2, false, 64);  // shard: gradients' blocks of rows
+    }
+    SUBCASE("LoRA with dropout on a Qwen2-style block (q, k, v biases, none on o) with Llama 3.1's rope_scaling") {
+        ModelConfig mc;
+        mc.layers = {layer("embedding", {{"vocab", "11"}, {"dim", "16"}}),
+                     layer("llama_block", {{"heads", "4"},
+                                           {"kv_heads", "2"},
+                                           {"intermediate_size", "24"},
+                                           {"rope_theta", "1000"},
+                                           {"rope_scaling", "llama3"},
+                                           {"rope_factor", "8"},
+                                           {"rope_original_max_positions", "16"},
+                                           {"bias", "true"},
+                                           {"out_bias", "false"}}),
+                     layer("rmsnorm"), layer("lm_head", {{"tie_weights", "false"}, {"units", "11"}})};
+        CHECK(Model({6}, mc.layers, 1).find("layers.1.self_attn.o_proj.bias") == nullptr);
+        check_gradients(*d, mc.layers, 6, 3);  // every tensor trained: the biases' gradients too
+        mc.lora = {2, 4, 0.3, {"q_proj", "v_proj", "o_proj", "down_proj"}};
+        const Adaptation a = make_adaptation(mc, {6}, 1);
+        REQUIRE(a.lora_dropout == 0.3f);
+        check_gradients(*d, mc.layers, 6, 3, false, 0, a);
+        check_gradients(*d, mc.layers, 6, 2, true, 0, a);  // recomputed: the same masks again
     }
     SUBCASE("the Llama block's parts as layers: attention with kv_heads, rope_theta, no bias; swiglu") {
         const std::vector<LayerSpec> l = {

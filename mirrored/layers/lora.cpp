@@ -1,5 +1,6 @@
 #include "mirrored/layers/lora.h"
 
+#include "kernels/ops/dropout.h"
 #include "mirrored/layers/activations.h"
 
 namespace mirrored {
@@ -10,6 +11,7 @@ void LoraAdapters::declare(Builder& b, const std::string& weight, int inputs, in
     units_ = units;
     rank_ = a.lora_rank;
     scale_ = a.lora_scale;
+    dropout_ = a.lora_dropout;
     slot_ = slot;
     for (const LoraSlice& s : b.lora_slices(weight)) {
         if (s.row < 0 || s.rows <= 0 || s.row + s.rows > units)
@@ -27,6 +29,20 @@ void LoraAdapters::declare(Builder& b, const std::string& weight, int inputs, in
     if (empty()) return;
     xa_ = b.act_buffer(slot, size_t(positions) * size_t(rank_));
     dxa_ = b.act_buffer(slot, size_t(positions) * size_t(rank_));
+    if (dropout_ > 0) dropped_ = b.act_buffer(slot, size_t(positions) * size_t(inputs));
+}
+
+const void* LoraAdapters::adapter_input(Pass& p, int rows, size_t k, const void* x) const {
+    if (!p.training || dropout_ <= 0) return x;
+    void* dropped = p.acts->act(slot_, dropped_);
+    dropout_forward(*p.dev, p.stream, mask(p, k), p.rows, rows / p.rows * inputs_, x, dropped);
+    return dropped;
+}
+
+// A mask per adapter (PEFT: one nn.Dropout per module), apart from its layer's own dropout's.
+DropoutArgs LoraAdapters::mask(const Pass& p, size_t k) const {
+    return DropoutArgs{dropout_, p.seed,       0x80000000u | (uint32_t(slot_) << 8) | uint32_t(k),
+                       p.step,   p.row_offset, p.values};
 }
 
 void LoraAdapters::place(const std::vector<TensorRef>& refs) {
@@ -40,10 +56,11 @@ void LoraAdapters::forward(Pass& p, int rows, const void* x, void* y) const {
     if (empty()) return;
     Device& d = *p.dev;
     void* xa = p.acts->act(slot_, xa_);
-    for (const Adapter& ad : adapters_) {
+    for (size_t k = 0; k < adapters_.size(); ++k) {
+        const Adapter& ad = adapters_[k];
         // xa[rows, rank] = x A^T, then y[:, row..] += scale xa B^T
-        d.gemm(p.stream, false, true, rows, rank_, inputs_, 1.0f, x, inputs_, p.weight(ad.a_off), inputs_, 0.0f, xa,
-               rank_, p.types(p.vt));
+        d.gemm(p.stream, false, true, rows, rank_, inputs_, 1.0f, adapter_input(p, rows, k, x), inputs_,
+               p.weight(ad.a_off), inputs_, 0.0f, xa, rank_, p.types(p.vt));
         d.gemm(p.stream, false, true, rows, ad.slice.rows, rank_, scale_, xa, rank_, p.weight(ad.b_off), rank_, 1.0f,
                static_cast<char*>(y) + d.act_bytes(size_t(ad.slice.row)), units_, p.types(p.vt));
     }
@@ -54,21 +71,32 @@ void LoraAdapters::backward(Pass& p, int rows, const void* x, const void* dy, vo
     void* xa = p.acts->act(slot_, xa_);
     void* dxa = p.acts->act(slot_, dxa_);
     const float beta = p.accumulate ? 1.0f : 0.0f;
-    for (const Adapter& ad : adapters_) {
+    for (size_t k = 0; k < adapters_.size(); ++k) {
+        const Adapter& ad = adapters_[k];
         const void* dys = static_cast<const char*>(dy) + d.act_bytes(size_t(ad.slice.row));  // dy[:, row..]
+        const void* xk = adapter_input(p, rows, k, x);                                       // its mask made again
         // dB[rows_s, rank] (+)= scale dys^T xa, xa computed again
-        d.gemm(p.stream, false, true, rows, rank_, inputs_, 1.0f, x, inputs_, p.weight(ad.a_off), inputs_, 0.0f, xa,
+        d.gemm(p.stream, false, true, rows, rank_, inputs_, 1.0f, xk, inputs_, p.weight(ad.a_off), inputs_, 0.0f, xa,
                rank_, p.types(p.vt));
         d.gemm(p.stream, true, false, ad.slice.rows, rank_, rows, scale_, dys, units_, xa, rank_, beta,
                p.grad(ad.b_off), rank_, p.types(DType::f32));
         // dxa[rows, rank] = scale dys B, dA[rank, inputs] (+)= dxa^T x, dx += dxa A
         d.gemm(p.stream, false, false, rows, rank_, ad.slice.rows, scale_, dys, units_, p.weight(ad.b_off), rank_, 0.0f,
                dxa, rank_, p.types(p.vt));
-        d.gemm(p.stream, true, false, rank_, inputs_, rows, 1.0f, dxa, rank_, x, inputs_, beta, p.grad(ad.a_off),
+        d.gemm(p.stream, true, false, rank_, inputs_, rows, 1.0f, dxa, rank_, xk, inputs_, beta, p.grad(ad.a_off),
                inputs_, p.types(DType::f32));
-        if (dx)
+        if (!dx) continue;
+        if (xk == x) {
             d.gemm(p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 1.0f,
                    dx, inputs_, p.types(p.vt));
+            continue;
+        }
+        // through the mask: the dropped copy's buffer (read above) now holds dxa A, masked in place
+        void* part = p.acts->act(slot_, dropped_);
+        d.gemm(p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 0.0f, part,
+               inputs_, p.types(p.vt));
+        dropout_backward(d, p.stream, mask(p, k), p.rows, rows / p.rows * inputs_, part, part);
+        d.add(p.stream, size_t(rows) * size_t(inputs_), part, dx);
     }
 }
 

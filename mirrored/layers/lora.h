@@ -4,6 +4,9 @@
 //   y[:, row : row + rows] += scale * (x A^T) B^T,  A [rank, inputs], B [rows, rank], scale = alpha / rank
 // A starts as PEFT's (PyTorch Linear's uniform bound 1 / sqrt(inputs)) and B at zero, so the adapted
 // layer starts as W. x A^T is kept only during a call: backward computes it again (rank is small).
+// With a dropout rate (PEFT's lora_dropout) each adapter reads its own dropped copy of x in
+// training: masks a pure function of (seed, layer, adapter, step, global sample), made again in
+// backward (kernels/ops/dropout.h), so N replicas train as one and recomputation is exact.
 #pragma once
 
 #include <string>
@@ -34,8 +37,11 @@ private:
         size_t a_off = 0, b_off = 0;
     };
     std::vector<Adapter> adapters_;
-    int inputs_ = 0, units_ = 0, rank_ = 0, slot_ = -1, xa_ = -1, dxa_ = -1;
-    float scale_ = 0.0f;
+    // x as adapter k reads it: dropped in training (into `dropped`), else x itself
+    const void* adapter_input(Pass& p, int rows, size_t k, const void* x) const;
+    DropoutArgs mask(const Pass& p, size_t k) const;
+    int inputs_ = 0, units_ = 0, rank_ = 0, slot_ = -1, xa_ = -1, dxa_ = -1, dropped_ = -1;
+    float scale_ = 0.0f, dropout_ = 0.0f;
 };
 
 }  // namespace mirrored
