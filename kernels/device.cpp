@@ -125,11 +125,6 @@ void Device::add_act(Stream s, Activation act, int rows, int cols, const void* a
     add(s, size_t(rows) * size_t(cols), b, y);
     if (act != Activation::none) bias_act_forward(s, act, rows, cols, nullptr, y, y);
 }
-void Device::channel_affine_act(Stream s, Activation act, int rows, int c, const void* x, const float* mean,
-                                const float* invstd, const float* gamma, const float* beta, void* y) {
-    channel_affine(s, rows, c, x, mean, invstd, gamma, beta, y);
-    if (act != Activation::none) bias_act_forward(s, act, rows, c, nullptr, y, y);
-}
 
 void Device::launch_host(Stream, const char* op, HostOp work) {
     if (asynchronous()) throw DeviceError(name() + ": " + op + " has no CPU implementation to run here");

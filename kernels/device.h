@@ -6,7 +6,7 @@
 // their devices-spec parser (kernels/backends.cpp). Ops move out of this interface into families
 // (kernels/ops/: each family's CPU loops and CUDA kernels side by side), which reach a device
 // through launch_host and native_launch. Code above kernels/ sees only the headers at this
-// folder's top (this one, buffer.h, nccl.h, blas.h, op_math.h) and kernels/ops/*.h, and asks a
+// folder's top (this one, buffer.h, chunks.h, nccl.h, blas.h, op_math.h) and kernels/ops/*.h, and asks a
 // backend's DeviceTraits what differs between kinds of device, never its type.
 //
 // Conventions
@@ -429,47 +429,6 @@ public:
         return int(std::clamp<size_t>(block_bytes / std::max<size_t>(image_bytes, 1), 1, size_t(rows)));
     }
 
-    // ---- normalisation ops (per channel over rows of [rows, c]) -----------------------------
-    // out[c] = sum over rows of (x - shift[c]) (shift may be null), squared when `squares`.
-    virtual void channel_sums(Stream s, int rows, int c, const void* x, const float* shift, bool squares,
-                              float* out) = 0;
-    // Batch statistics from sums over a.count values: mean = sum / count and, when sqsum is
-    // given (squares about that mean), invstd = 1 / sqrt(sqsum / count + eps); the running
-    // statistics' contributions (may be null) += a.weight * mean and a.weight * unbiased var.
-    virtual void bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean,
-                             float* invstd, float* run_mean, float* run_var) = 0;
-    // invstd = 1 / sqrt(var + eps) (evaluation with running statistics)
-    virtual void rsqrt_eps(Stream s, int c, const float* var, float eps, float* invstd) = 0;
-    // y = gamma * (x - mean) * invstd + beta, per channel
-    virtual void channel_affine(Stream s, int rows, int c, const void* x, const float* mean, const float* invstd,
-                                const float* gamma, const float* beta, void* y) = 0;
-    // y = act(that): channel_affine, then bias_act_forward in place, which a backend may make
-    // one pass (the CPU does for ReLU, in f32).
-    virtual void channel_affine_act(Stream s, Activation act, int rows, int c, const void* x, const float* mean,
-                                    const float* invstd, const float* gamma, const float* beta, void* y);
-    // out[0..c) = sum dy, out[c..2c) = sum dy * (x - mean) * invstd
-    virtual void bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                                  const float* invstd, float* out) = 0;
-    // dx = gamma * invstd * (dy - sums[ch] / count - xhat * sums[c + ch] / count)
-    virtual void bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                                const float* invstd, const float* gamma, const float* sums, double count, void* dx) = 0;
-    // running = (1 - momentum) * running + momentum * batch (running statistics)
-    virtual void ema_update(Stream s, size_t n, float momentum, const float* batch, float* running) = 0;
-
-    // ---- flat-buffer ops (f32) --------------------------------------------------------
-    virtual void fill(Stream s, size_t n, float value, float* x) = 0;
-    // A step's values into device memory, carried by the call itself (a kernel argument on CUDA):
-    // no host memory is read after the call returns, so no pageable copy and no host wait.
-    virtual void set_step_values(Stream s, const StepValues& v, StepValues* dst) = 0;
-    virtual void scale(Stream s, size_t n, float alpha, float* x) = 0;
-    virtual void axpy(Stream s, size_t n, float alpha, const float* x, float* y) = 0;  // y += a*x
-    // out[0] = sum of (x / loss_scale)^2 (loss_scale: device, may be null for 1), out[1] = the
-    // number of non-finite x: the gradient norm and the overflow test of loss scaling in one pass.
-    virtual void sum_squares(Stream s, size_t n, const float* x, const float* loss_scale, float* out) = 0;
-    virtual void init_params(Stream s, const InitArgs& a, size_t n, float* out) = 0;
-    // Order-independent 64-bit fingerprint of the bits of x[0..n), written to *out (device).
-    virtual void checksum(Stream s, size_t n, const float* x, uint64_t* out) = 0;
-
     // ---- cross-replica ops (peer is a device of the same type) ---------------------------
     // dst[0..n) += src[0..n), where src lives on peer, elementwise in type t: f32, or bf16 (the
     // all-reduce's wire format, strategy.allreduce_dtype) held in 16-bit storage on every backend,
@@ -715,7 +674,7 @@ constexpr size_t kCpuJitTurnedMaxCells = 16384;
 // kCpuTransposedGemmMaxRows rows, at most kCpuJitSmallWeightFloats (64 KiB) at any row count.
 constexpr size_t kCpuJitWeightMaxFloats = size_t(256) << 10;
 constexpr size_t kCpuJitSmallWeightFloats = size_t(16) << 10;
-// Device::column_block_bytes of CPU replicas: half a 1 MiB L2 (the build machine's Zen 5, most
+// Device::column_block_bytes of CPU replicas: half a 1 MiB L2 (AMD Zen 5, most
 // Xeons since Skylake-SP), so a block's columns stay in the core's cache from im2col through
 // both products.
 constexpr size_t kCpuColumnBlockBytes = size_t(512) << 10;

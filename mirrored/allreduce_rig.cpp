@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "mirrored/util.h"
+#include "kernels/ops/flat.h"
 
 namespace mirrored {
 
@@ -25,7 +26,7 @@ AllReduceRig::AllReduceRig(const std::string& devices, const std::string& op, DT
 
 void AllReduceRig::zero() {
     for (size_t r = 0; r < devs.size(); ++r)
-        devs[r]->fill(devs[r]->compute_stream(), bufs[r].size(), 0.0f, bufs[r].data());
+        fill_floats(*devs[r], devs[r]->compute_stream(), bufs[r].size(), 0.0f, bufs[r].data());
     for (auto& d : devs) d->synchronize();
 }
 

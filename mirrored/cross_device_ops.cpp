@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/machine_cache.h"
+#include "kernels/ops/flat.h"
 
 namespace mirrored {
 
@@ -275,7 +276,7 @@ OpsChoice choose_cross_device_ops(const std::vector<Device*>& devices, const std
             return {name, unkept + "cached: " + (sp == std::string::npos ? std::string() : cached->substr(sp + 1))};
     }
     for (size_t r = 0; r < devices.size(); ++r) {  // no NaN or denormals to slow the adds
-        devices[r]->fill(devices[r]->compute_stream(), elements, 0.0f, buffers[r]);
+        fill_floats(*devices[r], devices[r]->compute_stream(), elements, 0.0f, buffers[r]);
         devices[r]->synchronize();
     }
     OpsChoice best;

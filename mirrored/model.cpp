@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "kernels/ops/flat.h"
 
 namespace mirrored {
 
@@ -232,10 +233,10 @@ size_t Model::largest_activation_per_row() const { return Activations::largest_p
 Activations Model::make_activations(Device& dev, int max_rows) const { return Activations(dev, *layout_, max_rows); }
 
 void Model::init_params(Device& dev, Stream s, float* params) const {
-    dev.fill(s, flat_size_, 0.0f, params);
+    fill_floats(dev, s, flat_size_, 0.0f, params);
     for (const auto& t : tensors_) {
-        if (t.trainable || t.frozen) dev.init_params(s, t.init, t.count, params + t.offset);
-        else if (t.fill != 0.0f) dev.fill(s, t.count, t.fill, params + t.offset);
+        if (t.trainable || t.frozen) init_param_values(dev, s, t.init, t.count, params + t.offset);
+        else if (t.fill != 0.0f) fill_floats(dev, s, t.count, t.fill, params + t.offset);
     }
 }
 

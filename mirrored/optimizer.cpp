@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/error.h"
+#include "kernels/ops/flat.h"
 
 namespace mirrored {
 
@@ -99,7 +100,7 @@ void Optimizer::apply_summed_range(Device& on, Stream s, float* params, float* c
 
 DeviceBuffer<float> Optimizer::zeroed_state() const {
     DeviceBuffer<float> b(dev_, state_size_);
-    dev_.fill(dev_.compute_stream(), state_size_, 0.0f, b.data());
+    fill_floats(dev_, dev_.compute_stream(), state_size_, 0.0f, b.data());
     return b;
 }
 

@@ -10,6 +10,7 @@
 #include "base/io.h"
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/util.h"
+#include "kernels/ops/flat.h"
 
 namespace mirrored {
 
@@ -28,7 +29,7 @@ void backoff(int round) {
 // backend has.
 void ReplicaSet::zero_metrics(Device& d, Stream s, double* metrics) {
     // cppcheck-suppress invalidPointerCast
-    d.fill(s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics));
+    fill_floats(d, s, 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics));
 }
 
 void ReplicaSet::sum_over_nodes(Metrics& m, const char* what) const {
@@ -452,7 +453,7 @@ void ReplicaSet::build_replica(int r, int shard_rows, int micro_rows, const Opti
         allocate_step_state(*R);
         create_step_events(*R);
         const Stream s = d.compute_stream();
-        d.fill(s, grad_elements(), 0.0f, R->grads.data());  // alignment gaps stay zero (staged: see gaps)
+        fill_floats(d, s, grad_elements(), 0.0f, R->grads.data());  // alignment gaps stay zero (staged: see gaps)
         zero_metrics(d, s, R->train_metrics.data());
         d.synchronize();
     } catch (const DeviceError& e) {
@@ -608,7 +609,7 @@ int ReplicaSet::stage_input(Replica& R, const Batch& batch, const Shard& shard, 
     const void* labels = batch.targets ? static_cast<const void*>(batch.targets) : batch.labels;
     d.copy_to_device(cs, R.labels[buf].data(), static_cast<const char*>(labels) + size_t(shard.begin) * label_bytes_,
                      size_t(shard.rows) * label_bytes_);
-    if (values) d.set_step_values(cs, *values, R.step_values[buf].data());
+    if (values) set_step_values(d, cs, *values, R.step_values[buf].data());
     d.event_record(R.input_ready[buf], cs);
     // The slot's Batch outlives the callback (the slot is not refilled before every replica has
     // released it), so it is the callback's only argument; the host may be steps ahead by then.

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "mirrored/util.h"
+#include "kernels/ops/flat.h"
 
 namespace mirrored {
 
@@ -139,8 +140,8 @@ uint64_t ReplicaState::checksum(int r) {
         Replica& R = set_.replica(r);
         Device& d = *R.device;
         const size_t last = set_.model().tensors().size();
-        d.checksum(d.compute_stream(), set_.model().flat_size(), set_.holder(R).params.data(),
-                   R.checksums.data() + last);
+        checksum_floats(d, d.compute_stream(), set_.model().flat_size(), set_.holder(R).params.data(),
+                        R.checksums.data() + last);
         d.copy_to_host(d.compute_stream(), R.checksums_host.data() + last, R.checksums.data() + last, sizeof(uint64_t));
         d.stream_synchronize(d.compute_stream());
         return R.checksums_host[last];
@@ -160,8 +161,8 @@ void ReplicaState::verify_replicas() {
         for (auto& Rp : set_.members()) {
             Device& d = *Rp->device;
             for (size_t t = 0; t < tensors.size(); ++t)
-                d.checksum(d.compute_stream(), tensors[t].count, set_.holder(*Rp).params.data() + tensors[t].offset,
-                           Rp->checksums.data() + t);
+                checksum_floats(d, d.compute_stream(), tensors[t].count,
+                                set_.holder(*Rp).params.data() + tensors[t].offset, Rp->checksums.data() + t);
             d.copy_to_host(d.compute_stream(), Rp->checksums_host.data(), Rp->checksums.data(),
                            tensors.size() * sizeof(uint64_t));
         }

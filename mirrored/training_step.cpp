@@ -1,4 +1,6 @@
+#include "kernels/ops/batchnorm.h"
 #include "kernels/ops/optimizer.h"
+#include "kernels/ops/flat.h"
 #include "mirrored/training_step.h"
 
 #include <algorithm>
@@ -221,7 +223,8 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
     const char* input = static_cast<const char*>(set_.stage_for_compute(R, buf, size_t(shard.rows)));
     const size_t row_bytes = set_.input_row_bytes(R);
     const size_t trainable = model_.trainable_size(), flat = model_.grad_size();
-    if (model_.has_state()) d.fill(cs, flat - trainable, 0.0f, set_.grad_at(R, trainable));  // this step's statistics
+    if (model_.has_state())
+        fill_floats(d, cs, flat - trainable, 0.0f, set_.grad_at(R, trainable));  // this step's statistics
     profile_mark(R, cs, LayerProbe::kInput);
 
     // strategy.shard: gradients - every micro-batch reduce-scatters every bucket from its slot
@@ -250,7 +253,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
             if (s < 0 || staging.claim_after[k] != after_unit) continue;
             if (R.slot_used[size_t(s)]) d.stream_wait_event(cs, R.slot_free[size_t(s)]);
             R.slot_used[size_t(s)] = 1;
-            for (const auto& [at, count] : staging.gaps[k]) d.fill(cs, count, 0.0f, R.grads.data() + at);
+            for (const auto& [at, count] : staging.gaps[k]) fill_floats(d, cs, count, 0.0f, R.grads.data() + at);
         }
     };
     const bool overlap = (set_.config().bucket_mb > 0 || staged) && n > 1 && !set_.shared();
@@ -285,7 +288,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
         loss_->apply(d, cs, micro.rows * positions, model_.output_classes(), logits,
                      set_.labels_at(R, buf, micro.begin), grad_scale, loss_scale, dlogits, R.train_metrics.data());
         if (inject_overflow_ == r && micro.rows > 0) {  // a test's overflow: backward spreads it to every gradient
-            d.fill(cs, 1, INFINITY, R.grad_stats.data());
+            fill_floats(d, cs, 1, INFINITY, R.grad_stats.data());
             d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
         }
         profile_mark(R, cs, LayerProbe::kLoss);
@@ -324,7 +327,7 @@ void TrainingStep::apply_update(Replica& R, int64_t step, float lr, const StepVa
     const Stream cs = d.compute_stream();
     const float* loss_scale = set_.loss_scaling() ? R.loss_scale.data() : nullptr;
     const bool stats = R.optimizer->config().grad_clip_norm > 0 || set_.loss_scaling();
-    if (stats) d.sum_squares(cs, model_.trainable_size(), R.grads.data(), loss_scale, R.grad_stats.data());
+    if (stats) sum_squares(d, cs, model_.trainable_size(), R.grads.data(), loss_scale, R.grad_stats.data());
     R.optimizer->apply(cs, R.params.data(), R.grads.data(), step, lr, stats ? R.grad_stats.data() : nullptr, loss_scale,
                        set_.loss_scaling(), values);
     finish_update(R);
@@ -339,7 +342,7 @@ void TrainingStep::finish_update(Replica& R) {
     if (set_.loss_scaling())
         loss_scale_update(d, cs, R.loss_scale.data(), R.grad_stats.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_)
-        d.ema_update(cs, t->count, t->momentum, set_.grad_at(R, t->offset), R.params.data() + t->offset);
+        ema_update(d, cs, t->count, t->momentum, set_.grad_at(R, t->offset), R.params.data() + t->offset);
 }
 
 // strategy.shard: gradients - where each bucket's own chunk goes in each replica's own store.
@@ -367,7 +370,7 @@ void TrainingStep::keep_own_chunk(Replica& R, size_t k, bool add) {
     if (end > begin) {
         const float* sum = set_.grad_at(R, begin);
         float* own = R.owned_grads.data() + own_at_[size_t(R.index)][k];
-        if (add) d.axpy(d.comm_stream(), end - begin, 1.0f, sum, own);
+        if (add) axpy_floats(d, d.comm_stream(), end - begin, 1.0f, sum, own);
         else d.copy_on_device(d.comm_stream(), own, sum, (end - begin) * sizeof(float));
     }
     d.event_record(R.slot_free[size_t(set_.staging().slot_of[k])], d.comm_stream());
@@ -400,10 +403,10 @@ void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const Step
         comm_s += now_s() - c0;
     };
     if (stats) {
-        d.fill(cs, 2, 0.0f, R.grad_stats.data());
+        fill_floats(d, cs, 2, 0.0f, R.grad_stats.data());
         for (const auto& o : owned) {
-            d.sum_squares(cs, o.end - o.begin, owned_grads(R, o), loss_scale, R.grad_total.data());
-            d.axpy(cs, 2, 1.0f, R.grad_total.data(), R.grad_stats.data());
+            sum_squares(d, cs, o.end - o.begin, owned_grads(R, o), loss_scale, R.grad_total.data());
+            axpy_floats(d, cs, 2, 1.0f, R.grad_total.data(), R.grad_stats.data());
         }
         comm_op([&] { grad_stats_ops_->all_reduce(R.index, 0, 2); });
     }
@@ -549,7 +552,7 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
     }
     comm += now_s() - c0;
     if (stats) {
-        d.sum_squares(cs, te - tb, R.grads.data() + tb, loss_scale, R.grad_stats.data());
+        sum_squares(d, cs, te - tb, R.grads.data() + tb, loss_scale, R.grad_stats.data());
         join_replicas(R);
         d.copy_from_peer(cs, R.grad_total.data(), *H.device, H.grad_stats.data(), 2 * sizeof(float));
         for (int q = 1; q < set_.replicas(); ++q)
@@ -568,7 +571,7 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
         loss_scale_update(d, cs, R.loss_scale.data(), R.grad_total.data(), set_.config().loss_scale_growth_interval);
     for (const TensorInfo* t : state_) {  // running statistics: the part of each in this slice
         const size_t lo = std::max(begin, t->offset), hi = std::min(end, t->offset + t->count);
-        if (hi > lo) d.ema_update(cs, hi - lo, t->momentum, R.grads.data() + lo, H.params.data() + lo);
+        if (hi > lo) ema_update(d, cs, hi - lo, t->momentum, R.grads.data() + lo, H.params.data() + lo);
     }
     if (set_.low_precision() && te > tb)
         d.convert(cs, te - tb, H.params.data() + tb, DType::f32, H.weights.data() + d.act_bytes(tb), d.value_dtype());

@@ -17,6 +17,7 @@
 #include "kernels/buffer.h"
 #include "kernels/device.h"
 #include "kernels/sim/sim.h"
+#include "kernels/ops/flat.h"
 
 namespace mirrored::test {
 
@@ -122,7 +123,7 @@ std::vector<T> download(Device& d, const DeviceBuffer<T>& b) {
 // Output buffers start as NaN, so an element an op forgot to write fails the comparison.
 inline DeviceBuffer<float> poisoned(Device& d, size_t n) {
     DeviceBuffer<float> b(d, n);
-    d.fill(d.compute_stream(), n, std::nanf(""), b.data());
+    fill_floats(d, d.compute_stream(), n, std::nanf(""), b.data());
     return b;
 }
 

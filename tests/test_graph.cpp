@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "kernels/sim/sim.h"
+#include "kernels/ops/flat.h"
 #include "tests/helpers.h"
 
 using namespace mirrored;
@@ -31,11 +32,11 @@ struct TwoGpuWork {
     size_t n;
     Event fork, join;
     void issue() const {
-        a.scale(a.compute_stream(), n, 2.0f, x);
+        scale_floats(a, a.compute_stream(), n, 2.0f, x);
         a.event_record(fork, a.compute_stream());
         b.stream_wait_event(b.compute_stream(), fork);
         b.reduce_from_peer(b.compute_stream(), y, a, x, DType::f32, n);
-        b.scale(b.compute_stream(), n, 0.5f, y);
+        scale_floats(b, b.compute_stream(), n, 0.5f, y);
         b.event_record(join, b.compute_stream());
         a.stream_wait_event(a.compute_stream(), join);
         a.reduce_from_peer(a.compute_stream(), x, b, y, DType::f32, n);
@@ -100,12 +101,12 @@ TEST_CASE("sim graphs: a launch runs after the launch stream's earlier work and 
     DeviceBuffer<float> x(*a, n);
     const Stream s = a->compute_stream();
     a->capture_begin(s);
-    a->scale(s, n, 3.0f, x.data());
+    scale_floats(*a, s, n, 3.0f, x.data());
     const Graph g = a->capture_end(s);
     for (int round = 0; round < 5; ++round) {
-        a->fill(s, n, 1.0f + float(round), x.data());
+        fill_floats(*a, s, n, 1.0f + float(round), x.data());
         a->graph_launch(g, s);
-        a->axpy(s, n, 1.0f, x.data(), x.data());  // doubles what the graph left
+        axpy_floats(*a, s, n, 1.0f, x.data(), x.data());  // doubles what the graph left
         const std::vector<float> got = download(*a, x);
         CHECK(got[0] == 6.0f * (1.0f + float(round)));
         CHECK(got[n - 1] == got[0]);
@@ -136,7 +137,7 @@ TEST_CASE(
         a->capture_begin(s);
         a->event_record(fork, s);
         b->stream_wait_event(b->compute_stream(), fork);
-        b->fill(b->compute_stream(), 16, 2.0f, y.data());
+        fill_floats(*b, b->compute_stream(), 16, 2.0f, y.data());
         CHECK_THROWS_WITH_AS(a->capture_end(s), doctest::Contains("not joined back"), DeviceError);
         // the capture has ended: the event may not be waited on until recorded again
         CHECK_THROWS_WITH_AS(b->stream_wait_event(b->copy_stream(), fork), doctest::Contains("record it again"),

@@ -9,6 +9,7 @@
 #include "kernels/device.h"
 #include "base/error.h"
 #include "kernels/ops/losses.h"
+#include "kernels/ops/flat.h"
 #include "mirrored/model.h"
 #include "mirrored/optimizer.h"
 #include "tests/helpers.h"
@@ -45,7 +46,7 @@ struct Harness {
         x = upload(d, xh);
         y = upload(d, yh);
         m.init_params(d, d.compute_stream(), params.data());
-        d.fill(d.compute_stream(), m.flat_size(), 0.0f, grads.data());
+        fill_floats(d, d.compute_stream(), m.flat_size(), 0.0f, grads.data());
     }
 
     Pass pass(bool training = true) {
@@ -79,7 +80,7 @@ struct Harness {
 
     // Backprop gradients; records the gradient units backward reports, in its order.
     std::vector<float> backprop(std::vector<int>* units = nullptr, bool accumulate = false) {
-        d.fill(d.compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
+        fill_floats(d, d.compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
         Pass p = pass();
         p.accumulate = accumulate;
         const void* logits = m.forward(p, x.data());

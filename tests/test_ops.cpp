@@ -40,6 +40,7 @@
 #include "kernels/ops/dropout.h"
 #include "kernels/ops/losses.h"
 #include "kernels/ops/optimizer.h"
+#include "kernels/ops/flat.h"
 #include "mirrored/model.h"
 #include "mirrored/replica_set.h"
 #include "tests/helpers.h"
@@ -384,7 +385,7 @@ OptCase make_opt(Rng& rng) {
 std::vector<float> run_sgd(Device& d, const OptCase& o, SgdArgs a) {
     auto p = upload(d, o.p), g = upload(d, o.g), m = upload(d, o.m);
     DeviceBuffer<float> norm(d, 2);
-    d.sum_squares(d.compute_stream(), o.n, g.data(), nullptr, norm.data());
+    sum_squares(d, d.compute_stream(), o.n, g.data(), nullptr, norm.data());
     if (a.clip_norm > 0) a.grad_stats = norm.data();
     sgd_update(d, d.compute_stream(), o.n, p.data(), g.data(), m.data(), a);
     auto out = download(d, p);
@@ -414,7 +415,7 @@ std::vector<double> ref_sgd(const OptCase& o, const SgdArgs& a) {
 std::vector<float> run_adamw(Device& d, const OptCase& o, AdamWArgs a) {
     auto p = upload(d, o.p), g = upload(d, o.g), m = upload(d, o.m), v = upload(d, o.v);
     DeviceBuffer<float> norm(d, 2);
-    d.sum_squares(d.compute_stream(), o.n, g.data(), nullptr, norm.data());
+    sum_squares(d, d.compute_stream(), o.n, g.data(), nullptr, norm.data());
     if (a.clip_norm > 0) a.grad_stats = norm.data();
     adamw_update(d, d.compute_stream(), o.n, p.data(), g.data(), m.data(), v.data(), a);
     auto out = download(d, p);
@@ -455,14 +456,14 @@ std::vector<float> run_dropout(Device& d, const DropoutArgs& a, int rows, int co
 
 std::vector<float> run_init(Device& d, const InitArgs& a, size_t n) {
     auto out = poisoned(d, n);
-    d.init_params(d.compute_stream(), a, n, out.data());
+    init_param_values(d, d.compute_stream(), a, n, out.data());
     return download(d, out);
 }
 
 uint64_t run_checksum(Device& d, const std::vector<float>& x) {
     auto xb = upload(d, x);
     DeviceBuffer<uint64_t> out(d, 1);
-    d.checksum(d.compute_stream(), x.size(), xb.data(), out.data());
+    checksum_floats(d, d.compute_stream(), x.size(), xb.data(), out.data());
     return download(d, out)[0];
 }
 
@@ -470,11 +471,11 @@ uint64_t run_checksum(Device& d, const std::vector<float>& x) {
 std::vector<float> run_flat_ops(Device& d, const std::vector<float>& x, const std::vector<float>& y) {
     auto xb = upload(d, x), yb = upload(d, y);
     auto f = poisoned(d, x.size());
-    d.fill(d.compute_stream(), x.size(), 0.25f, f.data());
-    d.scale(d.compute_stream(), x.size(), -1.5f, xb.data());
-    d.axpy(d.compute_stream(), x.size(), 0.75f, xb.data(), yb.data());
+    fill_floats(d, d.compute_stream(), x.size(), 0.25f, f.data());
+    scale_floats(d, d.compute_stream(), x.size(), -1.5f, xb.data());
+    axpy_floats(d, d.compute_stream(), x.size(), 0.75f, xb.data(), yb.data());
     auto sq = poisoned(d, 2);
-    d.sum_squares(d.compute_stream(), y.size(), yb.data(), nullptr, sq.data());
+    sum_squares(d, d.compute_stream(), y.size(), yb.data(), nullptr, sq.data());
     auto out = download(d, f);
     for (auto* b : {&xb, &yb, &sq}) {
         auto h = download(d, *b);
@@ -1099,7 +1100,7 @@ TEST_CASE("cpu flat ops (fill, scale, axpy, sum_squares) match double reference"
         auto sums = [&](const std::vector<float>& values) {
             auto vb = upload(*d, values);
             DeviceBuffer<float> scale = upload(*d, std::vector<float>{4.0f}), out = poisoned(*d, 2);
-            d->sum_squares(d->compute_stream(), len, vb.data(), scale.data(), out.data());
+            sum_squares(*d, d->compute_stream(), len, vb.data(), scale.data(), out.data());
             return download(*d, out);
         };
         const std::vector<float> got = sums(v);
@@ -1566,7 +1567,7 @@ TEST_CASE("cuda flat ops, sgd and adamw match cpu" * doctest::test_suite("cuda")
             auto sums = [&](Device& d) {
                 auto vb = upload(d, v);
                 auto out = poisoned(d, 2);
-                d.sum_squares(d.compute_stream(), len, vb.data(), nullptr, out.data());
+                sum_squares(d, d.compute_stream(), len, vb.data(), nullptr, out.data());
                 return download(d, out);
             };
             const std::vector<float> want = sums(cpu), got = sums(gpu);
@@ -1592,7 +1593,7 @@ TEST_CASE("cuda flat ops, sgd and adamw match cpu" * doctest::test_suite("cuda")
         // a step's values travel with the call: the host copy may change before the stream runs
         StepValues v{0.125f, 0.5f, 0.75f, 12345u};
         DeviceBuffer<StepValues> on_gpu(gpu, 1);
-        gpu.set_step_values(gpu.compute_stream(), v, on_gpu.data());
+        set_step_values(gpu, gpu.compute_stream(), v, on_gpu.data());
         v = StepValues{};
         StepValues back;
         gpu.copy_to_host(gpu.compute_stream(), &back, on_gpu.data(), sizeof back);
@@ -1641,7 +1642,7 @@ TEST_CASE("cpu loss scaling: a squared gradient norm that overflows skips the st
     const std::vector<float> big{3e19f, -3e19f, 1.0f};
     auto g = upload(*d, big), p = upload(*d, std::vector<float>{1, 2, 3}), m = upload(*d, std::vector<float>{0, 0, 0});
     DeviceBuffer<float> stats(*d, 2), state(*d, 2);
-    d->sum_squares(d->compute_stream(), big.size(), g.data(), nullptr, stats.data());
+    sum_squares(*d, d->compute_stream(), big.size(), g.data(), nullptr, stats.data());
     const auto s = download(*d, stats);
     CHECK(std::isinf(s[0]));
     CHECK(s[1] == 0.0f);  // every gradient is finite

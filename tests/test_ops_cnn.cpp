@@ -14,10 +14,12 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/ops/batchnorm.h"
 #include "kernels/device.h"
 #include "kernels/op_math.h"
 #include "kernels/ops/layernorm.h"
 #include "kernels/ops/optimizer.h"
+#include "kernels/ops/flat.h"
 #include "tests/helpers.h"
 
 using namespace mirrored;
@@ -103,14 +105,15 @@ std::vector<float> run_batchnorm(Device& d, const NormCase& n) {
     auto rm = upload(d, std::vector<float>(n.c, 0.5f)), rv = upload(d, std::vector<float>(n.c, 0.25f));
     auto y = poisoned(d, n.x.size()), dx = poisoned(d, n.x.size());
     const BnStats a{n.c, double(n.rows), 1e-5f, 0.5f};
-    d.channel_sums(s, n.rows, n.c, x.data(), nullptr, false, sum.data());
-    d.bn_finalize(s, a, sum.data(), nullptr, mean.data(), nullptr, nullptr, nullptr);
-    d.channel_sums(s, n.rows, n.c, x.data(), mean.data(), true, sq.data());
-    d.bn_finalize(s, a, sum.data(), sq.data(), mean.data(), invstd.data(), rm.data(), rv.data());
-    d.channel_affine(s, n.rows, n.c, x.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), y.data());
-    d.bn_backward_sums(s, n.rows, n.c, dy.data(), x.data(), mean.data(), invstd.data(), sums.data());
-    d.bn_backward_dx(s, n.rows, n.c, dy.data(), x.data(), mean.data(), invstd.data(), gamma.data(), sums.data(),
-                     double(n.rows), dx.data());
+    channel_sums(d, s, n.rows, n.c, x.data(), nullptr, false, sum.data());
+    bn_finalize(d, s, a, sum.data(), nullptr, mean.data(), nullptr, nullptr, nullptr);
+    channel_sums(d, s, n.rows, n.c, x.data(), mean.data(), true, sq.data());
+    bn_finalize(d, s, a, sum.data(), sq.data(), mean.data(), invstd.data(), rm.data(), rv.data());
+    channel_affine(d, s, Activation::none, n.rows, n.c, x.data(), mean.data(), invstd.data(), gamma.data(), beta.data(),
+                   y.data());
+    bn_backward_sums(d, s, n.rows, n.c, dy.data(), x.data(), mean.data(), invstd.data(), sums.data());
+    bn_backward_dx(d, s, n.rows, n.c, dy.data(), x.data(), mean.data(), invstd.data(), gamma.data(), sums.data(),
+                   double(n.rows), dx.data());
     std::vector<float> out;
     for (auto* b : {&mean, &invstd, &rm, &rv, &y, &sums, &dx}) {
         const auto h = download(d, *b);
@@ -494,43 +497,45 @@ TEST_CASE("cpu batchnorm passes: the plain loops' bits at the fixed widths and o
              dgamma = upload(*d, gamma), dsums = upload(*d, sums);
         auto sum = poisoned(*d, size_t(c)), sq = poisoned(*d, size_t(c)), b = poisoned(*d, 2 * size_t(c)),
              dx = poisoned(*d, n);
-        d->channel_sums(s, rows, c, dx_.data(), nullptr, false, sum.data());
-        d->channel_sums(s, rows, c, dx_.data(), dshift.data(), true, sq.data());
-        d->bn_backward_sums(s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), b.data());
-        d->bn_backward_dx(s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(),
-                          double(rows), dx.data());
+        channel_sums(*d, s, rows, c, dx_.data(), nullptr, false, sum.data());
+        channel_sums(*d, s, rows, c, dx_.data(), dshift.data(), true, sq.data());
+        bn_backward_sums(*d, s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), b.data());
+        bn_backward_dx(*d, s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(),
+                       double(rows), dx.data());
         CHECK(download(*d, sum) == want_sum);
         CHECK(download(*d, sq) == want_sq);
         CHECK(download(*d, b) == want_b);
         CHECK(download(*d, dx) == want_dx);
         // in place, as the layer may call it: dx over dy
-        d->bn_backward_dx(s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(),
-                          double(rows), ddy.data());
+        bn_backward_dx(*d, s, rows, c, ddy.data(), dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(),
+                       double(rows), ddy.data());
         CHECK(download(*d, ddy) == want_dx);
         // channel_affine (beta: the first c of sums), apart and in place
         auto y = poisoned(*d, n);
-        d->channel_affine(s, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(), y.data());
+        channel_affine(*d, s, Activation::none, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(),
+                       dsums.data(), y.data());
         CHECK(download(*d, y) == want_y);
-        // channel_affine_act's ReLU pass (the CPU's own loop), apart and in place
+        // channel_affine's ReLU pass (the CPU's own loop), apart and in place
         std::vector<float> want_relu = want_y;
         for (float& v : want_relu) v = v > 0.0f ? v : 0.0f;
-        d->channel_affine_act(s, Activation::relu, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(),
-                              dsums.data(), y.data());
+        channel_affine(*d, s, Activation::relu, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(),
+                       dsums.data(), y.data());
         CHECK(download(*d, y) == want_relu);
-        d->channel_affine(s, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(), dsums.data(), dx_.data());
+        channel_affine(*d, s, Activation::none, rows, c, dx_.data(), dshift.data(), dinv.data(), dgamma.data(),
+                       dsums.data(), dx_.data());
         CHECK(download(*d, dx_) == want_y);
         auto again = upload(*d, x);
-        d->channel_affine_act(s, Activation::relu, rows, c, again.data(), dshift.data(), dinv.data(), dgamma.data(),
-                              dsums.data(), again.data());
+        channel_affine(*d, s, Activation::relu, rows, c, again.data(), dshift.data(), dinv.data(), dgamma.data(),
+                       dsums.data(), again.data());
         CHECK(download(*d, again) == want_relu);
     }
 }
 
-// channel_affine_act and add_act: the CPU's one-pass loops (ReLU or none, f32) against the
+// channel_affine with an activation and add_act: the CPU's one-pass loops (ReLU or none, f32) against the
 // Device reference (channel_affine / copy + add, then bias_act_forward in place), bit for bit -
 // the layers rely on it to keep runs identical - and the rounded precisions, which take the
 // reference, likewise.
-TEST_CASE("cpu channel_affine_act and add_act: one pass, the reference's bits") {
+TEST_CASE("cpu channel_affine with ReLU and add_act: one pass, the reference's bits") {
     Rng rng(209);
     auto d = make_cpu_device(0);
     const Stream s = d->compute_stream();
@@ -554,10 +559,12 @@ TEST_CASE("cpu channel_affine_act and add_act: one pass, the reference's bits") 
                 auto xb = upload(*d, x), meanb = upload(*d, mean), invb = upload(*d, invstd);
                 auto gb = upload(*d, n.gamma), bb = upload(*d, n.beta);
                 auto y = poisoned(*d, count), ref = poisoned(*d, count);
-                d->channel_affine_act(s, act, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(), bb.data(),
-                                      y.data());
-                d->Device::channel_affine_act(s, act, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(),
-                                              bb.data(), ref.data());
+                channel_affine(*d, s, act, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(), bb.data(),
+                               y.data());
+                // the reference: the affine map, then the activation in place
+                channel_affine(*d, s, Activation::none, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(),
+                               bb.data(), ref.data());
+                if (act != Activation::none) d->bias_act_forward(s, act, n.rows, n.c, nullptr, ref.data(), ref.data());
                 CHECK(std::memcmp(download(*d, y).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
 
                 auto a = upload(*d, n.x), b = upload(*d, n.dy);  // apart, then y == a
@@ -646,9 +653,9 @@ TEST_CASE("cpu loss scaling: the scale halves on an overflow, doubles after good
     auto x = upload(*d, std::vector<float>{3.0f, 4.0f, INFINITY, NAN});
     DeviceBuffer<float> out(*d, 2);
     auto two = upload(*d, std::vector<float>{2.0f});
-    d->sum_squares(s, 2, x.data(), two.data(), out.data());
+    sum_squares(*d, s, 2, x.data(), two.data(), out.data());
     CHECK(download(*d, out) == std::vector<float>{6.25f, 0.0f});
-    d->sum_squares(s, 4, x.data(), nullptr, out.data());
+    sum_squares(*d, s, 4, x.data(), nullptr, out.data());
     CHECK(download(*d, out)[1] == 2.0f);
 }
 

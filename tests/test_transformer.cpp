@@ -23,6 +23,7 @@
 #include "kernels/ops/embedding.h"
 #include "kernels/ops/losses.h"
 #include "kernels/sim/sim.h"
+#include "kernels/ops/flat.h"
 #include "mirrored/adaptation.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
@@ -296,7 +297,7 @@ struct TokenHarness {
         return loss / (rows * t);
     }
     std::vector<float> backprop(std::vector<int>* units = nullptr) {
-        d.fill(d.compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
+        fill_floats(d, d.compute_stream(), 2 * kMetricSlots, 0.0f, reinterpret_cast<float*>(metrics.data()));
         Pass p = pass();
         const void* z = m.forward(p, x.data());
         void* dl = m.dlogits_buffer(acts);
@@ -526,7 +527,7 @@ TEST_CASE("weight_decay_on: matrices decays weights and embeddings only, in piec
             auto opt = make_optimizer(*d, c, n);
             if (matrices) opt->decay_only(ranges);
             DeviceBuffer<float> p = upload(*d, p0), g(*d, n);
-            d->fill(d->compute_stream(), n, 0.0f, g.data());
+            fill_floats(*d, d->compute_stream(), n, 0.0f, g.data());
             cuts.push_back(n);
             size_t at = 0;  // slices as replicas sharing one parameter copy update them
             for (size_t cut : cuts) {

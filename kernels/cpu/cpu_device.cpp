@@ -32,26 +32,6 @@ namespace {
 
 // out[0] = the sum of (x inv)^2 in double, out[1] = how many x are not finite: element i in lane
 // i % 8, the lanes added in a fixed tree (a gradient norm's bits are the same on every CPU).
-CPU_LOOP_CLONES void cpu_sum_squares(size_t n, const float* __restrict x, double inv, float* out) {
-    cpu::f64x8 s = {}, bad = {};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        cpu::f32x8 xf;
-        std::memcpy(&xf, x + i, sizeof xf);
-        const cpu::f64x8 v = __builtin_convertvector(xf, cpu::f64x8) * inv;
-        s += v * v;
-        const cpu::i32x8 finite = (xf - xf) == 0;  // -1 where finite: inf - inf and NaN - NaN are NaN
-        bad += __builtin_convertvector(finite + 1, cpu::f64x8);
-    }
-    for (int l = 0; i < n; ++i, ++l) {
-        const double v = double(x[i]) * inv;
-        s[l] += v * v;
-        bad[l] += std::isfinite(x[i]) ? 0.0 : 1.0;
-    }
-    out[0] = float(cpu::lanes_sum(s));
-    out[1] = float(cpu::lanes_sum(bad));
-}
-
 CPU_LOOP_CLONES void cpu_sum_into(float* const* ptr, int count, int into, size_t offset, size_t n) {
     host_sum_into(ptr, count, into, offset, n);
 }
@@ -220,77 +200,6 @@ public:
                 }
     }
 
-    // ---- normalisation ----------------------------------------------------------------------
-    void channel_sums(Stream, int rows, int c, const void* x, const float* shift, bool squares, float* out) override {
-        cpu::channel_sums(rows, c, as_floats(x), shift, squares, out, cnn_);
-    }
-
-    void bn_finalize(Stream, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
-                     float* run_mean, float* run_var) override {
-        for (int ch = 0; ch < a.channels; ++ch) bn_finalize_channel(a, ch, sum, sqsum, mean, invstd, run_mean, run_var);
-    }
-
-    void rsqrt_eps(Stream, int c, const float* var, float eps, float* invstd) override {
-        for (int ch = 0; ch < c; ++ch) invstd[ch] = bn_invstd(var[ch], eps);
-    }
-
-    void channel_affine(Stream, int rows, int c, const void* x, const float* mean, const float* invstd,
-                        const float* gamma, const float* beta, void* y) override {
-        cpu::channel_affine(rows, c, as_floats(x), mean, invstd, gamma, beta, as_floats(y));
-        round_stored(as_floats(y), size_t(rows) * c);
-    }
-    // One pass where nothing is rounded (f32) and the activation is ReLU or none: the same
-    // arithmetic as the reference's two (kernels/cpu is built without contraction).
-    void channel_affine_act(Stream s, Activation act, int rows, int c, const void* x, const float* mean,
-                            const float* invstd, const float* gamma, const float* beta, void* y) override {
-        if (value_dtype() != DType::f32 || act != Activation::relu)
-            return Device::channel_affine_act(s, act, rows, c, x, mean, invstd, gamma, beta, y);
-        cpu::channel_affine_relu(rows, c, as_floats(x), mean, invstd, gamma, beta, as_floats(y));
-    }
-
-    void bn_backward_sums(Stream, int rows, int c, const void* dy, const void* x, const float* mean,
-                          const float* invstd, float* out) override {
-        cpu::bn_backward_sums(rows, c, as_floats(dy), as_floats(x), mean, invstd, out, cnn_);
-    }
-
-    void bn_backward_dx(Stream, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
-                        const float* gamma, const float* sums, double count, void* dx) override {
-        cpu::bn_backward_dx(rows, c, as_floats(dy), as_floats(x), mean, invstd, gamma, sums, float(1.0 / count),
-                            as_floats(dx));
-        round_stored(as_floats(dx), size_t(rows) * c);
-    }
-
-    void ema_update(Stream, size_t n, float momentum, const float* batch, float* running) override {
-        for (size_t i = 0; i < n; ++i) running[i] = ema(running[i], batch[i], momentum);
-    }
-
-    // ---- flat buffers -----------------------------------------------------------------------
-    void fill(Stream, size_t n, float value, float* x) override { std::fill(x, x + n, value); }
-    void set_step_values(Stream, const StepValues& v, StepValues* dst) override { *dst = v; }
-    void scale(Stream, size_t n, float alpha, float* x) override {
-        for (size_t i = 0; i < n; ++i) x[i] *= alpha;
-    }
-    void axpy(Stream, size_t n, float alpha, const float* x, float* y) override {
-        for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-    }
-    void sum_squares(Stream, size_t n, const float* x, const float* loss_scale, float* out) override {
-        cpu_sum_squares(n, x, loss_scale ? 1.0 / double(*loss_scale) : 1.0, out);
-    }
-    void init_params(Stream, const InitArgs& a, size_t n, float* out) override {
-        const float sc = init_scale(a);
-        for (size_t i = 0; i < n; ++i) out[i] = init_value(a.kind, a.seed, a.tensor_id, sc, i);
-    }
-
-    void checksum(Stream, size_t n, const float* x, uint64_t* out) override {
-        uint64_t s = 0;
-        for (size_t i = 0; i < n; ++i) {
-            uint32_t bits;
-            std::memcpy(&bits, x + i, 4);
-            s += checksum_term(bits, i);
-        }
-        *out = s;
-    }
-
     void reduce_from_peer(Stream, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         require_cpu(peer);
         check_wire_dtype(*this, t);
@@ -321,7 +230,7 @@ private:
         return !(e && std::strcmp(e, "0") == 0);
     }();
     std::vector<float> column_sums_;  // bias_grad's scratch
-    cpu::CnnScratch cnn_;             // the convolution, pooling and batchnorm passes' scratch
+    cpu::CnnScratch cnn_;             // the convolution and pooling passes' scratch
 
     // A pass's f32 results rounded to the 16-bit storage type (the values', unless given), where
     // one is in use.

@@ -392,30 +392,6 @@ public:
             pool_backward(stream(s), ordinal(), act_dtype(), kind, g, x, dy, dx))
     CUDA_OP(nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse), 1,
             nhwc_to_nchw(stream(s), ordinal(), act_dtype(), n, h, w, c, x, y, inverse))
-    CUDA_OP(bn_finalize(Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
-                        float* run_mean, float* run_var),
-            1, bn_finalize(stream(s), ordinal(), a, sum, sqsum, mean, invstd, run_mean, run_var))
-    CUDA_OP(rsqrt_eps(Stream s, int c, const float* var, float eps, float* invstd), 1,
-            rsqrt_eps(stream(s), ordinal(), c, var, eps, invstd))
-    CUDA_OP(channel_affine(Stream s, int rows, int c, const void* x, const float* mean, const float* invstd,
-                           const float* gamma, const float* beta, void* y),
-            1, channel_affine(stream(s), ordinal(), act_dtype(), rows, c, x, mean, invstd, gamma, beta, y))
-    CUDA_OP(bn_backward_dx(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                           const float* invstd, const float* gamma, const float* sums, double count, void* dx),
-            1, bn_backward_dx(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
-    CUDA_OP(ema_update(Stream s, size_t n, float momentum, const float* batch, float* running), 1,
-            ema_update(stream(s), ordinal(), n, momentum, batch, running))
-    CUDA_OP(fill(Stream s, size_t n, float value, float* x), 1, fill(stream(s), ordinal(), n, value, x))
-    CUDA_OP(set_step_values(Stream s, const StepValues& v, StepValues* dst), 1,
-            set_step_values(stream(s), ordinal(), v, dst))
-    CUDA_OP(scale(Stream s, size_t n, float alpha, float* x), 1, scale(stream(s), ordinal(), n, alpha, x))
-    CUDA_OP(axpy(Stream s, size_t n, float alpha, const float* x, float* y), 1,
-            axpy(stream(s), ordinal(), n, alpha, x, y))
-    CUDA_OP(sum_squares(Stream s, size_t n, const float* x, const float* loss_scale, float* out), 2,
-            sum_squares(stream(s), ordinal(), n, x, loss_scale, out, scratch_))
-    CUDA_OP(init_params(Stream s, const InitArgs& a, size_t n, float* out), 1,
-            init_params(stream(s), ordinal(), a, init_scale(a), n, out))
-    CUDA_OP(checksum(Stream s, size_t n, const float* x, uint64_t* out), 1, checksum(stream(s), ordinal(), n, x, out))
 #undef CUDA_OP
 
     // The column reductions: one or two kernels, as the shape decides (column_plan.h).
@@ -426,11 +402,6 @@ public:
     }
     CUDA_COLUMN_OP(bias_grad(Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
                    bias_grad(stream(s), ordinal(), act_dtype(), rows, cols, dz, db, accumulate, scratch_))
-    CUDA_COLUMN_OP(channel_sums(Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out),
-                   channel_sums(stream(s), ordinal(), act_dtype(), rows, c, x, shift, squares, out, scratch_))
-    CUDA_COLUMN_OP(bn_backward_sums(Stream s, int rows, int c, const void* dy, const void* x, const float* mean,
-                                    const float* invstd, float* out),
-                   bn_backward_sums(stream(s), ordinal(), act_dtype(), rows, c, dy, x, mean, invstd, out, scratch_))
 #undef CUDA_COLUMN_OP
 
     void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {

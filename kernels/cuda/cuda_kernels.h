@@ -21,8 +21,8 @@ void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows
                       void* out);
 void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout,
                   void* dz);
-// The column reductions (bias_grad, channel_sums, bn_backward_sums) return the
-// kernels they launched and may use kScratchFloats of scratch for partial sums (column_plan.h).
+// The column reduction (bias_grad) returns the
+// kernels it launched and may use kScratchFloats of scratch for partial sums (column_plan.h).
 int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* dz, float* db, bool accumulate,
               float* scratch);
 void convert(cudaStream_t s, int dev, size_t n, const void* x, DType xt, void* y, DType yt);
@@ -34,19 +34,6 @@ void pool_forward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2
 void pool_backward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2d& g, const void* x, const void* dy,
                    void* dx);
 void nhwc_to_nchw(cudaStream_t s, int dev, DType t, int n, int h, int w, int c, const void* x, void* y, bool inverse);
-
-int channel_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* shift, bool squares,
-                 float* out, float* scratch);
-void bn_finalize(cudaStream_t s, int dev, const BnStats& a, const float* sum, const float* sqsum, float* mean,
-                 float* invstd, float* run_mean, float* run_var);
-void rsqrt_eps(cudaStream_t s, int dev, int c, const float* var, float eps, float* invstd);
-void channel_affine(cudaStream_t s, int dev, DType t, int rows, int c, const void* x, const float* mean,
-                    const float* invstd, const float* gamma, const float* beta, void* y);
-int bn_backward_sums(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x,
-                     const float* mean, const float* invstd, float* out, float* scratch);
-void bn_backward_dx(cudaStream_t s, int dev, DType t, int rows, int c, const void* dy, const void* x, const float* mean,
-                    const float* invstd, const float* gamma, const float* sums, double count, void* dx);
-void ema_update(cudaStream_t s, int dev, size_t n, float momentum, const float* batch, float* running);
 
 void fill(cudaStream_t s, int dev, size_t n, float value, float* x);
 void set_step_values(cudaStream_t s, int dev, const StepValues& v, StepValues* dst);

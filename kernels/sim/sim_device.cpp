@@ -639,36 +639,6 @@ public:
            pool_backward(Stream{}, kind, g, x, dy, dx))
     SIM_OP(nhwc_to_nchw, (Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse),
            nhwc_to_nchw(Stream{}, n, h, w, c, x, y, inverse))
-    SIM_OP(channel_sums, (Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out),
-           channel_sums(Stream{}, rows, c, x, shift, squares, out))
-    SIM_OP(bn_finalize,
-           (Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean, float* invstd,
-            float* run_mean, float* run_var),
-           bn_finalize(Stream{}, a, sum, sqsum, mean, invstd, run_mean, run_var))
-    SIM_OP(rsqrt_eps, (Stream s, int c, const float* var, float eps, float* invstd),
-           rsqrt_eps(Stream{}, c, var, eps, invstd))
-    SIM_OP(channel_affine,
-           (Stream s, int rows, int c, const void* x, const float* mean, const float* invstd, const float* gamma,
-            const float* beta, void* y),
-           channel_affine(Stream{}, rows, c, x, mean, invstd, gamma, beta, y))
-    SIM_OP(bn_backward_sums,
-           (Stream s, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
-            float* out),
-           bn_backward_sums(Stream{}, rows, c, dy, x, mean, invstd, out))
-    SIM_OP(bn_backward_dx,
-           (Stream s, int rows, int c, const void* dy, const void* x, const float* mean, const float* invstd,
-            const float* gamma, const float* sums, double count, void* dx),
-           bn_backward_dx(Stream{}, rows, c, dy, x, mean, invstd, gamma, sums, count, dx))
-    SIM_OP(ema_update, (Stream s, size_t n, float momentum, const float* batch, float* running),
-           ema_update(Stream{}, n, momentum, batch, running))
-    SIM_OP(fill, (Stream s, size_t n, float value, float* x), fill(Stream{}, n, value, x))
-    SIM_OP(set_step_values, (Stream s, const StepValues& v, StepValues* dst), set_step_values(Stream{}, v, dst))
-    SIM_OP(scale, (Stream s, size_t n, float alpha, float* x), scale(Stream{}, n, alpha, x))
-    SIM_OP(axpy, (Stream s, size_t n, float alpha, const float* x, float* y), axpy(Stream{}, n, alpha, x, y))
-    SIM_OP(sum_squares, (Stream s, size_t n, const float* x, const float* loss_scale, float* out),
-           sum_squares(Stream{}, n, x, loss_scale, out))
-    SIM_OP(init_params, (Stream s, const InitArgs& a, size_t n, float* out), init_params(Stream{}, a, n, out))
-    SIM_OP(checksum, (Stream s, size_t n, const float* x, uint64_t* out), checksum(Stream{}, n, x, out))
 
     void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         SIM_API("reduce_from_peer");

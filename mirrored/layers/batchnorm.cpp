@@ -8,6 +8,8 @@
 // adds its batch statistics, weighted 1 / (replicas x micro-batches), to the state region of the
 // gradient buffer; the gradient all-reduce sums them and every replica applies the same
 // exponential average after the step (mirrored/training_step.cpp).
+#include "kernels/ops/batchnorm.h"
+#include "kernels/ops/flat.h"
 #include "base/error.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
@@ -79,16 +81,16 @@ public:
         float* mean = p.acts->f32(slot_, mean_);
         float* invstd = p.acts->f32(slot_, invstd_);
         if (p.training) batch_statistics(p, x, rows, mean, invstd);
-        else d.rsqrt_eps(p.stream, c, p.params + run_var_off_, o_.epsilon, invstd);
+        else rsqrt_eps(d, p.stream, c, p.params + run_var_off_, o_.epsilon, invstd);
         const float* m = p.training ? mean : p.params + run_mean_off_;
         void* y = p.acts->act(slot_, out_buf_);
         const float *gamma = p.params + gamma_off_, *beta = p.params + beta_off_;
         if (z_buf_ < 0) {
-            d.channel_affine_act(p.stream, o_.activation, rows, c, x, m, invstd, gamma, beta, y);
+            channel_affine(d, p.stream, o_.activation, rows, c, x, m, invstd, gamma, beta, y);
             return y;
         }
         void* z = p.acts->act(slot_, z_buf_);
-        d.channel_affine(p.stream, rows, c, x, m, invstd, gamma, beta, z);
+        channel_affine(d, p.stream, Activation::none, rows, c, x, m, invstd, gamma, beta, z);
         d.bias_act_forward(p.stream, o_.activation, rows, c, nullptr, z, y);
         return y;
     }
@@ -102,13 +104,13 @@ public:
         const float* mean = p.acts->f32(slot_, mean_);
         const float* invstd = p.acts->f32(slot_, invstd_);
         float* sums = p.acts->f32(slot_, sums_);
-        d.bn_backward_sums(p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, sums);
+        bn_backward_sums(d, p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, sums);
         // this replica's dgamma = sum dy * xhat, dbeta = sum dy: the gradient all-reduce adds the rest
         float* dgamma = p.grad(gamma_off_);
         float* dbeta = p.grad(beta_off_);
         if (p.accumulate) {
-            d.axpy(p.stream, size_t(c), 1.0f, sums + c, dgamma);
-            d.axpy(p.stream, size_t(c), 1.0f, sums, dbeta);
+            axpy_floats(d, p.stream, size_t(c), 1.0f, sums + c, dgamma);
+            axpy_floats(d, p.stream, size_t(c), 1.0f, sums, dbeta);
         } else {
             d.copy_on_device(p.stream, dgamma, sums + c, size_t(c) * sizeof(float));
             d.copy_on_device(p.stream, dbeta, sums, size_t(c) * sizeof(float));
@@ -121,8 +123,8 @@ public:
             sums = p.sync->buffer();
             count = double(p.global_rows) * in_.h * in_.w;
         }
-        d.bn_backward_dx(p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, p.params + gamma_off_, sums, count,
-                         dx);
+        bn_backward_dx(d, p.stream, rows, c, dy, p.acts->input(slot_), mean, invstd, p.params + gamma_off_, sums, count,
+                       dx);
     }
 
     bool has_params() const override { return true; }
@@ -139,22 +141,22 @@ private:
         if (o_.sync) {
             a.count = double(p.global_rows) * in_.h * in_.w;
             float* buf = p.sync->buffer();
-            d.channel_sums(p.stream, rows, c, x, nullptr, false, buf);
+            channel_sums(d, p.stream, rows, c, x, nullptr, false, buf);
             p.sync->all_reduce(size_t(c));
             d.copy_on_device(p.stream, sum, buf, size_t(c) * sizeof(float));
-            d.bn_finalize(p.stream, a, sum, nullptr, mean, nullptr, nullptr, nullptr);
-            d.channel_sums(p.stream, rows, c, x, mean, true, buf);
+            bn_finalize(d, p.stream, a, sum, nullptr, mean, nullptr, nullptr, nullptr);
+            channel_sums(d, p.stream, rows, c, x, mean, true, buf);
             p.sync->all_reduce(size_t(c));
             sq = buf;
         } else {
             if (rows == 0) return;  // an empty shard: no statistics, nothing added to the running ones
-            d.channel_sums(p.stream, rows, c, x, nullptr, false, sum);
-            d.bn_finalize(p.stream, a, sum, nullptr, mean, nullptr, nullptr, nullptr);
-            d.channel_sums(p.stream, rows, c, x, mean, true, sq);
+            channel_sums(d, p.stream, rows, c, x, nullptr, false, sum);
+            bn_finalize(d, p.stream, a, sum, nullptr, mean, nullptr, nullptr, nullptr);
+            channel_sums(d, p.stream, rows, c, x, mean, true, sq);
         }
         // recomputed (train.recompute: blocks): counted into the running statistics once
-        d.bn_finalize(p.stream, a, sum, sq, mean, invstd, p.recomputing ? nullptr : p.grad(run_mean_off_),
-                      p.recomputing ? nullptr : p.grad(run_var_off_));
+        bn_finalize(d, p.stream, a, sum, sq, mean, invstd, p.recomputing ? nullptr : p.grad(run_mean_off_),
+                    p.recomputing ? nullptr : p.grad(run_var_off_));
     }
 
     const BatchNormOptions& o_;

@@ -15,6 +15,7 @@
 
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
+#include "kernels/ops/flat.h"
 
 namespace mirrored {
 
@@ -224,7 +225,7 @@ public:
         }
         float* tmp = p.acts->f32(slot_, permuted_);  // the permuted weights are no longer needed
         p.dev->nhwc_to_nchw(p.stream, F, g_.kh, g_.kw, in_.c, g, tmp, false);
-        p.dev->axpy(p.stream, size_t(F) * K, 1.0f, tmp, dw);
+        axpy_floats(*p.dev, p.stream, size_t(F) * K, 1.0f, tmp, dw);
     }
 
     bool has_params() const override { return true; }

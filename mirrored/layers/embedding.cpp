@@ -5,6 +5,7 @@
 // - lm_head: each position's [c] -> [vocab] scores, x W^T without bias; with tie_weights (the
 //   default) W is the token embedding's table (GPT-2's weight tying), so its gradient gathers both.
 #include "kernels/ops/embedding.h"
+#include "kernels/ops/flat.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -56,7 +57,7 @@ public:
         float* dw = p.grad(w_off_);
         if (!dw) return;  // frozen
         // A tied head wrote (or added to) this gradient already in its backward, which runs first.
-        if (!tied_ && !p.accumulate) p.dev->fill(p.stream, size_t(o_.vocab) * size_t(o_.dim), 0.0f, dw);
+        if (!tied_ && !p.accumulate) fill_floats(*p.dev, p.stream, size_t(o_.vocab) * size_t(o_.dim), 0.0f, dw);
         embedding_backward(*p.dev, p.stream, p.rows * in_.c, o_.vocab, o_.dim,
                            static_cast<const float*>(p.acts->input(slot_)), dy, dw);
     }
@@ -119,7 +120,7 @@ public:
         if (float* dw = p.grad(w_off_)) {  // else frozen
             p.dev->bias_grad(p.stream, p.rows, int(in_.size()), dy, dw, p.accumulate);
             if (!p.accumulate && in_.positions() < max_len_)  // the rows no position of these sequences reached
-                p.dev->fill(p.stream, size_t(max_len_ - in_.positions()) * in_.c, 0.0f, dw + in_.size());
+                fill_floats(*p.dev, p.stream, size_t(max_len_ - in_.positions()) * in_.c, 0.0f, dw + in_.size());
         }
         if (dx) p.dev->copy_on_device(p.stream, dx, dy, p.dev->act_bytes(size_t(p.rows) * in_.size()));
     }

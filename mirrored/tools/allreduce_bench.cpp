@@ -11,6 +11,7 @@
 #include "mirrored/allreduce_rig.h"
 #include "kernels/blas.h"
 #include "kernels/op_math.h"
+#include "kernels/ops/flat.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"
 #include "mirrored/watchdog.h"
@@ -101,7 +102,7 @@ struct Verifier {
     std::vector<int> wrong(AllReduceRig& rig, size_t floats, uint64_t want) {
         for (int r = 0; r < rig.replicas(); ++r) {
             Device& d = *rig.devs[size_t(r)];
-            d.checksum(d.compute_stream(), floats, rig.bufs[size_t(r)].data(), sums[size_t(r)].data());
+            checksum_floats(d, d.compute_stream(), floats, rig.bufs[size_t(r)].data(), sums[size_t(r)].data());
             d.copy_to_host(d.compute_stream(), &host[size_t(r)], sums[size_t(r)].data(), sizeof(uint64_t));
         }
         std::vector<int> bad;

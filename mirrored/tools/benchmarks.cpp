@@ -19,6 +19,7 @@
 #include "kernels/device.h"
 #include "base/error.h"
 #include "kernels/nccl.h"
+#include "kernels/ops/flat.h"
 #include "mirrored/util.h"
 #include "mirrored/checkpoint.h"
 #include "mirrored/config.h"
@@ -176,8 +177,8 @@ double time_gemm(Device& d, const GemmShape& g, double seconds) {
     DeviceBuffer<float> a32(d, na), b32(d, nb), c(d, nc);
     DeviceBuffer<unsigned char> a(d, d.act_bytes(na)), b(d, d.act_bytes(nb));
     const Stream s = d.compute_stream();
-    d.fill(s, na, 0.5f, a32.data());
-    d.fill(s, nb, 0.25f, b32.data());
+    fill_floats(d, s, na, 0.5f, a32.data());
+    fill_floats(d, s, nb, 0.25f, b32.data());
     d.convert(s, na, a32.data(), DType::f32, a.data(), type);
     d.convert(s, nb, b32.data(), DType::f32, b.data(), type);
     const int lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n;

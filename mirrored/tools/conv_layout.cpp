@@ -12,6 +12,7 @@
 #include "kernels/buffer.h"
 #include "base/error.h"
 #include "kernels/blas.h"
+#include "kernels/ops/flat.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"
 
@@ -150,7 +151,7 @@ int bench_conv_layout(const ConvLayoutBenchOptions& o) {
         const size_t in = size_t(g.n) * g.h * g.w * g.c, out = size_t(M) * F, cols = size_t(M) * K;
         DeviceBuffer<float> x(*d, in), dx(*d, in), col(*d, cols), y(*d, out), dy(*d, out), w(*d, size_t(F) * K),
             dw(*d, size_t(F) * K), tmp(*d, out);
-        for (auto* b : {&x, &dy, &w}) d->fill(s, b->size(), 0.01f, b->data());
+        for (auto* b : {&x, &dy, &w}) fill_floats(*d, s, b->size(), 0.01f, b->data());
         auto nhwc = [&] {
             im2col_nhwc(g, x.data(), col.data());
             d->gemm(s, false, true, M, F, K, 1.0f, col.data(), K, w.data(), K, 0.0f, y.data(), F);

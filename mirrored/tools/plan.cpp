@@ -12,6 +12,7 @@
 #include "base/io.h"
 #include "data/loader.h"
 #include "kernels/buffer.h"
+#include "kernels/ops/flat.h"
 #include "base/error.h"
 #include "mirrored/adaptation.h"
 #include "mirrored/config.h"
@@ -160,7 +161,7 @@ double gemm_ceiling(Device& d) {
     DeviceBuffer<unsigned char> a(d, d.act_bytes(count)), b(d, d.act_bytes(count));
     DeviceBuffer<float> c(d, count), f(d, count);
     const Stream s = d.compute_stream();
-    d.fill(s, count, 0.5f, f.data());
+    fill_floats(d, s, count, 0.5f, f.data());
     d.convert(s, count, f.data(), DType::f32, a.data(), t);
     d.convert(s, count, f.data(), DType::f32, b.data(), t);
     auto once = [&] {
