@@ -535,12 +535,16 @@ HfModelFiles hf_adapter_files(const Model& model, const float* params, const std
     }
     m.weights.metadata = {{"format", "pt"}};
     const bool gpt2 = model.layers()[1].type == "position_embedding";
-    const json config = {
-        {"peft_type", "LORA"},    {"task_type", "CAUSAL_LM"},
-        {"r", a.lora_rank},       {"lora_alpha", a.lora_alpha},
-        {"lora_dropout", a.lora_dropout},    {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
-        {"bias", "none"},         {"fan_in_fan_out", gpt2},
-        {"inference_mode", true}, {"base_model_name_or_path", base_model}};
+    const json config = {{"peft_type", "LORA"},
+                         {"task_type", "CAUSAL_LM"},
+                         {"r", a.lora_rank},
+                         {"lora_alpha", a.lora_alpha},
+                         {"lora_dropout", a.lora_dropout},
+                         {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
+                         {"bias", "none"},
+                         {"fan_in_fan_out", gpt2},
+                         {"inference_mode", true},
+                         {"base_model_name_or_path", base_model}};
     m.config_json = config.dump(2) + "\n";
     return m;
 }

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 #include "kernels/blas.h"
@@ -184,6 +185,46 @@ TEST_CASE("2 nodes x 1 CPU replica train bit-identically to 1 node x 2; node 0 a
     CHECK(j.out.find("node 0: ") != std::string::npos);
     CHECK(j.out.find("node 1: ") != std::string::npos);
     CHECK(j.out.find("done: ") == j.out.rfind("done: "));  // one node prints
+}
+
+TEST_CASE("a Hugging Face folder fine-tuned across 2 nodes equals 1 node x 2 bit for bit: LoRA, and in full") {
+    SKIP_WITHOUT_MPI();
+    TempDir t;
+    std::mt19937 rng(5);
+    for (const char* f : {"train.bin", "val.bin"}) {
+        std::vector<uint16_t> ids(std::string(f) == "val.bin" ? 600 : 3000);
+        for (auto& id : ids) id = uint16_t(rng() % 64);
+        std::ofstream(t / f, std::ios::binary)
+            .write(reinterpret_cast<const char*>(ids.data()), std::streamsize(ids.size() * 2));
+    }
+    const std::string data = "data: {dataset: tokens, root: " + t.path().string() +
+                             ", train: train.bin, test: val.bin, context: 16, vocab: 64}\n";
+    // the pretrained model: a small Qwen2-shaped Llama trained 2 steps, exported as Hugging Face's
+    const std::string base = t.write(
+        "base.yaml", "run: {name: base, seed: 2}\n" + data +
+                         "model: {layers: [{type: embedding, vocab: 64, dim: 32}, {type: llama_block, heads: 4, "
+                         "kv_heads: 2, intermediate_size: 48, bias: true, out_bias: false}, {type: rmsnorm}, "
+                         "{type: lm_head, tie_weights: false, units: 64}]}\n"
+                         "optimizer: {type: adamw, lr: 0.01}\ntrain: {steps: 2, global_batch_size: 8}\n");
+    REQUIRE(run_cli({"train", base, "--devices", "cpu:1", "--output", t / "base"}) == kExitOk);
+    REQUIRE(run_cli({"export", list_checkpoints(t / "base/checkpoints").front(), "--names", "hf", "--out", t / "hf"}) ==
+            kExitOk);
+    for (const std::string& model : {std::string("{init_from: hf, lora: {rank: 4, alpha: 8, dropout: 0.1, targets: "
+                                                 "[q_proj, v_proj, down_proj]}}"),
+                                     std::string("{init_from: hf}")}) {
+        CAPTURE(model);
+        const std::string name = model.find("lora") != std::string::npos ? "lora" : "full";
+        const std::string cfg = t.write(name + ".yaml", "run: {name: ft, seed: 4}\nstrategy: {devices: \"cpu:1\"}\n" +
+                                                            data + "model: " + model +
+                                                            "\noptimizer: {type: adamw, lr: 0.01}\n"
+                                                            "train: {steps: 6, global_batch_size: 8, "
+                                                            "log_every_steps: 2}\ncheckpoint: {every_steps: 3}\n");
+        const Job j = mpirun(2, {"train", cfg, "--output", t / (name + "_two")});
+        REQUIRE_MESSAGE(j.rc == kExitOk, j.err);
+        REQUIRE(run_cli({"train", cfg, "--devices", "cpu:2", "--output", t / (name + "_one")}) == kExitOk);
+        expect_same_run(t / (name + "_two"), t / (name + "_one"));
+        CHECK(final_params(t / (name + "_two")) == final_params(t / (name + "_one")));
+    }
 }
 
 TEST_CASE("cross_device_ops auto across nodes: node 0's choice is every node's, whatever each node's cache says") {
