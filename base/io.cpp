@@ -438,6 +438,20 @@ uint64_t available_host_memory() {
 
 uint64_t machine_memory() { return meminfo("MemTotal:"); }
 
+std::string shown_text(std::string_view s, size_t limit, bool escape_high) {
+    std::string out;
+    for (unsigned char ch : s.substr(0, limit)) {
+        if (ch < 0x20 || ch == 0x7f || (escape_high && ch >= 0x80)) {
+            char e[8];
+            std::snprintf(e, sizeof e, "\\x%02x", ch);
+            out += e;
+        } else {
+            out += char(ch);
+        }
+    }
+    return s.size() > limit ? out + "..." : out;
+}
+
 std::string format_bytes(uint64_t bytes) {
     char b[48];
     if (bytes >= (uint64_t(1) << 30)) std::snprintf(b, sizeof b, "%.1f GiB", double(bytes) / double(uint64_t(1) << 30));

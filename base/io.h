@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mirrored {
@@ -107,6 +108,9 @@ CgroupMemory process_cgroup_memory();  // this process's, read now
 uint64_t available_host_memory();
 uint64_t machine_memory();                 // MemTotal (0 if unknown)
 std::string format_bytes(uint64_t bytes);  // "3.2 GiB"
+// A string as an error message shows it: control bytes - and bytes from 0x80 when escape_high, for
+// text that is not valid UTF-8 - as \xNN, cut after `limit` bytes with "...".
+std::string shown_text(std::string_view s, size_t limit, bool escape_high = false);
 
 // Overflow-checked size arithmetic on untrusted numbers: false on overflow.
 bool checked_mul(uint64_t a, uint64_t b, uint64_t& out);

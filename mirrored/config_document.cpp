@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "base/error.h"
+#include "base/io.h"
 
 namespace mirrored::config_document {
 
@@ -40,20 +41,7 @@ bool valid_utf8(const std::string& s) {
 }
 
 // For messages: control bytes and invalid UTF-8 shown escaped, long strings cut.
-std::string printable(const std::string& s) {
-    std::string out;
-    const bool utf8 = valid_utf8(s);
-    for (unsigned char ch : s.substr(0, 120)) {
-        if (ch < 0x20 || ch == 0x7f || (!utf8 && ch >= 0x80)) {
-            char e[8];
-            std::snprintf(e, sizeof e, "\\x%02x", ch);
-            out += e;
-        } else {
-            out += char(ch);
-        }
-    }
-    return s.size() > 120 ? out + "..." : out;
-}
+std::string printable(const std::string& s) { return shown_text(s, 120, !valid_utf8(s)); }
 
 bool valid_key_path(const std::string& key) {
     if (key.empty() || key.front() == '.' || key.back() == '.' || key.find("..") != std::string::npos) return false;

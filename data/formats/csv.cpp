@@ -62,19 +62,7 @@ Parsed parse_number(std::string_view s, float& v) {
 bool parse_float(std::string_view s, float& v) { return parse_number(s, v) == Parsed::ok; }
 
 // Printable form of a field for an error message: control bytes escaped, long fields cut.
-std::string shown(std::string_view f) {
-    std::string out;
-    for (unsigned char ch : f.substr(0, 40)) {
-        if (ch < 0x20 || ch == 0x7f) {
-            char e[8];
-            std::snprintf(e, sizeof e, "\\x%02x", ch);
-            out += e;
-        } else {
-            out += char(ch);
-        }
-    }
-    return f.size() > 40 ? out + "..." : out;
-}
+std::string shown(std::string_view f) { return shown_text(f, 40); }
 
 bool all_numbers(const std::vector<std::string_view>& fields) {
     float v;
