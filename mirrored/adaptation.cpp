@@ -18,7 +18,7 @@ Adaptation make_adaptation(const ModelConfig& m, const std::vector<int>& input_s
     a.lora_rank = m.lora.rank;
     a.lora_scale = float(m.lora.alpha / m.lora.rank);
     a.lora_alpha = m.lora.alpha;
-    a.lora_dropout = float(m.lora.dropout);
+    a.lora_dropout = m.lora.dropout;
     const Model base(input_shape, m.layers, seed);
     std::set<std::string> modules, matched;
     for (const HfTensor& t : hf_tensors(base, "model.lora")) {

@@ -182,6 +182,8 @@ HfArch hf_arch(const std::vector<LayerSpec>& layers, const std::string& what) {
         };
         if (keys(layers[k]) != keys(layers[first])) fail(at + "its keys differ from the first block's");
     }
+    if (llama && layers[first].field("bias") != "true" && layers[first].field("out_bias") == "true")
+        fail("model.layers.1: out_bias: true without bias: neither Llama nor Qwen2 has a bias on o_proj alone");
     if (llama && layers[n - 1].field("tie_weights") == "false" &&
         layers[n - 1].field("units") != layers[0].field("vocab"))
         fail("model.layers." + std::to_string(n - 1) + ": the head scores " + layers[n - 1].field("units") +
@@ -331,6 +333,12 @@ bool hf_buffer(const std::string& name) {
 }  // namespace
 
 void read_hf_weights(const std::string& dir, const Model& model, float* params) {
+    read_hf_weights(
+        dir, model, [params](size_t offset, const float* v, size_t n) { std::copy(v, v + n, params + offset); },
+        [params](size_t offset, float* v, size_t n) { std::copy(params + offset, params + offset + n, v); });
+}
+
+void read_hf_weights(const std::string& dir, const Model& model, const ParamPut& put, const ParamGet& get) {
     const std::vector<HfTensor> wanted = hf_tensors(model, "model.init_from: " + dir);
     std::map<std::string, std::string> shard_of;
     const std::vector<std::string> files = hf_weight_files(dir, shard_of);
@@ -344,7 +352,7 @@ void read_hf_weights(const std::string& dir, const Model& model, float* params) 
         return stored;
     };
     std::set<std::string> done;
-    std::vector<float> scratch;
+    std::vector<float> scratch, dst;
     std::string tied_head;  // a file holding a tied lm_head.weight: compared with the embedding at the end
     for (const std::string& file : files) {
         const MappedSafetensors st(file);
@@ -372,21 +380,22 @@ void read_hf_weights(const std::string& dir, const Model& model, float* params) 
                                       "model has " + shape_str(t.shape));
             const TensorInfo& ours = *model.find(t.ours);
             const size_t cols = ours.shape.size() > 1 ? size_t(ours.count / size_t(ours.shape[0])) : 1;
-            float* dst = params + ours.offset + size_t(t.row) * cols;
             const uint64_t rows = e.shape.empty() ? 1 : uint64_t(e.shape[0]), count = e.count();
-            if (t.transposed) {  // [in, out] -> rows of out
+            dst.resize(size_t(count));  // the tensor in the model's layout: rows t.row.. of ours
+            if (t.transposed) {         // [in, out] -> rows of out
                 scratch.resize(size_t(count));
                 st.read_rows(stored, 0, rows, scratch.data());
                 const size_t in = size_t(e.shape[0]), outs = size_t(e.shape[1]);
                 for (size_t i = 0; i < in; ++i)
                     for (size_t o = 0; o < outs; ++o) dst[o * in + i] = scratch[i * outs + o];
             } else {
-                st.read_rows(stored, 0, rows, dst);
+                st.read_rows(stored, 0, rows, dst.data());
             }
             for (uint64_t i = 0; i < count; ++i)
                 if (!std::isfinite(dst[i]))
                     throw CheckpointError(file + ": tensor " + stored + " holds a non-finite value (" +
                                           decimal_text(dst[i]) + " at element " + std::to_string(i) + ")");
+            put(ours.offset + size_t(t.row) * cols, dst.data(), dst.size());
         }
     }
     for (const HfTensor& t : wanted)
@@ -401,7 +410,9 @@ void read_hf_weights(const std::string& dir, const Model& model, float* params) 
             throw CheckpointError(tied_head + ": lm_head.weight differs from the embedding, but config.json ties them");
         scratch.resize(embed.count);
         st.read_rows("lm_head.weight", 0, uint64_t(e.shape[0]), scratch.data());
-        if (!std::equal(scratch.begin(), scratch.end(), params + embed.offset))
+        dst.resize(embed.count);
+        get(embed.offset, dst.data(), embed.count);
+        if (scratch != dst)
             throw CheckpointError(tied_head +
                                   ": lm_head.weight differs from the embedding, but config.json ties "
                                   "them (tie_word_embeddings)");
@@ -480,6 +491,7 @@ HfModelFiles hf_model_files(const Model& model, const float* params) {
             config.erase("attention_bias");
             config.erase("mlp_bias");
             config["use_sliding_window"] = false;
+            config["sliding_window"] = nullptr;
         }
         if (const std::string kind = block.field("rope_scaling"); !kind.empty() && kind != "none") {
             const auto number = [&](const char* key) { return std::strtod(block.field(key).c_str(), nullptr); };

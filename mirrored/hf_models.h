@@ -9,6 +9,7 @@
 #pragma once
 
 #include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,11 +44,18 @@ struct HfTensor {
 // naming the layer when the model is not one Hugging Face's classes hold (what = the command).
 std::vector<HfTensor> hf_tensors(const Model& model, const std::string& what);
 
-// Reads DIR's weights into params (the model's flat layout; state and gaps untouched): shard by
-// shard, each memory-mapped and each tensor converted from F32, BF16 or F16 once. Every tensor of
+// Reads DIR's weights into the model's flat layout, a tensor at a time: shard by shard, each
+// memory-mapped and each tensor converted from F32, BF16 or F16 once, into a buffer of that
+// tensor's size that `put` takes (the range of the flat parameters it fills; state and gaps are not
+// put) - so no whole copy of the model is held besides the parameters themselves. `get` reads a
+// range back (a tied lm_head saved anyway is compared with the embedding). Every tensor of
 // hf_tensors must be there once, with its shape, and finite; a tensor nothing reads is an error
 // (but for buffers Hugging Face saves: GPT-2's attention masks, rotary inv_freq, a tied lm_head
 // equal to the embedding). CheckpointError naming the file and the tensor.
+using ParamPut = std::function<void(size_t offset, const float* values, size_t count)>;
+using ParamGet = std::function<void(size_t offset, float* values, size_t count)>;
+void read_hf_weights(const std::string& dir, const Model& model, const ParamPut& put, const ParamGet& get);
+// The same into a host array of the model's flat size.
 void read_hf_weights(const std::string& dir, const Model& model, float* params);
 
 // The model's parameters as a Hugging Face folder's model.safetensors (F32) and config.json

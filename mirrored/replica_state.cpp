@@ -242,10 +242,38 @@ void ReplicaState::upload_state(const std::vector<float>& params,
     upload(params, &state);
 }
 
-void ReplicaState::upload_params(const std::vector<float>& params) {
-    if (params.size() != set_.replica(0).params.size())
-        throw std::logic_error("upload_params: the parameters do not fit the model");
-    upload(params, nullptr);
+void ReplicaState::upload_param_range(size_t offset, const float* values, size_t count) {
+    if (offset > set_.model().flat_size() || count > set_.model().flat_size() - offset)
+        throw std::logic_error("upload_param_range: past the parameters");
+    set_.guarded([&] {
+        for (auto& Rp : set_.members()) {
+            if (&set_.holder(*Rp) != Rp.get()) continue;  // shared parameters: one copy
+            Device& d = *Rp->device;
+            d.copy_to_device(d.compute_stream(), Rp->params.data() + offset, values, count * sizeof(float));
+            d.stream_synchronize(d.compute_stream());  // values are the caller's again
+        }
+    });
+}
+
+void ReplicaState::refresh_weights() {
+    set_.guarded([&] {
+        for (auto& Rp : set_.members()) {
+            if (&set_.holder(*Rp) != Rp.get()) continue;
+            set_.refresh_weights(*Rp, Rp->device->compute_stream(), true);
+            Rp->device->synchronize();
+        }
+    });
+}
+
+void ReplicaState::download_param_range(size_t offset, float* values, size_t count) {
+    if (offset > set_.model().flat_size() || count > set_.model().flat_size() - offset)
+        throw std::logic_error("download_param_range: past the parameters");
+    set_.synchronize();
+    set_.guarded([&] {
+        Replica& R = set_.replica(0);
+        R.device->copy_to_host(R.device->compute_stream(), values, R.params.data() + offset, count * sizeof(float));
+        R.device->stream_synchronize(R.device->compute_stream());
+    });
 }
 
 void ReplicaState::upload(const std::vector<float>& params,

@@ -48,8 +48,12 @@ public:
     std::vector<std::pair<std::string, std::vector<float>>> download_optimizer_state();
     void upload_state(const std::vector<float>& params,
                       const std::vector<std::pair<std::string, std::vector<float>>>& optimizer_state);
-    // New parameters (pretrained weights) under the optimizer state the replicas start with.
-    void upload_params(const std::vector<float>& params);
+    // New parameters (pretrained weights) under the optimizer state the replicas start with: a
+    // range at a time into every replica (values may be reused on return), then the 16-bit
+    // precisions' compute copies refreshed once; and a range read back from replica 0.
+    void upload_param_range(size_t offset, const float* values, size_t count);
+    void refresh_weights();
+    void download_param_range(size_t offset, float* values, size_t count);
 
 private:
     void upload(const std::vector<float>& params,

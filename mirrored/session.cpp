@@ -256,9 +256,12 @@ std::unique_ptr<Session> make_session(const Config& config, std::shared_ptr<cons
 }
 
 void load_pretrained_weights(Session& session) {
-    std::vector<float> params = session.strategy->download_params();
-    read_hf_weights(session.cfg.model.init_from, *session.model, params.data());
-    session.strategy->upload_params(params);
+    MirroredStrategy& st = *session.strategy;
+    read_hf_weights(
+        session.cfg.model.init_from, *session.model,
+        [&](size_t offset, const float* v, size_t n) { st.upload_param_range(offset, v, n); },
+        [&](size_t offset, float* v, size_t n) { st.download_param_range(offset, v, n); });
+    st.refresh_weights();
 }
 
 }  // namespace mirrored

@@ -132,7 +132,13 @@ public:
                       const std::vector<std::pair<std::string, std::vector<float>>>& optimizer_state) {
         state_->upload_state(params, optimizer_state);
     }
-    void upload_params(const std::vector<float>& params) { state_->upload_params(params); }
+    void upload_param_range(size_t offset, const float* values, size_t count) {
+        state_->upload_param_range(offset, values, count);
+    }
+    void refresh_weights() { state_->refresh_weights(); }
+    void download_param_range(size_t offset, float* values, size_t count) {
+        state_->download_param_range(offset, values, count);
+    }
 
 private:
     std::unique_ptr<ReplicaSet> set_;

@@ -165,6 +165,14 @@ TEST_CASE("Hugging Face folders: what export writes, import reads back exactly (
             for (size_t i = 0; i < v.second.size(); ++i)
                 REQUIRE(v.second[i] == bf16_value(bf16_bits(files.weights.tensors.at(name).second[i])));
     }
+    {  // a bias on o_proj alone has no Hugging Face architecture: refused, not dropped
+        const Config odd = model_config(
+            "[{type: embedding, vocab: 96, dim: 32}, {type: llama_block, heads: 4, intermediate_size: 40, out_bias: "
+            "true}, {type: rmsnorm}, {type: lm_head, tie_weights: false, units: 96}]");
+        const Model m(odd.model.input_shape, odd.model.layers, 1);
+        CHECK_THROWS_WITH_AS(hf_model_files(m, random_params(m, 3).data()), doctest::Contains("o_proj alone"),
+                             ConfigError);
+    }
     // GPT-2's weights are stored [in, out] (Conv1D): c_attn's first row is q, k and v of input 0
     const Config c = model_config(kGpt2Layers);
     const Model m(c.model.input_shape, c.model.layers, 1);
@@ -558,6 +566,15 @@ TEST_CASE("LoRA and model.freeze: replicas, ZeRO, bf16 and recompute agree; froz
             CHECK(s["test_loss"].get<double>() == doctest::Approx(d1["test_loss"].get<double>()).epsilon(1e-5));
             CHECK(s["train_loss"].get<double>() == doctest::Approx(d1["train_loss"].get<double>()).epsilon(1e-5));
         }
+        // an epoch's short last batch (181 windows, batches of 8: 5 left) over 4 replicas: one
+        // replica's shard is empty in that step
+        const std::vector<std::string> epoch = {dropped, "train.steps=0", "train.epochs=1", "data.drop_last=false"};
+        std::vector<std::string> on1 = epoch, on4 = epoch;
+        on1.push_back("strategy.devices=cpu:1");
+        on4.push_back("strategy.devices=cpu:4");
+        const nlohmann::json short1 = train("drop_short1", on1), short4 = train("drop_short4", on4);
+        CHECK(short4["steps"] == short1["steps"]);
+        CHECK(short4["test_loss"].get<double>() == doctest::Approx(short1["test_loss"].get<double>()).epsilon(1e-5));
     }
     {  // simulated GPUs allocate the plan to the byte: gradients and optimizer state for the adapters only
         SimScope sim(0);

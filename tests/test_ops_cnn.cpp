@@ -559,13 +559,15 @@ TEST_CASE("cpu channel_affine with ReLU and add_act: one pass, the reference's b
                 auto xb = upload(*d, x), meanb = upload(*d, mean), invb = upload(*d, invstd);
                 auto gb = upload(*d, n.gamma), bb = upload(*d, n.beta);
                 auto y = poisoned(*d, count), ref = poisoned(*d, count);
-                channel_affine(*d, s, act, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(), bb.data(),
-                               y.data());
-                // the reference: the affine map, then the activation in place
-                channel_affine(*d, s, Activation::none, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(),
-                               bb.data(), ref.data());
-                if (act != Activation::none) d->bias_act_forward(s, act, n.rows, n.c, nullptr, ref.data(), ref.data());
-                CHECK(std::memcmp(download(*d, y).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
+                if (prec == Precision::fp32 && act == Activation::relu) {  // the one pass (elsewhere it is the two)
+                    channel_affine(*d, s, act, n.rows, n.c, xb.data(), meanb.data(), invb.data(), gb.data(), bb.data(),
+                                   y.data());
+                    // the reference: the affine map, then the activation in place
+                    channel_affine(*d, s, Activation::none, n.rows, n.c, xb.data(), meanb.data(), invb.data(),
+                                   gb.data(), bb.data(), ref.data());
+                    d->bias_act_forward(s, act, n.rows, n.c, nullptr, ref.data(), ref.data());
+                    CHECK(std::memcmp(download(*d, y).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
+                }
 
                 auto a = upload(*d, n.x), b = upload(*d, n.dy);  // apart, then y == a
                 d->add_act(s, act, n.rows, n.c, a.data(), b.data(), y.data());

@@ -422,7 +422,7 @@ TEST_CASE("gradients match finite differences: embedding, position embedding, at
         check_gradients(*d, mc.layers, 6, 3);  // every tensor trained: the biases' gradients too
         mc.lora = {2, 4, 0.3, {"q_proj", "v_proj", "o_proj", "down_proj"}};
         const Adaptation a = make_adaptation(mc, {6}, 1);
-        REQUIRE(a.lora_dropout == 0.3f);
+        REQUIRE(a.lora_dropout == 0.3);
         check_gradients(*d, mc.layers, 6, 3, false, 0, a);
         check_gradients(*d, mc.layers, 6, 2, true, 0, a);  // recomputed: the same masks again
     }

@@ -19,7 +19,7 @@ void bn_finalize(Device& d, Stream s, const BnStats& a, const float* sum, const 
 // invstd = 1 / sqrt(var + eps) (evaluation with running statistics)
 void rsqrt_eps(Device& d, Stream s, int c, const float* var, float eps, float* invstd);
 // y = act(gamma * (x - mean) * invstd + beta), per channel; the activation by bias_act_forward in
-// place, except on CPU replicas in f32 with ReLU or none: one pass, the same arithmetic.
+// place, except on CPU replicas in f32 with ReLU: one pass, the same arithmetic.
 void channel_affine(Device& d, Stream s, Activation act, int rows, int c, const void* x, const float* mean,
                     const float* invstd, const float* gamma, const float* beta, void* y);
 // out[0..c) = sum dy, out[c..2c) = sum dy * (x - mean) * invstd

@@ -89,7 +89,7 @@ public:
         const size_t t = size_t(in_.positions()), probs = size_t(heads_) * t * t;
         slot_ = b.new_slot();
         lora_qkv_.declare(b, qkv + ".weight", c, w, slot_, int(t));
-        lora_out_.declare(b, proj + ".weight", c, c, slot_, int(t));
+        lora_out_.declare(b, proj + ".weight", c, c, slot_, int(t), 1);
         qkv_ = b.act_buffer(slot_, t * size_t(w));
         heads_out_ = b.act_buffer(slot_, t * c);
         proj_out_ = b.act_buffer(slot_, t * c);

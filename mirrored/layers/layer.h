@@ -212,7 +212,7 @@ struct Adaptation {
     int lora_rank = 0;                // 0: no adapters
     float lora_scale = 0.0f;          // alpha / rank
     double lora_alpha = 0;
-    float lora_dropout = 0.0f;                           // the rate each adapter's input is dropped at in training
+    double lora_dropout = 0;                             // the rate each adapter's input is dropped at in training
     std::map<std::string, std::vector<LoraSlice>> lora;  // weight name -> its adapters
     bool operator==(const Adaptation&) const = default;
 };

@@ -5,14 +5,17 @@
 
 namespace mirrored {
 
-void LoraAdapters::declare(Builder& b, const std::string& weight, int inputs, int units, int slot, int positions) {
+void LoraAdapters::declare(Builder& b, const std::string& weight, int inputs, int units, int slot, int positions,
+                           int group) {
     const Adaptation& a = b.adaptation();
     inputs_ = inputs;
     units_ = units;
     rank_ = a.lora_rank;
     scale_ = a.lora_scale;
-    dropout_ = a.lora_dropout;
+    dropout_ = float(a.lora_dropout);
     slot_ = slot;
+    group_ = group;
+    positions_ = positions;
     for (const LoraSlice& s : b.lora_slices(weight)) {
         if (s.row < 0 || s.rows <= 0 || s.row + s.rows > units)
             throw std::logic_error("LoRA: rows [" + std::to_string(s.row) + ", +" + std::to_string(s.rows) + ") of " +
@@ -33,16 +36,17 @@ void LoraAdapters::declare(Builder& b, const std::string& weight, int inputs, in
 }
 
 const void* LoraAdapters::adapter_input(Pass& p, int rows, size_t k, const void* x) const {
-    if (!p.training || dropout_ <= 0) return x;
+    if (!p.training || dropout_ <= 0 || rows == 0) return x;  // (a replica's empty micro-batch)
     void* dropped = p.acts->act(slot_, dropped_);
-    dropout_forward(*p.dev, p.stream, mask(p, k), p.rows, rows / p.rows * inputs_, x, dropped);
+    dropout_forward(*p.dev, p.stream, mask(p, k), p.rows, positions_ * inputs_, x, dropped);
     return dropped;
 }
 
 // A mask per adapter (PEFT: one nn.Dropout per module), apart from its layer's own dropout's.
 DropoutArgs LoraAdapters::mask(const Pass& p, size_t k) const {
-    return DropoutArgs{dropout_, p.seed,       0x80000000u | (uint32_t(slot_) << 8) | uint32_t(k),
-                       p.step,   p.row_offset, p.values};
+    return DropoutArgs{
+        dropout_, p.seed,       0x80000000u | (uint32_t(slot_) << 8) | (uint32_t(group_) << 4) | uint32_t(k),
+        p.step,   p.row_offset, p.values};
 }
 
 void LoraAdapters::place(const std::vector<TensorRef>& refs) {
@@ -95,7 +99,7 @@ void LoraAdapters::backward(Pass& p, int rows, const void* x, const void* dy, vo
         void* part = p.acts->act(slot_, dropped_);
         d.gemm(p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 0.0f, part,
                inputs_, p.types(p.vt));
-        dropout_backward(d, p.stream, mask(p, k), p.rows, rows / p.rows * inputs_, part, part);
+        dropout_backward(d, p.stream, mask(p, k), p.rows, positions_ * inputs_, part, part);
         d.add(p.stream, size_t(rows) * size_t(inputs_), part, dx);
     }
 }

@@ -19,8 +19,9 @@ namespace mirrored {
 class LoraAdapters {
 public:
     // Declares `weight`'s adapters (none where the adaptation names none) and their scratch in the
-    // layer's slot, for inputs of `positions` rows per sample.
-    void declare(Builder& b, const std::string& weight, int inputs, int units, int slot, int positions);
+    // layer's slot, for inputs of `positions` rows per sample. group: which of the layer's weights
+    // (0, 1, ...): its adapters' dropout masks differ from those of the layer's other weights.
+    void declare(Builder& b, const std::string& weight, int inputs, int units, int slot, int positions, int group = 0);
     void place(const std::vector<TensorRef>& refs);
     bool empty() const { return adapters_.empty(); }
     // y [rows, units] += the adapters' products of x [rows, inputs] (activation type).
@@ -40,7 +41,7 @@ private:
     // x as adapter k reads it: dropped in training (into `dropped`), else x itself
     const void* adapter_input(Pass& p, int rows, size_t k, const void* x) const;
     DropoutArgs mask(const Pass& p, size_t k) const;
-    int inputs_ = 0, units_ = 0, rank_ = 0, slot_ = -1, xa_ = -1, dxa_ = -1, dropped_ = -1;
+    int inputs_ = 0, units_ = 0, rank_ = 0, slot_ = -1, group_ = 0, positions_ = 0, xa_ = -1, dxa_ = -1, dropped_ = -1;
     float scale_ = 0.0f, dropout_ = 0.0f;
 };
 
