@@ -251,6 +251,12 @@ MIRRORED_HD float round_to(DType t, float x) {
     return t == DType::bf16 ? round_bf16(x) : t == DType::f16 ? round_f16(x) : x;
 }
 
+// A CPU pass's f32 results rounded in place to the 16-bit storage type t (nothing for f32).
+inline void round_stored(float* v, size_t n, DType t) {
+    if (t == DType::f32) return;
+    for (size_t i = 0; i < n; ++i) v[i] = round_to(t, v[i]);
+}
+
 // ---- a loss against float targets (target_loss, kernels/ops/losses.h), one element: its loss,
 // the gradient of that loss by z, and whether its prediction is right (bce: z > 0 exactly when
 // t > 0.5).

@@ -186,14 +186,9 @@ void ReplicaState::verify_replicas() {
 }
 
 std::vector<float> ReplicaState::download_params() {
-    set_.synchronize();
-    return set_.guarded([&] {
-        Replica& R = set_.replica(0);
-        std::vector<float> h(set_.model().flat_size());
-        R.device->copy_to_host(R.device->compute_stream(), h.data(), R.params.data(), h.size() * sizeof(float));
-        R.device->stream_synchronize(R.device->compute_stream());
-        return h;
-    });
+    std::vector<float> h(set_.model().flat_size());
+    download_param_range(0, h.data(), h.size());
+    return h;
 }
 
 // The replicas whose optimizers hold the state between them: every replica's own chunks when
@@ -239,7 +234,23 @@ void ReplicaState::upload_state(const std::vector<float>& params,
     for (size_t i = 0; i < mine.size(); ++i)
         if (mine[i].first != state[i].first || first.size() != state[i].second.size())
             throw CheckpointError("checkpoint optimizer state '" + state[i].first + "' does not fit the optimizer");
-    upload(params, &state);
+    set_.guarded([&] {
+        for (auto& Rp : set_.members()) {
+            if (&set_.holder(*Rp) != Rp.get()) continue;  // shared parameters: one copy
+            Device& d = *Rp->device;
+            d.copy_to_device(d.compute_stream(), Rp->params.data(), params.data(), params.size() * sizeof(float));
+            auto own = Rp->optimizer->state();
+            std::vector<float> part(Rp->optimizer->state_size());
+            for (size_t i = 0; i < own.size(); ++i) {
+                for (const auto& o : Rp->optimizer->owned())
+                    std::copy_n(state[i].second.data() + o.begin, o.end - o.begin, part.data() + o.state_at);
+                d.copy_to_device(d.compute_stream(), own[i].second->data(), part.data(), part.size() * sizeof(float));
+                d.synchronize();  // part is refilled for the next state
+            }
+            set_.refresh_weights(*Rp, d.compute_stream(), true);
+            d.synchronize();
+        }
+    });
 }
 
 void ReplicaState::upload_param_range(size_t offset, const float* values, size_t count) {
@@ -273,30 +284,6 @@ void ReplicaState::download_param_range(size_t offset, float* values, size_t cou
         Replica& R = set_.replica(0);
         R.device->copy_to_host(R.device->compute_stream(), values, R.params.data() + offset, count * sizeof(float));
         R.device->stream_synchronize(R.device->compute_stream());
-    });
-}
-
-void ReplicaState::upload(const std::vector<float>& params,
-                          const std::vector<std::pair<std::string, std::vector<float>>>* state) {
-    set_.guarded([&] {
-        for (auto& Rp : set_.members()) {
-            if (&set_.holder(*Rp) != Rp.get()) continue;  // shared parameters: one copy
-            Device& d = *Rp->device;
-            d.copy_to_device(d.compute_stream(), Rp->params.data(), params.data(), params.size() * sizeof(float));
-            if (state) {
-                auto own = Rp->optimizer->state();
-                std::vector<float> part(Rp->optimizer->state_size());
-                for (size_t i = 0; i < own.size(); ++i) {
-                    for (const auto& o : Rp->optimizer->owned())
-                        std::copy_n((*state)[i].second.data() + o.begin, o.end - o.begin, part.data() + o.state_at);
-                    d.copy_to_device(d.compute_stream(), own[i].second->data(), part.data(),
-                                     part.size() * sizeof(float));
-                    d.synchronize();  // part is refilled for the next state
-                }
-            }
-            set_.refresh_weights(*Rp, d.compute_stream(), true);
-            d.synchronize();
-        }
     });
 }
 

@@ -56,8 +56,6 @@ public:
     void download_param_range(size_t offset, float* values, size_t count);
 
 private:
-    void upload(const std::vector<float>& params,
-                const std::vector<std::pair<std::string, std::vector<float>>>* optimizer_state);
     std::vector<Replica*> state_holders();
     ReplicaSet& set_;
 };

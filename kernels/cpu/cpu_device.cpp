@@ -160,7 +160,7 @@ public:
         float* z = as_floats(zv);
         if (!jit_conv_forward(g, as_floats(x), wt, filters, z)) return false;
         // as gemm: the product's output rounded to its storage type
-        round_stored(z, size_t(g.n) * g.oh() * g.ow() * size_t(filters), types.c);
+        mirrored::round_stored(z, size_t(g.n) * g.oh() * g.ow() * size_t(filters), types.c);
         return true;
     }
     bool conv_weight_grad(Stream, const Window2d& g, const void* x, const void* dz, int filters, float* dw) override {
@@ -232,13 +232,8 @@ private:
     std::vector<float> column_sums_;  // bias_grad's scratch
     cpu::CnnScratch cnn_;             // the convolution and pooling passes' scratch
 
-    // A pass's f32 results rounded to the 16-bit storage type (the values', unless given), where
-    // one is in use.
-    void round_stored(float* v, size_t n) const { round_stored(v, n, value_dtype()); }
-    static void round_stored(float* v, size_t n, DType t) {
-        if (t == DType::f32) return;
-        for (size_t i = 0; i < n; ++i) v[i] = round_to(t, v[i]);
-    }
+    // A pass's f32 results rounded to the values' 16-bit storage type, where one is in use.
+    void round_stored(float* v, size_t n) const { mirrored::round_stored(v, n, value_dtype()); }
 
     void* allocate(size_t bytes) {
         const size_t rounded = (bytes + 63) / 64 * 64;

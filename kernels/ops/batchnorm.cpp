@@ -16,13 +16,6 @@ cpu::CnnScratch& scratch() {
     return s;
 }
 
-// A pass's f32 results rounded to the 16-bit storage type the device computes in, if any.
-void round_stored(const Device& h, float* v, size_t n) {
-    const DType t = h.value_dtype();
-    if (t == DType::f32) return;
-    for (size_t i = 0; i < n; ++i) v[i] = round_to(t, v[i]);
-}
-
 }  // namespace
 
 void channel_sums(Device& d, Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out) {
@@ -63,7 +56,7 @@ void channel_affine(Device& d, Stream s, Activation act, int rows, int c, const 
                 cpu::channel_affine_relu(rows, c, as_floats(x), mean, invstd, gamma, beta, as_floats(y));
             } else {
                 cpu::channel_affine(rows, c, as_floats(x), mean, invstd, gamma, beta, as_floats(y));
-                round_stored(h, as_floats(y), size_t(rows) * c);
+                round_stored(as_floats(y), size_t(rows) * c, h.value_dtype());
             }
         });
         if (one_pass) return;
@@ -88,7 +81,7 @@ void bn_backward_dx(Device& d, Stream s, int rows, int c, const void* dy, const 
     run_on_host(d, s, "bn_backward_dx", [=](const Device& h) {
         cpu::bn_backward_dx(rows, c, as_floats(dy), as_floats(x), mean, invstd, gamma, sums, float(1.0 / count),
                             as_floats(dx));
-        round_stored(h, as_floats(dx), size_t(rows) * c);
+        round_stored(as_floats(dx), size_t(rows) * c, h.value_dtype());
     });
 }
 
