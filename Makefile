@@ -2,6 +2,7 @@
 #   make          build build/mirrored (CLI) and build/mirrored_tests
 #   make train    install what is missing, build, train configs/fashion_mnist_mlp.yaml
 #   make train-gpt  a byte-level GPT on the Python standard library (configs/python_gpt.yaml)
+#   make train-llm  a Llama-style model on it, BPE-tokenized (configs/python_llama_bpe.yaml)
 #   make train-llama  a byte-level Llama-style model on the same text (configs/python_llama.yaml)
 #   make train-images  the CNN from a folder of JPEG images (configs/fashion_mnist_images.yaml)
 #   make test     build and run every test; ends with "N passed, N failed[, N skipped]"
@@ -135,7 +136,7 @@ OP_CU_OBJ := $(if $(filter 1,$(CUDA_EMU)),$(OP_CU:%.cu=$(OBJ)/%.emu.o),$(OP_CU:%
 TEST_OBJ := $(HOST_TEST_OBJ) $(BACKEND_TEST_CPP:%.cpp=$(OBJ)/%.o)
 LIB := $(BUILD)/libmirrored.a
 
-.PHONY: all host-objects train train-gpt train-llama train-images test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz fuzz-targets format lint clean install-deps
+.PHONY: all host-objects train train-gpt train-llama train-llm train-images test test-timing test-tsan test-cuda-emu test-cuda-emu-asan fuzz fuzz-targets format lint clean install-deps
 all: $(BUILD)/mirrored $(BUILD)/mirrored_tests
 host-objects: $(HOST_OBJ) $(HOST_TEST_OBJ) $(MAIN_OBJ)
 
@@ -214,6 +215,14 @@ train-gpt: $(BUILD)/mirrored
 train-llama: $(BUILD)/mirrored
 	@test -f $(GPT_DATA)/meta.json || /usr/bin/python3 scripts/prepare_text.py --python-stdlib --out $(GPT_DATA)
 	$(BUILD)/mirrored train configs/python_llama.yaml $(ARGS)
+
+# The Llama-style model on the same files tokenized by a byte-level BPE of 2,048 tokens trained on
+# the training files (configs/python_llama_bpe.yaml); the same files held out as train-gpt's.
+BPE_DATA := runs/data/python-stdlib-bpe
+train-llm: $(BUILD)/mirrored
+	@test -f $(BPE_DATA)/meta.json || $(BUILD)/mirrored tokenize \
+	  $$(/usr/bin/python3 scripts/prepare_text.py --python-stdlib --list) --train-bpe 2048 --val-every 10 --out $(BPE_DATA)
+	$(BUILD)/mirrored train configs/python_llama_bpe.yaml $(ARGS)
 
 # The CNN from a folder of JPEG images written once from Fashion-MNIST (needs python3-pil).
 IMAGE_DATA := runs/data/fashion-mnist-images

@@ -11,6 +11,7 @@ split between training and validation.
     scripts/prepare_text.py --python-stdlib --out data/python-stdlib
     scripts/prepare_text.py --out data/mine --val-every 10 notes/ book.txt
     scripts/prepare_text.py --out data/mine-bpe --bpe 4096 notes/ book.txt
+    build/mirrored tokenize $(scripts/prepare_text.py --python-stdlib --list) --train-bpe 4096 --out DIR
 
 A BPE model's prompts and samples go through the same tokenizer (`mirrored generate` prints ids
 when the vocabulary is not bytes):
@@ -151,7 +152,14 @@ def main():
     ap.add_argument("--val-every", type=int, default=10, help="hold out every Nth file for validation (default 10)")
     ap.add_argument("--suffix", action="append", default=[], help="only files ending so, in folders (repeatable)")
     ap.add_argument("--max-bytes", type=int, default=0, help="stop adding training files past this many bytes")
+    ap.add_argument("--list", action="store_true",
+                    help="print the files, one a line, in the order the split counts them, and stop")
     a = ap.parse_args()
+    if a.list:
+        if a.python_stdlib == bool(a.inputs):
+            fail(2, "give either --python-stdlib or input files, not both or neither")
+        print("\n".join(stdlib_files()[1] if a.python_stdlib else listed_files(a.inputs, a.suffix)))
+        return 0
     if a.encode or a.decode:
         if a.encode and a.decode:
             fail(2, "give --encode or --decode, not both")
