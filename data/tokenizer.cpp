@@ -5,6 +5,7 @@
 #include <sentencepiece_processor.h>
 
 #include <array>
+#include <charconv>
 #include <cctype>
 #include <algorithm>
 #include <thread>
@@ -418,6 +419,142 @@ std::unique_ptr<Tokenizer> from_vocab_merges(const std::string& vocab_path, cons
     return std::make_unique<BpeTokenizer>(vocab_path, vocab, merges, lines, specials, kGpt2Pattern);
 }
 
+// Standard base64 (RFC 4648, padded), as tiktoken rank files write tokens; false for anything else.
+bool decode_base64(std::string_view in, std::string& out) {
+    static const std::array<int8_t, 256> value = [] {
+        std::array<int8_t, 256> v{};
+        v.fill(-1);
+        const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for (int i = 0; i < 64; ++i) v[static_cast<unsigned char>(alphabet[i])] = int8_t(i);
+        return v;
+    }();
+    out.clear();
+    if (in.empty() || in.size() % 4) return false;
+    for (size_t i = 0; i < in.size(); i += 4) {
+        uint32_t n = 0;
+        int pad = 0;
+        for (size_t k = 0; k < 4; ++k) {
+            const char c = in[i + k];
+            if (c == '=' && k >= 2 && i + 4 == in.size()) {
+                ++pad;
+                n <<= 6;
+                continue;
+            }
+            const int v = value[static_cast<unsigned char>(c)];
+            if (pad || v < 0) return false;
+            n = (n << 6) | uint32_t(v);
+        }
+        out.push_back(char(n >> 16));
+        if (pad < 2) out.push_back(char(n >> 8));
+        if (pad < 1) out.push_back(char(n));
+    }
+    return true;
+}
+
+// What a tiktoken rank file does not hold - the pre-tokenizer's regex and the special tokens -
+// tiktoken knows by the encoding's name (tiktoken_ext/openai_public.py), and so does this reader:
+// the file's name without .tiktoken. Any other name: GPT-2's regex and <|endoftext|> after the last
+// rank.
+void tiktoken_encoding(const std::string& name, uint32_t after_last, std::string& pattern,
+                       std::vector<std::pair<std::string, uint32_t>>& specials) {
+    static constexpr const char* kContractions =
+        "('s|'S|'t|'T|'re|'rE|'Re|'RE|'ve|'vE|'Ve|'VE|'m|'M|'ll|'lL|'Ll|'LL|'d|'D)";
+    pattern = kGpt2Pattern;
+    if (name == "gpt2" || name == "r50k_base" || name == "p50k_base") {
+        specials = {{"<|endoftext|>", 50256}};
+    } else if (name == "cl100k_base") {
+        pattern = std::string(kContractions) +
+                  R"(|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+        specials = {{"<|endoftext|>", 100257},
+                    {"<|fim_prefix|>", 100258},
+                    {"<|fim_middle|>", 100259},
+                    {"<|fim_suffix|>", 100260},
+                    {"<|endofprompt|>", 100276}};
+    } else if (name == "o200k_base") {
+        const std::string upper = R"([\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}])", lower = R"([\p{Ll}\p{Lm}\p{Lo}\p{M}])";
+        pattern = R"([^\r\n\p{L}\p{N}]?)" + upper + "*" + lower + "+" + kContractions + "?|" + R"([^\r\n\p{L}\p{N}]?)" +
+                  upper + "+" + lower + "*" + kContractions + "?" +
+                  R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+        specials = {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}};
+    } else {
+        specials = {{"<|endoftext|>", after_last}};
+    }
+}
+
+// A tiktoken rank file (OpenAI's gpt2, r50k_base, p50k_base, cl100k_base, o200k_base.tiktoken): a
+// line per token, its bytes in base64 and its rank, the rank its merge order and its id. The pairs
+// merged are recovered as tiktoken's byte_pair_encode finds them: a token's bytes merged by the
+// lower-ranked tokens alone end as exactly two, the pair whose merge it is.
+std::unique_ptr<Tokenizer> from_tiktoken(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw DataError(path + ": cannot open");
+    std::vector<std::pair<uint32_t, std::string>> tokens;  // (rank, bytes)
+    std::unordered_map<std::string, uint32_t> rank_of;
+    std::string line, bytes;
+    for (size_t n = 1; std::getline(in, line); ++n) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.empty()) continue;
+        const std::string at = path + ":" + std::to_string(n);
+        const size_t sp = line.find(' ');
+        if (sp == std::string::npos || !decode_base64(std::string_view(line).substr(0, sp), bytes))
+            throw DataError(at + ": expected a token's bytes in base64, a space and its rank");
+        uint32_t rank = 0;
+        const char* end = line.data() + line.size();
+        const auto [stop, ec] = std::from_chars(line.data() + sp + 1, end, rank);
+        if (ec != std::errc() || stop != end || sp + 1 == line.size() || rank >= (uint32_t(1) << 30))
+            throw DataError(at + ": rank '" + line.substr(sp + 1) + "' is not a whole number below 2^30");
+        if (!rank_of.emplace(bytes, rank).second)
+            throw DataError(at + ": token '" + line.substr(0, sp) + "' is listed twice");
+        tokens.push_back({rank, bytes});
+    }
+    if (tokens.empty()) throw DataError(path + ": no tokens (expected lines of base64 bytes and a rank)");
+    std::sort(tokens.begin(), tokens.end());
+    for (size_t i = 1; i < tokens.size(); ++i)
+        if (tokens[i].first == tokens[i - 1].first)
+            throw DataError(path + ": rank " + std::to_string(tokens[i].first) + " is given to two tokens");
+    const std::array<uint32_t, 256> chars = byte_chars();
+    const auto printable = [&](const std::string& b) {
+        std::string s;
+        for (unsigned char c : b) append_utf8(s, chars[c]);
+        return s;
+    };
+    std::unordered_map<std::string, uint32_t> vocab;
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::vector<std::string> lines;
+    std::vector<std::string> parts;
+    for (const auto& [rank, b] : tokens) {
+        vocab.emplace(printable(b), rank);
+        if (b.size() < 2) continue;
+        parts.clear();
+        for (char c : b) parts.emplace_back(1, c);
+        while (parts.size() > 2) {  // the lowest-ranked adjacent pair below this token, leftmost first
+            uint32_t best = rank;
+            size_t at = 0;
+            for (size_t i = 0; i + 1 < parts.size(); ++i)
+                if (const auto r = rank_of.find(parts[i] + parts[i + 1]); r != rank_of.end() && r->second < best)
+                    best = r->second, at = i;
+            if (best == rank) break;
+            parts[at] += parts[at + 1];
+            parts.erase(parts.begin() + std::ptrdiff_t(at) + 1);
+        }
+        if (parts.size() != 2)
+            throw DataError(path + ": the token of rank " + std::to_string(rank) + " ('" + printable(b) +
+                            "') is not the merge of two tokens of lower rank: not a BPE rank file");
+        merges.push_back({printable(parts[0]), printable(parts[1])});
+        lines.push_back(merges.back().first + " " + merges.back().second);
+    }
+    std::string pattern;
+    std::vector<std::pair<std::string, uint32_t>> specials;
+    tiktoken_encoding(std::filesystem::path(path).stem().string(), tokens.back().first + 1, pattern, specials);
+    const auto by_rank = [](const std::pair<uint32_t, std::string>& t, uint32_t r) { return t.first < r; };
+    for (const auto& [text, id] : specials)
+        if (const auto t = std::lower_bound(tokens.begin(), tokens.end(), id, by_rank);
+            t != tokens.end() && t->first == id)
+            throw DataError(path + ": rank " + std::to_string(id) + " is " + text + "'s id in the " +
+                            std::filesystem::path(path).stem().string() + " encoding, not a token's");
+    return std::make_unique<BpeTokenizer>(path, vocab, merges, lines, specials, pattern);
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
@@ -436,15 +573,33 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
         }
         if (fs::exists(dir / "vocab.json", ec) && fs::exists(dir / "merges.txt", ec))
             return from_vocab_merges((dir / "vocab.json").string(), (dir / "merges.txt").string());
-        throw DataError(path + ": no tokenizer.model, tokenizer.json, nor vocab.json and merges.txt");
+        std::vector<fs::path> ranks;
+        for (const auto& f : fs::directory_iterator(dir, ec))
+            if (f.path().extension() == ".tiktoken") ranks.push_back(f.path());
+        if (ranks.size() == 1) return from_tiktoken(ranks[0].string());
+        throw DataError(path + (ranks.empty() ? ": no tokenizer.model, tokenizer.json, vocab.json and merges.txt, "
+                                                "nor a .tiktoken rank file"
+                                              : ": more than one .tiktoken rank file; name the one to use"));
     }
     if (!fs::is_regular_file(path, ec)) throw DataError(path + ": no such tokenizer file or folder");
     if (fs::path(path).extension() == ".model") return std::make_unique<SentencePieceTokenizer>(path);
+    if (fs::path(path).extension() == ".tiktoken") return from_tiktoken(path);
     if (fs::path(path).filename() == "vocab.json") {
         const std::string merges = (fs::path(path).parent_path() / "merges.txt").string();
         return from_vocab_merges(path, merges);
     }
     return from_tokenizer_json(read_json(path), path);
+}
+
+std::vector<std::string> tokenizer_files(const std::string& folder) {
+    namespace fs = std::filesystem;
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const char* n : {"tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"})
+        if (fs::is_regular_file(fs::path(folder) / n, ec)) files.push_back((fs::path(folder) / n).string());
+    for (const auto& f : fs::directory_iterator(folder, ec))
+        if (f.path().extension() == ".tiktoken" && f.is_regular_file(ec)) files.push_back(f.path().string());
+    return files;
 }
 
 std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text, const std::string& where) {

@@ -8,6 +8,10 @@
 //   Special tokens (<|endoftext|>, tokenizer.json's added tokens) in the text are their own ids.
 //   Any bytes encode, valid UTF-8 or not (bytes outside every regex match are pieces of their own),
 //   and decode(encode(x)) == x.
+// - tiktoken rank files (name.tiktoken: gpt2, r50k_base, p50k_base, cl100k_base, o200k_base), the
+//   same byte-level BPE: the merges are recovered from the ranks; the regex and special tokens,
+//   which the file does not hold, are those tiktoken gives the encoding's name (another name: GPT-2's
+//   regex, <|endoftext|> after the last rank).
 // - SentencePiece (Llama 2's, Mistral's tokenizer.model, or one trained with spm_train), through the
 //   SentencePiece library; a folder with a tokenizer.model is read as one. Its model normalises the
 //   text (NFKC, whitespace) as it was trained to, so decode(encode(x)) is x normalised.
@@ -39,10 +43,14 @@ public:
 
 std::unique_ptr<Tokenizer> byte_tokenizer();
 
-// A folder holding tokenizer.json (or vocab.json and merges.txt), or a tokenizer.json file.
+// A folder holding tokenizer.model, tokenizer.json, vocab.json and merges.txt, or one .tiktoken
+// file; or a tokenizer.json, vocab.json, .model or .tiktoken file.
 // DataError (exit 3) naming the file, and the line or key, for one that is not what it claims:
 // truncated JSON, merges naming unknown tokens, ids beyond the vocabulary, a model other than BPE.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// The files of a tokenizer a folder holds, full paths (tokenizer.model, tokenizer.json, vocab.json,
+// merges.txt, tokenizer_config.json, .tiktoken rank files): what travels with token files and runs.
+std::vector<std::string> tokenizer_files(const std::string& folder);
 // The same from a tokenizer.json's text (`where` names it in messages).
 std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text, const std::string& where);
 

@@ -10,6 +10,9 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "base/io.h"
+#include "base/output.h"
+#include "data/tokenizer.h"
 
 namespace mirrored {
 
@@ -64,6 +67,17 @@ std::string move_aside(const std::string& dir, const std::vector<std::string>& f
         if (ec) throw ConfigError(p.string() + ": cannot move it aside to " + aside.string() + ": " + ec.message());
     }
     return aside.string();
+}
+
+void keep_tokenizer(const std::string& data_root, const std::string& dir) {
+    const std::vector<std::string> files = tokenizer_files(data_root);
+    if (files.empty()) return;
+    const fs::path kept = fs::path(dir) / "tokenizer";
+    std::error_code ec;
+    fs::create_directories(kept, ec);
+    if (ec) throw CheckpointError(kept.string() + ": cannot create: " + ec.message());
+    for (const std::string& f : files)
+        write_file_atomic((kept / fs::path(f).filename()).string(), read_regular_file(f, uint64_t(1) << 30));
 }
 
 }  // namespace mirrored

@@ -28,4 +28,9 @@ private:
 // ("" when there was nothing to move).
 std::string move_aside(const std::string& dir, const std::vector<std::string>& files);
 
+// The tokenizer of a language model's token files (the files `mirrored tokenize` put beside them in
+// data_root) copied into <dir>/tokenizer, so `generate` prints text for the run's checkpoints
+// wherever the data goes. Nothing where data_root holds no tokenizer.
+void keep_tokenizer(const std::string& data_root, const std::string& dir);
+
 }  // namespace mirrored

@@ -15,7 +15,9 @@
 #include "base/io.h"
 #include "base/output.h"
 #include "base/signals.h"
+#include "data/datasets.h"
 #include "mirrored/resume.h"
+#include "mirrored/run_dir.h"
 #include "mirrored/run_header.h"
 #include "mirrored/software.h"
 #include "mirrored/training_run.h"
@@ -149,7 +151,10 @@ int TrainingRun::run() {
     const int64_t bpe = s_->train_loader->batches_per_epoch();
     total_steps_ = cfg_.train.steps > 0 ? cfg_.train.steps : cfg_.train.epochs * bpe;
     resume_or_init();
-    if (leader_) write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
+    if (leader_) {
+        write_file_atomic((fs::path(out_dir_) / "config.yaml").string(), config_to_yaml(cfg_));
+        if (s_->model->reads_token_ids()) keep_tokenizer(effective_data_root(cfg_.data, cfg_.base_dir), out_dir_);
+    }
     if (step_ >= total_steps_) return finish_complete_run();
     g_training = true;  // from here a signal finishes the step and writes a checkpoint
     if (watchdog_ && cfg_.strategy.continue_on_failure && failover_.restart)

@@ -264,12 +264,109 @@ TEST_CASE("tokenizer files that lie are refused, naming the file and what is wro
             "expected an id below 2^30");
     refused(dir / "missing", "no such tokenizer file or folder");
     fs::create_directories(dir / "empty");
-    refused(dir / "empty", "no tokenizer.model, tokenizer.json, nor vocab.json and merges.txt");
+    refused(dir / "empty", "no tokenizer.model, tokenizer.json, vocab.json and merges.txt, nor a .tiktoken");
     if (!python_has("regex", "Python's regex module", "python3-regex")) return;
     // a real vocabulary with a merge naming a token it lacks, and one whose join it lacks
     reference_tokenizer(dir, mixed_text(20000, 905), 20);
     std::ofstream(dir / "tok/merges.txt", std::ios::app) << "zzz q\n";
     refused(dir / "tok/vocab.json", "merge 21 ('zzz q') names 'zzz', which the vocabulary lacks");
+}
+
+namespace {
+
+// A tiktoken rank file of the 256 bytes (ranks 0-255, in byte order) and then `extra` lines.
+std::string byte_ranks(const std::string& extra) {
+    static const char* const b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string s;
+    for (int b = 0; b < 256; ++b)
+        s += std::string{b64[b >> 2], b64[(b & 3) << 4], '=', '='} + " " + std::to_string(b) + "\n";
+    return s + extra;
+}
+
+// js-tiktoken installed from the npm registry into dir/node_modules; else the test says skipped.
+bool js_tiktoken(const TempDir& dir) {
+    if (run_program("node", {"--version"}) != 0) {
+        mark_skipped("node is not installed (Debian and Ubuntu: nodejs, npm)");
+        return false;
+    }
+    std::string err;
+    if (run_program(
+            "npm",
+            {"install", "--prefix", dir.path().string(), "--no-audit", "--no-fund", "--silent", "js-tiktoken@1.0.21"},
+            &err) != 0) {
+        mark_skipped("js-tiktoken could not be installed from the npm registry: " + err.substr(0, 300));
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+TEST_CASE("tiktoken rank files: GPT-2's, cl100k's and o200k's ranks give js-tiktoken's ids over 1 MB") {
+    TempDir dir;
+    if (!js_tiktoken(dir)) return;
+    const std::string modules = dir / "node_modules", script = repo_script("tiktoken_reference.js");
+    const std::string code = python_sources(1 << 19);
+    const std::string text = mixed_text((1 << 20) - code.size(), 907) + code;
+    const std::string text_path = dir.write("text.txt", text);
+    for (const char* name : {"gpt2", "cl100k_base", "o200k_base"}) {
+        CAPTURE(name);
+        const std::string ranks = dir / (std::string(name) + ".tiktoken"),
+                          ids_path = dir / (std::string(name) + ".ids");
+        std::string err;
+        REQUIRE_MESSAGE(run_program("node", {script, modules, "ranks", name, ranks}, &err) == 0, err);
+        REQUIRE_MESSAGE(run_program("node", {script, modules, "encode", name, text_path, ids_path}, &err) == 0, err);
+        const std::vector<uint32_t> want = read_ids(ids_path);
+        REQUIRE(want.size() > 100000);
+        const auto t = load_tokenizer(ranks);
+        const std::vector<uint32_t> ids = t->encode(text);
+        CHECK(ids.size() == want.size());
+        CHECK(ids == want);
+        CHECK(t->decode(ids) == text);
+        REQUIRE(t->end_of_text());
+        CHECK(t->decode(std::vector<uint32_t>{*t->end_of_text()}) == "<|endoftext|>");
+    }
+    CHECK(load_tokenizer(dir / "gpt2.tiktoken")->vocab_size() == 50257);
+    CHECK(load_tokenizer(dir / "o200k_base.tiktoken")->vocab_size() == 200019);
+}
+
+TEST_CASE("tiktoken rank files that lie are refused, naming the file, the line and what is wrong") {
+    TempDir dir;
+    const auto refused = [&](const std::string& name, const std::string& ranks, const char* what) {
+        CAPTURE(name);
+        CHECK_THROWS_WITH_AS(load_tokenizer(dir.write(name, ranks)), doctest::Contains(what), DataError);
+    };
+    // "ab" (YWI=) merges "a" and "b"; "abc" (YWJj) merges "ab" and "c"
+    const auto t = load_tokenizer(dir.write("mine.tiktoken", byte_ranks("YWI= 256\nYWJj 257\n")));
+    CHECK(t->vocab_size() == 259);  // <|endoftext|> after the last rank
+    CHECK(t->encode("abcab") == std::vector<uint32_t>{257, 256});
+    CHECK(t->encode("x<|endoftext|>") == std::vector<uint32_t>{'x', 258});
+    // tokenize copies the rank file, under its name, beside the token files
+    fs::create_directories(dir / "docs");
+    dir.write("docs/a.txt", "abcab x");
+    dir.write("docs/b.txt", "ab abc");
+    std::string err;
+    REQUIRE(run_cli({"tokenize", dir / "docs", "--out", dir / "data", "--tokenizer", dir / "mine.tiktoken",
+                     "--val-every", "2"},
+                    {}, -1, &err) == kExitOk);
+    CHECK(load_tokenizer(dir / "data")->encode("abcab") == std::vector<uint32_t>{257, 256});
+    refused("base64.tiktoken", byte_ranks("YW*= 256\n"), "base64.tiktoken:257: expected a token's bytes in base64");
+    refused("norank.tiktoken", byte_ranks("YWI=\n"), "norank.tiktoken:257: expected a token's bytes in base64");
+    refused("rank.tiktoken", byte_ranks("YWI= 25x\n"), "rank.tiktoken:257: rank '25x' is not a whole number");
+    refused("big.tiktoken", byte_ranks("YWI= 4294967296\n"), "is not a whole number below 2^30");
+    refused("twice.tiktoken", byte_ranks("YWI= 256\nYWI= 257\n"), "twice.tiktoken:258: token 'YWI=' is listed twice");
+    refused("tworank.tiktoken", byte_ranks("YWI= 256\nYWJj 256\n"), "rank 256 is given to two tokens");
+    // "abc" before "ab": three bytes no lower-ranked token joins
+    refused("order.tiktoken", byte_ranks("YWJj 256\nYWI= 257\n"),
+            "the token of rank 256 ('abc') is not the merge of two tokens of lower rank");
+    refused("nobytes.tiktoken", "YWI= 0\n", "has no token for byte 0");
+    refused("empty.tiktoken", "", "no tokens");
+    // gpt2's <|endoftext|> is 50256: a token at that rank cannot be
+    refused("gpt2.tiktoken", byte_ranks("YWI= 50256\n"), "rank 50256 is <|endoftext|>'s id in the gpt2 encoding");
+    fs::create_directories(dir / "two");
+    dir.write("two/a.tiktoken", byte_ranks(""));
+    dir.write("two/b.tiktoken", byte_ranks(""));
+    CHECK_THROWS_WITH_AS(load_tokenizer(dir / "two"), doctest::Contains("more than one .tiktoken"), DataError);
 }
 
 namespace {
@@ -383,7 +480,13 @@ TEST_CASE("a language model on BPE tokens trains from `tokenize`'s folder; gener
     const std::string out = dir / "generated.txt";
     REQUIRE(run_cli({"generate", ckpt, "--tokenizer", dir / "data", "--prompt", "def f(", "--tokens", "12"}, {}, -1,
                     &err, Stdout::file, out) == kExitOk);
-    CHECK(read_text(out).rfind("def f(", 0) == 0);                                    // text, not ids
+    CHECK(read_text(out).rfind("def f(", 0) == 0);  // text, not ids
+    // the run kept the token files' tokenizer: text without --tokenizer
+    CHECK(fs::exists(dir / "run/tokenizer/tokenizer.json"));
+    REQUIRE(run_cli({"generate", ckpt, "--prompt", "def f(", "--tokens", "12"}, {}, -1, &err, Stdout::file,
+                    dir / "kept.txt") == kExitOk);
+    CHECK(read_text(dir / "kept.txt") == read_text(out));
+    fs::remove_all(dir / "run/tokenizer");
     CHECK(run_cli({"generate", ckpt, "--prompt", "x"}, {}, -1, &err) == kExitUsage);  // no tokenizer: refused
     CHECK(err.find("text needs the tokenizer it was trained with (--tokenizer") != std::string::npos);
 }

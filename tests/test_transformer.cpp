@@ -1573,6 +1573,13 @@ TEST_CASE("prepare_text.py: byte tokens, a BPE vocabulary (sentencepiece); a BPE
     static std::FILE* quiet = std::fopen("/dev/null", "w");
     REQUIRE(run_training(load_config(cfg, {"run.output_dir=" + (dir / "run")}), nullptr, quiet) == kExitOk);
     CHECK(summary(dir / "run")["test_loss"].get<double>() < std::log(320.0));
+    // the run kept the data's SentencePiece model: text in, text out
+    const std::string kept = dir / "kept.txt";
+    REQUIRE(run_cli({"generate", list_checkpoints(dir / "run/checkpoints").front(), "--prompt", "def value", "--tokens",
+                     "12", "--seed", "2"},
+                    {}, -1, &err, Stdout::file, kept) == kExitOk);
+    CHECK(read_text(kept).rfind("def value", 0) == 0);
+    fs::remove_all(dir / "run/tokenizer");  // without it: ids
     // the prompt through the tokenizer, ids out, back through it
     const std::string encoded = dir / "encoded.txt";
     {

@@ -376,8 +376,9 @@ void ToolCommands::add_tokenize(CLI::App& app) {
     tk_cmd_->add_option("inputs", tk_.inputs, "text files and folders (a folder's files recursively, in name order)")
         ->required();
     tk_cmd_->add_option("--tokenizer", tk_.tokenizer,
-                        "bytes (default), or a Hugging Face tokenizer.json, or a folder with it or with GPT-2's "
-                        "vocab.json and merges.txt");
+                        "bytes (default), or a Hugging Face tokenizer.json, a tiktoken rank file (gpt2.tiktoken, "
+                        "cl100k_base.tiktoken, ...), a SentencePiece .model, or a folder with one of them or with "
+                        "GPT-2's vocab.json and merges.txt");
     tk_cmd_->add_option("--out", tk_.out, "the output folder")->required();
     tk_cmd_
         ->add_option("--train-bpe", tk_.train_bpe,

@@ -154,6 +154,10 @@ int generate(const GenerateOptions& o) {
     for (const char* f : {"tokenizer.model", "tokenizer.json", "vocab.json"})
         if (tokenizer.empty() && !hf_folder.empty() && std::filesystem::is_regular_file(hf_folder + "/" + f, ec))
             tokenizer = hf_folder;
+    // else the one the run kept beside its checkpoints (<run>/tokenizer, from its token files' folder)
+    const std::filesystem::path kept =
+        std::filesystem::absolute(o.checkpoint).parent_path().parent_path() / "tokenizer";
+    if (tokenizer.empty() && hf_folder.empty() && std::filesystem::is_directory(kept, ec)) tokenizer = kept.string();
     const std::unique_ptr<Tokenizer> tok = tokenizer.empty() ? nullptr : load_tokenizer(tokenizer);
     // where the text ends: the tokenizer's end-of-text token, or config.json's eos_token_id
     std::optional<int> end_of_text;

@@ -111,10 +111,11 @@ int tokenize(const TokenizeOptions& o) {
         const fs::path dir = fs::is_directory(t, ec) ? t : t.parent_path();
         if (t.extension() == ".model" && fs::is_regular_file(t, ec)) {  // a SentencePiece model of any name
             copies.push_back({t.string(), "tokenizer.model"});
+        } else if (t.extension() == ".tiktoken" && fs::is_regular_file(t, ec)) {
+            copies.push_back({t.string(), t.filename().string()});  // its name names its encoding
         } else {
-            for (const char* n :
-                 {"tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"})
-                if (fs::is_regular_file(dir / n, ec)) copies.push_back({(dir / n).string(), n});
+            for (const std::string& f : tokenizer_files(dir.empty() ? "." : dir.string()))
+                copies.push_back({f, fs::path(f).filename().string()});
         }
     }
     std::vector<std::string> names = {"train.bin", "val.bin", "meta.json"};
