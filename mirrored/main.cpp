@@ -328,12 +328,16 @@ int report_error(const Error& e, Nodes* nodes) {
 
 // A training run interrupted at any point ends with exit 130, also while it starts (choosing the
 // BLAS kernel, reading the config): before training there is nothing to save. The handlers go in
-// as the program's own initialisers run, before main (glibc passes them argc and argv); what
-// comes earlier is the loading of the shared libraries. Signals a re-execution blocked (the BLAS
-// kernel's choice) are let through once the handlers are in.
-__attribute__((constructor)) void handle_signals_early(int argc, char** argv, char**) {
+// from the executable's pre-initialisers, which the dynamic loader calls (with argc and argv) as
+// soon as the shared libraries are mapped and relocated, before any library's initialisers run
+// (cuBLASLt's alone take ~50 ms). The handler needs no initialised state: its flags are constant-
+// initialised atomics. Signals a re-execution blocked (the BLAS kernel's choice) are let through
+// once the handlers are in.
+void handle_signals_early(int argc, char** argv, char**) {
     if (argc > 1 && argv && argv[1] && std::string_view(argv[1]) == "train") install_signal_handlers();
 }
+__attribute__((section(".preinit_array"), used)) void (*const kHandleSignalsFirst)(int, char**,
+                                                                                   char**) = handle_signals_early;
 
 int main(int argc, char** argv) {
     const sigset_t held = interrupt_signal_set();

@@ -879,6 +879,26 @@ TEST_CASE("SIGINT as soon as a training process can take it ends it with exit 13
     }
 }
 
+TEST_CASE("SIGINT while the shared libraries initialise (cuBLASLt's take ~50 ms) ends a run with exit 130") {
+    // a library preloaded into the trainer raises SIGINT from its initialiser, as a user's Ctrl-C
+    // would land while the libraries start: the handlers must already be in
+    TempDir d;
+    const std::string source =
+        d.write("raise.c",
+                "#include <signal.h>\n"
+                "__attribute__((constructor)) static void raise_sigint(void) { raise(SIGINT); }\n");
+    std::string err;
+    if (run_program("cc", {"-shared", "-fPIC", "-o", d / "raise.so", source}, &err) != 0) {
+        mark_skipped("no C compiler (cc) to build the preloaded library: " + err.substr(0, 200));
+        return;
+    }
+    const std::string cfg = d.write("c.yaml", kRun);
+    const pid_t pid = spawn_cli({"train", cfg, "--output", d / "r"}, {{"LD_PRELOAD", d / "raise.so"}}, d / "err.txt");
+    CHECK(wait_status(pid) == kExitInterrupted);
+    CHECK(read_text(d / "err.txt").find("interrupted") != std::string::npos);
+    CHECK_FALSE(fs::exists(d / "r/summary.json"));
+}
+
 TEST_CASE("a BLAS kernel cache entry that is tampered with is measured again; one that is used is said to be") {
     TempDir d;
     const std::string cache = d / "cache", out = d / "devices.txt";
