@@ -120,12 +120,6 @@ void Device::gemm_batched(Stream s, bool ta, bool tb, int m, int n, int k, float
              static_cast<char*>(c) + i * stride_c * bytes(t.c), ldc, t);
 }
 
-void Device::add_act(Stream s, Activation act, int rows, int cols, const void* a, const void* b, void* y) {
-    if (y != a) copy_on_device(s, y, a, act_bytes(size_t(rows) * size_t(cols)));
-    add(s, size_t(rows) * size_t(cols), b, y);
-    if (act != Activation::none) bias_act_forward(s, act, rows, cols, nullptr, y, y);
-}
-
 void Device::launch_host(Stream, const char* op, HostOp work) {
     if (asynchronous()) throw DeviceError(name() + ": " + op + " has no CPU implementation to run here");
     work(*this);

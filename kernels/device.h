@@ -373,13 +373,7 @@ public:
     virtual void gemm_batched(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
                               int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c,
                               int ldc, int64_t stride_c, int batches, GemmTypes types = {});
-    // y = x converted (and rounded) from one type to another; x and y may be the same buffer
-    // when the types are.
-    virtual void convert(Stream s, size_t n, const void* x, DType xt, void* y, DType yt) = 0;
-    virtual void add(Stream s, size_t n, const void* x, void* y) = 0;  // y += x, activations
-    // y[rows,cols] = act(a + b), y may be a (not b): a residual join. The reference is copy, add,
-    // then bias_act_forward in place; a backend may make it one pass (the CPU does, in f32).
-    virtual void add_act(Stream s, Activation act, int rows, int cols, const void* a, const void* b, void* y);
+    // (conversions, y += x, residual joins and bf16 packing: kernels/ops/elementwise.h)
 
     // ---- convolutional-network ops (images NHWC) ------------------------------------------
     // col[n*oh*ow, c*kh*kw] from x[n,h,w,c]; the column index runs over (channel, ky, kx), the
@@ -447,9 +441,6 @@ public:
     virtual void sum_into(Stream s, float* const* buffers, int count, int into, size_t offset, size_t n);
     // Can kernels on this device load (and store) peer's memory directly?
     virtual bool can_load_from(const Device& peer) const = 0;
-    // f32 gradients to and from the bf16 wire format (16-bit storage, round to nearest even).
-    virtual void pack_bf16(Stream s, size_t n, const float* x, uint16_t* y) = 0;
-    virtual void unpack_bf16(Stream s, size_t n, const uint16_t* x, float* y) = 0;
 
     HostWork host_work() const { return work_; }  // read by the replica's own thread
 

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/machine_cache.h"
 #include "kernels/ops/flat.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -147,9 +148,9 @@ void CrossDeviceOps::all_reduce(int r, size_t offset, size_t count) {
         }
         Device& d = *devices_[size_t(r)];
         uint16_t* wire = packed_[size_t(r)].data() + offset;
-        d.pack_bf16(d.comm_stream(), count, buffers_[size_t(r)] + offset, wire);
+        pack_bf16_values(d, d.comm_stream(), count, buffers_[size_t(r)] + offset, wire);
         run(r, offset, count);
-        d.unpack_bf16(d.comm_stream(), count, wire, buffers_[size_t(r)] + offset);
+        unpack_bf16_values(d, d.comm_stream(), count, wire, buffers_[size_t(r)] + offset);
     } catch (...) {
         broken_ = true;
         throw;

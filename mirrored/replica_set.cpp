@@ -11,6 +11,7 @@
 #include "mirrored/cross_device_ops.h"
 #include "mirrored/util.h"
 #include "kernels/ops/flat.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -629,8 +630,8 @@ int ReplicaSet::stage_input(Replica& R, const Batch& batch, const Shard& shard, 
 const void* ReplicaSet::stage_for_compute(Replica& R, int buf, size_t rows) {
     if (!convert_inputs_) return R.inputs[buf].data();
     Device& d = *R.device;
-    d.convert(d.compute_stream(), rows * size_t(model_.input_features()), R.inputs[buf].data(), DType::f32,
-              R.inputs_act.data(), d.value_dtype());
+    convert_values(d, d.compute_stream(), rows * size_t(model_.input_features()), R.inputs[buf].data(), DType::f32,
+                   R.inputs_act.data(), d.value_dtype());
     return R.inputs_act.data();
 }
 
@@ -660,8 +661,8 @@ Pass ReplicaSet::make_pass(Replica& R, Stream s, int rows, int global_rows, int6
 
 void ReplicaSet::refresh_weights(Replica& R, Stream s, bool all) {
     if (low_precision_)  // frozen tensors change only when loaded (all)
-        R.device->convert(s, all ? model_.weights_size() : model_.trainable_size(), R.params.data(), DType::f32,
-                          R.weights.data(), R.device->value_dtype());
+        convert_values(*R.device, s, all ? model_.weights_size() : model_.trainable_size(), R.params.data(), DType::f32,
+                       R.weights.data(), R.device->value_dtype());
 }
 
 size_t ReplicaSet::input_row_bytes(const Replica& R) const {

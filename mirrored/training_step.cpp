@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "mirrored/util.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -289,7 +290,7 @@ void TrainingStep::replica_compute(int r, const StepShape& shape, int64_t step, 
                      set_.labels_at(R, buf, micro.begin), grad_scale, loss_scale, dlogits, R.train_metrics.data());
         if (inject_overflow_ == r && micro.rows > 0) {  // a test's overflow: backward spreads it to every gradient
             fill_floats(d, cs, 1, INFINITY, R.grad_stats.data());
-            d.convert(cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
+            convert_values(d, cs, 1, R.grad_stats.data(), DType::f32, dlogits, d.value_dtype());
         }
         profile_mark(R, cs, LayerProbe::kLoss);
         const bool last = m == set_.accumulation() - 1;
@@ -574,7 +575,8 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
         if (hi > lo) ema_update(d, cs, hi - lo, t->momentum, R.grads.data() + lo, H.params.data() + lo);
     }
     if (set_.low_precision() && te > tb)
-        d.convert(cs, te - tb, H.params.data() + tb, DType::f32, H.weights.data() + d.act_bytes(tb), d.value_dtype());
+        convert_values(d, cs, te - tb, H.params.data() + tb, DType::f32, H.weights.data() + d.act_bytes(tb),
+                       d.value_dtype());
     join_replicas(R);
 }
 
@@ -659,7 +661,8 @@ std::vector<float> TrainingStep::predict(const float* x, size_t rows) {
             const void* input = set_.stage_for_compute(R, 0, size_t(n));
             Pass p = set_.make_pass(R, d.compute_stream(), n, n, 0, 0, 0, false);
             const void* logits = model_.forward(p, input);
-            d.convert(d.compute_stream(), size_t(n) * classes, logits, d.value_dtype(), staged.data(), DType::f32);
+            convert_values(d, d.compute_stream(), size_t(n) * classes, logits, d.value_dtype(), staged.data(),
+                           DType::f32);
             d.copy_to_host(d.compute_stream(), out.data() + done * classes, staged.data(),
                            size_t(n) * classes * sizeof(float));
             d.synchronize();

@@ -17,6 +17,7 @@
 #include "kernels/ops/rope.h"
 #include "kernels/ops/swiglu.h"
 #include "tests/helpers.h"
+#include "kernels/ops/elementwise.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -30,11 +31,11 @@ struct Stored {
     size_t n;
     Stored(Device& dev, const std::vector<float>& v) : d(dev), data(dev, dev.act_bytes(v.size())), n(v.size()) {
         DeviceBuffer<float> f = upload(d, v);
-        d.convert(d.compute_stream(), n, f.data(), DType::f32, data.data(), d.act_dtype());
+        convert_values(d, d.compute_stream(), n, f.data(), DType::f32, data.data(), d.act_dtype());
     }
     std::vector<float> get() const {
         DeviceBuffer<float> f(d, n);
-        d.convert(d.compute_stream(), n, data.data(), d.act_dtype(), f.data(), DType::f32);
+        convert_values(d, d.compute_stream(), n, data.data(), d.act_dtype(), f.data(), DType::f32);
         return download(d, f);
     }
 };

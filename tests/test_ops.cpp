@@ -44,6 +44,7 @@
 #include "mirrored/model.h"
 #include "mirrored/replica_set.h"
 #include "tests/helpers.h"
+#include "kernels/ops/elementwise.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -208,7 +209,7 @@ DenseOut run_dense(Device& d, const DenseCase& c, Activation act, bool bias, boo
         DeviceBuffer<unsigned char> out(d, d.act_bytes(h.size()));
         auto f = upload(d, h);
         if (t == DType::f32) d.copy_on_device(s, out.data(), f.data(), f.bytes());
-        else d.convert(s, h.size(), f.data(), DType::f32, out.data(), t);
+        else convert_values(d, s, h.size(), f.data(), DType::f32, out.data(), t);
         d.synchronize();
         return out;
     };
@@ -228,7 +229,7 @@ DenseOut run_dense(Device& d, const DenseCase& c, Activation act, bool bias, boo
     out.grad_launches = d.host_work().launches - l1;
     DeviceBuffer<float> yf(d, size_t(c.rows) * c.units);
     if (t == DType::f32) d.copy_on_device(s, yf.data(), y.data(), yf.bytes());
-    else d.convert(s, yf.size(), y.data(), t, yf.data(), DType::f32);
+    else convert_values(d, s, yf.size(), y.data(), t, yf.data(), DType::f32);
     out.y = download(d, yf);
     out.dw = download(d, dw);
     out.db = bias ? download(d, db) : std::vector<float>{};
@@ -1281,7 +1282,7 @@ void check_bf16_wire(Device& a, Device& b, Rng& rng) {
     x[4] = 1e-40f;   // subnormal
     auto f = upload(a, x);
     DeviceBuffer<uint16_t> ha(a, x.size()), hb(b, x.size());
-    a.pack_bf16(a.comm_stream(), x.size(), f.data(), ha.data());
+    pack_bf16_values(a, a.comm_stream(), x.size(), f.data(), ha.data());
     a.synchronize();
     std::vector<uint16_t> packed(x.size());
     a.copy_to_host(a.comm_stream(), packed.data(), ha.data(), packed.size() * 2);
@@ -1291,7 +1292,7 @@ void check_bf16_wire(Device& a, Device& b, Rng& rng) {
     CHECK(same);
     // unpack is exact
     DeviceBuffer<float> back(a, x.size());
-    a.unpack_bf16(a.comm_stream(), x.size(), ha.data(), back.data());
+    unpack_bf16_values(a, a.comm_stream(), x.size(), ha.data(), back.data());
     a.synchronize();
     const auto unpacked = download(a, back);
     same = true;

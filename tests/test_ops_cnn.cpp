@@ -21,6 +21,7 @@
 #include "kernels/ops/optimizer.h"
 #include "kernels/ops/flat.h"
 #include "tests/helpers.h"
+#include "kernels/ops/elementwise.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -570,11 +571,14 @@ TEST_CASE("cpu channel_affine with ReLU and add_act: one pass, the reference's b
                 }
 
                 auto a = upload(*d, n.x), b = upload(*d, n.dy);  // apart, then y == a
-                d->add_act(s, act, n.rows, n.c, a.data(), b.data(), y.data());
-                d->Device::add_act(s, act, n.rows, n.c, a.data(), b.data(), ref.data());
+                add_act_values(*d, s, act, n.rows, n.c, a.data(), b.data(), y.data());
+                // the reference: a copied, b added, then the activation in place
+                d->copy_on_device(s, ref.data(), a.data(), d->act_bytes(count));
+                add_values(*d, s, count, b.data(), ref.data());
+                if (act != Activation::none) d->bias_act_forward(s, act, n.rows, n.c, nullptr, ref.data(), ref.data());
                 CHECK(std::memcmp(download(*d, y).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
                 auto a2 = upload(*d, n.x);
-                d->add_act(s, act, n.rows, n.c, a2.data(), b.data(), a2.data());
+                add_act_values(*d, s, act, n.rows, n.c, a2.data(), b.data(), a2.data());
                 CHECK(std::memcmp(download(*d, a2).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
                 ++compared;
             }
@@ -617,7 +621,7 @@ TEST_CASE("bf16 and fp16 rounding: to nearest even, overflow to inf, subnormals,
     const auto x = rng.normal(1000, 3.0f);
     auto xb = upload(*d, x);
     auto y = poisoned(*d, x.size());
-    d->convert(d->compute_stream(), x.size(), xb.data(), DType::f32, y.data(), DType::bf16);
+    convert_values(*d, d->compute_stream(), x.size(), xb.data(), DType::f32, y.data(), DType::bf16);
     const auto yh = download(*d, y);
     bool all = true;
     for (size_t i = 0; i < x.size(); ++i) all = all && yh[i] == round_bf16(x[i]);
@@ -712,8 +716,8 @@ TEST_CASE("cuda bf16 and fp16 storage round exactly as the cpu emulation" * doct
         auto xb = upload(*gpu, x);
         DeviceBuffer<unsigned char> half(*gpu, gpu->act_bytes(x.size()));
         DeviceBuffer<float> back(*gpu, x.size());
-        gpu->convert(gpu->compute_stream(), x.size(), xb.data(), DType::f32, half.data(), t);
-        gpu->convert(gpu->compute_stream(), x.size(), half.data(), t, back.data(), DType::f32);
+        convert_values(*gpu, gpu->compute_stream(), x.size(), xb.data(), DType::f32, half.data(), t);
+        convert_values(*gpu, gpu->compute_stream(), x.size(), half.data(), t, back.data(), DType::f32);
         const auto got = download(*gpu, back);
         bool exact = true;
         for (size_t i = 0; i < x.size(); ++i) exact = exact && got[i] == round_to(t, x[i]);

@@ -16,6 +16,7 @@
 #include "kernels/op_math.h"
 #include "kernels/ops/rmsnorm.h"
 #include "tests/helpers.h"
+#include "kernels/ops/elementwise.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -68,12 +69,12 @@ RmsOut run(Device& d, const RmsCase& n, bool with_dx = true, bool accumulate = t
     const size_t count = n.x.size();
     const auto stored = [&](const DeviceBuffer<float>& f) {
         DeviceBuffer<unsigned char> a(d, d.act_bytes(f.size()));
-        d.convert(s, f.size(), f.data(), DType::f32, a.data(), t);
+        convert_values(d, s, f.size(), f.data(), DType::f32, a.data(), t);
         return a;
     };
     const auto widened = [&](const DeviceBuffer<unsigned char>& a) {
         DeviceBuffer<float> f(d, count);
-        d.convert(s, count, a.data(), t, f.data(), DType::f32);
+        convert_values(d, s, count, a.data(), t, f.data(), DType::f32);
         return download(d, f);
     };
     auto x = stored(upload(d, n.x)), dy = stored(upload(d, n.dy));

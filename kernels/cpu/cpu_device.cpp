@@ -130,22 +130,6 @@ public:
         for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + s[j] : s[j];
     }
 
-    void convert(Stream, size_t n, const void* x, DType, void* y, DType yt) override {
-        for (size_t i = 0; i < n; ++i) as_floats(y)[i] = round_to(yt, as_floats(x)[i]);
-    }
-
-    void add(Stream, size_t n, const void* x, void* y) override {
-        const DType t = value_dtype();
-        if (t == DType::f32)
-            return cpu::add_join(n, as_floats(y), as_floats(x), false, as_floats(y));  // vectorised, the same sums
-        for (size_t i = 0; i < n; ++i) as_floats(y)[i] = round_to(t, as_floats(y)[i] + as_floats(x)[i]);
-    }
-    void add_act(Stream s, Activation act, int rows, int cols, const void* a, const void* b, void* y) override {
-        if (value_dtype() != DType::f32 || (act != Activation::relu && act != Activation::none))
-            return Device::add_act(s, act, rows, cols, a, b, y);
-        cpu::add_join(size_t(rows) * size_t(cols), as_floats(a), as_floats(b), act == Activation::relu, as_floats(y));
-    }
-
     // ---- convolution and pooling (kernels/cpu/cnn_loops.h) ---------------------------------
     // Whole pixels copied, not transposed; MIRRORED_PIXEL_MAJOR_COLUMNS=0 (read when the device
     // is made) keeps the GPU's column order, so CPU replicas compute convolutions bit for bit as
@@ -217,12 +201,6 @@ public:
         cpu_sum_into(buffers, count, into, offset, n);
     }
     bool can_load_from(const Device& peer) const override { return peer.type() == DeviceType::cpu; }
-    void pack_bf16(Stream, size_t n, const float* x, uint16_t* y) override {
-        for (size_t i = 0; i < n; ++i) y[i] = bf16_bits(x[i]);
-    }
-    void unpack_bf16(Stream, size_t n, const uint16_t* x, float* y) override {
-        for (size_t i = 0; i < n; ++i) y[i] = bf16_value(x[i]);
-    }
 
 private:
     const bool pixel_major_ = [] {

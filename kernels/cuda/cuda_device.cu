@@ -379,9 +379,6 @@ public:
             bias_act_forward(stream(s), ordinal(), act_dtype(), act, rows, cols, bias, z, out))
     CUDA_OP(act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz), 1,
             act_backward(stream(s), ordinal(), act_dtype(), act, n, z, dout, dz))
-    CUDA_OP(convert(Stream s, size_t n, const void* x, DType xt, void* y, DType yt), 1,
-            convert(stream(s), ordinal(), n, x, xt, y, yt))
-    CUDA_OP(add(Stream s, size_t n, const void* x, void* y), 1, add(stream(s), ordinal(), act_dtype(), n, x, y))
     CUDA_OP(im2col(Stream s, const Window2d& g, const void* x, void* col), 1,
             im2col(stream(s), ordinal(), act_dtype(), g, x, col))
     CUDA_OP(col2im(Stream s, const Window2d& g, const void* dcol, void* dx), 1,
@@ -454,16 +451,6 @@ public:
         if (peer.ordinal() == ordinal()) return true;
         std::lock_guard<std::mutex> lock(g_peer_mutex);
         return g_peer_enabled[ordinal()][peer.ordinal()];
-    }
-    void pack_bf16(Stream s, size_t n, const float* x, uint16_t* y) override {
-        use();
-        ++work_.launches;
-        cuda::convert(stream(s), ordinal(), n, x, DType::f32, y, DType::bf16);
-    }
-    void unpack_bf16(Stream s, size_t n, const uint16_t* x, float* y) override {
-        use();
-        ++work_.launches;
-        cuda::convert(stream(s), ordinal(), n, x, DType::bf16, y, DType::f32);
     }
 
 private:

@@ -628,9 +628,6 @@ public:
            act_backward(Stream{}, act, n, z, dout, dz))
     SIM_OP(bias_grad, (Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
            bias_grad(Stream{}, rows, cols, dz, db, accumulate))
-    SIM_OP(convert, (Stream s, size_t n, const void* x, DType xt, void* y, DType yt),
-           convert(Stream{}, n, x, xt, y, yt))
-    SIM_OP(add, (Stream s, size_t n, const void* x, void* y), add(Stream{}, n, x, y))
     SIM_OP(im2col, (Stream s, const Window2d& g, const void* x, void* col), im2col(Stream{}, g, x, col))
     SIM_OP(col2im, (Stream s, const Window2d& g, const void* dcol, void* dx), col2im(Stream{}, g, dcol, dx))
     SIM_OP(pool_forward, (Stream s, PoolKind kind, const Window2d& g, const void* x, void* y),
@@ -690,8 +687,6 @@ public:
         std::lock_guard<std::mutex> lock(g_mu);
         return world().gpus[ordinal()].peer[peer.ordinal()];
     }
-    SIM_OP(pack_bf16, (Stream s, size_t n, const float* x, uint16_t* y), pack_bf16(Stream{}, n, x, y))
-    SIM_OP(unpack_bf16, (Stream s, size_t n, const uint16_t* x, float* y), unpack_bf16(Stream{}, n, x, y))
 #undef SIM_OP
 #undef SIM_API
 

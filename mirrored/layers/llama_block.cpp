@@ -12,6 +12,7 @@
 #include "mirrored/layers/pre_norm_block.h"
 #include "mirrored/layers/rope_scaling.h"
 #include "mirrored/util.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -98,11 +99,11 @@ public:
         act_->run_backward(p, dwide, dgate_up);
         gate_up_->run_backward(p, dgate_up, dnorm);
         post_norm_->run_backward(p, dnorm, dh);
-        p.dev->add(p.stream, n, dy, dh);  // dh = dy + the branch's
+        add_values(*p.dev, p.stream, n, dy, dh);  // dh = dy + the branch's
         // the attention branch (which reads dh, never writes it)
         attn_->run_backward(p, dh, dnorm);
         in_norm_->run_backward(p, dnorm, dx);
-        if (dx) p.dev->add(p.stream, n, dh, dx);
+        if (dx) add_values(*p.dev, p.stream, n, dh, dx);
     }
 
     double forward_flops() const override {
@@ -115,7 +116,7 @@ private:
     const void* branches(Pass& p, const void* x, const void** h_out) const override {
         void* h = p.acts->act(slot_, h_);
         const void* a = attn_->forward(p, in_norm_->forward(p, x));
-        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), a, x, h);
+        add_act_values(*p.dev, p.stream, Activation::none, p.rows, int(in_.size()), a, x, h);
         const void* m = down_->forward(p, act_->forward(p, gate_up_->forward(p, post_norm_->forward(p, h))));
         *h_out = h;
         return m;

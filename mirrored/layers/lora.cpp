@@ -2,6 +2,7 @@
 
 #include "kernels/ops/dropout.h"
 #include "mirrored/layers/activations.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -100,7 +101,7 @@ void LoraAdapters::backward(Pass& p, int rows, const void* x, const void* dy, vo
         d.gemm(p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 0.0f, part,
                inputs_, p.types(p.vt));
         dropout_backward(d, p.stream, mask(p, k), p.rows, positions_ * inputs_, part, part);
-        d.add(p.stream, size_t(rows) * size_t(inputs_), part, dx);
+        add_values(d, p.stream, size_t(rows) * size_t(inputs_), part, dx);
     }
 }
 

@@ -8,6 +8,7 @@
 
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -20,7 +21,7 @@ public:
         const void* h = nullptr;
         const void* m = branches(p, x, &h);
         void* y = p.acts->act(slot_, y_);
-        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), m, h, y);
+        add_act_values(*p.dev, p.stream, Activation::none, p.rows, int(in_.size()), m, h, y);
         return y;
     }
     bool recomputes() const override { return recompute_; }

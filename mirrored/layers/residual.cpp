@@ -6,6 +6,7 @@
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/layers/sequential.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -68,11 +69,11 @@ public:
         const void* s = shortcut_ ? shortcut_->forward(p, x) : x;
         void* y = p.acts->act(slot_, out_buf_);
         if (z_buf_ < 0) {
-            p.dev->add_act(p.stream, o_.activation, p.rows, int(out_.size()), f, s, y);
+            add_act_values(*p.dev, p.stream, o_.activation, p.rows, int(out_.size()), f, s, y);
             return y;
         }
         void* z = p.acts->act(slot_, z_buf_);
-        p.dev->add_act(p.stream, Activation::none, p.rows, int(out_.size()), f, s, z);
+        add_act_values(*p.dev, p.stream, Activation::none, p.rows, int(out_.size()), f, s, z);
         p.dev->bias_act_forward(p.stream, o_.activation, p.rows, int(out_.size()), nullptr, z, y);
         return y;
     }
@@ -97,9 +98,9 @@ public:
         if (shortcut_) shortcut_->backward(p, dy, g2);
         branch_.backward(p, g1, dx);
         if (shortcut_) {
-            if (dx) p.dev->add(p.stream, size_t(p.rows) * in_.size(), g2, dx);
+            if (dx) add_values(*p.dev, p.stream, size_t(p.rows) * in_.size(), g2, dx);
         } else if (dx) {
-            p.dev->add(p.stream, n, dy, dx);
+            add_values(*p.dev, p.stream, n, dy, dx);
         }
     }
 

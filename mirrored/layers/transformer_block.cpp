@@ -11,6 +11,7 @@
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/pre_norm_block.h"
 #include "mirrored/util.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -91,13 +92,13 @@ public:
         proj_->run_backward(p, g, dwide);
         fc_->run_backward(p, dwide, dnorm);
         ln_2_->run_backward(p, dnorm, dh);
-        p.dev->add(p.stream, n, dy, dh);  // dh = dy + the branch's
+        add_values(*p.dev, p.stream, n, dy, dh);  // dh = dy + the branch's
         // the attention branch
         if (attn_drop_) attn_drop_->run_backward(p, dh, g);
         else p.dev->copy_on_device(p.stream, g, dh, p.dev->act_bytes(n));
         attn_->run_backward(p, g, dnorm);
         ln_1_->run_backward(p, dnorm, dx);
-        if (dx) p.dev->add(p.stream, n, dh, dx);
+        if (dx) add_values(*p.dev, p.stream, n, dh, dx);
     }
 
     double forward_flops() const override {
@@ -114,7 +115,7 @@ private:
         void* h = p.acts->act(slot_, h_);
         const void* a = attn_->forward(p, ln_1_->forward(p, x));
         if (attn_drop_) a = attn_drop_->forward(p, a);
-        p.dev->add_act(p.stream, Activation::none, p.rows, int(in_.size()), a, x, h);
+        add_act_values(*p.dev, p.stream, Activation::none, p.rows, int(in_.size()), a, x, h);
         const void* m = proj_->forward(p, fc_->forward(p, ln_2_->forward(p, h)));
         if (mlp_drop_) m = mlp_drop_->forward(p, m);
         *h_out = h;

@@ -30,6 +30,7 @@
 #include "mirrored/tools/timed_steps.h"
 #include "mirrored/session.h"
 #include "mirrored/watchdog.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -179,8 +180,8 @@ double time_gemm(Device& d, const GemmShape& g, double seconds) {
     const Stream s = d.compute_stream();
     fill_floats(d, s, na, 0.5f, a32.data());
     fill_floats(d, s, nb, 0.25f, b32.data());
-    d.convert(s, na, a32.data(), DType::f32, a.data(), type);
-    d.convert(s, nb, b32.data(), DType::f32, b.data(), type);
+    convert_values(d, s, na, a32.data(), DType::f32, a.data(), type);
+    convert_values(d, s, nb, b32.data(), DType::f32, b.data(), type);
     const int lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n;
     auto once = [&] {
         d.gemm(s, g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n,

@@ -24,6 +24,7 @@
 #include "mirrored/tools/tools.h"
 #include "mirrored/session.h"
 #include "mirrored/util.h"
+#include "kernels/ops/elementwise.h"
 
 namespace mirrored {
 
@@ -162,8 +163,8 @@ double gemm_ceiling(Device& d) {
     DeviceBuffer<float> c(d, count), f(d, count);
     const Stream s = d.compute_stream();
     fill_floats(d, s, count, 0.5f, f.data());
-    d.convert(s, count, f.data(), DType::f32, a.data(), t);
-    d.convert(s, count, f.data(), DType::f32, b.data(), t);
+    convert_values(d, s, count, f.data(), DType::f32, a.data(), t);
+    convert_values(d, s, count, f.data(), DType::f32, b.data(), t);
     auto once = [&] {
         d.gemm(s, false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n, GemmTypes{t, t, DType::f32});
     };
