@@ -132,7 +132,12 @@ void write_file_atomic(const std::string& path, const std::function<void(int fd,
     const mode_t mask = ::umask(0);  // the mode a plain create would give: 0666 less the umask
     ::umask(mask);
     ::fchmod(fd, 0666 & ~mask);
-    fill(fd, tmp);
+    try {
+        fill(fd, tmp);
+    } catch (...) {  // nothing replaced, and no partial temporary left behind
+        ::unlink(tmp.c_str());
+        throw;
+    }
     const int synced = ::fsync(fd) == 0 ? 0 : errno;
     const int closed = ::close(fd) == 0 ? 0 : errno;
     if (synced || closed) {

@@ -22,7 +22,8 @@
 namespace mirrored {
 
 // `path` replaced by what `fill` writes to the descriptor of its temporary (`tmp` names the
-// temporary, for messages); CheckpointError (exit 4) naming `path` when anything fails.
+// temporary, for messages); CheckpointError (exit 4) naming `path` when anything fails. Where
+// `fill` throws, the temporary is removed and `path` left as it was.
 void write_file_atomic(const std::string& path, const std::function<void(int fd, const std::string& tmp)>& fill);
 void write_file_atomic(const std::string& path, std::string_view contents);
 // Removes the temporaries of writes of `path` whose process is gone (killed mid-write): each is

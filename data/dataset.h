@@ -163,9 +163,23 @@ struct TokenFileOptions {
 Dataset read_tokens(const std::string& path, const TokenFileOptions& o);
 // The same over a file read into memory (tests, fuzzing).
 Dataset read_tokens(InputFile& in, const TokenFileOptions& o);
-// The bytes of a token file read_tokens reads back: nanoGPT's raw uint16, or with `wide` (ids past
-// 65,535) llm.c's header, version 2, and uint32 ids. DataError past 2^31 - 1 ids (the header's count).
-std::string token_file_bytes(const std::vector<uint32_t>& ids, bool wide);
+// A token file read_tokens reads back, written to a descriptor as ids arrive: nanoGPT's raw uint16,
+// or with `wide` (ids past 65,535) llm.c's header, version 2, and uint32 ids, the header's count
+// written by finish(). DataError past 2^31 - 1 ids (that count); write errors as write_all's.
+class TokenFileWriter {
+public:
+    TokenFileWriter(int fd, std::string path, std::string tmp, bool wide);
+    void append(const std::vector<uint32_t>& ids);
+    void finish();
+    uint64_t tokens() const { return tokens_; }
+
+private:
+    int fd_;
+    std::string path_, tmp_;
+    bool wide_;
+    uint64_t tokens_ = 0;
+    std::string buffer_;
+};
 
 struct SyntheticOptions {
     std::vector<int> shape{784};

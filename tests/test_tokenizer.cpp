@@ -415,6 +415,16 @@ TEST_CASE("tokenize: text files and folders to token files, every Nth file held 
     CHECK(err.find("leave an empty validation split") != std::string::npos);
     CHECK(run_cli({"tokenize", dir / "nothing", "--out", dir / "none"}, {}, -1, &err) == kExitData);
     CHECK(err.find("nothing: no such file or folder") != std::string::npos);
+    // a damaged file among them, met while the token files are being written: named; the earlier
+    // token files stay as they were, and no partial write is left behind
+    const std::string before = read_text(dir / "bytes/train.bin");
+    std::ofstream(dir / "docs/c2.txt", std::ios::binary) << std::string("\x1f\x8b\x08\0damaged", 12);
+    CHECK(run_cli({"tokenize", dir / "docs", "--out", dir / "bytes", "--suffix", ".txt", "--threads", "2"}, {}, -1,
+                  &err) == kExitData);
+    CHECK(err.find("c2.txt") != std::string::npos);
+    CHECK(read_text(dir / "bytes/train.bin") == before);
+    for (const auto& f : fs::directory_iterator(dir / "bytes")) CHECK(f.path().extension() != ".tmp");
+    fs::remove(dir / "docs/c2.txt");
 
     if (!python_has("regex", "Python's regex module", "python3-regex")) return;
     reference_tokenizer(dir, mixed_text(40000, 920), 150);

@@ -17,8 +17,11 @@
 // and tokens ({"bytes": {"val": B}, "tokens": {"val": N}} for val.bin): the loss is then also
 // reported in bits per byte, comparable across tokenizers. Used only when its token count is the
 // file's (a stale meta.json is ignored); one that is not JSON is an error naming it.
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +29,7 @@
 
 #include "base/error.h"
 #include "base/io.h"
+#include "base/output.h"
 #include "base/philox.h"
 #include "data/datasets.h"
 
@@ -245,21 +249,33 @@ Dataset read_tokens(const std::string& path, const TokenFileOptions& o) {
     return ds;
 }
 
-std::string token_file_bytes(const std::vector<uint32_t>& ids, bool wide) {
-    std::string out;
-    if (!wide) {
-        out.resize(ids.size() * 2);
-        for (size_t i = 0; i < ids.size(); ++i) {
-            const uint16_t v = uint16_t(ids[i]);
-            std::memcpy(&out[i * 2], &v, 2);  // little-endian hosts only, as the reader
-        }
-        return out;
+TokenFileWriter::TokenFileWriter(int fd, std::string path, std::string tmp, bool wide)
+    : fd_(fd), path_(std::move(path)), tmp_(std::move(tmp)), wide_(wide) {
+    if (wide_) {  // the count is written by finish()
+        const int32_t header[kLlmcHeaderBytes / sizeof(int32_t)] = {kLlmcMagic, 2, 0};
+        write_all(fd_, path_, tmp_, reinterpret_cast<const char*>(header), sizeof header);
     }
-    if (ids.size() > size_t(INT32_MAX)) throw DataError("a token file holds at most 2^31 - 1 ids (llm.c's header)");
-    int32_t header[kLlmcHeaderBytes / sizeof(int32_t)] = {kLlmcMagic, 2, int32_t(ids.size())};
-    out.assign(reinterpret_cast<const char*>(header), sizeof header);
-    out.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
-    return out;
+}
+
+void TokenFileWriter::append(const std::vector<uint32_t>& ids) {
+    tokens_ += ids.size();
+    if (wide_ && tokens_ > uint64_t(INT32_MAX))
+        throw DataError(path_ + ": a token file holds at most 2^31 - 1 ids (llm.c's header)");
+    if (wide_) return write_all(fd_, path_, tmp_, reinterpret_cast<const char*>(ids.data()), ids.size() * 4);
+    buffer_.resize(ids.size() * 2);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const uint16_t v = uint16_t(ids[i]);
+        std::memcpy(&buffer_[i * 2], &v, 2);  // little-endian hosts only, as the reader
+    }
+    write_all(fd_, path_, tmp_, buffer_.data(), buffer_.size());
+}
+
+void TokenFileWriter::finish() {
+    if (!wide_) return;
+    const int32_t count = int32_t(tokens_);
+    if (::pwrite(fd_, &count, sizeof count, 2 * sizeof(int32_t)) != ssize_t(sizeof count))
+        throw CheckpointError(path_ + ": write failed: " + std::strerror(errno) +
+                              " (any earlier file of that name is untouched; the partial write was removed)");
 }
 
 Dataset read_tokens(InputFile& in, const TokenFileOptions& o) {

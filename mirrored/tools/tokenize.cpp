@@ -1,12 +1,16 @@
 // `mirrored tokenize --tokenizer T --out DIR INPUTS...`: text files and folders to a language model's
 // token files. Files (a folder's, recursively, in name order; hidden ones left out; gzip ones read
 // unzipped) are encoded on every core, each followed by the tokenizer's <|endoftext|> where it has
-// one; every Nth file is held out for validation, so no file is split. DIR gets train.bin and val.bin - nanoGPT's raw uint16
-// where the vocabulary fits, llm.c's header and uint32 ids above 65,536 - meta.json (tokens and text
-// bytes per file: bits per byte in training) and the tokenizer's own files, so the folder carries
-// what made it. Nothing in DIR is replaced that this command did not write.
+// one, and written in file order as they come (memory holds a few files' ids per thread, not the
+// corpus's); every Nth file is held out for validation, so no file is split. DIR gets train.bin and
+// val.bin - nanoGPT's raw uint16 where the vocabulary fits, llm.c's header and uint32 ids above
+// 65,536 - meta.json (tokens and text bytes per file: bits per byte in training) and the
+// tokenizer's own files, so the folder carries what made it. Nothing in DIR is replaced that this
+// command did not write.
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -147,51 +151,108 @@ int tokenize(const TokenizeOptions& o) {
     const std::optional<uint32_t> end_of_text = tok->end_of_text();
     const std::vector<uint32_t> eot = end_of_text ? std::vector<uint32_t>{*end_of_text} : std::vector<uint32_t>{};
     const bool has_eot = !eot.empty();
-    std::vector<std::vector<uint32_t>> ids(files.size());
-    std::vector<size_t> sizes(files.size());
-    std::atomic<size_t> next{0}, done{0}, bytes_done{0};
-    std::vector<std::string> errors(files.size());
     const int threads = std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()));
-    const double start = now_s();
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-        pool.emplace_back([&] {
-            for (size_t i; (i = next++) < files.size();) {
-                try {
-                    const std::string text = read_text_file(files[i]);
-                    ids[i] = tok->encode(text);
-                    if (has_eot) ids[i].push_back(eot[0]);
-                    sizes[i] = text.size();
-                    bytes_done += text.size();
-                } catch (const std::exception& e) {
-                    errors[i] = e.what();
-                }
-                ++done;
-            }
-        });
-    const bool terminal = ::isatty(2);
-    while (done < files.size()) {  // progress on a terminal's stderr, a line rewritten in place
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        const double s = std::max(now_s() - start, 1e-9);
-        if (terminal)
-            std::fprintf(stderr, "\rtokenize: %s/%zu files, %.1f MB, %.1f MB/s", std::to_string(done.load()).c_str(),
-                         files.size(), double(bytes_done) / 1e6, double(bytes_done) / 1e6 / s);
-    }
-    for (auto& th : pool) th.join();
-    if (terminal) std::fprintf(stderr, "\n");
-    for (const std::string& e : errors)
-        if (!e.empty()) throw DataError(e);
-
-    std::vector<uint32_t> split[2];
-    size_t file_count[2] = {0, 0}, byte_count[2] = {0, 0};
-    for (size_t i = 0; i < files.size(); ++i) {
-        const int v = int(i % size_t(o.val_every) == size_t(o.val_every) - 1);
-        split[v].insert(split[v].end(), ids[i].begin(), ids[i].end());
-        ++file_count[v];
-        byte_count[v] += sizes[i];
-    }
     const bool wide = tok->vocab_size() > 65536;
     fs::create_directories(o.out);
+    for (const std::string& n : names) remove_stale_temporaries((fs::path(o.out) / n).string());  // a killed run's
+    // Files are encoded on `threads` threads at most `window` files ahead of the one written next;
+    // the token files are written in file order as the ids come, so memory holds a window of
+    // files' ids, not the corpus's.
+    const size_t window = size_t(threads) * 4;
+    struct Encoded {
+        bool ready = false;
+        std::vector<uint32_t> ids;
+        size_t bytes = 0;
+        std::string error;
+    };
+    std::vector<Encoded> encoded(files.size());
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t next = 0, written = 0;
+    bool stop = false;
+    const auto encode_files = [&] {
+        for (;;) {
+            size_t i;
+            {
+                std::unique_lock<std::mutex> lock(mu);
+                cv.wait(lock, [&] { return stop || next >= files.size() || next < written + window; });
+                if (stop || next >= files.size()) return;
+                i = next++;
+            }
+            Encoded e;
+            try {
+                const std::string text = read_text_file(files[i]);
+                e.ids = tok->encode(text);
+                if (has_eot) e.ids.push_back(eot[0]);
+                e.bytes = text.size();
+            } catch (const std::exception& x) {
+                e.error = x.what();
+            }
+            e.ready = true;
+            std::lock_guard<std::mutex> lock(mu);
+            encoded[i] = std::move(e);
+            cv.notify_all();
+        }
+    };
+    size_t file_count[2] = {0, 0}, byte_count[2] = {0, 0}, token_count[2] = {0, 0};
+    const double start = now_s();
+    const bool terminal = ::isatty(2);
+    size_t bytes_done = 0;
+    const auto write_split = [&](int train_fd, const std::string& train_tmp, int val_fd, const std::string& val_tmp) {
+        TokenFileWriter out[2] = {{train_fd, (fs::path(o.out) / "train.bin").string(), train_tmp, wide},
+                                  {val_fd, (fs::path(o.out) / "val.bin").string(), val_tmp, wide}};
+        std::vector<std::thread> pool;
+        struct Join {  // however this ends, the encoders stop and are joined
+            std::vector<std::thread>& pool;
+            std::mutex& mu;
+            std::condition_variable& cv;
+            bool& stop;
+            ~Join() {
+                {
+                    std::lock_guard<std::mutex> lock(mu);
+                    stop = true;
+                }
+                cv.notify_all();
+                for (auto& t : pool) t.join();
+            }
+        } join{pool, mu, cv, stop};
+        for (int t = 0; t < threads; ++t) pool.emplace_back(encode_files);
+        double shown = 0;
+        for (size_t i = 0; i < files.size(); ++i) {
+            Encoded e;
+            {
+                std::unique_lock<std::mutex> lock(mu);
+                while (!encoded[i].ready) {
+                    cv.wait_for(lock, std::chrono::milliseconds(200));
+                    if (terminal && now_s() - shown >= 0.2) {  // progress on a terminal, a line rewritten in place
+                        shown = now_s();
+                        std::fprintf(stderr, "\rtokenize: %zu/%zu files, %.1f MB, %.1f MB/s", i, files.size(),
+                                     double(bytes_done) / 1e6,
+                                     double(bytes_done) / 1e6 / std::max(shown - start, 1e-9));
+                    }
+                }
+                e = std::move(encoded[i]);
+                encoded[i] = Encoded{true, {}, 0, {}};
+                ++written;
+            }
+            cv.notify_all();
+            if (!e.error.empty()) throw DataError(e.error);
+            const int v = int(i % size_t(o.val_every) == size_t(o.val_every) - 1);
+            out[v].append(e.ids);
+            ++file_count[v];
+            byte_count[v] += e.bytes;
+            token_count[v] += e.ids.size();
+            bytes_done += e.bytes;
+        }
+        out[0].finish();
+        out[1].finish();
+        if (terminal) std::fprintf(stderr, "\n");
+    };
+    write_file_atomic((fs::path(o.out) / "train.bin").string(), [&](int train_fd, const std::string& train_tmp) {
+        write_file_atomic((fs::path(o.out) / "val.bin").string(), [&](int val_fd, const std::string& val_tmp) {
+            write_split(train_fd, train_tmp, val_fd, val_tmp);
+        });
+    });
     json meta = {{"writer", kWriter},
                  {"vocab", tok->vocab_size()},
                  {"tokenizer", tok->description()},
@@ -199,18 +260,16 @@ int tokenize(const TokenizeOptions& o) {
                  {"format", wide ? "llm.c (header, uint32)" : "raw"},
                  {"files", {{"train", file_count[0]}, {"val", file_count[1]}}},
                  {"bytes", {{"train", byte_count[0]}, {"val", byte_count[1]}}},
-                 {"tokens", {{"train", split[0].size()}, {"val", split[1].size()}}}};
+                 {"tokens", {{"train", token_count[0]}, {"val", token_count[1]}}}};
     if (has_eot) meta["end_of_text"] = eot[0];
     for (const auto& [src, name] : copies)
         write_file_atomic((fs::path(o.out) / name).string(), src.empty() ? trained_json : read_text_file(src));
-    write_file_atomic((fs::path(o.out) / "train.bin").string(), token_file_bytes(split[0], wide));
-    write_file_atomic((fs::path(o.out) / "val.bin").string(), token_file_bytes(split[1], wide));
     write_file_atomic((fs::path(o.out) / "meta.json").string(), meta.dump(1) + "\n");
     const double s = std::max(now_s() - start, 1e-9);
     std::printf(
         "tokenize: %s: %zu training tokens from %zu files, %zu validation tokens from %zu files; vocabulary "
         "%u (%s); %.1f MB in %.2f s on %d threads\n",
-        o.out.c_str(), split[0].size(), file_count[0], split[1].size(), file_count[1], tok->vocab_size(),
+        o.out.c_str(), token_count[0], file_count[0], token_count[1], file_count[1], tok->vocab_size(),
         tok->description().c_str(), double(byte_count[0] + byte_count[1]) / 1e6, s, threads);
     return kExitOk;
 }
