@@ -4,6 +4,7 @@
 
 #include "kernels/backends.h"
 #include "kernels/device.h"
+#include "kernels/ops/activation.h"
 #include "base/error.h"
 
 namespace mirrored {
@@ -101,12 +102,12 @@ void Device::sum_into(Stream, float* const*, int, int, size_t, size_t) {
 void Device::dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
                            const float* bias, void* z, void* y, GemmTypes t) {
     gemm(s, false, true, rows, units, inputs, 1.0f, x, inputs, w, inputs, 0.0f, z, units, t);
-    if (bias || act != Activation::none) bias_act_forward(s, act, rows, units, bias, z, y);
+    if (bias || act != Activation::none) bias_activation(*this, s, act, rows, units, bias, z, y);
 }
 void Device::dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
                                float* db, bool accumulate, GemmTypes t) {
     gemm(s, true, false, units, inputs, rows, 1.0f, dz, units, x, inputs, accumulate ? 1.0f : 0.0f, dw, inputs, t);
-    if (db) bias_grad(s, rows, units, dz, db, accumulate);
+    if (db) bias_gradient(*this, s, rows, units, dz, db, accumulate);
 }
 
 void Device::gemm_batched(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda,

@@ -340,19 +340,13 @@ public:
     // copy, or f32 gradients), accumulating in f32.
     virtual void gemm(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
                       const void* b, int ldb, float beta, void* c, int ldc, GemmTypes types = {}) = 0;
-    // z[rows,cols] += bias[cols] (bias may be null); out = act(z) (out may equal z)
-    virtual void bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, void* z,
-                                  void* out) = 0;
-    // dz = dout * act'(z); dz may alias dout. ReLU may be given its output as z (the same sign test).
-    virtual void act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz) = 0;
-    // db[cols] (+)= column sums of dz[rows,cols]
-    virtual void bias_grad(Stream s, int rows, int cols, const void* dz, float* db, bool accumulate) = 0;
+    // (biases and activations, forward and backward: kernels/ops/activation.h)
     // A dense layer's products with their elementwise work, which a backend may fuse into the
     // GEMM (CUDA: cuBLASLt epilogues, when set_fused_epilogues(true) and cuBLASLt has an
-    // algorithm for the case); the reference - and every other case - is the ops above:
+    // algorithm for the case); the reference - and every other case - is gemm and the activation ops:
     //   dense_forward:     z[rows,units] = x[rows,inputs] w[units,inputs]^T, then
-    //                      bias_act_forward(z += bias, y = act(z)) unless there is neither
-    //   dense_weight_grad: dw[units,inputs] (+)= dz^T x, then bias_grad(db) when db is given
+    //                      bias_activation(z += bias, y = act(z)) unless there is neither
+    //   dense_weight_grad: dw[units,inputs] (+)= dz^T x, then bias_gradient(db) when db is given
     // types are the GEMM's: {x, w, z} forward, {dz, x, dw} for the weight gradient.
     virtual void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
                                const float* bias, void* z, void* y, GemmTypes types);

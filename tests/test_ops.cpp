@@ -45,6 +45,7 @@
 #include "mirrored/replica_set.h"
 #include "tests/helpers.h"
 #include "kernels/ops/elementwise.h"
+#include "kernels/ops/activation.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -158,8 +159,8 @@ ElemCase make_elem(Rng& rng) {
 std::vector<float> run_bias_act(Device& d, const ElemCase& e, Activation act, bool with_bias) {
     auto z = upload(d, e.z), bias = upload(d, e.bias);
     auto out = poisoned(d, e.z.size());
-    d.bias_act_forward(d.compute_stream(), act, e.rows, e.cols, with_bias ? bias.data() : nullptr, z.data(),
-                       out.data());
+    bias_activation(d, d.compute_stream(), act, e.rows, e.cols, with_bias ? bias.data() : nullptr, z.data(),
+                    out.data());
     auto zh = download(d, z), oh = download(d, out);
     zh.insert(zh.end(), oh.begin(), oh.end());  // z (biased in place) then out
     return zh;
@@ -168,14 +169,14 @@ std::vector<float> run_bias_act(Device& d, const ElemCase& e, Activation act, bo
 std::vector<float> run_act_backward(Device& d, const ElemCase& e, Activation act) {
     auto z = upload(d, e.z), dout = upload(d, e.dout);
     auto dz = poisoned(d, e.z.size());
-    d.act_backward(d.compute_stream(), act, e.z.size(), z.data(), dout.data(), dz.data());
+    activation_backward(d, d.compute_stream(), act, e.z.size(), z.data(), dout.data(), dz.data());
     return download(d, dz);
 }
 
 std::vector<float> run_bias_grad(Device& d, const ElemCase& e, bool accumulate) {
     auto dz = upload(d, e.dout);
     auto db = accumulate ? upload(d, e.bias) : poisoned(d, e.cols);
-    d.bias_grad(d.compute_stream(), e.rows, e.cols, dz.data(), db.data(), accumulate);
+    bias_gradient(d, d.compute_stream(), e.rows, e.cols, dz.data(), db.data(), accumulate);
     return download(d, db);
 }
 

@@ -22,6 +22,7 @@
 #include "kernels/ops/flat.h"
 #include "tests/helpers.h"
 #include "kernels/ops/elementwise.h"
+#include "kernels/ops/activation.h"
 
 using namespace mirrored;
 using namespace mirrored::test;
@@ -566,7 +567,7 @@ TEST_CASE("cpu channel_affine with ReLU and add_act: one pass, the reference's b
                     // the reference: the affine map, then the activation in place
                     channel_affine(*d, s, Activation::none, n.rows, n.c, xb.data(), meanb.data(), invb.data(),
                                    gb.data(), bb.data(), ref.data());
-                    d->bias_act_forward(s, act, n.rows, n.c, nullptr, ref.data(), ref.data());
+                    bias_activation(*d, s, act, n.rows, n.c, nullptr, ref.data(), ref.data());
                     CHECK(std::memcmp(download(*d, y).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
                 }
 
@@ -575,7 +576,7 @@ TEST_CASE("cpu channel_affine with ReLU and add_act: one pass, the reference's b
                 // the reference: a copied, b added, then the activation in place
                 d->copy_on_device(s, ref.data(), a.data(), d->act_bytes(count));
                 add_values(*d, s, count, b.data(), ref.data());
-                if (act != Activation::none) d->bias_act_forward(s, act, n.rows, n.c, nullptr, ref.data(), ref.data());
+                if (act != Activation::none) bias_activation(*d, s, act, n.rows, n.c, nullptr, ref.data(), ref.data());
                 CHECK(std::memcmp(download(*d, y).data(), download(*d, ref).data(), count * sizeof(float)) == 0);
                 auto a2 = upload(*d, n.x);
                 add_act_values(*d, s, act, n.rows, n.c, a2.data(), b.data(), a2.data());
@@ -627,7 +628,7 @@ TEST_CASE("bf16 and fp16 rounding: to nearest even, overflow to inf, subnormals,
     for (size_t i = 0; i < x.size(); ++i) all = all && yh[i] == round_bf16(x[i]);
     CHECK(all);
     auto z = upload(*d, x);
-    d->bias_act_forward(d->compute_stream(), Activation::gelu, 10, 100, nullptr, z.data(), y.data());
+    bias_activation(*d, d->compute_stream(), Activation::gelu, 10, 100, nullptr, z.data(), y.data());
     const auto gh = download(*d, y);
     for (float v : gh) all = all && round_bf16(v) == v;
     CHECK(all);  // stored activations are bf16 values

@@ -102,34 +102,6 @@ public:
                 for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] = round_to(types.c, c[size_t(i) * ldc + j]);
     }
 
-    void bias_act_forward(Stream, Activation act, int rows, int cols, const float* bias, void* zv, void* ov) override {
-        const DType t = value_dtype();
-        for (int i = 0; i < rows; ++i) {
-            float* zr = as_floats(zv) + size_t(i) * cols;
-            float* orow = as_floats(ov) + size_t(i) * cols;
-            if (orow == zr) cpu::bias_act_in_place(act, t, cols, bias, zr);  // ReLU: the output is the gradient's key
-            else cpu::bias_act_apart(act, t, cols, bias, zr, orow);
-        }
-    }
-
-    void act_backward(Stream, Activation act, size_t n, const void* z, const void* dout, void* dz) override {
-        const float* zf = as_floats(z);
-        const float* d = as_floats(dout);
-        float* out = as_floats(dz);
-        if (out == d) cpu::act_backward_in_place(act, value_dtype(), n, zf, out);  // the usual call
-        else cpu::act_backward_apart(act, value_dtype(), n, zf, d, out);
-    }
-
-    // db[cols] (+)= the column sums of dz: rows are added in order into a scratch row that
-    // grows once (no allocation per step).
-    void bias_grad(Stream, int rows, int cols, const void* dzv, float* db, bool accumulate) override {
-        const float* dz = as_floats(dzv);
-        if (column_sums_.size() < size_t(cols)) column_sums_.resize(size_t(cols));
-        float* s = column_sums_.data();
-        cpu::column_sums(rows, cols, dz, s);
-        for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + s[j] : s[j];
-    }
-
     // ---- convolution and pooling (kernels/cpu/cnn_loops.h) ---------------------------------
     // Whole pixels copied, not transposed; MIRRORED_PIXEL_MAJOR_COLUMNS=0 (read when the device
     // is made) keeps the GPU's column order, so CPU replicas compute convolutions bit for bit as
@@ -207,8 +179,7 @@ private:
         const char* e = std::getenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
         return !(e && std::strcmp(e, "0") == 0);
     }();
-    std::vector<float> column_sums_;  // bias_grad's scratch
-    cpu::CnnScratch cnn_;             // the convolution and pooling passes' scratch
+    cpu::CnnScratch cnn_;  // the convolution and pooling passes' scratch
 
     // A pass's f32 results rounded to the values' 16-bit storage type, where one is in use.
     void round_stored(float* v, size_t n) const { mirrored::round_stored(v, n, value_dtype()); }

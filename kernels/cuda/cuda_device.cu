@@ -375,10 +375,6 @@ public:
         work_.launches += kernels;        \
         cuda::call;                       \
     }
-    CUDA_OP(bias_act_forward(Stream s, Activation act, int rows, int cols, const float* bias, void* z, void* out), 1,
-            bias_act_forward(stream(s), ordinal(), act_dtype(), act, rows, cols, bias, z, out))
-    CUDA_OP(act_backward(Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz), 1,
-            act_backward(stream(s), ordinal(), act_dtype(), act, n, z, dout, dz))
     CUDA_OP(im2col(Stream s, const Window2d& g, const void* x, void* col), 1,
             im2col(stream(s), ordinal(), act_dtype(), g, x, col))
     CUDA_OP(col2im(Stream s, const Window2d& g, const void* dcol, void* dx), 1,
@@ -392,14 +388,6 @@ public:
 #undef CUDA_OP
 
     // The column reductions: one or two kernels, as the shape decides (column_plan.h).
-#define CUDA_COLUMN_OP(signature, call) \
-    void signature override {           \
-        use();                          \
-        work_.launches += cuda::call;   \
-    }
-    CUDA_COLUMN_OP(bias_grad(Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
-                   bias_grad(stream(s), ordinal(), act_dtype(), rows, cols, dz, db, accumulate, scratch_))
-#undef CUDA_COLUMN_OP
 
     void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         use();

@@ -3,6 +3,7 @@
 #include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/op_math.h"
+#include "kernels/ops/activation.h"
 
 namespace mirrored {
 
@@ -61,7 +62,7 @@ void channel_affine(Device& d, Stream s, Activation act, int rows, int c, const 
         });
         if (one_pass) return;
     }
-    if (act != Activation::none) d.bias_act_forward(s, act, rows, c, nullptr, y, y);
+    if (act != Activation::none) bias_activation(d, s, act, rows, c, nullptr, y, y);
 }
 
 void bn_backward_sums(Device& d, Stream s, int rows, int c, const void* dy, const void* x, const float* mean,

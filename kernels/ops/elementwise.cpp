@@ -3,6 +3,7 @@
 #include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/op_math.h"
+#include "kernels/ops/activation.h"
 
 namespace mirrored {
 
@@ -31,7 +32,7 @@ void add_act_values(Device& d, Stream s, Activation act, int rows, int cols, con
     if (d.asynchronous() || d.value_dtype() != DType::f32 || (act != Activation::relu && act != Activation::none)) {
         if (y != a) d.copy_on_device(s, y, a, d.act_bytes(n));
         add_values(d, s, n, b, y);
-        if (act != Activation::none) d.bias_act_forward(s, act, rows, cols, nullptr, y, y);
+        if (act != Activation::none) bias_activation(d, s, act, rows, cols, nullptr, y, y);
         return;
     }
     run_on_host(d, s, "add_act", [=](const Device&) {

@@ -604,8 +604,6 @@ public:
            (Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
             int ldb, float beta, void* c, int ldc, GemmTypes t),
            gemm(Stream{}, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, t))
-    SIM_OP(bias_act_forward, (Stream s, Activation act, int rows, int cols, const float* bias, void* z, void* out),
-           bias_act_forward(Stream{}, act, rows, cols, bias, z, out))
     // With fused epilogues on, a case CUDA fuses is one launch here too, so that the host calls
     // counted follow the CUDA path; it runs the CPU reference's composition (the same results).
     void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
@@ -624,10 +622,6 @@ public:
         launch(s, "dense_weight_grad",
                [=, this] { cpu_->dense_weight_grad(Stream{}, rows, units, inputs, dz, x, dw, db, accumulate, t); });
     }
-    SIM_OP(act_backward, (Stream s, Activation act, size_t n, const void* z, const void* dout, void* dz),
-           act_backward(Stream{}, act, n, z, dout, dz))
-    SIM_OP(bias_grad, (Stream s, int rows, int cols, const void* dz, float* db, bool accumulate),
-           bias_grad(Stream{}, rows, cols, dz, db, accumulate))
     SIM_OP(im2col, (Stream s, const Window2d& g, const void* x, void* col), im2col(Stream{}, g, x, col))
     SIM_OP(col2im, (Stream s, const Window2d& g, const void* dcol, void* dx), col2im(Stream{}, g, dcol, dx))
     SIM_OP(pool_forward, (Stream s, PoolKind kind, const Window2d& g, const void* x, void* y),

@@ -31,6 +31,7 @@
 #include "mirrored/layers/layer.h"
 #include "mirrored/layers/lora.h"
 #include "mirrored/layers/rope_scaling.h"
+#include "kernels/ops/activation.h"
 
 namespace mirrored {
 
@@ -272,7 +273,7 @@ private:
         float* const db = bias_grad(p, b_off);
         if (float* const dw = p.grad(w_off))
             p.dev->dense_weight_grad(p.stream, rows, units, inputs, dz, x, dw, db, p.accumulate, p.types(DType::f32));
-        else if (db) p.dev->bias_grad(p.stream, rows, units, dz, db, p.accumulate);
+        else if (db) bias_gradient(*p.dev, p.stream, rows, units, dz, db, p.accumulate);
     }
     // A key/value head's gradient is the sum over its group's query heads: the first writes it.
     float group_beta(int h) const { return h % a_.group() ? 1.0f : 0.0f; }

@@ -14,6 +14,7 @@
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/util.h"
+#include "kernels/ops/activation.h"
 
 namespace mirrored {
 
@@ -91,7 +92,7 @@ public:
         }
         void* z = p.acts->act(slot_, z_buf_);
         channel_affine(d, p.stream, Activation::none, rows, c, x, m, invstd, gamma, beta, z);
-        d.bias_act_forward(p.stream, o_.activation, rows, c, nullptr, z, y);
+        bias_activation(d, p.stream, o_.activation, rows, c, nullptr, z, y);
         return y;
     }
 
@@ -99,8 +100,8 @@ public:
         const int c = in_.c, rows = p.rows * in_.h * in_.w;
         Device& d = *p.dev;
         if (o_.activation != Activation::none)
-            d.act_backward(p.stream, o_.activation, size_t(rows) * c,
-                           p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy, dy);
+            activation_backward(d, p.stream, o_.activation, size_t(rows) * c,
+                                p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy, dy);
         const float* mean = p.acts->f32(slot_, mean_);
         const float* invstd = p.acts->f32(slot_, invstd_);
         float* sums = p.acts->f32(slot_, sums_);

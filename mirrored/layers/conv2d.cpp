@@ -16,6 +16,7 @@
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "kernels/ops/flat.h"
+#include "kernels/ops/activation.h"
 
 namespace mirrored {
 
@@ -146,7 +147,7 @@ public:
             const float* wt = permute_weights(p);
             if (p.dev->conv_forward(p.stream, batch_window(p), x, wt, F, z, p.types(p.vt))) {  // no columns
                 if (bias || o_.activation != Activation::none)
-                    p.dev->bias_act_forward(p.stream, o_.activation, p.rows * out_.h * out_.w, F, bias, z, y);
+                    bias_activation(*p.dev, p.stream, o_.activation, p.rows * out_.h * out_.w, F, bias, z, y);
                 return y;
             }
             for_each_block(p, [&](const Block& b) {
@@ -155,7 +156,7 @@ public:
                 p.dev->gemm(p.stream, false, false, rows, F, K, 1.0f, columns(p, x, b), K, wt, F, 0.0f, zb, F,
                             p.types(p.vt));
                 if (bias || o_.activation != Activation::none)
-                    p.dev->bias_act_forward(p.stream, o_.activation, rows, F, bias, zb, yb);
+                    bias_activation(*p.dev, p.stream, o_.activation, rows, F, bias, zb, yb);
             });
             return y;
         }
@@ -171,7 +172,7 @@ public:
         const int M = p.rows * out_.h * out_.w, F = out_.c, K = in_.c * g_.kh * g_.kw;
         if (o_.activation != Activation::none) {
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
-            p.dev->act_backward(p.stream, o_.activation, size_t(M) * F, z, dy, dy);
+            activation_backward(*p.dev, p.stream, o_.activation, size_t(M) * F, z, dy, dy);
         }
         float* db = b_ >= 0 ? p.grad(b_off_) : nullptr;
         const bool permuted = pixel_major(p);
@@ -179,7 +180,7 @@ public:
         // buffer, then back); db (+)= column sums of dz
         float* dw = permuted ? p.acts->f32(slot_, permuted_grad_) : p.grad(w_off_);
         const bool one_block = block_images(p) >= p.rows;
-        if (db && (permuted || !one_block)) p.dev->bias_grad(p.stream, M, F, dy, db, p.accumulate);
+        if (db && (permuted || !one_block)) bias_gradient(*p.dev, p.stream, M, F, dy, db, p.accumulate);
         const void* w = permuted ? p.acts->f32(slot_, permuted_) : p.weight(w_off_);  // as forward left it
         // Pixel-major: the device may take either product without columns (Device::conv_weight_grad,
         // conv_input_grad); the blocks below make columns only for what it did not take.

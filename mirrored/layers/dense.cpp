@@ -3,6 +3,7 @@
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "mirrored/layers/lora.h"
+#include "kernels/ops/activation.h"
 
 namespace mirrored {
 
@@ -70,18 +71,18 @@ public:
         const int units = out_.c, inputs = in_.c, rows = p.rows * in_.positions();
         if (o_.activation != Activation::none) {
             const void* z = p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_);
-            p.dev->act_backward(p.stream, o_.activation, size_t(rows) * units, z, dy, dy);
+            activation_backward(*p.dev, p.stream, o_.activation, size_t(rows) * units, z, dy, dy);
         }
         float* const db = b_ >= 0 ? p.grad(b_off_) : nullptr;  // null: no bias, or frozen
         if (piece_rows_ < units) {                             // Builder::split_rows: db, then dW's blocks
-            if (db) p.dev->bias_grad(p.stream, rows, units, dy, db, p.accumulate);
+            if (db) bias_gradient(*p.dev, p.stream, rows, units, dy, db, p.accumulate);
             weight_grad_by_blocks(p, rows, units, inputs, dy, p.acts->input(slot_), w_off_, piece_rows_);
         } else if (float* const dw = p.grad(w_off_)) {
             // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
             p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), dw, db, p.accumulate,
                                      p.types(DType::f32));
         } else if (db) {
-            p.dev->bias_grad(p.stream, rows, units, dy, db, p.accumulate);
+            bias_gradient(*p.dev, p.stream, rows, units, dy, db, p.accumulate);
         }
         // dx[rows, inputs] = dz[rows, units] . W[units, inputs], plus the adapters' part (an adapted
         // weight is frozen, never split: their gradients belong to the layer's one unit)

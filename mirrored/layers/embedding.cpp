@@ -8,6 +8,7 @@
 #include "kernels/ops/flat.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
+#include "kernels/ops/activation.h"
 
 namespace mirrored {
 
@@ -111,14 +112,14 @@ public:
         if (first + in_.positions() > max_len_)
             throw std::logic_error("position_embedding: position " + std::to_string(first) + " past max_len");
         p.dev->copy_on_device(p.stream, y, x, p.dev->act_bytes(size_t(p.rows) * in_.size()));
-        p.dev->bias_act_forward(p.stream, Activation::none, p.rows, int(in_.size()),
-                                p.params + w_off_ + size_t(first) * in_.c, y, y);
+        bias_activation(*p.dev, p.stream, Activation::none, p.rows, int(in_.size()),
+                        p.params + w_off_ + size_t(first) * in_.c, y, y);
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         if (float* dw = p.grad(w_off_)) {  // else frozen
-            p.dev->bias_grad(p.stream, p.rows, int(in_.size()), dy, dw, p.accumulate);
+            bias_gradient(*p.dev, p.stream, p.rows, int(in_.size()), dy, dw, p.accumulate);
             if (!p.accumulate && in_.positions() < max_len_)  // the rows no position of these sequences reached
                 fill_floats(*p.dev, p.stream, size_t(max_len_ - in_.positions()) * in_.c, 0.0f, dw + in_.size());
         }

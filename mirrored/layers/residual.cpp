@@ -7,6 +7,7 @@
 #include "mirrored/layers/layer.h"
 #include "mirrored/layers/sequential.h"
 #include "kernels/ops/elementwise.h"
+#include "kernels/ops/activation.h"
 
 namespace mirrored {
 
@@ -74,7 +75,7 @@ public:
         }
         void* z = p.acts->act(slot_, z_buf_);
         add_act_values(*p.dev, p.stream, Activation::none, p.rows, int(out_.size()), f, s, z);
-        p.dev->bias_act_forward(p.stream, o_.activation, p.rows, int(out_.size()), nullptr, z, y);
+        bias_activation(*p.dev, p.stream, o_.activation, p.rows, int(out_.size()), nullptr, z, y);
         return y;
     }
 
@@ -89,8 +90,8 @@ public:
         }
         const size_t n = size_t(p.rows) * out_.size();
         if (o_.activation != Activation::none)
-            p.dev->act_backward(p.stream, o_.activation, n, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_), dy,
-                                dy);
+            activation_backward(*p.dev, p.stream, o_.activation, n, p.acts->act(slot_, z_buf_ >= 0 ? z_buf_ : out_buf_),
+                                dy, dy);
         void* g1 = p.acts->act(slot_, g1_);  // the branch overwrites its copy; dy stays for the shortcut
         p.dev->copy_on_device(p.stream, g1, dy, p.dev->act_bytes(n));
         // the shortcut, built last, first: gradient units complete in the reverse of their order
