@@ -481,6 +481,16 @@ void tiktoken_encoding(const std::string& name, uint32_t after_last, std::string
     }
 }
 
+// The .tiktoken rank files a folder holds, in name order.
+std::vector<std::string> rank_files(const std::string& folder) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(folder, ec))
+        if (f.path().extension() == ".tiktoken" && f.is_regular_file(ec)) files.push_back(f.path().string());
+    std::sort(files.begin(), files.end());
+    return files;
+}
+
 // A tiktoken rank file (OpenAI's gpt2, r50k_base, p50k_base, cl100k_base, o200k_base.tiktoken): a
 // line per token, its bytes in base64 and its rank, the rank its merge order and its id. The pairs
 // merged are recovered as tiktoken's byte_pair_encode finds them: a token's bytes merged by the
@@ -573,10 +583,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
         }
         if (fs::exists(dir / "vocab.json", ec) && fs::exists(dir / "merges.txt", ec))
             return from_vocab_merges((dir / "vocab.json").string(), (dir / "merges.txt").string());
-        std::vector<fs::path> ranks;
-        for (const auto& f : fs::directory_iterator(dir, ec))
-            if (f.path().extension() == ".tiktoken") ranks.push_back(f.path());
-        if (ranks.size() == 1) return from_tiktoken(ranks[0].string());
+        const std::vector<std::string> ranks = rank_files(path);
+        if (ranks.size() == 1) return from_tiktoken(ranks[0]);
         throw DataError(path + (ranks.empty() ? ": no tokenizer.model, tokenizer.json, vocab.json and merges.txt, "
                                                 "nor a .tiktoken rank file"
                                               : ": more than one .tiktoken rank file; name the one to use"));
@@ -597,8 +605,7 @@ std::vector<std::string> tokenizer_files(const std::string& folder) {
     std::error_code ec;
     for (const char* n : {"tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"})
         if (fs::is_regular_file(fs::path(folder) / n, ec)) files.push_back((fs::path(folder) / n).string());
-    for (const auto& f : fs::directory_iterator(folder, ec))
-        if (f.path().extension() == ".tiktoken" && f.is_regular_file(ec)) files.push_back(f.path().string());
+    for (const std::string& f : rank_files(folder)) files.push_back(f);
     return files;
 }
 

@@ -273,9 +273,9 @@ void TokenFileWriter::append(const std::vector<uint32_t>& ids) {
 void TokenFileWriter::finish() {
     if (!wide_) return;
     const int32_t count = int32_t(tokens_);
-    if (::pwrite(fd_, &count, sizeof count, 2 * sizeof(int32_t)) != ssize_t(sizeof count))
-        throw CheckpointError(path_ + ": write failed: " + std::strerror(errno) +
-                              " (any earlier file of that name is untouched; the partial write was removed)");
+    if (::lseek(fd_, 2 * sizeof(int32_t), SEEK_SET) < 0)  // the header's count, the last thing written
+        throw CheckpointError(path_ + ": cannot seek to its header: " + std::strerror(errno));
+    write_all(fd_, path_, tmp_, reinterpret_cast<const char*>(&count), sizeof count);
 }
 
 Dataset read_tokens(InputFile& in, const TokenFileOptions& o) {

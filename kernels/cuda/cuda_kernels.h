@@ -17,6 +17,9 @@ size_t scratch_floats_needed(int max_rows);
 constexpr size_t kScratchFloats = size_t(1) << 20;  // 4 MiB a device, sized once: rows up to 512k per op
 constexpr int kReduceBlocks = 256;  // most blocks of the two-pass reductions (a grid fixed by n: determinism)
 
+// The stream an op family's launcher (kernels/ops/*.cu) is handed, as these launchers take it.
+inline cudaStream_t stream_of(const Device::NativeLaunch& l) { return static_cast<cudaStream_t>(l.stream); }
+
 void bias_act_forward(cudaStream_t s, int dev, DType t, Activation act, int rows, int cols, const float* bias, void* z,
                       void* out);
 void act_backward(cudaStream_t s, int dev, DType t, Activation act, size_t n, const void* z, const void* dout,

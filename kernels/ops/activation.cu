@@ -7,8 +7,6 @@ namespace mirrored::cuda {
 
 namespace {
 
-cudaStream_t stream_of(const Device::NativeLaunch& l) { return static_cast<cudaStream_t>(l.stream); }
-
 int bias_act_launch(const Device::NativeLaunch& l, Activation act, int rows, int cols, const float* bias, void* z,
                     void* out) {
     bias_act_forward(stream_of(l), l.device, l.act, act, rows, cols, bias, z, out);

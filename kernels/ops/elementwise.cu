@@ -7,8 +7,6 @@ namespace mirrored::cuda {
 
 namespace {
 
-cudaStream_t stream_of(const Device::NativeLaunch& l) { return static_cast<cudaStream_t>(l.stream); }
-
 int convert_launch(const Device::NativeLaunch& l, size_t n, const void* x, DType xt, void* y, DType yt) {
     convert(stream_of(l), l.device, n, x, xt, y, yt);
     return 1;

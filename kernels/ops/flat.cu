@@ -8,8 +8,6 @@ namespace mirrored::cuda {
 
 namespace {
 
-cudaStream_t stream_of(const Device::NativeLaunch& l) { return static_cast<cudaStream_t>(l.stream); }
-
 int fill_launch(const Device::NativeLaunch& l, size_t n, float value, float* x) {
     fill(stream_of(l), l.device, n, value, x);
     return 1;

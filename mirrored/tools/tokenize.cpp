@@ -8,7 +8,6 @@
 // tokenizer's own files, so the folder carries what made it. Nothing in DIR is replaced that this
 // command did not write.
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <filesystem>
@@ -197,7 +196,6 @@ int tokenize(const TokenizeOptions& o) {
     size_t file_count[2] = {0, 0}, byte_count[2] = {0, 0}, token_count[2] = {0, 0};
     const double start = now_s();
     const bool terminal = ::isatty(2);
-    size_t bytes_done = 0;
     const auto write_split = [&](int train_fd, const std::string& train_tmp, int val_fd, const std::string& val_tmp) {
         TokenFileWriter out[2] = {{train_fd, (fs::path(o.out) / "train.bin").string(), train_tmp, wide},
                                   {val_fd, (fs::path(o.out) / "val.bin").string(), val_tmp, wide}};
@@ -226,9 +224,9 @@ int tokenize(const TokenizeOptions& o) {
                     cv.wait_for(lock, std::chrono::milliseconds(200));
                     if (terminal && now_s() - shown >= 0.2) {  // progress on a terminal, a line rewritten in place
                         shown = now_s();
-                        std::fprintf(stderr, "\rtokenize: %zu/%zu files, %.1f MB, %.1f MB/s", i, files.size(),
-                                     double(bytes_done) / 1e6,
-                                     double(bytes_done) / 1e6 / std::max(shown - start, 1e-9));
+                        const double mb = double(byte_count[0] + byte_count[1]) / 1e6;
+                        std::fprintf(stderr, "\rtokenize: %zu/%zu files, %.1f MB, %.1f MB/s", i, files.size(), mb,
+                                     mb / std::max(shown - start, 1e-9));
                     }
                 }
                 e = std::move(encoded[i]);
@@ -242,7 +240,6 @@ int tokenize(const TokenizeOptions& o) {
             ++file_count[v];
             byte_count[v] += e.bytes;
             token_count[v] += e.ids.size();
-            bytes_done += e.bytes;
         }
         out[0].finish();
         out[1].finish();
