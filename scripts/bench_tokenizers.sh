@@ -17,17 +17,22 @@ mapfile -t files < <(/usr/bin/python3 "$here/prepare_text.py" --python-stdlib --
 cat "${files[@]}" > "$work/text.txt"
 echo "text: $(stat -c %s "$work/text.txt") bytes from ${#files[@]} files; $(nproc) cores"
 
+# mirrored tokenize over the files with tokenizer $1, three times on 1 thread and on every core
+mirrored_rounds() {
+    for threads in 1 "$(nproc)"; do
+        for round in 1 2 3; do
+            rm -rf "$work/out"
+            "$build/mirrored" tokenize "${files[@]}" --tokenizer "$1" --threads "$threads" --out "$work/out" |
+                sed 's/.*; \([0-9.]* MB in .*\)/  mirrored: \1/'
+        done
+    done
+}
+
 npm install --prefix "$work/js" --no-audit --no-fund --silent js-tiktoken@1.0.21
 node "$here/tiktoken_reference.js" "$work/js/node_modules" ranks gpt2 "$work/gpt2.tiktoken"
 echo "GPT-2 BPE:"
 node "$here/tiktoken_reference.js" "$work/js/node_modules" bench gpt2 "$work/text.txt" 3
-for threads in 1 "$(nproc)"; do
-    for round in 1 2 3; do
-        rm -rf "$work/out"
-        "$build/mirrored" tokenize "${files[@]}" --tokenizer "$work/gpt2.tiktoken" --threads "$threads" \
-            --out "$work/out" | sed 's/.*; \([0-9.]* MB in .*\)/  mirrored: \1/'
-    done
-done
+mirrored_rounds "$work/gpt2.tiktoken"
 
 echo "SentencePiece BPE, 8000 pieces (trained on the text's first 2 MB):"
 head -c 2000000 "$work/text.txt" > "$work/spm_train.txt"
@@ -49,10 +54,4 @@ s = statistics.median(times)
 print(json.dumps({"encoder": "python3-sentencepiece", "bytes": size, "ids": ids, "median_s": s,
                   "mb_per_s": size / 1e6 / s}))
 EOF
-for threads in 1 "$(nproc)"; do
-    for round in 1 2 3; do
-        rm -rf "$work/out"
-        "$build/mirrored" tokenize "${files[@]}" --tokenizer "$work/sp.model" --threads "$threads" \
-            --out "$work/out" | sed 's/.*; \([0-9.]* MB in .*\)/  mirrored: \1/'
-    done
-done
+mirrored_rounds "$work/sp.model"
