@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "base/error.h"
 #include "data/tokenizer.h"
@@ -496,6 +497,20 @@ TEST_CASE("a language model on BPE tokens trains from `tokenize`'s folder; gener
     REQUIRE(run_cli({"generate", ckpt, "--prompt", "def f(", "--tokens", "12"}, {}, -1, &err, Stdout::file,
                     dir / "kept.txt") == kExitOk);
     CHECK(read_text(dir / "kept.txt") == read_text(out));
+    // a file of prompts, two at a time: each line's text is what --prompt alone printed after it
+    REQUIRE(run_cli({"generate", ckpt, "--prompts", dir.write("prompts.jsonl", "\"x = 1\"\n\"def f(\"\n\"\\tü\"\n"),
+                     "--tokens", "12", "--batch", "2"},
+                    {}, -1, &err, Stdout::file, dir / "batched.txt") == kExitOk);
+    std::istringstream lines(read_text(dir / "batched.txt"));
+    std::vector<nlohmann::json> batched;
+    for (std::string line; std::getline(lines, line);) batched.push_back(nlohmann::json::parse(line));
+    REQUIRE(batched.size() == 3);
+    CHECK(batched[1]["prompt"] == "def f(");
+    CHECK(batched[2]["prompt"] == "\t\xC3\xBC");
+    // the same ids as --prompt alone drew (the text in JSON: bytes that are not UTF-8 as U+FFFD)
+    REQUIRE(run_cli({"generate", ckpt, "--prompt", "def f(", "--tokens", "12", "--json", dir / "alone.json"}, {}, -1,
+                    &err, Stdout::file, dir / "alone.txt") == kExitOk);
+    CHECK(batched[1]["ids"] == nlohmann::json::parse(read_text(dir / "alone.json"))["ids"]);
     fs::remove_all(dir / "run/tokenizer");
     CHECK(run_cli({"generate", ckpt, "--prompt", "x"}, {}, -1, &err) == kExitUsage);  // no tokenizer: refused
     CHECK(err.find("text needs the tokenizer it was trained with (--tokenizer") != std::string::npos);

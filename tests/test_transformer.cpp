@@ -1353,6 +1353,76 @@ TEST_CASE("generate with the key/value cache: the window way's greedy text withi
     }
 }
 
+TEST_CASE("generate --prompts: each prompt continued as --prompt alone continues it, batched; bad files named") {
+    for (const char* model : {kGpt, kLlama}) {
+        GptRun g;
+        g.model = model;
+        CAPTURE(g.model.substr(0, 22));
+        REQUIRE(g.train(g / "run") == kExitOk);
+        const std::string ckpt = list_checkpoints(g / "run/checkpoints").front();
+        auto gen = [&](std::vector<std::string> args, std::string* out, std::string* err = nullptr) {
+            args.insert(args.begin(), {"generate", ckpt});
+            const std::string path = g / "generated.txt";
+            const int rc = run_cli(args, {}, -1, err, Stdout::file, path);
+            *out = read_text(path);
+            return rc;
+        };
+        // prompts of 1 to 40 tokens (past the context of 16: its last 16), one a JSON string with a
+        // newline; 40 draws each: past the context, where the cache restarts from the last half
+        const std::vector<std::string> prompts = {"def", "x", std::string(40, 'a'), "class A:\n    pass", "import os"};
+        const std::string file =
+            g.write("prompts.jsonl", "\"def\"\n\"x\"\n\n\"" + prompts[2] +
+                                         "\"\n{\"prompt\": \"class A:\\n    pass\"}\r\n\"import os\"\n");
+        const std::vector<std::string> draws = {"--tokens", "40", "--temperature", "0.9", "--seed", "7"};
+        std::vector<std::string> args = {"--prompts", file, "--batch", "3", "--json", g / "stats.json"};
+        args.insert(args.end(), draws.begin(), draws.end());
+        std::string batched, err;
+        REQUIRE_MESSAGE(gen(args, &batched, &err) == kExitOk, err);
+        std::vector<nlohmann::json> lines;
+        std::istringstream in(batched);
+        for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+        REQUIRE(lines.size() == prompts.size());
+        size_t drawn = 0;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            CAPTURE(i);
+            CHECK(lines[i]["prompt"] == prompts[i]);
+            CHECK(lines[i]["ids"].size() == 40);
+            CHECK(lines[i]["stopped_at_end_of_text"] == false);
+            drawn += lines[i]["ids"].size();
+            std::vector<std::string> one = {"--prompt", prompts[i], "--no-echo"};
+            one.insert(one.end(), draws.begin(), draws.end());
+            std::string alone;
+            REQUIRE(gen(one, &alone) == kExitOk);
+            CHECK(lines[i]["text"].get<std::string>() + "\n" == alone);
+        }
+        const nlohmann::json stats = nlohmann::json::parse(read_text(g / "stats.json"));
+        CHECK(stats["prompts"] == prompts.size());
+        CHECK(stats["batch"] == 3);
+        CHECK(stats["tokens"] == drawn);
+        // one at a time: the same lines
+        args[3] = "1";
+        std::string single;
+        REQUIRE(gen(args, &single) == kExitOk);
+        CHECK(single == batched);
+        // refused, naming what and where
+        CHECK(gen({"--prompts", file, "--no-kv-cache"}, &single, &err) == kExitUsage);
+        CHECK(err.find("--prompts: decodes with the key/value cache") != std::string::npos);
+        CHECK(gen({"--prompts", g / "missing.txt"}, &single, &err) == kExitUsage);
+        CHECK(err.find("missing.txt: cannot read it") != std::string::npos);
+        CHECK(gen({"--prompts", g.write("bad.jsonl", "\"def\"\n\"unterminated\n")}, &single, &err) == kExitUsage);
+        CHECK(err.find("bad.jsonl:2: expected a JSON string or an object with a \"prompt\" string") !=
+              std::string::npos);
+        // a plain file's lines are prompts as they are: quotes included
+        REQUIRE(gen({"--prompts", g.write("plain.txt", "\"\"\"Return\n\n{x}\n"), "--tokens", "2"}, &single) == kExitOk);
+        CHECK(single.find("{\"prompt\":\"\\\"\\\"\\\"Return\",") == 0);
+        CHECK(single.find("\n{\"prompt\":\"{x}\",") != std::string::npos);
+        CHECK(gen({"--prompts", g.write("empty.txt", "\n\n")}, &single, &err) == kExitUsage);
+        CHECK(err.find("empty.txt: no prompts") != std::string::npos);
+        CHECK(gen({"--prompts", file, "--prompt", "x"}, &single, &err) == kExitUsage);
+        CHECK(gen({"--prompts", file, "--batch", "0"}, &single, &err) == kExitUsage);
+    }
+}
+
 TEST_CASE("export --names hf: Llama and GPT-2 as Hugging Face folders; Hugging Face's forward gives our test loss") {
     if (!python_has("torch, numpy", "PyTorch", "python3-torch")) return;
     GptRun g;

@@ -213,28 +213,30 @@ public:
     }
 
 private:
-    // One new position (Pass::decode, a model built for sequences of one): its q, k, v row appended
-    // to this layer's cache, its query attending over the rows so far.
+    // One new position of each sequence (Pass::decode, a model built for sequences of one): its q,
+    // k, v row appended to the sequence's part of this layer's cache, its query attending over the
+    // rows so far. The projections take every sequence at once.
     const void* decode(Pass& p, const void* x) const {
-        const int w = int(a_.qkv_width()), at = p.decode->position;
-        if (p.rows != 1 || in_.positions() != 1 || at < 0 || at >= p.decode->capacity())
-            throw std::logic_error("attention: a decoding pass is one position of one sequence within the cache");
+        const int w = int(a_.qkv_width()), c = in_.c, position = p.decode->position;
+        if (p.rows != p.decode->sequences() || in_.positions() != 1 || position < 0 || position >= p.decode->capacity())
+            throw std::logic_error("attention: a decoding pass is one position of each sequence within the cache");
         const Buffers B = buffers(p);
-        project_qkv(p, 1, x, B.qkv);
+        project_qkv(p, p.rows, x, B.qkv);
         if (o_.rope_theta > 0)
             rope_rotate(*p.dev, p.stream,
-                        RopeShape{1, 1, at, w, a_.heads + a_.kv_heads, a_.d, o_.rope_theta, o_.rope_scaling}, false,
-                        B.qkv);
+                        RopeShape{p.rows, 1, position, w, a_.heads + a_.kv_heads, a_.d, o_.rope_theta, o_.rope_scaling},
+                        false, B.qkv);
         void* cache = p.decode->cache(slot_, p.dev->act_bytes(size_t(w)));
-        p.dev->copy_on_device(p.stream, at_row(p, cache, at), B.qkv, p.dev->act_bytes(size_t(w)));
-        attention_decode(*p.dev, p.stream, at + 1, a_, scale(), cache, B.heads);
-        project_out(p, 1, B.heads, B.out);
+        const size_t per_sequence = size_t(p.decode->capacity()) * size_t(w);
+        for (int r = 0; r < p.rows; ++r) {
+            void* rows_so_far = at(p, cache, size_t(r) * per_sequence);
+            p.dev->copy_on_device(p.stream, at(p, rows_so_far, size_t(position) * size_t(w)),
+                                  at(p, B.qkv, size_t(r) * w), p.dev->act_bytes(size_t(w)));
+            attention_decode(*p.dev, p.stream, position + 1, a_, scale(), rows_so_far, at(p, B.heads, size_t(r) * c));
+        }
+        project_out(p, p.rows, B.heads, B.out);
         return B.out;
     }
-    void* at_row(const Pass& p, void* cache, int position) const {
-        return at(p, cache, size_t(position) * a_.qkv_width());
-    }
-
     // The qkv projection's weight gradient from dqkv (through the rotation back first), and
     // dx = dqkv W_attn.
     void input_grads(Pass& p, void* dqkv, void* dx) const {

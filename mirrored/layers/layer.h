@@ -103,23 +103,25 @@ void read_padding(SpecReader& r, const std::string& path, WindowKeys& w);
 class Activations;
 class StatsSync;
 
-// Generation with a key/value cache (`generate`): a pass over one new position of one sequence, at
-// `position`, through a model built for sequences of one. Position-wise layers run as on any
-// sequence; position_embedding adds its row `position`; each attention layer appends the new q, k,
-// v row to its cache (positions 0..capacity-1) and attends over the rows so far instead of
-// recomputing the window.
+// Generation with a key/value cache (`generate`): a pass over one new position of each of
+// `sequences` sequences, all at `position`, through a model built for sequences of one.
+// Position-wise layers run as on any batch; position_embedding adds its row `position`; each
+// attention layer appends each sequence's new q, k, v row to that sequence's part of its cache
+// (positions 0..capacity-1) and attends over the rows so far instead of recomputing the window.
 class DecodeState {
 public:
-    DecodeState(Device& d, int capacity) : dev_(d), capacity_(capacity) {}
+    DecodeState(Device& d, int capacity, int sequences = 1) : dev_(d), capacity_(capacity), sequences_(sequences) {}
     int position = 0;
     int capacity() const { return capacity_; }
-    // A layer's cache of `bytes_per_position` per position (the layer's slot keys it), allocated at
-    // its first use and kept for the whole generation.
+    int sequences() const { return sequences_; }
+    // A layer's cache of `bytes_per_position` per position of each sequence (the layer's slot keys
+    // it; sequence r's positions from r * capacity), allocated at its first use and kept for the
+    // whole generation.
     void* cache(int slot, size_t bytes_per_position);
 
 private:
     Device& dev_;
-    int capacity_;
+    int capacity_, sequences_;
     std::vector<std::pair<int, std::shared_ptr<void>>> caches_;
 };
 

@@ -151,7 +151,8 @@ void* DecodeState::cache(int slot, size_t bytes_per_position) {
     for (const auto& [s, p] : caches_)
         if (s == slot) return p.get();
     Device* d = &dev_;
-    std::shared_ptr<void> p(d->alloc_bytes(bytes_per_position * size_t(capacity_)), [d](void* q) { d->free_bytes(q); });
+    std::shared_ptr<void> p(d->alloc_bytes(bytes_per_position * size_t(capacity_) * size_t(sequences_)),
+                            [d](void* q) { d->free_bytes(q); });
     caches_.emplace_back(slot, p);
     return p.get();
 }

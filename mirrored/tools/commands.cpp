@@ -339,6 +339,15 @@ void ToolCommands::add_generate(CLI::App& app) {
                      "the prompt as token ids separated by spaces, for vocabularies other than bytes "
                      "(scripts/prepare_text.py --encode makes them)")
         ->excludes(prompt);
+    gn_cmd_
+        ->add_option(
+            "--prompts", gn_.prompts,
+            "a file of prompts, one per line (in a .jsonl file JSON strings or {\"prompt\": ...}): each continued, "
+            "--batch at a time, printed as a JSON line {prompt, text, ids, stopped_at_end_of_text}")
+        ->excludes(prompt)
+        ->excludes("--prompt-ids");
+    gn_cmd_->add_option("--batch", gn_.batch, "--prompts: sequences decoded together (default 8)")
+        ->check(CLI::Range(1, 4096));
     gn_cmd_->add_option("--tokens", gn_.tokens, "tokens to generate (default 256)")->check(CLI::Range(1, 1 << 20));
     gn_cmd_->add_option("--temperature", gn_.temperature, "softmax temperature; 0 takes the most likely (default 0.8)")
         ->check(CLI::Range(0.0, 100.0));

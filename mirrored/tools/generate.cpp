@@ -10,6 +10,12 @@
 // position the same way. Within the context both ways compute the same logits (the window way
 // recomputes the whole window per token: --no-kv-cache); past it the window slides by a token per
 // token, while the cache restarts from the last half context (read again), so the texts may part.
+//
+// --prompts FILE continues many prompts, --batch of them at a time: one pass takes a position of
+// every sequence, so each layer's product is one matrix product instead of a matrix-vector product
+// per prompt. The sequences go in step (at pass s each reads its token s: its prompt's while it
+// lasts, then its own draws), each drawing from its own generator seeded by --seed, so a prompt
+// continues as `--prompt` alone continues it. Each continuation is a JSON line, in the file's order.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -90,20 +96,32 @@ LoadedModel load_model(const std::string& path, int context) {
 
 // Index of the next token: argmax at temperature 0, else a draw from the tempered softmax over the
 // k best (all when k is 0), cut to the fewest most likely whose probabilities reach top_p (nucleus
-// sampling).
-int sample(std::vector<float> logits, const GenerateOptions& o, std::mt19937_64& rng) {
+// sampling). Over every token the draw takes them in index order: the same distribution, no sort.
+int sample(const std::vector<float>& logits, const GenerateOptions& o, std::mt19937_64& rng) {
     const int n = int(logits.size());
-    if (o.temperature == 0) return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int best = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (o.temperature == 0) return best;
+    const double top = logits[size_t(best)];
+    const auto weight = [&](int i) { return std::exp((logits[size_t(i)] - top) / o.temperature); };
+    const auto draw = [&](double sum) { return double(rng() >> 11) * 0x1.0p-53 * sum; };  // the same on every machine
+    int k = o.top_k > 0 ? std::min(o.top_k, n) : n;
+    if (k == n && o.top_p >= 1) {
+        std::vector<double> w(static_cast<size_t>(n));
+        double sum = 0;
+        for (int i = 0; i < n; ++i) sum += w[size_t(i)] = weight(i);
+        const double u = draw(sum);
+        double acc = 0;
+        for (int i = 0; i < n; ++i)
+            if ((acc += w[size_t(i)]) > u) return i;
+        return best;  // rounding: u at the very end
+    }
     std::vector<int> order(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) order[size_t(i)] = i;
-    int k = o.top_k > 0 ? std::min(o.top_k, n) : n;
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
-    const double top = logits[size_t(order[0])];
     std::vector<double> w(static_cast<size_t>(k));
     double sum = 0;
-    for (int i = 0; i < k; ++i)
-        sum += w[size_t(i)] = std::exp((logits[size_t(order[size_t(i)])] - top) / o.temperature);
+    for (int i = 0; i < k; ++i) sum += w[size_t(i)] = weight(order[size_t(i)]);
     if (o.top_p < 1) {  // the most likely first: keep them until their share reaches top_p
         double kept = 0;
         int i = 0;
@@ -111,11 +129,220 @@ int sample(std::vector<float> logits, const GenerateOptions& o, std::mt19937_64&
         k = std::max(i, 1);
         sum = kept > 0 ? kept : w[0];
     }
-    const double u = double(rng() >> 11) * 0x1.0p-53 * sum;  // the same draw on every machine
+    const double u = draw(sum);
     double acc = 0;
     for (int i = 0; i < k; ++i)
         if ((acc += w[size_t(i)]) > u) return order[size_t(i)];
     return order[size_t(k - 1)];
+}
+
+// --prompts: one prompt per line, empty lines skipped; in a .jsonl file each line is a JSON string
+// or an object with a "prompt" string (prompts with newlines or tabs).
+std::vector<std::string> read_prompts(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::error_code ec;
+    if (!in || std::filesystem::is_directory(path, ec))
+        throw ConfigError("--prompts " + path + ": cannot read it (expected a text file of prompts, one per line)");
+    const bool json_lines = path.ends_with(".jsonl");
+    std::vector<std::string> prompts;
+    int line_number = 0;
+    for (std::string line; std::getline(in, line);) {
+        ++line_number;
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line_number == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);  // a byte-order mark
+        if (line.empty()) continue;
+        if (!json_lines) {
+            prompts.push_back(line);
+            continue;
+        }
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_string()) prompts.push_back(j.get<std::string>());
+        else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) prompts.push_back(j["prompt"]);
+        else
+            throw ConfigError(path + ":" + std::to_string(line_number) +
+                              ": expected a JSON string or an object with a \"prompt\" string (a .jsonl file of "
+                              "prompts)");
+    }
+    if (in.bad()) throw ConfigError("--prompts " + path + ": read failed: " + std::strerror(errno));
+    if (prompts.empty()) throw ConfigError("--prompts " + path + ": no prompts (expected one per line)");
+    return prompts;
+}
+
+// What a prompt reads as: the tokenizer's ids (after <s> where the model starts texts so), or bytes.
+struct PromptReader {
+    const Tokenizer* tok = nullptr;
+    int vocab = 0;
+    std::vector<int> ids(const std::string& text, const std::string& key) const {
+        std::vector<int> tokens;
+        const std::string& prompt = text.empty() ? std::string("\n") : text;
+        if (tok) {
+            std::vector<uint32_t> ids = tok->encode(prompt);
+            if (tok->begin_of_text()) ids.insert(ids.begin(), *tok->begin_of_text());
+            for (uint32_t id : ids) {
+                if (id >= uint32_t(vocab))
+                    throw ConfigError(key + ": its token " + std::to_string(id) +
+                                      " is outside the model's vocabulary of " + std::to_string(vocab) +
+                                      " (another tokenizer than the run's?)");
+                tokens.push_back(int(id));
+            }
+            return tokens;
+        }
+        for (unsigned char ch : prompt) {
+            if (ch >= vocab)
+                throw ConfigError(key + ": byte " + std::to_string(int(ch)) + " is outside the model's vocabulary of " +
+                                  std::to_string(vocab) + " (generate reads prompts as byte-level tokens)");
+            tokens.push_back(ch);
+        }
+        return tokens;
+    }
+    // The continuation's text: decoded with its prompt (SentencePiece writes a piece's space by what
+    // comes before it), the prompt's text cut off; an id the tokenizer lacks as [id].
+    std::string text(const std::vector<int>& prompt, const std::vector<int>& drawn) const {
+        std::string s;
+        if (!tok) {
+            for (int id : drawn) s += char(id);
+            return s;
+        }
+        const std::vector<uint32_t> before(prompt.begin(), prompt.end());
+        std::vector<uint32_t> all = before;
+        all.insert(all.end(), drawn.begin(), drawn.end());
+        try {
+            const std::string head = tok->decode(before), whole = tok->decode(all);
+            if (whole.starts_with(head)) return whole.substr(head.size());
+        } catch (const DataError&) {}
+        std::vector<uint32_t> run;  // piece by piece: the known ids' text, [id] for the others
+        for (int id : drawn) {
+            if (uint32_t(id) < tok->vocab_size()) {
+                run.push_back(uint32_t(id));
+                continue;
+            }
+            s += tok->decode(run) + "[" + std::to_string(id) + "]";
+            run.clear();
+        }
+        return s + tok->decode(run);
+    }
+};
+
+// A forward pass of `rows` sequences on one CPU replica in f32.
+Pass inference_pass(Device& d, const float* params, Activations& acts, int rows) {
+    Pass p;
+    p.dev = &d;
+    p.stream = d.compute_stream();
+    p.rows = p.global_rows = rows;
+    p.training = false;
+    p.params = params;
+    p.weights = params;
+    p.acts = &acts;
+    return p;
+}
+
+// --prompts: every prompt's continuation, o.batch sequences decoded together (see the top).
+int generate_batch(const GenerateOptions& o, const LoadedModel& m, const PromptReader& reader,
+                   std::optional<int> end_of_text) {
+    if (!o.kv_cache)
+        throw ConfigError("--prompts: decodes with the key/value cache (--no-kv-cache takes one --prompt)");
+    const std::vector<std::string> prompts = read_prompts(o.prompts);
+    struct Sequence {
+        std::vector<int> tokens;  // the prompt's (its last context's worth), then the draws
+        size_t prompt = 0, fed = 0;
+        int drawn = 0;
+        bool done = false, stopped = false;
+        std::mt19937_64 rng;
+    };
+    std::vector<Sequence> seqs(prompts.size());
+    const int t = m.model->input_features(), scores = m.model->output_classes();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        Sequence& q = seqs[i];
+        q.tokens = reader.ids(prompts[i], o.prompts + ":prompt " + std::to_string(i + 1));
+        if (q.tokens.size() > size_t(t)) q.tokens.erase(q.tokens.begin(), q.tokens.end() - t);
+        q.prompt = q.tokens.size();
+        q.rng.seed(o.seed);
+    }
+    const int batch = int(std::min<size_t>(size_t(o.batch), prompts.size()));
+    cpu_set_blas_threads(int(std::max(1u, std::thread::hardware_concurrency())));
+    auto dev = make_cpu_device(0);
+    Device& d = *dev;
+    DeviceBuffer<float> params(d, m.model->flat_size());
+    d.copy_to_device(d.compute_stream(), params.data(), m.params.data(), m.params.size() * sizeof(float));
+    const std::unique_ptr<Model> one = build_model(m.config, {1});
+    if (one->flat_size() != m.model->flat_size())
+        throw std::logic_error("generate: the one-position model's parameters differ from the checkpoint's");
+    Activations acts = one->make_activations(d, batch);
+    DeviceBuffer<float> ids(d, size_t(batch));
+    std::vector<float> host_ids(static_cast<size_t>(batch)), logits(size_t(batch) * size_t(scores));
+    std::vector<float> row(static_cast<size_t>(reader.vocab));
+
+    long total = 0;
+    const double start = now_s();
+    for (size_t first = 0; first < seqs.size(); first += size_t(batch)) {
+        const int rows = int(std::min<size_t>(size_t(batch), seqs.size() - first));
+        Sequence* group = &seqs[first];
+        DecodeState cache(d, t, rows);
+        // one pass: sequence r reads token_of(r) at cache.position (a finished one reads 0, unused)
+        const auto forward = [&](const auto& token_of) {
+            for (int r = 0; r < rows; ++r) host_ids[size_t(r)] = group[r].done ? 0.0f : float(token_of(group[r]));
+            d.copy_to_device(d.compute_stream(), ids.data(), host_ids.data(), size_t(rows) * sizeof(float));
+            Pass p = inference_pass(d, params.data(), acts, rows);
+            p.decode = &cache;
+            d.copy_to_host(d.compute_stream(), logits.data(), one->forward(p, ids.data()),
+                           size_t(rows) * size_t(scores) * sizeof(float));
+            ++cache.position;
+        };
+        for (bool going = true; going;) {
+            if (cache.position < t) {
+                forward([](Sequence& q) { return q.tokens[q.fed++]; });
+            } else {  // full: each sequence's last half context again, from position 0 (every prompt has
+                      // been read: a prompt is at most a context long)
+                const size_t keep = size_t(t / 2);
+                cache.position = 0;
+                for (size_t k = 0; k < keep; ++k)
+                    forward([&](const Sequence& q) { return q.tokens[q.tokens.size() - keep + k]; });
+                for (int r = 0; r < rows; ++r) group[r].fed = group[r].tokens.size();
+            }
+            going = false;
+            for (int r = 0; r < rows; ++r) {
+                Sequence& q = group[r];
+                if (q.done) continue;
+                going = true;
+                if (q.fed < q.tokens.size()) continue;  // still reading its prompt
+                std::copy_n(logits.begin() + long(r) * scores, row.size(), row.begin());
+                const int next = sample(row, o, q.rng);
+                if (o.stop_at_end && end_of_text == next) {
+                    q.done = q.stopped = true;
+                    continue;
+                }
+                q.tokens.push_back(next);
+                ++total;
+                q.done = ++q.drawn == o.tokens;
+            }
+        }
+        for (int r = 0; r < rows; ++r) {  // printed as each batch ends
+            const Sequence& q = group[r];
+            const std::vector<int> prompt(q.tokens.begin(), q.tokens.begin() + long(q.prompt)),
+                drawn(q.tokens.begin() + long(q.prompt), q.tokens.end());
+            const nlohmann::ordered_json line = {{"prompt", prompts[first + size_t(r)]},
+                                                 {"text", reader.text(prompt, drawn)},
+                                                 {"ids", drawn},
+                                                 {"stopped_at_end_of_text", q.stopped}};
+            const std::string s = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+            std::fwrite(s.data(), 1, s.size(), stdout);
+        }
+        if (std::fflush(stdout) != 0) break;  // said below
+    }
+    const double seconds = now_s() - start;
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        throw CheckpointError(std::string("generate: standard output: write failed: ") + std::strerror(errno));
+    if (!o.json.path.empty()) {
+        const nlohmann::json j = {{"prompts", prompts.size()},
+                                  {"batch", batch},
+                                  {"tokens", total},
+                                  {"seconds", seconds},
+                                  {"tokens_per_sec", seconds > 0 ? double(total) / seconds : 0.0},
+                                  {"kv_cache", true}};
+        write_output(o.json, j.dump(2) + "\n");
+        std::fprintf(stderr, "wrote %s\n", o.json.path.c_str());
+    }
+    return kExitOk;
 }
 
 }  // namespace
@@ -166,43 +393,21 @@ int generate(const GenerateOptions& o) {
         end_of_text = hf_end_of_text(hf_folder);
     const bool bytes = vocab <= 256 && !tok, text = bytes || tok;
     if (!o.prompt_ids_given && !text)
-        throw ConfigError(std::string(o.prompt.empty() ? "generate" : "--prompt") + ": the model's vocabulary has " +
-                          std::to_string(vocab) +
+        throw ConfigError(std::string(!o.prompts.empty() ? "--prompts"
+                                      : o.prompt.empty() ? "generate"
+                                                         : "--prompt") +
+                          ": the model's vocabulary has " + std::to_string(vocab) +
                           " tokens, not bytes: text needs the tokenizer it was trained with (--tokenizer, e.g. the "
                           "token files' folder that mirrored tokenize wrote), or the prompt's ids (--prompt-ids)");
-    if (tok && tokens.empty()) {  // the prompt's text, after <s> where the model starts texts so
-        std::vector<uint32_t> ids = tok->encode(o.prompt.empty() ? std::string("\n") : o.prompt);
-        if (tok->begin_of_text()) ids.insert(ids.begin(), *tok->begin_of_text());
-        for (uint32_t id : ids) {
-            if (id >= uint32_t(vocab))
-                throw ConfigError("--prompt: its token " + std::to_string(id) +
-                                  " is outside the model's vocabulary of " + std::to_string(vocab) +
-                                  " (another tokenizer than the run's?)");
-            tokens.push_back(int(id));
-        }
-    }
-    for (unsigned char ch : !tokens.empty() ? std::string() : o.prompt.empty() ? std::string("\n") : o.prompt) {
-        if (ch >= vocab)
-            throw ConfigError("--prompt: byte " + std::to_string(int(ch)) + " is outside the model's vocabulary of " +
-                              std::to_string(vocab) + " (generate reads prompts as byte-level tokens)");
-        tokens.push_back(ch);
-    }
+    const PromptReader reader{tok.get(), vocab};
+    if (!o.prompts.empty()) return generate_batch(o, m, reader, end_of_text);
+    if (tokens.empty()) tokens = reader.ids(o.prompt, "--prompt");
     cpu_set_blas_threads(int(std::max(1u, std::thread::hardware_concurrency())));
     auto dev = make_cpu_device(0);
     Device& d = *dev;
     DeviceBuffer<float> params(d, model.flat_size());
     d.copy_to_device(d.compute_stream(), params.data(), m.params.data(), m.params.size() * sizeof(float));
-    const auto pass = [&](Activations& acts) {
-        Pass p;
-        p.dev = &d;
-        p.stream = d.compute_stream();
-        p.rows = p.global_rows = 1;
-        p.training = false;
-        p.params = params.data();
-        p.weights = params.data();
-        p.acts = &acts;
-        return p;
-    };
+    const auto pass = [&](Activations& acts) { return inference_pass(d, params.data(), acts, 1); };
     std::vector<float> logits(static_cast<size_t>(vocab));
     const auto read_logits = [&](const void* out, int position) {
         d.copy_to_host(d.compute_stream(), logits.data(), static_cast<const float*>(out) + size_t(position) * scores,

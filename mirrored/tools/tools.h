@@ -149,6 +149,8 @@ struct GenerateOptions {
     std::string prompt;             // byte-level tokens; empty: a newline
     std::string prompt_ids;         // or token ids separated by spaces (other vocabularies, e.g. BPE)
     bool prompt_ids_given = false;  // --prompt-ids was given (an empty list is refused, not ignored)
+    std::string prompts;            // or a file of prompts, one per line: each continued, as JSON lines
+    int batch = 8;                  // --prompts: sequences decoded together
     int tokens = 256;
     double temperature = 0.8;  // 0: the most likely token every time
     int top_k = 0;             // 0: every token
@@ -161,7 +163,8 @@ struct GenerateOptions {
     int context = 0;        // a Hugging Face folder: positions the model is built for (0: its own, at most 2048)
     OutputTarget json;      // where given: the tokens generated, seconds, tokens/s
 };
-// `mirrored generate`: a language model's continuation of a prompt, streamed.
+// `mirrored generate`: a language model's continuation of a prompt, streamed (or of each prompt of a
+// file, batched).
 int generate(const GenerateOptions& o);
 
 struct TokenizeOptions {
