@@ -26,6 +26,9 @@ torch.compile is used where the torch has it (1.13 has not). Rows are in tokens/
 biases, untied head; AdamW betas (0.9, 0.95), weight decay 0.1 on matrices only). PyTorch trains it
 as Hugging Face's LlamaForCausalLM computes it (rotate_half, repeat_kv; q/k/v and gate/up as one
 product each, as mirrored does: the faster form for both).
+--model llama_bpe: configs/python_llama_bpe.yaml's, the same model with a vocabulary of 2,048 (its
+embedding and head 8x wider) on the BPE token files `make train-llm` writes
+(runs/data/python-stdlib-bpe, written first when missing).
 
   mirrored   build/mirrored bench-step on cpu:1 and cpu:2 (one replica per core)
   PyTorch    one process with 1 and with 2 threads (OpenMP threads sleep when idle:
@@ -39,7 +42,7 @@ PyTorch runs on the BLAS kernel mirrored chose (OPENBLAS_CORETYPE, read from `mi
 devices`), so the comparison is kernel for kernel; --also-env-kernel adds PyTorch on whatever
 kernel the environment gives it. Prints medians over the rounds and the ratios.
 
-    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn|resnet20|gpt|llama] [--rounds 3] [--steps 1500] [--json out.json]
+    /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn|resnet20|gpt|llama|llama_bpe] [--rounds 3] [--steps 1500] [--json out.json]
 
 --steps and --warmup default to 1500 and 100, for gpt and llama to 120 and 20 (on a 2-core machine
 about a minute per row).
@@ -61,6 +64,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FASHION = "/usr/share/datasets/fashion-mnist"
 TOKENS = os.path.join(ROOT, "runs", "data", "python-stdlib")  # configs/python_gpt.yaml's data.root
 GPT = {"vocab": 256, "dim": 128, "context": 128, "layers": 4, "heads": 4, "batch": 32}  # configs/python_gpt.yaml
+TOKENS_BPE = os.path.join(ROOT, "runs", "data", "python-stdlib-bpe")  # configs/python_llama_bpe.yaml's
+LANGUAGE_MODELS = ("gpt", "llama", "llama_bpe")
 LLAMA = {"kv_heads": 2, "intermediate": 352, "theta": 10000.0, "eps": 1e-6}  # configs/python_llama.yaml, else as GPT
 
 
@@ -204,11 +209,15 @@ def make_gpt(torch):
     return Model()
 
 
-def make_llama(torch):
+def token_files(kind):
+    return TOKENS_BPE if kind == "llama_bpe" else TOKENS
+
+
+def make_llama(torch, vocab):
     """configs/python_llama.yaml's model as Hugging Face's Llama computes it: RMSNorm (f32), rotary
     embeddings (rotate_half), grouped-query attention (repeat_kv), SwiGLU, no biases, untied head."""
     nn, F = torch.nn, torch.nn.functional
-    V, C, T, L, H = GPT["vocab"], GPT["dim"], GPT["context"], GPT["layers"], GPT["heads"]
+    V, C, T, L, H = vocab, GPT["dim"], GPT["context"], GPT["layers"], GPT["heads"]
     KV, I, D = LLAMA["kv_heads"], LLAMA["intermediate"], GPT["dim"] // GPT["heads"]
     inv = 1.0 / (LLAMA["theta"] ** (torch.arange(0, D, 2).float() / D))
     emb = torch.arange(T).float()[:, None] * inv[None, :]
@@ -288,12 +297,12 @@ def gpt_worker(rank, world, threads, steps, warmup, out_path, kind="gpt"):
     import torch
     import numpy as np
 
-    tokens = np.fromfile(os.path.join(TOKENS, "train.bin"), dtype="<u2")
+    tokens = np.fromfile(os.path.join(token_files(kind), "train.bin"), dtype="<u2")
     total, batch, T = warmup + steps, GPT["batch"], GPT["context"]
     per = batch // world
     starts = np.random.default_rng(0).integers(0, len(tokens) - T - 1, size=(total, batch))  # the same on every rank
     windows = torch.from_numpy(tokens[starts[:, rank * per:(rank + 1) * per, None] + np.arange(T + 1)].astype(np.int64))
-    model = make_gpt(torch) if kind == "gpt" else make_llama(torch)
+    model = make_gpt(torch) if kind == "gpt" else make_llama(torch, 2048 if kind == "llama_bpe" else 256)
     if kind == "gpt":
         groups, betas = model.parameters(), (0.9, 0.99)
     else:  # weight_decay_on: matrices
@@ -331,7 +340,7 @@ def torch_worker(rank, world, threads, steps, warmup, out_path, port, kind="mlp"
 
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    if kind in ("gpt", "llama"):
+    if kind in LANGUAGE_MODELS:
         return gpt_worker(rank, world, threads, steps, warmup, out_path, kind)
     x, y = synthetic_cifar(np) if kind.startswith("resnet20") else load_data(np)[:2]
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
@@ -414,9 +423,9 @@ def run_mirrored(devices, steps, warmup, model="mlp"):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "step.json")
         env = dict(os.environ)
-        if model in ("gpt", "llama"):
+        if model in LANGUAGE_MODELS:
             config = os.path.join(ROOT, "configs", "python_%s.yaml" % model)
-            env["MIRRORED_DATA_DIR"] = TOKENS  # the files PyTorch reads, whatever the variable said
+            env["MIRRORED_DATA_DIR"] = token_files(model)  # the files PyTorch reads, whatever the variable said
         else:
             config = (resnet20_synthetic_config(d) if model == "resnet20"
                       else os.path.join(ROOT, "configs", "fashion_mnist_%s.yaml" % model))
@@ -435,10 +444,10 @@ def mirrored_blas():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["mlp", "cnn", "resnet20", "gpt", "llama"], default="mlp",
+    ap.add_argument("--model", choices=["mlp", "cnn", "resnet20", "gpt", "llama", "llama_bpe"], default="mlp",
                     help="the default run's MLP, configs/fashion_mnist_cnn.yaml's CNN, "
                     "configs/cifar10_resnet20.yaml's ResNet-20 on synthetic data, configs/python_gpt.yaml's GPT "
-                    "or configs/python_llama.yaml's Llama-style model")
+                    "configs/python_llama.yaml's Llama-style model or configs/python_llama_bpe.yaml's")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, help="timed steps per row (default 1500; gpt 120)")
     ap.add_argument("--warmup", type=int, help="untimed steps first (default 100; gpt 20)")
@@ -449,13 +458,19 @@ def main():
     a = ap.parse_args()
     if a.peer_script and a.model != "mlp":
         ap.error("--peer-script measures the MLP only")
-    gpt = a.model in ("gpt", "llama")
+    gpt = a.model in LANGUAGE_MODELS
     a.steps = a.steps if a.steps is not None else (120 if gpt else 1500)
     a.warmup = a.warmup if a.warmup is not None else (20 if gpt else 100)
     # rows in tokens/s for the language model: samples (sequences of 128 tokens) x 128
     scale, unit = (GPT["context"], "tokens/s") if gpt else (1, "samples/s")
     scratch = tempfile.TemporaryDirectory()
-    if gpt:
+    if a.model == "llama_bpe":
+        if not os.path.exists(os.path.join(TOKENS_BPE, "train.bin")):  # as `make train-llm` writes them
+            files = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_text.py"), "--python-stdlib",
+                                    "--list"], check=True, capture_output=True, text=True).stdout.split()
+            subprocess.run([os.path.join(ROOT, "build", "mirrored"), "tokenize", *files, "--train-bpe", "2048",
+                            "--val-every", "10", "--out", TOKENS_BPE], check=True, stdout=subprocess.DEVNULL)
+    elif gpt:
         if not os.path.exists(os.path.join(TOKENS, "train.bin")):  # as `make train-gpt` writes them
             subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "prepare_text.py"), "--python-stdlib",
                             "--out", TOKENS], check=True, stdout=subprocess.DEVNULL)
