@@ -162,17 +162,21 @@ public:
         for (const auto& [text, id] : specials) top = std::max(top, id);
         if (top >= (uint32_t(1) << 30))
             throw DataError(where + ": token id " + std::to_string(top) + " is implausible");
-        bytes_.assign(size_t(top) + 1, std::string());
-        known_.assign(size_t(top) + 1, false);
+        // a table by id up to a little past the tokens listed; ids beyond (a special token placed far
+        // out) in a map, so that one large id costs no gigabytes
+        bytes_.assign(std::min<size_t>(size_t(top) + 1, 2 * (vocab.size() + specials.size()) + 65536), std::string());
+        known_.assign(bytes_.size(), false);
+        const auto set = [&](uint32_t id, std::string bytes) {
+            if (id >= bytes_.size()) {
+                far_[id] = std::move(bytes);
+                return;
+            }
+            bytes_[id] = std::move(bytes);
+            known_[id] = true;
+        };
         std::string b;
-        for (const auto& [token, id] : vocab) {
-            bytes_[id] = token_bytes(token, to_byte, b) ? b : token;
-            known_[id] = true;
-        }
-        for (const auto& [text, id] : specials) {
-            bytes_[id] = text;
-            known_[id] = true;
-        }
+        for (const auto& [token, id] : vocab) set(id, token_bytes(token, to_byte, b) ? b : token);
+        for (const auto& [text, id] : specials) set(id, text);
         for (int c = 0; c < 256; ++c) {
             std::string one;
             append_utf8(one, chars[size_t(c)]);
@@ -220,10 +224,15 @@ public:
     std::string decode(std::span<const uint32_t> ids) const override {
         std::string s;
         for (uint32_t id : ids) {
-            if (id >= vocab_size_ || !known_[id])
+            if (id < bytes_.size() && known_[id]) {
+                s += bytes_[id];
+                continue;
+            }
+            const auto far = id < bytes_.size() ? far_.end() : far_.find(id);
+            if (far == far_.end())
                 throw DataError("token id " + std::to_string(id) + " is not in the vocabulary of " + where_ + " (" +
                                 std::to_string(vocab_size_) + " ids)");
-            s += bytes_[id];
+            s += far->second;
         }
         return s;
     }
@@ -271,8 +280,9 @@ private:
     std::string where_;
     Regex regex_;
     std::vector<std::pair<std::string, uint32_t>> specials_;
-    std::vector<std::string> bytes_;  // id -> the bytes it stands for
-    std::vector<bool> known_;         // ids the vocabulary assigns
+    std::vector<std::string> bytes_;                 // id -> the bytes it stands for
+    std::vector<bool> known_;                        // ids the vocabulary assigns
+    std::unordered_map<uint32_t, std::string> far_;  // the ids past bytes_, with theirs
     std::array<uint32_t, 256> byte_id_{};
     std::unordered_map<uint64_t, Merge> merges_;
     uint32_t vocab_size_ = 0;
@@ -305,6 +315,18 @@ std::pair<std::string, std::string> split_merge(const std::string& line, const s
     if (sp == std::string::npos || sp == 0 || sp + 1 >= line.size() || line.find(' ', sp + 1) != std::string::npos)
         throw DataError(where + ": '" + line + "' is not a merge (two tokens separated by one space)");
     return {line.substr(0, sp), line.substr(sp + 1)};
+}
+
+std::unique_ptr<Tokenizer> from_tokenizer_json(const json& j, const std::string& path);
+
+// A tokenizer.json whose keys hold values of other types than Hugging Face writes (a number for
+// model.type, a list for a pattern): refused naming the file, as any other lie.
+std::unique_ptr<Tokenizer> read_tokenizer_json(const json& j, const std::string& path) {
+    try {
+        return from_tokenizer_json(j, path);
+    } catch (const json::exception& e) {
+        throw DataError(path + ": not a Hugging Face tokenizer.json: " + e.what());
+    }
 }
 
 std::unique_ptr<Tokenizer> from_tokenizer_json(const json& j, const std::string& path) {
@@ -352,6 +374,8 @@ std::unique_ptr<Tokenizer> from_tokenizer_json(const json& j, const std::string&
         if (!a.is_object() || !a.contains("content") || !a.contains("id") || !a["id"].is_number_unsigned() ||
             !a["content"].is_string() || a["content"].get<std::string>().empty())
             throw DataError(path + ": added_tokens: " + a.dump() + " is not {id, content}");
+        if (a["id"].get<uint64_t>() >= (uint64_t(1) << 30))
+            throw DataError(path + ": added_tokens: " + a.dump() + " has an id past 2^30");
         specials.push_back({a["content"].get<std::string>(), a["id"].get<uint32_t>()});
     }
     return std::make_unique<BpeTokenizer>(path, vocab, merges, lines, specials, pattern);
@@ -401,10 +425,10 @@ private:
     sentencepiece::SentencePieceProcessor sp_;
 };
 
-std::unique_ptr<Tokenizer> from_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
-    const auto vocab = read_vocab(read_json(vocab_path), vocab_path);
-    std::ifstream in(merges_path, std::ios::binary);
-    if (!in) throw DataError(merges_path + ": cannot open");
+// GPT-2's vocab.json (parsed) and merges.txt (a stream): `vocab_path` and `merges_path` name them.
+std::unique_ptr<Tokenizer> from_vocab_merges(const json& vocab_json, std::istream& in, const std::string& vocab_path,
+                                             const std::string& merges_path) {
+    const auto vocab = read_vocab(vocab_json, vocab_path);
     std::vector<std::pair<std::string, std::string>> merges;
     std::vector<std::string> lines;
     std::string line;
@@ -495,9 +519,7 @@ std::vector<std::string> rank_files(const std::string& folder) {
 // line per token, its bytes in base64 and its rank, the rank its merge order and its id. The pairs
 // merged are recovered as tiktoken's byte_pair_encode finds them: a token's bytes merged by the
 // lower-ranked tokens alone end as exactly two, the pair whose merge it is.
-std::unique_ptr<Tokenizer> from_tiktoken(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw DataError(path + ": cannot open");
+std::unique_ptr<Tokenizer> from_tiktoken(std::istream& in, const std::string& path) {
     std::vector<std::pair<uint32_t, std::string>> tokens;  // (rank, bytes)
     std::unordered_map<std::string, uint32_t> rank_of;
     std::string line, bytes;
@@ -565,6 +587,31 @@ std::unique_ptr<Tokenizer> from_tiktoken(const std::string& path) {
     return std::make_unique<BpeTokenizer>(path, vocab, merges, lines, specials, pattern);
 }
 
+std::ifstream open_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw DataError(path + ": cannot open");
+    return in;
+}
+
+std::unique_ptr<Tokenizer> from_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
+    const json vocab = read_json(vocab_path);
+    std::ifstream in = open_file(merges_path);
+    return from_vocab_merges(vocab, in, vocab_path, merges_path);
+}
+
+std::unique_ptr<Tokenizer> from_tiktoken(const std::string& path) {
+    std::ifstream in = open_file(path);
+    return from_tiktoken(in, path);
+}
+
+json parse_json(const std::string& text, const std::string& where) {
+    try {
+        return json::parse(text);
+    } catch (const json::exception& e) {
+        throw DataError(where + ": not JSON: " + e.what());
+    }
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
@@ -579,7 +626,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
             return std::make_unique<SentencePieceTokenizer>((dir / "tokenizer.model").string());
         if (fs::exists(dir / "tokenizer.json", ec)) {
             const std::string file = (dir / "tokenizer.json").string();
-            return from_tokenizer_json(read_json(file), file);
+            return read_tokenizer_json(read_json(file), file);
         }
         if (fs::exists(dir / "vocab.json", ec) && fs::exists(dir / "merges.txt", ec))
             return from_vocab_merges((dir / "vocab.json").string(), (dir / "merges.txt").string());
@@ -596,7 +643,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
         const std::string merges = (fs::path(path).parent_path() / "merges.txt").string();
         return from_vocab_merges(path, merges);
     }
-    return from_tokenizer_json(read_json(path), path);
+    return read_tokenizer_json(read_json(path), path);
 }
 
 std::vector<std::string> tokenizer_files(const std::string& folder) {
@@ -610,13 +657,19 @@ std::vector<std::string> tokenizer_files(const std::string& folder) {
 }
 
 std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text, const std::string& where) {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::exception& e) {
-        throw DataError(where + ": not JSON: " + e.what());
-    }
-    return from_tokenizer_json(j, where);
+    return read_tokenizer_json(parse_json(text, where), where);
+}
+
+std::unique_ptr<Tokenizer> tokenizer_from_vocab_merges(const std::string& vocab_json, const std::string& merges,
+                                                       const std::string& vocab_where,
+                                                       const std::string& merges_where) {
+    std::istringstream in(merges);
+    return from_vocab_merges(parse_json(vocab_json, vocab_where), in, vocab_where, merges_where);
+}
+
+std::unique_ptr<Tokenizer> tokenizer_from_tiktoken(const std::string& ranks, const std::string& where) {
+    std::istringstream in(ranks);
+    return from_tiktoken(in, where);
 }
 
 }  // namespace mirrored

@@ -51,8 +51,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 // The files of a tokenizer a folder holds, full paths (tokenizer.model, tokenizer.json, vocab.json,
 // merges.txt, tokenizer_config.json, .tiktoken rank files): what travels with token files and runs.
 std::vector<std::string> tokenizer_files(const std::string& folder);
-// The same from a tokenizer.json's text (`where` names it in messages).
+// The same from files' contents (`where` names each in messages; a rank file's encoding is its
+// name's stem): a tokenizer.json, GPT-2's vocab.json and merges.txt, a .tiktoken rank file.
 std::unique_ptr<Tokenizer> tokenizer_from_json(const std::string& text, const std::string& where);
+std::unique_ptr<Tokenizer> tokenizer_from_vocab_merges(const std::string& vocab_json, const std::string& merges,
+                                                       const std::string& vocab_where, const std::string& merges_where);
+std::unique_ptr<Tokenizer> tokenizer_from_tiktoken(const std::string& ranks, const std::string& where);
 
 // A byte-level BPE trained on `texts` with GPT-2's pre-tokenizer: the most frequent adjacent pair of
 // symbols within the pieces merged, again and again (ties: the larger pair, as

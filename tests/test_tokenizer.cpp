@@ -263,6 +263,15 @@ TEST_CASE("tokenizer files that lie are refused, naming the file and what is wro
     refused(dir.write("badid.json",
                       R"({"model": {"type": "BPE", "vocab": {"a": -1}}, "pre_tokenizer": {"type": "ByteLevel"}})"),
             "expected an id below 2^30");
+    // values of other types than Hugging Face writes
+    refused(dir.write("types.json", R"({"model": {"type": 5}})"), "types.json: not a Hugging Face tokenizer.json");
+    refused(dir.write("pattern.json", R"({"model": {"type": "BPE", "vocab": {}},
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": [1]}}})"),
+            "pattern.json: not a Hugging Face tokenizer.json");
+    refused(
+        dir.write("wide.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "ByteLevel"},
+        "added_tokens": [{"id": 4294967301, "content": "<s>"}]})"),
+        "has an id past 2^30");
     refused(dir / "missing", "no such tokenizer file or folder");
     fs::create_directories(dir / "empty");
     refused(dir / "empty", "no tokenizer.model, tokenizer.json, vocab.json and merges.txt, nor a .tiktoken");
@@ -342,6 +351,13 @@ TEST_CASE("tiktoken rank files that lie are refused, naming the file, the line a
     CHECK(t->vocab_size() == 259);  // <|endoftext|> after the last rank
     CHECK(t->encode("abcab") == std::vector<uint32_t>{257, 256});
     CHECK(t->encode("x<|endoftext|>") == std::vector<uint32_t>{'x', 258});
+    // a token far past the others costs no table of gigabytes: its id read and written back
+    const auto far = load_tokenizer(dir.write("far.tiktoken", byte_ranks("YWI= 536870912\n")));
+    CHECK(far->vocab_size() == (1u << 29) + 2);
+    CHECK(far->encode("ab<|endoftext|>") == std::vector<uint32_t>{1u << 29, (1u << 29) + 1});
+    CHECK(far->decode(std::vector<uint32_t>{'x', 1u << 29, (1u << 29) + 1}) == "xab<|endoftext|>");
+    CHECK_THROWS_WITH_AS(far->decode(std::vector<uint32_t>{1u << 28}), doctest::Contains("token id 268435456 is not"),
+                         DataError);
     // tokenize copies the rank file, under its name, beside the token files
     fs::create_directories(dir / "docs");
     dir.write("docs/a.txt", "abcab x");

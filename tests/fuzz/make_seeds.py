@@ -174,4 +174,51 @@ try:
         put("image", name + "_cut", bytes([flags]) + buf.getvalue()[: len(buf.getvalue()) // 2])
 except ImportError:
     print("PIL is not installed (python3-pil): no JPEG seeds for the image target")
+# tokenizer: the kind byte (0 tokenizer.json, 1 vocab.json + merges.txt, 2 a tiktoken rank file),
+# then a small byte-level BPE (the 256 bytes as GPT-2's printable characters, a few merges,
+# <|endoftext|>), and near misses (a merge of unknown tokens, an id far past the others, cut JSON)
+import json
+import base64
+def byte_chars():  # GPT-2's bytes_to_unicode
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return chars
+chars = byte_chars()
+def printable(bs):
+    return "".join(chars[b] for b in bs)
+bpe_merges = [(b" ", b"t"), (b"h", b"e"), (b" t", b"he"), (b"r", b"e"), (b" ", b"f"), (b"e", b"t")]
+bpe_vocab = {printable([b]): b for b in range(256)}
+for a, c in bpe_merges:
+    bpe_vocab[printable(a + c)] = len(bpe_vocab)
+eot = len(bpe_vocab)
+merge_lines = [printable(a) + " " + printable(c) for a, c in bpe_merges]
+def tokenizer_json(vocab=bpe_vocab, merges=merge_lines, extra=None):
+    j = {"model": {"type": "BPE", "vocab": vocab, "merges": merges},
+         "added_tokens": [{"id": eot, "content": "<|endoftext|>", "special": True}],
+         "pre_tokenizer": {"type": "ByteLevel"}}
+    j.update(extra or {})
+    return json.dumps(j, ensure_ascii=False)
+put("tokenizer", "json", b"\x00" + tokenizer_json().encode())
+put("tokenizer", "json_split", b"\x00" + tokenizer_json(extra={"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": r"\s+|\p{L}+|\p{N}{1,3}|[^\s\p{L}\p{N}]+"}}, {"type": "ByteLevel"}]}}).encode())
+put("tokenizer", "json_pairs", b"\x00" + tokenizer_json(merges=[[printable(a), printable(c)] for a, c in bpe_merges]).encode())
+put("tokenizer", "json_unknown_merge", b"\x00" + tokenizer_json(merges=merge_lines + ["zz qq"]).encode())
+put("tokenizer", "json_far_id", b"\x00" + tokenizer_json(vocab=dict(bpe_vocab, far=1 << 29)).encode())
+put("tokenizer", "json_cut", b"\x00" + tokenizer_json().encode()[:700])
+vocab_json = json.dumps(dict(bpe_vocab, **{"<|endoftext|>": eot}), ensure_ascii=False).encode()
+merges_txt = ("#version: 0.2\n" + "\n".join(merge_lines) + "\n").encode()
+put("tokenizer", "vocab_merges", b"\x01" + struct.pack("<H", len(vocab_json)) + vocab_json + merges_txt)
+put("tokenizer", "vocab_merges_crlf", b"\x01" + struct.pack("<H", len(vocab_json)) + vocab_json +
+    merges_txt.replace(b"\n", b"\r\n"))
+ranks = [bytes([b]) for b in range(256)] + [a + c for a, c in bpe_merges]
+rank_file = "".join("%s %d\n" % (base64.b64encode(t).decode(), r) for r, t in enumerate(ranks)).encode()
+put("tokenizer", "tiktoken_gpt2", b"\x02\x00" + rank_file)
+put("tokenizer", "tiktoken_cl100k", b"\x02\x03" + rank_file)
+put("tokenizer", "tiktoken_not_merge", b"\x02\x00" + rank_file + base64.b64encode(b"xyz") + b" 262\n")
 print("seeds written under", os.path.join(here, "corpus"))

@@ -10,6 +10,7 @@
 #include "data/dataset.h"
 #include "data/image_codec.h"
 #include "data/npz.h"
+#include "data/tokenizer.h"
 #include "data/image_transform.h"
 #include "base/io.h"
 #include "base/error.h"
@@ -106,6 +107,37 @@ void tokens(const uint8_t* data, size_t size) {
                     (k > 0 && x[size_t(k)] != float(y[size_t(k) - 1])))
                     __builtin_trap();
         }
+    });
+}
+
+void tokenizer(const uint8_t* data, size_t size) {
+    if (size < 1) return;
+    const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
+    tolerate([&] {
+        std::unique_ptr<Tokenizer> tok;
+        switch (data[0] % 3) {
+            case 0:
+                tok = tokenizer_from_json(text, "tokenizer.json");
+                break;
+            case 1: {
+                if (text.size() < 2) return;
+                const size_t split =
+                    std::min(text.size() - 2, size_t(uint8_t(text[0])) | (size_t(uint8_t(text[1])) << 8));
+                tok = tokenizer_from_vocab_merges(text.substr(2, split), text.substr(2 + split), "vocab.json",
+                                                  "merges.txt");
+                break;
+            }
+            default: {
+                static const char* const names[] = {"gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base", "x"};
+                if (text.empty()) return;
+                tok = tokenizer_from_tiktoken(text.substr(1), std::string(names[uint8_t(text[0]) % 6]) + ".tiktoken");
+            }
+        }
+        const std::string sample = "def f(x):\n    return x  # caf\xC3\xA9 \xF0\x9F\x99\x82<|endoftext|>\xFF\xC3 \n\n";
+        const std::vector<uint32_t> ids = tok->encode(sample);
+        for (uint32_t id : ids)
+            if (id >= tok->vocab_size()) __builtin_trap();  // every id inside the vocabulary
+        (void)tok->decode(ids);  // may refuse an id a lying file left without bytes, never crash
     });
 }
 

@@ -24,6 +24,11 @@ void npz(const uint8_t* data, size_t size);
 // A language model's token file; the first byte picks the context (1-32), the second the
 // vocabulary, the third's low bit 4-byte ids.
 void tokens(const uint8_t* data, size_t size);
+// A tokenizer's files after one byte that picks the kind (its value mod 3): a Hugging Face
+// tokenizer.json; GPT-2's vocab.json and merges.txt after a 2-byte little-endian split point; a
+// tiktoken rank file after a byte that picks the encoding's name. A tokenizer that loads encodes a
+// fixed text (specials, Unicode, bytes that are not UTF-8) to ids it can decode.
+void tokenizer(const uint8_t* data, size_t size);
 // A JPEG or PNG file after one byte: its low bit asks for grey (else RGB), bits 1-2 the JPEG
 // shrink (1, 2, 4, 8), bit 3 a flip; decoded under a 4-megapixel limit, then resampled.
 void image(const uint8_t* data, size_t size);
@@ -55,6 +60,7 @@ inline constexpr Named kTargets[] = {{"idx", idx},
                                      {"npy", npy},
                                      {"npz", npz},
                                      {"tokens", tokens},
+                                     {"tokenizer", tokenizer},
                                      {"image", image},
                                      {"config", config},
                                      {"safetensors", safetensors},
