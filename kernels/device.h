@@ -369,38 +369,7 @@ public:
                               int ldc, int64_t stride_c, int batches, GemmTypes types = {});
     // (conversions, y += x, residual joins and bf16 packing: kernels/ops/elementwise.h)
 
-    // ---- convolutional-network ops (images NHWC) ------------------------------------------
-    // col[n*oh*ow, c*kh*kw] from x[n,h,w,c]; the column index runs over (channel, ky, kx), the
-    // order of PyTorch's conv weight [out, in, kh, kw], or with g.pixel_major over (ky, kx,
-    // channel); padding reads zeros.
-    virtual void im2col(Stream s, const Window2d& g, const void* x, void* col) = 0;
-    // A convolution's forward product straight from the images, where the backend has a kernel
-    // for it: z[n*oh*ow, filters] = pixel-major im2col(x) times wt[kh, kw, c, filters], without
-    // the columns. false, nothing done, where it has none (the default; CPUs with the JIT GEMMs
-    // have one). types as gemm's.
-    virtual bool conv_forward(Stream /*s*/, const Window2d& /*g*/, const void* /*x*/, const float* /*wt*/,
-                              int /*filters*/, void* /*z*/, GemmTypes /*types*/) {
-        return false;
-    }
-    // Its gradients the same way, where the backend has kernels for them (false, nothing done,
-    // where not): dw[filters, kh, kw, c] = dz^T . pixel-major im2col(x), overwritten, in f32; and
-    // dx = col2im(dz . w[filters, kh, kw, c]).
-    virtual bool conv_weight_grad(Stream /*s*/, const Window2d& /*g*/, const void* /*x*/, const void* /*dz*/,
-                                  int /*filters*/, float* /*dw*/) {
-        return false;
-    }
-    virtual bool conv_input_grad(Stream /*s*/, const Window2d& /*g*/, const void* /*dz*/, const float* /*w*/,
-                                 int /*filters*/, void* /*dx*/) {
-        return false;
-    }
-    // The adjoint: dx[n,h,w,c] = the sum of every column entry that read it (fixed order).
-    virtual void col2im(Stream s, const Window2d& g, const void* dcol, void* dx) = 0;
-    // y[n,oh,ow,c] over the windows of g. Max: padding is -inf and the first maximum of a window
-    // takes its gradient. Average: padding counts as zeros in the mean (PyTorch's default).
-    virtual void pool_forward(Stream s, PoolKind kind, const Window2d& g, const void* x, void* y) = 0;
-    virtual void pool_backward(Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx) = 0;
-    // [n,h,w,c] <-> [n,c,h,w]: flatten in PyTorch's order, so exported dense weights fit.
-    virtual void nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse) = 0;
+    // ---- convolutional networks (their ops: kernels/ops/conv.h) ----------------------------
     // Whether convolutions should use pixel-major columns (Window2d::pixel_major) and weights
     // permuted to match: on the CPU a column row is then whole pixels copied, not a transpose.
     // The conv layer permutes with nhwc_to_nchw, so a device saying yes stores activations as f32.

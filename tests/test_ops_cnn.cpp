@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/ops/conv.h"
 #include "kernels/ops/batchnorm.h"
 #include "kernels/device.h"
 #include "kernels/op_math.h"
@@ -62,21 +63,21 @@ long source_of(const Window2d& g, size_t col_index) {
 std::vector<float> run_im2col(Device& d, const Window2d& g, const std::vector<float>& x) {
     auto xb = upload(d, x);
     auto col = poisoned(d, cols_size(g));
-    d.im2col(d.compute_stream(), g, xb.data(), col.data());
+    im2col(d, d.compute_stream(), g, xb.data(), col.data());
     return download(d, col);
 }
 std::vector<float> run_col2im(Device& d, const Window2d& g, const std::vector<float>& dcol) {
     auto db = upload(d, dcol);
     auto dx = poisoned(d, image_size(g));
-    d.col2im(d.compute_stream(), g, db.data(), dx.data());
+    col2im(d, d.compute_stream(), g, db.data(), dx.data());
     return download(d, dx);
 }
 std::vector<float> run_pool(Device& d, PoolKind k, const Window2d& g, const std::vector<float>& x,
                             const std::vector<float>& dy) {
     auto xb = upload(d, x), dyb = upload(d, dy);
     auto y = poisoned(d, pooled_size(g)), dx = poisoned(d, image_size(g));
-    d.pool_forward(d.compute_stream(), k, g, xb.data(), y.data());
-    d.pool_backward(d.compute_stream(), k, g, xb.data(), dyb.data(), dx.data());
+    pool_forward(d, d.compute_stream(), k, g, xb.data(), y.data());
+    pool_backward(d, d.compute_stream(), k, g, xb.data(), dyb.data(), dx.data());
     auto out = download(d, y);
     const auto dxh = download(d, dx);
     out.insert(out.end(), dxh.begin(), dxh.end());
@@ -316,7 +317,7 @@ TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' pro
         const size_t M = size_t(g.n) * g.oh() * g.ow(), K = size_t(g.kh) * g.kw * g.c;
         auto xb = upload(*d, x), wb = upload(*d, wt);
         auto z = poisoned(*d, M * F);
-        if (!d->conv_forward(d->compute_stream(), g, xb.data(), wb.data(), F, z.data(), GemmTypes{})) continue;
+        if (!conv_forward(*d, d->compute_stream(), g, xb.data(), wb.data(), F, z.data(), GemmTypes{})) continue;
         ++ran;
         const auto got = download(*d, z);
         const auto col = run_im2col(*d, g, x);  // the reference: the columns' product in double
@@ -337,7 +338,7 @@ TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' pro
         auto dzb = upload(*d, dz);
         auto dw = poisoned(*d, K * F);
         // (a backend may decline either gradient, and the layer makes columns)
-        if (!d->conv_weight_grad(d->compute_stream(), g, xb.data(), dzb.data(), F, dw.data())) continue;
+        if (!conv_weight_grad(*d, d->compute_stream(), g, xb.data(), dzb.data(), F, dw.data())) continue;
         ++weight_grads;
         if (g.c < 16) ++few_channel_weight_grads;  // the product turned around
         const auto dwh = download(*d, dw);
@@ -354,7 +355,7 @@ TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' pro
         CHECK(worst < 1e-5);
         const std::vector<float>& w = wt;  // read as [F, K] here
         auto dx = poisoned(*d, image_size(g));
-        if (!d->conv_input_grad(d->compute_stream(), g, dzb.data(), wb.data(), F, dx.data())) continue;
+        if (!conv_input_grad(*d, d->compute_stream(), g, dzb.data(), wb.data(), F, dx.data())) continue;
         ++input_grads;
         std::vector<float> dcol(M * K);
         std::vector<double> mag_col(M * K);
@@ -440,8 +441,8 @@ TEST_CASE("cpu nhwc_to_nchw permutes to PyTorch's flatten order and back") {
     for (size_t i = 0; i < x.size(); ++i) x[i] = float(i);
     auto xb = upload(*d, x);
     auto y = poisoned(*d, x.size()), back = poisoned(*d, x.size());
-    d->nhwc_to_nchw(d->compute_stream(), n, h, w, c, xb.data(), y.data(), false);
-    d->nhwc_to_nchw(d->compute_stream(), n, h, w, c, y.data(), back.data(), true);
+    nhwc_to_nchw(*d, d->compute_stream(), n, h, w, c, xb.data(), y.data(), false);
+    nhwc_to_nchw(*d, d->compute_stream(), n, h, w, c, y.data(), back.data(), true);
     const auto yh = download(*d, y);
     CHECK(yh[size_t(1) * c * h * w + 2 * h * w + 1 * w + 3] ==
           x[((size_t(1) * h + 1) * w + 3) * c + 2]);  // [b=1][c=2][y=1][x=3]

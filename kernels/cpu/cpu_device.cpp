@@ -14,7 +14,6 @@
 
 #include "kernels/blas.h"
 #include "kernels/cpu/act_loops.h"
-#include "kernels/cpu/cnn_loops.h"
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/cpu/gemm_choice.h"
 #include "kernels/cpu/jit_gemm.h"
@@ -102,60 +101,12 @@ public:
                 for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] = round_to(types.c, c[size_t(i) * ldc + j]);
     }
 
-    // ---- convolution and pooling (kernels/cpu/cnn_loops.h) ---------------------------------
+    // ---- convolutions (their ops: kernels/ops/conv.h) ----------------------------------------
     // Whole pixels copied, not transposed; MIRRORED_PIXEL_MAJOR_COLUMNS=0 (read when the device
     // is made) keeps the GPU's column order, so CPU replicas compute convolutions bit for bit as
     // the simulated GPUs do.
     bool pixel_major_columns() const override { return pixel_major_; }
     size_t column_block_bytes() const override { return kCpuColumnBlockBytes; }
-    void im2col(Stream, const Window2d& g, const void* x, void* col) override {
-        cpu::im2col(g, as_floats(x), as_floats(col), cnn_);
-    }
-    bool conv_forward(Stream, const Window2d& g, const void* x, const float* wt, int filters, void* zv,
-                      GemmTypes types) override {
-        float* z = as_floats(zv);
-        if (!jit_conv_forward(g, as_floats(x), wt, filters, z)) return false;
-        // as gemm: the product's output rounded to its storage type
-        mirrored::round_stored(z, size_t(g.n) * g.oh() * g.ow() * size_t(filters), types.c);
-        return true;
-    }
-    bool conv_weight_grad(Stream, const Window2d& g, const void* x, const void* dz, int filters, float* dw) override {
-        return jit_conv_weight_grad(g, as_floats(x), as_floats(dz), filters, dw);
-    }
-    // f32 only: the emulated 16-bit types round the columns' gradient before col2im adds it up,
-    // as a GPU stores it; this sums without that rounding.
-    bool conv_input_grad(Stream, const Window2d& g, const void* dz, const float* w, int filters, void* dx) override {
-        return value_dtype() == DType::f32 && jit_conv_input_grad(g, as_floats(dz), w, filters, as_floats(dx));
-    }
-
-    void col2im(Stream, const Window2d& g, const void* dcol, void* dx) override {
-        cpu::col2im(g, as_floats(dcol), as_floats(dx), cnn_);
-        round_stored(as_floats(dx), size_t(g.n) * g.h * g.w * g.c);
-    }
-
-    void pool_forward(Stream, PoolKind kind, const Window2d& g, const void* x, void* y) override {
-        cpu::pool_forward(kind, g, as_floats(x), as_floats(y));
-        round_stored(as_floats(y), size_t(g.n) * g.oh() * g.ow() * g.c);
-    }
-
-    void pool_backward(Stream, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx) override {
-        cpu::pool_backward(kind, g, as_floats(x), as_floats(dy), as_floats(dx), cnn_);
-        round_stored(as_floats(dx), size_t(g.n) * g.h * g.w * g.c);
-    }
-
-    void nhwc_to_nchw(Stream, int n, int h, int w, int c, const void* xv, void* yv, bool inverse) override {
-        const float* x = as_floats(xv);
-        float* y = as_floats(yv);
-        const size_t hw = size_t(h) * w;
-        for (int b = 0; b < n; ++b)
-            for (size_t p = 0; p < hw; ++p)
-                for (int ch = 0; ch < c; ++ch) {
-                    const size_t nhwc = (size_t(b) * hw + p) * c + ch, nchw = (size_t(b) * c + ch) * hw + p;
-                    if (inverse) y[nhwc] = x[nchw];
-                    else y[nchw] = x[nhwc];
-                }
-    }
-
     void reduce_from_peer(Stream, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         require_cpu(peer);
         check_wire_dtype(*this, t);
@@ -179,7 +130,6 @@ private:
         const char* e = std::getenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
         return !(e && std::strcmp(e, "0") == 0);
     }();
-    cpu::CnnScratch cnn_;  // the convolution and pooling passes' scratch
 
     // A pass's f32 results rounded to the values' 16-bit storage type, where one is in use.
     void round_stored(float* v, size_t n) const { mirrored::round_stored(v, n, value_dtype()); }

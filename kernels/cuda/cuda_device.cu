@@ -375,16 +375,6 @@ public:
         work_.launches += kernels;        \
         cuda::call;                       \
     }
-    CUDA_OP(im2col(Stream s, const Window2d& g, const void* x, void* col), 1,
-            im2col(stream(s), ordinal(), act_dtype(), g, x, col))
-    CUDA_OP(col2im(Stream s, const Window2d& g, const void* dcol, void* dx), 1,
-            col2im(stream(s), ordinal(), act_dtype(), g, dcol, dx))
-    CUDA_OP(pool_forward(Stream s, PoolKind kind, const Window2d& g, const void* x, void* y), 1,
-            pool_forward(stream(s), ordinal(), act_dtype(), kind, g, x, y))
-    CUDA_OP(pool_backward(Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx), 1,
-            pool_backward(stream(s), ordinal(), act_dtype(), kind, g, x, dy, dx))
-    CUDA_OP(nhwc_to_nchw(Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse), 1,
-            nhwc_to_nchw(stream(s), ordinal(), act_dtype(), n, h, w, c, x, y, inverse))
 #undef CUDA_OP
 
     // The column reductions: one or two kernels, as the shape decides (column_plan.h).

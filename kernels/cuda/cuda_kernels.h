@@ -31,13 +31,6 @@ int bias_grad(cudaStream_t s, int dev, DType t, int rows, int cols, const void* 
 void convert(cudaStream_t s, int dev, size_t n, const void* x, DType xt, void* y, DType yt);
 void add(cudaStream_t s, int dev, DType t, size_t n, const void* x, void* y);
 
-void im2col(cudaStream_t s, int dev, DType t, const Window2d& g, const void* x, void* col);
-void col2im(cudaStream_t s, int dev, DType t, const Window2d& g, const void* dcol, void* dx);
-void pool_forward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2d& g, const void* x, void* y);
-void pool_backward(cudaStream_t s, int dev, DType t, PoolKind kind, const Window2d& g, const void* x, const void* dy,
-                   void* dx);
-void nhwc_to_nchw(cudaStream_t s, int dev, DType t, int n, int h, int w, int c, const void* x, void* y, bool inverse);
-
 void fill(cudaStream_t s, int dev, size_t n, float value, float* x);
 void set_step_values(cudaStream_t s, int dev, const StepValues& v, StepValues* dst);
 void scale(cudaStream_t s, int dev, size_t n, float alpha, float* x);

@@ -622,14 +622,6 @@ public:
         launch(s, "dense_weight_grad",
                [=, this] { cpu_->dense_weight_grad(Stream{}, rows, units, inputs, dz, x, dw, db, accumulate, t); });
     }
-    SIM_OP(im2col, (Stream s, const Window2d& g, const void* x, void* col), im2col(Stream{}, g, x, col))
-    SIM_OP(col2im, (Stream s, const Window2d& g, const void* dcol, void* dx), col2im(Stream{}, g, dcol, dx))
-    SIM_OP(pool_forward, (Stream s, PoolKind kind, const Window2d& g, const void* x, void* y),
-           pool_forward(Stream{}, kind, g, x, y))
-    SIM_OP(pool_backward, (Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx),
-           pool_backward(Stream{}, kind, g, x, dy, dx))
-    SIM_OP(nhwc_to_nchw, (Stream s, int n, int h, int w, int c, const void* x, void* y, bool inverse),
-           nhwc_to_nchw(Stream{}, n, h, w, c, x, y, inverse))
 
     void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         SIM_API("reduce_from_peer");

@@ -13,6 +13,7 @@
 // conv_input_grad: CPUs with the JIT kernels), no columns are made for what it takes.
 #include <algorithm>
 
+#include "kernels/ops/conv.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "kernels/ops/flat.h"
@@ -123,7 +124,7 @@ public:
         Window2d g = g_;
         g.n = b.count;
         g.pixel_major = pixel_major(p);
-        p.dev->im2col(p.stream, g, at(p, x, in_at(b)), p.acts->scratch());
+        im2col(*p.dev, p.stream, g, at(p, x, in_at(b)), p.acts->scratch());
         return p.acts->scratch();
     }
 
@@ -132,8 +133,8 @@ public:
     const float* permute_weights(Pass& p) const {
         float* w = p.acts->f32(slot_, permuted_);
         float* wt = p.acts->f32(slot_, transposed_);
-        p.dev->nhwc_to_nchw(p.stream, out_.c, g_.kh, g_.kw, in_.c, p.weight(w_off_), w, true);
-        p.dev->nhwc_to_nchw(p.stream, 1, out_.c, 1, in_.c * g_.kh * g_.kw, w, wt, false);  // [F, K] -> [K, F]
+        nhwc_to_nchw(*p.dev, p.stream, out_.c, g_.kh, g_.kw, in_.c, p.weight(w_off_), w, true);
+        nhwc_to_nchw(*p.dev, p.stream, 1, out_.c, 1, in_.c * g_.kh * g_.kw, w, wt, false);  // [F, K] -> [K, F]
         return wt;
     }
 
@@ -145,7 +146,7 @@ public:
         const float* bias = b_ >= 0 ? p.params + b_off_ : nullptr;
         if (pixel_major(p)) {  // z[M, F] = cols[M, K] . Wt[K, F] + b, y = act(z)
             const float* wt = permute_weights(p);
-            if (p.dev->conv_forward(p.stream, batch_window(p), x, wt, F, z, p.types(p.vt))) {  // no columns
+            if (conv_forward(*p.dev, p.stream, batch_window(p), x, wt, F, z, p.types(p.vt))) {  // no columns
                 if (bias || o_.activation != Activation::none)
                     bias_activation(*p.dev, p.stream, o_.activation, p.rows * out_.h * out_.w, F, bias, z, y);
                 return y;
@@ -187,8 +188,8 @@ public:
         bool dw_done = false, dx_done = !dx;
         if (permuted) {
             const Window2d g = batch_window(p);
-            dw_done = p.dev->conv_weight_grad(p.stream, g, p.acts->input(slot_), dy, F, dw);
-            if (dx) dx_done = p.dev->conv_input_grad(p.stream, g, dy, static_cast<const float*>(w), F, dx);
+            dw_done = conv_weight_grad(*p.dev, p.stream, g, p.acts->input(slot_), dy, F, dw);
+            if (dx) dx_done = conv_input_grad(*p.dev, p.stream, g, dy, static_cast<const float*>(w), F, dx);
         }
         if (!dw_done || !dx_done)
             for_each_block(p, [&](const Block& b) {
@@ -210,7 +211,7 @@ public:
                 Window2d g = g_;
                 g.n = b.count;
                 g.pixel_major = permuted;
-                p.dev->col2im(p.stream, g, dcols, at(p, dx, in_at(b)));
+                col2im(*p.dev, p.stream, g, dcols, at(p, dx, in_at(b)));
             });
         if (permuted) unpermute_weight_grad(p);
     }
@@ -221,11 +222,11 @@ public:
         float* dw = p.grad(w_off_);
         const int F = out_.c, K = in_.c * g_.kh * g_.kw;
         if (!p.accumulate) {
-            p.dev->nhwc_to_nchw(p.stream, F, g_.kh, g_.kw, in_.c, g, dw, false);
+            nhwc_to_nchw(*p.dev, p.stream, F, g_.kh, g_.kw, in_.c, g, dw, false);
             return;
         }
         float* tmp = p.acts->f32(slot_, permuted_);  // the permuted weights are no longer needed
-        p.dev->nhwc_to_nchw(p.stream, F, g_.kh, g_.kw, in_.c, g, tmp, false);
+        nhwc_to_nchw(*p.dev, p.stream, F, g_.kh, g_.kw, in_.c, g, tmp, false);
         axpy_floats(*p.dev, p.stream, size_t(F) * K, 1.0f, tmp, dw);
     }
 

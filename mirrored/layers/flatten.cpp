@@ -1,6 +1,7 @@
 // flatten: an image [h, w, c] becomes a vector in PyTorch's order (c, h, w) - torch.flatten of an
 // NCHW tensor - so a dense layer after it has exactly the weight a PyTorch user expects. Stored
 // NHWC, so the flatten of a multi-channel image is a transpose; of one channel, nothing.
+#include "kernels/ops/conv.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -24,13 +25,13 @@ public:
     const void* forward(Pass& p, const void* x) const override {
         if (!transposes_) return x;
         void* y = p.acts->act(slot_, out_buf_);
-        p.dev->nhwc_to_nchw(p.stream, p.rows, in_.h, in_.w, in_.c, x, y, false);
+        nhwc_to_nchw(*p.dev, p.stream, p.rows, in_.h, in_.w, in_.c, x, y, false);
         return y;
     }
 
     void backward(Pass& p, void* dy, void* dx) const override {
         if (!dx) return;
-        if (transposes_) p.dev->nhwc_to_nchw(p.stream, p.rows, in_.h, in_.w, in_.c, dy, dx, true);
+        if (transposes_) nhwc_to_nchw(*p.dev, p.stream, p.rows, in_.h, in_.w, in_.c, dy, dx, true);
         else p.dev->copy_on_device(p.stream, dx, dy, p.dev->act_bytes(size_t(p.rows) * in_.size()));
     }
 

@@ -2,6 +2,7 @@
 // the forward and the gradient routing; each type in its own file chooses the window.
 #pragma once
 
+#include "kernels/ops/conv.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -14,11 +15,11 @@ public:
     const void* forward(Pass& p, const void* x) const override {
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
-        p.dev->pool_forward(p.stream, kind_, window(p), x, y);
+        pool_forward(*p.dev, p.stream, kind_, window(p), x, y);
         return y;
     }
     void backward(Pass& p, void* dy, void* dx) const override {
-        if (dx) p.dev->pool_backward(p.stream, kind_, window(p), p.acts->input(slot_), dy, dx);
+        if (dx) pool_backward(*p.dev, p.stream, kind_, window(p), p.acts->input(slot_), dy, dx);
     }
     std::string detail() const override {
         return std::to_string(g_.kh) + "x" + std::to_string(g_.kw) + "/" + std::to_string(g_.sh);
