@@ -48,7 +48,7 @@ __global__ void causal_softmax_backward_kernel(int64_t rows, int t, float scale,
 int softmax(const Device::NativeLaunch& l, int batches, int t, float scale, const void* scores, void* probs) {
     const int64_t rows = int64_t(batches) * t;
     if (rows <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, causal_softmax_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(rows, t, scale, as<T>(scores),
                                                                                     as<T>(probs)));
     CUDA_LAUNCH_CHECK(l.device);
@@ -59,7 +59,7 @@ int softmax_backward(const Device::NativeLaunch& l, int batches, int t, float sc
                      const void* dprobs, void* dscores) {
     const int64_t rows = int64_t(batches) * t;
     if (rows <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, causal_softmax_backward_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(
                         rows, t, scale, as<T>(probs), as<T>(dprobs), as<T>(dscores)));
     CUDA_LAUNCH_CHECK(l.device);
@@ -239,7 +239,7 @@ int forward(const Device::NativeLaunch& l, int samples, int t, const AttentionHe
             void* out, float* lse) {
     const int64_t rows = int64_t(samples) * a.heads * t;
     if (rows <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     const DType dt = l.act;
     WITH_ROW_ELEMENTS(a.d, DISPATCH(dt, attention_forward_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(
                                             rows, t, a, scale, as<T>(qkv), as<T>(out), lse)));
@@ -248,7 +248,7 @@ int forward(const Device::NativeLaunch& l, int samples, int t, const AttentionHe
 }
 
 int decode(const Device::NativeLaunch& l, int t, const AttentionHeads& a, float scale, const void* qkv, void* out) {
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     const DType dt = l.act;
     WITH_ROW_ELEMENTS(a.d, DISPATCH(dt, attention_decode_kernel<T, E><<<warp_rows_grid(a.heads), kThreads, 0, s>>>(
                                             t, a, scale, as<T>(qkv), as<T>(out))));
@@ -260,7 +260,7 @@ int backward(const Device::NativeLaunch& l, int samples, int t, const AttentionH
              const void* out, const void* dout, const float* lse, float* delta, void* dqkv) {
     const int64_t rows = int64_t(samples) * a.heads * t, key_rows = int64_t(samples) * a.kv_heads * t;
     if (rows <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     const DType dt = l.act;
     const int dev = l.device;
     WITH_ROW_ELEMENTS(a.d, DISPATCH(dt, attention_delta_kernel<T, E><<<warp_rows_grid(rows), kThreads, 0, s>>>(

@@ -21,7 +21,7 @@ struct ShiftedSum {
 };
 
 int sums(const Device::NativeLaunch& l, int rows, int c, const void* x, const float* shift, bool squares, float* out) {
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, return column_reduce(s, l.device, rows, c, ShiftedSum<T>{as<T>(x), c, shift, squares}, l.scratch,
                                          out, nullptr, false));
     return 0;
@@ -35,7 +35,7 @@ __global__ void bn_finalize_kernel(BnStats a, const float* sum, const float* sqs
 int finalize(const Device::NativeLaunch& l, const BnStats& a, const float* sum, const float* sqsum, float* mean,
              float* invstd, float* run_mean, float* run_var) {
     if (a.channels <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     bn_finalize_kernel<<<grid_for(size_t(a.channels)), kThreads, 0, s>>>(a, sum, sqsum, mean, invstd, run_mean,
                                                                          run_var);
     CUDA_LAUNCH_CHECK(l.device);
@@ -48,7 +48,7 @@ __global__ void rsqrt_eps_kernel(int c, const float* var, float eps, float* invs
 
 int rsqrt(const Device::NativeLaunch& l, int c, const float* var, float eps, float* invstd) {
     if (c <= 0) return 0;
-    rsqrt_eps_kernel<<<grid_for(size_t(c)), kThreads, 0, static_cast<cudaStream_t>(l.stream)>>>(c, var, eps, invstd);
+    rsqrt_eps_kernel<<<grid_for(size_t(c)), kThreads, 0, stream_of(l)>>>(c, var, eps, invstd);
     CUDA_LAUNCH_CHECK(l.device);
     return 1;
 }
@@ -65,7 +65,7 @@ __global__ void channel_affine_kernel(int rows, int c, const T* x, const float* 
 int affine(const Device::NativeLaunch& l, int rows, int c, const void* x, const float* mean, const float* invstd,
            const float* gamma, const float* beta, void* y) {
     if (rows <= 0 || c <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, channel_affine_kernel<<<grid_for(size_t(rows) * c), kThreads, 0, s>>>(
                         rows, c, as<T>(x), mean, invstd, gamma, beta, as<T>(y)));
     CUDA_LAUNCH_CHECK(l.device);
@@ -89,7 +89,7 @@ struct BnGradSums {
 
 int backward_sums(const Device::NativeLaunch& l, int rows, int c, const void* dy, const void* x, const float* mean,
                   const float* invstd, float* out) {
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, return column_reduce(s, l.device, rows, c, BnGradSums<T>{as<T>(dy), as<T>(x), c, mean, invstd},
                                          l.scratch, out, out + c, false));
     return 0;
@@ -108,7 +108,7 @@ __global__ void bn_backward_dx_kernel(int rows, int c, const T* dy, const T* x, 
 int backward_dx(const Device::NativeLaunch& l, int rows, int c, const void* dy, const void* x, const float* mean,
                 const float* invstd, const float* gamma, const float* sums, double count, void* dx) {
     if (rows <= 0 || c <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, bn_backward_dx_kernel<<<grid_for(size_t(rows) * c), kThreads, 0, s>>>(
                         rows, c, as<T>(dy), as<T>(x), mean, invstd, gamma, sums, float(1.0 / count), as<T>(dx)));
     CUDA_LAUNCH_CHECK(l.device);
@@ -121,7 +121,7 @@ __global__ void ema_kernel(size_t n, float momentum, const float* batch, float* 
 
 int ema_update(const Device::NativeLaunch& l, size_t n, float momentum, const float* batch, float* running) {
     if (n == 0) return 0;
-    ema_kernel<<<grid_for(n), kThreads, 0, static_cast<cudaStream_t>(l.stream)>>>(n, momentum, batch, running);
+    ema_kernel<<<grid_for(n), kThreads, 0, stream_of(l)>>>(n, momentum, batch, running);
     CUDA_LAUNCH_CHECK(l.device);
     return 1;
 }

@@ -20,7 +20,7 @@ __global__ void dropout_kernel(DropoutArgs a, int rows, int cols, const T* x, T*
 
 int apply(const Device::NativeLaunch& l, const DropoutArgs& a, int rows, int cols, const void* x, void* y) {
     if (rows <= 0 || cols <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act,
              dropout_kernel<<<grid_for(size_t(rows) * cols), kThreads, 0, s>>>(a, rows, cols, as<T>(x), as<T>(y)));
     CUDA_LAUNCH_CHECK(l.device);

@@ -33,7 +33,7 @@ __global__ void embedding_backward_kernel(int tokens, int vocab, int dim, const 
 int forward(const Device::NativeLaunch& l, int tokens, int vocab, int dim, const float* ids, const void* table,
             void* y) {
     if (tokens <= 0 || dim <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, embedding_forward_kernel<<<grid_for(size_t(tokens) * dim), kThreads, 0, s>>>(
                         tokens, vocab, dim, ids, as<T>(table), as<T>(y)));
     CUDA_LAUNCH_CHECK(l.device);
@@ -43,7 +43,7 @@ int forward(const Device::NativeLaunch& l, int tokens, int vocab, int dim, const
 int backward(const Device::NativeLaunch& l, int tokens, int vocab, int dim, const float* ids, const void* dy,
              float* dtable) {
     if (tokens <= 0 || dim <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     const dim3 grid(unsigned((dim + kThreads - 1) / kThreads), unsigned(std::min(vocab, 32)));
     DISPATCH(l.act, embedding_backward_kernel<<<grid, kThreads, 0, s>>>(tokens, vocab, dim, ids, as<T>(dy), dtable));
     CUDA_LAUNCH_CHECK(l.device);

@@ -33,7 +33,7 @@ __global__ void layernorm_forward_kernel(int rows, int c, float eps, const T* x,
 int forward(const Device::NativeLaunch& l, int rows, int c, float eps, const void* x, const float* gamma,
             const float* beta, void* y, float* mean, float* rstd) {
     if (rows <= 0 || c <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, layernorm_forward_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(rows, c, eps, as<T>(x), gamma,
                                                                                        beta, as<T>(y), mean, rstd));
     CUDA_LAUNCH_CHECK(l.device);
@@ -77,7 +77,7 @@ struct LnParamGrads {
 int backward(const Device::NativeLaunch& l, int rows, int c, const void* dy, const void* x, const float* mean,
              const float* rstd, const float* gamma, void* dx, float* dgamma, float* dbeta, bool accumulate) {
     if (rows <= 0 || c <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     const int dev = l.device;
     DISPATCH(l.act, {
         int launches = 0;

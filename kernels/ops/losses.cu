@@ -78,7 +78,7 @@ int softmax_xent(const Device::NativeLaunch& l, int rows, int classes, const voi
                  float grad_scale, const float* loss_scale, void* dlogits, double* metrics) {
     if (rows <= 0) return 0;
     check_rows(l, "softmax_xent", rows);
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     float* scratch = l.scratch;
     DISPATCH(l.act, softmax_xent_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(
                         rows, classes, as<T>(logits), labels, grad_scale, loss_scale, static_cast<T*>(dlogits), scratch,
@@ -119,7 +119,7 @@ int target_loss(const Device::NativeLaunch& l, TargetLoss kind, int rows, int n,
                 const float* targets, float grad_scale, const float* loss_scale, void* dlogits, double* metrics) {
     if (rows <= 0) return 0;
     check_rows(l, "target_loss", rows);
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     float* scratch = l.scratch;
     DISPATCH(l.act, target_loss_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(
                         kind, rows, n, as<T>(logits), targets, grad_scale, loss_scale, static_cast<T*>(dlogits),

@@ -6,7 +6,7 @@ namespace mirrored::cuda {
 
 namespace {
 
-cudaStream_t stream(const Device::NativeLaunch& l) { return static_cast<cudaStream_t>(l.stream); }
+cudaStream_t stream(const Device::NativeLaunch& l) { return stream_of(l); }
 
 __global__ void sgd_kernel(size_t n, float* p, const float* g, float* m, SgdArgs a) {
     if (skip_step(a.skip_nonfinite, a.grad_stats)) return;  // an overflow: every thread skips

@@ -25,7 +25,7 @@ __global__ void rmsnorm_forward_kernel(int rows, int c, float eps, const T* x, c
 int forward(const Device::NativeLaunch& l, int rows, int c, float eps, const void* x, const float* gamma, void* y,
             float* rstd) {
     if (rows <= 0 || c <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, rmsnorm_forward_kernel<<<warp_rows_grid(rows), kThreads, 0, s>>>(rows, c, eps, as<T>(x), gamma,
                                                                                      as<T>(y), rstd));
     CUDA_LAUNCH_CHECK(l.device);
@@ -61,7 +61,7 @@ struct RmsGammaGrad {
 int backward(const Device::NativeLaunch& l, int rows, int c, const void* dy, const void* x, const float* rstd,
              const float* gamma, void* dx, float* dgamma, bool accumulate) {
     if (rows <= 0 || c <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, {
         int launches = 0;
         if (dx) {

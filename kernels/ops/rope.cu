@@ -30,7 +30,7 @@ __global__ void rope_kernel(int64_t pairs, RopeShape r, RopeFrequencies f, float
 int rotate(const Device::NativeLaunch& l, const RopeShape& r, const RopeFrequencies& f, bool inverse, void* x) {
     const int64_t pairs = int64_t(r.samples) * r.t * r.heads * (r.head_dim / 2);
     if (pairs <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act,
              rope_kernel<<<grid_for(size_t(pairs)), kThreads, 0, s>>>(pairs, r, f, inverse ? -1.0f : 1.0f, as<T>(x)));
     CUDA_LAUNCH_CHECK(l.device);

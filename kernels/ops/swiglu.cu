@@ -28,7 +28,7 @@ __global__ void swiglu_backward_kernel(int64_t n, int w, const T* gu, const T* d
 int forward(const Device::NativeLaunch& l, int rows, int w, const void* gate_up, void* out) {
     const int64_t n = int64_t(rows) * w;
     if (n <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, swiglu_forward_kernel<<<grid_for(size_t(n)), kThreads, 0, s>>>(n, w, as<T>(gate_up), as<T>(out)));
     CUDA_LAUNCH_CHECK(l.device);
     return 1;
@@ -37,7 +37,7 @@ int forward(const Device::NativeLaunch& l, int rows, int w, const void* gate_up,
 int backward(const Device::NativeLaunch& l, int rows, int w, const void* gate_up, const void* dout, void* dgate_up) {
     const int64_t n = int64_t(rows) * w;
     if (n <= 0) return 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(l.stream);
+    const cudaStream_t s = stream_of(l);
     DISPATCH(l.act, swiglu_backward_kernel<<<grid_for(size_t(n)), kThreads, 0, s>>>(n, w, as<T>(gate_up), as<T>(dout),
                                                                                     as<T>(dgate_up)));
     CUDA_LAUNCH_CHECK(l.device);
