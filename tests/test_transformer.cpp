@@ -1420,6 +1420,11 @@ TEST_CASE("generate --prompts: each prompt continued as --prompt alone continues
         CHECK(err.find("empty.txt: no prompts") != std::string::npos);
         CHECK(gen({"--prompts", file, "--prompt", "x"}, &single, &err) == kExitUsage);
         CHECK(gen({"--prompts", file, "--batch", "0"}, &single, &err) == kExitUsage);
+        CHECK(gen({"--batch", "2"}, &single, &err) == kExitUsage);  // only with --prompts
+        // --json never replaces the file of prompts it reads
+        CHECK(gen({"--prompts", file, "--json", file}, &single, &err) == kExitUsage);
+        CHECK(err.find("the prompts file") != std::string::npos);
+        CHECK(read_text(file).find("class A:") != std::string::npos);
     }
 }
 

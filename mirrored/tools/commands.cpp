@@ -347,7 +347,8 @@ void ToolCommands::add_generate(CLI::App& app) {
         ->excludes(prompt)
         ->excludes("--prompt-ids");
     gn_cmd_->add_option("--batch", gn_.batch, "--prompts: sequences decoded together (default 8)")
-        ->check(CLI::Range(1, 4096));
+        ->check(CLI::Range(1, 4096))
+        ->needs("--prompts");
     gn_cmd_->add_option("--tokens", gn_.tokens, "tokens to generate (default 256)")->check(CLI::Range(1, 1 << 20));
     gn_cmd_->add_option("--temperature", gn_.temperature, "softmax temperature; 0 takes the most likely (default 0.8)")
         ->check(CLI::Range(0.0, 100.0));
@@ -450,7 +451,9 @@ int ToolCommands::run() {
     if (gn_cmd_->parsed()) {
         gn_.seed = parse_seed(gn_seed_, "--seed");
         gn_.prompt_ids_given = gn_cmd_->count("--prompt-ids") > 0;
-        check_json(gn_.json, {{"the checkpoint", gn_.checkpoint}});
+        check_json(
+            gn_.json,
+            {{"the checkpoint", gn_.checkpoint}, {"the prompts file", gn_.prompts}, {"the tokenizer", gn_.tokenizer}});
         return generate(gn_);
     }
     return -1;

@@ -138,13 +138,17 @@ int sample(const std::vector<float>& logits, const GenerateOptions& o, std::mt19
 
 // --prompts: one prompt per line, empty lines skipped; in a .jsonl file each line is a JSON string
 // or an object with a "prompt" string (prompts with newlines or tabs).
-std::vector<std::string> read_prompts(const std::string& path) {
+struct Prompt {
+    int line = 0;  // in the file, for messages
+    std::string text;
+};
+std::vector<Prompt> read_prompts(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     std::error_code ec;
     if (!in || std::filesystem::is_directory(path, ec))
         throw ConfigError("--prompts " + path + ": cannot read it (expected a text file of prompts, one per line)");
     const bool json_lines = path.ends_with(".jsonl");
-    std::vector<std::string> prompts;
+    std::vector<Prompt> prompts;
     int line_number = 0;
     for (std::string line; std::getline(in, line);) {
         ++line_number;
@@ -152,12 +156,13 @@ std::vector<std::string> read_prompts(const std::string& path) {
         if (line_number == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);  // a byte-order mark
         if (line.empty()) continue;
         if (!json_lines) {
-            prompts.push_back(line);
+            prompts.push_back({line_number, line});
             continue;
         }
         const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_string()) prompts.push_back(j.get<std::string>());
-        else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) prompts.push_back(j["prompt"]);
+        if (j.is_string()) prompts.push_back({line_number, j.get<std::string>()});
+        else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string())
+            prompts.push_back({line_number, j["prompt"].get<std::string>()});
         else
             throw ConfigError(path + ":" + std::to_string(line_number) +
                               ": expected a JSON string or an object with a \"prompt\" string (a .jsonl file of "
@@ -210,16 +215,17 @@ struct PromptReader {
             const std::string head = tok->decode(before), whole = tok->decode(all);
             if (whole.starts_with(head)) return whole.substr(head.size());
         } catch (const DataError&) {}
-        std::vector<uint32_t> run;  // piece by piece: the known ids' text, [id] for the others
+        std::vector<uint32_t> known;  // id by id: the known ids' text, [id] for an id without bytes
         for (int id : drawn) {
-            if (uint32_t(id) < tok->vocab_size()) {
-                run.push_back(uint32_t(id));
-                continue;
+            try {
+                (void)tok->decode(std::vector<uint32_t>{uint32_t(id)});
+                known.push_back(uint32_t(id));
+            } catch (const DataError&) {
+                s += tok->decode(known) + "[" + std::to_string(id) + "]";
+                known.clear();
             }
-            s += tok->decode(run) + "[" + std::to_string(id) + "]";
-            run.clear();
         }
-        return s + tok->decode(run);
+        return s + tok->decode(known);
     }
 };
 
@@ -241,7 +247,7 @@ int generate_batch(const GenerateOptions& o, const LoadedModel& m, const PromptR
                    std::optional<int> end_of_text) {
     if (!o.kv_cache)
         throw ConfigError("--prompts: decodes with the key/value cache (--no-kv-cache takes one --prompt)");
-    const std::vector<std::string> prompts = read_prompts(o.prompts);
+    const std::vector<Prompt> prompts = read_prompts(o.prompts);
     struct Sequence {
         std::vector<int> tokens;  // the prompt's (its last context's worth), then the draws
         size_t prompt = 0, fed = 0;
@@ -253,7 +259,7 @@ int generate_batch(const GenerateOptions& o, const LoadedModel& m, const PromptR
     const int t = m.model->input_features(), scores = m.model->output_classes();
     for (size_t i = 0; i < prompts.size(); ++i) {
         Sequence& q = seqs[i];
-        q.tokens = reader.ids(prompts[i], o.prompts + ":prompt " + std::to_string(i + 1));
+        q.tokens = reader.ids(prompts[i].text, o.prompts + ":" + std::to_string(prompts[i].line));
         if (q.tokens.size() > size_t(t)) q.tokens.erase(q.tokens.begin(), q.tokens.end() - t);
         q.prompt = q.tokens.size();
         q.rng.seed(o.seed);
@@ -293,18 +299,15 @@ int generate_batch(const GenerateOptions& o, const LoadedModel& m, const PromptR
                 forward([](Sequence& q) { return q.tokens[q.fed++]; });
             } else {  // full: each sequence's last half context again, from position 0 (every prompt has
                       // been read: a prompt is at most a context long)
-                const size_t keep = size_t(t / 2);
+                const size_t keep = size_t(std::max(t / 2, 1));
                 cache.position = 0;
                 for (size_t k = 0; k < keep; ++k)
                     forward([&](const Sequence& q) { return q.tokens[q.tokens.size() - keep + k]; });
                 for (int r = 0; r < rows; ++r) group[r].fed = group[r].tokens.size();
             }
-            going = false;
             for (int r = 0; r < rows; ++r) {
                 Sequence& q = group[r];
-                if (q.done) continue;
-                going = true;
-                if (q.fed < q.tokens.size()) continue;  // still reading its prompt
+                if (q.done || q.fed < q.tokens.size()) continue;  // finished, or still reading its prompt
                 std::copy_n(logits.begin() + long(r) * scores, row.size(), row.begin());
                 const int next = sample(row, o, q.rng);
                 if (o.stop_at_end && end_of_text == next) {
@@ -315,12 +318,13 @@ int generate_batch(const GenerateOptions& o, const LoadedModel& m, const PromptR
                 ++total;
                 q.done = ++q.drawn == o.tokens;
             }
+            going = std::any_of(group, group + rows, [](const Sequence& q) { return !q.done; });
         }
         for (int r = 0; r < rows; ++r) {  // printed as each batch ends
             const Sequence& q = group[r];
             const std::vector<int> prompt(q.tokens.begin(), q.tokens.begin() + long(q.prompt)),
                 drawn(q.tokens.begin() + long(q.prompt), q.tokens.end());
-            const nlohmann::ordered_json line = {{"prompt", prompts[first + size_t(r)]},
+            const nlohmann::ordered_json line = {{"prompt", prompts[first + size_t(r)].text},
                                                  {"text", reader.text(prompt, drawn)},
                                                  {"ids", drawn},
                                                  {"stopped_at_end_of_text", q.stopped}};
@@ -398,7 +402,8 @@ int generate(const GenerateOptions& o) {
                                                          : "--prompt") +
                           ": the model's vocabulary has " + std::to_string(vocab) +
                           " tokens, not bytes: text needs the tokenizer it was trained with (--tokenizer, e.g. the "
-                          "token files' folder that mirrored tokenize wrote), or the prompt's ids (--prompt-ids)");
+                          "token files' folder that mirrored tokenize wrote)" +
+                          std::string(o.prompts.empty() ? ", or the prompt's ids (--prompt-ids)" : ""));
     const PromptReader reader{tok.get(), vocab};
     if (!o.prompts.empty()) return generate_batch(o, m, reader, end_of_text);
     if (tokens.empty()) tokens = reader.ids(o.prompt, "--prompt");
@@ -514,7 +519,7 @@ int generate(const GenerateOptions& o) {
         }
         if (std::fflush(stdout) != 0) break;  // said below
         if (o.kv_cache && n + 1 < o.tokens) {
-            if (cache->position == t) refill(t / 2);  // full: the last half context again
+            if (cache->position == t) refill(std::max(t / 2, 1));  // full: the last half context again
             else decode_one(next);
         }
     }
