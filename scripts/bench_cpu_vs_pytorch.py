@@ -44,7 +44,7 @@ kernel the environment gives it. Prints medians over the rounds and the ratios.
 
     /usr/bin/python3 scripts/bench_cpu_vs_pytorch.py [--model mlp|cnn|resnet20|gpt|llama|llama_bpe] [--rounds 3] [--steps 1500] [--json out.json]
 
---steps and --warmup default to 1500 and 100, for gpt and llama to 120 and 20 (on a 2-core machine
+--steps and --warmup default to 1500 and 100, for gpt, llama and llama_bpe to 120 and 20 (on a 2-core machine
 about a minute per row).
 
 Needs python3-torch and python3-numpy (Debian/Ubuntu packages)."""
@@ -446,7 +446,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["mlp", "cnn", "resnet20", "gpt", "llama", "llama_bpe"], default="mlp",
                     help="the default run's MLP, configs/fashion_mnist_cnn.yaml's CNN, "
-                    "configs/cifar10_resnet20.yaml's ResNet-20 on synthetic data, configs/python_gpt.yaml's GPT "
+                    "configs/cifar10_resnet20.yaml's ResNet-20 on synthetic data, configs/python_gpt.yaml's GPT, "
                     "configs/python_llama.yaml's Llama-style model or configs/python_llama_bpe.yaml's")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, help="timed steps per row (default 1500; gpt 120)")

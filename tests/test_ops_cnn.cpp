@@ -291,7 +291,7 @@ TEST_CASE("cpu im2col reads exactly the windows' elements; col2im is its adjoint
     }
 }
 
-// Device::conv_forward: the product of pixel-major columns and wt[kh, kw, c, F] without making
+// conv_forward (kernels/ops/conv.h): the product of pixel-major columns and wt[kh, kw, c, F] without making
 // the columns (CPUs with the JIT kernels; others say no and the layer makes columns).
 TEST_CASE("cpu conv_forward, conv_weight_grad, conv_input_grad: the columns' products without the columns") {
     Rng rng(207);

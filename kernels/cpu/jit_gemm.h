@@ -59,15 +59,15 @@ bool jit_gemm_k_blocked(int m, int n, int k, const float* a, int lda, const floa
 // where m leaves fewer than 16.
 int jit_gemm_k_block(int m, int k);
 
-// A convolution's forward product without im2col columns (Device::conv_forward): y[n*oh*ow, F] =
+// A convolution's forward product without im2col columns (conv_forward, kernels/ops/conv.h): y[n*oh*ow, F] =
 // the windows of x (NHWC) times wt[kh, kw, c, F]. Each output row of an image is one
 // batch-reduce kernel over the kh x kw window positions - per position a [ow, c] x [c, F]
 // product read straight from a zero-padded copy of the image, the sums kept in registers - so
 // nothing the size of the columns is written or read. false, touching nothing, where there is no
 // kernel.
 bool jit_conv_forward(const Window2d& g, const float* x, const float* wt, int filters, float* y);
-// Its gradients the same way: dw[F, kh, kw, c] = dz^T . columns (Device::conv_weight_grad), and
-// dx = the columns' adjoint of dz . w[F, kh, kw, c] (Device::conv_input_grad: stride 1 with
+// Its gradients the same way: dw[F, kh, kw, c] = dz^T . columns (conv_weight_grad), and
+// dx = the columns' adjoint of dz . w[F, kh, kw, c] (conv_input_grad: stride 1 with
 // padding inside the window only, a convolution of dz with the window flipped).
 bool jit_conv_weight_grad(const Window2d& g, const float* x, const float* dz, int filters, float* dw);
 bool jit_conv_input_grad(const Window2d& g, const float* dz, const float* w, int filters, float* dx);

@@ -369,14 +369,6 @@ public:
         return {s.handle, ordinal(), act_dtype(), scratch_};
     }
 
-#define CUDA_OP(signature, kernels, call) \
-    void signature override {             \
-        use();                            \
-        work_.launches += kernels;        \
-        cuda::call;                       \
-    }
-#undef CUDA_OP
-
     // The column reductions: one or two kernels, as the shape decides (column_plan.h).
 
     void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {

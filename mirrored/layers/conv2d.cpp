@@ -9,7 +9,7 @@
 // keep PyTorch's order. There the forward product also takes the weights transposed,
 // [kh, kw, in, out], so that it multiplies untransposed operands: with a convolution's few
 // outputs and many rows the CPU's GEMMs run that 1.25-1.9x faster than cols . W^T. Where the
-// device multiplies straight from the images (Device::conv_forward, conv_weight_grad,
+// device multiplies straight from the images (conv_forward, conv_weight_grad,
 // conv_input_grad: CPUs with the JIT kernels), no columns are made for what it takes.
 #include <algorithm>
 
@@ -183,7 +183,7 @@ public:
         const bool one_block = block_images(p) >= p.rows;
         if (db && (permuted || !one_block)) bias_gradient(*p.dev, p.stream, M, F, dy, db, p.accumulate);
         const void* w = permuted ? p.acts->f32(slot_, permuted_) : p.weight(w_off_);  // as forward left it
-        // Pixel-major: the device may take either product without columns (Device::conv_weight_grad,
+        // Pixel-major: the device may take either product without columns (conv_weight_grad,
         // conv_input_grad); the blocks below make columns only for what it did not take.
         bool dw_done = false, dx_done = !dx;
         if (permuted) {
