@@ -13,7 +13,7 @@
 
 namespace mirrored::cpu {
 
-// Per-device scratch the passes use, grown once (no allocation per step).
+// Scratch the passes use, grown once (no allocation per step).
 struct CnnScratch {
     std::vector<const float*> window;  // im2col: each window position's source pixel
     std::vector<float*> window_out;    // col2im: each window position's destination pixel
@@ -24,6 +24,13 @@ struct CnnScratch {
     void reserve(const Window2d& g);   // for a window's channels and positions
     void reserve_channels(int c);
 };
+
+// The scratch of the thread running a pass (a CPU replica's, a simulated GPU's stream thread): a
+// pass uses it only while it runs, so every op family on the thread shares one.
+inline CnnScratch& thread_scratch() {
+    thread_local CnnScratch s;
+    return s;
+}
 
 void im2col(const Window2d& g, const float* x, float* col, CnnScratch& s);
 // dx = 0, then each column entry added into the input it was read from, windows in order.

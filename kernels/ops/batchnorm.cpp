@@ -9,21 +9,12 @@ namespace mirrored {
 
 BatchnormKernels batchnorm_cuda;
 
-namespace {
-
-// the sums' per-channel doubles, per thread (a CPU replica's, a simulated GPU's stream thread)
-cpu::CnnScratch& scratch() {
-    thread_local cpu::CnnScratch s;
-    return s;
-}
-
-}  // namespace
-
 void channel_sums(Device& d, Stream s, int rows, int c, const void* x, const float* shift, bool squares, float* out) {
     if (d.runs_cuda_kernels())
         return launch_cuda(d, s, batchnorm_cuda.channel_sums, "channel_sums", rows, c, x, shift, squares, out);
-    run_on_host(d, s, "channel_sums",
-                [=](const Device&) { cpu::channel_sums(rows, c, as_floats(x), shift, squares, out, scratch()); });
+    run_on_host(d, s, "channel_sums", [=](const Device&) {
+        cpu::channel_sums(rows, c, as_floats(x), shift, squares, out, cpu::thread_scratch());
+    });
 }
 
 void bn_finalize(Device& d, Stream s, const BnStats& a, const float* sum, const float* sqsum, float* mean,
@@ -70,7 +61,7 @@ void bn_backward_sums(Device& d, Stream s, int rows, int c, const void* dy, cons
     if (d.runs_cuda_kernels())
         return launch_cuda(d, s, batchnorm_cuda.backward_sums, "bn_backward_sums", rows, c, dy, x, mean, invstd, out);
     run_on_host(d, s, "bn_backward_sums", [=](const Device&) {
-        cpu::bn_backward_sums(rows, c, as_floats(dy), as_floats(x), mean, invstd, out, scratch());
+        cpu::bn_backward_sums(rows, c, as_floats(dy), as_floats(x), mean, invstd, out, cpu::thread_scratch());
     });
 }
 

@@ -11,12 +11,6 @@ ConvKernels conv_cuda;
 
 namespace {
 
-// the loops' window tables, per thread (a CPU replica's, a simulated GPU's stream thread)
-cpu::CnnScratch& scratch() {
-    thread_local cpu::CnnScratch s;
-    return s;
-}
-
 // The JIT kernels run on CPU replicas only, which compute at once on their own thread.
 bool has_jit_convolutions(const Device& d) { return d.type() == DeviceType::cpu && !d.asynchronous(); }
 
@@ -24,13 +18,14 @@ bool has_jit_convolutions(const Device& d) { return d.type() == DeviceType::cpu 
 
 void im2col(Device& d, Stream s, const Window2d& g, const void* x, void* col) {
     if (d.runs_cuda_kernels()) return launch_cuda(d, s, conv_cuda.im2col, "im2col", g, x, col);
-    run_on_host(d, s, "im2col", [=](const Device&) { cpu::im2col(g, as_floats(x), as_floats(col), scratch()); });
+    run_on_host(d, s, "im2col",
+                [=](const Device&) { cpu::im2col(g, as_floats(x), as_floats(col), cpu::thread_scratch()); });
 }
 
 void col2im(Device& d, Stream s, const Window2d& g, const void* dcol, void* dx) {
     if (d.runs_cuda_kernels()) return launch_cuda(d, s, conv_cuda.col2im, "col2im", g, dcol, dx);
     run_on_host(d, s, "col2im", [=](const Device& h) {
-        cpu::col2im(g, as_floats(dcol), as_floats(dx), scratch());
+        cpu::col2im(g, as_floats(dcol), as_floats(dx), cpu::thread_scratch());
         round_stored(as_floats(dx), size_t(g.n) * g.h * g.w * g.c, h.value_dtype());
     });
 }
@@ -46,7 +41,7 @@ void pool_forward(Device& d, Stream s, PoolKind kind, const Window2d& g, const v
 void pool_backward(Device& d, Stream s, PoolKind kind, const Window2d& g, const void* x, const void* dy, void* dx) {
     if (d.runs_cuda_kernels()) return launch_cuda(d, s, conv_cuda.pool_backward, "pool_backward", kind, g, x, dy, dx);
     run_on_host(d, s, "pool_backward", [=](const Device& h) {
-        cpu::pool_backward(kind, g, as_floats(x), as_floats(dy), as_floats(dx), scratch());
+        cpu::pool_backward(kind, g, as_floats(x), as_floats(dy), as_floats(dx), cpu::thread_scratch());
         round_stored(as_floats(dx), size_t(g.n) * g.h * g.w * g.c, h.value_dtype());
     });
 }
