@@ -1310,6 +1310,16 @@ TEST_CASE("a Llama-style model equals an independent PyTorch Llama step for step
     check_against_reference(text, {"--heads", "4", "--kv-heads", "2", "--rope-theta", "500", "--rms-eps", "1e-6"});
 }
 
+// `mirrored generate CKPT ARGS...`: its exit status, and its standard output (a file in dir) in *text.
+static int generate_text(const TempDir& dir, const std::string& ckpt, std::vector<std::string> args, std::string* text,
+                         std::string* err) {
+    args.insert(args.begin(), {"generate", ckpt});
+    const std::string path = dir / "generated.txt";
+    const int rc = run_cli(args, {}, -1, err, Stdout::file, path);
+    *text = read_text(path);
+    return rc;
+}
+
 TEST_CASE("generate with the key/value cache: the window way's greedy text within the context, GPT and Llama") {
     for (const char* model : {kGpt, kLlama}) {
         GptRun g;
@@ -1318,11 +1328,7 @@ TEST_CASE("generate with the key/value cache: the window way's greedy text withi
         REQUIRE(g.train(g / "run") == kExitOk);
         const std::string ckpt = list_checkpoints(g / "run/checkpoints").front();
         auto gen = [&](std::vector<std::string> args, std::string* text, std::string* err = nullptr) {
-            args.insert(args.begin(), {"generate", ckpt});
-            const std::string path = g / "generated.txt";
-            const int rc = run_cli(args, {}, -1, err, Stdout::file, path);
-            *text = read_text(path);
-            return rc;
+            return generate_text(g, ckpt, std::move(args), text, err);
         };
         // a prompt of 3 and 13 tokens: positions 0..15, the context of 16
         std::string cached, window, err;
@@ -1361,11 +1367,7 @@ TEST_CASE("generate --prompts: each prompt continued as --prompt alone continues
         REQUIRE(g.train(g / "run") == kExitOk);
         const std::string ckpt = list_checkpoints(g / "run/checkpoints").front();
         auto gen = [&](std::vector<std::string> args, std::string* out, std::string* err = nullptr) {
-            args.insert(args.begin(), {"generate", ckpt});
-            const std::string path = g / "generated.txt";
-            const int rc = run_cli(args, {}, -1, err, Stdout::file, path);
-            *out = read_text(path);
-            return rc;
+            return generate_text(g, ckpt, std::move(args), out, err);
         };
         // prompts of 1 to 40 tokens (past the context of 16: its last 16), one a JSON string with a
         // newline; 40 draws each: past the context, where the cache restarts from the last half
@@ -1491,11 +1493,7 @@ TEST_CASE(
     REQUIRE(g.train(out) == kExitOk);
     const std::string ckpt = list_checkpoints(out + "/checkpoints").front();
     auto gen = [&](std::vector<std::string> args, std::string* text, std::string* err = nullptr) {
-        args.insert(args.begin(), {"generate", ckpt});
-        const std::string path = g / "generated.txt";
-        const int rc = run_cli(args, {}, -1, err, Stdout::file, path);
-        *text = read_text(path);
-        return rc;
+        return generate_text(g, ckpt, std::move(args), text, err);
     };
     std::string a, b, c, greedy1, greedy2, err;
     REQUIRE(gen({"--prompt", "def ", "--tokens", "40", "--seed", "3"}, &a) == kExitOk);
