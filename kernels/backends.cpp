@@ -165,6 +165,7 @@ const Backend kCpuBackend{.name = "cpu",
                                      .nccl_capturable = false,
                                      .nccl_between_nodes = false,
                                      .stores_16bit = false,
+                                     .graphs = false,
                                      .stable_description = false,
                                      .loader_threads = 0,
                                      .column_block_bytes = kCpuColumnBlockBytes,
@@ -191,6 +192,7 @@ const Backend kCudaBackend{
                .nccl_capturable = true,
                .nccl_between_nodes = true,
                .stores_16bit = true,
+               .graphs = true,
                .stable_description = true,
                .loader_threads = 2,
                .column_block_bytes = 0,
@@ -219,6 +221,7 @@ const Backend kSimBackend{
                .nccl_capturable = false,
                .nccl_between_nodes = false,
                .stores_16bit = false,
+               .graphs = true,
                .stable_description = true,
                .loader_threads = 1,
                .column_block_bytes = 0,
@@ -249,6 +252,9 @@ const Backend* find_backend(const std::string& name) { return backends().find(na
 
 const DeviceTraits& Device::traits() const { return backend_of(type_).traits; }
 bool Device::asynchronous() const { return traits().asynchronous; }
+bool Device::supports_graphs() const { return traits().graphs; }
+size_t Device::column_block_bytes() const { return traits().column_block_bytes; }
+DType Device::act_dtype() const { return traits().stores_16bit ? value_dtype() : DType::f32; }
 
 std::string DeviceList::describe() const {
     std::string s;

@@ -99,28 +99,6 @@ void Device::sum_into(Stream, float* const*, int, int, size_t, size_t) {
     throw DeviceError(name() + ": sum_into is not implemented on this device (shared parameters are for CPU replicas)");
 }
 
-void Device::dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
-                           const float* bias, void* z, void* y, GemmTypes t) {
-    gemm(s, false, true, rows, units, inputs, 1.0f, x, inputs, w, inputs, 0.0f, z, units, t);
-    if (bias || act != Activation::none) bias_activation(*this, s, act, rows, units, bias, z, y);
-}
-void Device::dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
-                               float* db, bool accumulate, GemmTypes t) {
-    gemm(s, true, false, units, inputs, rows, 1.0f, dz, units, x, inputs, accumulate ? 1.0f : 0.0f, dw, inputs, t);
-    if (db) bias_gradient(*this, s, rows, units, dz, db, accumulate);
-}
-
-void Device::gemm_batched(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda,
-                          int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c, int ldc,
-                          int64_t stride_c, int batches, GemmTypes t) {
-    // A 16-bit operand is stored in the activation type (f32 on devices that only round to it).
-    auto bytes = [&](DType d) { return d == DType::f32 ? int64_t(4) : int64_t(act_bytes(1)); };
-    for (int i = 0; i < batches; ++i)
-        gemm(s, ta, tb, m, n, k, alpha, static_cast<const char*>(a) + i * stride_a * bytes(t.a), lda,
-             static_cast<const char*>(b) + i * stride_b * bytes(t.b), ldb, beta,
-             static_cast<char*>(c) + i * stride_c * bytes(t.c), ldc, t);
-}
-
 void Device::launch_host(Stream, const char* op, HostOp work) {
     if (asynchronous()) throw DeviceError(name() + ": " + op + " has no CPU implementation to run here");
     work(*this);

@@ -297,7 +297,7 @@ public:
     // invalidates the capture. graph_launch(g, s) runs the graph once after s's earlier work and
     // before its later work; its nodes are ordered only by the captured dependencies, not by the
     // streams they were captured from. Devices without graphs (CPU) throw DeviceError.
-    virtual bool supports_graphs() const { return false; }
+    bool supports_graphs() const;  // traits().graphs
     // The capture sequence s is part of (unique per capture), 0 when s is not being captured.
     virtual uint64_t capture_id(Stream) const { return 0; }
     virtual void capture_begin(Stream s);
@@ -319,6 +319,12 @@ public:
         int device = 0;            // the GPU, named in errors
         DType act = DType::f32;    // the activations' storage type
         float* scratch = nullptr;  // the compute stream's scratch (kernels/cuda/cuda_kernels.h)
+        // The products' (kernels/ops/gemm.h): cuBLAS's handle with its workspace, bound to the
+        // compute stream - null on every other stream -, cuBLASLt's fused products where
+        // set_fused_epilogues(true), and whether f32 products may use TF32.
+        void* blas = nullptr;        // cublasHandle_t
+        void* fused_gemm = nullptr;  // FusedGemm (kernels/cuda/fused_gemm.h)
+        bool tf32 = false;
     };
     virtual NativeLaunch native_launch(Stream s);  // makes the GPU current; DeviceError off CUDA
     void note_launches(int kernels) { work_.launches += uint64_t(kernels); }
@@ -332,52 +338,24 @@ public:
     virtual void set_precision(Precision p) = 0;
     Precision precision() const { return precision_; }
     DType value_dtype() const { return precision_dtype(precision_); }
-    virtual DType act_dtype() const = 0;
+    DType act_dtype() const;  // value_dtype() where traits().stores_16bit, else f32
     size_t act_bytes(size_t elements) const { return elements * dtype_size(act_dtype()); }
 
-    // ---- dense-network ops (activation arguments are void*: act_dtype() elements) --------
-    // C = alpha op(A) op(B) + beta C with each operand's type (activations, the weights' compute
-    // copy, or f32 gradients), accumulating in f32.
-    virtual void gemm(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
-                      const void* b, int ldb, float beta, void* c, int ldc, GemmTypes types = {}) = 0;
-    // (biases and activations, forward and backward: kernels/ops/activation.h)
-    // A dense layer's products with their elementwise work, which a backend may fuse into the
-    // GEMM (CUDA: cuBLASLt epilogues, when set_fused_epilogues(true) and cuBLASLt has an
-    // algorithm for the case); the reference - and every other case - is gemm and the activation ops:
-    //   dense_forward:     z[rows,units] = x[rows,inputs] w[units,inputs]^T, then
-    //                      bias_activation(z += bias, y = act(z)) unless there is neither
-    //   dense_weight_grad: dw[units,inputs] (+)= dz^T x, then bias_gradient(db) when db is given
-    // types are the GEMM's: {x, w, z} forward, {dz, x, dw} for the weight gradient.
-    virtual void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
-                               const float* bias, void* z, void* y, GemmTypes types);
-    virtual void dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
-                                   float* db, bool accumulate, GemmTypes types);
+    // ---- products (kernels/ops/gemm.h) ------------------------------------------------------
     // Off by default: the fused products have not yet run on a GPU (strategy.fused_epilogues).
+    // CUDA makes its cuBLASLt handle and workspace here, before any step.
     virtual void set_fused_epilogues(bool on) { fused_epilogues_ = on; }
     bool fused_epilogues() const { return fused_epilogues_; }
-    // The cases a backend fuses into one launch (with y == z): bias and/or ReLU forward, and the
-    // bias gradient of a product that does not accumulate.
-    static bool fusable_dense_forward(Activation act, bool bias) {
-        return act == Activation::relu || (act == Activation::none && bias);
-    }
-    static bool fusable_dense_weight_grad(bool bias, bool accumulate) { return bias && !accumulate; }
-    // ---- sequence-model ops (language models: per sample a sequence [t, c]) --------------------
-    // `batches` GEMMs at once: matrix i's operands start stride_a/b/c elements after matrix i-1's
-    // (cuBLAS's strided-batched products). The default issues one gemm per matrix.
-    virtual void gemm_batched(Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a,
-                              int lda, int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c,
-                              int ldc, int64_t stride_c, int batches, GemmTypes types = {});
-    // (conversions, y += x, residual joins and bf16 packing: kernels/ops/elementwise.h)
 
     // ---- convolutional networks (their ops: kernels/ops/conv.h) ----------------------------
     // Whether convolutions should use pixel-major columns (Window2d::pixel_major) and weights
     // permuted to match: on the CPU a column row is then whole pixels copied, not a transpose.
     // The conv layer permutes with nhwc_to_nchw, so a device saying yes stores activations as f32.
-    virtual bool pixel_major_columns() const { return false; }
+    bool pixel_major_columns() const { return pixel_major_columns_; }
     // Bytes of im2col columns a convolution should make and multiply at a time (whole images),
     // and of attention probabilities (whole samples): 0, the whole batch in one product (GPUs); a
     // cache's worth on CPUs, whose products would otherwise stream a batch's through memory.
-    virtual size_t column_block_bytes() const { return 0; }
+    size_t column_block_bytes() const;  // traits().column_block_bytes
     // Whole images per block of columns of `image_bytes` each, out of `rows`: what a convolution
     // multiplies at a time and the activations' scratch is sized for.
     static int column_block_images(size_t image_bytes, size_t block_bytes, int rows) {
@@ -420,6 +398,7 @@ protected:
     HostWork work_;  // implementations count what the host issues
     Precision precision_ = Precision::fp32;
     bool fused_epilogues_ = false;
+    bool pixel_major_columns_ = false;  // set by the backend, once, as it is made
     // Implementations report every alloc_bytes / free_bytes here.
     void note_alloc(void* p, size_t bytes);
     void note_free(void* p) noexcept;
@@ -525,6 +504,7 @@ struct DeviceTraits {
     bool nccl_capturable;         // its NCCL calls may be captured into a graph
     bool nccl_between_nodes;      // multi-node sums go through NCCL (else MPI, on the host)
     bool stores_16bit;            // bf16/fp16 activations stored in 16 bits (else f32, rounded)
+    bool graphs;                  // streams can be captured into graphs (Device::capture_begin)
     bool stable_description;      // description() names hardware, not measured figures (cache keys)
     int loader_threads;           // data.loader_threads: auto
     size_t column_block_bytes;    // Device::column_block_bytes of its devices

@@ -38,6 +38,7 @@
 #include "base/error.h"
 #include "kernels/op_math.h"
 #include "kernels/ops/dropout.h"
+#include "kernels/ops/gemm.h"
 #include "kernels/ops/losses.h"
 #include "kernels/ops/optimizer.h"
 #include "kernels/ops/flat.h"
@@ -104,8 +105,8 @@ std::vector<float> run_gemm(Device& d, const GemmCase& g, bool tf32 = false) {
     auto a = upload(d, g.a), b = upload(d, g.b);
     auto c = g.beta != 0.0f ? upload(d, g.c0) : poisoned(d, g.c0.size());
     d.set_precision(tf32 ? Precision::tf32 : Precision::fp32);
-    d.gemm(d.compute_stream(), g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), g.ta ? g.m : g.k, b.data(),
-           g.tb ? g.k : g.n, g.beta, c.data(), g.n);
+    gemm(d, d.compute_stream(), g.ta, g.tb, g.m, g.n, g.k, g.alpha, a.data(), g.ta ? g.m : g.k, b.data(),
+         g.tb ? g.k : g.n, g.beta, c.data(), g.n);
     d.set_precision(Precision::fp32);
     return download(d, c);
 }
@@ -180,7 +181,7 @@ std::vector<float> run_bias_grad(Device& d, const ElemCase& e, bool accumulate) 
     return download(d, db);
 }
 
-// A dense layer's two fused-able products (Device::dense_forward, dense_weight_grad).
+// A dense layer's two fused-able products (dense_forward, dense_weight_grad: kernels/ops/gemm.h).
 struct DenseCase {
     int rows, units, inputs;
     std::vector<float> x, w, bias, dz, dw0, db0;
@@ -221,11 +222,11 @@ DenseOut run_dense(Device& d, const DenseCase& c, Activation act, bool bias, boo
     auto db = accumulate ? upload(d, c.db0) : poisoned(d, c.db0.size());
     DenseOut out;
     const uint64_t l0 = d.host_work().launches;
-    d.dense_forward(s, act, c.rows, c.units, c.inputs, x.data(), w.data(), bias ? b.data() : nullptr, y.data(),
-                    y.data(), {t, t, t});
+    dense_forward(d, s, act, c.rows, c.units, c.inputs, x.data(), w.data(), bias ? b.data() : nullptr, y.data(),
+                  y.data(), {t, t, t});
     const uint64_t l1 = d.host_work().launches;
-    d.dense_weight_grad(s, c.rows, c.units, c.inputs, dz.data(), x.data(), dw.data(), bias ? db.data() : nullptr,
-                        accumulate, {t, t, DType::f32});
+    dense_weight_grad(d, s, c.rows, c.units, c.inputs, dz.data(), x.data(), dw.data(), bias ? db.data() : nullptr,
+                      accumulate, {t, t, DType::f32});
     out.forward_launches = l1 - l0;
     out.grad_launches = d.host_work().launches - l1;
     DeviceBuffer<float> yf(d, size_t(c.rows) * c.units);
@@ -547,8 +548,8 @@ TEST_CASE("cpu gemm with few rows and a transposed B matches double reference, l
                    {}};
         const std::vector<float> a = padded(g.a, s.m, s.k, lda, NAN), b = padded(g.b, s.n, s.k, ldb, NAN);
         std::vector<float> c = padded(std::vector<float>(size_t(s.m) * s.n, NAN), s.m, s.n, ldc, 42.0f);
-        d->gemm(d->compute_stream(), false, true, s.m, s.n, s.k, g.alpha, a.data(), lda, b.data(), ldb, 0.0f, c.data(),
-                ldc);
+        gemm(*d, d->compute_stream(), false, true, s.m, s.n, s.k, g.alpha, a.data(), lda, b.data(), ldb, 0.0f, c.data(),
+             ldc);
         bool padding_kept = false;
         const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
         CHECK(padding_kept);
@@ -584,8 +585,8 @@ TEST_CASE("cpu gemm A^T B computed as its transpose: accumulation and leading di
                        rng.normal(size_t(s.m) * s.n)};
             const std::vector<float> a = padded(g.a, s.k, s.m, lda, NAN), b = padded(g.b, s.k, s.n, ldb, NAN);
             std::vector<float> c = padded(g.c0, s.m, s.n, ldc, 42.0f);
-            d->gemm(d->compute_stream(), true, false, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, beta, c.data(),
-                    ldc);
+            gemm(*d, d->compute_stream(), true, false, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, beta,
+                 c.data(), ldc);
             bool padding_kept = false;
             const std::vector<float> got = unpadded(c, s.m, s.n, ldc, 42.0f, padding_kept);
             CHECK(padding_kept);
@@ -1350,13 +1351,13 @@ TEST_CASE("cuda gemm only on the compute stream: another stream's product is ref
     const GemmTypes f32{DType::f32, DType::f32, DType::f32};
     for (Stream s : {gpu->comm_stream(), gpu->copy_stream()}) {
         CHECK_THROWS_WITH_AS(
-            gpu->gemm(s, false, false, 8, 8, 8, 1.0f, a.data(), 8, b.data(), 8, 0.0f, c.data(), 8, f32),
+            gemm(*gpu, s, false, false, 8, 8, 8, 1.0f, a.data(), 8, b.data(), 8, 0.0f, c.data(), 8, f32),
             doctest::Contains("other than the compute stream"), DeviceError);
-        CHECK_THROWS_AS(gpu->gemm_batched(s, false, false, 4, 4, 4, 1.0f, a.data(), 4, 16, b.data(), 4, 16, 0.0f,
-                                          c.data(), 4, 16, 2, f32),
+        CHECK_THROWS_AS(gemm_batched(*gpu, s, false, false, 4, 4, 4, 1.0f, a.data(), 4, 16, b.data(), 4, 16, 0.0f,
+                                     c.data(), 4, 16, 2, f32),
                         DeviceError);
     }
-    gpu->gemm(gpu->compute_stream(), false, false, 8, 8, 8, 1.0f, a.data(), 8, b.data(), 8, 0.0f, c.data(), 8, f32);
+    gemm(*gpu, gpu->compute_stream(), false, false, 8, 8, 8, 1.0f, a.data(), 8, b.data(), 8, 0.0f, c.data(), 8, f32);
     gpu->synchronize();
 }
 
@@ -1445,8 +1446,8 @@ TEST_CASE("cuda dense ops with cuBLASLt epilogues (strategy.fused_epilogues) mat
                     CAPTURE(bias);
                     CAPTURE(acc);
                     const DenseOut want = run_dense(*cpu, c, act, bias, acc, Precision::fp32, false);
-                    const bool fuse_fwd = Device::fusable_dense_forward(act, bias);
-                    const bool fuse_grad = Device::fusable_dense_weight_grad(bias, acc);
+                    const bool fuse_fwd = fusable_dense_forward(act, bias);
+                    const bool fuse_grad = fusable_dense_weight_grad(bias, acc);
                     for (Precision p : {Precision::fp32, Precision::tf32}) {
                         CAPTURE(precision_name(p));
                         const DenseOut got = run_dense(*gpu, c, act, bias, acc, p, true);

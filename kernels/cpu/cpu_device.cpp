@@ -37,7 +37,13 @@ CPU_LOOP_CLONES void cpu_sum_into(float* const* ptr, int count, int into, size_t
 
 class CpuDevice final : public Device {
 public:
-    explicit CpuDevice(int index) : Device(DeviceType::cpu, index, "cpu:" + std::to_string(index)) {}
+    explicit CpuDevice(int index) : Device(DeviceType::cpu, index, "cpu:" + std::to_string(index)) {
+        // Convolutions: whole pixels copied, not transposed; MIRRORED_PIXEL_MAJOR_COLUMNS=0 keeps
+        // the GPU's column order, so CPU replicas compute convolutions bit for bit as the
+        // simulated GPUs do.
+        const char* e = std::getenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
+        pixel_major_columns_ = !(e && std::strcmp(e, "0") == 0);
+    }
 
     std::string description() const override {
         return "CPU replica " + std::to_string(ordinal()) + " (" + std::to_string(std::thread::hardware_concurrency()) +
@@ -79,34 +85,7 @@ public:
     void host_callback(Stream, void (*fn)(void*), void* arg) override { fn(arg); }
 
     void set_precision(Precision p) override { precision_ = p; }
-    DType act_dtype() const override { return DType::f32; }  // values rounded to value_dtype()
 
-    void gemm(Stream, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
-              int ldb, float beta, void* cv, int ldc, GemmTypes types) override {
-        if (m <= 0 || n <= 0) return;
-        float* c = as_floats(cv);
-        if (k <= 0) {
-            for (int i = 0; i < m; ++i)
-                for (int j = 0; j < n; ++j)
-                    c[size_t(i) * ldc + j] = beta == 0.0f ? 0.0f : beta * c[size_t(i) * ldc + j];
-        } else if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
-            // the kernel chosen for this product's shape (kernels/cpu/gemm_choice.h)
-            chosen_sgemm(ProductShape{ta, tb, m, n, k, lda, ldb, ldc, beta == 1.0f}, as_floats(a), as_floats(b), c);
-        } else {
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-                        as_floats(a), lda, as_floats(b), ldb, beta, c, ldc);
-        }
-        if (types.c != DType::f32)
-            for (int i = 0; i < m; ++i)
-                for (int j = 0; j < n; ++j) c[size_t(i) * ldc + j] = round_to(types.c, c[size_t(i) * ldc + j]);
-    }
-
-    // ---- convolutions (their ops: kernels/ops/conv.h) ----------------------------------------
-    // Whole pixels copied, not transposed; MIRRORED_PIXEL_MAJOR_COLUMNS=0 (read when the device
-    // is made) keeps the GPU's column order, so CPU replicas compute convolutions bit for bit as
-    // the simulated GPUs do.
-    bool pixel_major_columns() const override { return pixel_major_; }
-    size_t column_block_bytes() const override { return kCpuColumnBlockBytes; }
     void reduce_from_peer(Stream, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
         require_cpu(peer);
         check_wire_dtype(*this, t);
@@ -126,11 +105,6 @@ public:
     bool can_load_from(const Device& peer) const override { return peer.type() == DeviceType::cpu; }
 
 private:
-    const bool pixel_major_ = [] {
-        const char* e = std::getenv("MIRRORED_PIXEL_MAJOR_COLUMNS");
-        return !(e && std::strcmp(e, "0") == 0);
-    }();
-
     // A pass's f32 results rounded to the values' 16-bit storage type, where one is in use.
     void round_stored(float* v, size_t n) const { mirrored::round_stored(v, n, value_dtype()); }
 

@@ -110,7 +110,7 @@ public:
         staging_stream_ = s[3];
         // The cuBLAS handle and its one workspace belong to the compute stream, bound once here
         // (cublasSetStream resets the workspace to cuBLAS's own pool, so the workspace comes
-        // after it). Every product runs there (on_compute_stream): two streams sharing one
+        // after it). Every product runs there (native_launch): two streams sharing one
         // workspace would race on a GPU, where their GEMMs really overlap.
         CUBLAS_CHECK(ordinal, cublasCreate(&cublas_));
         workspace_ = alloc_bytes(kCublasWorkspace);
@@ -249,7 +249,6 @@ public:
     }
     // Relaxed mode: the replica threads issue into their own devices' streams while replica 0's
     // stream captures, and nothing they do outside the capture is refused.
-    bool supports_graphs() const override { return true; }
     uint64_t capture_id(Stream s) const override {
         cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
         unsigned long long id = 0;
@@ -282,52 +281,6 @@ public:
     }
 
     void set_precision(Precision p) override { precision_ = p; }
-    DType act_dtype() const override { return value_dtype(); }  // real 16-bit storage
-
-    void gemm(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
-              int ldb, float beta, void* c, int ldc, GemmTypes t) override {
-        if (m <= 0 || n <= 0) return;
-        on_compute_stream(s, "gemm");
-        use();
-        ++work_.launches;
-        if (k <= 0) {  // cuBLAS leaves C untouched for k == 0; define it as beta * C
-            if (ldc != n || t.c != DType::f32)
-                throw DeviceError(name() + ": gemm with k == 0 needs an f32 C with ldc == n");
-            if (beta == 0.0f) cuda::fill(stream(s), ordinal(), size_t(m) * n, 0.0f, static_cast<float*>(c));
-            else cuda::scale(stream(s), ordinal(), size_t(m) * n, beta, static_cast<float*>(c));
-            return;
-        }
-        const bool all_f32 = t.a == DType::f32 && t.b == DType::f32 && t.c == DType::f32;
-        const cublasComputeType_t compute =
-            all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-        // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-        CUBLAS_CHECK(ordinal(), cublasGemmEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n,
-                                             m, k, &alpha, b, cuda_data_type(t.b), ldb, a, cuda_data_type(t.a), lda,
-                                             &beta, c, cuda_data_type(t.c), ldc, compute, CUBLAS_GEMM_DEFAULT));
-    }
-
-    void gemm_batched(Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda,
-                      int64_t stride_a, const void* b, int ldb, int64_t stride_b, float beta, void* c, int ldc,
-                      int64_t stride_c, int batches, GemmTypes t) override {
-        if (m <= 0 || n <= 0 || batches <= 0) return;
-        on_compute_stream(s, "gemm_batched");
-        if (k <= 0) {  // gemm defines k == 0; cuBLAS would leave C untouched
-            Device::gemm_batched(s, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
-                                 batches, t);
-            return;
-        }
-        use();
-        ++work_.launches;
-        const bool all_f32 = t.a == DType::f32 && t.b == DType::f32 && t.c == DType::f32;
-        const cublasComputeType_t compute =
-            all_f32 && precision_ == Precision::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-        // Row-major as column-major transposed, as gemm does: the operands swap.
-        CUBLAS_CHECK(ordinal(),
-                     cublasGemmStridedBatchedEx(cublas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                                n, m, k, &alpha, b, cuda_data_type(t.b), ldb, stride_b, a,
-                                                cuda_data_type(t.a), lda, stride_a, &beta, c, cuda_data_type(t.c), ldc,
-                                                stride_c, batches, compute, CUBLAS_GEMM_DEFAULT));
-    }
 
     // The fused products get their own cuBLASLt handle and workspace (allocated here, before any
     // step); like cuBLAS's, they serve the compute stream alone.
@@ -338,35 +291,19 @@ public:
         fused_workspace_ = alloc_bytes(kCublasWorkspace);
         fused_ = std::make_unique<FusedGemm>(ordinal(), fused_workspace_, kCublasWorkspace);
     }
-    void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
-                       const float* bias, void* z, void* y, GemmTypes t) override {
-        if (fused_epilogues_ && z == y) {
-            use();
-            on_compute_stream(s, "dense_forward");
-            if (fused_->forward(stream(s), act, rows, units, inputs, x, w, bias, y, t, precision_ == Precision::tf32)) {
-                ++work_.launches;
-                return;
-            }
-        }
-        Device::dense_forward(s, act, rows, units, inputs, x, w, bias, z, y, t);
-    }
-    void dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
-                           float* db, bool accumulate, GemmTypes t) override {
-        if (fused_epilogues_ && fusable_dense_weight_grad(db != nullptr, accumulate)) {
-            use();
-            on_compute_stream(s, "dense_weight_grad");
-            if (fused_->weight_grad(stream(s), rows, units, inputs, dz, x, dw, db, t, precision_ == Precision::tf32)) {
-                ++work_.launches;
-                return;
-            }
-        }
-        Device::dense_weight_grad(s, rows, units, inputs, dz, x, dw, db, accumulate, t);
-    }
-
-    // An op family's launcher (kernels/ops/): its stream, this GPU current, the scratch.
+    // An op family's launcher (kernels/ops/): its stream, this GPU current, the scratch, and on
+    // the compute stream the products' handles (every product runs there: two streams sharing one
+    // cuBLAS workspace would race on it).
     NativeLaunch native_launch(Stream s) override {
         use();
-        return {s.handle, ordinal(), act_dtype(), scratch_};
+        const bool compute = s.handle == compute_.handle;
+        return {s.handle,
+                ordinal(),
+                act_dtype(),
+                scratch_,
+                compute ? cublas_ : nullptr,
+                compute ? fused_.get() : nullptr,
+                precision_ == Precision::tf32};
     }
 
     // The column reductions: one or two kernels, as the shape decides (column_plan.h).
@@ -424,15 +361,6 @@ public:
     }
 
 private:
-    // The products' rule (the constructor): cuBLAS's handle and workspace, and the fused
-    // products' cuBLASLt workspace, serve the compute stream alone.
-    void on_compute_stream(Stream s, const char* what) const {
-        if (stream(s) != stream(compute_))
-            throw DeviceError(name() + ": " + what +
-                              " on a stream other than the compute stream: the cuBLAS workspace is the compute "
-                              "stream's alone (two streams' products would race on it)");
-    }
-
     void use() const { CUDA_CHECK(ordinal(), cudaSetDevice(ordinal())); }
     static cudaStream_t stream(Stream s) { return static_cast<cudaStream_t>(s.handle); }
     static cudaEvent_t event(Event e) { return static_cast<cudaEvent_t>(e.handle); }

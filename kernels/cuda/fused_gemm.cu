@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/ops/gemm.h"
 
 namespace mirrored {
 
@@ -69,7 +70,7 @@ FusedGemm::~FusedGemm() {
 // over k = rows, for the gradient (BGRADB).
 bool FusedGemm::forward(cudaStream_t s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
                         const float* bias, void* y, GemmTypes t, bool tf32) {
-    if (rows <= 0 || units <= 0 || inputs <= 0 || !Device::fusable_dense_forward(act, bias != nullptr)) return false;
+    if (rows <= 0 || units <= 0 || inputs <= 0 || !fusable_dense_forward(act, bias != nullptr)) return false;
     // cuBLASLt reads the bias in the output's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE); ours is
     // f32, so a 16-bit output with a bias runs unfused rather than on an undocumented combination.
     if (bias && t.c != DType::f32) return false;

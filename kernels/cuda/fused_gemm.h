@@ -31,11 +31,11 @@ public:
     FusedGemm(const FusedGemm&) = delete;
     FusedGemm& operator=(const FusedGemm&) = delete;
 
-    // Device::dense_forward with z == y, issued on s as one cuBLASLt matmul; false (nothing
-    // issued) where the case is not fusable (fusable_forward) or cuBLASLt has no algorithm.
+    // dense_forward (kernels/ops/gemm.h) with z == y, issued on s as one cuBLASLt matmul; false (nothing
+    // issued) where the case is not fusable (fusable_dense_forward) or cuBLASLt has no algorithm.
     bool forward(cudaStream_t s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
                  const float* bias, void* y, GemmTypes t, bool tf32);
-    // Device::dense_weight_grad without accumulation, db given; false as above.
+    // dense_weight_grad without accumulation, db given; false as above.
     bool weight_grad(cudaStream_t s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
                      float* db, GemmTypes t, bool tf32);
 

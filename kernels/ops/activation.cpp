@@ -9,17 +9,31 @@ namespace mirrored {
 
 ActivationKernels activation_cuda;
 
+namespace cpu {
+
+void bias_activation(DType t, Activation act, int rows, int cols, const float* bias, float* z, float* out) {
+    for (int i = 0; i < rows; ++i) {
+        float* zr = z + size_t(i) * size_t(cols);
+        float* orow = out + size_t(i) * size_t(cols);
+        if (orow == zr) bias_act_in_place(act, t, cols, bias, zr);  // ReLU: the output is the gradient's key
+        else bias_act_apart(act, t, cols, bias, zr, orow);
+    }
+}
+
+void bias_gradient(int rows, int cols, const float* dz, float* db, bool accumulate) {
+    thread_local std::vector<float> sums;  // the thread's scratch: grown once, then reused
+    if (sums.size() < size_t(cols)) sums.resize(size_t(cols));
+    column_sums(rows, cols, dz, sums.data());
+    for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + sums[size_t(j)] : sums[size_t(j)];
+}
+
+}  // namespace cpu
+
 void bias_activation(Device& d, Stream s, Activation act, int rows, int cols, const float* bias, void* z, void* out) {
     if (d.runs_cuda_kernels())
         return launch_cuda(d, s, activation_cuda.bias_act, "bias_act_forward", act, rows, cols, bias, z, out);
     run_on_host(d, s, "bias_act_forward", [=](const Device& h) {
-        const DType t = h.value_dtype();
-        for (int i = 0; i < rows; ++i) {
-            float* zr = as_floats(z) + size_t(i) * size_t(cols);
-            float* orow = as_floats(out) + size_t(i) * size_t(cols);
-            if (orow == zr) cpu::bias_act_in_place(act, t, cols, bias, zr);  // ReLU: the output is the gradient's key
-            else cpu::bias_act_apart(act, t, cols, bias, zr, orow);
-        }
+        cpu::bias_activation(h.value_dtype(), act, rows, cols, bias, as_floats(z), as_floats(out));
     });
 }
 
@@ -37,12 +51,8 @@ void activation_backward(Device& d, Stream s, Activation act, size_t n, const vo
 void bias_gradient(Device& d, Stream s, int rows, int cols, const void* dz, float* db, bool accumulate) {
     if (d.runs_cuda_kernels())
         return launch_cuda(d, s, activation_cuda.bias_grad, "bias_grad", rows, cols, dz, db, accumulate);
-    run_on_host(d, s, "bias_grad", [=](const Device&) {
-        thread_local std::vector<float> sums;  // the thread's scratch: grown once, then reused
-        if (sums.size() < size_t(cols)) sums.resize(size_t(cols));
-        cpu::column_sums(rows, cols, as_floats(dz), sums.data());
-        for (int j = 0; j < cols; ++j) db[j] = accumulate ? db[j] + sums[size_t(j)] : sums[size_t(j)];
-    });
+    run_on_host(d, s, "bias_grad",
+                [=](const Device&) { cpu::bias_gradient(rows, cols, as_floats(dz), db, accumulate); });
 }
 
 }  // namespace mirrored

@@ -18,6 +18,11 @@ void activation_backward(Device& d, Stream s, Activation act, size_t n, const vo
 // db[cols] (+)= the column sums of dz[rows,cols], in a fixed order.
 void bias_gradient(Device& d, Stream s, int rows, int cols, const void* dz, float* db, bool accumulate);
 
+namespace cpu {  // the same on f32 host memory, stored values rounded to t
+void bias_activation(DType t, Activation act, int rows, int cols, const float* bias, float* z, float* out);
+void bias_gradient(int rows, int cols, const float* dz, float* db, bool accumulate);
+}  // namespace cpu
+
 // The CUDA launchers, set by activation.cu where the CUDA backend is built; each returns the
 // kernels it launched.
 struct ActivationKernels {

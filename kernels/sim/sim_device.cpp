@@ -504,7 +504,6 @@ public:
     }
 
     // ---- graphs ------------------------------------------------------------------------------
-    bool supports_graphs() const override { return true; }
     uint64_t capture_id(Stream s) const override {
         std::lock_guard<std::mutex> lock(g_mu);
         return stream(s).capture ? stream(s).capture->id : 0;
@@ -586,41 +585,12 @@ public:
         precision_ = p;
         cpu_->set_precision(p);
     }
-    DType act_dtype() const override { return DType::f32; }  // the CPU reference's storage
 
     // ---- ops: the CPU reference, run on the stream's thread ---------------------------------
     // An op family's CPU loops (kernels/ops/), run on the stream's thread against the CPU reference.
     void launch_host(Stream s, const char* op, HostOp work) override {
         SIM_API(op);
         launch(s, op, [this, work = std::move(work)] { work(*cpu_); });
-    }
-
-#define SIM_OP(name, args, call)                     \
-    void name args override {                        \
-        SIM_API(#name);                              \
-        launch(s, #name, [=, this] { cpu_->call; }); \
-    }
-    SIM_OP(gemm,
-           (Stream s, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda, const void* b,
-            int ldb, float beta, void* c, int ldc, GemmTypes t),
-           gemm(Stream{}, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, t))
-    // With fused epilogues on, a case CUDA fuses is one launch here too, so that the host calls
-    // counted follow the CUDA path; it runs the CPU reference's composition (the same results).
-    void dense_forward(Stream s, Activation act, int rows, int units, int inputs, const void* x, const void* w,
-                       const float* bias, void* z, void* y, GemmTypes t) override {
-        if (!fused_epilogues_ || z != y || !fusable_dense_forward(act, bias != nullptr))
-            return Device::dense_forward(s, act, rows, units, inputs, x, w, bias, z, y, t);
-        SIM_API("dense_forward");
-        launch(s, "dense_forward",
-               [=, this] { cpu_->dense_forward(Stream{}, act, rows, units, inputs, x, w, bias, z, y, t); });
-    }
-    void dense_weight_grad(Stream s, int rows, int units, int inputs, const void* dz, const void* x, float* dw,
-                           float* db, bool accumulate, GemmTypes t) override {
-        if (!fused_epilogues_ || !fusable_dense_weight_grad(db != nullptr, accumulate))
-            return Device::dense_weight_grad(s, rows, units, inputs, dz, x, dw, db, accumulate, t);
-        SIM_API("dense_weight_grad");
-        launch(s, "dense_weight_grad",
-               [=, this] { cpu_->dense_weight_grad(Stream{}, rows, units, inputs, dz, x, dw, db, accumulate, t); });
     }
 
     void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) override {
@@ -673,7 +643,6 @@ public:
         std::lock_guard<std::mutex> lock(g_mu);
         return world().gpus[ordinal()].peer[peer.ordinal()];
     }
-#undef SIM_OP
 #undef SIM_API
 
 private:

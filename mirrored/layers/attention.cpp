@@ -26,6 +26,7 @@
 
 #include "kernels/ops/attention.h"
 #include "kernels/ops/dropout.h"
+#include "kernels/ops/gemm.h"
 #include "kernels/ops/rope.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
@@ -153,8 +154,8 @@ public:
         void* dqkv = p.acts->act(slot_, dqkv_);
         void* dheads = p.acts->act(slot_, dheads_);
         weight_grad(p, rows, c, c, dy, B.heads, proj_w_off_, proj_b_off_);
-        p.dev->gemm(p.stream, false, false, rows, c, c, 1.0f, dy, c, p.weight(proj_w_off_), c, 0.0f, dheads, c,
-                    p.types(p.vt));
+        gemm(*p.dev, p.stream, false, false, rows, c, c, 1.0f, dy, c, p.weight(proj_w_off_), c, 0.0f, dheads, c,
+             p.types(p.vt));
         if (!lora_out_.empty()) lora_out_.backward(p, rows, B.heads, dy, dheads);
         if (fused_) {
             attention_backward(*p.dev, p.stream, p.rows, t, a_, scale(), B.qkv, B.heads, dheads,
@@ -244,21 +245,21 @@ private:
         if (o_.rope_theta > 0) rope_rotate(*p.dev, p.stream, rope(p), true, dqkv);
         weight_grad(p, rows, w, c, dqkv, p.acts->input(slot_), attn_w_off_, attn_b_off_);
         if (dx)
-            p.dev->gemm(p.stream, false, false, rows, c, w, 1.0f, dqkv, w, p.weight(attn_w_off_), c, 0.0f, dx, c,
-                        p.types(p.vt));
+            gemm(*p.dev, p.stream, false, false, rows, c, w, 1.0f, dqkv, w, p.weight(attn_w_off_), c, 0.0f, dx, c,
+                 p.types(p.vt));
         if (!lora_qkv_.empty()) lora_qkv_.backward(p, rows, p.acts->input(slot_), dqkv, dx);
     }
     // qkv[rows, w] = x W_attn^T + b, plus the adapters'; out[rows, c] = heads W_proj^T + b, plus theirs
     void project_qkv(Pass& p, int rows, const void* x, void* qkv) const {
         const int c = in_.c, w = int(a_.qkv_width());
-        p.dev->dense_forward(p.stream, Activation::none, rows, w, c, x, p.weight(attn_w_off_), bias(p, attn_b_off_),
-                             qkv, qkv, p.types(p.vt));
+        dense_forward(*p.dev, p.stream, Activation::none, rows, w, c, x, p.weight(attn_w_off_), bias(p, attn_b_off_),
+                      qkv, qkv, p.types(p.vt));
         lora_qkv_.forward(p, rows, x, qkv);
     }
     void project_out(Pass& p, int rows, const void* heads, void* out) const {
         const int c = in_.c;
-        p.dev->dense_forward(p.stream, Activation::none, rows, c, c, heads, p.weight(proj_w_off_), bias(p, proj_b_off_),
-                             out, out, p.types(p.vt));
+        dense_forward(*p.dev, p.stream, Activation::none, rows, c, c, heads, p.weight(proj_w_off_),
+                      bias(p, proj_b_off_), out, out, p.types(p.vt));
         lora_out_.forward(p, rows, heads, out);
     }
     // q and k of every head rotated by their positions (the query heads, then the key heads)
@@ -274,7 +275,7 @@ private:
                      size_t b_off) const {
         float* const db = bias_grad(p, b_off);
         if (float* const dw = p.grad(w_off))
-            p.dev->dense_weight_grad(p.stream, rows, units, inputs, dz, x, dw, db, p.accumulate, p.types(DType::f32));
+            dense_weight_grad(*p.dev, p.stream, rows, units, inputs, dz, x, dw, db, p.accumulate, p.types(DType::f32));
         else if (db) bias_gradient(*p.dev, p.stream, rows, units, dz, db, p.accumulate);
     }
     // A key/value head's gradient is the sum over its group's query heads: the first writes it.
@@ -333,8 +334,8 @@ private:
     // One product per sample of `count`, every operand an activation; beta 1 adds to c.
     static void batched(Pass& p, int count, bool ta, bool tb, int m, int n, int k, const void* a, int lda, size_t sa,
                         const void* b, int ldb, size_t sb, void* c, int ldc, size_t sc, float beta = 0.0f) {
-        p.dev->gemm_batched(p.stream, ta, tb, m, n, k, 1.0f, a, lda, int64_t(sa), b, ldb, int64_t(sb), beta, c, ldc,
-                            int64_t(sc), count, p.types(p.vt));
+        gemm_batched(*p.dev, p.stream, ta, tb, m, n, k, 1.0f, a, lda, int64_t(sa), b, ldb, int64_t(sb), beta, c, ldc,
+                     int64_t(sc), count, p.types(p.vt));
     }
 
     const AttentionOptions& o_;

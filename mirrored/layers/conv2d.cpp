@@ -18,6 +18,7 @@
 #include "mirrored/layers/layer.h"
 #include "kernels/ops/flat.h"
 #include "kernels/ops/activation.h"
+#include "kernels/ops/gemm.h"
 
 namespace mirrored {
 
@@ -154,8 +155,8 @@ public:
             for_each_block(p, [&](const Block& b) {
                 const int rows = b.count * out_.h * out_.w;
                 void *zb = at(p, z, out_at(b)), *yb = at(p, y, out_at(b));
-                p.dev->gemm(p.stream, false, false, rows, F, K, 1.0f, columns(p, x, b), K, wt, F, 0.0f, zb, F,
-                            p.types(p.vt));
+                gemm(*p.dev, p.stream, false, false, rows, F, K, 1.0f, columns(p, x, b), K, wt, F, 0.0f, zb, F,
+                     p.types(p.vt));
                 if (bias || o_.activation != Activation::none)
                     bias_activation(*p.dev, p.stream, o_.activation, rows, F, bias, zb, yb);
             });
@@ -163,8 +164,8 @@ public:
         }
         // z[M, F] = cols[M, K] . W[F, K]^T + b, y = act(z): a dense layer over the columns
         for_each_block(p, [&](const Block& b) {
-            p.dev->dense_forward(p.stream, o_.activation, b.count * out_.h * out_.w, F, K, columns(p, x, b),
-                                 p.weight(w_off_), bias, at(p, z, out_at(b)), at(p, y, out_at(b)), p.types(p.vt));
+            dense_forward(*p.dev, p.stream, o_.activation, b.count * out_.h * out_.w, F, K, columns(p, x, b),
+                          p.weight(w_off_), bias, at(p, z, out_at(b)), at(p, y, out_at(b)), p.types(p.vt));
         });
         return y;
     }
@@ -197,17 +198,17 @@ public:
                 const void* dz = at(p, dy, out_at(b));
                 const bool accumulate = b.first > 0 || (!permuted && p.accumulate);
                 if (!dw_done)
-                    p.dev->dense_weight_grad(p.stream, rows, F, K, dz, columns(p, p.acts->input(slot_), b), dw,
-                                             permuted || !one_block ? nullptr : db, accumulate, p.types(DType::f32));
+                    dense_weight_grad(*p.dev, p.stream, rows, F, K, dz, columns(p, p.acts->input(slot_), b), dw,
+                                      permuted || !one_block ? nullptr : db, accumulate, p.types(DType::f32));
                 if (dx_done) return;
                 if (direct_) {  // dx[M, C] = dz[M, F] . W[F, C]
-                    p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, at(p, dx, in_at(b)), K,
-                                p.types(p.vt));
+                    gemm(*p.dev, p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, at(p, dx, in_at(b)), K,
+                         p.types(p.vt));
                     return;
                 }
                 // dcols[M, K] = dz[M, F] . W[F, K], into the scratch (the block's columns are done)
                 void* dcols = p.acts->scratch();
-                p.dev->gemm(p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, dcols, K, p.types(p.vt));
+                gemm(*p.dev, p.stream, false, false, rows, K, F, 1.0f, dz, F, w, K, 0.0f, dcols, K, p.types(p.vt));
                 Window2d g = g_;
                 g.n = b.count;
                 g.pixel_major = permuted;

@@ -4,6 +4,7 @@
 #include "mirrored/layers/layer.h"
 #include "mirrored/layers/lora.h"
 #include "kernels/ops/activation.h"
+#include "kernels/ops/gemm.h"
 
 namespace mirrored {
 
@@ -61,8 +62,8 @@ public:
         void* y = p.acts->act(slot_, out_buf_);
         void* z = z_buf_ >= 0 ? p.acts->act(slot_, z_buf_) : y;
         // z[rows, units] = x[rows, inputs] . W[units, inputs]^T + b, y = act(z)
-        p.dev->dense_forward(p.stream, o_.activation, rows, units, inputs, x, p.weight(w_off_),
-                             b_ >= 0 ? p.params + b_off_ : nullptr, z, y, p.types(p.vt));
+        dense_forward(*p.dev, p.stream, o_.activation, rows, units, inputs, x, p.weight(w_off_),
+                      b_ >= 0 ? p.params + b_off_ : nullptr, z, y, p.types(p.vt));
         lora_.forward(p, rows, x, y);  // no activation when adapted
         return y;
     }
@@ -79,16 +80,16 @@ public:
             weight_grad_by_blocks(p, rows, units, inputs, dy, p.acts->input(slot_), w_off_, piece_rows_);
         } else if (float* const dw = p.grad(w_off_)) {
             // dW[units, inputs] (+)= dz[rows, units]^T . x[rows, inputs], db (+)= column sums of dz
-            p.dev->dense_weight_grad(p.stream, rows, units, inputs, dy, p.acts->input(slot_), dw, db, p.accumulate,
-                                     p.types(DType::f32));
+            dense_weight_grad(*p.dev, p.stream, rows, units, inputs, dy, p.acts->input(slot_), dw, db, p.accumulate,
+                              p.types(DType::f32));
         } else if (db) {
             bias_gradient(*p.dev, p.stream, rows, units, dy, db, p.accumulate);
         }
         // dx[rows, inputs] = dz[rows, units] . W[units, inputs], plus the adapters' part (an adapted
         // weight is frozen, never split: their gradients belong to the layer's one unit)
         if (dx)
-            p.dev->gemm(p.stream, false, false, rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f,
-                        dx, inputs, p.types(p.vt));
+            gemm(*p.dev, p.stream, false, false, rows, inputs, units, 1.0f, dy, units, p.weight(w_off_), inputs, 0.0f,
+                 dx, inputs, p.types(p.vt));
         if (!lora_.empty()) lora_.backward(p, rows, p.acts->input(slot_), dy, dx);
     }
 

@@ -9,6 +9,7 @@
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 #include "kernels/ops/activation.h"
+#include "kernels/ops/gemm.h"
 
 namespace mirrored {
 
@@ -180,8 +181,8 @@ public:
     const void* forward(Pass& p, const void* x) const override {
         p.acts->input(slot_) = x;
         void* y = p.acts->act(slot_, out_buf_);
-        p.dev->dense_forward(p.stream, Activation::none, p.rows * in_.positions(), out_.c, in_.c, x, p.weight(w_off_),
-                             nullptr, y, y, p.types(p.vt));
+        dense_forward(*p.dev, p.stream, Activation::none, p.rows * in_.positions(), out_.c, in_.c, x, p.weight(w_off_),
+                      nullptr, y, y, p.types(p.vt));
         return y;
     }
 
@@ -190,11 +191,11 @@ public:
         if (block_rows_ > 0 && block_rows_ < vocab)  // Builder::split_rows
             weight_grad_by_blocks(p, rows, vocab, c, dy, p.acts->input(slot_), w_off_, block_rows_);
         else if (float* dw = p.grad(w_off_))  // else frozen
-            p.dev->dense_weight_grad(p.stream, rows, vocab, c, dy, p.acts->input(slot_), dw, nullptr, p.accumulate,
-                                     p.types(DType::f32));
+            dense_weight_grad(*p.dev, p.stream, rows, vocab, c, dy, p.acts->input(slot_), dw, nullptr, p.accumulate,
+                              p.types(DType::f32));
         if (dx)
-            p.dev->gemm(p.stream, false, false, rows, c, vocab, 1.0f, dy, vocab, p.weight(w_off_), c, 0.0f, dx, c,
-                        p.types(p.vt));
+            gemm(*p.dev, p.stream, false, false, rows, c, vocab, 1.0f, dy, vocab, p.weight(w_off_), c, 0.0f, dx, c,
+                 p.types(p.vt));
     }
 
     bool has_params() const override { return true; }

@@ -3,6 +3,7 @@
 #include "kernels/ops/dropout.h"
 #include "mirrored/layers/activations.h"
 #include "kernels/ops/elementwise.h"
+#include "kernels/ops/gemm.h"
 
 namespace mirrored {
 
@@ -64,10 +65,10 @@ void LoraAdapters::forward(Pass& p, int rows, const void* x, void* y) const {
     for (size_t k = 0; k < adapters_.size(); ++k) {
         const Adapter& ad = adapters_[k];
         // xa[rows, rank] = x A^T, then y[:, row..] += scale xa B^T
-        d.gemm(p.stream, false, true, rows, rank_, inputs_, 1.0f, adapter_input(p, rows, k, x), inputs_,
-               p.weight(ad.a_off), inputs_, 0.0f, xa, rank_, p.types(p.vt));
-        d.gemm(p.stream, false, true, rows, ad.slice.rows, rank_, scale_, xa, rank_, p.weight(ad.b_off), rank_, 1.0f,
-               static_cast<char*>(y) + d.act_bytes(size_t(ad.slice.row)), units_, p.types(p.vt));
+        gemm(d, p.stream, false, true, rows, rank_, inputs_, 1.0f, adapter_input(p, rows, k, x), inputs_,
+             p.weight(ad.a_off), inputs_, 0.0f, xa, rank_, p.types(p.vt));
+        gemm(d, p.stream, false, true, rows, ad.slice.rows, rank_, scale_, xa, rank_, p.weight(ad.b_off), rank_, 1.0f,
+             static_cast<char*>(y) + d.act_bytes(size_t(ad.slice.row)), units_, p.types(p.vt));
     }
 }
 
@@ -81,25 +82,25 @@ void LoraAdapters::backward(Pass& p, int rows, const void* x, const void* dy, vo
         const void* dys = static_cast<const char*>(dy) + d.act_bytes(size_t(ad.slice.row));  // dy[:, row..]
         const void* xk = adapter_input(p, rows, k, x);                                       // its mask made again
         // dB[rows_s, rank] (+)= scale dys^T xa, xa computed again
-        d.gemm(p.stream, false, true, rows, rank_, inputs_, 1.0f, xk, inputs_, p.weight(ad.a_off), inputs_, 0.0f, xa,
-               rank_, p.types(p.vt));
-        d.gemm(p.stream, true, false, ad.slice.rows, rank_, rows, scale_, dys, units_, xa, rank_, beta,
-               p.grad(ad.b_off), rank_, p.types(DType::f32));
+        gemm(d, p.stream, false, true, rows, rank_, inputs_, 1.0f, xk, inputs_, p.weight(ad.a_off), inputs_, 0.0f, xa,
+             rank_, p.types(p.vt));
+        gemm(d, p.stream, true, false, ad.slice.rows, rank_, rows, scale_, dys, units_, xa, rank_, beta,
+             p.grad(ad.b_off), rank_, p.types(DType::f32));
         // dxa[rows, rank] = scale dys B, dA[rank, inputs] (+)= dxa^T x, dx += dxa A
-        d.gemm(p.stream, false, false, rows, rank_, ad.slice.rows, scale_, dys, units_, p.weight(ad.b_off), rank_, 0.0f,
-               dxa, rank_, p.types(p.vt));
-        d.gemm(p.stream, true, false, rank_, inputs_, rows, 1.0f, dxa, rank_, xk, inputs_, beta, p.grad(ad.a_off),
-               inputs_, p.types(DType::f32));
+        gemm(d, p.stream, false, false, rows, rank_, ad.slice.rows, scale_, dys, units_, p.weight(ad.b_off), rank_,
+             0.0f, dxa, rank_, p.types(p.vt));
+        gemm(d, p.stream, true, false, rank_, inputs_, rows, 1.0f, dxa, rank_, xk, inputs_, beta, p.grad(ad.a_off),
+             inputs_, p.types(DType::f32));
         if (!dx) continue;
         if (xk == x) {
-            d.gemm(p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 1.0f,
-                   dx, inputs_, p.types(p.vt));
+            gemm(d, p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 1.0f,
+                 dx, inputs_, p.types(p.vt));
             continue;
         }
         // through the mask: the dropped copy's buffer (read above) now holds dxa A, masked in place
         void* part = p.acts->act(slot_, dropped_);
-        d.gemm(p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 0.0f, part,
-               inputs_, p.types(p.vt));
+        gemm(d, p.stream, false, false, rows, inputs_, rank_, 1.0f, dxa, rank_, p.weight(ad.a_off), inputs_, 0.0f, part,
+             inputs_, p.types(p.vt));
         dropout_backward(d, p.stream, mask(p, k), p.rows, positions_ * inputs_, part, part);
         add_values(d, p.stream, size_t(rows) * size_t(inputs_), part, dx);
     }

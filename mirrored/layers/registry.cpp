@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "kernels/ops/gemm.h"
 #include "mirrored/layers/activations.h"
 #include "mirrored/layers/layer.h"
 
@@ -125,9 +126,9 @@ void Layer::weight_grad_by_blocks(Pass& p, int rows, int units, int inputs, cons
     for (int k = (units - 1) / block_rows; k >= 0; --k) {
         const int first = k * block_rows, n = std::min(block_rows, units - first);
         // dw[first : first + n, :] (+)= dz[:, first : first + n]^T x: dz's columns at its full width
-        p.dev->gemm(p.stream, true, false, n, inputs, rows, 1.0f, static_cast<const char*>(dz) + size_t(first) * elem,
-                    units, x, inputs, p.accumulate ? 1.0f : 0.0f, p.grad(w_off + size_t(first) * size_t(inputs)),
-                    inputs, p.types(DType::f32));
+        gemm(*p.dev, p.stream, true, false, n, inputs, rows, 1.0f, static_cast<const char*>(dz) + size_t(first) * elem,
+             units, x, inputs, p.accumulate ? 1.0f : 0.0f, p.grad(w_off + size_t(first) * size_t(inputs)), inputs,
+             p.types(DType::f32));
         if (k > 0 && p.on_unit_done) (*p.on_unit_done)(unit_ + k);
     }
 }

@@ -31,6 +31,7 @@
 #include "mirrored/session.h"
 #include "mirrored/watchdog.h"
 #include "kernels/ops/elementwise.h"
+#include "kernels/ops/gemm.h"
 
 namespace mirrored {
 
@@ -184,8 +185,8 @@ double time_gemm(Device& d, const GemmShape& g, double seconds) {
     convert_values(d, s, nb, b32.data(), DType::f32, b.data(), type);
     const int lda = g.trans_a ? g.m : g.k, ldb = g.trans_b ? g.k : g.n;
     auto once = [&] {
-        d.gemm(s, g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n,
-               GemmTypes{type, type, DType::f32});
+        gemm(d, s, g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n,
+             GemmTypes{type, type, DType::f32});
     };
     once();
     d.synchronize();

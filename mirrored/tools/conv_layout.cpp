@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "kernels/blas.h"
 #include "kernels/ops/flat.h"
+#include "kernels/ops/gemm.h"
 #include "mirrored/tools/tools.h"
 #include "mirrored/util.h"
 
@@ -154,19 +155,19 @@ int bench_conv_layout(const ConvLayoutBenchOptions& o) {
         for (auto* b : {&x, &dy, &w}) fill_floats(*d, s, b->size(), 0.01f, b->data());
         auto nhwc = [&] {
             im2col_nhwc(g, x.data(), col.data());
-            d->gemm(s, false, true, M, F, K, 1.0f, col.data(), K, w.data(), K, 0.0f, y.data(), F);
-            d->gemm(s, true, false, F, K, M, 1.0f, dy.data(), F, col.data(), K, 0.0f, dw.data(), K);
-            d->gemm(s, false, false, M, K, F, 1.0f, dy.data(), F, w.data(), K, 0.0f, col.data(), K);
+            gemm(*d, s, false, true, M, F, K, 1.0f, col.data(), K, w.data(), K, 0.0f, y.data(), F);
+            gemm(*d, s, true, false, F, K, M, 1.0f, dy.data(), F, col.data(), K, 0.0f, dw.data(), K);
+            gemm(*d, s, false, false, M, K, F, 1.0f, dy.data(), F, w.data(), K, 0.0f, col.data(), K);
             col2im_nhwc(g, col.data(), dx.data());
         };
         const size_t plane = size_t(g.oh()) * g.ow();
         auto nchw = [&] {
             im2col_nchw(g, x.data(), col.data());
-            d->gemm(s, false, false, F, M, K, 1.0f, w.data(), K, col.data(), M, 0.0f, tmp.data(), M);
+            gemm(*d, s, false, false, F, M, K, 1.0f, w.data(), K, col.data(), M, 0.0f, tmp.data(), M);
             permute_fn_to_nf(g.n, F, plane, tmp.data(), y.data(), false);
             permute_fn_to_nf(g.n, F, plane, tmp.data(), dy.data(), true);
-            d->gemm(s, false, true, F, K, M, 1.0f, tmp.data(), M, col.data(), M, 0.0f, dw.data(), K);
-            d->gemm(s, true, false, K, M, F, 1.0f, w.data(), K, tmp.data(), M, 0.0f, col.data(), M);
+            gemm(*d, s, false, true, F, K, M, 1.0f, tmp.data(), M, col.data(), M, 0.0f, dw.data(), K);
+            gemm(*d, s, true, false, K, M, F, 1.0f, w.data(), K, tmp.data(), M, 0.0f, col.data(), M);
             col2im_nchw(g, col.data(), dx.data());
         };
         const double a = median_ms(nhwc, o.reps), b = median_ms(nchw, o.reps);

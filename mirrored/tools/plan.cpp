@@ -25,6 +25,7 @@
 #include "mirrored/session.h"
 #include "mirrored/util.h"
 #include "kernels/ops/elementwise.h"
+#include "kernels/ops/gemm.h"
 
 namespace mirrored {
 
@@ -166,7 +167,8 @@ double gemm_ceiling(Device& d) {
     convert_values(d, s, count, f.data(), DType::f32, a.data(), t);
     convert_values(d, s, count, f.data(), DType::f32, b.data(), t);
     auto once = [&] {
-        d.gemm(s, false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n, GemmTypes{t, t, DType::f32});
+        gemm(d, s, false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n,
+             GemmTypes{t, t, DType::f32});
     };
     once();
     d.synchronize();

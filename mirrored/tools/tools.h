@@ -70,7 +70,7 @@ struct StepBenchOptions {
 // Training-step throughput of a config for each device list: the scaling test.
 int bench_step(const StepBenchOptions& o);
 
-// C[m,n] = op(A)[m,k] op(B)[k,n], row-major as Device::gemm.
+// C[m,n] = op(A)[m,k] op(B)[k,n], row-major as gemm (kernels/ops/gemm.h).
 struct GemmShape {
     int m = 0, n = 0, k = 0;
     bool trans_a = false, trans_b = true;
