@@ -95,10 +95,6 @@ const char* init_kind_name(InitKind k) {
     }
 }
 
-void Device::sum_into(Stream, float* const*, int, int, size_t, size_t) {
-    throw DeviceError(name() + ": sum_into is not implemented on this device (shared parameters are for CPU replicas)");
-}
-
 void Device::launch_host(Stream, const char* op, HostOp work) {
     if (asynchronous()) throw DeviceError(name() + ": " + op + " has no CPU implementation to run here");
     work(*this);

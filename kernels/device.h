@@ -370,16 +370,7 @@ public:
     // added in f32 and rounded once to nearest even. Bit-identical on every device type.
     virtual void reduce_from_peer(Stream s, void* dst, const Device& peer, const void* src, DType t, size_t n) = 0;
     virtual void copy_from_peer(Stream s, void* dst, const Device& peer, const void* src, size_t bytes) = 0;
-    // The direct all-reduce's part for one slice: for i in [0, n), the sum over k = 0, 1, ... in
-    // that order of buffers.ptr[k][offset + i] - elements of type t (f32, or bf16 summed in f32
-    // and rounded once) - written back into every buffer. Every buffer must be loadable from
-    // here (can_load_from): the same GPU, peer access, or host memory.
-    virtual void sum_to_all(Stream s, const PeerBuffers& buffers, size_t offset, size_t n, DType t) = 0;
-    // In place into buffers[into][offset, offset + n): the sum over `count` f32 buffers - its own
-    // value first, then the others in buffer order - written only there: the reduce-scatter half,
-    // for replicas that share one parameter copy (CPU replicas, replicas of one GPU: every buffer
-    // loadable from here, at most PeerBuffers::kMax on CUDA). Devices without it throw DeviceError.
-    virtual void sum_into(Stream s, float* const* buffers, int count, int into, size_t offset, size_t n);
+    // (the sums over every replica's buffer in one kernel: kernels/ops/peer_sums.h)
     // Can kernels on this device load (and store) peer's memory directly?
     virtual bool can_load_from(const Device& peer) const = 0;
 

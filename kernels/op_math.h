@@ -192,7 +192,7 @@ inline void host_peer_add(void* dst, const void* src, DType t, size_t n) {
 // vector loop over two arrays.
 constexpr size_t kHostSumBlock = 1024;
 
-// Device::sum_into on the host: block by block, so that the destination block stays in the cache
+// sum_into (kernels/ops/peer_sums.h) on the host: block by block, so that the destination block stays in the cache
 // while each other buffer is added to it - one pass over memory.
 inline void host_sum_into(float* const* ptr, int count, int into, size_t offset, size_t n) {
     float* out = ptr[into];
@@ -206,7 +206,7 @@ inline void host_sum_into(float* const* ptr, int count, int into, size_t offset,
     }
 }
 
-// Device::sum_to_all on the host: every element summed in buffer order 0, 1, ...
+// sum_to_all (kernels/ops/peer_sums.h) on the host: every element summed in buffer order 0, 1, ...
 inline void host_sum_to_all(const PeerBuffers& b, size_t offset, size_t n, DType t) {
     constexpr size_t kBlock = kHostSumBlock;
     float sum[kBlock];

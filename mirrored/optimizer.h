@@ -48,7 +48,7 @@ public:
                      float lr, const float* grad_stats, const float* loss_scale, bool skip_nonfinite,
                      const StepValues* values = nullptr);
     // The same over [begin, end) with the gradients of the replicas sharing this parameter copy
-    // summed as Device::sum_into sums them (grads[into]'s first), inside the update's own pass
+    // summed as sum_into (kernels/ops/peer_sums.h) sums them (grads[into]'s first), inside the update's own pass
     // (summed_sgd_update, kernels/ops/optimizer.h): what clipping or loss scaling would need, the norm of the sum
     // before the update, is not there, so neither may be on. grads point at element 0.
     void apply_summed_range(Device& on, Stream s, float* params, float* const* grads, int count, int into, size_t begin,

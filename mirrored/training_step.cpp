@@ -11,6 +11,7 @@
 
 #include "mirrored/util.h"
 #include "kernels/ops/elementwise.h"
+#include "kernels/ops/peer_sums.h"
 
 namespace mirrored {
 
@@ -548,7 +549,7 @@ void TrainingStep::shared_update(Replica& R, int64_t step, float lr, const StepV
     const double c0 = now_s();
     join_replicas(R);
     if (end > sum_from) {
-        d.sum_into(cs, set_.grad_ptrs().data(), set_.replicas(), R.index, sum_from, end - sum_from);
+        sum_into(d, cs, set_.grad_ptrs().data(), set_.replicas(), R.index, sum_from, end - sum_from);
         if (set_.nodes()) set_.nodes()->sum_channel(R.index, R.grads.data() + begin, end - begin);
     }
     comm += now_s() - c0;

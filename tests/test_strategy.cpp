@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "kernels/nccl.h"
 #include "kernels/ops/optimizer.h"
+#include "kernels/ops/peer_sums.h"
 #include "kernels/sim/sim.h"
 #include "mirrored/config.h"
 #include "mirrored/cross_device_ops.h"
@@ -345,7 +346,7 @@ TEST_CASE("cpu all-reduce (ring, direct, reduce_to_one) is exact and bit-identic
 
 namespace {
 
-// Device::sum_into on device d: in place into one buffer, its own value first, then the others in
+// sum_into on device d: in place into one buffer, its own value first, then the others in
 // order; nothing else written.
 void check_sum_into(Device& d) {
     test::Rng rng(21);
@@ -360,7 +361,7 @@ void check_sum_into(Device& d) {
                 ptrs.push_back(bufs.back().data());
             }
             const int into = count - 1;
-            d.sum_into(d.compute_stream(), ptrs.data(), count, into, 3, n);
+            sum_into(d, d.compute_stream(), ptrs.data(), count, into, 3, n);
             const std::vector<float> got = download(d, bufs[size_t(into)]);
             bool exact = true;
             for (size_t i = 0; i < n + 8; ++i) {
@@ -418,7 +419,7 @@ void check_summed_update(Device& d) {
                                                 aa);
                         else if (fused) summed_sgd_update(d, s, ptrs.data(), count, into, offset, n, p.data(), mom, sa);
                         else {
-                            d.sum_into(s, ptrs.data(), count, into, offset, n);
+                            sum_into(d, s, ptrs.data(), count, into, offset, n);
                             const float* sum = ptrs[size_t(into)] + offset;
                             if (opt == Opt::adamw) adamw_update(d, s, n, p.data(), sum, m.data(), v.data(), aa);
                             else sgd_update(d, s, n, p.data(), sum, mom, sa);

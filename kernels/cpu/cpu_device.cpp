@@ -29,12 +29,6 @@ void cpu_set_blas_threads(int n) { openblas_set_num_threads(n); }
 
 namespace {
 
-// out[0] = the sum of (x inv)^2 in double, out[1] = how many x are not finite: element i in lane
-// i % 8, the lanes added in a fixed tree (a gradient norm's bits are the same on every CPU).
-CPU_LOOP_CLONES void cpu_sum_into(float* const* ptr, int count, int into, size_t offset, size_t n) {
-    host_sum_into(ptr, count, into, offset, n);
-}
-
 class CpuDevice final : public Device {
 public:
     explicit CpuDevice(int index) : Device(DeviceType::cpu, index, "cpu:" + std::to_string(index)) {
@@ -94,13 +88,6 @@ public:
     void copy_from_peer(Stream, void* dst, const Device& peer, const void* src, size_t bytes) override {
         require_cpu(peer);
         if (bytes) std::memcpy(dst, src, bytes);
-    }
-    void sum_to_all(Stream, const PeerBuffers& b, size_t offset, size_t n, DType t) override {
-        check_wire_dtype(*this, t);
-        host_sum_to_all(b, offset, n, t);
-    }
-    void sum_into(Stream, float* const* buffers, int count, int into, size_t offset, size_t n) override {
-        cpu_sum_into(buffers, count, into, offset, n);
     }
     bool can_load_from(const Device& peer) const override { return peer.type() == DeviceType::cpu; }
 

@@ -336,23 +336,6 @@ public:
         ++work_.copies;
         CUDA_CHECK(ordinal(), cudaMemcpyPeerAsync(dst, ordinal(), src, p, bytes, stream(s)));
     }
-    void sum_to_all(Stream s, const PeerBuffers& b, size_t offset, size_t n, DType t) override {
-        use();
-        check_wire_dtype(*this, t);
-        ++work_.launches;
-        cuda::sum_to_all(stream(s), ordinal(), b, offset, n, t);
-    }
-    void sum_into(Stream s, float* const* buffers, int count, int into, size_t offset, size_t n) override {
-        use();
-        if (count < 1 || count > PeerBuffers::kMax || into < 0 || into >= count)
-            throw DeviceError(name() + ": sum_into over " + std::to_string(count) + " buffers (1 to " +
-                              std::to_string(PeerBuffers::kMax) + ", into one of them)");
-        PeerBuffers b;
-        for (int k = 0; k < count; ++k) b.ptr[k] = buffers[k];
-        b.count = count;
-        ++work_.launches;
-        cuda::sum_into(stream(s), ordinal(), b, into, offset, n);
-    }
     bool can_load_from(const Device& peer) const override {
         if (peer.type() != DeviceType::cuda) return false;
         if (peer.ordinal() == ordinal()) return true;

@@ -222,7 +222,7 @@ void sum_to_all(cudaStream_t s, int dev, const PeerBuffers& b, size_t offset, si
     CUDA_LAUNCH_CHECK(dev);
 }
 
-// Device::sum_into: the own value first, then the others in buffer order (the CPU's order).
+// sum_into: the own value first, then the others in buffer order (the CPU's order).
 __global__ void sum_into_kernel(PeerBuffers b, int into, size_t offset, size_t n) {
     float* own = static_cast<float*>(b.ptr[into]);
     GRID_LOOP(j, n) {

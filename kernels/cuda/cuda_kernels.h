@@ -40,9 +40,9 @@ void sum_squares(cudaStream_t s, int dev, size_t n, const float* x, const float*
                  float* scratch);
 void init_params(cudaStream_t s, int dev, const InitArgs& a, float scale, size_t n, float* out);
 void checksum(cudaStream_t s, int dev, size_t n, const float* x, uint64_t* out);
-// Device::sum_to_all: every buffer on this GPU or a peer with access enabled.
+// sum_to_all (kernels/ops/peer_sums.h): every buffer on this GPU or a peer with access enabled.
 void sum_to_all(cudaStream_t s, int dev, const PeerBuffers& b, size_t offset, size_t n, DType t);
-// Device::sum_into over f32 buffers on this GPU (or peers with access enabled).
+// sum_into (kernels/ops/peer_sums.h) over f32 buffers on this GPU (or peers with access enabled).
 void sum_into(cudaStream_t s, int dev, const PeerBuffers& b, int into, size_t offset, size_t n);
 // dst += src; src may live on a peer GPU with peer access enabled (or on the same GPU).
 void add_inplace(cudaStream_t s, int dev, size_t n, const float* src, float* dst);

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/op_math.h"
+#include "kernels/ops/peer_sums.h"
 
 namespace mirrored {
 
@@ -112,7 +113,7 @@ void adamw_update(Device& d, Stream s, size_t n, float* p, const float* g, float
 void summed_sgd_update(Device& d, Stream s, float* const* grads, int count, int into, size_t offset, size_t n, float* p,
                        float* m, const SgdArgs& a) {
     if (d.asynchronous()) {  // a GPU (or a simulated one): the reduce-scatter half, then the update
-        d.sum_into(s, grads, count, into, offset, n);
+        sum_into(d, s, grads, count, into, offset, n);
         return sgd_update(d, s, n, p, grads[into] + offset, m, a);
     }
     if (skip_step(a.skip_nonfinite, a.grad_stats)) return;
@@ -125,7 +126,7 @@ void summed_sgd_update(Device& d, Stream s, float* const* grads, int count, int 
 void summed_adamw_update(Device& d, Stream s, float* const* grads, int count, int into, size_t offset, size_t n,
                          float* p, float* m, float* v, const AdamWArgs& a) {
     if (d.asynchronous()) {
-        d.sum_into(s, grads, count, into, offset, n);
+        sum_into(d, s, grads, count, into, offset, n);
         return adamw_update(d, s, n, p, grads[into] + offset, m, v, a);
     }
     if (skip_step(a.skip_nonfinite, a.grad_stats)) return;

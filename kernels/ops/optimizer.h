@@ -15,7 +15,7 @@ void adamw_update(Device& d, Stream s, size_t n, float* param, const float* grad
                   const AdamWArgs& a);
 
 // The shared-parameter update of [offset, offset + n) in one call: the gradient is what
-// Device::sum_into(grads, count, into, offset, n) sums, the step what sgd_update (adamw_update)
+// sum_into(grads, count, into, offset, n) sums, the step what sgd_update (adamw_update)
 // takes with it; param and the optimizer state point at the slice. Whether grads[into] holds the
 // sum afterwards is unspecified: a GPU makes the two calls, a CPU replica one pass that never
 // stores the sum (the same bits).

@@ -627,16 +627,6 @@ public:
                 if (corrupt) static_cast<unsigned char*>(dst)[bytes - 1] ^= 0x10;  // one flipped bit
             });
     }
-    void sum_to_all(Stream s, const PeerBuffers& b, size_t offset, size_t n, DType t) override {
-        SIM_API("sum_to_all");
-        check_wire_dtype(*this, t);
-        launch(s, "sum_to_all", [=] { host_sum_to_all(b, offset, n, t); });
-    }
-    void sum_into(Stream s, float* const* buffers, int count, int into, size_t offset, size_t n) override {
-        SIM_API("sum_into");
-        std::vector<float*> ptrs(buffers, buffers + count);  // the caller's array may not outlive the call
-        launch(s, "sum_into", [=] { host_sum_into(ptrs.data(), count, into, offset, n); });
-    }
     bool can_load_from(const Device& peer) const override {
         if (peer.type() != DeviceType::sim) return false;
         if (peer.ordinal() == ordinal()) return true;

@@ -3,6 +3,7 @@
 // dependent steps. Needs every buffer loadable from every replica: replicas sharing a GPU (where a
 // ring would move each byte through the same memory 2(N-1) times), CPU replicas, or GPUs with peer
 // access (NVSwitch). Each element is summed in replica order 0, 1, ..., whichever replica sums it.
+#include "kernels/ops/peer_sums.h"
 #include "mirrored/cross_device_ops.h"
 
 namespace mirrored {
@@ -44,7 +45,7 @@ public:
         Device& me = *devices_[r];
         const Chunks c(count, n, wire_dtype());
         sync_.wait_for(r, all_);  // every replica's data is ready
-        me.sum_to_all(me.comm_stream(), buffers_, offset + c.begin(r), c.length(r), wire_dtype());
+        sum_to_all(me, me.comm_stream(), buffers_, offset + c.begin(r), c.length(r), wire_dtype());
         sync_.wait_for(r, all_);  // every slice is summed into every buffer
     }
 
