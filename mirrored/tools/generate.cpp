@@ -242,6 +242,26 @@ Pass inference_pass(Device& d, const float* params, Activations& acts, int rows)
     return p;
 }
 
+// One CPU replica on every hardware thread, holding the model's parameters.
+struct CpuDecoder {
+    explicit CpuDecoder(const LoadedModel& m) : device(make_cpu_device(0)), params(*device, m.model->flat_size()) {
+        cpu_set_blas_threads(int(std::max(1u, std::thread::hardware_concurrency())));
+        device->copy_to_device(device->compute_stream(), params.data(), m.params.data(),
+                               m.params.size() * sizeof(float));
+    }
+    std::unique_ptr<Device> device;
+    DeviceBuffer<float> params;
+};
+
+// The model built for one position per pass (the key/value cache's): its parameters are laid out
+// as the checkpoint's.
+std::unique_ptr<Model> one_position_model(const LoadedModel& m) {
+    std::unique_ptr<Model> one = build_model(m.config, {1});
+    if (one->flat_size() != m.model->flat_size())
+        throw std::logic_error("generate: the one-position model's parameters differ from the checkpoint's");
+    return one;
+}
+
 // --prompts: every prompt's continuation, o.batch sequences decoded together (see the top).
 int generate_batch(const GenerateOptions& o, const LoadedModel& m, const PromptReader& reader,
                    std::optional<int> end_of_text) {
@@ -265,14 +285,10 @@ int generate_batch(const GenerateOptions& o, const LoadedModel& m, const PromptR
         q.rng.seed(o.seed);
     }
     const int batch = int(std::min<size_t>(size_t(o.batch), prompts.size()));
-    cpu_set_blas_threads(int(std::max(1u, std::thread::hardware_concurrency())));
-    auto dev = make_cpu_device(0);
-    Device& d = *dev;
-    DeviceBuffer<float> params(d, m.model->flat_size());
-    d.copy_to_device(d.compute_stream(), params.data(), m.params.data(), m.params.size() * sizeof(float));
-    const std::unique_ptr<Model> one = build_model(m.config, {1});
-    if (one->flat_size() != m.model->flat_size())
-        throw std::logic_error("generate: the one-position model's parameters differ from the checkpoint's");
+    const CpuDecoder decoder(m);
+    Device& d = *decoder.device;
+    const float* params = decoder.params.data();
+    const std::unique_ptr<Model> one = one_position_model(m);
     Activations acts = one->make_activations(d, batch);
     DeviceBuffer<float> ids(d, size_t(batch));
     std::vector<float> host_ids(static_cast<size_t>(batch)), logits(size_t(batch) * size_t(scores));
@@ -288,7 +304,7 @@ int generate_batch(const GenerateOptions& o, const LoadedModel& m, const PromptR
         const auto forward = [&](const auto& token_of) {
             for (int r = 0; r < rows; ++r) host_ids[size_t(r)] = group[r].done ? 0.0f : float(token_of(group[r]));
             d.copy_to_device(d.compute_stream(), ids.data(), host_ids.data(), size_t(rows) * sizeof(float));
-            Pass p = inference_pass(d, params.data(), acts, rows);
+            Pass p = inference_pass(d, params, acts, rows);
             p.decode = &cache;
             d.copy_to_host(d.compute_stream(), logits.data(), one->forward(p, ids.data()),
                            size_t(rows) * size_t(scores) * sizeof(float));
@@ -407,12 +423,10 @@ int generate(const GenerateOptions& o) {
     const PromptReader reader{tok.get(), vocab};
     if (!o.prompts.empty()) return generate_batch(o, m, reader, end_of_text);
     if (tokens.empty()) tokens = reader.ids(o.prompt, "--prompt");
-    cpu_set_blas_threads(int(std::max(1u, std::thread::hardware_concurrency())));
-    auto dev = make_cpu_device(0);
-    Device& d = *dev;
-    DeviceBuffer<float> params(d, model.flat_size());
-    d.copy_to_device(d.compute_stream(), params.data(), m.params.data(), m.params.size() * sizeof(float));
-    const auto pass = [&](Activations& acts) { return inference_pass(d, params.data(), acts, 1); };
+    const CpuDecoder decoder(m);
+    Device& d = *decoder.device;
+    const float* params = decoder.params.data();
+    const auto pass = [&](Activations& acts) { return inference_pass(d, params, acts, 1); };
     std::vector<float> logits(static_cast<size_t>(vocab));
     const auto read_logits = [&](const void* out, int position) {
         d.copy_to_host(d.compute_stream(), logits.data(), static_cast<const float*>(out) + size_t(position) * scores,
@@ -438,9 +452,7 @@ int generate(const GenerateOptions& o) {
     std::unique_ptr<DecodeState> cache;
     DeviceBuffer<float> id(d, 1);
     if (o.kv_cache) {
-        one = build_model(m.config, {1});
-        if (one->flat_size() != model.flat_size())
-            throw std::logic_error("generate: the one-position model's parameters differ from the checkpoint's");
+        one = one_position_model(m);
         acts = std::make_unique<Activations>(one->make_activations(d, 1));
         cache = std::make_unique<DecodeState>(d, t);
     } else {  // only the way taken gets its buffers
