@@ -6,6 +6,7 @@
 #include <cctype>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>

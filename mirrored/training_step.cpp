@@ -414,6 +414,8 @@ void TrainingStep::sharded_update(Replica& R, int64_t step, float lr, const Step
     set_.refresh_weights(R, cs);
 }
 
+// Replica r's slice of the flat buffer: equal parts in whole 64-byte lines (no two replicas write
+// one cache line); trailing slices may be empty.
 std::pair<size_t, size_t> TrainingStep::slice(int r) const {
     constexpr size_t kLine = 16;  // floats
     const size_t flat = model_.grad_size(), n = size_t(set_.replicas());

@@ -108,7 +108,4 @@ void TrainingStep::destroy_graphs() noexcept {
     graph_fork_ = {};
 }
 
-// Replica r's slice of the flat buffer: equal parts in whole 64-byte lines (no two replicas write
-// one cache line); trailing slices may be empty.
-
 }  // namespace mirrored

@@ -1,5 +1,5 @@
-// The CUDA backend's own kernels (everything but GEMM, which is cuBLAS) of the ops not yet in a
-// family of their own (kernels/ops/). Each kernel is followed by its launcher; launchers own the
+// The CUDA kernels behind cuda_kernels.h's launchers, which several op families' launchers
+// (kernels/ops/*.cu: activation, elementwise, flat, peer_sums) and the device share. Each kernel is followed by its launcher; launchers own the
 // grid and check the launch. kernel_util.cuh has the loads, stores and reductions they share.
 #include <algorithm>
 #include <climits>

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "base/error.h"
 #include "kernels/cuda/fused_gemm.h"
 #include "kernels/cuda/kernel_util.cuh"
 #include "kernels/ops/gemm.h"

@@ -12,8 +12,9 @@
 
 namespace mirrored {
 
-// C = alpha op(A) op(B) + beta C (row-major); k == 0 gives beta C. On CUDA, on the compute stream only:
-// the cuBLAS workspace is that stream's alone (another stream's product is refused).
+// C = alpha op(A) op(B) + beta C (row-major); k == 0 gives beta C (on CUDA for an f32 C with
+// ldc == n only). On CUDA, on the compute stream only: the cuBLAS workspace is that stream's alone
+// (another stream's product is refused).
 void gemm(Device& d, Stream s, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* a, int lda,
           const void* b, int ldb, float beta, void* c, int ldc, GemmTypes types = {});
 // `batches` GEMMs at once: matrix i's operands start stride_a/b/c elements after matrix i-1's

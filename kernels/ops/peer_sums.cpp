@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "kernels/cpu/loop_clones.h"
 #include "kernels/op_math.h"
 
